@@ -1,0 +1,161 @@
+"""Which tiles a tiled attention visits: the single answer to "which K/V blocks does Q block m see".
+
+`BlockInfo` is used by the NumPy tiled path (`ioaware.tiled`), by the Numba kernels
+(`kernels`, through `BlockInfo.kv_schedule()` / `BlockInfo.q_schedule()`) and by the cost model's
+trace (`sim`), so that what the model counts is exactly what runs.
+
+Conventions
+-----------
+* Q block ``m`` covers query rows ``[m * block_q, min((m + 1) * block_q, seqlen_q))``;
+  K block ``n`` covers key columns ``[n * block_k, min((n + 1) * block_k, seqlen_k))``.
+  The last block of each may be partial.
+* ``causal`` is aligned top-left, as PyTorch's ``scaled_dot_product_attention(is_causal=True)``:
+  query row ``i`` may attend to key column ``j`` iff ``j <= i``.
+* ``block_mask[m][n]`` (optional) says whether tile ``(m, n)`` is computed at all
+  (FlashAttention's block-sparse attention). A skipped tile is never loaded.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+__all__ = ["BlockInfo", "cdiv"]
+
+
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division of non-negative integers."""
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class BlockInfo:
+    """The tile iteration space of one attention problem (one batch-head slice).
+
+    Parameters
+    ----------
+    seqlen_q, seqlen_k : number of query rows and key columns (>= 1).
+    block_q, block_k : tile sizes in rows / columns (>= 1).
+    causal : top-left aligned causal masking.
+    block_mask : optional tuple of tuples of bool, shape ``[n_blocks_q][n_blocks_k]``;
+        ``False`` tiles are skipped. Build it from an array with :meth:`with_block_mask`.
+    """
+
+    seqlen_q: int
+    seqlen_k: int
+    block_q: int
+    block_k: int
+    causal: bool = False
+    block_mask: tuple[tuple[bool, ...], ...] | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("seqlen_q", "seqlen_k", "block_q", "block_k"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"BlockInfo.{name} must be a positive integer, got {value!r}")
+        if self.block_mask is not None:
+            shape = (len(self.block_mask), len(self.block_mask[0]) if self.block_mask else 0)
+            if shape != (self.n_blocks_q, self.n_blocks_k) or any(
+                len(row) != self.n_blocks_k for row in self.block_mask
+            ):
+                raise ValueError(
+                    f"block_mask must have shape (n_blocks_q, n_blocks_k) = "
+                    f"({self.n_blocks_q}, {self.n_blocks_k}), got {shape}"
+                )
+
+    @classmethod
+    def with_block_mask(cls, seqlen_q: int, seqlen_k: int, block_q: int, block_k: int,
+                        causal: bool = False, block_mask=None) -> "BlockInfo":
+        """Build a BlockInfo from a 2-D boolean array-like block mask (or None)."""
+        if block_mask is None:
+            return cls(int(seqlen_q), int(seqlen_k), int(block_q), int(block_k), bool(causal))
+        arr = np.asarray(block_mask, dtype=bool)
+        if arr.ndim != 2:
+            raise ValueError(f"block_mask must be 2-D (n_blocks_q, n_blocks_k), got shape {arr.shape}")
+        return cls(int(seqlen_q), int(seqlen_k), int(block_q), int(block_k), bool(causal),
+                   tuple(tuple(bool(x) for x in row) for row in arr))
+
+    # -- sizes ---------------------------------------------------------------------------------
+    @property
+    def n_blocks_q(self) -> int:
+        return cdiv(self.seqlen_q, self.block_q)
+
+    @property
+    def n_blocks_k(self) -> int:
+        return cdiv(self.seqlen_k, self.block_k)
+
+    def q_range(self, m: int) -> tuple[int, int]:
+        """Query rows ``[start, stop)`` of Q block ``m``."""
+        return m * self.block_q, min((m + 1) * self.block_q, self.seqlen_q)
+
+    def k_range(self, n: int) -> tuple[int, int]:
+        """Key columns ``[start, stop)`` of K block ``n``."""
+        return n * self.block_k, min((n + 1) * self.block_k, self.seqlen_k)
+
+    # -- which tiles are visited ----------------------------------------------------------------
+    def k_block_range(self, m: int) -> tuple[int, int]:
+        """K blocks ``[lo, hi)`` that Q block ``m`` may see before block-sparse filtering.
+
+        Causal: the last row of the block, ``i_max``, sees columns ``<= i_max``, so K blocks
+        beyond ``i_max // block_k`` are skipped entirely.
+        """
+        hi = self.n_blocks_k
+        if self.causal:
+            last_row = self.q_range(m)[1] - 1
+            hi = min(hi, last_row // self.block_k + 1)
+        return 0, hi
+
+    def k_blocks(self, m: int) -> tuple[int, ...]:
+        """K blocks visited by Q block ``m``, in the order they are streamed."""
+        lo, hi = self.k_block_range(m)
+        if self.block_mask is None:
+            return tuple(range(lo, hi))
+        row = self.block_mask[m]
+        return tuple(n for n in range(lo, hi) if row[n])
+
+    def q_blocks(self, n: int) -> tuple[int, ...]:
+        """Q blocks that visit K block ``n`` (the backward's inner loop, K/V outer)."""
+        return tuple(m for m in range(self.n_blocks_q) if n in self._visit_sets[m])
+
+    @cached_property
+    def _visit_sets(self) -> tuple[frozenset, ...]:
+        return tuple(frozenset(self.k_blocks(m)) for m in range(self.n_blocks_q))
+
+    def tile_needs_mask(self, m: int, n: int) -> bool:
+        """Whether tile ``(m, n)`` needs the elementwise causal mask (it crosses the diagonal)."""
+        if not self.causal:
+            return False
+        first_row = self.q_range(m)[0]
+        last_col = self.k_range(n)[1] - 1
+        return last_col > first_row
+
+    def tiles(self) -> list[tuple[int, int]]:
+        """All visited tiles ``(m, n)`` in FlashAttention-2 forward order (Q outer, K inner)."""
+        return [(m, n) for m in range(self.n_blocks_q) for n in self.k_blocks(m)]
+
+    @property
+    def n_tiles(self) -> int:
+        """Number of visited tiles."""
+        return sum(len(self.k_blocks(m)) for m in range(self.n_blocks_q))
+
+    # -- compact schedules for kernels ----------------------------------------------------------
+    def kv_schedule(self) -> tuple[np.ndarray, np.ndarray]:
+        """CSR form of :meth:`k_blocks`: ``(offsets[int32, n_blocks_q + 1], kv_index[int32])``.
+
+        Q block ``m`` visits ``kv_index[offsets[m]:offsets[m + 1]]``.
+        """
+        lists = [self.k_blocks(m) for m in range(self.n_blocks_q)]
+        return _csr(lists)
+
+    def q_schedule(self) -> tuple[np.ndarray, np.ndarray]:
+        """CSR form of :meth:`q_blocks`: ``(offsets[int32, n_blocks_k + 1], q_index[int32])``."""
+        lists = [self.q_blocks(n) for n in range(self.n_blocks_k)]
+        return _csr(lists)
+
+
+def _csr(lists) -> tuple[np.ndarray, np.ndarray]:
+    offsets = np.zeros(len(lists) + 1, dtype=np.int32)
+    offsets[1:] = np.cumsum([len(x) for x in lists])
+    index = np.fromiter((i for x in lists for i in x), dtype=np.int32, count=int(offsets[-1]))
+    return offsets, index

@@ -1,0 +1,47 @@
+"""Shared test setup.
+
+* Numba's CUDA simulator is switched on (``NUMBA_ENABLE_CUDASIM=1``) before anything imports
+  ``numba.cuda`` unless a real CUDA driver is present, so the kernel tests run on any CPU.
+  Set ``NUMBA_ENABLE_CUDASIM`` yourself to override either way.
+* Tests marked ``gpu`` need a real GPU: they are skipped under the simulator, and
+  ``pytest -m gpu`` on a GPU machine runs exactly them.
+* Hypothesis profiles: ``ci`` (default, bounded for a 2-core machine) and ``thorough``
+  (``HYPOTHESIS_PROFILE=thorough``).
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+
+
+def _has_cuda_driver() -> bool:
+    try:
+        ctypes.CDLL("libcuda.so.1")
+        return True
+    except OSError:
+        return False
+
+
+if "NUMBA_ENABLE_CUDASIM" not in os.environ and not _has_cuda_driver():
+    os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+
+REAL_GPU = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") != "1"
+
+import pytest  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+settings.register_profile(
+    "ci", max_examples=25, deadline=None, derandomize=False, print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.register_profile("thorough", max_examples=300, deadline=None, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def pytest_collection_modifyitems(config, items):
+    if REAL_GPU:
+        return
+    skip = pytest.mark.skip(reason="needs a real CUDA GPU (running under NUMBA_ENABLE_CUDASIM)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
