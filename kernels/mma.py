@@ -1,0 +1,240 @@
+"""PTX inline-assembly intrinsics for Numba CUDA kernels: tensor-core mma, ldmatrix, cp.async.
+
+This module owns the few warp-level instructions that Numba does not expose and that a
+FlashAttention-style kernel needs, each emitted as PTX through llvmlite's ``ir.InlineAsm``:
+
+* ``mma_f16`` / ``mma_bf16``: ``mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.*.f32``,
+  D = A B + C on one warp; A is four .b32 registers (two halves each), B two, C and D four
+  float32. Fragment layouts: `kernels.fragments`.
+* ``ldmatrix_x4`` / ``ldmatrix_x4_trans``: four 8x8 16-bit matrices from shared memory straight
+  into fragment registers (each lane gives one row address).
+* ``cp_async_16`` + ``cp_async_commit`` + ``cp_async_wait_all`` / ``cp_async_wait_1``:
+  asynchronous 16-byte global -> shared copies (``cp.async.cg``), zero-filled when the source
+  size is 0, so a tail tile needs no branch; commit/wait groups give a double-buffered pipeline.
+* ``ex2`` (``ex2.approx.ftz.f32``), ``pack_f16x2`` / ``pack_bf16x2`` (``cvt.rn.*x2.f32``),
+  ``shared_addr`` (32-bit shared-window address of a shared-array element), ``global_addr``
+  (64-bit address of an element of a 4-D array, honouring its strides), ``ld_global_u32`` /
+  ``st_global_u32`` (32-bit loads/stores of packed halves), ``ld_global_u8``.
+
+None of this runs under the CUDA simulator (it cannot execute PTX); the kernels that use it are
+tested on a real GPU (``pytest -m gpu``), the fragment maps on the CPU.
+"""
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import types
+from numba.cuda import cgutils
+from numba.cuda.extending import intrinsic
+
+__all__ = [
+    "mma_f16", "mma_bf16", "ldmatrix_x4", "ldmatrix_x4_trans", "cp_async_16",
+    "cp_async_commit", "cp_async_wait_all", "cp_async_wait_1", "ex2", "pack_f16x2",
+    "pack_bf16x2", "shared_addr", "global_addr", "ld_global_u32", "st_global_u32",
+    "ld_global_u8", "MMA_F16_PTX", "MMA_BF16_PTX",
+]
+
+_I32 = ir.IntType(32)
+_I64 = ir.IntType(64)
+_F32 = ir.FloatType()
+
+MMA_F16_PTX = ("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+               "{$0,$1,$2,$3}, {$4,$5,$6,$7}, {$8,$9}, {$10,$11,$12,$13};")
+MMA_BF16_PTX = MMA_F16_PTX.replace(".f16.f16.", ".bf16.bf16.")
+
+
+def _asm(builder, ret_ty, arg_tys, text, constraints, args, side_effect=False):
+    fnty = ir.FunctionType(ret_ty, arg_tys)
+    return builder.call(ir.InlineAsm(fnty, text, constraints, side_effect=side_effect), args)
+
+
+def _make_mma(ptx):
+    @intrinsic
+    def _mma(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        u32, f32 = types.uint32, types.float32
+        sig = types.UniTuple(f32, 4)(u32, u32, u32, u32, u32, u32, f32, f32, f32, f32)
+
+        def codegen(context, builder, sig, args):
+            ints = [context.cast(builder, v, t, u32) for v, t in zip(args[:6], sig.args[:6])]
+            flts = [context.cast(builder, v, t, f32) for v, t in zip(args[6:], sig.args[6:])]
+            ret = ir.LiteralStructType([_F32] * 4)
+            res = _asm(builder, ret, [_I32] * 6 + [_F32] * 4, ptx,
+                       "=f,=f,=f,=f,r,r,r,r,r,r,0,1,2,3", ints + flts)
+            vals = [builder.extract_value(res, i) for i in range(4)]
+            return context.make_tuple(builder, sig.return_type, vals)
+
+        return sig, codegen
+    return _mma
+
+
+mma_f16 = _make_mma(MMA_F16_PTX)
+mma_f16.__doc__ = "D = A B + C, m16n8k16, f16 inputs, f32 accumulate (one warp, all lanes)."
+mma_bf16 = _make_mma(MMA_BF16_PTX)
+mma_bf16.__doc__ = "D = A B + C, m16n8k16, bf16 inputs, f32 accumulate (one warp, all lanes)."
+
+
+def _make_ldmatrix(trans):
+    ptx = ("ldmatrix.sync.aligned.m8n8.x4" + (".trans" if trans else "")
+           + ".shared.b16 {$0,$1,$2,$3}, [$4];")
+
+    @intrinsic
+    def _ldmatrix(typingctx, saddr):
+        sig = types.UniTuple(types.uint32, 4)(types.uint32)
+
+        def codegen(context, builder, sig, args):
+            addr = context.cast(builder, args[0], sig.args[0], types.uint32)
+            res = _asm(builder, ir.LiteralStructType([_I32] * 4), [_I32], ptx,
+                       "=r,=r,=r,=r,r,~{memory}", [addr], side_effect=True)
+            vals = [builder.extract_value(res, i) for i in range(4)]
+            return context.make_tuple(builder, sig.return_type, vals)
+
+        return sig, codegen
+    return _ldmatrix
+
+
+ldmatrix_x4 = _make_ldmatrix(False)
+ldmatrix_x4.__doc__ = "Four 8x8 b16 matrices from shared memory (row addresses from lanes 0..31)."
+ldmatrix_x4_trans = _make_ldmatrix(True)
+ldmatrix_x4_trans.__doc__ = "As ldmatrix_x4, each 8x8 matrix transposed on the way."
+
+
+@intrinsic
+def shared_addr(typingctx, arr, index):
+    """32-bit shared-window address of ``arr[index]`` (``arr`` a 1-D shared array)."""
+    if not (isinstance(arr, types.Array) and arr.ndim == 1 and isinstance(index, types.Integer)):
+        return None
+    sig = types.uint32(arr, index)
+
+    def codegen(context, builder, sig, args):
+        aryty, idxty = sig.args
+        ary = context.make_array(aryty)(context, builder, value=args[0])
+        idx = context.cast(builder, args[1], idxty, types.intp)
+        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [idx], wraparound=False)
+        generic = builder.ptrtoint(ptr, _I64)
+        return _asm(builder, _I32, [_I64],
+                    "{ .reg .u64 t; cvta.to.shared.u64 t, $1; cvt.u32.u64 $0, t; }",
+                    "=r,l", [generic])
+
+    return sig, codegen
+
+
+@intrinsic
+def global_addr(typingctx, arr, i0, i1, i2, i3):
+    """64-bit address of ``arr[i0, i1, i2, i3]`` (a 4-D array in global memory, any strides)."""
+    if not (isinstance(arr, types.Array) and arr.ndim == 4):
+        return None
+    sig = types.uint64(arr, i0, i1, i2, i3)
+
+    def codegen(context, builder, sig, args):
+        aryty = sig.args[0]
+        ary = context.make_array(aryty)(context, builder, value=args[0])
+        idx = [context.cast(builder, v, t, types.intp) for v, t in zip(args[1:], sig.args[1:])]
+        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, idx, wraparound=False)
+        return builder.ptrtoint(ptr, _I64)
+
+    return sig, codegen
+
+
+@intrinsic
+def cp_async_16(typingctx, saddr, gaddr, src_bytes):
+    """Asynchronous 16-byte copy global -> shared; bytes past ``src_bytes`` (0 or 16) are zeroed."""
+    sig = types.void(types.uint32, types.uint64, types.uint32)
+
+    def codegen(context, builder, sig, args):
+        vals = [context.cast(builder, v, t, s) for v, t, s in
+                zip(args, sig.args, (types.uint32, types.uint64, types.uint32))]
+        _asm(builder, ir.VoidType(), [_I32, _I64, _I32],
+             "cp.async.cg.shared.global [$0], [$1], 16, $2;", "r,l,r,~{memory}", vals,
+             side_effect=True)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+def _make_nullary(ptx, doc):
+    @intrinsic
+    def _f(typingctx):
+        sig = types.void()
+
+        def codegen(context, builder, sig, args):
+            _asm(builder, ir.VoidType(), [], ptx, "~{memory}", [], side_effect=True)
+            return context.get_dummy_value()
+
+        return sig, codegen
+    _f.__doc__ = doc
+    return _f
+
+
+cp_async_commit = _make_nullary("cp.async.commit_group;", "Close the current cp.async group.")
+cp_async_wait_all = _make_nullary("cp.async.wait_group 0;", "Wait until no cp.async group is pending.")
+cp_async_wait_1 = _make_nullary("cp.async.wait_group 1;", "Wait until at most one group is pending.")
+
+
+@intrinsic
+def ex2(typingctx, x):
+    """2**x in float32 (``ex2.approx.ftz.f32``; ex2(-inf) = 0)."""
+    sig = types.float32(types.float32)
+
+    def codegen(context, builder, sig, args):
+        return _asm(builder, _F32, [_F32], "ex2.approx.ftz.f32 $0, $1;", "=f,f", list(args))
+
+    return sig, codegen
+
+
+def _make_pack(kind):
+    @intrinsic
+    def _pack(typingctx, lo, hi):
+        sig = types.uint32(types.float32, types.float32)
+
+        def codegen(context, builder, sig, args):
+            lo_v = context.cast(builder, args[0], sig.args[0], types.float32)
+            hi_v = context.cast(builder, args[1], sig.args[1], types.float32)
+            # cvt.rn.f16x2.f32 d, a, b puts a in the upper half, b in the lower half
+            return _asm(builder, _I32, [_F32, _F32], f"cvt.rn.{kind}x2.f32 $0, $1, $2;",
+                        "=r,f,f", [hi_v, lo_v])
+
+        return sig, codegen
+    return _pack
+
+
+pack_f16x2 = _make_pack("f16")
+pack_f16x2.__doc__ = "Two float32 -> one .b32 of two f16 (``lo`` in the low 16 bits), round to nearest."
+pack_bf16x2 = _make_pack("bf16")
+pack_bf16x2.__doc__ = "Two float32 -> one .b32 of two bf16 (``lo`` in the low 16 bits), round to nearest."
+
+
+@intrinsic
+def ld_global_u32(typingctx, gaddr):
+    """32-bit load from a global address."""
+    sig = types.uint32(types.uint64)
+
+    def codegen(context, builder, sig, args):
+        return _asm(builder, _I32, [_I64], "ld.global.u32 $0, [$1];", "=r,l,~{memory}",
+                    list(args), side_effect=True)
+
+    return sig, codegen
+
+
+@intrinsic
+def ld_global_u8(typingctx, gaddr):
+    """8-bit load (zero-extended to 32 bits) from a global address."""
+    sig = types.uint32(types.uint64)
+
+    def codegen(context, builder, sig, args):
+        return _asm(builder, _I32, [_I64], "ld.global.u8 $0, [$1];", "=r,l,~{memory}",
+                    list(args), side_effect=True)
+
+    return sig, codegen
+
+
+@intrinsic
+def st_global_u32(typingctx, gaddr, value):
+    """32-bit store to a global address."""
+    sig = types.void(types.uint64, types.uint32)
+
+    def codegen(context, builder, sig, args):
+        val = context.cast(builder, args[1], sig.args[1], types.uint32)
+        _asm(builder, ir.VoidType(), [_I64, _I32], "st.global.u32 [$0], $1;", "l,r,~{memory}",
+             [args[0], val], side_effect=True)
+        return context.get_dummy_value()
+
+    return sig, codegen
