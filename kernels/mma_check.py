@@ -1,0 +1,112 @@
+"""Compile-only checks of the tensor-core forward kernel: PTX, ptxas resource usage, SASS.
+
+``python -m kernels.mma_check [--out DIR]`` compiles `kernels.flash_mma_fwd` for head dims 64
+and 128, float16 and bfloat16, causal and not, for sm_90, without launching anything (it needs
+NVVM; no GPU). For each configuration it reports what the inner loop must not contain and must
+contain: ``mma.sync`` count in the PTX, ``.local`` declarations / ``ld.local`` / ``st.local``
+(local-memory traffic), and, where ``ptxas`` is on PATH, its register count and spill bytes;
+where ``nvdisasm``/``cuobjdump`` is available, the SASS count of ``HMMA`` and ``LDL``/``STL``.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "0")
+
+
+def _allow_offline_compile():
+    """Let Numba compile PTX without NVRTC/driver present (target sm_90 given explicitly)."""
+    try:
+        import numba.cuda.cudadrv.nvrtc as nvrtc
+        import numba.cuda.cuda_paths as cuda_paths
+        try:
+            nvrtc.get_supported_ccs()
+        except Exception:
+            nvrtc.get_supported_ccs = lambda: ((8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (12, 0))
+            cuda_paths._get_nvrtc_path = lambda: None
+    except ImportError:
+        pass
+
+
+def signature(has_mask=False):
+    from numba import types
+    A = lambda dt, nd: types.Array(dt, nd, "C")  # noqa: E731
+    i16 = A(types.int16, 4)
+    return (i16, i16, i16, i16, A(types.float32, 3), A(types.int32, 2), A(types.int32, 1),
+            types.int64, types.int64, types.int64, types.int64, types.int64,
+            A(types.uint8, 4), types.int64, types.int64, types.int64, types.float32,
+            types.uint32, types.uint32, types.float32)
+
+
+def check_one(d, bf16, causal, has_mask=False, dropout=False, workdir=None, cc=(9, 0)):
+    from numba import cuda
+    from kernels.flash_mma_fwd import default_blocks, get_kernel
+    bq, bk = default_blocks(d)
+    kern = get_kernel(d, bq, bk, bf16, causal, has_mask, dropout)
+    ptx, _ = cuda.compile_ptx(kern.py_func, signature(has_mask), cc=cc)
+    rep = {"head_dim": d, "dtype": "bf16" if bf16 else "fp16", "causal": causal,
+           "mask": has_mask, "dropout": dropout, "block_q": bq, "block_k": bk,
+           "ptx_mma": len(re.findall(r"\bmma\.sync", ptx)),
+           "ptx_ldmatrix": len(re.findall(r"\bldmatrix", ptx)),
+           "ptx_local_decl": len(re.findall(r"\.local\b", ptx)),
+           "ptx_ld_st_local": len(re.findall(r"\b(?:ld|st)\.local", ptx))}
+    workdir = workdir or tempfile.mkdtemp()
+    name = f"fwd_d{d}_{rep['dtype']}_{'causal' if causal else 'full'}"
+    ptx_path = os.path.join(workdir, name + ".ptx")
+    with open(ptx_path, "w") as f:
+        f.write(ptx)
+    ptxas = shutil.which("ptxas")
+    if ptxas:
+        cubin = os.path.join(workdir, name + ".cubin")
+        r = subprocess.run([ptxas, f"-arch=sm_{cc[0]}{cc[1]}", "-v", ptx_path, "-o", cubin],
+                           capture_output=True, text=True)
+        info = r.stderr
+        m = re.search(r"Used (\d+) registers", info)
+        rep["registers"] = int(m.group(1)) if m else None
+        m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads",
+                      info)
+        rep["stack_spill_st_ld"] = tuple(int(x) for x in m.groups()) if m else None
+        tool = shutil.which("cuobjdump") or shutil.which("nvdisasm")
+        if tool and r.returncode == 0:
+            args = [tool, "-sass", cubin] if tool.endswith("cuobjdump") else [tool, cubin]
+            sass = subprocess.run(args, capture_output=True, text=True).stdout
+            with open(os.path.join(workdir, name + ".sass"), "w") as f:
+                f.write(sass)
+            rep["sass_hmma"] = len(re.findall(r"\bHMMA\.", sass))
+            rep["sass_ldl_stl"] = len(re.findall(r"\b(?:LDL|STL)\b", sass))
+            rep["sass_ldsm"] = len(re.findall(r"\bLDSM\b", sass))
+            rep["sass_ldgsts"] = len(re.findall(r"\bLDGSTS\b", sass))
+    return rep
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=None, help="folder for .ptx/.cubin/.sass files")
+    args = ap.parse_args(argv)
+    _allow_offline_compile()
+    out = args.out or tempfile.mkdtemp()
+    os.makedirs(out, exist_ok=True)
+    ok = True
+    for d in (64, 128):
+        for bf16 in (False, True):
+            for causal in (False, True):
+                rep = check_one(d, bf16, causal, workdir=out)
+                bad = rep["ptx_local_decl"] or rep["ptx_ld_st_local"] or rep["ptx_mma"] == 0 \
+                    or (rep.get("stack_spill_st_ld") not in (None, (0, 0, 0))) \
+                    or rep.get("sass_ldl_stl", 0) or rep.get("sass_hmma", 1) == 0
+                ok &= not bad
+                print(("FAIL " if bad else "ok   ") + " ".join(f"{k}={v}" for k, v in rep.items()),
+                      flush=True)
+    rep = check_one(64, False, True, has_mask=True, dropout=True, workdir=out)
+    print("info " + " ".join(f"{k}={v}" for k, v in rep.items()))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
