@@ -1,0 +1,143 @@
+"""GPU exactness tests of the tensor-core forward (`kernels.flash_mma_fwd.forward`).
+
+Marked ``gpu``: the CUDA simulator cannot execute inline PTX. Each case draws fresh random
+half-precision inputs and compares against a float64 softmax(Q K^T * scale) V computed from the
+same (already rounded) half values.
+
+Tolerances, by dtype. The kernel's own rounding is (a) P rounded to half before P V and (b) the
+output rounded to half; the logits and all sums are float32. With |v| <= ~4.5 (normal draws),
+(a) costs at most u * max|v| per output on average-weighted rows and (b) u * |o|, so
+``atol = 4 * u * max|v|`` with u = 2**-11 (float16) or 2**-8 (bfloat16). The logsumexp only
+sees float32 error: ``atol = 1e-4 * (1 + |lse|)``.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():  # pragma: no cover - CPU-only torch
+    pytest.skip("torch has no CUDA here", allow_module_level=True)
+
+from ioaware.dropout import keep_mask  # noqa: E402
+from kernels.flash_mma_fwd import forward  # noqa: E402
+
+UNIT = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
+
+
+def reference(q, k, v, scale, causal=False, mask=None, block_allowed=None, dropout_p=0.0,
+              seed=0):
+    """float64 attention on the half inputs; returns (out, lse) as NumPy arrays."""
+    q64, k64, v64 = (x.double().cpu().numpy() for x in (q, k, v))
+    batch, heads, n_q, _ = q64.shape
+    group = heads // k64.shape[1]
+    k64, v64 = np.repeat(k64, group, axis=1), np.repeat(v64, group, axis=1)
+    s = np.einsum("bhid,bhjd->bhij", q64, k64) * scale
+    allowed = np.ones(s.shape, bool)
+    if causal:
+        allowed &= np.tril(np.ones(s.shape[-2:], bool))
+    if mask is not None:
+        allowed &= mask.cpu().numpy()
+    if block_allowed is not None:
+        allowed &= block_allowed
+    s = np.where(allowed, s, -np.inf)
+    m = s.max(-1, keepdims=True)
+    m_safe = np.where(np.isfinite(m), m, 0.0)
+    p = np.exp(s - m_safe)
+    l = p.sum(-1, keepdims=True)
+    lse = np.where(l[..., 0] > 0, m_safe[..., 0] + np.log(np.where(l > 0, l, 1.0))[..., 0], -np.inf)
+    p = np.where(l > 0, p / np.where(l > 0, l, 1.0), 0.0)
+    if dropout_p > 0:
+        bh = np.arange(batch * heads).reshape(batch, heads, 1, 1)
+        rows = np.arange(n_q).reshape(1, 1, -1, 1)
+        cols = np.arange(s.shape[-1]).reshape(1, 1, 1, -1)
+        p = p * keep_mask(seed, dropout_p, bh, rows, cols) / (1.0 - dropout_p)
+    return np.einsum("bhij,bhjd->bhid", p, v64), lse
+
+
+def _inputs(shape_q, shape_kv, dtype, seed, q_scale=1.0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = (torch.randn(shape_q, device="cuda", generator=g) * q_scale).to(dtype)
+    k = torch.randn(shape_kv, device="cuda", generator=g).to(dtype)
+    v = torch.randn(shape_kv, device="cuda", generator=g).to(dtype)
+    return q, k, v
+
+
+def _check(q, k, v, out, lse, **ref_kw):
+    want_out, want_lse = reference(q, k, v, **ref_kw)
+    got_out = out.double().cpu().numpy()
+    got_lse = lse.cpu().numpy().astype(np.float64)
+    atol = 4 * UNIT[q.dtype] * float(v.abs().max())
+    assert np.isfinite(got_out).all()
+    np.testing.assert_allclose(got_out, want_out, rtol=0, atol=atol)
+    fin = np.isfinite(want_lse)
+    assert (np.isfinite(got_lse) == fin).all()
+    np.testing.assert_allclose(got_lse[fin], want_lse[fin], rtol=0,
+                               atol=1e-4 * (1 + np.abs(want_lse[fin]).max()))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_forward_matches_float64(dtype, head_dim, causal):
+    # Nq != Nk, neither a multiple of the tiles, GQA 4 query heads on 2 kv heads
+    q, k, v = _inputs((2, 4, 200, head_dim), (2, 2, 333, head_dim), dtype, seed=head_dim + causal)
+    scale = 1 / math.sqrt(head_dim)
+    out, lse = forward(q, k, v, scale=scale, causal=causal)
+    assert out.dtype == dtype and out.shape == q.shape and lse.dtype == torch.float32
+    _check(q, k, v, out, lse, scale=scale, causal=causal)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_large_logits_and_long_rows(dtype):
+    # adversarial: logits up to ~+-100 (online max must rescale), 1100 keys
+    q, k, v = _inputs((1, 2, 130, 64), (1, 2, 1100, 64), dtype, seed=7, q_scale=12.0)
+    out, lse = forward(q, k, v, scale=0.125, causal=False)
+    _check(q, k, v, out, lse, scale=0.125)
+
+
+def test_boolean_mask_with_fully_masked_rows():
+    q, k, v = _inputs((2, 2, 150, 64), (2, 2, 170, 64), torch.float16, seed=11)
+    g = torch.Generator(device="cuda").manual_seed(3)
+    mask = torch.rand((2, 1, 150, 170), device="cuda", generator=g) > 0.3
+    mask[:, :, 5] = False  # rows with no allowed key: out 0, lse -inf
+    out, lse = forward(q, k, v, scale=0.125, causal=True, mask=mask)
+    _check(q, k, v, out, lse, scale=0.125, causal=True, mask=mask)
+    assert float(out[:, :, 5].abs().max()) == 0.0
+
+
+def test_block_sparse_and_dropout():
+    q, k, v = _inputs((1, 2, 256, 128), (1, 2, 256, 128), torch.float16, seed=5)
+    bq, bk = 64, 32
+    rng = np.random.default_rng(0)
+    block_mask = rng.random((1, 2, 256 // bq, 256 // bk)) > 0.4
+    allowed = np.repeat(np.repeat(block_mask, bq, axis=2), bk, axis=3)
+    out, lse = forward(q, k, v, scale=0.09, block_mask=block_mask, block_q=bq, block_k=bk,
+                       dropout_p=0.2, seed=1234)
+    _check(q, k, v, out, lse, scale=0.09, block_allowed=allowed, dropout_p=0.2, seed=1234)
+
+
+def test_numpy_float16_and_block_q_128():
+    rng = np.random.default_rng(2)
+    q = rng.standard_normal((1, 3, 300, 64)).astype(np.float16)
+    k = rng.standard_normal((1, 1, 257, 64)).astype(np.float16)
+    v = rng.standard_normal((1, 1, 257, 64)).astype(np.float16)
+    out, lse = forward(q, k, v, scale=0.125, causal=True, block_q=128)
+    assert isinstance(out, np.ndarray) and out.dtype == np.float16
+    qt, kt, vt = (torch.from_numpy(x) for x in (q, k, v))
+    _check(qt, kt, vt, torch.from_numpy(out), torch.from_numpy(lse), scale=0.125, causal=True)
+
+
+def test_bad_inputs_raise():
+    q, k, v = _inputs((1, 1, 32, 80), (1, 1, 32, 80), torch.float16, seed=0)
+    with pytest.raises(ValueError, match="head_dim"):
+        forward(q, k, v, scale=0.1)
+    q, k, v = _inputs((1, 1, 32, 128), (1, 1, 32, 128), torch.float16, seed=0)
+    with pytest.raises(ValueError, match="shared memory"):
+        forward(q, k, v, scale=0.1, block_k=64)
+    with pytest.raises(TypeError):
+        forward(q.float(), k.float(), v.float(), scale=0.1)
