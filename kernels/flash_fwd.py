@@ -1,0 +1,248 @@
+"""The fused attention forward kernel (FlashAttention-2 order), float32 accumulation on CUDA cores.
+
+One thread block computes one (batch*head, Q tile). The Q tile is staged once in shared memory;
+K and V tiles stream through shared memory in the order given by `BlockInfo.kv_schedule()`
+(causal and block-sparse skipping live there, so skipped tiles are never loaded). Each thread
+owns a ``TM x TN`` register micro-tile of S = Q K^T (rows ``ty + NTM*i``, columns
+``tx + NTN*j``, interleaved so that a warp's shared-memory reads hit distinct banks) and the
+matching ``TM x D/NTN`` slice of the output accumulator. The row max is reduced across the NTN
+threads of a row group (warp shuffles on a GPU); the row sum is kept as per-thread partial sums
+and reduced once at the end, with the one final rescale. O and the logsumexp are written once.
+
+All sizes (block_m, block_n, TM, TN, head_dim) and the feature switches (causal, mask,
+dropout) are compile-time constants of a kernel built by `make_forward_kernel`.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import cuda, float32
+
+from ._device import keep_bit, row_hash
+from .config import TileConfig
+
+NEG_INF = float32(-np.inf)
+
+
+def make_forward_kernel(cfg: TileConfig, head_dim: int, causal: bool, has_mask: bool,
+                        dropout: bool, use_shfl: bool):
+    """Build the forward kernel for one configuration (cached by `kernels.launch`).
+
+    Kernel signature::
+
+        kernel(q, k, v, out, lse, mask, kv_off, kv_idx, sched_sb, sched_sh, group,
+               n_blocks_q, sm_scale, seed_prefix, keep_threshold, keep_scale)
+
+    grid = (n_blocks_q, B * Hq), block = cfg.threads.
+    """
+    BM, BN, TM, TN = cfg.block_m, cfg.block_n, cfg.tm, cfg.tn
+    D = head_dim
+    NTM, NTN = BM // TM, BN // TN
+    NTHREADS = NTM * NTN
+    DN = D // NTN
+    DPAD = D + 1                      # odd row stride: column reads hit distinct banks
+    PPAD = BN + NTN                   # P rows: the NTN-wide row groups of a warp land apart
+    LOAD_Q = (BM * D + NTHREADS - 1) // NTHREADS
+    LOAD_KV = (BN * D + NTHREADS - 1) // NTHREADS
+    CAUSAL, HAS_MASK, DROPOUT, SHFL = causal, has_mask, dropout, use_shfl
+
+    @cuda.jit
+    def flash_fwd(q, k, v, out, lse, mask, kv_off, kv_idx, sched_sb, sched_sh, group,
+                  n_blocks_q, sm_scale, seed_prefix, keep_threshold, keep_scale):
+        tid = cuda.threadIdx.x
+        tx = tid % NTN
+        ty = tid // NTN
+        bh = cuda.blockIdx.y
+        n_heads = q.shape[1]
+        b = bh // n_heads
+        h = bh % n_heads
+        hk = h // group
+        m_blk = n_blocks_q - 1 - cuda.blockIdx.x       # heaviest causal tiles first
+        row0 = m_blk * BM
+        seqlen_q = q.shape[2]
+        seqlen_k = k.shape[2]
+        mb = b if mask.shape[0] > 1 else 0
+        mh = h if mask.shape[1] > 1 else 0
+        mrow_bcast = mask.shape[2] == 1
+
+        q_s = cuda.shared.array((BM, DPAD), float32)
+        k_s = cuda.shared.array((BN, DPAD), float32)
+        v_s = cuda.shared.array((BN, DPAD), float32)
+        p_s = cuda.shared.array((BM, PPAD), float32)
+        red_s = cuda.shared.array((BM, NTN), float32)
+
+        # -- load the Q tile, pre-multiplied by the softmax scale --
+        for it in range(LOAD_Q):
+            e = tid + it * NTHREADS
+            if e < BM * D:
+                r = e // D
+                c = e % D
+                val = float32(0.0)
+                if row0 + r < seqlen_q:
+                    val = float32(q[b, h, row0 + r, c]) * sm_scale
+                q_s[r, c] = val
+
+        m_i = cuda.local.array(TM, float32)
+        l_i = cuda.local.array(TM, float32)          # per-thread partial row sums
+        acc = cuda.local.array((TM, DN), float32)
+        s = cuda.local.array((TM, TN), float32)
+        a_r = cuda.local.array(TM, float32)
+        b_r = cuda.local.array(TN, float32)
+        v_r = cuda.local.array(DN, float32)
+        h_row = cuda.local.array(TM, np.uint64)
+        for i in range(TM):
+            m_i[i] = NEG_INF
+            l_i[i] = float32(0.0)
+            for c in range(DN):
+                acc[i, c] = float32(0.0)
+            if DROPOUT:
+                h_row[i] = row_hash(seed_prefix, bh, row0 + ty + NTM * i)
+
+        sched = b * sched_sb + h * sched_sh
+        t0 = kv_off[sched, m_blk]
+        t1 = kv_off[sched, m_blk + 1]
+        for t in range(t0, t1):
+            col0 = kv_idx[t] * BN
+            cuda.syncthreads()                         # previous tile fully consumed
+            # -- load K and V tiles --
+            for it in range(LOAD_KV):
+                e = tid + it * NTHREADS
+                if e < BN * D:
+                    r = e // D
+                    c = e % D
+                    kv = float32(0.0)
+                    vv = float32(0.0)
+                    if col0 + r < seqlen_k:
+                        kv = float32(k[b, hk, col0 + r, c])
+                        vv = float32(v[b, hk, col0 + r, c])
+                    k_s[r, c] = kv
+                    v_s[r, c] = vv
+            cuda.syncthreads()
+
+            # -- compute qk --
+            for i in range(TM):
+                for j in range(TN):
+                    s[i, j] = float32(0.0)
+            for kk in range(D):
+                for i in range(TM):
+                    a_r[i] = q_s[ty + NTM * i, kk]
+                for j in range(TN):
+                    b_r[j] = k_s[tx + NTN * j, kk]
+                for i in range(TM):
+                    for j in range(TN):
+                        s[i, j] += a_r[i] * b_r[j]
+
+            # -- mask: bounds, causal, boolean mask --
+            for i in range(TM):
+                row = row0 + ty + NTM * i
+                for j in range(TN):
+                    col = col0 + tx + NTN * j
+                    ok = col < seqlen_k
+                    if CAUSAL:
+                        ok = ok and col <= row
+                    if HAS_MASK:
+                        if ok and row < seqlen_q:
+                            mr = 0 if mrow_bcast else row
+                            ok = mask[mb, mh, mr, col] != 0
+                    if not ok:
+                        s[i, j] = NEG_INF
+
+            # -- row max across the row group --
+            for i in range(TM):
+                mx = s[i, 0]
+                for j in range(1, TN):
+                    mx = max(mx, s[i, j])
+                a_r[i] = mx
+            if SHFL:
+                for i in range(TM):
+                    mx = a_r[i]
+                    off = NTN // 2
+                    while off > 0:
+                        mx = max(mx, cuda.shfl_xor_sync(0xFFFFFFFF, mx, off))
+                        off //= 2
+                    a_r[i] = mx
+            else:
+                for i in range(TM):
+                    red_s[ty + NTM * i, tx] = a_r[i]
+                cuda.syncthreads()
+                for i in range(TM):
+                    mx = red_s[ty + NTM * i, 0]
+                    for u in range(1, NTN):
+                        mx = max(mx, red_s[ty + NTM * i, u])
+                    a_r[i] = mx
+                cuda.syncthreads()
+
+            # -- update m_i and l_i, rescale acc --
+            for i in range(TM):
+                m_new = max(m_i[i], a_r[i])
+                m_use = float32(0.0) if m_new == NEG_INF else m_new
+                alpha = math.exp(m_i[i] - m_use)
+                rs = float32(0.0)
+                for j in range(TN):
+                    p = math.exp(s[i, j] - m_use)
+                    s[i, j] = p
+                    rs += p
+                l_i[i] = l_i[i] * alpha + rs
+                m_i[i] = m_new
+                for c in range(DN):
+                    acc[i, c] *= alpha
+
+            # -- dropout on P (normaliser l_i stays undropped) --
+            if DROPOUT:
+                for i in range(TM):
+                    for j in range(TN):
+                        if keep_bit(h_row[i], col0 + tx + NTN * j, keep_threshold):
+                            s[i, j] *= keep_scale
+                        else:
+                            s[i, j] = float32(0.0)
+
+            for i in range(TM):
+                for j in range(TN):
+                    p_s[ty + NTM * i, tx + NTN * j] = s[i, j]
+            cuda.syncthreads()
+
+            # -- acc += P V --
+            for jj in range(BN):
+                for i in range(TM):
+                    a_r[i] = p_s[ty + NTM * i, jj]
+                for c in range(DN):
+                    v_r[c] = v_s[jj, tx + NTN * c]
+                for i in range(TM):
+                    for c in range(DN):
+                        acc[i, c] += a_r[i] * v_r[c]
+
+        # -- reduce the partial row sums, one rescale, write O and lse --
+        if SHFL:
+            for i in range(TM):
+                ls = l_i[i]
+                off = NTN // 2
+                while off > 0:
+                    ls += cuda.shfl_xor_sync(0xFFFFFFFF, ls, off)
+                    off //= 2
+                l_i[i] = ls
+        else:
+            cuda.syncthreads()
+            for i in range(TM):
+                red_s[ty + NTM * i, tx] = l_i[i]
+            cuda.syncthreads()
+            for i in range(TM):
+                ls = float32(0.0)
+                for u in range(NTN):
+                    ls += red_s[ty + NTM * i, u]
+                l_i[i] = ls
+        for i in range(TM):
+            row = row0 + ty + NTM * i
+            if row < seqlen_q:
+                ls = l_i[i]
+                inv = float32(0.0)
+                row_lse = NEG_INF
+                if ls > float32(0.0):
+                    inv = float32(1.0) / ls
+                    row_lse = m_i[i] + math.log(ls)
+                for c in range(DN):
+                    out[b, h, row, tx + NTN * c] = acc[i, c] * inv
+                if tx == 0:
+                    lse[b, h, row] = row_lse
+
+    return flash_fwd

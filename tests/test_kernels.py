@@ -1,0 +1,346 @@
+"""Exactness of the Numba CUDA kernels (`kernels.forward` / `kernels.backward`).
+
+Under Numba's CUDA simulator (CI, no GPU) the same kernels run on small shapes, small tiles and
+few threads against a float64 materialised reference written here; tests marked ``gpu`` run on
+a real GPU with bigger shapes, torch CUDA tensors, bfloat16, strided inputs and streams.
+
+Tolerances: float32 inputs with float32 accumulation over at most a few hundred keys give
+errors of a few float32 ulps of the output scale, so we use rtol/atol 2e-4 relative to the
+largest reference magnitude; float16 inputs round q, k, v to 11 bits before the (exact, fp32)
+computation, so the reference is computed from the *rounded* inputs and the only extra error is
+the fp16 output rounding (2**-11 relative) -> 2e-3.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import kernels
+from ioaware.dropout import keep_mask
+
+# -- float64 reference -----------------------------------------------------------------------------
+
+
+def ref_attention(q, k, v, dout=None, *, scale, causal=False, mask=None, block_mask=None,
+                  block_q=None, block_k=None, dropout_p=0.0, seed=0):
+    """Materialised float64 attention: (out, lse) and, with dout, (dq, dk, dv)."""
+    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+    B, Hq, Nq, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    g = Hq // Hkv
+    kk = np.repeat(k, g, axis=1)
+    vv = np.repeat(v, g, axis=1)
+    allowed = np.ones((B, Hq, Nq, Nk), bool)
+    if causal:
+        allowed &= np.arange(Nk)[None, :] <= np.arange(Nq)[:, None]
+    if mask is not None:
+        allowed &= np.asarray(mask, bool)
+    if block_mask is not None:
+        bm = np.asarray(block_mask, bool)
+        full = np.repeat(np.repeat(bm, block_q, axis=2), block_k, axis=3)[:, :, :Nq, :Nk]
+        allowed &= full
+    s = np.einsum("bhid,bhjd->bhij", q, kk) * scale
+    s = np.where(allowed, s, -np.inf)
+    mx = s.max(-1, keepdims=True)
+    mx = np.where(np.isneginf(mx), 0.0, mx)
+    e = np.exp(s - mx)
+    l = e.sum(-1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p = np.where(l > 0, e / np.where(l > 0, l, 1), 0.0)
+        lse = np.where(l[..., 0] > 0, mx[..., 0] + np.log(l[..., 0]), -np.inf)
+    if dropout_p > 0:
+        bh = np.arange(B * Hq).reshape(B, Hq, 1, 1)
+        z = keep_mask(seed, dropout_p, bh, np.arange(Nq)[:, None], np.arange(Nk)[None, :])
+        z = z / (1.0 - dropout_p)
+    else:
+        z = np.ones_like(p)
+    out = np.einsum("bhij,bhjd->bhid", p * z, vv)
+    if dout is None:
+        return out, lse
+    do = np.asarray(dout, np.float64)
+    dvv = np.einsum("bhij,bhid->bhjd", p * z, do)
+    dp = np.einsum("bhid,bhjd->bhij", do, vv) * z
+    ds = p * (dp - (dp * p).sum(-1, keepdims=True))
+    dq = np.einsum("bhij,bhjd->bhid", ds, kk) * scale
+    dkk = np.einsum("bhij,bhid->bhjd", ds, q) * scale
+    dk = dkk.reshape(B, Hkv, g, Nk, D).sum(2)
+    dv = dvv.reshape(B, Hkv, g, Nk, D).sum(2)
+    return out, lse, dq, dk, dv
+
+
+def assert_close(got, want, tol, name):
+    got = np.asarray(got, np.float64)
+    want = np.asarray(want, np.float64)
+    assert got.shape == want.shape, (name, got.shape, want.shape)
+    assert np.isfinite(got).all(), f"{name}: non-finite values"
+    scale = max(1.0, float(np.abs(want).max()) if want.size else 1.0)
+    err = float(np.abs(got - want).max()) if want.size else 0.0
+    assert err <= tol * scale, f"{name}: max abs error {err:.3g} > {tol} * {scale:.3g}"
+
+
+def assert_lse(got, want, tol):
+    got = np.asarray(got, np.float64)
+    assert np.array_equal(np.isneginf(got), np.isneginf(want)), "lse: -inf rows differ"
+    fin = ~np.isneginf(want)
+    if fin.any():
+        assert np.abs(got[fin] - want[fin]).max() <= tol * max(1.0, np.abs(want[fin]).max())
+
+
+TOL = {np.float32: 2e-4, np.float16: 2e-3}
+
+
+def make(rng, B, Hq, Hkv, Nq, Nk, D, dtype=np.float32, scale=1.0):
+    q = (rng.standard_normal((B, Hq, Nq, D)) * scale).astype(dtype)
+    k = (rng.standard_normal((B, Hkv, Nk, D)) * scale).astype(dtype)
+    v = rng.standard_normal((B, Hkv, Nk, D)).astype(dtype)
+    do = rng.standard_normal((B, Hq, Nq, D)).astype(dtype)
+    return q, k, v, do
+
+
+def run_both(q, k, v, do, *, check_bwd=True, tol=None, dq_mode=None, **kw):
+    """Run the kernels and compare with the float64 reference (computed from the same, possibly
+    fp16-rounded, inputs)."""
+    D = q.shape[-1]
+    scale = kw.pop("scale", 1.0 / np.sqrt(D))
+    tol = tol or TOL[q.dtype.type]
+    out, lse = kernels.forward(q, k, v, scale=scale, **kw)
+    assert out.dtype == q.dtype and lse.dtype == np.float32
+    ref_kw = {key: kw[key] for key in ("causal", "mask", "block_mask", "block_q", "block_k",
+                                       "dropout_p", "seed") if key in kw}
+    r_out, r_lse, r_dq, r_dk, r_dv = ref_attention(q, k, v, do, scale=scale, **ref_kw)
+    assert_close(out, r_out, tol, "out")
+    assert_lse(lse, r_lse, tol)
+    if check_bwd:
+        dq, dk, dv = kernels.backward(q, k, v, out, lse, do, scale=scale, dq_mode=dq_mode, **kw)
+        assert dq.dtype == q.dtype and dk.shape == k.shape and dv.shape == v.shape
+        assert_close(dq, r_dq, tol * 5, "dq")
+        assert_close(dk, r_dk, tol * 5, "dk")
+        assert_close(dv, r_dv, tol * 5, "dv")
+    return out, lse
+
+
+# -- simulator tests (small shapes, tiles 8..16) ---------------------------------------------------
+
+
+def test_dense_partial_tiles():
+    rng = np.random.default_rng(0)
+    q, k, v, do = make(rng, 1, 2, 2, 21, 19, 8)
+    run_both(q, k, v, do, block_q=8, block_k=8)
+
+
+def test_causal_cross_lengths_and_gqa():
+    rng = np.random.default_rng(1)
+    q, k, v, do = make(rng, 2, 4, 2, 17, 26, 16)
+    run_both(q, k, v, do, causal=True, block_q=8, block_k=16)
+
+
+@pytest.mark.parametrize("dq_mode", ["kernel", "atomic"])
+def test_dq_modes_agree_with_reference(dq_mode):
+    rng = np.random.default_rng(2)
+    q, k, v, do = make(rng, 1, 2, 1, 20, 20, 8)
+    run_both(q, k, v, do, causal=True, block_q=8, block_k=8, dq_mode=dq_mode)
+
+
+def test_boolean_mask_and_fully_masked_rows():
+    rng = np.random.default_rng(3)
+    q, k, v, do = make(rng, 2, 2, 2, 12, 15, 8)
+    mask = rng.random((2, 2, 12, 15)) < 0.6
+    mask[0, 1, 3, :] = False          # a fully masked row: out 0, lse -inf, grads 0
+    mask[1, :, 7, :] = False
+    out, lse = run_both(q, k, v, do, mask=mask, block_q=8, block_k=8)
+    assert np.isneginf(lse[0, 1, 3]) and not np.any(out[0, 1, 3])
+
+
+def test_key_padding_mask_broadcast():
+    rng = np.random.default_rng(4)
+    q, k, v, do = make(rng, 2, 2, 2, 10, 13, 8)
+    mask = np.ones((2, 1, 1, 13), bool)
+    mask[0, ..., 9:] = False
+    mask[1, ..., 4:] = False
+    run_both(q, k, v, do, mask=mask, block_q=8, block_k=8)
+
+
+def test_block_sparse_skips_tiles_and_matches():
+    rng = np.random.default_rng(5)
+    q, k, v, do = make(rng, 1, 2, 2, 24, 24, 8)
+    bm = np.array([[[[1, 0, 1], [0, 1, 0], [1, 1, 0]],
+                    [[0, 0, 1], [1, 0, 0], [0, 1, 1]]]], bool)
+    run_both(q, k, v, do, block_mask=bm, block_q=8, block_k=8)
+    run_both(q, k, v, do, block_mask=bm[:, :1], block_q=8, block_k=8, causal=True)
+
+
+def test_block_sparse_never_loads_skipped_tiles():
+    """Poison the K/V rows of skipped tiles with NaN: a loaded skipped tile would show up."""
+    rng = np.random.default_rng(6)
+    q, k, v, do = make(rng, 1, 1, 1, 16, 24, 8)
+    bm = np.array([[[[1, 0, 1], [1, 0, 0]]]], bool)
+    k[:, :, 8:16] = np.nan
+    v[:, :, 8:16] = np.nan
+    out, lse = kernels.forward(q, k, v, scale=0.3, block_mask=bm, block_q=8, block_k=8)
+    assert np.isfinite(out).all() and np.isfinite(lse).all()
+    dq, dk, dv = kernels.backward(q, k, v, out, lse, do, scale=0.3, block_mask=bm, block_q=8,
+                                  block_k=8)
+    assert np.isfinite(dq).all()
+    kk = np.nan_to_num(k)
+    vv = np.nan_to_num(v)
+    r = ref_attention(q, kk, vv, do, scale=0.3, block_mask=bm, block_q=8, block_k=8)
+    assert_close(out, r[0], 2e-4, "out")
+    assert_close(dq, r[2], 1e-3, "dq")
+
+
+def test_dropout_matches_hash_bit_for_bit():
+    rng = np.random.default_rng(7)
+    q, k, v, do = make(rng, 1, 2, 1, 13, 11, 8)
+    run_both(q, k, v, do, dropout_p=0.3, seed=2**40 + 17, block_q=8, block_k=8, causal=True)
+
+
+def test_dropout_keep_pattern_from_identity_values():
+    """With v = one-hot columns, out[i, j] / p[i, j] recovers the keep bits exactly."""
+    Nq, Nk, p = 9, 8, 0.5
+    q = np.zeros((1, 1, Nq, 8), np.float32)
+    k = np.zeros((1, 1, Nk, 8), np.float32)
+    v = np.eye(Nk, 8, dtype=np.float32)[None, None]
+    out, _ = kernels.forward(q, k, v, scale=1.0, dropout_p=p, seed=99, block_q=8, block_k=8)
+    keep = keep_mask(99, p, 0, np.arange(Nq)[:, None], np.arange(Nk)[None, :])
+    np.testing.assert_array_equal(out[0, 0] > 0, keep)
+    np.testing.assert_allclose(out[0, 0][keep], 2.0 / Nk, rtol=1e-6)
+
+
+def test_large_logits_are_stable():
+    rng = np.random.default_rng(8)
+    q, k, v, do = make(rng, 1, 1, 1, 16, 16, 8, scale=30.0)
+    out, lse = run_both(q, k, v, do, block_q=8, block_k=8, scale=1.0, tol=5e-4)
+    assert np.isfinite(lse).all()
+
+
+def test_float16_inputs():
+    rng = np.random.default_rng(9)
+    q, k, v, do = make(rng, 1, 2, 2, 18, 18, 16, dtype=np.float16)
+    run_both(q, k, v, do, causal=True, block_q=16, block_k=8)
+
+
+def test_head_dim_32_micro_tiles():
+    rng = np.random.default_rng(10)
+    q, k, v, do = make(rng, 1, 1, 1, 16, 32, 32)
+    run_both(q, k, v, do, block_q=16, block_k=16, tiles=(4, 2))
+
+
+@settings(max_examples=6)
+@given(nq=st.integers(1, 20), nk=st.integers(1, 20), d=st.sampled_from([8, 16]),
+       causal=st.booleans(), group=st.sampled_from([1, 2]), seed=st.integers(0, 2**31))
+def test_random_shapes(nq, nk, d, causal, group, seed):
+    rng = np.random.default_rng(seed)
+    q, k, v, do = make(rng, 1, 2, 2 // group, nq, nk, d)
+    run_both(q, k, v, do, causal=causal, block_q=8, block_k=8)
+
+
+# -- errors ------------------------------------------------------------------------------------------
+
+
+def test_bad_inputs_raise_clear_errors():
+    q = np.zeros((1, 2, 8, 8), np.float32)
+    k = np.zeros((1, 3, 8, 8), np.float32)
+    with pytest.raises(ValueError, match="multiple of k/v heads"):
+        kernels.forward(q, k, k, scale=1.0)
+    with pytest.raises(TypeError, match="dtype"):
+        kernels.forward(q, q.astype(np.float16), q, scale=1.0)
+    with pytest.raises(ValueError, match="mask must have shape"):
+        kernels.forward(q, q, q, scale=1.0, mask=np.ones((1, 1, 3, 8), bool))
+    with pytest.raises(ValueError, match="dropout_p"):
+        kernels.forward(q, q, q, scale=1.0, dropout_p=1.0)
+    with pytest.raises(ValueError, match="block_mask must have shape"):
+        kernels.forward(q, q, q, scale=1.0, block_q=8, block_k=8,
+                        block_mask=np.ones((1, 1, 2, 2), bool))
+
+
+def test_shared_memory_limit_is_named():
+    q = np.zeros((1, 1, 8, 128), np.float32)
+    with pytest.raises(ValueError, match="49152 bytes"):
+        kernels.forward(q, q, q, scale=1.0, block_q=64, block_k=64)
+
+
+# -- real GPU ----------------------------------------------------------------------------------------
+
+
+
+def _torch():
+    import torch as t
+    if not t.cuda.is_available():
+        pytest.skip("torch has no CUDA device")
+    return t
+
+
+def _sdpa_ref(t, q, k, v, do, causal, mask=None):
+    """float64 reference via the reference above on host copies."""
+    return ref_attention(q.double().cpu().numpy(), k.double().cpu().numpy(),
+                         v.double().cpu().numpy(), do.double().cpu().numpy(),
+                         scale=1.0 / np.sqrt(q.shape[-1]), causal=causal,
+                         mask=None if mask is None else mask.cpu().numpy())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [16, 32, 64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_numpy_head_dims(d, causal):
+    rng = np.random.default_rng(d)
+    q, k, v, do = make(rng, 2, 4, 2, 300, 257, d)
+    run_both(q, k, v, do, causal=causal)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dq_mode", ["kernel", "atomic"])
+def test_gpu_dq_modes(dq_mode):
+    rng = np.random.default_rng(1)
+    q, k, v, do = make(rng, 2, 4, 1, 333, 333, 64)
+    run_both(q, k, v, do, causal=True, dq_mode=dq_mode)
+
+
+@pytest.mark.gpu
+def test_gpu_masks_dropout_block_sparse():
+    rng = np.random.default_rng(2)
+    q, k, v, do = make(rng, 2, 2, 2, 200, 190, 64)
+    mask = rng.random((2, 1, 200, 190)) < 0.7
+    mask[1, 0, 5] = False
+    run_both(q, k, v, do, mask=mask, dropout_p=0.2, seed=5)
+    nbq, nbk = -(-200 // 32), -(-190 // 32)
+    bm = rng.random((1, 2, nbq, nbk)) < 0.5
+    run_both(q, k, v, do, block_mask=bm, block_q=32, block_k=32, causal=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_gpu_torch_tensors_strided_and_stream(dtype):
+    t = _torch()
+    dt = getattr(t, dtype)
+    g = t.Generator(device="cuda").manual_seed(0)
+    B, H, N, D = 2, 4, 257, 64
+    # non-contiguous: [B, N, H, D] storage viewed as [B, H, N, D]
+    q = t.randn(B, N, H, D, device="cuda", generator=g).to(dt).transpose(1, 2)
+    k = t.randn(B, N, H, D, device="cuda", generator=g).to(dt).transpose(1, 2)
+    v = t.randn(B, N, H, D, device="cuda", generator=g).to(dt).transpose(1, 2)
+    do = t.randn(B, H, N, D, device="cuda", generator=g).to(dt)
+    assert not q.is_contiguous()
+    s = t.cuda.Stream()
+    with t.cuda.stream(s):
+        out, lse = kernels.forward(q, k, v, scale=D ** -0.5, causal=True)
+        dq, dk, dv = kernels.backward(q, k, v, out, lse, do, scale=D ** -0.5, causal=True)
+    s.synchronize()
+    assert isinstance(out, t.Tensor) and out.dtype == dt and lse.dtype == t.float32
+    r = _sdpa_ref(t, q.float(), k.float(), v.float(), do.float(), True)
+    tol = {"float32": 2e-4, "float16": 4e-3, "bfloat16": 3e-2}[dtype]
+    assert_close(out.float().cpu().numpy(), r[0], tol, "out")
+    assert_close(dq.float().cpu().numpy(), r[2], tol * 5, "dq")
+    assert_close(dk.float().cpu().numpy(), r[3], tol * 5, "dk")
+    assert_close(dv.float().cpu().numpy(), r[4], tol * 5, "dv")
+
+
+@pytest.mark.gpu
+def test_gpu_torch_zero_copy_output_on_device():
+    t = _torch()
+    q = t.randn(1, 2, 64, 64, device="cuda")
+    out, lse = kernels.forward(q, q, q, scale=0.125)
+    assert out.device == q.device and lse.device == q.device
+    ref = t.nn.functional.scaled_dot_product_attention(q, q, q)
+    assert (out - ref).abs().max().item() < 1e-4
