@@ -1,0 +1,116 @@
+"""Tile-size and dQ-mode sweep on a GPU, with each compiled kernel's resource usage.
+
+    python -m kernels.tune [--n 4096] [--d 64] [--dtype fp32]
+
+Times the forward for several (block_q, block_k, tm, tn) and the backward with dQ by atomics
+and by a second kernel, at B*N = 16384 tokens and H*d = 2048, against SDPA EFFICIENT measured
+in the same run; prints registers, local memory (spills) and shared memory per kernel. The
+figures go to kernels/NOTES.md by hand only as copies of this command's output.
+"""
+from __future__ import annotations
+
+import argparse
+
+from .bench import attention_flops, time_cuda
+
+
+def resources(dispatcher):
+    """{signature: (regs/thread, local bytes/thread, static smem bytes/block)} of a compiled kernel."""
+    out = {}
+    for sig in dispatcher.overloads:
+        out[str(sig)] = (dispatcher.get_regs_per_thread(sig), dispatcher.get_local_mem_per_thread(sig),
+                         dispatcher.get_shared_mem_per_block(sig))
+    return out
+
+
+FWD_VARIANTS = {
+    64: [(64, 32, 4, 4), (64, 32, 8, 4), (64, 32, 2, 4), (64, 32, 4, 8), (64, 16, 4, 2),
+         (32, 32, 2, 4), (32, 32, 4, 4), (64, 64, 8, 8) , (48, 32, 3, 4)],
+    128: [(32, 16, 2, 2), (32, 16, 4, 2), (32, 16, 4, 4), (16, 32, 2, 4), (32, 8, 2, 1)],
+}
+BWD_VARIANTS = {64: [(32, 32, None), (32, 16, None), (16, 32, None), (32, 32, (4, 4))],
+                128: [(16, 16, None), (16, 8, None), (8, 16, None)]}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, default=4096)
+    ap.add_argument("--d", type=int, nargs="+", default=[64])
+    ap.add_argument("--dtype", default="fp32")
+    ap.add_argument("--causal", action="store_true")
+    args = ap.parse_args(argv)
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    import kernels
+    from kernels import launch
+
+    tdt = {"fp32": torch.float32, "fp16": torch.float16}[args.dtype]
+    report = {}
+    for d in args.d:
+        n = args.n
+        b, h = max(1, 16384 // n), 2048 // d
+        q, k, v, do = (torch.randn(b, h, n, d, device="cuda", dtype=tdt) for _ in range(4))
+        scale = d ** -0.5
+        fl = attention_flops(b, h, n, n, d, args.causal, "fwd")
+
+        def sdpa_fwd():
+            with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=args.causal)
+        t_eff = time_cuda(torch, sdpa_fwd)[0]
+        ref = sdpa_fwd().float()
+        print(f"d={d} N={n} B={b} H={h} {args.dtype} causal={args.causal}: SDPA efficient fwd "
+              f"{t_eff:.3f} ms = {fl / t_eff / 1e9:.1f} TFLOP/s", flush=True)
+        rows = []
+        for bq, bk, tm, tn in FWD_VARIANTS.get(d, []):
+            try:
+                run = lambda: kernels.forward(q, k, v, scale=scale, causal=args.causal, block_q=bq,  # noqa: E731
+                                              block_k=bk, tiles=(tm, tn))
+                out, _ = run()
+                err = (out.float() - ref).abs().max().item()
+                t = time_cuda(torch, run)[0]
+            except Exception as exc:
+                print(f"  fwd {bq}x{bk} tiles {tm}x{tn}: {type(exc).__name__}: {exc}", flush=True)
+                continue
+            res = [r for key, kern in launch._KERNELS.items() if key[0] == "fwd" and key[1].block_m == bq
+                   and key[1].block_n == bk and key[1].tm == tm and key[1].tn == tn
+                   for r in resources(kern).values()]
+            rows.append({"block_q": bq, "block_k": bk, "tm": tm, "tn": tn, "ms": t,
+                         "tflops": fl / t / 1e9, "x_eff": t_eff / t, "max_err": err,
+                         "regs_local_smem": res})
+            print(f"  fwd {bq:3d}x{bk:3d} tiles {tm}x{tn}: {t:8.3f} ms {fl / t / 1e9:6.2f} TFLOP/s "
+                  f"x_eff {t_eff / t:5.2f} err {err:.1e} regs/local/smem {res}", flush=True)
+        out, lse = kernels.forward(q, k, v, scale=scale, causal=args.causal)
+        qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
+
+        def sdpa_bwd():
+            with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]):
+                F.scaled_dot_product_attention(qg, kg, vg, is_causal=args.causal).backward(do)
+        t_eff_fb = time_cuda(torch, sdpa_bwd)[0]
+        flb = attention_flops(b, h, n, n, d, args.causal, "fwd+bwd") - fl
+        print(f"  SDPA efficient fwd+bwd {t_eff_fb:.3f} ms", flush=True)
+        for bq, bk, tiles in BWD_VARIANTS.get(d, []):
+            for mode in ("kernel", "atomic"):
+                try:
+                    run = lambda: kernels.backward(q, k, v, out, lse, do, scale=scale,  # noqa: E731
+                                                   causal=args.causal, block_q=bq, block_k=bk,
+                                                   dq_mode=mode, tiles=tiles)
+                    run()
+                    t = time_cuda(torch, run)[0]
+                except Exception as exc:
+                    print(f"  bwd {bq}x{bk} {mode}: {type(exc).__name__}: {exc}", flush=True)
+                    continue
+                rows.append({"bwd_block_q": bq, "bwd_block_k": bk, "tiles": tiles, "dq_mode": mode,
+                             "ms": t, "tflops": flb / t / 1e9})
+                print(f"  bwd {bq:3d}x{bk:3d} tiles {tiles} dq={mode:6}: {t:8.3f} ms "
+                      f"{flb / t / 1e9:6.2f} TFLOP/s", flush=True)
+        report[d] = {"sdpa_efficient_fwd_ms": t_eff, "sdpa_efficient_fwdbwd_ms": t_eff_fb, "rows": rows}
+        for key, kern in launch._KERNELS.items():
+            if key[0] in ("dkdv", "dq"):
+                print(f"  {key[0]} {key[1]}: regs/local/smem {list(resources(kern).values())}", flush=True)
+    return report
+
+
+if __name__ == "__main__":
+    main()
