@@ -1,0 +1,747 @@
+"""Everything the dashboard computes, kept apart from its layout and cached with ``st.cache_data``.
+
+* model tables: the three schedules side by side, the (block_q, block_k) grid, the N sweep —
+  all answered by ``sim`` (this module only calls it and shapes the answers into DataFrames);
+* results: loading and validating a results file (``sim.results``), its provenance, and the join
+  of measured records with ``sim``'s predictions for the same configuration;
+* the step-through: ``sim.trace`` events of a small problem, cumulated per step, and the online
+  softmax of one query row (running max ``m``, sum ``l`` and output ``o``) as key blocks arrive.
+
+Functions take plain values (ints, strings, tuples) so that they are cheap to hash for the cache.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import io
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import streamlit as st
+
+ROOT = Path(__file__).resolve().parent.parent
+SCHEDULES = ("naive", "flash1", "flash2")
+CUSTOM = "custom"
+
+
+# ------------------------------------------------------------------------------------------------
+# sim import
+# ------------------------------------------------------------------------------------------------
+def import_sim():
+    """``(sim module, None)`` or ``(None, error text)`` when the cost model cannot be imported."""
+    try:
+        sim = importlib.import_module("sim")
+    except Exception as exc:  # noqa: BLE001 - any import failure is reported on the page
+        return None, f"{type(exc).__name__}: {exc}"
+    if not callable(getattr(sim, "predict", None)):
+        return None, f"the sim package at {getattr(sim, '__path__', '?')} has no predict()"
+    return sim, None
+
+
+def _sim():
+    sim, err = import_sim()
+    if sim is None:
+        raise RuntimeError(f"sim is not importable: {err}")
+    return sim
+
+
+# ------------------------------------------------------------------------------------------------
+# The online softmax of one query row, step by step
+# ------------------------------------------------------------------------------------------------
+@st.cache_data(show_spinner=False, max_entries=64)
+def online_softmax_walk(seq_len: int, head_dim: int, block_k: int, row: int, causal: bool,
+                        seed: int = 0) -> dict:
+    """Walk the online softmax of query ``row`` over key blocks of ``block_k`` columns.
+
+    Inputs are seeded standard-normal Q, K, V of shape ``[seq_len, head_dim]`` (float64), scale
+    ``1/sqrt(head_dim)``. After key block ``j`` arrives the running state is
+    ``m_j = max(m_{j-1}, max_k s_k)``, ``l_j = l_{j-1} * exp(m_{j-1} - m_j) + sum_k exp(s_k - m_j)``,
+    ``acc_j = acc_{j-1} * exp(m_{j-1} - m_j) + sum_k exp(s_k - m_j) v_k`` and the output so far is
+    ``o_j = acc_j / l_j`` — the exact attention output over the keys seen so far.
+
+    Returns a dict of DataFrames: ``steps`` (one row per key block: block, key range, block max,
+    m, l, |o_j - o_final|, the rescale factor exp(m_{j-1} - m_j)), ``output`` (o_j per block and
+    output dim, long form), ``scores`` (s and the final softmax probabilities per key), and
+    ``check`` (max |o_final - exact softmax output| against a float64 materialised reference,
+    and against ``ioaware.tiled`` when it is importable).
+    """
+    if not (1 <= block_k <= seq_len) or not (0 <= row < seq_len) or head_dim < 1:
+        raise ValueError(f"need 1 <= block_k <= seq_len and 0 <= row < seq_len, got "
+                         f"seq_len={seq_len}, block_k={block_k}, row={row}")
+    rng = np.random.default_rng(seed)
+    q, k, v = (rng.standard_normal((seq_len, head_dim)) for _ in range(3))
+    scale = 1.0 / np.sqrt(head_dim)
+    s = (k @ q[row]) * scale                                   # [seq_len] scores of this row
+    n_keys = row + 1 if causal else seq_len                   # causal: keys 0..row
+    s_vis = s[:n_keys]
+    p_exact = np.exp(s_vis - s_vis.max())
+    p_exact /= p_exact.sum()
+    o_exact = p_exact @ v[:n_keys]
+
+    m, l_sum = -np.inf, 0.0
+    acc = np.zeros(head_dim)
+    steps, outputs = [], []
+    for j, start in enumerate(range(0, n_keys, block_k)):
+        stop = min(start + block_k, n_keys)
+        s_j = s[start:stop]
+        # -- update m and l --
+        m_new = max(m, float(s_j.max()))
+        alpha = float(np.exp(m - m_new)) if np.isfinite(m) else 0.0
+        p_j = np.exp(s_j - m_new)
+        l_sum = l_sum * alpha + float(p_j.sum())
+        # -- update output accumulator --
+        acc = acc * alpha + p_j @ v[start:stop]
+        m = m_new
+        o_j = acc / l_sum
+        steps.append({"key_block": j, "keys": f"{start}..{stop - 1}", "block_max": float(s_j.max()),
+                      "m": m, "l": l_sum, "rescale_alpha": alpha,
+                      "err_vs_final": float(np.abs(o_j - o_exact).max())})
+        outputs.extend({"key_block": j, "dim": c, "o": float(o_j[c])} for c in range(head_dim))
+    checks = {"max_abs_err_vs_exact_softmax": float(np.abs(acc / l_sum - o_exact).max())}
+    tiled_err = _tiled_row_error(q, k, v, scale, row, block_k, causal, o_exact)
+    if tiled_err is not None:
+        checks["max_abs_err_ioaware_tiled_fp32"] = tiled_err
+    scores = pd.DataFrame({"key": np.arange(seq_len), "score": s,
+                           "visible": np.arange(seq_len) < n_keys,
+                           "p_final": np.concatenate([p_exact, np.zeros(seq_len - n_keys)])})
+    return {"steps": pd.DataFrame(steps), "output": pd.DataFrame(outputs), "scores": scores,
+            "check": checks}
+
+
+def _tiled_row_error(q, k, v, scale, row, block_k, causal, o_exact):
+    """max |o_exact - ioaware.tiled output| for ``row`` (float32 path), or None if unavailable."""
+    try:
+        from ioaware.block_info import BlockInfo
+        from ioaware.tiled import tiled_forward
+    except Exception:  # noqa: BLE001 - the cross-check is optional
+        return None
+    n = q.shape[0]
+    info = BlockInfo(n, n, max(1, min(block_k, n)), block_k, causal)
+    shape = (1, 1, 1, n, q.shape[1])
+    out, _ = tiled_forward(q.reshape(shape).astype(np.float32), k.reshape(shape).astype(np.float32),
+                           v.reshape(shape).astype(np.float32), scale=scale, info=info,
+                           bh=np.zeros((1, 1, 1), dtype=np.int64))
+    return float(np.abs(out[0, 0, 0, row].astype(np.float64) - o_exact).max())
+
+
+# ------------------------------------------------------------------------------------------------
+# Results files (measured data)
+# ------------------------------------------------------------------------------------------------
+PROVENANCE_KEYS = ("gpu", "driver", "cuda", "torch", "numba", "numba_cuda", "date", "command")
+
+
+class ResultsUnavailable(RuntimeError):
+    """``sim.results`` (the results-file validator) cannot be imported."""
+
+
+def _results_module():
+    try:
+        return importlib.import_module("sim.results")
+    except Exception as exc:  # noqa: BLE001
+        raise ResultsUnavailable(f"sim.results is not importable: {type(exc).__name__}: {exc}")
+
+
+def format_error_types() -> tuple[type[BaseException], ...]:
+    """Exceptions that mean "this results file is malformed" (shown to the user, not raised)."""
+    types: list[type[BaseException]] = [ValueError, UnicodeDecodeError]
+    try:
+        types.insert(0, _results_module().ResultsFormatError)
+    except ResultsUnavailable:
+        pass
+    return tuple(types)
+
+
+def shipped_results() -> list[Path]:
+    """Results files the app offers: the repository's ``results/*.json`` (as listed by
+    ``sim.results.shipped_results``) plus any named in ``$IOAWARE_RESULTS`` (files or
+    directories, separated by ``os.pathsep``)."""
+    try:
+        files = [Path(f) for f in _results_module().shipped_results()]
+    except ResultsUnavailable:
+        files = sorted((ROOT / "results").glob("*.json"))
+    for entry in filter(None, os.environ.get("IOAWARE_RESULTS", "").split(os.pathsep)):
+        path = Path(entry).expanduser()
+        files += sorted(path.glob("*.json")) if path.is_dir() else [path] if path.is_file() else []
+    seen, unique = set(), []
+    for f in files:
+        if f.resolve() not in seen:
+            seen.add(f.resolve())
+            unique.append(f)
+    return unique
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def load_results_bytes(content: bytes, name: str = "<upload>") -> dict:
+    """Validate a results file given as bytes and return ``{"records": DataFrame,
+    "provenance": dict, "name": str}``.
+
+    Validation is ``sim.results.load_results``; a malformed file raises its
+    ``ResultsFormatError`` (a ValueError) with a readable message, which the page displays.
+    """
+    mod = _results_module()
+    records = mod.load_results(io.BytesIO(content))
+    provenance: dict = {}
+    try:  # provenance is not part of load_results' return value; read it from the same bytes
+        doc = json.loads(content.decode("utf-8"))
+        provenance = dict(doc.get("provenance") or {}) if isinstance(doc, dict) else {}
+    except ValueError:
+        pass
+    df = pd.DataFrame.from_records(list(records))
+    if not df.empty and "gpu" not in df.columns:
+        df.insert(0, "gpu", provenance.get("gpu", "unknown"))
+    digest = hashlib.sha1(content).hexdigest()
+    return {"records": df, "provenance": provenance, "name": name, "digest": digest}
+
+
+def load_results_path(path: str | Path) -> dict:
+    """:func:`load_results_bytes` for a file on disk."""
+    path = Path(path)
+    return load_results_bytes(path.read_bytes(), path.name)
+
+
+def provenance_table(provenance: dict) -> pd.DataFrame:
+    """The provenance block as a two-column table (missing fields say so)."""
+    rows = [{"field": k, "value": str(provenance.get(k, "— (not recorded)"))} for k in PROVENANCE_KEYS]
+    rows += [{"field": k, "value": str(v)} for k, v in provenance.items() if k not in PROVENANCE_KEYS]
+    return pd.DataFrame(rows)
+
+
+# ------------------------------------------------------------------------------------------------
+# Measuring on this machine
+# ------------------------------------------------------------------------------------------------
+_CUDA_NOTE: list[str] = []
+
+
+@st.cache_data(show_spinner=False)
+def cuda_device() -> str | None:
+    """Name of the CUDA GPU torch sees, or None (no torch, no driver, no device)."""
+    _CUDA_NOTE.clear()
+    try:
+        import torch
+    except Exception as exc:  # noqa: BLE001
+        _CUDA_NOTE.append(f"torch is not importable: {type(exc).__name__}")
+        return None
+    try:
+        if torch.cuda.is_available():
+            return str(torch.cuda.get_device_name(0))
+    except Exception as exc:  # noqa: BLE001
+        _CUDA_NOTE.append(f"torch.cuda failed: {exc}")
+        return None
+    _CUDA_NOTE.append(f"torch {torch.__version__} reports no CUDA device")
+    return None
+
+
+def cuda_probe_note() -> str:
+    """Why :func:`cuda_device` found nothing, when known."""
+    return "; ".join(_CUDA_NOTE)
+
+
+def import_measure():
+    """``(kernels.measure module, None)`` or ``(None, reason)``; it must offer ``run_sweep``."""
+    try:
+        mod = importlib.import_module("kernels.measure")
+    except Exception as exc:  # noqa: BLE001
+        return None, f"{type(exc).__name__}: {exc}"
+    if not callable(getattr(mod, "run_sweep", None)):
+        return None, "kernels.measure has no run_sweep(configs, progress=...)"
+    return mod, None
+
+
+def measure_configs(seq_lens, head_dims, dtypes, batch, heads, causal, passes) -> list[dict]:
+    """The cross product of the Measure page's choices as ``kernels.measure`` configurations
+    (keys named as in the results records)."""
+    return [{"batch": batch, "heads": heads, "heads_kv": heads, "seq_len_q": n, "seq_len_k": n,
+             "head_dim": d, "dtype": dt, "causal": bool(c), "pass": p}
+            for n in seq_lens for d in head_dims for dt in dtypes for c in causal for p in passes]
+
+
+def save_results(content: bytes, gpu: str) -> Path:
+    """Write a results file into ``results/`` under a new, dated name; return its path."""
+    import datetime as _dt
+    import re as _re
+
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    name = _re.sub(r"[^a-z0-9]+", "-", gpu.lower()).strip("-") or "gpu"
+    path = ROOT / "results" / f"{name}-{stamp}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(content)
+    return path
+
+
+# ------------------------------------------------------------------------------------------------
+# Model: profiles, workloads, schedules (thin adapters over sim's data classes)
+# ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CustomField:
+    """One number of a user-given GPU profile: ``name`` is the ``sim.GPUProfile`` field, the
+    value typed in ``unit`` is multiplied by ``factor`` to get sim's unit."""
+
+    name: str
+    label: str
+    unit: str
+    factor: float
+    default: float
+    minimum: float
+    step: float
+    help: str = ""
+
+
+# Defaults: an H100 SXM-like part (the user edits them).
+CUSTOM_PROFILE_FIELDS = (
+    CustomField("hbm_bandwidth", "DRAM bandwidth", "GB/s", 1e9, 3350.0, 1.0, 50.0,
+                "Peak DRAM (HBM) bandwidth."),
+    CustomField("l2_bytes", "L2 size", "MiB", 2**20, 50.0, 0.5, 1.0),
+    CustomField("smem_per_sm", "Shared memory per SM", "KiB", 1024, 228.0, 16.0, 4.0),
+    CustomField("smem_per_block", "Shared memory per block", "KiB", 1024, 227.0, 16.0, 4.0),
+    CustomField("sm_count", "SMs", "count", 1, 132.0, 1.0, 1.0),
+    CustomField("tensor_flops_fp16", "Tensor-core FP16/BF16 peak", "TFLOP/s", 1e12, 989.0, 1.0, 10.0),
+    CustomField("fp32_flops", "CUDA-core FP32 peak", "TFLOP/s", 1e12, 67.0, 0.1, 1.0),
+)
+CUSTOM_PROFILE_FIELDS_KEYS = tuple("w_custom_" + f.name for f in CUSTOM_PROFILE_FIELDS)
+
+
+def profile_names() -> list[str]:
+    """Names of sim's built-in GPU profiles (empty when sim is unavailable)."""
+    sim, _ = import_sim()
+    return sorted(sim.PROFILES) if sim is not None else []
+
+
+def default_profile_name() -> str:
+    names = profile_names()
+    for name in ("h100", "h100_sxm", "h100-sxm"):
+        if name in names:
+            return name
+    return names[0] if names else CUSTOM
+
+
+def profile_label(name: str) -> str:
+    """Readable label of a profile name for the selectbox."""
+    if name == CUSTOM:
+        return "Custom GPU…"
+    sim, _ = import_sim()
+    prof = sim.PROFILES.get(name) if sim is not None else None
+    label = getattr(prof, "label", None) or getattr(prof, "display_name", None) or getattr(prof, "name", None)
+    return f"{label}" if label and label != name else name
+
+
+def profile_for_gpu(gpu_name: str) -> str | None:
+    """The built-in profile whose name best matches a GPU name from a results file's provenance
+    (``"NVIDIA H100 80GB HBM3"`` -> ``"h100"``), or None."""
+    names = profile_names()
+    key = "".join(ch for ch in gpu_name.lower() if ch.isalnum())
+    hits = [n for n in names if "".join(ch for ch in n.lower() if ch.isalnum()).split("sxm")[0] in key]
+    return max(hits, key=len) if hits else None
+
+
+def _profile(name: str, custom: tuple | None):
+    """A ``sim.GPUProfile``: a built-in one by name, or the custom one from ``(field, value)``
+    pairs typed in the sidebar's units."""
+    sim = _sim()
+    if name != CUSTOM:
+        if name not in sim.PROFILES:
+            raise ValueError(f"unknown GPU profile {name!r}; known: {sorted(sim.PROFILES)}")
+        return sim.PROFILES[name]
+    typed = dict(custom or ())
+    fields = {f.name: f for f in CUSTOM_PROFILE_FIELDS}
+    values = {k: typed.get(k, fields[k].default) * fields[k].factor for k in fields}
+    for k in ("l2_bytes", "smem_per_sm", "smem_per_block", "sm_count"):
+        values[k] = int(round(values[k]))
+    return _custom_profile(sim, values)
+
+
+def _workload(seq_len, head_dim, batch, heads, dtype, pass_, causal, density):
+    return _sim().Workload(batch=batch, heads=heads, heads_kv=heads, seq_len_q=seq_len,
+                           seq_len_k=seq_len, head_dim=head_dim, dtype=dtype, causal=causal,
+                           block_density=density, pass_=pass_)
+
+
+def _schedule(name, block_q=None, block_k=None):
+    return _sim().Schedule(name=name, block_q=block_q, block_k=block_k)
+
+
+def _predict(workload, schedule, profile) -> dict:
+    return dict(_sim().predict(workload, schedule, profile).to_dict())
+
+
+def _custom_profile(sim, values: dict):
+    return sim.GPUProfile(name="custom", **values)
+
+
+def _ceilings(profile, dtype: str) -> dict:
+    """Roofline ceilings of a profile for ``dtype``: DRAM bandwidth (bytes/s), matmul peak and
+    CUDA-core fp32 peak (FLOP/s)."""
+    return {"name": getattr(profile, "name", "custom"),
+            "dram_bandwidth": float(profile.hbm_bandwidth),
+            "matmul_peak": float(profile.matmul_peak(dtype)),
+            "fp32_peak": float(profile.fp32_flops)}
+
+
+def _row(schedule: str, pred: dict) -> dict:
+    """One schedule's prediction with the derived presentation columns."""
+    row = {"schedule": schedule, **pred}
+    row["global_bytes"] = pred["hbm_read_bytes"] + pred["hbm_write_bytes"]
+    row["dram_bytes"] = pred["dram_read_bytes"] + pred["dram_write_bytes"]
+    row["intensity_global"] = pred["flops"] / max(1, row["global_bytes"])    # FLOP / byte
+    row["intensity_dram"] = pred["flops"] / max(1, row["dram_bytes"])
+    row["achieved_flops"] = pred["flops"] / (pred["predicted_ms"] * 1e-3)   # FLOP / s
+    return row
+
+
+@st.cache_data(show_spinner=False, max_entries=256)
+def compare_schedules(seq_len: int, head_dim: int, batch: int, heads: int, dtype: str,
+                      pass_: str, causal: bool, density: float, profile: str,
+                      custom: tuple | None = None) -> tuple[pd.DataFrame, dict]:
+    """naive, flash1 and flash2 (default block sizes) for one workload on one profile.
+
+    Returns ``(table, ceilings)``: one row per schedule with sim's prediction (``to_dict()``
+    keys) plus ``global_bytes``, ``dram_bytes``, arithmetic intensities (FLOP/byte) and the
+    roofline-implied FLOP/s; ``ceilings`` for the roofline chart.
+    """
+    prof = _profile(profile, custom)
+    wl = _workload(seq_len, head_dim, batch, heads, dtype, pass_, causal, density)
+    rows = [_row(name, _predict(wl, _schedule(name), prof)) for name in SCHEDULES]
+    return pd.DataFrame(rows), _ceilings(prof, dtype)
+
+
+SCHEDULE_COLUMNS = {
+    "schedule": "schedule", "block_q": "block_q", "block_k": "block_k",
+    "hbm_read_bytes": "global read (B)", "hbm_write_bytes": "global write (B)",
+    "dram_read_bytes": "DRAM read (B)", "dram_write_bytes": "DRAM write (B)",
+    "flops": "FLOPs", "matmul_flops": "matmul FLOPs",
+    "intensity_global": "FLOP / global byte", "intensity_dram": "FLOP / DRAM byte",
+    "sram_bytes_per_block": "SRAM per block (B)", "predicted_ms": "predicted (ms)",
+}
+
+
+def display_schedule_table(table: pd.DataFrame) -> pd.DataFrame:
+    """The schedule table with readable column names, in a fixed order."""
+    cols = [c for c in SCHEDULE_COLUMNS if c in table]
+    return table[cols].rename(columns=SCHEDULE_COLUMNS)
+
+
+def model_notes() -> str:
+    """The model's stated assumptions, when sim documents them."""
+    sim, _ = import_sim()
+    note = getattr(sim, "MODEL_NOTES", None) if sim is not None else None
+    return note or ("Predicted time is sim's roofline: per phase, the maximum of bytes over "
+                    "bandwidth and FLOPs over peak; see `python -m sim predict --help`.")
+
+
+GRID_METRICS = {
+    "predicted_ms": "Predicted time (ms)",
+    "global_bytes": "Global-memory bytes",
+    "dram_bytes": "DRAM bytes",
+    "sram_bytes_per_block": "SRAM per block (bytes)",
+}
+
+
+def fmt_metric(metric: str, value: float) -> str:
+    """A grid metric's value with its unit."""
+    if metric == "predicted_ms":
+        return f"{value:.3g} ms"
+    from dashboard.figures import fmt_bytes
+    return fmt_bytes(value)
+
+
+BLOCK_SIZES = (16, 32, 64, 128, 256)
+
+
+@st.cache_data(show_spinner=False, max_entries=128)
+def block_grid(schedule: str, seq_len: int, head_dim: int, batch: int, heads: int, dtype: str,
+               pass_: str, causal: bool, profile: str, custom: tuple | None = None,
+               density: float = 1.0) -> pd.DataFrame:
+    """Every (block_q, block_k) in ``BLOCK_SIZES``² with sim's prediction and its feasibility.
+
+    Columns: block_q, block_k, the ``GRID_METRICS``, ``feasible`` (bool) and ``why`` (the reason
+    a block is infeasible, from sim's block search).
+    """
+    prof = _profile(profile, custom)
+    wl = _workload(seq_len, head_dim, batch, heads, dtype, pass_, causal, density)
+    feasible = _feasible_blocks(wl, schedule, prof)
+    rows = []
+    for bq in BLOCK_SIZES:
+        for bk in BLOCK_SIZES:
+            row = _row(schedule, _predict(wl, _schedule(schedule, bq, bk), prof))
+            ok, why = feasible.get((bq, bk), (False, "not considered by sim.search_blocks"))
+            rows.append({"block_q": bq, "block_k": bk,
+                         **{m: row[m] for m in GRID_METRICS}, "feasible": ok, "why": why})
+    return pd.DataFrame(rows)
+
+
+def _feasible_blocks(workload, schedule: str, profile) -> dict:
+    """``{(block_q, block_k): (feasible, reason)}`` from sim's block search."""
+    res = _sim().search_blocks(workload, schedule, profile, candidates=BLOCK_SIZES)
+    out = {}
+    for cand in res.candidates:
+        out[(cand.block_q, cand.block_k)] = (bool(cand.feasible), str(cand.reason or ""))
+    return out
+
+
+@st.cache_data(show_spinner=False, max_entries=128)
+def scaling(seq_lens: tuple[int, ...], head_dim: int, batch: int, heads: int, dtype: str,
+            pass_: str, causal: bool, density: float, profile: str,
+            custom: tuple | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The three schedules over ``seq_lens``; returns ``(table, bounds)``.
+
+    ``table``: one row per (N, schedule) with global/DRAM bytes, predicted time and the extra
+    memory the schedule allocates beyond Q, K, V and O (``extra_memory_bytes``).
+    ``bounds``: per N, the papers' Θ(Nd + N²) (standard attention) and Θ(N²d²/M) (FlashAttention,
+    M = shared memory per block in elements) curves, each scaled to equal the model's naive /
+    flash1 global bytes at the smallest N (only the shape is the papers'; the constant is not).
+    """
+    prof = _profile(profile, custom)
+    rows = []
+    for n in seq_lens:
+        wl = _workload(n, head_dim, batch, heads, dtype, pass_, causal, density)
+        for name in SCHEDULES:
+            row = _row(name, _predict(wl, _schedule(name), prof))
+            rows.append({"seq_len": n, "schedule": name, "global_bytes": row["global_bytes"],
+                         "dram_bytes": row["dram_bytes"], "predicted_ms": row["predicted_ms"],
+                         "extra_memory_bytes": _extra_memory(row, wl)})
+    table = pd.DataFrame(rows)
+    n = np.asarray(seq_lens, dtype=float)
+    d = float(head_dim)
+    m_elems = float(_smem_per_block(prof)) / _dtype_bytes(dtype)
+    naive_shape = n * d + n**2
+    flash_shape = n**2 * d**2 / m_elems
+    first = table[table["seq_len"] == seq_lens[0]].set_index("schedule")["global_bytes"]
+    bounds = pd.DataFrame({
+        "seq_len": seq_lens,
+        "naive_bound": naive_shape * first["naive"] / naive_shape[0],
+        "flash_bound": flash_shape * first["flash1"] / flash_shape[0],
+    })
+    return table, bounds
+
+
+def _dtype_bytes(dtype: str) -> int:
+    return {"fp16": 2, "bf16": 2, "fp32": 4}[dtype]
+
+
+def _smem_per_block(profile) -> int:
+    return int(profile.smem_per_block)
+
+
+def _extra_memory(row: dict, workload) -> float:
+    """Device memory a schedule allocates besides Q, K, V and O, from sim's prediction."""
+    return float(row["extra_memory_bytes"])
+
+
+# ------------------------------------------------------------------------------------------------
+# Results: choices, the join with predictions, errors
+# ------------------------------------------------------------------------------------------------
+def results_choices() -> list[str]:
+    """Display names of the results files the app offers (see :func:`shipped_results`)."""
+    return [_choice_name(p) for p in shipped_results()]
+
+
+def _choice_name(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
+def load_results_choice(name: str) -> dict:
+    """Load one of :func:`results_choices` by its display name."""
+    for path in shipped_results():
+        if _choice_name(path) == name:
+            return load_results_path(path)
+    raise FileNotFoundError(f"results file {name!r} is no longer available")
+
+
+# metric -> (label, measured column(s) summed, predicted column(s) summed)
+COMPARED_METRICS = {
+    "time_ms": "Time (ms)",
+    "global_bytes": "Global-memory bytes",
+    "dram_bytes": "DRAM bytes",
+    "flops": "FLOPs",
+}
+_MEASURED_COLS = {"time_ms": ("time_ms",), "global_bytes": ("global_load_bytes", "global_store_bytes"),
+                  "dram_bytes": ("dram_read_bytes", "dram_write_bytes"), "flops": ("flops_executed",)}
+_PREDICTED_COLS = {"time_ms": ("predicted_ms",), "global_bytes": ("hbm_read_bytes", "hbm_write_bytes"),
+                   "dram_bytes": ("dram_read_bytes", "dram_write_bytes"), "flops": ("flops",)}
+RECORD_KEYS = ("gpu", "kernel", "schedule", "pass", "dtype", "batch", "heads", "heads_kv",
+               "seq_len_q", "seq_len_k", "head_dim", "causal", "block_q", "block_k")
+
+
+def _sum_cols(rec, cols):
+    vals = [rec.get(c) for c in cols]
+    if any(v is None or (isinstance(v, float) and np.isnan(v)) for v in vals):
+        return np.nan
+    return float(sum(vals))
+
+
+@st.cache_data(show_spinner=False, max_entries=32)
+def compare_measured(digest: str, profile: str, _records: pd.DataFrame) -> pd.DataFrame:
+    """Join measured records with sim's prediction for the same configuration on ``profile``.
+
+    ``digest`` identifies the records (content hash) for the cache. One row per record: the
+    configuration, then for each of ``COMPARED_METRICS`` ``measured_<m>``, ``predicted_<m>``
+    and ``error_<m>`` = predicted / measured − 1 (NaN where not measured). Records whose
+    schedule sim does not know are kept with NaN predictions and a ``note``.
+    """
+    prof = _profile(profile, None)
+    rows = []
+    for rec in _records.to_dict("records"):
+        rec = {k: (None if isinstance(v, float) and np.isnan(v) else v) for k, v in rec.items()}
+        out = {k: rec.get(k) for k in RECORD_KEYS}
+        note = ""
+        try:
+            wl = _sim().Workload(batch=int(rec["batch"]), heads=int(rec["heads"]),
+                                 heads_kv=int(rec.get("heads_kv") or rec["heads"]),
+                                 seq_len_q=int(rec["seq_len_q"]), seq_len_k=int(rec["seq_len_k"]),
+                                 head_dim=int(rec["head_dim"]), dtype=rec["dtype"],
+                                 causal=bool(rec["causal"]), block_density=1.0,
+                                 pass_=rec["pass"])
+            bq = int(rec["block_q"]) if rec.get("block_q") is not None else None
+            bk = int(rec["block_k"]) if rec.get("block_k") is not None else None
+            pred = _predict(wl, _schedule(rec["schedule"], bq, bk), prof)
+        except (ValueError, KeyError, TypeError) as exc:
+            pred, note = {}, f"not predicted: {exc}"
+        for m in COMPARED_METRICS:
+            measured = _sum_cols(rec, _MEASURED_COLS[m])
+            predicted = _sum_cols(pred, _PREDICTED_COLS[m]) if pred else np.nan
+            out[f"measured_{m}"] = measured
+            out[f"predicted_{m}"] = predicted
+            out[f"error_{m}"] = predicted / measured - 1 if measured and measured > 0 else np.nan
+        out["note"] = note
+        rows.append(out)
+    return pd.DataFrame(rows)
+
+
+def filter_records(df: pd.DataFrame, filters: dict) -> pd.DataFrame:
+    """Rows of ``df`` whose ``field`` (as text) is among the chosen values, for each filter."""
+    keep = np.ones(len(df), dtype=bool)
+    for field, chosen in filters.items():
+        if field in df:
+            keep &= df[field].astype(str).isin([str(c) for c in chosen]).to_numpy()
+    return df[keep].reset_index(drop=True)
+
+
+def error_summary(df: pd.DataFrame) -> pd.DataFrame:
+    """Per metric: records compared, median and 90th-percentile |error|, worst error, bias."""
+    rows = []
+    for m, label in COMPARED_METRICS.items():
+        err = df[f"error_{m}"].dropna()
+        if err.empty:
+            rows.append({"metric": label, "records": 0})
+            continue
+        a = err.abs()
+        rows.append({"metric": label, "records": int(len(err)),
+                     "median |error|": f"{a.median():.1%}", "p90 |error|": f"{a.quantile(0.9):.1%}",
+                     "max |error|": f"{a.max():.1%}", "mean error (bias)": f"{err.mean():+.1%}"})
+    return pd.DataFrame(rows)
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def measured_blocks(results_name: str, schedule: str, seq_len: int, head_dim: int, batch: int,
+                    heads: int, dtype: str, pass_: str, causal: bool, profile: str,
+                    custom: tuple | None = None, density: float = 1.0) -> pd.DataFrame:
+    """Measured runs of our kernel (``kernel == "ioaware-numba"``) of ``schedule`` on exactly the
+    given workload (N, d, dtype, causal, pass, batch·heads): columns block_q, block_k and the
+    median time_ms over repeated records."""
+    loaded = load_results_choice(results_name)
+    df = loaded["records"]
+    if df.empty:
+        return pd.DataFrame(columns=["block_q", "block_k", "time_ms"])
+    sel = df[(df["kernel"] == "ioaware-numba") & (df["schedule"] == schedule)
+             & (df["seq_len_q"] == seq_len) & (df["seq_len_k"] == seq_len)
+             & (df["head_dim"] == head_dim) & (df["dtype"] == dtype)
+             & (df["causal"].astype(bool) == causal) & (df["pass"] == pass_)
+             & (df["batch"] * df["heads"] == batch * heads)
+             & df["block_q"].notna() & df["block_k"].notna()]
+    out = sel[["block_q", "block_k", "time_ms"]].copy()
+    out[["block_q", "block_k"]] = out[["block_q", "block_k"]].astype(int)
+    return out.groupby(["block_q", "block_k"], as_index=False)["time_ms"].median()
+
+
+def measured_at(measured: pd.DataFrame, best) -> str:
+    """Measured time at the predicted optimum's block size, as text ("not measured" if absent)."""
+    hit = measured[(measured["block_q"] == int(best["block_q"]))
+                   & (measured["block_k"] == int(best["block_k"]))]
+    if hit.empty:
+        return "— not measured"
+    t, tmin = float(hit["time_ms"].iloc[0]), float(measured["time_ms"].min())
+    return f"{t:.3g} ms, {t / tmin - 1:+.1%} vs the measured optimum"
+
+
+# ------------------------------------------------------------------------------------------------
+# Step through: sim.trace of a small problem
+# ------------------------------------------------------------------------------------------------
+TRACE_TENSORS = ("Q", "K", "V", "O")
+
+
+def _get(ev, *names, default=None):
+    for name in names:
+        if isinstance(ev, dict) and name in ev:
+            return ev[name]
+        if hasattr(ev, name):
+            return getattr(ev, name)
+    return default
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def trace_walk(schedule: str, seq_len: int, head_dim: int, block_q: int, block_k: int,
+               causal: bool, dtype: str = "fp16") -> dict:
+    """The event trace of one forward of a single-head problem, shaped for the step view.
+
+    Returns ``{"events": DataFrame[step, op, tensor, block, level, bytes], "steps":
+    DataFrame[step, q_block, k_block, read_bytes, write_bytes, cum_read, cum_write],
+    "n_blocks_q", "n_blocks_k", "total_bytes"}``. A step is one tile ``(q_block, k_block)``
+    of work with its loads and stores, in the schedule's order.
+    """
+    sim = _sim()
+    wl = _workload(seq_len, head_dim, 1, 1, dtype, "fwd", causal, 1.0)
+    events = list(sim.trace(wl, _schedule(schedule, block_q, block_k)))
+    rows = []
+    for ev in events:
+        rows.append({"step": int(_get(ev, "step")), "op": str(_get(ev, "op", "kind")),
+                     "tensor": str(_get(ev, "tensor", "name")),
+                     "block": _get(ev, "block", "index", default=-1),
+                     "q_block": _get(ev, "q_block", "m", default=-1),
+                     "k_block": _get(ev, "k_block", "n", default=-1),
+                     "level": str(_get(ev, "level", default="global")),
+                     "bytes": int(_get(ev, "bytes", "nbytes"))})
+    ev_df = pd.DataFrame(rows)
+    is_read = ev_df["op"].str.contains("load|read", case=False)
+    ev_df["read_bytes"] = np.where(is_read, ev_df["bytes"], 0)
+    ev_df["write_bytes"] = np.where(is_read, 0, ev_df["bytes"])
+    steps = ev_df.groupby("step", as_index=False).agg(
+        q_block=("q_block", "max"), k_block=("k_block", "max"),
+        read_bytes=("read_bytes", "sum"), write_bytes=("write_bytes", "sum"))
+    steps["cum_read"] = steps["read_bytes"].cumsum()
+    steps["cum_write"] = steps["write_bytes"].cumsum()
+    return {"events": ev_df.drop(columns=["read_bytes", "write_bytes"]), "steps": steps,
+            "n_blocks_q": -(-seq_len // block_q), "n_blocks_k": -(-seq_len // block_k),
+            "total_bytes": int(ev_df["bytes"].sum()), "schedule": schedule}
+
+
+def trace_state(walk: dict, step: int) -> dict:
+    """What the step view shows at ``step``: bytes so far, this step's events, and per tensor
+    which blocks are on chip now and which have been moved before."""
+    steps, events = walk["steps"], walk["events"]
+    upto = steps[steps["step"] <= step]
+    read, write = int(upto["cum_read"].iloc[-1]), int(upto["cum_write"].iloc[-1])
+    current = steps[steps["step"] == step].iloc[0]
+    on_chip = {t: set() for t in TRACE_TENSORS}
+    before = {t: set() for t in TRACE_TENSORS}
+    for t in TRACE_TENSORS:
+        moved = events[(events["tensor"] == t) & (events["step"] <= step)]
+        before[t] = set(int(b) for b in moved["block"] if b is not None and int(b) >= 0)
+    # the tile being worked on: Q and O rows of q_block, K and V columns of k_block
+    if int(current["q_block"]) >= 0:
+        on_chip["Q"].add(int(current["q_block"]))
+        on_chip["O"].add(int(current["q_block"]))
+    if int(current["k_block"]) >= 0:
+        on_chip["K"].add(int(current["k_block"]))
+        on_chip["V"].add(int(current["k_block"]))
+    done_tiles = list(zip(upto["q_block"].astype(int), upto["k_block"].astype(int)))
+    return {"read_bytes": read, "write_bytes": write,
+            "fraction": (read + write) / max(1, walk["total_bytes"]),
+            "events": events[events["step"] == step].reset_index(drop=True),
+            "on_chip": on_chip, "moved": before, "tiles_done": done_tiles,
+            "tile": (int(current["q_block"]), int(current["k_block"]))}

@@ -1,0 +1,41 @@
+"""Page 1 — Explore: naive, flash1 and flash2 side by side for one workload on one GPU profile."""
+from __future__ import annotations
+
+import streamlit as st
+
+from dashboard import data, figures, ui
+
+st.title("Explore")
+st.caption("One workload (sidebar), three schedules: standard attention (`naive`, S and P "
+           "written to memory), FlashAttention (`flash1`) and FlashAttention-2 (`flash2`). "
+           "All numbers are predictions of the `sim` cost model.")
+
+ui.require_sim()
+w = ui.workload_sidebar()
+try:
+    table, ceilings = data.compare_schedules(**w)
+except ValueError as exc:
+    st.warning(f"The model rejected this workload: {exc}")
+    st.stop()
+
+naive, flash2 = table.set_index("schedule").loc["naive"], table.set_index("schedule").loc["flash2"]
+m = st.columns(4)
+m[0].metric("flash2 global bytes", figures.fmt_bytes(flash2["global_bytes"]),
+            delta=f"{flash2['global_bytes'] / naive['global_bytes']:.1%} of naive",
+            delta_color="off")
+m[1].metric("flash2 DRAM bytes", figures.fmt_bytes(flash2["dram_bytes"]),
+            delta=f"{flash2['dram_bytes'] / naive['dram_bytes']:.1%} of naive", delta_color="off")
+m[2].metric("flash2 predicted time", f"{flash2['predicted_ms']:.3g} ms",
+            delta=f"{naive['predicted_ms'] / flash2['predicted_ms']:.2f}× faster than naive",
+            delta_color="off")
+m[3].metric("flash2 SRAM per block", figures.fmt_bytes(flash2["sram_bytes_per_block"]),
+            delta=f"block {int(flash2['block_q'])}×{int(flash2['block_k'])}", delta_color="off")
+
+ui.table(data.display_schedule_table(table), "explore-schedules", hide_index=True)
+
+c1, c2 = st.columns(2)
+with c1:
+    ui.chart(figures.schedule_bytes(table), "explore-bytes")
+with c2:
+    ui.chart(figures.roofline(table, ceilings), "explore-roofline")
+st.caption(data.model_notes())
