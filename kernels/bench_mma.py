@@ -82,6 +82,11 @@ def main(argv=None):
         flops = 4 * batch * heads * n * n * d * (0.5 if causal else 1.0)
         bq, bk = default_blocks(d)
         runs = {"ioaware-numba": lambda: forward(q, k, v, scale=scale, causal=causal)}
+        blocks = {"ioaware-numba": (bq, bk)}
+        if d == 64:  # the first version's tiles (64 x 64, one m-tile per warp), same run
+            runs["ioaware-numba-64x64"] = lambda: forward(q, k, v, scale=scale, causal=causal,
+                                                          block_q=64, block_k=64)
+            blocks["ioaware-numba-64x64"] = (64, 64)
         for name, backend in (("sdpa-flash", SDPBackend.FLASH_ATTENTION),
                               ("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION)):
             def run(backend=backend):
@@ -97,20 +102,22 @@ def main(argv=None):
                 continue
             times[name] = med
             records.append({
-                "kernel": name, "schedule": "flash2", "pass": "fwd", "dtype": "fp16",
+                "kernel": name.replace("-64x64", ""), "schedule": "flash2", "pass": "fwd", "dtype": "fp16",
                 "batch": batch, "heads": heads, "heads_kv": heads, "seq_len_q": n, "seq_len_k": n,
                 "head_dim": d, "causal": causal,
-                "block_q": bq if name == "ioaware-numba" else None,
-                "block_k": bk if name == "ioaware-numba" else None,
+                "block_q": blocks.get(name, (None, None))[0],
+                "block_k": blocks.get(name, (None, None))[1],
                 "time_ms": med, "time_ms_p10": p10, "time_ms_p90": p90,
                 "peak_extra_bytes": None, "dram_read_bytes": None, "dram_write_bytes": None,
                 "l2_bytes": None, "global_load_bytes": None, "global_store_bytes": None,
                 "flops_executed": None, "tflops": flops / med / 1e9,
-                "implementation": "kernels.flash_mma_fwd" if name == "ioaware-numba" else None,
+                "implementation": "kernels.flash_mma_fwd" if name in blocks else None,
             })
         ours = times.get("ioaware-numba")
         row = {"N": n, "d": d, "causal": causal, "ours_ms": ours,
                "ours_tflops": flops / ours / 1e9 if ours else None}
+        if "ioaware-numba-64x64" in times:
+            row["ours_64x64_tflops"] = flops / times["ioaware-numba-64x64"] / 1e9
         for name in ("sdpa-flash", "sdpa-cudnn"):
             if name in times and ours:
                 row[name + "_tflops"] = flops / times[name] / 1e9

@@ -42,8 +42,9 @@ LN2 = 0.6931471805599453
 
 
 def default_blocks(head_dim: int) -> tuple[int, int]:
-    """Default (block_q, block_k) for a head dim: 64 x 64 for d=64, 64 x 32 for d=128."""
-    return (64, 64) if head_dim <= 64 else (64, 32)
+    """Default (block_q, block_k): 128 x 32 for d=64 (4 warps of 2 m-tiles; 128 x 64 spills
+    registers when causal), 64 x 32 for d=128."""
+    return (128, 32) if head_dim <= 64 else (64, 32)
 
 
 def smem_bytes(head_dim: int, block_k: int) -> int:
@@ -52,6 +53,12 @@ def smem_bytes(head_dim: int, block_k: int) -> int:
 
 
 _KERNELS: dict = {}
+
+
+def warp_m_tiles(head_dim: int, block_q: int) -> int:
+    """16-row m-tiles per warp: 2 for d=64 with block_q=128 (each K/V fragment feeds two
+    mma, halving shared-memory reads per flop), else 1 (d=128 has no registers to spare)."""
+    return 2 if head_dim <= 64 and block_q == 128 else 1
 
 
 def get_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_dropout):
@@ -70,7 +77,9 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_dro
     D = head_dim
     BQ = block_q
     BK = block_k
-    NUM_WARPS = BQ // 16
+    MT = warp_m_tiles(D, BQ)             # 16-row m-tiles per warp
+    WARP_ROWS = 16 * MT
+    NUM_WARPS = BQ // WARP_ROWS
     THREADS = 32 * NUM_WARPS
     STRIDE = D + 8                      # halves per shared row (16-byte pad)
     TILE = BK * STRIDE                  # halves per K or V buffer
@@ -81,7 +90,10 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_dro
     NT_S = BK // 8                      # 16x8 score tiles per warp
     KC_P = BK // 16                     # k-steps of O += P V
     NT_O = D // 8                       # 16x8 output tiles per warp
-    Q_REGS, S_REGS, O_REGS = KC * 4, NT_S * 4, NT_O * 4   # register-array lengths
+    Q_REGS, S_REGS, O_REGS = MT * KC * 4, MT * NT_S * 4, MT * NT_O * 4   # register arrays
+    QS, SS, OS = KC * 4, NT_S * 4, NT_O * 4   # per m-tile strides in them
+    ROWS = 2 * MT                       # rows a thread owns
+    P_REGS = 4 * MT                     # A registers of P for one k-step
     assert BK * CHUNKS % THREADS == 0 and BQ % 16 == 0 and BK % 16 == 0
     NEG_INF = float32(-math.inf)
     mma_op = X.mma_bf16 if is_bf16 else X.mma_f16
@@ -129,34 +141,36 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_dro
         h = bh % n_heads
         hk = h // group
         s = (b * sched_b + h * sched_h)
-        row0 = m_blk * BQ + warp * 16 + gid                # rows row0 and row0 + 8
-        row1 = row0 + 8
+        # thread owns rows row0 + 8 * r, r < ROWS (m-tile mt = r // 2 covers rows +16 * mt)
+        row0 = m_blk * BQ + warp * WARP_ROWS + gid
 
         # -- Q fragments (A operand) straight from global memory into registers --
         qf = cuda.local.array(Q_REGS, dtype=uint32)
-        for kc in range(KC):
-            for r in range(4):
-                row = row0 + 8 * (r & 1)
-                col = kc * 16 + 2 * tig + 8 * (r >> 1)
-                val = uint32(0)
-                if row < n_q:
-                    val = X.ld_global_u32(X.global_addr(q, b, h, row, col))
-                qf[kc * 4 + r] = val
+        for mt in range(MT):
+            for kc in range(KC):
+                for r in range(4):
+                    row = row0 + 16 * mt + 8 * (r & 1)
+                    col = kc * 16 + 2 * tig + 8 * (r >> 1)
+                    val = uint32(0)
+                    if row < n_q:
+                        val = X.ld_global_u32(X.global_addr(q, b, h, row, col))
+                    qf[mt * QS + kc * 4 + r] = val
 
         acc = cuda.local.array(O_REGS, dtype=float32)
         for i in range(O_REGS):
             acc[i] = float32(0.0)
         s_reg = cuda.local.array(S_REGS, dtype=float32)
-        m_i = cuda.local.array(2, dtype=float32)
-        l_i = cuda.local.array(2, dtype=float32)
-        for r in range(2):
+        m_i = cuda.local.array(ROWS, dtype=float32)
+        l_i = cuda.local.array(ROWS, dtype=float32)
+        h_row = cuda.local.array(ROWS, dtype=uint64)
+        for r in range(ROWS):
             m_i[r] = NEG_INF
             l_i[r] = float32(0.0)
-
+            h_row[r] = uint64(0)
         if HAS_DROPOUT:
             h_bh = fmix(uint64(seed_hash) ^ uint64(bh))
-            h_row0 = fmix(h_bh ^ uint64(row0))
-            h_row1 = fmix(h_bh ^ uint64(row1))
+            for r in range(ROWS):
+                h_row[r] = fmix(h_bh ^ uint64(row0 + 8 * r))
 
         # per-lane ldmatrix offsets (halves) inside a K / V buffer (see kernels.fragments)
         k_lane = (lane % 8 + 8 * (lane // 16)) * STRIDE + 8 * ((lane // 8) % 2)
@@ -184,22 +198,23 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_dro
                 X.cp_async_wait_all()
             cuda.syncthreads()
 
-            # -- compute qk --
+            # -- compute qk: one ldmatrix of K feeds 2 * MT mma --
             for i in range(S_REGS):
                 s_reg[i] = float32(0.0)
             k_addr = X.shared_addr(smem, buf + k_lane)
             for kc in range(KC):
                 for ntp in range(NT_S // 2):
                     bk = X.ldmatrix_x4(k_addr + 2 * (16 * ntp * STRIDE + 16 * kc))
-                    j = 8 * ntp
-                    d0 = mma_op(qf[kc * 4], qf[kc * 4 + 1], qf[kc * 4 + 2], qf[kc * 4 + 3],
-                                bk[0], bk[1], s_reg[j], s_reg[j + 1], s_reg[j + 2], s_reg[j + 3])
-                    d1 = mma_op(qf[kc * 4], qf[kc * 4 + 1], qf[kc * 4 + 2], qf[kc * 4 + 3],
-                                bk[2], bk[3], s_reg[j + 4], s_reg[j + 5], s_reg[j + 6],
-                                s_reg[j + 7])
-                    for i in range(4):
-                        s_reg[j + i] = d0[i]
-                        s_reg[j + 4 + i] = d1[i]
+                    for mt in range(MT):
+                        a = mt * QS + kc * 4
+                        j = mt * SS + 8 * ntp
+                        d0 = mma_op(qf[a], qf[a + 1], qf[a + 2], qf[a + 3], bk[0], bk[1],
+                                    s_reg[j], s_reg[j + 1], s_reg[j + 2], s_reg[j + 3])
+                        d1 = mma_op(qf[a], qf[a + 1], qf[a + 2], qf[a + 3], bk[2], bk[3],
+                                    s_reg[j + 4], s_reg[j + 5], s_reg[j + 6], s_reg[j + 7])
+                        for i in range(4):
+                            s_reg[j + i] = d0[i]
+                            s_reg[j + 4 + i] = d1[i]
 
             # -- masks: key tail, causal diagonal, boolean mask (only where a tile needs one) --
             col_base = n_blk * BK + 2 * tig
@@ -207,24 +222,26 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_dro
             if CAUSAL:
                 needs_mask = needs_mask or (n_blk * BK + BK - 1 > m_blk * BQ)
             if needs_mask:
-                for nt in range(NT_S):
-                    for i in range(4):
-                        col = col_base + nt * 8 + (i & 1)
-                        row = row0 + 8 * (i >> 1)
-                        bad = col >= n_k
-                        if CAUSAL:
-                            bad = bad or col > row
-                        if HAS_MASK:
-                            if not bad and row < n_q:
-                                bad = mask[b * mask_b, h * mask_h, row * mask_q, col] == 0
-                        if bad:
-                            s_reg[nt * 4 + i] = NEG_INF
+                for mt in range(MT):
+                    for nt in range(NT_S):
+                        for i in range(4):
+                            col = col_base + nt * 8 + (i & 1)
+                            row = row0 + 16 * mt + 8 * (i >> 1)
+                            bad = col >= n_k
+                            if CAUSAL:
+                                bad = bad or col > row
+                            if HAS_MASK:
+                                if not bad and row < n_q:
+                                    bad = mask[b * mask_b, h * mask_h, row * mask_q, col] == 0
+                            if bad:
+                                s_reg[mt * SS + nt * 4 + i] = NEG_INF
 
-            # -- update m_i and l_i --
-            for r in range(2):
+            # -- update m_i and l_i (row r: m-tile r // 2, half r % 2) --
+            for r in range(ROWS):
+                base = (r // 2) * SS + 2 * (r % 2)
                 mx = NEG_INF
                 for nt in range(NT_S):
-                    mx = max(mx, max(s_reg[nt * 4 + 2 * r], s_reg[nt * 4 + 2 * r + 1]))
+                    mx = max(mx, max(s_reg[base + nt * 4], s_reg[base + nt * 4 + 1]))
                 mx = max(mx, cuda.shfl_xor_sync(0xFFFFFFFF, mx, 1))
                 mx = max(mx, cuda.shfl_xor_sync(0xFFFFFFFF, mx, 2))
                 m_new = max(m_i[r], mx * scale_log2)
@@ -233,53 +250,58 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_dro
                 row_sum = float32(0.0)
                 for nt in range(NT_S):
                     for c in range(2):
-                        p = X.ex2(s_reg[nt * 4 + 2 * r + c] * scale_log2 - m_use)
+                        p = X.ex2(s_reg[base + nt * 4 + c] * scale_log2 - m_use)
                         row_sum += p
-                        s_reg[nt * 4 + 2 * r + c] = p
+                        s_reg[base + nt * 4 + c] = p
                 l_i[r] = l_i[r] * alpha + row_sum
                 m_i[r] = m_new
+                obase = (r // 2) * OS + 2 * (r % 2)
                 for nt in range(NT_O):
-                    acc[nt * 4 + 2 * r] *= alpha
-                    acc[nt * 4 + 2 * r + 1] *= alpha
+                    acc[obase + nt * 4] *= alpha
+                    acc[obase + nt * 4 + 1] *= alpha
 
             if HAS_DROPOUT:
-                for nt in range(NT_S):
-                    for i in range(4):
-                        col = col_base + nt * 8 + (i & 1)
-                        hr = h_row0 if i < 2 else h_row1
-                        keep = fmix(hr ^ uint64(col)) >= uint64(threshold)
-                        s_reg[nt * 4 + i] = s_reg[nt * 4 + i] * inv_keep if keep else float32(0.0)
+                for mt in range(MT):
+                    for nt in range(NT_S):
+                        for i in range(4):
+                            col = col_base + nt * 8 + (i & 1)
+                            keep = fmix(h_row[2 * mt + (i >> 1)] ^ uint64(col)) >= uint64(threshold)
+                            e = mt * SS + nt * 4 + i
+                            s_reg[e] = s_reg[e] * inv_keep if keep else float32(0.0)
 
-            # -- P to half in registers, O += P V --
+            # -- P to half in registers, O += P V: one ldmatrix of V feeds 2 * MT mma --
             v_addr = X.shared_addr(smem, buf + TILE + v_lane)
+            pa = cuda.local.array(P_REGS, dtype=uint32)
             for kcp in range(KC_P):
-                j = 8 * kcp
-                a0 = pack(s_reg[j], s_reg[j + 1])
-                a1 = pack(s_reg[j + 2], s_reg[j + 3])
-                a2 = pack(s_reg[j + 4], s_reg[j + 5])
-                a3 = pack(s_reg[j + 6], s_reg[j + 7])
+                for mt in range(MT):
+                    j = mt * SS + 8 * kcp
+                    for i in range(4):
+                        pa[4 * mt + i] = pack(s_reg[j + 2 * i], s_reg[j + 2 * i + 1])
                 for ntp in range(NT_O // 2):
                     bv = X.ldmatrix_x4_trans(v_addr + 2 * (16 * kcp * STRIDE + 16 * ntp))
-                    o = 8 * ntp
-                    d0 = mma_op(a0, a1, a2, a3, bv[0], bv[1],
-                                acc[o], acc[o + 1], acc[o + 2], acc[o + 3])
-                    d1 = mma_op(a0, a1, a2, a3, bv[2], bv[3],
-                                acc[o + 4], acc[o + 5], acc[o + 6], acc[o + 7])
-                    for i in range(4):
-                        acc[o + i] = d0[i]
-                        acc[o + 4 + i] = d1[i]
+                    for mt in range(MT):
+                        o = mt * OS + 8 * ntp
+                        a = 4 * mt
+                        d0 = mma_op(pa[a], pa[a + 1], pa[a + 2], pa[a + 3], bv[0], bv[1],
+                                    acc[o], acc[o + 1], acc[o + 2], acc[o + 3])
+                        d1 = mma_op(pa[a], pa[a + 1], pa[a + 2], pa[a + 3], bv[2], bv[3],
+                                    acc[o + 4], acc[o + 5], acc[o + 6], acc[o + 7])
+                        for i in range(4):
+                            acc[o + i] = d0[i]
+                            acc[o + 4 + i] = d1[i]
             cuda.syncthreads()   # this buffer is refilled by the next iteration's prefetch
 
         # -- epilogue: one rescale, O as packed halves, logsumexp (natural log) --
-        for r in range(2):
+        for r in range(ROWS):
             l_tot = l_i[r]
             l_tot += cuda.shfl_xor_sync(0xFFFFFFFF, l_tot, 1)
             l_tot += cuda.shfl_xor_sync(0xFFFFFFFF, l_tot, 2)
             row = row0 + 8 * r
+            obase = (r // 2) * OS + 2 * (r % 2)
             inv = float32(1.0) / l_tot if l_tot > float32(0.0) else float32(0.0)
             if row < n_q:
                 for nt in range(NT_O):
-                    word = pack(acc[nt * 4 + 2 * r] * inv, acc[nt * 4 + 2 * r + 1] * inv)
+                    word = pack(acc[obase + nt * 4] * inv, acc[obase + nt * 4 + 1] * inv)
                     X.st_global_u32(X.global_addr(out, b, h, row, nt * 8 + 2 * tig), word)
                 if tig == 0:
                     if l_tot > float32(0.0):
@@ -302,6 +324,25 @@ def _kind(x):
         return "numba"
     raise TypeError(f"q, k, v must be NumPy arrays, Numba device arrays or torch CUDA tensors, "
                     f"got {type(x).__name__}")
+
+
+_CONSTS: dict = {}
+
+
+def _device_const(key, make):
+    """Device copies of small host-built constants (schedules, the dummy mask), built once per
+    (key, current device) so that a call does no synchronous host-to-device copy."""
+    from numba import cuda
+    key = (cuda.get_current_device().id, key)
+    if key not in _CONSTS:
+        if len(_CONSTS) > 256:
+            _CONSTS.clear()
+        val = make()
+        if isinstance(val, tuple):
+            _CONSTS[key] = tuple(cuda.to_device(x) if isinstance(x, np.ndarray) else x for x in val)
+        else:
+            _CONSTS[key] = cuda.to_device(val)
+    return _CONSTS[key]
 
 
 def _schedule(block_mask, n_q, n_k, block_q, block_k, causal, batch, heads):
@@ -388,12 +429,14 @@ def forward(q, k, v, *, scale, causal=False, mask=None, block_mask=None, dropout
         def prep(t):
             if t.stride(-1) != 1 or t.data_ptr() % 16 or any(s % 8 for s in t.stride()[:-1]):
                 t = t.contiguous()
-            return cuda.as_cuda_array(t.view(torch.int16).detach())
+            # sync=False: we launch on torch's current stream, which orders us after producers
+            return cuda.as_cuda_array(t.view(torch.int16).detach(), sync=False)
 
         qd, kd, vd = prep(q), prep(k), prep(v)
         out_t = torch.empty((batch, heads, n_q, d), dtype=dt, device=q.device)
         lse_t = torch.empty((batch, heads, n_q), dtype=torch.float32, device=q.device)
-        outd, lsed = cuda.as_cuda_array(out_t.view(torch.int16)), cuda.as_cuda_array(lse_t)
+        outd = cuda.as_cuda_array(out_t.view(torch.int16), sync=False)
+        lsed = cuda.as_cuda_array(lse_t, sync=False)
         stream = cuda.external_stream(torch.cuda.current_stream(q.device).cuda_stream)
     else:
         dts = {str(np.dtype(x.dtype)) for x in (q, k, v)}
@@ -424,16 +467,20 @@ def forward(q, k, v, *, scale, causal=False, mask=None, block_mask=None, dropout
                              f"got {mshape}")
         if kind == "torch":
             import torch
-            maskd = cuda.as_cuda_array(mask.to(torch.uint8).contiguous())
+            maskd = cuda.as_cuda_array(mask.to(torch.uint8).contiguous(), sync=False)
         elif kind == "numpy":
             maskd = cuda.to_device(np.ascontiguousarray(mask, dtype=np.uint8))
         else:
             maskd = cuda.to_device(np.ascontiguousarray(mask.copy_to_host(), dtype=np.uint8))
         mb, mh, mq = (int(mshape[0] > 1), int(mshape[1] > 1), int(mshape[2] > 1))
     else:
-        maskd = cuda.to_device(np.ones((1, 1, 1, 1), np.uint8))
+        maskd = _device_const("no-mask", lambda: np.ones((1, 1, 1, 1), np.uint8))
         mb = mh = mq = 0
-    offs, idx, sb, sh = _schedule(block_mask, n_q, n_k, block_q, block_k, causal, batch, heads)
+    bm_key = None if block_mask is None else (np.shape(block_mask),
+                                              np.asarray(block_mask, bool).tobytes())
+    offs_d, idx_d, sb, sh = _device_const(
+        ("schedule", n_q, n_k, block_q, block_k, bool(causal), batch, heads, bm_key),
+        lambda: _schedule(block_mask, n_q, n_k, block_q, block_k, causal, batch, heads))
     has_dropout = float(dropout_p) > 0.0
     lo, hi = split_seed(seed)
     seed_hash = int(fmix32(fmix32(np.uint32(lo) ^ np.uint32(SEED_SALT)) ^ np.uint32(hi)))
@@ -443,8 +490,7 @@ def forward(q, k, v, *, scale, causal=False, mask=None, block_mask=None, dropout
     kern = get_kernel(d, block_q, block_k, is_bf16, bool(causal), has_mask, has_dropout)
     grid = (cdiv(n_q, block_q), batch * heads)
     kern[grid, kern.threads, stream](
-        qd, kd, vd, outd, lsed, cuda.to_device(offs, stream=stream),
-        cuda.to_device(idx, stream=stream), sb, sh, heads // heads_kv, n_q, n_k,
+        qd, kd, vd, outd, lsed, offs_d, idx_d, sb, sh, heads // heads_kv, n_q, n_k,
         maskd, mb, mh, mq, np.float32(scale * LOG2E), np.uint32(seed_hash), np.uint32(threshold),
         np.float32(inv_keep))
 

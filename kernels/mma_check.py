@@ -44,10 +44,12 @@ def signature(has_mask=False):
             types.uint32, types.uint32, types.float32)
 
 
-def check_one(d, bf16, causal, has_mask=False, dropout=False, workdir=None, cc=(9, 0)):
+def check_one(d, bf16, causal, has_mask=False, dropout=False, workdir=None, cc=(9, 0),
+              block_q=None):
     from numba import cuda
     from kernels.flash_mma_fwd import default_blocks, get_kernel
     bq, bk = default_blocks(d)
+    bq = block_q or bq
     kern = get_kernel(d, bq, bk, bf16, causal, has_mask, dropout)
     ptx, _ = cuda.compile_ptx(kern.py_func, signature(has_mask), cc=cc)
     rep = {"head_dim": d, "dtype": "bf16" if bf16 else "fp16", "causal": causal,
@@ -57,7 +59,7 @@ def check_one(d, bf16, causal, has_mask=False, dropout=False, workdir=None, cc=(
            "ptx_local_decl": len(re.findall(r"\.local\b", ptx)),
            "ptx_ld_st_local": len(re.findall(r"\b(?:ld|st)\.local", ptx))}
     workdir = workdir or tempfile.mkdtemp()
-    name = f"fwd_d{d}_{rep['dtype']}_{'causal' if causal else 'full'}"
+    name = f"fwd_d{d}_bq{bq}_{rep['dtype']}_{'causal' if causal else 'full'}"
     ptx_path = os.path.join(workdir, name + ".ptx")
     with open(ptx_path, "w") as f:
         f.write(ptx)
@@ -103,8 +105,9 @@ def main(argv=None):
                 ok &= not bad
                 print(("FAIL " if bad else "ok   ") + " ".join(f"{k}={v}" for k, v in rep.items()),
                       flush=True)
-    rep = check_one(64, False, True, has_mask=True, dropout=True, workdir=out)
-    print("info " + " ".join(f"{k}={v}" for k, v in rep.items()))
+    for extra in (dict(has_mask=True, dropout=True), dict(block_q=64)):
+        rep = check_one(64, False, True, workdir=out, **extra)
+        print("info " + " ".join(f"{k}={v}" for k, v in rep.items()), flush=True)
     return 0 if ok else 1
 
 
