@@ -93,10 +93,11 @@ def test_forward_matches_float64(dtype, head_dim, causal):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_large_logits_and_long_rows(dtype):
-    # adversarial: logits up to ~+-100 (online max must rescale), 1100 keys
+@pytest.mark.parametrize("blocks", [(None, None), (64, 64)])
+def test_large_logits_and_long_rows(dtype, blocks):
+    # adversarial: logits up to ~+-100 (online max must rescale), 1100 keys; both d=64 tilings
     q, k, v = _inputs((1, 2, 130, 64), (1, 2, 1100, 64), dtype, seed=7, q_scale=12.0)
-    out, lse = forward(q, k, v, scale=0.125, causal=False)
+    out, lse = forward(q, k, v, scale=0.125, causal=False, block_q=blocks[0], block_k=blocks[1])
     _check(q, k, v, out, lse, scale=0.125)
 
 
