@@ -33,7 +33,7 @@ import numpy as np
 from ioaware.block_info import BlockInfo, cdiv
 from ioaware.dropout import SEED_SALT, fmix32, keep_threshold, split_seed
 
-__all__ = ["forward", "SUPPORTED_HEAD_DIMS", "default_blocks", "smem_bytes", "get_kernel"]
+__all__ = ["forward", "accepts", "SUPPORTED_HEAD_DIMS", "default_blocks", "smem_bytes", "get_kernel"]
 
 SUPPORTED_HEAD_DIMS = (64, 128)
 SMEM_LIMIT_BYTES = 48 * 1024  # static shared memory per block without opt-in
@@ -314,6 +314,34 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_dro
 
 
 # -- host side -----------------------------------------------------------------------------------
+def accepts(q, k, v, block_q=None, block_k=None) -> bool:
+    """Whether `forward` takes these inputs: half-precision arrays on a real GPU (torch CUDA
+    float16/bfloat16 tensors or Numba float16 device arrays), head_dim in
+    SUPPORTED_HEAD_DIMS, block sizes None or ones this kernel has. For dispatching."""
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+        return False
+    try:
+        kind = _kind(q)
+    except TypeError:
+        return False
+    if kind == "torch":
+        import torch
+        if not (q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
+                and k.dtype == q.dtype and v.dtype == q.dtype):
+            return False
+    elif kind == "numba":
+        if {str(np.dtype(x.dtype)) for x in (q, k, v)} != {"float16"}:
+            return False
+    else:
+        return False
+    d = int(q.shape[-1])
+    if d not in SUPPORTED_HEAD_DIMS:
+        return False
+    bq = default_blocks(d)[0] if block_q is None else block_q
+    bk = default_blocks(d)[1] if block_k is None else block_k
+    return bq in (64, 128) and bk in (32, 64) and smem_bytes(d, bk) <= SMEM_LIMIT_BYTES
+
+
 def _kind(x):
     mod = type(x).__module__
     if mod.startswith("torch"):
