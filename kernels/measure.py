@@ -1,0 +1,766 @@
+"""The measurement harness: times attention kernels on a CUDA GPU and writes a results file.
+
+``python -m kernels.measure`` (or `run_sweep`) runs, for each configuration of a sweep, our
+Numba kernels (`kernels.forward` / `kernels.backward`, and the tensor-core forward
+`kernels.flash_mma_fwd` as variant ``"mma"``), PyTorch SDPA's FLASH, EFFICIENT, CUDNN and MATH
+backends, and an unfused eager attention (matmul, scale, mask, softmax, matmul), and records one
+results record per configuration in the format ``ioaware.results/1`` (validated by
+`sim.results.load_results`).
+
+How a configuration is timed (`time_config`):
+
+* inputs: ``n_sets`` independent sets of (q, k, v, dout), rotated from run to run; ``n_sets`` is
+  chosen so that the bytes touched between two uses of one set are at least twice the L2 size
+  (`rotation_sets`), so no run finds its inputs in the L2 left over from an earlier one;
+* warm-up runs first (compilation, cuDNN plans, allocator growth stay out of the numbers);
+* each run is bracketed by CUDA events on the current stream, after a short device-side sleep
+  that keeps the GPU busy while the host enqueues the run (so host launch latency is not timed);
+* ``time_ms`` is the median of ``repeats`` (>= 20) runs, ``time_ms_p10``/``time_ms_p90`` the 10th
+  and 90th percentiles;
+* ``peak_extra_bytes``: ``torch.cuda.max_memory_allocated()`` during one run minus the memory
+  allocated before it (inputs, and for a backward pass the forward's outputs or autograd graph,
+  already allocated), i.e. what the run itself adds: outputs, workspaces, intermediates.
+
+Hardware counters (DRAM, L2, global load/store bytes, executed FLOPs) are filled in afterwards by
+`kernels.ncu` (``python -m kernels.ncu``), which replays the same configurations under Nsight
+Compute; until then they are null.
+
+The sweep is resumable: with ``resume=True`` the configurations already present in the output
+file are skipped, and the file is rewritten after every configuration.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Iterable
+
+SCHEMA = "ioaware.results/1"
+
+#: Kernels the harness can time, and the `sim` schedule that models each.
+KERNELS = ("ioaware-numba", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "sdpa-math", "eager")
+SCHEDULE_OF_KERNEL = {
+    "ioaware-numba": "flash2",
+    "sdpa-flash": "flash2",       # FlashAttention-2 (Dao), outer loop over Q tiles
+    "sdpa-efficient": "flash2",   # xFormers/CUTLASS memory-efficient: Q tiles outer, K/V streamed
+    "sdpa-cudnn": "flash2",       # cuDNN fused flash attention
+    "sdpa-math": "naive",         # ATen composite: S and P materialised in global memory
+    "eager": "naive",             # matmul, scale, mask, softmax, matmul as separate kernels
+}
+SDPA_BACKEND = {"sdpa-flash": "FLASH_ATTENTION", "sdpa-efficient": "EFFICIENT_ATTENTION",
+                "sdpa-cudnn": "CUDNN_ATTENTION", "sdpa-math": "MATH"}
+PASSES = ("fwd", "bwd", "fwd+bwd")
+DTYPES = ("fp32", "fp16", "bf16")
+DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
+VARIANTS = ("simt", "mma")
+
+#: Fields that identify a configuration (a record's key for resuming and joining).
+KEY_FIELDS = ("kernel", "variant", "pass", "dtype", "batch", "heads", "heads_kv", "seq_len_q",
+              "seq_len_k", "head_dim", "causal", "block_q", "block_k")
+#: Measured fields of a record (null = not measured).
+TIME_FIELDS = ("time_ms", "time_ms_p10", "time_ms_p90", "peak_extra_bytes")
+COUNTER_FIELDS = ("dram_read_bytes", "dram_write_bytes", "l2_bytes", "global_load_bytes",
+                  "global_store_bytes", "flops_executed")
+
+DEFAULT_L2_BYTES = 50 * 1024 * 1024
+MIN_REPEATS = 20
+
+
+# ------------------------------------------------------------------------------------------------
+# configurations (pure: no GPU needed)
+# ------------------------------------------------------------------------------------------------
+
+def _as_int(cfg: dict, name: str, minimum: int = 1) -> int:
+    val = cfg.get(name)
+    if isinstance(val, bool) or not isinstance(val, int):
+        raise TypeError(f"config field {name!r} must be an int, got {val!r}")
+    if val < minimum:
+        raise ValueError(f"config field {name!r} must be >= {minimum}, got {val}")
+    return val
+
+
+def default_blocks(cfg: dict) -> tuple[int, int] | tuple[None, None]:
+    """The (block_q, block_k) our kernel uses when none are given (its own defaults, from
+    `kernels.config` and `kernels.flash_mma_fwd`); (None, None) for the other kernels."""
+    if cfg["kernel"] != "ioaware-numba":
+        return None, None
+    if cfg.get("variant") == "mma":
+        from kernels.flash_mma_fwd import default_blocks as mma_default
+        return tuple(int(x) for x in mma_default(cfg["head_dim"]))
+    from kernels.config import default_blocks as simt_default
+    return simt_default(cfg["head_dim"], cfg["pass"] == "bwd", False)
+
+
+def normalize_config(cfg: dict) -> dict:
+    """Check one configuration and fill in its defaults; returns a new dict with every
+    `KEY_FIELDS` entry. Raises ValueError/TypeError naming the field on bad input.
+
+    Accepted keys: ``kernel`` (one of `KERNELS`), ``pass`` (`PASSES`), ``dtype`` (`DTYPES`),
+    ``batch``, ``heads``, ``heads_kv`` (default heads), ``seq_len_q``, ``seq_len_k`` (default
+    seq_len_q), ``head_dim``, ``causal`` (default False), ``block_q``/``block_k`` (our kernel
+    only; None = its default), ``variant`` ("simt" = `kernels.forward`/`backward`, "mma" = the
+    tensor-core forward, fp16/bf16 forward only).
+    """
+    if not isinstance(cfg, dict):
+        raise TypeError(f"a configuration must be a dict, got {type(cfg).__name__}")
+    out = dict(cfg)
+    if out.get("kernel") not in KERNELS:
+        raise ValueError(f"config field 'kernel' must be one of {KERNELS}, got {out.get('kernel')!r}")
+    if out.get("pass") not in PASSES:
+        raise ValueError(f"config field 'pass' must be one of {PASSES}, got {out.get('pass')!r}")
+    if out.get("dtype") not in DTYPES:
+        raise ValueError(f"config field 'dtype' must be one of {DTYPES}, got {out.get('dtype')!r}")
+    for name in ("batch", "heads", "seq_len_q", "head_dim"):
+        _as_int(out, name)
+    out.setdefault("heads_kv", out["heads"])
+    out.setdefault("seq_len_k", out["seq_len_q"])
+    _as_int(out, "heads_kv")
+    _as_int(out, "seq_len_k")
+    if out["heads"] % out["heads_kv"]:
+        raise ValueError(f"config field 'heads' ({out['heads']}) must be a multiple of "
+                         f"'heads_kv' ({out['heads_kv']})")
+    causal = out.get("causal", False)
+    if not isinstance(causal, bool):
+        raise TypeError(f"config field 'causal' must be a bool, got {causal!r}")
+    out["causal"] = causal
+    if out["kernel"] == "ioaware-numba":
+        out["variant"] = out.get("variant") or "simt"
+        if out["variant"] not in VARIANTS:
+            raise ValueError(f"config field 'variant' must be one of {VARIANTS}, got {out['variant']!r}")
+        if out["variant"] == "mma" and (out["pass"] != "fwd" or out["dtype"] == "fp32"):
+            raise ValueError("variant 'mma' (the tensor-core forward) supports pass 'fwd' with "
+                             f"dtype fp16 or bf16 only, got pass={out['pass']!r}, dtype={out['dtype']!r}")
+        bq, bk = out.get("block_q"), out.get("block_k")
+        if (bq is None) != (bk is None):
+            raise ValueError("give both block_q and block_k, or neither (the kernel's default)")
+        if bq is None:
+            bq, bk = default_blocks(out)
+        out["block_q"], out["block_k"] = _as_int({"block_q": bq}, "block_q"), _as_int({"block_k": bk}, "block_k")
+    else:
+        if out.get("block_q") is not None or out.get("block_k") is not None:
+            raise ValueError(f"block_q/block_k apply to kernel 'ioaware-numba' only, not {out['kernel']!r}")
+        if out.get("variant") not in (None,):
+            raise ValueError(f"config field 'variant' applies to kernel 'ioaware-numba' only")
+        out["block_q"] = out["block_k"] = None
+        out["variant"] = None
+    out["schedule"] = SCHEDULE_OF_KERNEL[out["kernel"]]
+    return out
+
+
+def config_key(cfg: dict) -> tuple:
+    """The identity of a (normalized) configuration or record: the values of `KEY_FIELDS`."""
+    return tuple(cfg.get(f) for f in KEY_FIELDS)
+
+
+def unsupported_reason(cfg: dict) -> str | None:
+    """Why a normalized configuration cannot run (known before running it), or None."""
+    k, dt, d = cfg["kernel"], cfg["dtype"], cfg["head_dim"]
+    if k in ("sdpa-flash", "sdpa-cudnn") and dt == "fp32":
+        return f"{k} supports fp16/bf16 only"
+    if k == "sdpa-flash" and d > 256:
+        return "sdpa-flash supports head_dim <= 256"
+    if k == "ioaware-numba" and cfg["variant"] == "simt":
+        from kernels.config import (STATIC_SMEM_LIMIT_BYTES, choose_tiles, dkdv_smem_bytes,
+                                    dq_smem_bytes, fwd_smem_bytes)
+        bq, bk = cfg["block_q"], cfg["block_k"]
+        need = []
+        if cfg["pass"] in ("fwd", "fwd+bwd"):
+            need.append(("forward", fwd_smem_bytes(choose_tiles(bq, bk, d, 128), d)))
+        if cfg["pass"] in ("bwd", "fwd+bwd"):
+            fb = default_blocks(dict(cfg, **{"pass": "bwd"})) if cfg["pass"] == "fwd+bwd" else (bq, bk)
+            need.append(("backward dK/dV", dkdv_smem_bytes(choose_tiles(fb[1], fb[0], d, 128), d)))
+            need.append(("backward dQ", dq_smem_bytes(choose_tiles(fb[0], fb[1], d, 128), d)))
+        for what, nbytes in need:
+            if nbytes > STATIC_SMEM_LIMIT_BYTES:
+                return (f"{what} tile {bq}x{bk} at head_dim={d} needs {nbytes} B of shared memory "
+                        f"> {STATIC_SMEM_LIMIT_BYTES} B")
+    return None
+
+
+def expand_grid(*, kernels: Iterable[str], seq_lens: Iterable[int], head_dims: Iterable[int],
+                dtypes: Iterable[str], causal: Iterable[bool], passes: Iterable[str],
+                heads: int = 16, tokens: int | None = None, batch: int | None = None,
+                blocks: dict | None = None, variants: Iterable[str] = ("simt",)) -> list[dict]:
+    """The cross product of a sweep's choices as normalized configurations (unsupported ones
+    dropped; see `unsupported_reason`).
+
+    Batch: ``batch`` if given, else ``max(1, tokens // seq_len)`` (constant work per N), else 1.
+    ``blocks``: {(head_dim, pass): [(block_q, block_k), ...]} for our kernel; a missing entry
+    means the kernel's default only. ``variants`` applies to our kernel (the "mma" variant is
+    added only where it is supported: fp16/bf16 forward).
+    """
+    out, seen = [], set()
+    for n in seq_lens:
+        b = batch if batch is not None else (max(1, int(tokens) // int(n)) if tokens else 1)
+        for d in head_dims:
+            for dt in dtypes:
+                for c in causal:
+                    for p in passes:
+                        for k in kernels:
+                            base = {"kernel": k, "pass": p, "dtype": dt, "batch": int(b),
+                                    "heads": int(heads), "seq_len_q": int(n), "head_dim": int(d),
+                                    "causal": bool(c)}
+                            cands = []
+                            if k == "ioaware-numba":
+                                for var in variants:
+                                    if var == "mma" and (p != "fwd" or dt == "fp32"):
+                                        continue
+                                    bl = (blocks or {}).get((int(d), p)) if var == "simt" else None
+                                    for bq_bk in (bl or [(None, None)]):
+                                        cands.append(dict(base, variant=var, block_q=bq_bk[0],
+                                                          block_k=bq_bk[1]))
+                            else:
+                                cands.append(base)
+                            for cand in cands:
+                                cfg = normalize_config(cand)
+                                key = config_key(cfg)
+                                if key in seen or unsupported_reason(cfg):
+                                    continue
+                                seen.add(key)
+                                out.append(cfg)
+    return out
+
+
+def pending_configs(configs: list[dict], existing_records: list[dict]) -> list[dict]:
+    """The configurations whose key is not among ``existing_records`` (resume)."""
+    done = {config_key(r) for r in existing_records}
+    return [c for c in configs if config_key(c) not in done]
+
+
+def rotation_sets(set_bytes: int, l2_bytes: int, min_sets: int = 2, max_sets: int = 64) -> int:
+    """How many input sets to rotate so that between two uses of one set at least ``2 *
+    l2_bytes`` of other inputs were touched: ``(n - 1) * set_bytes >= 2 * l2_bytes``."""
+    if set_bytes <= 0:
+        raise ValueError(f"set_bytes must be > 0, got {set_bytes}")
+    need = 1 + math.ceil(2 * l2_bytes / set_bytes)
+    return int(min(max_sets, max(min_sets, need)))
+
+
+def summarize_times(times_ms: list[float]) -> tuple[float, float, float]:
+    """(median, 10th percentile, 90th percentile) of run times, linear interpolation."""
+    if not times_ms:
+        raise ValueError("no run times to summarize")
+    xs = sorted(float(t) for t in times_ms)
+
+    def pct(p):
+        pos = (len(xs) - 1) * p
+        lo, hi = math.floor(pos), math.ceil(pos)
+        return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+    return pct(0.5), pct(0.1), pct(0.9)
+
+
+def empty_record(cfg: dict) -> dict:
+    """A results record for a normalized configuration with every measured field null."""
+    rec = {"kernel": cfg["kernel"], "schedule": cfg["schedule"], "pass": cfg["pass"],
+           "dtype": cfg["dtype"], "batch": cfg["batch"], "heads": cfg["heads"],
+           "heads_kv": cfg["heads_kv"], "seq_len_q": cfg["seq_len_q"],
+           "seq_len_k": cfg["seq_len_k"], "head_dim": cfg["head_dim"], "causal": cfg["causal"],
+           "block_q": cfg["block_q"], "block_k": cfg["block_k"]}
+    for f in TIME_FIELDS + COUNTER_FIELDS:
+        rec[f] = None
+    rec["variant"] = cfg.get("variant")
+    return rec
+
+
+def command_line(argv: list[str] | None = None) -> str:
+    """The exact command as typed: ``python -m kernels.measure`` plus its arguments."""
+    argv = sys.argv[1:] if argv is None else argv
+    return " ".join(["python -m kernels.measure"] + [shlex.quote(a) for a in argv])
+
+
+def _pkg_version(name: str) -> str:
+    try:
+        from importlib.metadata import version
+        return version(name)
+    except Exception:  # noqa: BLE001 - not installed
+        return "not installed"
+
+
+def _driver_version() -> str:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip().splitlines()[0]
+    except (OSError, subprocess.SubprocessError):
+        pass
+    try:
+        from numba import cuda
+        v = cuda.cudadrv.driver.driver.get_version()
+        return f"CUDA driver API {v[0]}.{v[1]}"
+    except Exception:  # noqa: BLE001
+        return "unknown"
+
+
+def provenance(command: str, *, gpu: str | None = None, driver: str | None = None,
+               cuda_version: str | None = None, extra: dict | None = None) -> dict:
+    """The provenance block of a results file. GPU name, driver and CUDA version are read from
+    the device (torch, nvidia-smi) unless given; versions of torch, numba and numba-cuda from the
+    installed packages; ``date`` is now (UTC, ISO 8601)."""
+    if gpu is None or cuda_version is None:
+        import torch
+        if gpu is None:
+            gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA device"
+        if cuda_version is None:
+            cuda_version = str(torch.version.cuda)
+    prov = {"gpu": gpu, "driver": driver if driver is not None else _driver_version(),
+            "cuda": cuda_version, "torch": _pkg_version("torch"), "numba": _pkg_version("numba"),
+            "numba_cuda": _pkg_version("numba-cuda"),
+            "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "command": command, "python": platform.python_version(), "host": platform.node()}
+    if extra:
+        prov.update(extra)
+    return prov
+
+
+def new_results(prov: dict) -> dict:
+    return {"schema": SCHEMA, "provenance": prov, "records": [], "skipped": []}
+
+
+def load_existing(path: str | Path) -> dict | None:
+    """The results object in ``path`` if the file exists (for resuming), else None."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    with open(path) as fh:
+        data = json.load(fh)
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("records"), list):
+        raise ValueError(f"{path} is not a results file of schema {SCHEMA!r}; move it away or "
+                         f"pass resume=False")
+    data.setdefault("skipped", [])
+    return data
+
+
+def write_results(results: dict, path: str | Path) -> None:
+    """Write atomically (a partly written file never replaces a good one)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with open(tmp, "w") as fh:
+        json.dump(results, fh, indent=1)
+        fh.write("\n")
+    os.replace(tmp, path)
+
+
+# ------------------------------------------------------------------------------------------------
+# running one configuration (needs torch with CUDA)
+# ------------------------------------------------------------------------------------------------
+
+def _torch_dtype(torch, name):
+    return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[name]
+
+
+def _make_set(torch, cfg, device, gen):
+    dt = _torch_dtype(torch, cfg["dtype"])
+    B, H, Hk = cfg["batch"], cfg["heads"], cfg["heads_kv"]
+    Nq, Nk, d = cfg["seq_len_q"], cfg["seq_len_k"], cfg["head_dim"]
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=gen, device=device, dtype=torch.float32).to(dt)
+    return {"q": rnd(B, H, Nq, d), "k": rnd(B, Hk, Nk, d), "v": rnd(B, Hk, Nk, d),
+            "dout": rnd(B, H, Nq, d)}
+
+
+def set_bytes(cfg: dict) -> int:
+    """Bytes of one input set (q, k, v, dout) of a configuration."""
+    e = DTYPE_BYTES[cfg["dtype"]]
+    q = cfg["batch"] * cfg["heads"] * cfg["seq_len_q"] * cfg["head_dim"]
+    kv = cfg["batch"] * cfg["heads_kv"] * cfg["seq_len_k"] * cfg["head_dim"]
+    return e * (2 * q + 2 * kv)
+
+
+def _sdpa_context(torch, kernel):
+    import contextlib
+    if kernel not in SDPA_BACKEND:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    return sdpa_kernel(getattr(SDPBackend, SDPA_BACKEND[kernel]))
+
+
+def _eager_attention(torch, q, k, v, causal, scale):
+    """Unfused attention as written in plain PyTorch (nanoGPT's slow path): one kernel for
+    Q K^T, one for the scale, one for the causal mask, one softmax, one for P V."""
+    if k.shape[1] != q.shape[1]:
+        rep = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    att = (q @ k.transpose(-2, -1)) * scale
+    if causal:
+        nq, nk = q.shape[-2], k.shape[-2]
+        keep = torch.ones(nq, nk, dtype=torch.bool, device=q.device).tril()
+        att = att.masked_fill(~keep, float("-inf"))
+    att = torch.softmax(att, dim=-1)
+    return att @ v
+
+
+def build_runner(cfg: dict, sets: list[dict]) -> Callable[[int], object]:
+    """``run(i)`` runs the configuration's pass once on input set ``i``; for backward passes the
+    forward's outputs (our kernel) or autograd graphs (PyTorch) are prepared here, outside the
+    timed region."""
+    import torch
+    import torch.nn.functional as F
+
+    kernel, p, causal = cfg["kernel"], cfg["pass"], cfg["causal"]
+    scale = 1.0 / math.sqrt(cfg["head_dim"])
+    gqa = cfg["heads_kv"] != cfg["heads"]
+
+    if kernel == "ioaware-numba":
+        if cfg["variant"] == "mma":
+            from kernels.flash_mma_fwd import forward as mma_forward
+
+            def run(i):
+                s = sets[i]
+                return mma_forward(s["q"], s["k"], s["v"], scale=scale, causal=causal,
+                                   block_q=cfg["block_q"], block_k=cfg["block_k"])
+            return run
+        from kernels import backward, forward
+        blocks = {"block_q": cfg["block_q"], "block_k": cfg["block_k"]}
+        if p == "fwd":
+            return lambda i: forward(sets[i]["q"], sets[i]["k"], sets[i]["v"], scale=scale,
+                                     causal=causal, **blocks)
+        if p == "bwd":
+            for s in sets:
+                s["out"], s["lse"] = forward(s["q"], s["k"], s["v"], scale=scale, causal=causal)
+
+            def run(i):
+                s = sets[i]
+                return backward(s["q"], s["k"], s["v"], s["out"], s["lse"], s["dout"], scale=scale,
+                                causal=causal, **blocks)
+            return run
+
+        def run(i):  # fwd+bwd: each pass with its own default blocks unless given
+            s = sets[i]
+            out, lse = forward(s["q"], s["k"], s["v"], scale=scale, causal=causal, **blocks)
+            return backward(s["q"], s["k"], s["v"], out, lse, s["dout"], scale=scale,
+                            causal=causal)
+        return run
+
+    def attn(q, k, v):
+        if kernel == "eager":
+            return _eager_attention(torch, q, k, v, causal, scale)
+        kw = {"enable_gqa": True} if gqa else {}
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, **kw)
+
+    if p == "fwd":
+        def run(i):
+            s = sets[i]
+            with torch.no_grad():
+                return attn(s["q"], s["k"], s["v"])
+        return run
+    for s in sets:
+        for name in ("q", "k", "v"):
+            s[name] = s[name].detach().requires_grad_(True)
+    if p == "bwd":
+        for s in sets:
+            s["out"] = attn(s["q"], s["k"], s["v"])
+
+        def run(i):
+            s = sets[i]
+            return torch.autograd.grad(s["out"], (s["q"], s["k"], s["v"]), s["dout"],
+                                       retain_graph=True)
+        return run
+
+    def run(i):
+        s = sets[i]
+        out = attn(s["q"], s["k"], s["v"])
+        return torch.autograd.grad(out, (s["q"], s["k"], s["v"]), s["dout"])
+    return run
+
+
+def _check_forward(cfg, sets) -> float | None:
+    """Relative L2 error of our kernel's forward output against PyTorch SDPA (float32) on the
+    first input set: a guard that what is timed computes attention."""
+    if cfg["kernel"] != "ioaware-numba" or cfg["pass"] == "bwd":
+        return None
+    import torch
+    import torch.nn.functional as F
+    s = sets[0]
+    scale = 1.0 / math.sqrt(cfg["head_dim"])
+    if cfg["variant"] == "mma":
+        from kernels.flash_mma_fwd import forward as fwd
+    else:
+        from kernels import forward as fwd
+    out = fwd(s["q"], s["k"], s["v"], scale=scale, causal=cfg["causal"],
+              block_q=cfg["block_q"], block_k=cfg["block_k"])[0]
+    q, k, v = (s[n].detach().float() for n in ("q", "k", "v"))
+    kw = {"enable_gqa": True} if cfg["heads_kv"] != cfg["heads"] else {}
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=cfg["causal"], scale=scale, **kw)
+    err = float((out.float() - ref).norm() / ref.norm())
+    del out, ref
+    return err
+
+
+def time_config(cfg: dict, *, warmup: int = 3, repeats: int = 25, l2_bytes: int | None = None,
+                seed: int = 0, sleep_cycles: int = 2_000_000) -> dict:
+    """Measure one normalized configuration on the current CUDA device; returns its record."""
+    import torch
+
+    if repeats < MIN_REPEATS:
+        raise ValueError(f"repeats must be >= {MIN_REPEATS}, got {repeats}")
+    device = torch.device("cuda")
+    l2 = l2_bytes or _l2_bytes(torch)
+    n_sets = rotation_sets(set_bytes(cfg), l2)
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    rec = empty_record(cfg)
+    sets = [_make_set(torch, cfg, device, gen) for _ in range(n_sets)]
+    with _sdpa_context(torch, cfg["kernel"]):
+        rec["check_rel_err"] = _check_forward(cfg, sets)
+        run = build_runner(cfg, sets)
+        # -- peak extra memory of one run (also the first call: compilation, plans) --
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        res = run(0)
+        torch.cuda.synchronize()
+        rec["peak_extra_bytes"] = int(torch.cuda.max_memory_allocated() - base)
+        del res
+        # -- warm-up --
+        for i in range(warmup):
+            run((i + 1) % n_sets)
+        torch.cuda.synchronize()
+        # -- timed runs, rotating input sets --
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+        sleep = getattr(torch.cuda, "_sleep", None)
+        for r in range(repeats):
+            if sleep is not None:
+                sleep(sleep_cycles)
+            starts[r].record()
+            run((warmup + 1 + r) % n_sets)
+            ends[r].record()
+        torch.cuda.synchronize()
+    times = [s.elapsed_time(e) for s, e in zip(starts, ends)]
+    rec["time_ms"], rec["time_ms_p10"], rec["time_ms_p90"] = summarize_times(times)
+    rec["repeats"], rec["warmup"], rec["input_sets"] = repeats, warmup, n_sets
+    del sets, run
+    torch.cuda.empty_cache()
+    return rec
+
+
+def _l2_bytes(torch) -> int:
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return int(getattr(props, "L2_cache_size", 0) or DEFAULT_L2_BYTES)
+
+
+def _device_extra(torch) -> dict:
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return {"sm_count": int(props.multi_processor_count), "l2_bytes_device": _l2_bytes(torch),
+            "memory_bytes": int(props.total_memory),
+            "compute_capability": f"{props.major}.{props.minor}"}
+
+
+# ------------------------------------------------------------------------------------------------
+# the sweep
+# ------------------------------------------------------------------------------------------------
+
+def run_sweep(configs: list[dict], progress: Callable | None = None, out_path: str | Path | None = None,
+              resume: bool = True, *, warmup: int = 3, repeats: int = 25,
+              command: str | None = None, log: Callable[[str], None] | None = None) -> dict:
+    """Measure every configuration and return the results object (``ioaware.results/1``).
+
+    ``configs``: dicts as accepted by `normalize_config`; a config without ``kernel`` stands
+    for every kernel in `KERNELS` (the dashboard passes such configs). ``progress(done, total,
+    record_or_None)`` is called after each configuration (a text progress line is printed to
+    stderr when None). ``out_path``: the results file, rewritten after every configuration;
+    with ``resume`` the configurations already in it are skipped. A configuration that fails
+    at run time is recorded under the file's ``skipped`` list with its error, not raised.
+    """
+    norm = []
+    for cfg in configs:
+        if "kernel" not in cfg:
+            for k in KERNELS:
+                c = normalize_config(dict(cfg, kernel=k))
+                if not unsupported_reason(c):
+                    norm.append(c)
+        else:
+            norm.append(normalize_config(cfg))
+    import torch
+    if not torch.cuda.is_available():
+        raise RuntimeError("kernels.measure needs a CUDA GPU (torch.cuda.is_available() is False)")
+    command = command or command_line()
+    prov = provenance(command, extra=_device_extra(torch))
+    results = None
+    if out_path is not None and resume:
+        results = load_existing(out_path)
+        if results is not None and results["provenance"].get("gpu") != prov["gpu"]:
+            raise ValueError(f"{out_path} holds measurements from {results['provenance'].get('gpu')!r}, "
+                             f"not this GPU ({prov['gpu']!r}); write to another file or resume=False")
+    if results is None:
+        results = new_results(prov)
+    else:
+        runs = results["provenance"].setdefault("resumed", [])
+        runs.append({"date": prov["date"], "command": command})
+    todo = pending_configs(norm, results["records"] + [s["config"] for s in results["skipped"]
+                                                        if "config" in s])
+    say = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    total = len(todo)
+    say(f"[measure] {len(norm)} configurations, {len(norm) - total} already in the results, "
+        f"{total} to run on {prov['gpu']}")
+    t_start = time.perf_counter()
+    for i, cfg in enumerate(todo):
+        reason = unsupported_reason(cfg)
+        rec = None
+        try:
+            if reason:
+                raise RuntimeError(reason)
+            rec = time_config(cfg, warmup=warmup, repeats=repeats)
+            results["records"].append(rec)
+        except Exception as exc:  # noqa: BLE001 - recorded, the sweep goes on
+            key = {f: cfg.get(f) for f in KEY_FIELDS}
+            results["skipped"].append({"config": key, "error": f"{type(exc).__name__}: {exc}"[:500]})
+            try:
+                torch.cuda.synchronize()
+                torch.cuda.empty_cache()
+            except Exception:  # noqa: BLE001
+                pass
+        if out_path is not None:
+            write_results(results, out_path)
+        elapsed = time.perf_counter() - t_start
+        desc = _describe(cfg)
+        if rec is not None:
+            say(f"[measure {i + 1}/{total} {elapsed:6.0f}s] {desc}: {rec['time_ms']:.3f} ms "
+                f"(p10 {rec['time_ms_p10']:.3f}, p90 {rec['time_ms_p90']:.3f}), "
+                f"peak extra {rec['peak_extra_bytes'] / 2**20:.1f} MiB")
+        else:
+            say(f"[measure {i + 1}/{total} {elapsed:6.0f}s] {desc}: SKIPPED "
+                f"{results['skipped'][-1]['error']}")
+        if progress is not None:
+            progress(i + 1, total, rec)
+    return results
+
+
+def _describe(cfg: dict) -> str:
+    blk = f" {cfg['block_q']}x{cfg['block_k']}" if cfg.get("block_q") else ""
+    var = f"/{cfg['variant']}" if cfg.get("variant") and cfg["variant"] != "simt" else ""
+    return (f"{cfg['kernel']}{var} {cfg['pass']} {cfg['dtype']} B{cfg['batch']} H{cfg['heads']} "
+            f"N{cfg['seq_len_q']} d{cfg['head_dim']}{' causal' if cfg['causal'] else ''}{blk}")
+
+
+# ------------------------------------------------------------------------------------------------
+# the shipped sweep and the command line
+# ------------------------------------------------------------------------------------------------
+
+#: Block sizes of our kernel swept per (head_dim, pass): each fits 48 KiB of static shared memory.
+SWEEP_BLOCKS = {
+    (64, "fwd"): [(64, 32), (32, 32), (64, 16), (16, 64)],
+    (128, "fwd"): [(32, 16), (16, 32), (16, 16), (32, 8)],
+    (64, "bwd"): [(32, 32), (16, 32), (32, 16)],
+    (128, "bwd"): [(16, 16), (8, 16), (16, 8)],
+}
+
+
+def standard_sweep(*, seq_lens=(512, 1024, 2048, 4096, 8192), baseline_seq_lens=(1024, 4096),
+                   head_dims=(64, 128), heads=16, tokens=8192) -> list[dict]:
+    """The sweep shipped in ``results/``: our kernel (float32, every block size of
+    `SWEEP_BLOCKS`; float16 at its defaults and the tensor-core forward) and every baseline at
+    the same (N, d), causal on and off, forward and backward; batch = tokens // N."""
+    common = dict(heads=heads, tokens=tokens, causal=(False, True), head_dims=head_dims)
+    cfgs = expand_grid(kernels=["ioaware-numba"], seq_lens=seq_lens, dtypes=["fp32"],
+                       passes=["fwd", "bwd"], blocks=SWEEP_BLOCKS, **common)
+    cfgs += expand_grid(kernels=["ioaware-numba"], seq_lens=baseline_seq_lens, dtypes=["fp16"],
+                        passes=["fwd", "bwd"], variants=("simt", "mma"), **common)
+    cfgs += expand_grid(kernels=[k for k in KERNELS if k != "ioaware-numba"],
+                        seq_lens=baseline_seq_lens, dtypes=["fp32", "fp16"],
+                        passes=["fwd", "bwd"], **common)
+    return cfgs
+
+
+def _parse_list(text, conv=int):
+    return [conv(x) for x in str(text).split(",") if x.strip()]
+
+
+def _parse_bool_list(text):
+    vals = {"on": [True], "off": [False], "both": [False, True], "true": [True], "false": [False]}
+    if text.lower() not in vals:
+        raise argparse.ArgumentTypeError(f"--causal must be on, off or both, got {text!r}")
+    return vals[text.lower()]
+
+
+def _parse_blocks(text):
+    """'64x32,32x32' -> [(64, 32), (32, 32)]."""
+    out = []
+    for part in _parse_list(text, str):
+        try:
+            a, b = part.lower().split("x")
+            out.append((int(a), int(b)))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"--blocks entries must look like 64x32, got {part!r}")
+    return out
+
+
+def build_arg_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="python -m kernels.measure",
+        description="Time our attention kernels and PyTorch's SDPA backends (and eager attention) "
+                    "on this machine's CUDA GPU and write a results file (ioaware.results/1). "
+                    "Add hardware counters afterwards with `python -m kernels.ncu RESULTS`.")
+    ap.add_argument("--out", required=True, help="results file to write (resumed if it exists)")
+    ap.add_argument("--standard", action="store_true",
+                    help="the shipped sweep (see standard_sweep); other grid options are ignored")
+    ap.add_argument("--kernels", default=",".join(KERNELS), help="comma list of %s" % ", ".join(KERNELS))
+    ap.add_argument("--seq-lens", default="1024,4096", help="comma list of N (Nq = Nk)")
+    ap.add_argument("--head-dims", default="64,128")
+    ap.add_argument("--dtypes", default="fp32,fp16", help="comma list of fp32, fp16, bf16")
+    ap.add_argument("--causal", default="both", type=_parse_bool_list, help="on, off or both")
+    ap.add_argument("--passes", default="fwd,bwd", help="comma list of fwd, bwd, fwd+bwd")
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--batch", type=int, default=None, help="batch (default: tokens // N)")
+    ap.add_argument("--tokens", type=int, default=8192, help="batch = max(1, tokens // N)")
+    ap.add_argument("--blocks", type=_parse_blocks, default=None,
+                    help="block sizes of our kernel, e.g. 64x32,32x32 (default: its own)")
+    ap.add_argument("--mma", action="store_true", help="also the tensor-core forward (fp16/bf16)")
+    ap.add_argument("--repeats", type=int, default=25, help=f"timed runs (>= {MIN_REPEATS})")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--no-resume", action="store_true", help="start the file afresh")
+    ap.add_argument("--limit", type=int, default=None, help="run at most this many configurations")
+    ap.add_argument("--list", action="store_true", help="print the configurations and exit")
+    return ap
+
+
+def configs_from_args(args) -> list[dict]:
+    if args.standard:
+        return standard_sweep()
+    kernels = _parse_list(args.kernels, str)
+    for k in kernels:
+        if k not in KERNELS:
+            raise SystemExit(f"--kernels: unknown kernel {k!r}; choose from {', '.join(KERNELS)}")
+    head_dims = _parse_list(args.head_dims)
+    passes = _parse_list(args.passes, str)
+    blocks = None
+    if args.blocks:
+        blocks = {(d, p): args.blocks for d in head_dims for p in passes}
+    return expand_grid(kernels=kernels, seq_lens=_parse_list(args.seq_lens), head_dims=head_dims,
+                       dtypes=_parse_list(args.dtypes, str), causal=args.causal, passes=passes,
+                       heads=args.heads, tokens=args.tokens, batch=args.batch, blocks=blocks,
+                       variants=("simt", "mma") if args.mma else ("simt",))
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_arg_parser().parse_args(argv)
+    if args.repeats < MIN_REPEATS:
+        raise SystemExit(f"--repeats must be >= {MIN_REPEATS}, got {args.repeats}")
+    cfgs = configs_from_args(args)
+    if args.list:
+        for c in cfgs:
+            print(_describe(c))
+        print(f"{len(cfgs)} configurations")
+        return 0
+    if args.limit is not None:
+        cfgs = cfgs[:args.limit]
+    results = run_sweep(cfgs, out_path=args.out, resume=not args.no_resume, warmup=args.warmup,
+                        repeats=args.repeats, command=command_line(argv))
+    print(f"wrote {len(results['records'])} records ({len(results['skipped'])} skipped) to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,245 @@
+"""kernels.measure and kernels.ncu: the pure parts (configurations, resume, provenance, record
+schema, ncu CSV parsing and attribution) without a GPU; the timing itself is marked ``gpu``."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kernels import measure, ncu
+
+
+def _cfg(**kw):
+    base = {"kernel": "ioaware-numba", "pass": "fwd", "dtype": "fp32", "batch": 2, "heads": 4,
+            "seq_len_q": 256, "head_dim": 64, "causal": False}
+    base.update(kw)
+    return base
+
+
+# -- configurations ----------------------------------------------------------------------------
+
+def test_normalize_fills_defaults_and_resolves_our_blocks():
+    from kernels.config import default_blocks
+    c = measure.normalize_config(_cfg())
+    assert c["heads_kv"] == 4 and c["seq_len_k"] == 256 and c["variant"] == "simt"
+    assert (c["block_q"], c["block_k"]) == default_blocks(64, False, False)
+    b = measure.normalize_config(_cfg(**{"pass": "bwd"}))
+    assert (b["block_q"], b["block_k"]) == default_blocks(64, True, False)
+    assert c["schedule"] == "flash2"
+    m = measure.normalize_config(_cfg(kernel="sdpa-math"))
+    assert m["block_q"] is None and m["variant"] is None and m["schedule"] == "naive"
+
+
+@pytest.mark.parametrize("bad, exc, word", [
+    ({"kernel": "nope"}, ValueError, "kernel"),
+    ({"pass": "fwd2"}, ValueError, "pass"),
+    ({"dtype": "fp8"}, ValueError, "dtype"),
+    ({"batch": 0}, ValueError, "batch"),
+    ({"head_dim": 64.0}, TypeError, "head_dim"),
+    ({"causal": 1}, TypeError, "causal"),
+    ({"heads": 6, "heads_kv": 4}, ValueError, "heads_kv"),
+    ({"block_q": 32}, ValueError, "block_k"),
+    ({"kernel": "sdpa-math", "block_q": 32, "block_k": 32}, ValueError, "block_q"),
+    ({"variant": "mma"}, ValueError, "mma"),
+])
+def test_normalize_rejects_bad_fields_naming_them(bad, exc, word):
+    with pytest.raises(exc, match=word):
+        measure.normalize_config(_cfg(**bad))
+
+
+def test_unsupported_reasons():
+    assert measure.unsupported_reason(measure.normalize_config(_cfg(kernel="sdpa-flash")))
+    assert measure.unsupported_reason(measure.normalize_config(_cfg(kernel="sdpa-cudnn")))
+    assert measure.unsupported_reason(measure.normalize_config(_cfg(kernel="sdpa-flash", dtype="fp16"))) is None
+    too_big = measure.normalize_config(_cfg(block_q=128, block_k=128))
+    assert "shared memory" in measure.unsupported_reason(too_big)
+    for (d, p), blocks in measure.SWEEP_BLOCKS.items():
+        for bq, bk in blocks:
+            c = measure.normalize_config(_cfg(head_dim=d, block_q=bq, block_k=bk, **{"pass": p}))
+            assert measure.unsupported_reason(c) is None, (d, p, bq, bk)
+
+
+def test_expand_grid_is_the_cross_product_minus_unsupported():
+    cfgs = measure.expand_grid(kernels=measure.KERNELS, seq_lens=[512, 1024], head_dims=[64],
+                               dtypes=["fp32", "fp16"], causal=[False, True], passes=["fwd", "bwd"],
+                               heads=8, tokens=4096)
+    keys = [measure.config_key(c) for c in cfgs]
+    assert len(keys) == len(set(keys))
+    # per (N, causal, pass): fp32 has 4 kernels (no flash/cudnn), fp16 all 6
+    assert len(cfgs) == 2 * 2 * 2 * (4 + 6)
+    assert {c["batch"] for c in cfgs if c["seq_len_q"] == 512} == {8}
+    assert {c["batch"] for c in cfgs if c["seq_len_q"] == 1024} == {4}
+
+
+def test_standard_sweep_has_enough_of_our_kernel_and_every_baseline():
+    cfgs = measure.standard_sweep()
+    ours = [c for c in cfgs if c["kernel"] == "ioaware-numba"]
+    assert len(ours) >= 40
+    assert {c["seq_len_q"] for c in ours} >= {512, 1024, 2048, 4096, 8192}
+    assert {c["head_dim"] for c in ours} == {64, 128}
+    assert {(c["block_q"], c["block_k"]) for c in ours if c["head_dim"] == 64} >= {(64, 32), (32, 32)}
+    for k in measure.KERNELS:
+        assert any(c["kernel"] == k for c in cfgs), k
+    assert all(measure.unsupported_reason(c) is None for c in cfgs)
+
+
+def test_rotation_sets_exceed_twice_the_l2():
+    l2 = 50 * 2**20
+    for set_b in (2**20, 7 * 2**20, 50 * 2**20, 300 * 2**20):
+        n = measure.rotation_sets(set_b, l2, max_sets=10**6)
+        assert n >= 2 and (n - 1) * set_b >= 2 * l2
+        assert n == 2 or (n - 2) * set_b < 2 * l2
+    assert measure.rotation_sets(1, l2, max_sets=64) == 64
+    with pytest.raises(ValueError, match="set_bytes"):
+        measure.rotation_sets(0, l2)
+
+
+def test_summarize_times_median_and_percentiles():
+    med, p10, p90 = measure.summarize_times([float(x) for x in range(1, 22)])  # 1..21
+    assert med == 11.0 and p10 == pytest.approx(3.0) and p90 == pytest.approx(19.0)
+    assert measure.summarize_times([5.0, 1.0, 3.0])[0] == 3.0
+    with pytest.raises(ValueError):
+        measure.summarize_times([])
+
+
+# -- resume and the file -------------------------------------------------------------------------
+
+def test_resume_skips_configurations_already_measured(tmp_path):
+    cfgs = measure.expand_grid(kernels=["ioaware-numba", "sdpa-math"], seq_lens=[256, 512],
+                               head_dims=[64], dtypes=["fp32"], causal=[False], passes=["fwd"])
+    res = measure.new_results(measure.provenance("cmd", gpu="G", driver="D", cuda_version="C"))
+    rec = measure.empty_record(cfgs[1])
+    rec["time_ms"] = 1.0
+    res["records"].append(rec)
+    path = tmp_path / "r.json"
+    measure.write_results(res, path)
+    again = measure.load_existing(path)
+    todo = measure.pending_configs(cfgs, again["records"])
+    assert [measure.config_key(c) for c in todo] == [measure.config_key(c) for c in cfgs if c is not cfgs[1]]
+    assert measure.load_existing(tmp_path / "missing.json") is None
+    (tmp_path / "bad.json").write_text(json.dumps({"schema": "other"}))
+    with pytest.raises(ValueError, match="schema"):
+        measure.load_existing(tmp_path / "bad.json")
+
+
+def test_record_schema_matches_the_results_contract():
+    rec = measure.empty_record(measure.normalize_config(_cfg()))
+    contract = {"kernel", "schedule", "pass", "dtype", "batch", "heads", "heads_kv", "seq_len_q",
+                "seq_len_k", "head_dim", "causal", "block_q", "block_k", "time_ms", "time_ms_p10",
+                "time_ms_p90", "peak_extra_bytes", "dram_read_bytes", "dram_write_bytes",
+                "l2_bytes", "global_load_bytes", "global_store_bytes", "flops_executed"}
+    assert contract <= set(rec)
+    assert all(rec[f] is None for f in measure.TIME_FIELDS + measure.COUNTER_FIELDS)
+    res = measure.new_results(measure.provenance("python -m kernels.measure --x", gpu="G",
+                                                 driver="D", cuda_version="C"))
+    res["records"].append(rec)
+    try:
+        from sim.results import load_results
+    except ImportError:
+        pytest.skip("sim.results not available yet")
+    import io
+    assert len(load_results(io.StringIO(json.dumps(res)))) == 1
+
+
+def test_provenance_has_every_required_field():
+    prov = measure.provenance("python -m kernels.measure --standard", gpu="NVIDIA H100", driver="580",
+                              cuda_version="13.0")
+    for key in ("gpu", "driver", "cuda", "torch", "numba", "numba_cuda", "date", "command"):
+        assert isinstance(prov[key], str) and prov[key], key
+    assert prov["gpu"] == "NVIDIA H100" and prov["command"].startswith("python -m kernels.measure")
+    import datetime
+    datetime.datetime.fromisoformat(prov["date"])
+
+
+def test_command_line_quotes_arguments():
+    assert measure.command_line(["--out", "a b.json"]) == "python -m kernels.measure --out 'a b.json'"
+
+
+def test_cli_lists_configurations(capsys):
+    assert measure.main(["--out", "x.json", "--kernels", "ioaware-numba", "--seq-lens", "512",
+                         "--head-dims", "64", "--dtypes", "fp32", "--causal", "off",
+                         "--passes", "fwd", "--blocks", "32x32,64x32", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert "2 configurations" in out and "32x32" in out and "64x32" in out
+
+
+# -- ncu CSV -----------------------------------------------------------------------------------
+
+def _csv(rows):
+    metrics = list(ncu.BYTE_METRICS.values()) + list(ncu.FLOP_METRICS) + ["sm__ops_path_tensor_src_fp16.sum"]
+    head = ["ID", "Process ID", "Kernel Name"] + metrics
+    lines = ["==PROF== Connected to process 1", ",".join(f'"{h}"' for h in head),
+             ",".join(['""', '""', '""'] + ['"byte"'] * len(metrics))]
+    for i, (name, vals) in enumerate(rows):
+        cells = [str(i), "1", name] + [f"{vals.get(m, 0):,}" for m in metrics]
+        lines.append(",".join(f'"{c}"' for c in cells))
+    return "\n".join(lines) + "\n"
+
+
+def test_parse_split_aggregate_attributes_launches_by_marker():
+    ld, st = ncu.BYTE_METRICS["global_load_bytes"], ncu.BYTE_METRICS["global_store_bytes"]
+    ffma = "smsp__sass_thread_inst_executed_op_ffma_pred_on.sum"
+    fadd = "smsp__sass_thread_inst_executed_op_fadd_pred_on.sum"
+    text = _csv([
+        ("ioaware_ncu_marker", {}),
+        ("flash_fwd", {ld: 1_000_000, st: 2000, ffma: 10, fadd: 3}),
+        ("ioaware_ncu_marker", {}),
+        ("flash_bwd_delta", {ld: 10, st: 1}),
+        ("flash_bwd_dkdv", {ld: 100, st: 20, "sm__ops_path_tensor_src_fp16.sum": 50}),
+    ])
+    rows = ncu.parse_ncu_csv(text)
+    assert [r["name"] for r in rows][1] == "flash_fwd" and rows[1]["metrics"][ld] == 1_000_000
+    groups = ncu.split_by_marker(rows, 2)
+    assert [len(g) for g in groups] == [1, 2]
+    a = ncu.aggregate(groups[0])
+    assert a["global_load_bytes"] == 1_000_000 and a["global_store_bytes"] == 2000
+    assert a["flops_executed"] == 2 * 10 + 3 and a["ncu_launches"] == 1
+    b = ncu.aggregate(groups[1], tensor_flops_per_op=2.0)
+    assert b["global_load_bytes"] == 110 and b["flops_executed"] == 100 and b["flops_tensor_counted"]
+    assert ncu.aggregate(groups[1])["flops_executed"] == 0
+    with pytest.raises(ValueError, match="marker"):
+        ncu.split_by_marker(rows, 3)
+
+
+def test_merge_counters_into_matching_records_only():
+    cfgs = [measure.normalize_config(_cfg()), measure.normalize_config(_cfg(seq_len_q=512))]
+    records = [measure.empty_record(c) for c in cfgs]
+    ld = ncu.BYTE_METRICS["global_load_bytes"]
+    groups = [[{"id": 1, "name": "k", "metrics": {ld: 64.0}}]]
+    assert ncu.merge_counters(records, cfgs[1:], groups) == 1
+    assert records[1]["global_load_bytes"] == 64 and records[0]["global_load_bytes"] is None
+    assert ncu.needs_counters(records[0]) and not ncu.needs_counters(records[1])
+
+
+def test_filter_available_metrics():
+    out = "dram__bytes_read   Counter byte  # of bytes\nlts__t_bytes Counter byte\n"
+    assert ncu.filter_available(["dram__bytes_read.sum", "lts__t_bytes.sum", "nope.sum"], out) == \
+        ["dram__bytes_read.sum", "lts__t_bytes.sum"]
+
+
+def test_ncu_command_uses_clock_control_none():
+    cmd = ncu.ncu_command(["dram__bytes_read.sum"], "/tmp/l.csv", "/tmp/c.json")
+    assert cmd[cmd.index("--clock-control") + 1] == "none"
+    assert "--profile-from-start" in cmd and cmd[-2:] == ["--child", "/tmp/c.json"]
+
+
+# -- on a GPU ----------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+def test_run_sweep_on_gpu_writes_valid_records(tmp_path):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA")
+    cfgs = measure.expand_grid(kernels=["ioaware-numba", "sdpa-math"], seq_lens=[256],
+                               head_dims=[64], dtypes=["fp32"], causal=[False], passes=["fwd"])
+    out = tmp_path / "r.json"
+    seen = []
+    res = measure.run_sweep(cfgs, progress=lambda done, total, rec: seen.append(done),
+                            out_path=out, repeats=20)
+    assert seen == [1, 2] and len(res["records"]) == 2
+    for rec in res["records"]:
+        assert rec["time_ms_p10"] <= rec["time_ms"] <= rec["time_ms_p90"]
+        assert rec["peak_extra_bytes"] > 0
+    assert res["records"][0]["check_rel_err"] < 1e-4
+    res2 = measure.run_sweep(cfgs, out_path=out, repeats=20)
+    assert len(res2["records"]) == 2  # resumed: nothing re-run
