@@ -1,0 +1,29 @@
+"""sim — an IO cost model of naive and tiled (Flash) attention schedules.
+
+Workload, hardware and schedule are data (:class:`Workload`, :class:`GPUProfile`,
+:class:`Schedule`); the cost functions are small and pure:
+
+* :func:`predict` — exact global-memory ("HBM") bytes and FLOPs (closed form), DRAM bytes after
+  an L2 model, shared-memory footprint, occupancy, intra-SM warp-split traffic and a roofline
+  time (raw, and calibrated from measured ``results/``).
+* :func:`trace` — the same schedule walked tile by tile (every load/store with bytes, level and
+  address); equal to the closed form by test.
+* :func:`search_blocks` — feasible block sizes, best, frontier. :func:`sweep` — vectorised
+  closed-form sweeps.
+
+Command line: ``python -m sim predict ...`` / ``python -m sim sweep ...``; benchmark:
+``python -m sim.bench``.
+"""
+from .counts import closed_form, tile_stats_blockinfo, tile_stats_closed
+from .l2 import L2Result, simulate_l2
+from .model import Efficiency, Prediction, calibrate, predict, schedule_for_record, smem_traffic
+from .profiles import PROFILES, GPUProfile, load_profile
+from .search import SearchResult, search_blocks, sweep
+from .trace import Event, Trace, trace
+from .workload import Schedule, Workload, density_block_mask, occupancy, resolve_blocks, sram_bytes_per_block
+
+__all__ = ["PROFILES", "GPUProfile", "load_profile", "Workload", "Schedule", "predict", "Prediction",
+           "trace", "Trace", "Event", "search_blocks", "SearchResult", "sweep", "closed_form",
+           "simulate_l2", "L2Result", "Efficiency", "calibrate", "schedule_for_record",
+           "smem_traffic", "density_block_mask", "resolve_blocks", "sram_bytes_per_block", "occupancy",
+           "tile_stats_blockinfo", "tile_stats_closed"]

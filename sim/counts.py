@@ -1,0 +1,337 @@
+"""Closed-form IO and FLOP counts of each schedule (vectorised over numpy arrays for sweeps).
+
+Every count is a sum over thread-block programs of per-tile terms. The only workload-dependent
+inputs are a handful of *tile statistics* of the visited tile set (:class:`TileStats`), taken
+either from :class:`ioaware.block_info.BlockInfo` (:func:`tile_stats_blockinfo`: any causal /
+block-sparse / key-padding pattern) or, for dense and causal problems, from
+:func:`tile_stats_closed` — ``BlockInfo.k_block_range`` written as array arithmetic over the Q
+blocks, held equal to BlockInfo by the tests. :mod:`sim.trace` walks the same schedules tile by
+tile; the tests hold the two equal, byte for byte and FLOP for FLOP.
+
+Conventions: bytes of Q, K, V, O, dO, dQ, dK, dV, S, P, dP, dS are in the workload dtype;
+row statistics (m, l, lse, D) and FlashAttention-2's dQ accumulator are fp32; boolean masks are
+1 byte per element. "hbm" = global memory as the FlashAttention papers count it (SM <-> L2
+traffic); an ``atomic`` is the fp32 dQ accumulation of FlashAttention-2's backward (the
+operand bytes sent to L2, counted as written).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from functools import lru_cache
+
+import numpy as np
+
+from ioaware.block_info import BlockInfo, cdiv
+
+from .workload import STAT_BYTES, Workload, block_infos
+
+__all__ = ["TileStats", "tile_stats_blockinfo", "tile_stats_closed", "tile_stats_arrays",
+           "slice_terms", "closed_form", "FLOP_COSTS", "summarise"]
+
+# Non-matmul FLOPs: one per elementwise arithmetic op, exp/log/max counted as one each.
+FLOP_COSTS = {
+    "fwd_per_score": 5,      # scale, running max, subtract, exp, running sum
+    "bwd_per_score": 5,      # recompute P (scale, subtract, exp), dS = P * (dP - D)
+    "mask_per_score": 1,     # elementwise mask, only on tiles that need it
+    "dropout_per_score": 2,  # keep-bit test and 1/(1-p) rescale (the hash itself is not counted)
+    "naive_softmax_per_score": 5,   # max, subtract, exp, sum, divide
+    "naive_softmax_bwd_per_score": 4,  # D = rowsum(P * dP), dS = P * (dP - D)
+    "naive_scale_per_score": 1,
+}
+
+
+@dataclass(frozen=True)
+class TileStats:
+    """Sums over the visited tiles (m, n) of one (batch, head) slice; r_m, c_n = rows / columns.
+
+    T = #tiles, A = sum r_m c_n, R = sum r_m, C = sum c_n, Cvis = sum of c_n over K blocks that
+    at least one Q block visits, Am = sum r_m c_n over tiles that need an elementwise mask.
+    Fields may be numpy arrays (sweeps).
+    """
+
+    nq: object
+    nk: object
+    T: object
+    A: object
+    R: object
+    C: object
+    Cvis: object
+    Am: object
+
+    def as_tuple(self):
+        return tuple(int(getattr(self, f.name)) for f in fields(self))
+
+
+def tile_stats_blockinfo(bi: BlockInfo, key_len: int | None = None) -> TileStats:
+    """Tile statistics straight from BlockInfo (any mask). ``key_len``: key-padding length; tiles
+    containing padded columns count as needing the elementwise mask."""
+    T = A = R = C = Am = 0
+    visited = set()
+    for m in range(bi.n_blocks_q):
+        q0, q1 = bi.q_range(m)
+        r = q1 - q0
+        for n in bi.k_blocks(m):
+            k0, k1 = bi.k_range(n)
+            c = k1 - k0
+            T += 1
+            A += r * c
+            R += r
+            C += c
+            visited.add(n)
+            if bi.tile_needs_mask(m, n) or (key_len is not None and k1 > key_len):
+                Am += r * c
+    Cvis = sum(bi.k_range(n)[1] - bi.k_range(n)[0] for n in visited)
+    return TileStats(bi.n_blocks_q, bi.n_blocks_k, T, A, R, C, Cvis, Am)
+
+
+@lru_cache(maxsize=65536)
+def tile_stats_closed(seqlen_q: int, seqlen_k: int, block_q: int, block_k: int, causal: bool) -> TileStats:
+    """Tile statistics of a dense or causal problem without walking tiles.
+
+    Causal (top-left, as BlockInfo): Q block m visits K blocks [0, hi_m) with
+    ``hi_m = min(nk, (min((m+1) Br, Nq) - 1) // Bc + 1)``; the first ``u_m`` of them lie wholly
+    at or left of the block's first row (no elementwise mask needed).
+    """
+    Nq, Nk, bq, bk = int(seqlen_q), int(seqlen_k), int(block_q), int(block_k)
+    nq, nk = cdiv(Nq, bq), cdiv(Nk, bk)
+    if not causal:
+        return TileStats(nq, nk, nq * nk, Nq * Nk, Nq * nk, nq * Nk, Nk, 0)
+    m = np.arange(nq, dtype=np.int64)
+    first_row = m * bq
+    rows = np.minimum(first_row + bq, Nq) - first_row
+    last_row = first_row + rows - 1
+    hi = np.minimum(nk, last_row // bk + 1)
+    cols_hi = np.minimum(hi * bk, Nk)
+    # K blocks n < nk-1 end at (n+1) Bc - 1; the last one at Nk - 1.
+    u0 = np.minimum((first_row + 1) // bk, nk - 1)
+    u = u0 + ((u0 == nk - 1) & (Nk - 1 <= first_row))
+    u = np.minimum(u, hi)
+    cols_u = np.minimum(u * bk, Nk)
+    return TileStats(nq, nk, int(hi.sum()), int((rows * cols_hi).sum()), int((rows * hi).sum()),
+                     int(cols_hi.sum()), int(cols_hi[-1]), int((rows * (cols_hi - cols_u)).sum()))
+
+
+def tile_stats_arrays(Nq, Nk, bq, bk, causal) -> TileStats:
+    """:func:`tile_stats_closed` over broadcast arrays (evaluated once per distinct problem)."""
+    Nq, Nk, bq, bk, causal = np.broadcast_arrays(*(np.asarray(x) for x in (Nq, Nk, bq, bk, causal)))
+    keys = np.stack([Nq.ravel(), Nk.ravel(), bq.ravel(), bk.ravel(), causal.ravel().astype(np.int64)], 1)
+    uniq, inv = np.unique(keys, axis=0, return_inverse=True)
+    table = np.array([tile_stats_closed(int(a), int(b), int(c), int(d_), bool(e)).as_tuple()
+                      for a, b, c, d_, e in uniq], dtype=np.int64).reshape(len(uniq), 8)
+    vals = table[inv.ravel()]
+    shape = Nq.shape
+    return TileStats(*(vals[:, i].reshape(shape) for i in range(8)))
+
+
+def slice_terms(schedule: str, pass_name: str, st: TileStats, Nq, Nk, d, e, *, masked=False,
+                dropout=False, fused_softmax=False, gqa=False):
+    """Per-(batch, head) slice counts of one pass: ``(bytes, flops)``.
+
+    bytes: ``{(phase, tensor, op): n}``; flops: ``{phase: (matmul, other)}``. Arithmetic only, so
+    every argument may be a numpy array. ``gqa``: dK/dV go to per-query-head buffers
+    (``dK_exp``/``dV_exp``) reduced afterwards (see :func:`closed_form`).
+    """
+    f = STAT_BYTES
+    b: dict = {}
+    fl: dict = {}
+    C = FLOP_COSTS
+    drop = C["dropout_per_score"] if dropout else 0
+
+    def add(phase, tensor, op, n):
+        key = (phase, tensor, op)
+        b[key] = b.get(key, 0) + n
+
+    dk, dv = ("dK_exp", "dV_exp") if gqa else ("dK", "dV")
+    if schedule == "flash2" and pass_name == "fwd":
+        add("fwd", "Q", "load", Nq * d * e)
+        add("fwd", "K", "load", st.C * d * e)
+        add("fwd", "V", "load", st.C * d * e)
+        add("fwd", "O", "store", Nq * d * e)
+        add("fwd", "lse", "store", Nq * f)
+        fl["fwd"] = (4 * d * st.A, (C["fwd_per_score"] + drop) * st.A + C["mask_per_score"] * st.Am
+                     + st.R * (d + 4) + Nq * (d + 2))
+    elif schedule == "flash1" and pass_name == "fwd":
+        for t, w in (("O", d * e), ("l", f), ("m", f)):
+            add("fwd", t, "store", (Nq + st.R) * w)
+        add("fwd", "K", "load", st.Cvis * d * e)
+        add("fwd", "V", "load", st.Cvis * d * e)
+        for t, w in (("Q", d * e), ("O", d * e), ("l", f), ("m", f)):
+            add("fwd", t, "load", st.R * w)
+        fl["fwd"] = (4 * d * st.A, (C["fwd_per_score"] + drop) * st.A + C["mask_per_score"] * st.Am
+                     + st.R * (2 * d + 6))
+    elif schedule == "flash1" and pass_name == "bwd":
+        add("bwd.main", "dQ", "store", (Nq + st.R) * d * e)
+        add("bwd.main", "K", "load", st.Cvis * d * e)
+        add("bwd.main", "V", "load", st.Cvis * d * e)
+        for t, w in (("Q", d * e), ("O", d * e), ("dO", d * e), ("dQ", d * e), ("l", f), ("m", f)):
+            add("bwd.main", t, "load", st.R * w)
+        add("bwd.main", dk, "store", Nk * d * e)
+        add("bwd.main", dv, "store", Nk * d * e)
+        fl["bwd.main"] = (10 * d * st.A, (C["bwd_per_score"] + drop) * st.A
+                          + C["mask_per_score"] * st.Am + st.R * 3 * d)
+    elif schedule == "flash2" and pass_name == "bwd":
+        add("bwd.pre", "O", "load", Nq * d * e)
+        add("bwd.pre", "dO", "load", Nq * d * e)
+        add("bwd.pre", "D", "store", Nq * f)
+        add("bwd.pre", "dQacc", "store", Nq * d * f)
+        fl["bwd.pre"] = (0 * d, 2 * d * Nq)
+        add("bwd.main", "K", "load", st.Cvis * d * e)
+        add("bwd.main", "V", "load", st.Cvis * d * e)
+        add("bwd.main", "Q", "load", st.R * d * e)
+        add("bwd.main", "dO", "load", st.R * d * e)
+        add("bwd.main", "lse", "load", st.R * f)
+        add("bwd.main", "D", "load", st.R * f)
+        add("bwd.main", "dQacc", "atomic", st.R * d * f)
+        add("bwd.main", dk, "store", Nk * d * e)
+        add("bwd.main", dv, "store", Nk * d * e)
+        fl["bwd.main"] = (10 * d * st.A, (C["bwd_per_score"] + drop) * st.A
+                          + C["mask_per_score"] * st.Am + st.R * d)
+        add("bwd.post", "dQacc", "load", Nq * d * f)
+        add("bwd.post", "dQ", "store", Nq * d * e)
+        fl["bwd.post"] = (0 * d, 0 * d)
+    elif schedule == "naive":
+        SS = Nq * Nk
+        s_bytes, mask_bytes = SS * e, SS * 1
+        mflag = 1 if masked else 0
+        if pass_name == "fwd":
+            add("fwd.qk", "Q", "load", Nq * d * e)
+            add("fwd.qk", "K", "load", Nk * d * e)
+            add("fwd.qk", "S", "store", s_bytes)
+            fl["fwd.qk"] = (2 * d * SS, 0 * SS)
+            if not fused_softmax:
+                add("fwd.scale_mask", "S", "load", s_bytes)
+                if masked:
+                    add("fwd.scale_mask", "mask", "load", mask_bytes)
+                add("fwd.scale_mask", "S", "store", s_bytes)
+                fl["fwd.scale_mask"] = (0 * SS, (C["naive_scale_per_score"] + mflag * C["mask_per_score"]) * SS)
+                add("fwd.softmax", "S", "load", s_bytes)
+                add("fwd.softmax", "P", "store", s_bytes)
+                fl["fwd.softmax"] = (0 * SS, C["naive_softmax_per_score"] * SS)
+            else:
+                add("fwd.softmax", "S", "load", s_bytes)
+                if masked:
+                    add("fwd.softmax", "mask", "load", mask_bytes)
+                add("fwd.softmax", "P", "store", s_bytes)
+                fl["fwd.softmax"] = (0 * SS, (C["naive_softmax_per_score"] + C["naive_scale_per_score"]
+                                              + mflag * C["mask_per_score"]) * SS)
+            p = "P"
+            if dropout:
+                add("fwd.dropout", "P", "load", s_bytes)
+                add("fwd.dropout", "Pd", "store", s_bytes)
+                add("fwd.dropout", "drop_mask", "store", mask_bytes)
+                fl["fwd.dropout"] = (0 * SS, C["dropout_per_score"] * SS)
+                p = "Pd"
+            add("fwd.pv", p, "load", s_bytes)
+            add("fwd.pv", "V", "load", Nk * d * e)
+            add("fwd.pv", "O", "store", Nq * d * e)
+            fl["fwd.pv"] = (2 * d * SS, 0 * SS)
+        else:
+            p = "Pd" if dropout else "P"
+            add("bwd.dv", p, "load", s_bytes)
+            add("bwd.dv", "dO", "load", Nq * d * e)
+            add("bwd.dv", dv, "store", Nk * d * e)
+            fl["bwd.dv"] = (2 * d * SS, 0 * SS)
+            add("bwd.dp", "dO", "load", Nq * d * e)
+            add("bwd.dp", "V", "load", Nk * d * e)
+            add("bwd.dp", "dP", "store", s_bytes)
+            fl["bwd.dp"] = (2 * d * SS, 0 * SS)
+            if dropout:
+                add("bwd.dropout", "dP", "load", s_bytes)
+                add("bwd.dropout", "drop_mask", "load", mask_bytes)
+                add("bwd.dropout", "dP", "store", s_bytes)
+                fl["bwd.dropout"] = (0 * SS, C["dropout_per_score"] * SS)
+            add("bwd.softmax", "P", "load", s_bytes)
+            add("bwd.softmax", "dP", "load", s_bytes)
+            if fused_softmax and masked:
+                add("bwd.softmax", "mask", "load", mask_bytes)
+            add("bwd.softmax", "dS", "store", s_bytes)
+            if not fused_softmax:
+                fl["bwd.softmax"] = (0 * SS, C["naive_softmax_bwd_per_score"] * SS)
+                add("bwd.scale_mask", "dS", "load", s_bytes)
+                if masked:
+                    add("bwd.scale_mask", "mask", "load", mask_bytes)
+                add("bwd.scale_mask", "dS", "store", s_bytes)
+                fl["bwd.scale_mask"] = (0 * SS, (C["naive_scale_per_score"] + mflag * C["mask_per_score"]) * SS)
+            else:
+                fl["bwd.softmax"] = (0 * SS, (C["naive_softmax_bwd_per_score"] + C["naive_scale_per_score"]
+                                              + mflag * C["mask_per_score"]) * SS)
+            add("bwd.dq", "dS", "load", s_bytes)
+            add("bwd.dq", "K", "load", Nk * d * e)
+            add("bwd.dq", "dQ", "store", Nq * d * e)
+            fl["bwd.dq"] = (2 * d * SS, 0 * SS)
+            add("bwd.dk", "dS", "load", s_bytes)
+            add("bwd.dk", "Q", "load", Nq * d * e)
+            add("bwd.dk", dk, "store", Nk * d * e)
+            fl["bwd.dk"] = (2 * d * SS, 0 * SS)
+    else:
+        raise ValueError(f"unknown schedule/pass {schedule!r}/{pass_name!r}")
+    return b, fl
+
+
+def reduce_terms(batch, heads, heads_kv, Nk, d, e):
+    """GQA/MQA: the kernel writes dK/dV per query head; a reduction sums each group (as
+    FlashAttention-2's interface does). Zero when heads == heads_kv."""
+    b = {("bwd.reduce", "dK_exp", "load"): batch * heads * Nk * d * e,
+         ("bwd.reduce", "dV_exp", "load"): batch * heads * Nk * d * e,
+         ("bwd.reduce", "dK", "store"): batch * heads_kv * Nk * d * e,
+         ("bwd.reduce", "dV", "store"): batch * heads_kv * Nk * d * e}
+    return b, {"bwd.reduce": (0 * d, 2 * batch * heads * Nk * d)}
+
+
+def _accumulate(total_b, total_f, b, fl, mult):
+    for k, v in b.items():
+        total_b[k] = total_b.get(k, 0) + mult * v
+    for k, (mm, ot) in fl.items():
+        a, o = total_f.get(k, (0, 0))
+        total_f[k] = (a + mult * mm, o + mult * ot)
+
+
+def workload_tile_stats(w: Workload, block_q: int, block_k: int):
+    """[(multiplicity, TileStats)] over all (b, h) slices of a tiled schedule."""
+    if w.key_lengths is None and not w.block_sparse:
+        return [(w.batch * w.heads, tile_stats_closed(w.seq_len_q, w.seq_len_k, block_q, block_k, w.causal))]
+    return [(mult, tile_stats_blockinfo(bi, key_len)) for mult, bi, key_len, _ in block_infos(w, block_q, block_k)]
+
+
+def closed_form(w: Workload, schedule, block_q=None, block_k=None):
+    """Exact counts of a workload under a schedule: ``(bytes, flops)`` dicts as :func:`slice_terms`,
+    summed over all (batch, head) slices and passes (phases are prefixed fwd/bwd)."""
+    name = schedule.name if hasattr(schedule, "name") else schedule
+    fused = getattr(schedule, "fused_softmax", False)
+    gqa = w.heads != w.heads_kv
+    tb: dict = {}
+    tf: dict = {}
+    if name == "naive":
+        groups = [(w.batch * w.heads, None)]
+    else:
+        if block_q is None or block_k is None:
+            raise ValueError("closed_form of a tiled schedule needs block_q and block_k")
+        groups = workload_tile_stats(w, block_q, block_k)
+    for p in w.passes:
+        for mult, st in groups:
+            b, fl = slice_terms(name, p, st, w.seq_len_q, w.seq_len_k, w.head_dim, w.dtype_bytes,
+                                masked=w.masked, dropout=w.dropout, fused_softmax=fused,
+                                gqa=gqa and p == "bwd")
+            _accumulate(tb, tf, b, fl, mult)
+        if p == "bwd" and gqa:
+            b, fl = reduce_terms(w.batch, w.heads, w.heads_kv, w.seq_len_k, w.head_dim, w.dtype_bytes)
+            _accumulate(tb, tf, b, fl, 1)
+    return tb, tf
+
+
+def summarise(bytes_by_key: dict, flops_by_phase: dict) -> dict:
+    """Totals: hbm_read_bytes (loads), hbm_write_bytes (stores + atomics), matmul/other FLOPs, and
+    per-phase splits (``phases``: {phase: {hbm_read_bytes, hbm_write_bytes, matmul_flops,
+    other_flops}})."""
+    phases: dict = {}
+    for (phase, _t, op), v in bytes_by_key.items():
+        p = phases.setdefault(phase, {"hbm_read_bytes": 0, "hbm_write_bytes": 0, "matmul_flops": 0, "other_flops": 0})
+        p["hbm_read_bytes" if op == "load" else "hbm_write_bytes"] += v
+    for phase, (mm, ot) in flops_by_phase.items():
+        p = phases.setdefault(phase, {"hbm_read_bytes": 0, "hbm_write_bytes": 0, "matmul_flops": 0, "other_flops": 0})
+        p["matmul_flops"] += mm
+        p["other_flops"] += ot
+    tot = {k: sum(p[k] for p in phases.values()) for k in
+           ("hbm_read_bytes", "hbm_write_bytes", "matmul_flops", "other_flops")}
+    tot["phases"] = phases
+    return tot

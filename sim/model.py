@@ -1,0 +1,355 @@
+"""Prediction: counts + L2 model + roofline time for one (workload, schedule, profile).
+
+:func:`predict` is small and pure given its inputs: it resolves block sizes, takes the exact
+closed-form counts (:mod:`sim.counts`), runs the L2 model (:mod:`sim.l2`), counts intra-SM
+shared-memory traffic of the two warp splits, and prices each phase with a roofline:
+
+    t_phase = max(dram_bytes / (hbm_bandwidth * e_dram),
+                  global_bytes / (l2_bandwidth * e_l2),
+                  matmul_flops / (matmul_peak * e_matmul),
+                  other_flops / (fp32_peak * e_other)) / sm_utilisation + launch_us
+
+``sm_utilisation = programs / (waves * slots)`` (wave quantisation of the phase's programs over
+``num_sms * blocks_per_sm`` slots). The *raw* time uses all efficiencies 1 and no launch
+overhead; the *calibrated* time uses :class:`Efficiency` factors fitted by :func:`calibrate` from
+measured records (``results/``). Both are reported.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from .counts import closed_form, summarise, workload_tile_stats
+from .l2 import DEFAULT_GRANULARITY, L2Result, l2_analytic, simulate_l2
+from .profiles import GPUProfile, load_profile
+from .trace import trace as make_trace
+from .workload import (DTYPE_BYTES, STAT_BYTES, Schedule, Workload, occupancy, resolve_blocks,
+                       sram_bytes_per_block)
+
+__all__ = ["Efficiency", "Prediction", "predict", "calibrate", "smem_traffic", "phase_programs",
+           "MAX_TRACE_EVENTS"]
+
+MAX_TRACE_EVENTS = 2_000_000  # above this, l2="auto" uses the analytic L2 estimate
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """Named efficiency factors of the roofline (fractions of peak) and a per-kernel launch cost.
+
+    Raw = all 1, launch 0. ``n_records``/``source``: what a calibration was fitted from.
+    """
+
+    dram: float = 1.0
+    l2: float = 1.0
+    matmul: float = 1.0
+    other: float = 1.0
+    launch_us: float = 0.0
+    n_records: int = 0
+    source: str = "raw"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+RAW = Efficiency()
+
+
+def smem_traffic(stats_groups, head_dim: int, dtype_bytes: int, num_warps: int) -> dict:
+    """Shared-memory bytes of the forward's tiles under the two warp splits (summed over slices).
+
+    Per visited tile (r rows, c columns), w warps, e bytes/element:
+    * staging (both): Q, K, V tiles written to shared memory: ``(r + 2c) d e``;
+    * FlashAttention-1 split (K/V across warps, "split-K"): each warp reads all of Q and its
+      slice of K and V: ``w r d e + 2 c d e``; partial outputs exchanged through shared memory:
+      ``2 w r d 4`` (fp32 write + read) plus row max and sum: ``2 * 2 w r 4``;
+    * FlashAttention-2 split (Q across warps): each warp reads its Q slice and all of K and V:
+      ``r d e + 2 w c d e``; no exchange.
+    """
+    d, e, w, f = head_dim, dtype_bytes, num_warps, STAT_BYTES
+    fa1 = fa2 = 0
+    for mult, st in stats_groups:
+        staging = (st.R + 2 * st.C) * d * e
+        fa1 += mult * (staging + w * st.R * d * e + 2 * st.C * d * e + 2 * w * st.R * d * f + 4 * w * st.R * f)
+        fa2 += mult * (staging + st.R * d * e + 2 * w * st.C * d * e)
+    return {"smem_bytes_fa1_split": int(fa1), "smem_bytes_fa2_split": int(fa2)}
+
+
+def phase_programs(w: Workload, name: str, block_q, block_k) -> dict:
+    """Programs (thread blocks) launched per phase, and programs per (b, h) slice."""
+    from ioaware.block_info import cdiv
+    BH = w.batch * w.heads
+    out = {}
+    if name == "naive":
+        return {"*": (BH, 1)}
+    nq, nk = cdiv(w.seq_len_q, block_q), cdiv(w.seq_len_k, block_k)
+    if name == "flash2":
+        out["fwd"] = (BH * nq, nq)
+        out["bwd.pre"] = (BH * nq, nq)
+        out["bwd.main"] = (BH * nk, nk)
+        out["bwd.post"] = (BH * nq, nq)
+    else:
+        out["fwd"] = (BH, 1)
+        out["bwd.main"] = (BH, 1)
+    out["bwd.reduce"] = (w.batch * w.heads_kv, 1)
+    return out
+
+
+def _tensor_bytes(w: Workload) -> dict:
+    e, f = w.dtype_bytes, STAT_BYTES
+    B, H, Hk, Nq, Nk, d = w.batch, w.heads, w.heads_kv, w.seq_len_q, w.seq_len_k, w.head_dim
+    tb = {t: B * H * Nq * d * e for t in ("Q", "O", "dO", "dQ")}
+    tb.update({t: B * Hk * Nk * d * e for t in ("K", "V", "dK", "dV")})
+    tb.update({t: B * H * Nk * d * e for t in ("dK_exp", "dV_exp")})
+    tb.update({t: B * H * Nq * f for t in ("lse", "l", "m", "D")})
+    tb["dQacc"] = B * H * Nq * d * f
+    tb.update({t: B * H * Nq * Nk * e for t in ("S", "P", "Pd", "dP", "dS")})
+    tb["drop_mask"] = B * H * Nq * Nk
+    tb["mask"] = (B if w.key_lengths is not None else 1) * Nq * Nk
+    return tb
+
+
+@dataclass
+class Prediction:
+    """Everything :func:`predict` says about one (workload, schedule, profile).
+
+    ``to_dict()`` gives the CLI's JSON object. Bytes are global-memory (``hbm_*``, the papers'
+    HBM accesses) and DRAM after the L2 model (``dram_*``); times in milliseconds.
+    """
+
+    workload: Workload
+    schedule: Schedule
+    profile: GPUProfile
+    block_q: int | None
+    block_k: int | None
+    flops: int
+    matmul_flops: int
+    other_flops: int
+    hbm_read_bytes: int
+    hbm_write_bytes: int
+    dram_read_bytes: int
+    dram_write_bytes: int
+    sram_bytes_per_block: int | None
+    blocks_per_sm: int
+    fits_sram: bool
+    predicted_ms: float
+    predicted_ms_calibrated: float | None
+    bound: str
+    times_ms: dict
+    phases: dict
+    smem: dict
+    l2: L2Result
+    efficiency: Efficiency | None
+    counts: dict = field(repr=False, default_factory=dict)
+
+    @property
+    def arithmetic_intensity(self) -> float:
+        """FLOPs per global-memory byte."""
+        return self.flops / max(1, self.hbm_read_bytes + self.hbm_write_bytes)
+
+    @property
+    def dram_arithmetic_intensity(self) -> float:
+        """FLOPs per DRAM byte (after the L2 model)."""
+        return self.flops / max(1, self.dram_read_bytes + self.dram_write_bytes)
+
+    def to_dict(self) -> dict:
+        return {
+            "schedule": self.schedule.name, "device": self.profile.name,
+            "pass": self.workload.pass_, "dtype": self.workload.dtype,
+            "batch": self.workload.batch, "heads": self.workload.heads,
+            "heads_kv": self.workload.heads_kv, "seq_len_q": self.workload.seq_len_q,
+            "seq_len_k": self.workload.seq_len_k, "head_dim": self.workload.head_dim,
+            "causal": self.workload.causal, "dropout": self.workload.dropout,
+            "flops": self.flops, "matmul_flops": self.matmul_flops, "other_flops": self.other_flops,
+            "hbm_read_bytes": self.hbm_read_bytes, "hbm_write_bytes": self.hbm_write_bytes,
+            "dram_read_bytes": self.dram_read_bytes, "dram_write_bytes": self.dram_write_bytes,
+            "sram_bytes_per_block": self.sram_bytes_per_block,
+            "block_q": self.block_q, "block_k": self.block_k,
+            "blocks_per_sm": self.blocks_per_sm, "fits_sram": self.fits_sram,
+            "predicted_ms": self.predicted_ms,
+            "predicted_ms_calibrated": self.predicted_ms_calibrated,
+            "bound": self.bound, "times_ms": self.times_ms,
+            "arithmetic_intensity": self.arithmetic_intensity,
+            "dram_arithmetic_intensity": self.dram_arithmetic_intensity,
+            "l2_model": self.l2.model, "l2_granularity_bytes": self.l2.granularity,
+            "l2_hit_rate": self.l2.hit_rate,
+            **self.smem,
+            "efficiency": self.efficiency.to_dict() if self.efficiency else None,
+            "phases": self.phases,
+        }
+
+
+def _level_times(ph: dict, prof: GPUProfile, w: Workload, sched: Schedule, eff: Efficiency) -> dict:
+    peak_mm = prof.matmul_flops_per_s(w.dtype, sched.matmul_unit)
+    l2_bw = prof.l2_bandwidth_bytes_per_s
+    return {
+        "dram": (ph["dram_read_bytes"] + ph["dram_write_bytes"]) / (prof.hbm_bandwidth_bytes_per_s * eff.dram) * 1e3,
+        "l2": ((ph["hbm_read_bytes"] + ph["hbm_write_bytes"]) / (l2_bw * eff.l2) * 1e3) if l2_bw else 0.0,
+        "matmul": ph["matmul_flops"] / (peak_mm * eff.matmul) * 1e3,
+        "other": ph["other_flops"] / (prof.fp32_flops_per_s * eff.other) * 1e3,
+    }
+
+
+def _price(phases: dict, prof, w, sched, eff: Efficiency):
+    """Total ms, bound level, per-level ms (summed over phases) and per-phase detail."""
+    total = 0.0
+    levels = {"dram": 0.0, "l2": 0.0, "matmul": 0.0, "other": 0.0}
+    for ph in phases.values():
+        lt = _level_times(ph, prof, w, sched, eff)
+        util = ph.get("sm_utilisation", 1.0) or 1.0
+        t = max(lt.values()) / util + eff.launch_us * 1e-3
+        total += t
+        for k in levels:
+            levels[k] += lt[k] / util
+    bound = max(levels, key=levels.get)
+    return total, bound, levels
+
+
+def predict(workload: Workload, schedule: Schedule | str, profile="h100", *, l2: str = "auto",
+            granularity: int = DEFAULT_GRANULARITY, calibration="auto",
+            max_trace_events: int = MAX_TRACE_EVENTS) -> Prediction:
+    """Predict counts and time of ``workload`` under ``schedule`` on ``profile``.
+
+    l2: "auto" (replay the trace through the L2 model unless it would exceed
+    ``max_trace_events``, then the analytic estimate), "trace", "analytic" or "none" (DRAM =
+    global traffic). calibration: "auto" (fit from shipped ``results/`` records of this GPU, if
+    any), None, or an :class:`Efficiency`. Raises ValueError when explicit block sizes do not fit
+    the profile's shared memory per block.
+    """
+    if isinstance(schedule, str):
+        schedule = Schedule(schedule)
+    if not isinstance(workload, Workload):
+        raise TypeError(f"workload must be a sim.Workload, got {type(workload).__name__}")
+    prof = load_profile(profile)
+    w = workload
+    bq, bk = resolve_blocks(w, schedule, prof)
+    e = w.dtype_bytes
+    if schedule.tiled:
+        sram = max(int(sram_bytes_per_block(schedule.name, p, bq, bk, w.head_dim, e)) for p in w.passes)
+        fits = sram <= prof.smem_bytes_per_block
+        if not fits:
+            raise ValueError(f"block_q={bq}, block_k={bk} need {sram} bytes of shared memory per block "
+                             f"({schedule.name}, d={w.head_dim}, {w.dtype}); {prof.name} allows "
+                             f"{prof.smem_bytes_per_block}")
+        bps = occupancy(prof, sram, schedule.num_warps)
+    else:
+        sram, fits, bps = None, True, 1
+    by_key, flops = closed_form(w, schedule, bq, bk)
+    summ = summarise(by_key, flops)
+    progs = phase_programs(w, schedule.name, bq, bk)
+    slots = {ph: prof.num_sms * bps for ph in summ["phases"]}
+
+    # -- L2 model --
+    mode = l2
+    if mode == "auto":
+        est = _estimate_events(w, schedule, bq, bk)
+        mode = "trace" if est <= max_trace_events else "analytic"
+    if mode == "trace":
+        tr = make_trace(w, schedule, prof, block_q=bq, block_k=bk)
+        l2res = simulate_l2(tr, prof.l2_bytes, slots, granularity)
+    elif mode == "analytic":
+        pps = {ph: progs.get(ph, progs.get("*", (1, 1)))[1] for ph in summ["phases"]}
+        l2res = l2_analytic(by_key, _tensor_bytes(w), pps, w.batch * w.heads, slots, prof.l2_bytes)
+    elif mode == "none":
+        l2res = L2Result(summ["hbm_read_bytes"], summ["hbm_write_bytes"],
+                         {p: {"dram_read_bytes": v["hbm_read_bytes"], "dram_write_bytes": v["hbm_write_bytes"]}
+                          for p, v in summ["phases"].items()}, "none", 0, prof.l2_bytes, slots)
+    else:
+        raise ValueError(f"l2 must be 'auto', 'trace', 'analytic' or 'none', got {l2!r}")
+
+    phases = {}
+    for ph, v in summ["phases"].items():
+        n_prog = progs.get(ph, progs.get("*", (1, 1)))[0]
+        s = max(1, slots[ph])
+        waves = math.ceil(n_prog / s)
+        util = n_prog / (waves * s) if schedule.tiled else 1.0
+        phases[ph] = dict(v, **l2res.phases.get(ph, {"dram_read_bytes": 0, "dram_write_bytes": 0}),
+                          programs=n_prog, sm_utilisation=util)
+    raw_ms, bound, levels = _price(phases, prof, w, schedule, RAW)
+    eff = _resolve_calibration(calibration, prof, schedule, w)
+    cal_ms = _price(phases, prof, w, schedule, eff)[0] if eff is not None else None
+    for ph, v in phases.items():
+        v["times_ms"] = _level_times(v, prof, w, schedule, RAW)
+
+    stats_groups = workload_tile_stats(w, bq, bk) if schedule.tiled else []
+    smem = smem_traffic(stats_groups, w.head_dim, e, schedule.num_warps) if schedule.tiled and "fwd" in w.passes else {}
+    if smem:
+        smem["smem_bytes"] = smem["smem_bytes_fa1_split" if schedule.name == "flash1" else "smem_bytes_fa2_split"]
+    return Prediction(w, schedule, prof, bq, bk, summ["matmul_flops"] + summ["other_flops"],
+                      summ["matmul_flops"], summ["other_flops"], summ["hbm_read_bytes"],
+                      summ["hbm_write_bytes"], l2res.dram_read_bytes, l2res.dram_write_bytes, sram, bps,
+                      fits, raw_ms, cal_ms, bound, levels, phases, smem, l2res, eff,
+                      counts={"bytes": by_key, "flops": flops})
+
+
+def _estimate_events(w: Workload, schedule: Schedule, bq, bk) -> int:
+    if not schedule.tiled:
+        return 12 * w.batch * w.heads * len(w.passes) * 4
+    from ioaware.block_info import cdiv
+    tiles = w.batch * w.heads * cdiv(w.seq_len_q, bq) * cdiv(w.seq_len_k, bk)
+    per_tile = {"flash2": 3, "flash1": 9}[schedule.name]
+    return tiles * per_tile * (2 if w.pass_ == "fwd+bwd" else 1)
+
+
+# -- calibration --------------------------------------------------------------------------------
+_CAL_CACHE: dict = {}
+
+
+def _resolve_calibration(calibration, prof, schedule, w):
+    if calibration is None or isinstance(calibration, Efficiency):
+        return calibration
+    if calibration != "auto":
+        raise ValueError(f"calibration must be 'auto', None or an Efficiency, got {calibration!r}")
+    from .results import RESULTS_DIR, records_for_profile
+    key = (prof.name, _dir_stamp(RESULTS_DIR))
+    if key not in _CAL_CACHE:
+        recs = records_for_profile(prof)
+        _CAL_CACHE[key] = calibrate(recs, prof) if recs else None
+    return _CAL_CACHE[key]
+
+
+def _dir_stamp(path):
+    try:
+        return tuple(sorted((p.name, p.stat().st_mtime_ns) for p in path.glob("*.json")))
+    except OSError:
+        return ()
+
+
+def schedule_for_record(rec: dict) -> Schedule:
+    """The sim schedule modelling a results record (``ioaware-numba`` runs on CUDA cores)."""
+    unit = "cuda" if rec.get("kernel") == "ioaware-numba" else "tensor"
+    name = rec.get("schedule") or "flash2"
+    if name not in ("naive", "flash1", "flash2"):
+        name = "flash2"
+    return Schedule(name, rec.get("block_q"), rec.get("block_k"), matmul_unit=unit)
+
+
+def calibrate(records, profile) -> Efficiency | None:
+    """Fit the roofline's efficiency factors from measured records (see :mod:`sim.results`).
+
+    Each record is predicted raw; its *bound* level L (largest raw level time) gets the sample
+    ``t_L_raw / t_measured``. ``e_L`` = median of its samples, clipped to [0.01, 1]; levels with no
+    samples get the median of all samples. Returns None when no record can be predicted.
+    """
+    prof = load_profile(profile)
+    samples: dict = {"dram": [], "l2": [], "matmul": [], "other": []}
+    n = 0
+    for rec in records:
+        try:
+            w = Workload.from_record(rec)
+            p = predict(w, schedule_for_record(rec), prof, calibration=None, max_trace_events=200_000)
+        except (ValueError, KeyError, TypeError):
+            continue
+        t_meas = rec.get("time_ms")
+        if not t_meas or t_meas <= 0:
+            continue
+        lvl = max(p.times_ms, key=p.times_ms.get)
+        samples[lvl].append(p.times_ms[lvl] / t_meas)
+        n += 1
+    if not n:
+        return None
+    allv = [x for v in samples.values() for x in v]
+    fallback = float(np.median(allv))
+    fit = {k: float(np.clip(np.median(v) if v else fallback, 0.01, 1.0)) for k, v in samples.items()}
+    return Efficiency(**fit, n_records=n, source=f"fitted from {n} measured records on {prof.name}")

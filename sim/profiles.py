@@ -1,0 +1,140 @@
+"""Hardware profiles: what the cost model knows about a GPU, as data.
+
+Profiles live in ``sim/profiles/*.json`` (one object per GPU, every figure with its source in
+``sources``). :data:`PROFILES` maps a short name (``a100-40gb``, ``a100-80gb``, ``h100``,
+``h200``, ``t4``) to a :class:`GPUProfile`; :func:`load_profile` also reads a user's JSON file,
+and a custom profile can be built directly from keyword arguments.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+__all__ = ["GPUProfile", "PROFILES", "PROFILE_DIR", "load_profile", "profile_for_gpu_name"]
+
+PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
+
+# Aliases accepted by the CLI's --device and by load_profile.
+_ALIASES = {"a100": "a100-80gb", "a100-40": "a100-40gb", "a100-80": "a100-80gb",
+            "h100-sxm": "h100", "h200-sxm": "h200"}
+
+
+@dataclass(frozen=True)
+class GPUProfile:
+    """One GPU, as the cost model sees it. Units are in the field names (bytes, bytes/s, FLOP/s).
+
+    ``tensor_flops_per_s`` maps a dtype (``fp16``, ``bf16``, ``tf32``) to the dense tensor-core
+    matmul peak; a dtype missing there runs its matmuls on CUDA cores at ``fp32_flops_per_s``.
+    ``l2_bandwidth_bytes_per_s`` is not a datasheet figure on any GPU: the shipped values are
+    estimates and say so in ``sources``.
+    """
+
+    name: str
+    hbm_bandwidth_bytes_per_s: float
+    l2_bytes: int
+    num_sms: int
+    smem_bytes_per_sm: int
+    smem_bytes_per_block: int
+    fp32_flops_per_s: float
+    tensor_flops_per_s: dict = field(default_factory=dict)
+    l2_bandwidth_bytes_per_s: float | None = None
+    max_threads_per_sm: int = 2048
+    max_blocks_per_sm: int = 32
+    memory_bytes: int | None = None
+    description: str = ""
+    match: tuple = ()
+    sources: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("hbm_bandwidth_bytes_per_s", "fp32_flops_per_s"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0:
+                raise ValueError(f"GPUProfile.{name} must be a positive number, got {v!r}")
+        for name in ("l2_bytes", "num_sms", "smem_bytes_per_sm", "smem_bytes_per_block",
+                     "max_threads_per_sm", "max_blocks_per_sm"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ValueError(f"GPUProfile.{name} must be a positive integer, got {v!r}")
+        if self.smem_bytes_per_block > self.smem_bytes_per_sm:
+            raise ValueError("GPUProfile.smem_bytes_per_block must be <= smem_bytes_per_sm")
+        if not isinstance(self.tensor_flops_per_s, dict):
+            raise TypeError("GPUProfile.tensor_flops_per_s must be a dict dtype -> FLOP/s")
+        object.__setattr__(self, "match", tuple(self.match))
+
+    def matmul_flops_per_s(self, dtype: str, unit: str = "tensor") -> float:
+        """Peak matmul FLOP/s for ``dtype`` on ``unit`` ("tensor" or "cuda").
+
+        fp32 on "tensor" uses the TF32 peak only if the profile lists ``tf32`` *and* the caller
+        asks for unit "tf32"; otherwise fp32 matmuls run on CUDA cores.
+        """
+        if unit == "cuda":
+            return self.fp32_flops_per_s
+        key = "tf32" if unit == "tf32" else dtype
+        if unit == "tensor" and dtype == "fp32":
+            return self.fp32_flops_per_s
+        return float(self.tensor_flops_per_s.get(key, self.fp32_flops_per_s))
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["match"] = list(self.match)
+        return d
+
+
+def _from_dict(data: dict, origin: str) -> GPUProfile:
+    if not isinstance(data, dict):
+        raise ValueError(f"profile {origin}: expected a JSON object")
+    known = set(GPUProfile.__dataclass_fields__)
+    kwargs = {k: v for k, v in data.items() if k in known}
+    for k in ("l2_bytes", "num_sms", "smem_bytes_per_sm", "smem_bytes_per_block",
+              "max_threads_per_sm", "max_blocks_per_sm", "memory_bytes"):
+        if isinstance(kwargs.get(k), float) and float(kwargs[k]).is_integer():
+            kwargs[k] = int(kwargs[k])
+    try:
+        return GPUProfile(**kwargs)
+    except TypeError as exc:
+        raise ValueError(f"profile {origin}: {exc}") from None
+
+
+def _load_shipped() -> dict[str, GPUProfile]:
+    out = {}
+    for path in sorted(PROFILE_DIR.glob("*.json")):
+        with open(path) as f:
+            prof = _from_dict(json.load(f), str(path))
+        out[prof.name] = prof
+    return out
+
+
+PROFILES: dict[str, GPUProfile] = _load_shipped()
+
+
+def load_profile(name_or_path) -> GPUProfile:
+    """A profile by shipped name (``h100``, ``a100`` = ``a100-80gb``, ...), by JSON path, or as is.
+
+    Raises ValueError naming the known profiles when the name is unknown.
+    """
+    if isinstance(name_or_path, GPUProfile):
+        return name_or_path
+    if isinstance(name_or_path, dict):
+        return _from_dict(name_or_path, "<dict>")
+    if not isinstance(name_or_path, (str, os.PathLike)):
+        raise TypeError(f"profile must be a name, a path or a GPUProfile, got {type(name_or_path).__name__}")
+    key = str(name_or_path).lower()
+    key = _ALIASES.get(key, key)
+    if key in PROFILES:
+        return PROFILES[key]
+    path = Path(name_or_path)
+    if path.suffix == ".json" and path.exists():
+        with open(path) as f:
+            return _from_dict(json.load(f), str(path))
+    raise ValueError(f"unknown device/profile {name_or_path!r}: expected one of "
+                     f"{sorted(PROFILES) + sorted(_ALIASES)} or a path to a profile .json file")
+
+
+def profile_for_gpu_name(gpu: str) -> GPUProfile | None:
+    """The shipped profile whose ``match`` strings occur in a GPU name such as torch reports it."""
+    for prof in PROFILES.values():
+        if any(m.lower() in gpu.lower() for m in prof.match):
+            return prof
+    return None

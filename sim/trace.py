@@ -1,0 +1,476 @@
+"""The event trace: each schedule walked tile by tile, every global-memory load and store recorded.
+
+:func:`trace` returns a :class:`Trace` — a sequence of :class:`Event` backed by numpy columns
+(fast enough for the L2 model and the dashboard's step-by-step view). Which tiles are visited
+comes from :class:`ioaware.block_info.BlockInfo` only. ``Trace.totals()`` aggregates to the same
+``{(phase, tensor, op): bytes}`` / ``{phase: (matmul, other)}`` shape as
+:func:`sim.counts.closed_form`; the tests hold them equal.
+
+Program and step: a *program* is one thread block (e.g. FlashAttention-2 forward: one per
+(b, h, Q block), numbered in launch order, Q block fastest); ``step`` is its position in the
+program's own loop (step 0 = prologue loads, one step per visited tile, last step = epilogue
+stores). Compute events (op "compute", bytes 0, level "sm") carry each step's FLOPs.
+
+Addresses: every tensor is a contiguous row-major buffer ``[B, H_t, N_t, width]`` at its own
+2 MiB-aligned base; an event touches ``[addr, addr + bytes)``. K/V (and the forward's inputs)
+of query head h live at KV head ``h // (heads // heads_kv)``.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+
+from .counts import FLOP_COSTS
+from .workload import STAT_BYTES, Schedule, Workload, block_infos
+
+__all__ = ["Event", "Trace", "trace", "OPS", "LEVELS"]
+
+OPS = ("load", "store", "atomic", "compute")
+LEVELS = ("hbm", "sm")
+_ALIGN = 2 << 20
+
+
+class Event(NamedTuple):
+    """One trace event.
+
+    index: position in the trace; phase: kernel ("fwd", "bwd.main", "fwd.softmax", ...);
+    program: thread block id within the phase (launch order); step: position within the
+    program; op: load/store/atomic/compute; tensor: Q, K, V, O, lse, m, l, dO, dQ, dQacc, D, dK,
+    dV, S, P, ...; b, h: batch and query head; m, n: Q and K block indices (-1 if not a tile of
+    that axis); row_start, row_stop: rows of the tensor touched (query rows for Q/O/stats, key
+    rows for K/V/dK/dV); bytes; level: "hbm" (global memory) or "sm" (compute); addr: byte
+    address; matmul_flops, other_flops: FLOPs of a compute event.
+    """
+
+    index: int
+    phase: str
+    program: int
+    step: int
+    op: str
+    tensor: str
+    b: int
+    h: int
+    m: int
+    n: int
+    row_start: int
+    row_stop: int
+    bytes: int
+    level: str
+    addr: int
+    matmul_flops: int
+    other_flops: int
+
+
+_INT_COLS = ("phase", "program", "step", "op", "tensor", "b", "h", "m", "n", "row_start",
+             "row_stop", "bytes", "addr", "matmul_flops", "other_flops")
+
+
+class Trace(Sequence):
+    """Events as numpy columns (``columns[name]``), string columns coded against ``phases`` /
+    ``tensors`` / :data:`OPS`. Indexing gives :class:`Event`; ``len`` the event count.
+
+    meta: schedule, block_q, block_k, program counts per phase, tensor base addresses and sizes.
+    """
+
+    def __init__(self, columns: dict, phases: list, tensors: list, meta: dict):
+        self.columns = columns
+        self.phases = phases
+        self.tensors = tensors
+        self.meta = meta
+
+    def __len__(self) -> int:
+        return len(self.columns["op"])
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if i < 0:
+            i += len(self)
+        c = self.columns
+        op = OPS[c["op"][i]]
+        return Event(i, self.phases[c["phase"][i]], int(c["program"][i]), int(c["step"][i]), op,
+                     self.tensors[c["tensor"][i]] if c["tensor"][i] >= 0 else "",
+                     int(c["b"][i]), int(c["h"][i]), int(c["m"][i]), int(c["n"][i]),
+                     int(c["row_start"][i]), int(c["row_stop"][i]), int(c["bytes"][i]),
+                     "sm" if op == "compute" else "hbm", int(c["addr"][i]),
+                     int(c["matmul_flops"][i]), int(c["other_flops"][i]))
+
+    def to_records(self, start: int = 0, stop: int | None = None) -> list[dict]:
+        """Events ``[start, stop)`` as dicts (e.g. for a DataFrame)."""
+        stop = len(self) if stop is None else min(stop, len(self))
+        return [self[i]._asdict() for i in range(start, stop)]
+
+    def totals(self):
+        """``({(phase, tensor, op): bytes}, {phase: (matmul_flops, other_flops)})``."""
+        c = self.columns
+        out_b: dict = {}
+        mem = c["op"] != OPS.index("compute")
+        keys = np.stack([c["phase"][mem], c["tensor"][mem], c["op"][mem]], 1)
+        if len(keys):
+            uniq, inv = np.unique(keys, axis=0, return_inverse=True)
+            sums = np.bincount(inv.ravel(), weights=None, minlength=len(uniq)).astype(np.int64) * 0
+            np.add.at(sums, inv.ravel(), c["bytes"][mem])
+            for (p, t, o), v in zip(uniq, sums):
+                out_b[(self.phases[p], self.tensors[t], OPS[o])] = int(v)
+        out_f: dict = {}
+        comp = ~mem
+        for p in np.unique(c["phase"][comp]):
+            sel = comp & (c["phase"] == p)
+            out_f[self.phases[p]] = (int(c["matmul_flops"][sel].sum()), int(c["other_flops"][sel].sum()))
+        return out_b, out_f
+
+
+class _Builder:
+    """Appends events to column lists; tensors get 2 MiB-aligned base addresses."""
+
+    def __init__(self, w: Workload):
+        self.w = w
+        self.cols = {k: [] for k in _INT_COLS}
+        self.phases: list = []
+        self.tensors: list = []
+        self.tensor_shape: dict = {}
+        self.base: dict = {}
+        self.next_base = 0
+        self.phase_id = -1
+        self.n_programs: dict = {}
+
+    def tensor(self, name, heads, rows, row_bytes, batch=None):
+        if name not in self.base:
+            batch = self.w.batch if batch is None else batch
+            size = batch * heads * rows * row_bytes
+            self.base[name] = self.next_base
+            self.tensor_shape[name] = (batch, heads, rows, row_bytes)
+            self.tensors.append(name)
+            self.next_base += -(-size // _ALIGN) * _ALIGN + _ALIGN
+        return self.tensors.index(name)
+
+    def phase(self, name):
+        self.phases.append(name)
+        self.phase_id = len(self.phases) - 1
+        self.n_programs[name] = 0
+
+    def mem(self, program, step, op, name, b, h, m, n, r0, r1):
+        bt, ht, rows, rb = self.tensor_shape[name]
+        bb = b if bt > 1 else 0
+        hh = h if ht > 1 else 0
+        c = self.cols
+        c["phase"].append(self.phase_id); c["program"].append(program); c["step"].append(step)
+        c["op"].append(op); c["tensor"].append(self.tensors.index(name)); c["b"].append(b)
+        c["h"].append(h); c["m"].append(m); c["n"].append(n); c["row_start"].append(r0)
+        c["row_stop"].append(r1); c["bytes"].append((r1 - r0) * rb)
+        c["addr"].append(self.base[name] + ((bb * ht + hh) * rows + r0) * rb)
+        c["matmul_flops"].append(0); c["other_flops"].append(0)
+
+    def compute(self, program, step, b, h, m, n, mm, other):
+        c = self.cols
+        c["phase"].append(self.phase_id); c["program"].append(program); c["step"].append(step)
+        c["op"].append(3); c["tensor"].append(-1); c["b"].append(b); c["h"].append(h)
+        c["m"].append(m); c["n"].append(n); c["row_start"].append(0); c["row_stop"].append(0)
+        c["bytes"].append(0); c["addr"].append(0); c["matmul_flops"].append(mm); c["other_flops"].append(other)
+
+    def build(self, meta) -> Trace:
+        cols = {k: np.asarray(v, dtype=np.int64) for k, v in self.cols.items()}
+        meta = dict(meta, n_programs=self.n_programs, tensor_base=dict(self.base),
+                    tensor_shape=dict(self.tensor_shape))
+        return Trace(cols, self.phases, self.tensors, meta)
+
+
+LOAD, STORE, ATOMIC = 0, 1, 2
+
+
+def trace(workload: Workload, schedule: Schedule, profile=None, *, block_q=None, block_k=None) -> Trace:
+    """Walk ``schedule`` over ``workload`` tile by tile and record every global-memory access.
+
+    Block sizes: ``block_q``/``block_k`` arguments, else the schedule's, else the default on
+    ``profile`` (:func:`sim.workload.resolve_blocks`; profile defaults to "h100").
+    """
+    from .workload import resolve_blocks
+    if isinstance(schedule, str):
+        schedule = Schedule(schedule)
+    if schedule.name != "naive" and (block_q is None or block_k is None):
+        from .profiles import load_profile
+        bq, bk = resolve_blocks(workload, schedule, load_profile(profile or "h100"))
+        block_q, block_k = block_q or bq, block_k or bk
+    w = workload
+    tb = _Builder(w)
+    d, e, f = w.head_dim, w.dtype_bytes, STAT_BYTES
+    Nq, Nk, B, H, Hkv, g = w.seq_len_q, w.seq_len_k, w.batch, w.heads, w.heads_kv, w.group
+    gqa = H != Hkv
+    # tensors
+    for name in ("Q", "O", "dO", "dQ"):
+        tb.tensor(name, H, Nq, d * e)
+    for name in ("K", "V", "dK", "dV"):
+        tb.tensor(name, Hkv, Nk, d * e)
+    for name in ("lse", "l", "m", "D"):
+        tb.tensor(name, H, Nq, f)
+    tb.tensor("dQacc", H, Nq, d * f)
+    tb.tensor("dK_exp", H, Nk, d * e)
+    tb.tensor("dV_exp", H, Nk, d * e)
+    kvh = lambda h: h // g  # noqa: E731
+    meta = {"schedule": schedule.to_dict(), "block_q": block_q, "block_k": block_k,
+            "workload": w.to_dict()}
+    C = FLOP_COSTS
+    drop = C["dropout_per_score"] if w.dropout else 0
+    if schedule.name == "naive":
+        _naive(tb, w, schedule, kvh, gqa)
+        return tb.build(meta)
+
+    groups = block_infos(w, block_q, block_k)
+    slice_bi = {}
+    for _mult, bi, key_len, members in groups:
+        for bh in members:
+            slice_bi[bh] = (bi, key_len)
+
+    def needs_mask(bi, key_len, m, n):
+        return bi.tile_needs_mask(m, n) or (key_len is not None and bi.k_range(n)[1] > key_len)
+
+    def kv_mem(prog, step, op, name, b, h, n, bi):
+        k0, k1 = bi.k_range(n)
+        tb.mem(prog, step, op, name, b, kvh(h) if name in ("K", "V", "dK", "dV") else h, -1, n, k0, k1)
+
+    def q_mem(prog, step, op, name, b, h, m, bi):
+        q0, q1 = bi.q_range(m)
+        tb.mem(prog, step, op, name, b, h, m, -1, q0, q1)
+
+    # Q-block visitors of each K block, in Q-block order (BlockInfo.q_blocks, computed once per group)
+    q_lists = {}
+    for _mult, bi, _kl, _mem in groups:
+        q_lists[id(bi)] = [bi.q_blocks(n) for n in range(bi.n_blocks_k)]
+
+    for p in w.passes:
+        if schedule.name == "flash2" and p == "fwd":
+            tb.phase("fwd")
+            prog = 0
+            for b in range(B):
+                for h in range(H):
+                    bi, key_len = slice_bi[(b, h)]
+                    for m in range(bi.n_blocks_q):
+                        q0, q1 = bi.q_range(m)
+                        r = q1 - q0
+                        # -- load Q_m --
+                        q_mem(prog, 0, LOAD, "Q", b, h, m, bi)
+                        step = 1
+                        for n in bi.k_blocks(m):
+                            k0, k1 = bi.k_range(n)
+                            c = k1 - k0
+                            # -- load K_n, V_n; compute qk, online softmax, acc += p v --
+                            kv_mem(prog, step, LOAD, "K", b, h, n, bi)
+                            kv_mem(prog, step, LOAD, "V", b, h, n, bi)
+                            other = ((C["fwd_per_score"] + drop) * r * c + r * (d + 4)
+                                     + (C["mask_per_score"] * r * c if needs_mask(bi, key_len, m, n) else 0))
+                            tb.compute(prog, step, b, h, m, n, 4 * d * r * c, other)
+                            step += 1
+                        # -- epilogue: O = acc / l, lse = m + log l --
+                        tb.compute(prog, step, b, h, m, -1, 0, r * (d + 2))
+                        q_mem(prog, step, STORE, "O", b, h, m, bi)
+                        q_mem(prog, step, STORE, "lse", b, h, m, bi)
+                        prog += 1
+            tb.n_programs["fwd"] = prog
+        elif schedule.name == "flash1" and p == "fwd":
+            tb.phase("fwd")
+            prog = 0
+            for b in range(B):
+                for h in range(H):
+                    bi, key_len = slice_bi[(b, h)]
+                    # -- initialise O = 0, l = 0, m = -inf in HBM --
+                    for t in ("O", "l", "m"):
+                        tb.mem(prog, 0, STORE, t, b, h, -1, -1, 0, Nq)
+                    step = 1
+                    for n, qs in enumerate(q_lists[id(bi)]):
+                        if not qs:
+                            continue
+                        k0, k1 = bi.k_range(n)
+                        c = k1 - k0
+                        kv_mem(prog, step, LOAD, "K", b, h, n, bi)
+                        kv_mem(prog, step, LOAD, "V", b, h, n, bi)
+                        for m in qs:
+                            q0, q1 = bi.q_range(m)
+                            r = q1 - q0
+                            for t in ("Q", "O", "l", "m"):
+                                q_mem(prog, step, LOAD, t, b, h, m, bi)
+                            other = ((C["fwd_per_score"] + drop) * r * c + r * (2 * d + 6)
+                                     + (C["mask_per_score"] * r * c if needs_mask(bi, key_len, m, n) else 0))
+                            tb.compute(prog, step, b, h, m, n, 4 * d * r * c, other)
+                            for t in ("O", "l", "m"):
+                                q_mem(prog, step, STORE, t, b, h, m, bi)
+                            step += 1
+                    prog += 1
+            tb.n_programs["fwd"] = prog
+        elif schedule.name == "flash1" and p == "bwd":
+            tb.phase("bwd.main")
+            prog = 0
+            dk, dv = ("dK_exp", "dV_exp") if gqa else ("dK", "dV")
+            for b in range(B):
+                for h in range(H):
+                    bi, key_len = slice_bi[(b, h)]
+                    tb.mem(prog, 0, STORE, "dQ", b, h, -1, -1, 0, Nq)  # dQ = 0 in HBM
+                    step = 1
+                    for n, qs in enumerate(q_lists[id(bi)]):
+                        k0, k1 = bi.k_range(n)
+                        c = k1 - k0
+                        if qs:
+                            kv_mem(prog, step, LOAD, "K", b, h, n, bi)
+                            kv_mem(prog, step, LOAD, "V", b, h, n, bi)
+                        for m in qs:
+                            q0, q1 = bi.q_range(m)
+                            r = q1 - q0
+                            for t in ("Q", "O", "dO", "dQ", "l", "m"):
+                                q_mem(prog, step, LOAD, t, b, h, m, bi)
+                            other = ((C["bwd_per_score"] + drop) * r * c + r * 3 * d
+                                     + (C["mask_per_score"] * r * c if needs_mask(bi, key_len, m, n) else 0))
+                            tb.compute(prog, step, b, h, m, n, 10 * d * r * c, other)
+                            q_mem(prog, step, STORE, "dQ", b, h, m, bi)
+                            step += 1
+                        # -- write dK_j, dV_j (zeros if no Q block visits) --
+                        tb.mem(prog, step, STORE, dk, b, h if gqa else kvh(h), -1, n, k0, k1)
+                        tb.mem(prog, step, STORE, dv, b, h if gqa else kvh(h), -1, n, k0, k1)
+                        step += 1
+                    prog += 1
+            tb.n_programs["bwd.main"] = prog
+        elif schedule.name == "flash2" and p == "bwd":
+            dk, dv = ("dK_exp", "dV_exp") if gqa else ("dK", "dV")
+            # -- preprocessing: D = rowsum(dO * O), dQacc = 0 --
+            tb.phase("bwd.pre")
+            prog = 0
+            for b in range(B):
+                for h in range(H):
+                    bi, _kl = slice_bi[(b, h)]
+                    for m in range(bi.n_blocks_q):
+                        q0, q1 = bi.q_range(m)
+                        q_mem(prog, 0, LOAD, "O", b, h, m, bi)
+                        q_mem(prog, 0, LOAD, "dO", b, h, m, bi)
+                        tb.compute(prog, 0, b, h, m, -1, 0, 2 * d * (q1 - q0))
+                        q_mem(prog, 0, STORE, "D", b, h, m, bi)
+                        q_mem(prog, 0, STORE, "dQacc", b, h, m, bi)
+                        prog += 1
+            tb.n_programs["bwd.pre"] = prog
+            # -- main loop: one program per K/V block, Q blocks streamed, dQ by fp32 atomics --
+            tb.phase("bwd.main")
+            prog = 0
+            for b in range(B):
+                for h in range(H):
+                    bi, key_len = slice_bi[(b, h)]
+                    for n, qs in enumerate(q_lists[id(bi)]):
+                        k0, k1 = bi.k_range(n)
+                        c = k1 - k0
+                        step = 0
+                        if qs:
+                            kv_mem(prog, 0, LOAD, "K", b, h, n, bi)
+                            kv_mem(prog, 0, LOAD, "V", b, h, n, bi)
+                            step = 1
+                        for m in qs:
+                            q0, q1 = bi.q_range(m)
+                            r = q1 - q0
+                            for t in ("Q", "dO", "lse", "D"):
+                                q_mem(prog, step, LOAD, t, b, h, m, bi)
+                            other = ((C["bwd_per_score"] + drop) * r * c + r * d
+                                     + (C["mask_per_score"] * r * c if needs_mask(bi, key_len, m, n) else 0))
+                            tb.compute(prog, step, b, h, m, n, 10 * d * r * c, other)
+                            q_mem(prog, step, ATOMIC, "dQacc", b, h, m, bi)
+                            step += 1
+                        tb.mem(prog, step, STORE, dk, b, h if gqa else kvh(h), -1, n, k0, k1)
+                        tb.mem(prog, step, STORE, dv, b, h if gqa else kvh(h), -1, n, k0, k1)
+                        prog += 1
+            tb.n_programs["bwd.main"] = prog
+            # -- convert dQacc (fp32) to dQ --
+            tb.phase("bwd.post")
+            prog = 0
+            for b in range(B):
+                for h in range(H):
+                    bi, _kl = slice_bi[(b, h)]
+                    for m in range(bi.n_blocks_q):
+                        q_mem(prog, 0, LOAD, "dQacc", b, h, m, bi)
+                        tb.compute(prog, 0, b, h, m, -1, 0, 0)
+                        q_mem(prog, 0, STORE, "dQ", b, h, m, bi)
+                        prog += 1
+            tb.n_programs["bwd.post"] = prog
+        if p == "bwd" and gqa:
+            _reduce(tb, w)
+    return tb.build(meta)
+
+
+def _reduce(tb: _Builder, w: Workload):
+    """GQA: sum per-query-head dK/dV over each group; one program per (b, kv head)."""
+    tb.phase("bwd.reduce")
+    prog = 0
+    Nk, d = w.seq_len_k, w.head_dim
+    for b in range(w.batch):
+        for hk in range(w.heads_kv):
+            for h in range(hk * w.group, (hk + 1) * w.group):
+                tb.mem(prog, 0, LOAD, "dK_exp", b, h, -1, -1, 0, Nk)
+                tb.mem(prog, 0, LOAD, "dV_exp", b, h, -1, -1, 0, Nk)
+            tb.compute(prog, 0, b, hk, -1, -1, 0, 2 * w.group * Nk * d)
+            tb.mem(prog, 0, STORE, "dK", b, hk, -1, -1, 0, Nk)
+            tb.mem(prog, 0, STORE, "dV", b, hk, -1, -1, 0, Nk)
+            prog += 1
+    tb.n_programs["bwd.reduce"] = prog
+
+
+def _naive(tb: _Builder, w: Workload, schedule: Schedule, kvh, gqa):
+    """Algorithm 0 as unfused PyTorch runs it: one kernel per pass, each reading and writing whole
+    (Nq x Nk) matrices; one program per (b, h) per kernel (a coarse unit: library GEMMs and
+    elementwise kernels tile internally, but each element crosses global memory once)."""
+    C = FLOP_COSTS
+    Nq, Nk, d, e = w.seq_len_q, w.seq_len_k, w.head_dim, w.dtype_bytes
+    for name in ("S", "P", "Pd", "dP", "dS"):
+        tb.tensor(name, w.heads, Nq, Nk * e)
+    tb.tensor("drop_mask", w.heads, Nq, Nk)
+    tb.tensor("mask", 1, Nq, Nk, batch=w.batch if w.key_lengths is not None else 1)
+    SS = Nq * Nk
+    masked, fused, dropout = w.masked, schedule.fused_softmax, w.dropout
+    mflag = 1 if masked else 0
+    kv = ("K", "V", "dK", "dV")
+
+    def kernel(phase, loads, stores, mm, other):
+        tb.phase(phase)
+        prog = 0
+        for b in range(w.batch):
+            for h in range(w.heads):
+                for t in loads:
+                    rows = Nk if t in kv or t.endswith("_exp") else Nq
+                    tb.mem(prog, 0, LOAD, t, b, kvh(h) if t in kv else h, -1, -1, 0, rows)
+                tb.compute(prog, 0, b, h, -1, -1, mm, other)
+                for t in stores:
+                    rows = Nk if t in kv or t.endswith("_exp") else Nq
+                    tb.mem(prog, 0, STORE, t, b, kvh(h) if t in kv else h, -1, -1, 0, rows)
+                prog += 1
+        tb.n_programs[phase] = prog
+
+    mask = ["mask"] if masked else []
+    dk, dv = ("dK_exp", "dV_exp") if gqa else ("dK", "dV")
+    for p in w.passes:
+        if p == "fwd":
+            kernel("fwd.qk", ["Q", "K"], ["S"], 2 * d * SS, 0)
+            if not fused:
+                kernel("fwd.scale_mask", ["S"] + mask, ["S"], 0,
+                       (C["naive_scale_per_score"] + mflag * C["mask_per_score"]) * SS)
+                kernel("fwd.softmax", ["S"], ["P"], 0, C["naive_softmax_per_score"] * SS)
+            else:
+                kernel("fwd.softmax", ["S"] + mask, ["P"], 0,
+                       (C["naive_softmax_per_score"] + C["naive_scale_per_score"]
+                        + mflag * C["mask_per_score"]) * SS)
+            pname = "P"
+            if dropout:
+                kernel("fwd.dropout", ["P"], ["Pd", "drop_mask"], 0, C["dropout_per_score"] * SS)
+                pname = "Pd"
+            kernel("fwd.pv", [pname, "V"], ["O"], 2 * d * SS, 0)
+        else:
+            pname = "Pd" if dropout else "P"
+            kernel("bwd.dv", [pname, "dO"], [dv], 2 * d * SS, 0)
+            kernel("bwd.dp", ["dO", "V"], ["dP"], 2 * d * SS, 0)
+            if dropout:
+                kernel("bwd.dropout", ["dP", "drop_mask"], ["dP"], 0, C["dropout_per_score"] * SS)
+            if not fused:
+                kernel("bwd.softmax", ["P", "dP"], ["dS"], 0, C["naive_softmax_bwd_per_score"] * SS)
+                kernel("bwd.scale_mask", ["dS"] + mask, ["dS"], 0,
+                       (C["naive_scale_per_score"] + mflag * C["mask_per_score"]) * SS)
+            else:
+                kernel("bwd.softmax", ["P", "dP"] + mask, ["dS"], 0,
+                       (C["naive_softmax_bwd_per_score"] + C["naive_scale_per_score"]
+                        + mflag * C["mask_per_score"]) * SS)
+            kernel("bwd.dq", ["dS", "K"], ["dQ"], 2 * d * SS, 0)
+            kernel("bwd.dk", ["dS", "Q"], [dk], 2 * d * SS, 0)
+            if gqa:
+                _reduce(tb, w)

@@ -1,0 +1,326 @@
+"""Workload and schedule descriptions (data), block-size defaults, SRAM footprints, occupancy.
+
+* :class:`Workload` — what is computed: batch, query/KV heads, sequence lengths, head dim,
+  dtype, causal, masks (key-padding lengths, a block mask or a block density), dropout, pass.
+* :class:`Schedule` — how: ``naive`` (the FlashAttention paper's Algorithm 0 as unfused
+  PyTorch runs it), ``flash1`` (Algorithm 1/2 and its backward with recomputation),
+  ``flash2`` (FlashAttention-2), with block sizes and warps per thread block.
+
+Which tiles a tiled schedule visits is always answered by :class:`ioaware.block_info.BlockInfo`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ioaware.block_info import BlockInfo, cdiv
+
+__all__ = ["Workload", "Schedule", "DTYPE_BYTES", "STAT_BYTES", "SCHEDULES", "PASSES",
+           "density_block_mask", "resolve_blocks", "sram_bytes_per_block", "occupancy",
+           "block_infos"]
+
+DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
+STAT_BYTES = 4  # row statistics (m, l, lse, D) and the fp32 dQ accumulator are float32
+SCHEDULES = ("naive", "flash1", "flash2")
+PASSES = ("fwd", "bwd", "fwd+bwd")
+
+
+def _posint(name, v):
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+        raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    return int(v)
+
+
+@dataclass(frozen=True, eq=False)
+class Workload:
+    """One attention problem.
+
+    Parameters
+    ----------
+    batch, heads : batch size and number of query heads.
+    seq_len_q : query length Nq. ``seq_len_k`` (key length Nk) defaults to ``seq_len_q``.
+    head_dim : d.
+    dtype : "fp16", "bf16" or "fp32" (Q, K, V, O and gradients; row statistics are fp32).
+    causal : top-left causal mask (as SDPA ``is_causal``).
+    heads_kv : KV heads (GQA/MQA); defaults to ``heads``; must divide ``heads``.
+    key_lengths : key-padding mask as one valid key length per batch element (0..Nk). Tiled
+        schedules skip K blocks wholly past the length (the tile mask a block-sparse kernel would
+        be given) and mask the boundary tile in registers; the naive schedule reads a
+        materialised boolean mask.
+    block_mask : explicit block-sparse mask, bool ``[n_blocks_q, n_blocks_k]`` or
+        ``[Bb, Hb, n_blocks_q, n_blocks_k]`` (Bb in {1, batch}, Hb in {1, heads}); its block shape
+        is the schedule's (block_q, block_k).
+    block_density : alternatively a density in (0, 1]: see :func:`density_block_mask`.
+    block_mask_seed : seed of the density mask.
+    dropout : dropout on (counter-based RNG in the tiled kernels: no mask in memory; the naive
+        schedule writes and reads a 1-byte keep mask).
+    pass_ : "fwd", "bwd" or "fwd+bwd".
+    """
+
+    batch: int = 1
+    heads: int = 1
+    seq_len_q: int = 1024
+    head_dim: int = 64
+    dtype: str = "fp16"
+    causal: bool = False
+    seq_len_k: int | None = None
+    heads_kv: int | None = None
+    key_lengths: tuple | None = None
+    block_mask: object = None
+    block_density: float | None = None
+    block_mask_seed: int = 0
+    dropout: bool = False
+    pass_: str = "fwd"
+
+    def __post_init__(self) -> None:
+        for name in ("batch", "heads", "seq_len_q", "head_dim"):
+            object.__setattr__(self, name, _posint(f"Workload.{name}", getattr(self, name)))
+        if self.seq_len_k is None:
+            object.__setattr__(self, "seq_len_k", self.seq_len_q)
+        object.__setattr__(self, "seq_len_k", _posint("Workload.seq_len_k", self.seq_len_k))
+        if self.heads_kv is None:
+            object.__setattr__(self, "heads_kv", self.heads)
+        object.__setattr__(self, "heads_kv", _posint("Workload.heads_kv", self.heads_kv))
+        if self.heads % self.heads_kv:
+            raise ValueError(f"Workload.heads ({self.heads}) must be a multiple of heads_kv ({self.heads_kv})")
+        if self.dtype not in DTYPE_BYTES:
+            raise ValueError(f"Workload.dtype must be one of {sorted(DTYPE_BYTES)}, got {self.dtype!r}")
+        if self.pass_ not in PASSES:
+            raise ValueError(f"Workload.pass_ must be one of {PASSES}, got {self.pass_!r}")
+        if self.key_lengths is not None:
+            kl = tuple(int(x) for x in self.key_lengths)
+            if len(kl) != self.batch or any(x < 0 or x > self.seq_len_k for x in kl):
+                raise ValueError(f"Workload.key_lengths must hold {self.batch} lengths in "
+                                 f"[0, seq_len_k={self.seq_len_k}], got {self.key_lengths!r}")
+            object.__setattr__(self, "key_lengths", kl)
+        if self.block_mask is not None and self.block_density is not None:
+            raise ValueError("give Workload.block_mask or Workload.block_density, not both")
+        if self.block_mask is not None:
+            bm = np.asarray(self.block_mask, dtype=bool)
+            if bm.ndim == 2:
+                bm = bm[None, None]
+            if bm.ndim != 4 or bm.shape[0] not in (1, self.batch) or bm.shape[1] not in (1, self.heads):
+                raise ValueError("Workload.block_mask must be [nq, nk] or [Bb, Hb, nq, nk] with "
+                                 f"Bb in {{1, batch}}, Hb in {{1, heads}}; got shape {np.shape(self.block_mask)}")
+            bm.setflags(write=False)
+            object.__setattr__(self, "block_mask", bm)
+        if self.block_density is not None:
+            dens = float(self.block_density)
+            if not 0.0 < dens <= 1.0:
+                raise ValueError(f"Workload.block_density must be in (0, 1], got {self.block_density!r}")
+            object.__setattr__(self, "block_density", dens)
+
+    # -- derived --------------------------------------------------------------------------------
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def group(self) -> int:
+        """Query heads per KV head."""
+        return self.heads // self.heads_kv
+
+    @property
+    def masked(self) -> bool:
+        """Whether any elementwise mask applies (causal, key padding or block-sparse)."""
+        return (self.causal or self.key_lengths is not None or self.block_mask is not None
+                or self.block_density is not None)
+
+    @property
+    def block_sparse(self) -> bool:
+        return self.block_mask is not None or self.block_density is not None
+
+    @property
+    def passes(self) -> tuple[str, ...]:
+        return ("fwd", "bwd") if self.pass_ == "fwd+bwd" else (self.pass_,)
+
+    def replace(self, **changes) -> "Workload":
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return {"batch": self.batch, "heads": self.heads, "heads_kv": self.heads_kv,
+                "seq_len_q": self.seq_len_q, "seq_len_k": self.seq_len_k, "head_dim": self.head_dim,
+                "dtype": self.dtype, "causal": self.causal, "dropout": self.dropout,
+                "pass": self.pass_, "key_lengths": list(self.key_lengths) if self.key_lengths else None,
+                "block_density": self.block_density,
+                "block_mask_shape": list(self.block_mask.shape) if self.block_mask is not None else None}
+
+    @classmethod
+    def from_record(cls, rec: dict) -> "Workload":
+        """The workload of a results record (see :mod:`sim.results`)."""
+        return cls(batch=rec["batch"], heads=rec["heads"], heads_kv=rec.get("heads_kv") or rec["heads"],
+                   seq_len_q=rec["seq_len_q"], seq_len_k=rec.get("seq_len_k") or rec["seq_len_q"],
+                   head_dim=rec["head_dim"], dtype=rec["dtype"], causal=bool(rec.get("causal", False)),
+                   dropout=bool(rec.get("dropout", False)), pass_=rec["pass"])
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """How attention is executed.
+
+    name : "naive", "flash1" or "flash2".
+    block_q, block_k : tile rows (Br) and columns (Bc); None = the schedule's default
+        (:func:`resolve_blocks`). Ignored by "naive".
+    num_warps : warps per thread block (occupancy model and the intra-SM warp-split count).
+    fused_softmax : naive only — scale, mask and softmax in one elementwise pass (forward and
+        backward) instead of separate ones.
+    matmul_unit : "tensor" (tensor cores for fp16/bf16; fp32 on CUDA cores), "tf32" or "cuda"
+        (everything on CUDA cores, as a kernel without MMA instructions runs).
+    """
+
+    name: str = "flash2"
+    block_q: int | None = None
+    block_k: int | None = None
+    num_warps: int = 4
+    fused_softmax: bool = False
+    matmul_unit: str = "tensor"
+
+    def __post_init__(self) -> None:
+        if self.name not in SCHEDULES:
+            raise ValueError(f"Schedule.name must be one of {SCHEDULES}, got {self.name!r}")
+        for nm in ("block_q", "block_k"):
+            v = getattr(self, nm)
+            if v is not None:
+                object.__setattr__(self, nm, _posint(f"Schedule.{nm}", v))
+        _posint("Schedule.num_warps", self.num_warps)
+        if self.matmul_unit not in ("tensor", "tf32", "cuda"):
+            raise ValueError(f"Schedule.matmul_unit must be 'tensor', 'tf32' or 'cuda', got {self.matmul_unit!r}")
+
+    @property
+    def tiled(self) -> bool:
+        return self.name != "naive"
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "block_q": self.block_q, "block_k": self.block_k,
+                "num_warps": self.num_warps, "fused_softmax": self.fused_softmax,
+                "matmul_unit": self.matmul_unit}
+
+
+# -- block masks --------------------------------------------------------------------------------
+def density_block_mask(n_blocks_q: int, n_blocks_k: int, density: float, seed: int = 0) -> np.ndarray:
+    """The deterministic block mask of a given density.
+
+    Exactly ``round(density * n_blocks_q * n_blocks_k)`` tiles (at least 1) are kept, chosen as
+    the first ones of ``numpy.random.default_rng(seed).permutation`` of the flattened tile grid.
+    The same mask is used for every batch element and head. Block shape: the schedule's
+    (block_q, block_k), so the mask depends on the block sizes.
+    """
+    total = n_blocks_q * n_blocks_k
+    keep = max(1, int(round(density * total)))
+    flat = np.zeros(total, dtype=bool)
+    flat[np.random.default_rng(seed).permutation(total)[:keep]] = True
+    return flat.reshape(n_blocks_q, n_blocks_k)
+
+
+def block_infos(w: Workload, block_q: int, block_k: int) -> list[tuple[int, BlockInfo, int | None, list]]:
+    """The distinct per-(batch, head) tile schedules of ``w``.
+
+    Returns ``[(multiplicity, BlockInfo, key_len, [(b, h), ...]), ...]`` covering every
+    (b, h) once. ``key_len`` is the key-padding length (None when no padding applies).
+    """
+    nq, nk = cdiv(w.seq_len_q, block_q), cdiv(w.seq_len_k, block_k)
+    bm = None
+    if w.block_mask is not None:
+        bm = w.block_mask
+        if bm.shape[2:] != (nq, nk):
+            raise ValueError(f"Workload.block_mask has {bm.shape[2:]} blocks but block_q={block_q}, "
+                             f"block_k={block_k} give (n_blocks_q, n_blocks_k) = ({nq}, {nk})")
+    elif w.block_density is not None:
+        bm = density_block_mask(nq, nk, w.block_density, w.block_mask_seed)[None, None]
+    groups: dict = {}
+    for b in range(w.batch):
+        key_len = None
+        if w.key_lengths is not None and w.key_lengths[b] < w.seq_len_k:
+            key_len = w.key_lengths[b]
+        for h in range(w.heads):
+            tile_mask = None
+            if bm is not None:
+                tile_mask = bm[b if bm.shape[0] > 1 else 0, h if bm.shape[1] > 1 else 0]
+            if key_len is not None:
+                kmask = (np.arange(nk) * block_k < key_len)[None, :]
+                tile_mask = kmask.repeat(nq, 0) if tile_mask is None else tile_mask & kmask
+            key = (key_len, None if tile_mask is None else tile_mask.tobytes())
+            if key not in groups:
+                bi = BlockInfo.with_block_mask(w.seq_len_q, w.seq_len_k, block_q, block_k,
+                                               w.causal, tile_mask)
+                groups[key] = [0, bi, key_len, []]
+            groups[key][0] += 1
+            groups[key][3].append((b, h))
+    return [tuple(g) for g in groups.values()]
+
+
+# -- block sizes and on-chip footprint ---------------------------------------------------------
+def sram_bytes_per_block(schedule_name: str, pass_name: str, block_q, block_k, head_dim, dtype_bytes):
+    """Shared-memory footprint (bytes) of one thread block; works on numpy arrays.
+
+    flash1 fwd: Q_i, O_i, K_j, V_j tiles and (l_i, m_i) — the four blocks of the paper's
+    ``Bc = ceil(M / 4d)`` argument. flash2 fwd: Q, K, V tiles (O accumulates in registers).
+    flash1 bwd: Q, O, dO, dQ, K, V tiles, l, m, fp32 dK/dV accumulators (on SRAM as in
+    Algorithm 4) and one (Br x Bc) P/dS tile for the transposed matmuls. flash2 bwd: Q, dO, K, V
+    tiles, lse and D, and the P/dS tile (dK/dV accumulate in registers). S/P of the forward live
+    in registers. naive: 0 (library GEMMs; not modelled).
+    """
+    bq, bk, d, e, f = block_q, block_k, head_dim, dtype_bytes, STAT_BYTES
+    if schedule_name == "naive":
+        return 0 * d
+    if schedule_name == "flash1":
+        if pass_name == "fwd":
+            return e * d * (2 * bq + 2 * bk) + 2 * bq * f
+        return e * d * (4 * bq + 2 * bk) + 2 * bq * f + 2 * bk * d * f + bq * bk * e
+    if pass_name == "fwd":
+        return e * d * (bq + 2 * bk)
+    return e * d * (2 * bq + 2 * bk) + 2 * bq * f + bq * bk * e
+
+
+def _footprint(schedule: str, passes, bq, bk, d, e):
+    return max(sram_bytes_per_block(schedule, p, bq, bk, d, e) for p in passes)
+
+
+def resolve_blocks(w: Workload, schedule: Schedule, profile) -> tuple[int | None, int | None]:
+    """The (block_q, block_k) a schedule uses on a profile.
+
+    naive: (None, None). flash1: the paper's ``Bc = ceil(M / 4d)``, ``Br = min(Bc, d)`` with M
+    the shared memory per block in elements of the dtype (block_k halved while the footprint of a
+    requested pass does not fit, the backward's being larger). flash2: (128, 128) for d <= 64, else
+    (128, 64) — FlashAttention-2's forward defaults — halved (block_k first) until the
+    footprint of every requested pass fits ``smem_bytes_per_block``. Explicit values win.
+    """
+    if schedule.name == "naive":
+        return None, None
+    d, e = w.head_dim, w.dtype_bytes
+    if schedule.name == "flash1":
+        m_elems = profile.smem_bytes_per_block // e
+        bc = cdiv(m_elems, 4 * d)
+        br = min(bc, d)
+        bq, bk = schedule.block_q or br, schedule.block_k or bc
+        # the backward's footprint is larger than the paper's four blocks: shrink until it fits
+        while (_footprint("flash1", w.passes, bq, bk, d, e) > profile.smem_bytes_per_block
+               and schedule.block_k is None and bk > 16):
+            bk = max(16, bk // 2)
+        return bq, bk
+    bq, bk = (128, 128) if d <= 64 else (128, 64)
+    bq, bk = schedule.block_q or bq, schedule.block_k or bk
+    while _footprint("flash2", w.passes, bq, bk, d, e) > profile.smem_bytes_per_block:
+        if schedule.block_k is None and bk > 16 and bk >= bq:
+            bk //= 2
+        elif schedule.block_q is None and bq > 16:
+            bq //= 2
+        elif schedule.block_k is None and bk > 16:
+            bk //= 2
+        else:
+            break
+    return bq, bk
+
+
+def occupancy(profile, sram_bytes: int, num_warps: int) -> int:
+    """Resident thread blocks per SM: the occupancy model.
+
+    ``min(max_blocks_per_sm, smem_bytes_per_sm // (sram_bytes + 1 KiB reserved per block),
+    max_threads_per_sm // (32 * num_warps))``; registers are not modelled. 0 = does not fit.
+    """
+    if sram_bytes > profile.smem_bytes_per_block:
+        return 0
+    by_smem = profile.smem_bytes_per_sm // (int(sram_bytes) + 1024)
+    by_threads = profile.max_threads_per_sm // (32 * num_warps)
+    return int(max(0, min(profile.max_blocks_per_sm, by_smem, by_threads)))
