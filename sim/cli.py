@@ -1,0 +1,244 @@
+"""Command line: ``python -m sim predict ...``, ``python -m sim sweep ...``, ``python -m sim search ...``.
+
+``predict`` prints one JSON object (``--json``) or a readable table; ``sweep`` prints a table or
+writes CSV (``--csv PATH``), with a progress bar on stderr for large sweeps; ``search`` lists the
+feasible block sizes, the predicted best and the frontier.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+
+import numpy as np
+
+from .model import predict
+from .profiles import PROFILES, load_profile
+from .search import SWEEP_COLUMNS, progress_bar, search_blocks, sweep
+from .workload import Schedule, Workload
+
+__all__ = ["main"]
+
+
+def _int_list(text: str) -> list[int]:
+    """"64", "64,128", "512..8192" (powers of two, doubling) or "16:128:16" (start:stop:step, inclusive)."""
+    out: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        try:
+            if ".." in part:
+                lo, hi = (int(x) for x in part.split(".."))
+                v = lo
+                while v <= hi:
+                    out.append(v)
+                    v *= 2
+            elif ":" in part:
+                lo, hi, step = (int(x) for x in part.split(":"))
+                out.extend(range(lo, hi + 1, step))
+            else:
+                out.append(int(part))
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected integers like 64, 64,128, 512..8192 or 16:128:16, got {text!r}") from None
+    if not out or any(v < 1 for v in out):
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return out
+
+
+def _device(text: str):
+    try:
+        return load_profile(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _common(p: argparse.ArgumentParser, multi: bool):
+    conv = _int_list if multi else int
+    p.add_argument("--batch", type=conv, default=[1] if multi else 1)
+    p.add_argument("--heads", type=conv, default=[16] if multi else 16)
+    p.add_argument("--heads-kv", type=int, default=None, help="KV heads (GQA/MQA); default = heads")
+    p.add_argument("--seq-len", type=conv, required=not multi, default=[1024] if multi else None,
+                   help="sequence length N (Nq = Nk unless --seq-len-k)")
+    p.add_argument("--seq-len-k", type=int, default=None)
+    p.add_argument("--head-dim", type=conv, default=[64] if multi else 64)
+    p.add_argument("--dtype", choices=("fp16", "bf16", "fp32"), default="fp16")
+    p.add_argument("--device", type=_device, default=load_profile("h100"),
+                   help=f"profile name ({', '.join(sorted(PROFILES))}, a100=a100-80gb) or a profile .json")
+    p.add_argument("--causal", action="store_true")
+    p.add_argument("--dropout", action="store_true")
+    p.add_argument("--pass", dest="pass_", choices=("fwd", "bwd", "fwd+bwd"), default="fwd")
+    p.add_argument("--num-warps", type=int, default=4)
+
+
+def _predict_cmd(a) -> int:
+    w = Workload(batch=a.batch, heads=a.heads, heads_kv=a.heads_kv, seq_len_q=a.seq_len,
+                 seq_len_k=a.seq_len_k, head_dim=a.head_dim, dtype=a.dtype, causal=a.causal,
+                 dropout=a.dropout, pass_=a.pass_, block_density=a.density, block_mask_seed=a.seed)
+    s = Schedule(a.schedule, a.block_q, a.block_k, num_warps=a.num_warps,
+                 fused_softmax=a.fused_softmax, matmul_unit=a.matmul_unit)
+    p = predict(w, s, a.device, l2=a.l2)
+    d = p.to_dict()
+    if a.json:
+        print(json.dumps(d, indent=None if a.compact else 2))
+        return 0
+    rows = [("schedule", f"{a.schedule} ({a.pass_}) on {p.profile.name}"),
+            ("block_q x block_k", f"{p.block_q} x {p.block_k}"),
+            ("sram bytes / block", _fmt(p.sram_bytes_per_block)), ("blocks / SM", p.blocks_per_sm),
+            ("FLOPs (matmul)", _fmt(p.matmul_flops)), ("FLOPs (other)", _fmt(p.other_flops)),
+            ("global (HBM) read bytes", _fmt(p.hbm_read_bytes)), ("global (HBM) write bytes", _fmt(p.hbm_write_bytes)),
+            ("DRAM read bytes", _fmt(p.dram_read_bytes)), ("DRAM write bytes", _fmt(p.dram_write_bytes)),
+            ("L2 model", f"{p.l2.model}" + (f", hit rate {p.l2.hit_rate:.3f}" if p.l2.hit_rate is not None else "")),
+            ("arithmetic intensity", f"{p.arithmetic_intensity:.1f} FLOP/byte"),
+            ("predicted time (raw)", f"{p.predicted_ms:.4f} ms ({p.bound}-bound)"),
+            ("predicted time (calibrated)", "n/a (no measured results for this GPU)"
+             if p.predicted_ms_calibrated is None else f"{p.predicted_ms_calibrated:.4f} ms")]
+    for k, v in p.times_ms.items():
+        rows.append((f"  {k} time", f"{v:.4f} ms"))
+    width = max(len(r[0]) for r in rows)
+    for k, v in rows:
+        print(f"{k:<{width}}  {v}")
+    return 0
+
+
+def _fmt(v):
+    if v is None:
+        return "n/a"
+    return f"{v:,}"
+
+
+def _sweep_cmd(a) -> int:
+    schedules = a.schedule
+    seqs = a.seq_len
+    total = len(schedules) * len(seqs)
+    n_configs = total * len(a.head_dim) * len(a.block_q) * len(a.block_k) * len(a.batch) * len(a.heads)
+    show = (n_configs >= a.progress_threshold) and not a.no_progress
+    parts = []
+    done = 0
+    for sch in schedules:
+        for n in seqs:
+            cols = sweep(schedule=sch, seq_len=[n], head_dim=a.head_dim,
+                         block_q=a.block_q if sch != "naive" else [0], block_k=a.block_k if sch != "naive" else [0],
+                         batch=a.batch, heads=a.heads,
+                         heads_kv=[a.heads_kv] if a.heads_kv else None, dtype=a.dtype, causal=a.causal,
+                         dropout=a.dropout, pass_=a.pass_, profile=a.device, seq_len_k=a.seq_len_k,
+                         num_warps=a.num_warps)
+            parts.append(cols)
+            done += 1
+            if show:
+                progress_bar(done, total)
+    cols = {k: np.concatenate([p[k] for p in parts]) for k in SWEEP_COLUMNS}
+    if a.only_feasible:
+        keep = cols["fits_sram"]
+        cols = {k: v[keep] for k, v in cols.items()}
+    n = len(cols["flops"])
+    if a.csv:
+        out = sys.stdout if a.csv == "-" else open(a.csv, "w", newline="")
+        wr = csv.writer(out)
+        wr.writerow(SWEEP_COLUMNS)
+        for i in range(n):
+            wr.writerow([_cell(cols[k][i]) for k in SWEEP_COLUMNS])
+        if out is not sys.stdout:
+            out.close()
+            print(f"wrote {n} rows to {a.csv}", file=sys.stderr)
+        return 0
+    show_cols = ("schedule", "seq_len_q", "head_dim", "block_q", "block_k", "sram_bytes_per_block",
+                 "hbm_read_bytes", "hbm_write_bytes", "flops", "predicted_ms", "bound")
+    table = [[str(_cell(cols[k][i])) for k in show_cols] for i in range(min(n, a.max_rows))]
+    widths = [max(len(c), *(len(r[j]) for r in table)) if table else len(c) for j, c in enumerate(show_cols)]
+    print("  ".join(c.rjust(wd) for c, wd in zip(show_cols, widths)))
+    for r in table:
+        print("  ".join(x.rjust(wd) for x, wd in zip(r, widths)))
+    if n > a.max_rows:
+        print(f"... {n - a.max_rows} more rows (use --csv PATH for all)")
+    return 0
+
+
+def _cell(v):
+    if isinstance(v, (np.floating, float)):
+        return "" if np.isnan(v) else f"{float(v):.6g}"
+    if isinstance(v, np.bool_):
+        return bool(v)
+    if isinstance(v, np.integer):
+        return int(v)
+    return v
+
+
+def _search_cmd(a) -> int:
+    w = Workload(batch=a.batch, heads=a.heads, heads_kv=a.heads_kv, seq_len_q=a.seq_len,
+                 seq_len_k=a.seq_len_k, head_dim=a.head_dim, dtype=a.dtype, causal=a.causal,
+                 dropout=a.dropout, pass_=a.pass_)
+    r = search_blocks(w, a.device, a.schedule, blocks=tuple(a.blocks), num_warps=a.num_warps, l2=a.l2)
+    if a.json:
+        print(json.dumps({"best": _slim(r.best), "frontier": [_slim(x) for x in r.frontier],
+                          "grid": [_slim(x) for x in r.grid], "infeasible": r.infeasible,
+                          "occupancy_model": r.occupancy_model}, indent=2))
+        return 0
+    cols = ("block_q", "block_k", "sram_bytes_per_block", "blocks_per_sm", "hbm_read_bytes", "predicted_ms", "on_frontier")
+    print("  ".join(f"{c:>20}" for c in cols))
+    for row in sorted(r.grid, key=lambda x: x["predicted_ms"]):
+        print("  ".join(f"{_cell(row[c]) if not isinstance(row[c], float) else f'{row[c]:.5f}':>20}" for c in cols))
+    if r.best:
+        print(f"best: block_q={r.best['block_q']} block_k={r.best['block_k']} "
+              f"predicted {r.best['predicted_ms']:.5f} ms; infeasible: {len(r.infeasible)} candidates")
+    return 0
+
+
+def _slim(row):
+    if row is None:
+        return None
+    return {k: v for k, v in row.items() if k not in ("phases",)}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m sim", description="IO cost model of attention schedules")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("predict", help="counts and predicted time of one configuration")
+    p.add_argument("--schedule", choices=("naive", "flash1", "flash2"), required=True)
+    _common(p, multi=False)
+    p.add_argument("--block-q", type=int, default=None)
+    p.add_argument("--block-k", type=int, default=None)
+    p.add_argument("--density", type=float, default=None, help="block-sparse density in (0, 1]")
+    p.add_argument("--seed", type=int, default=0, help="seed of the density block mask")
+    p.add_argument("--fused-softmax", action="store_true", help="naive: one fused scale/mask/softmax pass")
+    p.add_argument("--matmul-unit", choices=("tensor", "tf32", "cuda"), default="tensor")
+    p.add_argument("--l2", choices=("auto", "trace", "analytic", "none"), default="auto")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--compact", action="store_true", help="with --json: one line")
+    p.set_defaults(func=_predict_cmd)
+
+    s = sub.add_parser("sweep", help="closed-form sweep over ranges (table or CSV)")
+    s.add_argument("--schedule", type=lambda t: t.split(","), default=["flash2"],
+                   help="one or more of naive,flash1,flash2 (comma-separated)")
+    _common(s, multi=True)
+    s.add_argument("--block-q", type=_int_list, default=[64])
+    s.add_argument("--block-k", type=_int_list, default=[64])
+    s.add_argument("--csv", default=None, help="write CSV to PATH ('-' = stdout)")
+    s.add_argument("--only-feasible", action="store_true")
+    s.add_argument("--max-rows", type=int, default=50)
+    s.add_argument("--no-progress", action="store_true")
+    s.add_argument("--progress-threshold", type=int, default=2000, help=argparse.SUPPRESS)
+    s.set_defaults(func=_sweep_cmd)
+
+    q = sub.add_parser("search", help="feasible block sizes, best and frontier")
+    q.add_argument("--schedule", choices=("flash1", "flash2"), default="flash2")
+    _common(q, multi=False)
+    q.add_argument("--blocks", type=_int_list, default=[16, 32, 64, 128, 256])
+    q.add_argument("--l2", choices=("auto", "trace", "analytic", "none"), default="none")
+    q.add_argument("--json", action="store_true")
+    q.set_defaults(func=_search_cmd)
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = build_parser()
+    a = ap.parse_args(argv)
+    if getattr(a, "cmd", None) == "sweep":
+        for sch in a.schedule:
+            if sch not in ("naive", "flash1", "flash2"):
+                ap.error(f"--schedule: expected naive, flash1 or flash2, got {sch!r}")
+    try:
+        return a.func(a)
+    except ValueError as exc:
+        ap.error(str(exc))
+    return 2
