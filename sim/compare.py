@@ -1,0 +1,404 @@
+"""Predicted versus measured: joins results records with `sim.predict` and reports the error.
+
+``python -m sim.compare [RESULTS.json ...]`` (default: the shipped ``results/*.json``) predicts
+every record with the workload, schedule and block sizes it was measured with, on the profile of
+the GPU it was measured on (``provenance.gpu``; ``--profile`` overrides), and prints
+
+* a per-metric error table over the records (median and worst relative error, the share within
+  the target, the target of issue 6 and whether it holds), per kernel;
+* the block-size check: for each (pass, causal, N, d, dtype) of our kernel measured at several
+  block sizes, whether the block size the model ranks fastest runs within 10% of the measured
+  fastest;
+* where a target is missed, the worst records and by how much.
+
+The Python API (the dashboard's *Predicted vs measured* page uses it):
+
+* `compare(records, profile=None, ...)` -> pandas DataFrame, one row per record: the record's
+  key fields, ``measured_<metric>``, ``predicted_<metric>`` and ``rel_error_<metric>`` (signed,
+  (predicted - measured) / measured) for each metric of `METRICS`, plus ``model_note`` (how the
+  record was modelled) and ``profile``;
+* `summary(df)` -> DataFrame of the per-metric table; `block_size_check(df)` -> DataFrame;
+* `METRICS`: metric -> (label, target relative error or None, share of records that must meet
+  it, which records the target applies to).
+
+Metrics (measured side from `kernels.ncu` counters, predicted side from `sim.predict`):
+
+* ``global_bytes`` — ``global_load_bytes + global_store_bytes`` (ncu ``l1tex__t_bytes_pipe_lsu_
+  mem_global_op_ld/st``) vs ``hbm_read_bytes + hbm_write_bytes``, the schedule's global-memory
+  traffic. Kernels that move data with the Hopper tensor memory accelerator (cuDNN, cuBLAS's
+  ``nvjet`` GEMMs) bypass the LSU pipe, so their counter reads 0; such records are left out
+  (NaN) rather than compared;
+* ``dram_bytes`` — ``dram_read_bytes + dram_write_bytes`` vs the model's DRAM bytes after its L2
+  model (ncu flushes the L2 before every kernel, so each kernel starts cold, as the model
+  assumes);
+* ``flops`` — executed FLOPs (``2 FFMA + FADD + FMUL`` and tensor-core ops) vs ``flops``
+  (matmul + the rest);
+* ``time_raw`` — ``time_ms`` vs the raw roofline ``predicted_ms`` (peaks, no efficiencies);
+* ``time_calibrated`` — vs the roofline with efficiency factors fitted by `sim.calibrate` on the
+  records of the same kernel in the compared results (in-sample: it says how well one set of
+  factors per kernel explains all of its configurations, not how well it extrapolates).
+
+How records are modelled (`model_for_record`): our kernel (``ioaware-numba``) as ``flash2`` with
+its block sizes, matmuls on CUDA cores (``variant: mma`` on tensor cores); SDPA FLASH,
+EFFICIENT, CUDNN as ``flash2`` with the model's own block sizes on tensor cores (float32:
+CUDA cores); MATH and eager as ``naive``. PyTorch's MATH backend upcasts float16/bfloat16
+inputs to float32 and runs everything in float32 on CUDA cores (seen in the kernel list ncu
+records: ``direct_copy`` casts, ``sm80_xmma_gemm_f32f32`` GEMMs, ``softmax_warp_forward<float>``),
+so a half-precision MATH record is predicted as the float32 workload; what the naive model still
+lacks is listed in ``results/NOTES.md``.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["METRICS", "compare", "summary", "block_size_check", "model_for_record", "main",
+           "format_report"]
+
+KEY_COLUMNS = ("kernel", "variant", "pass", "dtype", "batch", "heads", "heads_kv", "seq_len_q",
+               "seq_len_k", "head_dim", "causal", "block_q", "block_k")
+
+#: metric -> (label, target |relative error| or None, required share of records, scope)
+#: scope "ours" = our kernel's records only, "all" = every record.
+METRICS = {
+    "global_bytes": ("global-memory bytes (L2<->SM) vs ncu ld+st", 0.05, 1.0, "ours"),
+    "dram_bytes": ("DRAM bytes read+written vs ncu", 0.20, 0.90, "all"),
+    "flops": ("executed FLOPs vs ncu instruction counts", 0.02, 1.0, "ours"),
+    "time_raw": ("time, raw roofline", None, None, "all"),
+    "time_calibrated": ("time, calibrated per kernel (in-sample)", 0.25, 1.0, "all"),
+}
+BLOCK_TOLERANCE = 0.10
+DEFAULT_MAX_TRACE_EVENTS = 200_000
+
+
+def _family(rec: dict) -> str:
+    v = rec.get("variant")
+    return rec["kernel"] + (f"/{v}" if v and v != "simt" else "")
+
+
+def model_for_record(rec: dict):
+    """``(Workload, Schedule, note)`` that model a results record (see the module docstring)."""
+    from .workload import Schedule, Workload
+
+    w = Workload.from_record(rec)
+    kernel, variant = rec["kernel"], rec.get("variant")
+    note = ""
+    if kernel == "ioaware-numba":
+        unit = "tensor" if variant == "mma" else "cuda"
+        sched = Schedule("flash2", rec.get("block_q"), rec.get("block_k"), matmul_unit=unit)
+        note = "flash2, measured blocks, " + ("tensor cores" if unit == "tensor" else "CUDA cores")
+    elif kernel in ("sdpa-flash", "sdpa-efficient", "sdpa-cudnn"):
+        sched = Schedule("flash2", matmul_unit="tensor")
+        note = "flash2, model's default blocks"
+    elif kernel == "sdpa-math":
+        if w.dtype != "fp32":
+            w = w.replace(dtype="fp32")
+            note = "naive; half inputs upcast to fp32 (as MATH runs them)"
+        else:
+            note = "naive"
+        sched = Schedule("naive", matmul_unit="cuda")
+    elif kernel == "eager":
+        sched = Schedule("naive", matmul_unit="tensor")
+        note = "naive, unfused"
+    else:
+        raise ValueError(f"no model for kernel {kernel!r}")
+    return w, sched, note
+
+
+def _measured(rec: dict, metric: str):
+    g = rec.get
+    if metric == "global_bytes":
+        ld, st = g("global_load_bytes"), g("global_store_bytes")
+        if ld is None or st is None or ld + st == 0:
+            return math.nan
+        return float(ld + st)
+    if metric == "dram_bytes":
+        r, w = g("dram_read_bytes"), g("dram_write_bytes")
+        return math.nan if r is None or w is None else float(r + w)
+    if metric == "flops":
+        f = g("flops_executed")
+        if f is None or (g("ncu_tensor_inst") and not g("flops_tensor_counted", True)):
+            return math.nan
+        return float(f)
+    if metric in ("time_raw", "time_calibrated"):
+        t = g("time_ms")
+        return math.nan if t is None else float(t)
+    raise KeyError(metric)
+
+
+def _predicted_raw(p, metric: str):
+    if metric == "global_bytes":
+        return float(p.hbm_read_bytes + p.hbm_write_bytes)
+    if metric == "dram_bytes":
+        return float(p.dram_read_bytes + p.dram_write_bytes)
+    if metric == "flops":
+        return float(p.flops)
+    if metric == "time_raw":
+        return float(p.predicted_ms)
+    raise KeyError(metric)
+
+
+def _calibrated_ms(p, eff) -> float:
+    from .model import _price
+    return float(_price(p.phases, p.profile, p.workload, p.schedule, eff)[0])
+
+
+def _profile_for(rec: dict, profile):
+    from .profiles import load_profile, profile_for_gpu_name
+    if profile is not None:
+        return load_profile(profile)
+    gpu = (rec.get("provenance") or {}).get("gpu", "")
+    prof = profile_for_gpu_name(gpu) if gpu else None
+    if prof is None:
+        raise ValueError(f"no shipped profile matches the GPU {gpu!r} of a record; pass profile=")
+    return prof
+
+
+def compare(records: list[dict], profile=None, *, l2: str = "auto",
+            max_trace_events: int = DEFAULT_MAX_TRACE_EVENTS, calibrate_time: bool = True,
+            progress=None):
+    """Join measured records with the model's predictions; returns a pandas DataFrame (one row per
+    record; columns in the module docstring). ``profile``: a profile name/path/object for every
+    record, or None to match each record's ``provenance.gpu``. Records the model cannot predict
+    get a ``model_error`` and NaN predictions."""
+    import pandas as pd
+
+    from .model import predict
+
+    rows, preds, recs_by_family = [], [], {}
+    n = len(records)
+    for i, rec in enumerate(records):
+        row = {k: rec.get(k) for k in KEY_COLUMNS}
+        row["family"] = _family(rec)
+        row["gpu"] = (rec.get("provenance") or {}).get("gpu")
+        p = None
+        try:
+            prof = _profile_for(rec, profile)
+            w, sched, note = model_for_record(rec)
+            p = predict(w, sched, prof, l2=l2, calibration=None, max_trace_events=max_trace_events)
+            row.update(profile=prof.name, model_note=note, model_error=None,
+                       model_block_q=p.block_q, model_block_k=p.block_k, l2_model=p.l2.model,
+                       bound=p.bound)
+        except (ValueError, KeyError, TypeError) as exc:
+            row.update(profile=None, model_note=None, model_error=f"{type(exc).__name__}: {exc}")
+        for m in METRICS:
+            row[f"measured_{m}"] = _measured(rec, m)
+            row[f"predicted_{m}"] = _predicted_raw(p, m) if (p is not None and m != "time_calibrated") else math.nan
+        row["measured_time_ms_p10"] = rec.get("time_ms_p10")
+        row["measured_time_ms_p90"] = rec.get("time_ms_p90")
+        rows.append(row)
+        preds.append(p)
+        if p is not None:
+            recs_by_family.setdefault((row["family"], row["profile"]), []).append(i)
+        if progress is not None:
+            progress(i + 1, n)
+    # -- calibrated time: one set of efficiency factors per (kernel family, profile) --
+    if calibrate_time:
+        for (fam, prof_name), idx in recs_by_family.items():
+            sub = [records[i] for i in idx]
+            eff = _fit(sub, preds[idx[0]].profile, [preds[i] for i in idx])
+            for i in idx:
+                rows[i]["predicted_time_calibrated"] = _calibrated_ms(preds[i], eff) if eff else math.nan
+                rows[i]["efficiency"] = eff.to_dict() if eff else None
+    df = pd.DataFrame(rows)
+    for m in METRICS:
+        meas, pred = df[f"measured_{m}"].astype(float), df[f"predicted_{m}"].astype(float)
+        df[f"rel_error_{m}"] = (pred - meas) / meas
+    return df
+
+
+def _fit(records, profile, predictions):
+    """Efficiency factors fitted on ``records`` with `sim.calibrate`'s rule (each record's bound
+    level gets the sample raw_time / measured_time; median per level), using the predictions
+    already made (same schedule mapping as the comparison) rather than re-predicting."""
+    from .model import Efficiency
+    samples: dict = {"dram": [], "l2": [], "matmul": [], "other": []}
+    n = 0
+    for rec, p in zip(records, predictions):
+        t = rec.get("time_ms")
+        if not t or t <= 0 or p is None:
+            continue
+        lvl = max(p.times_ms, key=p.times_ms.get)
+        samples[lvl].append(p.times_ms[lvl] / t)
+        n += 1
+    if not n:
+        return None
+    allv = [x for v in samples.values() for x in v]
+    fallback = float(np.median(allv))
+    fit = {k: float(np.clip(np.median(v) if v else fallback, 0.01, 1.0)) for k, v in samples.items()}
+    return Efficiency(**fit, n_records=n, source=f"fitted on {n} records of one kernel, {profile.name}")
+
+
+def _scope_mask(df, scope):
+    if scope == "ours":
+        return df["kernel"] == "ioaware-numba"
+    return df["kernel"].notna()
+
+
+def summary(df, by_kernel: bool = False):
+    """Per-metric error table: n, median and worst |relative error|, share within the target, the
+    target and whether it holds. ``by_kernel``: one row per (metric, kernel family)."""
+    import pandas as pd
+    out = []
+    for m, (label, target, share, scope) in METRICS.items():
+        col = f"rel_error_{m}"
+        if col not in df:
+            continue
+        groups = [("all" if scope == "all" else "ioaware-numba (all variants)", df[_scope_mask(df, scope)])]
+        if by_kernel:
+            groups = [(fam, g) for fam, g in df.groupby("family", sort=True)]
+        for name, g in groups:
+            err = g[col].astype(float).dropna()
+            if err.empty:
+                continue
+            a = err.abs()
+            row = {"metric": m, "what": label, "records": name, "n": int(len(a)),
+                   "median_abs_err_pct": 100 * float(a.median()),
+                   "max_abs_err_pct": 100 * float(a.max()),
+                   "mean_signed_err_pct": 100 * float(err.mean()),
+                   "target_pct": None if target is None else 100 * target,
+                   "within_target_pct": None if target is None else 100 * float((a <= target).mean()),
+                   "required_pct": None if share is None else 100 * share}
+            if target is not None:
+                row["met"] = bool((a <= target).mean() >= share - 1e-12)
+            else:
+                row["met"] = None
+            out.append(row)
+    return pd.DataFrame(out)
+
+
+def block_size_check(df, time_col: str = "predicted_time_raw"):
+    """For our kernel's (pass, causal, N, d, dtype) groups measured at >= 2 block sizes: the
+    measured best block size, the model's pick (lowest predicted time among the measured block
+    sizes, by ``time_col``) and whether the pick runs within `BLOCK_TOLERANCE` of the best."""
+    import pandas as pd
+    ours = df[(df["kernel"] == "ioaware-numba") & (df["variant"].fillna("simt") == "simt")]
+    ours = ours[ours[time_col].notna()]
+    rows = []
+    keys = ["pass", "causal", "seq_len_q", "head_dim", "dtype"]
+    for key, g in ours.groupby(keys, sort=True):
+        if g[["block_q", "block_k"]].drop_duplicates().shape[0] < 2:
+            continue
+        best = g.loc[g["measured_time_raw"].idxmin()]
+        pick = g.loc[g[time_col].idxmin()]
+        slow = float(pick["measured_time_raw"] / best["measured_time_raw"] - 1.0)
+        rows.append(dict(zip(keys, key), n_blocks=len(g),
+                         best_measured=f"{int(best['block_q'])}x{int(best['block_k'])}",
+                         best_ms=float(best["measured_time_raw"]),
+                         model_pick=f"{int(pick['block_q'])}x{int(pick['block_k'])}",
+                         pick_ms=float(pick["measured_time_raw"]), pick_slower_pct=100 * slow,
+                         ok=bool(slow <= BLOCK_TOLERANCE)))
+    return pd.DataFrame(rows)
+
+
+def worst(df, metric: str, n: int = 5, scope: str | None = None):
+    """The ``n`` records with the largest |error| of ``metric`` (within its target's scope)."""
+    sc = scope or METRICS[metric][3]
+    g = df[_scope_mask(df, sc)].copy()
+    g["abs_err"] = g[f"rel_error_{metric}"].abs()
+    g = g.dropna(subset=["abs_err"]).sort_values("abs_err", ascending=False).head(n)
+    cols = ["family", "pass", "dtype", "seq_len_q", "head_dim", "causal", "block_q", "block_k",
+            f"measured_{metric}", f"predicted_{metric}", f"rel_error_{metric}"]
+    return g[cols]
+
+
+def _fmt_table(df, floatfmt="{:.1f}") -> str:
+    if df is None or len(df) == 0:
+        return "(none)"
+    d = df.copy()
+    for c in d.columns:
+        if d[c].dtype.kind == "f":
+            d[c] = d[c].map(lambda x: "" if x is None or (isinstance(x, float) and math.isnan(x))
+                            else (floatfmt.format(x) if abs(x) < 1e6 else f"{x:.4g}"))
+    return d.to_string(index=False)
+
+
+def format_report(df, *, by_kernel: bool = True, n_worst: int = 5) -> str:
+    """The text the command prints."""
+    lines = []
+    n_err = int(df["model_error"].notna().sum()) if "model_error" in df else 0
+    lines.append(f"{len(df)} measured records ({n_err} the model could not predict), "
+                 f"profiles: {', '.join(sorted(map(str, df['profile'].dropna().unique())))}")
+    lines.append("")
+    lines.append("== Error per metric against the targets (relative error = (predicted - measured) / measured) ==")
+    s = summary(df)
+    lines.append(_fmt_table(s.drop(columns=["what"])))
+    if by_kernel:
+        lines.append("")
+        lines.append("== Per kernel ==")
+        sk = summary(df, by_kernel=True)
+        lines.append(_fmt_table(sk[["metric", "records", "n", "median_abs_err_pct", "max_abs_err_pct",
+                                    "mean_signed_err_pct"]]))
+    lines.append("")
+    for col, label in (("predicted_time_raw", "raw"), ("predicted_time_calibrated", "calibrated")):
+        if col not in df:
+            continue
+        bc = block_size_check(df, col)
+        if bc.empty:
+            continue
+        lines.append(f"== Block size: model's pick ({label} time) within {int(BLOCK_TOLERANCE * 100)}% "
+                     f"of the measured best: {int(bc['ok'].sum())}/{len(bc)} groups ==")
+        lines.append(_fmt_table(bc))
+        lines.append("")
+    for m, (label, target, share, scope) in METRICS.items():
+        if target is None:
+            continue
+        sub = s[s["metric"] == m]
+        if not sub.empty and not bool(sub["met"].iloc[0]):
+            lines.append(f"-- target missed: {m} ({label}), worst records --")
+            lines.append(_fmt_table(worst(df, m, n_worst), "{:.4g}"))
+            lines.append("")
+    if n_err:
+        lines.append("-- records the model could not predict --")
+        lines.append(_fmt_table(df[df["model_error"].notna()][["family", "pass", "dtype", "seq_len_q",
+                                                               "head_dim", "block_q", "block_k",
+                                                               "model_error"]]))
+    return "\n".join(lines)
+
+
+def load_records(paths) -> list[dict]:
+    from .results import load_results, shipped_results
+    paths = [Path(p) for p in paths] if paths else shipped_results()
+    if not paths:
+        raise SystemExit("no results files given and none shipped in results/")
+    recs = []
+    for p in paths:
+        recs.extend(load_results(p))
+    return recs
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m sim.compare",
+                                 description="Predicted versus measured: per-metric error of sim "
+                                             "against results files (default: the shipped ones).")
+    ap.add_argument("results", nargs="*", help="results files (default: results/*.json)")
+    ap.add_argument("--profile", help="predict every record on this profile (default: each "
+                                      "record's GPU)")
+    ap.add_argument("--l2", default="auto", choices=["auto", "trace", "analytic", "none"])
+    ap.add_argument("--max-trace-events", type=int, default=DEFAULT_MAX_TRACE_EVENTS,
+                    help="above this, the L2 model uses its analytic estimate")
+    ap.add_argument("--kernels", help="comma list of kernels to compare")
+    ap.add_argument("--csv", help="also write the joined table here")
+    args = ap.parse_args(argv)
+    recs = load_records(args.results)
+    if args.kernels:
+        keep = set(args.kernels.split(","))
+        recs = [r for r in recs if r["kernel"] in keep]
+
+    def prog(done, total):
+        if sys.stderr.isatty() or done == total:
+            print(f"\rpredicting {done}/{total}", end="\n" if done == total else "",
+                  file=sys.stderr, flush=True)
+    df = compare(recs, args.profile, l2=args.l2, max_trace_events=args.max_trace_events, progress=prog)
+    print(format_report(df))
+    if args.csv:
+        df.drop(columns=["efficiency"], errors="ignore").to_csv(args.csv, index=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,132 @@
+"""sim.compare: the join of measured records with sim.predict, the error table, the block-size
+check, and the command, on a small synthetic fixture (tests/data/synthetic_results_fixture.json)."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+pd = pytest.importorskip("pandas")
+
+from sim import compare as C  # noqa: E402
+from sim import predict  # noqa: E402
+from sim.results import load_results  # noqa: E402
+
+FIXTURE = Path(__file__).parent / "data" / "synthetic_results_fixture.json"
+
+
+@pytest.fixture(scope="module")
+def records():
+    return load_results(FIXTURE)
+
+
+@pytest.fixture(scope="module")
+def joined(records):
+    return C.compare(records, l2="analytic")
+
+
+def test_one_row_per_record_with_measured_predicted_and_error(records, joined):
+    assert len(joined) == len(records)
+    for m in C.METRICS:
+        for prefix in ("measured_", "predicted_", "rel_error_"):
+            assert prefix + m in joined.columns
+    assert joined["model_error"].isna().all()
+    assert set(joined["profile"]) == {"h100"}
+
+
+def test_predictions_are_sim_predict_of_the_same_configuration(records, joined):
+    for rec, (_, row) in zip(records, joined.iterrows()):
+        w, sched, _ = C.model_for_record(rec)
+        p = predict(w, sched, "h100", l2="analytic", calibration=None)
+        assert row["predicted_global_bytes"] == p.hbm_read_bytes + p.hbm_write_bytes
+        assert row["predicted_dram_bytes"] == p.dram_read_bytes + p.dram_write_bytes
+        assert row["predicted_flops"] == p.flops
+        assert row["predicted_time_raw"] == pytest.approx(p.predicted_ms)
+        if rec["kernel"] == "ioaware-numba":
+            assert (p.block_q, p.block_k) == (rec["block_q"], rec["block_k"])
+        meas = rec["global_load_bytes"] + rec["global_store_bytes"]
+        if meas:
+            assert row["rel_error_global_bytes"] == pytest.approx((row["predicted_global_bytes"] - meas) / meas)
+
+
+def test_tma_kernels_zero_lsu_bytes_are_not_compared(joined):
+    cudnn = joined[joined["kernel"] == "sdpa-cudnn"].iloc[0]
+    assert math.isnan(cudnn["measured_global_bytes"]) and math.isnan(cudnn["rel_error_global_bytes"])
+    assert not math.isnan(cudnn["rel_error_dram_bytes"])
+
+
+def test_math_half_inputs_are_modelled_in_float32(records):
+    rec = next(r for r in records if r["kernel"] == "sdpa-math" and r["dtype"] == "fp16")
+    w, sched, note = C.model_for_record(rec)
+    assert w.dtype == "fp32" and sched.name == "naive" and sched.matmul_unit == "cuda"
+    assert "fp32" in note
+    ours = C.model_for_record(next(r for r in records if r["kernel"] == "ioaware-numba"))[1]
+    assert ours.matmul_unit == "cuda" and ours.name == "flash2"
+
+
+def test_calibrated_time_fits_each_kernel_separately(joined):
+    # one eager record: its own fit (efficiency of its bound level) brings the prediction closer
+    eager = joined[joined["kernel"] == "eager"].iloc[0]
+    assert abs(eager["rel_error_time_calibrated"]) < abs(eager["rel_error_time_raw"])
+    assert abs(eager["rel_error_time_calibrated"]) < 0.1
+    assert eager["efficiency"]["n_records"] == 1
+    ours = joined[joined["kernel"] == "ioaware-numba"]
+    assert ours["efficiency"].map(lambda e: e["n_records"]).eq(4).all()
+
+
+def test_summary_targets_and_shares():
+    df = pd.DataFrame({
+        "kernel": ["ioaware-numba"] * 3 + ["sdpa-flash"], "family": ["ioaware-numba"] * 3 + ["sdpa-flash"],
+        "rel_error_global_bytes": [0.01, -0.049, 0.0, 0.5],
+        "rel_error_dram_bytes": [0.1, 0.3, -0.1, 0.05],
+        "rel_error_flops": [0.0, 0.019, -0.03, float("nan")],
+        "rel_error_time_raw": [-0.5, -0.6, -0.7, -0.2],
+        "rel_error_time_calibrated": [0.1, -0.2, 0.24, 0.26],
+    })
+    s = C.summary(df).set_index("metric")
+    assert s.loc["global_bytes", "n"] == 3 and bool(s.loc["global_bytes", "met"])  # sdpa excluded
+    assert s.loc["dram_bytes", "within_target_pct"] == pytest.approx(75.0)
+    assert not bool(s.loc["dram_bytes", "met"])                                      # needs 90%
+    assert not bool(s.loc["flops", "met"]) and s.loc["flops", "max_abs_err_pct"] == pytest.approx(3.0)
+    assert s.loc["time_raw", "met"] is None
+    assert not bool(s.loc["time_calibrated", "met"])
+    byk = C.summary(df, by_kernel=True)
+    assert set(byk["records"]) == {"ioaware-numba", "sdpa-flash"}
+
+
+def test_block_size_check_flags_a_pick_more_than_10_percent_slower():
+    rows = []
+    for bq, bk, meas, pred in ((64, 32, 1.00, 0.5), (32, 32, 1.05, 0.6), (16, 64, 2.0, 0.9)):
+        rows.append({"kernel": "ioaware-numba", "variant": "simt", "pass": "fwd", "causal": False,
+                     "seq_len_q": 1024, "head_dim": 64, "dtype": "fp32", "block_q": bq, "block_k": bk,
+                     "measured_time_raw": meas, "predicted_time_raw": pred})
+    for bq, bk, meas, pred in ((64, 32, 1.00, 0.7), (32, 32, 1.20, 0.6)):
+        rows.append({"kernel": "ioaware-numba", "variant": "simt", "pass": "fwd", "causal": False,
+                     "seq_len_q": 2048, "head_dim": 64, "dtype": "fp32", "block_q": bq, "block_k": bk,
+                     "measured_time_raw": meas, "predicted_time_raw": pred})
+    bc = C.block_size_check(pd.DataFrame(rows)).set_index("seq_len_q")
+    assert bool(bc.loc[1024, "ok"]) and bc.loc[1024, "model_pick"] == "64x32"
+    assert not bool(bc.loc[2048, "ok"]) and bc.loc[2048, "pick_slower_pct"] == pytest.approx(20.0)
+
+
+def test_block_size_check_on_fixture(joined):
+    bc = C.block_size_check(joined)
+    assert len(bc) == 1 and bc.iloc[0]["n_blocks"] == 3
+
+
+def test_unknown_gpu_is_reported_per_record(records):
+    rec = dict(records[0], provenance=dict(records[0]["provenance"], gpu="Mystery GPU 9000"))
+    df = C.compare([rec], l2="analytic")
+    assert "Mystery GPU 9000" in df["model_error"].iloc[0]
+    df2 = C.compare([rec], profile="h100", l2="analytic")
+    assert df2["model_error"].isna().all()
+
+
+def test_command_prints_the_table(capsys, tmp_path):
+    out_csv = tmp_path / "joined.csv"
+    assert C.main([str(FIXTURE), "--l2", "analytic", "--csv", str(out_csv)]) == 0
+    text = capsys.readouterr().out
+    assert "Error per metric" in text and "global_bytes" in text and "time_calibrated" in text
+    assert "Block size" in text
+    assert len(pd.read_csv(out_csv)) == 7
