@@ -56,6 +56,14 @@ def _versions(torch):
 
 def time_cuda(torch, fn, warmup=3, min_reps=5, max_reps=30, budget_s=0.4):
     """(median, p10, p90) milliseconds of ``fn`` by CUDA events, after warm-up."""
+    a = torch.cuda.Event(enable_timing=True)
+    b = torch.cuda.Event(enable_timing=True)
+    a.record()
+    fn()
+    b.record()
+    b.synchronize()
+    if a.elapsed_time(b) > 50.0:          # slow configuration: fewer repetitions
+        warmup, min_reps = 0, 3
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()

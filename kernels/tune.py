@@ -17,10 +17,28 @@ from .bench import attention_flops, time_cuda
 def resources(dispatcher):
     """{signature: (regs/thread, local bytes/thread, static smem bytes/block)} of a compiled kernel."""
     out = {}
-    for sig in dispatcher.overloads:
-        out[str(sig)] = (dispatcher.get_regs_per_thread(sig), dispatcher.get_local_mem_per_thread(sig),
-                         dispatcher.get_shared_mem_per_block(sig))
+    for sig, kern in dispatcher.overloads.items():
+        out[str(sig)] = (kern.regs_per_thread, kern.local_mem_per_thread, kern.shared_mem_per_block)
     return out
+
+
+def sass_mix(dispatcher, top=14):
+    """Opcode histogram of a compiled kernel's SASS (static counts): FFMA vs LDS vs integer work,
+    and LDL/STL (local memory) if any."""
+    import collections
+    import re
+    mixes = []
+    for sig in dispatcher.overloads:
+        try:
+            sass = dispatcher.inspect_sass(sig)
+        except Exception as exc:  # nvdisasm missing
+            return f"inspect_sass failed: {exc}"
+        ops = re.findall(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)(?:\.[A-Z0-9_.]+)?",
+                         sass, flags=re.M)
+        c = collections.Counter(ops)
+        mixes.append(f"total {sum(c.values())}: " + " ".join(f"{k}={v}" for k, v in c.most_common(top))
+                     + f" | LDL={c.get('LDL', 0)} STL={c.get('STL', 0)}")
+    return "; ".join(mixes)
 
 
 FWD_VARIANTS = {
@@ -107,8 +125,11 @@ def main(argv=None):
                       f"{flb / t / 1e9:6.2f} TFLOP/s", flush=True)
         report[d] = {"sdpa_efficient_fwd_ms": t_eff, "sdpa_efficient_fwdbwd_ms": t_eff_fb, "rows": rows}
         for key, kern in launch._KERNELS.items():
-            if key[0] in ("dkdv", "dq"):
+            if key[0] in ("dkdv", "dq") and key[2] == d:
                 print(f"  {key[0]} {key[1]}: regs/local/smem {list(resources(kern).values())}", flush=True)
+        for key, kern in launch._KERNELS.items():
+            if key[0] in ("fwd", "dkdv", "dq") and key[2] == d:
+                print(f"  SASS {key[0]} {key[1]}: {sass_mix(kern)}", flush=True)
     return report
 
 
