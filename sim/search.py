@@ -137,7 +137,7 @@ def sweep(*, schedule="flash2", seq_len=(1024,), head_dim=(64,), block_q=(64,), 
         phase_bytes: dict = {}
         for (ph, _t, op), v in b.items():
             r, wr = phase_bytes.setdefault(ph, (np.zeros(n, np.int64), np.zeros(n, np.int64)))
-            (r if op == "load" else wr)[:] += np.asarray(v * B * H, dtype=np.int64)
+            (r if op == "load" else wr)[:] += np.broadcast_to(np.asarray(v * B * H, dtype=np.int64), (n,))
         gqa_mask = Hkv != H
         if p == "bwd" and gqa_mask.any():
             # GQA in a sweep: dK/dV per query head, then a reduction (counted where heads != heads_kv)
@@ -150,8 +150,8 @@ def sweep(*, schedule="flash2", seq_len=(1024,), head_dim=(64,), block_q=(64,), 
         for ph in set(phase_bytes) | set(fl):
             r, wr = phase_bytes.get(ph, (np.zeros(n, np.int64), np.zeros(n, np.int64)))
             m_, o_ = fl.get(ph, (0, 0))
-            m_ = np.asarray(m_ * B * H if ph != "bwd.reduce" else m_, dtype=np.int64)
-            o_ = np.asarray(o_ * B * H if ph != "bwd.reduce" else o_, dtype=np.int64)
+            m_ = np.broadcast_to(np.asarray(m_ * B * H if ph != "bwd.reduce" else m_, dtype=np.int64), (n,))
+            o_ = np.broadcast_to(np.asarray(o_ * B * H if ph != "bwd.reduce" else o_, dtype=np.int64), (n,))
             hr += r; hw += wr; mm += m_; ot += o_
             lv = np.stack([(r + wr) / prof.hbm_bandwidth_bytes_per_s,
                            (r + wr) / l2_bw if l2_bw else np.zeros(n),

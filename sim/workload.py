@@ -281,9 +281,10 @@ def resolve_blocks(w: Workload, schedule: Schedule, profile) -> tuple[int | None
     """The (block_q, block_k) a schedule uses on a profile.
 
     naive: (None, None). flash1: the paper's ``Bc = ceil(M / 4d)``, ``Br = min(Bc, d)`` with M
-    the shared memory per block in elements of the dtype (block_k halved while the footprint of a
-    requested pass does not fit, the backward's being larger). flash2: (128, 128) for d <= 64, else
-    (128, 64) — FlashAttention-2's forward defaults — halved (block_k first) until the
+    the shared memory per block in elements of the dtype; when the footprint of a requested pass
+    (the backward's is larger than the paper's four blocks) does not fit, M is shrunk by 1/8
+    steps until it does. flash2: (128, 128) for d <= 64; for d > 64 (128, 64) forward and
+    (64, 128) when the backward is requested (FlashAttention-2's defaults) — halved (block_k first) until the
     footprint of every requested pass fits ``smem_bytes_per_block``. Explicit values win.
     """
     if schedule.name == "naive":
@@ -291,15 +292,19 @@ def resolve_blocks(w: Workload, schedule: Schedule, profile) -> tuple[int | None
     d, e = w.head_dim, w.dtype_bytes
     if schedule.name == "flash1":
         m_elems = profile.smem_bytes_per_block // e
-        bc = cdiv(m_elems, 4 * d)
-        br = min(bc, d)
-        bq, bk = schedule.block_q or br, schedule.block_k or bc
-        # the backward's footprint is larger than the paper's four blocks: shrink until it fits
-        while (_footprint("flash1", w.passes, bq, bk, d, e) > profile.smem_bytes_per_block
-               and schedule.block_k is None and bk > 16):
-            bk = max(16, bk // 2)
-        return bq, bk
-    bq, bk = (128, 128) if d <= 64 else (128, 64)
+        while True:
+            bc = cdiv(m_elems, 4 * d)
+            br = min(bc, d)
+            bq, bk = schedule.block_q or br, schedule.block_k or bc
+            # the backward needs more than the paper's four blocks: shrink M until it fits
+            if (_footprint("flash1", w.passes, bq, bk, d, e) <= profile.smem_bytes_per_block
+                    or m_elems <= 4 * d or (schedule.block_q and schedule.block_k)):
+                return bq, bk
+            m_elems = m_elems * 7 // 8
+    if d <= 64:
+        bq, bk = 128, 128
+    else:
+        bq, bk = (128, 64) if w.pass_ == "fwd" else (64, 128)
     bq, bk = schedule.block_q or bq, schedule.block_k or bk
     while _footprint("flash2", w.passes, bq, bk, d, e) > profile.smem_bytes_per_block:
         if schedule.block_k is None and bk > 16 and bk >= bq:

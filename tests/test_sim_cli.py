@@ -1,0 +1,113 @@
+"""sim: the command line contract (predict JSON keys for every schedule and pass, sweep, search)
+and the results-file schema."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import subprocess
+import sys
+from contextlib import redirect_stdout
+
+import pytest
+
+import sim
+from sim.cli import main
+from sim.results import ResultsFormatError, load_results
+
+KEYS = ("flops", "matmul_flops", "hbm_read_bytes", "hbm_write_bytes", "dram_read_bytes", "dram_write_bytes",
+        "sram_bytes_per_block", "block_q", "block_k", "predicted_ms")
+
+
+def run(argv):
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        rc = main(argv)
+    return rc, buf.getvalue()
+
+
+@pytest.mark.parametrize("schedule", ["naive", "flash1", "flash2"])
+@pytest.mark.parametrize("pass_", ["fwd", "bwd", "fwd+bwd"])
+def test_predict_json_has_the_contract_keys(schedule, pass_):
+    rc, out = run(["predict", "--schedule", schedule, "--batch", "1", "--heads", "2", "--seq-len", "300",
+                   "--head-dim", "64", "--dtype", "fp16", "--device", "a100", "--pass", pass_, "--causal", "--json"])
+    d = json.loads(out)
+    assert rc == 0 and all(k in d for k in KEYS)
+    p = sim.predict(sim.Workload(batch=1, heads=2, seq_len_q=300, head_dim=64, causal=True, pass_=pass_),
+                    schedule, "a100")
+    assert (d["hbm_read_bytes"], d["flops"], d["block_q"]) == (p.hbm_read_bytes, p.flops, p.block_q)
+    assert d["predicted_ms"] > 0
+
+
+def test_predict_flags_and_table():
+    rc, out = run(["predict", "--schedule", "flash2", "--seq-len", "512", "--head-dim", "128", "--device", "t4",
+                   "--block-q", "64", "--block-k", "32", "--dropout", "--dtype", "bf16"])
+    assert rc == 0 and "64 x 32" in out and "predicted time (raw)" in out
+
+
+def test_cli_module_entry_point_and_errors():
+    r = subprocess.run([sys.executable, "-m", "sim", "predict", "--schedule", "flash2", "--seq-len", "64",
+                        "--device", "nosuchgpu", "--json"], capture_output=True, text=True)
+    assert r.returncode == 2 and "unknown device" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "sim", "predict", "--schedule", "flash2", "--seq-len", "64",
+                        "--head-dim", "256", "--block-q", "256", "--block-k", "256", "--device", "t4", "--json"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "shared memory" in r.stderr
+
+
+def test_sweep_table_and_csv(tmp_path):
+    rc, out = run(["sweep", "--schedule", "naive,flash2", "--seq-len", "256..1024", "--head-dim", "64,128",
+                   "--block-q", "64,128", "--block-k", "64"])
+    assert rc == 0 and "hbm_read_bytes" in out.splitlines()[0]
+    path = tmp_path / "s.csv"
+    rc, _ = run(["sweep", "--seq-len", "128:512:128", "--head-dim", "64", "--block-q", "16..256",
+                 "--block-k", "16..256", "--device", "t4", "--csv", str(path), "--no-progress"])
+    rows = list(csv.DictReader(open(path)))
+    assert rc == 0 and len(rows) == 4 * 5 * 5
+    w = sim.Workload(seq_len_q=384, head_dim=64, heads=16)
+    row = next(r for r in rows if r["seq_len_q"] == "384" and r["block_q"] == "32" and r["block_k"] == "128")
+    p = sim.predict(w, sim.Schedule("flash2", 32, 128), "t4", l2="none")
+    assert int(row["hbm_read_bytes"]) == p.hbm_read_bytes
+    infeasible = [r for r in rows if r["fits_sram"] == "False"]
+    assert infeasible and all(r["predicted_ms"] == "" for r in infeasible)
+
+
+def test_search_cli_json():
+    rc, out = run(["search", "--seq-len", "1024", "--head-dim", "64", "--device", "t4", "--json"])
+    d = json.loads(out)
+    assert rc == 0 and d["best"]["sram_bytes_per_block"] <= sim.PROFILES["t4"].smem_bytes_per_block
+
+
+GOOD = {"schema": "ioaware.results/1",
+        "provenance": {"gpu": "NVIDIA H100 80GB HBM3", "driver": "1", "cuda": "12", "torch": "2", "numba": "0",
+                       "numba_cuda": "0", "date": "2025-01-01T00:00:00", "command": "python -m kernels.measure"},
+        "records": [{"kernel": "sdpa-flash", "schedule": "flash2", "pass": "fwd", "dtype": "fp16", "batch": 1,
+                     "heads": 16, "heads_kv": 16, "seq_len_q": 4096, "seq_len_k": 4096, "head_dim": 64,
+                     "causal": False, "block_q": None, "block_k": None, "time_ms": 0.2, "time_ms_p10": 0.19,
+                     "time_ms_p90": 0.21, "peak_extra_bytes": None, "dram_read_bytes": 25165824,
+                     "dram_write_bytes": None, "l2_bytes": None, "global_load_bytes": None,
+                     "global_store_bytes": None, "flops_executed": None, "extra": "kept"}]}
+
+
+def test_results_loader_validates(tmp_path):
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(GOOD))
+    recs = load_results(str(path))
+    assert recs[0]["extra"] == "kept" and recs[0]["provenance"]["gpu"].startswith("NVIDIA H100")
+    assert load_results(io.StringIO(json.dumps(GOOD)))[0]["time_ms"] == 0.2
+    rec = recs[0]
+    p = sim.predict(sim.Workload.from_record(rec), sim.schedule_for_record(rec), "h100")
+    assert p.dram_read_bytes == rec["dram_read_bytes"]  # the issue's ncu figure: Q, K, V once
+    for mutate, msg in ((lambda o: o.update(schema="x"), "schema"),
+                        (lambda o: o["provenance"].pop("gpu"), "provenance.gpu"),
+                        (lambda o: o["records"][0].pop("time_ms"), "missing 'time_ms'"),
+                        (lambda o: o["records"][0].update(batch="1"), "batch must be int"),
+                        (lambda o: o["records"][0].update(kernel="cuda"), "kernel"),
+                        (lambda o: o["records"][0].update(time_ms=0), "time_ms must be > 0")):
+        bad = json.loads(json.dumps(GOOD))
+        mutate(bad)
+        with pytest.raises(ResultsFormatError, match=msg):
+            load_results(io.StringIO(json.dumps(bad)))
+    with pytest.raises(ResultsFormatError, match="not valid JSON"):
+        load_results(io.StringIO("{"))
+    assert issubclass(ResultsFormatError, ValueError)

@@ -1,0 +1,116 @@
+"""sim: the closed form and the event trace agree exactly; tile statistics agree with BlockInfo."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import sim
+from ioaware.block_info import BlockInfo, cdiv
+from sim.counts import closed_form, summarise, tile_stats_arrays, tile_stats_blockinfo, tile_stats_closed
+
+
+@given(Nq=st.integers(1, 300), Nk=st.integers(1, 300), bq=st.integers(1, 80), bk=st.integers(1, 80),
+       causal=st.booleans())
+def test_closed_tile_stats_equal_blockinfo(Nq, Nk, bq, bk, causal):
+    closed = tile_stats_closed(Nq, Nk, bq, bk, causal).as_tuple()
+    walked = tile_stats_blockinfo(BlockInfo(Nq, Nk, bq, bk, causal)).as_tuple()
+    assert closed == walked
+
+
+@st.composite
+def workloads(draw):
+    hkv = draw(st.sampled_from([1, 2]))
+    heads = hkv * draw(st.sampled_from([1, 2]))
+    batch = draw(st.integers(1, 2))
+    Nq = draw(st.integers(1, 90))
+    Nk = draw(st.one_of(st.just(Nq), st.integers(1, 90)))
+    bq = draw(st.sampled_from([1, 7, 16, 32, 33]))
+    bk = draw(st.sampled_from([1, 5, 16, 32, 40]))
+    mask_kind = draw(st.sampled_from(["none", "density", "explicit", "key_padding"]))
+    kw = {}
+    if mask_kind == "density":
+        kw = dict(block_density=draw(st.floats(0.05, 1.0)), block_mask_seed=draw(st.integers(0, 5)))
+    elif mask_kind == "explicit":
+        shape = (draw(st.sampled_from([1, batch])), draw(st.sampled_from([1, heads])), cdiv(Nq, bq), cdiv(Nk, bk))
+        seed = draw(st.integers(0, 1000))
+        kw = dict(block_mask=np.random.default_rng(seed).random(shape) < 0.5)
+    elif mask_kind == "key_padding":
+        kw = dict(key_lengths=tuple(draw(st.integers(0, Nk)) for _ in range(batch)))
+    w = sim.Workload(batch=batch, heads=heads, heads_kv=hkv, seq_len_q=Nq, seq_len_k=Nk,
+                     head_dim=draw(st.sampled_from([8, 16, 24])), dtype=draw(st.sampled_from(["fp16", "fp32"])),
+                     causal=draw(st.booleans()), dropout=draw(st.booleans()),
+                     pass_=draw(st.sampled_from(["fwd", "bwd", "fwd+bwd"])), **kw)
+    return w, bq, bk
+
+
+@pytest.mark.parametrize("name", ["flash1", "flash2", "naive"])
+@settings(max_examples=30)
+@given(case=workloads(), fused=st.booleans())
+def test_closed_form_equals_trace(name, case, fused):
+    w, bq, bk = case
+    sched = sim.Schedule(name, None if name == "naive" else bq, None if name == "naive" else bk,
+                         fused_softmax=fused)
+    tr = sim.trace(w, sched, block_q=bq, block_k=bk)
+    cf_bytes, cf_flops = closed_form(w, sched, None if name == "naive" else bq, None if name == "naive" else bk)
+    tr_bytes, tr_flops = tr.totals()
+    assert {k: v for k, v in cf_bytes.items() if v} == {k: v for k, v in tr_bytes.items() if v}
+    assert {k: v for k, v in cf_flops.items() if any(v)} == {k: v for k, v in tr_flops.items() if any(v)}
+
+
+def test_trace_skips_exactly_the_blocks_blockinfo_skips():
+    w = sim.Workload(batch=1, heads=1, seq_len_q=200, seq_len_k=170, head_dim=16, causal=True,
+                     block_density=0.4, block_mask_seed=3)
+    tr = sim.trace(w, sim.Schedule("flash2", 32, 48))
+    loaded = {(ev.m, ev.n) for ev in tr if ev.op == "compute" and ev.n >= 0}
+    (_mult, bi, _kl, _members), = sim.workload.block_infos(w, 32, 48)
+    assert loaded == set(bi.tiles())
+    k_loads = [ev for ev in tr if ev.tensor == "K"]
+    assert len(k_loads) == bi.n_tiles
+    assert all(ev.row_stop - ev.row_start == bi.k_range(ev.n)[1] - bi.k_range(ev.n)[0] for ev in k_loads)
+
+
+def test_trace_events_are_well_formed():
+    w = sim.Workload(batch=2, heads=2, seq_len_q=70, head_dim=16, pass_="fwd+bwd")
+    tr = sim.trace(w, sim.Schedule("flash2", 32, 32))
+    ev = tr[0]
+    assert (ev.phase, ev.op, ev.tensor, ev.level, ev.m, ev.step) == ("fwd", "load", "Q", "hbm", 0, 0)
+    assert ev.bytes == 32 * 16 * 2
+    last = tr[-1]
+    assert last.phase == "bwd.post" and last.tensor == "dQ" and last.op == "store"
+    recs = tr.to_records(0, 5)
+    assert len(recs) == 5 and recs[0]["tensor"] == "Q"
+    # programs of one phase do not overlap in address ranges of their stores (each writes its own rows)
+    stores = [(e.addr, e.addr + e.bytes) for e in tr if e.phase == "fwd" and e.op == "store" and e.tensor == "O"]
+    stores.sort()
+    assert all(a1 <= b0 for (_a0, a1), (b0, _b1) in zip(stores, stores[1:]))
+
+
+@settings(max_examples=15)
+@given(N=st.lists(st.integers(1, 400), min_size=1, max_size=3), d=st.lists(st.sampled_from([16, 64, 96]), min_size=1, max_size=2),
+       bq=st.lists(st.sampled_from([16, 33, 64]), min_size=1, max_size=2), bk=st.lists(st.sampled_from([16, 40, 128]), min_size=1, max_size=2),
+       causal=st.booleans(), name=st.sampled_from(["flash1", "flash2", "naive"]), pass_=st.sampled_from(["fwd", "bwd", "fwd+bwd"]),
+       hkv=st.sampled_from([None, 2]))
+def test_vectorised_sweep_equals_closed_form(N, d, bq, bk, causal, name, pass_, hkv):
+    cols = sim.sweep(schedule=name, seq_len=N, head_dim=d, block_q=bq, block_k=bk, batch=[2], heads=[4],
+                     heads_kv=[hkv] if hkv else None, causal=causal, pass_=pass_, profile="h100")
+    for i in range(len(cols["flops"])):
+        w = sim.Workload(batch=2, heads=4, heads_kv=hkv, seq_len_q=int(cols["seq_len_q"][i]),
+                         head_dim=int(cols["head_dim"][i]), causal=causal, pass_=pass_)
+        s = summarise(*closed_form(w, sim.Schedule(name), int(cols["block_q"][i]) or None, int(cols["block_k"][i]) or None))
+        assert int(cols["hbm_read_bytes"][i]) == s["hbm_read_bytes"]
+        assert int(cols["hbm_write_bytes"][i]) == s["hbm_write_bytes"]
+        assert int(cols["flops"][i]) == s["matmul_flops"] + s["other_flops"]
+
+
+def test_tile_stats_arrays_match_scalar():
+    st_ = tile_stats_arrays(np.array([100, 257]), np.array([100, 300]), np.array([16, 64]), np.array([32, 7]), True)
+    assert (int(st_.A[1]), int(st_.T[0])) == (tile_stats_closed(257, 300, 64, 7, True).A, tile_stats_closed(100, 100, 16, 32, True).T)
+
+
+def test_predict_counts_are_the_closed_form():
+    w = sim.Workload(batch=2, heads=4, seq_len_q=300, head_dim=32, causal=True, pass_="fwd+bwd")
+    p = sim.predict(w, sim.Schedule("flash2", 64, 64), "a100-40gb", l2="none")
+    s = summarise(*closed_form(w, sim.Schedule("flash2"), 64, 64))
+    assert (p.hbm_read_bytes, p.hbm_write_bytes, p.matmul_flops) == (s["hbm_read_bytes"], s["hbm_write_bytes"], s["matmul_flops"])
+    assert p.flops == s["matmul_flops"] + s["other_flops"]
