@@ -1,0 +1,59 @@
+"""Benchmark of the cost model's own speed: ``python -m sim.bench``.
+
+Targets (issue 3, 2-core machine): a 10,000-configuration closed-form sweep < 1 s; the trace of
+one N=4096, d=64, 64x64-block forward < 2 s; the L2 model on that trace < 10 s. The trace
+workload is B=1, H=16 (the issue's H100 example), so the trace is 16 heads deep. Prints each
+timing (best of ``--repeat``) beside its target and the ratio.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import sim
+from sim.l2 import simulate_l2
+from sim.workload import occupancy, sram_bytes_per_block
+
+
+def _best(fn, repeat):
+    best, out = float("inf"), None
+    for _ in range(repeat):
+        t = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - t)
+    return best, out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m sim.bench")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--heads", type=int, default=16)
+    a = ap.parse_args(argv)
+
+    kw = dict(schedule="flash2", seq_len=[256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072],
+              head_dim=[32, 64, 96, 128, 256], block_q=[16, 32, 64, 128, 256], block_k=[16, 32, 64, 128, 256],
+              batch=[1, 2, 4, 8], heads=[8, 16], causal=True, profile="h100")
+    t_sweep, cols = _best(lambda: (sim.counts.tile_stats_closed.cache_clear(), sim.sweep(**kw))[1], a.repeat)
+    n = len(cols["flops"])
+
+    w = sim.Workload(batch=1, heads=a.heads, seq_len_q=4096, head_dim=64, dtype="fp16")
+    s = sim.Schedule("flash2", 64, 64)
+    t_trace, tr = _best(lambda: sim.trace(w, s), a.repeat)
+    prof = sim.PROFILES["h100"]
+    bps = occupancy(prof, sram_bytes_per_block("flash2", "fwd", 64, 64, 64, 2), s.num_warps)
+    t_l2, res = _best(lambda: simulate_l2(tr, prof.l2_bytes, {"fwd": prof.num_sms * bps}), a.repeat)
+
+    rows = [(f"closed-form sweep, {n} configs (causal flash2)", t_sweep, 1.0),
+            (f"trace, B=1 H={a.heads} N=4096 d=64 64x64 fwd ({len(tr)} events)", t_trace, 2.0),
+            (f"L2 model on that trace (H100, {prof.num_sms}x{bps} slots)", t_l2, 10.0)]
+    width = max(len(r[0]) for r in rows)
+    print(f"{'benchmark':<{width}}  {'seconds':>8}  {'target':>6}  {'time/target':>11}")
+    for name, t, target in rows:
+        print(f"{name:<{width}}  {t:8.3f}  {target:6.1f}  {t / target:11.3f}")
+    print(f"L2 model: DRAM read {res.dram_read_bytes:,} B of {sum(tr.columns['bytes'][tr.columns['op'] == 0]):,} "
+          f"B global loads (hit rate {res.hit_rate:.3f})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
