@@ -183,14 +183,15 @@ def load_results_bytes(content: bytes, name: str = "<upload>") -> dict:
     ``ResultsFormatError`` (a ValueError) with a readable message, which the page displays.
     """
     mod = _results_module()
-    records = mod.load_results(io.BytesIO(content))
-    provenance: dict = {}
-    try:  # provenance is not part of load_results' return value; read it from the same bytes
-        doc = json.loads(content.decode("utf-8"))
-        provenance = dict(doc.get("provenance") or {}) if isinstance(doc, dict) else {}
-    except ValueError:
-        pass
-    df = pd.DataFrame.from_records(list(records))
+    buf = io.BytesIO(content)
+    buf.name = name
+    try:
+        doc = mod.load_results_file(buf)
+    except UnicodeDecodeError as exc:
+        raise mod.ResultsFormatError(f"{name}: not UTF-8 text ({exc})") from None
+    provenance = dict(doc.get("provenance") or {})
+    df = pd.DataFrame.from_records([{k: v for k, v in r.items() if k != "provenance"}
+                                    for r in doc["records"]])
     if not df.empty and "gpu" not in df.columns:
         df.insert(0, "gpu", provenance.get("gpu", "unknown"))
     digest = hashlib.sha1(content).hexdigest()
@@ -290,16 +291,20 @@ class CustomField:
     help: str = ""
 
 
-# Defaults: an H100 SXM-like part (the user edits them).
+# Defaults: an H100 SXM-like part (the user edits them). ``name`` is the GPUProfile field.
 CUSTOM_PROFILE_FIELDS = (
-    CustomField("hbm_bandwidth", "DRAM bandwidth", "GB/s", 1e9, 3350.0, 1.0, 50.0,
+    CustomField("hbm_bandwidth_bytes_per_s", "DRAM bandwidth", "GB/s", 1e9, 3350.0, 1.0, 50.0,
                 "Peak DRAM (HBM) bandwidth."),
-    CustomField("l2_bytes", "L2 size", "MiB", 2**20, 50.0, 0.5, 1.0),
-    CustomField("smem_per_sm", "Shared memory per SM", "KiB", 1024, 228.0, 16.0, 4.0),
-    CustomField("smem_per_block", "Shared memory per block", "KiB", 1024, 227.0, 16.0, 4.0),
-    CustomField("sm_count", "SMs", "count", 1, 132.0, 1.0, 1.0),
-    CustomField("tensor_flops_fp16", "Tensor-core FP16/BF16 peak", "TFLOP/s", 1e12, 989.0, 1.0, 10.0),
-    CustomField("fp32_flops", "CUDA-core FP32 peak", "TFLOP/s", 1e12, 67.0, 0.1, 1.0),
+    CustomField("l2_bytes", "L2 size", "MiB", 2**20, 50.0, 0.25, 1.0),
+    CustomField("l2_bandwidth_bytes_per_s", "L2 bandwidth", "GB/s", 1e9, 10000.0, 1.0, 500.0,
+                "L2 <-> SM bandwidth (an estimate on every GPU)."),
+    CustomField("num_sms", "SMs", "count", 1, 132.0, 1.0, 1.0),
+    CustomField("smem_bytes_per_sm", "Shared memory per SM", "KiB", 1024, 228.0, 16.0, 4.0),
+    CustomField("smem_bytes_per_block", "Shared memory per block", "KiB", 1024, 227.0, 16.0, 4.0,
+                "At most the shared memory per SM."),
+    CustomField("tensor_flops_per_s", "Tensor-core fp16/bf16 peak", "TFLOP/s", 1e12, 989.4, 0.1, 10.0,
+                "Dense matmul peak for fp16 and bf16."),
+    CustomField("fp32_flops_per_s", "CUDA-core fp32 peak", "TFLOP/s", 1e12, 66.9, 0.1, 1.0),
 )
 CUSTOM_PROFILE_FIELDS_KEYS = tuple("w_custom_" + f.name for f in CUSTOM_PROFILE_FIELDS)
 
@@ -312,10 +317,7 @@ def profile_names() -> list[str]:
 
 def default_profile_name() -> str:
     names = profile_names()
-    for name in ("h100", "h100_sxm", "h100-sxm"):
-        if name in names:
-            return name
-    return names[0] if names else CUSTOM
+    return "h100" if "h100" in names else (names[0] if names else CUSTOM)
 
 
 def profile_label(name: str) -> str:
@@ -324,17 +326,16 @@ def profile_label(name: str) -> str:
         return "Custom GPU…"
     sim, _ = import_sim()
     prof = sim.PROFILES.get(name) if sim is not None else None
-    label = getattr(prof, "label", None) or getattr(prof, "display_name", None) or getattr(prof, "name", None)
-    return f"{label}" if label and label != name else name
+    desc = getattr(prof, "description", "")
+    return f"{name} — {desc}" if desc else name
 
 
 def profile_for_gpu(gpu_name: str) -> str | None:
-    """The built-in profile whose name best matches a GPU name from a results file's provenance
-    (``"NVIDIA H100 80GB HBM3"`` -> ``"h100"``), or None."""
-    names = profile_names()
-    key = "".join(ch for ch in gpu_name.lower() if ch.isalnum())
-    hits = [n for n in names if "".join(ch for ch in n.lower() if ch.isalnum()).split("sxm")[0] in key]
-    return max(hits, key=len) if hits else None
+    """The built-in profile matching a GPU name from a results file's provenance
+    (``sim.profile_for_gpu_name``), or None."""
+    sim, _ = import_sim()
+    prof = importlib.import_module("sim.profiles").profile_for_gpu_name(gpu_name) if sim else None
+    return prof.name if prof is not None else None
 
 
 def _profile(name: str, custom: tuple | None):
@@ -348,36 +349,41 @@ def _profile(name: str, custom: tuple | None):
     typed = dict(custom or ())
     fields = {f.name: f for f in CUSTOM_PROFILE_FIELDS}
     values = {k: typed.get(k, fields[k].default) * fields[k].factor for k in fields}
-    for k in ("l2_bytes", "smem_per_sm", "smem_per_block", "sm_count"):
+    for k in ("l2_bytes", "smem_bytes_per_sm", "smem_bytes_per_block", "num_sms"):
         values[k] = int(round(values[k]))
-    return _custom_profile(sim, values)
+    tensor = values.pop("tensor_flops_per_s")
+    values["tensor_flops_per_s"] = {"fp16": tensor, "bf16": tensor}
+    return sim.GPUProfile(name="custom", description="custom GPU", **values)
 
 
 def _workload(seq_len, head_dim, batch, heads, dtype, pass_, causal, density):
-    return _sim().Workload(batch=batch, heads=heads, heads_kv=heads, seq_len_q=seq_len,
-                           seq_len_k=seq_len, head_dim=head_dim, dtype=dtype, causal=causal,
-                           block_density=density, pass_=pass_)
+    # density 1.0 is dense attention: no block mask at all (not a mask that keeps every tile)
+    return _sim().Workload(batch=batch, heads=heads, seq_len_q=seq_len, head_dim=head_dim,
+                           dtype=dtype, causal=causal, pass_=pass_,
+                           block_density=None if density >= 1.0 else float(density))
 
 
 def _schedule(name, block_q=None, block_k=None):
     return _sim().Schedule(name=name, block_q=block_q, block_k=block_k)
 
 
-def _predict(workload, schedule, profile) -> dict:
-    return dict(_sim().predict(workload, schedule, profile).to_dict())
+L2_MODES = {"analytic": "analytic estimate (fast)", "trace": "trace replay (exact, slow at large N)"}
 
 
-def _custom_profile(sim, values: dict):
-    return sim.GPUProfile(name="custom", **values)
+def _predict(workload, schedule, profile, l2: str = "analytic") -> dict:
+    """sim.predict(...).to_dict() without its nested (dict-valued) entries."""
+    d = _sim().predict(workload, schedule, profile, l2=l2).to_dict()
+    return {k: v for k, v in d.items() if not isinstance(v, (dict, list, tuple))}
 
 
 def _ceilings(profile, dtype: str) -> dict:
     """Roofline ceilings of a profile for ``dtype``: DRAM bandwidth (bytes/s), matmul peak and
     CUDA-core fp32 peak (FLOP/s)."""
-    return {"name": getattr(profile, "name", "custom"),
-            "dram_bandwidth": float(profile.hbm_bandwidth),
-            "matmul_peak": float(profile.matmul_peak(dtype)),
-            "fp32_peak": float(profile.fp32_flops)}
+    return {"name": profile.description or profile.name,
+            "dram_bandwidth": float(profile.hbm_bandwidth_bytes_per_s),
+            "l2_bandwidth": float(profile.l2_bandwidth_bytes_per_s or 0.0),
+            "matmul_peak": float(profile.matmul_flops_per_s(dtype)),
+            "fp32_peak": float(profile.fp32_flops_per_s)}
 
 
 def _row(schedule: str, pred: dict) -> dict:
@@ -394,7 +400,7 @@ def _row(schedule: str, pred: dict) -> dict:
 @st.cache_data(show_spinner=False, max_entries=256)
 def compare_schedules(seq_len: int, head_dim: int, batch: int, heads: int, dtype: str,
                       pass_: str, causal: bool, density: float, profile: str,
-                      custom: tuple | None = None) -> tuple[pd.DataFrame, dict]:
+                      custom: tuple | None = None, l2: str = "analytic") -> tuple[pd.DataFrame, dict]:
     """naive, flash1 and flash2 (default block sizes) for one workload on one profile.
 
     Returns ``(table, ceilings)``: one row per schedule with sim's prediction (``to_dict()``
@@ -403,7 +409,7 @@ def compare_schedules(seq_len: int, head_dim: int, batch: int, heads: int, dtype
     """
     prof = _profile(profile, custom)
     wl = _workload(seq_len, head_dim, batch, heads, dtype, pass_, causal, density)
-    rows = [_row(name, _predict(wl, _schedule(name), prof)) for name in SCHEDULES]
+    rows = [_row(name, _predict(wl, _schedule(name), prof, l2)) for name in SCHEDULES]
     return pd.DataFrame(rows), _ceilings(prof, dtype)
 
 
@@ -413,7 +419,9 @@ SCHEDULE_COLUMNS = {
     "dram_read_bytes": "DRAM read (B)", "dram_write_bytes": "DRAM write (B)",
     "flops": "FLOPs", "matmul_flops": "matmul FLOPs",
     "intensity_global": "FLOP / global byte", "intensity_dram": "FLOP / DRAM byte",
-    "sram_bytes_per_block": "SRAM per block (B)", "predicted_ms": "predicted (ms)",
+    "sram_bytes_per_block": "SRAM per block (B)", "blocks_per_sm": "blocks / SM",
+    "predicted_ms": "predicted (ms)", "predicted_ms_calibrated": "calibrated (ms)",
+    "bound": "bound by", "l2_model": "L2 model",
 }
 
 
@@ -454,31 +462,28 @@ BLOCK_SIZES = (16, 32, 64, 128, 256)
 def block_grid(schedule: str, seq_len: int, head_dim: int, batch: int, heads: int, dtype: str,
                pass_: str, causal: bool, profile: str, custom: tuple | None = None,
                density: float = 1.0) -> pd.DataFrame:
-    """Every (block_q, block_k) in ``BLOCK_SIZES``² with sim's prediction and its feasibility.
+    """Every (block_q, block_k) in ``BLOCK_SIZES``² from ``sim.search_blocks`` (analytic L2).
 
-    Columns: block_q, block_k, the ``GRID_METRICS``, ``feasible`` (bool) and ``why`` (the reason
-    a block is infeasible, from sim's block search).
+    Columns: block_q, block_k, the ``GRID_METRICS`` (NaN where infeasible, except the SRAM
+    footprint), blocks_per_sm, ``feasible`` and ``why`` (why a block size does not fit).
     """
+    sim = _sim()
     prof = _profile(profile, custom)
     wl = _workload(seq_len, head_dim, batch, heads, dtype, pass_, causal, density)
-    feasible = _feasible_blocks(wl, schedule, prof)
+    res = sim.search_blocks(wl, prof, schedule, blocks=BLOCK_SIZES, l2="analytic")
     rows = []
-    for bq in BLOCK_SIZES:
-        for bk in BLOCK_SIZES:
-            row = _row(schedule, _predict(wl, _schedule(schedule, bq, bk), prof))
-            ok, why = feasible.get((bq, bk), (False, "not considered by sim.search_blocks"))
-            rows.append({"block_q": bq, "block_k": bk,
-                         **{m: row[m] for m in GRID_METRICS}, "feasible": ok, "why": why})
-    return pd.DataFrame(rows)
-
-
-def _feasible_blocks(workload, schedule: str, profile) -> dict:
-    """``{(block_q, block_k): (feasible, reason)}`` from sim's block search."""
-    res = _sim().search_blocks(workload, schedule, profile, candidates=BLOCK_SIZES)
-    out = {}
-    for cand in res.candidates:
-        out[(cand.block_q, cand.block_k)] = (bool(cand.feasible), str(cand.reason or ""))
-    return out
+    for r in res.grid:
+        row = _row(schedule, {k: v for k, v in r.items() if not isinstance(v, (dict, list))})
+        rows.append({"block_q": r["block_q"], "block_k": r["block_k"],
+                     **{m: row[m] for m in GRID_METRICS}, "blocks_per_sm": r["blocks_per_sm"],
+                     "feasible": True, "why": ""})
+    for bq, bk, sram in res.infeasible:
+        why = (f"needs {sram:,} B of shared memory per block; {prof.name} has "
+               f"{prof.smem_bytes_per_block:,}" if sram > prof.smem_bytes_per_block else
+               "no thread block fits on an SM (occupancy 0)")
+        rows.append({"block_q": bq, "block_k": bk, **{m: np.nan for m in GRID_METRICS},
+                     "sram_bytes_per_block": sram, "blocks_per_sm": 0, "feasible": False, "why": why})
+    return pd.DataFrame(rows).sort_values(["block_q", "block_k"]).reset_index(drop=True)
 
 
 @st.cache_data(show_spinner=False, max_entries=128)
@@ -498,7 +503,7 @@ def scaling(seq_lens: tuple[int, ...], head_dim: int, batch: int, heads: int, dt
     for n in seq_lens:
         wl = _workload(n, head_dim, batch, heads, dtype, pass_, causal, density)
         for name in SCHEDULES:
-            row = _row(name, _predict(wl, _schedule(name), prof))
+            row = _row(name, _predict(wl, _schedule(name), prof, "analytic"))
             rows.append({"seq_len": n, "schedule": name, "global_bytes": row["global_bytes"],
                          "dram_bytes": row["dram_bytes"], "predicted_ms": row["predicted_ms"],
                          "extra_memory_bytes": _extra_memory(row, wl)})
@@ -522,12 +527,17 @@ def _dtype_bytes(dtype: str) -> int:
 
 
 def _smem_per_block(profile) -> int:
-    return int(profile.smem_per_block)
+    return int(profile.smem_bytes_per_block)
 
 
-def _extra_memory(row: dict, workload) -> float:
-    """Device memory a schedule allocates besides Q, K, V and O, from sim's prediction."""
-    return float(row["extra_memory_bytes"])
+def _extra_memory(row: dict, w) -> float:
+    """Device memory a forward allocates besides Q, K, V and O (bytes): naive holds the N×N
+    scores S and probabilities P (dtype) at once; flash2 keeps the logsumexp, flash1 the row
+    statistics l and m (float32 per query row). Counted here because sim has no memory model."""
+    rows = w.batch * w.heads * w.seq_len_q
+    if row["schedule"] == "naive":
+        return float(2 * rows * w.seq_len_k * w.dtype_bytes)
+    return float(rows * 4 * (2 if row["schedule"] == "flash1" else 1))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -555,14 +565,15 @@ def load_results_choice(name: str) -> dict:
 
 # metric -> (label, measured column(s) summed, predicted column(s) summed)
 COMPARED_METRICS = {
-    "time_ms": "Time (ms)",
+    "time_ms": "Time, raw roofline (ms)",
+    "time_cal_ms": "Time, calibrated (ms)",
     "global_bytes": "Global-memory bytes",
     "dram_bytes": "DRAM bytes",
     "flops": "FLOPs",
 }
-_MEASURED_COLS = {"time_ms": ("time_ms",), "global_bytes": ("global_load_bytes", "global_store_bytes"),
+_MEASURED_COLS = {"time_ms": ("time_ms",), "time_cal_ms": ("time_ms",), "global_bytes": ("global_load_bytes", "global_store_bytes"),
                   "dram_bytes": ("dram_read_bytes", "dram_write_bytes"), "flops": ("flops_executed",)}
-_PREDICTED_COLS = {"time_ms": ("predicted_ms",), "global_bytes": ("hbm_read_bytes", "hbm_write_bytes"),
+_PREDICTED_COLS = {"time_ms": ("predicted_ms",), "time_cal_ms": ("predicted_ms_calibrated",), "global_bytes": ("hbm_read_bytes", "hbm_write_bytes"),
                    "dram_bytes": ("dram_read_bytes", "dram_write_bytes"), "flops": ("flops",)}
 RECORD_KEYS = ("gpu", "kernel", "schedule", "pass", "dtype", "batch", "heads", "heads_kv",
                "seq_len_q", "seq_len_k", "head_dim", "causal", "block_q", "block_k")
@@ -591,15 +602,12 @@ def compare_measured(digest: str, profile: str, _records: pd.DataFrame) -> pd.Da
         out = {k: rec.get(k) for k in RECORD_KEYS}
         note = ""
         try:
-            wl = _sim().Workload(batch=int(rec["batch"]), heads=int(rec["heads"]),
-                                 heads_kv=int(rec.get("heads_kv") or rec["heads"]),
-                                 seq_len_q=int(rec["seq_len_q"]), seq_len_k=int(rec["seq_len_k"]),
-                                 head_dim=int(rec["head_dim"]), dtype=rec["dtype"],
-                                 causal=bool(rec["causal"]), block_density=1.0,
-                                 pass_=rec["pass"])
-            bq = int(rec["block_q"]) if rec.get("block_q") is not None else None
-            bk = int(rec["block_k"]) if rec.get("block_k") is not None else None
-            pred = _predict(wl, _schedule(rec["schedule"], bq, bk), prof)
+            ints = ("batch", "heads", "heads_kv", "seq_len_q", "seq_len_k", "head_dim")
+            wl = _sim().Workload.from_record(
+                {**rec, **{k: int(rec[k]) for k in ints if rec.get(k) is not None}})
+            for k in ("block_q", "block_k"):
+                rec[k] = int(rec[k]) if rec.get(k) is not None else None
+            pred = _predict(wl, _sim().schedule_for_record(rec), prof, "analytic")
         except (ValueError, KeyError, TypeError) as exc:
             pred, note = {}, f"not predicted: {exc}"
         for m in COMPARED_METRICS:
@@ -687,61 +695,91 @@ def _get(ev, *names, default=None):
 @st.cache_data(show_spinner=False, max_entries=64)
 def trace_walk(schedule: str, seq_len: int, head_dim: int, block_q: int, block_k: int,
                causal: bool, dtype: str = "fp16") -> dict:
-    """The event trace of one forward of a single-head problem, shaped for the step view.
+    """The event trace (``sim.trace``) of one forward of a single-head problem, for the step view.
 
-    Returns ``{"events": DataFrame[step, op, tensor, block, level, bytes], "steps":
-    DataFrame[step, q_block, k_block, read_bytes, write_bytes, cum_read, cum_write],
-    "n_blocks_q", "n_blocks_k", "total_bytes"}``. A step is one tile ``(q_block, k_block)``
-    of work with its loads and stores, in the schedule's order.
+    A *step* is one (phase, program, step) group of consecutive trace events: for the tiled
+    schedules one tile of work (or a program's prologue / epilogue), for ``naive`` one kernel's
+    pass. Returns ``{"events": DataFrame[step, phase, program, op, tensor, q_block, k_block,
+    row_start, row_stop, bytes], "steps": DataFrame[step, phase, q_block, k_block, read_bytes,
+    write_bytes, cum_read, cum_write, flops], "n_blocks_q", "n_blocks_k", "block_q", "block_k",
+    "total_bytes", "schedule"}``. Blocks of naive's whole-tensor passes are counted in the
+    page's block_q / block_k for display.
     """
-    sim = _sim()
+    trace_mod = importlib.import_module("sim.trace")
     wl = _workload(seq_len, head_dim, 1, 1, dtype, "fwd", causal, 1.0)
-    events = list(sim.trace(wl, _schedule(schedule, block_q, block_k)))
-    rows = []
-    for ev in events:
-        rows.append({"step": int(_get(ev, "step")), "op": str(_get(ev, "op", "kind")),
-                     "tensor": str(_get(ev, "tensor", "name")),
-                     "block": _get(ev, "block", "index", default=-1),
-                     "q_block": _get(ev, "q_block", "m", default=-1),
-                     "k_block": _get(ev, "k_block", "n", default=-1),
-                     "level": str(_get(ev, "level", default="global")),
-                     "bytes": int(_get(ev, "bytes", "nbytes"))})
-    ev_df = pd.DataFrame(rows)
-    is_read = ev_df["op"].str.contains("load|read", case=False)
-    ev_df["read_bytes"] = np.where(is_read, ev_df["bytes"], 0)
-    ev_df["write_bytes"] = np.where(is_read, 0, ev_df["bytes"])
-    steps = ev_df.groupby("step", as_index=False).agg(
-        q_block=("q_block", "max"), k_block=("k_block", "max"),
-        read_bytes=("read_bytes", "sum"), write_bytes=("write_bytes", "sum"))
+    sched = _sim_module("sim.workload").Schedule(schedule, None if schedule == "naive" else block_q,
+                                                 None if schedule == "naive" else block_k)
+    tr = trace_mod.trace(wl, sched, block_q=None if schedule == "naive" else block_q,
+                         block_k=None if schedule == "naive" else block_k)
+    c = tr.columns
+    key = np.stack([c["phase"], c["program"], c["step"]], 1)
+    new = np.ones(len(key), dtype=bool)
+    new[1:] = (key[1:] != key[:-1]).any(1)
+    step = np.cumsum(new) - 1
+    ops = np.asarray(trace_mod.OPS)[c["op"]]
+    tensors = np.asarray(list(tr.tensors) + [""])[np.where(c["tensor"] >= 0, c["tensor"], len(tr.tensors))]
+    ev = pd.DataFrame({"step": step, "phase": np.asarray(tr.phases)[c["phase"]],
+                       "program": c["program"], "op": ops, "tensor": tensors,
+                       "q_block": c["m"], "k_block": c["n"], "row_start": c["row_start"],
+                       "row_stop": c["row_stop"], "bytes": c["bytes"],
+                       "flops": c["matmul_flops"] + c["other_flops"]})
+    read = np.where(ev["op"] == "load", ev["bytes"], 0)
+    write = np.where(ev["op"].isin(["store", "atomic"]), ev["bytes"], 0)
+    steps = ev.assign(read_bytes=read, write_bytes=write).groupby("step", as_index=False).agg(
+        phase=("phase", "first"), q_block=("q_block", "max"), k_block=("k_block", "max"),
+        read_bytes=("read_bytes", "sum"), write_bytes=("write_bytes", "sum"), flops=("flops", "sum"))
     steps["cum_read"] = steps["read_bytes"].cumsum()
     steps["cum_write"] = steps["write_bytes"].cumsum()
-    return {"events": ev_df.drop(columns=["read_bytes", "write_bytes"]), "steps": steps,
+    mem = ev[ev["op"] != "compute"].drop(columns=["flops"]).reset_index(drop=True)
+    tensors = ("Q", "K", "V", "S", "P", "O") if schedule == "naive" else TRACE_TENSORS
+    return {"events": mem, "steps": steps, "block_q": block_q, "block_k": block_k,
+            "tensors": tensors,
             "n_blocks_q": -(-seq_len // block_q), "n_blocks_k": -(-seq_len // block_k),
-            "total_bytes": int(ev_df["bytes"].sum()), "schedule": schedule}
+            "total_bytes": int(read.sum() + write.sum()), "schedule": schedule}
+
+
+def _sim_module(name: str):
+    return importlib.import_module(name)
+
+
+_Q_SIDE = {"Q", "O", "lse", "l", "m", "dO", "dQ", "D", "dQacc"}
+
+
+def _blocks_touched(rows: pd.DataFrame, block: int) -> set[int]:
+    out: set[int] = set()
+    for r0, r1 in zip(rows["row_start"], rows["row_stop"]):
+        if r1 > r0:
+            out.update(range(int(r0) // block, (int(r1) - 1) // block + 1))
+    return out
 
 
 def trace_state(walk: dict, step: int) -> dict:
     """What the step view shows at ``step``: bytes so far, this step's events, and per tensor
-    which blocks are on chip now and which have been moved before."""
+    (Q, K, V, O) which blocks are on chip now and which have been moved before."""
     steps, events = walk["steps"], walk["events"]
-    upto = steps[steps["step"] <= step]
+    step = int(min(max(step, 0), len(steps) - 1))
+    upto = steps.iloc[: step + 1]
     read, write = int(upto["cum_read"].iloc[-1]), int(upto["cum_write"].iloc[-1])
-    current = steps[steps["step"] == step].iloc[0]
-    on_chip = {t: set() for t in TRACE_TENSORS}
-    before = {t: set() for t in TRACE_TENSORS}
-    for t in TRACE_TENSORS:
-        moved = events[(events["tensor"] == t) & (events["step"] <= step)]
-        before[t] = set(int(b) for b in moved["block"] if b is not None and int(b) >= 0)
-    # the tile being worked on: Q and O rows of q_block, K and V columns of k_block
-    if int(current["q_block"]) >= 0:
-        on_chip["Q"].add(int(current["q_block"]))
-        on_chip["O"].add(int(current["q_block"]))
-    if int(current["k_block"]) >= 0:
-        on_chip["K"].add(int(current["k_block"]))
-        on_chip["V"].add(int(current["k_block"]))
-    done_tiles = list(zip(upto["q_block"].astype(int), upto["k_block"].astype(int)))
+    current = steps.iloc[step]
+    size = {"Q": walk["block_q"], "O": walk["block_q"], "S": walk["block_q"], "P": walk["block_q"],
+            "K": walk["block_k"], "V": walk["block_k"]}
+    on_chip, moved = {}, {}
+    for t in walk["tensors"]:
+        ev_t = events[events["tensor"] == t]
+        on_chip[t] = _blocks_touched(ev_t[ev_t["step"] == step], size[t])
+        moved[t] = _blocks_touched(ev_t[ev_t["step"] <= step], size[t])
+    # the tile being computed holds Q and O rows of its Q block, K and V rows of its K block
+    qb, kb = int(current["q_block"]), int(current["k_block"])
+    if qb >= 0:
+        on_chip["Q"].add(qb)
+        on_chip["O"].add(qb)
+    if kb >= 0:
+        on_chip["K"].add(kb)
+        on_chip["V"].add(kb)
+    tiles = upto[(upto["q_block"] >= 0) & (upto["k_block"] >= 0)]
     return {"read_bytes": read, "write_bytes": write,
             "fraction": (read + write) / max(1, walk["total_bytes"]),
             "events": events[events["step"] == step].reset_index(drop=True),
-            "on_chip": on_chip, "moved": before, "tiles_done": done_tiles,
-            "tile": (int(current["q_block"]), int(current["k_block"]))}
+            "on_chip": on_chip, "moved": moved, "phase": str(current["phase"]),
+            "tiles_done": list(zip(tiles["q_block"].astype(int), tiles["k_block"].astype(int))),
+            "tile": (qb, kb)}

@@ -111,6 +111,11 @@ def roofline(table: pd.DataFrame, ceilings: dict) -> go.Figure:
     fig.add_trace(go.Scatter(x=x, y=np.minimum(fp32, x * bw) / 1e12, mode="lines",
                              name=f"fp32 {fp32 / 1e12:.0f} TFLOP/s",
                              line=dict(color="#999", dash="dash")))
+    l2 = ceilings.get("l2_bandwidth") or 0.0
+    if l2 > 0:
+        fig.add_trace(go.Scatter(x=x, y=np.minimum(peak, x * l2) / 1e12, mode="lines",
+                                 name=f"L2 {l2 / 1e12:.0f} TB/s (est.)",
+                                 line=dict(color="#444", dash="dot")))
     for _, r in table.iterrows():
         color = SCHEDULE_COLORS.get(r["schedule"], "#333")
         y = r["achieved_flops"] / 1e12
@@ -264,10 +269,11 @@ def tile_map(walk: dict, state: dict) -> go.Figure:
     Right: the (Q block, K block) tiles, done and current."""
     nq, nk = walk["n_blocks_q"], walk["n_blocks_k"]
     fig = make_subplots(rows=1, cols=2, column_widths=[0.45, 0.55], horizontal_spacing=0.12,
-                        subplot_titles=("Blocks of Q, K, V, O", "Tiles (Q block × K block)"))
+                        subplot_titles=("Row blocks of each tensor", "Tiles (Q block × K block)"))
     shown = set()
-    for i, t in enumerate(("Q", "K", "V", "O")):
-        n = nq if t in ("Q", "O") else nk
+    tensors = walk["tensors"]
+    for t in tensors:
+        n = nk if t in ("K", "V") else nq
         for b in range(n):
             kind = ("on chip now" if b in state["on_chip"][t] else
                     "moved earlier" if b in state["moved"][t] else "not yet")
@@ -289,11 +295,12 @@ def tile_map(walk: dict, state: dict) -> go.Figure:
                              xgap=2, ygap=2, hovertemplate="Q block %{y}, K block %{x}<extra></extra>"),
                   row=1, col=2)
     fig.update_layout(barmode="overlay")
-    fig.update_yaxes(categoryorder="array", categoryarray=["O", "V", "K", "Q"], row=1, col=1)
+    fig.update_yaxes(categoryorder="array", categoryarray=list(tensors)[::-1], row=1, col=1)
     fig.update_xaxes(title="block index", row=1, col=1)
     fig.update_xaxes(title="K block", dtick=1, row=1, col=2)
     fig.update_yaxes(title="Q block", autorange="reversed", dtick=1, row=1, col=2)
-    return _layout(fig, f"{walk['schedule']}: what is on chip at this step", height=400)
+    return _layout(fig, f"{walk['schedule']}, {state['phase']}: what is on chip at this step",
+                   height=400)
 
 
 def cumulative_bytes(walk: dict, step: int) -> go.Figure:

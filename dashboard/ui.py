@@ -35,6 +35,7 @@ WORKLOAD_DEFAULTS = {
     "w_causal": False,
     "w_density": 1.0,
     "w_profile": None,  # filled with the first sim profile (h100 when present)
+    "w_l2": "analytic",
 }
 
 

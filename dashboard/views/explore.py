@@ -12,8 +12,13 @@ st.caption("One workload (sidebar), three schedules: standard attention (`naive`
 
 ui.require_sim()
 w = ui.workload_sidebar()
+l2 = st.sidebar.selectbox("L2 model", list(data.L2_MODES), key="w_l2",
+                          format_func=data.L2_MODES.get,
+                          help="How DRAM bytes are predicted from the global-memory traffic: sim's "
+                               "analytic estimate, or the replay of the full event trace through "
+                               "an LRU L2 (what `python -m sim predict` does by default).")
 try:
-    table, ceilings = data.compare_schedules(**w)
+    table, ceilings = data.compare_schedules(**w, l2=l2)
 except ValueError as exc:
     st.warning(f"The model rejected this workload: {exc}")
     st.stop()

@@ -31,10 +31,14 @@ else:
         st.warning(f"`sim.trace` rejected this problem: {exc}")
         walk = None
     if walk is not None:
-        n_steps = int(walk["steps"]["step"].max()) + 1
-        step = st.slider("Step", 0, n_steps - 1, 0, key="st_step",
-                         help="One step = one tile of work: the loads and stores the schedule "
-                              "issues for it.")
+        n_steps = len(walk["steps"])
+        if st.session_state.get("st_step", 1) > n_steps:
+            st.session_state["st_step"] = n_steps
+        step = st.slider("Step", 1, max(2, n_steps), 1, key="st_step",
+                         help="One step = one tile of work of one thread block (or its prologue "
+                              "/ epilogue), with the loads and stores it issues; for naive, one "
+                              "kernel's pass over whole tensors.") - 1
+        step = min(step, n_steps - 1)
         state = data.trace_state(walk, step)
         m = st.columns(4)
         m[0].metric("Step", f"{step + 1} / {n_steps}")

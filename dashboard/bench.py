@@ -1,0 +1,149 @@
+"""Page-update latency of the dashboard, measured through Streamlit's testing API.
+
+    python -m dashboard.bench [--rounds 3] [--pages explore scaling ...] [--json out.json]
+
+For each page the benchmark opens the app (``AppTest``), then replays a fixed list of user
+interactions (the controls a user touches on that page: N, d, causal, dtype, GPU profile, the
+heatmap's metric, the step slider, ...) ``--rounds`` times. Each interaction's time is the
+wall time of ``AppTest.run()`` — the whole script rerun, model calls and figure building
+included (the browser's drawing is not). The first round meets cold caches; later rounds hit
+``st.cache_data``, as a user going back and forth does. The table reports p50 / p95 / max per
+page over all interactions, and p95 of the cold round and of the warm rounds separately,
+against the 300 ms target.
+
+Results files: the synthetic test fixture (tests/data/) is offered so that the measured-data
+pages have something to draw; set ``IOAWARE_RESULTS`` to benchmark with your own.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+APP = ROOT / "dashboard" / "app.py"
+FIXTURE = ROOT / "tests" / "data" / "fixture_results_synthetic.json"
+TARGET_MS = 300.0
+
+# page -> list of (widget kind, key, value) interactions, replayed in order
+INTERACTIONS = {
+    "explore": [("select_slider", "w_seq_len", 1024), ("select_slider", "w_seq_len", 16384),
+                ("select_slider", "w_head_dim", 128), ("checkbox", "w_causal", True),
+                ("selectbox", "w_dtype", "bf16"), ("selectbox", "w_profile", "a100-80gb"),
+                ("slider", "w_density", 0.5), ("selectbox", "w_pass", "fwd+bwd"),
+                ("selectbox", "w_profile", "h100"), ("checkbox", "w_causal", False),
+                ("select_slider", "w_head_dim", 64), ("select_slider", "w_seq_len", 4096)],
+    "block_sizes": [("selectbox", "bs_metric", "global_bytes"), ("selectbox", "bs_metric", "dram_bytes"),
+                    ("select_slider", "w_seq_len", 2048), ("selectbox", "bs_schedule", "flash1"),
+                    ("checkbox", "w_causal", True), ("selectbox", "bs_schedule", "flash2"),
+                    ("checkbox", "w_causal", False), ("select_slider", "w_seq_len", 4096),
+                    ("selectbox", "bs_metric", "predicted_ms")],
+    "scaling": [("select_slider", "w_head_dim", 128), ("checkbox", "w_causal", True),
+                ("selectbox", "w_dtype", "fp32"), ("select_slider", "sc_range", (512, 8192)),
+                ("select_slider", "sc_range", (128, 65536)), ("checkbox", "w_causal", False),
+                ("selectbox", "w_dtype", "fp16"), ("select_slider", "w_head_dim", 64)],
+    "measured": [("multiselect", "pm_kernel", ["ioaware-numba"]), ("multiselect", "pm_dtype", ["fp16"]),
+                 ("selectbox", "pm_profile", "h200"), ("selectbox", "pm_profile", "h100"),
+                 ("multiselect", "pm_dtype", None), ("multiselect", "pm_kernel", None)],
+    "step": [("slider", "st_step", 5), ("slider", "st_step", 10), ("slider", "st_row", 3),
+             ("selectbox", "st_schedule", "flash1"), ("checkbox", "st_causal", True),
+             ("selectbox", "st_seq_len", 128), ("selectbox", "st_seq_len", 64),
+             ("checkbox", "st_causal", False), ("selectbox", "st_schedule", "flash2"),
+             ("slider", "st_step", 0)],
+    "measure": [],
+}
+
+
+def _open(page: str):
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(str(APP), default_timeout=300).run()
+    if page != "explore":
+        at.switch_page(f"views/{page}.py").run()
+    if at.exception:
+        raise RuntimeError(f"{page}: {at.exception}")
+    return at
+
+
+def _apply(at, kind, key, value, defaults):
+    widget = getattr(at, kind)(key=key)
+    defaults.setdefault(key, widget.value)
+    if value is None:  # restore what the page started with
+        value = defaults[key]
+    if kind == "checkbox":
+        widget.check() if value else widget.uncheck()
+    else:
+        widget.set_value(value)
+
+
+def bench_page(page: str, rounds: int) -> dict:
+    """Time every interaction of ``page`` over ``rounds`` rounds; return the latencies (ms)."""
+    t0 = time.perf_counter()
+    at = _open(page)
+    open_ms = (time.perf_counter() - t0) * 1e3
+    steps = INTERACTIONS[page] or [(None, None, None)]
+    per_round: list[list[float]] = []
+    defaults: dict = {}
+    for _ in range(rounds):
+        times = []
+        for kind, key, value in steps:
+            if kind is not None:
+                _apply(at, kind, key, value, defaults)
+            t = time.perf_counter()
+            at.run()
+            times.append((time.perf_counter() - t) * 1e3)
+            if at.exception:
+                raise RuntimeError(f"{page} after {key}={value!r}: {at.exception}")
+        per_round.append(times)
+    return {"page": page, "open_ms": open_ms, "rounds": per_round}
+
+
+def summarise(res: dict) -> dict:
+    all_ms = np.concatenate([np.asarray(r) for r in res["rounds"]])
+    cold = np.asarray(res["rounds"][0])
+    warm = np.concatenate([np.asarray(r) for r in res["rounds"][1:]]) if len(res["rounds"]) > 1 else cold
+    return {"page": res["page"], "updates": int(all_ms.size), "first_load_ms": res["open_ms"],
+            "p50_ms": float(np.percentile(all_ms, 50)), "p95_ms": float(np.percentile(all_ms, 95)),
+            "max_ms": float(all_ms.max()), "cold_p95_ms": float(np.percentile(cold, 95)),
+            "warm_p95_ms": float(np.percentile(warm, 95))}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3, help="replays of each page's interactions (default 3)")
+    ap.add_argument("--pages", nargs="+", default=list(INTERACTIONS), choices=list(INTERACTIONS))
+    ap.add_argument("--json", type=Path, help="also write the summary as JSON here")
+    args = ap.parse_args(argv)
+    if args.rounds < 1:
+        ap.error("--rounds must be >= 1")
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    os.environ.setdefault("IOAWARE_RESULTS", str(FIXTURE))
+
+    rows = []
+    for i, page in enumerate(args.pages, 1):
+        print(f"[{i}/{len(args.pages)}] {page} ...", file=sys.stderr, flush=True)
+        rows.append(summarise(bench_page(page, args.rounds)))
+    head = f"{'page':<12} {'updates':>7} {'first load':>10} {'p50':>8} {'p95':>8} {'max':>8} " \
+           f"{'cold p95':>9} {'warm p95':>9} {'p95/target':>10}"
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        print(f"{r['page']:<12} {r['updates']:>7} {r['first_load_ms']:>8.0f}ms {r['p50_ms']:>6.0f}ms "
+              f"{r['p95_ms']:>6.0f}ms {r['max_ms']:>6.0f}ms {r['cold_p95_ms']:>7.0f}ms "
+              f"{r['warm_p95_ms']:>7.0f}ms {r['p95_ms'] / TARGET_MS:>10.2f}")
+    print(f"(times in ms of AppTest.run(), target p95 < {TARGET_MS:.0f} ms; "
+          f"{args.rounds} rounds, first round with cold caches)")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
