@@ -124,7 +124,8 @@ def test_search_returns_only_feasible_blocks_and_a_frontier():
                 r = sim.search_blocks(w, prof, name)
                 budget = sim.load_profile(prof).smem_bytes_per_block
                 assert all(row["sram_bytes_per_block"] <= budget for row in r.grid)
-                assert all(s > budget or True for _bq, _bk, s in r.infeasible)
+                assert all(s > budget or sim.occupancy(sim.load_profile(prof), s, 4) == 0
+                           for _bq, _bk, s in r.infeasible)
                 assert all(row["blocks_per_sm"] >= 1 for row in r.grid)
                 if r.grid:
                     assert r.best["predicted_ms"] == min(row["predicted_ms"] for row in r.grid)
