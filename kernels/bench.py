@@ -121,7 +121,8 @@ def _make_runner(torch, kernel, q, k, v, do, causal, pas):
     return run
 
 
-def bench_attention(torch, ns, ds, dtypes, causals, passes, kernel_names, progress=print):
+def bench_attention(torch, ns, ds, dtypes, causals, passes, kernel_names, progress=print,
+                    checkpoint=None):
     records, skipped = [], []
     dev = "cuda"
     free_bytes = torch.cuda.mem_get_info()[0]
@@ -161,6 +162,8 @@ def bench_attention(torch, ns, ds, dtypes, causals, passes, kernel_names, progre
                                 global_store_bytes=None, flops_executed=None,
                                 tflops=fl / (med * 1e-3) / 1e12))
         progress(f"[{ci + 1}/{len(configs)}] N={n} d={d} {dt} causal={causal} {pas}")
+        if checkpoint is not None:
+            checkpoint(records, skipped)
         del q, k, v, do
         torch.cuda.empty_cache()
     return records, skipped
@@ -293,17 +296,23 @@ def main(argv=None):
         raise SystemExit("kernels.bench needs a CUDA GPU (torch.cuda.is_available() is False)")
     prov = _versions(torch)
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
-    records, skipped = bench_attention(torch, args.n, args.d, args.dtype,
-                                       [c == "true" for c in args.causal], args.passes,
-                                       args.kernels, progress=log)
-    seed_rows = seed_experiment(torch, args.seed_lens, progress=log) if args.seed_lens else []
     out = Path(args.out) if args.out else RESULTS_DIR / (
         "bench_" + re.sub(r"[^A-Za-z0-9]+", "-", prov["gpu"]).strip("-").lower()
         + "_" + prov["date"][:10] + ".json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    doc = {"schema": "ioaware.results/1", "provenance": prov, "records": records,
-           "skipped": skipped, "seed_experiment": seed_rows}
-    out.write_text(json.dumps(doc, indent=1))
+    doc = {"schema": "ioaware.results/1", "provenance": prov, "records": [], "skipped": [],
+           "seed_experiment": [], "complete": False}
+
+    def save(records=None, skipped=None):   # after every configuration: a cut-off run keeps data
+        if records is not None:
+            doc["records"], doc["skipped"] = records, skipped
+        out.write_text(json.dumps(doc, indent=1))
+    records, skipped = bench_attention(torch, args.n, args.d, args.dtype,
+                                       [c == "true" for c in args.causal], args.passes,
+                                       args.kernels, progress=log, checkpoint=save)
+    seed_rows = seed_experiment(torch, args.seed_lens, progress=log) if args.seed_lens else []
+    doc["seed_experiment"], doc["complete"] = seed_rows, True
+    save(records, skipped)
     print(f"# {prov['gpu']}  driver {prov['driver']}  CUDA {prov['cuda']}  torch {prov['torch']}  "
           f"numba {prov['numba']}  numba-cuda {prov['numba_cuda']}  {prov['date']}")
     print(format_table(records))

@@ -94,9 +94,12 @@ def dkdv_smem_bytes(cfg: TileConfig, head_dim: int) -> int:
                             + 2 * cfg.block_m * (cfg.block_n + cfg.ntn) + 2 * cfg.block_n)
 
 
-# Default (block_q, block_k) per head dim, chosen to fit 48 KiB of static shared memory.
+# Default (block_q, block_k) per head dim, chosen to fit 48 KiB of static shared memory and, for
+# d = 64 and 128, by the sweep `python -m kernels.tune` (kernels/NOTES.md, v1 sweep).
 # Forward; backward (dK/dV and dQ share the same tile shape so one BlockInfo serves both).
 _FWD_DEFAULT = ((32, (64, 64)), (64, (64, 32)), (128, (32, 16)), (256, (16, 8)))
+# Per-thread micro-tile (tm, tn) of the forward where the sweep picked one (else choose_tiles).
+FWD_TILES = {(64, 64, 32): (4, 4), (128, 32, 16): (4, 2)}
 _BWD_DEFAULT = ((32, (32, 32)), (64, (32, 32)), (128, (16, 16)), (256, (8, 8)))
 _SIM_DEFAULT = (16, 16)
 

@@ -25,16 +25,17 @@ from numba import cuda
 from ioaware.block_info import BlockInfo, cdiv
 
 from ._device import dropout_args
-from .config import (STATIC_SMEM_LIMIT_BYTES, TileConfig, choose_tiles, default_blocks,
+from .config import (FWD_TILES, STATIC_SMEM_LIMIT_BYTES, TileConfig, choose_tiles, default_blocks,
                      dkdv_smem_bytes, dq_smem_bytes, fwd_smem_bytes)
 from .flash_bwd import make_delta_kernel, make_dkdv_kernel, make_dq_kernel
 from .flash_fwd import make_forward_kernel
 
 __all__ = ["forward", "backward", "simulator", "DQ_MODE"]
 
-#: How dQ is computed in the backward: "kernel" (a second kernel parallel over Q tiles) or
-#: "atomic" (float32 atomics from the dK/dV kernel). See kernels/NOTES.md for the measurement.
-DQ_MODE = "kernel"
+#: How dQ is computed in the backward: "atomic" (float32 atomics from the dK/dV kernel) or
+#: "kernel" (a second kernel parallel over Q tiles, which recomputes S and dP). Atomics measured
+#: 1.4x faster for the whole backward on an H200 (kernels/NOTES.md, v1 sweep).
+DQ_MODE = "atomic"
 
 _KERNELS: dict = {}
 _SCHEDULES: "OrderedDict" = OrderedDict()
@@ -334,6 +335,8 @@ def forward(q, k, v, *, scale, causal=False, mask=None, block_mask=None, dropout
     io = _Io(q)
     B, Hq, Nq, D, Hkv, Nk = _check_qkv(io, q, k, v)
     bq, bk = _resolve_blocks(D, block_q, block_k, backward=False)
+    if tiles is None and not simulator():
+        tiles = FWD_TILES.get((D, bq, bk))
     cfg = (choose_tiles(bq, bk, D, _target_threads()) if tiles is None
            else TileConfig(bq, bk, int(tiles[0]), int(tiles[1])))
     cfg.validate(D)
