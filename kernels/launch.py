@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import math
+import os
 from collections import OrderedDict
 
 import numpy as np
@@ -28,7 +29,7 @@ from ._device import dropout_args
 from .config import (FWD_TILES, STATIC_SMEM_LIMIT_BYTES, TileConfig, choose_tiles, default_blocks,
                      dkdv_smem_bytes, dq_smem_bytes, fwd_smem_bytes)
 from .flash_bwd import make_delta_kernel, make_dkdv_kernel, make_dq_kernel
-from .flash_fwd import make_forward_kernel
+from .flash_fwd import make_forward_kernel, make_forward_kernel_v2
 
 __all__ = ["forward", "backward", "simulator", "DQ_MODE"]
 
@@ -36,6 +37,9 @@ __all__ = ["forward", "backward", "simulator", "DQ_MODE"]
 #: "kernel" (a second kernel parallel over Q tiles, which recomputes S and dP). Atomics measured
 #: 1.4x faster for the whole backward on an H200 (kernels/NOTES.md, v1 sweep).
 DQ_MODE = "atomic"
+#: Forward kernel version: 1 (signed indices) or 2 (unsigned tile indices, per-head views);
+#: environment override KERNELS_FWD_VERSION. See kernels/NOTES.md.
+FWD_VERSION = int(os.environ.get("KERNELS_FWD_VERSION", "2"))
 
 _KERNELS: dict = {}
 _SCHEDULES: "OrderedDict" = OrderedDict()
@@ -293,7 +297,7 @@ def _kernel(kind, *key):
     k = (kind,) + key
     fn = _KERNELS.get(k)
     if fn is None:
-        fn = {"fwd": make_forward_kernel, "dkdv": make_dkdv_kernel, "dq": make_dq_kernel,
+        fn = {"fwd": make_forward_kernel, "fwd2": make_forward_kernel_v2, "dkdv": make_dkdv_kernel, "dq": make_dq_kernel,
               "delta": make_delta_kernel, "cast": _make_cast_kernel}[kind](*key)
         _KERNELS[k] = fn
     return fn
@@ -348,7 +352,7 @@ def forward(q, k, v, *, scale, causal=False, mask=None, block_mask=None, dropout
     qd, kd, vd = io.to_dev(q), io.to_dev(k), io.to_dev(v)
     out_h, out_d = io.empty((B, Hq, Nq, D))
     lse_h, lse_d = io.empty((B, Hq, Nq), float32=True)
-    kern = _kernel("fwd", cfg, D, bool(causal), mask_d is not None, float(dropout_p) > 0.0,
+    kern = _kernel("fwd2" if FWD_VERSION == 2 else "fwd", cfg, D, bool(causal), mask_d is not None, float(dropout_p) > 0.0,
                    _use_shfl(cfg))
     nbq = cdiv(Nq, bq)
     kern[(nbq, B * Hq), cfg.threads, io.stream](

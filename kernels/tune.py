@@ -42,9 +42,9 @@ def sass_mix(dispatcher, top=14):
 
 
 FWD_VARIANTS = {
-    64: [(64, 32, 4, 4), (64, 32, 8, 4), (64, 32, 2, 4), (64, 32, 4, 8), (64, 16, 4, 2),
+    64: [(64, 32, 4, 4), (64, 32, 8, 4), (64, 16, 4, 2), (64, 32, 2, 4), (64, 32, 4, 8),
          (32, 32, 2, 4), (32, 32, 4, 4), (64, 64, 8, 8) , (48, 32, 3, 4)],
-    128: [(32, 16, 2, 2), (32, 16, 4, 2), (32, 16, 4, 4), (16, 32, 2, 4), (32, 8, 2, 1)],
+    128: [(32, 16, 4, 2), (32, 16, 2, 2), (32, 16, 4, 4), (16, 32, 2, 4), (32, 8, 2, 1)],
 }
 BWD_VARIANTS = {64: [(32, 32, None), (32, 16, None), (16, 32, None), (32, 32, (4, 4))],
                 128: [(16, 16, None), (16, 8, None), (8, 16, None)]}
@@ -56,6 +56,8 @@ def main(argv=None):
     ap.add_argument("--d", type=int, nargs="+", default=[64])
     ap.add_argument("--dtype", default="fp32")
     ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--fwd-only", action="store_true")
+    ap.add_argument("--max-variants", type=int, default=99)
     args = ap.parse_args(argv)
     import torch
     import torch.nn.functional as F
@@ -81,7 +83,7 @@ def main(argv=None):
         print(f"d={d} N={n} B={b} H={h} {args.dtype} causal={args.causal}: SDPA efficient fwd "
               f"{t_eff:.3f} ms = {fl / t_eff / 1e9:.1f} TFLOP/s", flush=True)
         rows = []
-        for bq, bk, tm, tn in FWD_VARIANTS.get(d, []):
+        for bq, bk, tm, tn in FWD_VARIANTS.get(d, [])[:args.max_variants]:
             try:
                 run = lambda: kernels.forward(q, k, v, scale=scale, causal=args.causal, block_q=bq,  # noqa: E731
                                               block_k=bk, tiles=(tm, tn))
@@ -99,6 +101,11 @@ def main(argv=None):
                          "regs_local_smem": res})
             print(f"  fwd {bq:3d}x{bk:3d} tiles {tm}x{tn}: {t:8.3f} ms {fl / t / 1e9:6.2f} TFLOP/s "
                   f"x_eff {t_eff / t:5.2f} err {err:.1e} regs/local/smem {res}", flush=True)
+        if args.fwd_only:
+            for key, kern in launch._KERNELS.items():
+                if key[0].startswith("fwd") and key[2] == d:
+                    print(f"  SASS {key[0]} {key[1]}: {sass_mix(kern)}", flush=True)
+            continue
         out, lse = kernels.forward(q, k, v, scale=scale, causal=args.causal)
         qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
 
