@@ -636,7 +636,8 @@ def error_summary(df: pd.DataFrame) -> pd.DataFrame:
     for m, label in COMPARED_METRICS.items():
         err = df[f"error_{m}"].dropna()
         if err.empty:
-            rows.append({"metric": label, "records": 0})
+            rows.append({"metric": label, "records": 0, "median |error|": "not measured",
+                         "p90 |error|": "—", "max |error|": "—", "mean error (bias)": "—"})
             continue
         a = err.abs()
         rows.append({"metric": label, "records": int(len(err)),

@@ -11,7 +11,8 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 SCHEDULE_COLORS = {"naive": "#d62728", "flash1": "#ff7f0e", "flash2": "#1f77b4"}
-TEMPLATE = "plotly_white"
+# No per-figure template: applying one deep-copies it on every figure (~50 ms each); in the app
+# Streamlit's own chart theme styles the figures, and downloads use Plotly's default look.
 
 
 def fmt_bytes(n: float) -> str:
@@ -25,7 +26,7 @@ def fmt_bytes(n: float) -> str:
 
 
 def _layout(fig: go.Figure, title: str, height: int = 380, **kwargs) -> go.Figure:
-    fig.update_layout(title=dict(text=title, font=dict(size=14)), template=TEMPLATE, height=height,
+    fig.update_layout(title=dict(text=title, font=dict(size=14)), height=height,
                       margin=dict(l=60, r=20, t=50, b=50), legend=dict(orientation="h", y=-0.2),
                       **kwargs)
     return fig
@@ -72,8 +73,9 @@ def softmax_scores(walk: dict, block_k: int) -> go.Figure:
                          marker=dict(color=(vis["key"] // block_k) % 2, colorscale=[[0, "#9ecae1"], [1, "#3182bd"]])))
     fig.add_trace(go.Scatter(x=vis["key"], y=vis["p_final"], name="softmax p", mode="lines",
                              line=dict(color="#d62728")), secondary_y=True)
-    for edge in range(block_k, len(sc), block_k):
-        fig.add_vline(x=edge - 0.5, line=dict(color="#bbb", dash="dot", width=1))
+    fig.update_layout(shapes=[dict(type="line", x0=edge - 0.5, x1=edge - 0.5, y0=0, y1=1,
+                                   yref="paper", line=dict(color="#bbb", dash="dot", width=1))
+                              for edge in range(block_k, int(vis["key"].max()) + 1, block_k)])
     fig.update_xaxes(title="key index (alternating shades = key blocks)")
     fig.update_yaxes(title="s", secondary_y=False)
     fig.update_yaxes(title="p", secondary_y=True)
@@ -265,40 +267,48 @@ _STATE_COLORS = {"on chip now": "#e6550d", "moved earlier": "#9ecae1", "not yet"
 
 
 def tile_map(walk: dict, state: dict) -> go.Figure:
-    """Left: Q, K, V and O as strips of blocks (on chip now / moved earlier / not yet).
+    """Left: each tensor's row blocks (on chip now / moved earlier / not yet).
     Right: the (Q block, K block) tiles, done and current."""
     nq, nk = walk["n_blocks_q"], walk["n_blocks_k"]
-    fig = make_subplots(rows=1, cols=2, column_widths=[0.45, 0.55], horizontal_spacing=0.12,
-                        subplot_titles=("Row blocks of each tensor", "Tiles (Q block × K block)"))
-    shown = set()
-    tensors = walk["tensors"]
-    for t in tensors:
+    tensors = list(walk["tensors"])
+    width = max(nq, nk)
+    strips = np.full((len(tensors), width), np.nan)
+    labels = np.full((len(tensors), width), "", dtype=object)
+    for i, t in enumerate(tensors):
         n = nk if t in ("K", "V") else nq
         for b in range(n):
-            kind = ("on chip now" if b in state["on_chip"][t] else
-                    "moved earlier" if b in state["moved"][t] else "not yet")
-            fig.add_trace(go.Bar(x=[1], y=[t], base=[b], orientation="h", name=kind,
-                                 marker=dict(color=_STATE_COLORS[kind], line=dict(color="white", width=2)),
-                                 showlegend=kind not in shown, legendgroup=kind,
-                                 hovertemplate=f"{t} block {b}: {kind}<extra></extra>"),
-                          row=1, col=1)
-            shown.add(kind)
-    z = np.full((nq, nk), 0.0)
+            code = 2 if b in state["on_chip"][t] else 1 if b in state["moved"][t] else 0
+            strips[i, b] = code
+            labels[i, b] = ("not yet", "moved earlier", "on chip now")[code]
+    z = np.zeros((nq, nk))
     for m, n in state["tiles_done"]:
         if 0 <= m < nq and 0 <= n < nk:
             z[m, n] = 1.0
     m, n = state["tile"]
     if 0 <= m < nq and 0 <= n < nk:
         z[m, n] = 2.0
-    fig.add_trace(go.Heatmap(z=z, x=list(range(nk)), y=list(range(nq)), showscale=False, zmin=0, zmax=2,
-                             colorscale=[[0, "#eeeeee"], [0.5, "#9ecae1"], [1, "#e6550d"]],
-                             xgap=2, ygap=2, hovertemplate="Q block %{y}, K block %{x}<extra></extra>"),
-                  row=1, col=2)
-    fig.update_layout(barmode="overlay")
-    fig.update_yaxes(categoryorder="array", categoryarray=list(tensors)[::-1], row=1, col=1)
-    fig.update_xaxes(title="block index", row=1, col=1)
-    fig.update_xaxes(title="K block", dtick=1, row=1, col=2)
-    fig.update_yaxes(title="Q block", autorange="reversed", dtick=1, row=1, col=2)
+    scale = [[0, "#eeeeee"], [0.5, "#9ecae1"], [1, "#e6550d"]]
+    # two panels side by side on explicit axis domains (make_subplots is slow to build)
+    fig = go.Figure([
+        go.Heatmap(z=strips, y=tensors, x=list(range(width)), customdata=labels, showscale=False,
+                   zmin=0, zmax=2, colorscale=scale, xgap=2, ygap=4,
+                   hovertemplate="%{y} block %{x}: %{customdata}<extra></extra>"),
+        go.Heatmap(z=z, x=list(range(nk)), y=list(range(nq)), showscale=False, zmin=0, zmax=2,
+                   colorscale=scale, xgap=2, ygap=2, xaxis="x2", yaxis="y2",
+                   hovertemplate="Q block %{y}, K block %{x}<extra></extra>"),
+    ])
+    fig.update_layout(
+        xaxis=dict(domain=[0, 0.42], title="block index", dtick=1 if width <= 16 else None),
+        yaxis=dict(autorange="reversed"),
+        xaxis2=dict(domain=[0.55, 1], title="K block", dtick=1 if nk <= 16 else None),
+        yaxis2=dict(anchor="x2", title="Q block", autorange="reversed",
+                    dtick=1 if nq <= 16 else None),
+        annotations=[dict(text="Row blocks (orange: on chip now, blue: moved earlier)",
+                          x=0.21, y=1.02, xref="paper", yref="paper", showarrow=False,
+                          xanchor="center", yanchor="bottom", font=dict(size=11)),
+                     dict(text="Tiles (Q block × K block)", x=0.775, y=1.02, xref="paper",
+                          yref="paper", showarrow=False, xanchor="center", yanchor="bottom",
+                          font=dict(size=11))])
     return _layout(fig, f"{walk['schedule']}, {state['phase']}: what is on chip at this step",
                    height=400)
 
@@ -311,7 +321,7 @@ def cumulative_bytes(walk: dict, step: int) -> go.Figure:
                              line=dict(shape="hv", color="#3182bd")))
     fig.add_trace(go.Scatter(x=steps["step"] + 1, y=steps["cum_write"], mode="lines", name="written",
                              line=dict(shape="hv", color="#e6550d")))
-    fig.add_vline(x=step + 1, line=dict(color="black", dash="dot"))
-    fig.update_xaxes(title="step")
-    fig.update_yaxes(title="bytes so far")
+    fig.update_layout(shapes=[dict(type="line", x0=step + 1, x1=step + 1, y0=0, y1=1, yref="paper",
+                                   line=dict(color="black", dash="dot"))],
+                      xaxis_title="step", yaxis_title="bytes so far")
     return _layout(fig, "Global-memory bytes moved so far", height=400)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from dashboard import data, figures, ui
+from dashboard import charts, data, figures, ui
 
 st.title("Step through")
 st.caption("A small attention problem walked one step at a time: which tiles of Q, K, V and O are "
@@ -39,7 +39,8 @@ else:
                               "/ epilogue), with the loads and stores it issues; for naive, one "
                               "kernel's pass over whole tensors.") - 1
         step = min(step, n_steps - 1)
-        state = data.trace_state(walk, step)
+        walk, state, tiles_fig, bytes_fig = charts.step_view(schedule, seq_len, head_dim, block_q,
+                                                             block_k, causal, step)
         m = st.columns(4)
         m[0].metric("Step", f"{step + 1} / {n_steps}")
         m[1].metric("Global bytes read so far", figures.fmt_bytes(state["read_bytes"]))
@@ -47,26 +48,26 @@ else:
         m[3].metric("Of total traffic", f"{state['fraction']:.0%}")
         left, right = st.columns([3, 2])
         with left:
-            ui.chart(figures.tile_map(walk, state), "step-tiles")
+            ui.chart(tiles_fig, "step-tiles")
         with right:
-            ui.chart(figures.cumulative_bytes(walk, step), "step-bytes")
+            ui.chart(bytes_fig, "step-bytes")
         st.caption(f"Events of step {step + 1}")
         ui.table(state["events"], "step-events", hide_index=True)
 
 # -- the online softmax of one query row ---------------------------------------------------------
 st.header("Online softmax of one query row")
 row = st.slider("Query row", 0, seq_len - 1, min(seq_len - 1, seq_len // 2 + 1), key="st_row")
-walk_row = data.online_softmax_walk(seq_len, head_dim, block_k, row, causal)
+walk_row, ml_fig, out_fig, scores_fig = charts.online_softmax(seq_len, head_dim, block_k, row, causal)
 st.caption(
     "Scores s = q·kᵀ/√d of the row arrive one key block at a time. After each block: "
     "m = max(m, max s), l = l·e^(m_old−m) + Σ e^(s−m), o = (o·l_old·e^(m_old−m) + Σ e^(s−m) v)/l. "
     "The output after the last block is exactly softmax(s)·V, without ever holding the whole row.")
 c1, c2 = st.columns(2)
 with c1:
-    ui.chart(figures.softmax_state(walk_row), "online-softmax-m-l")
+    ui.chart(ml_fig, "online-softmax-m-l")
 with c2:
-    ui.chart(figures.softmax_output(walk_row), "online-softmax-output")
-ui.chart(figures.softmax_scores(walk_row, block_k), "online-softmax-scores")
+    ui.chart(out_fig, "online-softmax-output")
+ui.chart(scores_fig, "online-softmax-scores")
 ui.table(walk_row["steps"], "online-softmax-steps", hide_index=True)
 checks = walk_row["check"]
 st.info("Final output against a materialised float64 softmax: max |error| = "
