@@ -24,6 +24,7 @@ from .config import TileConfig
 
 POS_INF = float32(np.inf)
 NEG_INF = float32(-np.inf)
+U64 = np.uint64
 
 
 def make_delta_kernel(head_dim: int):
@@ -249,6 +250,231 @@ def make_dkdv_kernel(cfg: TileConfig, head_dim: int, causal: bool, has_mask: boo
                     dv[b, hk, col, tx + NTQ * c] = dv_acc[i, c]
 
     return flash_bwd_dkdv
+
+
+def make_dkdv_kernel_v2(cfg: TileConfig, head_dim: int, causal: bool, has_mask: bool,
+                     dropout: bool, dq_atomic: bool):
+    """`make_dkdv_kernel` with unsigned 64-bit tile indices and per-head 2-D views (no
+    wraparound fix-ups in the hot loops); ``cfg.block_m`` = K tile rows, ``cfg.block_n`` = Q tile rows.
+
+    Signature::
+
+        kernel(q, k, v, dout, lse, delta, dk, dv, dq_acc, mask, q_off, q_idx, sched_sb,
+               sched_sh, group, sm_scale, seed_prefix, keep_threshold, keep_scale)
+
+    grid = (n_blocks_k, B * Hkv), block = cfg.threads. dq_acc (float32, zeroed) is only
+    written when ``dq_atomic``.
+    """
+    BK, BQ, TK, TQ = cfg.block_m, cfg.block_n, cfg.tm, cfg.tn
+    D = head_dim
+    NTK, NTQ = BK // TK, BQ // TQ
+    NTHREADS = NTK * NTQ
+    DN = D // NTQ
+    DPAD = D + 1
+    PPAD = BQ + NTQ
+    LOAD_K = (BK * D + NTHREADS - 1) // NTHREADS
+    LOAD_Q = (BQ * D + NTHREADS - 1) // NTHREADS
+    LOAD_DQ = (BQ * D + NTHREADS - 1) // NTHREADS
+    LOAD_L = (BQ + NTHREADS - 1) // NTHREADS
+    CAUSAL, HAS_MASK, DROPOUT, DQ_ATOMIC = causal, has_mask, dropout, dq_atomic
+
+    @cuda.jit
+    def flash_bwd_dkdv_v2(q, k, v, dout, lse, delta, dk, dv, dq_acc, mask, q_off, q_idx,
+                       sched_sb, sched_sh, group, sm_scale, seed_prefix, keep_threshold,
+                       keep_scale):
+        tid = U64(cuda.threadIdx.x)
+        tx = tid % U64(NTQ)
+        ty = tid // U64(NTQ)
+        bhk = cuda.blockIdx.y
+        n_kv_heads = k.shape[1]
+        n_heads = q.shape[1]
+        b = bhk // n_kv_heads
+        hk = bhk % n_kv_heads
+        n_blk = cuda.blockIdx.x
+        col0 = U64(n_blk) * U64(BK)                      # first key row of this tile
+        seqlen_q = U64(q.shape[2])
+        seqlen_k = U64(k.shape[2])
+        kh = k[b, hk]
+        vh = v[b, hk]
+        mb = b if mask.shape[0] > 1 else 0
+        mrow_bcast = mask.shape[2] == 1
+
+        k_s = cuda.shared.array((BK, DPAD), float32)
+        v_s = cuda.shared.array((BK, DPAD), float32)
+        q_s = cuda.shared.array((BQ, DPAD), float32)
+        do_s = cuda.shared.array((BQ, DPAD), float32)
+        pt_s = cuda.shared.array((BK, PPAD), float32)   # (P * Z)^T
+        dst_s = cuda.shared.array((BK, PPAD), float32)  # dS^T
+        lse_s = cuda.shared.array(BQ, float32)
+        delta_s = cuda.shared.array(BQ, float32)
+
+        # -- load the K and V tiles once --
+        for it in range(LOAD_K):
+            e = tid + U64(it * NTHREADS)
+            if e < U64(BK * D):
+                r = e // U64(D)
+                c = e % U64(D)
+                kv = float32(0.0)
+                vv = float32(0.0)
+                if col0 + r < seqlen_k:
+                    kv = float32(kh[col0 + r, c])
+                    vv = float32(vh[col0 + r, c])
+                k_s[r, c] = kv
+                v_s[r, c] = vv
+
+        dk_acc = cuda.local.array((TK, DN), float32)
+        dv_acc = cuda.local.array((TK, DN), float32)
+        s = cuda.local.array((TK, TQ), float32)
+        dp = cuda.local.array((TK, TQ), float32)
+        ak = cuda.local.array(TK, float32)
+        av = cuda.local.array(TK, float32)
+        bq = cuda.local.array(TQ, float32)
+        bdo = cuda.local.array(TQ, float32)
+        cq = cuda.local.array(DN, float32)
+        cdo = cuda.local.array(DN, float32)
+        krows = cuda.local.array(TK, np.uint64)
+        qcols = cuda.local.array(TQ, np.uint64)
+        dcols = cuda.local.array(DN, np.uint64)
+        for i in range(TK):
+            krows[i] = ty + U64(NTK * i)
+        for j in range(TQ):
+            qcols[j] = tx + U64(NTQ * j)
+        for c in range(DN):
+            dcols[c] = tx + U64(NTQ * c)
+        for i in range(TK):
+            for c in range(DN):
+                dk_acc[i, c] = float32(0.0)
+                dv_acc[i, c] = float32(0.0)
+
+        for g in range(group):
+            h = hk * group + g
+            mh = h if mask.shape[1] > 1 else 0
+            bh = b * n_heads + h
+            sched = b * sched_sb + h * sched_sh
+            qh = q[b, h]
+            doh = dout[b, h]
+            dqh = dq_acc[b if DQ_ATOMIC else 0, h if DQ_ATOMIC else 0]
+            t0 = q_off[sched, n_blk]
+            t1 = q_off[sched, n_blk + 1]
+            for t in range(t0, t1):
+                row0 = U64(q_idx[t]) * U64(BQ)
+                cuda.syncthreads()                      # previous Q tile fully consumed
+                # -- load Q, dO, lse, delta --
+                for it in range(LOAD_Q):
+                    e = tid + U64(it * NTHREADS)
+                    if e < U64(BQ * D):
+                        r = e // U64(D)
+                        c = e % U64(D)
+                        qv = float32(0.0)
+                        dov = float32(0.0)
+                        if row0 + r < seqlen_q:
+                            qv = float32(qh[row0 + r, c])
+                            dov = float32(doh[row0 + r, c])
+                        q_s[r, c] = qv
+                        do_s[r, c] = dov
+                for it in range(LOAD_L):
+                    r = tid + U64(it * NTHREADS)
+                    if r >= U64(BQ):
+                        continue
+                    lv = POS_INF                          # p = exp(s - inf) = 0
+                    dl = float32(0.0)
+                    if row0 + r < seqlen_q:
+                        lv = lse[b, h, row0 + r]
+                        dl = delta[b, h, row0 + r]
+                        if lv == NEG_INF:
+                            lv = POS_INF
+                    lse_s[r] = lv
+                    delta_s[r] = dl
+                cuda.syncthreads()
+
+                # -- recompute s^T = K Q^T and dp^T = V dO^T --
+                for i in range(TK):
+                    for j in range(TQ):
+                        s[i, j] = float32(0.0)
+                        dp[i, j] = float32(0.0)
+                for kk in range(D):
+                    for i in range(TK):
+                        ak[i] = k_s[krows[i], kk]
+                        av[i] = v_s[krows[i], kk]
+                    for j in range(TQ):
+                        bq[j] = q_s[qcols[j], kk]
+                        bdo[j] = do_s[qcols[j], kk]
+                    for i in range(TK):
+                        for j in range(TQ):
+                            s[i, j] += ak[i] * bq[j]
+                            dp[i, j] += av[i] * bdo[j]
+
+                # -- p, dropout, ds --
+                for j in range(TQ):
+                    jl = qcols[j]
+                    row = row0 + jl
+                    lse_j = lse_s[jl]
+                    delta_j = delta_s[jl]
+                    hrow = np.uint64(0)
+                    if DROPOUT:
+                        hrow = row_hash(seed_prefix, bh, row)
+                    for i in range(TK):
+                        col = col0 + krows[i]
+                        ok = col < seqlen_k
+                        if CAUSAL:
+                            ok = ok and col <= row
+                        if HAS_MASK:
+                            if ok and row < seqlen_q:
+                                mr = U64(0) if mrow_bcast else row
+                                ok = mask[mb, mh, mr, col] != 0
+                        p = float32(0.0)
+                        if ok:
+                            p = math.exp(s[i, j] * sm_scale - lse_j)
+                        dpz = dp[i, j]
+                        pz = p
+                        if DROPOUT:
+                            if keep_bit(hrow, col, keep_threshold):
+                                dpz *= keep_scale
+                                pz *= keep_scale
+                            else:
+                                dpz = float32(0.0)
+                                pz = float32(0.0)
+                        pt_s[krows[i], jl] = pz
+                        dst_s[krows[i], jl] = p * (dpz - delta_j)
+                cuda.syncthreads()
+
+                # -- dv += (P Z)^T dO ; dk += dS^T Q --
+                for mm in range(BQ):
+                    for i in range(TK):
+                        ak[i] = pt_s[krows[i], mm]
+                        av[i] = dst_s[krows[i], mm]
+                    for c in range(DN):
+                        cdo[c] = do_s[mm, dcols[c]]
+                        cq[c] = q_s[mm, dcols[c]]
+                    for i in range(TK):
+                        for c in range(DN):
+                            dv_acc[i, c] += ak[i] * cdo[c]
+                            dk_acc[i, c] += av[i] * cq[c]
+
+                # -- dq += scale * dS K (atomics) --
+                if DQ_ATOMIC:
+                    for it in range(LOAD_DQ):
+                        e = tid + U64(it * NTHREADS)
+                        if e < U64(BQ * D):
+                            r = e // U64(D)
+                            c = e % U64(D)
+                            if row0 + r < seqlen_q:
+                                acc = float32(0.0)
+                                for n in range(BK):
+                                    acc += dst_s[n, r] * k_s[n, c]
+                                cuda.atomic.add(dqh, (row0 + r, c), acc * sm_scale)
+
+        # -- write dK, dV once --
+        dkh = dk[b, hk]
+        dvh = dv[b, hk]
+        for i in range(TK):
+            col = col0 + krows[i]
+            if col < seqlen_k:
+                for c in range(DN):
+                    dkh[col, dcols[c]] = dk_acc[i, c] * sm_scale
+                    dvh[col, dcols[c]] = dv_acc[i, c]
+
+    return flash_bwd_dkdv_v2
 
 
 def make_dq_kernel(cfg: TileConfig, head_dim: int, causal: bool, has_mask: bool,

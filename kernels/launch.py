@@ -28,7 +28,7 @@ from ioaware.block_info import BlockInfo, cdiv
 from ._device import dropout_args
 from .config import (FWD_TILES, STATIC_SMEM_LIMIT_BYTES, TileConfig, choose_tiles, default_blocks,
                      dkdv_smem_bytes, dq_smem_bytes, fwd_smem_bytes)
-from .flash_bwd import make_delta_kernel, make_dkdv_kernel, make_dq_kernel
+from .flash_bwd import make_delta_kernel, make_dkdv_kernel, make_dkdv_kernel_v2, make_dq_kernel
 from .flash_fwd import make_forward_kernel, make_forward_kernel_v2
 
 __all__ = ["forward", "backward", "simulator", "DQ_MODE"]
@@ -40,6 +40,8 @@ DQ_MODE = "atomic"
 #: Forward kernel version: 1 (signed indices) or 2 (unsigned tile indices, per-head views);
 #: environment override KERNELS_FWD_VERSION. See kernels/NOTES.md.
 FWD_VERSION = int(os.environ.get("KERNELS_FWD_VERSION", "2"))
+#: dK/dV kernel version, likewise (KERNELS_BWD_VERSION).
+BWD_VERSION = int(os.environ.get("KERNELS_BWD_VERSION", "2"))
 
 _KERNELS: dict = {}
 _SCHEDULES: "OrderedDict" = OrderedDict()
@@ -297,7 +299,7 @@ def _kernel(kind, *key):
     k = (kind,) + key
     fn = _KERNELS.get(k)
     if fn is None:
-        fn = {"fwd": make_forward_kernel, "fwd2": make_forward_kernel_v2, "dkdv": make_dkdv_kernel, "dq": make_dq_kernel,
+        fn = {"fwd": make_forward_kernel, "fwd2": make_forward_kernel_v2, "dkdv": make_dkdv_kernel, "dkdv2": make_dkdv_kernel_v2, "dq": make_dq_kernel,
               "delta": make_delta_kernel, "cast": _make_cast_kernel}[kind](*key)
         _KERNELS[k] = fn
     return fn
@@ -415,7 +417,7 @@ def backward(q, k, v, out, lse, dout, *, scale, causal=False, mask=None, block_m
         dqa_h, dqa_d = io.zeros_f32((B, Hq, Nq, D))
     else:
         dqa_h, dqa_d = None, _dummy_dq()
-    kern = _kernel("dkdv", cfg_kv, D, bool(causal), has_mask, drop, mode == "atomic")
+    kern = _kernel("dkdv2" if BWD_VERSION == 2 else "dkdv", cfg_kv, D, bool(causal), has_mask, drop, mode == "atomic")
     kern[(cdiv(Nk, bk), B * Hkv), cfg_kv.threads, io.stream](
         qd, kd, vd, dod, lsed, delta_d, dk_d, dv_d, dqa_d, mask_arg, q_off, q_idx, sb, sh,
         group, sm_scale, seed_pre, thresh, keep_scale)

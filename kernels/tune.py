@@ -58,6 +58,7 @@ def main(argv=None):
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--fwd-only", action="store_true")
     ap.add_argument("--max-variants", type=int, default=99)
+    ap.add_argument("--max-bwd-variants", type=int, default=99)
     args = ap.parse_args(argv)
     import torch
     import torch.nn.functional as F
@@ -115,7 +116,7 @@ def main(argv=None):
         t_eff_fb = time_cuda(torch, sdpa_bwd)[0]
         flb = attention_flops(b, h, n, n, d, args.causal, "fwd+bwd") - fl
         print(f"  SDPA efficient fwd+bwd {t_eff_fb:.3f} ms", flush=True)
-        for bq, bk, tiles in BWD_VARIANTS.get(d, []):
+        for bq, bk, tiles in BWD_VARIANTS.get(d, [])[:args.max_bwd_variants]:
             for mode in ("kernel", "atomic"):
                 try:
                     run = lambda: kernels.backward(q, k, v, out, lse, do, scale=scale,  # noqa: E731
