@@ -156,16 +156,17 @@ def format_error_types() -> tuple[type[BaseException], ...]:
 
 
 def shipped_results() -> list[Path]:
-    """Results files the app offers: the repository's ``results/*.json`` (as listed by
-    ``sim.results.shipped_results``) plus any named in ``$IOAWARE_RESULTS`` (files or
-    directories, separated by ``os.pathsep``)."""
-    try:
-        files = [Path(f) for f in _results_module().shipped_results()]
-    except ResultsUnavailable:
-        files = sorted((ROOT / "results").glob("*.json"))
+    """Results files the app offers: those named in ``$IOAWARE_RESULTS`` (files or directories,
+    separated by ``os.pathsep``) first, then the repository's ``results/*.json`` (as listed by
+    ``sim.results.shipped_results``)."""
+    files: list[Path] = []
     for entry in filter(None, os.environ.get("IOAWARE_RESULTS", "").split(os.pathsep)):
         path = Path(entry).expanduser()
         files += sorted(path.glob("*.json")) if path.is_dir() else [path] if path.is_file() else []
+    try:
+        files += [Path(f) for f in _results_module().shipped_results()]
+    except ResultsUnavailable:
+        files += sorted((ROOT / "results").glob("*.json"))
     seen, unique = set(), []
     for f in files:
         if f.resolve() not in seen:
@@ -260,8 +261,8 @@ def measure_configs(seq_lens, head_dims, dtypes, batch, heads, causal, passes) -
             for n in seq_lens for d in head_dims for dt in dtypes for c in causal for p in passes]
 
 
-def save_results(content: bytes, gpu: str) -> Path:
-    """Write a results file into ``results/`` under a new, dated name; return its path."""
+def new_results_path(gpu: str) -> Path:
+    """A new, dated results file name in ``results/`` for a sweep on ``gpu``."""
     import datetime as _dt
     import re as _re
 
@@ -269,7 +270,6 @@ def save_results(content: bytes, gpu: str) -> Path:
     name = _re.sub(r"[^a-z0-9]+", "-", gpu.lower()).strip("-") or "gpu"
     path = ROOT / "results" / f"{name}-{stamp}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(content)
     return path
 
 
@@ -666,6 +666,19 @@ def measured_blocks(results_name: str, schedule: str, seq_len: int, head_dim: in
     out = sel[["block_q", "block_k", "time_ms"]].copy()
     out[["block_q", "block_k"]] = out[["block_q", "block_k"]].astype(int)
     return out.groupby(["block_q", "block_k"], as_index=False)["time_ms"].median()
+
+
+def measured_workloads(results_name: str, schedule: str) -> pd.DataFrame:
+    """The distinct workloads with runs of our kernel (``ioaware-numba``) of ``schedule`` in a
+    results file, with how many block sizes each has — what the overlay can show."""
+    df = load_results_choice(results_name)["records"]
+    cols = ["seq_len_q", "head_dim", "dtype", "causal", "pass", "batch", "heads"]
+    if df.empty:
+        return pd.DataFrame(columns=cols + ["block_sizes"])
+    sel = df[(df["kernel"] == "ioaware-numba") & (df["schedule"] == schedule)
+             & (df["seq_len_q"] == df["seq_len_k"]) & df["block_q"].notna()]
+    return (sel.groupby(cols).size().rename("block_sizes").reset_index()
+            .sort_values(["block_sizes"], ascending=False).reset_index(drop=True))
 
 
 def measured_at(measured: pd.DataFrame, best) -> str:

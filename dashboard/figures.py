@@ -61,7 +61,7 @@ def softmax_output(walk: dict, max_dims: int = 8) -> go.Figure:
                                  name=f"o[{dim}]"))
     fig.update_xaxes(title="key block arrived", dtick=1)
     fig.update_yaxes(title="output so far")
-    return _layout(fig, "Output of the row as blocks arrive (converges to softmax(s)·V)")
+    return _layout(fig, "Output o after each key block")
 
 
 def softmax_scores(walk: dict, block_k: int) -> go.Figure:
@@ -165,8 +165,8 @@ def block_heatmap(grid: pd.DataFrame, metric: str, label: str,
         best = feas.loc[feas[metric].idxmin()]
         fig.add_trace(go.Scatter(x=[str(int(best["block_k"]))], y=[str(int(best["block_q"]))],
                                  mode="markers", name="predicted optimum",
-                                 marker=dict(symbol="star", size=22, color="gold",
-                                             line=dict(color="black", width=1))))
+                                 marker=dict(symbol="star", size=24, color="white",
+                                             line=dict(color="black", width=2))))
     if measured is not None and not measured.empty:
         fig.add_trace(go.Scatter(
             x=measured["block_k"].astype(str), y=measured["block_q"].astype(str), mode="markers+text",
@@ -324,4 +324,4 @@ def cumulative_bytes(walk: dict, step: int) -> go.Figure:
     fig.update_layout(shapes=[dict(type="line", x0=step + 1, x1=step + 1, y0=0, y1=1, yref="paper",
                                    line=dict(color="black", dash="dot"))],
                       xaxis_title="step", yaxis_title="bytes so far")
-    return _layout(fig, "Global-memory bytes moved so far", height=400)
+    return _layout(fig, "Bytes moved so far", height=400)

@@ -257,20 +257,21 @@ def test_measure_runs_a_sweep_with_progress(monkeypatch, tmp_path):
 
     class Harness:
         @staticmethod
-        def run_sweep(configs, progress=None):
+        def run_sweep(configs, progress=None, out_path=None):
             for i in range(len(configs)):
-                progress(i + 1, len(configs))
+                progress(i + 1, len(configs), None)
             calls.append(configs)
             return json.loads(FIXTURE.read_text())
 
     monkeypatch.setattr(data, "cuda_device", lambda: "Test GPU")
     monkeypatch.setattr(data, "import_measure", lambda: (Harness, None))
-    monkeypatch.setattr(data, "save_results", lambda content, gpu: tmp_path / "saved.json")
+    monkeypatch.setattr(data, "new_results_path", lambda gpu: tmp_path / "saved.json")
     at = ok(open_page("measure"))
     at.button[0].click().run()
     ok(at)
     assert calls and len(calls[0]) == 3 * 2 * 1 * 2 * 2  # N x d x dtype x causal x pass
     assert "saved.json" in texts(at.success)
+    assert json.loads((tmp_path / "saved.json").read_text())["schema"] == "ioaware.results/1"
 
 
 # -- data helpers ---------------------------------------------------------------------------------
@@ -293,3 +294,27 @@ def test_error_summary_and_filters():
     assert summary.loc[label, "max |error|"] == "30.0%"
     assert summary.loc[label, "mean error (bias)"] == "-10.0%"
     assert list(data.filter_records(df, {"kernel": ["b"]})["kernel"]) == ["b"]
+
+
+def test_explore_shows_what_sim_predicts():
+    """The Explore table is sim.predict's answer, not a number of the dashboard's own."""
+    import sim
+
+    at = open_page("explore")
+    at.select_slider(key="w_seq_len").set_value(2048).run()
+    table = ok(at).dataframe[0].value.set_index("schedule")
+    w = sim.Workload(batch=1, heads=16, seq_len_q=2048, head_dim=64, dtype="fp16")
+    for name in ("naive", "flash1", "flash2"):
+        p = sim.predict(w, sim.Schedule(name), "h100", l2="analytic")
+        assert table.loc[name, "global read (B)"] == p.hbm_read_bytes
+        assert table.loc[name, "DRAM write (B)"] == p.dram_write_bytes
+        assert table.loc[name, "predicted (ms)"] == pytest.approx(p.predicted_ms)
+
+
+def test_measure_configs_are_accepted_by_the_harness():
+    measure = pytest.importorskip("kernels.measure")
+    configs = data.measure_configs((1024,), (64, 128), ("fp16",), 1, 16, (False, True), ("fwd", "bwd"))
+    assert len(configs) == 8
+    for cfg in configs:
+        for kernel in measure.KERNELS:
+            measure.normalize_config(dict(cfg, kernel=kernel))  # raises on a field it rejects

@@ -87,9 +87,12 @@ class DevTools:
     """Minimal synchronous Chrome DevTools protocol client over one page target."""
 
     def __init__(self, ws_url: str):
+        from contextlib import ExitStack
+
         from websockets.sync.client import connect
 
-        self.ws = connect(ws_url, max_size=64 * 2**20, open_timeout=10)
+        self._stack = ExitStack()
+        self.ws = self._stack.enter_context(connect(ws_url, max_size=64 * 2**20, open_timeout=10))
         self.ids = itertools.count(1)
 
     def call(self, method: str, timeout: float = 20, **params):
@@ -108,7 +111,7 @@ class DevTools:
         return res.get("result", {}).get("value")
 
     def close(self):
-        self.ws.close()
+        self._stack.close()
 
 
 @pytest.fixture(scope="module")

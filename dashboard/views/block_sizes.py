@@ -36,7 +36,12 @@ if results_name != "(none)":
 if measured is not None and measured.empty:
     st.info(f"`{results_name}` has no runs of our kernel for this workload "
             f"(N={w['seq_len']}, d={w['head_dim']}, {w['dtype']}, "
-            f"{'causal' if w['causal'] else 'non-causal'}, {w['pass_']}); nothing to overlay.")
+            f"{'causal' if w['causal'] else 'non-causal'}, {w['pass_']}, "
+            f"batch·heads={w['batch'] * w['heads']}); nothing to overlay.")
+    available = data.measured_workloads(results_name, schedule)
+    if not available.empty:
+        with st.expander("Workloads this file has runs for (set them in the sidebar)"):
+            ui.table(available, "measured-workloads", hide_index=True)
 
 feasible = grid[grid["feasible"]]
 if feasible.empty:

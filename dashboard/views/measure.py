@@ -27,8 +27,12 @@ if gpu is None:
         "repository's `results/` directory (or set `IOAWARE_RESULTS` to its path), or load it "
         "on the *Predicted vs measured* page with the file picker."
     )
-    st.code("pip install -e \".[torch]\"\npython -m kernels.measure --help   # options of the sweep\n"
-            "python -m kernels.measure --out results/my-gpu.json", language="bash")
+    st.code("pip install -e \".[torch]\"\n"
+            "python -m kernels.measure --help            # all options of the sweep\n"
+            "python -m kernels.measure --out results/my-gpu.json \\\n"
+            "    --seq-lens 1024,2048,4096 --head-dims 64,128 --dtypes fp16 --passes fwd,bwd\n"
+            "python -m kernels.ncu --help                # optional: add hardware counters",
+            language="bash")
     st.stop()
 
 st.success(f"CUDA GPU found: **{gpu}**")
@@ -62,20 +66,23 @@ if submitted:
         frac = min(1.0, float(done) / max(1, total))
         bar.progress(frac, text=f"{done} / {total} configurations")
 
+    path = data.new_results_path(gpu)
     t0 = time.perf_counter()
-    try:
-        results = harness.run_sweep(configs, progress=progress)
+    try:  # the harness rewrites `path` after every configuration (an interrupted sweep resumes)
+        results = harness.run_sweep(configs, progress=progress, out_path=path)
     except Exception as exc:  # noqa: BLE001 - a failed sweep is reported, not raised
         st.error(f"The sweep failed: {type(exc).__name__}: {exc}")
         st.stop()
     content = json.dumps(results, indent=1).encode()
     try:
-        loaded = data.load_results_bytes(content, "measured-now.json")
+        loaded = data.load_results_bytes(content, path.name)
     except data.format_error_types() as exc:
         st.error(f"The sweep produced a results file that does not validate: {exc}")
         st.stop()
-    path = data.save_results(content, gpu)
+    if not path.exists():
+        path.write_bytes(content)
     st.success(f"Measured {len(loaded['records'])} records in {time.perf_counter() - t0:.0f} s; "
-               f"saved to `{path}`. Open *Predicted vs measured* to compare.")
+               f"saved to `{path}`. Open *Predicted vs measured* to compare; add hardware "
+               f"counters with `python -m kernels.ncu`.")
     st.download_button("Results (JSON)", content, file_name=path.name, mime="application/json",
                        on_click="ignore")
