@@ -31,7 +31,7 @@ from .workload import (DTYPE_BYTES, STAT_BYTES, Schedule, Workload, occupancy, r
 __all__ = ["Efficiency", "Prediction", "predict", "calibrate", "smem_traffic", "phase_programs",
            "MAX_TRACE_EVENTS"]
 
-MAX_TRACE_EVENTS = 2_000_000  # above this, l2="auto" uses the analytic L2 estimate
+MAX_TRACE_EVENTS = 2_000_000  # events + granule visits above which l2="auto" uses the analytic estimate
 
 
 @dataclass(frozen=True)
@@ -243,7 +243,8 @@ def predict(workload: Workload, schedule: Schedule | str, profile="h100", *, l2:
     # -- L2 model --
     mode = l2
     if mode == "auto":
-        est = _estimate_events(w, schedule, bq, bk)
+        # replay cost ~ events + granule visits (naive's whole-matrix events are millions of granules)
+        est = _estimate_events(w, schedule, bq, bk) + (summ["hbm_read_bytes"] + summ["hbm_write_bytes"]) // granularity
         mode = "trace" if est <= max_trace_events else "analytic"
     if mode == "trace":
         tr = make_trace(w, schedule, prof, block_q=bq, block_k=bk)
