@@ -13,6 +13,7 @@ otherwise). Inputs come back as they came in: same type, device and dtype.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 
@@ -156,7 +157,7 @@ def _apply(pb: Problem, q, k, v, backend):
     torch = torch_or_none()
     if pb.kind == "torch" and torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
         meta = dataclasses.replace(pb, q=None, k=None, v=None)
-        return _AttentionFunction.apply(q, k, v, meta, backend)
+        return _attention_function().apply(q, k, v, meta, backend)
     out4, lse3 = _forward(pb, backend)
     return pb.restore_q(out4), pb.restore_lse(lse3)
 
@@ -333,10 +334,10 @@ def _sel(x, sel):
 # ------------------------------------------------------------------------------------------------
 # autograd
 # ------------------------------------------------------------------------------------------------
-def _make_function():
+@functools.cache
+def _attention_function():
+    """The ``torch.autograd.Function``, built on first use so that importing ioaware needs no torch."""
     torch = torch_or_none()
-    if torch is None:
-        return None
 
     class AttentionFunction(torch.autograd.Function):
         """Saves ``q, k, v, out, lse`` only; the backward recomputes S and P from ``lse``."""
@@ -370,5 +371,3 @@ def meta_view(x, meta: Problem, kv=False):
     n = meta.seqlen_k if kv else meta.seqlen_q
     return x.detach().reshape(meta.batch, heads, n, meta.head_dim)
 
-
-_AttentionFunction = _make_function()
