@@ -99,7 +99,7 @@ def dkdv_smem_bytes(cfg: TileConfig, head_dim: int) -> int:
 # Forward; backward (dK/dV and dQ share the same tile shape so one BlockInfo serves both).
 _FWD_DEFAULT = ((32, (64, 64)), (64, (64, 32)), (128, (32, 16)), (256, (16, 8)))
 # Per-thread micro-tile (tm, tn) of the forward where the sweep picked one (else choose_tiles).
-FWD_TILES = {(64, 64, 32): (4, 4), (128, 32, 16): (4, 2)}
+FWD_TILES = {(64, 64, 32): (8, 4), (128, 32, 16): (4, 2)}
 _BWD_DEFAULT = ((32, (32, 32)), (64, (32, 32)), (128, (16, 16)), (256, (8, 8)))
 _SIM_DEFAULT = (16, 16)
 
