@@ -191,12 +191,13 @@ def load_results_bytes(content: bytes, name: str = "<upload>") -> dict:
     except UnicodeDecodeError as exc:
         raise mod.ResultsFormatError(f"{name}: not UTF-8 text ({exc})") from None
     provenance = dict(doc.get("provenance") or {})
+    raw = [dict(r, provenance=provenance) for r in doc["records"]]
     df = pd.DataFrame.from_records([{k: v for k, v in r.items() if k != "provenance"}
                                     for r in doc["records"]])
     if not df.empty and "gpu" not in df.columns:
         df.insert(0, "gpu", provenance.get("gpu", "unknown"))
     digest = hashlib.sha1(content).hexdigest()
-    return {"records": df, "provenance": provenance, "name": name, "digest": digest}
+    return {"records": df, "raw": raw, "provenance": provenance, "name": name, "digest": digest}
 
 
 def load_results_path(path: str | Path) -> dict:
@@ -368,6 +369,14 @@ def _schedule(name, block_q=None, block_k=None):
 
 
 L2_MODES = {"analytic": "analytic estimate (fast)", "trace": "trace replay (exact, slow at large N)"}
+# Largest batch·heads·N² for which the Explore page replays the trace through the L2 model:
+# at 16·8192² the naive schedule's replay takes a few seconds on a laptop, and grows as N².
+TRACE_L2_MAX_SCORES = 16 * 8192**2
+
+
+def trace_l2_affordable(batch: int, heads: int, seq_len: int) -> bool:
+    """Whether the trace-replay L2 model is quick enough to run interactively."""
+    return batch * heads * seq_len**2 <= TRACE_L2_MAX_SCORES
 
 
 def _predict(workload, schedule, profile, l2: str = "analytic") -> dict:
@@ -563,62 +572,25 @@ def load_results_choice(name: str) -> dict:
     raise FileNotFoundError(f"results file {name!r} is no longer available")
 
 
-# metric -> (label, measured column(s) summed, predicted column(s) summed)
-COMPARED_METRICS = {
-    "time_ms": "Time, raw roofline (ms)",
-    "time_cal_ms": "Time, calibrated (ms)",
-    "global_bytes": "Global-memory bytes",
-    "dram_bytes": "DRAM bytes",
-    "flops": "FLOPs",
-}
-_MEASURED_COLS = {"time_ms": ("time_ms",), "time_cal_ms": ("time_ms",), "global_bytes": ("global_load_bytes", "global_store_bytes"),
-                  "dram_bytes": ("dram_read_bytes", "dram_write_bytes"), "flops": ("flops_executed",)}
-_PREDICTED_COLS = {"time_ms": ("predicted_ms",), "time_cal_ms": ("predicted_ms_calibrated",), "global_bytes": ("hbm_read_bytes", "hbm_write_bytes"),
-                   "dram_bytes": ("dram_read_bytes", "dram_write_bytes"), "flops": ("flops",)}
-RECORD_KEYS = ("gpu", "kernel", "schedule", "pass", "dtype", "batch", "heads", "heads_kv",
-               "seq_len_q", "seq_len_k", "head_dim", "causal", "block_q", "block_k")
+def compared_metrics() -> dict:
+    """``{metric: label}`` of the metrics ``sim.compare`` compares (global bytes, DRAM bytes,
+    FLOPs, raw and calibrated time)."""
+    return {m: spec[0] for m, spec in importlib.import_module("sim.compare").METRICS.items()}
 
 
-def _sum_cols(rec, cols):
-    vals = [rec.get(c) for c in cols]
-    if any(v is None or (isinstance(v, float) and np.isnan(v)) for v in vals):
-        return np.nan
-    return float(sum(vals))
+@st.cache_data(show_spinner="Predicting every record…", max_entries=32)
+def compare_measured(digest: str, profile: str, l2: str, _records: list) -> dict:
+    """Join measured records with sim's predictions (``sim.compare.compare``) on ``profile``.
 
-
-@st.cache_data(show_spinner=False, max_entries=32)
-def compare_measured(digest: str, profile: str, _records: pd.DataFrame) -> pd.DataFrame:
-    """Join measured records with sim's prediction for the same configuration on ``profile``.
-
-    ``digest`` identifies the records (content hash) for the cache. One row per record: the
-    configuration, then for each of ``COMPARED_METRICS`` ``measured_<m>``, ``predicted_<m>``
-    and ``error_<m>`` = predicted / measured − 1 (NaN where not measured). Records whose
-    schedule sim does not know are kept with NaN predictions and a ``note``.
+    ``digest`` identifies the records (content hash of the file) for the cache. Returns
+    ``{"records": DataFrame (one row per record: key fields, measured_/predicted_/rel_error_
+    per metric, model_note), "summary": sim.compare.summary, "blocks":
+    sim.compare.block_size_check}``.
     """
-    prof = _profile(profile, None)
-    rows = []
-    for rec in _records.to_dict("records"):
-        rec = {k: (None if isinstance(v, float) and np.isnan(v) else v) for k, v in rec.items()}
-        out = {k: rec.get(k) for k in RECORD_KEYS}
-        note = ""
-        try:
-            ints = ("batch", "heads", "heads_kv", "seq_len_q", "seq_len_k", "head_dim")
-            wl = _sim().Workload.from_record(
-                {**rec, **{k: int(rec[k]) for k in ints if rec.get(k) is not None}})
-            for k in ("block_q", "block_k"):
-                rec[k] = int(rec[k]) if rec.get(k) is not None else None
-            pred = _predict(wl, _sim().schedule_for_record(rec), prof, "analytic")
-        except (ValueError, KeyError, TypeError) as exc:
-            pred, note = {}, f"not predicted: {exc}"
-        for m in COMPARED_METRICS:
-            measured = _sum_cols(rec, _MEASURED_COLS[m])
-            predicted = _sum_cols(pred, _PREDICTED_COLS[m]) if pred else np.nan
-            out[f"measured_{m}"] = measured
-            out[f"predicted_{m}"] = predicted
-            out[f"error_{m}"] = predicted / measured - 1 if measured and measured > 0 else np.nan
-        out["note"] = note
-        rows.append(out)
-    return pd.DataFrame(rows)
+    cmp = importlib.import_module("sim.compare")
+    df = cmp.compare(list(_records), profile, l2=l2)
+    df = df.drop(columns=[c for c in ("efficiency",) if c in df])
+    return {"records": df, "summary": cmp.summary(df), "blocks": cmp.block_size_check(df)}
 
 
 def filter_records(df: pd.DataFrame, filters: dict) -> pd.DataFrame:
@@ -630,20 +602,25 @@ def filter_records(df: pd.DataFrame, filters: dict) -> pd.DataFrame:
     return df[keep].reset_index(drop=True)
 
 
-def error_summary(df: pd.DataFrame) -> pd.DataFrame:
-    """Per metric: records compared, median and 90th-percentile |error|, worst error, bias."""
-    rows = []
-    for m, label in COMPARED_METRICS.items():
-        err = df[f"error_{m}"].dropna()
-        if err.empty:
-            rows.append({"metric": label, "records": 0, "median |error|": "not measured",
-                         "p90 |error|": "—", "max |error|": "—", "mean error (bias)": "—"})
-            continue
-        a = err.abs()
-        rows.append({"metric": label, "records": int(len(err)),
-                     "median |error|": f"{a.median():.1%}", "p90 |error|": f"{a.quantile(0.9):.1%}",
-                     "max |error|": f"{a.max():.1%}", "mean error (bias)": f"{err.mean():+.1%}"})
-    return pd.DataFrame(rows)
+def compare_summary(view: pd.DataFrame) -> pd.DataFrame:
+    """``sim.compare.summary`` of the (filtered) joined records."""
+    return importlib.import_module("sim.compare").summary(view)
+
+
+def display_summary(summary: pd.DataFrame) -> pd.DataFrame:
+    """``sim.compare.summary`` with readable columns (percentages as text)."""
+    if summary.empty:
+        return pd.DataFrame(columns=["metric", "records", "n"])
+    out = summary.copy()
+    for col in ("median_abs_err_pct", "max_abs_err_pct", "mean_signed_err_pct", "target_pct",
+                "within_target_pct", "required_pct"):
+        if col in out:
+            out[col] = [("—" if v is None or pd.isna(v) else f"{v:.1f}%") for v in out[col]]
+    out["met"] = ["—" if v is None or pd.isna(v) else ("yes" if v else "NO") for v in out["met"]]
+    return out.rename(columns={
+        "median_abs_err_pct": "median |error|", "max_abs_err_pct": "max |error|",
+        "mean_signed_err_pct": "mean error (bias)", "target_pct": "target |error|",
+        "within_target_pct": "within target", "required_pct": "required share", "met": "target met"})
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
@@ -657,6 +634,8 @@ def measured_blocks(results_name: str, schedule: str, seq_len: int, head_dim: in
     df = loaded["records"]
     if df.empty:
         return pd.DataFrame(columns=["block_q", "block_k", "time_ms"])
+    if "variant" in df:  # the tensor-core forward is another kernel than the modelled schedule
+        df = df[df["variant"].fillna("simt") == "simt"]
     sel = df[(df["kernel"] == "ioaware-numba") & (df["schedule"] == schedule)
              & (df["seq_len_q"] == seq_len) & (df["seq_len_k"] == seq_len)
              & (df["head_dim"] == head_dim) & (df["dtype"] == dtype)

@@ -234,7 +234,8 @@ def scaling_memory(table: pd.DataFrame) -> go.Figure:
 # ------------------------------------------------------------------------------------------------
 def predicted_vs_measured(df: pd.DataFrame, metric: str, label: str) -> go.Figure:
     """Predicted against measured ``metric`` per record (log-log), coloured by kernel, with the
-    y = x line and ±25 % band."""
+    y = x line and ±25 % band. Columns as ``sim.compare.compare``: ``measured_<metric>``,
+    ``predicted_<metric>``, ``rel_error_<metric>``."""
     sel = df[df[f"measured_{metric}"].notna() & df[f"predicted_{metric}"].notna()]
     fig = go.Figure()
     if not sel.empty:
@@ -247,10 +248,11 @@ def predicted_vs_measured(df: pd.DataFrame, metric: str, label: str) -> go.Figur
                                  line=dict(color="#bbb", dash="dot")))
         fig.add_trace(go.Scatter(x=line, y=line / 1.25, mode="lines", showlegend=False,
                                  line=dict(color="#bbb", dash="dot")))
-        for kernel, part in sel.groupby("kernel"):
-            text = [f"{r['schedule']} {r['pass']} {r['dtype']} N={r['seq_len_q']} d={r['head_dim']}"
+        group = "family" if "family" in sel else "kernel"
+        for kernel, part in sel.groupby(group):
+            text = [f"{r['pass']} {r['dtype']} N={r['seq_len_q']} d={r['head_dim']}"
                     f"{' causal' if r['causal'] else ''} blocks {r['block_q']}×{r['block_k']}"
-                    f"<br>error {r[f'error_{metric}']:+.1%}" for _, r in part.iterrows()]
+                    f"<br>error {r[f'rel_error_{metric}']:+.1%}" for _, r in part.iterrows()]
             fig.add_trace(go.Scatter(x=part[f"measured_{metric}"], y=part[f"predicted_{metric}"],
                                      mode="markers", name=str(kernel), text=text,
                                      hovertemplate="measured %{x:.4g}<br>predicted %{y:.4g}<br>"

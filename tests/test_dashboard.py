@@ -177,10 +177,14 @@ def test_measured_with_fixture(offer):
     assert len(charts(at)) >= 2
     records = at.dataframe[-1].value
     assert len(records) == len(json.loads(FIXTURE.read_text())["records"])
-    at.multiselect(key="pm_kernel").set_value(["eager"]).run()
+    summary = at.dataframe[1].value.set_index("metric")  # sim.compare's table, shown as is
+    assert summary.loc["global_bytes", "n"] > 0
+    at.multiselect(key="pm_family").set_value(["eager"]).run()
     ok(at)
     assert set(at.dataframe[-1].value["kernel"]) == {"eager"}
-    at.multiselect(key="pm_kernel").set_value([]).run()
+    at.selectbox(key="pm_l2").set_value("auto").run()
+    ok(at)
+    at.multiselect(key="pm_family").set_value([]).run()
     ok(at)
     assert "No records match" in texts(at.info)
 
@@ -286,14 +290,16 @@ def test_online_softmax_walk_matches_exact_softmax(causal):
         assert walk["check"]["max_abs_err_ioaware_tiled_fp32"] < 1e-5  # float32 accumulation
 
 
-def test_error_summary_and_filters():
-    df = pd.DataFrame({"kernel": ["a", "b"], "dtype": ["fp16", "fp16"],
-                       **{f"error_{m}": [0.1, -0.3] for m in data.COMPARED_METRICS}})
-    summary = data.error_summary(df).set_index("metric")
-    label = data.COMPARED_METRICS["time_ms"]
-    assert summary.loc[label, "max |error|"] == "30.0%"
-    assert summary.loc[label, "mean error (bias)"] == "-10.0%"
+def test_summary_display_and_filters():
+    summary = pd.DataFrame([{"metric": "flops", "what": "x", "records": "all", "n": 2,
+                             "median_abs_err_pct": 1.5, "max_abs_err_pct": 3.0,
+                             "mean_signed_err_pct": -0.5, "target_pct": 2.0,
+                             "within_target_pct": 50.0, "required_pct": 100.0, "met": False}])
+    shown = data.display_summary(summary).iloc[0]
+    assert shown["max |error|"] == "3.0%" and shown["target met"] == "NO"
+    df = pd.DataFrame({"kernel": ["a", "b"], "dtype": ["fp16", "fp16"]})
     assert list(data.filter_records(df, {"kernel": ["b"]})["kernel"]) == ["b"]
+    assert data.filter_records(df, {"kernel": []}).empty
 
 
 def test_explore_shows_what_sim_predicts():
@@ -318,3 +324,15 @@ def test_measure_configs_are_accepted_by_the_harness():
     for cfg in configs:
         for kernel in measure.KERNELS:
             measure.normalize_config(dict(cfg, kernel=kernel))  # raises on a field it rejects
+
+
+def test_explore_trace_l2_model_and_its_limit():
+    at = open_page("explore")
+    at.select_slider(key="w_seq_len").set_value(1024)
+    at.selectbox(key="w_l2").set_value("trace").run()
+    ok(at)
+    assert set(at.dataframe[0].value["L2 model"]) == {"trace"}
+    at.select_slider(key="w_seq_len").set_value(65536).run()
+    ok(at)
+    assert "limited" in texts(at.info)
+    assert set(at.dataframe[0].value["L2 model"]) == {"analytic"}

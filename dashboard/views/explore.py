@@ -17,6 +17,11 @@ l2 = st.sidebar.selectbox("L2 model", list(data.L2_MODES), key="w_l2",
                           help="How DRAM bytes are predicted from the global-memory traffic: sim's "
                                "analytic estimate, or the replay of the full event trace through "
                                "an LRU L2 (what `python -m sim predict` does by default).")
+if l2 == "trace" and not data.trace_l2_affordable(w["batch"], w["heads"], w["seq_len"]):
+    st.info("The trace replay of the L2 model is limited to batch·heads·N² ≤ "
+            f"{data.TRACE_L2_MAX_SCORES:,} scores here (it takes minutes beyond that); "
+            "showing the analytic estimate.")
+    l2 = "analytic"
 try:
     table, ceilings = data.compare_schedules(**w, l2=l2)
 except ValueError as exc:
