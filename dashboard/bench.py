@@ -49,6 +49,7 @@ INTERACTIONS = {
                 ("selectbox", "w_dtype", "fp16"), ("select_slider", "w_head_dim", 64)],
     "measured": [("multiselect", "pm_family", ["ioaware-numba"]), ("multiselect", "pm_dtype", ["fp16"]),
                  ("selectbox", "pm_profile", "h200"), ("selectbox", "pm_profile", "h100"),
+                 ("radio", "pm_metric", "time_raw"), ("radio", "pm_metric", "global_bytes"),
                  ("multiselect", "pm_dtype", None), ("multiselect", "pm_family", None)],
     "step": [("slider", "st_step", 5), ("slider", "st_step", 10), ("slider", "st_row", 3),
              ("selectbox", "st_schedule", "flash1"), ("checkbox", "st_causal", True),

@@ -572,10 +572,16 @@ def load_results_choice(name: str) -> dict:
     raise FileNotFoundError(f"results file {name!r} is no longer available")
 
 
+_SHORT_LABELS = {"global_bytes": "Global-memory bytes", "dram_bytes": "DRAM bytes",
+                 "flops": "FLOPs", "time_raw": "Time, raw roofline (ms)",
+                 "time_calibrated": "Time, calibrated (ms)"}
+
+
 def compared_metrics() -> dict:
-    """``{metric: label}`` of the metrics ``sim.compare`` compares (global bytes, DRAM bytes,
-    FLOPs, raw and calibrated time)."""
-    return {m: spec[0] for m, spec in importlib.import_module("sim.compare").METRICS.items()}
+    """``{metric: short label}`` of the metrics ``sim.compare`` compares (global bytes, DRAM
+    bytes, FLOPs, raw and calibrated time)."""
+    return {m: _SHORT_LABELS.get(m, spec[0])
+            for m, spec in importlib.import_module("sim.compare").METRICS.items()}
 
 
 @st.cache_data(show_spinner="Predicting every record…", max_entries=32)

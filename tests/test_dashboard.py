@@ -174,11 +174,16 @@ def test_measured_with_fixture(offer):
     offer([FIXTURE])
     at = ok(open_page("measured"))
     assert "SYNTHETIC" in at.dataframe[0].value.to_string()  # provenance block
-    assert len(charts(at)) >= 2
+    assert len(charts(at)) == 1
     records = at.dataframe[-1].value
     assert len(records) == len(json.loads(FIXTURE.read_text())["records"])
     summary = at.dataframe[1].value.set_index("metric")  # sim.compare's table, shown as is
     assert summary.loc["global_bytes", "n"] > 0
+    assert len(at.radio(key="pm_metric").options) == len(data.compared_metrics())
+    for metric in data.compared_metrics():  # one scatter per metric, chosen by the radio
+        at.radio(key="pm_metric").set_value(metric).run()
+        ok(at)
+        assert len(charts(at)) == 1
     at.multiselect(key="pm_family").set_value(["eager"]).run()
     ok(at)
     assert set(at.dataframe[-1].value["kernel"]) == {"eager"}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from dashboard import data, figures, ui
+from dashboard import charts, data, ui
 
 UPLOAD = "Upload a results file…"
 
@@ -73,12 +73,13 @@ for col, field in zip(cols, ("gpu", "family", "dtype", "pass")):
     options = sorted(map(str, records_df[field].dropna().unique())) if field in records_df else []
     label = "Kernel" if field == "family" else field.upper() if field == "gpu" else field.capitalize()
     filters[field] = col.multiselect(label, options, default=options, key=f"pm_{field}")
-view = data.filter_records(records_df, filters)
+key = tuple((field, tuple(values)) for field, values in filters.items())
+joined, view, cmp_summary, metrics = charts.measured_view(loaded["digest"], profile, l2, key,
+                                                          _records=loaded["raw"])
 if view.empty:
     st.info("No records match the filters.")
     st.stop()
 
-cmp_summary = data.compare_summary(view)
 st.subheader("Error by metric")
 st.caption("Relative error = (predicted − measured) / measured, over the records shown; targets "
            "are issue 6's (global bytes and FLOPs of our kernel within 5 % and 2 %, DRAM bytes "
@@ -91,16 +92,17 @@ if not joined["blocks"].empty:
                "fastest, the model's pick among them, and whether the pick runs within 10 %.")
     ui.table(joined["blocks"], "block-size-check", hide_index=True)
 
-metrics = {m: label for m, label in data.compared_metrics().items()
-           if view[f"measured_{m}"].notna().any() and view[f"predicted_{m}"].notna().any()}
+st.subheader("Predicted against measured")
 if not metrics:
     st.info("These records carry no measured value the model predicts.")
 else:
-    chart_cols = st.columns(min(3, len(metrics)))
-    for i, (metric, label) in enumerate(metrics.items()):
-        with chart_cols[i % len(chart_cols)]:
-            ui.chart(figures.predicted_vs_measured(view, metric, label),
-                     f"predicted-vs-measured-{metric}")
+    metric = st.radio("Metric", list(metrics), format_func=metrics.get, horizontal=True,
+                      key="pm_metric")
+    if metric not in metrics:
+        metric = next(iter(metrics))
+    fig = charts.measured_scatter(loaded["digest"], profile, l2, key, metric, metrics[metric],
+                                  _view=view)
+    ui.chart(fig, f"predicted-vs-measured-{metric}")
 
 st.subheader("Records")
 ui.table(view, "predicted-vs-measured-records", hide_index=True)
