@@ -32,20 +32,21 @@ CHROMIUM = next((p for p in (os.environ.get("CHROMIUM"), shutil.which("chromium"
                              "/usr/bin/chromium", shutil.which("chromium-browser"))
                  if p and Path(p).exists()), None)
 
-# url path -> minimum number of Plotly charts the page draws with the fixture results loaded
+# url path -> (minimum number of Plotly charts the page draws with the fixture results loaded,
+#              CSS selector of an element the finished page must contain)
 PAGES = {
-    "explore": 2,
-    "block_sizes": 1,
-    "scaling": 3,
-    "measured": 1,
-    "step": 3,
-    "measure": 0,
+    "explore": (2, '[data-testid="stDataFrame"]'),
+    "block_sizes": (1, '[data-testid="stDataFrame"]'),
+    "scaling": (3, '[data-testid="stDataFrame"]'),
+    "measured": (1, '[data-testid="stDataFrame"]'),
+    "step": (3, '[data-testid="stDataFrame"]'),
+    "measure": (0, '[data-testid="stAlert"]'),  # "no GPU" (or, on a GPU machine, the form)
 }
 
 # JavaScript evaluated in the page: how many charts drew, whether Streamlit is still running,
 # and the text of any error box.
 PROBE = """
-(() => {
+((marker) => {
   const q = (s) => Array.from(document.querySelectorAll(s));
   const errors = q('[data-testid="stException"]').map(e => 'exception: ' + e.innerText)
     .concat(q('[data-testid="stAlertContentError"]').map(e => 'error: ' + e.innerText))
@@ -57,12 +58,12 @@ PROBE = """
     plots: q('.js-plotly-plot').length,
     drawn: q('.js-plotly-plot .main-svg').length > 0 ?
            q('.js-plotly-plot').filter(p => p.querySelector('.main-svg')).length : 0,
-    running: q('[data-testid="stStatusWidget"]').some(w => /running/i.test(w.innerText)) ||
+    marker: q(marker).length + q('[data-testid="stForm"]').length,
+    running: q('[data-testid="stStatusWidget"]').some(w => /running|stop/i.test(w.innerText)) ||
              q('[data-testid="stSkeleton"]').length > 0,
     errors: errors,
   });
-})()
-"""
+})"""
 
 
 def _free_port() -> int:
@@ -115,10 +116,18 @@ class DevTools:
 
 
 @pytest.fixture(scope="module")
-def app_url(tmp_path_factory):
+def malformed(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("results") / "malformed.json"
+    path.write_text('{"schema": "ioaware.results/1", "records": "not a list"}')
+    return path
+
+
+@pytest.fixture(scope="module")
+def app_url(tmp_path_factory, malformed):
     port = _free_port()
     pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    env = dict(os.environ, IOAWARE_RESULTS=str(FIXTURE), PYTHONPATH=pythonpath)
+    env = dict(os.environ, IOAWARE_RESULTS=os.pathsep.join([str(FIXTURE), str(malformed)]),
+               PYTHONPATH=pythonpath)
     log = tmp_path_factory.mktemp("streamlit") / "streamlit.log"
     with open(log, "w") as log_file:
         proc = subprocess.Popen(
@@ -183,30 +192,46 @@ def shot_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("screenshots")
 
 
-@pytest.mark.parametrize("url_path", list(PAGES))
-def test_page_renders_in_chromium(browser, app_url, shot_dir, url_path):
-    """Every page loads, its Plotly charts draw, and no error box appears."""
-    # the default page (Explore) lives at the app's root URL
-    browser.call("Page.navigate", url=f"{app_url}/{'' if url_path == 'explore' else url_path}")
-    want = PAGES[url_path]
+def _load(browser, url: str, want_plots: int, marker: str, *, fail_on_error: bool = True) -> dict:
+    """Navigate and wait until the page has finished: marker present, Streamlit idle, at least
+    ``want_plots`` Plotly charts all drawn, one second without change. Returns the last probe."""
+    browser.call("Page.navigate", url=url)
+    probe = f"{PROBE}({json.dumps(marker)})"
     deadline = time.monotonic() + 45
     stable, state = 0, {}
     while time.monotonic() < deadline:
         time.sleep(0.25)
-        raw = browser.evaluate(PROBE)
+        raw = browser.evaluate(probe)
         if not raw:
             continue
         state = json.loads(raw)
-        assert not state["errors"], f"{url_path}: Streamlit error box: {state['errors']}"
-        done = (state["app"] and state["main"] and not state["running"]
-                and state["plots"] >= want and state["drawn"] == state["plots"])
+        if fail_on_error:
+            assert not state["errors"], f"{url}: Streamlit error box: {state['errors']}"
+        done = (state["app"] and state["main"] and state["marker"] and not state["running"]
+                and state["plots"] >= want_plots and state["drawn"] == state["plots"])
         stable = stable + 1 if done else 0
         if stable >= 4:  # one second without change: the run has finished
-            break
-    else:
-        pytest.fail(f"{url_path}: page did not finish rendering: {state}")
+            return state
+    pytest.fail(f"{url}: page did not finish rendering: {state}")
+
+
+@pytest.mark.parametrize("url_path", list(PAGES))
+def test_page_renders_in_chromium(browser, app_url, shot_dir, url_path):
+    """Every page loads, its Plotly charts draw, and no error box appears."""
+    want, marker = PAGES[url_path]
+    # the default page (Explore) lives at the app's root URL
+    _load(browser, f"{app_url}/{'' if url_path == 'explore' else url_path}", want, marker)
     png = browser.call("Page.captureScreenshot", format="png")["data"]
     (shot_dir / f"{url_path}.png").write_bytes(base64.b64decode(png))
-    final = json.loads(browser.evaluate(PROBE))
+    final = json.loads(browser.evaluate(f"{PROBE}({json.dumps(marker)})"))
     assert not final["errors"], f"{url_path}: Streamlit error box: {final['errors']}"
     assert final["plots"] >= want
+
+
+def test_error_box_is_detected(browser, app_url, malformed):
+    """The probe above does see Streamlit's error box: a malformed results file shows one."""
+    from urllib.parse import quote
+
+    state = _load(browser, f"{app_url}/measured?results={quote(str(malformed))}", 0,
+                  '[data-testid="stAlert"]', fail_on_error=False)
+    assert any("not a valid results file" in e for e in state["errors"]), state

@@ -18,6 +18,9 @@ if not choices:
     st.info("No results files were found in `results/`, so there is nothing measured to compare "
             "yet. Measure on a GPU (`python -m kernels.measure`, see the *Measure* page) and copy "
             "the file into `results/`, or upload one below.")
+wanted = st.query_params.get("results")  # deep link: .../measured?results=<file in the list>
+if wanted in choices and "pm_source" not in st.session_state:
+    st.session_state["pm_source"] = wanted
 source = st.selectbox("Results", choices + [UPLOAD], key="pm_source")
 
 loaded = None
