@@ -98,6 +98,10 @@ def test_explore_custom_gpu_profile():
     after = at.dataframe[0].value.set_index("schedule").loc["naive", "predicted (ms)"]
     assert after > before  # naive attention is bandwidth-bound: a slower DRAM slows it
     assert len(charts(at)) == 2
+    # an impossible GPU (more shared memory per block than per SM) is explained, not raised
+    at.number_input(key="w_custom_smem_bytes_per_block").set_value(512.0).run()
+    assert not at.exception
+    assert "smem_bytes_per_block" in texts(at.warning)
 
 
 def test_explore_edge_workloads():

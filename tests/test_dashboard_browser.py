@@ -25,6 +25,8 @@ from pathlib import Path
 import pytest
 
 pytestmark = pytest.mark.browser
+pytest.importorskip("streamlit")
+pytest.importorskip("websockets")
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "data" / "fixture_results_synthetic.json"

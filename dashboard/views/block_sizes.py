@@ -24,7 +24,7 @@ results_name = c3.selectbox("Measured overlay from", ["(none)"] + data.results_c
 try:
     grid = data.block_grid(schedule=schedule, **w)
 except ValueError as exc:
-    st.warning(f"The model rejected this workload: {exc}")
+    st.warning(f"The model rejected these inputs: {exc}")
     st.stop()
 
 measured = None

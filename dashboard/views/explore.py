@@ -25,7 +25,7 @@ if l2 == "trace" and not data.trace_l2_affordable(w["batch"], w["heads"], w["seq
 try:
     table, ceilings = data.compare_schedules(**w, l2=l2)
 except ValueError as exc:
-    st.warning(f"The model rejected this workload: {exc}")
+    st.warning(f"The model rejected these inputs: {exc}")
     st.stop()
 
 naive, flash2 = table.set_index("schedule").loc["naive"], table.set_index("schedule").loc["flash2"]

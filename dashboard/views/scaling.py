@@ -23,7 +23,7 @@ seq_lens = tuple(n for n in ui.SEQ_LENS if lo <= n <= hi)
 try:
     table, bounds = data.scaling(seq_lens=seq_lens, **{k: v for k, v in w.items() if k != "seq_len"})
 except ValueError as exc:
-    st.warning(f"The model rejected this workload: {exc}")
+    st.warning(f"The model rejected these inputs: {exc}")
     st.stop()
 
 c1, c2 = st.columns(2)
