@@ -2,7 +2,7 @@
 
 Registers the six pages (files in ``dashboard/views/``) with ``st.navigation``. The sidebar's
 workload controls are drawn by the model pages themselves (``dashboard.ui.workload_sidebar``);
-their values persist across pages in session state.
+their values persist across pages (Streamlit keeps widget values per browser tab).
 """
 from __future__ import annotations
 

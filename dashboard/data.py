@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import importlib
 import io
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -444,8 +443,12 @@ def model_notes() -> str:
     """The model's stated assumptions, when sim documents them."""
     sim, _ = import_sim()
     note = getattr(sim, "MODEL_NOTES", None) if sim is not None else None
-    return note or ("Predicted time is sim's roofline: per phase, the maximum of bytes over "
-                    "bandwidth and FLOPs over peak; see `python -m sim predict --help`.")
+    return note or (
+        "Predicted time is sim's roofline, per kernel phase: max(DRAM bytes / DRAM bandwidth, "
+        "global bytes / L2 bandwidth, matmul FLOPs / matmul peak, other FLOPs / fp32 peak), "
+        "divided by the SMs' utilisation (wave quantisation of the thread blocks). Raw = at peak; "
+        "calibrated = with efficiency factors fitted on measured results of the same GPU. "
+        "`python -m sim predict --help` gives the same numbers from the command line.")
 
 
 GRID_METRICS = {
@@ -629,7 +632,6 @@ def display_summary(summary: pd.DataFrame) -> pd.DataFrame:
         "within_target_pct": "within target", "required_pct": "required share", "met": "target met"})
 
 
-@st.cache_data(show_spinner=False, max_entries=64)
 def measured_blocks(results_name: str, schedule: str, seq_len: int, head_dim: int, batch: int,
                     heads: int, dtype: str, pass_: str, causal: bool, profile: str,
                     custom: tuple | None = None, density: float = 1.0) -> pd.DataFrame:
@@ -682,15 +684,6 @@ def measured_at(measured: pd.DataFrame, best) -> str:
 TRACE_TENSORS = ("Q", "K", "V", "O")
 
 
-def _get(ev, *names, default=None):
-    for name in names:
-        if isinstance(ev, dict) and name in ev:
-            return ev[name]
-        if hasattr(ev, name):
-            return getattr(ev, name)
-    return default
-
-
 @st.cache_data(show_spinner=False, max_entries=64)
 def trace_walk(schedule: str, seq_len: int, head_dim: int, block_q: int, block_k: int,
                causal: bool, dtype: str = "fp16") -> dict:
@@ -704,21 +697,21 @@ def trace_walk(schedule: str, seq_len: int, head_dim: int, block_q: int, block_k
     "total_bytes", "schedule"}``. Blocks of naive's whole-tensor passes are counted in the
     page's block_q / block_k for display.
     """
-    trace_mod = importlib.import_module("sim.trace")
+    sim = _sim()
+    ops = importlib.import_module("sim.trace").OPS
     wl = _workload(seq_len, head_dim, 1, 1, dtype, "fwd", causal, 1.0)
-    sched = _sim_module("sim.workload").Schedule(schedule, None if schedule == "naive" else block_q,
-                                                 None if schedule == "naive" else block_k)
-    tr = trace_mod.trace(wl, sched, block_q=None if schedule == "naive" else block_q,
-                         block_k=None if schedule == "naive" else block_k)
+    tiled = schedule != "naive"
+    tr = sim.trace(wl, sim.Schedule(schedule, block_q if tiled else None, block_k if tiled else None),
+                   block_q=block_q if tiled else None, block_k=block_k if tiled else None)
     c = tr.columns
     key = np.stack([c["phase"], c["program"], c["step"]], 1)
     new = np.ones(len(key), dtype=bool)
     new[1:] = (key[1:] != key[:-1]).any(1)
     step = np.cumsum(new) - 1
-    ops = np.asarray(trace_mod.OPS)[c["op"]]
+    op_names = np.asarray(ops)[c["op"]]
     tensors = np.asarray(list(tr.tensors) + [""])[np.where(c["tensor"] >= 0, c["tensor"], len(tr.tensors))]
     ev = pd.DataFrame({"step": step, "phase": np.asarray(tr.phases)[c["phase"]],
-                       "program": c["program"], "op": ops, "tensor": tensors,
+                       "program": c["program"], "op": op_names, "tensor": tensors,
                        "q_block": c["m"], "k_block": c["n"], "row_start": c["row_start"],
                        "row_stop": c["row_stop"], "bytes": c["bytes"],
                        "flops": c["matmul_flops"] + c["other_flops"]})
@@ -735,13 +728,6 @@ def trace_walk(schedule: str, seq_len: int, head_dim: int, block_q: int, block_k
             "tensors": tensors,
             "n_blocks_q": -(-seq_len // block_q), "n_blocks_k": -(-seq_len // block_k),
             "total_bytes": int(read.sum() + write.sum()), "schedule": schedule}
-
-
-def _sim_module(name: str):
-    return importlib.import_module(name)
-
-
-_Q_SIDE = {"Q", "O", "lse", "l", "m", "dO", "dQ", "D", "dQacc"}
 
 
 def _blocks_touched(rows: pd.DataFrame, block: int) -> set[int]:

@@ -1,4 +1,4 @@
-"""Layout helpers shared by the dashboard's pages: the workload sidebar, charts and tables with
+"""Layout pieces shared by the dashboard's pages: the workload sidebar, charts and tables with
 their download buttons, and the guard that explains a missing `sim` instead of a traceback.
 
 Nothing here computes model numbers; that is `dashboard.data` (and `sim` underneath).
@@ -24,7 +24,7 @@ HEAD_DIMS = [32, 64, 96, 128, 256]
 DTYPES = ["fp16", "bf16", "fp32"]
 PASSES = ["fwd", "bwd", "fwd+bwd"]
 
-# Session-state keys of the sidebar widgets, with their defaults. Values persist across pages.
+# Widget keys of the sidebar controls, with their defaults. Values persist across pages.
 WORKLOAD_DEFAULTS = {
     "w_seq_len": 4096,
     "w_head_dim": 64,
@@ -58,7 +58,7 @@ def require_sim():
 
 
 def _keep_state(keys) -> None:
-    # A widget's value is dropped from session state on a run where the widget is not drawn
+    # A widget's value is dropped from st.session_state on a run where the widget is not drawn
     # (e.g. on a page without the sidebar); re-assigning it keeps it across page switches.
     for key in keys:
         if key in st.session_state:

@@ -287,7 +287,7 @@ def test_measure_runs_a_sweep_with_progress(monkeypatch, tmp_path):
     assert json.loads((tmp_path / "saved.json").read_text())["schema"] == "ioaware.results/1"
 
 
-# -- data helpers ---------------------------------------------------------------------------------
+# -- data functions ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("causal", [False, True])
 def test_online_softmax_walk_matches_exact_softmax(causal):
     walk = data.online_softmax_walk(48, 8, 16, 20, causal, seed=3)
