@@ -448,7 +448,7 @@ def model_notes() -> str:
         "global bytes / L2 bandwidth, matmul FLOPs / matmul peak, other FLOPs / fp32 peak), "
         "divided by the SMs' utilisation (wave quantisation of the thread blocks). Raw = at peak; "
         "calibrated = with efficiency factors fitted on measured results of the same GPU. "
-        "`python -m sim predict --help` gives the same numbers from the command line.")
+        "`python -m sim predict ... --l2 analytic` (or `--l2 trace`) gives the same numbers.")
 
 
 GRID_METRICS = {
