@@ -287,7 +287,22 @@ def main(argv=None):
     ap.add_argument("--seed-lens", type=int, nargs="*", default=[128, 256, 512, 1024, 2048, 4096])
     ap.add_argument("--quick", action="store_true", help="N in {1024, 4096}, d=64, no seed experiment")
     ap.add_argument("--out", default=None, help="results file (default results/bench_<gpu>_<date>.json)")
+    ap.add_argument("--show", metavar="RESULTS_JSON", default=None,
+                    help="print the table of an existing results file (no GPU needed) and exit")
     args = ap.parse_args(argv)
+    if args.show:
+        doc = json.loads(Path(args.show).read_text())
+        p = doc["provenance"]
+        print(f"# {p['gpu']}  driver {p['driver']}  CUDA {p['cuda']}  torch {p['torch']}  "
+              f"numba {p['numba']}  numba-cuda {p['numba_cuda']}  {p['date']}  ({p['command']})")
+        keep = [r for r in doc["records"] if r["seq_len_q"] in args.n and r["head_dim"] in args.d
+                and r["dtype"] in args.dtype and r["pass"] in args.passes
+                and str(r["causal"]).lower() in args.causal]
+        print(format_table(keep))
+        if doc.get("seed_experiment"):
+            print("\n# seed experiment: transformer encoder layer fwd+bwd")
+            print(format_seed([r for r in doc["seed_experiment"] if r["seq_len"] in (args.seed_lens or [])]))
+        return doc
     if args.quick:
         args.n, args.d, args.seed_lens = [1024, 4096], [64], []
 
