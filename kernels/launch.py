@@ -30,6 +30,7 @@ from .config import (FWD_TILES, STATIC_SMEM_LIMIT_BYTES, TileConfig, choose_tile
                      dkdv_smem_bytes, dq_smem_bytes, fwd_smem_bytes)
 from .flash_bwd import make_delta_kernel, make_dkdv_kernel, make_dkdv_kernel_v2, make_dq_kernel
 from .flash_fwd import make_forward_kernel, make_forward_kernel_v2
+from . import flash_mma_fwd
 
 __all__ = ["forward", "backward", "simulator", "DQ_MODE"]
 
@@ -338,6 +339,11 @@ def forward(q, k, v, *, scale, causal=False, mask=None, block_mask=None, dropout
     Dropout keeps element (b, h, i, j) per `ioaware.dropout.keep_mask(seed, p, b*Hq+h, i, j)`,
     kept values scaled by 1/(1-p). ``tiles`` = (tm, tn) overrides the per-thread micro-tile.
     """
+    # -- half-precision CUDA inputs take the tensor-core kernel (forward only; see NOTES_MMA.md) --
+    if tiles is None and flash_mma_fwd.accepts(q, k, v, block_q, block_k):
+        return flash_mma_fwd.forward(q, k, v, scale=scale, causal=causal, mask=mask,
+                                     block_mask=block_mask, dropout_p=dropout_p, seed=seed,
+                                     block_q=block_q, block_k=block_k)
     io = _Io(q)
     B, Hq, Nq, D, Hkv, Nk = _check_qkv(io, q, k, v)
     bq, bk = _resolve_blocks(D, block_q, block_k, backward=False)

@@ -344,3 +344,30 @@ def test_gpu_torch_zero_copy_output_on_device():
     assert out.device == q.device and lse.device == q.device
     ref = t.nn.functional.scaled_dot_product_attention(q, q, q)
     assert (out - ref).abs().max().item() < 1e-4
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
+def test_gpu_half_precision_attention_takes_the_tensor_core_forward(dtype_name):
+    """ioaware.attention on half-precision CUDA tensors: tensor-core forward, float32-kernel backward."""
+    import torch
+
+    from ioaware import attention
+    from kernels import flash_mma_fwd
+
+    dtype = getattr(torch, dtype_name)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 300, 64, device="cuda", generator=g).to(dtype).requires_grad_()
+               for _ in range(3))
+    assert flash_mma_fwd.accepts(q, k, v)
+    out = attention(q, k, v, causal=True)
+    out.float().square().sum().backward()
+    q2, k2, v2 = (x.detach().double().requires_grad_() for x in (q, k, v))
+    ref = torch.nn.functional.scaled_dot_product_attention(q2, k2, v2, is_causal=True)
+    ref.square().sum().backward()
+    # one rounding of the output to the input dtype dominates: 2**-11 (fp16), 2**-8 (bf16)
+    tol = 4e-3 if dtype == torch.float16 else 3e-2
+    torch.testing.assert_close(out.double(), ref, atol=tol, rtol=tol)
+    for a, b in ((q.grad, q2.grad), (k.grad, k2.grad), (v.grad, v2.grad)):
+        err = (a.double() - b).norm() / b.norm()
+        assert err < 10 * tol
