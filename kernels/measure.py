@@ -321,6 +321,22 @@ def provenance(command: str, *, gpu: str | None = None, driver: str | None = Non
     return prov
 
 
+def kernels_fingerprint() -> str:
+    """A short hash of the source of `kernels/` (every ``*.py`` but this harness and
+    `kernels.ncu`): stored with the timings (``provenance.kernels_sha`` and per record) and with
+    the counters (``ncu_kernels_sha``), so that a record whose counters come from other kernel
+    code than its timings can be told apart."""
+    import hashlib
+    h = hashlib.sha256()
+    here = Path(__file__).resolve().parent
+    for path in sorted(here.glob("*.py")):
+        if path.name in ("measure.py", "ncu.py"):
+            continue
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:12]
+
+
 def new_results(prov: dict) -> dict:
     return {"schema": SCHEMA, "provenance": prov, "records": [], "skipped": []}
 
@@ -586,7 +602,8 @@ def run_sweep(configs: list[dict], progress: Callable | None = None, out_path: s
     if not torch.cuda.is_available():
         raise RuntimeError("kernels.measure needs a CUDA GPU (torch.cuda.is_available() is False)")
     command = command or command_line()
-    prov = provenance(command, extra=_device_extra(torch))
+    sha = kernels_fingerprint()
+    prov = provenance(command, extra=dict(_device_extra(torch), kernels_sha=sha))
     results = None
     if out_path is not None and resume:
         results = load_existing(out_path)
@@ -612,6 +629,7 @@ def run_sweep(configs: list[dict], progress: Callable | None = None, out_path: s
             if reason:
                 raise RuntimeError(reason)
             rec = time_config(cfg, warmup=warmup, repeats=repeats)
+            rec["kernels_sha"] = sha
             results["records"].append(rec)
         except Exception as exc:  # noqa: BLE001 - recorded, the sweep goes on
             key = {f: cfg.get(f) for f in KEY_FIELDS}

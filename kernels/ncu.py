@@ -56,6 +56,12 @@ BYTE_METRICS = {
     "global_load_bytes": "l1tex__t_bytes_pipe_lsu_mem_global_op_ld.sum",
     "global_store_bytes": "l1tex__t_bytes_pipe_lsu_mem_global_op_st.sum",
 }
+#: Global reductions and atomics (e.g. float32 dQ accumulation) are neither loads nor stores to
+#: ncu: summed into the extra field ``global_atomic_bytes``.
+ATOMIC_METRICS = (
+    "l1tex__t_bytes_pipe_lsu_mem_global_op_red.sum",
+    "l1tex__t_bytes_pipe_lsu_mem_global_op_atom.sum",
+)
 #: (metric, FLOPs per counted unit) summed into flops_executed.
 FLOP_METRICS = {
     "smsp__sass_thread_inst_executed_op_ffma_pred_on.sum": 2,
@@ -82,7 +88,8 @@ EXTRA_METRICS = ("gpu__time_duration.sum",)
 
 
 def wanted_metrics() -> list[str]:
-    return (list(BYTE_METRICS.values()) + list(FLOP_METRICS) + list(TENSOR_OPS_METRICS)
+    return (list(BYTE_METRICS.values()) + list(ATOMIC_METRICS) + list(FLOP_METRICS)
+            + list(TENSOR_OPS_METRICS)
             + list(TENSOR_INST_METRICS) + list(EXTRA_METRICS))
 
 
@@ -175,6 +182,8 @@ def aggregate(rows: list[dict], tensor_flops_per_op: float | None = None) -> dic
         sums[m] = None if any(v is None for v in vals) else sum(vals)
     for field, m in BYTE_METRICS.items():
         out[field] = int(round(sums[m])) if sums.get(m) is not None else None
+    atom = [sums[m] for m in ATOMIC_METRICS if sums.get(m) is not None]
+    out["global_atomic_bytes"] = int(round(sum(atom))) if atom else None
     flops = 0.0
     have_flop = False
     for m, w in FLOP_METRICS.items():
@@ -209,8 +218,9 @@ def needs_counters(rec: dict) -> bool:
 
 
 def merge_counters(records: list[dict], configs: list[dict], groups: list[list[dict]],
-                   tensor_flops_per_op: float | None = None) -> int:
-    """Write the aggregated counters of each group into the record with the same key."""
+                   tensor_flops_per_op: float | None = None, kernels_sha: str | None = None) -> int:
+    """Write the aggregated counters of each group into the record with the same key (with the
+    fingerprint of the kernel code profiled, ``ncu_kernels_sha``)."""
     by_key = {measure.config_key(r): r for r in records}
     n = 0
     for cfg, rows in zip(configs, groups):
@@ -218,6 +228,8 @@ def merge_counters(records: list[dict], configs: list[dict], groups: list[list[d
         if rec is None:
             continue
         rec.update(aggregate(rows, tensor_flops_per_op))
+        if kernels_sha is not None:
+            rec["ncu_kernels_sha"] = kernels_sha
         n += 1
     return n
 
@@ -332,6 +344,11 @@ def profile_results(path: str, *, out_path: str | None = None, chunk: int = 40,
     prov["ncu"] = {"version": ncu_version(ncu), "metrics": metrics, "tensor_flops_per_op": factor,
                    "command": "python -m kernels.ncu " + " ".join(sys.argv[1:]),
                    "options": "--clock-control none --cache-control all --profile-from-start off"}
+    sha = measure.kernels_fingerprint()
+    timed_sha = prov.get("kernels_sha")
+    if timed_sha and timed_sha != sha:
+        print(f"[ncu] WARNING: kernels/ changed since the timings were taken (timed {timed_sha}, "
+              f"now {sha}); records get ncu_kernels_sha so the comparison can tell", file=sys.stderr)
     todo = [r for r in results["records"] if needs_counters(r)
             and (kernels is None or r["kernel"] in kernels)]
     if limit is not None:
@@ -369,7 +386,7 @@ def profile_results(path: str, *, out_path: str | None = None, chunk: int = 40,
             groups = groups[:complete]
             if complete < len(part):
                 part[complete]["ncu_error"] = f"child failed (rc={proc.returncode})"
-        merge_counters(results["records"], cfgs[:len(groups)], groups, factor)
+        merge_counters(results["records"], cfgs[:len(groups)], groups, factor, sha)
         measure.write_results(results, out_path)
         print(f"[ncu] {min(start + chunk, len(todo))}/{len(todo)} records "
               f"({time.perf_counter() - t0:.0f}s)", file=sys.stderr, flush=True)

@@ -27,7 +27,9 @@ Metrics (measured side from `kernels.ncu` counters, predicted side from `sim.pre
   mem_global_op_ld/st``) vs ``hbm_read_bytes + hbm_write_bytes``, the schedule's global-memory
   traffic. Kernels that move data with the Hopper tensor memory accelerator (cuDNN, cuBLAS's
   ``nvjet`` GEMMs) bypass the LSU pipe, so their counter reads 0; such records are left out
-  (NaN) rather than compared;
+  (NaN) rather than compared. Global atomics and reductions (float32 dQ accumulation) are
+  neither loads nor stores to ncu: they are added on the measured side when the record has
+  ``global_atomic_bytes`` and left out of the predicted side when it has not;
 * ``dram_bytes`` — ``dram_read_bytes + dram_write_bytes`` vs the model's DRAM bytes after its L2
   model (ncu flushes the L2 before every kernel, so each kernel starts cold, as the model
   assumes);
@@ -51,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -72,12 +75,45 @@ METRICS = {
     "time_calibrated": ("time, calibrated per kernel (in-sample)", 0.25, 1.0, "all"),
 }
 BLOCK_TOLERANCE = 0.10
-DEFAULT_MAX_TRACE_EVENTS = 200_000
+DEFAULT_MAX_TRACE_EVENTS = 2_000_000
+
+
+def _variant(rec: dict) -> str | None:
+    """Our kernel's variant: "simt" (`kernels.forward`/`backward`) or "mma" (the tensor-core
+    forward; also records of `kernels.bench_mma`, marked ``implementation:
+    kernels.flash_mma_fwd``); None for other kernels."""
+    if rec.get("kernel") != "ioaware-numba":
+        return None
+    if rec.get("variant"):
+        return rec["variant"]
+    return "mma" if rec.get("implementation") == "kernels.flash_mma_fwd" else "simt"
 
 
 def _family(rec: dict) -> str:
-    v = rec.get("variant")
+    v = _variant(rec)
     return rec["kernel"] + (f"/{v}" if v and v != "simt" else "")
+
+
+def profiled_impl(rec: dict) -> str | None:
+    """Which kernels ncu saw for a record (from ``ncu_kernels``): for our kernel the Numba kernel
+    names joined by "+" (e.g. ``flash_bwd_delta+flash_bwd_dkdv_v2+fill``), else "K kernels";
+    None without counters. Tells apart records profiled on different versions of the code."""
+    ks = rec.get("ncu_kernels")
+    if not ks:
+        return None
+    if rec.get("kernel") != "ioaware-numba":
+        return f"{len(ks)} kernels"
+    names = []
+    for k in ks:
+        n = k["name"]
+        if "::" in n and not n.startswith("void"):
+            n = n.split("::", 1)[1]
+        n = n.split("[")[0].split("(")[0]
+        if n.startswith("void "):
+            n = "fill" if "Fill" in n or "elementwise" in n else n[5:25]
+        if n not in names:
+            names.append(n)
+    return "+".join(names)
 
 
 def model_for_record(rec: dict):
@@ -85,7 +121,7 @@ def model_for_record(rec: dict):
     from .workload import Schedule, Workload
 
     w = Workload.from_record(rec)
-    kernel, variant = rec["kernel"], rec.get("variant")
+    kernel, variant = rec["kernel"], _variant(rec)
     note = ""
     if kernel == "ioaware-numba":
         unit = "tensor" if variant == "mma" else "cuda"
@@ -115,7 +151,7 @@ def _measured(rec: dict, metric: str):
         ld, st = g("global_load_bytes"), g("global_store_bytes")
         if ld is None or st is None or ld + st == 0:
             return math.nan
-        return float(ld + st)
+        return float(ld + st + (g("global_atomic_bytes") or 0))
     if metric == "dram_bytes":
         r, w = g("dram_read_bytes"), g("dram_write_bytes")
         return math.nan if r is None or w is None else float(r + w)
@@ -130,9 +166,12 @@ def _measured(rec: dict, metric: str):
     raise KeyError(metric)
 
 
-def _predicted_raw(p, metric: str):
+def _predicted_raw(p, metric: str, rec: dict | None = None):
     if metric == "global_bytes":
-        return float(p.hbm_read_bytes + p.hbm_write_bytes)
+        total = float(p.hbm_read_bytes + p.hbm_write_bytes)
+        if rec is not None and rec.get("global_atomic_bytes") is None:
+            total -= p.atomic_bytes   # atomics were not counted on the measured side
+        return total
     if metric == "dram_bytes":
         return float(p.dram_read_bytes + p.dram_write_bytes)
     if metric == "flops":
@@ -142,9 +181,11 @@ def _predicted_raw(p, metric: str):
     raise KeyError(metric)
 
 
-def _calibrated_ms(p, eff) -> float:
+def _calibrated_ms(rec, p, eff, profile) -> float:
+    """The roofline of the record's predicted phases priced with efficiencies ``eff``."""
     from .model import _price
-    return float(_price(p.phases, p.profile, p.workload, p.schedule, eff)[0])
+    w, sched, _ = model_for_record(rec)
+    return float(_price(p.phases, _profile_for(rec, profile), w, sched, eff)[0])
 
 
 def _profile_for(rec: dict, profile):
@@ -158,51 +199,101 @@ def _profile_for(rec: dict, profile):
     return prof
 
 
+class _Pred:
+    """The parts of a `sim.Prediction` the comparison uses (plain data: crosses processes)."""
+
+    def __init__(self, p):
+        self.hbm_read_bytes, self.hbm_write_bytes = p.hbm_read_bytes, p.hbm_write_bytes
+        self.dram_read_bytes, self.dram_write_bytes = p.dram_read_bytes, p.dram_write_bytes
+        self.flops, self.predicted_ms = p.flops, p.predicted_ms
+        self.times_ms, self.phases, self.bound = dict(p.times_ms), p.phases, p.bound
+        self.block_q, self.block_k, self.l2_model = p.block_q, p.block_k, p.l2.model
+        self.profile_name = p.profile.name
+        self.atomic_bytes = sum(n for key, n in p.counts.get("bytes", {}).items()
+                                if isinstance(key, tuple) and key[-1] == "atomic")
+
+
+def _predict_one(args):
+    rec, profile, l2, max_trace_events = args
+    from .model import predict
+    try:
+        prof = _profile_for(rec, profile)
+        w, sched, note = model_for_record(rec)
+        p = predict(w, sched, prof, l2=l2, calibration=None, max_trace_events=max_trace_events)
+        return _Pred(p), note, None
+    except (ValueError, KeyError, TypeError) as exc:
+        return None, None, f"{type(exc).__name__}: {exc}"
+
+
+def _predict_all(records, profile, l2, max_trace_events, workers, progress):
+    jobs = [(rec, profile, l2, max_trace_events) for rec in records]
+    n = len(jobs)
+    if workers is None:
+        workers = min(os.cpu_count() or 1, 8) if n >= 32 else 1
+    out = []
+    if workers > 1:
+        import concurrent.futures as cf
+        import multiprocessing as mp
+        try:
+            ctx = mp.get_context("fork")
+        except ValueError:
+            ctx = None
+        with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as ex:
+            for i, res in enumerate(ex.map(_predict_one, jobs, chunksize=1)):
+                out.append(res)
+                if progress is not None:
+                    progress(i + 1, n)
+        return out
+    for i, job in enumerate(jobs):
+        out.append(_predict_one(job))
+        if progress is not None:
+            progress(i + 1, n)
+    return out
+
+
 def compare(records: list[dict], profile=None, *, l2: str = "auto",
             max_trace_events: int = DEFAULT_MAX_TRACE_EVENTS, calibrate_time: bool = True,
-            progress=None):
+            progress=None, workers: int | None = None):
     """Join measured records with the model's predictions; returns a pandas DataFrame (one row per
     record; columns in the module docstring). ``profile``: a profile name/path/object for every
     record, or None to match each record's ``provenance.gpu``. Records the model cannot predict
-    get a ``model_error`` and NaN predictions."""
+    get a ``model_error`` and NaN predictions. ``workers``: processes predicting in parallel
+    (default: the CPU count for 32 records or more, else 1)."""
     import pandas as pd
 
-    from .model import predict
-
+    results = _predict_all(records, profile, l2, max_trace_events, workers, progress)
     rows, preds, recs_by_family = [], [], {}
-    n = len(records)
-    for i, rec in enumerate(records):
+    for i, (rec, (p, note, err)) in enumerate(zip(records, results)):
         row = {k: rec.get(k) for k in KEY_COLUMNS}
+        row["variant"] = _variant(rec)
         row["family"] = _family(rec)
+        row["impl"] = profiled_impl(rec)
+        row["kernels_sha"] = rec.get("kernels_sha")
+        row["ncu_kernels_sha"] = rec.get("ncu_kernels_sha")
         row["gpu"] = (rec.get("provenance") or {}).get("gpu")
-        p = None
-        try:
-            prof = _profile_for(rec, profile)
-            w, sched, note = model_for_record(rec)
-            p = predict(w, sched, prof, l2=l2, calibration=None, max_trace_events=max_trace_events)
-            row.update(profile=prof.name, model_note=note, model_error=None,
-                       model_block_q=p.block_q, model_block_k=p.block_k, l2_model=p.l2.model,
+        if p is not None:
+            row.update(profile=p.profile_name, model_note=note, model_error=None,
+                       model_block_q=p.block_q, model_block_k=p.block_k, l2_model=p.l2_model,
                        bound=p.bound)
-        except (ValueError, KeyError, TypeError) as exc:
-            row.update(profile=None, model_note=None, model_error=f"{type(exc).__name__}: {exc}")
+        else:
+            row.update(profile=None, model_note=None, model_error=err)
         for m in METRICS:
             row[f"measured_{m}"] = _measured(rec, m)
-            row[f"predicted_{m}"] = _predicted_raw(p, m) if (p is not None and m != "time_calibrated") else math.nan
+            row[f"predicted_{m}"] = _predicted_raw(p, m, rec) if (p is not None and m != "time_calibrated") else math.nan
         row["measured_time_ms_p10"] = rec.get("time_ms_p10")
         row["measured_time_ms_p90"] = rec.get("time_ms_p90")
         rows.append(row)
         preds.append(p)
         if p is not None:
             recs_by_family.setdefault((row["family"], row["profile"]), []).append(i)
-        if progress is not None:
-            progress(i + 1, n)
     # -- calibrated time: one set of efficiency factors per (kernel family, profile) --
     if calibrate_time:
         for (fam, prof_name), idx in recs_by_family.items():
             sub = [records[i] for i in idx]
-            eff = _fit(sub, preds[idx[0]].profile, [preds[i] for i in idx])
+            eff = _fit(sub, prof_name, [preds[i] for i in idx])
             for i in idx:
-                rows[i]["predicted_time_calibrated"] = _calibrated_ms(preds[i], eff) if eff else math.nan
+                rows[i]["predicted_time_calibrated"] = (_calibrated_ms(records[i], preds[i], eff, profile)
+                                                        if eff else math.nan)
                 rows[i]["efficiency"] = eff.to_dict() if eff else None
     df = pd.DataFrame(rows)
     for m in METRICS:
@@ -230,7 +321,7 @@ def _fit(records, profile, predictions):
     allv = [x for v in samples.values() for x in v]
     fallback = float(np.median(allv))
     fit = {k: float(np.clip(np.median(v) if v else fallback, 0.01, 1.0)) for k, v in samples.items()}
-    return Efficiency(**fit, n_records=n, source=f"fitted on {n} records of one kernel, {profile.name}")
+    return Efficiency(**fit, n_records=n, source=f"fitted on {n} records of one kernel, {profile}")
 
 
 def _scope_mask(df, scope):
@@ -239,9 +330,10 @@ def _scope_mask(df, scope):
     return df["kernel"].notna()
 
 
-def summary(df, by_kernel: bool = False):
+def summary(df, by_kernel: bool = False, by: str | None = None):
     """Per-metric error table: n, median and worst |relative error|, share within the target, the
-    target and whether it holds. ``by_kernel``: one row per (metric, kernel family)."""
+    target and whether it holds. ``by_kernel``: one row per (metric, kernel family); ``by``: one
+    row per (metric, value of that column) within the metric's scope (e.g. ``"impl"``)."""
     import pandas as pd
     out = []
     for m, (label, target, share, scope) in METRICS.items():
@@ -251,6 +343,9 @@ def summary(df, by_kernel: bool = False):
         groups = [("all" if scope == "all" else "ioaware-numba (all variants)", df[_scope_mask(df, scope)])]
         if by_kernel:
             groups = [(fam, g) for fam, g in df.groupby("family", sort=True)]
+        elif by is not None:
+            sub = df[_scope_mask(df, scope)]
+            groups = [(f"{v}", g) for v, g in sub.groupby([by, "pass"] if by == "impl" else by, sort=True)]
         for name, g in groups:
             err = g[col].astype(float).dropna()
             if err.empty:
@@ -279,7 +374,7 @@ def block_size_check(df, time_col: str = "predicted_time_raw"):
     ours = df[(df["kernel"] == "ioaware-numba") & (df["variant"].fillna("simt") == "simt")]
     ours = ours[ours[time_col].notna()]
     rows = []
-    keys = ["pass", "causal", "seq_len_q", "head_dim", "dtype"]
+    keys = (["gpu"] if "gpu" in ours else []) + ["pass", "causal", "seq_len_q", "head_dim", "dtype"]
     for key, g in ours.groupby(keys, sort=True):
         if g[["block_q", "block_k"]].drop_duplicates().shape[0] < 2:
             continue
@@ -333,6 +428,20 @@ def format_report(df, *, by_kernel: bool = True, n_worst: int = 5) -> str:
         sk = summary(df, by_kernel=True)
         lines.append(_fmt_table(sk[["metric", "records", "n", "median_abs_err_pct", "max_abs_err_pct",
                                     "mean_signed_err_pct"]]))
+    if "impl" in df and df["impl"].notna().any():
+        lines.append("")
+        lines.append("== Our kernel by the implementation ncu profiled (kernel names in the record) ==")
+        si = summary(df[df["kernel"] == "ioaware-numba"], by="impl")
+        si = si[si["metric"].isin(["global_bytes", "dram_bytes", "flops"])]
+        lines.append(_fmt_table(si[["metric", "records", "n", "median_abs_err_pct", "max_abs_err_pct",
+                                    "mean_signed_err_pct"]]))
+    if "l2_model" in df and df["measured_dram_bytes"].notna().any():
+        lines.append("")
+        lines.append("== DRAM bytes by the L2 model used (trace-driven LRU vs analytic estimate) ==")
+        sl = summary(df, by="l2_model")
+        sl = sl[sl["metric"] == "dram_bytes"]
+        lines.append(_fmt_table(sl[["records", "n", "median_abs_err_pct", "max_abs_err_pct",
+                                    "mean_signed_err_pct", "within_target_pct"]]))
     lines.append("")
     for col, label in (("predicted_time_raw", "raw"), ("predicted_time_calibrated", "calibrated")):
         if col not in df:
@@ -361,13 +470,22 @@ def format_report(df, *, by_kernel: bool = True, n_worst: int = 5) -> str:
 
 
 def load_records(paths) -> list[dict]:
-    from .results import load_results, shipped_results
+    """Records of the given results files; with none given, of every shipped ``results/*.json``
+    that is a valid results file (other JSON there, e.g. benchmark tables, is skipped with a
+    note on stderr). A given file that is not valid raises `sim.results.ResultsFormatError`."""
+    from .results import ResultsFormatError, load_results, shipped_results
+    explicit = bool(paths)
     paths = [Path(p) for p in paths] if paths else shipped_results()
-    if not paths:
-        raise SystemExit("no results files given and none shipped in results/")
     recs = []
     for p in paths:
-        recs.extend(load_results(p))
+        try:
+            recs.extend(load_results(p))
+        except ResultsFormatError as exc:
+            if explicit:
+                raise
+            print(f"(skipping {p.name}: not a results file: {str(exc)[:120]})", file=sys.stderr)
+    if not recs:
+        raise SystemExit("no results records: give results files, or ship some in results/")
     return recs
 
 

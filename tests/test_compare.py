@@ -130,3 +130,16 @@ def test_command_prints_the_table(capsys, tmp_path):
     assert "Error per metric" in text and "global_bytes" in text and "time_calibrated" in text
     assert "Block size" in text
     assert len(pd.read_csv(out_csv)) == 7
+
+
+def test_atomics_are_compared_only_when_counted(records):
+    rec = dict(records[0], **{"pass": "bwd", "block_q": 32, "block_k": 32})
+    w, sched, _ = C.model_for_record(rec)
+    p = predict(w, sched, "h100", l2="none", calibration=None)
+    atomic = sum(n for k, n in p.counts["bytes"].items() if k[-1] == "atomic")
+    assert atomic > 0
+    uncounted = C.compare([rec], l2="none").iloc[0]
+    assert uncounted["predicted_global_bytes"] == p.hbm_read_bytes + p.hbm_write_bytes - atomic
+    counted = C.compare([dict(rec, global_atomic_bytes=1000)], l2="none").iloc[0]
+    assert counted["predicted_global_bytes"] == p.hbm_read_bytes + p.hbm_write_bytes
+    assert counted["measured_global_bytes"] == rec["global_load_bytes"] + rec["global_store_bytes"] + 1000

@@ -132,6 +132,7 @@ def test_record_schema_matches_the_results_contract():
     assert all(rec[f] is None for f in measure.TIME_FIELDS + measure.COUNTER_FIELDS)
     res = measure.new_results(measure.provenance("python -m kernels.measure --x", gpu="G",
                                                  driver="D", cuda_version="C"))
+    rec.update(time_ms=1.0, time_ms_p10=0.9, time_ms_p90=1.1, peak_extra_bytes=1024)
     res["records"].append(rec)
     try:
         from sim.results import load_results
