@@ -345,7 +345,9 @@ def summary(df, by_kernel: bool = False, by: str | None = None):
             groups = [(fam, g) for fam, g in df.groupby("family", sort=True)]
         elif by is not None:
             sub = df[_scope_mask(df, scope)]
-            groups = [(f"{v}", g) for v, g in sub.groupby([by, "pass"] if by == "impl" else by, sort=True)]
+            keys = [by, "pass"] if by == "impl" else [by]
+            groups = [(" ".join(str(x) for x in (v if isinstance(v, tuple) else (v,))), g)
+                      for v, g in sub.groupby(keys, sort=True)]
         for name, g in groups:
             err = g[col].astype(float).dropna()
             if err.empty:
