@@ -143,3 +143,17 @@ def test_atomics_are_compared_only_when_counted(records):
     counted = C.compare([dict(rec, global_atomic_bytes=1000)], l2="none").iloc[0]
     assert counted["predicted_global_bytes"] == p.hbm_read_bytes + p.hbm_write_bytes
     assert counted["measured_global_bytes"] == rec["global_load_bytes"] + rec["global_store_bytes"] + 1000
+
+
+def test_profiled_implementation_and_variant_labels(records):
+    rec = dict(records[0], ncu_kernels=[
+        {"name": "make_delta_kernel::flash_bwd_delta[abi:v3]"},
+        {"name": "void at::vectorized_elementwise_kernel<4, at::FillFunctor<float>>(int)"},
+        {"name": "make_dkdv_kernel_v2::flash_bwd_dkdv_v2[abi:v4]"}])
+    assert C.profiled_impl(rec) == "flash_bwd_delta+fill+flash_bwd_dkdv_v2"
+    assert C.profiled_impl(records[0]) is None
+    assert C.profiled_impl(dict(records[4], ncu_kernels=[{"name": "a"}, {"name": "b"}])) == "2 kernels"
+    bench = dict(records[0], implementation="kernels.flash_mma_fwd")
+    bench.pop("variant", None)
+    assert C._family(bench) == "ioaware-numba/mma"
+    assert C.model_for_record(bench)[1].matmul_unit == "tensor"
