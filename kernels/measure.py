@@ -1,8 +1,9 @@
 """The measurement harness: times attention kernels on a CUDA GPU and writes a results file.
 
 ``python -m kernels.measure`` (or `run_sweep`) runs, for each configuration of a sweep, our
-Numba kernels (`kernels.forward` / `kernels.backward`, and the tensor-core forward
-`kernels.flash_mma_fwd` as variant ``"mma"``), PyTorch SDPA's FLASH, EFFICIENT, CUDNN and MATH
+Numba kernels (`kernels.forward` / `kernels.backward` as variant ``"simt"``, the CUDA-core
+kernels, whose forward is pinned to its micro-tile so that half-precision inputs are not sent to
+the tensor-core kernel; and the tensor-core forward `kernels.flash_mma_fwd` as variant ``"mma"``), PyTorch SDPA's FLASH, EFFICIENT, CUDNN and MATH
 backends, and an unfused eager attention (matmul, scale, mask, softmax, matmul), and records one
 results record per configuration in the format ``ioaware.results/1`` (validated by
 `sim.results.load_results`).
@@ -416,6 +417,19 @@ def _eager_attention(torch, q, k, v, causal, scale):
     return att @ v
 
 
+def simt_forward_tiles(head_dim: int, block_q: int, block_k: int) -> tuple[int, int]:
+    """The per-thread micro-tile (tm, tn) `kernels.forward` uses for a block size (its tuned
+    table, else `kernels.config.choose_tiles`). Passing it explicitly also keeps the CUDA-core
+    kernel for half-precision inputs, which `kernels.forward` otherwise sends to the tensor-core
+    kernel when the block size allows."""
+    from kernels import config
+    tiles = getattr(config, "FWD_TILES", {}).get((head_dim, block_q, block_k))
+    if tiles is None:
+        t = config.choose_tiles(block_q, block_k, head_dim, 128)
+        tiles = (t.tm, t.tn)
+    return int(tiles[0]), int(tiles[1])
+
+
 def build_runner(cfg: dict, sets: list[dict]) -> Callable[[int], object]:
     """``run(i)`` runs the configuration's pass once on input set ``i``; for backward passes the
     forward's outputs (our kernel) or autograd graphs (PyTorch) are prepared here, outside the
@@ -438,12 +452,14 @@ def build_runner(cfg: dict, sets: list[dict]) -> Callable[[int], object]:
             return run
         from kernels import backward, forward
         blocks = {"block_q": cfg["block_q"], "block_k": cfg["block_k"]}
+        fwd_kw = dict(blocks, tiles=simt_forward_tiles(cfg["head_dim"], cfg["block_q"], cfg["block_k"]))
         if p == "fwd":
             return lambda i: forward(sets[i]["q"], sets[i]["k"], sets[i]["v"], scale=scale,
-                                     causal=causal, **blocks)
+                                     causal=causal, **fwd_kw)
         if p == "bwd":
             for s in sets:
                 s["out"], s["lse"] = forward(s["q"], s["k"], s["v"], scale=scale, causal=causal)
+                # (the forward here only prepares out/lse; whichever kernel makes them is fine)
 
             def run(i):
                 s = sets[i]
@@ -453,7 +469,7 @@ def build_runner(cfg: dict, sets: list[dict]) -> Callable[[int], object]:
 
         def run(i):  # fwd+bwd: each pass with its own default blocks unless given
             s = sets[i]
-            out, lse = forward(s["q"], s["k"], s["v"], scale=scale, causal=causal, **blocks)
+            out, lse = forward(s["q"], s["k"], s["v"], scale=scale, causal=causal, **fwd_kw)
             return backward(s["q"], s["k"], s["v"], out, lse, s["dout"], scale=scale,
                             causal=causal)
         return run
@@ -499,12 +515,13 @@ def _check_forward(cfg, sets) -> float | None:
     import torch.nn.functional as F
     s = sets[0]
     scale = 1.0 / math.sqrt(cfg["head_dim"])
+    kw = {"block_q": cfg["block_q"], "block_k": cfg["block_k"]}
     if cfg["variant"] == "mma":
         from kernels.flash_mma_fwd import forward as fwd
     else:
         from kernels import forward as fwd
-    out = fwd(s["q"], s["k"], s["v"], scale=scale, causal=cfg["causal"],
-              block_q=cfg["block_q"], block_k=cfg["block_k"])[0]
+        kw["tiles"] = simt_forward_tiles(cfg["head_dim"], cfg["block_q"], cfg["block_k"])
+    out = fwd(s["q"], s["k"], s["v"], scale=scale, causal=cfg["causal"], **kw)[0]
     q, k, v = (s[n].detach().float() for n in ("q", "k", "v"))
     kw = {"enable_gqa": True} if cfg["heads_kv"] != cfg["heads"] else {}
     ref = F.scaled_dot_product_attention(q, k, v, is_causal=cfg["causal"], scale=scale, **kw)
@@ -556,6 +573,8 @@ def time_config(cfg: dict, *, warmup: int = 3, repeats: int = 25, l2_bytes: int 
     times = [s.elapsed_time(e) for s, e in zip(starts, ends)]
     rec["time_ms"], rec["time_ms_p10"], rec["time_ms_p90"] = summarize_times(times)
     rec["repeats"], rec["warmup"], rec["input_sets"] = repeats, warmup, n_sets
+    if cfg["kernel"] == "ioaware-numba" and cfg["variant"] == "simt" and cfg["pass"] != "bwd":
+        rec["micro_tile"] = list(simt_forward_tiles(cfg["head_dim"], cfg["block_q"], cfg["block_k"]))
     del sets, run
     torch.cuda.empty_cache()
     return rec

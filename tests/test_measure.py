@@ -244,3 +244,17 @@ def test_run_sweep_on_gpu_writes_valid_records(tmp_path):
     assert res["records"][0]["check_rel_err"] < 1e-4
     res2 = measure.run_sweep(cfgs, out_path=out, repeats=20)
     assert len(res2["records"]) == 2  # resumed: nothing re-run
+
+
+def test_simt_forward_tiles_follow_the_kernels_table_and_fit():
+    from kernels import config
+    for (d, p), blocks in measure.SWEEP_BLOCKS.items():
+        if p != "fwd":
+            continue
+        for bq, bk in blocks:
+            tm, tn = measure.simt_forward_tiles(d, bq, bk)
+            cfg = config.TileConfig(bq, bk, tm, tn)
+            cfg.validate(d)
+            assert config.fwd_smem_bytes(cfg, d) <= config.STATIC_SMEM_LIMIT_BYTES
+            if (d, bq, bk) in getattr(config, "FWD_TILES", {}):
+                assert (tm, tn) == tuple(config.FWD_TILES[(d, bq, bk)])
