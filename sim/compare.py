@@ -306,22 +306,9 @@ def _fit(records, profile, predictions):
     """Efficiency factors fitted on ``records`` with `sim.calibrate`'s rule (each record's bound
     level gets the sample raw_time / measured_time; median per level), using the predictions
     already made (same schedule mapping as the comparison) rather than re-predicting."""
-    from .model import Efficiency
-    samples: dict = {"dram": [], "l2": [], "matmul": [], "other": []}
-    n = 0
-    for rec, p in zip(records, predictions):
-        t = rec.get("time_ms")
-        if not t or t <= 0 or p is None:
-            continue
-        lvl = max(p.times_ms, key=p.times_ms.get)
-        samples[lvl].append(p.times_ms[lvl] / t)
-        n += 1
-    if not n:
-        return None
-    allv = [x for v in samples.values() for x in v]
-    fallback = float(np.median(allv))
-    fit = {k: float(np.clip(np.median(v) if v else fallback, 0.01, 1.0)) for k, v in samples.items()}
-    return Efficiency(**fit, n_records=n, source=f"fitted on {n} records of one kernel, {profile}")
+    from .model import fit_efficiency
+    return fit_efficiency(((p, rec.get("time_ms")) for rec, p in zip(records, predictions)),
+                          f"records of one kernel, {profile}")
 
 
 def _scope_mask(df, scope):

@@ -334,16 +334,28 @@ def calibrate(records, profile) -> Efficiency | None:
     samples get the median of all samples. Returns None when no record can be predicted.
     """
     prof = load_profile(profile)
-    samples: dict = {"dram": [], "l2": [], "matmul": [], "other": []}
-    n = 0
+    pairs = []
     for rec in records:
         try:
             w = Workload.from_record(rec)
             p = predict(w, schedule_for_record(rec), prof, calibration=None, max_trace_events=200_000)
         except (ValueError, KeyError, TypeError):
             continue
-        t_meas = rec.get("time_ms")
-        if not t_meas or t_meas <= 0:
+        pairs.append((p, rec.get("time_ms")))
+    return fit_efficiency(pairs, f"measured records on {prof.name}")
+
+
+def fit_efficiency(pairs, source: str):
+    """Efficiency factors from ``(raw Prediction, measured_ms)`` pairs, or None if none is usable.
+
+    Each pair's bound level (the largest per-level time) gets the sample raw_time / measured_time;
+    a level's factor is the median of its samples (the median of all samples for a level with
+    none), clipped to [0.01, 1].
+    """
+    samples: dict = {"dram": [], "l2": [], "matmul": [], "other": []}
+    n = 0
+    for p, t_meas in pairs:
+        if p is None or not t_meas or t_meas <= 0:
             continue
         lvl = max(p.times_ms, key=p.times_ms.get)
         samples[lvl].append(p.times_ms[lvl] / t_meas)
@@ -353,4 +365,4 @@ def calibrate(records, profile) -> Efficiency | None:
     allv = [x for v in samples.values() for x in v]
     fallback = float(np.median(allv))
     fit = {k: float(np.clip(np.median(v) if v else fallback, 0.01, 1.0)) for k, v in samples.items()}
-    return Efficiency(**fit, n_records=n, source=f"fitted from {n} measured records on {prof.name}")
+    return Efficiency(**fit, n_records=n, source=f"fitted from {n} {source}")
