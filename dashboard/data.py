@@ -157,15 +157,16 @@ def format_error_types() -> tuple[type[BaseException], ...]:
 def shipped_results() -> list[Path]:
     """Results files the app offers: those named in ``$IOAWARE_RESULTS`` (files or directories,
     separated by ``os.pathsep``) first, then the repository's ``results/*.json`` (as listed by
-    ``sim.results.shipped_results``)."""
+    ``sim.results.shipped_results``), largest first so that the default is the fullest sweep."""
     files: list[Path] = []
     for entry in filter(None, os.environ.get("IOAWARE_RESULTS", "").split(os.pathsep)):
         path = Path(entry).expanduser()
         files += sorted(path.glob("*.json")) if path.is_dir() else [path] if path.is_file() else []
     try:
-        files += [Path(f) for f in _results_module().shipped_results()]
+        shipped = [Path(f) for f in _results_module().shipped_results()]
     except ResultsUnavailable:
-        files += sorted((ROOT / "results").glob("*.json"))
+        shipped = sorted((ROOT / "results").glob("*.json"))
+    files += sorted(shipped, key=lambda p: -p.stat().st_size)
     seen, unique = set(), []
     for f in files:
         if f.resolve() not in seen:
