@@ -23,21 +23,45 @@ import numpy as np
 
 from ioaware.block_info import BlockInfo, cdiv
 
-from .workload import STAT_BYTES, Workload, block_infos
+from .workload import EXP_FLOPS, STAT_BYTES, Workload, block_infos
 
 __all__ = ["TileStats", "tile_stats_blockinfo", "tile_stats_closed", "tile_stats_arrays",
-           "slice_terms", "closed_form", "FLOP_COSTS", "summarise"]
+           "slice_terms", "closed_form", "FLOP_COSTS", "flop_costs", "summarise"]
 
-# Non-matmul FLOPs: one per elementwise arithmetic op, exp/log/max counted as one each.
-FLOP_COSTS = {
-    "fwd_per_score": 5,      # scale, running max, subtract, exp, running sum
-    "bwd_per_score": 5,      # recompute P (scale, subtract, exp), dS = P * (dP - D)
-    "mask_per_score": 1,     # elementwise mask, only on tiles that need it
-    "dropout_per_score": 2,  # keep-bit test and 1/(1-p) rescale (the hash itself is not counted)
-    "naive_softmax_per_score": 5,   # max, subtract, exp, sum, divide
-    "naive_softmax_bwd_per_score": 4,  # D = rowsum(P * dP), dS = P * (dP - D)
-    "naive_scale_per_score": 1,
-}
+# Non-matmul FLOPs. One per elementwise arithmetic op (max, add, multiply, divide, log, compare),
+# except ``exp``, which costs ``exp_flops`` (:data:`sim.workload.EXP_FLOPS`, a field of
+# :class:`sim.workload.Schedule`): the GPU does not run exp as one instruction. On sm_90 the
+# libdevice ``expf`` our kernels call executes range-reduction FFMAs, ``ex2.approx`` and an FMUL,
+# which Nsight Compute counts (2 FFMA + FADD + FMUL) as about 5 FLOPs (results/NOTES.md).
+def flop_costs(exp_flops: int = EXP_FLOPS) -> dict:
+    """Non-matmul FLOP costs with ``exp`` priced at ``exp_flops``.
+
+    Per score (per element of S): ``fwd_per_score`` (scale, running max, subtract, exp, running
+    sum), ``bwd_per_score`` (recompute P: scale, subtract, exp; dS = P * (dP - D)),
+    ``naive_softmax_per_score`` (max, subtract, exp, sum, divide). Per row per visited K tile
+    (the online softmax's bookkeeping, on top of the output rescale ``acc *= alpha``, d FLOPs per
+    row per tile, which is counted beside it): ``fwd_per_row_tile`` (FlashAttention-2: max of
+    maxes, alpha = exp(m_old - m_new), l *= alpha, l += rowsum) and ``flash1_fwd_per_row_tile``
+    (FlashAttention-1: new max, two exps, new l, two scalings of its 2 d output update
+    counted beside it).
+    """
+    x = int(exp_flops)
+    return {
+        "fwd_per_score": 4 + x,
+        "bwd_per_score": 4 + x,
+        "mask_per_score": 1,     # elementwise mask, only on tiles that need it
+        "dropout_per_score": 2,  # keep-bit test and 1/(1-p) rescale (the hash itself is not counted)
+        "naive_softmax_per_score": 4 + x,
+        "naive_softmax_bwd_per_score": 4,  # D = rowsum(P * dP), dS = P * (dP - D)
+        "naive_scale_per_score": 1,
+        "fwd_per_row_tile": 3 + x,
+        "flash1_fwd_per_row_tile": 4 + 2 * x,
+        "exp": x,
+    }
+
+
+#: The costs at the default ``exp_flops`` (:data:`sim.workload.EXP_FLOPS`).
+FLOP_COSTS = flop_costs()
 
 
 @dataclass(frozen=True)
@@ -124,17 +148,22 @@ def tile_stats_arrays(Nq, Nk, bq, bk, causal) -> TileStats:
 
 
 def slice_terms(schedule: str, pass_name: str, st: TileStats, Nq, Nk, d, e, *, masked=False,
-                dropout=False, fused_softmax=False, gqa=False):
+                dropout=False, fused_softmax=False, gqa=False, exp_flops=EXP_FLOPS):
     """Per-(batch, head) slice counts of one pass: ``(bytes, flops)``.
 
     bytes: ``{(phase, tensor, op): n}``; flops: ``{phase: (matmul, other)}``. Arithmetic only, so
     every argument may be a numpy array. ``gqa``: dK/dV go to per-query-head buffers
-    (``dK_exp``/``dV_exp``) reduced afterwards (see :func:`closed_form`).
+    (``dK_exp``/``dV_exp``) reduced afterwards (see :func:`closed_form`). ``exp_flops``: FLOPs
+    per exp (:func:`flop_costs`).
+
+    Per-tile non-matmul terms of the tiled forwards: every visited tile (r rows) costs
+    ``r * d`` for the output rescale (``acc *= alpha``, FlashAttention-2; ``2 r d`` for
+    FlashAttention-1's update of O from HBM) plus the per-row bookkeeping of :func:`flop_costs`.
     """
     f = STAT_BYTES
     b: dict = {}
     fl: dict = {}
-    C = FLOP_COSTS
+    C = flop_costs(exp_flops)
     drop = C["dropout_per_score"] if dropout else 0
 
     def add(phase, tensor, op, n):
@@ -149,7 +178,7 @@ def slice_terms(schedule: str, pass_name: str, st: TileStats, Nq, Nk, d, e, *, m
         add("fwd", "O", "store", Nq * d * e)
         add("fwd", "lse", "store", Nq * f)
         fl["fwd"] = (4 * d * st.A, (C["fwd_per_score"] + drop) * st.A + C["mask_per_score"] * st.Am
-                     + st.R * (d + 4) + Nq * (d + 2))
+                     + st.R * (d + C["fwd_per_row_tile"]) + Nq * (d + 2))
     elif schedule == "flash1" and pass_name == "fwd":
         for t, w in (("O", d * e), ("l", f), ("m", f)):
             add("fwd", t, "store", (Nq + st.R) * w)
@@ -158,7 +187,7 @@ def slice_terms(schedule: str, pass_name: str, st: TileStats, Nq, Nk, d, e, *, m
         for t, w in (("Q", d * e), ("O", d * e), ("l", f), ("m", f)):
             add("fwd", t, "load", st.R * w)
         fl["fwd"] = (4 * d * st.A, (C["fwd_per_score"] + drop) * st.A + C["mask_per_score"] * st.Am
-                     + st.R * (2 * d + 6))
+                     + st.R * (2 * d + C["flash1_fwd_per_row_tile"]))
     elif schedule == "flash1" and pass_name == "bwd":
         add("bwd.main", "dQ", "store", (Nq + st.R) * d * e)
         add("bwd.main", "K", "load", st.Cvis * d * e)
@@ -298,6 +327,7 @@ def closed_form(w: Workload, schedule, block_q=None, block_k=None):
     summed over all (batch, head) slices and passes (phases are prefixed fwd/bwd)."""
     name = schedule.name if hasattr(schedule, "name") else schedule
     fused = getattr(schedule, "fused_softmax", False)
+    exp_flops = getattr(schedule, "exp_flops", EXP_FLOPS)
     gqa = w.heads != w.heads_kv
     tb: dict = {}
     tf: dict = {}
@@ -311,7 +341,7 @@ def closed_form(w: Workload, schedule, block_q=None, block_k=None):
         for mult, st in groups:
             b, fl = slice_terms(name, p, st, w.seq_len_q, w.seq_len_k, w.head_dim, w.dtype_bytes,
                                 masked=w.masked, dropout=w.dropout, fused_softmax=fused,
-                                gqa=gqa and p == "bwd")
+                                gqa=gqa and p == "bwd", exp_flops=exp_flops)
             _accumulate(tb, tf, b, fl, mult)
         if p == "bwd" and gqa:
             b, fl = reduce_terms(w.batch, w.heads, w.heads_kv, w.seq_len_k, w.head_dim, w.dtype_bytes)

@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .counts import FLOP_COSTS
+from .counts import flop_costs
 from .workload import STAT_BYTES, Schedule, Workload, block_infos
 
 __all__ = ["Event", "Trace", "trace", "OPS", "LEVELS"]
@@ -211,7 +211,7 @@ def trace(workload: Workload, schedule: Schedule, profile=None, *, block_q=None,
     kvh = lambda h: h // g  # noqa: E731
     meta = {"schedule": schedule.to_dict(), "block_q": block_q, "block_k": block_k,
             "workload": w.to_dict()}
-    C = FLOP_COSTS
+    C = flop_costs(schedule.exp_flops)
     drop = C["dropout_per_score"] if w.dropout else 0
     if schedule.name == "naive":
         _naive(tb, w, schedule, kvh, gqa)
@@ -258,7 +258,7 @@ def trace(workload: Workload, schedule: Schedule, profile=None, *, block_q=None,
                             # -- load K_n, V_n; compute qk, online softmax, acc += p v --
                             kv_mem(prog, step, LOAD, "K", b, h, n, bi)
                             kv_mem(prog, step, LOAD, "V", b, h, n, bi)
-                            other = ((C["fwd_per_score"] + drop) * r * c + r * (d + 4)
+                            other = ((C["fwd_per_score"] + drop) * r * c + r * (d + C["fwd_per_row_tile"])
                                      + (C["mask_per_score"] * r * c if needs_mask(bi, key_len, m, n) else 0))
                             tb.compute(prog, step, b, h, m, n, 4 * d * r * c, other)
                             step += 1
@@ -290,7 +290,8 @@ def trace(workload: Workload, schedule: Schedule, profile=None, *, block_q=None,
                             r = q1 - q0
                             for t in ("Q", "O", "l", "m"):
                                 q_mem(prog, step, LOAD, t, b, h, m, bi)
-                            other = ((C["fwd_per_score"] + drop) * r * c + r * (2 * d + 6)
+                            other = ((C["fwd_per_score"] + drop) * r * c
+                                     + r * (2 * d + C["flash1_fwd_per_row_tile"])
                                      + (C["mask_per_score"] * r * c if needs_mask(bi, key_len, m, n) else 0))
                             tb.compute(prog, step, b, h, m, n, 4 * d * r * c, other)
                             for t in ("O", "l", "m"):
@@ -412,7 +413,7 @@ def _naive(tb: _Builder, w: Workload, schedule: Schedule, kvh, gqa):
     """Algorithm 0 as unfused PyTorch runs it: one kernel per pass, each reading and writing whole
     (Nq x Nk) matrices; one program per (b, h) per kernel (a coarse unit: library GEMMs and
     elementwise kernels tile internally, but each element crosses global memory once)."""
-    C = FLOP_COSTS
+    C = flop_costs(schedule.exp_flops)
     Nq, Nk, d, e = w.seq_len_q, w.seq_len_k, w.head_dim, w.dtype_bytes
     for name in ("S", "P", "Pd", "dP", "dS"):
         tb.tensor(name, w.heads, Nq, Nk * e)

@@ -16,12 +16,16 @@ import numpy as np
 
 from ioaware.block_info import BlockInfo, cdiv
 
-__all__ = ["Workload", "Schedule", "DTYPE_BYTES", "STAT_BYTES", "SCHEDULES", "PASSES",
+__all__ = ["Workload", "Schedule", "DTYPE_BYTES", "STAT_BYTES", "SCHEDULES", "PASSES", "EXP_FLOPS",
            "density_block_mask", "resolve_blocks", "sram_bytes_per_block", "occupancy",
            "block_infos"]
 
 DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
 STAT_BYTES = 4  # row statistics (m, l, lse, D) and the fp32 dQ accumulator are float32
+#: FLOPs one ``exp`` executes (default of ``Schedule.exp_flops``). Measured on an H200 (sm_90):
+#: the libdevice ``expf`` of our kernels runs range-reduction FFMAs, ``ex2.approx`` and an FMUL,
+#: about 5 FLOPs as Nsight Compute counts them (2 FFMA + FADD + FMUL); see results/NOTES.md.
+EXP_FLOPS = 5
 SCHEDULES = ("naive", "flash1", "flash2")
 PASSES = ("fwd", "bwd", "fwd+bwd")
 
@@ -167,6 +171,8 @@ class Schedule:
         backward) instead of separate ones.
     matmul_unit : "tensor" (tensor cores for fp16/bf16; fp32 on CUDA cores), "tf32" or "cuda"
         (everything on CUDA cores, as a kernel without MMA instructions runs).
+    exp_flops : FLOPs counted per ``exp`` (default :data:`EXP_FLOPS` = 5, as measured for
+        libdevice ``expf`` on sm_90; 1 gives the textbook count).
     """
 
     name: str = "flash2"
@@ -175,6 +181,7 @@ class Schedule:
     num_warps: int = 4
     fused_softmax: bool = False
     matmul_unit: str = "tensor"
+    exp_flops: int = EXP_FLOPS
 
     def __post_init__(self) -> None:
         if self.name not in SCHEDULES:
@@ -186,6 +193,9 @@ class Schedule:
         _posint("Schedule.num_warps", self.num_warps)
         if self.matmul_unit not in ("tensor", "tf32", "cuda"):
             raise ValueError(f"Schedule.matmul_unit must be 'tensor', 'tf32' or 'cuda', got {self.matmul_unit!r}")
+        if isinstance(self.exp_flops, bool) or not isinstance(self.exp_flops, (int, np.integer)) or self.exp_flops < 0:
+            raise ValueError(f"Schedule.exp_flops must be a non-negative integer, got {self.exp_flops!r}")
+        object.__setattr__(self, "exp_flops", int(self.exp_flops))
 
     @property
     def tiled(self) -> bool:
@@ -194,7 +204,7 @@ class Schedule:
     def to_dict(self) -> dict:
         return {"name": self.name, "block_q": self.block_q, "block_k": self.block_k,
                 "num_warps": self.num_warps, "fused_softmax": self.fused_softmax,
-                "matmul_unit": self.matmul_unit}
+                "matmul_unit": self.matmul_unit, "exp_flops": self.exp_flops}
 
 
 # -- block masks --------------------------------------------------------------------------------

@@ -46,11 +46,11 @@ def workloads(draw):
 
 @pytest.mark.parametrize("name", ["flash1", "flash2", "naive"])
 @settings(max_examples=30)
-@given(case=workloads(), fused=st.booleans())
-def test_closed_form_equals_trace(name, case, fused):
+@given(case=workloads(), fused=st.booleans(), exp_flops=st.sampled_from([1, 5, 7]))
+def test_closed_form_equals_trace(name, case, fused, exp_flops):
     w, bq, bk = case
     sched = sim.Schedule(name, None if name == "naive" else bq, None if name == "naive" else bk,
-                         fused_softmax=fused)
+                         fused_softmax=fused, exp_flops=exp_flops)
     tr = sim.trace(w, sched, block_q=bq, block_k=bk)
     cf_bytes, cf_flops = closed_form(w, sched, None if name == "naive" else bq, None if name == "naive" else bk)
     tr_bytes, tr_flops = tr.totals()
@@ -114,3 +114,38 @@ def test_predict_counts_are_the_closed_form():
     s = summarise(*closed_form(w, sim.Schedule("flash2"), 64, 64))
     assert (p.hbm_read_bytes, p.hbm_write_bytes, p.matmul_flops) == (s["hbm_read_bytes"], s["hbm_write_bytes"], s["matmul_flops"])
     assert p.flops == s["matmul_flops"] + s["other_flops"]
+
+
+@pytest.mark.parametrize("name,pass_", [("flash2", "fwd"), ("flash2", "bwd"), ("flash1", "fwd"),
+                                        ("flash1", "bwd"), ("naive", "fwd"), ("naive", "bwd")])
+def test_exp_is_priced_at_exp_flops_once_per_exp(name, pass_):
+    # dense, no dropout: one exp per score in every forward and tiled backward (P recomputed;
+    # the naive backward reads the stored P), plus the tiled forward's per-row per-tile
+    # alpha = exp(m_old - m_new) (FlashAttention-1: two of them)
+    Nq, Nk, d, bq, bk = 200, 168, 32, 32, 48
+    w = sim.Workload(batch=1, heads=2, seq_len_q=Nq, seq_len_k=Nk, head_dim=d, pass_=pass_)
+    blocks = (None, None) if name == "naive" else (bq, bk)
+    other = {x: summarise(*closed_form(w, sim.Schedule(name, exp_flops=x), *blocks))["other_flops"]
+             for x in (1, 5)}
+    n_exp = 0 if (name, pass_) == ("naive", "bwd") else Nq * Nk
+    if name != "naive" and pass_ == "fwd":
+        n_exp += Nq * cdiv(Nk, bk) * (2 if name == "flash1" else 1)
+    assert other[5] - other[1] == 2 * 4 * n_exp
+    assert sim.Schedule().exp_flops == sim.workload.EXP_FLOPS == 5
+
+
+def test_flash2_forward_output_rescale_once_per_visited_tile_per_row():
+    # acc *= alpha: d FLOPs per row per visited K tile, so other FLOPs grow as d / block_k
+    Nq = Nk = 256
+    for d in (64, 128):
+        w = sim.Workload(seq_len_q=Nq, head_dim=d, dtype="fp32")
+        other = {bk: summarise(*closed_form(w, sim.Schedule("flash2"), 64, bk))["other_flops"]
+                 for bk in (16, 64)}
+        extra_rows_tiles = Nq * (Nk // 16 - Nk // 64)
+        x = sim.workload.EXP_FLOPS
+        assert other[16] - other[64] == extra_rows_tiles * (d + 3 + x)
+        # causal: only visited tiles are rescaled
+        wc = w.replace(causal=True)
+        st_ = tile_stats_closed(Nq, Nk, 64, 16, True)
+        base = summarise(*closed_form(wc, sim.Schedule("flash2", exp_flops=0), 64, 16))["other_flops"]
+        assert base == 4 * st_.A + st_.Am + st_.R * (d + 3) + Nq * (d + 2)
