@@ -148,13 +148,15 @@ def tile_stats_arrays(Nq, Nk, bq, bk, causal) -> TileStats:
 
 
 def slice_terms(schedule: str, pass_name: str, st: TileStats, Nq, Nk, d, e, *, masked=False,
-                dropout=False, fused_softmax=False, gqa=False, exp_flops=EXP_FLOPS):
+                dropout=False, fused_softmax=False, gqa=False, exp_flops=EXP_FLOPS,
+                dq_mode="atomic"):
     """Per-(batch, head) slice counts of one pass: ``(bytes, flops)``.
 
     bytes: ``{(phase, tensor, op): n}``; flops: ``{phase: (matmul, other)}``. Arithmetic only, so
     every argument may be a numpy array. ``gqa``: dK/dV go to per-query-head buffers
     (``dK_exp``/``dV_exp``) reduced afterwards (see :func:`closed_form`). ``exp_flops``: FLOPs
-    per exp (:func:`flop_costs`).
+    per exp (:func:`flop_costs`). ``dq_mode``: flash2 backward's dQ ("atomic" or "kernel", see
+    :class:`sim.workload.Schedule`); float32 (``e == 4``) atomic runs have no ``bwd.post``.
 
     Per-tile non-matmul terms of the tiled forwards: every visited tile (r rows) costs
     ``r * d`` for the output rescale (``acc *= alpha``, FlashAttention-2; ``2 r d`` for
@@ -199,10 +201,15 @@ def slice_terms(schedule: str, pass_name: str, st: TileStats, Nq, Nk, d, e, *, m
         fl["bwd.main"] = (10 * d * st.A, (C["bwd_per_score"] + drop) * st.A
                           + C["mask_per_score"] * st.Am + st.R * 3 * d)
     elif schedule == "flash2" and pass_name == "bwd":
+        atomic = dq_mode == "atomic"
+        # float32 inputs: the float32 accumulator is dQ itself (no bwd.post conversion)
+        post = atomic and not (np.ndim(e) == 0 and int(e) == f)
+        acc = "dQacc" if post else "dQ"
         add("bwd.pre", "O", "load", Nq * d * e)
         add("bwd.pre", "dO", "load", Nq * d * e)
         add("bwd.pre", "D", "store", Nq * f)
-        add("bwd.pre", "dQacc", "store", Nq * d * f)
+        if atomic:
+            add("bwd.pre", acc, "store", Nq * d * f)
         fl["bwd.pre"] = (0 * d, 2 * d * Nq)
         add("bwd.main", "K", "load", st.Cvis * d * e)
         add("bwd.main", "V", "load", st.Cvis * d * e)
@@ -210,14 +217,25 @@ def slice_terms(schedule: str, pass_name: str, st: TileStats, Nq, Nk, d, e, *, m
         add("bwd.main", "dO", "load", st.R * d * e)
         add("bwd.main", "lse", "load", st.R * f)
         add("bwd.main", "D", "load", st.R * f)
-        add("bwd.main", "dQacc", "atomic", st.R * d * f)
         add("bwd.main", dk, "store", Nk * d * e)
         add("bwd.main", dv, "store", Nk * d * e)
-        fl["bwd.main"] = (10 * d * st.A, (C["bwd_per_score"] + drop) * st.A
-                          + C["mask_per_score"] * st.Am + st.R * d)
-        add("bwd.post", "dQacc", "load", Nq * d * f)
-        add("bwd.post", "dQ", "store", Nq * d * e)
-        fl["bwd.post"] = (0 * d, 0 * d)
+        per_score = (C["bwd_per_score"] + drop) * st.A + C["mask_per_score"] * st.Am
+        if atomic:
+            add("bwd.main", acc, "atomic", st.R * d * f)
+            fl["bwd.main"] = (10 * d * st.A, per_score + st.R * d)
+        else:
+            # dK/dV kernel: S, dP, dV, dK; dQ kernel: S, dP, dQ (K, V re-read per visited tile)
+            fl["bwd.main"] = (8 * d * st.A, per_score)
+            for t, w in (("Q", d * e), ("dO", d * e), ("lse", f), ("D", f)):
+                add("bwd.dq", t, "load", Nq * w)
+            add("bwd.dq", "K", "load", st.C * d * e)
+            add("bwd.dq", "V", "load", st.C * d * e)
+            add("bwd.dq", "dQ", "store", Nq * d * e)
+            fl["bwd.dq"] = (6 * d * st.A, per_score + Nq * d)
+        if post:
+            add("bwd.post", "dQacc", "load", Nq * d * f)
+            add("bwd.post", "dQ", "store", Nq * d * e)
+            fl["bwd.post"] = (0 * d, 0 * d)
     elif schedule == "naive":
         SS = Nq * Nk
         s_bytes, mask_bytes = SS * e, SS * 1
@@ -328,6 +346,7 @@ def closed_form(w: Workload, schedule, block_q=None, block_k=None):
     name = schedule.name if hasattr(schedule, "name") else schedule
     fused = getattr(schedule, "fused_softmax", False)
     exp_flops = getattr(schedule, "exp_flops", EXP_FLOPS)
+    dq_mode = getattr(schedule, "dq_mode", "atomic")
     gqa = w.heads != w.heads_kv
     tb: dict = {}
     tf: dict = {}
@@ -341,7 +360,8 @@ def closed_form(w: Workload, schedule, block_q=None, block_k=None):
         for mult, st in groups:
             b, fl = slice_terms(name, p, st, w.seq_len_q, w.seq_len_k, w.head_dim, w.dtype_bytes,
                                 masked=w.masked, dropout=w.dropout, fused_softmax=fused,
-                                gqa=gqa and p == "bwd", exp_flops=exp_flops)
+                                gqa=gqa and p == "bwd", exp_flops=exp_flops,
+                                dq_mode=dq_mode)
             _accumulate(tb, tf, b, fl, mult)
         if p == "bwd" and gqa:
             b, fl = reduce_terms(w.batch, w.heads, w.heads_kv, w.seq_len_k, w.head_dim, w.dtype_bytes)

@@ -29,7 +29,7 @@ from .workload import (DTYPE_BYTES, STAT_BYTES, Schedule, Workload, occupancy, r
                        sram_bytes_per_block)
 
 __all__ = ["Efficiency", "Prediction", "predict", "calibrate", "smem_traffic", "phase_programs",
-           "MAX_TRACE_EVENTS"]
+           "MAX_TRACE_EVENTS", "schedule_for_record", "record_dq_mode", "fit_efficiency"]
 
 MAX_TRACE_EVENTS = 2_000_000  # events + granule visits above which l2="auto" uses the analytic estimate
 
@@ -88,6 +88,7 @@ def phase_programs(w: Workload, name: str, block_q, block_k) -> dict:
         out["fwd"] = (BH * nq, nq)
         out["bwd.pre"] = (BH * nq, nq)
         out["bwd.main"] = (BH * nk, nk)
+        out["bwd.dq"] = (BH * nq, nq)
         out["bwd.post"] = (BH * nq, nq)
     else:
         out["fwd"] = (BH, 1)
@@ -317,13 +318,30 @@ def _dir_stamp(path):
         return ()
 
 
+def record_dq_mode(rec: dict) -> str | None:
+    """The flash2 backward's dQ mode a results record ran with: its ``dq_mode`` field, else read
+    from the kernel names ncu profiled (``ncu_kernels``: a ``flash_bwd_dq`` kernel = "kernel", a
+    ``flash_bwd_dkdv`` kernel without it = "atomic"); None when the record does not say."""
+    from .workload import DQ_MODES
+    if rec.get("dq_mode") in DQ_MODES:
+        return rec["dq_mode"]
+    names = [str(k.get("name", "")) for k in rec.get("ncu_kernels") or [] if isinstance(k, dict)]
+    if any("flash_bwd_dq" in n for n in names):
+        return "kernel"
+    if any("flash_bwd_dkdv" in n for n in names):
+        return "atomic"
+    return None
+
+
 def schedule_for_record(rec: dict) -> Schedule:
-    """The sim schedule modelling a results record (``ioaware-numba`` runs on CUDA cores)."""
+    """The sim schedule modelling a results record (``ioaware-numba`` runs on CUDA cores; its
+    backward's ``dq_mode`` from :func:`record_dq_mode`, default "atomic")."""
     unit = "cuda" if rec.get("kernel") == "ioaware-numba" else "tensor"
     name = rec.get("schedule") or "flash2"
     if name not in ("naive", "flash1", "flash2"):
         name = "flash2"
-    return Schedule(name, rec.get("block_q"), rec.get("block_k"), matmul_unit=unit)
+    dq_mode = (record_dq_mode(rec) if rec.get("kernel") == "ioaware-numba" else None) or "atomic"
+    return Schedule(name, rec.get("block_q"), rec.get("block_k"), matmul_unit=unit, dq_mode=dq_mode)
 
 
 def calibrate(records, profile) -> Efficiency | None:

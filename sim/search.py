@@ -157,7 +157,7 @@ def sweep(*, schedule="flash2", seq_len=(1024,), head_dim=(64,), block_q=(64,), 
                            (r + wr) / l2_bw if l2_bw else np.zeros(n),
                            m_ / peak_mm, o_ / prof.fp32_flops_per_s], 1) * 1e3
             if schedule != "naive":
-                if ph.startswith("fwd") or ph in ("bwd.pre", "bwd.post"):
+                if ph.startswith("fwd") or ph in ("bwd.pre", "bwd.dq", "bwd.post"):
                     nprog = B * H * (np.ceil(N / np.maximum(bq, 1)).astype(np.int64) if schedule == "flash2" else 1)
                 elif ph == "bwd.main":
                     nprog = B * H * (np.ceil(Nk / np.maximum(bk, 1)).astype(np.int64) if schedule == "flash2" else 1)

@@ -332,7 +332,10 @@ def trace(workload: Workload, schedule: Schedule, profile=None, *, block_q=None,
             tb.n_programs["bwd.main"] = prog
         elif schedule.name == "flash2" and p == "bwd":
             dk, dv = ("dK_exp", "dV_exp") if gqa else ("dK", "dV")
-            # -- preprocessing: D = rowsum(dO * O), dQacc = 0 --
+            atomic = schedule.dq_mode == "atomic"
+            post = atomic and e != f          # float32: the accumulator is dQ, no post pass
+            acc = "dQacc" if post else "dQ"
+            # -- preprocessing: D = rowsum(dO * O) (atomic: and the dQ accumulator = 0) --
             tb.phase("bwd.pre")
             prog = 0
             for b in range(B):
@@ -344,12 +347,14 @@ def trace(workload: Workload, schedule: Schedule, profile=None, *, block_q=None,
                         q_mem(prog, 0, LOAD, "dO", b, h, m, bi)
                         tb.compute(prog, 0, b, h, m, -1, 0, 2 * d * (q1 - q0))
                         q_mem(prog, 0, STORE, "D", b, h, m, bi)
-                        q_mem(prog, 0, STORE, "dQacc", b, h, m, bi)
+                        if atomic:
+                            q_mem(prog, 0, STORE, acc, b, h, m, bi)
                         prog += 1
             tb.n_programs["bwd.pre"] = prog
-            # -- main loop: one program per K/V block, Q blocks streamed, dQ by fp32 atomics --
+            # -- main loop: one program per K/V block, Q blocks streamed (atomic: dQ by fp32 atomics) --
             tb.phase("bwd.main")
             prog = 0
+            mm_main = 10 if atomic else 8
             for b in range(B):
                 for h in range(H):
                     bi, key_len = slice_bi[(b, h)]
@@ -366,27 +371,56 @@ def trace(workload: Workload, schedule: Schedule, profile=None, *, block_q=None,
                             r = q1 - q0
                             for t in ("Q", "dO", "lse", "D"):
                                 q_mem(prog, step, LOAD, t, b, h, m, bi)
-                            other = ((C["bwd_per_score"] + drop) * r * c + r * d
+                            other = ((C["bwd_per_score"] + drop) * r * c + (r * d if atomic else 0)
                                      + (C["mask_per_score"] * r * c if needs_mask(bi, key_len, m, n) else 0))
-                            tb.compute(prog, step, b, h, m, n, 10 * d * r * c, other)
-                            q_mem(prog, step, ATOMIC, "dQacc", b, h, m, bi)
+                            tb.compute(prog, step, b, h, m, n, mm_main * d * r * c, other)
+                            if atomic:
+                                q_mem(prog, step, ATOMIC, acc, b, h, m, bi)
                             step += 1
                         tb.mem(prog, step, STORE, dk, b, h if gqa else kvh(h), -1, n, k0, k1)
                         tb.mem(prog, step, STORE, dv, b, h if gqa else kvh(h), -1, n, k0, k1)
                         prog += 1
             tb.n_programs["bwd.main"] = prog
-            # -- convert dQacc (fp32) to dQ --
-            tb.phase("bwd.post")
-            prog = 0
-            for b in range(B):
-                for h in range(H):
-                    bi, _kl = slice_bi[(b, h)]
-                    for m in range(bi.n_blocks_q):
-                        q_mem(prog, 0, LOAD, "dQacc", b, h, m, bi)
-                        tb.compute(prog, 0, b, h, m, -1, 0, 0)
-                        q_mem(prog, 0, STORE, "dQ", b, h, m, bi)
-                        prog += 1
-            tb.n_programs["bwd.post"] = prog
+            if not atomic:
+                # -- dQ kernel: one program per Q block, K/V blocks streamed; S, dP recomputed --
+                tb.phase("bwd.dq")
+                prog = 0
+                for b in range(B):
+                    for h in range(H):
+                        bi, key_len = slice_bi[(b, h)]
+                        for m in range(bi.n_blocks_q):
+                            q0, q1 = bi.q_range(m)
+                            r = q1 - q0
+                            for t in ("Q", "dO", "lse", "D"):
+                                q_mem(prog, 0, LOAD, t, b, h, m, bi)
+                            step = 1
+                            for n in bi.k_blocks(m):
+                                k0, k1 = bi.k_range(n)
+                                c = k1 - k0
+                                kv_mem(prog, step, LOAD, "K", b, h, n, bi)
+                                kv_mem(prog, step, LOAD, "V", b, h, n, bi)
+                                other = ((C["bwd_per_score"] + drop) * r * c
+                                         + (C["mask_per_score"] * r * c if needs_mask(bi, key_len, m, n) else 0))
+                                tb.compute(prog, step, b, h, m, n, 6 * d * r * c, other)
+                                step += 1
+                            # -- epilogue: dQ *= scale, store --
+                            tb.compute(prog, step, b, h, m, -1, 0, r * d)
+                            q_mem(prog, step, STORE, "dQ", b, h, m, bi)
+                            prog += 1
+                tb.n_programs["bwd.dq"] = prog
+            if post:
+                # -- convert dQacc (fp32) to dQ --
+                tb.phase("bwd.post")
+                prog = 0
+                for b in range(B):
+                    for h in range(H):
+                        bi, _kl = slice_bi[(b, h)]
+                        for m in range(bi.n_blocks_q):
+                            q_mem(prog, 0, LOAD, "dQacc", b, h, m, bi)
+                            tb.compute(prog, 0, b, h, m, -1, 0, 0)
+                            q_mem(prog, 0, STORE, "dQ", b, h, m, bi)
+                            prog += 1
+                tb.n_programs["bwd.post"] = prog
         if p == "bwd" and gqa:
             _reduce(tb, w)
     return tb.build(meta)

@@ -16,7 +16,7 @@ import numpy as np
 
 from ioaware.block_info import BlockInfo, cdiv
 
-__all__ = ["Workload", "Schedule", "DTYPE_BYTES", "STAT_BYTES", "SCHEDULES", "PASSES", "EXP_FLOPS",
+__all__ = ["Workload", "Schedule", "DTYPE_BYTES", "STAT_BYTES", "SCHEDULES", "PASSES", "EXP_FLOPS", "DQ_MODES",
            "density_block_mask", "resolve_blocks", "sram_bytes_per_block", "occupancy",
            "block_infos"]
 
@@ -26,6 +26,7 @@ STAT_BYTES = 4  # row statistics (m, l, lse, D) and the fp32 dQ accumulator are 
 #: the libdevice ``expf`` of our kernels runs range-reduction FFMAs, ``ex2.approx`` and an FMUL,
 #: about 5 FLOPs as Nsight Compute counts them (2 FFMA + FADD + FMUL); see results/NOTES.md.
 EXP_FLOPS = 5
+DQ_MODES = ("atomic", "kernel")
 SCHEDULES = ("naive", "flash1", "flash2")
 PASSES = ("fwd", "bwd", "fwd+bwd")
 
@@ -173,6 +174,13 @@ class Schedule:
         (everything on CUDA cores, as a kernel without MMA instructions runs).
     exp_flops : FLOPs counted per ``exp`` (default :data:`EXP_FLOPS` = 5, as measured for
         libdevice ``expf`` on sm_90; 1 gives the textbook count).
+    dq_mode : flash2 backward only. "atomic" (FlashAttention-2's): one dK/dV program per K
+        block, dQ accumulated with float32 atomics into a zero-filled accumulator, then
+        converted by a ``bwd.post`` pass — except for float32 inputs, where the float32
+        accumulator *is* dQ and no post pass runs. "kernel": a dK/dV kernel parallel over K
+        tiles (``bwd.main``: S, dP, dV, dK = 8 d FLOPs per score) and a dQ kernel parallel over Q
+        tiles (``bwd.dq``: S, dP, dQ = 6 d per score) that re-reads K and V once per visited
+        tile; no atomics, no accumulator.
     """
 
     name: str = "flash2"
@@ -182,6 +190,7 @@ class Schedule:
     fused_softmax: bool = False
     matmul_unit: str = "tensor"
     exp_flops: int = EXP_FLOPS
+    dq_mode: str = "atomic"
 
     def __post_init__(self) -> None:
         if self.name not in SCHEDULES:
@@ -196,6 +205,8 @@ class Schedule:
         if isinstance(self.exp_flops, bool) or not isinstance(self.exp_flops, (int, np.integer)) or self.exp_flops < 0:
             raise ValueError(f"Schedule.exp_flops must be a non-negative integer, got {self.exp_flops!r}")
         object.__setattr__(self, "exp_flops", int(self.exp_flops))
+        if self.dq_mode not in DQ_MODES:
+            raise ValueError(f"Schedule.dq_mode must be one of {DQ_MODES}, got {self.dq_mode!r}")
 
     @property
     def tiled(self) -> bool:
@@ -204,7 +215,8 @@ class Schedule:
     def to_dict(self) -> dict:
         return {"name": self.name, "block_q": self.block_q, "block_k": self.block_k,
                 "num_warps": self.num_warps, "fused_softmax": self.fused_softmax,
-                "matmul_unit": self.matmul_unit, "exp_flops": self.exp_flops}
+                "matmul_unit": self.matmul_unit, "exp_flops": self.exp_flops,
+                "dq_mode": self.dq_mode}
 
 
 # -- block masks --------------------------------------------------------------------------------

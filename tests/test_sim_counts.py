@@ -46,11 +46,12 @@ def workloads(draw):
 
 @pytest.mark.parametrize("name", ["flash1", "flash2", "naive"])
 @settings(max_examples=30)
-@given(case=workloads(), fused=st.booleans(), exp_flops=st.sampled_from([1, 5, 7]))
-def test_closed_form_equals_trace(name, case, fused, exp_flops):
+@given(case=workloads(), fused=st.booleans(), exp_flops=st.sampled_from([1, 5, 7]),
+       dq_mode=st.sampled_from(["atomic", "kernel"]))
+def test_closed_form_equals_trace(name, case, fused, exp_flops, dq_mode):
     w, bq, bk = case
     sched = sim.Schedule(name, None if name == "naive" else bq, None if name == "naive" else bk,
-                         fused_softmax=fused, exp_flops=exp_flops)
+                         fused_softmax=fused, exp_flops=exp_flops, dq_mode=dq_mode)
     tr = sim.trace(w, sched, block_q=bq, block_k=bk)
     cf_bytes, cf_flops = closed_form(w, sched, None if name == "naive" else bq, None if name == "naive" else bk)
     tr_bytes, tr_flops = tr.totals()
@@ -149,3 +150,50 @@ def test_flash2_forward_output_rescale_once_per_visited_tile_per_row():
         st_ = tile_stats_closed(Nq, Nk, 64, 16, True)
         base = summarise(*closed_form(wc, sim.Schedule("flash2", exp_flops=0), 64, 16))["other_flops"]
         assert base == 4 * st_.A + st_.Am + st_.R * (d + 3) + Nq * (d + 2)
+
+
+def test_flash2_backward_dq_modes():
+    Nq = Nk = 256
+    d, bq, bk = 64, 64, 32
+    for dtype, e in (("fp16", 2), ("fp32", 4)):
+        w = sim.Workload(batch=2, heads=3, seq_len_q=Nq, head_dim=d, dtype=dtype, pass_="bwd")
+        BH, A = 6, Nq * Nk
+        at, at_f = closed_form(w, sim.Schedule("flash2", dq_mode="atomic"), bq, bk)
+        kn, kn_f = closed_form(w, sim.Schedule("flash2", dq_mode="kernel"), bq, bk)
+        # matmul FLOPs: 10 d per score (S, dP, dV, dK, dQ) vs 8 d + 6 d (S and dP recomputed)
+        assert sum(v[0] for v in at_f.values()) == 10 * d * A * BH
+        assert sum(v[0] for v in kn_f.values()) == 14 * d * A * BH
+        assert kn_f["bwd.main"][0] == 8 * d * A * BH and kn_f["bwd.dq"][0] == 6 * d * A * BH
+        # kernel: no atomics, no accumulator; the dQ kernel re-reads K and V once per Q tile
+        assert not any(op == "atomic" for (_p, _t, op) in kn)
+        assert kn[("bwd.dq", "K", "load")] == kn[("bwd.dq", "V", "load")] == BH * (Nq // bq) * Nk * d * e
+        assert kn[("bwd.dq", "Q", "load")] == kn[("bwd.dq", "dQ", "store")] == BH * Nq * d * e
+        assert ("bwd.pre", "dQacc", "store") not in kn
+        # atomic: float32 accumulation; a post pass only for half inputs
+        phases = {p for (p, _t, _o) in at}
+        if dtype == "fp32":
+            assert "bwd.post" not in phases and ("bwd.main", "dQ", "atomic") in at
+            assert at[("bwd.pre", "dQ", "store")] == BH * Nq * d * 4
+        else:
+            assert at[("bwd.post", "dQ", "store")] == BH * Nq * d * 2
+            assert at[("bwd.main", "dQacc", "atomic")] == BH * (Nk // bk) * Nq * d * 4
+        p = sim.predict(w, sim.Schedule("flash2", bq, bk, dq_mode="kernel"), "h100", l2="none",
+                        calibration=None)
+        assert p.phases["bwd.dq"]["programs"] == BH * (Nq // bq)
+    with pytest.raises(ValueError, match="dq_mode"):
+        sim.Schedule(dq_mode="post")
+
+
+def test_schedule_for_record_reads_dq_mode():
+    from sim.model import record_dq_mode
+    base = {"kernel": "ioaware-numba", "schedule": "flash2", "pass": "bwd", "block_q": 32, "block_k": 32}
+    v1 = dict(base, ncu_kernels=[{"name": "make_delta_kernel::flash_bwd_delta[abi:v1]"},
+                                 {"name": "make_dkdv_kernel::flash_bwd_dkdv[abi:v1]"},
+                                 {"name": "make_dq_kernel::flash_bwd_dq[abi:v1]"}])
+    v2 = dict(base, ncu_kernels=[{"name": "make_delta_kernel::flash_bwd_delta"},
+                                 {"name": "void at::vectorized_elementwise_kernel<4, FillFunctor>"},
+                                 {"name": "make_dkdv_kernel_v2::flash_bwd_dkdv_v2[abi:v2]"}])
+    assert record_dq_mode(v1) == sim.schedule_for_record(v1).dq_mode == "kernel"
+    assert record_dq_mode(v2) == sim.schedule_for_record(v2).dq_mode == "atomic"
+    assert record_dq_mode(base) is None and sim.schedule_for_record(base).dq_mode == "atomic"
+    assert sim.schedule_for_record(dict(v2, dq_mode="kernel")).dq_mode == "kernel"
