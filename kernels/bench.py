@@ -51,7 +51,15 @@ def _versions(torch):
             "torch": torch.__version__, "numba": numba.__version__, "numba_cuda": numba_cuda,
             "numpy": np.__version__, "python": platform.python_version(),
             "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "command": "python -m kernels.bench " + " ".join(sys.argv[1:])}
+            "command": "python -m kernels.bench " + " ".join(sys.argv[1:]),
+            "kernel_versions": _kernel_versions()}
+
+
+def _kernel_versions():
+    """The float32 kernel versions this run uses (kernels.launch FWD_VERSION / BWD_VERSION,
+    set by KERNELS_FWD_VERSION / KERNELS_BWD_VERSION)."""
+    from kernels import launch
+    return {"fwd": launch.FWD_VERSION, "bwd": launch.BWD_VERSION}
 
 
 def time_cuda(torch, fn, warmup=3, min_reps=5, max_reps=30, budget_s=0.4):
@@ -286,7 +294,9 @@ def main(argv=None):
     ap.add_argument("--kernels", nargs="+", default=["ioaware-numba"] + list(SDPA_KERNELS))
     ap.add_argument("--seed-lens", type=int, nargs="*", default=[128, 256, 512, 1024, 2048, 4096])
     ap.add_argument("--quick", action="store_true", help="N in {1024, 4096}, d=64, no seed experiment")
-    ap.add_argument("--out", default=None, help="results file (default results/bench_<gpu>_<date>.json)")
+    ap.add_argument("--out", default=None,
+                    help="results file (default results/bench_<gpu>_<date>[_<tag>].json)")
+    ap.add_argument("--tag", default=None, help="suffix of the default results file name")
     ap.add_argument("--show", metavar="RESULTS_JSON", default=None,
                     help="print the table of an existing results file (no GPU needed) and exit")
     args = ap.parse_args(argv)
@@ -294,7 +304,8 @@ def main(argv=None):
         doc = json.loads(Path(args.show).read_text())
         p = doc["provenance"]
         print(f"# {p['gpu']}  driver {p['driver']}  CUDA {p['cuda']}  torch {p['torch']}  "
-              f"numba {p['numba']}  numba-cuda {p['numba_cuda']}  {p['date']}  ({p['command']})")
+              f"numba {p['numba']}  numba-cuda {p['numba_cuda']}  {p['date']}  ({p['command']})"
+              + (f"  kernel versions {p['kernel_versions']}" if "kernel_versions" in p else ""))
         keep = [r for r in doc["records"] if r["seq_len_q"] in args.n and r["head_dim"] in args.d
                 and r["dtype"] in args.dtype and r["pass"] in args.passes
                 and str(r["causal"]).lower() in args.causal]
@@ -313,7 +324,7 @@ def main(argv=None):
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     out = Path(args.out) if args.out else RESULTS_DIR / (
         "bench_" + re.sub(r"[^A-Za-z0-9]+", "-", prov["gpu"]).strip("-").lower()
-        + "_" + prov["date"][:10] + ".json")
+        + "_" + prov["date"][:10] + (f"_{args.tag}" if args.tag else "") + ".json")
     out.parent.mkdir(parents=True, exist_ok=True)
     doc = {"schema": "ioaware.results/1", "provenance": prov, "records": [], "skipped": [],
            "seed_experiment": [], "complete": False}

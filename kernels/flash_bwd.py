@@ -48,6 +48,61 @@ def make_delta_kernel(head_dim: int):
     return flash_bwd_delta
 
 
+#: Rows of the delta pre-pass per thread block (one warp of 32 lanes per row).
+DELTA_ROWS = 8
+
+
+def make_delta_kernel_v2(head_dim: int, use_shfl: bool):
+    """Coalesced delta pre-pass: one warp per row, lanes along d.
+
+    delta[b, h, i] = sum_c dout[b, h, i, c] * out[b, h, i, c]. Lane ``l`` of the row's warp
+    reads columns ``l, l+32, ...`` so each warp load is one contiguous row segment (the
+    one-thread-per-row `make_delta_kernel` strides by d between neighbouring threads). The 32
+    partial sums are reduced by warp shuffles on a GPU, through shared memory under the
+    simulator. grid (cdiv(Nq, DELTA_ROWS), B*Hq), block 32 * DELTA_ROWS.
+    """
+    D = head_dim
+    ROWS = DELTA_ROWS
+    NCOL = (D + 31) // 32
+    SHFL = use_shfl
+
+    @cuda.jit
+    def flash_bwd_delta_v2(out, dout, delta):
+        lane = cuda.threadIdx.x % 32
+        wrow = cuda.threadIdx.x // 32
+        row = cuda.blockIdx.x * ROWS + wrow
+        bh = cuda.blockIdx.y
+        n_heads = out.shape[1]
+        b = bh // n_heads
+        h = bh % n_heads
+        red_s = cuda.shared.array((ROWS, 32), float32)
+        acc = float32(0.0)
+        if row < out.shape[2]:
+            for u in range(NCOL):
+                c = lane + 32 * u
+                if c < D:
+                    acc += float32(out[b, h, row, c]) * float32(dout[b, h, row, c])
+        if SHFL:
+            off = 16
+            while off > 0:
+                acc += cuda.shfl_xor_sync(0xFFFFFFFF, acc, off)
+                off //= 2
+        else:
+            red_s[wrow, lane] = acc
+            cuda.syncthreads()
+            off = 16
+            while off > 0:
+                if lane < off:
+                    red_s[wrow, lane] += red_s[wrow, lane + off]
+                cuda.syncthreads()
+                off //= 2
+            acc = red_s[wrow, 0]
+        if lane == 0 and row < out.shape[2]:
+            delta[b, h, row] = acc
+
+    return flash_bwd_delta_v2
+
+
 def make_dkdv_kernel(cfg: TileConfig, head_dim: int, causal: bool, has_mask: bool,
                      dropout: bool, dq_atomic: bool):
     """dK/dV kernel; ``cfg.block_m`` = K tile rows, ``cfg.block_n`` = Q tile rows.

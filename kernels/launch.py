@@ -28,8 +28,9 @@ from ioaware.block_info import BlockInfo, cdiv
 from ._device import dropout_args
 from .config import (FWD_TILES, STATIC_SMEM_LIMIT_BYTES, TileConfig, choose_tiles, default_blocks,
                      dkdv_smem_bytes, dq_smem_bytes, fwd_smem_bytes)
-from .flash_bwd import make_delta_kernel, make_dkdv_kernel, make_dkdv_kernel_v2, make_dq_kernel
-from .flash_fwd import make_forward_kernel, make_forward_kernel_v2
+from .flash_bwd import (DELTA_ROWS, make_delta_kernel, make_delta_kernel_v2, make_dkdv_kernel,
+                        make_dkdv_kernel_v2, make_dq_kernel)
+from .flash_fwd import make_forward_kernel, make_forward_kernel_v2, make_forward_kernel_v3
 from . import flash_mma_fwd
 
 __all__ = ["forward", "backward", "simulator", "DQ_MODE"]
@@ -38,10 +39,12 @@ __all__ = ["forward", "backward", "simulator", "DQ_MODE"]
 #: "kernel" (a second kernel parallel over Q tiles, which recomputes S and dP). Atomics measured
 #: 1.4x faster for the whole backward on an H200 (kernels/NOTES.md, v1 sweep).
 DQ_MODE = "atomic"
-#: Forward kernel version: 1 (signed indices) or 2 (unsigned tile indices, per-head views);
-#: environment override KERNELS_FWD_VERSION. See kernels/NOTES.md.
+#: Forward kernel version: 1 (signed indices), 2 (unsigned tile indices, per-head views) or 3
+#: (flattened shared tiles, hoisted offsets); environment override KERNELS_FWD_VERSION.
+#: See kernels/NOTES.md.
 FWD_VERSION = int(os.environ.get("KERNELS_FWD_VERSION", "2"))
-#: dK/dV kernel version, likewise (KERNELS_BWD_VERSION).
+#: Backward version, likewise (KERNELS_BWD_VERSION): 1, 2 (dK/dV kernel v2), 3 (dK/dV v2 and the
+#: coalesced one-warp-per-row delta pre-pass).
 BWD_VERSION = int(os.environ.get("KERNELS_BWD_VERSION", "2"))
 
 _KERNELS: dict = {}
@@ -300,7 +303,8 @@ def _kernel(kind, *key):
     k = (kind,) + key
     fn = _KERNELS.get(k)
     if fn is None:
-        fn = {"fwd": make_forward_kernel, "fwd2": make_forward_kernel_v2, "dkdv": make_dkdv_kernel, "dkdv2": make_dkdv_kernel_v2, "dq": make_dq_kernel,
+        fn = {"fwd": make_forward_kernel, "fwd2": make_forward_kernel_v2,
+              "fwd3": make_forward_kernel_v3, "delta2": make_delta_kernel_v2, "dkdv": make_dkdv_kernel, "dkdv2": make_dkdv_kernel_v2, "dq": make_dq_kernel,
               "delta": make_delta_kernel, "cast": _make_cast_kernel}[kind](*key)
         _KERNELS[k] = fn
     return fn
@@ -360,7 +364,7 @@ def forward(q, k, v, *, scale, causal=False, mask=None, block_mask=None, dropout
     qd, kd, vd = io.to_dev(q), io.to_dev(k), io.to_dev(v)
     out_h, out_d = io.empty((B, Hq, Nq, D))
     lse_h, lse_d = io.empty((B, Hq, Nq), float32=True)
-    kern = _kernel("fwd2" if FWD_VERSION == 2 else "fwd", cfg, D, bool(causal), mask_d is not None, float(dropout_p) > 0.0,
+    kern = _kernel({1: "fwd", 2: "fwd2"}.get(FWD_VERSION, "fwd3"), cfg, D, bool(causal), mask_d is not None, float(dropout_p) > 0.0,
                    _use_shfl(cfg))
     nbq = cdiv(Nq, bq)
     kern[(nbq, B * Hq), cfg.threads, io.stream](
@@ -414,7 +418,11 @@ def backward(q, k, v, out, lse, dout, *, scale, causal=False, mask=None, block_m
     qd, kd, vd = io.to_dev(q), io.to_dev(k), io.to_dev(v)
     od, dod, lsed = io.to_dev(out), io.to_dev(dout), io.to_dev(lse)
     delta_h, delta_d = io.empty((B, Hq, Nq), float32=True)
-    _kernel("delta", D)[(cdiv(Nq, 128), B * Hq), 128, io.stream](od, dod, delta_d)
+    if BWD_VERSION >= 3:     # coalesced: one warp per row
+        _kernel("delta2", D, not simulator())[(cdiv(Nq, DELTA_ROWS), B * Hq), 32 * DELTA_ROWS,
+                                              io.stream](od, dod, delta_d)
+    else:                    # one thread per row
+        _kernel("delta", D)[(cdiv(Nq, 128), B * Hq), 128, io.stream](od, dod, delta_d)
 
     dk_h, dk_d = io.empty((B, Hkv, Nk, D))
     dv_h, dv_d = io.empty((B, Hkv, Nk, D))
@@ -423,7 +431,7 @@ def backward(q, k, v, out, lse, dout, *, scale, causal=False, mask=None, block_m
         dqa_h, dqa_d = io.zeros_f32((B, Hq, Nq, D))
     else:
         dqa_h, dqa_d = None, _dummy_dq()
-    kern = _kernel("dkdv2" if BWD_VERSION == 2 else "dkdv", cfg_kv, D, bool(causal), has_mask, drop, mode == "atomic")
+    kern = _kernel("dkdv" if BWD_VERSION == 1 else "dkdv2", cfg_kv, D, bool(causal), has_mask, drop, mode == "atomic")
     kern[(cdiv(Nk, bk), B * Hkv), cfg_kv.threads, io.stream](
         qd, kd, vd, dod, lsed, delta_d, dk_d, dv_d, dqa_d, mask_arg, q_off, q_idx, sb, sh,
         group, sm_scale, seed_pre, thresh, keep_scale)
