@@ -252,7 +252,15 @@ def predict(workload: Workload, schedule: Schedule | str, profile="h100", *, l2:
         l2res = simulate_l2(tr, prof.l2_bytes, slots, granularity)
     elif mode == "analytic":
         pps = {ph: progs.get(ph, progs.get("*", (1, 1)))[1] for ph in summ["phases"]}
-        l2res = l2_analytic(by_key, _tensor_bytes(w), pps, w.batch * w.heads, slots, prof.l2_bytes)
+        steps = {}
+        if schedule.name == "flash1":   # one program per slice, reuse from one K block to the next
+            from ioaware.block_info import cdiv
+            steps = {ph: cdiv(w.seq_len_k, bk) for ph in summ["phases"] if not ph.endswith("reduce")}
+        # do the programs sharing a slice walk its tiles in the same order? (causal K-block
+        # programs of the backward start at their first visiting Q block; block-sparse: no)
+        lockstep = {ph: not (w.block_sparse or (w.causal and ph == "bwd.main")) for ph in summ["phases"]}
+        l2res = l2_analytic(by_key, _tensor_bytes(w), pps, w.batch * w.heads, slots, prof.l2_bytes,
+                            steps, lockstep)
     elif mode == "none":
         l2res = L2Result(summ["hbm_read_bytes"], summ["hbm_write_bytes"],
                          {p: {"dram_read_bytes": v["hbm_read_bytes"], "dram_write_bytes": v["hbm_write_bytes"]}

@@ -69,8 +69,13 @@ def test_calibrated_time_fits_each_kernel_separately(joined):
     # one eager record: its own fit (efficiency of its bound level) brings the prediction closer
     eager = joined[joined["kernel"] == "eager"].iloc[0]
     assert abs(eager["rel_error_time_calibrated"]) < abs(eager["rel_error_time_raw"])
-    assert abs(eager["rel_error_time_calibrated"]) < 0.1
     assert eager["efficiency"]["n_records"] == 1
+    # one sample: every level gets its factor, so the calibrated roofline is the raw one / factor
+    # (not exactly the measurement: the phases are not all bound by the level the sample fixed)
+    eff = eager["efficiency"]
+    assert eff["dram"] == eff["l2"] == eff["matmul"] == eff["other"]
+    assert eager["predicted_time_calibrated"] == pytest.approx(eager["predicted_time_raw"] / eff["dram"])
+    assert abs(eager["rel_error_time_calibrated"]) < 0.3
     ours = joined[joined["kernel"] == "ioaware-numba"]
     assert ours["efficiency"].map(lambda e: e["n_records"]).eq(4).all()
 
