@@ -41,7 +41,10 @@ Metrics (measured side from `kernels.ncu` counters, predicted side from `sim.pre
   factors per kernel explains all of its configurations, not how well it extrapolates).
 
 How records are modelled (`model_for_record`): our kernel (``ioaware-numba``) as ``flash2`` with
-its block sizes, matmuls on CUDA cores (``variant: mma`` on tensor cores); SDPA FLASH,
+its block sizes, matmuls on CUDA cores (``variant: mma`` on tensor cores), the backward's
+``dq_mode`` as the record says (`sim.model.record_dq_mode`: its ``dq_mode`` field, else the
+kernel names ncu profiled — a ``flash_bwd_dq`` kernel is the separate dQ kernel, else dQ
+atomics); SDPA FLASH,
 EFFICIENT, CUDNN as ``flash2`` with the model's own block sizes on tensor cores (float32:
 CUDA cores); MATH and eager as ``naive``. PyTorch's MATH backend upcasts float16/bfloat16
 inputs to float32 and runs everything in float32 on CUDA cores (seen in the kernel list ncu
@@ -118,6 +121,7 @@ def profiled_impl(rec: dict) -> str | None:
 
 def model_for_record(rec: dict):
     """``(Workload, Schedule, note)`` that model a results record (see the module docstring)."""
+    from .model import record_dq_mode
     from .workload import Schedule, Workload
 
     w = Workload.from_record(rec)
@@ -125,8 +129,12 @@ def model_for_record(rec: dict):
     note = ""
     if kernel == "ioaware-numba":
         unit = "tensor" if variant == "mma" else "cuda"
-        sched = Schedule("flash2", rec.get("block_q"), rec.get("block_k"), matmul_unit=unit)
+        dq_mode = (record_dq_mode(rec) or "atomic") if rec["pass"] != "fwd" else "atomic"
+        sched = Schedule("flash2", rec.get("block_q"), rec.get("block_k"), matmul_unit=unit,
+                         dq_mode=dq_mode)
         note = "flash2, measured blocks, " + ("tensor cores" if unit == "tensor" else "CUDA cores")
+        if rec["pass"] != "fwd":
+            note += f", dQ by {'a separate kernel' if dq_mode == 'kernel' else 'atomics'}"
     elif kernel in ("sdpa-flash", "sdpa-efficient", "sdpa-cudnn"):
         sched = Schedule("flash2", matmul_unit="tensor")
         note = "flash2, model's default blocks"

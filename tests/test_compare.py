@@ -162,3 +162,16 @@ def test_profiled_implementation_and_variant_labels(records):
     bench.pop("variant", None)
     assert C._family(bench) == "ioaware-numba/mma"
     assert C.model_for_record(bench)[1].matmul_unit == "tensor"
+
+
+def test_backward_records_are_modelled_with_the_dq_mode_ncu_saw():
+    base = {"kernel": "ioaware-numba", "schedule": "flash2", "pass": "bwd", "dtype": "fp32",
+            "batch": 1, "heads": 2, "heads_kv": 2, "seq_len_q": 128, "seq_len_k": 128, "head_dim": 64,
+            "causal": False, "block_q": 32, "block_k": 32}
+    v1 = dict(base, ncu_kernels=[{"name": "make_dkdv_kernel::flash_bwd_dkdv[abi:v1]"},
+                                 {"name": "make_dq_kernel::flash_bwd_dq[abi:v1]"}])
+    v2 = dict(base, ncu_kernels=[{"name": "make_dkdv_kernel_v2::flash_bwd_dkdv_v2[abi:v2]"}])
+    (_w1, s1, n1), (_w2, s2, n2) = C.model_for_record(v1), C.model_for_record(v2)
+    assert (s1.dq_mode, s2.dq_mode) == ("kernel", "atomic")
+    assert "separate" in n1 and "atomics" in n2
+    assert C.model_for_record(base)[1].dq_mode == "atomic"
