@@ -146,10 +146,10 @@ def main(argv=None):
                           f"{flb / t / 1e9:6.2f} TFLOP/s", flush=True)
         report[d] = {"sdpa_efficient_fwd_ms": t_eff, "sdpa_efficient_fwdbwd_ms": t_eff_fb, "rows": rows}
         for key, kern in launch._KERNELS.items():
-            if key[0].startswith(("dkdv", "dq", "delta")) and key[2] == d:
+            if len(key) > 2 and key[0].startswith(("dkdv", "dq", "delta")) and key[2] == d:
                 print(f"  {key[0]} {key[1]}: regs/local/smem {list(resources(kern).values())}", flush=True)
         for key, kern in launch._KERNELS.items():
-            if key[0].startswith(("fwd", "dkdv", "dq")) and key[2] == d:
+            if len(key) > 2 and key[0].startswith(("fwd", "dkdv", "dq")) and key[2] == d:
                 print(f"  SASS {key[0]} {key[1]}: {sass_mix(kern)}", flush=True)
     if args.json:
         import json
