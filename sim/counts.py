@@ -26,7 +26,8 @@ from ioaware.block_info import BlockInfo, cdiv
 from .workload import EXP_FLOPS, STAT_BYTES, Workload, block_infos
 
 __all__ = ["TileStats", "tile_stats_blockinfo", "tile_stats_closed", "tile_stats_arrays",
-           "slice_terms", "closed_form", "FLOP_COSTS", "flop_costs", "summarise"]
+           "slice_terms", "closed_form", "FLOP_COSTS", "flop_costs", "summarise",
+           "naive_variant_kernels"]
 
 # Non-matmul FLOPs. One per elementwise arithmetic op (max, add, multiply, divide, log, compare),
 # except ``exp``, which costs ``exp_flops`` (:data:`sim.workload.EXP_FLOPS`, a field of
@@ -315,6 +316,115 @@ def slice_terms(schedule: str, pass_name: str, st: TileStats, Nq, Nk, d, e, *, m
     return b, fl
 
 
+
+def naive_variant_kernels(variant: str, pass_name: str, Nq, Nk, d, e, *, causal=False,
+                          exp_flops=EXP_FLOPS) -> list:
+    """The kernel sequence PyTorch runs for a naive ``variant`` (torch 2.11; from the kernel
+    lists Nsight Compute recorded in ``results/h200_sweep_20261122.json``, see results/NOTES.md).
+
+    Returns ``[(phase, loads, stores, matmul_flops, other_flops, shared), ...]`` per (batch,
+    head) slice; ``loads``/``stores`` are ``[(tensor, kind, bytes_per_element)]`` with kind
+    "q" (Nq x d), "k" (Nk x d), "s" (Nq x Nk) or "r" (Nq); ``shared`` kernels run once for the
+    whole workload (the causal mask, shared by every batch and head).
+
+    "math" (``_scaled_dot_product_attention_math`` + ``_safe_softmax``), everything float32:
+    half inputs upcast (``fwd.upcast``: Q, K, V; ``bwd.upcast``: dO) and results downcast
+    (``fwd.downcast``: the attention weights P, which SDPA discards, and O; ``bwd.downcast``:
+    dQ, dK, dV); q and k scaled by sqrt(scale) (O(N d)); S = Q K^T; causal: a boolean tril mask
+    built once, turned into a float additive mask once, added to S; softmax; the fully-masked-row
+    fix-up (isneginf(S), all(-1), where(row, 0, P)); O = P V. Backward: dV, dP, a binary
+    elementwise pass (the gradient through ``where``), softmax backward, dQ, dK, and the
+    sqrt(scale) of dq and dk. The ``where`` reads its row flag broadcast: counted as the Nq-byte
+    tensor it is (the LSU counter sees 1 byte per score).
+
+    "eager": S = Q K^T, S *= scale, causal: ``masked_fill`` with a boolean mask, softmax,
+    O = P V, in the input dtype. Backward: dV, dP, the binary pass, softmax backward, causal:
+    ``masked_fill`` backward, dS *= scale, dQ, dK.
+    """
+    SS = Nq * Nk
+    C = flop_costs(exp_flops)
+    ks = []
+
+    def k(phase, loads, stores, mm=0, other=0, shared=False):
+        ks.append((phase, loads, stores, mm, other, shared))
+
+    if variant == "math":
+        c = 4
+        half = e != 4
+        q, kk, v = ("Qf", "Kf", "Vf") if half else ("Q", "K", "V")
+        if pass_name == "fwd":
+            if half:
+                k("fwd.upcast", [("Q", "q", e), ("K", "k", e), ("V", "k", e)],
+                  [(q, "q", c), (kk, "k", c), (v, "k", c)])
+            k("fwd.scale_q", [(q, "q", c)], [("Qs", "q", c)], 0, Nq * d)
+            k("fwd.scale_k", [(kk, "k", c)], [("Ks", "k", c)], 0, Nk * d)
+            k("fwd.qk", [("Qs", "q", c), ("Ks", "k", c)], [("S", "s", c)], 2 * d * SS)
+            if causal:
+                k("fwd.mask_build", [], [("mask", "s", 1)], 0, SS, True)
+                k("fwd.mask_float", [("mask", "s", 1)], [("mask_f", "s", c)], 0, SS, True)
+                k("fwd.add_mask", [("S", "s", c), ("mask_f", "s", c)], [("S", "s", c)], 0, SS)
+            k("fwd.softmax", [("S", "s", c)], [("P", "s", c)], 0, C["naive_softmax_per_score"] * SS)
+            k("fwd.isneginf", [("S", "s", c)], [("neginf", "s", 1)], 0, SS)
+            k("fwd.all", [("neginf", "s", 1)], [("row_all", "r", 1)], 0, SS)
+            k("fwd.where", [("P", "s", c), ("row_all", "r", 1)], [("P", "s", c)], 0, SS)
+            k("fwd.pv", [("P", "s", c), (v, "k", c)], [("Of" if half else "O", "q", c)], 2 * d * SS)
+            if half:
+                k("fwd.downcast", [("P", "s", c), ("Of", "q", c)], [("Ph", "s", e), ("O", "q", e)])
+        else:
+            do = "dOf" if half else "dO"
+            if half:
+                k("bwd.upcast", [("dO", "q", e)], [(do, "q", c)])
+            k("bwd.dv", [("P", "s", c), (do, "q", c)], [("dVf" if half else "dV", "k", c)], 2 * d * SS)
+            k("bwd.dp", [(do, "q", c), (v, "k", c)], [("dP", "s", c)], 2 * d * SS)
+            k("bwd.binary", [("dP", "s", c), ("P", "s", c)], [("dP", "s", c)], 0, SS)
+            k("bwd.softmax", [("P", "s", c), ("dP", "s", c)], [("dS", "s", c)], 0,
+              C["naive_softmax_bwd_per_score"] * SS)
+            k("bwd.dq", [("dS", "s", c), ("Ks", "k", c)], [("dQs", "q", c)], 2 * d * SS)
+            k("bwd.dk", [("dS", "s", c), ("Qs", "q", c)], [("dKs", "k", c)], 2 * d * SS)
+            k("bwd.scale_dq", [("dQs", "q", c)], [("dQf" if half else "dQ", "q", c)], 0, Nq * d)
+            k("bwd.scale_dk", [("dKs", "k", c)], [("dKf" if half else "dK", "k", c)], 0, Nk * d)
+            if half:
+                k("bwd.downcast", [("dQf", "q", c), ("dKf", "k", c), ("dVf", "k", c)],
+                  [("dQ", "q", e), ("dK", "k", e), ("dV", "k", e)])
+    elif variant == "eager":
+        if pass_name == "fwd":
+            k("fwd.qk", [("Q", "q", e), ("K", "k", e)], [("S", "s", e)], 2 * d * SS)
+            k("fwd.scale", [("S", "s", e)], [("S", "s", e)], 0, C["naive_scale_per_score"] * SS)
+            if causal:
+                k("fwd.masked_fill", [("S", "s", e), ("mask", "s", 1)], [("S", "s", e)], 0,
+                  C["mask_per_score"] * SS)
+            k("fwd.softmax", [("S", "s", e)], [("P", "s", e)], 0, C["naive_softmax_per_score"] * SS)
+            k("fwd.pv", [("P", "s", e), ("V", "k", e)], [("O", "q", e)], 2 * d * SS)
+        else:
+            k("bwd.dv", [("P", "s", e), ("dO", "q", e)], [("dV", "k", e)], 2 * d * SS)
+            k("bwd.dp", [("dO", "q", e), ("V", "k", e)], [("dP", "s", e)], 2 * d * SS)
+            k("bwd.binary", [("dP", "s", e), ("P", "s", e)], [("dP", "s", e)], 0, SS)
+            k("bwd.softmax", [("P", "s", e), ("dP", "s", e)], [("dS", "s", e)], 0,
+              C["naive_softmax_bwd_per_score"] * SS)
+            if causal:
+                k("bwd.masked_fill", [("dS", "s", e), ("mask", "s", 1)], [("dS", "s", e)], 0,
+                  C["mask_per_score"] * SS)
+            k("bwd.scale", [("dS", "s", e)], [("dS", "s", e)], 0, C["naive_scale_per_score"] * SS)
+            k("bwd.dq", [("dS", "s", e), ("K", "k", e)], [("dQ", "q", e)], 2 * d * SS)
+            k("bwd.dk", [("dS", "s", e), ("Q", "q", e)], [("dK", "k", e)], 2 * d * SS)
+    else:
+        raise ValueError(f"unknown naive variant {variant!r}")
+    return ks
+
+
+def naive_kind_elems(kind, Nq, Nk, d):
+    """Elements of a tensor of :func:`naive_variant_kernels` kind "q", "k", "s" or "r"."""
+    return {"q": Nq * d, "k": Nk * d, "s": Nq * Nk, "r": Nq}[kind]
+
+
+def check_naive_variant(w: Workload, variant) -> None:
+    """ValueError unless the naive ``variant`` models ``w`` (dense or causal, no dropout, no GQA)."""
+    if variant is None:
+        return
+    if w.dropout or w.key_lengths is not None or w.block_sparse or w.heads != w.heads_kv:
+        raise ValueError(f"naive variant {variant!r} models dense or causal attention without "
+                         "dropout, key padding, block masks or GQA")
+
 def reduce_terms(batch, heads, heads_kv, Nk, d, e):
     """GQA/MQA: the kernel writes dK/dV per query head; a reduction sums each group (as
     FlashAttention-2's interface does). Zero when heads == heads_kv."""
@@ -347,9 +457,26 @@ def closed_form(w: Workload, schedule, block_q=None, block_k=None):
     fused = getattr(schedule, "fused_softmax", False)
     exp_flops = getattr(schedule, "exp_flops", EXP_FLOPS)
     dq_mode = getattr(schedule, "dq_mode", "atomic")
+    variant = getattr(schedule, "variant", None)
     gqa = w.heads != w.heads_kv
     tb: dict = {}
     tf: dict = {}
+    if name == "naive" and variant is not None:
+        check_naive_variant(w, variant)
+        BH = w.batch * w.heads
+        for p in w.passes:
+            b, fl = {}, {}
+            for phase, loads, stores, mm, other, shared in naive_variant_kernels(
+                    variant, p, w.seq_len_q, w.seq_len_k, w.head_dim, w.dtype_bytes,
+                    causal=w.causal, exp_flops=exp_flops):
+                mult = 1 if shared else BH
+                for op, lst in (("load", loads), ("store", stores)):
+                    for t, kind, width in lst:
+                        key = (phase, t, op)
+                        b[key] = b.get(key, 0) + mult * naive_kind_elems(kind, w.seq_len_q, w.seq_len_k, w.head_dim) * width
+                fl[phase] = (mult * mm, mult * other)
+            _accumulate(tb, tf, b, fl, 1)
+        return tb, tf
     if name == "naive":
         groups = [(w.batch * w.heads, None)]
     else:

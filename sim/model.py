@@ -97,7 +97,19 @@ def phase_programs(w: Workload, name: str, block_q, block_k) -> dict:
     return out
 
 
-def _tensor_bytes(w: Workload) -> dict:
+def _tensor_bytes(w: Workload, schedule: Schedule | None = None) -> dict:
+    if schedule is not None and schedule.name == "naive" and schedule.variant is not None:
+        from .counts import naive_kind_elems, naive_variant_kernels
+        out: dict = {}
+        for p in w.passes:
+            for _ph, loads, stores, _mm, _ot, shared in naive_variant_kernels(
+                    schedule.variant, p, w.seq_len_q, w.seq_len_k, w.head_dim, w.dtype_bytes,
+                    causal=w.causal):
+                for t, kind, width in loads + stores:
+                    mult = 1 if (shared or t in ("mask", "mask_f")) else w.batch * w.heads
+                    n = mult * naive_kind_elems(kind, w.seq_len_q, w.seq_len_k, w.head_dim) * width
+                    out[t] = max(out.get(t, 0), n)
+        return out
     e, f = w.dtype_bytes, STAT_BYTES
     B, H, Hk, Nq, Nk, d = w.batch, w.heads, w.heads_kv, w.seq_len_q, w.seq_len_k, w.head_dim
     tb = {t: B * H * Nq * d * e for t in ("Q", "O", "dO", "dQ")}
@@ -259,7 +271,7 @@ def predict(workload: Workload, schedule: Schedule | str, profile="h100", *, l2:
         # do the programs sharing a slice walk its tiles in the same order? (causal K-block
         # programs of the backward start at their first visiting Q block; block-sparse: no)
         lockstep = {ph: not (w.block_sparse or (w.causal and ph == "bwd.main")) for ph in summ["phases"]}
-        l2res = l2_analytic(by_key, _tensor_bytes(w), pps, w.batch * w.heads, slots, prof.l2_bytes,
+        l2res = l2_analytic(by_key, _tensor_bytes(w, schedule), pps, w.batch * w.heads, slots, prof.l2_bytes,
                             steps, lockstep)
     elif mode == "none":
         l2res = L2Result(summ["hbm_read_bytes"], summ["hbm_write_bytes"],
@@ -342,13 +354,20 @@ def record_dq_mode(rec: dict) -> str | None:
 
 
 def schedule_for_record(rec: dict) -> Schedule:
-    """The sim schedule modelling a results record (``ioaware-numba`` runs on CUDA cores; its
-    backward's ``dq_mode`` from :func:`record_dq_mode`, default "atomic")."""
-    unit = "cuda" if rec.get("kernel") == "ioaware-numba" else "tensor"
+    """The sim schedule modelling a results record: ``ioaware-numba`` as flash2 on CUDA cores
+    (``variant: "mma"``: tensor cores), its backward's ``dq_mode`` from :func:`record_dq_mode`
+    (default "atomic"); ``sdpa-math`` and ``eager`` as the naive variants "math" (float32 on
+    CUDA cores) and "eager"; other kernels as flash2 with the model's blocks."""
+    kernel = rec.get("kernel")
+    if kernel == "sdpa-math":      # float32 throughout, GEMMs on CUDA cores (TF32 off)
+        return Schedule("naive", matmul_unit="cuda", variant="math")
+    if kernel == "eager":
+        return Schedule("naive", matmul_unit="tensor", variant="eager")
+    unit = "cuda" if kernel == "ioaware-numba" and rec.get("variant") != "mma" else "tensor"
     name = rec.get("schedule") or "flash2"
     if name not in ("naive", "flash1", "flash2"):
         name = "flash2"
-    dq_mode = (record_dq_mode(rec) if rec.get("kernel") == "ioaware-numba" else None) or "atomic"
+    dq_mode = (record_dq_mode(rec) if kernel == "ioaware-numba" else None) or "atomic"
     return Schedule(name, rec.get("block_q"), rec.get("block_k"), matmul_unit=unit, dq_mode=dq_mode)
 
 

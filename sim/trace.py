@@ -213,6 +213,9 @@ def trace(workload: Workload, schedule: Schedule, profile=None, *, block_q=None,
             "workload": w.to_dict()}
     C = flop_costs(schedule.exp_flops)
     drop = C["dropout_per_score"] if w.dropout else 0
+    if schedule.name == "naive" and schedule.variant is not None:
+        _naive_variant(tb, w, schedule)
+        return tb.build(meta)
     if schedule.name == "naive":
         _naive(tb, w, schedule, kvh, gqa)
         return tb.build(meta)
@@ -509,3 +512,30 @@ def _naive(tb: _Builder, w: Workload, schedule: Schedule, kvh, gqa):
             kernel("bwd.dk", ["dS", "Q"], [dk], 2 * d * SS, 0)
             if gqa:
                 _reduce(tb, w)
+
+
+def _naive_variant(tb: _Builder, w: Workload, schedule: Schedule):
+    """PyTorch's kernel sequence for a naive variant (:func:`sim.counts.naive_variant_kernels`):
+    one program per (b, h) per kernel, one for a kernel shared by the whole workload."""
+    from .counts import check_naive_variant, naive_variant_kernels
+    check_naive_variant(w, schedule.variant)
+    Nq, Nk, d = w.seq_len_q, w.seq_len_k, w.head_dim
+    rows_of = {"q": Nq, "k": Nk, "s": Nq, "r": Nq}
+    row_elems = {"q": d, "k": d, "s": Nk, "r": 1}
+    for p in w.passes:
+        for phase, loads, stores, mm, other, shared in naive_variant_kernels(
+                schedule.variant, p, Nq, Nk, d, w.dtype_bytes, causal=w.causal,
+                exp_flops=schedule.exp_flops):
+            tb.phase(phase)
+            for t, kind, width in loads + stores:
+                tb.tensor(t, 1 if shared or t in ("mask", "mask_f") else w.heads, rows_of[kind],
+                          row_elems[kind] * width, batch=1 if t in ("mask", "mask_f") else None)
+            prog = 0
+            for b, h in ([(0, 0)] if shared else [(b, h) for b in range(w.batch) for h in range(w.heads)]):
+                for t, kind, _w in loads:
+                    tb.mem(prog, 0, LOAD, t, b, h, -1, -1, 0, rows_of[kind])
+                tb.compute(prog, 0, b, h, -1, -1, mm, other)
+                for t, kind, _w in stores:
+                    tb.mem(prog, 0, STORE, t, b, h, -1, -1, 0, rows_of[kind])
+                prog += 1
+            tb.n_programs[phase] = prog

@@ -16,7 +16,7 @@ import numpy as np
 
 from ioaware.block_info import BlockInfo, cdiv
 
-__all__ = ["Workload", "Schedule", "DTYPE_BYTES", "STAT_BYTES", "SCHEDULES", "PASSES", "EXP_FLOPS", "DQ_MODES",
+__all__ = ["Workload", "Schedule", "DTYPE_BYTES", "STAT_BYTES", "SCHEDULES", "PASSES", "EXP_FLOPS", "DQ_MODES", "NAIVE_VARIANTS",
            "density_block_mask", "resolve_blocks", "sram_bytes_per_block", "occupancy",
            "block_infos"]
 
@@ -27,6 +27,7 @@ STAT_BYTES = 4  # row statistics (m, l, lse, D) and the fp32 dQ accumulator are 
 #: about 5 FLOPs as Nsight Compute counts them (2 FFMA + FADD + FMUL); see results/NOTES.md.
 EXP_FLOPS = 5
 DQ_MODES = ("atomic", "kernel")
+NAIVE_VARIANTS = ("math", "eager")
 SCHEDULES = ("naive", "flash1", "flash2")
 PASSES = ("fwd", "bwd", "fwd+bwd")
 
@@ -181,6 +182,13 @@ class Schedule:
         tiles (``bwd.main``: S, dP, dV, dK = 8 d FLOPs per score) and a dQ kernel parallel over Q
         tiles (``bwd.dq``: S, dP, dQ = 6 d per score) that re-reads K and V once per visited
         tile; no atomics, no accumulator.
+    variant : naive only. None: the FlashAttention paper's Algorithm 0 (one scale/mask pass,
+        softmax, optional dropout). "math": PyTorch's MATH SDPA backend as torch 2.11 runs it
+        (everything in float32: half inputs upcast and outputs downcast; Q and K scaled by
+        sqrt(scale) before the GEMM; causal as a float additive mask; ``_safe_softmax``'s three
+        fully-masked-row passes). "eager": ``softmax(q @ k.T * scale).masked_fill(...) @ v`` in
+        the input dtype (separate scale and ``masked_fill`` passes). The kernel lists are in
+        :func:`sim.counts.naive_variant_kernels`; dense or causal workloads, no dropout, no GQA.
     """
 
     name: str = "flash2"
@@ -191,6 +199,7 @@ class Schedule:
     matmul_unit: str = "tensor"
     exp_flops: int = EXP_FLOPS
     dq_mode: str = "atomic"
+    variant: str | None = None
 
     def __post_init__(self) -> None:
         if self.name not in SCHEDULES:
@@ -207,6 +216,9 @@ class Schedule:
         object.__setattr__(self, "exp_flops", int(self.exp_flops))
         if self.dq_mode not in DQ_MODES:
             raise ValueError(f"Schedule.dq_mode must be one of {DQ_MODES}, got {self.dq_mode!r}")
+        if self.variant is not None and (self.variant not in NAIVE_VARIANTS or self.name != "naive"):
+            raise ValueError(f"Schedule.variant must be None or one of {NAIVE_VARIANTS} (schedule "
+                             f"'naive' only), got {self.variant!r} for {self.name!r}")
 
     @property
     def tiled(self) -> bool:
@@ -216,7 +228,7 @@ class Schedule:
         return {"name": self.name, "block_q": self.block_q, "block_k": self.block_k,
                 "num_warps": self.num_warps, "fused_softmax": self.fused_softmax,
                 "matmul_unit": self.matmul_unit, "exp_flops": self.exp_flops,
-                "dq_mode": self.dq_mode}
+                "dq_mode": self.dq_mode, "variant": self.variant}
 
 
 # -- block masks --------------------------------------------------------------------------------

@@ -197,3 +197,50 @@ def test_schedule_for_record_reads_dq_mode():
     assert record_dq_mode(v2) == sim.schedule_for_record(v2).dq_mode == "atomic"
     assert record_dq_mode(base) is None and sim.schedule_for_record(base).dq_mode == "atomic"
     assert sim.schedule_for_record(dict(v2, dq_mode="kernel")).dq_mode == "kernel"
+
+
+@settings(max_examples=25)
+@given(variant=st.sampled_from(["math", "eager"]), Nq=st.integers(1, 70), Nk=st.integers(1, 70),
+       batch=st.integers(1, 2), heads=st.integers(1, 3), d=st.sampled_from([8, 64]),
+       dtype=st.sampled_from(["fp16", "bf16", "fp32"]), causal=st.booleans(),
+       pass_=st.sampled_from(["fwd", "bwd", "fwd+bwd"]), exp_flops=st.sampled_from([1, 5]))
+def test_naive_variants_closed_form_equals_trace(variant, Nq, Nk, batch, heads, d, dtype, causal, pass_, exp_flops):
+    w = sim.Workload(batch=batch, heads=heads, seq_len_q=Nq, seq_len_k=Nk, head_dim=d, dtype=dtype,
+                     causal=causal, pass_=pass_)
+    sched = sim.Schedule("naive", variant=variant, exp_flops=exp_flops)
+    cf_bytes, cf_flops = closed_form(w, sched)
+    tr_bytes, tr_flops = sim.trace(w, sched).totals()
+    assert {k: v for k, v in cf_bytes.items() if v} == {k: v for k, v in tr_bytes.items() if v}
+    assert {k: v for k, v in cf_flops.items() if any(v)} == {k: v for k, v in tr_flops.items() if any(v)}
+
+
+def test_naive_variants_bytes_per_score_follow_the_kernel_lists():
+    # per score at N = 1024, d = 64 (O(N d) terms add d-proportional bytes / N): the pass list
+    # of results/NOTES.md — MATH fp32 forward: S w 4, softmax r 4 w 4, isneginf r 4 w 1,
+    # all r 1, where r 4 w 4, P V r 4 = 30 per score plus the O(N d) q/k scaling and GEMM
+    # operands (32 bytes per element of Q, K, V, O) and the row flag (w 1, r 1 per row)
+    N, d, BH = 1024, 64, 2
+    SS = BH * N * N
+
+    def per_score(variant, dtype, causal, pass_):
+        w = sim.Workload(batch=1, heads=BH, seq_len_q=N, head_dim=d, dtype=dtype, causal=causal, pass_=pass_)
+        s = summarise(*closed_form(w, sim.Schedule("naive", variant=variant)))
+        return s, (s["hbm_read_bytes"] + s["hbm_write_bytes"]) / SS
+
+    s, b = per_score("math", "fp32", False, "fwd")
+    assert b == pytest.approx(30 + 32 * d / N + 2 / N)
+    assert s["matmul_flops"] == 2 * 2 * d * SS
+    _, bc = per_score("math", "fp32", True, "fwd")
+    assert bc - b == pytest.approx(12 + 6 / BH)   # S + mask r 8 w 4; masks built once: w 1, r 1 w 4
+    _, bh = per_score("math", "fp16", False, "fwd")
+    assert bh - b == pytest.approx(6 + 24 * d / N)  # P downcast r 4 w 2; Q K V up r 2 w 4, O down r 4 w 2
+    _, be = per_score("eager", "fp32", False, "fwd")
+    assert be == pytest.approx(24 + 4 * 4 * d / N)
+    _, bec = per_score("eager", "fp32", True, "fwd")
+    assert bec - be == pytest.approx(9)                  # masked_fill: r S 4 + mask 1, w S 4
+    _, bb = per_score("math", "fp32", False, "bwd")
+    assert bb == pytest.approx(40 + 12 * 4 * d / N)
+    with pytest.raises(ValueError, match="variant"):
+        sim.Schedule("flash2", variant="math")
+    with pytest.raises(ValueError, match="dropout"):
+        closed_form(sim.Workload(dropout=True), sim.Schedule("naive", variant="eager"))
