@@ -46,11 +46,11 @@ its block sizes, matmuls on CUDA cores (``variant: mma`` on tensor cores), the b
 kernel names ncu profiled — a ``flash_bwd_dq`` kernel is the separate dQ kernel, else dQ
 atomics); SDPA FLASH,
 EFFICIENT, CUDNN as ``flash2`` with the model's own block sizes on tensor cores (float32:
-CUDA cores); MATH and eager as ``naive``. PyTorch's MATH backend upcasts float16/bfloat16
-inputs to float32 and runs everything in float32 on CUDA cores (seen in the kernel list ncu
-records: ``direct_copy`` casts, ``sm80_xmma_gemm_f32f32`` GEMMs, ``softmax_warp_forward<float>``),
-so a half-precision MATH record is predicted as the float32 workload; what the naive model still
-lacks is listed in ``results/NOTES.md``.
+CUDA cores); MATH and eager as the ``naive`` variants "math" and "eager"
+(`sim.counts.naive_variant_kernels`: the kernel sequences ncu recorded — MATH upcasts
+float16/bfloat16 inputs and runs everything in float32 on CUDA cores, with ``_safe_softmax``'s
+extra passes; eager makes separate scale and ``masked_fill`` passes). What the naive model
+still lacks (GEMM operand re-reads) is listed in ``results/NOTES.md``.
 """
 from __future__ import annotations
 
@@ -139,15 +139,12 @@ def model_for_record(rec: dict):
         sched = Schedule("flash2", matmul_unit="tensor")
         note = "flash2, model's default blocks"
     elif kernel == "sdpa-math":
-        if w.dtype != "fp32":
-            w = w.replace(dtype="fp32")
-            note = "naive; half inputs upcast to fp32 (as MATH runs them)"
-        else:
-            note = "naive"
-        sched = Schedule("naive", matmul_unit="cuda")
+        sched = Schedule("naive", matmul_unit="cuda", variant="math")
+        note = ("naive 'math': PyTorch's MATH kernel list" +
+                ("; half inputs upcast, float32 throughout" if w.dtype != "fp32" else ""))
     elif kernel == "eager":
-        sched = Schedule("naive", matmul_unit="tensor")
-        note = "naive, unfused"
+        sched = Schedule("naive", matmul_unit="tensor", variant="eager")
+        note = "naive 'eager': matmul, scale, masked_fill, softmax, matmul"
     else:
         raise ValueError(f"no model for kernel {kernel!r}")
     return w, sched, note
