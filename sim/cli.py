@@ -16,7 +16,7 @@ import numpy as np
 from .model import predict
 from .profiles import PROFILES, load_profile
 from .search import SWEEP_COLUMNS, progress_bar, search_blocks, sweep
-from .workload import Schedule, Workload
+from .workload import DQ_MODES, EXP_FLOPS, NAIVE_VARIANTS, Schedule, Workload
 
 __all__ = ["main"]
 
@@ -75,8 +75,12 @@ def _predict_cmd(a) -> int:
     w = Workload(batch=a.batch, heads=a.heads, heads_kv=a.heads_kv, seq_len_q=a.seq_len,
                  seq_len_k=a.seq_len_k, head_dim=a.head_dim, dtype=a.dtype, causal=a.causal,
                  dropout=a.dropout, pass_=a.pass_, block_density=a.density, block_mask_seed=a.seed)
-    s = Schedule(a.schedule, a.block_q, a.block_k, num_warps=a.num_warps,
-                 fused_softmax=a.fused_softmax, matmul_unit=a.matmul_unit)
+    try:
+        s = Schedule(a.schedule, a.block_q, a.block_k, num_warps=a.num_warps,
+                     fused_softmax=a.fused_softmax, matmul_unit=a.matmul_unit,
+                     exp_flops=a.exp_flops, dq_mode=a.dq_mode, variant=a.variant)
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
     p = predict(w, s, a.device, l2=a.l2)
     d = p.to_dict()
     if a.json:
@@ -202,6 +206,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the density block mask")
     p.add_argument("--fused-softmax", action="store_true", help="naive: one fused scale/mask/softmax pass")
     p.add_argument("--matmul-unit", choices=("tensor", "tf32", "cuda"), default="tensor")
+    p.add_argument("--exp-flops", type=int, default=EXP_FLOPS,
+                   help=f"FLOPs per exp (default {EXP_FLOPS}, libdevice expf on sm_90; 1 = textbook)")
+    p.add_argument("--dq-mode", choices=DQ_MODES, default="atomic",
+                   help="flash2 backward: dQ by float32 atomics or by a separate dQ kernel")
+    p.add_argument("--variant", choices=NAIVE_VARIANTS, default=None,
+                   help="naive: PyTorch's MATH backend ('math') or eager attention ('eager')")
     p.add_argument("--l2", choices=("auto", "trace", "analytic", "none"), default="auto")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--compact", action="store_true", help="with --json: one line")

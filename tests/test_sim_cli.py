@@ -111,3 +111,26 @@ def test_results_loader_validates(tmp_path):
     with pytest.raises(ResultsFormatError, match="not valid JSON"):
         load_results(io.StringIO("{"))
     assert issubclass(ResultsFormatError, ValueError)
+
+
+def test_predict_cli_takes_exp_flops_dq_mode_and_naive_variant():
+    import json as _json
+    import subprocess
+    import sys as _sys
+
+    def run(*args):
+        out = subprocess.run([_sys.executable, "-m", "sim", "predict", "--seq-len", "256", "--json",
+                              "--compact", "--l2", "none", *args], capture_output=True, text=True)
+        return out
+
+    kern = _json.loads(run("--schedule", "flash2", "--pass", "bwd", "--dq-mode", "kernel").stdout)
+    atom = _json.loads(run("--schedule", "flash2", "--pass", "bwd").stdout)
+    assert "bwd.dq" in kern["phases"] and "bwd.dq" not in atom["phases"]
+    assert kern["matmul_flops"] == atom["matmul_flops"] * 14 // 10
+    one = _json.loads(run("--schedule", "flash2", "--exp-flops", "1").stdout)
+    five = _json.loads(run("--schedule", "flash2").stdout)
+    assert five["other_flops"] > one["other_flops"] and five["matmul_flops"] == one["matmul_flops"]
+    math_ = _json.loads(run("--schedule", "naive", "--variant", "math", "--dtype", "fp16").stdout)
+    assert "fwd.upcast" in math_["phases"]
+    bad = run("--schedule", "flash2", "--variant", "eager")
+    assert bad.returncode != 0 and "variant" in bad.stderr
