@@ -123,7 +123,7 @@ class Problem:
         return x.reshape(self.kv_shape)
 
 
-def _canonical(x, ndim_lead_heads: bool):
+def _canonical(x):
     """[..., H, N, d] -> [B, H, N, d] (a view when possible)."""
     shape = tuple(x.shape)
     if len(shape) == 2:
@@ -295,7 +295,7 @@ def check_inputs(q, k, v, *, causal=False, mask=None, bias=None, block_mask=None
                 raise ValueError(f"{name} contains NaN or infinite values")
 
     return Problem(
-        q=_canonical(q, True), k=_canonical(k, True), v=_canonical(v, True),
+        q=_canonical(q), k=_canonical(k), v=_canonical(v),
         kind=kind, device=device, dtype=q.dtype, q_shape=tuple(q.shape), kv_shape=tuple(k.shape),
         batch=int(math.prod(q.shape[:-3])) if q.ndim >= 4 else 1,
         heads_q=int(heads_q), heads_kv=int(heads_kv), seqlen_q=int(seqlen_q), seqlen_k=int(seqlen_k),

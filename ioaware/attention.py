@@ -344,8 +344,8 @@ def _attention_function():
 
         @staticmethod
         def forward(ctx, q, k, v, meta, backend):
-            pb = dataclasses.replace(meta, q=meta_view(q, meta), k=meta_view(k, meta, kv=True),
-                                     v=meta_view(v, meta, kv=True))
+            pb = dataclasses.replace(meta, q=_meta_view(q, meta), k=_meta_view(k, meta, kv=True),
+                                     v=_meta_view(v, meta, kv=True))
             out4, lse3 = _forward(pb, backend)
             out, lse = meta.restore_q(out4), meta.restore_lse(lse3)
             ctx.save_for_backward(q, k, v, out, lse)
@@ -357,15 +357,15 @@ def _attention_function():
         def backward(ctx, dout, _dlse):
             q, k, v, out, lse = ctx.saved_tensors
             meta = ctx.meta
-            pb = dataclasses.replace(meta, q=meta_view(q, meta), k=meta_view(k, meta, kv=True),
-                                     v=meta_view(v, meta, kv=True))
+            pb = dataclasses.replace(meta, q=_meta_view(q, meta), k=_meta_view(k, meta, kv=True),
+                                     v=_meta_view(v, meta, kv=True))
             dq, dk, dv = _backward(pb, out, lse, dout.contiguous(), ctx.backend)
             return dq, dk, dv, None, None
 
     return AttentionFunction
 
 
-def meta_view(x, meta: Problem, kv=False):
+def _meta_view(x, meta: Problem, kv=False):
     """The canonical ``[B, H, N, d]`` view of a user tensor described by ``meta``."""
     heads = meta.heads_kv if kv else meta.heads_q
     n = meta.seqlen_k if kv else meta.seqlen_q

@@ -62,15 +62,20 @@ def _kernel_versions():
     return {"fwd": launch.FWD_VERSION, "bwd": launch.BWD_VERSION}
 
 
-def time_cuda(torch, fn, warmup=3, min_reps=5, max_reps=30, budget_s=0.4):
-    """(median, p10, p90) milliseconds of ``fn`` by CUDA events, after warm-up."""
+def _event_ms(torch, fn):
+    """Milliseconds of one call of ``fn``, between two CUDA events."""
     a = torch.cuda.Event(enable_timing=True)
     b = torch.cuda.Event(enable_timing=True)
     a.record()
     fn()
     b.record()
     b.synchronize()
-    if a.elapsed_time(b) > 50.0:          # slow configuration: fewer repetitions
+    return a.elapsed_time(b)
+
+
+def time_cuda(torch, fn, warmup=3, min_reps=5, max_reps=30, budget_s=0.4):
+    """(median, p10, p90) milliseconds of ``fn`` by CUDA events, after warm-up."""
+    if _event_ms(torch, fn) > 50.0:       # slow configuration: fewer repetitions
         warmup, min_reps = 0, 3
     for _ in range(warmup):
         fn()
@@ -78,13 +83,7 @@ def time_cuda(torch, fn, warmup=3, min_reps=5, max_reps=30, budget_s=0.4):
     times = []
     total = 0.0
     while len(times) < max_reps and (len(times) < min_reps or total < budget_s * 1e3):
-        a = torch.cuda.Event(enable_timing=True)
-        b = torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
+        times.append(_event_ms(torch, fn))
         total += times[-1]
     t = np.array(times)
     return float(np.median(t)), float(np.percentile(t, 10)), float(np.percentile(t, 90))

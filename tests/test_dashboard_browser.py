@@ -142,11 +142,16 @@ def app_url(tmp_path_factory, malformed):
         _wait_http(f"http://127.0.0.1:{port}/_stcore/health", timeout=30)
         yield f"http://127.0.0.1:{port}"
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        _stop(proc)
+
+
+def _stop(proc):
+    """Terminate a child process, killing it if it has not exited within 10 s."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
 
 
 @pytest.fixture(scope="module")
@@ -178,11 +183,7 @@ def browser(tmp_path_factory):
         yield tools
         tools.close()
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        _stop(proc)
 
 
 @pytest.fixture(scope="module")
