@@ -44,8 +44,10 @@ DQ_MODE = "atomic"
 #: See kernels/NOTES.md.
 FWD_VERSION = int(os.environ.get("KERNELS_FWD_VERSION", "2"))
 #: Backward version, likewise (KERNELS_BWD_VERSION): 1, 2 (dK/dV kernel v2), 3 (dK/dV v2 and the
-#: coalesced one-warp-per-row delta pre-pass).
-BWD_VERSION = int(os.environ.get("KERNELS_BWD_VERSION", "2"))
+#: coalesced one-warp-per-row delta pre-pass). Default 3: same time as 2 within run-to-run spread
+#: on an H200, and its pre-pass reads O and dO once instead of ~8x in 32-byte sectors (ncu), so
+#: the global-memory bytes are the schedule's (kernels/NOTES.md).
+BWD_VERSION = int(os.environ.get("KERNELS_BWD_VERSION", "3"))
 
 _KERNELS: dict = {}
 _SCHEDULES: "OrderedDict" = OrderedDict()
