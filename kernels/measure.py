@@ -72,6 +72,9 @@ COUNTER_FIELDS = ("dram_read_bytes", "dram_write_bytes", "l2_bytes", "global_loa
                   "global_store_bytes", "flops_executed")
 
 DEFAULT_L2_BYTES = 50 * 1024 * 1024
+#: The "simt" variant's backward names its dQ mode explicitly (the CUDA-core kernels' default,
+#: float32 atomics), which also keeps half-precision inputs on the CUDA-core backward.
+SIMT_DQ_MODE = "atomic"
 MIN_REPEATS = 20
 
 
@@ -464,14 +467,14 @@ def build_runner(cfg: dict, sets: list[dict]) -> Callable[[int], object]:
             def run(i):
                 s = sets[i]
                 return backward(s["q"], s["k"], s["v"], s["out"], s["lse"], s["dout"], scale=scale,
-                                causal=causal, **blocks)
+                                causal=causal, dq_mode=SIMT_DQ_MODE, **blocks)
             return run
 
         def run(i):  # fwd+bwd: each pass with its own default blocks unless given
             s = sets[i]
             out, lse = forward(s["q"], s["k"], s["v"], scale=scale, causal=causal, **fwd_kw)
             return backward(s["q"], s["k"], s["v"], out, lse, s["dout"], scale=scale,
-                            causal=causal)
+                            causal=causal, dq_mode=SIMT_DQ_MODE)
         return run
 
     def attn(q, k, v):
