@@ -30,18 +30,29 @@ Metrics (measured side from `kernels.ncu` counters, predicted side from `sim.pre
   (NaN) rather than compared. Global atomics and reductions (float32 dQ accumulation) are
   neither loads nor stores to ncu: they are added on the measured side when the record has
   ``global_atomic_bytes`` and left out of the predicted side when it has not;
+  the delta pre-pass is modelled as the record's kernel list shows it (`sim.model.
+  record_delta_kernel`: one thread per row re-reads a 32-byte sector per element);
 * ``dram_bytes`` — ``dram_read_bytes + dram_write_bytes`` vs the model's DRAM bytes after its L2
   model (ncu flushes the L2 before every kernel, so each kernel starts cold, as the model
   assumes);
 * ``flops`` — executed FLOPs (``2 FFMA + FADD + FMUL`` and tensor-core ops) vs ``flops``
-  (matmul + the rest);
+  (matmul + the rest); for our CUDA-core kernel (variant "simt") float32 instructions only:
+  it does no half-precision arithmetic, so the half instructions ncu counts in it are
+  conversions and constant moves (ptxas's ``HFMA2.MMA``);
 * ``time_raw`` — ``time_ms`` vs the raw roofline ``predicted_ms`` (peaks, no efficiencies);
-* ``time_calibrated`` — vs the roofline with efficiency factors fitted by `sim.calibrate` on the
-  records of the same kernel in the compared results (in-sample: it says how well one set of
-  factors per kernel explains all of its configurations, not how well it extrapolates).
+* ``time_calibrated`` — vs the roofline with efficiency factors fitted by `sim.calibrate`'s rule
+  on the records of the same kernel program in the compared results (``calibration_group``:
+  kernel family, pass, and whether its matmuls run on CUDA or tensor cores) — in-sample: it says
+  how well one set of factors per kernel explains all of its configurations, not how well it
+  extrapolates;
+* ``time_heldout`` — the same, with the factors for a record fitted on the kernel's records at
+  the *other* sequence lengths (leave-one-N-out): how well the calibration extrapolates.
 
 How records are modelled (`model_for_record`): our kernel (``ioaware-numba``) as ``flash2`` with
-its block sizes, matmuls on CUDA cores (``variant: mma`` on tensor cores), the backward's
+its block sizes, matmuls on CUDA cores with the register micro-tiles the launch used
+(`sim.model.record_micro_tiles`: the record's ``micro_tile``, else `kernels.config.
+choose_tiles`; they price the shared-memory level, `sim.smem`) (``variant: mma`` on tensor
+cores, no micro-tile), the backward's
 ``dq_mode`` as the record says (`sim.model.record_dq_mode`: its ``dq_mode`` field, else the
 kernel names ncu profiled — a ``flash_bwd_dq`` kernel is the separate dQ kernel, else dQ
 atomics); SDPA FLASH,
@@ -76,7 +87,9 @@ METRICS = {
     "flops": ("executed FLOPs vs ncu instruction counts", 0.02, 1.0, "ours"),
     "time_raw": ("time, raw roofline", None, None, "all"),
     "time_calibrated": ("time, calibrated per kernel (in-sample)", 0.25, 1.0, "all"),
+    "time_heldout": ("time, calibrated per kernel leaving the record's N out (held out)", 0.25, 1.0, "all"),
 }
+_CALIBRATED = ("time_calibrated", "time_heldout")
 BLOCK_TOLERANCE = 0.10
 DEFAULT_MAX_TRACE_EVENTS = 2_000_000
 
@@ -121,7 +134,7 @@ def profiled_impl(rec: dict) -> str | None:
 
 def model_for_record(rec: dict):
     """``(Workload, Schedule, note)`` that model a results record (see the module docstring)."""
-    from .model import record_dq_mode
+    from .model import record_delta_kernel, record_dq_mode, record_micro_tiles
     from .workload import Schedule, Workload
 
     w = Workload.from_record(rec)
@@ -130,11 +143,19 @@ def model_for_record(rec: dict):
     if kernel == "ioaware-numba":
         unit = "tensor" if variant == "mma" else "cuda"
         dq_mode = (record_dq_mode(rec) or "atomic") if rec["pass"] != "fwd" else "atomic"
+        delta = (record_delta_kernel(rec) or "warp") if rec["pass"] != "fwd" else "warp"
+        tiles = record_micro_tiles(dict(rec, variant="simt")) if variant == "simt" else (None, None)
         sched = Schedule("flash2", rec.get("block_q"), rec.get("block_k"), matmul_unit=unit,
-                         dq_mode=dq_mode)
+                         dq_mode=dq_mode, micro_tile=tiles[0], micro_tile_kv=tiles[1],
+                         delta_kernel=delta)
         note = "flash2, measured blocks, " + ("tensor cores" if unit == "tensor" else "CUDA cores")
+        if tiles[0] is not None:
+            note += f", micro-tile {tiles[0][0]}x{tiles[0][1]}"
+            if rec["pass"] != "fwd":
+                note += f" (dK/dV {tiles[1][0]}x{tiles[1][1]})"
         if rec["pass"] != "fwd":
             note += f", dQ by {'a separate kernel' if dq_mode == 'kernel' else 'atomics'}"
+            note += f", delta by one {delta} per row"
     elif kernel in ("sdpa-flash", "sdpa-efficient", "sdpa-cudnn"):
         sched = Schedule("flash2", matmul_unit="tensor")
         note = "flash2, model's default blocks"
@@ -164,8 +185,16 @@ def _measured(rec: dict, metric: str):
         f = g("flops_executed")
         if f is None or (g("ncu_tensor_inst") and not g("flops_tensor_counted", True)):
             return math.nan
+        if _variant(rec) == "simt":
+            # our CUDA-core kernels do no half-precision arithmetic (half inputs are converted
+            # to float32 on load): half instructions ncu counts there are conversions and
+            # ptxas's constant moves (HFMA2.MMA), not FLOPs — count the float32 ones only
+            parts = [g(f"ncu_smsp__sass_thread_inst_executed_op_{op}_pred_on.sum")
+                     for op in ("ffma", "fadd", "fmul")]
+            if all(p is not None for p in parts):
+                return float(2 * parts[0] + parts[1] + parts[2])
         return float(f)
-    if metric in ("time_raw", "time_calibrated"):
+    if metric in ("time_raw",) + _CALIBRATED:
         t = g("time_ms")
         return math.nan if t is None else float(t)
     raise KeyError(metric)
@@ -214,6 +243,8 @@ class _Pred:
         self.times_ms, self.phases, self.bound = dict(p.times_ms), p.phases, p.bound
         self.block_q, self.block_k, self.l2_model = p.block_q, p.block_k, p.l2.model
         self.profile_name = p.profile.name
+        peak = p.profile.matmul_flops_per_s(p.workload.dtype, p.schedule.matmul_unit)
+        self.matmul_path = "cuda" if peak == p.profile.fp32_flops_per_s else "tensor"
         self.atomic_bytes = sum(n for key, n in p.counts.get("bytes", {}).items()
                                 if isinstance(key, tuple) and key[-1] == "atomic")
 
@@ -284,13 +315,17 @@ def compare(records: list[dict], profile=None, *, l2: str = "auto",
             row.update(profile=None, model_note=None, model_error=err)
         for m in METRICS:
             row[f"measured_{m}"] = _measured(rec, m)
-            row[f"predicted_{m}"] = _predicted_raw(p, m, rec) if (p is not None and m != "time_calibrated") else math.nan
+            row[f"predicted_{m}"] = _predicted_raw(p, m, rec) if (p is not None and m not in _CALIBRATED) else math.nan
         row["measured_time_ms_p10"] = rec.get("time_ms_p10")
         row["measured_time_ms_p90"] = rec.get("time_ms_p90")
         rows.append(row)
         preds.append(p)
         if p is not None:
-            recs_by_family.setdefault((row["family"], row["profile"]), []).append(i)
+            # one calibration per kernel program: family, pass (forward and backward are
+            # different kernels) and the matmul path (CUDA cores or tensor cores: e.g. SDPA
+            # EFFICIENT instantiates another kernel for half inputs)
+            row["calibration_group"] = f"{row['family']} {rec.get('pass')} {p.matmul_path}"
+            recs_by_family.setdefault((row["calibration_group"], row["profile"]), []).append(i)
     # -- calibrated time: one set of efficiency factors per (kernel family, profile) --
     if calibrate_time:
         for (fam, prof_name), idx in recs_by_family.items():
@@ -300,6 +335,16 @@ def compare(records: list[dict], profile=None, *, l2: str = "auto",
                 rows[i]["predicted_time_calibrated"] = (_calibrated_ms(records[i], preds[i], eff, profile)
                                                         if eff else math.nan)
                 rows[i]["efficiency"] = eff.to_dict() if eff else None
+            # held out: factors fitted on the family's records at the other sequence lengths
+            by_n: dict = {}
+            for i in idx:
+                by_n.setdefault(records[i].get("seq_len_q"), []).append(i)
+            for n, members in by_n.items():
+                rest = [i for i in idx if records[i].get("seq_len_q") != n]
+                eff_o = _fit([records[i] for i in rest], prof_name, [preds[i] for i in rest]) if rest else None
+                for i in members:
+                    rows[i]["predicted_time_heldout"] = (_calibrated_ms(records[i], preds[i], eff_o, profile)
+                                                         if eff_o else math.nan)
     df = pd.DataFrame(rows)
     for m in METRICS:
         meas, pred = df[f"measured_{m}"].astype(float), df[f"predicted_{m}"].astype(float)

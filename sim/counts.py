@@ -23,7 +23,7 @@ import numpy as np
 
 from ioaware.block_info import BlockInfo, cdiv
 
-from .workload import EXP_FLOPS, STAT_BYTES, Workload, block_infos
+from .workload import EXP_FLOPS, LOG_FLOPS, RCP_FLOPS, SECTOR_BYTES, STAT_BYTES, Workload, block_infos
 
 __all__ = ["TileStats", "tile_stats_blockinfo", "tile_stats_closed", "tile_stats_arrays",
            "slice_terms", "closed_form", "FLOP_COSTS", "flop_costs", "summarise",
@@ -45,9 +45,25 @@ def flop_costs(exp_flops: int = EXP_FLOPS) -> dict:
     maxes, alpha = exp(m_old - m_new), l *= alpha, l += rowsum) and ``flash1_fwd_per_row_tile``
     (FlashAttention-1: new max, two exps, new l, two scalings of its 2 d output update
     counted beside it).
+
+    ``simt_*``: what our CUDA-core kernels (`kernels.flash_fwd`, `kernels.flash_bwd`) execute as
+    float32 FFMA/FADD/FMUL, read from their code (a schedule with a micro-tile uses them):
+    ``simt_fwd_per_score`` (s - m, exp, row-sum add; the softmax scale is applied to the Q tile
+    once at load and the max is FMNMX, not arithmetic); ``simt_fwd_per_row_thread_tile`` (alpha
+    = exp(m_old - m_new): 1 + exp; l = l alpha + rs: one FFMA) — executed by each of the
+    ``block_k // tn`` threads sharing a row, on top of its d / (block_k // tn) share of the
+    output rescale; ``simt_fwd_per_row_thread_end`` (1 / l, log l, m + log l) on top of the
+    log2(threads per row) shuffle adds of the row sum; ``simt_delta_warp_per_row`` (the
+    one-warp-per-row delta pre-pass: 5 shuffle-add rounds on 32 lanes). The backward's per-score
+    cost (s scale - lse: one FFMA; exp; dP - D; P (dP - D)) equals ``bwd_per_score``; the
+    kernels' masks are integer compares (no FLOPs).
     """
     x = int(exp_flops)
     return {
+        "simt_fwd_per_score": 2 + x,
+        "simt_fwd_per_row_thread_tile": 3 + x,
+        "simt_fwd_per_row_thread_end": RCP_FLOPS + LOG_FLOPS + 1,
+        "simt_delta_warp_per_row": 5 * 32,
         "fwd_per_score": 4 + x,
         "bwd_per_score": 4 + x,
         "mask_per_score": 1,     # elementwise mask, only on tiles that need it
@@ -148,9 +164,20 @@ def tile_stats_arrays(Nq, Nk, bq, bk, causal) -> TileStats:
     return TileStats(*(vals[:, i].reshape(shape) for i in range(8)))
 
 
+def delta_load_amplification(delta_kernel: str, d: int, e: int) -> int:
+    """Global-load bytes per byte of O and dO the backward's delta pre-pass requests: 1 for the
+    coalesced one-warp-per-row kernel; for one thread per row each element read is its own
+    ``SECTOR_BYTES`` sector (neighbouring threads are d elements apart), so ``32 / e`` (at most
+    d, when rows are shorter than a sector)."""
+    if delta_kernel == "warp":
+        return 1
+    amp = np.maximum(1, np.minimum(SECTOR_BYTES // np.asarray(e), np.asarray(d)))
+    return int(amp) if np.ndim(amp) == 0 else amp
+
+
 def slice_terms(schedule: str, pass_name: str, st: TileStats, Nq, Nk, d, e, *, masked=False,
                 dropout=False, fused_softmax=False, gqa=False, exp_flops=EXP_FLOPS,
-                dq_mode="atomic"):
+                dq_mode="atomic", simt=False, threads_per_row=1, delta_kernel="warp"):
     """Per-(batch, head) slice counts of one pass: ``(bytes, flops)``.
 
     bytes: ``{(phase, tensor, op): n}``; flops: ``{phase: (matmul, other)}``. Arithmetic only, so
@@ -162,6 +189,14 @@ def slice_terms(schedule: str, pass_name: str, st: TileStats, Nq, Nk, d, e, *, m
     Per-tile non-matmul terms of the tiled forwards: every visited tile (r rows) costs
     ``r * d`` for the output rescale (``acc *= alpha``, FlashAttention-2; ``2 r d`` for
     FlashAttention-1's update of O from HBM) plus the per-row bookkeeping of :func:`flop_costs`.
+
+    ``simt`` (flash2, our CUDA-core kernels; ``threads_per_row`` = block_k // tn): the per-row
+    bookkeeping runs once per thread of the row (``simt_*`` terms of :func:`flop_costs`), the
+    Q tile is scaled at load (d per query row), the epilogue reduces the row sum by shuffles and
+    takes 1 / l and log l per thread, masks cost no FLOPs, the backward scales dK at the end
+    (d per key row). ``delta_kernel``: the pre-pass's loads (:func:`delta_load_amplification`)
+    and, with ``simt``, its shuffle reduction and (one warp per row) its one-lane D stores, a
+    32-byte sector each.
     """
     f = STAT_BYTES
     b: dict = {}
@@ -174,14 +209,21 @@ def slice_terms(schedule: str, pass_name: str, st: TileStats, Nq, Nk, d, e, *, m
         b[key] = b.get(key, 0) + n
 
     dk, dv = ("dK_exp", "dV_exp") if gqa else ("dK", "dV")
+    mask_cost = 0 if simt else C["mask_per_score"]
     if schedule == "flash2" and pass_name == "fwd":
         add("fwd", "Q", "load", Nq * d * e)
         add("fwd", "K", "load", st.C * d * e)
         add("fwd", "V", "load", st.C * d * e)
         add("fwd", "O", "store", Nq * d * e)
         add("fwd", "lse", "store", Nq * f)
-        fl["fwd"] = (4 * d * st.A, (C["fwd_per_score"] + drop) * st.A + C["mask_per_score"] * st.Am
-                     + st.R * (d + C["fwd_per_row_tile"]) + Nq * (d + 2))
+        if simt:
+            ntn = int(threads_per_row)
+            end = ntn * (ntn.bit_length() - 1 + C["simt_fwd_per_row_thread_end"]) + d
+            fl["fwd"] = (4 * d * st.A, (C["simt_fwd_per_score"] + drop) * st.A
+                         + st.R * (d + ntn * C["simt_fwd_per_row_thread_tile"]) + Nq * d + Nq * end)
+        else:
+            fl["fwd"] = (4 * d * st.A, (C["fwd_per_score"] + drop) * st.A + C["mask_per_score"] * st.Am
+                         + st.R * (d + C["fwd_per_row_tile"]) + Nq * (d + 2))
     elif schedule == "flash1" and pass_name == "fwd":
         for t, w in (("O", d * e), ("l", f), ("m", f)):
             add("fwd", t, "store", (Nq + st.R) * w)
@@ -206,12 +248,16 @@ def slice_terms(schedule: str, pass_name: str, st: TileStats, Nq, Nk, d, e, *, m
         # float32 inputs: the float32 accumulator is dQ itself (no bwd.post conversion)
         post = atomic and not (np.ndim(e) == 0 and int(e) == f)
         acc = "dQacc" if post else "dQ"
-        add("bwd.pre", "O", "load", Nq * d * e)
-        add("bwd.pre", "dO", "load", Nq * d * e)
-        add("bwd.pre", "D", "store", Nq * f)
+        amp = delta_load_amplification(delta_kernel, d, e)
+        add("bwd.pre", "O", "load", amp * Nq * d * e)
+        add("bwd.pre", "dO", "load", amp * Nq * d * e)
+        # our warp-per-row pre-pass stores each row's D from one lane: a sector per 4-byte store
+        d_amp = SECTOR_BYTES // f if (simt and delta_kernel == "warp") else 1
+        add("bwd.pre", "D", "store", d_amp * Nq * f)
         if atomic:
             add("bwd.pre", acc, "store", Nq * d * f)
-        fl["bwd.pre"] = (0 * d, 2 * d * Nq)
+        warp_red = C["simt_delta_warp_per_row"] if (simt and delta_kernel == "warp") else 0
+        fl["bwd.pre"] = (0 * d, (2 * d + warp_red) * Nq)
         add("bwd.main", "K", "load", st.Cvis * d * e)
         add("bwd.main", "V", "load", st.Cvis * d * e)
         add("bwd.main", "Q", "load", st.R * d * e)
@@ -220,13 +266,14 @@ def slice_terms(schedule: str, pass_name: str, st: TileStats, Nq, Nk, d, e, *, m
         add("bwd.main", "D", "load", st.R * f)
         add("bwd.main", dk, "store", Nk * d * e)
         add("bwd.main", dv, "store", Nk * d * e)
-        per_score = (C["bwd_per_score"] + drop) * st.A + C["mask_per_score"] * st.Am
+        per_score = (C["bwd_per_score"] + drop) * st.A + mask_cost * st.Am
+        dk_scale = Nk * d if simt else 0 * d   # dK *= softmax scale when written
         if atomic:
             add("bwd.main", acc, "atomic", st.R * d * f)
-            fl["bwd.main"] = (10 * d * st.A, per_score + st.R * d)
+            fl["bwd.main"] = (10 * d * st.A, per_score + st.R * d + dk_scale)
         else:
             # dK/dV kernel: S, dP, dV, dK; dQ kernel: S, dP, dQ (K, V re-read per visited tile)
-            fl["bwd.main"] = (8 * d * st.A, per_score)
+            fl["bwd.main"] = (8 * d * st.A, per_score + dk_scale)
             for t, w in (("Q", d * e), ("dO", d * e), ("lse", f), ("D", f)):
                 add("bwd.dq", t, "load", Nq * w)
             add("bwd.dq", "K", "load", st.C * d * e)
@@ -458,6 +505,9 @@ def closed_form(w: Workload, schedule, block_q=None, block_k=None):
     exp_flops = getattr(schedule, "exp_flops", EXP_FLOPS)
     dq_mode = getattr(schedule, "dq_mode", "atomic")
     variant = getattr(schedule, "variant", None)
+    simt = bool(getattr(schedule, "simt", False))
+    tpr = schedule.threads_per_row(block_k) if simt else 1
+    delta_kernel = getattr(schedule, "delta_kernel", "warp")
     gqa = w.heads != w.heads_kv
     tb: dict = {}
     tf: dict = {}
@@ -488,7 +538,8 @@ def closed_form(w: Workload, schedule, block_q=None, block_k=None):
             b, fl = slice_terms(name, p, st, w.seq_len_q, w.seq_len_k, w.head_dim, w.dtype_bytes,
                                 masked=w.masked, dropout=w.dropout, fused_softmax=fused,
                                 gqa=gqa and p == "bwd", exp_flops=exp_flops,
-                                dq_mode=dq_mode)
+                                dq_mode=dq_mode, simt=simt, threads_per_row=tpr,
+                                delta_kernel=delta_kernel)
             _accumulate(tb, tf, b, fl, mult)
         if p == "bwd" and gqa:
             b, fl = reduce_terms(w.batch, w.heads, w.heads_kv, w.seq_len_k, w.head_dim, w.dtype_bytes)

@@ -6,8 +6,13 @@ shared-memory traffic of the two warp splits, and prices each phase with a roofl
 
     t_phase = max(dram_bytes / (hbm_bandwidth * e_dram),
                   global_bytes / (l2_bandwidth * e_l2),
+                  smem_bytes / (smem_bandwidth * e_smem),
                   matmul_flops / (matmul_peak * e_matmul),
                   other_flops / (fp32_peak * e_other)) / sm_utilisation + launch_us
+
+``smem_bytes`` is the shared-memory traffic of our CUDA-core kernels, counted from the register
+micro-tile of the schedule (:mod:`sim.smem`; 0 for schedules without one) and priced at the
+profile's ``smem_bandwidth_bytes_per_s``.
 
 ``sm_utilisation = programs / (waves * slots)`` (wave quantisation of the phase's programs over
 ``num_sms * blocks_per_sm`` slots). The *raw* time uses all efficiencies 1 and no launch
@@ -24,12 +29,14 @@ import numpy as np
 from .counts import closed_form, summarise, workload_tile_stats
 from .l2 import DEFAULT_GRANULARITY, L2Result, l2_analytic, simulate_l2
 from .profiles import GPUProfile, load_profile
+from .smem import SMEM_PHASES, kernel_launch_shape, smem_bytes_by_phase
 from .trace import trace as make_trace
 from .workload import (DTYPE_BYTES, STAT_BYTES, Schedule, Workload, occupancy, resolve_blocks,
                        sram_bytes_per_block)
 
 __all__ = ["Efficiency", "Prediction", "predict", "calibrate", "smem_traffic", "phase_programs",
-           "MAX_TRACE_EVENTS", "schedule_for_record", "record_dq_mode", "fit_efficiency"]
+           "MAX_TRACE_EVENTS", "schedule_for_record", "record_dq_mode", "record_delta_kernel",
+           "record_micro_tiles", "fit_efficiency"]
 
 MAX_TRACE_EVENTS = 2_000_000  # events + granule visits above which l2="auto" uses the analytic estimate
 
@@ -43,6 +50,7 @@ class Efficiency:
 
     dram: float = 1.0
     l2: float = 1.0
+    smem: float = 1.0
     matmul: float = 1.0
     other: float = 1.0
     launch_us: float = 0.0
@@ -196,9 +204,12 @@ class Prediction:
 def _level_times(ph: dict, prof: GPUProfile, w: Workload, sched: Schedule, eff: Efficiency) -> dict:
     peak_mm = prof.matmul_flops_per_s(w.dtype, sched.matmul_unit)
     l2_bw = prof.l2_bandwidth_bytes_per_s
+    smem_bw = prof.smem_bandwidth_bytes_per_s
+    smem_b = ph.get("smem_load_bytes", 0) + ph.get("smem_store_bytes", 0)
     return {
         "dram": (ph["dram_read_bytes"] + ph["dram_write_bytes"]) / (prof.hbm_bandwidth_bytes_per_s * eff.dram) * 1e3,
         "l2": ((ph["hbm_read_bytes"] + ph["hbm_write_bytes"]) / (l2_bw * eff.l2) * 1e3) if l2_bw else 0.0,
+        "smem": (smem_b / (smem_bw * eff.smem) * 1e3) if smem_bw else 0.0,
         "matmul": ph["matmul_flops"] / (peak_mm * eff.matmul) * 1e3,
         "other": ph["other_flops"] / (prof.fp32_flops_per_s * eff.other) * 1e3,
     }
@@ -207,7 +218,7 @@ def _level_times(ph: dict, prof: GPUProfile, w: Workload, sched: Schedule, eff: 
 def _price(phases: dict, prof, w, sched, eff: Efficiency):
     """Total ms, bound level, per-level ms (summed over phases) and per-phase detail."""
     total = 0.0
-    levels = {"dram": 0.0, "l2": 0.0, "matmul": 0.0, "other": 0.0}
+    levels = {"dram": 0.0, "l2": 0.0, "smem": 0.0, "matmul": 0.0, "other": 0.0}
     for ph in phases.values():
         lt = _level_times(ph, prof, w, sched, eff)
         util = ph.get("sm_utilisation", 1.0) or 1.0
@@ -252,6 +263,12 @@ def predict(workload: Workload, schedule: Schedule | str, profile="h100", *, l2:
     summ = summarise(by_key, flops)
     progs = phase_programs(w, schedule.name, bq, bk)
     slots = {ph: prof.num_sms * bps for ph in summ["phases"]}
+    if schedule.simt:   # our CUDA-core kernels: occupancy from their own threads and tiles
+        for ph in summ["phases"]:
+            tile = schedule.micro_tile_kv if ph == "bwd.main" else schedule.micro_tile
+            if ph in SMEM_PHASES and tile is not None:
+                threads, smem_b = kernel_launch_shape(ph, bq, bk, w.head_dim, tile)
+                slots[ph] = prof.num_sms * max(1, occupancy(prof, smem_b, -(-threads // 32)))
 
     # -- L2 model --
     mode = l2
@@ -280,6 +297,7 @@ def predict(workload: Workload, schedule: Schedule | str, profile="h100", *, l2:
     else:
         raise ValueError(f"l2 must be 'auto', 'trace', 'analytic' or 'none', got {l2!r}")
 
+    smem_ph = smem_bytes_by_phase(w, schedule, bq, bk) if schedule.simt else {}
     phases = {}
     for ph, v in summ["phases"].items():
         n_prog = progs.get(ph, progs.get("*", (1, 1)))[0]
@@ -287,6 +305,7 @@ def predict(workload: Workload, schedule: Schedule | str, profile="h100", *, l2:
         waves = math.ceil(n_prog / s)
         util = n_prog / (waves * s) if schedule.tiled else 1.0
         phases[ph] = dict(v, **l2res.phases.get(ph, {"dram_read_bytes": 0, "dram_write_bytes": 0}),
+                          **smem_ph.get(ph, {"smem_load_bytes": 0, "smem_store_bytes": 0}),
                           programs=n_prog, sm_utilisation=util)
     raw_ms, bound, levels = _price(phases, prof, w, schedule, RAW)
     eff = _resolve_calibration(calibration, prof, schedule, w)
@@ -298,6 +317,9 @@ def predict(workload: Workload, schedule: Schedule | str, profile="h100", *, l2:
     smem = smem_traffic(stats_groups, w.head_dim, e, schedule.num_warps) if schedule.tiled and "fwd" in w.passes else {}
     if smem:
         smem["smem_bytes"] = smem["smem_bytes_fa1_split" if schedule.name == "flash1" else "smem_bytes_fa2_split"]
+    if smem_ph:   # the CUDA-core kernels' own shared-memory traffic (micro-tile, sim.smem)
+        smem["smem_load_bytes"] = sum(v["smem_load_bytes"] for v in smem_ph.values())
+        smem["smem_store_bytes"] = sum(v["smem_store_bytes"] for v in smem_ph.values())
     return Prediction(w, schedule, prof, bq, bk, summ["matmul_flops"] + summ["other_flops"],
                       summ["matmul_flops"], summ["other_flops"], summ["hbm_read_bytes"],
                       summ["hbm_write_bytes"], l2res.dram_read_bytes, l2res.dram_write_bytes, sram, bps,
@@ -353,10 +375,53 @@ def record_dq_mode(rec: dict) -> str | None:
     return None
 
 
+def _ncu_names(rec: dict) -> list:
+    return [str(k.get("name", "")) for k in rec.get("ncu_kernels") or [] if isinstance(k, dict)]
+
+
+def record_delta_kernel(rec: dict) -> str | None:
+    """The delta pre-pass a backward record's counters come from: its ``delta_kernel`` field,
+    else the kernel names ncu profiled (``flash_bwd_delta_v2`` = "warp", one warp per row;
+    ``flash_bwd_delta`` = "thread", one thread per row); None when the record does not say."""
+    from .workload import DELTA_KERNELS
+    if rec.get("delta_kernel") in DELTA_KERNELS:
+        return rec["delta_kernel"]
+    names = _ncu_names(rec)
+    if any("flash_bwd_delta_v2" in n for n in names):
+        return "warp"
+    if any("flash_bwd_delta" in n for n in names):
+        return "thread"
+    return None
+
+
+def record_micro_tiles(rec: dict) -> tuple:
+    """``(micro_tile, micro_tile_kv)`` our CUDA-core kernels ran a record with, as the launch
+    chooses them: the record's ``micro_tile`` (the forward's, stored by `kernels.measure` since
+    it pins it), else `kernels.config.choose_tiles` with 128 target threads — forward and dQ
+    kernel over (block_q, block_k), dK/dV kernel over (block_k, block_q) (`kernels.launch`).
+    ``(None, None)`` for records of other kernels or without block sizes."""
+    if rec.get("kernel") != "ioaware-numba" or rec.get("variant", "simt") not in (None, "simt"):
+        return None, None
+    bq, bk, d = rec.get("block_q"), rec.get("block_k"), rec.get("head_dim")
+    if not (bq and bk and d):
+        return None, None
+    from kernels.config import choose_tiles
+    fwd = rec.get("micro_tile")
+    if fwd is not None and rec.get("pass") == "fwd":
+        tile = (int(fwd[0]), int(fwd[1]))
+    else:
+        c = choose_tiles(int(bq), int(bk), int(d), 128)
+        tile = (c.tm, c.tn)
+    ckv = choose_tiles(int(bk), int(bq), int(d), 128)
+    return tile, (ckv.tm, ckv.tn)
+
+
 def schedule_for_record(rec: dict) -> Schedule:
     """The sim schedule modelling a results record: ``ioaware-numba`` as flash2 on CUDA cores
-    (``variant: "mma"``: tensor cores), its backward's ``dq_mode`` from :func:`record_dq_mode`
-    (default "atomic"); ``sdpa-math`` and ``eager`` as the naive variants "math" (float32 on
+    with the register micro-tiles the launch used (:func:`record_micro_tiles`; ``variant:
+    "mma"``: tensor cores, no micro-tile), its backward's ``dq_mode`` from
+    :func:`record_dq_mode` (default "atomic") and delta pre-pass from
+    :func:`record_delta_kernel` (default "warp"); ``sdpa-math`` and ``eager`` as the naive variants "math" (float32 on
     CUDA cores) and "eager"; other kernels as flash2 with the model's blocks."""
     kernel = rec.get("kernel")
     if kernel == "sdpa-math":      # float32 throughout, GEMMs on CUDA cores (TF32 off)
@@ -368,7 +433,13 @@ def schedule_for_record(rec: dict) -> Schedule:
     if name not in ("naive", "flash1", "flash2"):
         name = "flash2"
     dq_mode = (record_dq_mode(rec) if kernel == "ioaware-numba" else None) or "atomic"
-    return Schedule(name, rec.get("block_q"), rec.get("block_k"), matmul_unit=unit, dq_mode=dq_mode)
+    tiles = (None, None)
+    delta = "warp"
+    if kernel == "ioaware-numba" and rec.get("variant") in (None, "simt") and name == "flash2":
+        tiles = record_micro_tiles(rec)
+        delta = record_delta_kernel(rec) or "warp"
+    return Schedule(name, rec.get("block_q"), rec.get("block_k"), matmul_unit=unit, dq_mode=dq_mode,
+                    micro_tile=tiles[0], micro_tile_kv=tiles[1], delta_kernel=delta)
 
 
 def calibrate(records, profile) -> Efficiency | None:
@@ -397,7 +468,7 @@ def fit_efficiency(pairs, source: str):
     a level's factor is the median of its samples (the median of all samples for a level with
     none), clipped to [0.01, 1].
     """
-    samples: dict = {"dram": [], "l2": [], "matmul": [], "other": []}
+    samples: dict = {"dram": [], "l2": [], "smem": [], "matmul": [], "other": []}
     n = 0
     for p, t_meas in pairs:
         if p is None or not t_meas or t_meas <= 0:

@@ -28,7 +28,9 @@ class GPUProfile:
     ``tensor_flops_per_s`` maps a dtype (``fp16``, ``bf16``, ``tf32``) to the dense tensor-core
     matmul peak; a dtype missing there runs its matmuls on CUDA cores at ``fp32_flops_per_s``.
     ``l2_bandwidth_bytes_per_s`` is not a datasheet figure on any GPU: the shipped values are
-    estimates and say so in ``sources``.
+    estimates and say so in ``sources``. ``smem_bytes_per_clk_per_sm`` (shared-memory bandwidth
+    of one SM: 32 banks x 4 bytes per clock) and ``sm_clock_hz`` give
+    :attr:`smem_bandwidth_bytes_per_s`, the shared-memory level of the roofline (None: no level).
     """
 
     name: str
@@ -42,6 +44,8 @@ class GPUProfile:
     l2_bandwidth_bytes_per_s: float | None = None
     max_threads_per_sm: int = 2048
     max_blocks_per_sm: int = 32
+    smem_bytes_per_clk_per_sm: float | None = None
+    sm_clock_hz: float | None = None
     memory_bytes: int | None = None
     description: str = ""
     match: tuple = ()
@@ -57,11 +61,23 @@ class GPUProfile:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ValueError(f"GPUProfile.{name} must be a positive integer, got {v!r}")
+        for name in ("smem_bytes_per_clk_per_sm", "sm_clock_hz"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0):
+                raise ValueError(f"GPUProfile.{name} must be a positive number or None, got {v!r}")
         if self.smem_bytes_per_block > self.smem_bytes_per_sm:
             raise ValueError("GPUProfile.smem_bytes_per_block must be <= smem_bytes_per_sm")
         if not isinstance(self.tensor_flops_per_s, dict):
             raise TypeError("GPUProfile.tensor_flops_per_s must be a dict dtype -> FLOP/s")
         object.__setattr__(self, "match", tuple(self.match))
+
+    @property
+    def smem_bandwidth_bytes_per_s(self) -> float | None:
+        """Shared-memory bandwidth of the whole GPU: bytes/clk/SM x SMs x clock (None if the
+        profile lacks either figure)."""
+        if self.smem_bytes_per_clk_per_sm is None or self.sm_clock_hz is None:
+            return None
+        return float(self.smem_bytes_per_clk_per_sm) * self.num_sms * float(self.sm_clock_hz)
 
     def matmul_flops_per_s(self, dtype: str, unit: str = "tensor") -> float:
         """Peak matmul FLOP/s for ``dtype`` on ``unit`` ("tensor" or "cuda").

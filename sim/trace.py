@@ -22,8 +22,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .counts import flop_costs
-from .workload import STAT_BYTES, Schedule, Workload, block_infos
+from .counts import delta_load_amplification, flop_costs
+from .workload import SECTOR_BYTES, STAT_BYTES, Schedule, Workload, block_infos
 
 __all__ = ["Event", "Trace", "trace", "OPS", "LEVELS"]
 
@@ -213,6 +213,9 @@ def trace(workload: Workload, schedule: Schedule, profile=None, *, block_q=None,
             "workload": w.to_dict()}
     C = flop_costs(schedule.exp_flops)
     drop = C["dropout_per_score"] if w.dropout else 0
+    simt = schedule.simt
+    ntn = schedule.threads_per_row(block_k) if simt else 1
+    mask_cost = 0 if simt else C["mask_per_score"]
     if schedule.name == "naive" and schedule.variant is not None:
         _naive_variant(tb, w, schedule)
         return tb.build(meta)
@@ -252,8 +255,10 @@ def trace(workload: Workload, schedule: Schedule, profile=None, *, block_q=None,
                     for m in range(bi.n_blocks_q):
                         q0, q1 = bi.q_range(m)
                         r = q1 - q0
-                        # -- load Q_m --
+                        # -- load Q_m (CUDA-core kernels: scaled by the softmax scale on load) --
                         q_mem(prog, 0, LOAD, "Q", b, h, m, bi)
+                        if simt:
+                            tb.compute(prog, 0, b, h, m, -1, 0, r * d)
                         step = 1
                         for n in bi.k_blocks(m):
                             k0, k1 = bi.k_range(n)
@@ -261,12 +266,20 @@ def trace(workload: Workload, schedule: Schedule, profile=None, *, block_q=None,
                             # -- load K_n, V_n; compute qk, online softmax, acc += p v --
                             kv_mem(prog, step, LOAD, "K", b, h, n, bi)
                             kv_mem(prog, step, LOAD, "V", b, h, n, bi)
-                            other = ((C["fwd_per_score"] + drop) * r * c + r * (d + C["fwd_per_row_tile"])
-                                     + (C["mask_per_score"] * r * c if needs_mask(bi, key_len, m, n) else 0))
+                            if simt:   # each of the row's ntn threads keeps its own m, l, alpha
+                                other = ((C["simt_fwd_per_score"] + drop) * r * c
+                                         + r * (d + ntn * C["simt_fwd_per_row_thread_tile"]))
+                            else:
+                                other = ((C["fwd_per_score"] + drop) * r * c + r * (d + C["fwd_per_row_tile"])
+                                         + (C["mask_per_score"] * r * c if needs_mask(bi, key_len, m, n) else 0))
                             tb.compute(prog, step, b, h, m, n, 4 * d * r * c, other)
                             step += 1
                         # -- epilogue: O = acc / l, lse = m + log l --
-                        tb.compute(prog, step, b, h, m, -1, 0, r * (d + 2))
+                        if simt:   # row sum by shuffles, then 1/l and log l on every thread of the row
+                            end = ntn * (ntn.bit_length() - 1 + C["simt_fwd_per_row_thread_end"]) + d
+                            tb.compute(prog, step, b, h, m, -1, 0, r * end)
+                        else:
+                            tb.compute(prog, step, b, h, m, -1, 0, r * (d + 2))
                         q_mem(prog, step, STORE, "O", b, h, m, bi)
                         q_mem(prog, step, STORE, "lse", b, h, m, bi)
                         prog += 1
@@ -339,6 +352,11 @@ def trace(workload: Workload, schedule: Schedule, profile=None, *, block_q=None,
             post = atomic and e != f          # float32: the accumulator is dQ, no post pass
             acc = "dQacc" if post else "dQ"
             # -- preprocessing: D = rowsum(dO * O) (atomic: and the dQ accumulator = 0) --
+            # (one thread per row: each element read fetches its own sector; the repeated
+            # requests hit the lines the first one brought in)
+            amp = delta_load_amplification(schedule.delta_kernel, d, e)
+            warp_red = C["simt_delta_warp_per_row"] if (simt and schedule.delta_kernel == "warp") else 0
+            d_amp = SECTOR_BYTES // f if (simt and schedule.delta_kernel == "warp") else 1
             tb.phase("bwd.pre")
             prog = 0
             for b in range(B):
@@ -346,10 +364,12 @@ def trace(workload: Workload, schedule: Schedule, profile=None, *, block_q=None,
                     bi, _kl = slice_bi[(b, h)]
                     for m in range(bi.n_blocks_q):
                         q0, q1 = bi.q_range(m)
-                        q_mem(prog, 0, LOAD, "O", b, h, m, bi)
-                        q_mem(prog, 0, LOAD, "dO", b, h, m, bi)
-                        tb.compute(prog, 0, b, h, m, -1, 0, 2 * d * (q1 - q0))
-                        q_mem(prog, 0, STORE, "D", b, h, m, bi)
+                        for _rep in range(amp):
+                            q_mem(prog, 0, LOAD, "O", b, h, m, bi)
+                            q_mem(prog, 0, LOAD, "dO", b, h, m, bi)
+                        tb.compute(prog, 0, b, h, m, -1, 0, (2 * d + warp_red) * (q1 - q0))
+                        for _rep in range(d_amp):
+                            q_mem(prog, 0, STORE, "D", b, h, m, bi)
                         if atomic:
                             q_mem(prog, 0, STORE, acc, b, h, m, bi)
                         prog += 1
@@ -375,11 +395,13 @@ def trace(workload: Workload, schedule: Schedule, profile=None, *, block_q=None,
                             for t in ("Q", "dO", "lse", "D"):
                                 q_mem(prog, step, LOAD, t, b, h, m, bi)
                             other = ((C["bwd_per_score"] + drop) * r * c + (r * d if atomic else 0)
-                                     + (C["mask_per_score"] * r * c if needs_mask(bi, key_len, m, n) else 0))
+                                     + (mask_cost * r * c if needs_mask(bi, key_len, m, n) else 0))
                             tb.compute(prog, step, b, h, m, n, mm_main * d * r * c, other)
                             if atomic:
                                 q_mem(prog, step, ATOMIC, acc, b, h, m, bi)
                             step += 1
+                        if simt:   # dK *= softmax scale as it is written
+                            tb.compute(prog, step, b, h, -1, n, 0, c * d)
                         tb.mem(prog, step, STORE, dk, b, h if gqa else kvh(h), -1, n, k0, k1)
                         tb.mem(prog, step, STORE, dv, b, h if gqa else kvh(h), -1, n, k0, k1)
                         prog += 1
@@ -403,7 +425,7 @@ def trace(workload: Workload, schedule: Schedule, profile=None, *, block_q=None,
                                 kv_mem(prog, step, LOAD, "K", b, h, n, bi)
                                 kv_mem(prog, step, LOAD, "V", b, h, n, bi)
                                 other = ((C["bwd_per_score"] + drop) * r * c
-                                         + (C["mask_per_score"] * r * c if needs_mask(bi, key_len, m, n) else 0))
+                                         + (mask_cost * r * c if needs_mask(bi, key_len, m, n) else 0))
                                 tb.compute(prog, step, b, h, m, n, 6 * d * r * c, other)
                                 step += 1
                             # -- epilogue: dQ *= scale, store --

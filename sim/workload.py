@@ -17,16 +17,35 @@ import numpy as np
 from ioaware.block_info import BlockInfo, cdiv
 
 __all__ = ["Workload", "Schedule", "DTYPE_BYTES", "STAT_BYTES", "SCHEDULES", "PASSES", "EXP_FLOPS", "DQ_MODES", "NAIVE_VARIANTS",
+           "DELTA_KERNELS", "SECTOR_BYTES", "SMEM_ELEM_BYTES",
            "density_block_mask", "resolve_blocks", "sram_bytes_per_block", "occupancy",
            "block_infos"]
 
 DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
 STAT_BYTES = 4  # row statistics (m, l, lse, D) and the fp32 dQ accumulator are float32
-#: FLOPs one ``exp`` executes (default of ``Schedule.exp_flops``). Measured on an H200 (sm_90):
-#: the libdevice ``expf`` of our kernels runs range-reduction FFMAs, ``ex2.approx`` and an FMUL,
-#: about 5 FLOPs as Nsight Compute counts them (2 FFMA + FADD + FMUL); see results/NOTES.md.
-EXP_FLOPS = 5
+#: FLOPs one ``exp`` executes (default of ``Schedule.exp_flops``), as Nsight Compute counts them
+#: (FFMA = 2, FADD = FMUL = 1). The libdevice ``__nv_expf`` our kernels call (``math.exp`` on a
+#: float32) is, in the PTX nvcc 13.0 emits for sm_90: ``fma.rn`` (x log2e / 256 + 0.5), ``cvt.sat``
+#: (folded into that FFMA as .SAT), ``fma.rm`` (round to the exponent), ``add`` (undo the
+#: shift), two ``fma.rn`` (x log2e split in two parts), ``ex2.approx`` (MUFU, not counted) and a
+#: ``mul`` by 2^i: 4 FFMA + 1 FADD + 1 FMUL = 10. (The earlier default, 5, counted 2 FFMA;
+#: results/NOTES.md shows the per-score residual it left.)
+EXP_FLOPS = 10
+#: FLOPs of the per-row epilogue functions of our kernels (libdevice, same PTX source as exp):
+#: ``logf`` = 11 FFMA + 1 FADD + 2 FMUL = 25; ``1 / x`` (``rcp.rn.f32``: MUFU.RCP, two FFMA
+#: refinement steps and an FADD) = 5.
+LOG_FLOPS = 25
+RCP_FLOPS = 5
 DQ_MODES = ("atomic", "kernel")
+#: The backward's delta pre-pass D = rowsum(dO * O): "warp" (one warp per row, lanes along d,
+#: coalesced: O and dO read once; ``kernels.flash_bwd.make_delta_kernel_v2``, the default) or
+#: "thread" (one thread per row: neighbouring threads read addresses d elements apart, so every
+#: element read fetches its own ``SECTOR_BYTES`` sector; ``make_delta_kernel``).
+DELTA_KERNELS = ("warp", "thread")
+#: Bytes of the L1/L2 sector a global load request fetches at least (NVIDIA since Volta).
+SECTOR_BYTES = 32
+#: Our CUDA-core kernels stage every tile in shared memory as float32, whatever the input dtype.
+SMEM_ELEM_BYTES = 4
 NAIVE_VARIANTS = ("math", "eager")
 SCHEDULES = ("naive", "flash1", "flash2")
 PASSES = ("fwd", "bwd", "fwd+bwd")
@@ -173,8 +192,8 @@ class Schedule:
         backward) instead of separate ones.
     matmul_unit : "tensor" (tensor cores for fp16/bf16; fp32 on CUDA cores), "tf32" or "cuda"
         (everything on CUDA cores, as a kernel without MMA instructions runs).
-    exp_flops : FLOPs counted per ``exp`` (default :data:`EXP_FLOPS` = 5, as measured for
-        libdevice ``expf`` on sm_90; 1 gives the textbook count).
+    exp_flops : FLOPs counted per ``exp`` (default :data:`EXP_FLOPS` = 10, libdevice ``expf``
+        on sm_90 as Nsight Compute counts it; 1 gives the textbook count).
     dq_mode : flash2 backward only. "atomic" (FlashAttention-2's): one dK/dV program per K
         block, dQ accumulated with float32 atomics into a zero-filled accumulator, then
         converted by a ``bwd.post`` pass — except for float32 inputs, where the float32
@@ -189,6 +208,16 @@ class Schedule:
         fully-masked-row passes). "eager": ``softmax(q @ k.T * scale).masked_fill(...) @ v`` in
         the input dtype (separate scale and ``masked_fill`` passes). The kernel lists are in
         :func:`sim.counts.naive_variant_kernels`; dense or causal workloads, no dropout, no GQA.
+    micro_tile : flash2 only, our CUDA-core kernels (``kernels.config.TileConfig``): the
+        per-thread register micro-tile ``(tm, tn)`` of the block_q x block_k tile of the forward
+        and of the dQ kernel — ``(block_q // tm) x (block_k // tn)`` threads, each computing
+        tm x tn scores. None (default): no micro-tile (tensor-core or textbook kernels).
+    micro_tile_kv : the dK/dV kernel's ``(tk, tq)`` over its block_k x block_q tile (K rows
+        first, as it computes S^T).
+        With a micro-tile the FLOP terms are those the CUDA-core kernels execute
+        (:func:`sim.counts.flop_costs`, ``simt_*``) and the shared-memory level is priced
+        (:mod:`sim.smem`).
+    delta_kernel : the flash2 backward's delta pre-pass, one of :data:`DELTA_KERNELS`.
     """
 
     name: str = "flash2"
@@ -200,6 +229,9 @@ class Schedule:
     exp_flops: int = EXP_FLOPS
     dq_mode: str = "atomic"
     variant: str | None = None
+    micro_tile: tuple | None = None
+    micro_tile_kv: tuple | None = None
+    delta_kernel: str = "warp"
 
     def __post_init__(self) -> None:
         if self.name not in SCHEDULES:
@@ -219,16 +251,44 @@ class Schedule:
         if self.variant is not None and (self.variant not in NAIVE_VARIANTS or self.name != "naive"):
             raise ValueError(f"Schedule.variant must be None or one of {NAIVE_VARIANTS} (schedule "
                              f"'naive' only), got {self.variant!r} for {self.name!r}")
+        for nm in ("micro_tile", "micro_tile_kv"):
+            v = getattr(self, nm)
+            if v is None:
+                continue
+            if self.name != "flash2":
+                raise ValueError(f"Schedule.{nm} applies to schedule 'flash2' only, got {self.name!r}")
+            if (not isinstance(v, (tuple, list)) or len(v) != 2
+                    or any(isinstance(x, bool) or not isinstance(x, (int, np.integer)) or x < 1 for x in v)):
+                raise ValueError(f"Schedule.{nm} must be a pair of positive integers (tm, tn), got {v!r}")
+            object.__setattr__(self, nm, (int(v[0]), int(v[1])))
+        if self.delta_kernel not in DELTA_KERNELS:
+            raise ValueError(f"Schedule.delta_kernel must be one of {DELTA_KERNELS}, got {self.delta_kernel!r}")
 
     @property
     def tiled(self) -> bool:
         return self.name != "naive"
 
+    @property
+    def simt(self) -> bool:
+        """Whether the schedule describes our CUDA-core kernels (a register micro-tile is given):
+        then the FLOP terms are those the kernels execute and the shared-memory level is priced."""
+        return self.micro_tile is not None or self.micro_tile_kv is not None
+
+    def threads_per_row(self, block_k) -> int:
+        """Threads sharing one query row of the block_q x block_k tile (``block_k // tn``; 1
+        without a micro-tile): each recomputes that row's softmax bookkeeping."""
+        if self.micro_tile is None or block_k is None:
+            return 1
+        return max(1, int(block_k) // self.micro_tile[1])
+
     def to_dict(self) -> dict:
         return {"name": self.name, "block_q": self.block_q, "block_k": self.block_k,
                 "num_warps": self.num_warps, "fused_softmax": self.fused_softmax,
                 "matmul_unit": self.matmul_unit, "exp_flops": self.exp_flops,
-                "dq_mode": self.dq_mode, "variant": self.variant}
+                "dq_mode": self.dq_mode, "variant": self.variant,
+                "micro_tile": list(self.micro_tile) if self.micro_tile else None,
+                "micro_tile_kv": list(self.micro_tile_kv) if self.micro_tile_kv else None,
+                "delta_kernel": self.delta_kernel}
 
 
 # -- block masks --------------------------------------------------------------------------------

@@ -44,14 +44,20 @@ def workloads(draw):
     return w, bq, bk
 
 
-@pytest.mark.parametrize("name", ["flash1", "flash2", "naive"])
+@pytest.mark.parametrize("name", ["flash1", "flash2", "flash2-simt", "naive"])
 @settings(max_examples=30)
-@given(case=workloads(), fused=st.booleans(), exp_flops=st.sampled_from([1, 5, 7]),
-       dq_mode=st.sampled_from(["atomic", "kernel"]))
-def test_closed_form_equals_trace(name, case, fused, exp_flops, dq_mode):
+@given(case=workloads(), fused=st.booleans(), exp_flops=st.sampled_from([1, 5, 10]),
+       dq_mode=st.sampled_from(["atomic", "kernel"]), delta=st.sampled_from(["warp", "thread"]),
+       tile=st.sampled_from([(1, 1), (2, 4), (4, 1)]))
+def test_closed_form_equals_trace(name, case, fused, exp_flops, dq_mode, delta, tile):
     w, bq, bk = case
+    kw = {}
+    if name == "flash2-simt":     # our CUDA-core kernels' FLOP terms (a micro-tile given)
+        name, kw = "flash2", dict(micro_tile=tile, micro_tile_kv=tile[::-1])
+    if name == "flash2":
+        kw["delta_kernel"] = delta
     sched = sim.Schedule(name, None if name == "naive" else bq, None if name == "naive" else bk,
-                         fused_softmax=fused, exp_flops=exp_flops, dq_mode=dq_mode)
+                         fused_softmax=fused, exp_flops=exp_flops, dq_mode=dq_mode, **kw)
     tr = sim.trace(w, sched, block_q=bq, block_k=bk)
     cf_bytes, cf_flops = closed_form(w, sched, None if name == "naive" else bq, None if name == "naive" else bk)
     tr_bytes, tr_flops = tr.totals()
@@ -132,7 +138,8 @@ def test_exp_is_priced_at_exp_flops_once_per_exp(name, pass_):
     if name != "naive" and pass_ == "fwd":
         n_exp += Nq * cdiv(Nk, bk) * (2 if name == "flash1" else 1)
     assert other[5] - other[1] == 2 * 4 * n_exp
-    assert sim.Schedule().exp_flops == sim.workload.EXP_FLOPS == 5
+    # libdevice expf: 4 FFMA + FADD + FMUL (sim.workload.EXP_FLOPS)
+    assert sim.Schedule().exp_flops == sim.workload.EXP_FLOPS == 2 * 4 + 1 + 1
 
 
 def test_flash2_forward_output_rescale_once_per_visited_tile_per_row():
