@@ -16,7 +16,7 @@ import numpy as np
 from .model import predict
 from .profiles import PROFILES, load_profile
 from .search import SWEEP_COLUMNS, progress_bar, search_blocks, sweep
-from .workload import DQ_MODES, EXP_FLOPS, NAIVE_VARIANTS, Schedule, Workload
+from .workload import DELTA_KERNELS, DQ_MODES, EXP_FLOPS, NAIVE_VARIANTS, Schedule, Workload
 
 __all__ = ["main"]
 
@@ -78,7 +78,9 @@ def _predict_cmd(a) -> int:
     try:
         s = Schedule(a.schedule, a.block_q, a.block_k, num_warps=a.num_warps,
                      fused_softmax=a.fused_softmax, matmul_unit=a.matmul_unit,
-                     exp_flops=a.exp_flops, dq_mode=a.dq_mode, variant=a.variant)
+                     exp_flops=a.exp_flops, dq_mode=a.dq_mode, variant=a.variant,
+                     micro_tile=a.micro_tile, micro_tile_kv=a.micro_tile_kv,
+                     delta_kernel=a.delta_kernel)
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from None
     p = predict(w, s, a.device, l2=a.l2)
@@ -194,6 +196,14 @@ def _slim(row):
     return {k: v for k, v in row.items() if k not in ("phases",)}
 
 
+def _pair(text):
+    try:
+        a, b = (int(x) for x in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected TMxTN such as 4x4, got {text!r}") from None
+    return (a, b)
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m sim", description="IO cost model of attention schedules")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -212,6 +222,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="flash2 backward: dQ by float32 atomics or by a separate dQ kernel")
     p.add_argument("--variant", choices=NAIVE_VARIANTS, default=None,
                    help="naive: PyTorch's MATH backend ('math') or eager attention ('eager')")
+    p.add_argument("--micro-tile", type=_pair, default=None, metavar="TMxTN",
+                   help="flash2 on CUDA cores: per-thread register micro-tile of the forward/dQ "
+                        "kernel (e.g. 4x4); prices the shared-memory level")
+    p.add_argument("--micro-tile-kv", type=_pair, default=None, metavar="TKxTQ",
+                   help="the dK/dV kernel's micro-tile over its block_k x block_q tile")
+    p.add_argument("--delta-kernel", choices=DELTA_KERNELS, default="warp",
+                   help="flash2 backward's delta pre-pass: one warp or one thread per row")
     p.add_argument("--l2", choices=("auto", "trace", "analytic", "none"), default="auto")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--compact", action="store_true", help="with --json: one line")

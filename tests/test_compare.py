@@ -178,3 +178,27 @@ def test_backward_records_are_modelled_with_the_dq_mode_ncu_saw():
     assert (s1.dq_mode, s2.dq_mode) == ("kernel", "atomic")
     assert "separate" in n1 and "atomics" in n2
     assert C.model_for_record(base)[1].dq_mode == "atomic"
+
+
+def test_calibration_is_per_kernel_program_and_held_out_per_sequence_length(records):
+    ours = [dict(r) for r in records if r["kernel"] == "ioaware-numba"]
+    more = [dict(r, seq_len_q=512, seq_len_k=512, time_ms=r["time_ms"] * 4) for r in ours]
+    bwd = dict(ours[0], **{"pass": "bwd", "block_q": 32, "block_k": 32})
+    df = C.compare(ours + more + [bwd], l2="none")
+    groups = set(df["calibration_group"])
+    assert groups == {"ioaware-numba fwd cuda", "ioaware-numba bwd cuda"}
+    assert df[df["pass"] == "bwd"]["efficiency"].iloc[0]["n_records"] == 1
+    fwd = df[df["pass"] == "fwd"]
+    assert fwd["efficiency"].map(lambda e: e["n_records"]).eq(len(fwd)).all()
+    # held out: a record's factors come from the other N only (none left for the lone backward)
+    assert fwd["predicted_time_heldout"].notna().all()
+    assert math.isnan(df[df["pass"] == "bwd"]["predicted_time_heldout"].iloc[0])
+    rec = ours[0]
+    w, sched, _ = C.model_for_record(rec)
+    p = predict(w, sched, "h100", l2="none", calibration=None)
+    from sim.model import fit_efficiency
+    eff_other_n = fit_efficiency([(predict(*C.model_for_record(r)[:2], "h100", l2="none", calibration=None),
+                                   r["time_ms"]) for r in more], "test")
+    row = fwd[(fwd["seq_len_q"] == 256)].iloc[0]
+    assert row["predicted_time_heldout"] == pytest.approx(C._calibrated_ms(rec, p, eff_other_n, None))
+    assert "time_heldout" in C.summary(df)["metric"].tolist()

@@ -134,3 +134,22 @@ def test_predict_cli_takes_exp_flops_dq_mode_and_naive_variant():
     assert "fwd.upcast" in math_["phases"]
     bad = run("--schedule", "flash2", "--variant", "eager")
     assert bad.returncode != 0 and "variant" in bad.stderr
+
+
+def test_predict_cli_prices_a_micro_tile():
+    import json as _json
+    import subprocess
+    import sys as _sys
+
+    def run(*args):
+        return subprocess.run([_sys.executable, "-m", "sim", "predict", "--schedule", "flash2",
+                               "--seq-len", "256", "--dtype", "fp32", "--matmul-unit", "cuda",
+                               "--block-q", "64", "--block-k", "32", "--l2", "none", *args],
+                              capture_output=True, text=True)
+    tiled = _json.loads(run("--json", "--micro-tile", "4x4").stdout)
+    plain = _json.loads(run("--json").stdout)
+    assert tiled["times_ms"]["smem"] > 0 and plain["times_ms"]["smem"] == 0
+    assert tiled["smem_load_bytes"] > 0 and "smem_load_bytes" not in plain
+    assert "smem time" in run("--micro-tile", "4x4").stdout
+    bad = run("--micro-tile", "4by4")
+    assert bad.returncode != 0 and "TMxTN" in bad.stderr
