@@ -540,11 +540,18 @@ def main(argv=None) -> int:
                     help="above this, the L2 model uses its analytic estimate")
     ap.add_argument("--kernels", help="comma list of kernels to compare")
     ap.add_argument("--csv", help="also write the joined table here")
+    ap.add_argument("--dq-mode", choices=["atomic", "kernel"],
+                    help="model our kernel's backward records with this dQ mode instead of the one "
+                         "each record names (its dq_mode field or ncu kernel list) — for files whose "
+                         "timings and counters come from different kernel versions")
     args = ap.parse_args(argv)
     recs = load_records(args.results)
     if args.kernels:
         keep = set(args.kernels.split(","))
         recs = [r for r in recs if r["kernel"] in keep]
+    if args.dq_mode:
+        recs = [dict(r, dq_mode=args.dq_mode) if (r["kernel"] == "ioaware-numba" and r["pass"] != "fwd")
+                else r for r in recs]
 
     def prog(done, total):
         if sys.stderr.isatty() or done == total:

@@ -202,3 +202,17 @@ def test_calibration_is_per_kernel_program_and_held_out_per_sequence_length(reco
     row = fwd[(fwd["seq_len_q"] == 256)].iloc[0]
     assert row["predicted_time_heldout"] == pytest.approx(C._calibrated_ms(rec, p, eff_other_n, None))
     assert "time_heldout" in C.summary(df)["metric"].tolist()
+
+
+def test_command_can_model_backward_records_with_another_dq_mode(records, tmp_path, capsys):
+    import json
+    bwd = dict(records[0], **{"pass": "bwd", "block_q": 32, "block_k": 32,
+                              "ncu_kernels": [{"name": "make_dkdv_kernel_v2::flash_bwd_dkdv_v2[v2]"}]})
+    path = tmp_path / "r.json"
+    obj = json.loads(FIXTURE.read_text())
+    obj["records"] = [bwd]
+    path.write_text(json.dumps(obj))
+    out_csv = tmp_path / "j.csv"
+    assert C.main([str(path), "--l2", "none", "--dq-mode", "kernel", "--csv", str(out_csv)]) == 0
+    capsys.readouterr()
+    assert "separate kernel" in pd.read_csv(out_csv)["model_note"].iloc[0]
