@@ -17,7 +17,8 @@ profile's ``smem_bandwidth_bytes_per_s``.
 ``sm_utilisation = programs / (waves * slots)`` (wave quantisation of the phase's programs over
 ``num_sms * blocks_per_sm`` slots). The *raw* time uses all efficiencies 1 and no launch
 overhead; the *calibrated* time uses :class:`Efficiency` factors fitted by :func:`calibrate` from
-measured records (``results/``). Both are reported.
+measured records (``results/``) of the same kernel program (:func:`program_key`: schedule,
+pass, CUDA or tensor cores). Both are reported.
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ from .workload import (DTYPE_BYTES, STAT_BYTES, Schedule, Workload, occupancy, r
 
 __all__ = ["Efficiency", "Prediction", "predict", "calibrate", "smem_traffic", "phase_programs",
            "MAX_TRACE_EVENTS", "schedule_for_record", "record_dq_mode", "record_delta_kernel",
-           "record_micro_tiles", "fit_efficiency"]
+           "record_micro_tiles", "fit_efficiency", "program_key"]
 
 MAX_TRACE_EVENTS = 2_000_000  # events + granule visits above which l2="auto" uses the analytic estimate
 
@@ -237,8 +238,8 @@ def predict(workload: Workload, schedule: Schedule | str, profile="h100", *, l2:
 
     l2: "auto" (replay the trace through the L2 model unless it would exceed
     ``max_trace_events``, then the analytic estimate), "trace", "analytic" or "none" (DRAM =
-    global traffic). calibration: "auto" (fit from shipped ``results/`` records of this GPU, if
-    any), None, or an :class:`Efficiency`. Raises ValueError when explicit block sizes do not fit
+    global traffic). calibration: "auto" (fit from shipped ``results/`` records of this GPU and
+    of the same kernel program, :func:`program_key`, if any), None, or an :class:`Efficiency`. Raises ValueError when explicit block sizes do not fit
     the profile's shared memory per block.
     """
     if isinstance(schedule, str):
@@ -346,11 +347,29 @@ def _resolve_calibration(calibration, prof, schedule, w):
     if calibration != "auto":
         raise ValueError(f"calibration must be 'auto', None or an Efficiency, got {calibration!r}")
     from .results import RESULTS_DIR, records_for_profile
-    key = (prof.name, _dir_stamp(RESULTS_DIR))
+    program = program_key(w, schedule, prof)
+    key = (prof.name, _dir_stamp(RESULTS_DIR), program)
     if key not in _CAL_CACHE:
-        recs = records_for_profile(prof)
+        recs = []
+        for rec in records_for_profile(prof):
+            try:
+                if program_key(Workload.from_record(rec), schedule_for_record(rec), prof) == program:
+                    recs.append(rec)
+            except (ValueError, KeyError, TypeError):
+                continue
         _CAL_CACHE[key] = calibrate(recs, prof) if recs else None
     return _CAL_CACHE[key]
+
+
+def program_key(w: Workload, schedule: Schedule, profile) -> tuple:
+    """What one set of efficiency factors is fitted for: the schedule (name, naive variant,
+    whether it is our CUDA-core kernel with a micro-tile), the pass, and whether its matmuls run
+    on CUDA cores or tensor cores on ``profile``. ``predict(calibration="auto")`` fits on the
+    measured records of that GPU with the same key only."""
+    prof = load_profile(profile)
+    peak = prof.matmul_flops_per_s(w.dtype, schedule.matmul_unit)
+    path = "cuda" if peak == prof.fp32_flops_per_s else "tensor"
+    return (schedule.name, schedule.variant, schedule.simt, w.pass_, path)
 
 
 def _dir_stamp(path):

@@ -272,3 +272,25 @@ def test_analytic_l2_estimate_tracks_the_trace_replay():
     assert (fa2_naive <= 0.20).mean() >= 0.85, sorted(fa2_naive)[-10:]
     assert fa2_naive.max() <= 0.40
     assert fa1.max() <= 0.70
+
+
+def test_auto_calibration_fits_the_records_of_the_same_kernel_program(monkeypatch):
+    import sim.model as M
+    import sim.results as R
+    recs = []
+    for N in (1024, 2048):
+        for kernel, name, dtype in (("sdpa-flash", "flash2", "fp16"), ("sdpa-math", "naive", "fp32")):
+            recs.append({"kernel": kernel, "schedule": name, "pass": "fwd", "dtype": dtype, "batch": 2,
+                         "heads": 8, "heads_kv": 8, "seq_len_q": N, "seq_len_k": N, "head_dim": 64,
+                         "causal": False, "block_q": None, "block_k": None, "time_ms": 1.0})
+    monkeypatch.setattr(R, "records_for_profile", lambda prof: recs)
+    M._CAL_CACHE.clear()
+    w = sim.Workload(batch=2, heads=8, seq_len_q=1024, head_dim=64, dtype="fp16")
+    p = sim.predict(w, sim.Schedule("flash2"), "h100", l2="none")
+    assert p.efficiency.n_records == 2          # the two FLASH records, not MATH's
+    keys = {M.program_key(sim.Workload.from_record(r), sim.schedule_for_record(r), "h100") for r in recs}
+    assert len(keys) == 2
+    simt = sim.predict(w.replace(dtype="fp32"), sim.Schedule("flash2", 64, 32, matmul_unit="cuda",
+                                                             micro_tile=(4, 4)), "h100", l2="none")
+    assert simt.efficiency is None and simt.predicted_ms_calibrated is None  # no such records
+    M._CAL_CACHE.clear()
