@@ -4,8 +4,9 @@ Workload, hardware and schedule are data (:class:`Workload`, :class:`GPUProfile`
 :class:`Schedule`); the cost functions are small and pure:
 
 * :func:`predict` — exact global-memory ("HBM") bytes and FLOPs (closed form), DRAM bytes after
-  an L2 model, shared-memory footprint, occupancy, intra-SM warp-split traffic and a roofline
-  time (raw, and calibrated from measured ``results/``).
+  an L2 model, shared-memory footprint, occupancy, intra-SM warp-split traffic, the
+  shared-memory traffic of our CUDA-core kernels from their register micro-tiles
+  (:mod:`sim.smem`) and a roofline time (raw, and calibrated from measured ``results/``).
 * :func:`trace` — the same schedule walked tile by tile (every load/store with bytes, level and
   address); equal to the closed form by test.
 * :func:`search_blocks` — feasible block sizes, best, frontier. :func:`sweep` — vectorised
