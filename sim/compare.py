@@ -135,7 +135,7 @@ def profiled_impl(rec: dict) -> str | None:
 def model_for_record(rec: dict):
     """``(Workload, Schedule, note)`` that model a results record (see the module docstring)."""
     from .model import record_delta_kernel, record_dq_mode, record_micro_tiles
-    from .workload import Schedule, Workload
+    from .workload import EXP_FLOPS, Schedule, Workload
 
     w = Workload.from_record(rec)
     kernel, variant = rec["kernel"], _variant(rec)
@@ -145,10 +145,13 @@ def model_for_record(rec: dict):
         dq_mode = (record_dq_mode(rec) or "atomic") if rec["pass"] != "fwd" else "atomic"
         delta = (record_delta_kernel(rec) or "warp") if rec["pass"] != "fwd" else "warp"
         tiles = record_micro_tiles(dict(rec, variant="simt")) if variant == "simt" else (None, None)
+        # the tensor-core forward takes exp as ex2.approx (the MUFU unit, no FP32 arithmetic)
+        exp_flops = 0 if variant == "mma" else EXP_FLOPS
         sched = Schedule("flash2", rec.get("block_q"), rec.get("block_k"), matmul_unit=unit,
                          dq_mode=dq_mode, micro_tile=tiles[0], micro_tile_kv=tiles[1],
-                         delta_kernel=delta)
-        note = "flash2, measured blocks, " + ("tensor cores" if unit == "tensor" else "CUDA cores")
+                         delta_kernel=delta, exp_flops=exp_flops)
+        note = "flash2, measured blocks, " + ("tensor cores, exp by ex2.approx" if unit == "tensor"
+                                               else "CUDA cores")
         if tiles[0] is not None:
             note += f", micro-tile {tiles[0][0]}x{tiles[0][1]}"
             if rec["pass"] != "fwd":

@@ -175,9 +175,18 @@ def delta_load_amplification(delta_kernel: str, d: int, e: int) -> int:
     return int(amp) if np.ndim(amp) == 0 else amp
 
 
+def store_sector_amplification(threads_per_row: int, e: int) -> int:
+    """Store bytes per byte written by our CUDA-core kernels' output loops (O; dK and dV): the
+    ``threads_per_row`` threads of a row store adjacent elements, so one warp store writes
+    ``threads_per_row * e`` contiguous bytes per row, a whole 32-byte sector when fewer (float16
+    with 8 threads per row: 16 bytes, counted as 32)."""
+    return max(1, SECTOR_BYTES // (int(threads_per_row) * int(e)))
+
+
 def slice_terms(schedule: str, pass_name: str, st: TileStats, Nq, Nk, d, e, *, masked=False,
                 dropout=False, fused_softmax=False, gqa=False, exp_flops=EXP_FLOPS,
-                dq_mode="atomic", simt=False, threads_per_row=1, delta_kernel="warp"):
+                dq_mode="atomic", simt=False, threads_per_row=1, delta_kernel="warp",
+                store_amp=(1, 1)):
     """Per-(batch, head) slice counts of one pass: ``(bytes, flops)``.
 
     bytes: ``{(phase, tensor, op): n}``; flops: ``{phase: (matmul, other)}``. Arithmetic only, so
@@ -196,7 +205,8 @@ def slice_terms(schedule: str, pass_name: str, st: TileStats, Nq, Nk, d, e, *, m
     takes 1 / l and log l per thread, masks cost no FLOPs, the backward scales dK at the end
     (d per key row). ``delta_kernel``: the pre-pass's loads (:func:`delta_load_amplification`)
     and, with ``simt``, its shuffle reduction and (one warp per row) its one-lane D stores, a
-    32-byte sector each.
+    32-byte sector each. ``store_amp``: (O, dK/dV) store amplification of the CUDA-core kernels
+    (:func:`store_sector_amplification`).
     """
     f = STAT_BYTES
     b: dict = {}
@@ -214,7 +224,7 @@ def slice_terms(schedule: str, pass_name: str, st: TileStats, Nq, Nk, d, e, *, m
         add("fwd", "Q", "load", Nq * d * e)
         add("fwd", "K", "load", st.C * d * e)
         add("fwd", "V", "load", st.C * d * e)
-        add("fwd", "O", "store", Nq * d * e)
+        add("fwd", "O", "store", store_amp[0] * Nq * d * e)
         add("fwd", "lse", "store", Nq * f)
         if simt:
             ntn = int(threads_per_row)
@@ -264,8 +274,8 @@ def slice_terms(schedule: str, pass_name: str, st: TileStats, Nq, Nk, d, e, *, m
         add("bwd.main", "dO", "load", st.R * d * e)
         add("bwd.main", "lse", "load", st.R * f)
         add("bwd.main", "D", "load", st.R * f)
-        add("bwd.main", dk, "store", Nk * d * e)
-        add("bwd.main", dv, "store", Nk * d * e)
+        add("bwd.main", dk, "store", store_amp[1] * Nk * d * e)
+        add("bwd.main", dv, "store", store_amp[1] * Nk * d * e)
         per_score = (C["bwd_per_score"] + drop) * st.A + mask_cost * st.Am
         dk_scale = Nk * d if simt else 0 * d   # dK *= softmax scale when written
         if atomic:
@@ -507,6 +517,11 @@ def closed_form(w: Workload, schedule, block_q=None, block_k=None):
     variant = getattr(schedule, "variant", None)
     simt = bool(getattr(schedule, "simt", False))
     tpr = schedule.threads_per_row(block_k) if simt else 1
+    store_amp = (1, 1)
+    if simt:
+        store_amp = (store_sector_amplification(tpr, w.dtype_bytes) if schedule.micro_tile is not None else 1,
+                     store_sector_amplification(schedule.kv_threads_per_row(block_q), w.dtype_bytes)
+                     if schedule.micro_tile_kv is not None else 1)
     delta_kernel = getattr(schedule, "delta_kernel", "warp")
     gqa = w.heads != w.heads_kv
     tb: dict = {}
@@ -539,7 +554,7 @@ def closed_form(w: Workload, schedule, block_q=None, block_k=None):
                                 masked=w.masked, dropout=w.dropout, fused_softmax=fused,
                                 gqa=gqa and p == "bwd", exp_flops=exp_flops,
                                 dq_mode=dq_mode, simt=simt, threads_per_row=tpr,
-                                delta_kernel=delta_kernel)
+                                delta_kernel=delta_kernel, store_amp=store_amp)
             _accumulate(tb, tf, b, fl, mult)
         if p == "bwd" and gqa:
             b, fl = reduce_terms(w.batch, w.heads, w.heads_kv, w.seq_len_k, w.head_dim, w.dtype_bytes)

@@ -85,7 +85,7 @@ def simulate_l2(tr: Trace, l2_bytes: int, slots: dict | int, granularity: int = 
     order = order[c["op"][order] != compute]
     ops = c["op"][order].tolist()
     addrs = c["addr"][order].tolist()
-    sizes = c["bytes"][order].tolist()
+    sizes = c.get("footprint", c["bytes"])[order].tolist()   # rows touched, not request bytes
     phases = c["phase"][order].tolist()
     n_ph = len(tr.phases)
     rd = [0] * n_ph

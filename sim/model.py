@@ -32,7 +32,7 @@ from .l2 import DEFAULT_GRANULARITY, L2Result, l2_analytic, simulate_l2
 from .profiles import GPUProfile, load_profile
 from .smem import SMEM_PHASES, kernel_launch_shape, smem_bytes_by_phase
 from .trace import trace as make_trace
-from .workload import (DTYPE_BYTES, STAT_BYTES, Schedule, Workload, occupancy, resolve_blocks,
+from .workload import (DTYPE_BYTES, EXP_FLOPS, STAT_BYTES, Schedule, Workload, occupancy, resolve_blocks,
                        sram_bytes_per_block)
 
 __all__ = ["Efficiency", "Prediction", "predict", "calibrate", "smem_traffic", "phase_programs",
@@ -457,8 +457,11 @@ def schedule_for_record(rec: dict) -> Schedule:
     if kernel == "ioaware-numba" and rec.get("variant") in (None, "simt") and name == "flash2":
         tiles = record_micro_tiles(rec)
         delta = record_delta_kernel(rec) or "warp"
+    # our tensor-core forward takes exp as ex2.approx (MUFU, no FP32 arithmetic)
+    exp_flops = 0 if (kernel == "ioaware-numba" and rec.get("variant") == "mma") else EXP_FLOPS
     return Schedule(name, rec.get("block_q"), rec.get("block_k"), matmul_unit=unit, dq_mode=dq_mode,
-                    micro_tile=tiles[0], micro_tile_kv=tiles[1], delta_kernel=delta)
+                    micro_tile=tiles[0], micro_tile_kv=tiles[1], delta_kernel=delta,
+                    exp_flops=exp_flops)
 
 
 def calibrate(records, profile) -> Efficiency | None:

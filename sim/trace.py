@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .counts import delta_load_amplification, flop_costs
+from .counts import delta_load_amplification, flop_costs, store_sector_amplification
 from .workload import SECTOR_BYTES, STAT_BYTES, Schedule, Workload, block_infos
 
 __all__ = ["Event", "Trace", "trace", "OPS", "LEVELS"]
@@ -64,7 +64,7 @@ class Event(NamedTuple):
 
 
 _INT_COLS = ("phase", "program", "step", "op", "tensor", "b", "h", "m", "n", "row_start",
-             "row_stop", "bytes", "addr", "matmul_flops", "other_flops")
+             "row_stop", "bytes", "addr", "matmul_flops", "other_flops", "footprint")
 
 
 class Trace(Sequence):
@@ -151,7 +151,10 @@ class _Builder:
         self.phase_id = len(self.phases) - 1
         self.n_programs[name] = 0
 
-    def mem(self, program, step, op, name, b, h, m, n, r0, r1):
+    def mem(self, program, step, op, name, b, h, m, n, r0, r1, amp=1):
+        """One access of rows [r0, r1); ``amp``: the request bytes are ``amp`` times the rows'
+        bytes (accesses that fetch or write whole 32-byte sectors for fewer useful bytes), the
+        footprint the L2 replay sees stays the rows'."""
         bt, ht, rows, rb = self.tensor_shape[name]
         bb = b if bt > 1 else 0
         hh = h if ht > 1 else 0
@@ -159,7 +162,8 @@ class _Builder:
         c["phase"].append(self.phase_id); c["program"].append(program); c["step"].append(step)
         c["op"].append(op); c["tensor"].append(self.tensors.index(name)); c["b"].append(b)
         c["h"].append(h); c["m"].append(m); c["n"].append(n); c["row_start"].append(r0)
-        c["row_stop"].append(r1); c["bytes"].append((r1 - r0) * rb)
+        c["row_stop"].append(r1); c["bytes"].append((r1 - r0) * rb * amp)
+        c["footprint"].append((r1 - r0) * rb)
         c["addr"].append(self.base[name] + ((bb * ht + hh) * rows + r0) * rb)
         c["matmul_flops"].append(0); c["other_flops"].append(0)
 
@@ -169,6 +173,7 @@ class _Builder:
         c["op"].append(3); c["tensor"].append(-1); c["b"].append(b); c["h"].append(h)
         c["m"].append(m); c["n"].append(n); c["row_start"].append(0); c["row_stop"].append(0)
         c["bytes"].append(0); c["addr"].append(0); c["matmul_flops"].append(mm); c["other_flops"].append(other)
+        c["footprint"].append(0)
 
     def build(self, meta) -> Trace:
         cols = {k: np.asarray(v, dtype=np.int64) for k, v in self.cols.items()}
@@ -216,6 +221,9 @@ def trace(workload: Workload, schedule: Schedule, profile=None, *, block_q=None,
     simt = schedule.simt
     ntn = schedule.threads_per_row(block_k) if simt else 1
     mask_cost = 0 if simt else C["mask_per_score"]
+    o_amp = store_sector_amplification(ntn, e) if schedule.micro_tile is not None else 1
+    kv_amp = (store_sector_amplification(schedule.kv_threads_per_row(block_q), e)
+              if schedule.micro_tile_kv is not None else 1)
     if schedule.name == "naive" and schedule.variant is not None:
         _naive_variant(tb, w, schedule)
         return tb.build(meta)
@@ -236,9 +244,9 @@ def trace(workload: Workload, schedule: Schedule, profile=None, *, block_q=None,
         k0, k1 = bi.k_range(n)
         tb.mem(prog, step, op, name, b, kvh(h) if name in ("K", "V", "dK", "dV") else h, -1, n, k0, k1)
 
-    def q_mem(prog, step, op, name, b, h, m, bi):
+    def q_mem(prog, step, op, name, b, h, m, bi, amp=1):
         q0, q1 = bi.q_range(m)
-        tb.mem(prog, step, op, name, b, h, m, -1, q0, q1)
+        tb.mem(prog, step, op, name, b, h, m, -1, q0, q1, amp)
 
     # Q-block visitors of each K block, in Q-block order (BlockInfo.q_blocks, computed once per group)
     q_lists = {}
@@ -280,7 +288,7 @@ def trace(workload: Workload, schedule: Schedule, profile=None, *, block_q=None,
                             tb.compute(prog, step, b, h, m, -1, 0, r * end)
                         else:
                             tb.compute(prog, step, b, h, m, -1, 0, r * (d + 2))
-                        q_mem(prog, step, STORE, "O", b, h, m, bi)
+                        q_mem(prog, step, STORE, "O", b, h, m, bi, o_amp)
                         q_mem(prog, step, STORE, "lse", b, h, m, bi)
                         prog += 1
             tb.n_programs["fwd"] = prog
@@ -364,12 +372,10 @@ def trace(workload: Workload, schedule: Schedule, profile=None, *, block_q=None,
                     bi, _kl = slice_bi[(b, h)]
                     for m in range(bi.n_blocks_q):
                         q0, q1 = bi.q_range(m)
-                        for _rep in range(amp):
-                            q_mem(prog, 0, LOAD, "O", b, h, m, bi)
-                            q_mem(prog, 0, LOAD, "dO", b, h, m, bi)
+                        q_mem(prog, 0, LOAD, "O", b, h, m, bi, amp)
+                        q_mem(prog, 0, LOAD, "dO", b, h, m, bi, amp)
                         tb.compute(prog, 0, b, h, m, -1, 0, (2 * d + warp_red) * (q1 - q0))
-                        for _rep in range(d_amp):
-                            q_mem(prog, 0, STORE, "D", b, h, m, bi)
+                        q_mem(prog, 0, STORE, "D", b, h, m, bi, d_amp)
                         if atomic:
                             q_mem(prog, 0, STORE, acc, b, h, m, bi)
                         prog += 1
@@ -402,8 +408,8 @@ def trace(workload: Workload, schedule: Schedule, profile=None, *, block_q=None,
                             step += 1
                         if simt:   # dK *= softmax scale as it is written
                             tb.compute(prog, step, b, h, -1, n, 0, c * d)
-                        tb.mem(prog, step, STORE, dk, b, h if gqa else kvh(h), -1, n, k0, k1)
-                        tb.mem(prog, step, STORE, dv, b, h if gqa else kvh(h), -1, n, k0, k1)
+                        tb.mem(prog, step, STORE, dk, b, h if gqa else kvh(h), -1, n, k0, k1, kv_amp)
+                        tb.mem(prog, step, STORE, dv, b, h if gqa else kvh(h), -1, n, k0, k1, kv_amp)
                         prog += 1
             tb.n_programs["bwd.main"] = prog
             if not atomic:

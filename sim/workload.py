@@ -281,6 +281,13 @@ class Schedule:
             return 1
         return max(1, int(block_k) // self.micro_tile[1])
 
+    def kv_threads_per_row(self, block_q) -> int:
+        """Threads sharing one key row of the dK/dV kernel's block_k x block_q tile
+        (``block_q // tq``; 1 without ``micro_tile_kv``)."""
+        if self.micro_tile_kv is None or block_q is None:
+            return 1
+        return max(1, int(block_q) // self.micro_tile_kv[1])
+
     def to_dict(self) -> dict:
         return {"name": self.name, "block_q": self.block_q, "block_k": self.block_k,
                 "num_warps": self.num_warps, "fused_softmax": self.fused_softmax,

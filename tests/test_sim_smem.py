@@ -219,3 +219,31 @@ def test_simt_flops_are_compared_without_half_instructions():
            "ncu_smsp__sass_thread_inst_executed_op_hfma_pred_on.sum": 10}
     assert C._measured(rec, "flops") == 90.0
     assert C._measured(dict(rec, kernel="sdpa-math", variant=None), "flops") == 110.0
+
+
+def test_half_outputs_are_stored_in_whole_sectors_without_more_dram():
+    from sim.counts import store_sector_amplification
+    # 8 threads per row: float32 writes 32 bytes per row per warp store, float16 16 (a half sector)
+    assert store_sector_amplification(8, 4) == 1 and store_sector_amplification(8, 2) == 2
+    assert store_sector_amplification(4, 2) == 4 and store_sector_amplification(32, 2) == 1
+    w = sim.Workload(batch=1, heads=2, seq_len_q=128, head_dim=64, dtype="fp16")
+    plain = sim.Schedule("flash2", 64, 32)
+    simt = sim.Schedule("flash2", 64, 32, micro_tile=(4, 4))      # 8 threads per row
+    a, _ = closed_form(w, plain, 64, 32)
+    b, _ = closed_form(w, simt, 64, 32)
+    assert b[("fwd", "O", "store")] == 2 * a[("fwd", "O", "store")]
+    pa = sim.predict(w, plain, "h100", l2="trace", calibration=None)
+    pb = sim.predict(w, simt, "h100", l2="trace", calibration=None)
+    assert pb.hbm_write_bytes > pa.hbm_write_bytes and pb.dram_write_bytes == pa.dram_write_bytes
+    tr = sim.trace(w, simt, block_q=64, block_k=32)
+    o = [ev for ev in tr if ev.tensor == "O"]
+    assert all(ev.bytes == 2 * (ev.row_stop - ev.row_start) * 64 * 2 for ev in o)
+
+
+def test_tensor_core_forward_records_price_exp_as_ex2():
+    from sim import compare as C
+    rec = {"kernel": "ioaware-numba", "variant": "mma", "schedule": "flash2", "pass": "fwd",
+           "dtype": "fp16", "batch": 1, "heads": 2, "heads_kv": 2, "seq_len_q": 256, "seq_len_k": 256,
+           "head_dim": 64, "causal": False, "block_q": 128, "block_k": 32}
+    assert C.model_for_record(rec)[1].exp_flops == 0 == sim.schedule_for_record(rec).exp_flops
+    assert C.model_for_record(dict(rec, variant="simt", dtype="fp32"))[1].exp_flops == sim.workload.EXP_FLOPS
