@@ -130,7 +130,7 @@ def simulate_l2(tr: Trace, l2_bytes: int, slots: dict | int, granularity: int = 
 
 def l2_analytic(bytes_by_key: dict, tensor_bytes: dict, programs_per_slice: dict, n_slices: int,
                 slots: dict, l2_bytes: int, steps_per_program: dict | None = None,
-                lockstep: dict | None = None) -> L2Result:
+                lockstep: dict | None = None, stagger: dict | None = None) -> L2Result:
     """Working-set estimate of DRAM bytes, per phase, for traces too large to replay.
 
     Phases are taken in order (the order of ``bytes_by_key``). Within a phase, a tensor whose
@@ -142,10 +142,15 @@ def l2_analytic(bytes_by_key: dict, tensor_bytes: dict, programs_per_slice: dict
     * all programs of a slice resident together (``1 < programs_per_slice <= concurrent``) and
       walking its tiles in the same order (``lockstep[phase]``, default True): 0 — a tile is
       shared as it is loaded;
-    * resident together but not in step (``lockstep`` False: the causal backward's K-block
-      programs start at their first visiting Q block; block-sparse): half the reused data of
-      the ``ceil(concurrent / programs_per_slice) + 1`` slices in flight, plus the streamed
-      bytes of ``concurrent`` programs when there is more than one wave;
+    * resident together, staggered (``stagger[phase] = (s, tiles)``: the causal backward, whose
+      K-block program n starts at its first visiting Q block, ``s = block_k / block_q`` Q blocks
+      after program n - 1's, so program n reads a Q tile s steps before program n - 1 does):
+      what the ``concurrent`` programs read in those s steps, ``concurrent * s * reused bytes /
+      tiles`` (``tiles`` = all (program, step) pairs of the phase);
+    * resident together but not in step otherwise (``lockstep`` False, no ``stagger``:
+      block-sparse): half the reused data of the ``ceil(concurrent / programs_per_slice) + 1``
+      slices in flight, plus the streamed bytes of ``concurrent`` programs when there is more
+      than one wave;
     * a slice's programs spread over several waves: the reused data of the slices of one wave,
       plus the streamed bytes of ``concurrent`` programs;
     * one program per slice (FlashAttention-1): reuse from one step to the next — the distinct
@@ -165,6 +170,7 @@ def l2_analytic(bytes_by_key: dict, tensor_bytes: dict, programs_per_slice: dict
     L2 = max(1, int(l2_bytes))
     steps_per_program = steps_per_program or {}
     lockstep = lockstep or {}
+    stagger = stagger or {}
     by_phase: dict = {}
     for (phase, tensor, op), v in bytes_by_key.items():
         if v:
@@ -202,8 +208,13 @@ def l2_analytic(bytes_by_key: dict, tensor_bytes: dict, programs_per_slice: dict
         streamed_ws = concurrent * streamed / programs if programs > concurrent else 0.0
         if together and lockstep.get(phase, True):
             ws = 0.0      # they walk the slice's tiles in step: a tile is shared as it is loaded
+        elif together and phase in stagger:
+            # staggered starts (causal backward): a tile is re-read s steps later by the program
+            # next door; in between, the resident programs read s steps' worth of reused tiles
+            s_steps, tiles = stagger[phase]
+            ws = concurrent * s_steps * sum(touched[t] for t in reused) / max(1, tiles)
         elif together:
-            # programs start at different tiles (causal backward): a tile's reuse spans about
+            # programs start at different tiles (block-sparse): a tile's reuse spans about
             # half of the slice's reused data on average
             ws = 0.5 * sum(size[t] for t in reused) * min(1.0, in_flight / max(1, n_slices)) + streamed_ws
         elif pps > 1:  # a slice's programs span several waves: reuse from one wave to the next,

@@ -289,8 +289,13 @@ def predict(workload: Workload, schedule: Schedule | str, profile="h100", *, l2:
         # do the programs sharing a slice walk its tiles in the same order? (causal K-block
         # programs of the backward start at their first visiting Q block; block-sparse: no)
         lockstep = {ph: not (w.block_sparse or (w.causal and ph == "bwd.main")) for ph in summ["phases"]}
+        stagger = {}
+        if schedule.name == "flash2" and w.causal and not w.block_sparse and "bwd.main" in summ["phases"]:
+            # K-block program n starts block_k / block_q Q blocks after program n - 1
+            tiles = sum(mult * int(st.T) for mult, st in workload_tile_stats(w, bq, bk))
+            stagger["bwd.main"] = (bk / bq, tiles)
         l2res = l2_analytic(by_key, _tensor_bytes(w, schedule), pps, w.batch * w.heads, slots, prof.l2_bytes,
-                            steps, lockstep)
+                            steps, lockstep, stagger)
     elif mode == "none":
         l2res = L2Result(summ["hbm_read_bytes"], summ["hbm_write_bytes"],
                          {p: {"dram_read_bytes": v["hbm_read_bytes"], "dram_write_bytes": v["hbm_write_bytes"]}

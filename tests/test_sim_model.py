@@ -294,3 +294,22 @@ def test_auto_calibration_fits_the_records_of_the_same_kernel_program(monkeypatc
                                                              micro_tile=(4, 4)), "h100", l2="none")
     assert simt.efficiency is None and simt.predicted_ms_calibrated is None  # no such records
     M._CAL_CACHE.clear()
+
+
+def test_analytic_l2_staggered_causal_backward_rereads_only_what_the_window_misses():
+    from sim.l2 import l2_analytic
+    MB = 2**20
+    # one phase: 16 slices x 512 K-block programs, Q/dO re-read 40x their 64 MiB size
+    by_key = {("bwd.main", "K", "load"): 64 * MB, ("bwd.main", "Q", "load"): 40 * 64 * MB,
+              ("bwd.main", "dO", "load"): 40 * 64 * MB}
+    sizes = {"K": 64 * MB, "Q": 64 * MB, "dO": 64 * MB}
+    kw = dict(programs_per_slice={"bwd.main": 512}, n_slices=16, slots={"bwd.main": 1056},
+              l2_bytes=50 * MB, lockstep={"bwd.main": False})
+    tiles = 16 * 512 * 40            # (program, step) pairs
+    small = l2_analytic(by_key, sizes, **kw, stagger={"bwd.main": (2.0, tiles)})
+    # window: 1056 programs x 2 steps x (80 * 64 MiB / tiles) = 16.5 MiB < L2: compulsory only
+    assert small.dram_read_bytes == 3 * 64 * MB
+    mid = l2_analytic(by_key, sizes, **kw, stagger={"bwd.main": (4.0, tiles)})   # 66 MiB window
+    assert 3 * 64 * MB < mid.dram_read_bytes < 3 * 64 * MB + 2 * 39 * 64 * MB
+    big = l2_analytic(by_key, sizes, **kw, stagger={"bwd.main": (8.0, tiles)})   # 132 MiB >= 2 L2
+    assert big.dram_read_bytes == 64 * MB + 2 * 40 * 64 * MB
