@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # One device call for the tensor-core path: GPU tests, SASS check, benchmark vs SDPA.
-# Usage (repo root, on the GPU machine): bash kernels/gpu_check_mma.sh OUTDIR
-# Writes OUTDIR/{env.txt,pytest.log,mma_check.log,bench.log,bench_mma_fwd.json}.
+# Usage (repo root, on the GPU machine): bash kernels/gpu_check_mma.sh OUTDIR [quick|full|bwd]
+#   full (default): every tensor-core test, the SASS check, forward + backward benchmark
+#   quick: the backward's tests and a forward + backward timing at N=4096
+#   bwd: the backward's tests, the SASS check, the forward + backward benchmark
+# Writes OUTDIR/{env.txt,pytest.log,mma_check.log,bench.log,bench_mma_fwdbwd.json}.
 set -o pipefail
-OUT_DIR=${1:?usage: gpu_check_mma.sh OUTDIR}
+OUT_DIR=${1:?usage: gpu_check_mma.sh OUTDIR [quick|full|bwd]}
+MODE=${2:-full}
 mkdir -p "$OUT_DIR"
 export PYTHONUNBUFFERED=1
 {
@@ -19,6 +23,15 @@ for tool in cuobjdump nvdisasm ptxas; do
     [ -n "$p" ] && export PATH="$PATH:$(dirname "$p")" && echo "found $p" | tee -a "$OUT_DIR/env.txt"
   fi
 done
-timeout 240 python3 -m pytest tests/test_mma_fragments.py tests/test_mma_intrinsics.py tests/test_mma_fwd.py -q -x --no-header -p no:cacheprovider 2>&1 | tee "$OUT_DIR/pytest.log"
-timeout 150 python3 -m kernels.mma_check --out /tmp/mma_check 2>&1 | tee "$OUT_DIR/mma_check.log"
-timeout 240 python3 -m kernels.bench_mma --out "$OUT_DIR/bench_mma_fwd.json" 2>&1 | tee "$OUT_DIR/bench.log"
+if [ "$MODE" = full ]; then
+  TESTS="tests/test_mma_fragments.py tests/test_mma_intrinsics.py tests/test_mma_fwd.py tests/test_mma_bwd.py"
+else
+  TESTS="tests/test_mma_bwd.py"
+fi
+timeout 300 python3 -m pytest $TESTS -q -x --no-header -p no:cacheprovider 2>&1 | tee "$OUT_DIR/pytest.log"
+if [ "$MODE" = quick ]; then
+  timeout 120 python3 -m kernels.bench_mma --mode fwdbwd --seq 4096 --reps 10 --out "$OUT_DIR/bench_mma_fwdbwd.json" 2>&1 | tee "$OUT_DIR/bench.log"
+  exit 0
+fi
+timeout 240 python3 -m kernels.mma_check --out /tmp/mma_check 2>&1 | tee "$OUT_DIR/mma_check.log"
+timeout 240 python3 -m kernels.bench_mma --mode fwdbwd --out "$OUT_DIR/bench_mma_fwdbwd.json" 2>&1 | tee "$OUT_DIR/bench.log"

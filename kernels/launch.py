@@ -385,6 +385,13 @@ def backward(q, k, v, out, lse, dout, *, scale, causal=False, mask=None, block_m
     Arguments as `forward`; block_q/block_k (the block mask's tile shape) default to the
     backward's own. ``dq_mode``: "kernel" or "atomic" (default `DQ_MODE`).
     """
+    # -- half-precision CUDA inputs take the tensor-core backward (see NOTES_MMA.md) --
+    from . import flash_mma_bwd
+    if tiles is None and dq_mode is None and flash_mma_bwd.accepts(q, k, v, block_q, block_k,
+                                                                   block_mask):
+        return flash_mma_bwd.backward(q, k, v, out, lse, dout, scale=scale, causal=causal,
+                                      mask=mask, block_mask=block_mask, dropout_p=dropout_p,
+                                      seed=seed, block_q=block_q, block_k=block_k)
     io = _Io(q)
     B, Hq, Nq, D, Hkv, Nk = _check_qkv(io, q, k, v)
     for name, x, shape in (("out", out, (B, Hq, Nq, D)), ("dout", dout, (B, Hq, Nq, D)),

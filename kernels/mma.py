@@ -238,3 +238,28 @@ def st_global_u32(typingctx, gaddr, value):
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+# -- appended for the backward (kernels.flash_mma_bwd) -------------------------------------------
+def _make_unpack(ptx):
+    @intrinsic
+    def _unpack(typingctx, word):
+        sig = types.UniTuple(types.float32, 2)(types.uint32)
+
+        def codegen(context, builder, sig, args):
+            w = context.cast(builder, args[0], sig.args[0], types.uint32)
+            res = _asm(builder, ir.LiteralStructType([_F32, _F32]), [_I32], ptx, "=f,=f,r", [w])
+            vals = [builder.extract_value(res, i) for i in range(2)]
+            return context.make_tuple(builder, sig.return_type, vals)
+
+        return sig, codegen
+    return _unpack
+
+
+unpack_f16x2 = _make_unpack(
+    "{ .reg .f16 lo, hi; mov.b32 {lo, hi}, $2; cvt.f32.f16 $0, lo; cvt.f32.f16 $1, hi; }")
+unpack_f16x2.__doc__ = "One .b32 of two f16 -> (low, high) as float32 (inverse of pack_f16x2)."
+unpack_bf16x2 = _make_unpack(
+    "{ .reg .b32 t; shl.b32 t, $2, 16; mov.b32 $0, t; and.b32 t, $2, 0xFFFF0000; mov.b32 $1, t; }")
+unpack_bf16x2.__doc__ = "One .b32 of two bf16 -> (low, high) as float32 (inverse of pack_bf16x2)."
+__all__ += ["unpack_f16x2", "unpack_bf16x2"]

@@ -1,6 +1,7 @@
-"""Compile-only checks of the tensor-core forward kernel: PTX, ptxas resource usage, SASS.
+"""Compile-only checks of the tensor-core kernels: PTX, ptxas resource usage, SASS.
 
-``python -m kernels.mma_check [--out DIR]`` compiles `kernels.flash_mma_fwd` for head dims 64
+``python -m kernels.mma_check [--out DIR]`` compiles `kernels.flash_mma_fwd` and the two
+backward kernels of `kernels.flash_mma_bwd` (dQ, dK/dV) for head dims 64
 and 128, float16 and bfloat16, causal and not, for sm_90, without launching anything (it needs
 NVVM; no GPU). For each configuration it reports what the inner loop must not contain and must
 contain: ``mma.sync`` count in the PTX, ``.local`` declarations / ``ld.local`` / ``st.local``
@@ -44,22 +45,49 @@ def signature(has_mask=False):
             types.uint32, types.uint32, types.float32)
 
 
+def bwd_signature(which):
+    """Argument types of the dQ (``which="dq"``) or dK/dV (``"dkdv"``) kernel."""
+    from numba import types
+    A = lambda dt, nd: types.Array(dt, nd, "C")  # noqa: E731
+    i16, f3 = A(types.int16, 4), A(types.float32, 3)
+    tail = (A(types.int32, 2), A(types.int32, 1), types.int64, types.int64, types.int64,
+            types.int64, types.int64, A(types.uint8, 4), types.int64, types.int64, types.int64,
+            types.float32, types.float32, types.uint32, types.uint32, types.float32)
+    if which == "dq":
+        return (i16, i16, i16, i16, i16, f3, f3, i16) + tail
+    return (i16, i16, i16, i16, f3, f3, i16, i16) + tail
+
+
 def check_one(d, bf16, causal, has_mask=False, dropout=False, workdir=None, cc=(9, 0),
-              block_q=None):
+              block_q=None, kernel="fwd"):
+    """Compile one configuration of ``kernel`` ("fwd", "dq" or "dkdv") and report its counts."""
     from numba import cuda
     from kernels.flash_mma_fwd import default_blocks, get_kernel
-    bq, bk = default_blocks(d)
-    bq = block_q or bq
-    kern = get_kernel(d, bq, bk, bf16, causal, has_mask, dropout)
-    ptx, _ = cuda.compile_ptx(kern.py_func, signature(has_mask), cc=cc)
-    rep = {"head_dim": d, "dtype": "bf16" if bf16 else "fp16", "causal": causal,
+    if kernel == "fwd":
+        bq, bk = default_blocks(d)
+        bq = block_q or bq
+        kern = get_kernel(d, bq, bk, bf16, causal, has_mask, dropout)
+        sig = signature(has_mask)
+    else:
+        from kernels import flash_mma_bwd as B
+        tiles = B.default_tiles(d)
+        if kernel == "dq":
+            bq, bk = tiles["dq"]
+            kern = B.get_dq_kernel(d, bq, bk, bf16, causal, has_mask, dropout)
+        else:
+            bk, bq = tiles["dkdv"]
+            kern = B.get_dkdv_kernel(d, bk, bq, bf16, causal, has_mask, dropout)
+        sig = bwd_signature(kernel)
+    ptx, _ = cuda.compile_ptx(kern.py_func, sig, cc=cc)
+    rep = {"kernel": kernel, "head_dim": d, "dtype": "bf16" if bf16 else "fp16", "causal": causal,
            "mask": has_mask, "dropout": dropout, "block_q": bq, "block_k": bk,
            "ptx_mma": len(re.findall(r"\bmma\.sync", ptx)),
            "ptx_ldmatrix": len(re.findall(r"\bldmatrix", ptx)),
            "ptx_local_decl": len(re.findall(r"\.local\b", ptx)),
            "ptx_ld_st_local": len(re.findall(r"\b(?:ld|st)\.local", ptx))}
     workdir = workdir or tempfile.mkdtemp()
-    name = f"fwd_d{d}_bq{bq}_{rep['dtype']}_{'causal' if causal else 'full'}"
+    name = (f"{kernel}_d{d}_bq{bq}_{rep['dtype']}_{'causal' if causal else 'full'}"
+            + ("_mask_drop" if has_mask or dropout else ""))
     ptx_path = os.path.join(workdir, name + ".ptx")
     with open(ptx_path, "w") as f:
         f.write(ptx)
@@ -95,19 +123,27 @@ def main(argv=None):
     out = args.out or tempfile.mkdtemp()
     os.makedirs(out, exist_ok=True)
     ok = True
-    for d in (64, 128):
-        for bf16 in (False, True):
-            for causal in (False, True):
-                rep = check_one(d, bf16, causal, workdir=out)
-                bad = rep["ptx_local_decl"] or rep["ptx_ld_st_local"] or rep["ptx_mma"] == 0 \
-                    or (rep.get("stack_spill_st_ld") not in (None, (0, 0, 0))) \
-                    or rep.get("sass_ldl_stl", 0) or rep.get("sass_hmma", 1) == 0
-                ok &= not bad
-                print(("FAIL " if bad else "ok   ") + " ".join(f"{k}={v}" for k, v in rep.items()),
-                      flush=True)
+
+    def verdict(rep):
+        bad = rep["ptx_local_decl"] or rep["ptx_ld_st_local"] or rep["ptx_mma"] == 0 \
+            or (rep.get("stack_spill_st_ld") not in (None, (0, 0, 0))) \
+            or rep.get("sass_ldl_stl", 0) or rep.get("sass_hmma", 1) == 0
+        print(("FAIL " if bad else "ok   ") + " ".join(f"{k}={v}" for k, v in rep.items()),
+              flush=True)
+        return not bad
+
+    for kernel in ("fwd", "dq", "dkdv"):
+        for d in (64, 128):
+            for bf16 in (False, True):
+                for causal in (False, True):
+                    ok &= verdict(check_one(d, bf16, causal, workdir=out, kernel=kernel))
     for extra in (dict(has_mask=True, dropout=True), dict(block_q=64)):
         rep = check_one(64, False, True, workdir=out, **extra)
         print("info " + " ".join(f"{k}={v}" for k, v in rep.items()), flush=True)
+    for kernel in ("dq", "dkdv"):     # backward with mask and dropout: checked like the defaults
+        for d in (64, 128):
+            ok &= verdict(check_one(d, False, True, has_mask=True, dropout=True, workdir=out,
+                                    kernel=kernel))
     return 0 if ok else 1
 
 

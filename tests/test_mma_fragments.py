@@ -160,3 +160,49 @@ def test_v_pattern_gives_b_fragments_of_v():
     for lane, ntile, reg, half in itertools.product(LANES, range(2), range(2), range(2)):
         kk, n = fr.b_elem(lane, reg, half)  # B = V: (key kk, dim n)
         assert regs[lane, 2 * ntile + reg, half] == v[kk, 8 * ntile + n]
+
+
+def test_backward_transposed_warp_step():
+    """The dK/dV kernel's orientation, emulated through the maps: K rows as A (the Q pattern on
+    the K tile in shared memory), Q and dO as B (the K pattern, non-transposed) give S^T and
+    dP^T; their C fragments feed dV += P^T dO and dK += dS^T Q as A, with dO and Q as B via the
+    V pattern (transposed). Checked against NumPy matmuls."""
+    rng = np.random.default_rng(5)
+    k_t, v_t = rng.standard_normal((16, 16)), rng.standard_normal((16, 16))     # [key, dim]
+    q_t, do_t = rng.standard_normal((16, 16)), rng.standard_normal((16, 16))    # [query, dim]
+
+    def a_of(tile, pattern):
+        regs = _emulate_ldmatrix(tile, pattern, trans=False)
+        a = np.zeros((16, 16))
+        for lane, reg, half in itertools.product(LANES, range(4), range(2)):
+            a[fr.a_elem(lane, reg, half)] = regs[lane, reg, half]
+        return a
+
+    def b_of(tile, pattern, trans, ntile):
+        regs = _emulate_ldmatrix(tile, pattern, trans=trans)
+        b = np.zeros((16, 8))
+        for lane, reg, half in itertools.product(LANES, range(2), range(2)):
+            b[fr.b_elem(lane, reg, half)] = regs[lane, 2 * ntile + reg, half]
+        return b
+
+    def c_to_a(c0, c1):  # two 16x8 C tiles -> the 16x16 A tile, register by register
+        a = np.zeros((16, 16))
+        for lane, tile, reg in itertools.product(LANES, range(2), range(4)):
+            a_reg, half = fr.c_pair_to_a(tile, reg)
+            a[fr.a_elem(lane, a_reg, half)] = (c0, c1)[tile][fr.c_elem(lane, reg)]
+        return a
+
+    ka, va = a_of(k_t, fr.q_ldmatrix_row_col), a_of(v_t, fr.q_ldmatrix_row_col)
+    st = [_emulate_mma(ka, b_of(q_t, fr.k_ldmatrix_row_col, False, n), np.zeros((16, 8)))
+          for n in range(2)]
+    dpt = [_emulate_mma(va, b_of(do_t, fr.k_ldmatrix_row_col, False, n), np.zeros((16, 8)))
+           for n in range(2)]
+    np.testing.assert_allclose(np.hstack(st), k_t @ q_t.T, atol=1e-12)
+    np.testing.assert_allclose(np.hstack(dpt), v_t @ do_t.T, atol=1e-12)
+    pt = c_to_a(*st)                     # stands for P^T (any elementwise map keeps the layout)
+    dv = np.hstack([_emulate_mma(pt, b_of(do_t, fr.v_ldmatrix_row_col, True, n), np.zeros((16, 8)))
+                    for n in range(2)])
+    dk = np.hstack([_emulate_mma(c_to_a(*dpt), b_of(q_t, fr.v_ldmatrix_row_col, True, n),
+                                 np.zeros((16, 8))) for n in range(2)])
+    np.testing.assert_allclose(dv, (k_t @ q_t.T) @ do_t, atol=1e-10)
+    np.testing.assert_allclose(dk, (v_t @ do_t.T) @ q_t, atol=1e-10)

@@ -1,0 +1,300 @@
+"""Tests of the tensor-core half-precision backward (`kernels.flash_mma_bwd.backward`).
+
+GPU tests (marked ``gpu``; the CUDA simulator cannot execute inline PTX) draw fresh random
+half-precision inputs, run our forward for ``out`` and ``lse`` and our backward, and compare the
+gradients against float64 gradients computed from the same (already rounded) half inputs.
+The CPU tests at the end cover the host-side tile choice and the block-mask refinement.
+
+Tolerances, by dtype, element by element (u = 2**-11 for float16, 2**-8 for bfloat16). The
+kernel rounds four things to the input dtype: P before dV = (P Z)^T dO, dS before dK = dS^T Q
+and dQ = dS K, the forward's output O (which enters delta = rowsum(dO O)), and the gradients
+themselves. Logits, exponentials and every sum are float32 (relative error ~1e-6, far below
+u). With M = P (|dP Z| + |delta| + rowsum|dO O|), the first-order bound of the error of dS is
+u M (its rounding plus delta's error), so per element::
+
+    |dV - dV64| <= 4 u ((P Z)^T |dO|)         + 2 u |dV64| + atol
+    |dK - dK64| <= 4 u scale (M^T |Q|)        + 2 u |dK64| + atol
+    |dQ - dQ64| <= 4 u scale (M |K|)          + 2 u |dQ64| + atol
+
+with the factor 4 over the first-order constant 1-2 as headroom and ``atol = 1e-5`` for float32
+accumulation noise around exact zeros. These bounds scale with the terms actually summed, so
+they stay tight for long rows, large logits and cancellation in dS (which sums to zero per row).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from ioaware.dropout import keep_mask
+from kernels import flash_mma_bwd as bwd_mod
+
+gpu = pytest.mark.gpu
+
+
+def _torch_cuda():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():  # pragma: no cover - CPU-only torch
+        pytest.skip("torch has no CUDA here")
+    return torch
+
+
+def reference_grads(q, k, v, dout, scale, causal=False, mask=None, block_allowed=None,
+                    dropout_p=0.0, seed=0):
+    """float64 gradients on the half inputs and the per-element error bounds' magnitudes.
+
+    Returns dict with dq, dk, dv (dk/dv summed over each GQA group) and the bound terms
+    ``ev``, ``ek``, ``eq`` (see the module docstring), NumPy float64.
+    """
+    q64, k64, v64, do64 = (x.double().cpu().numpy() for x in (q, k, v, dout))
+    batch, heads, n_q, _ = q64.shape
+    heads_kv = k64.shape[1]
+    group = heads // heads_kv
+    kr, vr = np.repeat(k64, group, axis=1), np.repeat(v64, group, axis=1)
+    s = np.einsum("bhid,bhjd->bhij", q64, kr) * scale
+    allowed = np.ones(s.shape, bool)
+    if causal:
+        allowed &= np.tril(np.ones(s.shape[-2:], bool))
+    if mask is not None:
+        allowed &= mask.cpu().numpy()
+    if block_allowed is not None:
+        allowed &= block_allowed
+    s = np.where(allowed, s, -np.inf)
+    m = s.max(-1, keepdims=True)
+    m_safe = np.where(np.isfinite(m), m, 0.0)
+    p = np.exp(s - m_safe)
+    l = p.sum(-1, keepdims=True)
+    p = np.where(l > 0, p / np.where(l > 0, l, 1.0), 0.0)
+    z = np.ones(s.shape)
+    if dropout_p > 0:
+        bh = np.arange(batch * heads).reshape(batch, heads, 1, 1)
+        rows = np.arange(n_q).reshape(1, 1, -1, 1)
+        cols = np.arange(s.shape[-1]).reshape(1, 1, 1, -1)
+        z = keep_mask(seed, dropout_p, bh, rows, cols) / (1.0 - dropout_p)
+    pz = p * z
+    o = np.einsum("bhij,bhjd->bhid", pz, vr)
+    dv = np.einsum("bhij,bhid->bhjd", pz, do64)
+    dp = np.einsum("bhid,bhjd->bhij", do64, vr) * z
+    delta = (do64 * o).sum(-1, keepdims=True)
+    ds = p * (dp - delta)
+    dq = np.einsum("bhij,bhjd->bhid", ds, kr) * scale
+    dk = np.einsum("bhij,bhid->bhjd", ds, q64) * scale
+    mag = p * (np.abs(dp) + np.abs(delta) + np.abs(do64 * o).sum(-1, keepdims=True))
+    ev = np.einsum("bhij,bhid->bhjd", pz, np.abs(do64))
+    ek = np.einsum("bhij,bhid->bhjd", mag, np.abs(q64)) * scale
+    eq = np.einsum("bhij,bhjd->bhid", mag, np.abs(kr)) * scale
+
+    def fold(x):  # sum over the query heads of each GQA group
+        return x.reshape(batch, heads_kv, group, *x.shape[2:]).sum(2)
+
+    lse = np.where(l[..., 0] > 0, m_safe[..., 0] + np.log(np.where(l > 0, l, 1.0))[..., 0],
+                   -np.inf)
+    return {"dq": dq, "dk": fold(dk), "dv": fold(dv), "eq": eq, "ek": fold(ek), "ev": fold(ev),
+            "out": o, "lse": lse}
+
+
+def _unit(dtype):
+    torch = _torch_cuda()
+    return {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}[dtype]
+
+
+def _inputs(shape_q, shape_kv, dtype, seed, q_scale=1.0):
+    torch = _torch_cuda()
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = (torch.randn(shape_q, device="cuda", generator=g) * q_scale).to(dtype)
+    k = torch.randn(shape_kv, device="cuda", generator=g).to(dtype)
+    v = torch.randn(shape_kv, device="cuda", generator=g).to(dtype)
+    dout = torch.randn(shape_q, device="cuda", generator=g).to(dtype)
+    return q, k, v, dout
+
+
+def _run_and_check(q, k, v, dout, *, scale, causal=False, mask=None, block_mask=None,
+                   block_q=None, block_k=None, dropout_p=0.0, seed=0, block_allowed=None,
+                   float64_forward=False):
+    """Our backward on ``out``/``lse`` from our forward (or, with ``float64_forward``, from the
+    float64 reference rounded to the input dtype / float32), checked against float64."""
+    from kernels.flash_mma_fwd import forward
+    want = reference_grads(q, k, v, dout, scale, causal=causal, mask=mask,
+                           block_allowed=block_allowed, dropout_p=dropout_p, seed=seed)
+    if float64_forward:
+        torch = _torch_cuda()
+        out = torch.from_numpy(want["out"]).to(device="cuda", dtype=q.dtype)
+        lse = torch.from_numpy(want["lse"]).to(device="cuda", dtype=torch.float32)
+    else:
+        fwd_kw = {}
+        if block_mask is not None:
+            fwd_kw = dict(block_q=block_q, block_k=block_k)
+        out, lse = forward(q, k, v, scale=scale, causal=causal, mask=mask, block_mask=block_mask,
+                           dropout_p=dropout_p, seed=seed, **fwd_kw)
+    dq, dk, dv = bwd_mod.backward(q, k, v, out, lse, dout, scale=scale, causal=causal, mask=mask,
+                                  block_mask=block_mask, dropout_p=dropout_p, seed=seed,
+                                  block_q=block_q, block_k=block_k)
+    assert dq.dtype == q.dtype and dk.dtype == q.dtype and dv.dtype == q.dtype
+    assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
+    u = _unit(q.dtype)
+    for name, got, bound in (("dq", dq, "eq"), ("dk", dk, "ek"), ("dv", dv, "ev")):
+        g = got.double().cpu().numpy()
+        w = want[name]
+        assert np.isfinite(g).all(), f"{name} has non-finite values"
+        tol = 4 * u * want[bound] + 2 * u * np.abs(w) + 1e-5
+        err = np.abs(g - w)
+        worst = np.unravel_index(np.argmax(err - tol), err.shape)
+        assert (err <= tol).all(), (f"{name}: {int((err > tol).sum())} elements out of bounds, "
+                                    f"worst at {worst}: got {g[worst]}, want {w[worst]}, "
+                                    f"tol {tol[worst]}")
+    return dq, dk, dv
+
+
+@gpu
+@pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_backward_matches_float64(dtype_name, head_dim, causal):
+    torch = _torch_cuda()
+    dtype = getattr(torch, dtype_name)
+    # Nq != Nk, neither a multiple of the tiles, GQA 4 query heads on 2 kv heads
+    q, k, v, dout = _inputs((2, 4, 200, head_dim), (2, 2, 333, head_dim), dtype,
+                            seed=head_dim + causal)
+    _run_and_check(q, k, v, dout, scale=1 / math.sqrt(head_dim), causal=causal)
+
+
+@gpu
+@pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
+def test_large_logits_and_long_rows(dtype_name):
+    torch = _torch_cuda()
+    # logits up to ~+-100, 1100 keys, MQA (one kv head for three query heads)
+    q, k, v, dout = _inputs((1, 3, 130, 64), (1, 1, 1100, 64), getattr(torch, dtype_name),
+                            seed=7, q_scale=12.0)
+    _run_and_check(q, k, v, dout, scale=0.125)
+
+
+@gpu
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_boolean_mask_with_fully_masked_rows_and_columns(head_dim):
+    torch = _torch_cuda()
+    q, k, v, dout = _inputs((2, 2, 150, head_dim), (2, 2, 170, head_dim), torch.float16, seed=11)
+    g = torch.Generator(device="cuda").manual_seed(3)
+    mask = torch.rand((2, 1, 150, 170), device="cuda", generator=g) > 0.3
+    mask[:, :, 5] = False          # a query row with no allowed key: dq row 0, no NaN
+    mask[:, :, :, 9] = False       # a key no query may see: dk, dv rows 0
+    dq, dk, dv = _run_and_check(q, k, v, dout, scale=0.125, causal=True, mask=mask)
+    assert float(dq[:, :, 5].abs().max()) == 0.0
+    assert float(dk[:, :, 9].abs().max()) == 0.0 and float(dv[:, :, 9].abs().max()) == 0.0
+
+
+@gpu
+@pytest.mark.parametrize("head_dim,blocks", [(128, (64, 32)), (64, (128, 64)), (64, (48, 16))])
+def test_block_sparse(head_dim, blocks):
+    torch = _torch_cuda()
+    q, k, v, dout = _inputs((1, 4, 256, head_dim), (1, 2, 256, head_dim), torch.float16, seed=5)
+    bq, bk = blocks
+    rng = np.random.default_rng(0)
+    block_mask = rng.random((1, 4, -(-256 // bq), 256 // bk)) > 0.4
+    allowed = np.repeat(np.repeat(block_mask, bq, axis=2)[:, :, :256], bk, axis=3)
+    # the forward has no 48 x 16 tiles: that case takes out / lse from the float64 reference
+    _run_and_check(q, k, v, dout, scale=0.09, block_mask=block_mask, block_q=bq, block_k=bk,
+                   block_allowed=allowed, causal=True, float64_forward=blocks == (48, 16))
+
+
+@gpu
+@pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_dropout(dtype_name, head_dim):
+    torch = _torch_cuda()
+    q, k, v, dout = _inputs((2, 4, 190, head_dim), (2, 2, 210, head_dim),
+                            getattr(torch, dtype_name), seed=21)
+    _run_and_check(q, k, v, dout, scale=1 / math.sqrt(head_dim), causal=head_dim == 64,
+                   dropout_p=0.2, seed=1234)
+
+
+@gpu
+def test_numpy_float16_inputs():
+    torch = _torch_cuda()
+    from kernels.flash_mma_fwd import forward
+    rng = np.random.default_rng(2)
+    q = rng.standard_normal((1, 3, 300, 64)).astype(np.float16)
+    k = rng.standard_normal((1, 1, 257, 64)).astype(np.float16)
+    v = rng.standard_normal((1, 1, 257, 64)).astype(np.float16)
+    dout = rng.standard_normal((1, 3, 300, 64)).astype(np.float16)
+    out, lse = forward(q, k, v, scale=0.125, causal=True)
+    dq, dk, dv = bwd_mod.backward(q, k, v, out, lse, dout, scale=0.125, causal=True)
+    assert isinstance(dq, np.ndarray) and dq.dtype == np.float16 and dk.shape == k.shape
+    want = reference_grads(*(torch.from_numpy(x) for x in (q, k, v, dout)), 0.125, causal=True)
+    u = 2.0**-11
+    for name, got, bound in (("dq", dq, "eq"), ("dk", dk, "ek"), ("dv", dv, "ev")):
+        tol = 4 * u * want[bound] + 2 * u * np.abs(want[name]) + 1e-5
+        assert (np.abs(got.astype(np.float64) - want[name]) <= tol).all(), name
+
+
+@gpu
+@pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
+def test_autograd_through_attention_uses_tensor_cores(dtype_name, monkeypatch):
+    torch = _torch_cuda()
+    import ioaware
+    dtype = getattr(torch, dtype_name)
+    q, k, v, dout = _inputs((2, 4, 160, 64), (2, 2, 160, 64), dtype, seed=3)
+    calls = []
+    real = bwd_mod.backward
+    monkeypatch.setattr(bwd_mod, "backward", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    qg, kg, vg = (x.clone().requires_grad_(True) for x in (q, k, v))
+    out = ioaware.attention(qg, kg, vg, causal=True, backend="numba")
+    out.backward(dout)
+    assert calls, "kernels.backward did not dispatch to the tensor-core backward"
+    want = reference_grads(q, k, v, dout, 1 / 8, causal=True)
+    u = _unit(dtype)
+    for name, got, bound in (("dq", qg.grad, "eq"), ("dk", kg.grad, "ek"), ("dv", vg.grad, "ev")):
+        assert got.dtype == dtype
+        tol = 4 * u * want[bound] + 2 * u * np.abs(want[name]) + 1e-5
+        assert (np.abs(got.double().cpu().numpy() - want[name]) <= tol).all(), name
+
+
+@gpu
+def test_bad_inputs_raise():
+    torch = _torch_cuda()
+    q, k, v, dout = _inputs((1, 1, 32, 80), (1, 1, 32, 80), torch.float16, seed=0)
+    lse = torch.zeros((1, 1, 32), device="cuda")
+    with pytest.raises(ValueError, match="head_dim"):
+        bwd_mod.backward(q, k, v, q, lse, dout, scale=0.1)
+    q, k, v, dout = _inputs((1, 1, 32, 64), (1, 1, 32, 64), torch.float16, seed=0)
+    with pytest.raises(ValueError, match="lse"):
+        bwd_mod.backward(q, k, v, q, lse[:, :, :8], dout, scale=0.1)
+    with pytest.raises(ValueError, match="multiples of 16"):
+        bwd_mod.backward(q, k, v, q, lse, dout, scale=0.1, block_mask=np.ones((1, 1, 4, 4), bool),
+                         block_q=8, block_k=8)
+    with pytest.raises(TypeError, match="dout"):
+        bwd_mod.backward(q, k, v, q, lse, dout.float(), scale=0.1)
+
+
+# -- CPU: tile choice and block-mask refinement --------------------------------------------------
+def test_kernel_tiles_divide_the_block_mask_tiles():
+    assert bwd_mod.kernel_tiles(80) is None
+    assert bwd_mod.kernel_tiles(64) == ((64, 64), (64, 64))
+    assert bwd_mod.kernel_tiles(128, 7, 9) == ((64, 32), (64, 16))   # no block mask: ignored
+    for d in (64, 128):
+        for bq in (16, 32, 48, 64, 128, 192):
+            for bk in (16, 32, 64, 96, 128):
+                (dq_q, dq_k), (kv_k, kv_q) = bwd_mod.kernel_tiles(d, bq, bk, True)
+                assert bq % dq_q == 0 and bq % kv_q == 0 and bk % dq_k == 0 and bk % kv_k == 0
+                assert bwd_mod.dq_smem_bytes(d, dq_k) <= bwd_mod.SMEM_LIMIT_BYTES
+                assert bwd_mod.dkdv_smem_bytes(d, kv_q, kv_k) <= bwd_mod.SMEM_LIMIT_BYTES
+    assert bwd_mod.kernel_tiles(64, 24, 64, True) is None
+    assert bwd_mod.kernel_tiles(64, None, 64, True) is None
+
+
+def test_refined_block_mask_is_elementwise_the_same():
+    rng = np.random.default_rng(4)
+    n_q, n_k, bq, bk = 200, 333, 64, 96
+    bm = rng.random((2, 3, -(-n_q // bq), -(-n_k // bk))) > 0.5
+    fine = bwd_mod.refine_block_mask(bm, bq, bk, n_q, n_k, 32, 16)
+    assert fine.shape == (2, 3, -(-n_q // 32), -(-n_k // 16))
+    coarse_el = np.repeat(np.repeat(bm, bq, 2), bk, 3)[:, :, :n_q, :n_k]
+    fine_el = np.repeat(np.repeat(fine, 32, 2), 16, 3)[:, :, :n_q, :n_k]
+    assert (coarse_el == fine_el).all()
+    with pytest.raises(ValueError, match="divide"):
+        bwd_mod.refine_block_mask(bm, bq, bk, n_q, n_k, 48, 16)
+
+
+def test_accepts_nothing_under_the_simulator_or_on_the_host():
+    q = np.zeros((1, 1, 16, 64), np.float16)
+    assert not bwd_mod.accepts(q, q, q)
