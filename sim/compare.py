@@ -122,9 +122,12 @@ def profiled_impl(rec: dict) -> str | None:
     names = []
     for k in ks:
         n = k["name"]
+        module = ""
         if "::" in n and not n.startswith("void"):
-            n = n.split("::", 1)[1]
+            module, n = n.split("::", 1)
         n = n.split("[")[0].split("(")[0]
+        if n == "kernel" and module:      # a generic function name: say which module's
+            n = module
         if n.startswith("void "):
             n = "fill" if "Fill" in n or "elementwise" in n else n[5:25]
         if n not in names:

@@ -216,3 +216,8 @@ def test_command_can_model_backward_records_with_another_dq_mode(records, tmp_pa
     assert C.main([str(path), "--l2", "none", "--dq-mode", "kernel", "--csv", str(out_csv)]) == 0
     capsys.readouterr()
     assert "separate kernel" in pd.read_csv(out_csv)["model_note"].iloc[0]
+
+
+def test_profiled_implementation_names_a_generic_kernel_by_its_module():
+    rec = {"kernel": "ioaware-numba", "ncu_kernels": [{"name": "flash_mma_fwd::kernel[abi:v3,cw51]"}]}
+    assert C.profiled_impl(rec) == "flash_mma_fwd"
