@@ -350,6 +350,14 @@ def forward(q, k, v, *, scale, causal=False, mask=None, block_mask=None, dropout
         return flash_mma_fwd.forward(q, k, v, scale=scale, causal=causal, mask=mask,
                                      block_mask=block_mask, dropout_p=dropout_p, seed=seed,
                                      block_q=block_q, block_k=block_k)
+    # -- float32 CUDA inputs (d 64/128) take the 3xTF32 tensor-core kernel; switch off with
+    #    KERNELS_FP32_TENSOR_CORES=0 (see kernels/NOTES.md, "3xTF32 tensor-core forward") --
+    from . import flash_tf32_fwd
+    if (tiles is None and os.environ.get("KERNELS_FP32_TENSOR_CORES", "1") != "0"
+            and flash_tf32_fwd.accepts(q, k, v, block_q, block_k, block_mask=block_mask)):
+        return flash_tf32_fwd.forward(q, k, v, scale=scale, causal=causal, mask=mask,
+                                      block_mask=block_mask, dropout_p=dropout_p, seed=seed,
+                                      block_q=block_q, block_k=block_k)
     io = _Io(q)
     B, Hq, Nq, D, Hkv, Nk = _check_qkv(io, q, k, v)
     bq, bk = _resolve_blocks(D, block_q, block_k, backward=False)
