@@ -205,8 +205,8 @@ def slice_terms(schedule: str, pass_name: str, st: TileStats, Nq, Nk, d, e, *, m
     takes 1 / l and log l per thread, masks cost no FLOPs, the backward scales dK at the end
     (d per key row). ``delta_kernel``: the pre-pass's loads (:func:`delta_load_amplification`)
     and, with ``simt``, its shuffle reduction and (one warp per row) its one-lane D stores, a
-    32-byte sector each. ``store_amp``: (O, dK/dV) store amplification of the CUDA-core kernels
-    (:func:`store_sector_amplification`).
+    32-byte sector each. ``store_amp``: (O and the dQ kernel's dQ, dK/dV) store amplification of
+    the CUDA-core kernels (:func:`store_sector_amplification`).
     """
     f = STAT_BYTES
     b: dict = {}
@@ -288,7 +288,7 @@ def slice_terms(schedule: str, pass_name: str, st: TileStats, Nq, Nk, d, e, *, m
                 add("bwd.dq", t, "load", Nq * w)
             add("bwd.dq", "K", "load", st.C * d * e)
             add("bwd.dq", "V", "load", st.C * d * e)
-            add("bwd.dq", "dQ", "store", Nq * d * e)
+            add("bwd.dq", "dQ", "store", store_amp[0] * Nq * d * e)   # as the forward's O
             fl["bwd.dq"] = (6 * d * st.A, per_score + Nq * d)
         if post:
             add("bwd.post", "dQacc", "load", Nq * d * f)

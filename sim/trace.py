@@ -436,7 +436,7 @@ def trace(workload: Workload, schedule: Schedule, profile=None, *, block_q=None,
                                 step += 1
                             # -- epilogue: dQ *= scale, store --
                             tb.compute(prog, step, b, h, m, -1, 0, r * d)
-                            q_mem(prog, step, STORE, "dQ", b, h, m, bi)
+                            q_mem(prog, step, STORE, "dQ", b, h, m, bi, o_amp)
                             prog += 1
                 tb.n_programs["bwd.dq"] = prog
             if post:
