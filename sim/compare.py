@@ -137,7 +137,7 @@ def profiled_impl(rec: dict) -> str | None:
 
 def model_for_record(rec: dict):
     """``(Workload, Schedule, note)`` that model a results record (see the module docstring)."""
-    from .model import record_delta_kernel, record_dq_mode, record_micro_tiles
+    from .model import MMA_FRAGMENT_ROW_BYTES, record_delta_kernel, record_dq_mode, record_micro_tiles
     from .workload import EXP_FLOPS, Schedule, Workload
 
     w = Workload.from_record(rec)
@@ -150,9 +150,11 @@ def model_for_record(rec: dict):
         tiles = record_micro_tiles(dict(rec, variant="simt")) if variant == "simt" else (None, None)
         # the tensor-core forward takes exp as ex2.approx (the MUFU unit, no FP32 arithmetic)
         exp_flops = 0 if variant == "mma" else EXP_FLOPS
+        # ... and moves Q and O in mma fragments: 4 threads x 4 bytes of a row per warp access
         sched = Schedule("flash2", rec.get("block_q"), rec.get("block_k"), matmul_unit=unit,
                          dq_mode=dq_mode, micro_tile=tiles[0], micro_tile_kv=tiles[1],
-                         delta_kernel=delta, exp_flops=exp_flops)
+                         delta_kernel=delta, exp_flops=exp_flops,
+                         qo_segment_bytes=MMA_FRAGMENT_ROW_BYTES if variant == "mma" else None)
         note = "flash2, measured blocks, " + ("tensor cores, exp by ex2.approx" if unit == "tensor"
                                                else "CUDA cores")
         if tiles[0] is not None:

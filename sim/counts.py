@@ -183,10 +183,18 @@ def store_sector_amplification(threads_per_row: int, e: int) -> int:
     return max(1, SECTOR_BYTES // (int(threads_per_row) * int(e)))
 
 
+def segment_amplification(segment_bytes) -> int:
+    """Request bytes per useful byte of accesses that touch ``segment_bytes`` of a row per warp
+    instruction (None: whole rows, 1): a 32-byte sector per segment when it is smaller."""
+    if segment_bytes is None:
+        return 1
+    return max(1, SECTOR_BYTES // int(segment_bytes))
+
+
 def slice_terms(schedule: str, pass_name: str, st: TileStats, Nq, Nk, d, e, *, masked=False,
                 dropout=False, fused_softmax=False, gqa=False, exp_flops=EXP_FLOPS,
                 dq_mode="atomic", simt=False, threads_per_row=1, delta_kernel="warp",
-                store_amp=(1, 1)):
+                store_amp=(1, 1), q_load_amp=1):
     """Per-(batch, head) slice counts of one pass: ``(bytes, flops)``.
 
     bytes: ``{(phase, tensor, op): n}``; flops: ``{phase: (matmul, other)}``. Arithmetic only, so
@@ -206,7 +214,8 @@ def slice_terms(schedule: str, pass_name: str, st: TileStats, Nq, Nk, d, e, *, m
     (d per key row). ``delta_kernel``: the pre-pass's loads (:func:`delta_load_amplification`)
     and, with ``simt``, its shuffle reduction and (one warp per row) its one-lane D stores, a
     32-byte sector each. ``store_amp``: (O and the dQ kernel's dQ, dK/dV) store amplification of
-    the CUDA-core kernels (:func:`store_sector_amplification`).
+    the CUDA-core kernels (:func:`store_sector_amplification`); ``q_load_amp``: the flash2
+    forward's Q loads, in fragments (:func:`segment_amplification`).
     """
     f = STAT_BYTES
     b: dict = {}
@@ -221,7 +230,7 @@ def slice_terms(schedule: str, pass_name: str, st: TileStats, Nq, Nk, d, e, *, m
     dk, dv = ("dK_exp", "dV_exp") if gqa else ("dK", "dV")
     mask_cost = 0 if simt else C["mask_per_score"]
     if schedule == "flash2" and pass_name == "fwd":
-        add("fwd", "Q", "load", Nq * d * e)
+        add("fwd", "Q", "load", q_load_amp * Nq * d * e)
         add("fwd", "K", "load", st.C * d * e)
         add("fwd", "V", "load", st.C * d * e)
         add("fwd", "O", "store", store_amp[0] * Nq * d * e)
@@ -522,6 +531,8 @@ def closed_form(w: Workload, schedule, block_q=None, block_k=None):
         store_amp = (store_sector_amplification(tpr, w.dtype_bytes) if schedule.micro_tile is not None else 1,
                      store_sector_amplification(schedule.kv_threads_per_row(block_q), w.dtype_bytes)
                      if schedule.micro_tile_kv is not None else 1)
+    q_amp = segment_amplification(getattr(schedule, "qo_segment_bytes", None))
+    store_amp = (max(store_amp[0], q_amp), store_amp[1])
     delta_kernel = getattr(schedule, "delta_kernel", "warp")
     gqa = w.heads != w.heads_kv
     tb: dict = {}
@@ -554,7 +565,7 @@ def closed_form(w: Workload, schedule, block_q=None, block_k=None):
                                 masked=w.masked, dropout=w.dropout, fused_softmax=fused,
                                 gqa=gqa and p == "bwd", exp_flops=exp_flops,
                                 dq_mode=dq_mode, simt=simt, threads_per_row=tpr,
-                                delta_kernel=delta_kernel, store_amp=store_amp)
+                                delta_kernel=delta_kernel, store_amp=store_amp, q_load_amp=q_amp)
             _accumulate(tb, tf, b, fl, mult)
         if p == "bwd" and gqa:
             b, fl = reduce_terms(w.batch, w.heads, w.heads_kv, w.seq_len_k, w.head_dim, w.dtype_bytes)

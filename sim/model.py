@@ -39,6 +39,10 @@ __all__ = ["Efficiency", "Prediction", "predict", "calibrate", "smem_traffic", "
            "MAX_TRACE_EVENTS", "schedule_for_record", "record_dq_mode", "record_delta_kernel",
            "record_micro_tiles", "fit_efficiency", "program_key"]
 
+#: Bytes of a Q or O row one warp instruction of our tensor-core forward touches: an
+#: m16n8k16 fragment gives each row 4 threads x 4 bytes (kernels/flash_mma_fwd.py: Q by
+#: ``ld_global_u32`` at column ``2 * tig``, O by ``st_global_u32`` likewise).
+MMA_FRAGMENT_ROW_BYTES = 16
 MAX_TRACE_EVENTS = 2_000_000  # events + granule visits above which l2="auto" uses the analytic estimate
 
 
@@ -462,11 +466,13 @@ def schedule_for_record(rec: dict) -> Schedule:
     if kernel == "ioaware-numba" and rec.get("variant") in (None, "simt") and name == "flash2":
         tiles = record_micro_tiles(rec)
         delta = record_delta_kernel(rec) or "warp"
-    # our tensor-core forward takes exp as ex2.approx (MUFU, no FP32 arithmetic)
-    exp_flops = 0 if (kernel == "ioaware-numba" and rec.get("variant") == "mma") else EXP_FLOPS
+    # our tensor-core forward takes exp as ex2.approx (MUFU, no FP32 arithmetic) and moves Q
+    # and O in mma fragments
+    mma = kernel == "ioaware-numba" and rec.get("variant") == "mma"
     return Schedule(name, rec.get("block_q"), rec.get("block_k"), matmul_unit=unit, dq_mode=dq_mode,
                     micro_tile=tiles[0], micro_tile_kv=tiles[1], delta_kernel=delta,
-                    exp_flops=exp_flops)
+                    exp_flops=0 if mma else EXP_FLOPS,
+                    qo_segment_bytes=MMA_FRAGMENT_ROW_BYTES if mma else None)
 
 
 def calibrate(records, profile) -> Efficiency | None:

@@ -22,7 +22,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .counts import delta_load_amplification, flop_costs, store_sector_amplification
+from .counts import (delta_load_amplification, flop_costs, segment_amplification,
+                     store_sector_amplification)
 from .workload import SECTOR_BYTES, STAT_BYTES, Schedule, Workload, block_infos
 
 __all__ = ["Event", "Trace", "trace", "OPS", "LEVELS"]
@@ -222,6 +223,8 @@ def trace(workload: Workload, schedule: Schedule, profile=None, *, block_q=None,
     ntn = schedule.threads_per_row(block_k) if simt else 1
     mask_cost = 0 if simt else C["mask_per_score"]
     o_amp = store_sector_amplification(ntn, e) if schedule.micro_tile is not None else 1
+    q_amp = segment_amplification(schedule.qo_segment_bytes)
+    o_amp = max(o_amp, q_amp)
     kv_amp = (store_sector_amplification(schedule.kv_threads_per_row(block_q), e)
               if schedule.micro_tile_kv is not None else 1)
     if schedule.name == "naive" and schedule.variant is not None:
@@ -264,7 +267,7 @@ def trace(workload: Workload, schedule: Schedule, profile=None, *, block_q=None,
                         q0, q1 = bi.q_range(m)
                         r = q1 - q0
                         # -- load Q_m (CUDA-core kernels: scaled by the softmax scale on load) --
-                        q_mem(prog, 0, LOAD, "Q", b, h, m, bi)
+                        q_mem(prog, 0, LOAD, "Q", b, h, m, bi, q_amp)
                         if simt:
                             tb.compute(prog, 0, b, h, m, -1, 0, r * d)
                         step = 1

@@ -218,6 +218,11 @@ class Schedule:
         (:func:`sim.counts.flop_costs`, ``simt_*``) and the shared-memory level is priced
         (:mod:`sim.smem`).
     delta_kernel : the flash2 backward's delta pre-pass, one of :data:`DELTA_KERNELS`.
+    qo_segment_bytes : flash2 forward: bytes of one Q or O row that a warp's load or store
+        instruction touches, when the kernel moves them in register fragments rather than
+        whole rows (our tensor-core forward: 4 threads x 4 bytes = 16, see
+        ``kernels/flash_mma_fwd.py``); below a 32-byte sector the requests count whole
+        sectors (a dQ kernel's dQ stores likewise). None (default): whole rows.
     """
 
     name: str = "flash2"
@@ -232,6 +237,7 @@ class Schedule:
     micro_tile: tuple | None = None
     micro_tile_kv: tuple | None = None
     delta_kernel: str = "warp"
+    qo_segment_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if self.name not in SCHEDULES:
@@ -261,6 +267,9 @@ class Schedule:
                     or any(isinstance(x, bool) or not isinstance(x, (int, np.integer)) or x < 1 for x in v)):
                 raise ValueError(f"Schedule.{nm} must be a pair of positive integers (tm, tn), got {v!r}")
             object.__setattr__(self, nm, (int(v[0]), int(v[1])))
+        if self.qo_segment_bytes is not None:
+            object.__setattr__(self, "qo_segment_bytes", _posint("Schedule.qo_segment_bytes",
+                                                                 self.qo_segment_bytes))
         if self.delta_kernel not in DELTA_KERNELS:
             raise ValueError(f"Schedule.delta_kernel must be one of {DELTA_KERNELS}, got {self.delta_kernel!r}")
 
@@ -295,7 +304,7 @@ class Schedule:
                 "dq_mode": self.dq_mode, "variant": self.variant,
                 "micro_tile": list(self.micro_tile) if self.micro_tile else None,
                 "micro_tile_kv": list(self.micro_tile_kv) if self.micro_tile_kv else None,
-                "delta_kernel": self.delta_kernel}
+                "delta_kernel": self.delta_kernel, "qo_segment_bytes": self.qo_segment_bytes}
 
 
 # -- block masks --------------------------------------------------------------------------------

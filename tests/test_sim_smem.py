@@ -246,4 +246,13 @@ def test_tensor_core_forward_records_price_exp_as_ex2():
            "dtype": "fp16", "batch": 1, "heads": 2, "heads_kv": 2, "seq_len_q": 256, "seq_len_k": 256,
            "head_dim": 64, "causal": False, "block_q": 128, "block_k": 32}
     assert C.model_for_record(rec)[1].exp_flops == 0 == sim.schedule_for_record(rec).exp_flops
+    # Q and O in fragments: 16 bytes of a row per warp access, a 32-byte sector each
+    s = C.model_for_record(rec)[1]
+    assert s.qo_segment_bytes == 16 == sim.schedule_for_record(rec).qo_segment_bytes
+    w = sim.Workload.from_record(rec)
+    frag, _ = closed_form(w, s, 128, 32)
+    rows, _ = closed_form(w, sim.Schedule("flash2", 128, 32), 128, 32)
+    assert frag[("fwd", "Q", "load")] == 2 * rows[("fwd", "Q", "load")]
+    assert frag[("fwd", "O", "store")] == 2 * rows[("fwd", "O", "store")]
+    assert frag[("fwd", "K", "load")] == rows[("fwd", "K", "load")]
     assert C.model_for_record(dict(rec, variant="simt", dtype="fp32"))[1].exp_flops == sim.workload.EXP_FLOPS
