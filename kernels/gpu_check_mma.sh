@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # One device call for the tensor-core path: GPU tests, SASS check, benchmark vs SDPA.
-# Usage (repo root, on the GPU machine): bash kernels/gpu_check_mma.sh OUTDIR [quick|full|bwd]
+# Usage (repo root, on the GPU machine): bash kernels/gpu_check_mma.sh OUTDIR [quick|full|bwd|bench]
 #   full (default): every tensor-core test, the SASS check, forward + backward benchmark
 #   quick: the backward's tests and a forward + backward timing at N=4096
 #   bwd: the backward's tests, the SASS check, the forward + backward benchmark
-# Writes OUTDIR/{env.txt,pytest.log,mma_check.log,bench.log,bench_mma_fwdbwd.json}.
+#   bench: the forward + backward benchmark, then compute-sanitizer memcheck of the backward
+# Writes OUTDIR/{env.txt,pytest.log,mma_check.log,bench.log,bench_mma_fwdbwd.json,sanitizer.log}.
 set -o pipefail
-OUT_DIR=${1:?usage: gpu_check_mma.sh OUTDIR [quick|full|bwd]}
+OUT_DIR=${1:?usage: gpu_check_mma.sh OUTDIR [quick|full|bwd|bench]}
 MODE=${2:-full}
 mkdir -p "$OUT_DIR"
 export PYTHONUNBUFFERED=1
@@ -23,6 +24,11 @@ for tool in cuobjdump nvdisasm ptxas; do
     [ -n "$p" ] && export PATH="$PATH:$(dirname "$p")" && echo "found $p" | tee -a "$OUT_DIR/env.txt"
   fi
 done
+if [ "$MODE" = bench ]; then
+  timeout 240 python3 -m kernels.bench_mma --mode fwdbwd --out "$OUT_DIR/bench_mma_fwdbwd.json" 2>&1 | tee "$OUT_DIR/bench.log"
+  timeout 90 compute-sanitizer --tool memcheck python3 -m kernels.sanitize_mma_bwd 2>&1 | tail -40 | tee "$OUT_DIR/sanitizer.log"
+  exit 0
+fi
 if [ "$MODE" = full ]; then
   TESTS="tests/test_mma_fragments.py tests/test_mma_intrinsics.py tests/test_mma_fwd.py tests/test_mma_bwd.py"
 else
