@@ -363,18 +363,19 @@ def test_gpu_torch_zero_copy_output_on_device():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
-def test_gpu_half_precision_attention_takes_the_tensor_core_forward(dtype_name):
-    """ioaware.attention on half-precision CUDA tensors: tensor-core forward, float32-kernel backward."""
+def test_gpu_half_precision_attention_takes_the_tensor_core_kernels(dtype_name):
+    """ioaware.attention on half-precision CUDA tensors, autograd included: the tensor-core
+    forward and backward (`kernels.flash_mma_fwd`, `kernels.flash_mma_bwd`)."""
     import torch
 
     from ioaware import attention
-    from kernels import flash_mma_fwd
+    from kernels import flash_mma_bwd, flash_mma_fwd
 
     dtype = getattr(torch, dtype_name)
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(2, 4, 300, 64, device="cuda", generator=g).to(dtype).requires_grad_()
                for _ in range(3))
-    assert flash_mma_fwd.accepts(q, k, v)
+    assert flash_mma_fwd.accepts(q, k, v) and flash_mma_bwd.accepts(q, k, v)
     out = attention(q, k, v, causal=True)
     out.float().square().sum().backward()
     q2, k2, v2 = (x.detach().double().requires_grad_() for x in (q, k, v))
