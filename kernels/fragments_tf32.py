@@ -29,7 +29,7 @@ import numpy as np
 __all__ = [
     "WARP", "a_elem", "a_owner", "b_elem", "b_owner", "c_elem", "c_owner", "k_perm",
     "k_perm_inv", "p_a_from_c", "q_a_elem", "k_b_elem", "v_b_elem", "tf32_round",
-    "tf32_split",
+    "tf32_split", "dim_a_elem", "dim_b_elem", "bwd_b_offset", "bwd_t_offset", "smem_bank",
 ]
 
 WARP = 32
@@ -148,3 +148,44 @@ def tf32_split(x):
     x = np.asarray(x, np.float32)
     big = tf32_round(x)
     return big, tf32_round((x - big).astype(np.float32))
+
+
+# -- the 3xTF32 backward (`kernels.flash_tf32_bwd`) -------------------------------------------------
+# In S = Q K^T, dP = dO V^T (dQ kernel) and S^T = K Q^T, dP^T = V dO^T (dK/dV kernel) the k index
+# is a head dim and is not permuted: the A operand (Q, dO, K or V rows) is `dim_a_elem`, the B
+# operand X[row n][dim k] is `dim_b_elem`, two 32-bit shared loads at `bwd_b_offset`. In
+# dQ += dS K, dV += (P^T Z) dO and dK += dS^T Q the A operand is the score tile's C fragment under
+# `k_perm` (`p_a_from_c`) and the B operand is `v_b_elem` (X[row 2t][dim g], X[row 2t + 1][g]),
+# loaded at `bwd_t_offset`. With shared rows padded to D + 4 floats both load patterns hit 32
+# different banks (`smem_bank`).
+def dim_a_elem(lane: int, reg: int) -> tuple[int, int]:
+    """(row, head dim) within a 16x8 slice that A register ``reg`` of ``lane`` holds when k is
+    a head dim and not permuted (the backward's Q, dO, K, V fragments): a0/a2 = dims t, t + 4."""
+    return a_elem(lane, reg)
+
+
+def dim_b_elem(lane: int, reg: int) -> tuple[int, int]:
+    """(row, head dim) within an 8-row x 8-dim slice of X that B register ``reg`` of ``lane``
+    holds for a product with X^T (B[k][n] = X[n][k], k not permuted): b0 = X[g][t],
+    b1 = X[g][t + 4]."""
+    k, n = b_elem(lane, reg)
+    return n, k
+
+
+def bwd_b_offset(lane: int, reg: int, stride: int) -> int:
+    """Float offset in a shared tile with rows of ``stride`` floats of the element
+    `dim_b_elem` names (the kernels' ``b_lane`` plus 4 floats for b1)."""
+    g, t = lane // 4, lane % 4
+    return g * stride + t + 4 * reg
+
+
+def bwd_t_offset(lane: int, reg: int, stride: int) -> int:
+    """Float offset in a shared tile with rows of ``stride`` floats of the element `v_b_elem`
+    names (the kernels' ``t_lane`` plus one row for b1)."""
+    g, t = lane // 4, lane % 4
+    return (2 * t + reg) * stride + g
+
+
+def smem_bank(float_offset: int) -> int:
+    """Shared-memory bank (of 32, 4 bytes wide) of a float offset from a 128-byte aligned base."""
+    return float_offset % 32

@@ -400,6 +400,15 @@ def backward(q, k, v, out, lse, dout, *, scale, causal=False, mask=None, block_m
         return flash_mma_bwd.backward(q, k, v, out, lse, dout, scale=scale, causal=causal,
                                       mask=mask, block_mask=block_mask, dropout_p=dropout_p,
                                       seed=seed, block_q=block_q, block_k=block_k)
+    # -- float32 CUDA inputs (d 64/128) take the 3xTF32 tensor-core backward; switch off with
+    #    KERNELS_FP32_TENSOR_CORES=0 (see kernels/NOTES.md, "3xTF32 tensor-core backward") --
+    from . import flash_tf32_bwd
+    if (tiles is None and dq_mode is None
+            and os.environ.get("KERNELS_FP32_TENSOR_CORES", "1") != "0"
+            and flash_tf32_bwd.accepts(q, k, v, block_q, block_k, block_mask)):
+        return flash_tf32_bwd.backward(q, k, v, out, lse, dout, scale=scale, causal=causal,
+                                       mask=mask, block_mask=block_mask, dropout_p=dropout_p,
+                                       seed=seed, block_q=block_q, block_k=block_k)
     io = _Io(q)
     B, Hq, Nq, D, Hkv, Nk = _check_qkv(io, q, k, v)
     for name, x, shape in (("out", out, (B, Hq, Nq, D)), ("dout", dout, (B, Hq, Nq, D)),

@@ -1,6 +1,7 @@
-"""Compile-only checks of the 3xTF32 forward kernel: PTX, ptxas resource usage, SASS.
+"""Compile-only checks of the 3xTF32 kernels: PTX, ptxas resource usage, SASS.
 
-``python -m kernels.tf32_check [--out DIR]`` compiles `kernels.flash_tf32_fwd` for head dims
+``python -m kernels.tf32_check [--out DIR] [--kernels fwd dq dkdv]`` compiles the forward of
+`kernels.flash_tf32_fwd` and the dQ and dK/dV kernels of `kernels.flash_tf32_bwd` for head dims
 64 and 128, causal and not (plus mask + dropout, as information), for
 sm_90, without launching anything (it needs NVVM; no GPU). For each configuration it reports
 the ``mma.sync`` and ``cvt.rna.tf32`` counts in the PTX, ``.local`` declarations and
@@ -32,25 +33,50 @@ def signature():
             types.uint32, types.uint32, types.float32)
 
 
+def bwd_signature(which):
+    """Argument types of the backward's dQ (``which="dq"``) or dK/dV (``"dkdv"``) kernel."""
+    from numba import types
+    A = lambda dt, nd: types.Array(dt, nd, "C")  # noqa: E731
+    f4, f3 = A(types.float32, 4), A(types.float32, 3)
+    tail = (A(types.int32, 2), A(types.int32, 1), types.int64, types.int64, types.int64,
+            types.int64, types.int64, A(types.uint8, 4), types.int64, types.int64, types.int64,
+            types.float32, types.float32, types.uint32, types.uint32, types.float32)
+    if which == "dq":
+        return (f4, f4, f4, f4, f4, f3, f3, f4) + tail
+    return (f4, f4, f4, f4, f3, f3, f4, f4) + tail
+
+
 def check_one(d, causal, has_mask=False, dropout=False, workdir=None, cc=(9, 0), block_q=None,
-              block_k=None, split_once=None):
-    """Compile one configuration; returns a dict of counts (see the module docstring)."""
+              block_k=None, split_once=None, kernel="fwd"):
+    """Compile one configuration of ``kernel`` ("fwd", "dq" or "dkdv"); returns a dict of counts
+    (see the module docstring). For the backward, block_q/block_k are the kernel's tile (rows
+    per block, rows per stage)."""
     from numba import cuda
-    from kernels.flash_tf32_fwd import default_blocks, get_kernel, q_split_once
-    bq, bk = default_blocks(d)
-    bq, bk = block_q or bq, block_k or bk
-    split_once = q_split_once(d) if split_once is None else split_once
-    kern = get_kernel(d, bq, bk, causal, has_mask, dropout, split_once)
-    ptx, _ = cuda.compile_ptx(kern.py_func, signature(), cc=cc)
-    rep = {"head_dim": d, "causal": causal, "mask": has_mask, "dropout": dropout,
-           "block_q": bq, "block_k": bk, "q_split_once": split_once,
+    if kernel == "fwd":
+        from kernels.flash_tf32_fwd import default_blocks, get_kernel, q_split_once
+        bq, bk = default_blocks(d)
+        bq, bk = block_q or bq, block_k or bk
+        split_once = q_split_once(d) if split_once is None else split_once
+        kern = get_kernel(d, bq, bk, causal, has_mask, dropout, split_once)
+        sig = signature()
+    else:
+        from kernels import flash_tf32_bwd as B
+        bq, bk = B.default_tiles(d)[kernel]
+        bq, bk = block_q or bq, block_k or bk
+        split_once = False
+        get = B.get_dq_kernel if kernel == "dq" else B.get_dkdv_kernel
+        kern = get(d, bq, bk, causal, has_mask, dropout)
+        sig = bwd_signature(kernel)
+    ptx, _ = cuda.compile_ptx(kern.py_func, sig, cc=cc)
+    rep = {"kernel": kernel, "head_dim": d, "causal": causal, "mask": has_mask,
+           "dropout": dropout, "block_q": bq, "block_k": bk, "q_split_once": split_once,
            "ptx_mma": len(re.findall(r"\bmma\.sync", ptx)),
            "ptx_cvt_tf32": len(re.findall(r"\bcvt\.rna\.tf32", ptx)),
            "ptx_local_decl": len(re.findall(r"\.local\b", ptx)),
            "ptx_ld_st_local": len(re.findall(r"\b(?:ld|st)\.local", ptx))}
     workdir = workdir or tempfile.mkdtemp()
     os.makedirs(workdir, exist_ok=True)
-    name = (f"tf32_d{d}_{bq}x{bk}_{'causal' if causal else 'full'}"
+    name = (f"tf32_{kernel}_d{d}_{bq}x{bk}_{'causal' if causal else 'full'}"
             f"{'_mask' if has_mask else ''}{'_drop' if dropout else ''}"
             f"{'' if split_once else '_qraw'}")
     ptx_path = os.path.join(workdir, name + ".ptx")
@@ -93,23 +119,26 @@ def _bad(rep):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None, help="folder for .ptx/.cubin/.sass files")
+    ap.add_argument("--kernels", nargs="+", default=["fwd", "dq", "dkdv"],
+                    choices=["fwd", "dq", "dkdv"], help="which kernels to compile")
     args = ap.parse_args(argv)
     from kernels.mma_check import _allow_offline_compile
     _allow_offline_compile()
     out = args.out or tempfile.mkdtemp()
     os.makedirs(out, exist_ok=True)
     ok = True
-    for d in (64, 128):
-        for causal in (False, True):
-            rep = check_one(d, causal, workdir=out)
-            bad = _bad(rep)
-            ok &= not bad
-            print(("FAIL " if bad else "ok   ") + " ".join(f"{k}={v}" for k, v in rep.items()),
-                  flush=True)
-    for extra in (dict(d=64, causal=True, has_mask=True, dropout=True),
-                  dict(d=128, causal=True, has_mask=True, dropout=True)):
-        rep = check_one(workdir=out, **extra)
-        print("info " + " ".join(f"{k}={v}" for k, v in rep.items()), flush=True)
+    for kernel in args.kernels:
+        for d in (64, 128):
+            for causal in (False, True):
+                rep = check_one(d, causal, workdir=out, kernel=kernel)
+                bad = _bad(rep)
+                ok &= not bad
+                print(("FAIL " if bad else "ok   ") + " ".join(f"{k}={v}" for k, v in rep.items()),
+                      flush=True)
+        for extra in (dict(d=64, causal=True, has_mask=True, dropout=True),
+                      dict(d=128, causal=True, has_mask=True, dropout=True)):
+            rep = check_one(workdir=out, kernel=kernel, **extra)
+            print("info " + " ".join(f"{k}={v}" for k, v in rep.items()), flush=True)
     return 0 if ok else 1
 
 

@@ -134,3 +134,58 @@ def test_tf32_split_is_float32_accurate():
     # ties round away from zero (cvt.rna)
     tie = np.array([1 + 2.0**-11, -(1 + 2.0**-11)], np.float32)
     np.testing.assert_array_equal(fr.tf32_round(tie), [1 + 2.0**-10, -(1 + 2.0**-10)])
+
+
+# -- the 3xTF32 backward's maps (kernels.flash_tf32_bwd) ------------------------------------------
+@pytest.mark.parametrize("stride", [64 + 4, 128 + 4])
+def test_backward_shared_offsets_are_the_maps_and_conflict_free(stride):
+    for reg in range(2):
+        banks_b, banks_t = set(), set()
+        for lane in range(32):
+            row, dim = fr.dim_b_elem(lane, reg)
+            assert fr.bwd_b_offset(lane, reg, stride) == row * stride + dim
+            row, dim = fr.v_b_elem(lane, reg)
+            assert fr.bwd_t_offset(lane, reg, stride) == row * stride + dim
+            banks_b.add(fr.smem_bank(fr.bwd_b_offset(lane, reg, stride)))
+            banks_t.add(fr.smem_bank(fr.bwd_t_offset(lane, reg, stride)))
+        assert len(banks_b) == 32 and len(banks_t) == 32
+    for lane in range(32):
+        g, t = lane // 4, lane % 4
+        assert [fr.dim_a_elem(lane, r) for r in range(4)] == [(g, t), (g + 8, t), (g, t + 4),
+                                                              (g + 8, t + 4)]
+
+
+def _warp_mma3(a_regs, b_regs, c_regs):
+    """3xTF32 on the emulated warp: the float32 operands split into tf32 big/small, the three
+    products accumulated in float32 (the order of the kernels' ``mma3``)."""
+    ab, as_ = fr.tf32_split(a_regs.astype(np.float32))
+    bb, bs = fr.tf32_split(b_regs.astype(np.float32))
+    d = c_regs.astype(np.float32)
+    for x, y in ((as_, bb), (ab, bs), (ab, bb)):
+        d = (d + _warp_mma(x.astype(np.float64), y.astype(np.float64))).astype(np.float32)
+    return d
+
+
+def test_backward_products_equal_the_gradient_matmuls():
+    """One warp, one 16x8 tile of each of the five products, with the backward's maps: S^T =
+    K Q^T (dims not permuted), then dV = P^T dO and dK = dS^T Q with the C fragment used as A
+    under k_perm and B loaded as v_b_elem; dQ += dS K is the same shape with Q/K swapped.
+    With 3xTF32 every product is float32-accurate against float64."""
+    rng = np.random.default_rng(2)
+    kk = rng.standard_normal((16, 8))     # 16 keys x 8 head dims
+    qq = rng.standard_normal((8, 8))      # 8 queries x 8 head dims
+    do = rng.standard_normal((8, 8))      # 8 queries x 8 head dims
+    a = np.array([[kk[fr.dim_a_elem(l, r)] for r in range(4)] for l in range(32)])
+    b = np.array([[qq[fr.dim_b_elem(l, r)] for r in range(2)] for l in range(32)])
+    st_c = _warp_mma(a, b)
+    np.testing.assert_allclose(_from_c(st_c), kk @ qq.T, rtol=1e-12, atol=1e-12)
+    st3 = _warp_mma3(a, b, np.zeros((32, 4)))
+    assert np.abs(_from_c(st3) - kk @ qq.T).max() <= 2.0**-19 * (np.abs(kk) @ np.abs(qq).T).max()
+    # the C fragment (16 keys x 8 queries) as A of a product over queries
+    pt_a = np.stack([st_c[:, fr.p_a_from_c(r)] for r in range(4)], axis=1)
+    b_do = np.array([[do[fr.v_b_elem(l, r)] for r in range(2)] for l in range(32)])
+    np.testing.assert_allclose(_from_c(_warp_mma(pt_a, b_do)), (kk @ qq.T) @ do, rtol=1e-12,
+                               atol=1e-12)
+    got = _from_c(_warp_mma3(pt_a, b_do, np.zeros((32, 4))))
+    want = (kk @ qq.T) @ do
+    assert np.abs(got - want).max() <= 2.0**-19 * (np.abs(kk @ qq.T) @ np.abs(do)).max()

@@ -1,0 +1,1004 @@
+"""Tensor-core FlashAttention-2 backward for float32 CUDA inputs with 3xTF32 (Numba + inline PTX).
+
+This module owns the float32 tensor-core backward kernels and their host entry point `backward`,
+which has the signature of the package's `kernels.backward` contract. The structure is that of
+`kernels.flash_mma_bwd` (two kernels, operands in registers or L1, no shared-memory round trip of
+P or dS, no atomics); the arithmetic is that of `kernels.flash_tf32_fwd`: every float32 operand x is
+split into ``big = tf32(x)`` and ``small = tf32(x - big)`` and every product is
+``A_small B_big + A_big B_small + A_big B_big`` with ``mma.sync.m16n8k8`` tf32 and float32
+accumulation, so all five matmuls have float32-level accuracy.
+
+* **dQ kernel** (runs first), grid (n_blocks_q, B * Hq): each warp owns 16 query rows and keeps
+  its dO fragments (and, at d=64, its Q fragments; at d=128 they are re-read from global
+  memory, where they stay in L1, at every k-step), A operands in float32, and its dQ
+  accumulator in registers; its prologue
+  computes delta_i = sum_c dO_ic O_ic for its rows (fused pre-pass) and writes it for the second
+  kernel. K/V tiles of `BlockInfo.kv_schedule()` stream through double-buffered shared memory
+  (``cp.async``); per tile: S = Q K^T, dP = dO V^T, P = exp2(S * scale * log2(e) - lse *
+  log2(e)), dS = P * (dP * Z - delta), dQ += dS K. dQ = scale * dQ at the end.
+* **dK/dV kernel**, grid (n_blocks_k, B * Hkv), transposed orientation: each warp owns 16 key
+  rows and keeps its dK and dV accumulators in registers; its K and V fragments (A operands)
+  are re-read from global memory, where the block's rows stay in L1, at every k-step
+  (`operands_in_registers`). It loops over the query heads of the GQA group and, for each, over the Q tiles of
+  `BlockInfo.q_schedule()`; Q and dO tiles (double-buffered, ``cp.async``) give S^T = K Q^T,
+  dP^T = V dO^T, P^T (lse and delta per query column, staged in shared memory),
+  dV += (P^T Z) dO, dS^T = P^T * (dP^T Z - delta), dK += dS^T Q; dK = scale * dK at the end.
+
+Fragment maps (`kernels.fragments_tf32`): in S = Q K^T and dP = dO V^T (and their transposes)
+the k index is a head dim and is *not* permuted (``dim_a_elem`` / ``dim_b_elem``): a thread's B
+elements are K[key g][dims t, t + 4], two 32-bit loads, conflict-free with rows padded by 4
+floats. In dQ += dS K, dV += (P^T Z) dO and dK += dS^T Q the A operand is a C fragment of the
+score tile, used in place under `k_perm` (``p_a_from_c``: a0, a1, a2, a3 = c0, c2, c1, c3), and
+the B operand is loaded in the same permuted order, B[k][n] = X[row k_perm(k)][dim n]
+(``v_b_elem``: rows 2t and 2t + 1 of column g, conflict-free with the same padding). The
+operands that live in registers stay float32 and are split at each use (Q, dO, K and V
+fragments split once would need twice their registers, which the dQ / dK / dV accumulators and
+the score tiles leave no room for: see kernels/NOTES.md).
+
+Here Z = keep / (1 - p) is the dropout factor regenerated from the `ioaware.dropout` hash
+(Z = 1 without dropout) and delta = rowsum(dO * O), with O the dropped-out output. Supported:
+head_dim 64 and 128, float32 (torch CUDA tensors, Numba device arrays; NumPy arrays are copied),
+causal, boolean masks (a fully masked row gets zero gradients), block-sparse masks whose tiles
+are multiples of 16, dropout, GQA/MQA (dK/dV summed over the group), Nq != Nk, any lengths.
+`accepts` says False for everything else and under the CUDA simulator (which runs no inline
+PTX), so `kernels.backward` keeps those on the float32 CUDA-core kernels.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+
+from ioaware.block_info import cdiv
+from ioaware.dropout import SEED_SALT, fmix32, keep_threshold, split_seed
+
+from kernels.flash_mma_bwd import _device_helpers, _schedules, refine_block_mask
+from kernels.flash_mma_fwd import _device_const, _kind
+
+__all__ = ["backward", "accepts", "SUPPORTED_HEAD_DIMS", "default_tiles", "kernel_tiles",
+           "dq_smem_bytes", "dkdv_smem_bytes", "operands_in_registers", "get_dq_kernel",
+           "get_dkdv_kernel", "refine_block_mask"]
+
+SUPPORTED_HEAD_DIMS = (64, 128)
+SMEM_LIMIT_BYTES = 48 * 1024         # static shared memory per block without opt-in
+PAD_FLOATS = 4                       # per shared row: both access patterns conflict-free
+LOG2E = 1.4426950408889634
+
+
+def default_tiles(head_dim: int) -> dict:
+    """Default kernel tiles: ``dq`` = (query rows per block, keys per stage) of the dQ kernel,
+    ``dkdv`` = (key rows per block, queries per stage) of the dK/dV kernel. 16 rows per warp,
+    four warps; the stages are what fits two buffers of two float32 tiles in 48 KiB (32 rows at
+    d=64, 16 at d=128)."""
+    if head_dim <= 64:
+        return {"dq": (64, 32), "dkdv": (64, 32)}
+    return {"dq": (64, 16), "dkdv": (64, 16)}
+
+
+def dq_smem_bytes(head_dim: int, block_k: int) -> int:
+    """Shared memory of one dQ block: K and V, two buffers each, rows padded by 4 floats."""
+    return 4 * block_k * (head_dim + PAD_FLOATS) * 4
+
+
+def dkdv_smem_bytes(head_dim: int, block_q: int) -> int:
+    """Shared memory of one dK/dV block: Q and dO, two buffers each, rows padded by 4 floats,
+    plus lse / delta of two stages."""
+    return 4 * block_q * (head_dim + PAD_FLOATS) * 4 + 16 * block_q
+
+
+def operands_in_registers(kernel: str, head_dim: int) -> tuple[bool, bool]:
+    """Which of a kernel's two A operands (Q and dO for ``kernel="dq"``, K and V for
+    ``"dkdv"``) it keeps in registers as float32 fragments; the others are re-read from global
+    memory, where the block's rows stay in L1, at every k-step. Chosen so that ptxas needs no
+    local memory (``python -m kernels.tf32_check``): the dQ kernel at d=64 holds both
+    (accumulator 32 registers), the dK/dV kernel (dK and dV accumulators, 64 registers at d=64)
+    and the dQ kernel at d=128 neither."""
+    return (head_dim <= 64 and kernel == "dq",) * 2
+
+
+def kernel_tiles(head_dim: int, block_q=None, block_k=None, has_block_mask=False):
+    """The (dq, dkdv) tiles for a call, or None when no tiling fits.
+
+    Without a block mask, ``block_q``/``block_k`` do not change the result and the defaults are
+    used. With one, every kernel tile must divide the mask's tile (block_q, block_k) so that a
+    kernel tile lies inside one mask tile: the largest of 64 / 32 / 16 (no larger than the
+    default) that divides it is taken.
+    """
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        return None
+    dflt = default_tiles(head_dim)
+    if not has_block_mask:
+        return dflt["dq"], dflt["dkdv"]
+    if block_q is None or block_k is None:
+        return None
+
+    def pick(limit, block):
+        for t in (64, 32, 16):
+            if t <= limit and block % t == 0:
+                return t
+        return None
+
+    dq = (pick(dflt["dq"][0], block_q), pick(dflt["dq"][1], block_k))
+    kv = (pick(dflt["dkdv"][0], block_k), pick(dflt["dkdv"][1], block_q))
+    if None in dq or None in kv:
+        return None
+    return dq, kv
+
+
+_KERNELS: dict = {}
+
+
+def get_dq_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout):
+    """The compiled-on-first-launch dQ kernel for one configuration (cached)."""
+    key = ("dq", head_dim, block_q, block_k, causal, has_mask, has_dropout)
+    if key not in _KERNELS:
+        _KERNELS[key] = _build_dq_kernel(*key[1:])
+    return _KERNELS[key]
+
+
+def get_dkdv_kernel(head_dim, block_k, block_q, causal, has_mask, has_dropout):
+    """The compiled-on-first-launch dK/dV kernel (``block_k`` key rows per block, ``block_q``
+    queries per stage) for one configuration (cached)."""
+    key = ("dkdv", head_dim, block_k, block_q, causal, has_mask, has_dropout)
+    if key not in _KERNELS:
+        _KERNELS[key] = _build_dkdv_kernel(*key[1:])
+    return _KERNELS[key]
+
+
+def _tf32_helpers(threads, chunks, rows):
+    """Device helpers shared by both kernels: the 3xTF32 product and the cp.async tile copy of
+    ``rows`` float32 rows of ``chunks`` 16-byte chunks by ``threads`` threads."""
+    from numba import cuda, uint32, uint64
+
+    from kernels import mma as X
+    from kernels import mma_tf32 as T
+
+    loads = rows * chunks // threads        # cp.async per thread per tile
+    row_step = threads // chunks            # rows between a thread's successive chunks
+    assert rows * chunks % threads == 0 and threads % chunks == 0
+
+    @cuda.jit(device=True, inline=True)
+    def mma3(ab0, ab1, ab2, ab3, as0, as1, as2, as3, bb0, bb1, bs0, bs1, c0, c1, c2, c3):
+        # 3xTF32: small * big, big * small, then big * big, all accumulated in float32
+        d = T.mma_tf32(as0, as1, as2, as3, bb0, bb1, c0, c1, c2, c3)
+        d = T.mma_tf32(ab0, ab1, ab2, ab3, bs0, bs1, d[0], d[1], d[2], d[3])
+        return T.mma_tf32(ab0, ab1, ab2, ab3, bb0, bb1, d[0], d[1], d[2], d[3])
+
+    @cuda.jit(device=True, inline=True)
+    def load_tile(head_addr, row_bytes, row0, n_rows, s_addr, stride):
+        # -- cp.async one tile: this thread's chunks are rows row0 + i * row_step (zero-filled
+        #    past n_rows), one 16-byte column chunk (see the caller) --
+        for i in range(loads):
+            row = row0 + i * row_step
+            ok = row < n_rows
+            g = head_addr + uint64(row if ok else 0) * row_bytes
+            X.cp_async_16(s_addr + uint32(4 * i * row_step * stride), g,
+                          uint32(16) if ok else uint32(0))
+
+    return mma3, load_tile
+
+
+def _build_dq_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout):
+    from numba import cuda, float32, uint32, uint64
+
+    from kernels import mma as X
+    from kernels import mma_tf32 as T
+
+    D = head_dim
+    BQ = block_q
+    BK = block_k
+    NUM_WARPS = BQ // 16
+    THREADS = 32 * NUM_WARPS
+    STRIDE = D + PAD_FLOATS             # floats per shared K or V row
+    TILE = BK * STRIDE                  # floats per K or V buffer
+    STAGE = 2 * TILE                    # K | V
+    SMEM_FLOATS = 2 * STAGE
+    CHUNKS = D // 4                     # 16-byte chunks per row
+    KC = D // 8                         # k-steps of S = Q K^T and dP = dO V^T
+    NT_S = BK // 8                      # 16x8 score tiles per warp (= k-steps of dQ += dS K)
+    NT_O = D // 8                       # 16x8 dQ tiles per warp
+    A_REGS, S_REGS, O_REGS = KC * 4, NT_S * 4, NT_O * 4
+    Q_REGS, DO_REGS = operands_in_registers("dq", D)
+    QF_REGS = A_REGS if Q_REGS else 4
+    DF_REGS = A_REGS if DO_REGS else 4
+    assert BQ % 16 == 0 and BK % 8 == 0 and D % 8 == 0
+    NEG_INF = float32(-math.inf)
+    POS_INF = float32(math.inf)
+    CAUSAL, HAS_MASK, HAS_DROPOUT = causal, has_mask, has_dropout
+    fmix = _device_helpers()
+    mma3, load_tile = _tf32_helpers(THREADS, CHUNKS, BK)
+
+    @cuda.jit(lineinfo=False)
+    def kernel(q, k, v, out, dout, lse, delta, dq, offsets, kv_index, sched_b, sched_h, group,
+               n_q, n_k, mask, mask_b, mask_h, mask_q, scale_log2, scale, seed_hash, threshold,
+               inv_keep):
+        smem = cuda.shared.array(SMEM_FLOATS, dtype=float32, alignment=16)
+        tid = cuda.threadIdx.x
+        warp = tid // 32
+        lane = tid % 32
+        gid = lane // 4
+        tig = lane % 4
+        n_blocks_q = cuda.gridDim.x
+        m_blk = n_blocks_q - 1 - cuda.blockIdx.x            # longest (causal) tiles first
+        bh = cuda.blockIdx.y
+        n_heads = dq.shape[1]
+        b = bh // n_heads
+        h = bh % n_heads
+        hk = h // group
+        s = (b * sched_b + h * sched_h)
+        row0 = m_blk * BQ + warp * 16 + gid                  # rows row0 and row0 + 8
+        # Q rows re-read from global memory (d=128) are clamped into [0, n_q): rows past n_q
+        # have P = 0 and are never written
+        qr0 = min(row0, n_q - 1)
+        qr1 = min(row0 + 8, n_q - 1)
+
+        # -- Q (at d=64) and dO fragments (A operands, dims not permuted: a0/a2 = dims t/t+4)
+        #    into registers as float32; delta = rowsum(dO * O) --
+        qf = cuda.local.array(QF_REGS, dtype=float32)
+        dof = cuda.local.array(DF_REGS, dtype=float32)
+        dsum = cuda.local.array(2, dtype=float32)
+        dsum[0] = float32(0.0)
+        dsum[1] = float32(0.0)
+        for kc in range(KC):
+            for r in range(4):
+                row = row0 + 8 * (r & 1)
+                col = kc * 8 + tig + 4 * (r >> 1)
+                qv = float32(0.0)
+                dv = float32(0.0)
+                if row < n_q:
+                    if Q_REGS:
+                        qv = q[b, h, row, col]
+                    dv = dout[b, h, row, col]
+                    dsum[r & 1] += dv * out[b, h, row, col]
+                if Q_REGS:
+                    qf[kc * 4 + r] = qv
+                if DO_REGS:
+                    dof[kc * 4 + r] = dv
+        delta_r = cuda.local.array(2, dtype=float32)
+        lse2_r = cuda.local.array(2, dtype=float32)
+        h_row = cuda.local.array(2, dtype=uint64)
+        h_bh = fmix(uint64(seed_hash) ^ uint64(bh))
+        for r in range(2):
+            t = dsum[r]
+            t += cuda.shfl_xor_sync(0xFFFFFFFF, t, 1)
+            t += cuda.shfl_xor_sync(0xFFFFFFFF, t, 2)
+            delta_r[r] = t
+            row = row0 + 8 * r
+            l2 = POS_INF                                     # P = 0 outside [0, n_q)
+            if row < n_q:
+                if tig == 0:
+                    delta[b, h, row] = t
+                lv = lse[b, h, row]
+                if lv != NEG_INF:                            # fully masked row: P = 0
+                    l2 = lv * float32(LOG2E)
+            lse2_r[r] = l2
+            h_row[r] = uint64(0)
+            if HAS_DROPOUT:
+                h_row[r] = fmix(h_bh ^ uint64(row))
+
+        acc = cuda.local.array(O_REGS, dtype=float32)
+        for i in range(O_REGS):
+            acc[i] = float32(0.0)
+        s_reg = cuda.local.array(S_REGS, dtype=float32)
+        dp_reg = cuda.local.array(S_REGS, dtype=float32)
+
+        # per-lane float offsets inside a buffer (see kernels.fragments_tf32)
+        b_lane = gid * STRIDE + tig                         # X[key g][dims t, t+4]
+        t_lane = 2 * tig * STRIDE + gid                     # K[key 2t][dim g], K[2t+1][g]
+        # this thread's cp.async chunk: rows r0 + i * ROW_STEP, floats 4 ch .. 4 ch + 3
+        r0 = tid // CHUNKS
+        ch = tid % CHUNKS
+        k_head = X.global_addr(k, b, hk, 0, ch * 4)
+        v_head = X.global_addr(v, b, hk, 0, ch * 4)
+        k_row_bytes = uint64(k.strides[2])
+        v_row_bytes = uint64(v.strides[2])
+        smem0 = X.shared_addr(smem, 0)
+        k_copy = smem0 + uint32(4 * (r0 * STRIDE + ch * 4))
+        v_copy = smem0 + uint32(4 * (TILE + r0 * STRIDE + ch * 4))
+
+        start = offsets[s, m_blk]
+        stop = offsets[s, m_blk + 1]
+        if start < stop:
+            n0 = kv_index[start]
+            load_tile(k_head, k_row_bytes, n0 * BK + r0, n_k, k_copy, STRIDE)
+            load_tile(v_head, v_row_bytes, n0 * BK + r0, n_k, v_copy, STRIDE)
+            X.cp_async_commit()
+
+        for it in range(start, stop):
+            buf = ((it - start) & 1) * STAGE
+            n_blk = kv_index[it]
+            if it + 1 < stop:
+                nxt = kv_index[it + 1]
+                nbuf = uint32(4 * (STAGE - buf))
+                load_tile(k_head, k_row_bytes, nxt * BK + r0, n_k, k_copy + nbuf, STRIDE)
+                load_tile(v_head, v_row_bytes, nxt * BK + r0, n_k, v_copy + nbuf, STRIDE)
+                X.cp_async_commit()
+                X.cp_async_wait_1()
+            else:
+                X.cp_async_wait_all()
+            cuda.syncthreads()
+
+            # -- compute qk and dO V^T: S = Q K^T, dP = dO V^T, three tf32 mma per step --
+            for i in range(S_REGS):
+                s_reg[i] = float32(0.0)
+                dp_reg[i] = float32(0.0)
+            k_addr = smem0 + uint32(4 * (buf + b_lane))
+            v_addr = smem0 + uint32(4 * (buf + TILE + b_lane))
+            for kc in range(KC):
+                a = kc * 4
+                if Q_REGS:
+                    q0 = T.split_tf32(qf[a])
+                    q1 = T.split_tf32(qf[a + 1])
+                    q2 = T.split_tf32(qf[a + 2])
+                    q3 = T.split_tf32(qf[a + 3])
+                else:
+                    q0 = T.split_tf32(q[b, h, qr0, kc * 8 + tig])
+                    q1 = T.split_tf32(q[b, h, qr1, kc * 8 + tig])
+                    q2 = T.split_tf32(q[b, h, qr0, kc * 8 + tig + 4])
+                    q3 = T.split_tf32(q[b, h, qr1, kc * 8 + tig + 4])
+                for nt in range(NT_S):
+                    off = 4 * (nt * 8 * STRIDE + kc * 8)
+                    b0 = T.split_tf32(T.ld_shared_f32(k_addr + off))
+                    b1 = T.split_tf32(T.ld_shared_f32(k_addr + off + 16))
+                    j = nt * 4
+                    d = mma3(q0[0], q1[0], q2[0], q3[0], q0[1], q1[1], q2[1], q3[1],
+                             b0[0], b1[0], b0[1], b1[1],
+                             s_reg[j], s_reg[j + 1], s_reg[j + 2], s_reg[j + 3])
+                    for i in range(4):
+                        s_reg[j + i] = d[i]
+            # (a separate loop: one loop over both products is too large to be unrolled)
+            for kc in range(KC):
+                a = kc * 4
+                if DO_REGS:
+                    o0 = T.split_tf32(dof[a])
+                    o1 = T.split_tf32(dof[a + 1])
+                    o2 = T.split_tf32(dof[a + 2])
+                    o3 = T.split_tf32(dof[a + 3])
+                else:
+                    o0 = T.split_tf32(dout[b, h, qr0, kc * 8 + tig])
+                    o1 = T.split_tf32(dout[b, h, qr1, kc * 8 + tig])
+                    o2 = T.split_tf32(dout[b, h, qr0, kc * 8 + tig + 4])
+                    o3 = T.split_tf32(dout[b, h, qr1, kc * 8 + tig + 4])
+                for nt in range(NT_S):
+                    off = 4 * (nt * 8 * STRIDE + kc * 8)
+                    j = nt * 4
+                    c0 = T.split_tf32(T.ld_shared_f32(v_addr + off))
+                    c1 = T.split_tf32(T.ld_shared_f32(v_addr + off + 16))
+                    e = mma3(o0[0], o1[0], o2[0], o3[0], o0[1], o1[1], o2[1], o3[1],
+                             c0[0], c1[0], c0[1], c1[1],
+                             dp_reg[j], dp_reg[j + 1], dp_reg[j + 2], dp_reg[j + 3])
+                    for i in range(4):
+                        dp_reg[j + i] = e[i]
+
+            # -- masks: key tail, causal diagonal, boolean mask (only where a tile needs one) --
+            col_base = n_blk * BK + 2 * tig
+            needs_mask = HAS_MASK or (n_blk * BK + BK > n_k)
+            if CAUSAL:
+                needs_mask = needs_mask or (n_blk * BK + BK - 1 > m_blk * BQ)
+            if needs_mask:
+                for nt in range(NT_S):
+                    for i in range(4):
+                        col = col_base + nt * 8 + (i & 1)
+                        row = row0 + 8 * (i >> 1)
+                        bad = col >= n_k
+                        if CAUSAL:
+                            bad = bad or col > row
+                        if HAS_MASK:
+                            if not bad and row < n_q:
+                                bad = mask[b * mask_b, h * mask_h, row * mask_q, col] == 0
+                        if bad:
+                            s_reg[nt * 4 + i] = NEG_INF
+
+            # -- P = exp2(S * scale * log2e - lse2), dS = P * (dP * Z - delta) --
+            for nt in range(NT_S):
+                for i in range(4):
+                    e = nt * 4 + i
+                    r = i >> 1
+                    p = X.ex2(s_reg[e] * scale_log2 - lse2_r[r])
+                    dpv = dp_reg[e]
+                    if HAS_DROPOUT:
+                        col = col_base + nt * 8 + (i & 1)
+                        keep = fmix(h_row[r] ^ uint64(col)) >= uint64(threshold)
+                        dpv = dpv * inv_keep if keep else float32(0.0)
+                    s_reg[e] = p * (dpv - delta_r[r])
+
+            # -- dQ += dS K: dS's A fragment is its C fragment (a0, a1, a2, a3 = c0, c2, c1, c3
+            #    under the key permutation); K's B fragment = K[key 2t][g], K[key 2t+1][g] --
+            kt_addr = smem0 + uint32(4 * (buf + t_lane))
+            for kp in range(NT_S):
+                j = kp * 4
+                p0 = T.split_tf32(s_reg[j])
+                p1 = T.split_tf32(s_reg[j + 2])
+                p2 = T.split_tf32(s_reg[j + 1])
+                p3 = T.split_tf32(s_reg[j + 3])
+                for nt in range(NT_O):
+                    ka = kt_addr + 4 * (kp * 8 * STRIDE + nt * 8)
+                    b0 = T.split_tf32(T.ld_shared_f32(ka))
+                    b1 = T.split_tf32(T.ld_shared_f32(ka + 4 * STRIDE))
+                    o = nt * 4
+                    d = mma3(p0[0], p1[0], p2[0], p3[0], p0[1], p1[1], p2[1], p3[1],
+                             b0[0], b1[0], b0[1], b1[1],
+                             acc[o], acc[o + 1], acc[o + 2], acc[o + 3])
+                    for i in range(4):
+                        acc[o + i] = d[i]
+            cuda.syncthreads()   # this buffer is refilled by the next iteration's prefetch
+
+        # -- epilogue: dQ = scale * acc --
+        for r in range(2):
+            row = row0 + 8 * r
+            if row < n_q:
+                for nt in range(NT_O):
+                    dq[b, h, row, nt * 8 + 2 * tig] = acc[nt * 4 + 2 * r] * scale
+                    dq[b, h, row, nt * 8 + 2 * tig + 1] = acc[nt * 4 + 2 * r + 1] * scale
+
+    kernel.threads = THREADS
+    return kernel
+
+
+def _build_dkdv_kernel(head_dim, block_k, block_q, causal, has_mask, has_dropout):
+    from numba import cuda, float32, int32, uint32, uint64
+
+    from kernels import mma as X
+    from kernels import mma_tf32 as T
+
+    D = head_dim
+    BK = block_k                        # key rows per block (16 per warp)
+    BQ = block_q                        # queries per shared stage
+    NUM_WARPS = BK // 16
+    THREADS = 32 * NUM_WARPS
+    STRIDE = D + PAD_FLOATS             # floats per shared Q or dO row
+    TILE = BQ * STRIDE                  # floats per Q or dO buffer
+    STAGE = 2 * TILE                    # Q | dO
+    SMEM_FLOATS = 2 * STAGE
+    ROWV = 4 * BQ                       # floats: lse2 | delta, two buffers
+    CHUNKS = D // 4
+    KC = D // 8                         # k-steps of S^T = K Q^T and dP^T = V dO^T
+    NT_S = BQ // 8                      # 16x8 score tiles per warp (= k-steps of dV, dK)
+    NT_O = D // 8                       # 16x8 dK / dV tiles per warp
+    A_REGS, S_REGS, O_REGS = KC * 4, NT_S * 4, NT_O * 4
+    K_REGS, V_REGS = operands_in_registers("dkdv", D)
+    KF_REGS = A_REGS if K_REGS else 4
+    VF_REGS = A_REGS if V_REGS else 4
+    HASHES = 2 * NT_S
+    assert BQ % 8 == 0 and BK % 16 == 0 and D % 8 == 0
+    NEG_INF = float32(-math.inf)
+    POS_INF = float32(math.inf)
+    CAUSAL, HAS_MASK, HAS_DROPOUT = causal, has_mask, has_dropout
+    fmix = _device_helpers()
+    mma3, load_tile = _tf32_helpers(THREADS, CHUNKS, BQ)
+
+    @cuda.jit(device=True, inline=True)
+    def stage_rows(lse, delta, b, h, row_start, nq, rowv, base, tid):
+        # -- lse2 (+inf outside [0, n_q) and for fully masked rows: P = 0) and delta --
+        for r in range(tid, BQ, THREADS):
+            row = row_start + r
+            l2 = POS_INF
+            dl = float32(0.0)
+            if row < nq:
+                lv = lse[b, h, row]
+                if lv != NEG_INF:
+                    l2 = lv * float32(LOG2E)
+                dl = delta[b, h, row]
+            rowv[base + r] = l2
+            rowv[base + BQ + r] = dl
+
+    @cuda.jit(device=True, inline=True)
+    def locate(t, offsets, q_index, b, hk, group, sched_b, sched_h, n_blk):
+        # -- item t of the sweep over (query head of the group, Q tile) -> (h, m_blk) --
+        h_out = int32(-1)
+        m_out = int32(0)
+        for g in range(group):
+            h = hk * group + g
+            s = b * sched_b + h * sched_h
+            lo = offsets[s, n_blk]
+            cnt = offsets[s, n_blk + 1] - lo
+            if h_out < 0:
+                if t < cnt:
+                    h_out = h
+                    m_out = q_index[lo + t]
+                else:
+                    t -= cnt
+        return h_out, m_out
+
+    @cuda.jit(lineinfo=False)
+    def kernel(q, k, v, dout, lse, delta, dk, dv, offsets, q_index, sched_b, sched_h, group,
+               n_q, n_k, mask, mask_b, mask_h, mask_q, scale_log2, scale, seed_hash, threshold,
+               inv_keep):
+        smem = cuda.shared.array(SMEM_FLOATS, dtype=float32, alignment=16)
+        # per stage: lse * log2(e) (+inf where P = 0) and delta of its BQ queries
+        rowv = cuda.shared.array(ROWV, dtype=float32)   # buf 0: lse2 | delta, buf 1: same
+        tid = cuda.threadIdx.x
+        warp = tid // 32
+        lane = tid % 32
+        gid = lane // 4
+        tig = lane % 4
+        n_blk = cuda.blockIdx.x
+        bhk = cuda.blockIdx.y
+        n_heads_kv = dk.shape[1]
+        n_heads = n_heads_kv * group
+        b = bhk // n_heads_kv
+        hk = bhk % n_heads_kv
+        key0 = n_blk * BK + warp * 16 + gid                  # key rows key0 and key0 + 8
+        # K and V rows re-read from global memory are clamped into [0, n_k): rows past n_k
+        # only feed dK/dV rows that are never written
+        kr0 = min(key0, n_k - 1)
+        kr1 = min(key0 + 8, n_k - 1)
+
+        # -- K and V fragments (A operands, dims not permuted) into registers, where
+        #    `operands_in_registers` says so --
+        kf = cuda.local.array(KF_REGS, dtype=float32)
+        vf = cuda.local.array(VF_REGS, dtype=float32)
+        for kc in range(KC):
+            for r in range(4):
+                key = key0 + 8 * (r & 1)
+                col = kc * 8 + tig + 4 * (r >> 1)
+                kv_ = float32(0.0)
+                vv = float32(0.0)
+                if key < n_k:
+                    if K_REGS:
+                        kv_ = k[b, hk, key, col]
+                    if V_REGS:
+                        vv = v[b, hk, key, col]
+                if K_REGS:
+                    kf[kc * 4 + r] = kv_
+                if V_REGS:
+                    vf[kc * 4 + r] = vv
+
+        dk_acc = cuda.local.array(O_REGS, dtype=float32)
+        dv_acc = cuda.local.array(O_REGS, dtype=float32)
+        for i in range(O_REGS):
+            dk_acc[i] = float32(0.0)
+            dv_acc[i] = float32(0.0)
+        st = cuda.local.array(S_REGS, dtype=float32)    # S^T, then P^T * Z: 16 keys x BQ queries
+        dpt = cuda.local.array(S_REGS, dtype=float32)   # dP^T, then dS^T
+        hash_c = cuda.local.array(HASHES, dtype=uint64)   # dropout row hash per query column
+
+        # per-lane float offsets inside a buffer (see kernels.fragments_tf32)
+        b_lane = gid * STRIDE + tig                         # X[query g][dims t, t+4]
+        t_lane = 2 * tig * STRIDE + gid                     # X[query 2t][dim g], X[2t+1][g]
+        r0 = tid // CHUNKS
+        ch = tid % CHUNKS
+        q_row_bytes = uint64(q.strides[2])
+        do_row_bytes = uint64(dout.strides[2])
+        smem0 = X.shared_addr(smem, 0)
+        q_copy = smem0 + uint32(4 * (r0 * STRIDE + ch * 4))
+        do_copy = smem0 + uint32(4 * (TILE + r0 * STRIDE + ch * 4))
+
+        n_items = 0
+        for g in range(group):
+            s = b * sched_b + (hk * group + g) * sched_h
+            n_items += offsets[s, n_blk + 1] - offsets[s, n_blk]
+        if n_items > 0:
+            h, m_blk = locate(0, offsets, q_index, b, hk, group, sched_b, sched_h, n_blk)
+            load_tile(X.global_addr(q, b, h, 0, ch * 4), q_row_bytes, m_blk * BQ + r0, n_q,
+                      q_copy, STRIDE)
+            load_tile(X.global_addr(dout, b, h, 0, ch * 4), do_row_bytes, m_blk * BQ + r0, n_q,
+                      do_copy, STRIDE)
+            X.cp_async_commit()
+            stage_rows(lse, delta, b, h, m_blk * BQ, n_q, rowv, 0, tid)
+
+        for t in range(n_items):
+            buf = (t & 1) * STAGE
+            rbuf = (t & 1) * 2 * BQ
+            h, m_blk = locate(t, offsets, q_index, b, hk, group, sched_b, sched_h, n_blk)
+            if t + 1 < n_items:
+                h_n, m_n = locate(t + 1, offsets, q_index, b, hk, group, sched_b, sched_h, n_blk)
+                nbuf = uint32(4 * (STAGE - buf))
+                load_tile(X.global_addr(q, b, h_n, 0, ch * 4), q_row_bytes, m_n * BQ + r0, n_q,
+                          q_copy + nbuf, STRIDE)
+                load_tile(X.global_addr(dout, b, h_n, 0, ch * 4), do_row_bytes, m_n * BQ + r0,
+                          n_q, do_copy + nbuf, STRIDE)
+                X.cp_async_commit()
+                stage_rows(lse, delta, b, h_n, m_n * BQ, n_q, rowv, 2 * BQ - rbuf, tid)
+                X.cp_async_wait_1()
+            else:
+                X.cp_async_wait_all()
+            cuda.syncthreads()
+
+            bh = b * n_heads + h
+            h_bh = fmix(uint64(seed_hash) ^ uint64(bh))
+            needs_mask = HAS_MASK
+            if CAUSAL:
+                needs_mask = needs_mask or (n_blk * BK + BK - 1 > m_blk * BQ)
+            qc0 = m_blk * BQ + 2 * tig                       # query column of (nt=0, i=0)
+            if HAS_DROPOUT:
+                for u in range(HASHES):
+                    hash_c[u] = fmix(h_bh ^ uint64(qc0 + 8 * (u >> 1) + (u & 1)))
+
+            # -- S^T = K Q^T and dP^T = V dO^T (16 keys x BQ queries each) --
+            for i in range(S_REGS):
+                st[i] = float32(0.0)
+                dpt[i] = float32(0.0)
+            q_addr = smem0 + uint32(4 * (buf + b_lane))
+            do_addr = smem0 + uint32(4 * (buf + TILE + b_lane))
+            for kc in range(KC):
+                a = kc * 4
+                if K_REGS:
+                    k0 = T.split_tf32(kf[a])
+                    k1 = T.split_tf32(kf[a + 1])
+                    k2 = T.split_tf32(kf[a + 2])
+                    k3 = T.split_tf32(kf[a + 3])
+                else:
+                    k0 = T.split_tf32(k[b, hk, kr0, kc * 8 + tig])
+                    k1 = T.split_tf32(k[b, hk, kr1, kc * 8 + tig])
+                    k2 = T.split_tf32(k[b, hk, kr0, kc * 8 + tig + 4])
+                    k3 = T.split_tf32(k[b, hk, kr1, kc * 8 + tig + 4])
+                for nt in range(NT_S):
+                    off = 4 * (nt * 8 * STRIDE + kc * 8)
+                    b0 = T.split_tf32(T.ld_shared_f32(q_addr + off))
+                    b1 = T.split_tf32(T.ld_shared_f32(q_addr + off + 16))
+                    j = nt * 4
+                    d = mma3(k0[0], k1[0], k2[0], k3[0], k0[1], k1[1], k2[1], k3[1],
+                             b0[0], b1[0], b0[1], b1[1],
+                             st[j], st[j + 1], st[j + 2], st[j + 3])
+                    for i in range(4):
+                        st[j + i] = d[i]
+            # (a separate loop: one loop over both products is too large to be unrolled)
+            for kc in range(KC):
+                a = kc * 4
+                if V_REGS:
+                    v0 = T.split_tf32(vf[a])
+                    v1 = T.split_tf32(vf[a + 1])
+                    v2 = T.split_tf32(vf[a + 2])
+                    v3 = T.split_tf32(vf[a + 3])
+                else:
+                    v0 = T.split_tf32(v[b, hk, kr0, kc * 8 + tig])
+                    v1 = T.split_tf32(v[b, hk, kr1, kc * 8 + tig])
+                    v2 = T.split_tf32(v[b, hk, kr0, kc * 8 + tig + 4])
+                    v3 = T.split_tf32(v[b, hk, kr1, kc * 8 + tig + 4])
+                for nt in range(NT_S):
+                    off = 4 * (nt * 8 * STRIDE + kc * 8)
+                    j = nt * 4
+                    c0 = T.split_tf32(T.ld_shared_f32(do_addr + off))
+                    c1 = T.split_tf32(T.ld_shared_f32(do_addr + off + 16))
+                    e = mma3(v0[0], v1[0], v2[0], v3[0], v0[1], v1[1], v2[1], v3[1],
+                             c0[0], c1[0], c0[1], c1[1],
+                             dpt[j], dpt[j + 1], dpt[j + 2], dpt[j + 3])
+                    for i in range(4):
+                        dpt[j + i] = e[i]
+
+            # -- masks (causal diagonal, boolean mask) on S^T --
+            if needs_mask:
+                for nt in range(NT_S):
+                    for i in range(4):
+                        qcol = qc0 + 8 * nt + (i & 1)
+                        key = key0 + 8 * (i >> 1)
+                        bad = False
+                        if CAUSAL:
+                            bad = key > qcol
+                        if HAS_MASK:
+                            if not bad and qcol < n_q and key < n_k:
+                                bad = mask[b * mask_b, h * mask_h, qcol * mask_q, key] == 0
+                        if bad:
+                            st[nt * 4 + i] = NEG_INF
+
+            # -- P^T = exp2(S^T * scale * log2e - lse2), Z from the dropout hash,
+            #    dS^T = P^T * (dP^T * Z - delta) --
+            for nt in range(NT_S):
+                for i in range(4):
+                    e = nt * 4 + i
+                    col = rbuf + 8 * nt + 2 * tig + (i & 1)
+                    p = X.ex2(st[e] * scale_log2 - rowv[col])
+                    z = float32(1.0)
+                    if HAS_DROPOUT:
+                        key = key0 + 8 * (i >> 1)
+                        keep = fmix(hash_c[2 * nt + (i & 1)] ^ uint64(key)) >= uint64(threshold)
+                        z = inv_keep if keep else float32(0.0)
+                    st[e] = p * z
+                    dpt[e] = p * (dpt[e] * z - rowv[col + BQ])
+
+            # -- dV += (P^T Z) dO: P^T's A fragment is its C fragment (a0, a1, a2, a3 = c0, c2,
+            #    c1, c3 under the query permutation); dO's B = dO[query 2t][g], dO[2t+1][g] --
+            dot_addr = smem0 + uint32(4 * (buf + TILE + t_lane))
+            for kp in range(NT_S):
+                j = kp * 4
+                p0 = T.split_tf32(st[j])
+                p1 = T.split_tf32(st[j + 2])
+                p2 = T.split_tf32(st[j + 1])
+                p3 = T.split_tf32(st[j + 3])
+                for nt in range(NT_O):
+                    xa = dot_addr + 4 * (kp * 8 * STRIDE + nt * 8)
+                    b0 = T.split_tf32(T.ld_shared_f32(xa))
+                    b1 = T.split_tf32(T.ld_shared_f32(xa + 4 * STRIDE))
+                    o = nt * 4
+                    d = mma3(p0[0], p1[0], p2[0], p3[0], p0[1], p1[1], p2[1], p3[1],
+                             b0[0], b1[0], b0[1], b1[1],
+                             dv_acc[o], dv_acc[o + 1], dv_acc[o + 2], dv_acc[o + 3])
+                    for i in range(4):
+                        dv_acc[o + i] = d[i]
+
+            # -- dK += dS^T Q: the same with dS^T and Q[query 2t][g], Q[2t+1][g] --
+            qt_addr = smem0 + uint32(4 * (buf + t_lane))
+            for kp in range(NT_S):
+                j = kp * 4
+                p0 = T.split_tf32(dpt[j])
+                p1 = T.split_tf32(dpt[j + 2])
+                p2 = T.split_tf32(dpt[j + 1])
+                p3 = T.split_tf32(dpt[j + 3])
+                for nt in range(NT_O):
+                    xa = qt_addr + 4 * (kp * 8 * STRIDE + nt * 8)
+                    b0 = T.split_tf32(T.ld_shared_f32(xa))
+                    b1 = T.split_tf32(T.ld_shared_f32(xa + 4 * STRIDE))
+                    o = nt * 4
+                    d = mma3(p0[0], p1[0], p2[0], p3[0], p0[1], p1[1], p2[1], p3[1],
+                             b0[0], b1[0], b0[1], b1[1],
+                             dk_acc[o], dk_acc[o + 1], dk_acc[o + 2], dk_acc[o + 3])
+                    for i in range(4):
+                        dk_acc[o + i] = d[i]
+            cuda.syncthreads()   # this buffer is refilled by the next iteration's prefetch
+
+        # -- epilogue: dK = scale * dK_acc, dV --
+        for r in range(2):
+            key = key0 + 8 * r
+            if key < n_k:
+                for nt in range(NT_O):
+                    e = nt * 4 + 2 * r
+                    col = nt * 8 + 2 * tig
+                    dk[b, hk, key, col] = dk_acc[e] * scale
+                    dk[b, hk, key, col + 1] = dk_acc[e + 1] * scale
+                    dv[b, hk, key, col] = dv_acc[e]
+                    dv[b, hk, key, col + 1] = dv_acc[e + 1]
+
+    kernel.threads = THREADS
+    return kernel
+
+
+# -- host side -----------------------------------------------------------------------------------
+def accepts(q, k, v, block_q=None, block_k=None, block_mask=None) -> bool:
+    """Whether `backward` takes these inputs: float32 arrays on a real GPU (torch CUDA tensors or
+    Numba device arrays), head_dim in SUPPORTED_HEAD_DIMS, and, with a block mask, mask tiles
+    that the kernel tiles divide. For dispatching; False under the CUDA simulator and for NumPy
+    arrays."""
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+        return False
+    try:
+        kind = _kind(q)
+        if _kind(k) != kind or _kind(v) != kind:
+            return False
+    except TypeError:
+        return False
+    if kind == "torch":
+        import torch
+        if not (q.is_cuda and q.dtype == torch.float32 and k.dtype == q.dtype
+                and v.dtype == q.dtype):
+            return False
+    elif kind == "numba":
+        if {str(np.dtype(x.dtype)) for x in (q, k, v)} != {"float32"}:
+            return False
+    else:
+        return False
+    if len(q.shape) != 4:
+        return False
+    d = int(q.shape[-1])
+    return kernel_tiles(d, block_q, block_k, block_mask is not None) is not None
+
+
+def backward(q, k, v, out, lse, dout, *, scale, causal=False, mask=None, block_mask=None,
+             dropout_p=0.0, seed=0, block_q=None, block_k=None):
+    """Float32 3xTF32 tensor-core attention backward: returns ``(dq, dk, dv)``.
+
+    Same contract as `kernels.backward`: q, out, dout [B, Hq, Nq, d], k/v [B, Hkv, Nk, d],
+    lse float32 [B, Hq, Nq] from the forward (natural log, -inf for a fully masked row, whose
+    gradients are 0); float32 (torch CUDA tensors, Numba device arrays or NumPy arrays), d in
+    {64, 128}. dq, dk, dv are float32 with the inputs' kind of memory; dk and dv are summed over
+    the query heads of each GQA group. ``block_q``/``block_k`` are the block mask's tile shape
+    (ignored without one: the kernels use `default_tiles`); with a block mask they must be
+    multiples of 16.
+    """
+    from numba import cuda
+
+    kind = _kind(q)
+    for name, x in (("k", k), ("v", v), ("out", out), ("dout", dout)):
+        if _kind(x) != kind:
+            raise TypeError(f"{name} must be the same kind of array as q")
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" or not cuda.is_available():
+        raise RuntimeError("the tensor-core kernel needs a real CUDA GPU (the simulator runs no "
+                           "inline PTX)")
+    if len(q.shape) != 4 or len(k.shape) != 4 or len(v.shape) != 4:
+        raise ValueError(f"q, k, v must be 4-D [B, H, N, d], got {q.shape}, {k.shape}, {v.shape}")
+    batch, heads, n_q, d = (int(x) for x in q.shape)
+    if tuple(k.shape) != tuple(v.shape) or int(k.shape[0]) != batch or int(k.shape[3]) != d:
+        raise ValueError(f"k and v must be [B={batch}, Hkv, Nk, d={d}], got {k.shape}, {v.shape}")
+    heads_kv, n_k = int(k.shape[1]), int(k.shape[2])
+    if heads % heads_kv:
+        raise ValueError(f"query heads {heads} must be a multiple of key/value heads {heads_kv}")
+    for name, x in (("out", out), ("dout", dout)):
+        if tuple(int(s) for s in x.shape) != (batch, heads, n_q, d):
+            raise ValueError(f"{name} must have q's shape {(batch, heads, n_q, d)}, got "
+                             f"{tuple(x.shape)}")
+    if tuple(int(s) for s in lse.shape) != (batch, heads, n_q):
+        raise ValueError(f"lse must have shape {(batch, heads, n_q)}, got {tuple(lse.shape)}")
+    if d not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS} for the 3xTF32 kernel, "
+                         f"got {d}")
+    scale = float(scale)
+    if not scale > 0:
+        raise ValueError(f"scale must be a positive float, got {scale}")
+    if not 0.0 <= float(dropout_p) < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    if block_mask is not None and (block_q is None or block_k is None):
+        raise ValueError("block_mask needs block_q and block_k (its tile shape)")
+    tiles = kernel_tiles(d, None if block_q is None else int(block_q),
+                         None if block_k is None else int(block_k), block_mask is not None)
+    if tiles is None:
+        raise ValueError(f"block_q={block_q}, block_k={block_k}: the block mask's tiles must be "
+                         f"multiples of 16 for the 3xTF32 backward")
+    (dq_bq, dq_bk), (kv_bk, kv_bq) = tiles
+
+    # -- the operands as float32 device arrays (rows contiguous and 16-byte aligned) --
+    stream = 0
+    if kind == "torch":
+        import torch
+        for name, x in (("q", q), ("k", k), ("v", v), ("out", out), ("dout", dout)):
+            if x.dtype != torch.float32:
+                raise TypeError(f"{name} must be float32, got {x.dtype}")
+        if not q.is_cuda:
+            raise TypeError("torch tensors must be on a CUDA device")
+
+        def prep(t):
+            t = t.detach()
+            if t.stride(-1) != 1 or t.data_ptr() % 16 or any(s % 4 for s in t.stride()[:-1]):
+                t = t.contiguous()
+            # sync=False: we launch on torch's current stream, which orders us after producers
+            return cuda.as_cuda_array(t, sync=False)
+
+        qd, kd, vd, od, dod = (prep(x) for x in (q, k, v, out, dout))
+        lsed = cuda.as_cuda_array(lse.detach().to(torch.float32).contiguous(), sync=False)
+        dq_t = torch.empty((batch, heads, n_q, d), dtype=torch.float32, device=q.device)
+        dk_t = torch.empty((batch, heads_kv, n_k, d), dtype=torch.float32, device=q.device)
+        dv_t = torch.empty((batch, heads_kv, n_k, d), dtype=torch.float32, device=q.device)
+        delta_t = torch.empty((batch, heads, n_q), dtype=torch.float32, device=q.device)
+        dqd, dkd, dvd, deltad = (cuda.as_cuda_array(x, sync=False)
+                                 for x in (dq_t, dk_t, dv_t, delta_t))
+        stream = cuda.external_stream(torch.cuda.current_stream(q.device).cuda_stream)
+    else:
+        for name, x in (("q", q), ("k", k), ("v", v), ("out", out), ("dout", dout)):
+            if str(np.dtype(x.dtype)) != "float32":
+                raise TypeError(f"{name} must be float32, got {x.dtype}")
+
+        def prep(a):
+            if kind == "numpy":
+                return cuda.to_device(np.ascontiguousarray(a))
+            st = a.strides
+            if st[-1] != 4 or any(s % 16 for s in st[:-1]):
+                a = cuda.to_device(np.ascontiguousarray(a.copy_to_host()))
+            return a
+
+        qd, kd, vd, od, dod = (prep(x) for x in (q, k, v, out, dout))
+        if kind == "numpy":
+            lsed = cuda.to_device(np.ascontiguousarray(lse, dtype=np.float32))
+        else:
+            if str(np.dtype(lse.dtype)) != "float32":
+                raise TypeError(f"lse must be float32, got {lse.dtype}")
+            lsed = lse
+        dqd = cuda.device_array((batch, heads, n_q, d), dtype=np.float32)
+        dkd = cuda.device_array((batch, heads_kv, n_k, d), dtype=np.float32)
+        dvd = cuda.device_array((batch, heads_kv, n_k, d), dtype=np.float32)
+        deltad = cuda.device_array((batch, heads, n_q), dtype=np.float32)
+
+    # -- mask, schedules, dropout constants --
+    has_mask = mask is not None
+    if has_mask:
+        mshape = tuple(int(x) for x in mask.shape)
+        if len(mshape) != 4 or mshape[0] not in (1, batch) or mshape[1] not in (1, heads) \
+                or mshape[2] not in (1, n_q) or mshape[3] != n_k:
+            raise ValueError(f"mask must be boolean [1|{batch}, 1|{heads}, 1|{n_q}, {n_k}], "
+                             f"got {mshape}")
+        if kind == "torch":
+            import torch
+            maskd = cuda.as_cuda_array(mask.detach().to(torch.uint8).contiguous(), sync=False)
+        elif kind == "numpy":
+            maskd = cuda.to_device(np.ascontiguousarray(mask, dtype=np.uint8))
+        else:
+            maskd = cuda.to_device(np.ascontiguousarray(mask.copy_to_host(), dtype=np.uint8))
+        mb, mh, mq = (int(mshape[0] > 1), int(mshape[1] > 1), int(mshape[2] > 1))
+    else:
+        maskd = _device_const("no-mask", lambda: np.ones((1, 1, 1, 1), np.uint8))
+        mb = mh = mq = 0
+    bm_key = None if block_mask is None else (np.shape(block_mask), block_q, block_k,
+                                              np.asarray(block_mask, bool).tobytes())
+    kv_off, kv_idx, kv_sb, kv_sh = _device_const(
+        ("bwd-kv", n_q, n_k, dq_bq, dq_bk, bool(causal), batch, heads, bm_key),
+        lambda: _schedules(block_mask, block_q, block_k, n_q, n_k, dq_bq, dq_bk, causal, batch,
+                           heads, "kv"))
+    q_off, q_idx, q_sb, q_sh = _device_const(
+        ("bwd-q", n_q, n_k, kv_bq, kv_bk, bool(causal), batch, heads, bm_key),
+        lambda: _schedules(block_mask, block_q, block_k, n_q, n_k, kv_bq, kv_bk, causal, batch,
+                           heads, "q"))
+    has_dropout = float(dropout_p) > 0.0
+    lo, hi = split_seed(seed)
+    seed_hash = int(fmix32(fmix32(np.uint32(lo) ^ np.uint32(SEED_SALT)) ^ np.uint32(hi)))
+    threshold = keep_threshold(dropout_p) if has_dropout else 0
+    inv_keep = 1.0 / (1.0 - float(dropout_p))
+    group = heads // heads_kv
+    consts = (maskd, mb, mh, mq, np.float32(scale * LOG2E), np.float32(scale),
+              np.uint32(seed_hash), np.uint32(threshold), np.float32(inv_keep))
+
+    # -- dQ (and delta) first, then dK/dV, which reads delta --
+    kern = get_dq_kernel(d, dq_bq, dq_bk, bool(causal), has_mask, has_dropout)
+    kern[(cdiv(n_q, dq_bq), batch * heads), kern.threads, stream](
+        qd, kd, vd, od, dod, lsed, deltad, dqd, kv_off, kv_idx, kv_sb, kv_sh, group, n_q, n_k,
+        *consts)
+    kern = get_dkdv_kernel(d, kv_bk, kv_bq, bool(causal), has_mask, has_dropout)
+    kern[(cdiv(n_k, kv_bk), batch * heads_kv), kern.threads, stream](
+        qd, kd, vd, dod, lsed, deltad, dkd, dvd, q_off, q_idx, q_sb, q_sh, group, n_q, n_k,
+        *consts)
+
+    if kind == "torch":
+        return dq_t, dk_t, dv_t
+    if kind == "numpy":
+        return tuple(x.copy_to_host() for x in (dqd, dkd, dvd))
+    return dqd, dkd, dvd
+
+
+def _time_main(argv=None):
+    """``python -m kernels.flash_tf32_bwd [--n N] [--d D ...] [--causal]``: times (CUDA events,
+    median of a few runs) this backward, the float32 CUDA-core backward of `kernels.launch`
+    (KERNELS_FP32_TENSOR_CORES=0) and PyTorch SDPA EFFICIENT float32 forward+backward at
+    B=4, H=32 on the current GPU, and prints one line per head dim."""
+    import argparse
+
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from kernels import launch
+    from kernels.flash_tf32_fwd import forward
+
+    ap = argparse.ArgumentParser(description=_time_main.__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=4096)
+    ap.add_argument("--d", type=int, nargs="+", default=[64, 128])
+    ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--reps", type=int, default=3)
+    args = ap.parse_args(argv)
+
+    def timed(fn):
+        fn()
+        times = []
+        for _ in range(args.reps):
+            t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            t0.record()
+            fn()
+            t1.record()
+            torch.cuda.synchronize()
+            times.append(t0.elapsed_time(t1))
+        return sorted(times)[len(times) // 2]
+
+    print(torch.cuda.get_device_name(), flush=True)
+    for d in args.d:
+        g = torch.Generator(device="cuda").manual_seed(0)
+        q, k, v, do = (torch.randn(4, 32, args.n, d, device="cuda", generator=g)
+                       for _ in range(4))
+        scale = 1 / math.sqrt(d)
+        out, lse = forward(q, k, v, scale=scale, causal=args.causal)
+        kw = dict(scale=scale, causal=args.causal)
+        t_fwd = timed(lambda: forward(q, k, v, **kw))
+        t_bwd = timed(lambda: backward(q, k, v, out, lse, do, **kw))
+        old = os.environ.get("KERNELS_FP32_TENSOR_CORES")
+        os.environ["KERNELS_FP32_TENSOR_CORES"] = "0"
+        try:
+            t_core = timed(lambda: launch.backward(q, k, v, out, lse, do, **kw))
+        finally:
+            if old is None:
+                del os.environ["KERNELS_FP32_TENSOR_CORES"]
+            else:
+                os.environ["KERNELS_FP32_TENSOR_CORES"] = old
+        qg, kg, vg = (x.clone().requires_grad_(True) for x in (q, k, v))
+
+        def sdpa(bwd):
+            with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
+                o = torch.nn.functional.scaled_dot_product_attention(qg, kg, vg,
+                                                                     is_causal=args.causal)
+                if bwd:
+                    o.backward(do)
+
+        t_sdpa_f = timed(lambda: sdpa(False))
+        t_sdpa_fb = timed(lambda: sdpa(True))
+        print(f"N={args.n} d={d} causal={args.causal}: 3xTF32 fwd {t_fwd:.2f} ms, bwd "
+              f"{t_bwd:.2f} ms, fwd+bwd {t_fwd + t_bwd:.2f} ms | CUDA-core bwd {t_core:.2f} ms "
+              f"| SDPA EFFICIENT fwd {t_sdpa_f:.2f} ms, fwd+bwd {t_sdpa_fb:.2f} ms | fwd+bwd "
+              f"ratio (EFFICIENT / ours) {t_sdpa_fb / (t_fwd + t_bwd):.2f}x", flush=True)
+
+
+if __name__ == "__main__":
+    _time_main()

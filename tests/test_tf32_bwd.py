@@ -1,0 +1,283 @@
+"""Tests of the 3xTF32 tensor-core float32 backward (`kernels.flash_tf32_bwd.backward`).
+
+GPU tests (marked ``gpu``; the CUDA simulator cannot execute inline PTX) draw fresh random
+float32 inputs, run the 3xTF32 forward for ``out`` and ``lse`` (or, for tiles it has not, take
+them from the float64 reference) and the backward, and compare dq, dk, dv with float64
+gradients of the same float32 inputs. The CPU tests at the end cover the host-side tile choice.
+
+Tolerance: the float32 CUDA-core kernel's for gradients (`tests/test_kernels.py`): max abs
+error <= 5 x 2e-4 relative to max(1, the largest reference magnitude), per gradient.
+Justification: with the 3xTF32 split every product carries ~2**-21 relative error (the dropped
+small * small term and the rounding of the small halves, ~2**-22 each), the order of float32
+rounding; all sums, exponentials (``ex2.approx``, ~2**-22) and delta are float32, as in the
+CUDA-core kernel. The errors that remain are those of a float32 backward: the logit error
+(|s| * ~2**-21) enters P relatively, the forward's lse and O enter P and delta, and dS = P (dP -
+delta) cancels per row, so gradient errors are a few float32 ulps of |P| (|dP| + |delta|) times
+the row length's square root -- ~1e-5 relative here, far inside 1e-3 even for the large-logit
+case (logits up to ~+-50), where the float32 logit error is ~50 * 2**-21 ~ 2e-5.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from ioaware.dropout import keep_mask
+from kernels import flash_tf32_bwd as bwd_mod
+
+gpu = pytest.mark.gpu
+TOL = 5 * 2e-4
+
+
+def _torch_cuda():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():  # pragma: no cover - CPU-only torch
+        pytest.skip("torch has no CUDA here")
+    return torch
+
+
+def reference_grads(q, k, v, dout, scale, causal=False, mask=None, block_allowed=None,
+                    dropout_p=0.0, seed=0):
+    """float64 gradients (dk/dv summed over each GQA group), out and lse, as NumPy float64."""
+    q64, k64, v64, do64 = (np.asarray(x.double().cpu().numpy() if hasattr(x, "double") else x,
+                                      np.float64) for x in (q, k, v, dout))
+    batch, heads, n_q, _ = q64.shape
+    heads_kv = k64.shape[1]
+    group = heads // heads_kv
+    kr, vr = np.repeat(k64, group, axis=1), np.repeat(v64, group, axis=1)
+    s = np.einsum("bhid,bhjd->bhij", q64, kr) * scale
+    allowed = np.ones(s.shape, bool)
+    if causal:
+        allowed &= np.tril(np.ones(s.shape[-2:], bool))
+    if mask is not None:
+        allowed &= mask.cpu().numpy()
+    if block_allowed is not None:
+        allowed &= block_allowed
+    s = np.where(allowed, s, -np.inf)
+    m = s.max(-1, keepdims=True)
+    m_safe = np.where(np.isfinite(m), m, 0.0)
+    p = np.exp(s - m_safe)
+    l = p.sum(-1, keepdims=True)
+    p = np.where(l > 0, p / np.where(l > 0, l, 1.0), 0.0)
+    z = np.ones(s.shape)
+    if dropout_p > 0:
+        bh = np.arange(batch * heads).reshape(batch, heads, 1, 1)
+        rows = np.arange(n_q).reshape(1, 1, -1, 1)
+        cols = np.arange(s.shape[-1]).reshape(1, 1, 1, -1)
+        z = keep_mask(seed, dropout_p, bh, rows, cols) / (1.0 - dropout_p)
+    pz = p * z
+    o = np.einsum("bhij,bhjd->bhid", pz, vr)
+    dv = np.einsum("bhij,bhid->bhjd", pz, do64)
+    dp = np.einsum("bhid,bhjd->bhij", do64, vr) * z
+    delta = (do64 * o).sum(-1, keepdims=True)
+    ds = p * (dp - delta)
+    dq = np.einsum("bhij,bhjd->bhid", ds, kr) * scale
+    dk = np.einsum("bhij,bhid->bhjd", ds, q64) * scale
+
+    def fold(x):  # sum over the query heads of each GQA group
+        return x.reshape(batch, heads_kv, group, *x.shape[2:]).sum(2)
+
+    lse = np.where(l[..., 0] > 0, m_safe[..., 0] + np.log(np.where(l > 0, l, 1.0))[..., 0],
+                   -np.inf)
+    return {"dq": dq, "dk": fold(dk), "dv": fold(dv), "out": o, "lse": lse}
+
+
+def _inputs(shape_q, shape_kv, seed, q_scale=1.0):
+    torch = _torch_cuda()
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(shape_q, device="cuda", generator=g) * q_scale
+    k = torch.randn(shape_kv, device="cuda", generator=g)
+    v = torch.randn(shape_kv, device="cuda", generator=g)
+    dout = torch.randn(shape_q, device="cuda", generator=g)
+    return q, k, v, dout
+
+
+def _assert_grads(got, want):
+    """Each of dq, dk, dv within TOL of float64 (relative to max(1, max |reference|)); prints
+    the max abs errors for the record."""
+    errs = {}
+    for name, g in zip(("dq", "dk", "dv"), got):
+        g = np.asarray(g.double().cpu().numpy() if hasattr(g, "double") else g, np.float64)
+        w = want[name]
+        assert g.shape == w.shape, (name, g.shape, w.shape)
+        assert np.isfinite(g).all(), f"{name} has non-finite values"
+        err = float(np.abs(g - w).max()) if w.size else 0.0
+        ref = max(1.0, float(np.abs(w).max()) if w.size else 1.0)
+        assert err <= TOL * ref, f"{name}: max abs error {err:.3g} > {TOL} * {ref:.3g}"
+        errs[name] = err
+    print("max abs error vs float64: " + ", ".join(f"{k} {v:.3g}" for k, v in errs.items()))
+    return errs
+
+
+def _run_and_check(q, k, v, dout, *, scale, causal=False, mask=None, block_mask=None,
+                   block_q=None, block_k=None, dropout_p=0.0, seed=0, block_allowed=None):
+    """Our backward on ``out``/``lse`` from the 3xTF32 forward (from the float64 reference,
+    rounded to float32, where the forward has no such tiles), checked against float64."""
+    torch = _torch_cuda()
+    from kernels import flash_tf32_fwd
+    want = reference_grads(q, k, v, dout, scale, causal=causal, mask=mask,
+                           block_allowed=block_allowed, dropout_p=dropout_p, seed=seed)
+    if flash_tf32_fwd.accepts(q, k, v, block_q, block_k, block_mask=block_mask):
+        out, lse = flash_tf32_fwd.forward(q, k, v, scale=scale, causal=causal, mask=mask,
+                                          block_mask=block_mask, dropout_p=dropout_p, seed=seed,
+                                          block_q=block_q, block_k=block_k)
+    else:
+        out = torch.from_numpy(want["out"]).to(device="cuda", dtype=torch.float32)
+        lse = torch.from_numpy(want["lse"]).to(device="cuda", dtype=torch.float32)
+    dq, dk, dv = bwd_mod.backward(q, k, v, out, lse, dout, scale=scale, causal=causal, mask=mask,
+                                  block_mask=block_mask, dropout_p=dropout_p, seed=seed,
+                                  block_q=block_q, block_k=block_k)
+    for x in (dq, dk, dv):
+        assert x.dtype == torch.float32
+    assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
+    _assert_grads((dq, dk, dv), want)
+    return dq, dk, dv
+
+
+@gpu
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_backward_matches_float64(head_dim, causal):
+    # Nq != Nk, neither a multiple of the tiles, GQA 4 query heads on 2 kv heads
+    q, k, v, dout = _inputs((2, 4, 200, head_dim), (2, 2, 333, head_dim), seed=head_dim + causal)
+    _run_and_check(q, k, v, dout, scale=1 / math.sqrt(head_dim), causal=causal)
+
+
+@gpu
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_large_logits_and_long_rows(head_dim):
+    # logits up to ~+-50, 1100 keys, MQA (one kv head for three query heads)
+    q, k, v, dout = _inputs((1, 3, 130, head_dim), (1, 1, 1100, head_dim), seed=7, q_scale=12.0)
+    _run_and_check(q, k, v, dout, scale=1 / math.sqrt(head_dim))
+
+
+@gpu
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_boolean_mask_with_fully_masked_rows_and_columns(head_dim):
+    torch = _torch_cuda()
+    q, k, v, dout = _inputs((2, 2, 150, head_dim), (2, 2, 170, head_dim), seed=11)
+    g = torch.Generator(device="cuda").manual_seed(3)
+    mask = torch.rand((2, 1, 150, 170), device="cuda", generator=g) > 0.3
+    mask[:, :, 5] = False          # a query row with no allowed key: dq row 0, no NaN
+    mask[:, :, :, 9] = False       # a key no query may see: dk, dv rows 0
+    dq, dk, dv = _run_and_check(q, k, v, dout, scale=0.125, causal=True, mask=mask)
+    assert float(dq[:, :, 5].abs().max()) == 0.0
+    assert float(dk[:, :, 9].abs().max()) == 0.0 and float(dv[:, :, 9].abs().max()) == 0.0
+
+
+@gpu
+@pytest.mark.parametrize("head_dim,blocks", [(128, (64, 32)), (64, (128, 64)), (64, (48, 16))])
+def test_block_sparse(head_dim, blocks):
+    q, k, v, dout = _inputs((1, 4, 256, head_dim), (1, 2, 256, head_dim), seed=5)
+    bq, bk = blocks
+    rng = np.random.default_rng(0)
+    block_mask = rng.random((1, 4, -(-256 // bq), 256 // bk)) > 0.4
+    allowed = np.repeat(np.repeat(block_mask, bq, axis=2)[:, :, :256], bk, axis=3)
+    _run_and_check(q, k, v, dout, scale=0.09, block_mask=block_mask, block_q=bq, block_k=bk,
+                   block_allowed=allowed, causal=True)
+
+
+@gpu
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_dropout(head_dim):
+    q, k, v, dout = _inputs((2, 4, 190, head_dim), (2, 2, 210, head_dim), seed=21)
+    _run_and_check(q, k, v, dout, scale=1 / math.sqrt(head_dim), causal=head_dim == 64,
+                   dropout_p=0.2, seed=1234)
+
+
+@gpu
+def test_numpy_and_numba_float32_inputs():
+    torch = _torch_cuda()
+    from numba import cuda
+
+    from kernels.flash_tf32_fwd import forward
+    rng = np.random.default_rng(2)
+    q = rng.standard_normal((1, 3, 300, 64)).astype(np.float32)
+    k = rng.standard_normal((1, 1, 257, 64)).astype(np.float32)
+    v = rng.standard_normal((1, 1, 257, 64)).astype(np.float32)
+    dout = rng.standard_normal((1, 3, 300, 64)).astype(np.float32)
+    qd, kd, vd = (cuda.to_device(x) for x in (q, k, v))
+    out, lse = forward(qd, kd, vd, scale=0.125, causal=True)
+    assert bwd_mod.accepts(qd, kd, vd) and not bwd_mod.accepts(q, k, v)
+    dq, dk, dv = bwd_mod.backward(q, k, v, out.copy_to_host(), lse.copy_to_host(), dout,
+                                  scale=0.125, causal=True)
+    assert isinstance(dq, np.ndarray) and dq.dtype == np.float32 and dk.shape == k.shape
+    want = reference_grads(*(torch.from_numpy(x) for x in (q, k, v, dout)), 0.125, causal=True)
+    _assert_grads((dq, dk, dv), want)
+    got_d = bwd_mod.backward(qd, kd, vd, out, lse, cuda.to_device(dout), scale=0.125,
+                             causal=True)
+    for a, b in zip(got_d, (dq, dk, dv)):
+        np.testing.assert_array_equal(a.copy_to_host(), b)
+
+
+@gpu
+def test_autograd_through_attention_uses_tensor_cores(monkeypatch):
+    """ioaware.attention(backend="numba") on float32 CUDA tensors with requires_grad: the
+    backward dispatches here (unless KERNELS_FP32_TENSOR_CORES=0) and matches float64."""
+    import os
+
+    import ioaware
+    q, k, v, dout = _inputs((2, 4, 160, 64), (2, 2, 150, 64), seed=3)
+    calls = []
+    real = bwd_mod.backward
+    monkeypatch.setattr(bwd_mod, "backward", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    qg, kg, vg = (x.clone().requires_grad_(True) for x in (q, k, v))
+    out = ioaware.attention(qg, kg, vg, causal=True, backend="numba")
+    out.backward(dout)
+    if os.environ.get("KERNELS_FP32_TENSOR_CORES", "1") != "0":
+        assert calls, "kernels.backward did not dispatch to the 3xTF32 backward"
+    want = reference_grads(q, k, v, dout, 1 / 8, causal=True)
+    for g in (qg.grad, kg.grad, vg.grad):
+        assert g.dtype == q.dtype
+    _assert_grads((qg.grad, kg.grad, vg.grad), want)
+
+
+@gpu
+def test_bad_inputs_raise():
+    torch = _torch_cuda()
+    q, k, v, dout = _inputs((1, 1, 32, 80), (1, 1, 32, 80), seed=0)
+    lse = torch.zeros((1, 1, 32), device="cuda")
+    assert not bwd_mod.accepts(q, k, v)
+    with pytest.raises(ValueError, match="head_dim"):
+        bwd_mod.backward(q, k, v, q, lse, dout, scale=0.1)
+    q, k, v, dout = _inputs((1, 1, 32, 64), (1, 1, 32, 64), seed=0)
+    assert bwd_mod.accepts(q, k, v) and not bwd_mod.accepts(q.half(), k.half(), v.half())
+    with pytest.raises(ValueError, match="lse"):
+        bwd_mod.backward(q, k, v, q, lse[:, :, :8], dout, scale=0.1)
+    with pytest.raises(ValueError, match="multiples of 16"):
+        bwd_mod.backward(q, k, v, q, lse, dout, scale=0.1, block_mask=np.ones((1, 1, 4, 4), bool),
+                         block_q=8, block_k=8)
+    with pytest.raises(TypeError, match="dout"):
+        bwd_mod.backward(q, k, v, q, lse, dout.half(), scale=0.1)
+
+
+# -- CPU: tile choice ----------------------------------------------------------------------------
+def test_kernel_tiles_divide_the_block_mask_tiles_and_fit():
+    assert bwd_mod.kernel_tiles(80) is None
+    assert bwd_mod.kernel_tiles(64) == ((64, 32), (64, 32))
+    assert bwd_mod.kernel_tiles(128, 7, 9) == ((64, 16), (64, 16))   # no block mask: ignored
+    for d in (64, 128):
+        for bq in (16, 32, 48, 64, 128, 192):
+            for bk in (16, 32, 64, 96, 128):
+                (dq_q, dq_k), (kv_k, kv_q) = bwd_mod.kernel_tiles(d, bq, bk, True)
+                assert bq % dq_q == 0 and bq % kv_q == 0 and bk % dq_k == 0 and bk % kv_k == 0
+                assert bwd_mod.dq_smem_bytes(d, dq_k) <= bwd_mod.SMEM_LIMIT_BYTES
+                assert bwd_mod.dkdv_smem_bytes(d, kv_q) <= bwd_mod.SMEM_LIMIT_BYTES
+                # the cp.async tile copies divide evenly among the threads
+                for rows, stage in ((dq_q, dq_k), (kv_k, kv_q)):
+                    threads, chunks = 2 * rows, d // 4
+                    assert stage * chunks % threads == 0 and threads % chunks == 0
+    assert bwd_mod.kernel_tiles(64, 24, 64, True) is None
+    assert bwd_mod.kernel_tiles(64, None, 64, True) is None
+
+
+def test_operands_in_registers():
+    assert bwd_mod.operands_in_registers("dq", 64) == (True, True)
+    assert bwd_mod.operands_in_registers("dkdv", 64) == (False, False)
+    assert bwd_mod.operands_in_registers("dq", 128) == (False, False)
+
+
+def test_accepts_nothing_under_the_simulator_or_on_the_host():
+    q = np.zeros((1, 1, 16, 64), np.float32)
+    assert not bwd_mod.accepts(q, q, q)
