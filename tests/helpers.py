@@ -34,3 +34,76 @@ def grads_close(got, want, dtype=np.float32) -> bool:
     want = np.asarray(want, dtype=np.float64)
     err = np.linalg.norm(got - want)
     return bool(err <= GRAD_REL[dtype] * np.linalg.norm(want) + ATOL[dtype] * np.sqrt(want.size))
+
+
+def _float64(x):
+    """A torch tensor (any device) or array-like as a NumPy float64 array."""
+    if hasattr(x, "detach"):
+        return x.detach().double().cpu().numpy()
+    return np.asarray(x, dtype=np.float64)
+
+
+def dense_attention_reference(q, k, v, dout=None, *, scale, causal=False, mask=None,
+                              block_allowed=None, dropout_p=0.0, seed=0) -> dict:
+    """The float64 materialised attention the GPU kernels' tests compare against.
+
+    q [B, Hq, Nq, d], k/v [B, Hkv, Nk, d] (torch tensors on any device or NumPy arrays; their
+    values as given, so half inputs are compared on the same rounded values); ``mask`` boolean
+    broadcastable to [B, Hq, Nq, Nk] (True = may attend), ``block_allowed`` the expanded
+    block-sparse mask; dropout keeps ``ioaware.dropout.keep_mask(seed, p, b*Hq+h, i, j)``.
+    Returns NumPy float64 ``out`` and ``lse`` (natural log, -inf for a fully masked row, whose
+    out is 0); with ``dout`` also ``dq``, ``dk``, ``dv`` (dk/dv summed over each GQA group) and
+    the magnitudes ``eq``, ``ek``, ``ev`` of the terms each gradient element sums (for error
+    bounds that scale with them).
+    """
+    from ioaware.dropout import keep_mask
+
+    q64, k64, v64 = (_float64(x) for x in (q, k, v))
+    batch, heads, n_q, _ = q64.shape
+    heads_kv = k64.shape[1]
+    group = heads // heads_kv
+    kr, vr = np.repeat(k64, group, axis=1), np.repeat(v64, group, axis=1)
+    s = np.einsum("bhid,bhjd->bhij", q64, kr) * scale
+    allowed = np.ones(s.shape, bool)
+    if causal:
+        allowed &= np.tril(np.ones(s.shape[-2:], bool))
+    if mask is not None:
+        allowed &= _float64(mask).astype(bool)
+    if block_allowed is not None:
+        allowed &= block_allowed
+    s = np.where(allowed, s, -np.inf)
+    m = s.max(-1, keepdims=True)
+    m_safe = np.where(np.isfinite(m), m, 0.0)
+    p = np.exp(s - m_safe)
+    l = p.sum(-1, keepdims=True)
+    lse = np.where(l[..., 0] > 0, m_safe[..., 0] + np.log(np.where(l > 0, l, 1.0))[..., 0],
+                   -np.inf)
+    p = np.where(l > 0, p / np.where(l > 0, l, 1.0), 0.0)
+    z = np.ones(s.shape)
+    if dropout_p > 0:
+        bh = np.arange(batch * heads).reshape(batch, heads, 1, 1)
+        rows = np.arange(n_q).reshape(1, 1, -1, 1)
+        cols = np.arange(s.shape[-1]).reshape(1, 1, 1, -1)
+        z = keep_mask(seed, dropout_p, bh, rows, cols) / (1.0 - dropout_p)
+    pz = p * z
+    o = np.einsum("bhij,bhjd->bhid", pz, vr)
+    result = {"out": o, "lse": lse}
+    if dout is None:
+        return result
+
+    def fold(x):  # sum over the query heads of each GQA group
+        return x.reshape(batch, heads_kv, group, *x.shape[2:]).sum(2)
+
+    do64 = _float64(dout)
+    dv = np.einsum("bhij,bhid->bhjd", pz, do64)
+    dp = np.einsum("bhid,bhjd->bhij", do64, vr) * z
+    delta = (do64 * o).sum(-1, keepdims=True)
+    ds = p * (dp - delta)
+    dq = np.einsum("bhij,bhjd->bhid", ds, kr) * scale
+    dk = np.einsum("bhij,bhid->bhjd", ds, q64) * scale
+    mag = p * (np.abs(dp) + np.abs(delta) + np.abs(do64 * o).sum(-1, keepdims=True))
+    ev = np.einsum("bhij,bhid->bhjd", pz, np.abs(do64))
+    ek = np.einsum("bhij,bhid->bhjd", mag, np.abs(q64)) * scale
+    eq = np.einsum("bhij,bhjd->bhid", mag, np.abs(kr)) * scale
+    result.update(dq=dq, dk=fold(dk), dv=fold(dv), eq=eq, ek=fold(ek), ev=fold(ev))
+    return result

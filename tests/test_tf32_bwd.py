@@ -23,7 +23,7 @@ import math
 import numpy as np
 import pytest
 
-from ioaware.dropout import keep_mask
+from .helpers import dense_attention_reference
 from kernels import flash_tf32_bwd as bwd_mod
 
 gpu = pytest.mark.gpu
@@ -39,48 +39,10 @@ def _torch_cuda():
 
 def reference_grads(q, k, v, dout, scale, causal=False, mask=None, block_allowed=None,
                     dropout_p=0.0, seed=0):
-    """float64 gradients (dk/dv summed over each GQA group), out and lse, as NumPy float64."""
-    q64, k64, v64, do64 = (np.asarray(x.double().cpu().numpy() if hasattr(x, "double") else x,
-                                      np.float64) for x in (q, k, v, dout))
-    batch, heads, n_q, _ = q64.shape
-    heads_kv = k64.shape[1]
-    group = heads // heads_kv
-    kr, vr = np.repeat(k64, group, axis=1), np.repeat(v64, group, axis=1)
-    s = np.einsum("bhid,bhjd->bhij", q64, kr) * scale
-    allowed = np.ones(s.shape, bool)
-    if causal:
-        allowed &= np.tril(np.ones(s.shape[-2:], bool))
-    if mask is not None:
-        allowed &= mask.cpu().numpy()
-    if block_allowed is not None:
-        allowed &= block_allowed
-    s = np.where(allowed, s, -np.inf)
-    m = s.max(-1, keepdims=True)
-    m_safe = np.where(np.isfinite(m), m, 0.0)
-    p = np.exp(s - m_safe)
-    l = p.sum(-1, keepdims=True)
-    p = np.where(l > 0, p / np.where(l > 0, l, 1.0), 0.0)
-    z = np.ones(s.shape)
-    if dropout_p > 0:
-        bh = np.arange(batch * heads).reshape(batch, heads, 1, 1)
-        rows = np.arange(n_q).reshape(1, 1, -1, 1)
-        cols = np.arange(s.shape[-1]).reshape(1, 1, 1, -1)
-        z = keep_mask(seed, dropout_p, bh, rows, cols) / (1.0 - dropout_p)
-    pz = p * z
-    o = np.einsum("bhij,bhjd->bhid", pz, vr)
-    dv = np.einsum("bhij,bhid->bhjd", pz, do64)
-    dp = np.einsum("bhid,bhjd->bhij", do64, vr) * z
-    delta = (do64 * o).sum(-1, keepdims=True)
-    ds = p * (dp - delta)
-    dq = np.einsum("bhij,bhjd->bhid", ds, kr) * scale
-    dk = np.einsum("bhij,bhid->bhjd", ds, q64) * scale
-
-    def fold(x):  # sum over the query heads of each GQA group
-        return x.reshape(batch, heads_kv, group, *x.shape[2:]).sum(2)
-
-    lse = np.where(l[..., 0] > 0, m_safe[..., 0] + np.log(np.where(l > 0, l, 1.0))[..., 0],
-                   -np.inf)
-    return {"dq": dq, "dk": fold(dk), "dv": fold(dv), "out": o, "lse": lse}
+    """float64 gradients (dk/dv summed over each GQA group), out and lse, as NumPy float64
+    (`tests.helpers.dense_attention_reference`)."""
+    return dense_attention_reference(q, k, v, dout, scale=scale, causal=causal, mask=mask,
+                                     block_allowed=block_allowed, dropout_p=dropout_p, seed=seed)
 
 
 def _inputs(shape_q, shape_kv, seed, q_scale=1.0):

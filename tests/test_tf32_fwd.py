@@ -24,7 +24,7 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():  # pragma: no cover - CPU-only torch
     pytest.skip("torch has no CUDA here", allow_module_level=True)
 
-from ioaware.dropout import keep_mask  # noqa: E402
+from .helpers import dense_attention_reference  # noqa: E402
 from kernels import flash_tf32_fwd  # noqa: E402
 from kernels.flash_tf32_fwd import forward  # noqa: E402
 
@@ -33,32 +33,11 @@ TOL = 2e-4
 
 def reference(q, k, v, scale, causal=False, mask=None, block_allowed=None, dropout_p=0.0,
               seed=0):
-    """float64 attention on the float32 inputs; returns (out, lse) as NumPy arrays."""
-    q64, k64, v64 = (x.double().cpu().numpy() for x in (q, k, v))
-    batch, heads, n_q, _ = q64.shape
-    group = heads // k64.shape[1]
-    k64, v64 = np.repeat(k64, group, axis=1), np.repeat(v64, group, axis=1)
-    s = np.einsum("bhid,bhjd->bhij", q64, k64) * scale
-    allowed = np.ones(s.shape, bool)
-    if causal:
-        allowed &= np.tril(np.ones(s.shape[-2:], bool))
-    if mask is not None:
-        allowed &= mask.cpu().numpy()
-    if block_allowed is not None:
-        allowed &= block_allowed
-    s = np.where(allowed, s, -np.inf)
-    m = s.max(-1, keepdims=True)
-    m_safe = np.where(np.isfinite(m), m, 0.0)
-    p = np.exp(s - m_safe)
-    l = p.sum(-1, keepdims=True)
-    lse = np.where(l[..., 0] > 0, m_safe[..., 0] + np.log(np.where(l > 0, l, 1.0))[..., 0], -np.inf)
-    p = np.where(l > 0, p / np.where(l > 0, l, 1.0), 0.0)
-    if dropout_p > 0:
-        bh = np.arange(batch * heads).reshape(batch, heads, 1, 1)
-        rows = np.arange(n_q).reshape(1, 1, -1, 1)
-        cols = np.arange(s.shape[-1]).reshape(1, 1, 1, -1)
-        p = p * keep_mask(seed, dropout_p, bh, rows, cols) / (1.0 - dropout_p)
-    return np.einsum("bhij,bhjd->bhid", p, v64), lse
+    """float64 attention on the float32 inputs (`tests.helpers.dense_attention_reference`);
+    returns (out, lse) as NumPy arrays."""
+    r = dense_attention_reference(q, k, v, scale=scale, causal=causal, mask=mask,
+                                  block_allowed=block_allowed, dropout_p=dropout_p, seed=seed)
+    return r["out"], r["lse"]
 
 
 def _inputs(shape_q, shape_kv, seed, q_scale=1.0):
