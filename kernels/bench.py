@@ -5,7 +5,9 @@
 
 For every (N, d, causal, dtype, pass) it times our kernel (``ioaware-numba``) and SDPA's FLASH,
 EFFICIENT, CUDNN and MATH backends in the same process: median of CUDA-event times after
-warm-up, TFLOP/s (4*B*H*Nq*Nk*d per forward, halved when causal; fwd+bwd counts 3.5x),
+warm-up (``--timing sync``, the default: each call synchronous, its host code inside the timed
+span; ``--timing device``: a device-side sleep first, so only the GPU's time counts; our
+kernel's records also carry ``host_ms``, the host time of one call), TFLOP/s (4*B*H*Nq*Nk*d per forward, halved when causal; fwd+bwd counts 3.5x),
 peak extra device memory over the inputs (torch allocator), and our kernel's speed ratio
 ``t_backend / t_ours`` (> 1: ours is faster). Shapes keep B*N = 16384 tokens and H*d = 2048.
 A backend that refuses a configuration (FLASH on float32) or runs out of memory is listed
@@ -20,8 +22,6 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
-import math
-import os
 import platform
 import re
 import subprocess
@@ -62,10 +62,24 @@ def _kernel_versions():
     return {"fwd": launch.FWD_VERSION, "bwd": launch.BWD_VERSION}
 
 
-def _event_ms(torch, fn):
-    """Milliseconds of one call of ``fn``, between two CUDA events."""
+#: Timing methods. "sync": CUDA events around one synchronous call, so the call's host code
+#: (argument checks, array wrapping, the launch) is inside the timed span whenever the GPU waits
+#: for it — what a caller that synchronises sees. "device": a device-side sleep is enqueued
+#: first, so the host has enqueued the call before the GPU reaches the first event — the GPU's
+#: own time, as `kernels.measure` takes it.
+TIMINGS = ("sync", "device")
+#: GPU clock cycles of the device-side sleep in "device" timing (~2 ms at 2 GHz; longer than
+#: the host code of one call).
+SLEEP_CYCLES = 4_000_000
+
+
+def _event_ms(torch, fn, sleep_cycles=0):
+    """Milliseconds of one call of ``fn``, between two CUDA events; with ``sleep_cycles`` the
+    stream first sleeps that many GPU cycles (outside the events) while the host enqueues."""
     a = torch.cuda.Event(enable_timing=True)
     b = torch.cuda.Event(enable_timing=True)
+    if sleep_cycles:
+        torch.cuda._sleep(int(sleep_cycles))
     a.record()
     fn()
     b.record()
@@ -73,9 +87,13 @@ def _event_ms(torch, fn):
     return a.elapsed_time(b)
 
 
-def time_cuda(torch, fn, warmup=3, min_reps=5, max_reps=30, budget_s=0.4):
-    """(median, p10, p90) milliseconds of ``fn`` by CUDA events, after warm-up."""
-    if _event_ms(torch, fn) > 50.0:       # slow configuration: fewer repetitions
+def time_cuda(torch, fn, warmup=3, min_reps=5, max_reps=30, budget_s=0.4, timing="sync"):
+    """(median, p10, p90) milliseconds of ``fn`` by CUDA events, after warm-up; ``timing`` is
+    one of `TIMINGS`."""
+    if timing not in TIMINGS:
+        raise ValueError(f"timing must be one of {TIMINGS}, got {timing!r}")
+    sleep = SLEEP_CYCLES if timing == "device" else 0
+    if _event_ms(torch, fn, sleep) > 50.0:       # slow configuration: fewer repetitions
         warmup, min_reps = 0, 3
     for _ in range(warmup):
         fn()
@@ -83,10 +101,25 @@ def time_cuda(torch, fn, warmup=3, min_reps=5, max_reps=30, budget_s=0.4):
     times = []
     total = 0.0
     while len(times) < max_reps and (len(times) < min_reps or total < budget_s * 1e3):
-        times.append(_event_ms(torch, fn))
+        times.append(_event_ms(torch, fn, sleep))
         total += times[-1]
     t = np.array(times)
     return float(np.median(t)), float(np.percentile(t, 10)), float(np.percentile(t, 90))
+
+
+def host_call_ms(torch, fn, reps=10):
+    """Median milliseconds the host spends in one call of ``fn`` (its Python code and launches,
+    not the GPU's work): each call is made while the GPU sleeps, so it returns once enqueued."""
+    import time
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        torch.cuda._sleep(SLEEP_CYCLES)
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    torch.cuda.synchronize()
+    return float(np.median(times))
 
 
 def peak_extra_bytes(torch, fn):
@@ -129,7 +162,10 @@ def _make_runner(torch, kernel, q, k, v, do, causal, pas):
 
 
 def bench_attention(torch, ns, ds, dtypes, causals, passes, kernel_names, progress=print,
-                    checkpoint=None):
+                    checkpoint=None, timing="sync"):
+    """Time each kernel on each configuration (see the module docstring); ``timing`` is one of
+    `TIMINGS`. Our kernel's records also carry ``host_ms``, the host time of one call
+    (`host_call_ms`). Returns (records, skipped)."""
     records, skipped = [], []
     dev = "cuda"
     free_bytes = torch.cuda.mem_get_info()[0]
@@ -156,7 +192,8 @@ def bench_attention(torch, ns, ds, dtypes, causals, passes, kernel_names, progre
                 run()
                 torch.cuda.synchronize()
                 peak = peak_extra_bytes(torch, run)
-                med, p10, p90 = time_cuda(torch, run)
+                med, p10, p90 = time_cuda(torch, run, timing=timing)
+                host = host_call_ms(torch, run) if kern == "ioaware-numba" else None
             except Exception as exc:  # a backend refusing this configuration, or OOM
                 torch.cuda.synchronize()
                 torch.cuda.empty_cache()
@@ -167,7 +204,8 @@ def bench_attention(torch, ns, ds, dtypes, causals, passes, kernel_names, progre
                                 time_ms_p90=p90, peak_extra_bytes=peak, dram_read_bytes=None,
                                 dram_write_bytes=None, l2_bytes=None, global_load_bytes=None,
                                 global_store_bytes=None, flops_executed=None,
-                                tflops=fl / (med * 1e-3) / 1e12))
+                                tflops=fl / (med * 1e-3) / 1e12, timing=timing,
+                                **({"host_ms": host} if host is not None else {})))
         progress(f"[{ci + 1}/{len(configs)}] N={n} d={d} {dt} causal={causal} {pas}")
         if checkpoint is not None:
             checkpoint(records, skipped)
@@ -255,7 +293,8 @@ def format_table(records):
     names = ["ioaware-numba", "sdpa-efficient", "sdpa-flash", "sdpa-cudnn", "sdpa-math"]
     head = (f"{'pass':8} {'dtype':5} {'d':>4} {'causal':6} {'N':>6} | "
             + " ".join(f"{n.replace('sdpa-', ''):>9}" for n in names)
-            + " | ours TF/s | x_eff  x_flash x_cudnn x_math | MiB ours/math")
+            + " | ours TF/s | x_eff  x_flash x_cudnn x_math | MiB ours/math"
+            + (" | host ms" if any("host_ms" in r for r in records) else ""))
     lines = [head, "-" * len(head)]
     for key in sorted(by):
         row = by[key]
@@ -266,8 +305,13 @@ def format_table(records):
         tf = f"{ours['tflops']:9.2f}" if ours else f"{'-':>9}"
         mem = (f"{ours['peak_extra_bytes'] / 2**20:.1f}/" if ours else "-/") + (
             f"{row['sdpa-math']['peak_extra_bytes'] / 2**20:.0f}" if "sdpa-math" in row else "-")
-        lines.append(f"{key[0]:8} {key[1]:5} {key[2]:4d} {str(key[3]):6} {key[4]:6d} | {times} | {tf} | {ratios} | {mem}")
-    lines.append("times in ms (median); x_<backend> = t_backend / t_ours (> 1: ours faster)")
+        host = (f" | {ours['host_ms']:7.3f}" if ours and "host_ms" in ours
+                else (" |       -" if "host ms" in head else ""))
+        lines.append(f"{key[0]:8} {key[1]:5} {key[2]:4d} {str(key[3]):6} {key[4]:6d} | {times} | {tf} | {ratios} | {mem}{host}")
+    timings = sorted({r["timing"] for r in records if "timing" in r})
+    lines.append("times in ms (median); x_<backend> = t_backend / t_ours (> 1: ours faster)"
+                 + (f"; timing: {', '.join(timings)}" if timings else "")
+                 + (" (host ms: host time of one call of ours)" if "host ms" in head else ""))
     return "\n".join(lines)
 
 
@@ -296,6 +340,9 @@ def main(argv=None):
     ap.add_argument("--out", default=None,
                     help="results file (default results/bench_<gpu>_<date>[_<tag>].json)")
     ap.add_argument("--tag", default=None, help="suffix of the default results file name")
+    ap.add_argument("--timing", choices=TIMINGS, default="sync",
+                    help="sync: events around each synchronous call, host code included (default); "
+                         "device: a device-side sleep first, so only the GPU's time is timed")
     ap.add_argument("--show", metavar="RESULTS_JSON", default=None,
                     help="print the table of an existing results file (no GPU needed) and exit")
     args = ap.parse_args(argv)
@@ -319,7 +366,7 @@ def main(argv=None):
     import torch
     if not torch.cuda.is_available():
         raise SystemExit("kernels.bench needs a CUDA GPU (torch.cuda.is_available() is False)")
-    prov = _versions(torch)
+    prov = dict(_versions(torch), timing=args.timing)
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     out = Path(args.out) if args.out else RESULTS_DIR / (
         "bench_" + re.sub(r"[^A-Za-z0-9]+", "-", prov["gpu"]).strip("-").lower()
@@ -334,7 +381,8 @@ def main(argv=None):
         out.write_text(json.dumps(doc, indent=1))
     records, skipped = bench_attention(torch, args.n, args.d, args.dtype,
                                        [c == "true" for c in args.causal], args.passes,
-                                       args.kernels, progress=log, checkpoint=save)
+                                       args.kernels, progress=log, checkpoint=save,
+                                       timing=args.timing)
     seed_rows = seed_experiment(torch, args.seed_lens, progress=log) if args.seed_lens else []
     doc["seed_experiment"], doc["complete"] = seed_rows, True
     save(records, skipped)
