@@ -1,13 +1,18 @@
 """A small configuration exercising every kernel path once, for compute-sanitizer:
 
     compute-sanitizer --tool memcheck python -m kernels.sanitize_case
+
+CUDA-core kernels (NumPy inputs): forward and both backward dQ modes with causal, dropout, a
+boolean mask, GQA and partial tiles. Tensor-core kernels (torch CUDA tensors, when torch has
+CUDA): the 3xTF32 float32 forward and backward and the float16 forward and backward, causal,
+GQA, lengths that are not multiples of the tiles.
 """
 import numpy as np
 
 import kernels
 
 
-def main():
+def cuda_core_paths():
     rng = np.random.default_rng(0)
     for d, causal, kw in ((64, True, {}), (64, False, {"dropout_p": 0.25, "seed": 3}),
                           (32, False, {"mask": rng.random((2, 1, 70, 45)) < 0.7})):
@@ -19,6 +24,31 @@ def main():
             dq, dk, dv = kernels.backward(q, k, v, out, lse, out, scale=d ** -0.5, causal=causal,
                                           dq_mode=mode, **kw)
             assert np.isfinite(dq).all() and np.isfinite(dk).all()
+
+
+def tensor_core_paths():
+    try:
+        import torch
+    except ImportError:
+        return
+    if not torch.cuda.is_available():
+        return
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for dtype in (torch.float32, torch.float16):
+        for d, kw in ((64, {"causal": True}), (128, {"dropout_p": 0.25, "seed": 3})):
+            q, do = (torch.randn(2, 2, 150, d, device="cuda", generator=g).to(dtype)
+                     for _ in range(2))
+            k, v = (torch.randn(2, 1, 97, d, device="cuda", generator=g).to(dtype)
+                    for _ in range(2))
+            out, lse = kernels.forward(q, k, v, scale=d ** -0.5, **kw)
+            dq, dk, dv = kernels.backward(q, k, v, out, lse, do, scale=d ** -0.5, **kw)
+            torch.cuda.synchronize()
+            assert all(bool(torch.isfinite(x).all()) for x in (out, dq, dk, dv))
+
+
+def main():
+    cuda_core_paths()
+    tensor_core_paths()
     print("sanitize_case done")
 
 
