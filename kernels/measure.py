@@ -1,10 +1,11 @@
 """The measurement harness: times attention kernels on a CUDA GPU and writes a results file.
 
 ``python -m kernels.measure`` (or `run_sweep`) runs, for each configuration of a sweep, our
-Numba kernels (`kernels.forward` / `kernels.backward` as variant ``"simt"``, the CUDA-core
-kernels, whose forward is pinned to its micro-tile so that half-precision inputs are not sent to
-the tensor-core kernel; and the tensor-core forward `kernels.flash_mma_fwd` as variant ``"mma"``), PyTorch SDPA's FLASH, EFFICIENT, CUDNN and MATH
-backends, and an unfused eager attention (matmul, scale, mask, softmax, matmul), and records one
+Numba kernels — variant ``"simt"``: the CUDA-core `kernels.forward` / `kernels.backward`, pinned
+(micro-tile, dQ mode) so that no input is sent to a tensor-core kernel; ``"mma"``: the
+float16/bfloat16 tensor-core forward and backward (`kernels.flash_mma_fwd`/`flash_mma_bwd`);
+``"tf32"``: the float32 3xTF32 ones (`kernels.flash_tf32_fwd`/`flash_tf32_bwd`) — PyTorch SDPA's
+FLASH, EFFICIENT, CUDNN and MATH backends, and an unfused eager attention (matmul, scale, mask, softmax, matmul), and records one
 results record per configuration in the format ``ioaware.results/1`` (validated by
 `sim.results.load_results`).
 
@@ -61,7 +62,12 @@ SDPA_BACKEND = {"sdpa-flash": "FLASH_ATTENTION", "sdpa-efficient": "EFFICIENT_AT
 PASSES = ("fwd", "bwd", "fwd+bwd")
 DTYPES = ("fp32", "fp16", "bf16")
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
-VARIANTS = ("simt", "mma")
+VARIANTS = ("simt", "mma", "tf32")
+#: Input dtypes and head dims each tensor-core variant runs ("mma": float16/bfloat16 forward
+#: `kernels.flash_mma_fwd` and backward `kernels.flash_mma_bwd`; "tf32": the float32 3xTF32
+#: forward `kernels.flash_tf32_fwd` and backward `kernels.flash_tf32_bwd`).
+VARIANT_DTYPES = {"mma": ("fp16", "bf16"), "tf32": ("fp32",)}
+VARIANT_HEAD_DIMS = (64, 128)
 
 #: Fields that identify a configuration (a record's key for resuming and joining).
 KEY_FIELDS = ("kernel", "variant", "pass", "dtype", "batch", "heads", "heads_kv", "seq_len_q",
@@ -96,9 +102,16 @@ def default_blocks(cfg: dict) -> tuple[int, int] | tuple[None, None]:
     `kernels.config` and `kernels.flash_mma_fwd`); (None, None) for the other kernels."""
     if cfg["kernel"] != "ioaware-numba":
         return None, None
-    if cfg.get("variant") == "mma":
-        from kernels.flash_mma_fwd import default_blocks as mma_default
-        return tuple(int(x) for x in mma_default(cfg["head_dim"]))
+    variant, d = cfg.get("variant"), cfg["head_dim"]
+    if variant in ("mma", "tf32"):
+        # forward: its (block_q, block_k); backward: the dQ kernel's (query rows, keys per stage)
+        if cfg["pass"] == "fwd":
+            from kernels import flash_mma_fwd, flash_tf32_fwd
+            mod = flash_mma_fwd if variant == "mma" else flash_tf32_fwd
+            return tuple(int(x) for x in mod.default_blocks(d))
+        from kernels import flash_mma_bwd, flash_tf32_bwd
+        mod = flash_mma_bwd if variant == "mma" else flash_tf32_bwd
+        return tuple(int(x) for x in mod.default_tiles(d)["dq"])
     from kernels.config import default_blocks as simt_default
     return simt_default(cfg["head_dim"], cfg["pass"] == "bwd", False)
 
@@ -110,8 +123,9 @@ def normalize_config(cfg: dict) -> dict:
     Accepted keys: ``kernel`` (one of `KERNELS`), ``pass`` (`PASSES`), ``dtype`` (`DTYPES`),
     ``batch``, ``heads``, ``heads_kv`` (default heads), ``seq_len_q``, ``seq_len_k`` (default
     seq_len_q), ``head_dim``, ``causal`` (default False), ``block_q``/``block_k`` (our kernel
-    only; None = its default), ``variant`` ("simt" = `kernels.forward`/`backward`, "mma" = the
-    tensor-core forward, fp16/bf16 forward only).
+    only; None = its default), ``variant`` ("simt" = the CUDA-core `kernels.forward`/`backward`,
+    pinned so that no input goes to a tensor-core kernel; "mma" / "tf32" = the tensor-core
+    kernels, `VARIANT_DTYPES`, forward or backward at their default tiles).
     """
     if not isinstance(cfg, dict):
         raise TypeError(f"a configuration must be a dict, got {type(cfg).__name__}")
@@ -139,9 +153,19 @@ def normalize_config(cfg: dict) -> dict:
         out["variant"] = out.get("variant") or "simt"
         if out["variant"] not in VARIANTS:
             raise ValueError(f"config field 'variant' must be one of {VARIANTS}, got {out['variant']!r}")
-        if out["variant"] == "mma" and (out["pass"] != "fwd" or out["dtype"] == "fp32"):
-            raise ValueError("variant 'mma' (the tensor-core forward) supports pass 'fwd' with "
-                             f"dtype fp16 or bf16 only, got pass={out['pass']!r}, dtype={out['dtype']!r}")
+        var = out["variant"]
+        if var in VARIANT_DTYPES and (out["pass"] not in ("fwd", "bwd")
+                                      or out["dtype"] not in VARIANT_DTYPES[var]
+                                      or out["head_dim"] not in VARIANT_HEAD_DIMS):
+            raise ValueError(f"variant {var!r} (tensor cores) runs pass 'fwd' or 'bwd' with dtype "
+                             f"{' or '.join(VARIANT_DTYPES[var])} and head_dim "
+                             f"{' or '.join(map(str, VARIANT_HEAD_DIMS))}, got pass={out['pass']!r}, "
+                             f"dtype={out['dtype']!r}, head_dim={out['head_dim']}")
+        if (var in VARIANT_DTYPES and out["pass"] == "bwd" and out.get("block_q") is not None
+                and (out["block_q"], out.get("block_k")) != default_blocks(out)):
+            raise ValueError(f"variant {var!r} backward runs its default tiles "
+                             f"{default_blocks(out)} (its dQ kernel's); got block_q="
+                             f"{out['block_q']}, block_k={out.get('block_k')}")
         bq, bk = out.get("block_q"), out.get("block_k")
         if (bq is None) != (bk is None):
             raise ValueError("give both block_q and block_k, or neither (the kernel's default)")
@@ -198,8 +222,8 @@ def expand_grid(*, kernels: Iterable[str], seq_lens: Iterable[int], head_dims: I
 
     Batch: ``batch`` if given, else ``max(1, tokens // seq_len)`` (constant work per N), else 1.
     ``blocks``: {(head_dim, pass): [(block_q, block_k), ...]} for our kernel; a missing entry
-    means the kernel's default only. ``variants`` applies to our kernel (the "mma" variant is
-    added only where it is supported: fp16/bf16 forward).
+    means the kernel's default only. ``variants`` applies to our kernel (a tensor-core variant is
+    added only where it runs: `VARIANT_DTYPES`, `VARIANT_HEAD_DIMS`, forward or backward).
     """
     out, seen = [], set()
     for n in seq_lens:
@@ -215,7 +239,9 @@ def expand_grid(*, kernels: Iterable[str], seq_lens: Iterable[int], head_dims: I
                             cands = []
                             if k == "ioaware-numba":
                                 for var in variants:
-                                    if var == "mma" and (p != "fwd" or dt == "fp32"):
+                                    if var in VARIANT_DTYPES and (
+                                            p not in ("fwd", "bwd") or dt not in VARIANT_DTYPES[var]
+                                            or int(d) not in VARIANT_HEAD_DIMS):
                                         continue
                                     bl = (blocks or {}).get((int(d), p)) if var == "simt" else None
                                     for bq_bk in (bl or [(None, None)]):
@@ -445,13 +471,26 @@ def build_runner(cfg: dict, sets: list[dict]) -> Callable[[int], object]:
     gqa = cfg["heads_kv"] != cfg["heads"]
 
     if kernel == "ioaware-numba":
-        if cfg["variant"] == "mma":
-            from kernels.flash_mma_fwd import forward as mma_forward
+        if cfg["variant"] in VARIANT_DTYPES:
+            if cfg["variant"] == "mma":
+                from kernels.flash_mma_bwd import backward as tc_backward
+                from kernels.flash_mma_fwd import forward as tc_forward
+            else:
+                from kernels.flash_tf32_bwd import backward as tc_backward
+                from kernels.flash_tf32_fwd import forward as tc_forward
+            if p == "fwd":
+                def run(i):
+                    s = sets[i]
+                    return tc_forward(s["q"], s["k"], s["v"], scale=scale, causal=causal,
+                                      block_q=cfg["block_q"], block_k=cfg["block_k"])
+                return run
+            for s in sets:
+                s["out"], s["lse"] = tc_forward(s["q"], s["k"], s["v"], scale=scale, causal=causal)
 
             def run(i):
                 s = sets[i]
-                return mma_forward(s["q"], s["k"], s["v"], scale=scale, causal=causal,
-                                   block_q=cfg["block_q"], block_k=cfg["block_k"])
+                return tc_backward(s["q"], s["k"], s["v"], s["out"], s["lse"], s["dout"],
+                                   scale=scale, causal=causal)
             return run
         from kernels import backward, forward
         blocks = {"block_q": cfg["block_q"], "block_k": cfg["block_k"]}
@@ -521,6 +560,8 @@ def _check_forward(cfg, sets) -> float | None:
     kw = {"block_q": cfg["block_q"], "block_k": cfg["block_k"]}
     if cfg["variant"] == "mma":
         from kernels.flash_mma_fwd import forward as fwd
+    elif cfg["variant"] == "tf32":
+        from kernels.flash_tf32_fwd import forward as fwd
     else:
         from kernels import forward as fwd
         kw["tiles"] = simt_forward_tiles(cfg["head_dim"], cfg["block_q"], cfg["block_k"])
@@ -698,15 +739,25 @@ SWEEP_BLOCKS = {
 
 
 def standard_sweep(*, seq_lens=(512, 1024, 2048, 4096, 8192), baseline_seq_lens=(1024, 4096),
-                   head_dims=(64, 128), heads=16, tokens=8192) -> list[dict]:
+                   head_dims=(64, 128), heads=16, tokens=8192,
+                   tensor_core_variants=()) -> list[dict]:
     """The sweep shipped in ``results/``: our kernel (float32, every block size of
     `SWEEP_BLOCKS`; float16 at its defaults and the tensor-core forward) and every baseline at
-    the same (N, d), causal on and off, forward and backward; batch = tokens // N."""
+    the same (N, d), causal on and off, forward and backward; batch = tokens // N.
+    ``tensor_core_variants`` ("mma", "tf32") adds those variants' forward and backward at the
+    baselines' N (the shipped files predate them)."""
     common = dict(heads=heads, tokens=tokens, causal=(False, True), head_dims=head_dims)
     cfgs = expand_grid(kernels=["ioaware-numba"], seq_lens=seq_lens, dtypes=["fp32"],
                        passes=["fwd", "bwd"], blocks=SWEEP_BLOCKS, **common)
-    cfgs += expand_grid(kernels=["ioaware-numba"], seq_lens=baseline_seq_lens, dtypes=["fp16"],
-                        passes=["fwd", "bwd"], variants=("simt", "mma"), **common)
+    cfgs += [c for c in expand_grid(kernels=["ioaware-numba"], seq_lens=baseline_seq_lens,
+                                    dtypes=["fp16"], passes=["fwd", "bwd"],
+                                    variants=("simt", "mma"), **common)
+             if c["variant"] == "simt" or c["pass"] == "fwd"]
+    for var in tensor_core_variants:
+        cfgs += [c for c in expand_grid(kernels=["ioaware-numba"], seq_lens=baseline_seq_lens,
+                                        dtypes=list(VARIANT_DTYPES[var][:1]), passes=["fwd", "bwd"],
+                                        variants=(var,), **common)
+                 if c["variant"] == var and not (var == "mma" and c["pass"] == "fwd")]
     cfgs += expand_grid(kernels=[k for k in KERNELS if k != "ioaware-numba"],
                         seq_lens=baseline_seq_lens, dtypes=["fp32", "fp16"],
                         passes=["fwd", "bwd"], **common)
@@ -756,7 +807,10 @@ def build_arg_parser() -> argparse.ArgumentParser:
     ap.add_argument("--tokens", type=int, default=8192, help="batch = max(1, tokens // N)")
     ap.add_argument("--blocks", type=_parse_blocks, default=None,
                     help="block sizes of our kernel, e.g. 64x32,32x32 (default: its own)")
-    ap.add_argument("--mma", action="store_true", help="also the tensor-core forward (fp16/bf16)")
+    ap.add_argument("--mma", action="store_true",
+                    help="also the float16/bfloat16 tensor-core kernels (variant mma)")
+    ap.add_argument("--tf32", action="store_true",
+                    help="also the float32 3xTF32 tensor-core kernels (variant tf32)")
     ap.add_argument("--repeats", type=int, default=25, help=f"timed runs (>= {MIN_REPEATS})")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--no-resume", action="store_true", help="start the file afresh")
@@ -767,7 +821,8 @@ def build_arg_parser() -> argparse.ArgumentParser:
 
 def configs_from_args(args) -> list[dict]:
     if args.standard:
-        return standard_sweep()
+        return standard_sweep(tensor_core_variants=(("mma",) if args.mma else ())
+                              + (("tf32",) if args.tf32 else ()))
     kernels = _parse_list(args.kernels, str)
     for k in kernels:
         if k not in KERNELS:
@@ -780,7 +835,7 @@ def configs_from_args(args) -> list[dict]:
     return expand_grid(kernels=kernels, seq_lens=_parse_list(args.seq_lens), head_dims=head_dims,
                        dtypes=_parse_list(args.dtypes, str), causal=args.causal, passes=passes,
                        heads=args.heads, tokens=args.tokens, batch=args.batch, blocks=blocks,
-                       variants=("simt", "mma") if args.mma else ("simt",))
+                       variants=("simt",) + (("mma",) if args.mma else ()) + (("tf32",) if args.tf32 else ()))
 
 
 def main(argv: list[str] | None = None) -> int:

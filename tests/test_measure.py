@@ -258,3 +258,23 @@ def test_simt_forward_tiles_follow_the_kernels_table_and_fit():
             assert config.fwd_smem_bytes(cfg, d) <= config.STATIC_SMEM_LIMIT_BYTES
             if (d, bq, bk) in getattr(config, "FWD_TILES", {}):
                 assert (tm, tn) == tuple(config.FWD_TILES[(d, bq, bk)])
+
+
+def test_tensor_core_variants_normalize_list_and_refuse_what_they_do_not_run():
+    from kernels import flash_mma_bwd, flash_tf32_fwd
+    tf = measure.normalize_config(_cfg(variant="tf32", dtype="fp32"))
+    assert (tf["block_q"], tf["block_k"]) == flash_tf32_fwd.default_blocks(64)
+    mb = measure.normalize_config(_cfg(variant="mma", dtype="fp16", **{"pass": "bwd"}))
+    assert (mb["block_q"], mb["block_k"]) == flash_mma_bwd.default_tiles(64)["dq"]
+    assert measure.normalize_config(dict(mb)) == mb          # a record normalizes to itself
+    for bad in (dict(variant="tf32", dtype="fp16"), dict(variant="mma", dtype="fp32"),
+                dict(variant="mma", dtype="fp16", head_dim=80),
+                dict(variant="tf32", dtype="fp32", block_q=32, block_k=32, **{"pass": "bwd"})):
+        with pytest.raises(ValueError, match="variant"):
+            measure.normalize_config(_cfg(**bad))
+    std = measure.standard_sweep()
+    ext = measure.standard_sweep(tensor_core_variants=("mma", "tf32"))
+    assert len(std) == 292 and len(ext) == 292 + 24
+    added = [c for c in ext if measure.config_key(c) not in {measure.config_key(s) for s in std}]
+    assert {(c["variant"], c["pass"], c["dtype"]) for c in added} == {
+        ("mma", "bwd", "fp16"), ("tf32", "fwd", "fp32"), ("tf32", "bwd", "fp32")}
