@@ -74,7 +74,7 @@ from pathlib import Path
 import numpy as np
 
 __all__ = ["METRICS", "compare", "summary", "block_size_check", "model_for_record", "main",
-           "format_report"]
+           "format_report", "record_registers", "kernel_resources", "RESOURCES_PATH"]
 
 KEY_COLUMNS = ("kernel", "variant", "pass", "dtype", "batch", "heads", "heads_kv", "seq_len_q",
                "seq_len_k", "head_dim", "causal", "block_q", "block_k")
@@ -92,6 +92,9 @@ METRICS = {
 _CALIBRATED = ("time_calibrated", "time_heldout")
 BLOCK_TOLERANCE = 0.10
 DEFAULT_MAX_TRACE_EVENTS = 2_000_000
+#: Registers per thread of our kernels' configurations (``python -m kernels.resources``).
+RESOURCES_PATH = Path(__file__).resolve().parents[1] / "results" / "kernel_resources_sm90.json"
+_RESOURCES: dict = {}
 
 
 def _variant(rec: dict) -> str | None:
@@ -135,8 +138,79 @@ def profiled_impl(rec: dict) -> str | None:
     return "+".join(names)
 
 
-def model_for_record(rec: dict):
-    """``(Workload, Schedule, note)`` that model a results record (see the module docstring)."""
+def kernel_resources(path=None) -> dict:
+    """``{key: entry}`` of a kernel resources JSON (default `RESOURCES_PATH`), loaded once per
+    path; ``{}`` when the file does not exist (registers then stay unmodelled)."""
+    path = Path(path) if path is not None else RESOURCES_PATH
+    key = str(path)
+    if key not in _RESOURCES:
+        if not path.exists():
+            _RESOURCES[key] = {}
+        else:
+            from kernels.resources import load_resources
+            _RESOURCES[key] = load_resources(path)
+    return _RESOURCES[key]
+
+
+def _kernel_version(rec: dict, stem: str, default: str) -> str:
+    """The name of the profiled kernel that starts with ``stem`` (``flash_fwd_v2`` before
+    ``flash_fwd``), else ``default`` (the launch's current version)."""
+    from .model import _ncu_names
+    names = [n.split("::")[-1].split("[")[0] for n in _ncu_names(rec)]
+    hits = sorted({n for n in names if n == stem or n.startswith(stem + "_v")}, reverse=True)
+    return hits[0] if hits else default
+
+
+def record_registers(rec: dict, table: dict | None = None, dq_mode: str | None = None) -> tuple:
+    """``(registers_per_thread, registers_per_thread_kv, status)`` of a record of our kernel:
+    the ``ptxas -v`` figures (`kernels.resources`) of the kernels the record ran, as
+    `sim.model` reads them (the forward and dQ kernel with the micro-tile of
+    `sim.model.record_micro_tiles`, the dK/dV kernel with its own; which version: the kernel
+    names ncu profiled, else the launch's defaults; dQ atomics or not: ``dq_mode``). status:
+    "found", "missing" (a configuration not in the table: None, not modelled) or "n/a" (not our
+    kernel, or not measured on compute capability 9.0, the table's)."""
+    from kernels.resources import lookup
+    from .model import record_dq_mode, record_micro_tiles
+    table = kernel_resources() if table is None else table
+    if rec.get("kernel") != "ioaware-numba" or not rec.get("block_q") or not rec.get("block_k"):
+        return None, None, "n/a"
+    cc = str((rec.get("provenance") or {}).get("compute_capability", ""))
+    if cc != "9.0":
+        return None, None, "n/a"
+    d, dt, causal = int(rec["head_dim"]), rec.get("dtype"), bool(rec.get("causal"))
+    bq, bk = int(rec["block_q"]), int(rec["block_k"])
+    if dt not in ("fp32", "fp16"):
+        return None, None, "missing"
+    if _variant(rec) == "mma":
+        if rec.get("pass") != "fwd":
+            return None, None, "missing"
+        e = lookup(table, "flash_mma_fwd", d, dt, causal, block_m=bq, block_n=bk)
+        return (e["registers_per_thread"], None, "found") if e else (None, None, "missing")
+    from kernels import launch
+    tile, tile_kv = record_micro_tiles(dict(rec, variant="simt"))
+    if rec.get("pass") == "fwd":
+        name = _kernel_version(rec, "flash_fwd", {1: "flash_fwd"}.get(launch.FWD_VERSION,
+                                                                       f"flash_fwd_v{launch.FWD_VERSION}"))
+        e = lookup(table, name, d, dt, causal, block_m=bq, block_n=bk, tile=tile)
+        return (e["registers_per_thread"], None, "found") if e else (None, None, "missing")
+    if rec.get("pass") != "bwd":
+        return None, None, "missing"
+    mode = dq_mode or record_dq_mode(rec) or "atomic"
+    name = _kernel_version(rec, "flash_bwd_dkdv",
+                           "flash_bwd_dkdv" if launch.BWD_VERSION == 1 else "flash_bwd_dkdv_v2")
+    e_kv = lookup(table, name, d, dt, causal, block_m=bk, block_n=bq, tile=tile_kv,
+                  dq_atomic=mode == "atomic")
+    e_q = (lookup(table, "flash_bwd_dq", d, dt, causal, block_m=bq, block_n=bk, tile=tile)
+           if mode == "kernel" else None)
+    if e_kv is None or (mode == "kernel" and e_q is None):
+        return None, None, "missing"
+    return (e_q["registers_per_thread"] if e_q else None), e_kv["registers_per_thread"], "found"
+
+
+def model_for_record(rec: dict, registers: bool = True):
+    """``(Workload, Schedule, note)`` that model a results record (see the module docstring).
+    ``registers``: fill our kernel's registers per thread from `kernel_resources` (False: not
+    modelled, the model before registers)."""
     from .model import MMA_FRAGMENT_ROW_BYTES, record_delta_kernel, record_dq_mode, record_micro_tiles
     from .workload import EXP_FLOPS, Schedule, Workload
 
@@ -151,10 +225,13 @@ def model_for_record(rec: dict):
         # the tensor-core forward takes exp as ex2.approx (the MUFU unit, no FP32 arithmetic)
         exp_flops = 0 if variant == "mma" else EXP_FLOPS
         # ... and moves Q and O in mma fragments: 4 threads x 4 bytes of a row per warp access
+        regs, regs_kv, reg_status = (record_registers(rec, dq_mode=dq_mode) if registers
+                                     else (None, None, "off"))
         sched = Schedule("flash2", rec.get("block_q"), rec.get("block_k"), matmul_unit=unit,
                          dq_mode=dq_mode, micro_tile=tiles[0], micro_tile_kv=tiles[1],
                          delta_kernel=delta, exp_flops=exp_flops,
-                         qo_segment_bytes=MMA_FRAGMENT_ROW_BYTES if variant == "mma" else None)
+                         qo_segment_bytes=MMA_FRAGMENT_ROW_BYTES if variant == "mma" else None,
+                         registers_per_thread=regs, registers_per_thread_kv=regs_kv)
         note = "flash2, measured blocks, " + ("tensor cores, exp by ex2.approx" if unit == "tensor"
                                                else "CUDA cores")
         if tiles[0] is not None:
@@ -164,6 +241,12 @@ def model_for_record(rec: dict):
         if rec["pass"] != "fwd":
             note += f", dQ by {'a separate kernel' if dq_mode == 'kernel' else 'atomics'}"
             note += f", delta by one {delta} per row"
+        if reg_status == "found":
+            note += ", registers " + "/".join(f"{k} {v}" for k, v in
+                                               (("fwd" if rec["pass"] == "fwd" else "dQ", regs),
+                                                ("dK/dV", regs_kv)) if v is not None)
+        elif reg_status == "missing":
+            note += ", registers not found (not modelled)"
     elif kernel in ("sdpa-flash", "sdpa-efficient", "sdpa-cudnn"):
         sched = Schedule("flash2", matmul_unit="tensor")
         note = "flash2, model's default blocks"
@@ -226,7 +309,7 @@ def _predicted_raw(p, metric: str, rec: dict | None = None):
 def _calibrated_ms(rec, p, eff, profile) -> float:
     """The roofline of the record's predicted phases priced with efficiencies ``eff``."""
     from .model import _price
-    w, sched, _ = model_for_record(rec)
+    w, sched, _ = model_for_record(rec, registers=False)   # pricing does not use registers
     return float(_price(p.phases, _profile_for(rec, profile), w, sched, eff)[0])
 
 
@@ -258,19 +341,23 @@ class _Pred:
 
 
 def _predict_one(args):
-    rec, profile, l2, max_trace_events = args
+    rec, profile, l2, max_trace_events, registers = args
     from .model import predict
     try:
         prof = _profile_for(rec, profile)
-        w, sched, note = model_for_record(rec)
+        w, sched, note = model_for_record(rec, registers=registers)
         p = predict(w, sched, prof, l2=l2, calibration=None, max_trace_events=max_trace_events)
-        return _Pred(p), note, None
+        pred = _Pred(p)
+        pred.registers = (sched.registers_per_thread, sched.registers_per_thread_kv)
+        return pred, note, None
     except (ValueError, KeyError, TypeError) as exc:
         return None, None, f"{type(exc).__name__}: {exc}"
 
 
-def _predict_all(records, profile, l2, max_trace_events, workers, progress):
-    jobs = [(rec, profile, l2, max_trace_events) for rec in records]
+def _predict_all(records, profile, l2, max_trace_events, workers, progress, registers=True):
+    if registers:
+        kernel_resources()     # load once, before the workers fork
+    jobs = [(rec, profile, l2, max_trace_events, registers) for rec in records]
     n = len(jobs)
     if workers is None:
         workers = min(os.cpu_count() or 1, 8) if n >= 32 else 1
@@ -297,15 +384,17 @@ def _predict_all(records, profile, l2, max_trace_events, workers, progress):
 
 def compare(records: list[dict], profile=None, *, l2: str = "auto",
             max_trace_events: int = DEFAULT_MAX_TRACE_EVENTS, calibrate_time: bool = True,
-            progress=None, workers: int | None = None):
+            progress=None, workers: int | None = None, registers: bool = True):
     """Join measured records with the model's predictions; returns a pandas DataFrame (one row per
     record; columns in the module docstring). ``profile``: a profile name/path/object for every
     record, or None to match each record's ``provenance.gpu``. Records the model cannot predict
     get a ``model_error`` and NaN predictions. ``workers``: processes predicting in parallel
-    (default: the CPU count for 32 records or more, else 1)."""
+    (default: the CPU count for 32 records or more, else 1). ``registers``: model our kernels'
+    registers per thread from `kernel_resources` (column ``registers_status``: found, missing,
+    n/a, off; ``registers_per_thread`` / ``registers_per_thread_kv``)."""
     import pandas as pd
 
-    results = _predict_all(records, profile, l2, max_trace_events, workers, progress)
+    results = _predict_all(records, profile, l2, max_trace_events, workers, progress, registers)
     rows, preds, recs_by_family = [], [], {}
     for i, (rec, (p, note, err)) in enumerate(zip(records, results)):
         row = {k: rec.get(k) for k in KEY_COLUMNS}
@@ -318,9 +407,12 @@ def compare(records: list[dict], profile=None, *, l2: str = "auto",
         if p is not None:
             row.update(profile=p.profile_name, model_note=note, model_error=None,
                        model_block_q=p.block_q, model_block_k=p.block_k, l2_model=p.l2_model,
-                       bound=p.bound)
+                       bound=p.bound, registers_per_thread=p.registers[0],
+                       registers_per_thread_kv=p.registers[1])
         else:
             row.update(profile=None, model_note=None, model_error=err)
+        row["registers_status"] = ((record_registers(rec)[2] if registers else "off")
+                                   if rec.get("kernel") == "ioaware-numba" else "n/a")
         for m in METRICS:
             row[f"measured_{m}"] = _measured(rec, m)
             row[f"predicted_{m}"] = _predicted_raw(p, m, rec) if (p is not None and m not in _CALIBRATED) else math.nan
@@ -489,6 +581,13 @@ def format_report(df, *, by_kernel: bool = True, n_worst: int = 5) -> str:
         sl = sl[sl["metric"] == "dram_bytes"]
         lines.append(_fmt_table(sl[["records", "n", "median_abs_err_pct", "max_abs_err_pct",
                                     "mean_signed_err_pct", "within_target_pct"]]))
+    if "registers_status" in df:
+        st = df.loc[df["kernel"] == "ioaware-numba", "registers_status"].value_counts()
+        lines.append("")
+        lines.append(f"== Registers per thread of our kernels (ptxas, {RESOURCES_PATH.name}): "
+                     f"{int(st.get('found', 0))} records found, {int(st.get('missing', 0))} not "
+                     f"found (not modelled), {int(st.get('n/a', 0))} not applicable, "
+                     f"{int(st.get('off', 0))} switched off ==")
     lines.append("")
     for col, label in (("predicted_time_raw", "raw"), ("predicted_time_calibrated", "calibrated")):
         if col not in df:
@@ -552,6 +651,9 @@ def main(argv=None) -> int:
                     help="model our kernel's backward records with this dQ mode instead of the one "
                          "each record names (its dq_mode field or ncu kernel list) — for files whose "
                          "timings and counters come from different kernel versions")
+    ap.add_argument("--no-registers", action="store_true",
+                    help="do not model our kernels' registers per thread (the occupancy of "
+                         "threads and shared memory only)")
     args = ap.parse_args(argv)
     recs = load_records(args.results)
     if args.kernels:
@@ -565,7 +667,8 @@ def main(argv=None) -> int:
         if sys.stderr.isatty() or done == total:
             print(f"\rpredicting {done}/{total}", end="\n" if done == total else "",
                   file=sys.stderr, flush=True)
-    df = compare(recs, args.profile, l2=args.l2, max_trace_events=args.max_trace_events, progress=prog)
+    df = compare(recs, args.profile, l2=args.l2, max_trace_events=args.max_trace_events, progress=prog,
+                 registers=not args.no_registers)
     print(format_report(df))
     if args.csv:
         df.drop(columns=["efficiency"], errors="ignore").to_csv(args.csv, index=False)

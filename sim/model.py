@@ -15,7 +15,11 @@ micro-tile of the schedule (:mod:`sim.smem`; 0 for schedules without one) and pr
 profile's ``smem_bandwidth_bytes_per_s``.
 
 ``sm_utilisation = programs / (waves * slots)`` (wave quantisation of the phase's programs over
-``num_sms * blocks_per_sm`` slots). The *raw* time uses all efficiencies 1 and no launch
+``num_sms * blocks_per_sm`` slots; ``blocks_per_sm`` from :func:`sim.workload.occupancy`: threads,
+shared memory and, where the schedule carries ``registers_per_thread`` /
+``registers_per_thread_kv``, the register file). Occupancy enters the time only there and in the
+L2 model's resident programs: the roofline has no latency term, so fewer resident warps cost
+nothing unless they add a wave. The *raw* time uses all efficiencies 1 and no launch
 overhead; the *calibrated* time uses :class:`Efficiency` factors fitted by :func:`calibrate` from
 measured records (``results/``) of the same kernel program (:func:`program_key`: schedule,
 pass, CUDA or tensor cores). Both are reported.
@@ -261,19 +265,24 @@ def predict(workload: Workload, schedule: Schedule | str, profile="h100", *, l2:
             raise ValueError(f"block_q={bq}, block_k={bk} need {sram} bytes of shared memory per block "
                              f"({schedule.name}, d={w.head_dim}, {w.dtype}); {prof.name} allows "
                              f"{prof.smem_bytes_per_block}")
-        bps = occupancy(prof, sram, schedule.num_warps)
+        bps = occupancy(prof, sram, schedule.num_warps, schedule.registers_per_thread)
     else:
         sram, fits, bps = None, True, 1
     by_key, flops = closed_form(w, schedule, bq, bk)
     summ = summarise(by_key, flops)
     progs = phase_programs(w, schedule.name, bq, bk)
     slots = {ph: prof.num_sms * bps for ph in summ["phases"]}
-    if schedule.simt:   # our CUDA-core kernels: occupancy from their own threads and tiles
+    if schedule.tiled and not schedule.simt and schedule.registers_per_thread_kv is not None \
+            and "bwd.main" in slots:
+        slots["bwd.main"] = prof.num_sms * max(1, occupancy(prof, sram, schedule.num_warps,
+                                                            schedule.registers_per_thread_kv))
+    if schedule.simt:   # our CUDA-core kernels: occupancy from their own threads, tiles, registers
         for ph in summ["phases"]:
             tile = schedule.micro_tile_kv if ph == "bwd.main" else schedule.micro_tile
+            regs = schedule.registers_per_thread_kv if ph == "bwd.main" else schedule.registers_per_thread
             if ph in SMEM_PHASES and tile is not None:
                 threads, smem_b = kernel_launch_shape(ph, bq, bk, w.head_dim, tile)
-                slots[ph] = prof.num_sms * max(1, occupancy(prof, smem_b, -(-threads // 32)))
+                slots[ph] = prof.num_sms * max(1, occupancy(prof, smem_b, -(-threads // 32), regs))
 
     # -- L2 model --
     mode = l2

@@ -31,6 +31,10 @@ class GPUProfile:
     estimates and say so in ``sources``. ``smem_bytes_per_clk_per_sm`` (shared-memory bandwidth
     of one SM: 32 banks x 4 bytes per clock) and ``sm_clock_hz`` give
     :attr:`smem_bandwidth_bytes_per_s`, the shared-memory level of the roofline (None: no level).
+    The register file (``registers_per_sm`` 32-bit registers, allocated per warp in units of
+    ``register_alloc_unit`` registers, in ``register_sub_partitions`` equal parts per SM; at most
+    ``max_registers_per_thread`` per thread) sets the register limit of the occupancy model
+    (:func:`sim.workload.occupancy`); None: registers do not limit occupancy.
     """
 
     name: str
@@ -47,6 +51,10 @@ class GPUProfile:
     smem_bytes_per_clk_per_sm: float | None = None
     sm_clock_hz: float | None = None
     memory_bytes: int | None = None
+    registers_per_sm: int | None = None
+    register_alloc_unit: int | None = None
+    register_sub_partitions: int | None = None
+    max_registers_per_thread: int | None = None
     description: str = ""
     match: tuple = ()
     sources: dict = field(default_factory=dict)
@@ -65,6 +73,18 @@ class GPUProfile:
             v = getattr(self, name)
             if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0):
                 raise ValueError(f"GPUProfile.{name} must be a positive number or None, got {v!r}")
+        regs = ("registers_per_sm", "register_alloc_unit", "register_sub_partitions",
+                "max_registers_per_thread")
+        for name in regs:
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
+                raise ValueError(f"GPUProfile.{name} must be a positive integer or None, got {v!r}")
+        given = [getattr(self, n) is not None for n in regs]
+        if any(given) and not all(given):
+            raise ValueError(f"GPUProfile: give all of {regs} or none, got "
+                             f"{ {n: getattr(self, n) for n in regs} }")
+        if self.registers_per_sm is not None and self.registers_per_sm % self.register_sub_partitions:
+            raise ValueError("GPUProfile.registers_per_sm must be a multiple of register_sub_partitions")
         if self.smem_bytes_per_block > self.smem_bytes_per_sm:
             raise ValueError("GPUProfile.smem_bytes_per_block must be <= smem_bytes_per_sm")
         if not isinstance(self.tensor_flops_per_s, dict):
@@ -78,6 +98,11 @@ class GPUProfile:
         if self.smem_bytes_per_clk_per_sm is None or self.sm_clock_hz is None:
             return None
         return float(self.smem_bytes_per_clk_per_sm) * self.num_sms * float(self.sm_clock_hz)
+
+    @property
+    def models_registers(self) -> bool:
+        """Whether the profile has the register-file figures the occupancy model needs."""
+        return self.registers_per_sm is not None
 
     def matmul_flops_per_s(self, dtype: str, unit: str = "tensor") -> float:
         """Peak matmul FLOP/s for ``dtype`` on ``unit`` ("tensor" or "cuda").
@@ -104,7 +129,8 @@ def _from_dict(data: dict, origin: str) -> GPUProfile:
     known = set(GPUProfile.__dataclass_fields__)
     kwargs = {k: v for k, v in data.items() if k in known}
     for k in ("l2_bytes", "num_sms", "smem_bytes_per_sm", "smem_bytes_per_block",
-              "max_threads_per_sm", "max_blocks_per_sm", "memory_bytes"):
+              "max_threads_per_sm", "max_blocks_per_sm", "memory_bytes", "registers_per_sm",
+              "register_alloc_unit", "register_sub_partitions", "max_registers_per_thread"):
         if isinstance(kwargs.get(k), float) and float(kwargs[k]).is_integer():
             kwargs[k] = int(kwargs[k])
     try:

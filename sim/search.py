@@ -37,7 +37,8 @@ class SearchResult:
     frontier: list
     infeasible: list = field(default_factory=list)
     occupancy_model: str = ("blocks/SM = min(max_blocks_per_sm, smem_per_sm // (sram + 1 KiB), "
-                            "max_threads_per_sm // (32 * num_warps)); registers not modelled")
+                            "max_threads_per_sm // (32 * num_warps)); registers not modelled (no compiled "
+                            "kernel per candidate)")
 
 
 def search_blocks(workload: Workload, profile="h100", schedule_name: str = "flash2", *,

@@ -19,6 +19,7 @@ from ioaware.block_info import BlockInfo, cdiv
 __all__ = ["Workload", "Schedule", "DTYPE_BYTES", "STAT_BYTES", "SCHEDULES", "PASSES", "EXP_FLOPS", "DQ_MODES", "NAIVE_VARIANTS",
            "DELTA_KERNELS", "SECTOR_BYTES", "SMEM_ELEM_BYTES",
            "density_block_mask", "resolve_blocks", "sram_bytes_per_block", "occupancy",
+           "register_limited_blocks",
            "block_infos"]
 
 DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
@@ -223,6 +224,12 @@ class Schedule:
         whole rows (our tensor-core forward: 4 threads x 4 bytes = 16, see
         ``kernels/flash_mma_fwd.py``); below a 32-byte sector the requests count whole
         sectors (a dQ kernel's dQ stores likewise). None (default): whole rows.
+    registers_per_thread : registers per thread of the kernel (as ``ptxas -v`` reports them:
+        `kernels.resources`) — with a micro-tile, of the forward and of the dQ kernel; without,
+        of every tiled kernel of the schedule. Their register-file limit enters the occupancy
+        model (:func:`occupancy`). None (default): registers not modelled.
+    registers_per_thread_kv : likewise for the dK/dV kernel (phase ``bwd.main``); None: not
+        modelled (without a micro-tile, ``registers_per_thread`` applies to it too).
     """
 
     name: str = "flash2"
@@ -238,6 +245,8 @@ class Schedule:
     micro_tile_kv: tuple | None = None
     delta_kernel: str = "warp"
     qo_segment_bytes: int | None = None
+    registers_per_thread: int | None = None
+    registers_per_thread_kv: int | None = None
 
     def __post_init__(self) -> None:
         if self.name not in SCHEDULES:
@@ -270,6 +279,9 @@ class Schedule:
         if self.qo_segment_bytes is not None:
             object.__setattr__(self, "qo_segment_bytes", _posint("Schedule.qo_segment_bytes",
                                                                  self.qo_segment_bytes))
+        for nm in ("registers_per_thread", "registers_per_thread_kv"):
+            if getattr(self, nm) is not None:
+                object.__setattr__(self, nm, _posint(f"Schedule.{nm}", getattr(self, nm)))
         if self.delta_kernel not in DELTA_KERNELS:
             raise ValueError(f"Schedule.delta_kernel must be one of {DELTA_KERNELS}, got {self.delta_kernel!r}")
 
@@ -428,14 +440,47 @@ def resolve_blocks(w: Workload, schedule: Schedule, profile) -> tuple[int | None
     return bq, bk
 
 
-def occupancy(profile, sram_bytes: int, num_warps: int) -> int:
+def register_limited_blocks(profile, registers_per_thread: int, num_warps: int) -> int | None:
+    """Resident thread blocks per SM that the register file allows, as CUDA's occupancy
+    calculator computes it (``cuda_occupancy.h``, ``cudaOccMaxBlocksPerSMRegsLimit``): a warp
+    is allocated ``registers_per_thread x 32`` registers rounded up to the profile's
+    ``register_alloc_unit``; each of the ``register_sub_partitions`` holds
+    ``floor(registers_per_sm / sub_partitions / per-warp)`` warps; a block of ``num_warps``
+    warps must fit the per-block file (``registers_per_sm``, its warps rounded up to the
+    sub-partitions) and at most ``max_registers_per_thread``. None when the profile has no
+    register figures (not modelled); 0 = does not fit."""
+    if isinstance(registers_per_thread, bool) or not isinstance(registers_per_thread, (int, np.integer)) \
+            or registers_per_thread < 1:
+        raise ValueError(f"registers_per_thread must be a positive integer, got {registers_per_thread!r}")
+    if isinstance(num_warps, bool) or not isinstance(num_warps, (int, np.integer)) or num_warps < 1:
+        raise ValueError(f"num_warps must be a positive integer, got {num_warps!r}")
+    if not getattr(profile, "models_registers", False):
+        return None
+    regs, warps = int(registers_per_thread), int(num_warps)
+    unit, parts = profile.register_alloc_unit, profile.register_sub_partitions
+    per_warp = -(-regs * 32 // unit) * unit
+    per_block_assumed = per_warp * (-(-warps // parts) * parts)
+    if regs > profile.max_registers_per_thread or per_block_assumed > profile.registers_per_sm:
+        return 0
+    warps_per_sm = (profile.registers_per_sm // parts // per_warp) * parts
+    return int(warps_per_sm // warps)
+
+
+def occupancy(profile, sram_bytes: int, num_warps: int, registers_per_thread: int | None = None) -> int:
     """Resident thread blocks per SM: the occupancy model.
 
     ``min(max_blocks_per_sm, smem_bytes_per_sm // (sram_bytes + 1 KiB reserved per block),
-    max_threads_per_sm // (32 * num_warps))``; registers are not modelled. 0 = does not fit.
+    max_threads_per_sm // (32 * num_warps), register limit)``; the register limit
+    (:func:`register_limited_blocks`) applies when ``registers_per_thread`` is given and the
+    profile has its register-file figures (None: registers not modelled). 0 = does not fit.
     """
     if sram_bytes > profile.smem_bytes_per_block:
         return 0
     by_smem = profile.smem_bytes_per_sm // (int(sram_bytes) + 1024)
     by_threads = profile.max_threads_per_sm // (32 * num_warps)
-    return int(max(0, min(profile.max_blocks_per_sm, by_smem, by_threads)))
+    blocks = int(max(0, min(profile.max_blocks_per_sm, by_smem, by_threads)))
+    if registers_per_thread is not None:
+        by_regs = register_limited_blocks(profile, registers_per_thread, num_warps)
+        if by_regs is not None:
+            blocks = min(blocks, by_regs)
+    return blocks

@@ -221,3 +221,26 @@ def test_command_can_model_backward_records_with_another_dq_mode(records, tmp_pa
 def test_profiled_implementation_names_a_generic_kernel_by_its_module():
     rec = {"kernel": "ioaware-numba", "ncu_kernels": [{"name": "flash_mma_fwd::kernel[abi:v3,cw51]"}]}
     assert C.profiled_impl(rec) == "flash_mma_fwd"
+
+
+def test_registers_come_from_the_resources_table_for_compute_capability_9(records):
+    from kernels.resources import resource_key
+    rec = next(r for r in records if r["kernel"] == "ioaware-numba" and r["pass"] == "fwd")
+    # the fixture names no compute capability: registers not applicable, not modelled
+    assert C.record_registers(rec)[2] == "n/a"
+    assert C.model_for_record(rec)[1].registers_per_thread is None
+    sm90 = dict(rec, provenance=dict(rec["provenance"], compute_capability="9.0"))
+    tile, _ = __import__("sim.model", fromlist=["x"]).record_micro_tiles(sm90)
+    key = resource_key("flash_fwd_v2", sm90["head_dim"], sm90["dtype"], sm90["causal"],
+                       block_m=sm90["block_q"], block_n=sm90["block_k"], tile=tile)
+    table = {key: {"key": key, "registers_per_thread": 200}}
+    assert C.record_registers(sm90, table) == (200, None, "found")
+    assert C.record_registers(dict(sm90, block_k=8), table)[2] == "missing"
+    # the shipped table: found, and switched off on request
+    regs, _, status = C.record_registers(sm90)
+    w, sched, note = C.model_for_record(sm90)
+    assert status == "found" and sched.registers_per_thread == regs and f"fwd {regs}" in note
+    assert C.model_for_record(sm90, registers=False)[1].registers_per_thread is None
+    df = C.compare([sm90], l2="none", calibrate_time=False)
+    assert df.iloc[0]["registers_status"] == "found" and df.iloc[0]["registers_per_thread"] == regs
+    assert "Registers per thread of our kernels" in C.format_report(df)
