@@ -508,7 +508,9 @@ def summary(df, by_kernel: bool = False, by: str | None = None):
 def block_size_check(df, time_col: str = "predicted_time_raw"):
     """For our kernel's (pass, causal, N, d, dtype) groups measured at >= 2 block sizes: the
     measured best block size, the model's pick (lowest predicted time among the measured block
-    sizes, by ``time_col``) and whether the pick runs within `BLOCK_TOLERANCE` of the best."""
+    sizes, by ``time_col``) and whether the pick runs within `BLOCK_TOLERANCE` of the best;
+    ``model_margin_pct``: how much slower the model predicts its second choice than its pick
+    (a small margin is a near-tie in the model)."""
     import pandas as pd
     ours = df[(df["kernel"] == "ioaware-numba") & (df["variant"].fillna("simt") == "simt")]
     ours = ours[ours[time_col].notna()]
@@ -520,12 +522,14 @@ def block_size_check(df, time_col: str = "predicted_time_raw"):
         best = g.loc[g["measured_time_raw"].idxmin()]
         pick = g.loc[g[time_col].idxmin()]
         slow = float(pick["measured_time_raw"] / best["measured_time_raw"] - 1.0)
+        ranked = g[time_col].astype(float).sort_values().to_numpy()
+        margin = float(ranked[1] / ranked[0] - 1.0) if len(ranked) > 1 else math.nan
         rows.append(dict(zip(keys, key), n_blocks=len(g),
                          best_measured=f"{int(best['block_q'])}x{int(best['block_k'])}",
                          best_ms=float(best["measured_time_raw"]),
                          model_pick=f"{int(pick['block_q'])}x{int(pick['block_k'])}",
                          pick_ms=float(pick["measured_time_raw"]), pick_slower_pct=100 * slow,
-                         ok=bool(slow <= BLOCK_TOLERANCE)))
+                         model_margin_pct=100 * margin, ok=bool(slow <= BLOCK_TOLERANCE)))
     return pd.DataFrame(rows)
 
 
