@@ -118,3 +118,20 @@ def test_command_on_one_small_configuration(tmp_path):
     assert e["spill_store_bytes"] == 0
     assert data["provenance"]["ptxas"] and data["provenance"]["numba"]
     assert "flash_bwd_delta_v2/d64/fp32/full" in r.stdout
+
+
+def test_ptxas_registers_equal_what_ncu_saw_on_the_h100_sweep():
+    """The H100 sweep's single-kernel records (forward): the table's registers for the kernel
+    and tiles the record ran equal Nsight Compute's ``launch__registers_per_thread``."""
+    from sim.compare import RESOURCES_PATH, record_registers
+    table = R.load_resources(RESOURCES_PATH)
+    data = json.loads((ROOT / "results" / "h100_sweep_20261122.json").read_text())
+    n = 0
+    for rec in data["records"]:
+        if rec["kernel"] != "ioaware-numba" or rec.get("ncu_launches") != 1:
+            continue
+        regs, _, status = record_registers(dict(rec, provenance=data["provenance"]), table)
+        assert regs == rec["ncu_launch__registers_per_thread"], (rec["head_dim"], rec["block_q"],
+                                                                 rec["block_k"], rec["causal"])
+        n += 1
+    assert n >= 90
