@@ -218,12 +218,16 @@ def model_for_record(rec: dict, registers: bool = True):
     kernel, variant = rec["kernel"], _variant(rec)
     note = ""
     if kernel == "ioaware-numba":
-        unit = "tensor" if variant == "mma" else "cuda"
+        unit = {"mma": "tensor", "tf32": "tf32"}.get(variant, "cuda")
         dq_mode = (record_dq_mode(rec) or "atomic") if rec["pass"] != "fwd" else "atomic"
+        if variant in ("mma", "tf32") and rec["pass"] != "fwd":
+            dq_mode = "kernel"    # the tensor-core backwards: a dQ kernel and a dK/dV kernel
+        if variant == "tf32":
+            note = "3xTF32: three TF32 products per float32 one, priced as one; "
         delta = (record_delta_kernel(rec) or "warp") if rec["pass"] != "fwd" else "warp"
         tiles = record_micro_tiles(dict(rec, variant="simt")) if variant == "simt" else (None, None)
         # the tensor-core forward takes exp as ex2.approx (the MUFU unit, no FP32 arithmetic)
-        exp_flops = 0 if variant == "mma" else EXP_FLOPS
+        exp_flops = 0 if variant in ("mma", "tf32") else EXP_FLOPS
         # ... and moves Q and O in mma fragments: 4 threads x 4 bytes of a row per warp access
         regs, regs_kv, reg_status = (record_registers(rec, dq_mode=dq_mode) if registers
                                      else (None, None, "off"))
@@ -232,8 +236,8 @@ def model_for_record(rec: dict, registers: bool = True):
                          delta_kernel=delta, exp_flops=exp_flops,
                          qo_segment_bytes=MMA_FRAGMENT_ROW_BYTES if variant == "mma" else None,
                          registers_per_thread=regs, registers_per_thread_kv=regs_kv)
-        note = "flash2, measured blocks, " + ("tensor cores, exp by ex2.approx" if unit == "tensor"
-                                               else "CUDA cores")
+        note += "flash2, measured blocks, " + ("CUDA cores" if unit == "cuda"
+                                                else "tensor cores, exp by ex2.approx")
         if tiles[0] is not None:
             note += f", micro-tile {tiles[0][0]}x{tiles[0][1]}"
             if rec["pass"] != "fwd":
