@@ -361,7 +361,7 @@ def _device_const(key, make):
     """Device copies of small host-built constants (schedules, the dummy mask), built once per
     (key, current device) so that a call does no synchronous host-to-device copy."""
     from numba import cuda
-    key = (cuda.get_current_device().id, key)
+    key = (getattr(cuda.get_current_device(), "id", 0), key)   # (the simulator has no id)
     if key not in _CONSTS:
         if len(_CONSTS) > 256:
             _CONSTS.clear()
@@ -371,6 +371,41 @@ def _device_const(key, make):
         else:
             _CONSTS[key] = cuda.to_device(val)
     return _CONSTS[key]
+
+
+def mask_on_device(mask, kind, batch, heads, n_q, n_k):
+    """A boolean mask [1|B, 1|H, 1|Nq, Nk] as a uint8 device array, with its broadcast flags:
+    returns ``(mask_d, mb, mh, mq)`` (flag 1 = that dimension is not broadcast). ``mask=None``
+    gives a shared 1-element dummy and zero flags. ``kind`` is `_kind` of the operands; torch
+    masks stay on the device (zero-copy when already uint8 and contiguous). Shared by the
+    tensor-core kernels' host code."""
+    from numba import cuda
+    if mask is None:
+        return _device_const("no-mask", lambda: np.ones((1, 1, 1, 1), np.uint8)), 0, 0, 0
+    mshape = tuple(int(x) for x in mask.shape)
+    if len(mshape) != 4 or mshape[0] not in (1, batch) or mshape[1] not in (1, heads) \
+            or mshape[2] not in (1, n_q) or mshape[3] != n_k:
+        raise ValueError(f"mask must be boolean [1|{batch}, 1|{heads}, 1|{n_q}, {n_k}], "
+                         f"got {mshape}")
+    if kind == "torch":
+        import torch
+        maskd = cuda.as_cuda_array(mask.detach().to(torch.uint8).contiguous(), sync=False)
+    elif kind == "numpy":
+        maskd = cuda.to_device(np.ascontiguousarray(mask, dtype=np.uint8))
+    else:
+        maskd = cuda.to_device(np.ascontiguousarray(mask.copy_to_host(), dtype=np.uint8))
+    return maskd, int(mshape[0] > 1), int(mshape[1] > 1), int(mshape[2] > 1)
+
+
+def dropout_constants(seed, dropout_p):
+    """``(has_dropout, seed_hash, threshold, inv_keep)``: what the kernels need to regenerate
+    `ioaware.dropout.keep_mask(seed, dropout_p, ...)` in-kernel (the salted, mixed seed, the
+    32-bit keep threshold, and 1 / (1 - p))."""
+    has_dropout = float(dropout_p) > 0.0
+    lo, hi = split_seed(seed)
+    seed_hash = int(fmix32(fmix32(np.uint32(lo) ^ np.uint32(SEED_SALT)) ^ np.uint32(hi)))
+    threshold = keep_threshold(dropout_p) if has_dropout else 0
+    return has_dropout, seed_hash, threshold, 1.0 / (1.0 - float(dropout_p))
 
 
 def _schedule(block_mask, n_q, n_k, block_q, block_k, causal, batch, heads):
@@ -487,33 +522,13 @@ def forward(q, k, v, *, scale, causal=False, mask=None, block_mask=None, dropout
 
     # -- mask, schedule, dropout constants --
     has_mask = mask is not None
-    if has_mask:
-        mshape = tuple(int(x) for x in mask.shape)
-        if len(mshape) != 4 or mshape[0] not in (1, batch) or mshape[1] not in (1, heads) \
-                or mshape[2] not in (1, n_q) or mshape[3] != n_k:
-            raise ValueError(f"mask must be boolean [1|{batch}, 1|{heads}, 1|{n_q}, {n_k}], "
-                             f"got {mshape}")
-        if kind == "torch":
-            import torch
-            maskd = cuda.as_cuda_array(mask.to(torch.uint8).contiguous(), sync=False)
-        elif kind == "numpy":
-            maskd = cuda.to_device(np.ascontiguousarray(mask, dtype=np.uint8))
-        else:
-            maskd = cuda.to_device(np.ascontiguousarray(mask.copy_to_host(), dtype=np.uint8))
-        mb, mh, mq = (int(mshape[0] > 1), int(mshape[1] > 1), int(mshape[2] > 1))
-    else:
-        maskd = _device_const("no-mask", lambda: np.ones((1, 1, 1, 1), np.uint8))
-        mb = mh = mq = 0
+    maskd, mb, mh, mq = mask_on_device(mask, kind, batch, heads, n_q, n_k)
     bm_key = None if block_mask is None else (np.shape(block_mask),
                                               np.asarray(block_mask, bool).tobytes())
     offs_d, idx_d, sb, sh = _device_const(
         ("schedule", n_q, n_k, block_q, block_k, bool(causal), batch, heads, bm_key),
         lambda: _schedule(block_mask, n_q, n_k, block_q, block_k, causal, batch, heads))
-    has_dropout = float(dropout_p) > 0.0
-    lo, hi = split_seed(seed)
-    seed_hash = int(fmix32(fmix32(np.uint32(lo) ^ np.uint32(SEED_SALT)) ^ np.uint32(hi)))
-    threshold = keep_threshold(dropout_p) if has_dropout else 0
-    inv_keep = 1.0 / (1.0 - float(dropout_p))
+    has_dropout, seed_hash, threshold, inv_keep = dropout_constants(seed, dropout_p)
 
     kern = get_kernel(d, block_q, block_k, is_bf16, bool(causal), has_mask, has_dropout)
     grid = (cdiv(n_q, block_q), batch * heads)

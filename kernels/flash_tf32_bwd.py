@@ -51,10 +51,9 @@ import os
 import numpy as np
 
 from ioaware.block_info import cdiv
-from ioaware.dropout import SEED_SALT, fmix32, keep_threshold, split_seed
 
 from kernels.flash_mma_bwd import _device_helpers, _schedules, refine_block_mask
-from kernels.flash_mma_fwd import _device_const, _kind
+from kernels.flash_mma_fwd import _device_const, _kind, dropout_constants, mask_on_device
 
 __all__ = ["backward", "accepts", "SUPPORTED_HEAD_DIMS", "default_tiles", "kernel_tiles",
            "dq_smem_bytes", "dkdv_smem_bytes", "operands_in_registers", "get_dq_kernel",
@@ -879,23 +878,7 @@ def backward(q, k, v, out, lse, dout, *, scale, causal=False, mask=None, block_m
 
     # -- mask, schedules, dropout constants --
     has_mask = mask is not None
-    if has_mask:
-        mshape = tuple(int(x) for x in mask.shape)
-        if len(mshape) != 4 or mshape[0] not in (1, batch) or mshape[1] not in (1, heads) \
-                or mshape[2] not in (1, n_q) or mshape[3] != n_k:
-            raise ValueError(f"mask must be boolean [1|{batch}, 1|{heads}, 1|{n_q}, {n_k}], "
-                             f"got {mshape}")
-        if kind == "torch":
-            import torch
-            maskd = cuda.as_cuda_array(mask.detach().to(torch.uint8).contiguous(), sync=False)
-        elif kind == "numpy":
-            maskd = cuda.to_device(np.ascontiguousarray(mask, dtype=np.uint8))
-        else:
-            maskd = cuda.to_device(np.ascontiguousarray(mask.copy_to_host(), dtype=np.uint8))
-        mb, mh, mq = (int(mshape[0] > 1), int(mshape[1] > 1), int(mshape[2] > 1))
-    else:
-        maskd = _device_const("no-mask", lambda: np.ones((1, 1, 1, 1), np.uint8))
-        mb = mh = mq = 0
+    maskd, mb, mh, mq = mask_on_device(mask, kind, batch, heads, n_q, n_k)
     bm_key = None if block_mask is None else (np.shape(block_mask), block_q, block_k,
                                               np.asarray(block_mask, bool).tobytes())
     kv_off, kv_idx, kv_sb, kv_sh = _device_const(
@@ -906,11 +889,7 @@ def backward(q, k, v, out, lse, dout, *, scale, causal=False, mask=None, block_m
         ("bwd-q", n_q, n_k, kv_bq, kv_bk, bool(causal), batch, heads, bm_key),
         lambda: _schedules(block_mask, block_q, block_k, n_q, n_k, kv_bq, kv_bk, causal, batch,
                            heads, "q"))
-    has_dropout = float(dropout_p) > 0.0
-    lo, hi = split_seed(seed)
-    seed_hash = int(fmix32(fmix32(np.uint32(lo) ^ np.uint32(SEED_SALT)) ^ np.uint32(hi)))
-    threshold = keep_threshold(dropout_p) if has_dropout else 0
-    inv_keep = 1.0 / (1.0 - float(dropout_p))
+    has_dropout, seed_hash, threshold, inv_keep = dropout_constants(seed, dropout_p)
     group = heads // heads_kv
     consts = (maskd, mb, mh, mq, np.float32(scale * LOG2E), np.float32(scale),
               np.uint32(seed_hash), np.uint32(threshold), np.float32(inv_keep))

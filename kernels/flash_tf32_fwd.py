@@ -40,9 +40,9 @@ import os
 import numpy as np
 
 from ioaware.block_info import cdiv
-from ioaware.dropout import SEED_SALT, fmix32, keep_threshold, split_seed
 
-from kernels.flash_mma_fwd import _device_const, _kind, _schedule
+from kernels.flash_mma_fwd import (_device_const, _kind, _schedule, dropout_constants,
+                                   mask_on_device)
 
 __all__ = ["forward", "accepts", "SUPPORTED_HEAD_DIMS", "BLOCK_Q_CHOICES", "BLOCK_K_CHOICES",
            "default_blocks", "smem_bytes", "get_kernel", "q_split_once"]
@@ -483,33 +483,13 @@ def forward(q, k, v, *, scale, causal=False, mask=None, block_mask=None, dropout
 
     # -- mask, schedule, dropout constants --
     has_mask = mask is not None
-    if has_mask:
-        mshape = tuple(int(x) for x in mask.shape)
-        if len(mshape) != 4 or mshape[0] not in (1, batch) or mshape[1] not in (1, heads) \
-                or mshape[2] not in (1, n_q) or mshape[3] != n_k:
-            raise ValueError(f"mask must be boolean [1|{batch}, 1|{heads}, 1|{n_q}, {n_k}], "
-                             f"got {mshape}")
-        if kind == "torch":
-            import torch
-            maskd = cuda.as_cuda_array(mask.to(torch.uint8).contiguous(), sync=False)
-        elif kind == "numpy":
-            maskd = cuda.to_device(np.ascontiguousarray(mask, dtype=np.uint8))
-        else:
-            maskd = cuda.to_device(np.ascontiguousarray(mask.copy_to_host(), dtype=np.uint8))
-        mb, mh, mq = (int(mshape[0] > 1), int(mshape[1] > 1), int(mshape[2] > 1))
-    else:
-        maskd = _device_const("no-mask", lambda: np.ones((1, 1, 1, 1), np.uint8))
-        mb = mh = mq = 0
+    maskd, mb, mh, mq = mask_on_device(mask, kind, batch, heads, n_q, n_k)
     bm_key = None if block_mask is None else (np.shape(block_mask),
                                               np.asarray(block_mask, bool).tobytes())
     offs_d, idx_d, sb, sh = _device_const(
         ("schedule", n_q, n_k, block_q, block_k, bool(causal), batch, heads, bm_key),
         lambda: _schedule(block_mask, n_q, n_k, block_q, block_k, causal, batch, heads))
-    has_dropout = float(dropout_p) > 0.0
-    lo, hi = split_seed(seed)
-    seed_hash = int(fmix32(fmix32(np.uint32(lo) ^ np.uint32(SEED_SALT)) ^ np.uint32(hi)))
-    threshold = keep_threshold(dropout_p) if has_dropout else 0
-    inv_keep = 1.0 / (1.0 - float(dropout_p))
+    has_dropout, seed_hash, threshold, inv_keep = dropout_constants(seed, dropout_p)
 
     kern = get_kernel(d, block_q, block_k, bool(causal), has_mask, has_dropout)
     grid = (cdiv(n_q, block_q), batch * heads)

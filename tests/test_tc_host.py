@@ -1,0 +1,37 @@
+"""Host helpers shared by the tensor-core kernels (`kernels.flash_mma_fwd.mask_on_device`,
+`dropout_constants`), on the CPU: the device mask under Numba's CUDA simulator, the dropout
+constants against `ioaware.dropout`'s own hash."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ioaware.dropout import fmix32, keep_mask
+from kernels.flash_mma_fwd import dropout_constants, mask_on_device
+
+
+@pytest.mark.parametrize("seed,p", [(0, 0.1), (3, 0.25), (2**40 + 7, 0.5), (5, 0.0)])
+def test_dropout_constants_regenerate_the_keep_mask(seed, p):
+    has_dropout, seed_hash, threshold, inv_keep = dropout_constants(seed, p)
+    assert has_dropout == (p > 0) and inv_keep == pytest.approx(1 / (1 - p))
+    if not has_dropout:
+        assert threshold == 0
+        return
+    bh, rows, cols = 3, np.arange(40)[:, None], np.arange(50)[None, :]
+    # what the kernels compute from the constants: three more fmix32 rounds, then >= threshold
+    h = fmix32(fmix32(fmix32(np.uint32(seed_hash) ^ np.uint32(bh)) ^ rows.astype(np.uint32))
+               ^ cols.astype(np.uint32))
+    np.testing.assert_array_equal(h >= np.uint32(threshold), keep_mask(seed, p, bh, rows, cols))
+
+
+def test_mask_on_device_broadcast_flags_values_and_errors():
+    mask = np.random.default_rng(0).random((2, 1, 5, 7)) < 0.5
+    maskd, mb, mh, mq = mask_on_device(mask, "numpy", 2, 4, 5, 7)
+    assert (mb, mh, mq) == (1, 0, 1)
+    np.testing.assert_array_equal(maskd.copy_to_host(), mask.astype(np.uint8))
+    key_pad = mask[:, :, :1]                       # [B, 1, 1, Nk]: a key-padding mask
+    assert mask_on_device(key_pad, "numpy", 2, 4, 5, 7)[1:] == (1, 0, 0)
+    dummy, *flags = mask_on_device(None, "numpy", 2, 4, 5, 7)
+    assert flags == [0, 0, 0] and dummy.copy_to_host().shape == (1, 1, 1, 1)
+    with pytest.raises(ValueError, match="mask must be boolean"):
+        mask_on_device(mask[..., :6], "numpy", 2, 4, 5, 7)
