@@ -41,6 +41,7 @@ import numpy as np
 
 from ioaware.block_info import BlockInfo, cdiv
 
+from . import fastlaunch
 from .flash_mma_fwd import _device_const, _kind, dropout_constants, mask_on_device
 
 __all__ = ["backward", "accepts", "SUPPORTED_HEAD_DIMS", "default_tiles", "kernel_tiles",
@@ -790,7 +791,7 @@ def backward(q, k, v, out, lse, dout, *, scale, causal=False, mask=None, block_m
     (dq_bq, dq_bk), (kv_bk, kv_bq) = tiles
 
     # -- move / view the operands as 16-bit words on the device --
-    stream = 0
+    stream = fastlaunch.launch_stream()
     if kind == "torch":
         import torch
         dt = q.dtype
@@ -807,18 +808,17 @@ def backward(q, k, v, out, lse, dout, *, scale, causal=False, mask=None, block_m
             t = t.detach()
             if t.stride(-1) != 1 or t.data_ptr() % 16 or any(s % 8 for s in t.stride()[:-1]):
                 t = t.contiguous()
-            return cuda.as_cuda_array(t.view(torch.int16), sync=False)
+            return t.view(torch.int16)     # launched in place (kernels.fastlaunch)
 
         qd, kd, vd, od, dod = (prep(x) for x in (q, k, v, out, dout))
-        lsed = cuda.as_cuda_array(lse.detach().to(torch.float32), sync=False)
+        lsed = lse.detach().to(torch.float32)
         dq_t = torch.empty((batch, heads, n_q, d), dtype=dt, device=q.device)
         dk_t = torch.empty((batch, heads_kv, n_k, d), dtype=dt, device=q.device)
         dv_t = torch.empty((batch, heads_kv, n_k, d), dtype=dt, device=q.device)
         delta_t = torch.empty((batch, heads, n_q), dtype=torch.float32, device=q.device)
-        dqd, dkd, dvd = (cuda.as_cuda_array(x.view(torch.int16), sync=False)
-                         for x in (dq_t, dk_t, dv_t))
-        deltad = cuda.as_cuda_array(delta_t, sync=False)
-        stream = cuda.external_stream(torch.cuda.current_stream(q.device).cuda_stream)
+        dqd, dkd, dvd = (x.view(torch.int16) for x in (dq_t, dk_t, dv_t))
+        deltad = delta_t
+        stream = fastlaunch.launch_stream(torch.cuda.current_stream(q.device))
     else:
         dts = {str(np.dtype(x.dtype)) for x in (q, k, v, out, dout)}
         if dts != {"float16"}:
@@ -866,13 +866,13 @@ def backward(q, k, v, out, lse, dout, *, scale, causal=False, mask=None, block_m
 
     # -- dQ (and delta) first, then dK/dV, which reads delta --
     kern = get_dq_kernel(d, dq_bq, dq_bk, is_bf16, bool(causal), has_mask, has_dropout)
-    kern[(cdiv(n_q, dq_bq), batch * heads), kern.threads, stream](
+    fastlaunch.launch(kern, (cdiv(n_q, dq_bq), batch * heads), kern.threads, stream, (
         qd, kd, vd, od, dod, lsed, deltad, dqd, kv_off, kv_idx, kv_sb, kv_sh, group, n_q, n_k,
-        *consts)
+        *consts))
     kern = get_dkdv_kernel(d, kv_bk, kv_bq, is_bf16, bool(causal), has_mask, has_dropout)
-    kern[(cdiv(n_k, kv_bk), batch * heads_kv), kern.threads, stream](
+    fastlaunch.launch(kern, (cdiv(n_k, kv_bk), batch * heads_kv), kern.threads, stream, (
         qd, kd, vd, dod, lsed, deltad, dkd, dvd, q_off, q_idx, q_sb, q_sh, group, n_q, n_k,
-        *consts)
+        *consts))
 
     if kind == "torch":
         return dq_t, dk_t, dv_t

@@ -33,6 +33,8 @@ import numpy as np
 from ioaware.block_info import BlockInfo, cdiv
 from ioaware.dropout import SEED_SALT, fmix32, keep_threshold, split_seed
 
+from . import fastlaunch
+
 __all__ = ["forward", "accepts", "SUPPORTED_HEAD_DIMS", "default_blocks", "smem_bytes", "get_kernel"]
 
 SUPPORTED_HEAD_DIMS = (64, 128)
@@ -377,8 +379,9 @@ def mask_on_device(mask, kind, batch, heads, n_q, n_k):
     """A boolean mask [1|B, 1|H, 1|Nq, Nk] as a uint8 device array, with its broadcast flags:
     returns ``(mask_d, mb, mh, mq)`` (flag 1 = that dimension is not broadcast). ``mask=None``
     gives a shared 1-element dummy and zero flags. ``kind`` is `_kind` of the operands; torch
-    masks stay on the device (zero-copy when already uint8 and contiguous). Shared by the
-    tensor-core kernels' host code."""
+    masks stay on the device as a uint8 tensor (zero-copy when already uint8 and contiguous),
+    which `kernels.fastlaunch.launch` takes in place. Shared by the tensor-core kernels' host
+    code."""
     from numba import cuda
     if mask is None:
         return _device_const("no-mask", lambda: np.ones((1, 1, 1, 1), np.uint8)), 0, 0, 0
@@ -389,7 +392,7 @@ def mask_on_device(mask, kind, batch, heads, n_q, n_k):
                          f"got {mshape}")
     if kind == "torch":
         import torch
-        maskd = cuda.as_cuda_array(mask.detach().to(torch.uint8).contiguous(), sync=False)
+        maskd = mask.detach().to(torch.uint8).contiguous()   # launched in place
     elif kind == "numpy":
         maskd = cuda.to_device(np.ascontiguousarray(mask, dtype=np.uint8))
     else:
@@ -478,7 +481,7 @@ def forward(q, k, v, *, scale, causal=False, mask=None, block_mask=None, dropout
                          f"bytes of shared memory, over the {SMEM_LIMIT_BYTES}-byte limit")
 
     # -- move / view the operands as 16-bit words on the device --
-    stream = 0
+    stream = fastlaunch.launch_stream()
     if kind == "torch":
         import torch
         dt = q.dtype
@@ -492,15 +495,13 @@ def forward(q, k, v, *, scale, causal=False, mask=None, block_mask=None, dropout
         def prep(t):
             if t.stride(-1) != 1 or t.data_ptr() % 16 or any(s % 8 for s in t.stride()[:-1]):
                 t = t.contiguous()
-            # sync=False: we launch on torch's current stream, which orders us after producers
-            return cuda.as_cuda_array(t.view(torch.int16).detach(), sync=False)
+            return t.view(torch.int16)     # launched in place (kernels.fastlaunch)
 
         qd, kd, vd = prep(q), prep(k), prep(v)
         out_t = torch.empty((batch, heads, n_q, d), dtype=dt, device=q.device)
         lse_t = torch.empty((batch, heads, n_q), dtype=torch.float32, device=q.device)
-        outd = cuda.as_cuda_array(out_t.view(torch.int16), sync=False)
-        lsed = cuda.as_cuda_array(lse_t, sync=False)
-        stream = cuda.external_stream(torch.cuda.current_stream(q.device).cuda_stream)
+        outd, lsed = out_t.view(torch.int16), lse_t
+        stream = fastlaunch.launch_stream(torch.cuda.current_stream(q.device))
     else:
         dts = {str(np.dtype(x.dtype)) for x in (q, k, v)}
         if dts != {"float16"}:
@@ -532,10 +533,10 @@ def forward(q, k, v, *, scale, causal=False, mask=None, block_mask=None, dropout
 
     kern = get_kernel(d, block_q, block_k, is_bf16, bool(causal), has_mask, has_dropout)
     grid = (cdiv(n_q, block_q), batch * heads)
-    kern[grid, kern.threads, stream](
+    fastlaunch.launch(kern, grid, kern.threads, stream, (
         qd, kd, vd, outd, lsed, offs_d, idx_d, sb, sh, heads // heads_kv, n_q, n_k,
         maskd, mb, mh, mq, np.float32(scale * LOG2E), np.uint32(seed_hash), np.uint32(threshold),
-        np.float32(inv_keep))
+        np.float32(inv_keep)))
 
     if kind == "torch":
         return out_t, lse_t

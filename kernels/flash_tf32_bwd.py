@@ -52,6 +52,7 @@ import numpy as np
 
 from ioaware.block_info import cdiv
 
+from kernels import fastlaunch
 from kernels.flash_mma_bwd import _device_helpers, _schedules, refine_block_mask
 from kernels.flash_mma_fwd import _device_const, _kind, dropout_constants, mask_on_device
 
@@ -826,7 +827,7 @@ def backward(q, k, v, out, lse, dout, *, scale, causal=False, mask=None, block_m
     (dq_bq, dq_bk), (kv_bk, kv_bq) = tiles
 
     # -- the operands as float32 device arrays (rows contiguous and 16-byte aligned) --
-    stream = 0
+    stream = fastlaunch.launch_stream()
     if kind == "torch":
         import torch
         for name, x in (("q", q), ("k", k), ("v", v), ("out", out), ("dout", dout)):
@@ -839,18 +840,16 @@ def backward(q, k, v, out, lse, dout, *, scale, causal=False, mask=None, block_m
             t = t.detach()
             if t.stride(-1) != 1 or t.data_ptr() % 16 or any(s % 4 for s in t.stride()[:-1]):
                 t = t.contiguous()
-            # sync=False: we launch on torch's current stream, which orders us after producers
-            return cuda.as_cuda_array(t, sync=False)
+            return t                       # launched in place (kernels.fastlaunch)
 
         qd, kd, vd, od, dod = (prep(x) for x in (q, k, v, out, dout))
-        lsed = cuda.as_cuda_array(lse.detach().to(torch.float32).contiguous(), sync=False)
+        lsed = lse.detach().to(torch.float32).contiguous()
         dq_t = torch.empty((batch, heads, n_q, d), dtype=torch.float32, device=q.device)
         dk_t = torch.empty((batch, heads_kv, n_k, d), dtype=torch.float32, device=q.device)
         dv_t = torch.empty((batch, heads_kv, n_k, d), dtype=torch.float32, device=q.device)
         delta_t = torch.empty((batch, heads, n_q), dtype=torch.float32, device=q.device)
-        dqd, dkd, dvd, deltad = (cuda.as_cuda_array(x, sync=False)
-                                 for x in (dq_t, dk_t, dv_t, delta_t))
-        stream = cuda.external_stream(torch.cuda.current_stream(q.device).cuda_stream)
+        dqd, dkd, dvd, deltad = dq_t, dk_t, dv_t, delta_t
+        stream = fastlaunch.launch_stream(torch.cuda.current_stream(q.device))
     else:
         for name, x in (("q", q), ("k", k), ("v", v), ("out", out), ("dout", dout)):
             if str(np.dtype(x.dtype)) != "float32":
@@ -896,13 +895,13 @@ def backward(q, k, v, out, lse, dout, *, scale, causal=False, mask=None, block_m
 
     # -- dQ (and delta) first, then dK/dV, which reads delta --
     kern = get_dq_kernel(d, dq_bq, dq_bk, bool(causal), has_mask, has_dropout)
-    kern[(cdiv(n_q, dq_bq), batch * heads), kern.threads, stream](
+    fastlaunch.launch(kern, (cdiv(n_q, dq_bq), batch * heads), kern.threads, stream, (
         qd, kd, vd, od, dod, lsed, deltad, dqd, kv_off, kv_idx, kv_sb, kv_sh, group, n_q, n_k,
-        *consts)
+        *consts))
     kern = get_dkdv_kernel(d, kv_bk, kv_bq, bool(causal), has_mask, has_dropout)
-    kern[(cdiv(n_k, kv_bk), batch * heads_kv), kern.threads, stream](
+    fastlaunch.launch(kern, (cdiv(n_k, kv_bk), batch * heads_kv), kern.threads, stream, (
         qd, kd, vd, dod, lsed, deltad, dkd, dvd, q_off, q_idx, q_sb, q_sh, group, n_q, n_k,
-        *consts)
+        *consts))
 
     if kind == "torch":
         return dq_t, dk_t, dv_t

@@ -41,6 +41,7 @@ import numpy as np
 
 from ioaware.block_info import cdiv
 
+from kernels import fastlaunch
 from kernels.flash_mma_fwd import (_device_const, _kind, _schedule, dropout_constants,
                                    mask_on_device)
 
@@ -444,7 +445,7 @@ def forward(q, k, v, *, scale, causal=False, mask=None, block_mask=None, dropout
                          f"bytes of shared memory, over the {SMEM_LIMIT_BYTES}-byte limit")
 
     # -- the operands as float32 device arrays (rows contiguous and 16-byte aligned) --
-    stream = 0
+    stream = fastlaunch.launch_stream()
     if kind == "torch":
         import torch
         if q.dtype != torch.float32 or k.dtype != torch.float32 or v.dtype != torch.float32:
@@ -455,15 +456,13 @@ def forward(q, k, v, *, scale, causal=False, mask=None, block_mask=None, dropout
         def prep(t):
             if t.stride(-1) != 1 or t.data_ptr() % 16 or any(s % 4 for s in t.stride()[:-1]):
                 t = t.contiguous()
-            # sync=False: we launch on torch's current stream, which orders us after producers
-            return cuda.as_cuda_array(t.detach(), sync=False)
+            return t                       # launched in place (kernels.fastlaunch)
 
         qd, kd, vd = prep(q), prep(k), prep(v)
         out_t = torch.empty((batch, heads, n_q, d), dtype=torch.float32, device=q.device)
         lse_t = torch.empty((batch, heads, n_q), dtype=torch.float32, device=q.device)
-        outd = cuda.as_cuda_array(out_t, sync=False)
-        lsed = cuda.as_cuda_array(lse_t, sync=False)
-        stream = cuda.external_stream(torch.cuda.current_stream(q.device).cuda_stream)
+        outd, lsed = out_t, lse_t
+        stream = fastlaunch.launch_stream(torch.cuda.current_stream(q.device))
     else:
         dts = {str(np.dtype(x.dtype)) for x in (q, k, v)}
         if dts != {"float32"}:
@@ -493,10 +492,10 @@ def forward(q, k, v, *, scale, causal=False, mask=None, block_mask=None, dropout
 
     kern = get_kernel(d, block_q, block_k, bool(causal), has_mask, has_dropout)
     grid = (cdiv(n_q, block_q), batch * heads)
-    kern[grid, kern.threads, stream](
+    fastlaunch.launch(kern, grid, kern.threads, stream, (
         qd, kd, vd, outd, lsed, offs_d, idx_d, sb, sh, heads // heads_kv, n_q, n_k,
         maskd, mb, mh, mq, np.float32(scale * LOG2E), np.uint32(seed_hash), np.uint32(threshold),
-        np.float32(inv_keep))
+        np.float32(inv_keep)))
 
     if kind == "torch":
         return out_t, lse_t

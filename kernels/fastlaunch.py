@@ -1,0 +1,168 @@
+"""Launching compiled Numba kernels on torch tensors with little host work, and dynamic shared
+memory above 48 KiB.
+
+``kern[grid, block, stream](*args)`` types every argument (``typeof``), looks the overload up and
+builds a `DeviceNDArray` for each torch tensor through ``__cuda_array_interface__``
+(``cuda.as_cuda_array``) on every call. For the tensor-core kernels' ~20 arguments that host
+work is a large part of a short kernel's time. `launch` pays it once per *argument signature*
+(each array's dtype, rank and layout, each scalar's type): the first call compiles (or finds)
+the overload as Numba would and launches through it; later calls with the same signature reuse
+that overload and hand each tensor's pointer, shape and strides straight to the driver, in the
+order Numba itself marshals an array (meminfo, parent, size, itemsize, data, shape..., strides...).
+
+``KERNELS_FAST_LAUNCH=0`` sends every call through Numba's own launch (for comparison).
+
+Dynamic shared memory: a kernel that declares ``cuda.shared.array(0, dtype)`` gets
+``sharedmem`` bytes; above the 48 KiB default, `launch` first raises the kernel's
+``CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`` (the opt-in that ``kern[...]`` has no
+parameter for), once per (kernel, device).
+"""
+from __future__ import annotations
+
+import os
+
+#: Whether `launch` reuses compiled overloads (environment ``KERNELS_FAST_LAUNCH``, default on).
+FAST_LAUNCH = os.environ.get("KERNELS_FAST_LAUNCH", "1") != "0"
+#: Dynamic shared memory a block gets without the opt-in, bytes.
+DEFAULT_DYNAMIC_SMEM_BYTES = 48 * 1024
+
+_OVERLOADS: dict = {}      # (dispatcher id, signature key) -> (dispatcher, compiled kernel)
+_OPTED_IN: dict = {}       # (compiled id, device id) -> bytes allowed
+_STREAMS: dict = {}        # torch stream handle -> Numba external stream
+
+
+def _is_torch(x) -> bool:
+    return type(x).__module__.startswith("torch")
+
+
+def _layout(shape, strides_bytes, itemsize) -> str:
+    """Numba's layout letter for an array ('C', 'F' or 'A'), as `DeviceNDArray` derives it."""
+    size = 1
+    for n in shape:
+        size *= n
+    if size == 0 or not shape:
+        return "C"
+    if 0 in strides_bytes:
+        return "A"
+    sd, c_contig = itemsize, True
+    for n, s in zip(reversed(shape), reversed(strides_bytes)):
+        if n != 1:
+            if s != sd:
+                c_contig = False
+                break
+            sd *= n
+    if c_contig:
+        return "C"
+    sd = itemsize
+    for n, s in zip(shape, strides_bytes):
+        if n != 1:
+            if s != sd:
+                return "A"
+            sd *= n
+    return "F"
+
+
+def _arg_key(a):
+    """What decides the Numba type of argument ``a`` (cheap to compute)."""
+    if _is_torch(a):
+        item = a.element_size()
+        return ("t", a.dtype, a.dim(), _layout(tuple(a.shape), tuple(s * item for s in a.stride()),
+                                                item))
+    nt = getattr(a, "_numba_type_", None)       # Numba device arrays
+    if nt is not None:
+        return ("n", nt)
+    return ("s", type(a))
+
+
+def _to_numba(a):
+    if _is_torch(a):
+        from numba import cuda
+        # sync=False: launches go on torch's current stream, which orders them after producers
+        return cuda.as_cuda_array(a.detach(), sync=False)
+    return a
+
+
+def launch_stream(torch_stream=None):
+    """The stream object `launch` takes: torch's ``torch_stream`` (cached by handle), or the
+    default stream for None."""
+    handle = 0 if torch_stream is None else int(torch_stream.cuda_stream)
+    s = _STREAMS.get(handle)
+    if s is None:
+        from numba import cuda
+        from numba.cuda.cudadrv.driver import _to_core_stream
+        if len(_STREAMS) > 64:
+            _STREAMS.clear()
+        s = _STREAMS[handle] = _to_core_stream(cuda.external_stream(handle) if handle else 0)
+    return s
+
+
+def _opt_in(compiled, sharedmem):
+    """Allow ``sharedmem`` bytes of dynamic shared memory for ``compiled`` on this device."""
+    if sharedmem <= DEFAULT_DYNAMIC_SMEM_BYTES:
+        return
+    from numba import cuda
+    from numba.cuda.cudadrv.driver import binding, driver
+    cufunc = compiled._codelibrary.get_cufunc()
+    dev = cuda.get_current_device()
+    key = (id(compiled), dev.id)
+    if _OPTED_IN.get(key, 0) >= sharedmem:
+        return
+    limit = int(dev.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+    if sharedmem > limit:
+        raise ValueError(f"{sharedmem} bytes of dynamic shared memory exceed this device's "
+                         f"per-block limit of {limit} bytes")
+    attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    driver.cuKernelSetAttribute(attr, int(sharedmem), cufunc.handle, dev.id)
+    _OPTED_IN[key] = int(sharedmem)
+
+
+def _slow(kern, key, grid, block, stream, args, sharedmem):
+    """Numba's own typing and compilation, then a launch through the overload; caches it."""
+    from numba.cuda.errors import normalize_kernel_dimensions
+    grid, block = normalize_kernel_dimensions(grid, block)
+    nargs = [_to_numba(a) for a in args]
+    argtypes = tuple(kern.typeof_pyval(a) for a in nargs)
+    compiled = kern.compile(argtypes)
+    _opt_in(compiled, sharedmem)
+    compiled.launch(nargs, grid, block, stream, sharedmem)
+    if key is not None:
+        if len(_OVERLOADS) > 512:
+            _OVERLOADS.clear()
+        _OVERLOADS[key] = (kern, compiled)
+
+
+def launch(kern, grid, block, stream, args, sharedmem=0):
+    """Launch the Numba dispatcher ``kern`` as ``kern[grid, block, stream, sharedmem](*args)``.
+
+    ``args`` may hold torch CUDA tensors (used in place; half-precision ones already viewed as
+    the integer type the kernel takes), Numba device arrays and scalars; ``stream`` comes from
+    `launch_stream`. See the module docstring for what is cached.
+    """
+    if not FAST_LAUNCH:
+        _slow(kern, None, grid, block, stream, args, sharedmem)
+        return
+    key = (id(kern),) + tuple(_arg_key(a) for a in args)
+    hit = _OVERLOADS.get(key)
+    if hit is None or hit[0] is not kern:
+        _slow(kern, key, grid, block, stream, args, sharedmem)
+        return
+    compiled = hit[1]
+    _opt_in(compiled, sharedmem)
+    kernelargs, retr = [], []
+    for ty, a in zip(compiled.argument_types, args):
+        if _is_torch(a):
+            item = a.element_size()
+            kernelargs += (0, 0, a.numel(), item, a.data_ptr())
+            kernelargs += a.shape
+            kernelargs += (s * item for s in a.stride())
+        else:
+            compiled._prepare_args(ty, a, stream, retr, kernelargs)
+    _driver_launch(compiled, grid, block, stream, sharedmem, kernelargs)
+
+
+def _driver_launch(compiled, grid, block, stream, sharedmem, kernelargs):
+    from cuda.core import LaunchConfig
+    from cuda.core import launch as core_launch
+    cufunc = compiled._codelibrary.get_cufunc()
+    core_launch(stream, LaunchConfig(grid=grid, block=block, shmem_size=sharedmem),
+                cufunc.kernel, *kernelargs)

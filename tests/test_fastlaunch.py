@@ -1,0 +1,123 @@
+"""`kernels.fastlaunch`: the argument-signature key picks the overload Numba would pick, and
+launches through the cached overload compute what Numba's own launch computes.
+
+CPU: the layout letter of every strided view (transposes, slices, size-1 and zero strides)
+against the rule Numba's device arrays follow (C if C-contiguous, else F if F-contiguous, else A;
+A whenever a stride is 0), drawn by Hypothesis. GPU (``-m gpu``): a kernel launched on torch
+tensors of each layout, cached and uncached, against the same kernel launched by Numba; and a
+kernel given 96 KiB of dynamic shared memory (the opt-in above 48 KiB).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kernels import fastlaunch
+
+
+def numba_device_layout(shape, strides, itemsize):
+    """The layout DeviceNDArray._numba_type_ gives, from NumPy's contiguity flags."""
+    a = np.lib.stride_tricks.as_strided(np.zeros(1, np.uint8), shape=shape, strides=strides)
+    size = int(np.prod(shape))
+    if size == 0:
+        return "C"
+    broadcast = 0 in strides
+    # NumPy's flags for an itemsize-1 view with strides scaled by 1/itemsize say the same
+    c = a.flags["C_CONTIGUOUS"] and not broadcast
+    f = a.flags["F_CONTIGUOUS"] and not broadcast
+    return "C" if c else ("F" if f else "A")
+
+
+@given(st.lists(st.integers(1, 5), min_size=1, max_size=4), st.data())
+def test_layout_matches_numba_rule(shape, data):
+    # a permutation and a step per dim of a contiguous uint8 buffer, sometimes a zero stride
+    nd = len(shape)
+    perm = data.draw(st.permutations(range(nd)))
+    steps = [data.draw(st.sampled_from([1, 1, 2])) for _ in range(nd)]
+    full = [n * s for n, s in zip(shape, steps)]
+    base = np.zeros(full, np.uint8)
+    view = base[tuple(slice(None, None, s) for s in steps)].transpose(perm)
+    strides = list(view.strides)
+    if data.draw(st.booleans()):
+        strides[data.draw(st.integers(0, nd - 1))] = 0
+    got = fastlaunch._layout(view.shape, tuple(strides), 1)
+    assert got == numba_device_layout(view.shape, tuple(strides), 1)
+
+
+def test_arg_key_torch_and_scalars():
+    torch = pytest.importorskip("torch")
+    t = torch.zeros(2, 3, 4)
+    assert fastlaunch._arg_key(t) == ("t", torch.float32, 3, "C")
+    assert fastlaunch._arg_key(t.transpose(0, 2))[3] == "F"
+    assert fastlaunch._arg_key(t[:, :, ::2])[3] == "A"
+    assert fastlaunch._arg_key(t.expand(2, 3, 4)[:, :1].expand(2, 3, 4))[3] == "A"
+    assert fastlaunch._arg_key(np.float32(1)) == ("s", np.float32)
+    assert fastlaunch._arg_key(3) == ("s", int)
+
+
+# -- GPU --
+
+@pytest.mark.gpu
+def test_launch_matches_numba_launch_every_layout():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA here")
+    from numba import cuda
+
+    @cuda.jit
+    def axpy(x, y, out, a, n):           # out[i, j] = a * x[i, j] + y[i, j]
+        i, j = cuda.grid(2)
+        if i < out.shape[0] and j < out.shape[1] and n > 0:
+            out[i, j] = a * x[i, j] + y[i, j]
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    base = torch.randn(64, 48, device="cuda", generator=g)
+    views = {"C": base, "F": base.t().contiguous().t(), "A": base[:, ::2]}
+    stream = fastlaunch.launch_stream(torch.cuda.current_stream())
+    for name, x in views.items():
+        y = torch.randn(x.shape, device="cuda", generator=g)
+        want = 2.5 * x + y
+        grid = ((x.shape[0] + 15) // 16, (x.shape[1] + 15) // 16)
+        for rep in range(3):           # first call compiles / caches, the rest reuse
+            out = torch.full(x.shape, float("nan"), device="cuda")
+            key = (id(axpy),) + tuple(fastlaunch._arg_key(a) for a in (x, y, out, np.float32(2.5), 7))
+            fastlaunch.launch(axpy, grid, (16, 16), stream, (x, y, out, np.float32(2.5), 7))
+            torch.cuda.synchronize()
+            assert torch.allclose(out, want, rtol=1e-6, atol=1e-6), (name, rep)
+            assert key in fastlaunch._OVERLOADS
+        # the overload is the one Numba picks for the wrapped arguments
+        compiled = fastlaunch._OVERLOADS[key][1]
+        wrapped = [cuda.as_cuda_array(a, sync=False) for a in (x, y, out)]
+        assert compiled.argument_types[:3] == tuple(axpy.typeof_pyval(a) for a in wrapped)
+
+
+@pytest.mark.gpu
+def test_dynamic_shared_memory_above_48k():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA here")
+    from numba import cuda, float32
+
+    @cuda.jit
+    def reverse_through_shared(x, out, n):   # one block: out = x[::-1] via dynamic smem
+        buf = cuda.shared.array(0, dtype=float32)
+        t = cuda.threadIdx.x
+        for i in range(t, n, cuda.blockDim.x):
+            buf[i] = x[i]
+        cuda.syncthreads()
+        for i in range(t, n, cuda.blockDim.x):
+            out[i] = buf[n - 1 - i]
+
+    n = 96 * 1024 // 4
+    x = torch.arange(n, device="cuda", dtype=torch.float32)
+    out = torch.zeros_like(x)
+    stream = fastlaunch.launch_stream(torch.cuda.current_stream())
+    for _ in range(2):
+        fastlaunch.launch(reverse_through_shared, 1, 256, stream, (x, out, n), sharedmem=4 * n)
+        torch.cuda.synchronize()
+        assert torch.equal(out, x.flip(0))
+    with pytest.raises(ValueError, match="per-block limit"):
+        fastlaunch.launch(reverse_through_shared, 1, 256, stream, (x, out, n),
+                          sharedmem=1 << 20)
