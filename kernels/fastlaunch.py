@@ -26,7 +26,7 @@ FAST_LAUNCH = os.environ.get("KERNELS_FAST_LAUNCH", "1") != "0"
 #: Dynamic shared memory a block gets without the opt-in, bytes.
 DEFAULT_DYNAMIC_SMEM_BYTES = 48 * 1024
 
-_OVERLOADS: dict = {}      # (dispatcher id, signature key) -> (dispatcher, compiled kernel)
+_OVERLOADS: dict = {}      # (dispatcher id, signature key) -> _Plan
 _OPTED_IN: dict = {}       # (compiled id, device id) -> bytes allowed
 _STREAMS: dict = {}        # torch stream handle -> Numba external stream
 
@@ -65,6 +65,8 @@ def _layout(shape, strides_bytes, itemsize) -> str:
 def _arg_key(a):
     """What decides the Numba type of argument ``a`` (cheap to compute)."""
     if _is_torch(a):
+        if a.is_contiguous() and 0 not in a.stride():
+            return ("t", a.dtype, a.dim(), "C")
         item = a.element_size()
         return ("t", a.dtype, a.dim(), _layout(tuple(a.shape), tuple(s * item for s in a.stride()),
                                                 item))
@@ -116,8 +118,70 @@ def _opt_in(compiled, sharedmem):
     _OPTED_IN[key] = int(sharedmem)
 
 
+class _Plan:
+    """How to marshal one argument signature of one compiled overload: per argument, 't' (a torch
+    tensor: pointer, shape, strides), 'n' (a Numba device array; the last one's marshalled
+    values are kept, so a constant array costs nothing) or a ctypes constructor for a scalar
+    (None: Numba's own `_prepare_args`)."""
+    __slots__ = ("kern", "compiled", "kinds", "last", "configs")
+
+    def __init__(self, kern, compiled, args):
+        import ctypes
+
+        from numba.cuda import types
+        self.kern, self.compiled, self.configs = kern, compiled, {}
+        kinds = []
+        for ty, a in zip(compiled.argument_types, args):
+            if _is_torch(a):
+                kinds.append("t")
+            elif isinstance(ty, types.Array):
+                kinds.append("n")
+            elif isinstance(ty, types.Integer):
+                kinds.append(getattr(ctypes, "c_%s" % ty))
+            elif ty == types.float32:
+                kinds.append(ctypes.c_float)
+            elif ty == types.float64:
+                kinds.append(ctypes.c_double)
+            else:
+                kinds.append(None)
+        self.kinds = tuple(kinds)
+        self.last = [None] * len(kinds)
+
+    def marshal(self, args, stream):
+        out, compiled, last = [], self.compiled, self.last
+        for i, (kind, a) in enumerate(zip(self.kinds, args)):
+            if kind == "t":
+                item = a.element_size()
+                out += (0, 0, a.numel(), item, a.data_ptr())
+                out += a.shape
+                out += (s * item for s in a.stride())
+            elif kind == "n":
+                hit = last[i]
+                if hit is None or hit[0] is not a:
+                    vals = []
+                    compiled._prepare_args(compiled.argument_types[i], a, stream, [], vals)
+                    hit = last[i] = (a, vals)
+                out += hit[1]
+            elif kind is None:
+                compiled._prepare_args(compiled.argument_types[i], a, stream, [], out)
+            else:
+                out.append(kind(a))
+        return out
+
+    def config(self, grid, block, sharedmem):
+        key = (grid, block, sharedmem)
+        cfg = self.configs.get(key)
+        if cfg is None:
+            from cuda.core import LaunchConfig
+            if len(self.configs) > 256:
+                self.configs.clear()
+            cfg = self.configs[key] = LaunchConfig(grid=grid, block=block, shmem_size=sharedmem)
+        return cfg
+
+
 def _slow(kern, key, grid, block, stream, args, sharedmem):
-    """Numba's own typing and compilation, then a launch through the overload; caches it."""
+    """Numba's own typing and compilation, then a launch through the overload; caches a `_Plan`
+    for the signature."""
     from numba.cuda.errors import normalize_kernel_dimensions
     grid, block = normalize_kernel_dimensions(grid, block)
     nargs = [_to_numba(a) for a in args]
@@ -128,7 +192,7 @@ def _slow(kern, key, grid, block, stream, args, sharedmem):
     if key is not None:
         if len(_OVERLOADS) > 512:
             _OVERLOADS.clear()
-        _OVERLOADS[key] = (kern, compiled)
+        _OVERLOADS[key] = _Plan(kern, compiled, args)
 
 
 def launch(kern, grid, block, stream, args, sharedmem=0):
@@ -142,27 +206,13 @@ def launch(kern, grid, block, stream, args, sharedmem=0):
         _slow(kern, None, grid, block, stream, args, sharedmem)
         return
     key = (id(kern),) + tuple(_arg_key(a) for a in args)
-    hit = _OVERLOADS.get(key)
-    if hit is None or hit[0] is not kern:
+    plan = _OVERLOADS.get(key)
+    if plan is None or plan.kern is not kern:
         _slow(kern, key, grid, block, stream, args, sharedmem)
         return
-    compiled = hit[1]
-    _opt_in(compiled, sharedmem)
-    kernelargs, retr = [], []
-    for ty, a in zip(compiled.argument_types, args):
-        if _is_torch(a):
-            item = a.element_size()
-            kernelargs += (0, 0, a.numel(), item, a.data_ptr())
-            kernelargs += a.shape
-            kernelargs += (s * item for s in a.stride())
-        else:
-            compiled._prepare_args(ty, a, stream, retr, kernelargs)
-    _driver_launch(compiled, grid, block, stream, sharedmem, kernelargs)
-
-
-def _driver_launch(compiled, grid, block, stream, sharedmem, kernelargs):
-    from cuda.core import LaunchConfig
+    compiled = plan.compiled
+    if sharedmem > DEFAULT_DYNAMIC_SMEM_BYTES:
+        _opt_in(compiled, sharedmem)
     from cuda.core import launch as core_launch
-    cufunc = compiled._codelibrary.get_cufunc()
-    core_launch(stream, LaunchConfig(grid=grid, block=block, shmem_size=sharedmem),
-                cufunc.kernel, *kernelargs)
+    core_launch(stream, plan.config(grid, block, sharedmem),
+                compiled._codelibrary.get_cufunc().kernel, *plan.marshal(args, stream))

@@ -1,6 +1,9 @@
 """A small configuration exercising every kernel path once, for compute-sanitizer:
 
-    compute-sanitizer --tool memcheck python -m kernels.sanitize_case
+    compute-sanitizer --tool memcheck python -m kernels.sanitize_case [PART ...]
+
+PART is any of ``cuda-core``, ``fp32-tc``, ``fp16-tc`` (default: all three), so that the parts
+can run as separate processes side by side.
 
 CUDA-core kernels (NumPy inputs): forward and both backward dQ modes with causal, dropout, a
 boolean mask, GQA and partial tiles. Tensor-core kernels (torch CUDA tensors, when torch has
@@ -26,7 +29,7 @@ def cuda_core_paths():
             assert np.isfinite(dq).all() and np.isfinite(dk).all()
 
 
-def tensor_core_paths():
+def tensor_core_paths(dtypes=("fp32", "fp16")):
     try:
         import torch
     except ImportError:
@@ -34,7 +37,7 @@ def tensor_core_paths():
     if not torch.cuda.is_available():
         return
     g = torch.Generator(device="cuda").manual_seed(0)
-    for dtype in (torch.float32, torch.float16):
+    for dtype in [{"fp32": torch.float32, "fp16": torch.float16}[x] for x in dtypes]:
         for d, kw in ((64, {"causal": True}), (128, {"dropout_p": 0.25, "seed": 3})):
             q, do = (torch.randn(2, 2, 150, d, device="cuda", generator=g).to(dtype)
                      for _ in range(2))
@@ -46,10 +49,21 @@ def tensor_core_paths():
             assert all(bool(torch.isfinite(x).all()) for x in (out, dq, dk, dv))
 
 
-def main():
-    cuda_core_paths()
-    tensor_core_paths()
-    print("sanitize_case done")
+PARTS = ("cuda-core", "fp32-tc", "fp16-tc")
+
+
+def main(argv=None):
+    import sys
+    parts = (sys.argv[1:] if argv is None else argv) or list(PARTS)
+    bad = [p for p in parts if p not in PARTS]
+    if bad:
+        raise SystemExit(f"unknown part(s) {bad}; choose from {PARTS}")
+    if "cuda-core" in parts:
+        cuda_core_paths()
+    tc = [p.split("-")[0] for p in parts if p.endswith("-tc")]
+    if tc:
+        tensor_core_paths(tuple(tc))
+    print("sanitize_case done:", " ".join(parts))
 
 
 if __name__ == "__main__":

@@ -88,7 +88,7 @@ def test_launch_matches_numba_launch_every_layout():
             assert torch.allclose(out, want, rtol=1e-6, atol=1e-6), (name, rep)
             assert key in fastlaunch._OVERLOADS
         # the overload is the one Numba picks for the wrapped arguments
-        compiled = fastlaunch._OVERLOADS[key][1]
+        compiled = fastlaunch._OVERLOADS[key].compiled
         wrapped = [cuda.as_cuda_array(a, sync=False) for a in (x, y, out)]
         assert compiled.argument_types[:3] == tuple(axpy.typeof_pyval(a) for a in wrapped)
 
