@@ -20,6 +20,7 @@ parameter for), once per (kernel, device).
 from __future__ import annotations
 
 import os
+import sys
 
 #: Whether `launch` reuses compiled overloads (environment ``KERNELS_FAST_LAUNCH``, default on).
 FAST_LAUNCH = os.environ.get("KERNELS_FAST_LAUNCH", "1") != "0"
@@ -31,8 +32,40 @@ _OPTED_IN: dict = {}       # (compiled id, device id) -> bytes allowed
 _STREAMS: dict = {}        # torch stream handle -> Numba external stream
 
 
+_TORCH_TYPES: set = set()
+
+
 def _is_torch(x) -> bool:
-    return type(x).__module__.startswith("torch")
+    t = type(x)
+    if t in _TORCH_TYPES:
+        return True
+    if t.__module__.startswith("torch"):
+        _TORCH_TYPES.add(t)
+        return True
+    return False
+
+
+_GPU_AVAILABLE: list = []
+
+
+def real_gpu() -> bool:
+    """Whether a real CUDA GPU runs the kernels (not the simulator); checked once."""
+    if not _GPU_AVAILABLE:
+        from numba import cuda
+        _GPU_AVAILABLE.append(os.environ.get("NUMBA_ENABLE_CUDASIM") != "1"
+                              and bool(cuda.is_available()))
+    return _GPU_AVAILABLE[0]
+
+
+def current_device_id() -> int:
+    """The current CUDA device's ordinal, cheaply: torch's current device once torch has
+    initialised CUDA (torch and Numba share the device's primary context, so it is the device
+    Numba launches on), else Numba's current device."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return torch.cuda.current_device()
+    from numba import cuda
+    return getattr(cuda.get_current_device(), "id", 0)   # (the simulator's device has no id)
 
 
 def _layout(shape, strides_bytes, itemsize) -> str:
@@ -84,10 +117,18 @@ def _to_numba(a):
     return a
 
 
-def launch_stream(torch_stream=None):
-    """The stream object `launch` takes: torch's ``torch_stream`` (cached by handle), or the
-    default stream for None."""
-    handle = 0 if torch_stream is None else int(torch_stream.cuda_stream)
+def launch_stream(on=None):
+    """The stream object `launch` takes. ``on`` is a torch CUDA tensor (torch's current stream
+    on its device), a torch stream, or None (the default stream). Cached by stream handle."""
+    if on is None:
+        handle = 0
+    elif hasattr(on, "cuda_stream"):
+        handle = int(on.cuda_stream)
+    else:
+        import torch
+        get_raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        handle = (get_raw(on.get_device()) if get_raw is not None
+                  else torch.cuda.current_stream(on.device).cuda_stream)
     s = _STREAMS.get(handle)
     if s is None:
         from numba import cuda
@@ -123,13 +164,13 @@ class _Plan:
     tensor: pointer, shape, strides), 'n' (a Numba device array; the last one's marshalled
     values are kept, so a constant array costs nothing) or a ctypes constructor for a scalar
     (None: Numba's own `_prepare_args`)."""
-    __slots__ = ("kern", "compiled", "kinds", "last", "configs")
+    __slots__ = ("kern", "compiled", "kinds", "last", "configs", "handles")
 
     def __init__(self, kern, compiled, args):
         import ctypes
 
         from numba.cuda import types
-        self.kern, self.compiled, self.configs = kern, compiled, {}
+        self.kern, self.compiled, self.configs, self.handles = kern, compiled, {}, {}
         kinds = []
         for ty, a in zip(compiled.argument_types, args):
             if _is_torch(a):
@@ -167,6 +208,14 @@ class _Plan:
             else:
                 out.append(kind(a))
         return out
+
+    def handle(self):
+        """The loaded kernel on the current device (cached per device ordinal)."""
+        dev = current_device_id()
+        h = self.handles.get(dev)
+        if h is None:
+            h = self.handles[dev] = self.compiled._codelibrary.get_cufunc().kernel
+        return h
 
     def config(self, grid, block, sharedmem):
         key = (grid, block, sharedmem)
@@ -214,5 +263,5 @@ def launch(kern, grid, block, stream, args, sharedmem=0):
     if sharedmem > DEFAULT_DYNAMIC_SMEM_BYTES:
         _opt_in(compiled, sharedmem)
     from cuda.core import launch as core_launch
-    core_launch(stream, plan.config(grid, block, sharedmem),
-                compiled._codelibrary.get_cufunc().kernel, *plan.marshal(args, stream))
+    core_launch(stream, plan.config(grid, block, sharedmem), plan.handle(),
+                *plan.marshal(args, stream))

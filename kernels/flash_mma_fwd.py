@@ -25,6 +25,7 @@ The CUDA simulator cannot run inline PTX: under it `forward` raises RuntimeError
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 
@@ -363,7 +364,7 @@ def _device_const(key, make):
     """Device copies of small host-built constants (schedules, the dummy mask), built once per
     (key, current device) so that a call does no synchronous host-to-device copy."""
     from numba import cuda
-    key = (getattr(cuda.get_current_device(), "id", 0), key)   # (the simulator has no id)
+    key = (fastlaunch.current_device_id(), key)
     if key not in _CONSTS:
         if len(_CONSTS) > 256:
             _CONSTS.clear()
@@ -403,7 +404,19 @@ def mask_on_device(mask, kind, batch, heads, n_q, n_k):
 def dropout_constants(seed, dropout_p):
     """``(has_dropout, seed_hash, threshold, inv_keep)``: what the kernels need to regenerate
     `ioaware.dropout.keep_mask(seed, dropout_p, ...)` in-kernel (the salted, mixed seed, the
-    32-bit keep threshold, and 1 / (1 - p))."""
+    32-bit keep threshold, and 1 / (1 - p)); memoised per (seed, p)."""
+    try:
+        return _dropout_constants_cached(seed, float(dropout_p))
+    except TypeError:                     # an unhashable seed
+        return _dropout_constants(seed, dropout_p)
+
+
+@functools.lru_cache(maxsize=1024)
+def _dropout_constants_cached(seed, dropout_p):
+    return _dropout_constants(seed, dropout_p)
+
+
+def _dropout_constants(seed, dropout_p):
     has_dropout = float(dropout_p) > 0.0
     lo, hi = split_seed(seed)
     seed_hash = int(fmix32(fmix32(np.uint32(lo) ^ np.uint32(SEED_SALT)) ^ np.uint32(hi)))
@@ -450,7 +463,7 @@ def forward(q, k, v, *, scale, causal=False, mask=None, block_mask=None, dropout
     kind = _kind(q)
     if _kind(k) != kind or _kind(v) != kind:
         raise TypeError("q, k and v must be the same kind of array")
-    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" or not cuda.is_available():
+    if not fastlaunch.real_gpu():
         raise RuntimeError("the tensor-core kernel needs a real CUDA GPU (the simulator runs no "
                            "inline PTX)")
     if len(q.shape) != 4 or len(k.shape) != 4 or len(v.shape) != 4:
@@ -501,7 +514,7 @@ def forward(q, k, v, *, scale, causal=False, mask=None, block_mask=None, dropout
         out_t = torch.empty((batch, heads, n_q, d), dtype=dt, device=q.device)
         lse_t = torch.empty((batch, heads, n_q), dtype=torch.float32, device=q.device)
         outd, lsed = out_t.view(torch.int16), lse_t
-        stream = fastlaunch.launch_stream(torch.cuda.current_stream(q.device))
+        stream = fastlaunch.launch_stream(q)      # torch's current stream on q's device
     else:
         dts = {str(np.dtype(x.dtype)) for x in (q, k, v)}
         if dts != {"float16"}:

@@ -792,7 +792,7 @@ def backward(q, k, v, out, lse, dout, *, scale, causal=False, mask=None, block_m
     for name, x in (("k", k), ("v", v), ("out", out), ("dout", dout)):
         if _kind(x) != kind:
             raise TypeError(f"{name} must be the same kind of array as q")
-    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" or not cuda.is_available():
+    if not fastlaunch.real_gpu():
         raise RuntimeError("the tensor-core kernel needs a real CUDA GPU (the simulator runs no "
                            "inline PTX)")
     if len(q.shape) != 4 or len(k.shape) != 4 or len(v.shape) != 4:
@@ -849,7 +849,7 @@ def backward(q, k, v, out, lse, dout, *, scale, causal=False, mask=None, block_m
         dv_t = torch.empty((batch, heads_kv, n_k, d), dtype=torch.float32, device=q.device)
         delta_t = torch.empty((batch, heads, n_q), dtype=torch.float32, device=q.device)
         dqd, dkd, dvd, deltad = dq_t, dk_t, dv_t, delta_t
-        stream = fastlaunch.launch_stream(torch.cuda.current_stream(q.device))
+        stream = fastlaunch.launch_stream(q)      # torch's current stream on q's device
     else:
         for name, x in (("q", q), ("k", k), ("v", v), ("out", out), ("dout", dout)):
             if str(np.dtype(x.dtype)) != "float32":

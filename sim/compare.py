@@ -295,9 +295,31 @@ def _measured(rec: dict, metric: str):
     raise KeyError(metric)
 
 
+#: Loads our tensor-core kernels stage through shared memory with ``cp.async`` (16 bytes a
+#: thread, 512 contiguous bytes a warp): (phase, tensor) of the closed form's byte counts —
+#: K/V in the forward and the dQ kernel, Q/dO in the dK/dV kernel (kernels/flash_mma_*.py,
+#: kernels/flash_tf32_*.py).
+ASYNC_COPY_LOADS = {("fwd", "K"), ("fwd", "V"), ("bwd.dq", "K"), ("bwd.dq", "V"),
+                    ("bwd.main", "Q"), ("bwd.main", "dO")}
+
+
+def async_copy_counter_extra(rec: dict, counts_bytes: dict, profile) -> float:
+    """Bytes the global-load counter adds over the bytes moved for the record's ``cp.async``
+    loads: (counted sectors per 512 bytes / 16 - 1) x those loads, from the GPU profile's
+    ``async_copy_counted_sectors_per_512b`` (0 where the profile lacks it or the record's kernel
+    makes no such copies)."""
+    sectors = getattr(profile, "async_copy_counted_sectors_per_512b", None)
+    if not sectors or rec.get("kernel") != "ioaware-numba" or _variant(rec) not in ("mma", "tf32"):
+        return 0.0
+    moved = sum(n for key, n in counts_bytes.items()
+                if isinstance(key, tuple) and len(key) == 3 and key[2] == "load"
+                and (key[0], key[1]) in ASYNC_COPY_LOADS)
+    return moved * (sectors / 16.0 - 1.0)
+
+
 def _predicted_raw(p, metric: str, rec: dict | None = None):
     if metric == "global_bytes":
-        total = float(p.hbm_read_bytes + p.hbm_write_bytes)
+        total = float(p.hbm_read_bytes + p.hbm_write_bytes) + getattr(p, "async_copy_extra", 0.0)
         if rec is not None and rec.get("global_atomic_bytes") is None:
             total -= p.atomic_bytes   # atomics were not counted on the measured side
         return total
@@ -352,6 +374,7 @@ def _predict_one(args):
         w, sched, note = model_for_record(rec, registers=registers)
         p = predict(w, sched, prof, l2=l2, calibration=None, max_trace_events=max_trace_events)
         pred = _Pred(p)
+        pred.async_copy_extra = async_copy_counter_extra(rec, p.counts.get("bytes", {}), prof)
         pred.registers = (sched.registers_per_thread, sched.registers_per_thread_kv)
         return pred, note, None
     except (ValueError, KeyError, TypeError) as exc:

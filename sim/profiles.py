@@ -35,6 +35,10 @@ class GPUProfile:
     ``register_alloc_unit`` registers, in ``register_sub_partitions`` equal parts per SM; at most
     ``max_registers_per_thread`` per thread) sets the register limit of the occupancy model
     (:func:`sim.workload.occupancy`); None: registers do not limit occupancy.
+    ``async_copy_counted_sectors_per_512b`` is how many 32-byte sectors the L1TEX load counter
+    (ncu ``l1tex__t_sectors_pipe_lsu_mem_global_op_ld``) counts for one warp's ``cp.async`` of
+    512 contiguous bytes (16 per thread): 16 would be the bytes moved; None: counted as moved.
+    It changes the predicted *counter* of global-load bytes only, not DRAM/L2 traffic or time.
     """
 
     name: str
@@ -55,6 +59,7 @@ class GPUProfile:
     register_alloc_unit: int | None = None
     register_sub_partitions: int | None = None
     max_registers_per_thread: int | None = None
+    async_copy_counted_sectors_per_512b: int | None = None
     description: str = ""
     match: tuple = ()
     sources: dict = field(default_factory=dict)
@@ -85,6 +90,10 @@ class GPUProfile:
                              f"{ {n: getattr(self, n) for n in regs} }")
         if self.registers_per_sm is not None and self.registers_per_sm % self.register_sub_partitions:
             raise ValueError("GPUProfile.registers_per_sm must be a multiple of register_sub_partitions")
+        v = self.async_copy_counted_sectors_per_512b
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 16):
+            raise ValueError(f"GPUProfile.async_copy_counted_sectors_per_512b must be an integer "
+                             f">= 16 or None, got {v!r}")
         if self.smem_bytes_per_block > self.smem_bytes_per_sm:
             raise ValueError("GPUProfile.smem_bytes_per_block must be <= smem_bytes_per_sm")
         if not isinstance(self.tensor_flops_per_s, dict):
@@ -130,7 +139,8 @@ def _from_dict(data: dict, origin: str) -> GPUProfile:
     kwargs = {k: v for k, v in data.items() if k in known}
     for k in ("l2_bytes", "num_sms", "smem_bytes_per_sm", "smem_bytes_per_block",
               "max_threads_per_sm", "max_blocks_per_sm", "memory_bytes", "registers_per_sm",
-              "register_alloc_unit", "register_sub_partitions", "max_registers_per_thread"):
+              "register_alloc_unit", "register_sub_partitions", "max_registers_per_thread",
+              "async_copy_counted_sectors_per_512b"):
         if isinstance(kwargs.get(k), float) and float(kwargs[k]).is_integer():
             kwargs[k] = int(kwargs[k])
     try:

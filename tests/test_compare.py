@@ -244,3 +244,33 @@ def test_registers_come_from_the_resources_table_for_compute_capability_9(record
     df = C.compare([sm90], l2="none", calibrate_time=False)
     assert df.iloc[0]["registers_status"] == "found" and df.iloc[0]["registers_per_thread"] == regs
     assert "Registers per thread of our kernels" in C.format_report(df)
+
+
+def test_async_copy_counter_extra_prices_the_cp_async_loads_only():
+    """The global-load counter's extra sectors per cp.async (the GPU profile's measured 18 per
+    512 bytes on the H100) apply to the tensor-core kernels' K/V (forward) loads only."""
+    from sim.profiles import load_profile
+    h100 = load_profile("h100")
+    assert h100.async_copy_counted_sectors_per_512b == 18
+    counts = {("fwd", "Q", "load"): 100, ("fwd", "K", "load"): 1600, ("fwd", "V", "load"): 1600,
+              ("fwd", "O", "store"): 100, ("bwd.dq", "K", "load"): 32}
+    mma = {"kernel": "ioaware-numba", "variant": "mma", "pass": "fwd"}
+    assert C.async_copy_counter_extra(mma, counts, h100) == pytest.approx(
+        (1600 + 1600 + 32) * (18 / 16 - 1))
+    assert C.async_copy_counter_extra(dict(mma, variant="simt"), counts, h100) == 0.0
+    assert C.async_copy_counter_extra(dict(mma, kernel="sdpa-flash", variant=None), counts,
+                                      h100) == 0.0
+    assert C.async_copy_counter_extra(mma, counts, load_profile("a100-80gb")) == 0.0
+
+
+def test_shipped_h100_sweep_global_bytes_within_five_percent_with_the_async_copy_counter():
+    """Every record of our kernels in the shipped H100 sweep that carries counters, the
+    tensor-core forward's included, predicts ncu's global bytes within 5 %."""
+    path = Path(__file__).resolve().parents[1] / "results" / "h100_sweep_20261122.json"
+    recs = [r for r in load_results(path)
+            if r["kernel"] == "ioaware-numba" and r.get("variant") == "mma"
+            and r.get("global_load_bytes")]
+    assert len(recs) == 8
+    df = C.compare(recs, workers=1, calibrate_time=False)
+    err = df["rel_error_global_bytes"].abs()
+    assert err.notna().all() and float(err.max()) < 0.05
