@@ -51,47 +51,114 @@ __all__ = ["forward", "accepts", "SUPPORTED_HEAD_DIMS", "BLOCK_Q_CHOICES", "BLOC
 SUPPORTED_HEAD_DIMS = (64, 128)
 BLOCK_Q_CHOICES = (32, 64, 128)      # 2, 4 or 8 warps of 16 query rows
 BLOCK_K_CHOICES = (16, 32)
-SMEM_LIMIT_BYTES = 48 * 1024         # static shared memory per block without opt-in
+SMEM_LIMIT_BYTES = 227 * 1024        # dynamic shared memory per block with the opt-in (sm_90)
 K_PAD_FLOATS = 8
 V_PAD_FLOATS = 4
+KS_PAD_FLOATS = 16                   # pre-split K rows (2 d floats): 64-byte pad
+VS_PAD_FLOATS = 8                    # pre-split V key-pair rows (4 d floats): 32-byte pad
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 
+#: Per head dim: (block_q, block_k, presplit, split_once, s_dual); see `default_config`.
+_DEFAULT_CONFIG = {64: (64, 32, False, True, False), 128: (128, 32, True, True, True)}
+_CONFIG_ENV = "KERNELS_TF32_FWD_D{}"
+
+
+def default_config(head_dim: int) -> dict:
+    """The compile-time configuration `forward` uses for ``head_dim``:
+
+    * ``block_q`` x ``block_k``: query rows per block (16 per warp) and keys per K/V stage;
+    * ``presplit``: K/V stages land raw by cp.async and are split once into big/small TF32
+      shared tiles (each thread splits the chunks it copied, then one __syncthreads), so the
+      warps read ready B operands with one 128-bit load and no cvt; else every warp splits
+      the raw float32 B elements it loads (4x (8 warps: 8x) redundant cvt work per block);
+    * ``split_once``: Q's big/small fragments made once and kept in registers (else Q raw in
+      registers, split at every k-step);
+    * ``s_dual``: S = Q K^T accumulates the two small-term products and the big*big product in
+      two separate accumulators (two mma dependency chains per score tile instead of one).
+
+    The environment variable ``KERNELS_TF32_FWD_D64`` / ``KERNELS_TF32_FWD_D128`` (e.g.
+    ``bq=128,bk=32,presplit=1,split_once=0,dual=1``) overrides fields, for measurement.
+    """
+    bq, bk, ps, so, dual = _DEFAULT_CONFIG.get(head_dim, _DEFAULT_CONFIG[128])
+    cfg = {"block_q": bq, "block_k": bk, "presplit": ps, "split_once": so, "s_dual": dual}
+    env = os.environ.get(_CONFIG_ENV.format(head_dim), "").strip()
+    if env:
+        names = {"bq": "block_q", "bk": "block_k", "presplit": "presplit",
+                 "split_once": "split_once", "dual": "s_dual"}
+        for item in env.split(","):
+            key, val = item.split("=")
+            name = names[key.strip()]
+            cfg[name] = int(val) if name.startswith("block") else bool(int(val))
+    return cfg
+
 
 def default_blocks(head_dim: int) -> tuple[int, int]:
-    """Default (block_q, block_k): 64 x 32 for d=64, 64 x 16 for d=128 (two K/V buffers of 16
-    keys are what fits in 48 KiB at d=128)."""
-    return (64, 32) if head_dim <= 64 else (64, 16)
+    """Default (block_q, block_k) (`default_config`): 64 x 32 for d=64, 128 x 32 for d=128."""
+    cfg = default_config(head_dim)
+    return cfg["block_q"], cfg["block_k"]
 
 
-def smem_bytes(head_dim: int, block_k: int) -> int:
-    """Shared memory of one block in bytes: K and V, two buffers each, padded float32 rows."""
-    return 2 * block_k * (2 * head_dim + K_PAD_FLOATS + V_PAD_FLOATS) * 4
+def smem_bytes(head_dim: int, block_k: int, presplit: bool | None = None,
+               block_q: int | None = None) -> int:
+    """Dynamic shared memory of one block in bytes. Without ``presplit``: K and V, two buffers
+    each, padded float32 rows. With it: one raw K/V stage (the cp.async destination), two
+    pre-split stages (big/small pairs, twice the raw size) and Q's small halves (block_q rows)."""
+    cfg = default_config(head_dim)
+    if presplit is None:
+        presplit = cfg["presplit"]
+    if block_q is None:
+        block_q = cfg["block_q"]
+    d = head_dim
+    if not presplit:
+        return 2 * block_k * (2 * d + K_PAD_FLOATS + V_PAD_FLOATS) * 4
+    nsplit = 2 if block_k <= 16 else 1
+    return d * (2 * block_k + nsplit * 4 * block_k + 2 * block_q) * 4
+
+
+def _presplit_ok(head_dim: int, block_q: int, block_k: int) -> bool:
+    """Whether the pre-split layout works for these tiles: the copy assignment must give a
+    thread keys of one parity (K swizzle) and key pairs of one residue mod 4 (V swizzle), i.e.
+    rows between a thread's chunks (threads / (d / 4)) a multiple of 4, and an even number of
+    chunks per thread and tile; and the shared memory must fit."""
+    row_step = 32 * (block_q // 16) // (head_dim // 4)
+    loads = block_k // row_step if row_step else 0
+    return (row_step >= 4 and row_step % 4 == 0 and block_k % row_step == 0 and loads % 2 == 0
+            and smem_bytes(head_dim, block_k, True, block_q) <= SMEM_LIMIT_BYTES)
 
 
 def q_split_once(head_dim: int) -> bool:
-    """Whether Q's big/small fragments are made once and kept in registers (the default, 64
-    registers at d=64, 128 at d=128; ptxas fits both without spilling), or Q is kept as float32
-    and split again at every k-step of every tile (half the registers, more conversions; a
-    compile switch kept for measurement, see kernels/NOTES.md)."""
-    return head_dim in SUPPORTED_HEAD_DIMS
+    """Whether Q's big/small fragments are made once and kept in registers (d=64's default: 64
+    registers) or Q is kept as float32 and split again at every k-step (d=128's default, which
+    frees 64 registers for the 32-key stage and the second S accumulator; see kernels/NOTES.md)."""
+    return default_config(head_dim)["split_once"] if head_dim in SUPPORTED_HEAD_DIMS else False
 
 
 _KERNELS: dict = {}
 
 
-def get_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, split_once=None):
-    """The compiled-on-first-launch kernel for one configuration (cached)."""
-    if split_once is None:
-        split_once = q_split_once(head_dim)
-    key = (head_dim, block_q, block_k, causal, has_mask, has_dropout, bool(split_once))
+def get_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, split_once=None,
+               presplit=None, s_dual=None):
+    """The compiled-on-first-launch kernel for one configuration (cached); None fields take
+    `default_config`'s. ``kernel.smem_bytes`` is its dynamic shared memory."""
+    cfg = default_config(head_dim)
+    split_once = cfg["split_once"] if split_once is None else bool(split_once)
+    presplit = cfg["presplit"] if presplit is None else bool(presplit)
+    presplit = presplit and split_once and _presplit_ok(head_dim, block_q, block_k)
+    s_dual = cfg["s_dual"] if s_dual is None else bool(s_dual)
+    key = (head_dim, block_q, block_k, causal, has_mask, has_dropout, split_once, presplit,
+           s_dual)
     if key not in _KERNELS:
         _KERNELS[key] = _build_kernel(*key)
     return _KERNELS[key]
 
 
-def _build_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, split_once):
+def _build_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, split_once,
+                  presplit, s_dual):
     from numba import cuda, float32, uint32, uint64
+    from numba import types as nbt
+    from llvmlite import ir
+    from numba.cuda.extending import intrinsic
 
     from kernels import mma as X
     from kernels import mma_tf32 as T
@@ -101,23 +168,108 @@ def _build_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, spl
     BK = block_k
     NUM_WARPS = BQ // 16
     THREADS = 32 * NUM_WARPS
-    K_STRIDE = D + K_PAD_FLOATS         # floats per shared K row
-    V_STRIDE = D + V_PAD_FLOATS         # floats per shared V row
-    K_TILE = BK * K_STRIDE
-    STAGE = BK * (K_STRIDE + V_STRIDE)  # floats per buffer: K | V
-    SMEM_FLOATS = 2 * STAGE
+    PRESPLIT, S_DUAL = presplit, s_dual
+    NSPLIT = 2 if block_k <= 16 else 1  # split stages (presplit): 2 need one barrier a tile
     CHUNKS = D // 4                     # 16-byte chunks per row
     LOADS = BK * CHUNKS // THREADS      # cp.async per thread per K (or V) tile
     ROW_STEP = THREADS // CHUNKS        # rows between a thread's successive chunks
+    if PRESPLIT:
+        K_STRIDE = D                    # raw rows, unpadded (each thread reads its own chunks)
+        V_STRIDE = D
+        KS_STRIDE = 2 * D               # split K row: per (k-step, t) 16 bytes big2 | small2,
+        VS_STRIDE = 4 * D               # split V key pair: per dim 16 bytes big2 | small2
+        K_TILE = BK * D                 # (both XOR-swizzled, see _presplit_ok)
+        STAGE = 2 * BK * D              # the one raw stage: K | V
+        KS_TILE = BK * KS_STRIDE
+        SSTAGE = KS_TILE + BK // 2 * VS_STRIDE
+        SPLIT0 = STAGE                  # NSPLIT split stages follow the raw stage,
+        QS0 = STAGE + NSPLIT * SSTAGE   # then Q's big and small halves, per thread and
+                                        # k-step 4 + 4 (only that thread reads them back)
+    else:
+        K_STRIDE = D + K_PAD_FLOATS     # floats per shared K row
+        V_STRIDE = D + V_PAD_FLOATS     # floats per shared V row
+        K_TILE = BK * K_STRIDE
+        STAGE = BK * (K_STRIDE + V_STRIDE)  # floats per buffer: K | V
+        KS_STRIDE = VS_STRIDE = KS_TILE = SSTAGE = SPLIT0 = QS0 = 0
     KC = D // 8                         # k-steps of S = Q K^T
     NT_S = BK // 8                      # 16x8 score tiles per warp (= k-steps of P V)
     NT_O = D // 8                       # 16x8 output tiles per warp
     Q_REGS, S_REGS, O_REGS = KC * 4, NT_S * 4, NT_O * 4
     assert BK * CHUNKS % THREADS == 0 and THREADS % CHUNKS == 0 and BQ % 16 == 0 and BK % 8 == 0
+    assert not PRESPLIT or (_presplit_ok(D, BQ, BK) and LOADS % 2 == 0)
+    assert smem_bytes(D, BK, PRESPLIT, BQ) == 4 * (QS0 + 2 * BQ * D if PRESPLIT else 2 * STAGE)
     NEG_INF = float32(-math.inf)
     SPLIT_ONCE = split_once
     CAUSAL, HAS_MASK, HAS_DROPOUT = causal, has_mask, has_dropout
     C1, C2, M32 = uint64(0x85EBCA6B), uint64(0xC2B2AE35), uint64(0xFFFFFFFF)
+    _I32 = ir.IntType(32)
+    _F32 = ir.FloatType()
+
+    @intrinsic
+    def ld_shared_v4_f32(typingctx, saddr):
+        sig = nbt.UniTuple(nbt.float32, 4)(nbt.uint32)
+
+        def codegen(context, builder, sig, args):
+            addr = context.cast(builder, args[0], sig.args[0], nbt.uint32)
+            res = X._asm(builder, ir.LiteralStructType([_F32] * 4), [_I32],
+                         "ld.shared.v4.f32 {$0,$1,$2,$3}, [$4];", "=f,=f,=f,=f,r,~{memory}",
+                         [addr], side_effect=True)
+            return context.make_tuple(builder, sig.return_type,
+                                      [builder.extract_value(res, i) for i in range(4)])
+        return sig, codegen
+
+    @intrinsic
+    def ld_shared_v4_b32(typingctx, saddr):
+        sig = nbt.UniTuple(nbt.uint32, 4)(nbt.uint32)
+
+        def codegen(context, builder, sig, args):
+            addr = context.cast(builder, args[0], sig.args[0], nbt.uint32)
+            res = X._asm(builder, ir.LiteralStructType([_I32] * 4), [_I32],
+                         "ld.shared.v4.b32 {$0,$1,$2,$3}, [$4];", "=r,=r,=r,=r,r,~{memory}",
+                         [addr], side_effect=True)
+            return context.make_tuple(builder, sig.return_type,
+                                      [builder.extract_value(res, i) for i in range(4)])
+        return sig, codegen
+
+    @intrinsic
+    def st_shared_v4_b32(typingctx, saddr, x0, x1, x2, x3):
+        sig = nbt.void(nbt.uint32, nbt.uint32, nbt.uint32, nbt.uint32, nbt.uint32)
+
+        def codegen(context, builder, sig, args):
+            vals = [context.cast(builder, a, t, nbt.uint32) for a, t in zip(args, sig.args)]
+            X._asm(builder, ir.VoidType(), [_I32] * 5,
+                   "st.shared.v4.b32 [$0], {$1,$2,$3,$4};", "r,r,r,r,r,~{memory}", vals,
+                   side_effect=True)
+            return context.get_dummy_value()
+        return sig, codegen
+
+    @intrinsic
+    def ld_global_v2_f32(typingctx, gaddr):
+        # two floats from an 8-byte aligned global address (read-only path)
+        sig = nbt.UniTuple(nbt.float32, 2)(nbt.uint64)
+
+        def codegen(context, builder, sig, args):
+            res = X._asm(builder, ir.LiteralStructType([_F32] * 2), [ir.IntType(64)],
+                         "ld.global.nc.v2.f32 {$0,$1}, [$2];", "=f,=f,l", [args[0]])
+            return context.make_tuple(builder, sig.return_type,
+                                      [builder.extract_value(res, i) for i in range(2)])
+        return sig, codegen
+
+    @intrinsic
+    def split_tf32_v(typingctx, x):
+        # T.split_tf32 as a volatile asm: LLVM may not hoist Q's per-k-step split out of the
+        # tile loop (which would turn the raw-Q variant back into split-once Q, 64 more registers)
+        sig = nbt.UniTuple(nbt.uint32, 2)(nbt.float32)
+
+        def codegen(context, builder, sig, args):
+            xv = context.cast(builder, args[0], sig.args[0], nbt.float32)
+            res = X._asm(builder, ir.LiteralStructType([_I32, _I32]), [_F32],
+                         "{ .reg .b32 tb; .reg .f32 tr; cvt.rna.tf32.f32 tb, $2; "
+                         "sub.f32 tr, $2, tb; cvt.rna.tf32.f32 $1, tr; mov.b32 $0, tb; }",
+                         "=r,=r,f", [xv], side_effect=True)
+            return context.make_tuple(builder, sig.return_type,
+                                      [builder.extract_value(res, i) for i in range(2)])
+        return sig, codegen
 
     @cuda.jit(device=True, inline=True)
     def fmix(x):
@@ -136,9 +288,21 @@ def _build_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, spl
         for i in range(LOADS):
             key = key0 + i * ROW_STEP
             ok = key < nk
-            g = head_addr + uint64(key if ok else 0) * row_bytes
+            g = head_addr + uint64(uint32(key if ok else 0) * uint64(row_bytes))
             X.cp_async_16(s_addr + uint32(4 * i * ROW_STEP * stride), g,
                           uint32(16) if ok else uint32(0))
+
+    @cuda.jit(device=True, inline=True)
+    def load_tile_pairs(head_addr, row_bytes, pair0, nk, s_addr):
+        # -- presplit V: this thread's chunks are rows 2 p and 2 p + 1 of the key pairs
+        #    p = pair0 + i * ROW_STEP, so that it holds both keys of a B register pair --
+        for i in range(LOADS // 2):
+            for e in range(2):
+                key = 2 * (pair0 + i * ROW_STEP) + e
+                ok = key < nk
+                g = head_addr + uint64(uint32(key if ok else 0) * uint64(row_bytes))
+                X.cp_async_16(s_addr + uint32(4 * (2 * i * ROW_STEP + e) * D), g,
+                              uint32(16) if ok else uint32(0))
 
     @cuda.jit(device=True, inline=True)
     def mma3(ab0, ab1, ab2, ab3, as0, as1, as2, as3, bb0, bb1, bs0, bs1, c0, c1, c2, c3):
@@ -150,7 +314,7 @@ def _build_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, spl
     @cuda.jit(lineinfo=False)
     def kernel(q, k, v, out, lse, offsets, kv_index, sched_b, sched_h, group, n_q, n_k,
                mask, mask_b, mask_h, mask_q, scale_log2, seed_hash, threshold, inv_keep):
-        smem = cuda.shared.array(SMEM_FLOATS, dtype=float32, alignment=16)
+        smem = cuda.shared.array(0, dtype=float32, alignment=16)
         tid = cuda.threadIdx.x
         warp = tid // 32
         lane = tid % 32
@@ -171,7 +335,21 @@ def _build_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, spl
         qraw = cuda.local.array(Q_REGS, dtype=float32)
         qb = cuda.local.array(Q_REGS, dtype=uint32)
         qs = cuda.local.array(Q_REGS, dtype=uint32)
-        for kc in range(KC):
+        smem0 = X.shared_addr(smem, 0)
+        # presplit: Q's big and small fragments go to shared memory, 16 + 16 bytes per thread
+        # and k-step that only this thread reads back (conflict-free 128-bit loads, no
+        # barrier), which leaves the registers to O, two S accumulators and the operands
+        q_frag = smem0 + uint32(4 * (QS0 + (warp * KC * 64 + lane) * 4))
+        if PRESPLIT:
+            for kc in range(KC):
+                sp0 = T.split_tf32(q[b, h, min(row0, n_q - 1), kc * 8 + 2 * tig])
+                sp1 = T.split_tf32(q[b, h, min(row0 + 8, n_q - 1), kc * 8 + 2 * tig])
+                sp2 = T.split_tf32(q[b, h, min(row0, n_q - 1), kc * 8 + 2 * tig + 1])
+                sp3 = T.split_tf32(q[b, h, min(row0 + 8, n_q - 1), kc * 8 + 2 * tig + 1])
+                st_shared_v4_b32(q_frag + uint32(kc * 1024), sp0[0], sp1[0], sp2[0], sp3[0])
+                st_shared_v4_b32(q_frag + uint32(kc * 1024 + 512), sp0[1], sp1[1], sp2[1],
+                                 sp3[1])
+        for kc in range(KC if not PRESPLIT else 0):
             for r in range(4):
                 row = row0 + 8 * (r & 1)
                 col = kc * 8 + 2 * tig + (r >> 1)
@@ -189,6 +367,7 @@ def _build_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, spl
         for i in range(O_REGS):
             acc[i] = float32(0.0)
         s_reg = cuda.local.array(S_REGS, dtype=float32)
+        s_sm = cuda.local.array(S_REGS, dtype=float32)
         m_i = cuda.local.array(2, dtype=float32)
         l_i = cuda.local.array(2, dtype=float32)
         h_row = cuda.local.array(2, dtype=uint64)
@@ -202,66 +381,145 @@ def _build_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, spl
                 h_row[r] = fmix(h_bh ^ uint64(row0 + 8 * r))
 
         # per-lane float offsets inside a buffer (see kernels.fragments_tf32)
-        k_lane = gid * K_STRIDE + 2 * tig                  # K[key g][dims 2t, 2t+1]
-        v_lane = K_TILE + 2 * tig * V_STRIDE + gid         # V[key 2t][dim g], V[2t+1][g]
+        if PRESPLIT:
+            # split K[key g][16-byte unit 4 kc + t], units XOR 4 on odd keys: one base for
+            # even kc (+16 floats on odd g) and one for odd kc (-16 floats on odd g)
+            k_lane = gid * KS_STRIDE + 4 * tig + 16 * (gid & 1)
+            k_lane_o = gid * KS_STRIDE + 4 * tig - 16 * (gid & 1)
+            # split V[pair t][dim g XOR 2t]: b2 | s2
+            v_lane = KS_TILE + tig * VS_STRIDE + 4 * (gid ^ (2 * tig))
+        else:
+            k_lane = gid * K_STRIDE + 2 * tig              # K[key g][dims 2t, 2t+1]
+            k_lane_o = k_lane
+            v_lane = K_TILE + 2 * tig * V_STRIDE + gid     # V[key 2t][dim g], V[2t+1][g]
         # this thread's cp.async chunk: rows r0 + i * ROW_STEP, floats 4 ch .. 4 ch + 3
         r0 = tid // CHUNKS
         ch = tid % CHUNKS
         k_head = X.global_addr(k, b, hk, 0, ch * 4)
         v_head = X.global_addr(v, b, hk, 0, ch * 4)
-        k_row_bytes = uint64(k.strides[2])
-        v_row_bytes = uint64(v.strides[2])
-        smem0 = X.shared_addr(smem, 0)
+        k_row_bytes = uint32(k.strides[2])
+        v_row_bytes = uint32(v.strides[2])
         k_copy = smem0 + uint32(4 * (r0 * K_STRIDE + ch * 4))
-        v_copy = smem0 + uint32(4 * (K_TILE + r0 * V_STRIDE + ch * 4))
+        if PRESPLIT:
+            v_copy = smem0 + uint32(4 * (K_TILE + 2 * r0 * D + ch * 4))
+        else:
+            v_copy = smem0 + uint32(4 * (K_TILE + r0 * V_STRIDE + ch * 4))
 
         start = offsets[s, m_blk]
         stop = offsets[s, m_blk + 1]
-        if start < stop:
-            n0 = kv_index[start]
-            load_tile(k_head, k_row_bytes, n0 * BK + r0, n_k, k_copy, K_STRIDE)
-            load_tile(v_head, v_row_bytes, n0 * BK + r0, n_k, v_copy, V_STRIDE)
-            X.cp_async_commit()
+        if PRESPLIT:
+            # one raw stage: refilled with tile j + 1 once every thread has split its own
+            # chunks of tile j (the barrier below), while tile j is computed
+            if start < stop:
+                n0 = kv_index[start]
+                load_tile(k_head, k_row_bytes, n0 * BK + r0, n_k, k_copy, K_STRIDE)
+                load_tile_pairs(v_head, v_row_bytes, n0 * (BK // 2) + r0, n_k, v_copy)
+                X.cp_async_commit()
+        else:
+            if start < stop:
+                n0 = kv_index[start]
+                load_tile(k_head, k_row_bytes, n0 * BK + r0, n_k, k_copy, K_STRIDE)
+                load_tile(v_head, v_row_bytes, n0 * BK + r0, n_k, v_copy, V_STRIDE)
+                X.cp_async_commit()
 
         for it in range(start, stop):
-            buf = ((it - start) & 1) * STAGE
             n_blk = kv_index[it]
-            if it + 1 < stop:
-                nxt = kv_index[it + 1]
-                nbuf = uint32(4 * (STAGE - buf))
-                load_tile(k_head, k_row_bytes, nxt * BK + r0, n_k, k_copy + nbuf, K_STRIDE)
-                load_tile(v_head, v_row_bytes, nxt * BK + r0, n_k, v_copy + nbuf, V_STRIDE)
-                X.cp_async_commit()
-                X.cp_async_wait_1()
-            else:
+            if PRESPLIT:
+                buf = SPLIT0 + ((it - start) & (NSPLIT - 1)) * SSTAGE
                 X.cp_async_wait_all()
-            cuda.syncthreads()
+                # -- split this thread's own chunks (visible to it after the wait) --
+                kr = smem0 + uint32(4 * (r0 * D + ch * 4))
+                ks = smem0 + uint32(4 * (buf + r0 * KS_STRIDE + 4 * ((2 * ch) ^ (4 * (r0 & 1)))))
+                for i in range(LOADS):
+                    x = ld_shared_v4_f32(kr + uint32(4 * i * ROW_STEP * D))
+                    e0 = T.split_tf32(x[0])
+                    e1 = T.split_tf32(x[1])
+                    e2 = T.split_tf32(x[2])
+                    e3 = T.split_tf32(x[3])
+                    ka = ks + uint32(4 * i * ROW_STEP * KS_STRIDE)
+                    st_shared_v4_b32(ka, e0[0], e1[0], e0[1], e1[1])
+                    st_shared_v4_b32(ka + uint32(16), e2[0], e3[0], e2[1], e3[1])
+                vr = smem0 + uint32(4 * (K_TILE + 2 * r0 * D + ch * 4))
+                vs = smem0 + uint32(4 * (buf + KS_TILE + r0 * VS_STRIDE))
+                sw = 2 * (r0 & 3)
+                for i in range(LOADS // 2):
+                    x = ld_shared_v4_f32(vr + uint32(4 * 2 * i * ROW_STEP * D))
+                    y = ld_shared_v4_f32(vr + uint32(4 * (2 * i * ROW_STEP + 1) * D))
+                    va = vs + uint32(4 * i * ROW_STEP * VS_STRIDE)
+                    for e in range(4):
+                        ex = T.split_tf32(x[e])
+                        ey = T.split_tf32(y[e])
+                        st_shared_v4_b32(va + uint32(16 * ((4 * ch + e) ^ sw)),
+                                         ex[0], ey[0], ex[1], ey[1])
+                cuda.syncthreads()
+                if it + 1 < stop:
+                    nxt = kv_index[it + 1]
+                    load_tile(k_head, k_row_bytes, nxt * BK + r0, n_k, k_copy, K_STRIDE)
+                    load_tile_pairs(v_head, v_row_bytes, nxt * (BK // 2) + r0, n_k, v_copy)
+                    X.cp_async_commit()
+            else:
+                buf = ((it - start) & 1) * STAGE
+                if it + 1 < stop:
+                    nxt = kv_index[it + 1]
+                    nbuf = uint32(4 * (STAGE - buf))
+                    load_tile(k_head, k_row_bytes, nxt * BK + r0, n_k, k_copy + nbuf, K_STRIDE)
+                    load_tile(v_head, v_row_bytes, nxt * BK + r0, n_k, v_copy + nbuf, V_STRIDE)
+                    X.cp_async_commit()
+                    X.cp_async_wait_1()
+                else:
+                    X.cp_async_wait_all()
+                cuda.syncthreads()
 
             # -- compute qk: S = Q K^T, three tf32 mma per 16x8x8 step --
             for i in range(S_REGS):
                 s_reg[i] = float32(0.0)
+                s_sm[i] = float32(0.0)
             k_addr = smem0 + uint32(4 * (buf + k_lane))
+            k_addr_o = smem0 + uint32(4 * (buf + k_lane_o))
             for kc in range(KC):
                 a = kc * 4
-                if SPLIT_ONCE:
+                if PRESPLIT:
+                    qbg = ld_shared_v4_b32(q_frag + uint32(kc * 1024))
+                    qsm = ld_shared_v4_b32(q_frag + uint32(kc * 1024 + 512))
+                    ab0, ab1, ab2, ab3 = qbg[0], qbg[1], qbg[2], qbg[3]
+                    as0, as1, as2, as3 = qsm[0], qsm[1], qsm[2], qsm[3]
+                elif SPLIT_ONCE:
                     ab0, ab1, ab2, ab3 = qb[a], qb[a + 1], qb[a + 2], qb[a + 3]
                     as0, as1, as2, as3 = qs[a], qs[a + 1], qs[a + 2], qs[a + 3]
                 else:
-                    sp0 = T.split_tf32(qraw[a])
-                    sp1 = T.split_tf32(qraw[a + 1])
-                    sp2 = T.split_tf32(qraw[a + 2])
-                    sp3 = T.split_tf32(qraw[a + 3])
+                    sp0 = split_tf32_v(qraw[a])
+                    sp1 = split_tf32_v(qraw[a + 1])
+                    sp2 = split_tf32_v(qraw[a + 2])
+                    sp3 = split_tf32_v(qraw[a + 3])
                     ab0, ab1, ab2, ab3 = sp0[0], sp1[0], sp2[0], sp3[0]
                     as0, as1, as2, as3 = sp0[1], sp1[1], sp2[1], sp3[1]
                 for nt in range(NT_S):
-                    kx = T.ld_shared_f32x2(k_addr + 4 * (nt * 8 * K_STRIDE + kc * 8))
-                    b0 = T.split_tf32(kx[0])
-                    b1 = T.split_tf32(kx[1])
+                    if PRESPLIT:
+                        kb = ld_shared_v4_b32((k_addr if kc % 2 == 0 else k_addr_o)
+                                              + 4 * (nt * 8 * KS_STRIDE + kc * 16))
+                        bb0, bb1, bs0, bs1 = kb[0], kb[1], kb[2], kb[3]
+                    else:
+                        kx = T.ld_shared_f32x2(k_addr + 4 * (nt * 8 * K_STRIDE + kc * 8))
+                        b0 = T.split_tf32(kx[0])
+                        b1 = T.split_tf32(kx[1])
+                        bb0, bb1, bs0, bs1 = b0[0], b1[0], b0[1], b1[1]
                     j = nt * 4
-                    d = mma3(ab0, ab1, ab2, ab3, as0, as1, as2, as3, b0[0], b1[0], b0[1], b1[1],
-                             s_reg[j], s_reg[j + 1], s_reg[j + 2], s_reg[j + 3])
+                    if S_DUAL:
+                        d = T.mma_tf32(as0, as1, as2, as3, bb0, bb1,
+                                       s_sm[j], s_sm[j + 1], s_sm[j + 2], s_sm[j + 3])
+                        d = T.mma_tf32(ab0, ab1, ab2, ab3, bs0, bs1, d[0], d[1], d[2], d[3])
+                        for i in range(4):
+                            s_sm[j + i] = d[i]
+                        d = T.mma_tf32(ab0, ab1, ab2, ab3, bb0, bb1,
+                                       s_reg[j], s_reg[j + 1], s_reg[j + 2], s_reg[j + 3])
+                    else:
+                        d = mma3(ab0, ab1, ab2, ab3, as0, as1, as2, as3, bb0, bb1, bs0, bs1,
+                                 s_reg[j], s_reg[j + 1], s_reg[j + 2], s_reg[j + 3])
                     for i in range(4):
                         s_reg[j + i] = d[i]
+            if S_DUAL:
+                for i in range(S_REGS):
+                    s_reg[i] = s_sm[i] + s_reg[i]
 
             # -- masks: key tail, causal diagonal, boolean mask (only where a tile needs one) --
             col_base = n_blk * BK + 2 * tig
@@ -322,16 +580,22 @@ def _build_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, spl
                 p2 = T.split_tf32(s_reg[j + 1])
                 p3 = T.split_tf32(s_reg[j + 3])
                 for nt in range(NT_O):
-                    va = v_addr + 4 * (kp * 8 * V_STRIDE + nt * 8)
-                    b0 = T.split_tf32(T.ld_shared_f32(va))
-                    b1 = T.split_tf32(T.ld_shared_f32(va + 4 * V_STRIDE))
+                    if PRESPLIT:
+                        vb = ld_shared_v4_b32(v_addr + 4 * (kp * 4 * VS_STRIDE + nt * 32))
+                        bb0, bb1, bs0, bs1 = vb[0], vb[1], vb[2], vb[3]
+                    else:
+                        va = v_addr + 4 * (kp * 8 * V_STRIDE + nt * 8)
+                        b0 = T.split_tf32(T.ld_shared_f32(va))
+                        b1 = T.split_tf32(T.ld_shared_f32(va + 4 * V_STRIDE))
+                        bb0, bb1, bs0, bs1 = b0[0], b1[0], b0[1], b1[1]
                     o = nt * 4
                     d = mma3(p0[0], p1[0], p2[0], p3[0], p0[1], p1[1], p2[1], p3[1],
-                             b0[0], b1[0], b0[1], b1[1],
-                             acc[o], acc[o + 1], acc[o + 2], acc[o + 3])
+                             bb0, bb1, bs0, bs1, acc[o], acc[o + 1], acc[o + 2], acc[o + 3])
                     for i in range(4):
                         acc[o + i] = d[i]
-            cuda.syncthreads()   # this buffer is refilled by the next iteration's prefetch
+            if not PRESPLIT or NSPLIT == 1:
+                cuda.syncthreads()   # this buffer is refilled by the next iteration's prefetch
+                #                      (presplit, one split stage: re-split next iteration)
 
         # -- epilogue: one rescale, O, logsumexp (natural log) --
         for r in range(2):
@@ -351,6 +615,9 @@ def _build_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, spl
                         lse[b, h, row] = NEG_INF
 
     kernel.threads = THREADS
+    kernel.smem_bytes = smem_bytes(D, BK, PRESPLIT, BQ)
+    kernel.config = {"block_q": BQ, "block_k": BK, "presplit": PRESPLIT,
+                     "split_once": SPLIT_ONCE, "s_dual": S_DUAL}
     return kernel
 
 
@@ -395,7 +662,7 @@ def accepts(q, k, v, block_q=None, block_k=None, block_mask=None) -> bool:
     if d not in SUPPORTED_HEAD_DIMS:
         return False
     bq, bk = _resolve_blocks(d, block_q, block_k, block_mask)
-    return bq in BLOCK_Q_CHOICES and bk in BLOCK_K_CHOICES and smem_bytes(d, bk) <= SMEM_LIMIT_BYTES
+    return bq in BLOCK_Q_CHOICES and bk in BLOCK_K_CHOICES
 
 
 def forward(q, k, v, *, scale, causal=False, mask=None, block_mask=None, dropout_p=0.0, seed=0,
@@ -406,8 +673,9 @@ def forward(q, k, v, *, scale, causal=False, mask=None, block_mask=None, dropout
     float32 (torch CUDA tensors, Numba device arrays or NumPy arrays) with d in {64, 128}; out
     has q's kind of memory, lse is float32 [B, Hq, Nq] (natural log, -inf for a fully masked
     row, whose out row is 0). ``block_q`` in {32, 64, 128} (2, 4 or 8 warps), ``block_k`` in
-    {16, 32} within 48 KiB of shared memory; None picks `default_blocks` (with a block mask:
-    `kernels.forward`'s default tiles, which the mask is laid out for).
+    {16, 32}; None picks `default_blocks` (with a block mask: `kernels.forward`'s default tiles,
+    which the mask is laid out for). The other compile-time choices (pre-split K/V stages, Q
+    split once, two S accumulators) are `default_config`'s for the head dim.
     """
     from numba import cuda
 
@@ -440,9 +708,6 @@ def forward(q, k, v, *, scale, causal=False, mask=None, block_mask=None, dropout
     if block_k not in BLOCK_K_CHOICES:
         raise ValueError(f"block_k must be one of {BLOCK_K_CHOICES} for the 3xTF32 kernel, "
                          f"got {block_k}")
-    if smem_bytes(d, block_k) > SMEM_LIMIT_BYTES:
-        raise ValueError(f"block_k={block_k} with head_dim={d} needs {smem_bytes(d, block_k)} "
-                         f"bytes of shared memory, over the {SMEM_LIMIT_BYTES}-byte limit")
 
     # -- the operands as float32 device arrays (rows contiguous and 16-byte aligned) --
     stream = fastlaunch.launch_stream()
@@ -495,10 +760,73 @@ def forward(q, k, v, *, scale, causal=False, mask=None, block_mask=None, dropout
     fastlaunch.launch(kern, grid, kern.threads, stream, (
         qd, kd, vd, outd, lsed, offs_d, idx_d, sb, sh, heads // heads_kv, n_q, n_k,
         maskd, mb, mh, mq, np.float32(scale * LOG2E), np.uint32(seed_hash), np.uint32(threshold),
-        np.float32(inv_keep)))
+        np.float32(inv_keep)), sharedmem=kern.smem_bytes)
 
     if kind == "torch":
         return out_t, lse_t
     if kind == "numpy":
         return outd.copy_to_host(), lsed.copy_to_host()
     return outd, lsed
+
+
+# -- variant timing (GPU) ------------------------------------------------------------------------
+def _time_variants(ns, ds, causals, variants, reps=20):
+    """Times `forward` under each variant (a ``KERNELS_TF32_FWD_D{d}`` string; "" = the
+    default) against SDPA EFFICIENT, in one process, shapes as `kernels.bench` (B*N = 16384,
+    H*d = 2048); checks each variant's output against SDPA first. Prints one line per case."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def timed(fn):
+        fn()
+        torch.cuda.synchronize()
+        ts = []
+        for _ in range(reps):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            ts.append(a.elapsed_time(b))
+        return sorted(ts)[len(ts) // 2]
+
+    for d in ds:
+        env = _CONFIG_ENV.format(d)
+        for n in ns:
+            b, h = max(1, 16384 // n), max(1, 2048 // d)
+            g = torch.Generator(device="cuda").manual_seed(n + d)
+            q, k, v = (torch.randn(b, h, n, d, device="cuda", generator=g) for _ in range(3))
+            for causal in causals:
+                with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]):
+                    ref = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                    t_eff = timed(lambda: F.scaled_dot_product_attention(q, k, v,
+                                                                         is_causal=causal))
+                for var in variants:
+                    os.environ[env] = var
+                    try:
+                        out, _ = forward(q, k, v, scale=d ** -0.5, causal=causal)
+                        err = float((out - ref).abs().max())
+                        t = timed(lambda: forward(q, k, v, scale=d ** -0.5, causal=causal))
+                        kern = get_kernel(d, *default_blocks(d), bool(causal), False, False)
+                        print(f"d={d} N={n} causal={causal} variant='{var}' "
+                              f"config={kern.config} smem={kern.smem_bytes}: {t:.3f} ms, "
+                              f"EFFICIENT {t_eff:.3f} ms, ratio {t_eff / t:.2f}x, "
+                              f"max|out - EFFICIENT| {err:.2e}", flush=True)
+                    except Exception as exc:  # report and go on to the next variant
+                        print(f"d={d} N={n} causal={causal} variant='{var}': "
+                              f"{type(exc).__name__}: {exc}", flush=True)
+                    finally:
+                        os.environ.pop(env, None)
+
+
+if __name__ == "__main__":
+    import argparse
+    ap = argparse.ArgumentParser(description="time variants of the 3xTF32 forward (GPU)")
+    ap.add_argument("--n", type=int, nargs="+", default=[1024, 4096, 16384])
+    ap.add_argument("--d", type=int, nargs="+", default=[128])
+    ap.add_argument("--causal", choices=["false", "true"], nargs="+", default=["false", "true"])
+    ap.add_argument("--variants", nargs="+", default=[""])
+    ap.add_argument("--reps", type=int, default=20)
+    a = ap.parse_args()
+    _time_variants(a.n, a.d, [c == "true" for c in a.causal], a.variants, a.reps)

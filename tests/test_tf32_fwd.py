@@ -134,8 +134,8 @@ def test_accepts_and_bad_inputs():
     with pytest.raises(ValueError, match="head_dim"):
         forward(q80, k80, v80, scale=0.1)
     q, k, v = _inputs((1, 1, 32, 128), (1, 1, 32, 128), seed=0)
-    with pytest.raises(ValueError, match="shared memory"):
-        forward(q, k, v, scale=0.1, block_k=32)
+    with pytest.raises(ValueError, match="block_k"):
+        forward(q, k, v, scale=0.1, block_k=64)
     with pytest.raises(TypeError):
         forward(q.half(), k.half(), v.half(), scale=0.1)
 
@@ -155,3 +155,40 @@ def test_ioaware_attention_numba_backend_float32():
     if os.environ.get("KERNELS_FP32_TENSOR_CORES", "1") != "0":
         want, _ = forward(q, k, v, scale=0.125, causal=True)
         assert torch.equal(out, want)   # the dispatch took the 3xTF32 kernel
+
+
+# compile-time variants of `flash_tf32_fwd.default_config` (environment override), each against
+# float64 on tails, GQA and causal: pre-split K/V stages with 32- and 16-key stages (one or two
+# split stages), one or two S accumulators, and the register-split path at 8 warps
+VARIANTS = {128: ["", "dual=0", "bk=16", "bq=64,bk=16", "presplit=0,bq=64,bk=16",
+                  "presplit=0,bq=128,bk=16"],
+            64: ["", "presplit=1,bq=128,bk=32,dual=1", "presplit=1,bq=128,bk=16,dual=1",
+                 "presplit=1,bq=64,bk=32,dual=0"]}
+
+
+@pytest.mark.parametrize("head_dim,variant", [(d, v) for d in (128, 64) for v in VARIANTS[d]])
+@pytest.mark.parametrize("causal", [False, True])
+def test_config_variants_match_float64(monkeypatch, head_dim, variant, causal):
+    monkeypatch.setenv(f"KERNELS_TF32_FWD_D{head_dim}", variant)
+    q, k, v = _inputs((2, 4, 300, head_dim), (2, 2, 333, head_dim), seed=head_dim + 3 * causal)
+    scale = 1 / math.sqrt(head_dim)
+    out, lse = forward(q, k, v, scale=scale, causal=causal)
+    _check(q, k, v, out, lse, scale=scale, causal=causal)
+    bq, bk = flash_tf32_fwd.default_blocks(head_dim)
+    kern = flash_tf32_fwd.get_kernel(head_dim, bq, bk, causal, False, False)
+    print(head_dim, repr(variant), kern.config, kern.smem_bytes)
+
+
+def test_d128_default_presplit_large_logits_mask_dropout():
+    # the d=128 default (pre-split stages) on the adversarial logits, and with a boolean mask
+    # and dropout together
+    assert flash_tf32_fwd.get_kernel(128, *flash_tf32_fwd.default_blocks(128), False, False,
+                                     False).config["presplit"]
+    q, k, v = _inputs((1, 2, 130, 128), (1, 2, 1100, 128), seed=17)
+    out, lse = forward(q, k, v, scale=10.0)
+    _check(q, k, v, out, lse, scale=10.0)
+    q, k, v = _inputs((1, 2, 150, 128), (1, 2, 170, 128), seed=19)
+    g = torch.Generator(device="cuda").manual_seed(4)
+    mask = torch.rand((1, 1, 150, 170), device="cuda", generator=g) > 0.3
+    out, lse = forward(q, k, v, scale=0.09, mask=mask, dropout_p=0.2, seed=77)
+    _check(q, k, v, out, lse, scale=0.09, mask=mask, dropout_p=0.2, seed=77)
