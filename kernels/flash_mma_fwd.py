@@ -39,7 +39,10 @@ from . import fastlaunch
 __all__ = ["forward", "accepts", "SUPPORTED_HEAD_DIMS", "default_blocks", "smem_bytes", "get_kernel"]
 
 SUPPORTED_HEAD_DIMS = (64, 128)
-SMEM_LIMIT_BYTES = 48 * 1024  # static shared memory per block without opt-in
+#: Shared memory a block may use: the K/V buffers are dynamic shared memory, opted in above the
+#: 48 KiB default by `kernels.fastlaunch` (227 KiB per block on sm_90; a device with less is
+#: refused at launch with an error naming its limit).
+SMEM_LIMIT_BYTES = 227 * 1024
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 
@@ -130,7 +133,7 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_dro
     @cuda.jit(lineinfo=False)
     def kernel(q, k, v, out, lse, offsets, kv_index, sched_b, sched_h, group, n_q, n_k,
                mask, mask_b, mask_h, mask_q, scale_log2, seed_hash, threshold, inv_keep):
-        smem = cuda.shared.array(SMEM_HALVES, dtype=uint16)
+        smem = cuda.shared.array(0, dtype=uint16)        # dynamic: kernel.smem_bytes
         tid = cuda.threadIdx.x
         warp = tid // 32
         lane = tid % 32
@@ -313,6 +316,7 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_dro
                         lse[b, h, row] = NEG_INF
 
     kernel.threads = THREADS
+    kernel.smem_bytes = 2 * SMEM_HALVES
     return kernel
 
 
@@ -455,8 +459,8 @@ def forward(q, k, v, *, scale, causal=False, mask=None, block_mask=None, dropout
     Same contract as `kernels.forward`: q [B, Hq, Nq, d], k/v [B, Hkv, Nk, d] (Hq % Hkv == 0),
     float16 (NumPy / Numba / torch) or bfloat16 (torch) with d in {64, 128}; out has q's dtype
     and kind of memory, lse is float32 [B, Hq, Nq] (natural log, -inf for a fully masked row).
-    ``block_q`` in {64, 128} (4 or 8 warps), ``block_k`` in {32, 64} within 48 KiB of shared
-    memory; None picks `default_blocks`.
+    ``block_q`` in {64, 128} (4 or 8 warps), ``block_k`` in {32, 64} (K/V buffers in dynamic
+    shared memory, `smem_bytes`); None picks `default_blocks`.
     """
     from numba import cuda
 
@@ -549,7 +553,7 @@ def forward(q, k, v, *, scale, causal=False, mask=None, block_mask=None, dropout
     fastlaunch.launch(kern, grid, kern.threads, stream, (
         qd, kd, vd, outd, lsed, offs_d, idx_d, sb, sh, heads // heads_kv, n_q, n_k,
         maskd, mb, mh, mq, np.float32(scale * LOG2E), np.uint32(seed_hash), np.uint32(threshold),
-        np.float32(inv_keep)))
+        np.float32(inv_keep)), sharedmem=kern.smem_bytes)
 
     if kind == "torch":
         return out_t, lse_t

@@ -80,6 +80,15 @@ def test_large_logits_and_long_rows(dtype, blocks):
     _check(q, k, v, out, lse, scale=0.125)
 
 
+@pytest.mark.parametrize("blocks", [(64, 64), (128, 64), (128, 32)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_head_dim_128_larger_tiles_in_dynamic_shared_memory(blocks, causal):
+    # 64-key K/V buffers at d=128 need 69,632 bytes of shared memory (the opt-in above 48 KiB)
+    q, k, v = _inputs((2, 4, 333, 128), (2, 2, 290, 128), torch.float16, seed=21 + causal)
+    out, lse = forward(q, k, v, scale=0.09, causal=causal, block_q=blocks[0], block_k=blocks[1])
+    _check(q, k, v, out, lse, scale=0.09, causal=causal)
+
+
 def test_boolean_mask_with_fully_masked_rows():
     q, k, v = _inputs((2, 2, 150, 64), (2, 2, 170, 64), torch.float16, seed=11)
     g = torch.Generator(device="cuda").manual_seed(3)
@@ -117,7 +126,7 @@ def test_bad_inputs_raise():
     with pytest.raises(ValueError, match="head_dim"):
         forward(q, k, v, scale=0.1)
     q, k, v = _inputs((1, 1, 32, 128), (1, 1, 32, 128), torch.float16, seed=0)
-    with pytest.raises(ValueError, match="shared memory"):
-        forward(q, k, v, scale=0.1, block_k=64)
+    with pytest.raises(ValueError, match="block_k"):
+        forward(q, k, v, scale=0.1, block_k=16)
     with pytest.raises(TypeError):
         forward(q.float(), k.float(), v.float(), scale=0.1)
