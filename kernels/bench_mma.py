@@ -92,7 +92,7 @@ def main(argv=None):
                    for _ in range(3))
         scale = 1 / math.sqrt(d)
         flops = 4 * batch * heads * n * n * d * (0.5 if causal else 1.0)
-        bq, bk = default_blocks(d)
+        bq, bk = default_blocks(d, causal)
         runs = {"ioaware-numba": lambda: forward(q, k, v, scale=scale, causal=causal)}
         blocks = {"ioaware-numba": (bq, bk)}
         if d == 64:  # the first version's tiles (64 x 64, one m-tile per warp), same run

@@ -47,10 +47,15 @@ LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 
 
-def default_blocks(head_dim: int) -> tuple[int, int]:
-    """Default (block_q, block_k): 128 x 32 for d=64 (4 warps of 2 m-tiles; 128 x 64 spills
-    registers when causal), 64 x 32 for d=128."""
-    return (128, 32) if head_dim <= 64 else (64, 32)
+def default_blocks(head_dim: int, causal: bool = False) -> tuple[int, int]:
+    """Default (block_q, block_k), the fastest H100 tiling without local memory in the inner
+    loop (`python -m kernels.tune_tc`, results/tune_mma_fwd_h100_2026-11-22.json): d=64
+    128 x 64 (4 warps of 2 m-tiles), but 128 x 32 when causal (128 x 64 causal needs 255
+    registers and spills inside the K/V loop); d=128 64 x 64 (69,632 bytes of dynamic shared
+    memory)."""
+    if head_dim <= 64:
+        return (128, 32) if causal else (128, 64)
+    return (64, 64)
 
 
 def smem_bytes(head_dim: int, block_k: int) -> int:
@@ -321,7 +326,7 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_dro
 
 
 # -- host side -----------------------------------------------------------------------------------
-def accepts(q, k, v, block_q=None, block_k=None) -> bool:
+def accepts(q, k, v, block_q=None, block_k=None, causal=False) -> bool:
     """Whether `forward` takes these inputs: half-precision arrays on a real GPU (torch CUDA
     float16/bfloat16 tensors or Numba float16 device arrays), head_dim in
     SUPPORTED_HEAD_DIMS, block sizes None or ones this kernel has. For dispatching."""
@@ -344,8 +349,8 @@ def accepts(q, k, v, block_q=None, block_k=None) -> bool:
     d = int(q.shape[-1])
     if d not in SUPPORTED_HEAD_DIMS:
         return False
-    bq = default_blocks(d)[0] if block_q is None else block_q
-    bk = default_blocks(d)[1] if block_k is None else block_k
+    bq = default_blocks(d, causal)[0] if block_q is None else block_q
+    bk = default_blocks(d, causal)[1] if block_k is None else block_k
     return bq in (64, 128) and bk in (32, 64) and smem_bytes(d, bk) <= SMEM_LIMIT_BYTES
 
 
@@ -486,7 +491,7 @@ def forward(q, k, v, *, scale, causal=False, mask=None, block_mask=None, dropout
         raise ValueError(f"scale must be a positive float, got {scale}")
     if not 0.0 <= float(dropout_p) < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
-    bq_def, bk_def = default_blocks(d)
+    bq_def, bk_def = default_blocks(d, bool(causal))
     block_q = bq_def if block_q is None else int(block_q)
     block_k = bk_def if block_k is None else int(block_k)
     if block_q not in (64, 128):

@@ -108,6 +108,8 @@ def default_blocks(cfg: dict) -> tuple[int, int] | tuple[None, None]:
         if cfg["pass"] == "fwd":
             from kernels import flash_mma_fwd, flash_tf32_fwd
             mod = flash_mma_fwd if variant == "mma" else flash_tf32_fwd
+            if variant == "mma":
+                return tuple(int(x) for x in mod.default_blocks(d, bool(cfg.get("causal"))))
             return tuple(int(x) for x in mod.default_blocks(d))
         from kernels import flash_mma_bwd, flash_tf32_bwd
         mod = flash_mma_bwd if variant == "mma" else flash_tf32_bwd
@@ -738,6 +740,11 @@ SWEEP_BLOCKS = {
 }
 
 
+#: The tensor-core forward's block sizes in the shipped sweeps (its defaults then; the defaults
+#: now depend on causality: `kernels.flash_mma_fwd.default_blocks`).
+SHIPPED_MMA_FWD_BLOCKS = {64: (128, 32), 128: (64, 32)}
+
+
 def standard_sweep(*, seq_lens=(512, 1024, 2048, 4096, 8192), baseline_seq_lens=(1024, 4096),
                    head_dims=(64, 128), heads=16, tokens=8192,
                    tensor_core_variants=()) -> list[dict]:
@@ -753,6 +760,9 @@ def standard_sweep(*, seq_lens=(512, 1024, 2048, 4096, 8192), baseline_seq_lens=
                                     dtypes=["fp16"], passes=["fwd", "bwd"],
                                     variants=("simt", "mma"), **common)
              if c["variant"] == "simt" or c["pass"] == "fwd"]
+    for c in cfgs:            # the tensor-core forward at the blocks it had when shipped
+        if c.get("variant") == "mma" and c["pass"] == "fwd":
+            c["block_q"], c["block_k"] = SHIPPED_MMA_FWD_BLOCKS[c["head_dim"]]
     for var in tensor_core_variants:
         cfgs += [c for c in expand_grid(kernels=["ioaware-numba"], seq_lens=baseline_seq_lens,
                                         dtypes=list(VARIANT_DTYPES[var][:1]), passes=["fwd", "bwd"],

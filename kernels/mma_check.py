@@ -64,7 +64,7 @@ def check_one(d, bf16, causal, has_mask=False, dropout=False, workdir=None, cc=(
     from numba import cuda
     from kernels.flash_mma_fwd import default_blocks, get_kernel
     if kernel == "fwd":
-        bq, bk = default_blocks(d)
+        bq, bk = default_blocks(d, causal)
         bq = block_q or bq
         kern = get_kernel(d, bq, bk, bf16, causal, has_mask, dropout)
         sig = signature(has_mask)

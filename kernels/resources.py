@@ -189,7 +189,7 @@ def sweep_configs(extra_tensor_core: bool = True) -> list[dict]:
         from kernels import flash_mma_bwd, flash_mma_fwd, flash_tf32_bwd, flash_tf32_fwd
         for d in (64, 128):
             for causal in (False, True):
-                bq, bk = flash_mma_fwd.default_blocks(d)
+                bq, bk = flash_mma_fwd.default_blocks(d, causal)
                 add(_cfg("flash_mma_fwd", d, "fp16", causal, None, block_m=bq, block_n=bk,
                          family="mma_fwd"))
                 t = flash_mma_bwd.default_tiles(d)
