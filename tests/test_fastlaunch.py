@@ -59,11 +59,17 @@ def test_arg_key_torch_and_scalars():
 
 # -- GPU --
 
-@pytest.mark.gpu
-def test_launch_matches_numba_launch_every_layout():
+@pytest.fixture
+def cuda_torch():
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("torch has no CUDA here")
+    return torch
+
+
+@pytest.mark.gpu
+def test_launch_matches_numba_launch_every_layout(cuda_torch):
+    torch = cuda_torch
     from numba import cuda
 
     @cuda.jit
@@ -94,10 +100,8 @@ def test_launch_matches_numba_launch_every_layout():
 
 
 @pytest.mark.gpu
-def test_dynamic_shared_memory_above_48k():
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("torch has no CUDA here")
+def test_dynamic_shared_memory_above_48k(cuda_torch):
+    torch = cuda_torch
     from numba import cuda, float32
 
     @cuda.jit
