@@ -59,8 +59,9 @@ VS_PAD_FLOATS = 8                    # pre-split V key-pair rows (4 d floats): 3
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 
-#: Per head dim: (block_q, block_k, presplit, split_once, s_dual); see `default_config`.
-_DEFAULT_CONFIG = {64: (64, 32, False, True, False), 128: (128, 32, True, True, True)}
+#: Per head dim: (block_q, block_k, presplit, split_once, s_dual, s_unroll); see
+#: `default_config`.
+_DEFAULT_CONFIG = {64: (64, 32, False, True, False, 1), 128: (128, 32, True, True, False, 1)}
 _CONFIG_ENV = "KERNELS_TF32_FWD_D{}"
 
 
@@ -75,21 +76,25 @@ def default_config(head_dim: int) -> dict:
     * ``split_once``: Q's big/small fragments made once and kept in registers (else Q raw in
       registers, split at every k-step);
     * ``s_dual``: S = Q K^T accumulates the two small-term products and the big*big product in
-      two separate accumulators (two mma dependency chains per score tile instead of one).
+      two separate accumulators (two mma dependency chains per score tile instead of one);
+    * ``s_unroll``: k-steps of S per iteration of its loop as written (presplit only: with Q in
+      shared memory nothing forces NVVM to unroll that loop, and it does not, at d=128).
 
     The environment variable ``KERNELS_TF32_FWD_D64`` / ``KERNELS_TF32_FWD_D128`` (e.g.
     ``bq=128,bk=32,presplit=1,split_once=0,dual=1``) overrides fields, for measurement.
     """
-    bq, bk, ps, so, dual = _DEFAULT_CONFIG.get(head_dim, _DEFAULT_CONFIG[128])
-    cfg = {"block_q": bq, "block_k": bk, "presplit": ps, "split_once": so, "s_dual": dual}
+    bq, bk, ps, so, dual, unroll = _DEFAULT_CONFIG.get(head_dim, _DEFAULT_CONFIG[128])
+    cfg = {"block_q": bq, "block_k": bk, "presplit": ps, "split_once": so, "s_dual": dual,
+           "s_unroll": unroll}
     env = os.environ.get(_CONFIG_ENV.format(head_dim), "").strip()
     if env:
         names = {"bq": "block_q", "bk": "block_k", "presplit": "presplit",
-                 "split_once": "split_once", "dual": "s_dual"}
+                 "split_once": "split_once", "dual": "s_dual", "unroll": "s_unroll"}
         for item in env.split(","):
             key, val = item.split("=")
             name = names[key.strip()]
-            cfg[name] = int(val) if name.startswith("block") else bool(int(val))
+            cfg[name] = (int(val) if name.startswith("block") or name == "s_unroll"
+                         else bool(int(val)))
     return cfg
 
 
@@ -138,7 +143,7 @@ _KERNELS: dict = {}
 
 
 def get_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, split_once=None,
-               presplit=None, s_dual=None):
+               presplit=None, s_dual=None, s_unroll=None):
     """The compiled-on-first-launch kernel for one configuration (cached); None fields take
     `default_config`'s. ``kernel.smem_bytes`` is its dynamic shared memory."""
     cfg = default_config(head_dim)
@@ -146,15 +151,16 @@ def get_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, split_
     presplit = cfg["presplit"] if presplit is None else bool(presplit)
     presplit = presplit and split_once and _presplit_ok(head_dim, block_q, block_k)
     s_dual = cfg["s_dual"] if s_dual is None else bool(s_dual)
+    s_unroll = cfg["s_unroll"] if s_unroll is None else int(s_unroll)
     key = (head_dim, block_q, block_k, causal, has_mask, has_dropout, split_once, presplit,
-           s_dual)
+           s_dual, s_unroll)
     if key not in _KERNELS:
         _KERNELS[key] = _build_kernel(*key)
     return _KERNELS[key]
 
 
 def _build_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, split_once,
-                  presplit, s_dual):
+                  presplit, s_dual, s_unroll):
     from numba import cuda, float32, uint32, uint64
     from numba import types as nbt
     from llvmlite import ir
@@ -169,6 +175,7 @@ def _build_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, spl
     NUM_WARPS = BQ // 16
     THREADS = 32 * NUM_WARPS
     PRESPLIT, S_DUAL = presplit, s_dual
+    SU = s_unroll if presplit and (head_dim // 8) % s_unroll == 0 else 1
     NSPLIT = 2 if block_k <= 16 else 1  # split stages (presplit): 2 need one barrier a tile
     CHUNKS = D // 4                     # 16-byte chunks per row
     LOADS = BK * CHUNKS // THREADS      # cp.async per thread per K (or V) tile
@@ -476,7 +483,9 @@ def _build_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, spl
                 s_sm[i] = float32(0.0)
             k_addr = smem0 + uint32(4 * (buf + k_lane))
             k_addr_o = smem0 + uint32(4 * (buf + k_lane_o))
-            for kc in range(KC):
+            for kc_o in range(KC // SU):
+              for kc_i in range(SU):  # noqa: E111 (the k-step loop, SU steps per iteration)
+                kc = kc_o * SU + kc_i
                 a = kc * 4
                 if PRESPLIT:
                     qbg = ld_shared_v4_b32(q_frag + uint32(kc * 1024))
@@ -617,7 +626,7 @@ def _build_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, spl
     kernel.threads = THREADS
     kernel.smem_bytes = smem_bytes(D, BK, PRESPLIT, BQ)
     kernel.config = {"block_q": BQ, "block_k": BK, "presplit": PRESPLIT,
-                     "split_once": SPLIT_ONCE, "s_dual": S_DUAL}
+                     "split_once": SPLIT_ONCE, "s_dual": S_DUAL, "s_unroll": SU}
     return kernel
 
 
