@@ -10,13 +10,24 @@ the rounding of ``small`` are ~2**-22 of each product, so the result has float32
 The algorithm is FlashAttention-2, structured as `kernels.flash_mma_fwd`:
 
 * one thread block per (Q tile of ``block_q = 16 * num_warps`` rows, batch * head), longest
-  causal tiles first; each warp owns 16 query rows; their Q fragments are split into big/small
-  once and stay in registers (`q_split_once`), with the running max ``m_i``, running sum
-  ``l_i`` and O accumulator;
-* K/V tiles of ``block_k`` keys stream through shared memory with ``cp.async`` into two buffers
-  (tile j + 1 loads while tile j computes); K rows are padded by 8 floats (its B fragments are
-  64-bit loads, conflict-free), V rows by 4 floats (two 32-bit loads of rows 2t and 2t + 1,
-  conflict-free); the tail tile is zero-filled by the copy itself;
+  causal tiles first; each warp owns 16 query rows, with the running max ``m_i``, running sum
+  ``l_i`` and O accumulator in registers; Q's fragments are split into big/small once;
+* the default (``presplit``, `default_config`; both head dims: 8 warps, 32-key stages, dynamic
+  shared memory through `kernels.fastlaunch`, 224 KiB at d=128): each K/V tile lands raw by
+  ``cp.async`` in one stage (V copied so a thread holds key pairs 2p, 2p + 1); each thread
+  splits the 16-byte chunks it copied (visible to it after its own wait) into a big/small
+  shared stage laid out as the B fragments (K: per key and (k-step, t) 16 bytes big2|small2; V:
+  per key pair and dim 16 bytes big2|small2; XOR-swizzled, conflict-free 128-bit loads), one
+  ``__syncthreads``, then the next tile's copy is issued and the warps run both products with
+  one 128-bit load per B fragment and no conversion. Q's big/small fragments sit in shared
+  memory too, 32 bytes per thread and k-step that only that thread reads back, which keeps the
+  kernel at 178 registers (d=128; 134 at d=64) without spills. With 32-key stages there is one
+  split stage (a second barrier after the products); with 16-key stages two, used alternately;
+* the register-split path (``presplit=0``; the previous defaults 64 x 16 at d=128 and 64 x 32 at
+  d=64): two padded raw K/V buffers (tile j + 1 loads while tile j computes), Q's fragments in
+  registers, every warp splitting each B element it loads (K rows padded by 8 floats, 64-bit
+  loads; V rows by 4 floats, two 32-bit loads of rows 2t and 2t + 1, conflict-free);
+* the tail tile is zero-filled by the copy itself;
 * S = Q K^T and O += P V with ``mma.sync.m16n8k8`` tf32, three mma per product tile; the k index
   of both products is permuted (`kernels.fragments_tf32.k_perm`) so that K's fragment is one
   64-bit load per register pair and the C fragment of the scores *is* P's A fragment (no shared
@@ -26,6 +37,10 @@ The algorithm is FlashAttention-2, structured as `kernels.flash_mma_fwd`:
 * the visited K/V tiles come from `ioaware.block_info.BlockInfo.kv_schedule()` (causal and
   block-sparse skipping), elementwise masks only on tiles that need them; dropout regenerates the
   keep bits of `ioaware.dropout` on the fly; GQA/MQA through ``h // (Hq // Hkv)``.
+
+H100 timings of both paths and of the variants: kernels/NOTES.md, "3xTF32 forward at d=128 with
+dynamic shared memory"; ``python -m kernels.flash_tf32_fwd --d 128 --variants "" "unroll=1"``
+times variants (`default_config`'s environment override) against SDPA EFFICIENT.
 
 Supported: head_dim 64 and 128, float32 (torch CUDA tensors, Numba device arrays; NumPy arrays
 are copied). Other head dims are refused here with a ValueError; `kernels.forward` sends them
@@ -54,14 +69,12 @@ BLOCK_K_CHOICES = (16, 32)
 SMEM_LIMIT_BYTES = 227 * 1024        # dynamic shared memory per block with the opt-in (sm_90)
 K_PAD_FLOATS = 8
 V_PAD_FLOATS = 4
-KS_PAD_FLOATS = 16                   # pre-split K rows (2 d floats): 64-byte pad
-VS_PAD_FLOATS = 8                    # pre-split V key-pair rows (4 d floats): 32-byte pad
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 
 #: Per head dim: (block_q, block_k, presplit, split_once, s_dual, s_unroll); see
 #: `default_config`.
-_DEFAULT_CONFIG = {64: (64, 32, False, True, False, 1), 128: (128, 32, True, True, False, 1)}
+_DEFAULT_CONFIG = {64: (128, 32, True, True, False, 2), 128: (128, 32, True, True, False, 2)}
 _CONFIG_ENV = "KERNELS_TF32_FWD_D{}"
 
 
@@ -78,7 +91,13 @@ def default_config(head_dim: int) -> dict:
     * ``s_dual``: S = Q K^T accumulates the two small-term products and the big*big product in
       two separate accumulators (two mma dependency chains per score tile instead of one);
     * ``s_unroll``: k-steps of S per iteration of its loop as written (presplit only: with Q in
-      shared memory nothing forces NVVM to unroll that loop, and it does not, at d=128).
+      shared memory nothing forces NVVM to unroll that loop, and it does not; 2 measured faster
+      than 1 on the H100 at both head dims).
+
+    The defaults are the fastest variants measured on an H100 (kernels/NOTES.md, "3xTF32 forward
+    at d=128 with dynamic shared memory"). A block size whose copy assignment the pre-split
+    layout cannot use (`_presplit_ok`; e.g. 32-row blocks at d=128, as `kernels.config`'s
+    block-mask tiles) takes the register-split path.
 
     The environment variable ``KERNELS_TF32_FWD_D64`` / ``KERNELS_TF32_FWD_D128`` (e.g.
     ``bq=128,bk=32,presplit=1,split_once=0,dual=1``) overrides fields, for measurement.
@@ -99,7 +118,7 @@ def default_config(head_dim: int) -> dict:
 
 
 def default_blocks(head_dim: int) -> tuple[int, int]:
-    """Default (block_q, block_k) (`default_config`): 64 x 32 for d=64, 128 x 32 for d=128."""
+    """Default (block_q, block_k) (`default_config`): 128 x 32 for d=64 and d=128."""
     cfg = default_config(head_dim)
     return cfg["block_q"], cfg["block_k"]
 
@@ -133,9 +152,10 @@ def _presplit_ok(head_dim: int, block_q: int, block_k: int) -> bool:
 
 
 def q_split_once(head_dim: int) -> bool:
-    """Whether Q's big/small fragments are made once and kept in registers (d=64's default: 64
-    registers) or Q is kept as float32 and split again at every k-step (d=128's default, which
-    frees 64 registers for the 32-key stage and the second S accumulator; see kernels/NOTES.md)."""
+    """Whether Q's big/small fragments are made once (the default for both head dims: in
+    shared memory on the presplit path, in registers on the register-split path) or, on the
+    register-split path only, Q is kept as float32 and split again at every k-step (a compile
+    switch kept for measurement)."""
     return default_config(head_dim)["split_once"] if head_dim in SUPPORTED_HEAD_DIMS else False
 
 
@@ -248,18 +268,6 @@ def _build_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, spl
                    "st.shared.v4.b32 [$0], {$1,$2,$3,$4};", "r,r,r,r,r,~{memory}", vals,
                    side_effect=True)
             return context.get_dummy_value()
-        return sig, codegen
-
-    @intrinsic
-    def ld_global_v2_f32(typingctx, gaddr):
-        # two floats from an 8-byte aligned global address (read-only path)
-        sig = nbt.UniTuple(nbt.float32, 2)(nbt.uint64)
-
-        def codegen(context, builder, sig, args):
-            res = X._asm(builder, ir.LiteralStructType([_F32] * 2), [ir.IntType(64)],
-                         "ld.global.nc.v2.f32 {$0,$1}, [$2];", "=f,=f,l", [args[0]])
-            return context.make_tuple(builder, sig.return_type,
-                                      [builder.extract_value(res, i) for i in range(2)])
         return sig, codegen
 
     @intrinsic

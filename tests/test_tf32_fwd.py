@@ -159,12 +159,12 @@ def test_ioaware_attention_numba_backend_float32():
 
 # compile-time variants of `flash_tf32_fwd.default_config` (environment override), each against
 # float64 on tails, GQA and causal: pre-split K/V stages with 32- and 16-key stages (one or two
-# split stages), one or two S accumulators, and the register-split path at 8 warps
-VARIANTS = {128: ["", "dual=1", "unroll=2", "bk=16,dual=1", "bq=64,bk=16",
+# split stages), one or two S accumulators, the S loop unrolled by 2 or not, 4 or 8 warps, and
+# the register-split path (the former defaults: presplit=0 with 64 x 16 / 64 x 32 tiles)
+VARIANTS = {128: ["", "dual=1", "unroll=1", "bk=16,dual=1", "bq=64,bk=16",
                   "presplit=0,bq=64,bk=16", "presplit=0,bq=128,bk=16"],
-            64: ["", "presplit=1,bq=128,bk=32,dual=1", "presplit=1,bq=128,bk=32,dual=0",
-                 "presplit=1,bq=128,bk=32,dual=0,unroll=2", "presplit=1,bq=128,bk=16,dual=1",
-                 "presplit=1,bq=64,bk=32,dual=0", "presplit=0"]}
+            64: ["", "dual=1", "unroll=1", "bk=16,dual=1", "bq=64", "presplit=0,bq=64",
+                 "presplit=0"]}
 
 
 @pytest.mark.parametrize("head_dim,variant", [(d, v) for d in (128, 64) for v in VARIANTS[d]])
