@@ -9,8 +9,8 @@ split into ``big = tf32(x)`` and ``small = tf32(x - big)`` and every product is
 accumulation, so all five matmuls have float32-level accuracy.
 
 * **dQ kernel** (runs first), grid (n_blocks_q, B * Hq): each warp owns 16 query rows and keeps
-  its dO fragments (and, at d=64, its Q fragments; at d=128 they are re-read from global
-  memory, where they stay in L1, at every k-step), A operands in float32, and its dQ
+  (at d=64) its Q and dO fragments (at d=128 they are re-read from global memory, where they
+  stay in L1, at every k-step), A operands in float32, and its dQ
   accumulator in registers; its prologue
   computes delta_i = sum_c dO_ic O_ic for its rows (fused pre-pass) and writes it for the second
   kernel. K/V tiles of `BlockInfo.kv_schedule()` stream through double-buffered shared memory
@@ -35,6 +35,17 @@ operands that live in registers stay float32 and are split at each use (Q, dO, K
 fragments split once would need twice their registers, which the dQ / dK / dV accumulators and
 the score tiles leave no room for: see kernels/NOTES.md).
 
+Configurations (`default_config`): four warps of 16 rows, 32-row stages. At d=64 the stages
+live in static shared memory (34816 / 35328 bytes). At d=128 they take dynamic shared memory
+(67584 / 68096 bytes, opt-in above 48 KiB through `kernels.fastlaunch`; on an H100 three dQ
+blocks per SM at 165 registers, two dK/dV blocks at 241-243, by `ptxas -v` for sm_90)
+and the S / dP k-loops are written two k-steps per iteration (``unroll``), which NVVM keeps
+as such (240 / 432 HMMA in the SASS instead of the 108 / 204 of the 16-row, not unrolled
+kernels). A ``presplit`` variant (each stage's B operands split once into big/small TF32
+planes by the threads that copied them) is kept behind `VARIANT_ENV`; it was exact but slower
+on the H100 (kernels/NOTES_TF32_BWD.md). With dropout at d=128 the dK/dV kernel keeps 16-query
+stages (`dkdv_dropout_config`: the 32-query kernel spills).
+
 Here Z = keep / (1 - p) is the dropout factor regenerated from the `ioaware.dropout` hash
 (Z = 1 without dropout) and delta = rowsum(dO * O), with O the dropped-out output. Supported:
 head_dim 64 and 128, float32 (torch CUDA tensors, Numba device arrays; NumPy arrays are copied),
@@ -56,35 +67,93 @@ from kernels import fastlaunch
 from kernels.flash_mma_bwd import _device_helpers, _schedules, refine_block_mask
 from kernels.flash_mma_fwd import _device_const, _kind, dropout_constants, mask_on_device
 
-__all__ = ["backward", "accepts", "SUPPORTED_HEAD_DIMS", "default_tiles", "kernel_tiles",
-           "dq_smem_bytes", "dkdv_smem_bytes", "operands_in_registers", "get_dq_kernel",
-           "get_dkdv_kernel", "refine_block_mask"]
+__all__ = ["backward", "accepts", "SUPPORTED_HEAD_DIMS", "default_config", "default_tiles",
+           "kernel_tiles", "dq_smem_bytes", "dkdv_smem_bytes", "operands_in_registers", "get_dq_kernel",
+           "get_dkdv_kernel", "refine_block_mask", "dkdv_dropout_config"]
 
 SUPPORTED_HEAD_DIMS = (64, 128)
 SMEM_LIMIT_BYTES = 48 * 1024         # static shared memory per block without opt-in
+DYNAMIC_SMEM_LIMIT_BYTES = 227 * 1024  # dynamic shared memory per block with the opt-in (H100)
 PAD_FLOATS = 4                       # per shared row: both access patterns conflict-free
 LOG2E = 1.4426950408889634
 
 
+#: Per head dim: ``dq`` = (query rows per block, keys per stage) of the dQ kernel, ``dkdv`` =
+#: (key rows per block, queries per stage) of the dK/dV kernel, ``presplit`` (stage operands
+#: split once per stage into big/small TF32 planes in dynamic shared memory) and ``unroll``
+#: (k-steps per iteration of the S / dP k-loops as written). See `default_config`.
+_DEFAULT_CONFIG = {
+    64: {"dq": (64, 32), "dkdv": (64, 32), "presplit": False, "unroll": 1},
+    128: {"dq": (64, 32), "dkdv": (64, 32), "presplit": False, "unroll": 2},
+}
+VARIANT_ENV = "KERNELS_TF32_BWD_VARIANT"
+
+
+def default_config(head_dim: int) -> dict:
+    """The kernel configuration for ``head_dim`` (a copy of `_DEFAULT_CONFIG`'s entry).
+
+    * ``dq`` / ``dkdv``: the kernels' tiles (16 rows per warp, four warps).
+    * ``presplit``: each stage's two B-operand tiles (K and V in the dQ kernel, Q and dO in the
+      dK/dV kernel) are copied (``cp.async``) into one raw buffer; every thread splits the
+      chunks it copied itself into big and small TF32 planes (rows padded by 4 floats, the same
+      fragment offsets as the raw layout), one barrier, then the warps read pre-split B
+      operands (four 32-bit loads per ``mma3`` instead of two loads and two splits) while the
+      next stage streams into the raw buffer. Dynamic shared memory (opt-in above 48 KiB).
+      Without it: two buffers of two padded float32 tiles, split by every warp at each use
+      (static shared memory where it fits in 48 KiB, dynamic above).
+    * ``unroll``: the S = Q K^T and dP = dO V^T k-loops (and their transposes) are written as
+      an outer loop over ``head_dim / 8 / unroll`` iterations of ``unroll`` k-steps each.
+
+    For head_dim 128, the environment variable ``KERNELS_TF32_BWD_VARIANT`` (comma-separated
+    ``name=value``: ``dq_bk``, ``kv_bq``, ``presplit``, ``unroll``) overrides the default, for
+    timing variants against each other."""
+    cfg = dict(_DEFAULT_CONFIG[64 if head_dim <= 64 else 128])
+    env = os.environ.get(VARIANT_ENV, "") if head_dim == 128 else ""
+    for item in filter(None, (x.strip() for x in env.split(","))):
+        name, val = (x.strip() for x in item.split("="))
+        if name == "dq_bk":
+            cfg["dq"] = (cfg["dq"][0], int(val))
+        elif name == "kv_bq":
+            cfg["dkdv"] = (cfg["dkdv"][0], int(val))
+        elif name == "presplit":
+            cfg["presplit"] = val.lower() in ("1", "true", "yes")
+        elif name == "unroll":
+            cfg["unroll"] = int(val)
+        else:
+            raise ValueError(f"{VARIANT_ENV}: unknown name {name!r}")
+    return cfg
+
+
 def default_tiles(head_dim: int) -> dict:
-    """Default kernel tiles: ``dq`` = (query rows per block, keys per stage) of the dQ kernel,
-    ``dkdv`` = (key rows per block, queries per stage) of the dK/dV kernel. 16 rows per warp,
-    four warps; the stages are what fits two buffers of two float32 tiles in 48 KiB (32 rows at
-    d=64, 16 at d=128)."""
-    if head_dim <= 64:
-        return {"dq": (64, 32), "dkdv": (64, 32)}
-    return {"dq": (64, 16), "dkdv": (64, 16)}
+    """Default kernel tiles (`default_config`): ``dq`` = (query rows per block, keys per
+    stage) of the dQ kernel, ``dkdv`` = (key rows per block, queries per stage) of the dK/dV
+    kernel. 16 rows per warp, four warps; 32-row stages (d=64: static shared memory, 34816 /
+    35328 bytes; d=128: dynamic shared memory, 67584 / 68096 bytes)."""
+    cfg = default_config(head_dim)
+    return {"dq": cfg["dq"], "dkdv": cfg["dkdv"]}
 
 
-def dq_smem_bytes(head_dim: int, block_k: int) -> int:
-    """Shared memory of one dQ block: K and V, two buffers each, rows padded by 4 floats."""
+def dq_smem_bytes(head_dim: int, block_k: int, presplit: bool | None = None) -> int:
+    """Shared memory of one dQ block. Without ``presplit``: K and V, two buffers each, rows
+    padded by 4 floats. With it: one raw K | V stage (unpadded) and the big and small planes of
+    K and V (padded rows). ``presplit`` defaults to `default_config`'s."""
+    if presplit is None:
+        presplit = default_config(head_dim)["presplit"]
+    if presplit:
+        return (2 * block_k * head_dim + 4 * block_k * (head_dim + PAD_FLOATS)) * 4
     return 4 * block_k * (head_dim + PAD_FLOATS) * 4
 
 
-def dkdv_smem_bytes(head_dim: int, block_q: int) -> int:
-    """Shared memory of one dK/dV block: Q and dO, two buffers each, rows padded by 4 floats,
-    plus lse / delta of two stages."""
-    return 4 * block_q * (head_dim + PAD_FLOATS) * 4 + 16 * block_q
+def dkdv_smem_bytes(head_dim: int, block_q: int, presplit: bool | None = None) -> int:
+    """Shared memory of one dK/dV block: Q and dO as `dq_smem_bytes` lays out K and V, plus
+    lse / delta of two stages (static)."""
+    return dq_smem_bytes(head_dim, block_q, presplit) + 16 * block_q
+
+
+def smem_limit_bytes(presplit: bool) -> int:
+    """The per-block shared memory a configuration may use: 48 KiB static, or (dynamic,
+    opt-in) the ~227 KiB of an H100 block; `kernel_tiles` keeps tiles within it."""
+    return DYNAMIC_SMEM_LIMIT_BYTES if presplit else SMEM_LIMIT_BYTES
 
 
 def operands_in_registers(kernel: str, head_dim: int) -> tuple[bool, bool]:
@@ -95,6 +164,17 @@ def operands_in_registers(kernel: str, head_dim: int) -> tuple[bool, bool]:
     (accumulator 32 registers), the dK/dV kernel (dK and dV accumulators, 64 registers at d=64)
     and the dQ kernel at d=128 neither."""
     return (head_dim <= 64 and kernel == "dq",) * 2
+
+
+def dkdv_dropout_config(head_dim: int, block_q: int, has_dropout: bool) -> dict:
+    """Overrides of the dK/dV kernel's configuration for a call: with dropout at d=128 the
+    default 32-query stages spill (the per-column dropout hashes, 16 more registers: 20-44
+    bytes of spill loads from ``ptxas -v``), so 16-query stages without unrolling (the
+    previous default dK/dV kernel, spill-free) are used; {} otherwise."""
+    cfg = default_config(head_dim)
+    if has_dropout and head_dim == 128 and block_q > 16 and not cfg["presplit"]:
+        return {"block_q": 16, "unroll": 1, "presplit": False}
+    return {}
 
 
 def kernel_tiles(head_dim: int, block_q=None, block_k=None, has_block_mask=False):
@@ -129,21 +209,78 @@ def kernel_tiles(head_dim: int, block_q=None, block_k=None, has_block_mask=False
 _KERNELS: dict = {}
 
 
-def get_dq_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout):
-    """The compiled-on-first-launch dQ kernel for one configuration (cached)."""
-    key = ("dq", head_dim, block_q, block_k, causal, has_mask, has_dropout)
+def get_dq_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, presplit=None,
+                  unroll=None):
+    """The compiled-on-first-launch dQ kernel for one configuration (cached); ``presplit`` and
+    ``unroll`` default to `default_config`'s. ``kernel.smem_bytes`` is its dynamic shared
+    memory (0 when its shared memory is static)."""
+    cfg = default_config(head_dim)
+    presplit = cfg["presplit"] if presplit is None else bool(presplit)
+    unroll = cfg["unroll"] if unroll is None else int(unroll)
+    key = ("dq", head_dim, block_q, block_k, causal, has_mask, has_dropout, presplit, unroll)
     if key not in _KERNELS:
         _KERNELS[key] = _build_dq_kernel(*key[1:])
     return _KERNELS[key]
 
 
-def get_dkdv_kernel(head_dim, block_k, block_q, causal, has_mask, has_dropout):
+def get_dkdv_kernel(head_dim, block_k, block_q, causal, has_mask, has_dropout, presplit=None,
+                    unroll=None):
     """The compiled-on-first-launch dK/dV kernel (``block_k`` key rows per block, ``block_q``
-    queries per stage) for one configuration (cached)."""
-    key = ("dkdv", head_dim, block_k, block_q, causal, has_mask, has_dropout)
+    queries per stage) for one configuration (cached); as `get_dq_kernel`."""
+    cfg = default_config(head_dim)
+    presplit = cfg["presplit"] if presplit is None else bool(presplit)
+    unroll = cfg["unroll"] if unroll is None else int(unroll)
+    key = ("dkdv", head_dim, block_k, block_q, causal, has_mask, has_dropout, presplit, unroll)
     if key not in _KERNELS:
         _KERNELS[key] = _build_dkdv_kernel(*key[1:])
     return _KERNELS[key]
+
+
+def _smem_intrinsics():
+    """128-bit shared loads/stores and a 32-bit shared load of TF32 bits (inline PTX)."""
+    from llvmlite import ir
+    from numba import types as nbt
+    from numba.cuda.extending import intrinsic
+
+    from kernels import mma as X
+    i32, f32 = ir.IntType(32), ir.FloatType()
+
+    @intrinsic
+    def ld_shared_v4_f32(typingctx, saddr):
+        sig = nbt.UniTuple(nbt.float32, 4)(nbt.uint32)
+
+        def codegen(context, builder, sig, args):
+            addr = context.cast(builder, args[0], sig.args[0], nbt.uint32)
+            res = X._asm(builder, ir.LiteralStructType([f32] * 4), [i32],
+                         "ld.shared.v4.f32 {$0,$1,$2,$3}, [$4];", "=f,=f,=f,=f,r,~{memory}",
+                         [addr], side_effect=True)
+            return context.make_tuple(builder, sig.return_type,
+                                      [builder.extract_value(res, i) for i in range(4)])
+        return sig, codegen
+
+    @intrinsic
+    def st_shared_v4_b32(typingctx, saddr, x0, x1, x2, x3):
+        sig = nbt.void(nbt.uint32, nbt.uint32, nbt.uint32, nbt.uint32, nbt.uint32)
+
+        def codegen(context, builder, sig, args):
+            vals = [context.cast(builder, a, t, nbt.uint32) for a, t in zip(args, sig.args)]
+            X._asm(builder, ir.VoidType(), [i32] * 5,
+                   "st.shared.v4.b32 [$0], {$1,$2,$3,$4};", "r,r,r,r,r,~{memory}", vals,
+                   side_effect=True)
+            return context.get_dummy_value()
+        return sig, codegen
+
+    @intrinsic
+    def ld_shared_b32(typingctx, saddr):
+        sig = nbt.uint32(nbt.uint32)
+
+        def codegen(context, builder, sig, args):
+            addr = context.cast(builder, args[0], sig.args[0], nbt.uint32)
+            return X._asm(builder, i32, [i32], "ld.shared.b32 $0, [$1];", "=r,r,~{memory}",
+                          [addr], side_effect=True)
+        return sig, codegen
+
+    return ld_shared_v4_f32, st_shared_v4_b32, ld_shared_b32
 
 
 def _tf32_helpers(threads, chunks, rows):
@@ -176,10 +313,29 @@ def _tf32_helpers(threads, chunks, rows):
             X.cp_async_16(s_addr + uint32(4 * i * row_step * stride), g,
                           uint32(16) if ok else uint32(0))
 
-    return mma3, load_tile
+    ld_v4, st_v4, _ = _smem_intrinsics()
+    d = 4 * chunks
+    stride = d + PAD_FLOATS
+
+    @cuda.jit(device=True, inline=True)
+    def split_chunks(raw_addr, big_addr, small_addr):
+        # -- presplit: this thread's own cp.async chunks of one raw tile (unpadded rows) into
+        #    the big and small planes (padded rows, same chunk positions) --
+        for i in range(loads):
+            x = ld_v4(raw_addr + uint32(4 * i * row_step * d))
+            e0 = T.split_tf32(x[0])
+            e1 = T.split_tf32(x[1])
+            e2 = T.split_tf32(x[2])
+            e3 = T.split_tf32(x[3])
+            o = uint32(4 * i * row_step * stride)
+            st_v4(big_addr + o, e0[0], e1[0], e2[0], e3[0])
+            st_v4(small_addr + o, e0[1], e1[1], e2[1], e3[1])
+
+    return mma3, load_tile, split_chunks
 
 
-def _build_dq_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout):
+def _build_dq_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, presplit,
+                     unroll):
     from numba import cuda, float32, uint32, uint64
 
     from kernels import mma as X
@@ -190,12 +346,27 @@ def _build_dq_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout):
     BK = block_k
     NUM_WARPS = BQ // 16
     THREADS = 32 * NUM_WARPS
-    STRIDE = D + PAD_FLOATS             # floats per shared K or V row
-    TILE = BK * STRIDE                  # floats per K or V buffer
-    STAGE = 2 * TILE                    # K | V
-    SMEM_FLOATS = 2 * STAGE
+    STRIDE = D + PAD_FLOATS             # floats per shared K or V row (split planes too)
+    TILE = BK * STRIDE                  # floats per K or V buffer (or plane)
+    PRESPLIT = presplit
+    if PRESPLIT:
+        RAW_STRIDE = D                  # raw rows unpadded: only the copying thread reads them
+        STAGE = 0                       # one raw stage K | V, then planes K big, K small,
+        K_OFF = 2 * BK * D              # V big, V small
+        V_OFF = K_OFF + 2 * TILE
+        SMEM_FLOATS = K_OFF + 4 * TILE
+    else:
+        RAW_STRIDE = STRIDE
+        STAGE = 2 * TILE                # K | V, two buffers
+        K_OFF = 0
+        V_OFF = TILE
+        SMEM_FLOATS = 2 * STAGE
+    assert 4 * SMEM_FLOATS == dq_smem_bytes(D, BK, PRESPLIT)
+    DYNAMIC = PRESPLIT or 4 * SMEM_FLOATS > SMEM_LIMIT_BYTES
+    SMEM_DECL = 0 if DYNAMIC else SMEM_FLOATS
     CHUNKS = D // 4                     # 16-byte chunks per row
     KC = D // 8                         # k-steps of S = Q K^T and dP = dO V^T
+    SU = unroll if KC % unroll == 0 else 1
     NT_S = BK // 8                      # 16x8 score tiles per warp (= k-steps of dQ += dS K)
     NT_O = D // 8                       # 16x8 dQ tiles per warp
     A_REGS, S_REGS, O_REGS = KC * 4, NT_S * 4, NT_O * 4
@@ -207,13 +378,14 @@ def _build_dq_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout):
     POS_INF = float32(math.inf)
     CAUSAL, HAS_MASK, HAS_DROPOUT = causal, has_mask, has_dropout
     fmix = _device_helpers()
-    mma3, load_tile = _tf32_helpers(THREADS, CHUNKS, BK)
+    mma3, load_tile, split_chunks = _tf32_helpers(THREADS, CHUNKS, BK)
+    _, _, ld_b32 = _smem_intrinsics()
 
     @cuda.jit(lineinfo=False)
     def kernel(q, k, v, out, dout, lse, delta, dq, offsets, kv_index, sched_b, sched_h, group,
                n_q, n_k, mask, mask_b, mask_h, mask_q, scale_log2, scale, seed_hash, threshold,
                inv_keep):
-        smem = cuda.shared.array(SMEM_FLOATS, dtype=float32, alignment=16)
+        smem = cuda.shared.array(SMEM_DECL, dtype=float32, alignment=16)
         tid = cuda.threadIdx.x
         warp = tid // 32
         lane = tid % 32
@@ -294,38 +466,55 @@ def _build_dq_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout):
         k_row_bytes = uint64(k.strides[2])
         v_row_bytes = uint64(v.strides[2])
         smem0 = X.shared_addr(smem, 0)
-        k_copy = smem0 + uint32(4 * (r0 * STRIDE + ch * 4))
-        v_copy = smem0 + uint32(4 * (TILE + r0 * STRIDE + ch * 4))
+        k_copy = smem0 + uint32(4 * (r0 * RAW_STRIDE + ch * 4))
+        v_copy = smem0 + uint32(4 * (BK * RAW_STRIDE + r0 * RAW_STRIDE + ch * 4))
+        # presplit: this thread's chunk positions in the planes (big; small one TILE further)
+        k_plane = smem0 + uint32(4 * (K_OFF + r0 * STRIDE + ch * 4))
+        v_plane = smem0 + uint32(4 * (V_OFF + r0 * STRIDE + ch * 4))
 
         start = offsets[s, m_blk]
         stop = offsets[s, m_blk + 1]
         if start < stop:
             n0 = kv_index[start]
-            load_tile(k_head, k_row_bytes, n0 * BK + r0, n_k, k_copy, STRIDE)
-            load_tile(v_head, v_row_bytes, n0 * BK + r0, n_k, v_copy, STRIDE)
+            load_tile(k_head, k_row_bytes, n0 * BK + r0, n_k, k_copy, RAW_STRIDE)
+            load_tile(v_head, v_row_bytes, n0 * BK + r0, n_k, v_copy, RAW_STRIDE)
             X.cp_async_commit()
 
         for it in range(start, stop):
-            buf = ((it - start) & 1) * STAGE
             n_blk = kv_index[it]
-            if it + 1 < stop:
-                nxt = kv_index[it + 1]
-                nbuf = uint32(4 * (STAGE - buf))
-                load_tile(k_head, k_row_bytes, nxt * BK + r0, n_k, k_copy + nbuf, STRIDE)
-                load_tile(v_head, v_row_bytes, nxt * BK + r0, n_k, v_copy + nbuf, STRIDE)
-                X.cp_async_commit()
-                X.cp_async_wait_1()
-            else:
+            if PRESPLIT:
+                buf = 0
                 X.cp_async_wait_all()
-            cuda.syncthreads()
+                split_chunks(k_copy, k_plane, k_plane + uint32(4 * TILE))
+                split_chunks(v_copy, v_plane, v_plane + uint32(4 * TILE))
+                cuda.syncthreads()
+                if it + 1 < stop:       # the raw stage is free: every thread split its chunks
+                    nxt = kv_index[it + 1]
+                    load_tile(k_head, k_row_bytes, nxt * BK + r0, n_k, k_copy, RAW_STRIDE)
+                    load_tile(v_head, v_row_bytes, nxt * BK + r0, n_k, v_copy, RAW_STRIDE)
+                    X.cp_async_commit()
+            else:
+                buf = ((it - start) & 1) * STAGE
+                if it + 1 < stop:
+                    nxt = kv_index[it + 1]
+                    nbuf = uint32(4 * (STAGE - buf))
+                    load_tile(k_head, k_row_bytes, nxt * BK + r0, n_k, k_copy + nbuf, STRIDE)
+                    load_tile(v_head, v_row_bytes, nxt * BK + r0, n_k, v_copy + nbuf, STRIDE)
+                    X.cp_async_commit()
+                    X.cp_async_wait_1()
+                else:
+                    X.cp_async_wait_all()
+                cuda.syncthreads()
 
             # -- compute qk and dO V^T: S = Q K^T, dP = dO V^T, three tf32 mma per step --
             for i in range(S_REGS):
                 s_reg[i] = float32(0.0)
                 dp_reg[i] = float32(0.0)
-            k_addr = smem0 + uint32(4 * (buf + b_lane))
-            v_addr = smem0 + uint32(4 * (buf + TILE + b_lane))
-            for kc in range(KC):
+            k_addr = smem0 + uint32(4 * (buf + K_OFF + b_lane))
+            v_addr = smem0 + uint32(4 * (buf + V_OFF + b_lane))
+            for kc_o in range(KC // SU):
+              for kc_i in range(SU):  # noqa: E111 (the k-step loop, SU steps per iteration)
+                kc = kc_o * SU + kc_i
                 a = kc * 4
                 if Q_REGS:
                     q0 = T.split_tf32(qf[a])
@@ -339,16 +528,25 @@ def _build_dq_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout):
                     q3 = T.split_tf32(q[b, h, qr1, kc * 8 + tig + 4])
                 for nt in range(NT_S):
                     off = 4 * (nt * 8 * STRIDE + kc * 8)
-                    b0 = T.split_tf32(T.ld_shared_f32(k_addr + off))
-                    b1 = T.split_tf32(T.ld_shared_f32(k_addr + off + 16))
+                    if PRESPLIT:
+                        bb0 = ld_b32(k_addr + off)
+                        bb1 = ld_b32(k_addr + off + 16)
+                        bs0 = ld_b32(k_addr + off + 4 * TILE)
+                        bs1 = ld_b32(k_addr + off + 4 * TILE + 16)
+                    else:
+                        b0 = T.split_tf32(T.ld_shared_f32(k_addr + off))
+                        b1 = T.split_tf32(T.ld_shared_f32(k_addr + off + 16))
+                        bb0, bb1, bs0, bs1 = b0[0], b1[0], b0[1], b1[1]
                     j = nt * 4
                     d = mma3(q0[0], q1[0], q2[0], q3[0], q0[1], q1[1], q2[1], q3[1],
-                             b0[0], b1[0], b0[1], b1[1],
+                             bb0, bb1, bs0, bs1,
                              s_reg[j], s_reg[j + 1], s_reg[j + 2], s_reg[j + 3])
                     for i in range(4):
                         s_reg[j + i] = d[i]
             # (a separate loop: one loop over both products is too large to be unrolled)
-            for kc in range(KC):
+            for kc_o in range(KC // SU):
+              for kc_i in range(SU):  # noqa: E111
+                kc = kc_o * SU + kc_i
                 a = kc * 4
                 if DO_REGS:
                     o0 = T.split_tf32(dof[a])
@@ -363,10 +561,17 @@ def _build_dq_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout):
                 for nt in range(NT_S):
                     off = 4 * (nt * 8 * STRIDE + kc * 8)
                     j = nt * 4
-                    c0 = T.split_tf32(T.ld_shared_f32(v_addr + off))
-                    c1 = T.split_tf32(T.ld_shared_f32(v_addr + off + 16))
+                    if PRESPLIT:
+                        cb0 = ld_b32(v_addr + off)
+                        cb1 = ld_b32(v_addr + off + 16)
+                        cs0 = ld_b32(v_addr + off + 4 * TILE)
+                        cs1 = ld_b32(v_addr + off + 4 * TILE + 16)
+                    else:
+                        c0 = T.split_tf32(T.ld_shared_f32(v_addr + off))
+                        c1 = T.split_tf32(T.ld_shared_f32(v_addr + off + 16))
+                        cb0, cb1, cs0, cs1 = c0[0], c1[0], c0[1], c1[1]
                     e = mma3(o0[0], o1[0], o2[0], o3[0], o0[1], o1[1], o2[1], o3[1],
-                             c0[0], c1[0], c0[1], c1[1],
+                             cb0, cb1, cs0, cs1,
                              dp_reg[j], dp_reg[j + 1], dp_reg[j + 2], dp_reg[j + 3])
                     for i in range(4):
                         dp_reg[j + i] = e[i]
@@ -405,7 +610,7 @@ def _build_dq_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout):
 
             # -- dQ += dS K: dS's A fragment is its C fragment (a0, a1, a2, a3 = c0, c2, c1, c3
             #    under the key permutation); K's B fragment = K[key 2t][g], K[key 2t+1][g] --
-            kt_addr = smem0 + uint32(4 * (buf + t_lane))
+            kt_addr = smem0 + uint32(4 * (buf + K_OFF + t_lane))
             for kp in range(NT_S):
                 j = kp * 4
                 p0 = T.split_tf32(s_reg[j])
@@ -414,11 +619,18 @@ def _build_dq_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout):
                 p3 = T.split_tf32(s_reg[j + 3])
                 for nt in range(NT_O):
                     ka = kt_addr + 4 * (kp * 8 * STRIDE + nt * 8)
-                    b0 = T.split_tf32(T.ld_shared_f32(ka))
-                    b1 = T.split_tf32(T.ld_shared_f32(ka + 4 * STRIDE))
+                    if PRESPLIT:
+                        bb0 = ld_b32(ka)
+                        bb1 = ld_b32(ka + 4 * STRIDE)
+                        bs0 = ld_b32(ka + 4 * TILE)
+                        bs1 = ld_b32(ka + 4 * (TILE + STRIDE))
+                    else:
+                        b0 = T.split_tf32(T.ld_shared_f32(ka))
+                        b1 = T.split_tf32(T.ld_shared_f32(ka + 4 * STRIDE))
+                        bb0, bb1, bs0, bs1 = b0[0], b1[0], b0[1], b1[1]
                     o = nt * 4
                     d = mma3(p0[0], p1[0], p2[0], p3[0], p0[1], p1[1], p2[1], p3[1],
-                             b0[0], b1[0], b0[1], b1[1],
+                             bb0, bb1, bs0, bs1,
                              acc[o], acc[o + 1], acc[o + 2], acc[o + 3])
                     for i in range(4):
                         acc[o + i] = d[i]
@@ -433,10 +645,13 @@ def _build_dq_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout):
                     dq[b, h, row, nt * 8 + 2 * tig + 1] = acc[nt * 4 + 2 * r + 1] * scale
 
     kernel.threads = THREADS
+    kernel.smem_bytes = 4 * SMEM_FLOATS if DYNAMIC else 0
+    kernel.config = {"block_q": BQ, "block_k": BK, "presplit": PRESPLIT, "unroll": SU}
     return kernel
 
 
-def _build_dkdv_kernel(head_dim, block_k, block_q, causal, has_mask, has_dropout):
+def _build_dkdv_kernel(head_dim, block_k, block_q, causal, has_mask, has_dropout, presplit,
+                       unroll):
     from numba import cuda, float32, int32, uint32, uint64
 
     from kernels import mma as X
@@ -447,13 +662,28 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, causal, has_mask, has_dropout
     BQ = block_q                        # queries per shared stage
     NUM_WARPS = BK // 16
     THREADS = 32 * NUM_WARPS
-    STRIDE = D + PAD_FLOATS             # floats per shared Q or dO row
-    TILE = BQ * STRIDE                  # floats per Q or dO buffer
-    STAGE = 2 * TILE                    # Q | dO
-    SMEM_FLOATS = 2 * STAGE
-    ROWV = 4 * BQ                       # floats: lse2 | delta, two buffers
+    STRIDE = D + PAD_FLOATS             # floats per shared Q or dO row (split planes too)
+    TILE = BQ * STRIDE                  # floats per Q or dO buffer (or plane)
+    PRESPLIT = presplit
+    if PRESPLIT:                        # as in the dQ kernel: raw Q | dO, then Q big, Q small,
+        RAW_STRIDE = D                  # dO big, dO small
+        STAGE = 0
+        Q_OFF = 2 * BQ * D
+        DO_OFF = Q_OFF + 2 * TILE
+        SMEM_FLOATS = Q_OFF + 4 * TILE
+    else:
+        RAW_STRIDE = STRIDE
+        STAGE = 2 * TILE                # Q | dO, two buffers
+        Q_OFF = 0
+        DO_OFF = TILE
+        SMEM_FLOATS = 2 * STAGE
+    ROWV = 4 * BQ                       # floats: lse2 | delta, two buffers (static)
+    assert 4 * (SMEM_FLOATS + ROWV) == dkdv_smem_bytes(D, BQ, PRESPLIT)
+    DYNAMIC = PRESPLIT or 4 * (SMEM_FLOATS + ROWV) > SMEM_LIMIT_BYTES
+    SMEM_DECL = 0 if DYNAMIC else SMEM_FLOATS
     CHUNKS = D // 4
     KC = D // 8                         # k-steps of S^T = K Q^T and dP^T = V dO^T
+    SU = unroll if KC % unroll == 0 else 1
     NT_S = BQ // 8                      # 16x8 score tiles per warp (= k-steps of dV, dK)
     NT_O = D // 8                       # 16x8 dK / dV tiles per warp
     A_REGS, S_REGS, O_REGS = KC * 4, NT_S * 4, NT_O * 4
@@ -466,7 +696,8 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, causal, has_mask, has_dropout
     POS_INF = float32(math.inf)
     CAUSAL, HAS_MASK, HAS_DROPOUT = causal, has_mask, has_dropout
     fmix = _device_helpers()
-    mma3, load_tile = _tf32_helpers(THREADS, CHUNKS, BQ)
+    mma3, load_tile, split_chunks = _tf32_helpers(THREADS, CHUNKS, BQ)
+    _, _, ld_b32 = _smem_intrinsics()
 
     @cuda.jit(device=True, inline=True)
     def stage_rows(lse, delta, b, h, row_start, nq, rowv, base, tid):
@@ -505,7 +736,7 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, causal, has_mask, has_dropout
     def kernel(q, k, v, dout, lse, delta, dk, dv, offsets, q_index, sched_b, sched_h, group,
                n_q, n_k, mask, mask_b, mask_h, mask_q, scale_log2, scale, seed_hash, threshold,
                inv_keep):
-        smem = cuda.shared.array(SMEM_FLOATS, dtype=float32, alignment=16)
+        smem = cuda.shared.array(SMEM_DECL, dtype=float32, alignment=16)
         # per stage: lse * log2(e) (+inf where P = 0) and delta of its BQ queries
         rowv = cuda.shared.array(ROWV, dtype=float32)   # buf 0: lse2 | delta, buf 1: same
         tid = cuda.threadIdx.x
@@ -562,8 +793,10 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, causal, has_mask, has_dropout
         q_row_bytes = uint64(q.strides[2])
         do_row_bytes = uint64(dout.strides[2])
         smem0 = X.shared_addr(smem, 0)
-        q_copy = smem0 + uint32(4 * (r0 * STRIDE + ch * 4))
-        do_copy = smem0 + uint32(4 * (TILE + r0 * STRIDE + ch * 4))
+        q_copy = smem0 + uint32(4 * (r0 * RAW_STRIDE + ch * 4))
+        do_copy = smem0 + uint32(4 * (BQ * RAW_STRIDE + r0 * RAW_STRIDE + ch * 4))
+        q_plane = smem0 + uint32(4 * (Q_OFF + r0 * STRIDE + ch * 4))
+        do_plane = smem0 + uint32(4 * (DO_OFF + r0 * STRIDE + ch * 4))
 
         n_items = 0
         for g in range(group):
@@ -572,9 +805,9 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, causal, has_mask, has_dropout
         if n_items > 0:
             h, m_blk = locate(0, offsets, q_index, b, hk, group, sched_b, sched_h, n_blk)
             load_tile(X.global_addr(q, b, h, 0, ch * 4), q_row_bytes, m_blk * BQ + r0, n_q,
-                      q_copy, STRIDE)
+                      q_copy, RAW_STRIDE)
             load_tile(X.global_addr(dout, b, h, 0, ch * 4), do_row_bytes, m_blk * BQ + r0, n_q,
-                      do_copy, STRIDE)
+                      do_copy, RAW_STRIDE)
             X.cp_async_commit()
             stage_rows(lse, delta, b, h, m_blk * BQ, n_q, rowv, 0, tid)
 
@@ -582,7 +815,21 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, causal, has_mask, has_dropout
             buf = (t & 1) * STAGE
             rbuf = (t & 1) * 2 * BQ
             h, m_blk = locate(t, offsets, q_index, b, hk, group, sched_b, sched_h, n_blk)
-            if t + 1 < n_items:
+            if PRESPLIT:
+                X.cp_async_wait_all()
+                split_chunks(q_copy, q_plane, q_plane + uint32(4 * TILE))
+                split_chunks(do_copy, do_plane, do_plane + uint32(4 * TILE))
+                cuda.syncthreads()
+                if t + 1 < n_items:     # the raw stage is free: every thread split its chunks
+                    h_n, m_n = locate(t + 1, offsets, q_index, b, hk, group, sched_b, sched_h,
+                                      n_blk)
+                    load_tile(X.global_addr(q, b, h_n, 0, ch * 4), q_row_bytes, m_n * BQ + r0,
+                              n_q, q_copy, RAW_STRIDE)
+                    load_tile(X.global_addr(dout, b, h_n, 0, ch * 4), do_row_bytes,
+                              m_n * BQ + r0, n_q, do_copy, RAW_STRIDE)
+                    X.cp_async_commit()
+                    stage_rows(lse, delta, b, h_n, m_n * BQ, n_q, rowv, 2 * BQ - rbuf, tid)
+            elif t + 1 < n_items:
                 h_n, m_n = locate(t + 1, offsets, q_index, b, hk, group, sched_b, sched_h, n_blk)
                 nbuf = uint32(4 * (STAGE - buf))
                 load_tile(X.global_addr(q, b, h_n, 0, ch * 4), q_row_bytes, m_n * BQ + r0, n_q,
@@ -592,9 +839,10 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, causal, has_mask, has_dropout
                 X.cp_async_commit()
                 stage_rows(lse, delta, b, h_n, m_n * BQ, n_q, rowv, 2 * BQ - rbuf, tid)
                 X.cp_async_wait_1()
+                cuda.syncthreads()
             else:
                 X.cp_async_wait_all()
-            cuda.syncthreads()
+                cuda.syncthreads()
 
             bh = b * n_heads + h
             h_bh = fmix(uint64(seed_hash) ^ uint64(bh))
@@ -610,9 +858,11 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, causal, has_mask, has_dropout
             for i in range(S_REGS):
                 st[i] = float32(0.0)
                 dpt[i] = float32(0.0)
-            q_addr = smem0 + uint32(4 * (buf + b_lane))
-            do_addr = smem0 + uint32(4 * (buf + TILE + b_lane))
-            for kc in range(KC):
+            q_addr = smem0 + uint32(4 * (buf + Q_OFF + b_lane))
+            do_addr = smem0 + uint32(4 * (buf + DO_OFF + b_lane))
+            for kc_o in range(KC // SU):
+              for kc_i in range(SU):  # noqa: E111 (the k-step loop, SU steps per iteration)
+                kc = kc_o * SU + kc_i
                 a = kc * 4
                 if K_REGS:
                     k0 = T.split_tf32(kf[a])
@@ -626,16 +876,25 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, causal, has_mask, has_dropout
                     k3 = T.split_tf32(k[b, hk, kr1, kc * 8 + tig + 4])
                 for nt in range(NT_S):
                     off = 4 * (nt * 8 * STRIDE + kc * 8)
-                    b0 = T.split_tf32(T.ld_shared_f32(q_addr + off))
-                    b1 = T.split_tf32(T.ld_shared_f32(q_addr + off + 16))
+                    if PRESPLIT:
+                        bb0 = ld_b32(q_addr + off)
+                        bb1 = ld_b32(q_addr + off + 16)
+                        bs0 = ld_b32(q_addr + off + 4 * TILE)
+                        bs1 = ld_b32(q_addr + off + 4 * TILE + 16)
+                    else:
+                        b0 = T.split_tf32(T.ld_shared_f32(q_addr + off))
+                        b1 = T.split_tf32(T.ld_shared_f32(q_addr + off + 16))
+                        bb0, bb1, bs0, bs1 = b0[0], b1[0], b0[1], b1[1]
                     j = nt * 4
                     d = mma3(k0[0], k1[0], k2[0], k3[0], k0[1], k1[1], k2[1], k3[1],
-                             b0[0], b1[0], b0[1], b1[1],
+                             bb0, bb1, bs0, bs1,
                              st[j], st[j + 1], st[j + 2], st[j + 3])
                     for i in range(4):
                         st[j + i] = d[i]
             # (a separate loop: one loop over both products is too large to be unrolled)
-            for kc in range(KC):
+            for kc_o in range(KC // SU):
+              for kc_i in range(SU):  # noqa: E111
+                kc = kc_o * SU + kc_i
                 a = kc * 4
                 if V_REGS:
                     v0 = T.split_tf32(vf[a])
@@ -650,10 +909,17 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, causal, has_mask, has_dropout
                 for nt in range(NT_S):
                     off = 4 * (nt * 8 * STRIDE + kc * 8)
                     j = nt * 4
-                    c0 = T.split_tf32(T.ld_shared_f32(do_addr + off))
-                    c1 = T.split_tf32(T.ld_shared_f32(do_addr + off + 16))
+                    if PRESPLIT:
+                        cb0 = ld_b32(do_addr + off)
+                        cb1 = ld_b32(do_addr + off + 16)
+                        cs0 = ld_b32(do_addr + off + 4 * TILE)
+                        cs1 = ld_b32(do_addr + off + 4 * TILE + 16)
+                    else:
+                        c0 = T.split_tf32(T.ld_shared_f32(do_addr + off))
+                        c1 = T.split_tf32(T.ld_shared_f32(do_addr + off + 16))
+                        cb0, cb1, cs0, cs1 = c0[0], c1[0], c0[1], c1[1]
                     e = mma3(v0[0], v1[0], v2[0], v3[0], v0[1], v1[1], v2[1], v3[1],
-                             c0[0], c1[0], c0[1], c1[1],
+                             cb0, cb1, cs0, cs1,
                              dpt[j], dpt[j + 1], dpt[j + 2], dpt[j + 3])
                     for i in range(4):
                         dpt[j + i] = e[i]
@@ -690,7 +956,7 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, causal, has_mask, has_dropout
 
             # -- dV += (P^T Z) dO: P^T's A fragment is its C fragment (a0, a1, a2, a3 = c0, c2,
             #    c1, c3 under the query permutation); dO's B = dO[query 2t][g], dO[2t+1][g] --
-            dot_addr = smem0 + uint32(4 * (buf + TILE + t_lane))
+            dot_addr = smem0 + uint32(4 * (buf + DO_OFF + t_lane))
             for kp in range(NT_S):
                 j = kp * 4
                 p0 = T.split_tf32(st[j])
@@ -699,17 +965,24 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, causal, has_mask, has_dropout
                 p3 = T.split_tf32(st[j + 3])
                 for nt in range(NT_O):
                     xa = dot_addr + 4 * (kp * 8 * STRIDE + nt * 8)
-                    b0 = T.split_tf32(T.ld_shared_f32(xa))
-                    b1 = T.split_tf32(T.ld_shared_f32(xa + 4 * STRIDE))
+                    if PRESPLIT:
+                        bb0 = ld_b32(xa)
+                        bb1 = ld_b32(xa + 4 * STRIDE)
+                        bs0 = ld_b32(xa + 4 * TILE)
+                        bs1 = ld_b32(xa + 4 * (TILE + STRIDE))
+                    else:
+                        b0 = T.split_tf32(T.ld_shared_f32(xa))
+                        b1 = T.split_tf32(T.ld_shared_f32(xa + 4 * STRIDE))
+                        bb0, bb1, bs0, bs1 = b0[0], b1[0], b0[1], b1[1]
                     o = nt * 4
                     d = mma3(p0[0], p1[0], p2[0], p3[0], p0[1], p1[1], p2[1], p3[1],
-                             b0[0], b1[0], b0[1], b1[1],
+                             bb0, bb1, bs0, bs1,
                              dv_acc[o], dv_acc[o + 1], dv_acc[o + 2], dv_acc[o + 3])
                     for i in range(4):
                         dv_acc[o + i] = d[i]
 
             # -- dK += dS^T Q: the same with dS^T and Q[query 2t][g], Q[2t+1][g] --
-            qt_addr = smem0 + uint32(4 * (buf + t_lane))
+            qt_addr = smem0 + uint32(4 * (buf + Q_OFF + t_lane))
             for kp in range(NT_S):
                 j = kp * 4
                 p0 = T.split_tf32(dpt[j])
@@ -718,11 +991,18 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, causal, has_mask, has_dropout
                 p3 = T.split_tf32(dpt[j + 3])
                 for nt in range(NT_O):
                     xa = qt_addr + 4 * (kp * 8 * STRIDE + nt * 8)
-                    b0 = T.split_tf32(T.ld_shared_f32(xa))
-                    b1 = T.split_tf32(T.ld_shared_f32(xa + 4 * STRIDE))
+                    if PRESPLIT:
+                        bb0 = ld_b32(xa)
+                        bb1 = ld_b32(xa + 4 * STRIDE)
+                        bs0 = ld_b32(xa + 4 * TILE)
+                        bs1 = ld_b32(xa + 4 * (TILE + STRIDE))
+                    else:
+                        b0 = T.split_tf32(T.ld_shared_f32(xa))
+                        b1 = T.split_tf32(T.ld_shared_f32(xa + 4 * STRIDE))
+                        bb0, bb1, bs0, bs1 = b0[0], b1[0], b0[1], b1[1]
                     o = nt * 4
                     d = mma3(p0[0], p1[0], p2[0], p3[0], p0[1], p1[1], p2[1], p3[1],
-                             b0[0], b1[0], b0[1], b1[1],
+                             bb0, bb1, bs0, bs1,
                              dk_acc[o], dk_acc[o + 1], dk_acc[o + 2], dk_acc[o + 3])
                     for i in range(4):
                         dk_acc[o + i] = d[i]
@@ -741,6 +1021,8 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, causal, has_mask, has_dropout
                     dv[b, hk, key, col + 1] = dv_acc[e + 1]
 
     kernel.threads = THREADS
+    kernel.smem_bytes = 4 * SMEM_FLOATS if DYNAMIC else 0
+    kernel.config = {"block_k": BK, "block_q": BQ, "presplit": PRESPLIT, "unroll": SU}
     return kernel
 
 
@@ -825,6 +1107,9 @@ def backward(q, k, v, out, lse, dout, *, scale, causal=False, mask=None, block_m
         raise ValueError(f"block_q={block_q}, block_k={block_k}: the block mask's tiles must be "
                          f"multiples of 16 for the 3xTF32 backward")
     (dq_bq, dq_bk), (kv_bk, kv_bq) = tiles
+    has_dropout, seed_hash, threshold, inv_keep = dropout_constants(seed, dropout_p)
+    kv_cfg = dkdv_dropout_config(d, kv_bq, has_dropout)
+    kv_bq = kv_cfg.get("block_q", kv_bq)
 
     # -- the operands as float32 device arrays (rows contiguous and 16-byte aligned) --
     stream = fastlaunch.launch_stream()
@@ -888,7 +1173,6 @@ def backward(q, k, v, out, lse, dout, *, scale, causal=False, mask=None, block_m
         ("bwd-q", n_q, n_k, kv_bq, kv_bk, bool(causal), batch, heads, bm_key),
         lambda: _schedules(block_mask, block_q, block_k, n_q, n_k, kv_bq, kv_bk, causal, batch,
                            heads, "q"))
-    has_dropout, seed_hash, threshold, inv_keep = dropout_constants(seed, dropout_p)
     group = heads // heads_kv
     consts = (maskd, mb, mh, mq, np.float32(scale * LOG2E), np.float32(scale),
               np.uint32(seed_hash), np.uint32(threshold), np.float32(inv_keep))
@@ -897,11 +1181,12 @@ def backward(q, k, v, out, lse, dout, *, scale, causal=False, mask=None, block_m
     kern = get_dq_kernel(d, dq_bq, dq_bk, bool(causal), has_mask, has_dropout)
     fastlaunch.launch(kern, (cdiv(n_q, dq_bq), batch * heads), kern.threads, stream, (
         qd, kd, vd, od, dod, lsed, deltad, dqd, kv_off, kv_idx, kv_sb, kv_sh, group, n_q, n_k,
-        *consts))
-    kern = get_dkdv_kernel(d, kv_bk, kv_bq, bool(causal), has_mask, has_dropout)
+        *consts), sharedmem=kern.smem_bytes)
+    kern = get_dkdv_kernel(d, kv_bk, kv_bq, bool(causal), has_mask, has_dropout,
+                           kv_cfg.get("presplit"), kv_cfg.get("unroll"))
     fastlaunch.launch(kern, (cdiv(n_k, kv_bk), batch * heads_kv), kern.threads, stream, (
         qd, kd, vd, dod, lsed, deltad, dkd, dvd, q_off, q_idx, q_sb, q_sh, group, n_q, n_k,
-        *consts))
+        *consts), sharedmem=kern.smem_bytes)
 
     if kind == "torch":
         return dq_t, dk_t, dv_t
@@ -928,6 +1213,12 @@ def _time_main(argv=None):
     ap.add_argument("--d", type=int, nargs="+", default=[64, 128])
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--variants", nargs="+", default=None,
+                    help=f"time only this backward, once per value of {VARIANT_ENV} given "
+                         f"(d=128; '' is the default configuration), causal and not")
+    ap.add_argument("--pick", default=None,
+                    help="with --variants: write the variant with the least total time to "
+                         "this file")
     args = ap.parse_args(argv)
 
     def timed(fn):
@@ -943,6 +1234,30 @@ def _time_main(argv=None):
         return sorted(times)[len(times) // 2]
 
     print(torch.cuda.get_device_name(), flush=True)
+    if args.variants is not None:
+        totals = {}
+        for d in args.d:
+            g = torch.Generator(device="cuda").manual_seed(0)
+            q, k, v, do = (torch.randn(4, 32, args.n, d, device="cuda", generator=g)
+                           for _ in range(4))
+            scale = 1 / math.sqrt(d)
+            for causal in (False, True):
+                out, lse = forward(q, k, v, scale=scale, causal=causal)
+                for var in args.variants:
+                    os.environ[VARIANT_ENV] = var
+                    cfg = default_config(d)
+                    t = timed(lambda: backward(q, k, v, out, lse, do, scale=scale,
+                                               causal=causal))
+                    print(f"N={args.n} d={d} causal={causal} variant={var!r} config={cfg}: "
+                          f"bwd {t:.2f} ms", flush=True)
+                    totals[var] = totals.get(var, 0.0) + t
+                os.environ.pop(VARIANT_ENV, None)
+        best = min(totals, key=totals.get)
+        print(f"least total time: variant {best!r} ({totals[best]:.2f} ms)", flush=True)
+        if args.pick:
+            with open(args.pick, "w") as f:
+                f.write(best)
+        return
     for d in args.d:
         g = torch.Generator(device="cuda").manual_seed(0)
         q, k, v, do = (torch.randn(4, 32, args.n, d, device="cuda", generator=g)

@@ -148,6 +148,42 @@ def test_dropout(head_dim):
                    dropout_p=0.2, seed=1234)
 
 
+#: head_dim-128 configurations other than the default (`flash_tf32_bwd.VARIANT_ENV`): the
+#: previous default (static 16-row stages, k-loops not unrolled), the default's stages with
+#: other unrolls, and the pre-split B operands at 16/16, 32/32 and 32/16 stages
+VARIANTS_D128 = ["presplit=0,dq_bk=16,kv_bq=16,unroll=1", "presplit=0,unroll=1",
+                 "presplit=0,unroll=4", "presplit=1,dq_bk=16,kv_bq=16",
+                 "presplit=1,dq_bk=32,kv_bq=32,unroll=2", "presplit=1,dq_bk=32,kv_bq=16",
+                 "presplit=1,dq_bk=32,kv_bq=16,unroll=1", "presplit=1,unroll=4"]
+
+
+@gpu
+@pytest.mark.parametrize("variant", VARIANTS_D128)
+@pytest.mark.parametrize("causal", [False, True])
+def test_d128_variants_match_float64(variant, causal, monkeypatch):
+    monkeypatch.setenv(bwd_mod.VARIANT_ENV, variant)
+    q, k, v, dout = _inputs((2, 4, 200, 128), (2, 2, 333, 128), seed=40 + causal)
+    _run_and_check(q, k, v, dout, scale=1 / math.sqrt(128), causal=causal)
+
+
+@gpu
+@pytest.mark.parametrize("variant", ["presplit=0,dq_bk=16,kv_bq=16,unroll=1",
+                                     "presplit=1,dq_bk=32,kv_bq=32,unroll=2"])
+def test_d128_variants_mask_dropout_block_sparse(variant, monkeypatch):
+    torch = _torch_cuda()
+    monkeypatch.setenv(bwd_mod.VARIANT_ENV, variant)
+    q, k, v, dout = _inputs((1, 2, 150, 128), (1, 2, 170, 128), seed=12)
+    g = torch.Generator(device="cuda").manual_seed(4)
+    mask = torch.rand((1, 1, 150, 170), device="cuda", generator=g) > 0.3
+    _run_and_check(q, k, v, dout, scale=0.09, causal=True, mask=mask, dropout_p=0.1, seed=9)
+    q, k, v, dout = _inputs((1, 4, 256, 128), (1, 2, 256, 128), seed=6)
+    rng = np.random.default_rng(1)
+    block_mask = rng.random((1, 4, 256 // 64, 256 // 64)) > 0.4
+    allowed = np.repeat(np.repeat(block_mask, 64, axis=2), 64, axis=3)
+    _run_and_check(q, k, v, dout, scale=0.09, block_mask=block_mask, block_q=64, block_k=64,
+                   block_allowed=allowed)
+
+
 @gpu
 def test_numpy_and_numba_float32_inputs():
     torch = _torch_cuda()
@@ -218,20 +254,50 @@ def test_bad_inputs_raise():
 def test_kernel_tiles_divide_the_block_mask_tiles_and_fit():
     assert bwd_mod.kernel_tiles(80) is None
     assert bwd_mod.kernel_tiles(64) == ((64, 32), (64, 32))
-    assert bwd_mod.kernel_tiles(128, 7, 9) == ((64, 16), (64, 16))   # no block mask: ignored
+    assert bwd_mod.kernel_tiles(128, 7, 9) == ((64, 32), (64, 32))   # no block mask: ignored
     for d in (64, 128):
         for bq in (16, 32, 48, 64, 128, 192):
             for bk in (16, 32, 64, 96, 128):
                 (dq_q, dq_k), (kv_k, kv_q) = bwd_mod.kernel_tiles(d, bq, bk, True)
                 assert bq % dq_q == 0 and bq % kv_q == 0 and bk % dq_k == 0 and bk % kv_k == 0
-                assert bwd_mod.dq_smem_bytes(d, dq_k) <= bwd_mod.SMEM_LIMIT_BYTES
-                assert bwd_mod.dkdv_smem_bytes(d, kv_q) <= bwd_mod.SMEM_LIMIT_BYTES
+                # d=64: static (48 KiB); d=128: dynamic, three blocks of four warps per SM
+                limit = bwd_mod.SMEM_LIMIT_BYTES if d == 64 else 228 * 1024 // 3
+                assert bwd_mod.dq_smem_bytes(d, dq_k) <= limit
+                assert bwd_mod.dkdv_smem_bytes(d, kv_q) <= limit
                 # the cp.async tile copies divide evenly among the threads
                 for rows, stage in ((dq_q, dq_k), (kv_k, kv_q)):
                     threads, chunks = 2 * rows, d // 4
                     assert stage * chunks % threads == 0 and threads % chunks == 0
     assert bwd_mod.kernel_tiles(64, 24, 64, True) is None
     assert bwd_mod.kernel_tiles(64, None, 64, True) is None
+
+
+def test_default_config_and_variant_env(monkeypatch):
+    monkeypatch.delenv(bwd_mod.VARIANT_ENV, raising=False)
+    assert bwd_mod.default_config(64) == {"dq": (64, 32), "dkdv": (64, 32), "presplit": False,
+                                          "unroll": 1}
+    assert bwd_mod.default_config(128) == {"dq": (64, 32), "dkdv": (64, 32), "presplit": False,
+                                           "unroll": 2}
+    assert bwd_mod.dq_smem_bytes(64, 32) == 4 * 32 * 68 * 4          # static, as before
+    assert bwd_mod.dq_smem_bytes(128, 32) == 4 * 32 * 132 * 4        # dynamic (> 48 KiB)
+    assert bwd_mod.dq_smem_bytes(128, 32, True) == (2 * 32 * 128 + 4 * 32 * 132) * 4
+    monkeypatch.setenv(bwd_mod.VARIANT_ENV, "presplit=0, dq_bk=16,kv_bq=16,unroll=1")
+    assert bwd_mod.default_config(128) == {"dq": (64, 16), "dkdv": (64, 16), "presplit": False,
+                                           "unroll": 1}
+    assert bwd_mod.default_config(64)["presplit"] is False          # d=64 ignores it
+    monkeypatch.setenv(bwd_mod.VARIANT_ENV, "bogus=1")
+    with pytest.raises(ValueError, match="unknown"):
+        bwd_mod.default_config(128)
+
+
+def test_dkdv_dropout_config(monkeypatch):
+    monkeypatch.delenv(bwd_mod.VARIANT_ENV, raising=False)
+    # d=128 with dropout: the spill-free 16-query dK/dV kernel; otherwise the defaults
+    assert bwd_mod.dkdv_dropout_config(128, 32, True) == {"block_q": 16, "unroll": 1,
+                                                          "presplit": False}
+    assert bwd_mod.dkdv_dropout_config(128, 16, True) == {}
+    assert bwd_mod.dkdv_dropout_config(128, 32, False) == {}
+    assert bwd_mod.dkdv_dropout_config(64, 32, True) == {}
 
 
 def test_operands_in_registers():
