@@ -237,50 +237,9 @@ def get_dkdv_kernel(head_dim, block_k, block_q, causal, has_mask, has_dropout, p
 
 
 def _smem_intrinsics():
-    """128-bit shared loads/stores and a 32-bit shared load of TF32 bits (inline PTX)."""
-    from llvmlite import ir
-    from numba import types as nbt
-    from numba.cuda.extending import intrinsic
-
-    from kernels import mma as X
-    i32, f32 = ir.IntType(32), ir.FloatType()
-
-    @intrinsic
-    def ld_shared_v4_f32(typingctx, saddr):
-        sig = nbt.UniTuple(nbt.float32, 4)(nbt.uint32)
-
-        def codegen(context, builder, sig, args):
-            addr = context.cast(builder, args[0], sig.args[0], nbt.uint32)
-            res = X._asm(builder, ir.LiteralStructType([f32] * 4), [i32],
-                         "ld.shared.v4.f32 {$0,$1,$2,$3}, [$4];", "=f,=f,=f,=f,r,~{memory}",
-                         [addr], side_effect=True)
-            return context.make_tuple(builder, sig.return_type,
-                                      [builder.extract_value(res, i) for i in range(4)])
-        return sig, codegen
-
-    @intrinsic
-    def st_shared_v4_b32(typingctx, saddr, x0, x1, x2, x3):
-        sig = nbt.void(nbt.uint32, nbt.uint32, nbt.uint32, nbt.uint32, nbt.uint32)
-
-        def codegen(context, builder, sig, args):
-            vals = [context.cast(builder, a, t, nbt.uint32) for a, t in zip(args, sig.args)]
-            X._asm(builder, ir.VoidType(), [i32] * 5,
-                   "st.shared.v4.b32 [$0], {$1,$2,$3,$4};", "r,r,r,r,r,~{memory}", vals,
-                   side_effect=True)
-            return context.get_dummy_value()
-        return sig, codegen
-
-    @intrinsic
-    def ld_shared_b32(typingctx, saddr):
-        sig = nbt.uint32(nbt.uint32)
-
-        def codegen(context, builder, sig, args):
-            addr = context.cast(builder, args[0], sig.args[0], nbt.uint32)
-            return X._asm(builder, i32, [i32], "ld.shared.b32 $0, [$1];", "=r,r,~{memory}",
-                          [addr], side_effect=True)
-        return sig, codegen
-
-    return ld_shared_v4_f32, st_shared_v4_b32, ld_shared_b32
+    """128-bit shared loads/stores and a 32-bit shared load of TF32 bits (`kernels.mma_tf32`)."""
+    from kernels import mma_tf32 as T
+    return T.ld_shared_v4_f32, T.st_shared_v4_b32, T.ld_shared_b32
 
 
 def _tf32_helpers(threads, chunks, rows):

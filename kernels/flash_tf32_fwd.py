@@ -232,43 +232,8 @@ def _build_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, spl
     _I32 = ir.IntType(32)
     _F32 = ir.FloatType()
 
-    @intrinsic
-    def ld_shared_v4_f32(typingctx, saddr):
-        sig = nbt.UniTuple(nbt.float32, 4)(nbt.uint32)
-
-        def codegen(context, builder, sig, args):
-            addr = context.cast(builder, args[0], sig.args[0], nbt.uint32)
-            res = X._asm(builder, ir.LiteralStructType([_F32] * 4), [_I32],
-                         "ld.shared.v4.f32 {$0,$1,$2,$3}, [$4];", "=f,=f,=f,=f,r,~{memory}",
-                         [addr], side_effect=True)
-            return context.make_tuple(builder, sig.return_type,
-                                      [builder.extract_value(res, i) for i in range(4)])
-        return sig, codegen
-
-    @intrinsic
-    def ld_shared_v4_b32(typingctx, saddr):
-        sig = nbt.UniTuple(nbt.uint32, 4)(nbt.uint32)
-
-        def codegen(context, builder, sig, args):
-            addr = context.cast(builder, args[0], sig.args[0], nbt.uint32)
-            res = X._asm(builder, ir.LiteralStructType([_I32] * 4), [_I32],
-                         "ld.shared.v4.b32 {$0,$1,$2,$3}, [$4];", "=r,=r,=r,=r,r,~{memory}",
-                         [addr], side_effect=True)
-            return context.make_tuple(builder, sig.return_type,
-                                      [builder.extract_value(res, i) for i in range(4)])
-        return sig, codegen
-
-    @intrinsic
-    def st_shared_v4_b32(typingctx, saddr, x0, x1, x2, x3):
-        sig = nbt.void(nbt.uint32, nbt.uint32, nbt.uint32, nbt.uint32, nbt.uint32)
-
-        def codegen(context, builder, sig, args):
-            vals = [context.cast(builder, a, t, nbt.uint32) for a, t in zip(args, sig.args)]
-            X._asm(builder, ir.VoidType(), [_I32] * 5,
-                   "st.shared.v4.b32 [$0], {$1,$2,$3,$4};", "r,r,r,r,r,~{memory}", vals,
-                   side_effect=True)
-            return context.get_dummy_value()
-        return sig, codegen
+    ld_shared_v4_f32, ld_shared_v4_b32 = T.ld_shared_v4_f32, T.ld_shared_v4_b32
+    st_shared_v4_b32 = T.st_shared_v4_b32
 
     @intrinsic
     def split_tf32_v(typingctx, x):

@@ -13,7 +13,10 @@ This module owns the TF32 warp-level instructions that `kernels.flash_tf32_fwd` 
   accumulation has float32-level accuracy (the dropped ``A_small B_small`` and the rounding of
   ``small`` are ~2**-22 relative to each product).
 * ``ld_shared_f32`` / ``ld_shared_f32x2``: 32- and 64-bit (``ld.shared.v2.f32``) shared-memory
-  loads from a 32-bit shared-window address (`kernels.mma.shared_addr`).
+  loads from a 32-bit shared-window address (`kernels.mma.shared_addr`);
+  ``ld_shared_v4_f32`` / ``ld_shared_v4_b32`` / ``st_shared_v4_b32``: 128-bit shared loads and
+  stores (four float32, or four .b32 TF32 words), ``ld_shared_b32``: one .b32 word — the
+  pre-split big/small tiles of the forward and backward kernels.
 
 None of this runs under the CUDA simulator; tested on a real GPU in
 ``tests/test_tf32_intrinsics.py``.
@@ -27,6 +30,7 @@ from numba.cuda.extending import intrinsic
 from kernels.mma import _asm
 
 __all__ = ["mma_tf32", "cvt_tf32", "split_tf32", "ld_shared_f32", "ld_shared_f32x2",
+           "ld_shared_v4_f32", "ld_shared_v4_b32", "st_shared_v4_b32", "ld_shared_b32",
            "MMA_TF32_PTX"]
 
 _I32 = ir.IntType(32)
@@ -109,4 +113,60 @@ def ld_shared_f32x2(typingctx, saddr):
         vals = [builder.extract_value(res, i) for i in range(2)]
         return context.make_tuple(builder, sig.return_type, vals)
 
+    return sig, codegen
+
+
+@intrinsic
+def ld_shared_v4_f32(typingctx, saddr):
+    """Four float32 from shared memory, one 128-bit load (16-byte aligned address)."""
+    sig = types.UniTuple(types.float32, 4)(types.uint32)
+
+    def codegen(context, builder, sig, args):
+        addr = context.cast(builder, args[0], sig.args[0], types.uint32)
+        res = _asm(builder, ir.LiteralStructType([_F32] * 4), [_I32],
+                   "ld.shared.v4.f32 {$0,$1,$2,$3}, [$4];", "=f,=f,=f,=f,r,~{memory}",
+                   [addr], side_effect=True)
+        return context.make_tuple(builder, sig.return_type,
+                                  [builder.extract_value(res, i) for i in range(4)])
+    return sig, codegen
+
+
+@intrinsic
+def ld_shared_v4_b32(typingctx, saddr):
+    """Four .b32 words (TF32 operands) from shared memory, one 128-bit load."""
+    sig = types.UniTuple(types.uint32, 4)(types.uint32)
+
+    def codegen(context, builder, sig, args):
+        addr = context.cast(builder, args[0], sig.args[0], types.uint32)
+        res = _asm(builder, ir.LiteralStructType([_I32] * 4), [_I32],
+                   "ld.shared.v4.b32 {$0,$1,$2,$3}, [$4];", "=r,=r,=r,=r,r,~{memory}",
+                   [addr], side_effect=True)
+        return context.make_tuple(builder, sig.return_type,
+                                  [builder.extract_value(res, i) for i in range(4)])
+    return sig, codegen
+
+
+@intrinsic
+def st_shared_v4_b32(typingctx, saddr, x0, x1, x2, x3):
+    """Four .b32 words to shared memory, one 128-bit store."""
+    sig = types.void(types.uint32, types.uint32, types.uint32, types.uint32, types.uint32)
+
+    def codegen(context, builder, sig, args):
+        vals = [context.cast(builder, a, t, types.uint32) for a, t in zip(args, sig.args)]
+        _asm(builder, ir.VoidType(), [_I32] * 5,
+             "st.shared.v4.b32 [$0], {$1,$2,$3,$4};", "r,r,r,r,r,~{memory}", vals,
+             side_effect=True)
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+@intrinsic
+def ld_shared_b32(typingctx, saddr):
+    """One .b32 word from shared memory."""
+    sig = types.uint32(types.uint32)
+
+    def codegen(context, builder, sig, args):
+        addr = context.cast(builder, args[0], sig.args[0], types.uint32)
+        return _asm(builder, _I32, [_I32], "ld.shared.b32 $0, [$1];", "=r,r,~{memory}",
+                    [addr], side_effect=True)
     return sig, codegen
