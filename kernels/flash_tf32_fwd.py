@@ -664,7 +664,7 @@ def forward(q, k, v, *, scale, causal=False, mask=None, block_mask=None, dropout
     kind = _kind(q)
     if _kind(k) != kind or _kind(v) != kind:
         raise TypeError("q, k and v must be the same kind of array")
-    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" or not cuda.is_available():
+    if not fastlaunch.real_gpu():
         raise RuntimeError("the tensor-core kernel needs a real CUDA GPU (the simulator runs no "
                            "inline PTX)")
     if len(q.shape) != 4 or len(k.shape) != 4 or len(v.shape) != 4:
