@@ -14,7 +14,7 @@ if [[ $steps == *" tests "* ]]; then
 fi
 if [[ $steps == *" sanitize "* ]]; then
   for tool in memcheck racecheck; do
-    timeout 240 compute-sanitizer --tool $tool --print-limit 20 python3 -m kernels.sanitize_case > "$OUT/sanitizer_$tool.log" 2>&1
+    timeout 420 compute-sanitizer --tool $tool --report-api-errors no --print-limit 20 python3 -m kernels.sanitize_case > "$OUT/sanitizer_$tool.log" 2>&1
     echo "sanitizer $tool rc=$?"; tail -4 "$OUT/sanitizer_$tool.log"
   done
 fi
