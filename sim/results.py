@@ -114,9 +114,22 @@ def load_results(path_or_fileobj) -> list[dict]:
     return [dict(rec, provenance=obj["provenance"]) for rec in obj["records"]]
 
 
+def _declares_results_schema(path: Path) -> bool:
+    """Whether a JSON file's opening declares an ``ioaware.results/`` schema (``results/`` also
+    holds other measurements: kernel resources, host cost, counter splits, block-size timings)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(512)
+    except OSError:
+        return False
+    return b'"ioaware.results/' in head
+
+
 def shipped_results() -> list[Path]:
-    """The results files shipped in the repository's ``results/``."""
-    return sorted(RESULTS_DIR.glob("*.json")) if RESULTS_DIR.is_dir() else []
+    """The results files (schema ``ioaware.results/1``) shipped in the repository's ``results/``."""
+    if not RESULTS_DIR.is_dir():
+        return []
+    return [p for p in sorted(RESULTS_DIR.glob("*.json")) if _declares_results_schema(p)]
 
 
 def records_for_profile(profile) -> list[dict]:

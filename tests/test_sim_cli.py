@@ -153,3 +153,22 @@ def test_predict_cli_prices_a_micro_tile():
     assert "smem time" in run("--micro-tile", "4x4").stdout
     bad = run("--micro-tile", "4by4")
     assert bad.returncode != 0 and "TMxTN" in bad.stderr
+
+
+def test_shipped_results_are_the_results_files_only(tmp_path, monkeypatch):
+    """`results/` also holds other measurements (kernel resources, host cost, counter splits,
+    block-size timings); the files offered as results are those with the results schema, and
+    each of them loads."""
+    from sim import results as R
+    (tmp_path / "a.json").write_text(json.dumps({"schema": "ioaware.results/1", "provenance": {},
+                                                 "records": []}))
+    (tmp_path / "b.json").write_text(json.dumps({"schema": "ioaware.ncu_loads/1", "records": []}))
+    (tmp_path / "c.json").write_text(json.dumps({"entries": []}))
+    monkeypatch.setattr(R, "RESULTS_DIR", tmp_path)
+    assert [p.name for p in R.shipped_results()] == ["a.json"]
+    monkeypatch.undo()
+    shipped = R.shipped_results()
+    assert shipped and not any(p.name.startswith(("kernel_resources", "host_cost", "ncu_loads",
+                                                   "tune_")) for p in shipped)
+    for p in shipped:
+        load_results(p)
