@@ -15,8 +15,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import shutil
-import subprocess
 import sys
 import tempfile
 
@@ -24,26 +22,15 @@ os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "0")
 
 
 def signature():
-    from numba import types
-    A = lambda dt, nd: types.Array(dt, nd, "C")  # noqa: E731
-    f4 = A(types.float32, 4)
-    return (f4, f4, f4, f4, A(types.float32, 3), A(types.int32, 2), A(types.int32, 1),
-            types.int64, types.int64, types.int64, types.int64, types.int64,
-            A(types.uint8, 4), types.int64, types.int64, types.int64, types.float32,
-            types.uint32, types.uint32, types.float32)
+    """Argument types of the 3xTF32 forward kernel (`kernels.mma_check.signature`, float32)."""
+    from kernels.mma_check import signature as sig
+    return sig(operand="float32")
 
 
 def bwd_signature(which):
     """Argument types of the backward's dQ (``which="dq"``) or dK/dV (``"dkdv"``) kernel."""
-    from numba import types
-    A = lambda dt, nd: types.Array(dt, nd, "C")  # noqa: E731
-    f4, f3 = A(types.float32, 4), A(types.float32, 3)
-    tail = (A(types.int32, 2), A(types.int32, 1), types.int64, types.int64, types.int64,
-            types.int64, types.int64, A(types.uint8, 4), types.int64, types.int64, types.int64,
-            types.float32, types.float32, types.uint32, types.uint32, types.float32)
-    if which == "dq":
-        return (f4, f4, f4, f4, f4, f3, f3, f4) + tail
-    return (f4, f4, f4, f4, f3, f3, f4, f4) + tail
+    from kernels.mma_check import bwd_signature as sig
+    return sig(which, operand="float32")
 
 
 def check_one(d, causal, has_mask=False, dropout=False, workdir=None, cc=(9, 0), block_q=None,
@@ -67,6 +54,7 @@ def check_one(d, causal, has_mask=False, dropout=False, workdir=None, cc=(9, 0),
         get = B.get_dq_kernel if kernel == "dq" else B.get_dkdv_kernel
         kern = get(d, bq, bk, causal, has_mask, dropout)
         sig = bwd_signature(kernel)
+    from kernels.mma_check import inspect_ptx
     ptx, _ = cuda.compile_ptx(kern.py_func, sig, cc=cc)
     rep = {"kernel": kernel, "head_dim": d, "causal": causal, "mask": has_mask,
            "dropout": dropout, "block_q": bq, "block_k": bk, "q_split_once": split_once,
@@ -74,49 +62,16 @@ def check_one(d, causal, has_mask=False, dropout=False, workdir=None, cc=(9, 0),
            "ptx_cvt_tf32": len(re.findall(r"\bcvt\.rna\.tf32", ptx)),
            "ptx_local_decl": len(re.findall(r"\.local\b", ptx)),
            "ptx_ld_st_local": len(re.findall(r"\b(?:ld|st)\.local", ptx))}
-    workdir = workdir or tempfile.mkdtemp()
-    os.makedirs(workdir, exist_ok=True)
     name = (f"tf32_{kernel}_d{d}_{bq}x{bk}_{'causal' if causal else 'full'}"
             f"{'_mask' if has_mask else ''}{'_drop' if dropout else ''}"
             f"{'' if split_once else '_qraw'}")
-    ptx_path = os.path.join(workdir, name + ".ptx")
-    with open(ptx_path, "w") as f:
-        f.write(ptx)
-    ptxas = shutil.which("ptxas")
-    if ptxas:
-        cubin = os.path.join(workdir, name + ".cubin")
-        r = subprocess.run([ptxas, f"-arch=sm_{cc[0]}{cc[1]}", "-v", ptx_path, "-o", cubin],
-                           capture_output=True, text=True)
-        info = r.stderr
-        if r.returncode:
-            rep["ptxas_error"] = info.strip().splitlines()[-1] if info.strip() else r.returncode
-        m = re.search(r"Used (\d+) registers", info)
-        rep["registers"] = int(m.group(1)) if m else None
-        m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads",
-                      info)
-        rep["stack_spill_st_ld"] = tuple(int(x) for x in m.groups()) if m else None
-        tool = shutil.which("cuobjdump") or shutil.which("nvdisasm")
-        if tool and r.returncode == 0:
-            args = [tool, "-sass", cubin] if tool.endswith("cuobjdump") else [tool, cubin]
-            sass = subprocess.run(args, capture_output=True, text=True).stdout
-            with open(os.path.join(workdir, name + ".sass"), "w") as f:
-                f.write(sass)
-            rep["sass_hmma"] = len(re.findall(r"\bHMMA\.", sass))
-            rep["sass_ldl_stl"] = len(re.findall(r"\b(?:LDL|STL)\b", sass))
-            rep["sass_lds"] = len(re.findall(r"\bLDS\b", sass))
-            rep["sass_lds64"] = len(re.findall(r"\bLDS\.64\b", sass))
-            rep["sass_ldgsts"] = len(re.findall(r"\bLDGSTS\b", sass))
+    rep.update(inspect_ptx(ptx, name, workdir or tempfile.mkdtemp(), cc,
+                           sass_counts=(("sass_lds", r"\bLDS\b"), ("sass_lds64", r"\bLDS\.64\b"))))
     return rep
 
 
-def _bad(rep):
-    return bool(rep["ptx_local_decl"] or rep["ptx_ld_st_local"] or rep["ptx_mma"] == 0
-                or rep.get("ptxas_error")
-                or rep.get("stack_spill_st_ld") not in (None, (0, 0, 0))
-                or rep.get("sass_ldl_stl", 0) or rep.get("sass_hmma", 1) == 0)
-
-
 def main(argv=None):
+    from kernels.mma_check import bad
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None, help="folder for .ptx/.cubin/.sass files")
     ap.add_argument("--kernels", nargs="+", default=["fwd", "dq", "dkdv"],
@@ -131,9 +86,9 @@ def main(argv=None):
         for d in (64, 128):
             for causal in (False, True):
                 rep = check_one(d, causal, workdir=out, kernel=kernel)
-                bad = _bad(rep)
-                ok &= not bad
-                print(("FAIL " if bad else "ok   ") + " ".join(f"{k}={v}" for k, v in rep.items()),
+                failed = bad(rep)
+                ok &= not failed
+                print(("FAIL " if failed else "ok   ") + " ".join(f"{k}={v}" for k, v in rep.items()),
                       flush=True)
         for extra in (dict(d=64, causal=True, has_mask=True, dropout=True),
                       dict(d=128, causal=True, has_mask=True, dropout=True)):

@@ -1,6 +1,6 @@
 """Host helpers shared by the tensor-core kernels (`kernels.flash_mma_fwd.mask_on_device`,
 `dropout_constants`), on the CPU: the device mask under Numba's CUDA simulator, the dropout
-constants against `ioaware.dropout`'s own hash."""
+constants against `ioaware.dropout`'s own hash; and the SASS loop scan of `kernels.mma_check`."""
 from __future__ import annotations
 
 import numpy as np
@@ -35,3 +35,24 @@ def test_mask_on_device_broadcast_flags_values_and_errors():
     assert flags == [0, 0, 0] and dummy.copy_to_host().shape == (1, 1, 1, 1)
     with pytest.raises(ValueError, match="mask must be boolean"):
         mask_on_device(mask[..., :6], "numpy", 2, 4, 5, 7)
+
+
+def test_local_memory_inside_loops_of_a_sass_listing():
+    """`kernels.mma_check.local_in_loops` counts LDL/STL between a label and a later branch back
+    to it, and not those before the loop or after a forward branch."""
+    from kernels.mma_check import local_in_loops
+    sass = "\n".join([
+        "        /*0000*/   STL [R1], R2 ;",            # before any loop
+        ".L_x_1:",
+        "        /*0010*/   LDL R3, [R1] ;",            # inside loop 1
+        "        /*0020*/   HMMA.16816.F32 R4, R8, R10, R4 ;",
+        "        /*0030*/   @P0 BRA `(.L_x_1) ;",       # back edge of loop 1
+        "        /*0040*/   BRA `(.L_x_2) ;",           # forward branch: no loop
+        "        /*0050*/   STL [R1+0x4], R5 ;",
+        ".L_x_2:",
+        "        /*0060*/   LDL.LU R6, [R1+0x4] ;",
+        "        /*0070*/   EXIT ;",
+    ])
+    assert local_in_loops(sass) == 1
+    # a back edge at the end makes everything after .L_x_1 one loop
+    assert local_in_loops(sass.replace("EXIT ;", "BRA `(.L_x_1) ;")) == 3
