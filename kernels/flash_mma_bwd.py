@@ -42,7 +42,8 @@ import numpy as np
 from ioaware.block_info import BlockInfo, cdiv
 
 from . import fastlaunch
-from .flash_mma_fwd import _device_const, _kind, dropout_constants, mask_on_device
+from .flash_mma_fwd import (_device_const, _kind, check_problem, dropout_constants,
+                            mask_on_device)
 
 __all__ = ["backward", "accepts", "SUPPORTED_HEAD_DIMS", "default_tiles", "kernel_tiles",
            "refine_block_mask", "dq_smem_bytes", "dkdv_smem_bytes", "get_dq_kernel",
@@ -752,35 +753,9 @@ def backward(q, k, v, out, lse, dout, *, scale, causal=False, mask=None, block_m
     """
     from numba import cuda
 
-    kind = _kind(q)
-    for name, x in (("k", k), ("v", v), ("out", out), ("dout", dout)):
-        if _kind(x) != kind:
-            raise TypeError(f"{name} must be the same kind of array as q")
-    if not fastlaunch.real_gpu():
-        raise RuntimeError("the tensor-core kernel needs a real CUDA GPU (the simulator runs no "
-                           "inline PTX)")
-    if len(q.shape) != 4 or len(k.shape) != 4 or len(v.shape) != 4:
-        raise ValueError(f"q, k, v must be 4-D [B, H, N, d], got {q.shape}, {k.shape}, {v.shape}")
-    batch, heads, n_q, d = (int(x) for x in q.shape)
-    if tuple(k.shape) != tuple(v.shape) or int(k.shape[0]) != batch or int(k.shape[3]) != d:
-        raise ValueError(f"k and v must be [B={batch}, Hkv, Nk, d={d}], got {k.shape}, {v.shape}")
-    heads_kv, n_k = int(k.shape[1]), int(k.shape[2])
-    if heads % heads_kv:
-        raise ValueError(f"query heads {heads} must be a multiple of key/value heads {heads_kv}")
-    for name, x in (("out", out), ("dout", dout)):
-        if tuple(int(s) for s in x.shape) != (batch, heads, n_q, d):
-            raise ValueError(f"{name} must have q's shape {(batch, heads, n_q, d)}, got "
-                             f"{tuple(x.shape)}")
-    if tuple(int(s) for s in lse.shape) != (batch, heads, n_q):
-        raise ValueError(f"lse must have shape {(batch, heads, n_q)}, got {tuple(lse.shape)}")
-    if d not in SUPPORTED_HEAD_DIMS:
-        raise ValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS} for the tensor-core "
-                         f"kernel, got {d}")
-    scale = float(scale)
-    if not scale > 0:
-        raise ValueError(f"scale must be a positive float, got {scale}")
-    if not 0.0 <= float(dropout_p) < 1.0:
-        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    kind, batch, heads, n_q, d, heads_kv, n_k, scale = check_problem(
+        q, k, v, scale=scale, dropout_p=dropout_p, head_dims=SUPPORTED_HEAD_DIMS,
+        kernel_name="tensor-core", out=out, dout=dout, lse=lse)
     if block_mask is not None and (block_q is None or block_k is None):
         raise ValueError("block_mask needs block_q and block_k (its tile shape)")
     tiles = kernel_tiles(d, None if block_q is None else int(block_q),

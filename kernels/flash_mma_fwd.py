@@ -385,6 +385,50 @@ def _device_const(key, make):
     return _CONSTS[key]
 
 
+def check_problem(q, k, v, *, scale, dropout_p, head_dims, kernel_name, out=None, dout=None,
+                  lse=None):
+    """The checks every tensor-core entry point makes before it touches the GPU, in this order:
+    one kind of array for all operands, a real GPU, q/k/v 4-D with k and v alike, GQA heads,
+    (backward: out, dout and lse shapes), head dim in ``head_dims``, a positive scale, dropout_p
+    in [0, 1). ``kernel_name`` ("tensor-core", "3xTF32") goes into the messages. Returns
+    ``(kind, batch, heads, n_q, d, heads_kv, n_k, scale)``."""
+    kind = _kind(q)
+    if out is None:
+        if _kind(k) != kind or _kind(v) != kind:
+            raise TypeError("q, k and v must be the same kind of array")
+    else:
+        for name, x in (("k", k), ("v", v), ("out", out), ("dout", dout)):
+            if _kind(x) != kind:
+                raise TypeError(f"{name} must be the same kind of array as q")
+    if not fastlaunch.real_gpu():
+        raise RuntimeError("the tensor-core kernel needs a real CUDA GPU (the simulator runs no "
+                           "inline PTX)")
+    if len(q.shape) != 4 or len(k.shape) != 4 or len(v.shape) != 4:
+        raise ValueError(f"q, k, v must be 4-D [B, H, N, d], got {q.shape}, {k.shape}, {v.shape}")
+    batch, heads, n_q, d = (int(x) for x in q.shape)
+    if tuple(k.shape) != tuple(v.shape) or int(k.shape[0]) != batch or int(k.shape[3]) != d:
+        raise ValueError(f"k and v must be [B={batch}, Hkv, Nk, d={d}], got {k.shape}, {v.shape}")
+    heads_kv, n_k = int(k.shape[1]), int(k.shape[2])
+    if heads % heads_kv:
+        raise ValueError(f"query heads {heads} must be a multiple of key/value heads {heads_kv}")
+    if out is not None:
+        for name, x in (("out", out), ("dout", dout)):
+            if tuple(int(s) for s in x.shape) != (batch, heads, n_q, d):
+                raise ValueError(f"{name} must have q's shape {(batch, heads, n_q, d)}, got "
+                                 f"{tuple(x.shape)}")
+        if tuple(int(s) for s in lse.shape) != (batch, heads, n_q):
+            raise ValueError(f"lse must have shape {(batch, heads, n_q)}, got {tuple(lse.shape)}")
+    if d not in head_dims:
+        raise ValueError(f"head_dim must be one of {head_dims} for the {kernel_name} kernel, "
+                         f"got {d}")
+    scale = float(scale)
+    if not scale > 0:
+        raise ValueError(f"scale must be a positive float, got {scale}")
+    if not 0.0 <= float(dropout_p) < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    return kind, batch, heads, n_q, d, heads_kv, n_k, scale
+
+
 def mask_on_device(mask, kind, batch, heads, n_q, n_k):
     """A boolean mask [1|B, 1|H, 1|Nq, Nk] as a uint8 device array, with its broadcast flags:
     returns ``(mask_d, mb, mh, mq)`` (flag 1 = that dimension is not broadcast). ``mask=None``
@@ -469,28 +513,9 @@ def forward(q, k, v, *, scale, causal=False, mask=None, block_mask=None, dropout
     """
     from numba import cuda
 
-    kind = _kind(q)
-    if _kind(k) != kind or _kind(v) != kind:
-        raise TypeError("q, k and v must be the same kind of array")
-    if not fastlaunch.real_gpu():
-        raise RuntimeError("the tensor-core kernel needs a real CUDA GPU (the simulator runs no "
-                           "inline PTX)")
-    if len(q.shape) != 4 or len(k.shape) != 4 or len(v.shape) != 4:
-        raise ValueError(f"q, k, v must be 4-D [B, H, N, d], got {q.shape}, {k.shape}, {v.shape}")
-    batch, heads, n_q, d = (int(x) for x in q.shape)
-    if tuple(k.shape) != tuple(v.shape) or int(k.shape[0]) != batch or int(k.shape[3]) != d:
-        raise ValueError(f"k and v must be [B={batch}, Hkv, Nk, d={d}], got {k.shape}, {v.shape}")
-    heads_kv, n_k = int(k.shape[1]), int(k.shape[2])
-    if heads % heads_kv:
-        raise ValueError(f"query heads {heads} must be a multiple of key/value heads {heads_kv}")
-    if d not in SUPPORTED_HEAD_DIMS:
-        raise ValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS} for the tensor-core "
-                         f"kernel, got {d}")
-    scale = float(scale)
-    if not scale > 0:
-        raise ValueError(f"scale must be a positive float, got {scale}")
-    if not 0.0 <= float(dropout_p) < 1.0:
-        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    kind, batch, heads, n_q, d, heads_kv, n_k, scale = check_problem(
+        q, k, v, scale=scale, dropout_p=dropout_p, head_dims=SUPPORTED_HEAD_DIMS,
+        kernel_name="tensor-core")
     bq_def, bk_def = default_blocks(d, bool(causal))
     block_q = bq_def if block_q is None else int(block_q)
     block_k = bk_def if block_k is None else int(block_k)

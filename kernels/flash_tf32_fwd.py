@@ -57,8 +57,8 @@ import numpy as np
 from ioaware.block_info import cdiv
 
 from kernels import fastlaunch
-from kernels.flash_mma_fwd import (_device_const, _kind, _schedule, dropout_constants,
-                                   mask_on_device)
+from kernels.flash_mma_fwd import (_device_const, _kind, _schedule, check_problem,
+                                   dropout_constants, mask_on_device)
 
 __all__ = ["forward", "accepts", "SUPPORTED_HEAD_DIMS", "BLOCK_Q_CHOICES", "BLOCK_K_CHOICES",
            "default_blocks", "smem_bytes", "get_kernel", "q_split_once"]
@@ -661,28 +661,9 @@ def forward(q, k, v, *, scale, causal=False, mask=None, block_mask=None, dropout
     """
     from numba import cuda
 
-    kind = _kind(q)
-    if _kind(k) != kind or _kind(v) != kind:
-        raise TypeError("q, k and v must be the same kind of array")
-    if not fastlaunch.real_gpu():
-        raise RuntimeError("the tensor-core kernel needs a real CUDA GPU (the simulator runs no "
-                           "inline PTX)")
-    if len(q.shape) != 4 or len(k.shape) != 4 or len(v.shape) != 4:
-        raise ValueError(f"q, k, v must be 4-D [B, H, N, d], got {q.shape}, {k.shape}, {v.shape}")
-    batch, heads, n_q, d = (int(x) for x in q.shape)
-    if tuple(k.shape) != tuple(v.shape) or int(k.shape[0]) != batch or int(k.shape[3]) != d:
-        raise ValueError(f"k and v must be [B={batch}, Hkv, Nk, d={d}], got {k.shape}, {v.shape}")
-    heads_kv, n_k = int(k.shape[1]), int(k.shape[2])
-    if heads % heads_kv:
-        raise ValueError(f"query heads {heads} must be a multiple of key/value heads {heads_kv}")
-    if d not in SUPPORTED_HEAD_DIMS:
-        raise ValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS} for the 3xTF32 kernel, "
-                         f"got {d}")
-    scale = float(scale)
-    if not scale > 0:
-        raise ValueError(f"scale must be a positive float, got {scale}")
-    if not 0.0 <= float(dropout_p) < 1.0:
-        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    kind, batch, heads, n_q, d, heads_kv, n_k, scale = check_problem(
+        q, k, v, scale=scale, dropout_p=dropout_p, head_dims=SUPPORTED_HEAD_DIMS,
+        kernel_name="3xTF32")
     block_q, block_k = _resolve_blocks(d, block_q, block_k, block_mask)
     if block_q not in BLOCK_Q_CHOICES:
         raise ValueError(f"block_q must be one of {BLOCK_Q_CHOICES} for the 3xTF32 kernel, "

@@ -56,3 +56,56 @@ def test_local_memory_inside_loops_of_a_sass_listing():
     assert local_in_loops(sass) == 1
     # a back edge at the end makes everything after .L_x_1 one loop
     assert local_in_loops(sass.replace("EXIT ;", "BRA `(.L_x_1) ;")) == 3
+
+
+@pytest.fixture
+def as_if_on_gpu(monkeypatch):
+    """The entry points' checks run before any GPU work: pretend the GPU check passed, so
+    that every later check is reached on the CPU (each case below raises before a launch)."""
+    from kernels import fastlaunch
+    monkeypatch.setattr(fastlaunch, "real_gpu", lambda: True)
+
+
+def _bwd_args(q, k, v):
+    return dict(out=np.zeros_like(q), lse=np.zeros(q.shape[:-1], np.float32),
+                dout=np.zeros_like(q))
+
+
+@pytest.mark.parametrize("module,dtype,name", [("flash_mma_fwd", np.float16, "tensor-core"),
+                                               ("flash_tf32_fwd", np.float32, "3xTF32"),
+                                               ("flash_mma_bwd", np.float16, "tensor-core"),
+                                               ("flash_tf32_bwd", np.float32, "3xTF32")])
+def test_tensor_core_entry_points_refuse_bad_problems(as_if_on_gpu, module, dtype, name):
+    import importlib
+    mod = importlib.import_module(f"kernels.{module}")
+    backward = module.endswith("bwd")
+
+    def call(q, k, v, **kw):
+        extra = _bwd_args(q, k, v) if backward else {}
+        extra.update(kw)
+        if backward:
+            return mod.backward(q, k, v, extra.pop("out"), extra.pop("lse"), extra.pop("dout"),
+                                **extra)
+        return mod.forward(q, k, v, **extra)
+
+    z = lambda *shape: np.zeros(shape, dtype)  # noqa: E731
+    q, kv = z(1, 4, 8, 64), z(1, 2, 8, 64)
+    with pytest.raises(ValueError, match="4-D"):
+        call(z(4, 8, 64), z(4, 8, 64), z(4, 8, 64), scale=0.1)
+    with pytest.raises(ValueError, match="k and v must be"):
+        call(q, kv, z(1, 2, 9, 64), scale=0.1)
+    with pytest.raises(ValueError, match="multiple of key/value heads"):
+        call(z(1, 3, 8, 64), kv, kv, scale=0.1)
+    with pytest.raises(ValueError, match=f"for the {name} kernel"):
+        call(z(1, 4, 8, 80), z(1, 2, 8, 80), z(1, 2, 8, 80), scale=0.1)
+    with pytest.raises(ValueError, match="scale must be a positive"):
+        call(q, kv, kv, scale=0.0)
+    with pytest.raises(ValueError, match="dropout_p"):
+        call(q, kv, kv, scale=0.1, dropout_p=1.0)
+    with pytest.raises(TypeError):
+        call(q, kv, kv.tolist(), scale=0.1)
+    if backward:
+        with pytest.raises(ValueError, match="lse must have shape"):
+            call(q, kv, kv, scale=0.1, lse=np.zeros((1, 4, 9), np.float32))
+        with pytest.raises(ValueError, match="dout must have q's shape"):
+            call(q, kv, kv, scale=0.1, dout=z(1, 4, 8, 32))
