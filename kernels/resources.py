@@ -189,22 +189,17 @@ def sweep_configs(extra_tensor_core: bool = True) -> list[dict]:
         from kernels import flash_mma_bwd, flash_mma_fwd, flash_tf32_bwd, flash_tf32_fwd
         for d in (64, 128):
             for causal in (False, True):
-                bq, bk = flash_mma_fwd.default_blocks(d, causal)
-                add(_cfg("flash_mma_fwd", d, "fp16", causal, None, block_m=bq, block_n=bk,
-                         family="mma_fwd"))
-                t = flash_mma_bwd.default_tiles(d)
-                add(_cfg("flash_mma_bwd_dq", d, "fp16", causal, None, block_m=t["dq"][0],
-                         block_n=t["dq"][1], family="mma_dq"))
-                add(_cfg("flash_mma_bwd_dkdv", d, "fp16", causal, None, block_m=t["dkdv"][0],
-                         block_n=t["dkdv"][1], family="mma_dkdv"))
-                bq, bk = flash_tf32_fwd.default_blocks(d)
-                add(_cfg("flash_tf32_fwd", d, "fp32", causal, None, block_m=bq, block_n=bk,
-                         family="tf32_fwd"))
-                t = flash_tf32_bwd.default_tiles(d)
-                add(_cfg("flash_tf32_bwd_dq", d, "fp32", causal, None, block_m=t["dq"][0],
-                         block_n=t["dq"][1], family="tf32_dq"))
-                add(_cfg("flash_tf32_bwd_dkdv", d, "fp32", causal, None, block_m=t["dkdv"][0],
-                         block_n=t["dkdv"][1], family="tf32_dkdv"))
+                for prefix, dt, fwd, bwd in (("mma", "fp16", flash_mma_fwd, flash_mma_bwd),
+                                             ("tf32", "fp32", flash_tf32_fwd, flash_tf32_bwd)):
+                    bq, bk = (fwd.default_blocks(d, causal) if prefix == "mma"
+                              else fwd.default_blocks(d))
+                    add(_cfg(f"flash_{prefix}_fwd", d, dt, causal, None, block_m=bq, block_n=bk,
+                             family=f"{prefix}_fwd"))
+                    t = bwd.default_tiles(d)
+                    for part in ("dq", "dkdv"):
+                        add(_cfg(f"flash_{prefix}_bwd_{part}", d, dt, causal, None,
+                                 block_m=t[part][0], block_n=t[part][1],
+                                 family=f"{prefix}_{part}"))
     return list(out.values())
 
 
