@@ -42,8 +42,8 @@ import numpy as np
 from ioaware.block_info import BlockInfo, cdiv
 
 from . import fastlaunch
-from .flash_mma_fwd import (_device_const, _kind, check_problem, dropout_constants,
-                            mask_on_device)
+from .flash_mma_fwd import (_device_const, _device_helpers, _kind, check_problem,
+                            dropout_constants, mask_on_device)
 
 __all__ = ["backward", "accepts", "SUPPORTED_HEAD_DIMS", "default_tiles", "kernel_tiles",
            "refine_block_mask", "dq_smem_bytes", "dkdv_smem_bytes", "get_dq_kernel",
@@ -143,21 +143,50 @@ def get_dkdv_kernel(head_dim, block_k, block_q, is_bf16, causal, has_mask, has_d
     return _KERNELS[key]
 
 
-def _device_helpers():
-    from numba import cuda, uint64
-    C1, C2, M32 = uint64(0x85EBCA6B), uint64(0xC2B2AE35), uint64(0xFFFFFFFF)
+def _dkdv_row_helpers(block_q, threads):
+    """Device functions of the dK/dV kernels (half-precision and 3xTF32): ``stage_rows`` puts a
+    Q tile's lse (as log2, +inf outside [0, n_q) and for fully masked rows, so that P = 0) and
+    delta into shared memory; ``locate`` maps item t of the sweep over (query head of the GQA
+    group, Q tile) to (h, m_blk)."""
+    from numba import cuda, float32, int32
+    BQ, THREADS = block_q, threads
+    NEG_INF = float32(-math.inf)
+    POS_INF = float32(math.inf)
 
     @cuda.jit(device=True, inline=True)
-    def fmix(x):
-        x = uint64(x) & M32
-        x ^= x >> uint64(16)
-        x = (x * C1) & M32
-        x ^= x >> uint64(13)
-        x = (x * C2) & M32
-        x ^= x >> uint64(16)
-        return x
+    def stage_rows(lse, delta, b, h, row_start, nq, rowv, base, tid):
+        # -- lse2 (+inf outside [0, n_q) and for fully masked rows: P = 0) and delta --
+        for r in range(tid, BQ, THREADS):
+            row = row_start + r
+            l2 = POS_INF
+            dl = float32(0.0)
+            if row < nq:
+                lv = lse[b, h, row]
+                if lv != NEG_INF:
+                    l2 = lv * float32(LOG2E)
+                dl = delta[b, h, row]
+            rowv[base + r] = l2
+            rowv[base + BQ + r] = dl
 
-    return fmix
+    @cuda.jit(device=True, inline=True)
+    def locate(t, offsets, q_index, b, hk, group, sched_b, sched_h, n_blk):
+        # -- item t of the sweep over (query head of the group, Q tile) -> (h, m_blk) --
+        h_out = int32(-1)
+        m_out = int32(0)
+        for g in range(group):
+            h = hk * group + g
+            s = b * sched_b + h * sched_h
+            lo = offsets[s, n_blk]
+            cnt = offsets[s, n_blk + 1] - lo
+            if h_out < 0:
+                if t < cnt:
+                    h_out = h
+                    m_out = q_index[lo + t]
+                else:
+                    t -= cnt
+        return h_out, m_out
+
+    return stage_rows, locate
 
 
 def _build_dq_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_dropout):
@@ -391,7 +420,7 @@ def _build_dq_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_
 
 
 def _build_dkdv_kernel(head_dim, block_k, block_q, is_bf16, causal, has_mask, has_dropout):
-    from numba import cuda, float32, int32, uint16, uint32, uint64
+    from numba import cuda, float32, uint16, uint32, uint64
 
     from kernels import mma as X
 
@@ -416,7 +445,6 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, is_bf16, causal, has_mask, ha
     K_LOADS = cdiv(BK * CHUNKS, THREADS)
     assert BQ % 16 == 0 and BK % 16 == 0 and D % 16 == 0
     NEG_INF = float32(-math.inf)
-    POS_INF = float32(math.inf)
     mma_op = X.mma_bf16 if is_bf16 else X.mma_f16
     pack = X.pack_bf16x2 if is_bf16 else X.pack_f16x2
     CAUSAL, HAS_MASK, HAS_DROPOUT = causal, has_mask, has_dropout
@@ -436,38 +464,7 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, is_bf16, causal, has_mask, ha
                 X.cp_async_16(X.shared_addr(smem, base + r * STRIDE + ch * 8), g,
                               uint32(16) if ok else uint32(0))
 
-    @cuda.jit(device=True, inline=True)
-    def stage_rows(lse, delta, b, h, row_start, nq, rowv, base, tid):
-        # -- lse2 (+inf outside [0, n_q) and for fully masked rows: P = 0) and delta --
-        for r in range(tid, BQ, THREADS):
-            row = row_start + r
-            l2 = POS_INF
-            dl = float32(0.0)
-            if row < nq:
-                lv = lse[b, h, row]
-                if lv != NEG_INF:
-                    l2 = lv * float32(LOG2E)
-                dl = delta[b, h, row]
-            rowv[base + r] = l2
-            rowv[base + BQ + r] = dl
-
-    @cuda.jit(device=True, inline=True)
-    def locate(t, offsets, q_index, b, hk, group, sched_b, sched_h, n_blk):
-        # -- item t of the sweep over (query head of the group, Q tile) -> (h, m_blk) --
-        h_out = int32(-1)
-        m_out = int32(0)
-        for g in range(group):
-            h = hk * group + g
-            s = b * sched_b + h * sched_h
-            lo = offsets[s, n_blk]
-            cnt = offsets[s, n_blk + 1] - lo
-            if h_out < 0:
-                if t < cnt:
-                    h_out = h
-                    m_out = q_index[lo + t]
-                else:
-                    t -= cnt
-        return h_out, m_out
+    stage_rows, locate = _dkdv_row_helpers(BQ, THREADS)
 
     @cuda.jit(lineinfo=False)
     def kernel(q, k, v, dout, lse, delta, dk, dv, offsets, q_index, sched_b, sched_h, group,
@@ -479,7 +476,6 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, is_bf16, causal, has_mask, ha
         lane = tid % 32
         gid = lane // 4
         tig = lane % 4
-        n_blocks_k = cuda.gridDim.x
         n_blk = cuda.blockIdx.x
         bhk = cuda.blockIdx.y
         n_heads_kv = dk.shape[1]

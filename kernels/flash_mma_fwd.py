@@ -80,8 +80,27 @@ def get_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_dropou
     return _KERNELS[key]
 
 
+def _device_helpers():
+    """The device function every tensor-core kernel's dropout uses: ``fmix``, the 32-bit
+    finaliser of `ioaware.dropout`'s counter-based hash, on a uint64 holding 32 bits."""
+    from numba import cuda, uint64
+    C1, C2, M32 = uint64(0x85EBCA6B), uint64(0xC2B2AE35), uint64(0xFFFFFFFF)
+
+    @cuda.jit(device=True, inline=True)
+    def fmix(x):
+        x = uint64(x) & M32
+        x ^= x >> uint64(16)
+        x = (x * C1) & M32
+        x ^= x >> uint64(13)
+        x = (x * C2) & M32
+        x ^= x >> uint64(16)
+        return x
+
+    return fmix
+
+
 def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_dropout):
-    from numba import cuda, float32, int32, uint16, uint32, uint64
+    from numba import cuda, float32, uint16, uint32, uint64
 
     from kernels import mma as X
 
@@ -110,17 +129,8 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_dro
     mma_op = X.mma_bf16 if is_bf16 else X.mma_f16
     pack = X.pack_bf16x2 if is_bf16 else X.pack_f16x2
     CAUSAL, HAS_MASK, HAS_DROPOUT = causal, has_mask, has_dropout
-    C1, C2, M32 = uint64(0x85EBCA6B), uint64(0xC2B2AE35), uint64(0xFFFFFFFF)
 
-    @cuda.jit(device=True, inline=True)
-    def fmix(x):
-        x = uint64(x) & M32
-        x ^= x >> uint64(16)
-        x = (x * C1) & M32
-        x ^= x >> uint64(13)
-        x = (x * C2) & M32
-        x ^= x >> uint64(16)
-        return x
+    fmix = _device_helpers()
 
     @cuda.jit(device=True, inline=True)
     def load_tile(src, b, hk, key0, nk, smem, base, tid):

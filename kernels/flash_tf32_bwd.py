@@ -64,9 +64,9 @@ import numpy as np
 from ioaware.block_info import cdiv
 
 from kernels import fastlaunch
-from kernels.flash_mma_bwd import _device_helpers, _schedules, refine_block_mask
-from kernels.flash_mma_fwd import (_device_const, _kind, check_problem, dropout_constants,
-                                   mask_on_device)
+from kernels.flash_mma_bwd import _dkdv_row_helpers, _schedules, refine_block_mask
+from kernels.flash_mma_fwd import (_device_const, _device_helpers, _kind, check_problem,
+                                   dropout_constants, mask_on_device)
 
 __all__ = ["backward", "accepts", "SUPPORTED_HEAD_DIMS", "default_config", "default_tiles",
            "kernel_tiles", "dq_smem_bytes", "dkdv_smem_bytes", "operands_in_registers", "get_dq_kernel",
@@ -612,7 +612,7 @@ def _build_dq_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, 
 
 def _build_dkdv_kernel(head_dim, block_k, block_q, causal, has_mask, has_dropout, presplit,
                        unroll):
-    from numba import cuda, float32, int32, uint32, uint64
+    from numba import cuda, float32, uint32, uint64
 
     from kernels import mma as X
     from kernels import mma_tf32 as T
@@ -653,44 +653,12 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, causal, has_mask, has_dropout
     HASHES = 2 * NT_S
     assert BQ % 8 == 0 and BK % 16 == 0 and D % 8 == 0
     NEG_INF = float32(-math.inf)
-    POS_INF = float32(math.inf)
     CAUSAL, HAS_MASK, HAS_DROPOUT = causal, has_mask, has_dropout
     fmix = _device_helpers()
     mma3, load_tile, split_chunks = _tf32_helpers(THREADS, CHUNKS, BQ)
     _, _, ld_b32 = _smem_intrinsics()
 
-    @cuda.jit(device=True, inline=True)
-    def stage_rows(lse, delta, b, h, row_start, nq, rowv, base, tid):
-        # -- lse2 (+inf outside [0, n_q) and for fully masked rows: P = 0) and delta --
-        for r in range(tid, BQ, THREADS):
-            row = row_start + r
-            l2 = POS_INF
-            dl = float32(0.0)
-            if row < nq:
-                lv = lse[b, h, row]
-                if lv != NEG_INF:
-                    l2 = lv * float32(LOG2E)
-                dl = delta[b, h, row]
-            rowv[base + r] = l2
-            rowv[base + BQ + r] = dl
-
-    @cuda.jit(device=True, inline=True)
-    def locate(t, offsets, q_index, b, hk, group, sched_b, sched_h, n_blk):
-        # -- item t of the sweep over (query head of the group, Q tile) -> (h, m_blk) --
-        h_out = int32(-1)
-        m_out = int32(0)
-        for g in range(group):
-            h = hk * group + g
-            s = b * sched_b + h * sched_h
-            lo = offsets[s, n_blk]
-            cnt = offsets[s, n_blk + 1] - lo
-            if h_out < 0:
-                if t < cnt:
-                    h_out = h
-                    m_out = q_index[lo + t]
-                else:
-                    t -= cnt
-        return h_out, m_out
+    stage_rows, locate = _dkdv_row_helpers(BQ, THREADS)
 
     @cuda.jit(lineinfo=False)
     def kernel(q, k, v, dout, lse, delta, dk, dv, offsets, q_index, sched_b, sched_h, group,

@@ -57,8 +57,8 @@ import numpy as np
 from ioaware.block_info import cdiv
 
 from kernels import fastlaunch
-from kernels.flash_mma_fwd import (_device_const, _kind, _schedule, check_problem,
-                                   dropout_constants, mask_on_device)
+from kernels.flash_mma_fwd import (_device_const, _device_helpers, _kind, _schedule,
+                                   check_problem, dropout_constants, mask_on_device)
 
 __all__ = ["forward", "accepts", "SUPPORTED_HEAD_DIMS", "BLOCK_Q_CHOICES", "BLOCK_K_CHOICES",
            "default_blocks", "smem_bytes", "get_kernel", "q_split_once"]
@@ -228,7 +228,6 @@ def _build_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, spl
     NEG_INF = float32(-math.inf)
     SPLIT_ONCE = split_once
     CAUSAL, HAS_MASK, HAS_DROPOUT = causal, has_mask, has_dropout
-    C1, C2, M32 = uint64(0x85EBCA6B), uint64(0xC2B2AE35), uint64(0xFFFFFFFF)
     _I32 = ir.IntType(32)
     _F32 = ir.FloatType()
 
@@ -251,15 +250,7 @@ def _build_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, spl
                                       [builder.extract_value(res, i) for i in range(2)])
         return sig, codegen
 
-    @cuda.jit(device=True, inline=True)
-    def fmix(x):
-        x = uint64(x) & M32
-        x ^= x >> uint64(16)
-        x = (x * C1) & M32
-        x ^= x >> uint64(13)
-        x = (x * C2) & M32
-        x ^= x >> uint64(16)
-        return x
+    fmix = _device_helpers()
 
     @cuda.jit(device=True, inline=True)
     def load_tile(head_addr, row_bytes, key0, nk, s_addr, stride):
