@@ -274,3 +274,17 @@ def test_shipped_h100_sweep_global_bytes_within_five_percent_with_the_async_copy
     df = C.compare(recs, workers=1, calibrate_time=False)
     err = df["rel_error_global_bytes"].abs()
     assert err.notna().all() and float(err.max()) < 0.05
+
+
+def test_shipped_counter_split_gives_18_sectors_per_cp_async():
+    """The figure in the H100 profile (18 counted sectors per 512-byte cp.async) is what
+    `kernels.ncu_loads`' breakdown of the shipped counter split gives on every record."""
+    import json
+    from kernels.ncu_loads import mma_fwd_breakdown
+    path = Path(__file__).resolve().parents[1] / "results" / "ncu_loads_mma_fwd_h100_2026-11-22.json"
+    recs = json.loads(path.read_text())["records"]
+    assert len(recs) == 8
+    for r in recs:
+        bd = mma_fwd_breakdown(r, r["counters"])
+        assert 17.99 < bd["sectors_per_cp_async"] < 18.05
+        assert 0.01 < bd["other_ldg_share"] < 0.03
