@@ -140,20 +140,21 @@ def launch_stream(on=None):
 
 
 def _opt_in(compiled, sharedmem):
-    """Allow ``sharedmem`` bytes of dynamic shared memory for ``compiled`` on this device."""
+    """Allow ``sharedmem`` bytes of dynamic shared memory for ``compiled`` on this device (a
+    dictionary lookup once done for this kernel, device and size)."""
     if sharedmem <= DEFAULT_DYNAMIC_SMEM_BYTES:
+        return
+    key = (id(compiled), current_device_id())
+    if _OPTED_IN.get(key, 0) >= sharedmem:
         return
     from numba import cuda
     from numba.cuda.cudadrv.driver import binding, driver
-    cufunc = compiled._codelibrary.get_cufunc()
     dev = cuda.get_current_device()
-    key = (id(compiled), dev.id)
-    if _OPTED_IN.get(key, 0) >= sharedmem:
-        return
     limit = int(dev.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
     if sharedmem > limit:
         raise ValueError(f"{sharedmem} bytes of dynamic shared memory exceed this device's "
                          f"per-block limit of {limit} bytes")
+    cufunc = compiled._codelibrary.get_cufunc()
     attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
     driver.cuKernelSetAttribute(attr, int(sharedmem), cufunc.handle, dev.id)
     _OPTED_IN[key] = int(sharedmem)
@@ -260,8 +261,7 @@ def launch(kern, grid, block, stream, args, sharedmem=0):
         _slow(kern, key, grid, block, stream, args, sharedmem)
         return
     compiled = plan.compiled
-    if sharedmem > DEFAULT_DYNAMIC_SMEM_BYTES:
-        _opt_in(compiled, sharedmem)
+    _opt_in(compiled, sharedmem)
     from cuda.core import launch as core_launch
     core_launch(stream, plan.config(grid, block, sharedmem), plan.handle(),
                 *plan.marshal(args, stream))

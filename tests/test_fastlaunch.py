@@ -125,3 +125,19 @@ def test_dynamic_shared_memory_above_48k(cuda_torch):
     with pytest.raises(ValueError, match="per-block limit"):
         fastlaunch.launch(reverse_through_shared, 1, 256, stream, (x, out, n),
                           sharedmem=1 << 20)
+
+
+def test_dynamic_shared_memory_opt_in_is_a_lookup_once_done(monkeypatch):
+    """On the launch path the opt-in costs a dictionary lookup once made for this kernel,
+    device and size (nothing is asked of the compiled kernel or the driver), and nothing at
+    all at or below the 48 KiB default."""
+    class Untouchable:
+        def __getattr__(self, name):
+            raise AssertionError(f"the opt-in touched the kernel ({name})")
+
+    compiled = Untouchable()
+    monkeypatch.setattr(fastlaunch, "current_device_id", lambda: 0)
+    monkeypatch.setitem(fastlaunch._OPTED_IN, (id(compiled), 0), 96 * 1024)
+    fastlaunch._opt_in(compiled, 48 * 1024)
+    fastlaunch._opt_in(compiled, 96 * 1024)
+    fastlaunch._opt_in(compiled, 64 * 1024)
