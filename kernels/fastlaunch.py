@@ -19,6 +19,7 @@ parameter for), once per (kernel, device).
 """
 from __future__ import annotations
 
+import functools
 import os
 import sys
 
@@ -45,16 +46,11 @@ def _is_torch(x) -> bool:
     return False
 
 
-_GPU_AVAILABLE: list = []
-
-
+@functools.lru_cache(maxsize=None)
 def real_gpu() -> bool:
     """Whether a real CUDA GPU runs the kernels (not the simulator); checked once."""
-    if not _GPU_AVAILABLE:
-        from numba import cuda
-        _GPU_AVAILABLE.append(os.environ.get("NUMBA_ENABLE_CUDASIM") != "1"
-                              and bool(cuda.is_available()))
-    return _GPU_AVAILABLE[0]
+    from numba import cuda
+    return os.environ.get("NUMBA_ENABLE_CUDASIM") != "1" and bool(cuda.is_available())
 
 
 def current_device_id() -> int:
