@@ -35,7 +35,7 @@ SDPA_KERNELS = {"sdpa-flash": "FLASH_ATTENTION", "sdpa-efficient": "EFFICIENT_AT
                 "sdpa-cudnn": "CUDNN_ATTENTION", "sdpa-math": "MATH"}
 
 
-def _versions(torch):
+def provenance_versions(torch):
     import numba
     try:
         from importlib.metadata import version
@@ -73,7 +73,7 @@ TIMINGS = ("sync", "device")
 SLEEP_CYCLES = 4_000_000
 
 
-def _event_ms(torch, fn, sleep_cycles=0):
+def event_ms(torch, fn, sleep_cycles=0):
     """Milliseconds of one call of ``fn``, between two CUDA events; with ``sleep_cycles`` the
     stream first sleeps that many GPU cycles (outside the events) while the host enqueues."""
     a = torch.cuda.Event(enable_timing=True)
@@ -93,7 +93,7 @@ def time_cuda(torch, fn, warmup=3, min_reps=5, max_reps=30, budget_s=0.4, timing
     if timing not in TIMINGS:
         raise ValueError(f"timing must be one of {TIMINGS}, got {timing!r}")
     sleep = SLEEP_CYCLES if timing == "device" else 0
-    if _event_ms(torch, fn, sleep) > 50.0:       # slow configuration: fewer repetitions
+    if event_ms(torch, fn, sleep) > 50.0:       # slow configuration: fewer repetitions
         warmup, min_reps = 0, 3
     for _ in range(warmup):
         fn()
@@ -101,7 +101,7 @@ def time_cuda(torch, fn, warmup=3, min_reps=5, max_reps=30, budget_s=0.4, timing
     times = []
     total = 0.0
     while len(times) < max_reps and (len(times) < min_reps or total < budget_s * 1e3):
-        times.append(_event_ms(torch, fn, sleep))
+        times.append(event_ms(torch, fn, sleep))
         total += times[-1]
     t = np.array(times)
     return float(np.median(t)), float(np.percentile(t, 10)), float(np.percentile(t, 90))
@@ -366,7 +366,7 @@ def main(argv=None):
     import torch
     if not torch.cuda.is_available():
         raise SystemExit("kernels.bench needs a CUDA GPU (torch.cuda.is_available() is False)")
-    prov = dict(_versions(torch), timing=args.timing)
+    prov = dict(provenance_versions(torch), timing=args.timing)
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     out = Path(args.out) if args.out else RESULTS_DIR / (
         "bench_" + re.sub(r"[^A-Za-z0-9]+", "-", prov["gpu"]).strip("-").lower()

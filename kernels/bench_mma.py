@@ -48,15 +48,8 @@ def time_ms(fn, warmup=5, reps=30):
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    times.sort()
+    from kernels.bench import event_ms
+    times = sorted(event_ms(torch, fn) for _ in range(reps))
     q = lambda f: times[min(len(times) - 1, int(round(f * (len(times) - 1))))]  # noqa: E731
     return q(0.5), q(0.1), q(0.9)
 

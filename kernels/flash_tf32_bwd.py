@@ -1123,16 +1123,11 @@ def _time_main(argv=None):
                          "this file")
     args = ap.parse_args(argv)
 
+    from kernels.bench import event_ms
+
     def timed(fn):
         fn()
-        times = []
-        for _ in range(args.reps):
-            t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            t0.record()
-            fn()
-            t1.record()
-            torch.cuda.synchronize()
-            times.append(t0.elapsed_time(t1))
+        times = [event_ms(torch, fn) for _ in range(args.reps)]
         return sorted(times)[len(times) // 2]
 
     print(torch.cuda.get_device_name(), flush=True)

@@ -732,17 +732,12 @@ def _time_variants(ns, ds, causals, variants, reps=20):
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    from kernels.bench import event_ms
+
     def timed(fn):
         fn()
         torch.cuda.synchronize()
-        ts = []
-        for _ in range(reps):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            ts.append(a.elapsed_time(b))
+        ts = [event_ms(torch, fn) for _ in range(reps)]
         return sorted(ts)[len(ts) // 2]
 
     for d in ds:

@@ -30,9 +30,9 @@ def main(argv=None):
     import torch
     import kernels
     from kernels import fastlaunch
-    from kernels.bench import _versions, host_call_ms, time_cuda
+    from kernels.bench import provenance_versions, host_call_ms, time_cuda
 
-    prov = dict(_versions(torch), command="python -m kernels.host_cost " + " ".join(
+    prov = dict(provenance_versions(torch), command="python -m kernels.host_cost " + " ".join(
         sys.argv[1:] if argv is None else argv))
     rows = []
     profile_text = ""

@@ -88,7 +88,8 @@ def show(path) -> int:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m kernels.ncu_loads", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m kernels.ncu_loads",
+                                 description=__doc__.splitlines()[0])
     ap.add_argument("results", nargs="?")
     ap.add_argument("--show", metavar="FILE", help="print a file this command wrote, and exit")
     ap.add_argument("--variant", default="mma")
@@ -139,8 +140,8 @@ def main(argv=None) -> int:
               + " ".join(f"{sums[k]:>14.0f}" for k in METRICS), flush=True)
     if args.out:
         import torch
-        from kernels.bench import _versions
-        prov = dict(_versions(torch), ncu=ncu_version(args.ncu),
+        from kernels.bench import provenance_versions
+        prov = dict(provenance_versions(torch), ncu=ncu_version(args.ncu),
                     command="python -m kernels.ncu_loads " + " ".join(
                         sys.argv[1:] if argv is None else argv), metrics=METRICS,
                     missing_metrics=missing)

@@ -28,7 +28,7 @@ def main(argv=None):
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from kernels.bench import _versions, time_cuda
+    from kernels.bench import provenance_versions, time_cuda
     if args.kernel == "mma":
         from kernels import flash_mma_fwd as mod
         dtype, backend, choices = torch.float16, SDPBackend.FLASH_ATTENTION, [
@@ -39,7 +39,8 @@ def main(argv=None):
             (bq, bk) for bq in mod.BLOCK_Q_CHOICES for bk in mod.BLOCK_K_CHOICES]
     n = args.n
     rows = []
-    print(f"{'d':>4} {'causal':>6} {'bq x bk':>8} {'ms':>8} {'sdpa ms':>8} {'ratio':>6} {'max err':>9}")
+    print(f"{'d':>4} {'causal':>6} {'bq x bk':>8} {'ms':>8} {'sdpa ms':>8} {'ratio':>6} "
+          f"{'max err':>9}")
     for d in args.d:
         b, h = max(1, 16384 // n), max(1, 2048 // d)
         g = torch.Generator(device="cuda").manual_seed(d)
@@ -71,8 +72,9 @@ def main(argv=None):
                 print(f"{d:>4} {str(causal):>6} {bq:>3} x {bk:<3} {t:8.3f} {t_ref:8.3f} "
                       f"{t_ref / t:6.2f} {err:9.2e}", flush=True)
     if args.out:
-        prov = dict(_versions(torch), timing="device", command="python -m kernels.tune_tc " +
-                    " ".join(sys.argv[1:] if argv is None else argv))
+        prov = dict(provenance_versions(torch), timing="device",
+                    command="python -m kernels.tune_tc " + " ".join(
+                        sys.argv[1:] if argv is None else argv))
         with open(args.out, "w") as f:
             json.dump({"schema": "ioaware.tune_tc/1", "provenance": prov, "rows": rows}, f,
                       indent=1)
