@@ -42,7 +42,7 @@ import numpy as np
 from ioaware.block_info import BlockInfo, cdiv
 
 from . import fastlaunch
-from .flash_mma_fwd import (_device_const, _device_helpers, _kind, check_problem,
+from .flash_mma_fwd import (_device_const, _device_helpers, _kind, _score_mask, check_problem,
                             dropout_constants, mask_on_device)
 
 __all__ = ["backward", "accepts", "SUPPORTED_HEAD_DIMS", "default_tiles", "kernel_tiles",
@@ -217,6 +217,7 @@ def _build_dq_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_
     unpack = X.unpack_bf16x2 if is_bf16 else X.unpack_f16x2
     CAUSAL, HAS_MASK, HAS_DROPOUT = causal, has_mask, has_dropout
     fmix = _device_helpers()
+    mask_scores = _score_mask(BQ, BK, NT_S, CAUSAL, HAS_MASK)
 
     @cuda.jit(device=True, inline=True)
     def load_tile(src, b, hk, key0, nk, smem, base, tid):
@@ -357,22 +358,8 @@ def _build_dq_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_
 
             # -- masks: key tail, causal diagonal, boolean mask (only where a tile needs one) --
             col_base = n_blk * BK + 2 * tig
-            needs_mask = HAS_MASK or (n_blk * BK + BK > n_k)
-            if CAUSAL:
-                needs_mask = needs_mask or (n_blk * BK + BK - 1 > m_blk * BQ)
-            if needs_mask:
-                for nt in range(NT_S):
-                    for i in range(4):
-                        col = col_base + nt * 8 + (i & 1)
-                        row = row0 + 8 * (i >> 1)
-                        bad = col >= n_k
-                        if CAUSAL:
-                            bad = bad or col > row
-                        if HAS_MASK:
-                            if not bad and row < n_q:
-                                bad = mask[b * mask_b, h * mask_h, row * mask_q, col] == 0
-                        if bad:
-                            s_reg[nt * 4 + i] = NEG_INF
+            mask_scores(s_reg, 0, row0, n_blk, m_blk, col_base, b, h, n_q, n_k, mask, mask_b,
+                        mask_h, mask_q)
 
             # -- P = exp2(S * scale * log2e - lse2), dS = P * (dP * Z - delta) --
             for nt in range(NT_S):

@@ -99,6 +99,38 @@ def _device_helpers():
     return fmix
 
 
+def _score_mask(block_q, block_k, nt_s, causal, has_mask):
+    """``mask_scores``: -inf on the scores of one warp's 16 x block_k tile (C fragments from
+    ``s_reg[off]``, rows ``row0`` and ``row0 + 8``) that fall past the keys, above the causal
+    diagonal or on a False of the boolean mask — only on tiles that need it. Shared by the
+    tensor-core forwards and dQ kernels."""
+    from numba import cuda, float32
+    BQ, BK, NT_S, CAUSAL, HAS_MASK = block_q, block_k, nt_s, causal, has_mask
+    NEG_INF = float32(-math.inf)
+
+    @cuda.jit(device=True, inline=True)
+    def mask_scores(s_reg, off, row0, n_blk, m_blk, col_base, b, h, n_q, n_k, mask, mask_b,
+                    mask_h, mask_q):
+        needs_mask = HAS_MASK or (n_blk * BK + BK > n_k)
+        if CAUSAL:
+            needs_mask = needs_mask or (n_blk * BK + BK - 1 > m_blk * BQ)
+        if needs_mask:
+            for nt in range(NT_S):
+                for i in range(4):
+                    col = col_base + nt * 8 + (i & 1)
+                    row = row0 + 8 * (i >> 1)
+                    bad = col >= n_k
+                    if CAUSAL:
+                        bad = bad or col > row
+                    if HAS_MASK:
+                        if not bad and row < n_q:
+                            bad = mask[b * mask_b, h * mask_h, row * mask_q, col] == 0
+                    if bad:
+                        s_reg[off + nt * 4 + i] = NEG_INF
+
+    return mask_scores
+
+
 def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_dropout):
     from numba import cuda, float32, uint16, uint32, uint64
 
@@ -131,6 +163,7 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_dro
     CAUSAL, HAS_MASK, HAS_DROPOUT = causal, has_mask, has_dropout
 
     fmix = _device_helpers()
+    mask_scores = _score_mask(BQ, BK, NT_S, CAUSAL, HAS_MASK)
 
     @cuda.jit(device=True, inline=True)
     def load_tile(src, b, hk, key0, nk, smem, base, tid):
@@ -239,23 +272,9 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_dro
 
             # -- masks: key tail, causal diagonal, boolean mask (only where a tile needs one) --
             col_base = n_blk * BK + 2 * tig
-            needs_mask = HAS_MASK or (n_blk * BK + BK > n_k)
-            if CAUSAL:
-                needs_mask = needs_mask or (n_blk * BK + BK - 1 > m_blk * BQ)
-            if needs_mask:
-                for mt in range(MT):
-                    for nt in range(NT_S):
-                        for i in range(4):
-                            col = col_base + nt * 8 + (i & 1)
-                            row = row0 + 16 * mt + 8 * (i >> 1)
-                            bad = col >= n_k
-                            if CAUSAL:
-                                bad = bad or col > row
-                            if HAS_MASK:
-                                if not bad and row < n_q:
-                                    bad = mask[b * mask_b, h * mask_h, row * mask_q, col] == 0
-                            if bad:
-                                s_reg[mt * SS + nt * 4 + i] = NEG_INF
+            for mt in range(MT):
+                mask_scores(s_reg, mt * SS, row0 + 16 * mt, n_blk, m_blk, col_base, b, h, n_q,
+                            n_k, mask, mask_b, mask_h, mask_q)
 
             # -- update m_i and l_i (row r: m-tile r // 2, half r % 2) --
             for r in range(ROWS):

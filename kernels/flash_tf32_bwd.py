@@ -64,9 +64,10 @@ import numpy as np
 from ioaware.block_info import cdiv
 
 from kernels import fastlaunch
-from kernels.flash_mma_bwd import _dkdv_row_helpers, _schedules, refine_block_mask
-from kernels.flash_mma_fwd import (_device_const, _device_helpers, _kind, check_problem,
-                                   dropout_constants, mask_on_device)
+from kernels.flash_mma_bwd import (_dkdv_row_helpers, _schedules,
+                                   refine_block_mask)
+from kernels.flash_mma_fwd import (_device_const, _device_helpers, _kind, _score_mask,
+                                   check_problem, dropout_constants, mask_on_device)
 
 __all__ = ["backward", "accepts", "SUPPORTED_HEAD_DIMS", "default_config", "default_tiles",
            "kernel_tiles", "dq_smem_bytes", "dkdv_smem_bytes", "operands_in_registers", "get_dq_kernel",
@@ -338,6 +339,7 @@ def _build_dq_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, 
     POS_INF = float32(math.inf)
     CAUSAL, HAS_MASK, HAS_DROPOUT = causal, has_mask, has_dropout
     fmix = _device_helpers()
+    mask_scores = _score_mask(BQ, BK, NT_S, CAUSAL, HAS_MASK)
     mma3, load_tile, split_chunks = _tf32_helpers(THREADS, CHUNKS, BK)
     _, _, ld_b32 = _smem_intrinsics()
 
@@ -538,22 +540,8 @@ def _build_dq_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, 
 
             # -- masks: key tail, causal diagonal, boolean mask (only where a tile needs one) --
             col_base = n_blk * BK + 2 * tig
-            needs_mask = HAS_MASK or (n_blk * BK + BK > n_k)
-            if CAUSAL:
-                needs_mask = needs_mask or (n_blk * BK + BK - 1 > m_blk * BQ)
-            if needs_mask:
-                for nt in range(NT_S):
-                    for i in range(4):
-                        col = col_base + nt * 8 + (i & 1)
-                        row = row0 + 8 * (i >> 1)
-                        bad = col >= n_k
-                        if CAUSAL:
-                            bad = bad or col > row
-                        if HAS_MASK:
-                            if not bad and row < n_q:
-                                bad = mask[b * mask_b, h * mask_h, row * mask_q, col] == 0
-                        if bad:
-                            s_reg[nt * 4 + i] = NEG_INF
+            mask_scores(s_reg, 0, row0, n_blk, m_blk, col_base, b, h, n_q, n_k, mask, mask_b,
+                        mask_h, mask_q)
 
             # -- P = exp2(S * scale * log2e - lse2), dS = P * (dP * Z - delta) --
             for nt in range(NT_S):

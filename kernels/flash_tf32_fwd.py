@@ -57,7 +57,7 @@ import numpy as np
 from ioaware.block_info import cdiv
 
 from kernels import fastlaunch
-from kernels.flash_mma_fwd import (_device_const, _device_helpers, _kind, _schedule,
+from kernels.flash_mma_fwd import (_device_const, _device_helpers, _kind, _schedule, _score_mask,
                                    check_problem, dropout_constants, mask_on_device)
 
 __all__ = ["forward", "accepts", "SUPPORTED_HEAD_DIMS", "BLOCK_Q_CHOICES", "BLOCK_K_CHOICES",
@@ -251,6 +251,7 @@ def _build_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, spl
         return sig, codegen
 
     fmix = _device_helpers()
+    mask_scores = _score_mask(BQ, BK, NT_S, CAUSAL, HAS_MASK)
 
     @cuda.jit(device=True, inline=True)
     def load_tile(head_addr, row_bytes, key0, nk, s_addr, stride):
@@ -496,22 +497,8 @@ def _build_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, spl
 
             # -- masks: key tail, causal diagonal, boolean mask (only where a tile needs one) --
             col_base = n_blk * BK + 2 * tig
-            needs_mask = HAS_MASK or (n_blk * BK + BK > n_k)
-            if CAUSAL:
-                needs_mask = needs_mask or (n_blk * BK + BK - 1 > m_blk * BQ)
-            if needs_mask:
-                for nt in range(NT_S):
-                    for i in range(4):
-                        col = col_base + nt * 8 + (i & 1)
-                        row = row0 + 8 * (i >> 1)
-                        bad = col >= n_k
-                        if CAUSAL:
-                            bad = bad or col > row
-                        if HAS_MASK:
-                            if not bad and row < n_q:
-                                bad = mask[b * mask_b, h * mask_h, row * mask_q, col] == 0
-                        if bad:
-                            s_reg[nt * 4 + i] = NEG_INF
+            mask_scores(s_reg, 0, row0, n_blk, m_blk, col_base, b, h, n_q, n_k, mask, mask_b,
+                        mask_h, mask_q)
 
             # -- update m_i and l_i (row r: registers 2r, 2r + 1 of every score tile) --
             for r in range(2):
