@@ -143,6 +143,42 @@ def get_dkdv_kernel(head_dim, block_k, block_q, is_bf16, causal, has_mask, has_d
     return _KERNELS[key]
 
 
+def _dq_row_stats(has_dropout):
+    """``dq_row_stats``: the dQ kernels' per-row values for a thread's two rows (``row0``,
+    ``row0 + 8``): delta = rowsum(dO * O) reduced over the row's four threads from the partial
+    sums ``dsum`` (and written to ``delta`` by thread 0 of the four), lse as log2 (+inf
+    outside [0, n_q) and for fully masked rows, so that P = 0), and the rows' dropout hashes."""
+    from numba import cuda, float32, uint64
+    HAS_DROPOUT = has_dropout
+    NEG_INF = float32(-math.inf)
+    POS_INF = float32(math.inf)
+    fmix = _device_helpers()
+
+    @cuda.jit(device=True, inline=True)
+    def dq_row_stats(dsum, delta_r, lse2_r, h_row, row0, tig, b, h, bh, n_q, lse, delta,
+                     seed_hash):
+        h_bh = fmix(uint64(seed_hash) ^ uint64(bh))
+        for r in range(2):
+            t = dsum[r]
+            t += cuda.shfl_xor_sync(0xFFFFFFFF, t, 1)
+            t += cuda.shfl_xor_sync(0xFFFFFFFF, t, 2)
+            delta_r[r] = t
+            row = row0 + 8 * r
+            l2 = POS_INF                                     # P = 0 outside [0, n_q)
+            if row < n_q:
+                if tig == 0:
+                    delta[b, h, row] = t
+                lv = lse[b, h, row]
+                if lv != NEG_INF:                            # fully masked row: P = 0
+                    l2 = lv * float32(LOG2E)
+            lse2_r[r] = l2
+            h_row[r] = uint64(0)
+            if HAS_DROPOUT:
+                h_row[r] = fmix(h_bh ^ uint64(row))
+
+    return dq_row_stats
+
+
 def _dkdv_row_helpers(block_q, threads):
     """Device functions of the dK/dV kernels (half-precision and 3xTF32): ``stage_rows`` puts a
     Q tile's lse (as log2, +inf outside [0, n_q) and for fully masked rows, so that P = 0) and
@@ -210,14 +246,13 @@ def _build_dq_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_
     NT_O = D // 8                       # 16x8 dQ tiles per warp
     A_REGS, S_REGS, O_REGS = KC * 4, NT_S * 4, NT_O * 4
     assert BQ % 16 == 0 and BK % 16 == 0 and D % 16 == 0
-    NEG_INF = float32(-math.inf)
-    POS_INF = float32(math.inf)
     mma_op = X.mma_bf16 if is_bf16 else X.mma_f16
     pack = X.pack_bf16x2 if is_bf16 else X.pack_f16x2
     unpack = X.unpack_bf16x2 if is_bf16 else X.unpack_f16x2
     CAUSAL, HAS_MASK, HAS_DROPOUT = causal, has_mask, has_dropout
     fmix = _device_helpers()
     mask_scores = _score_mask(BQ, BK, NT_S, CAUSAL, HAS_MASK)
+    dq_row_stats = _dq_row_stats(HAS_DROPOUT)
 
     @cuda.jit(device=True, inline=True)
     def load_tile(src, b, hk, key0, nk, smem, base, tid):
@@ -277,24 +312,8 @@ def _build_dq_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_
         delta_r = cuda.local.array(2, dtype=float32)
         lse2_r = cuda.local.array(2, dtype=float32)
         h_row = cuda.local.array(2, dtype=uint64)
-        h_bh = fmix(uint64(seed_hash) ^ uint64(bh))
-        for r in range(2):
-            t = dsum[r]
-            t += cuda.shfl_xor_sync(0xFFFFFFFF, t, 1)
-            t += cuda.shfl_xor_sync(0xFFFFFFFF, t, 2)
-            delta_r[r] = t
-            row = row0 + 8 * r
-            l2 = POS_INF                                     # P = 0 outside [0, n_q)
-            if row < n_q:
-                if tig == 0:
-                    delta[b, h, row] = t
-                lv = lse[b, h, row]
-                if lv != NEG_INF:                            # fully masked row: P = 0
-                    l2 = lv * float32(LOG2E)
-            lse2_r[r] = l2
-            h_row[r] = uint64(0)
-            if HAS_DROPOUT:
-                h_row[r] = fmix(h_bh ^ uint64(row))
+        dq_row_stats(dsum, delta_r, lse2_r, h_row, row0, tig, b, h, bh, n_q, lse, delta,
+                     seed_hash)
 
         acc = cuda.local.array(O_REGS, dtype=float32)
         for i in range(O_REGS):

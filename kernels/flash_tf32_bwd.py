@@ -64,7 +64,7 @@ import numpy as np
 from ioaware.block_info import cdiv
 
 from kernels import fastlaunch
-from kernels.flash_mma_bwd import (_dkdv_row_helpers, _schedules,
+from kernels.flash_mma_bwd import (_dkdv_row_helpers, _dq_row_stats, _schedules,
                                    refine_block_mask)
 from kernels.flash_mma_fwd import (_device_const, _device_helpers, _kind, _score_mask,
                                    check_problem, dropout_constants, mask_on_device)
@@ -335,11 +335,10 @@ def _build_dq_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, 
     QF_REGS = A_REGS if Q_REGS else 4
     DF_REGS = A_REGS if DO_REGS else 4
     assert BQ % 16 == 0 and BK % 8 == 0 and D % 8 == 0
-    NEG_INF = float32(-math.inf)
-    POS_INF = float32(math.inf)
     CAUSAL, HAS_MASK, HAS_DROPOUT = causal, has_mask, has_dropout
     fmix = _device_helpers()
     mask_scores = _score_mask(BQ, BK, NT_S, CAUSAL, HAS_MASK)
+    dq_row_stats = _dq_row_stats(HAS_DROPOUT)
     mma3, load_tile, split_chunks = _tf32_helpers(THREADS, CHUNKS, BK)
     _, _, ld_b32 = _smem_intrinsics()
 
@@ -392,24 +391,8 @@ def _build_dq_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, 
         delta_r = cuda.local.array(2, dtype=float32)
         lse2_r = cuda.local.array(2, dtype=float32)
         h_row = cuda.local.array(2, dtype=uint64)
-        h_bh = fmix(uint64(seed_hash) ^ uint64(bh))
-        for r in range(2):
-            t = dsum[r]
-            t += cuda.shfl_xor_sync(0xFFFFFFFF, t, 1)
-            t += cuda.shfl_xor_sync(0xFFFFFFFF, t, 2)
-            delta_r[r] = t
-            row = row0 + 8 * r
-            l2 = POS_INF                                     # P = 0 outside [0, n_q)
-            if row < n_q:
-                if tig == 0:
-                    delta[b, h, row] = t
-                lv = lse[b, h, row]
-                if lv != NEG_INF:                            # fully masked row: P = 0
-                    l2 = lv * float32(LOG2E)
-            lse2_r[r] = l2
-            h_row[r] = uint64(0)
-            if HAS_DROPOUT:
-                h_row[r] = fmix(h_bh ^ uint64(row))
+        dq_row_stats(dsum, delta_r, lse2_r, h_row, row0, tig, b, h, bh, n_q, lse, delta,
+                     seed_hash)
 
         acc = cuda.local.array(O_REGS, dtype=float32)
         for i in range(O_REGS):
