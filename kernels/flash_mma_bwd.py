@@ -179,6 +179,32 @@ def _dq_row_stats(has_dropout):
     return dq_row_stats
 
 
+def _transposed_score_mask(n_tiles, causal, has_mask):
+    """``mask_scores_t``: -inf on the dK/dV kernels' transposed score tiles S^T (``n_tiles``
+    16x8 C fragments in ``st``; keys ``key0`` and ``key0 + 8`` down, queries from ``qc0``
+    across) above the causal diagonal or on a False of the boolean mask."""
+    from numba import cuda, float32
+    NT, CAUSAL, HAS_MASK = n_tiles, causal, has_mask
+    NEG_INF = float32(-math.inf)
+
+    @cuda.jit(device=True, inline=True)
+    def mask_scores_t(st, qc0, key0, b, h, n_q, n_k, mask, mask_b, mask_h, mask_q):
+        for nt in range(NT):
+            for i in range(4):
+                qcol = qc0 + 8 * nt + (i & 1)
+                key = key0 + 8 * (i >> 1)
+                bad = False
+                if CAUSAL:
+                    bad = key > qcol
+                if HAS_MASK:
+                    if not bad and qcol < n_q and key < n_k:
+                        bad = mask[b * mask_b, h * mask_h, qcol * mask_q, key] == 0
+                if bad:
+                    st[nt * 4 + i] = NEG_INF
+
+    return mask_scores_t
+
+
 def _dkdv_row_helpers(block_q, threads):
     """Device functions of the dK/dV kernels (half-precision and 3xTF32): ``stage_rows`` puts a
     Q tile's lse (as log2, +inf outside [0, n_q) and for fully masked rows, so that P = 0) and
@@ -450,7 +476,6 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, is_bf16, causal, has_mask, ha
     KF_REGS = 4 if KSMEM else A_REGS
     K_LOADS = cdiv(BK * CHUNKS, THREADS)
     assert BQ % 16 == 0 and BK % 16 == 0 and D % 16 == 0
-    NEG_INF = float32(-math.inf)
     mma_op = X.mma_bf16 if is_bf16 else X.mma_f16
     pack = X.pack_bf16x2 if is_bf16 else X.pack_f16x2
     CAUSAL, HAS_MASK, HAS_DROPOUT = causal, has_mask, has_dropout
@@ -471,6 +496,7 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, is_bf16, causal, has_mask, ha
                               uint32(16) if ok else uint32(0))
 
     stage_rows, locate = _dkdv_row_helpers(BQ, THREADS)
+    mask_scores_t = _transposed_score_mask(2, CAUSAL, HAS_MASK)
 
     @cuda.jit(lineinfo=False)
     def kernel(q, k, v, dout, lse, delta, dk, dv, offsets, q_index, sched_b, sched_h, group,
@@ -608,18 +634,7 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, is_bf16, causal, has_mask, ha
 
                 # -- masks (causal diagonal, boolean mask) on S^T --
                 if needs_mask:
-                    for nt in range(2):
-                        for i in range(4):
-                            qcol = qc0 + 8 * nt + (i & 1)
-                            key = key0 + 8 * (i >> 1)
-                            bad = False
-                            if CAUSAL:
-                                bad = key > qcol
-                            if HAS_MASK:
-                                if not bad and qcol < n_q and key < n_k:
-                                    bad = mask[b * mask_b, h * mask_h, qcol * mask_q, key] == 0
-                            if bad:
-                                st[nt * 4 + i] = NEG_INF
+                    mask_scores_t(st, qc0, key0, b, h, n_q, n_k, mask, mask_b, mask_h, mask_q)
 
                 # -- P^T = exp2(S^T * scale * log2e - lse2), Z from the dropout hash,
                 #    dS^T = P^T * (dP^T * Z - delta) --

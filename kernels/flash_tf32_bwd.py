@@ -65,7 +65,7 @@ from ioaware.block_info import cdiv
 
 from kernels import fastlaunch
 from kernels.flash_mma_bwd import (_dkdv_row_helpers, _dq_row_stats, _schedules,
-                                   refine_block_mask)
+                                   _transposed_score_mask, refine_block_mask)
 from kernels.flash_mma_fwd import (_device_const, _device_helpers, _kind, _score_mask,
                                    check_problem, dropout_constants, mask_on_device)
 
@@ -623,13 +623,13 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, causal, has_mask, has_dropout
     VF_REGS = A_REGS if V_REGS else 4
     HASHES = 2 * NT_S
     assert BQ % 8 == 0 and BK % 16 == 0 and D % 8 == 0
-    NEG_INF = float32(-math.inf)
     CAUSAL, HAS_MASK, HAS_DROPOUT = causal, has_mask, has_dropout
     fmix = _device_helpers()
     mma3, load_tile, split_chunks = _tf32_helpers(THREADS, CHUNKS, BQ)
     _, _, ld_b32 = _smem_intrinsics()
 
     stage_rows, locate = _dkdv_row_helpers(BQ, THREADS)
+    mask_scores_t = _transposed_score_mask(NT_S, CAUSAL, HAS_MASK)
 
     @cuda.jit(lineinfo=False)
     def kernel(q, k, v, dout, lse, delta, dk, dv, offsets, q_index, sched_b, sched_h, group,
@@ -825,18 +825,7 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, causal, has_mask, has_dropout
 
             # -- masks (causal diagonal, boolean mask) on S^T --
             if needs_mask:
-                for nt in range(NT_S):
-                    for i in range(4):
-                        qcol = qc0 + 8 * nt + (i & 1)
-                        key = key0 + 8 * (i >> 1)
-                        bad = False
-                        if CAUSAL:
-                            bad = key > qcol
-                        if HAS_MASK:
-                            if not bad and qcol < n_q and key < n_k:
-                                bad = mask[b * mask_b, h * mask_h, qcol * mask_q, key] == 0
-                        if bad:
-                            st[nt * 4 + i] = NEG_INF
+                mask_scores_t(st, qc0, key0, b, h, n_q, n_k, mask, mask_b, mask_h, mask_q)
 
             # -- P^T = exp2(S^T * scale * log2e - lse2), Z from the dropout hash,
             #    dS^T = P^T * (dP^T * Z - delta) --
