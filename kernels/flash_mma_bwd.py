@@ -89,7 +89,15 @@ def kernel_tiles(head_dim: int, block_q=None, block_k=None, has_block_mask=False
     kernel tile lies inside one mask tile: the largest of 64 / 32 / 16 (no larger than the
     default) that divides it is taken.
     """
-    if head_dim not in SUPPORTED_HEAD_DIMS:
+    return tiles_for_block_mask(default_tiles, SUPPORTED_HEAD_DIMS, head_dim, block_q, block_k,
+                                has_block_mask)
+
+
+def tiles_for_block_mask(default_tiles, head_dims, head_dim, block_q, block_k, has_block_mask):
+    """`kernel_tiles` for a backward whose default tiles are ``default_tiles(head_dim)`` (a dict
+    with "dq" and "dkdv") and whose head dims are ``head_dims``; shared by both tensor-core
+    backwards."""
+    if head_dim not in head_dims:
         return None
     dflt = default_tiles(head_dim)
     if not has_block_mask:

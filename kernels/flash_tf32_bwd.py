@@ -65,7 +65,8 @@ from ioaware.block_info import cdiv
 
 from kernels import fastlaunch
 from kernels.flash_mma_bwd import (_dkdv_row_helpers, _dq_row_stats, _schedules,
-                                   _transposed_score_mask, refine_block_mask)
+                                   _transposed_score_mask, refine_block_mask,
+                                   tiles_for_block_mask)
 from kernels.flash_mma_fwd import (_device_const, _device_helpers, _kind, _score_mask,
                                    check_problem, dropout_constants, mask_on_device)
 
@@ -187,25 +188,8 @@ def kernel_tiles(head_dim: int, block_q=None, block_k=None, has_block_mask=False
     kernel tile lies inside one mask tile: the largest of 64 / 32 / 16 (no larger than the
     default) that divides it is taken.
     """
-    if head_dim not in SUPPORTED_HEAD_DIMS:
-        return None
-    dflt = default_tiles(head_dim)
-    if not has_block_mask:
-        return dflt["dq"], dflt["dkdv"]
-    if block_q is None or block_k is None:
-        return None
-
-    def pick(limit, block):
-        for t in (64, 32, 16):
-            if t <= limit and block % t == 0:
-                return t
-        return None
-
-    dq = (pick(dflt["dq"][0], block_q), pick(dflt["dq"][1], block_k))
-    kv = (pick(dflt["dkdv"][0], block_k), pick(dflt["dkdv"][1], block_q))
-    if None in dq or None in kv:
-        return None
-    return dq, kv
+    return tiles_for_block_mask(default_tiles, SUPPORTED_HEAD_DIMS, head_dim, block_q, block_k,
+                                has_block_mask)
 
 
 _KERNELS: dict = {}
