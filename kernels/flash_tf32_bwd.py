@@ -279,6 +279,47 @@ def _tf32_helpers(threads, chunks, rows):
     return mma3, load_tile, split_chunks
 
 
+def _c_times_shared_b(nt_k, nt_o, stride, tile, presplit, mma3, ld_b32):
+    """``acc_c_times_b(c_reg, acc, t_addr)``: acc (``nt_o`` 16x8 float32 C fragments) += C x B,
+    where C is a warp's ``nt_k`` 16x8 score tiles ``c_reg`` used as A fragments (the C layout is
+    the A layout under the k permutation: a0..a3 = c0, c2, c1, c3) and B is read from shared
+    memory at ``t_addr`` (rows ``stride`` floats apart; with ``presplit``, TF32 big/small planes
+    ``tile`` floats apart, else raw float32 split here). The dQ += dS K, dV += (P^T Z) dO and
+    dK += dS^T Q products of the 3xTF32 backward."""
+    from numba import cuda
+
+    from kernels import mma_tf32 as T
+    NT_S, NT_O, STRIDE, TILE, PRESPLIT = nt_k, nt_o, stride, tile, presplit
+
+    @cuda.jit(device=True, inline=True)
+    def acc_c_times_b(c_reg, acc, t_addr):
+        for kp in range(NT_S):
+            j = kp * 4
+            p0 = T.split_tf32(c_reg[j])
+            p1 = T.split_tf32(c_reg[j + 2])
+            p2 = T.split_tf32(c_reg[j + 1])
+            p3 = T.split_tf32(c_reg[j + 3])
+            for nt in range(NT_O):
+                xa = t_addr + 4 * (kp * 8 * STRIDE + nt * 8)
+                if PRESPLIT:
+                    bb0 = ld_b32(xa)
+                    bb1 = ld_b32(xa + 4 * STRIDE)
+                    bs0 = ld_b32(xa + 4 * TILE)
+                    bs1 = ld_b32(xa + 4 * (TILE + STRIDE))
+                else:
+                    b0 = T.split_tf32(T.ld_shared_f32(xa))
+                    b1 = T.split_tf32(T.ld_shared_f32(xa + 4 * STRIDE))
+                    bb0, bb1, bs0, bs1 = b0[0], b1[0], b0[1], b1[1]
+                o = nt * 4
+                d = mma3(p0[0], p1[0], p2[0], p3[0], p0[1], p1[1], p2[1], p3[1],
+                         bb0, bb1, bs0, bs1,
+                         acc[o], acc[o + 1], acc[o + 2], acc[o + 3])
+                for i in range(4):
+                    acc[o + i] = d[i]
+
+    return acc_c_times_b
+
+
 def _build_dq_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, presplit,
                      unroll):
     from numba import cuda, float32, uint32, uint64
@@ -325,6 +366,7 @@ def _build_dq_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, 
     dq_row_stats = _dq_row_stats(HAS_DROPOUT)
     mma3, load_tile, split_chunks = _tf32_helpers(THREADS, CHUNKS, BK)
     _, _, ld_b32 = _smem_intrinsics()
+    acc_c_times_b = _c_times_shared_b(NT_S, NT_O, STRIDE, TILE, PRESPLIT, mma3, ld_b32)
 
     @cuda.jit(lineinfo=False)
     def kernel(q, k, v, out, dout, lse, delta, dq, offsets, kv_index, sched_b, sched_h, group,
@@ -526,29 +568,7 @@ def _build_dq_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, 
             # -- dQ += dS K: dS's A fragment is its C fragment (a0, a1, a2, a3 = c0, c2, c1, c3
             #    under the key permutation); K's B fragment = K[key 2t][g], K[key 2t+1][g] --
             kt_addr = smem0 + uint32(4 * (buf + K_OFF + t_lane))
-            for kp in range(NT_S):
-                j = kp * 4
-                p0 = T.split_tf32(s_reg[j])
-                p1 = T.split_tf32(s_reg[j + 2])
-                p2 = T.split_tf32(s_reg[j + 1])
-                p3 = T.split_tf32(s_reg[j + 3])
-                for nt in range(NT_O):
-                    ka = kt_addr + 4 * (kp * 8 * STRIDE + nt * 8)
-                    if PRESPLIT:
-                        bb0 = ld_b32(ka)
-                        bb1 = ld_b32(ka + 4 * STRIDE)
-                        bs0 = ld_b32(ka + 4 * TILE)
-                        bs1 = ld_b32(ka + 4 * (TILE + STRIDE))
-                    else:
-                        b0 = T.split_tf32(T.ld_shared_f32(ka))
-                        b1 = T.split_tf32(T.ld_shared_f32(ka + 4 * STRIDE))
-                        bb0, bb1, bs0, bs1 = b0[0], b1[0], b0[1], b1[1]
-                    o = nt * 4
-                    d = mma3(p0[0], p1[0], p2[0], p3[0], p0[1], p1[1], p2[1], p3[1],
-                             bb0, bb1, bs0, bs1,
-                             acc[o], acc[o + 1], acc[o + 2], acc[o + 3])
-                    for i in range(4):
-                        acc[o + i] = d[i]
+            acc_c_times_b(s_reg, acc, kt_addr)
             cuda.syncthreads()   # this buffer is refilled by the next iteration's prefetch
 
         # -- epilogue: dQ = scale * acc --
@@ -611,6 +631,7 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, causal, has_mask, has_dropout
     fmix = _device_helpers()
     mma3, load_tile, split_chunks = _tf32_helpers(THREADS, CHUNKS, BQ)
     _, _, ld_b32 = _smem_intrinsics()
+    acc_c_times_b = _c_times_shared_b(NT_S, NT_O, STRIDE, TILE, PRESPLIT, mma3, ld_b32)
 
     stage_rows, locate = _dkdv_row_helpers(BQ, THREADS)
     mask_scores_t = _transposed_score_mask(NT_S, CAUSAL, HAS_MASK)
@@ -829,55 +850,11 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, causal, has_mask, has_dropout
             # -- dV += (P^T Z) dO: P^T's A fragment is its C fragment (a0, a1, a2, a3 = c0, c2,
             #    c1, c3 under the query permutation); dO's B = dO[query 2t][g], dO[2t+1][g] --
             dot_addr = smem0 + uint32(4 * (buf + DO_OFF + t_lane))
-            for kp in range(NT_S):
-                j = kp * 4
-                p0 = T.split_tf32(st[j])
-                p1 = T.split_tf32(st[j + 2])
-                p2 = T.split_tf32(st[j + 1])
-                p3 = T.split_tf32(st[j + 3])
-                for nt in range(NT_O):
-                    xa = dot_addr + 4 * (kp * 8 * STRIDE + nt * 8)
-                    if PRESPLIT:
-                        bb0 = ld_b32(xa)
-                        bb1 = ld_b32(xa + 4 * STRIDE)
-                        bs0 = ld_b32(xa + 4 * TILE)
-                        bs1 = ld_b32(xa + 4 * (TILE + STRIDE))
-                    else:
-                        b0 = T.split_tf32(T.ld_shared_f32(xa))
-                        b1 = T.split_tf32(T.ld_shared_f32(xa + 4 * STRIDE))
-                        bb0, bb1, bs0, bs1 = b0[0], b1[0], b0[1], b1[1]
-                    o = nt * 4
-                    d = mma3(p0[0], p1[0], p2[0], p3[0], p0[1], p1[1], p2[1], p3[1],
-                             bb0, bb1, bs0, bs1,
-                             dv_acc[o], dv_acc[o + 1], dv_acc[o + 2], dv_acc[o + 3])
-                    for i in range(4):
-                        dv_acc[o + i] = d[i]
+            acc_c_times_b(st, dv_acc, dot_addr)
 
             # -- dK += dS^T Q: the same with dS^T and Q[query 2t][g], Q[2t+1][g] --
             qt_addr = smem0 + uint32(4 * (buf + Q_OFF + t_lane))
-            for kp in range(NT_S):
-                j = kp * 4
-                p0 = T.split_tf32(dpt[j])
-                p1 = T.split_tf32(dpt[j + 2])
-                p2 = T.split_tf32(dpt[j + 1])
-                p3 = T.split_tf32(dpt[j + 3])
-                for nt in range(NT_O):
-                    xa = qt_addr + 4 * (kp * 8 * STRIDE + nt * 8)
-                    if PRESPLIT:
-                        bb0 = ld_b32(xa)
-                        bb1 = ld_b32(xa + 4 * STRIDE)
-                        bs0 = ld_b32(xa + 4 * TILE)
-                        bs1 = ld_b32(xa + 4 * (TILE + STRIDE))
-                    else:
-                        b0 = T.split_tf32(T.ld_shared_f32(xa))
-                        b1 = T.split_tf32(T.ld_shared_f32(xa + 4 * STRIDE))
-                        bb0, bb1, bs0, bs1 = b0[0], b1[0], b0[1], b1[1]
-                    o = nt * 4
-                    d = mma3(p0[0], p1[0], p2[0], p3[0], p0[1], p1[1], p2[1], p3[1],
-                             bb0, bb1, bs0, bs1,
-                             dk_acc[o], dk_acc[o + 1], dk_acc[o + 2], dk_acc[o + 3])
-                    for i in range(4):
-                        dk_acc[o + i] = d[i]
+            acc_c_times_b(dpt, dk_acc, qt_addr)
             cuda.syncthreads()   # this buffer is refilled by the next iteration's prefetch
 
         # -- epilogue: dK = scale * dK_acc, dV --
