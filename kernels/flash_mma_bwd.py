@@ -737,6 +737,26 @@ def accepts(q, k, v, block_q=None, block_k=None, block_mask=None) -> bool:
     return kernel_tiles(d, block_q, block_k, block_mask is not None) is not None
 
 
+def device_schedules(block_mask, block_q, block_k, n_q, n_k, dq_tile, kv_tile, causal, batch,
+                     heads):
+    """The two backward kernels' CSR schedules on the device (cached per configuration by
+    `_device_const`): ``(kv, q)``, each ``(offsets, index, stride_b, stride_h)`` — the K/V
+    tiles each dQ tile ``dq_tile = (rows, keys)`` visits, and the Q tiles each dK/dV tile
+    ``kv_tile = (queries, keys)`` visits. Shared by both tensor-core backwards."""
+    bm_key = None if block_mask is None else (np.shape(block_mask), block_q, block_k,
+                                              np.asarray(block_mask, bool).tobytes())
+    (dq_bq, dq_bk), (kv_bq, kv_bk) = dq_tile, kv_tile
+    kv = _device_const(
+        ("bwd-kv", n_q, n_k, dq_bq, dq_bk, bool(causal), batch, heads, bm_key),
+        lambda: _schedules(block_mask, block_q, block_k, n_q, n_k, dq_bq, dq_bk, causal, batch,
+                           heads, "kv"))
+    q = _device_const(
+        ("bwd-q", n_q, n_k, kv_bq, kv_bk, bool(causal), batch, heads, bm_key),
+        lambda: _schedules(block_mask, block_q, block_k, n_q, n_k, kv_bq, kv_bk, causal, batch,
+                           heads, "q"))
+    return kv, q
+
+
 def _schedules(block_mask, block_q, block_k, n_q, n_k, tile_q, tile_k, causal, batch, heads,
                which):
     """CSR schedules ("kv": K tiles per Q tile, "q": Q tiles per K tile) at the kernel tiles
@@ -849,16 +869,9 @@ def backward(q, k, v, out, lse, dout, *, scale, causal=False, mask=None, block_m
     # -- mask, schedules, dropout constants --
     has_mask = mask is not None
     maskd, mb, mh, mq = mask_on_device(mask, kind, batch, heads, n_q, n_k)
-    bm_key = None if block_mask is None else (np.shape(block_mask), block_q, block_k,
-                                              np.asarray(block_mask, bool).tobytes())
-    kv_off, kv_idx, kv_sb, kv_sh = _device_const(
-        ("bwd-kv", n_q, n_k, dq_bq, dq_bk, bool(causal), batch, heads, bm_key),
-        lambda: _schedules(block_mask, block_q, block_k, n_q, n_k, dq_bq, dq_bk, causal, batch,
-                           heads, "kv"))
-    q_off, q_idx, q_sb, q_sh = _device_const(
-        ("bwd-q", n_q, n_k, kv_bq, kv_bk, bool(causal), batch, heads, bm_key),
-        lambda: _schedules(block_mask, block_q, block_k, n_q, n_k, kv_bq, kv_bk, causal, batch,
-                           heads, "q"))
+    (kv_off, kv_idx, kv_sb, kv_sh), (q_off, q_idx, q_sb, q_sh) = device_schedules(
+        block_mask, block_q, block_k, n_q, n_k, (dq_bq, dq_bk), (kv_bq, kv_bk), causal, batch,
+        heads)
     has_dropout, seed_hash, threshold, inv_keep = dropout_constants(seed, dropout_p)
     group = heads // heads_kv
     consts = (maskd, mb, mh, mq, np.float32(scale * LOG2E), np.float32(scale),

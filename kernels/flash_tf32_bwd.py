@@ -64,11 +64,10 @@ import numpy as np
 from ioaware.block_info import cdiv
 
 from kernels import fastlaunch
-from kernels.flash_mma_bwd import (_dkdv_row_helpers, _dq_row_stats, _schedules,
-                                   _transposed_score_mask, refine_block_mask,
-                                   tiles_for_block_mask)
-from kernels.flash_mma_fwd import (_device_const, _device_helpers, _kind, _score_mask,
-                                   check_problem, dropout_constants, mask_on_device)
+from kernels.flash_mma_bwd import (_dkdv_row_helpers, _dq_row_stats, _transposed_score_mask,
+                                   device_schedules, refine_block_mask, tiles_for_block_mask)
+from kernels.flash_mma_fwd import (_device_helpers, _kind, _score_mask, check_problem,
+                                   dropout_constants, mask_on_device)
 
 __all__ = ["backward", "accepts", "SUPPORTED_HEAD_DIMS", "default_config", "default_tiles",
            "kernel_tiles", "dq_smem_bytes", "dkdv_smem_bytes", "operands_in_registers", "get_dq_kernel",
@@ -986,16 +985,9 @@ def backward(q, k, v, out, lse, dout, *, scale, causal=False, mask=None, block_m
     # -- mask, schedules, dropout constants --
     has_mask = mask is not None
     maskd, mb, mh, mq = mask_on_device(mask, kind, batch, heads, n_q, n_k)
-    bm_key = None if block_mask is None else (np.shape(block_mask), block_q, block_k,
-                                              np.asarray(block_mask, bool).tobytes())
-    kv_off, kv_idx, kv_sb, kv_sh = _device_const(
-        ("bwd-kv", n_q, n_k, dq_bq, dq_bk, bool(causal), batch, heads, bm_key),
-        lambda: _schedules(block_mask, block_q, block_k, n_q, n_k, dq_bq, dq_bk, causal, batch,
-                           heads, "kv"))
-    q_off, q_idx, q_sb, q_sh = _device_const(
-        ("bwd-q", n_q, n_k, kv_bq, kv_bk, bool(causal), batch, heads, bm_key),
-        lambda: _schedules(block_mask, block_q, block_k, n_q, n_k, kv_bq, kv_bk, causal, batch,
-                           heads, "q"))
+    (kv_off, kv_idx, kv_sb, kv_sh), (q_off, q_idx, q_sb, q_sh) = device_schedules(
+        block_mask, block_q, block_k, n_q, n_k, (dq_bq, dq_bk), (kv_bq, kv_bk), causal, batch,
+        heads)
     group = heads // heads_kv
     consts = (maskd, mb, mh, mq, np.float32(scale * LOG2E), np.float32(scale),
               np.uint32(seed_hash), np.uint32(threshold), np.float32(inv_keep))

@@ -109,3 +109,20 @@ def test_tensor_core_entry_points_refuse_bad_problems(as_if_on_gpu, module, dtyp
             call(q, kv, kv, scale=0.1, lse=np.zeros((1, 4, 9), np.float32))
         with pytest.raises(ValueError, match="dout must have q's shape"):
             call(q, kv, kv, scale=0.1, dout=z(1, 4, 8, 32))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_device_schedules_are_the_kernels_csr_schedules(causal):
+    """`kernels.flash_mma_bwd.device_schedules` (both backwards' schedules on the device, under
+    the simulator here) holds `_schedules`' arrays for the dQ and the dK/dV tiles, with and
+    without a block mask."""
+    from kernels.flash_mma_bwd import _schedules, device_schedules
+    rng = np.random.default_rng(1)
+    block_mask = rng.random((1, 2, 3, 4)) > 0.3
+    for bm, bq, bk in ((None, None, None), (block_mask, 64, 32)):
+        kv, q = device_schedules(bm, bq, bk, 150, 120, (64, 32), (32, 16), causal, 1, 2)
+        for got, which, tile in ((kv, "kv", (64, 32)), (q, "q", (32, 16))):
+            want = _schedules(bm, bq, bk, 150, 120, tile[0], tile[1], causal, 1, 2, which)
+            assert np.array_equal(got[0].copy_to_host(), want[0])
+            assert np.array_equal(got[1].copy_to_host(), want[1])
+            assert got[2:] == want[2:]
