@@ -135,12 +135,13 @@ def launch_stream(on=None):
     return s
 
 
-def _opt_in(compiled, sharedmem):
+def _opt_in(compiled, sharedmem, device_id=None):
     """Allow ``sharedmem`` bytes of dynamic shared memory for ``compiled`` on this device (a
-    dictionary lookup once done for this kernel, device and size)."""
+    dictionary lookup once done for this kernel, device and size); ``device_id`` is
+    `current_device_id` when the caller has it."""
     if sharedmem <= DEFAULT_DYNAMIC_SMEM_BYTES:
         return
-    key = (id(compiled), current_device_id())
+    key = (id(compiled), current_device_id() if device_id is None else device_id)
     if _OPTED_IN.get(key, 0) >= sharedmem:
         return
     from numba import cuda
@@ -206,9 +207,8 @@ class _Plan:
                 out.append(kind(a))
         return out
 
-    def handle(self):
-        """The loaded kernel on the current device (cached per device ordinal)."""
-        dev = current_device_id()
+    def handle(self, dev):
+        """The loaded kernel on device ``dev`` (the current one; cached per device ordinal)."""
         h = self.handles.get(dev)
         if h is None:
             h = self.handles[dev] = self.compiled._codelibrary.get_cufunc().kernel
@@ -257,7 +257,8 @@ def launch(kern, grid, block, stream, args, sharedmem=0):
         _slow(kern, key, grid, block, stream, args, sharedmem)
         return
     compiled = plan.compiled
-    _opt_in(compiled, sharedmem)
+    dev = current_device_id()
+    _opt_in(compiled, sharedmem, dev)
     from cuda.core import launch as core_launch
-    core_launch(stream, plan.config(grid, block, sharedmem), plan.handle(),
+    core_launch(stream, plan.config(grid, block, sharedmem), plan.handle(dev),
                 *plan.marshal(args, stream))

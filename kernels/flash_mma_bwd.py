@@ -20,6 +20,10 @@ of P or dS, no atomics):
   16-query steps: S^T = K Q^T, P^T (as above, lse / delta per query column), dV += (P^T * Z) dO,
   dP^T = V dO^T, dS^T = P^T * (dP^T * Z - delta), dK += dS^T Q; dK = scale * dK at the end.
 
+Both grids are (tiles, batch*heads); which block works on which (tile, head) is the launch order
+of `kernels.tile_order`: tiles first, or, under a causal mask, heads first within groups of
+four heads (`tile_order.DEFAULT_HEAD_GROUP`, measured by `python -m kernels.tune_order`).
+
 Here Z = keep / (1 - p) is the dropout factor regenerated from the `ioaware.dropout` hash
 (Z = 1 without dropout) and delta = rowsum(dO * O) with O the dropped-out output, so
 delta = rowsum(P * dP * Z). The two kernels recompute S and P (and dP) each: seven matmul-sized
@@ -41,7 +45,7 @@ import numpy as np
 
 from ioaware.block_info import BlockInfo, cdiv
 
-from . import fastlaunch
+from . import fastlaunch, tile_order
 from .flash_mma_fwd import (_device_const, _device_helpers, _kind, _score_mask, check_problem,
                             dropout_constants, mask_on_device)
 
@@ -134,18 +138,27 @@ def refine_block_mask(block_mask, block_q, block_k, n_q, n_k, tile_q, tile_k):
 _KERNELS: dict = {}
 
 
-def get_dq_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_dropout):
-    """The compiled-on-first-launch dQ kernel for one configuration (cached)."""
-    key = ("dq", head_dim, block_q, block_k, is_bf16, causal, has_mask, has_dropout)
+def get_dq_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_dropout,
+                  head_group=None):
+    """The compiled-on-first-launch dQ kernel for one configuration (cached); ``head_group``
+    (the launch order, `kernels.tile_order`) defaults to `tile_order.head_group`."""
+    if head_group is None:
+        head_group = tile_order.head_group(causal, "bwd")
+    key = ("dq", head_dim, block_q, block_k, is_bf16, causal, has_mask, has_dropout,
+           int(head_group))
     if key not in _KERNELS:
         _KERNELS[key] = _build_dq_kernel(*key[1:])
     return _KERNELS[key]
 
 
-def get_dkdv_kernel(head_dim, block_k, block_q, is_bf16, causal, has_mask, has_dropout):
+def get_dkdv_kernel(head_dim, block_k, block_q, is_bf16, causal, has_mask, has_dropout,
+                    head_group=None):
     """The compiled-on-first-launch dK/dV kernel (``block_k`` key rows per block, ``block_q``
-    queries per stage) for one configuration (cached)."""
-    key = ("dkdv", head_dim, block_k, block_q, is_bf16, causal, has_mask, has_dropout)
+    queries per stage) for one configuration (cached); as `get_dq_kernel`."""
+    if head_group is None:
+        head_group = tile_order.head_group(causal, "bwd")
+    key = ("dkdv", head_dim, block_k, block_q, is_bf16, causal, has_mask, has_dropout,
+           int(head_group))
     if key not in _KERNELS:
         _KERNELS[key] = _build_dkdv_kernel(*key[1:])
     return _KERNELS[key]
@@ -259,7 +272,8 @@ def _dkdv_row_helpers(block_q, threads):
     return stage_rows, locate
 
 
-def _build_dq_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_dropout):
+def _build_dq_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_dropout,
+                     head_group):
     from numba import cuda, float32, uint16, uint32, uint64
 
     from kernels import mma as X
@@ -302,6 +316,8 @@ def _build_dq_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_
                 X.cp_async_16(X.shared_addr(smem, base + r * STRIDE + ch * 8), g,
                               uint32(16) if ok else uint32(0))
 
+    tile_and_head = tile_order.device_tile_and_head(head_group)
+
     @cuda.jit(lineinfo=False)
     def kernel(q, k, v, out, dout, lse, delta, dq, offsets, kv_index, sched_b, sched_h, group,
                n_q, n_k, mask, mask_b, mask_h, mask_q, scale_log2, scale, seed_hash, threshold,
@@ -312,9 +328,8 @@ def _build_dq_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_
         lane = tid % 32
         gid = lane // 4
         tig = lane % 4
-        n_blocks_q = cuda.gridDim.x
-        m_blk = n_blocks_q - 1 - cuda.blockIdx.x            # longest (causal) tiles first
-        bh = cuda.blockIdx.y
+        tile, bh, n_blocks_q = tile_and_head()
+        m_blk = n_blocks_q - 1 - tile                       # longest (causal) tiles first
         n_heads = dq.shape[1]
         b = bh // n_heads
         h = bh % n_heads
@@ -459,7 +474,8 @@ def _build_dq_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_
     return kernel
 
 
-def _build_dkdv_kernel(head_dim, block_k, block_q, is_bf16, causal, has_mask, has_dropout):
+def _build_dkdv_kernel(head_dim, block_k, block_q, is_bf16, causal, has_mask, has_dropout,
+                       head_group):
     from numba import cuda, float32, uint16, uint32, uint64
 
     from kernels import mma as X
@@ -506,6 +522,8 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, is_bf16, causal, has_mask, ha
     stage_rows, locate = _dkdv_row_helpers(BQ, THREADS)
     mask_scores_t = _transposed_score_mask(2, CAUSAL, HAS_MASK)
 
+    tile_and_head = tile_order.device_tile_and_head(head_group)
+
     @cuda.jit(lineinfo=False)
     def kernel(q, k, v, dout, lse, delta, dk, dv, offsets, q_index, sched_b, sched_h, group,
                n_q, n_k, mask, mask_b, mask_h, mask_q, scale_log2, scale, seed_hash, threshold,
@@ -516,8 +534,7 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, is_bf16, causal, has_mask, ha
         lane = tid % 32
         gid = lane // 4
         tig = lane % 4
-        n_blk = cuda.blockIdx.x
-        bhk = cuda.blockIdx.y
+        n_blk, bhk, _ = tile_and_head()                     # K tile 0 (causal: longest) first
         n_heads_kv = dk.shape[1]
         n_heads = n_heads_kv * group
         b = bhk // n_heads_kv
@@ -878,12 +895,17 @@ def backward(q, k, v, out, lse, dout, *, scale, causal=False, mask=None, block_m
               np.uint32(seed_hash), np.uint32(threshold), np.float32(inv_keep))
 
     # -- dQ (and delta) first, then dK/dV, which reads delta --
-    kern = get_dq_kernel(d, dq_bq, dq_bk, is_bf16, bool(causal), has_mask, has_dropout)
-    fastlaunch.launch(kern, (cdiv(n_q, dq_bq), batch * heads), kern.threads, stream, (
+    head_group = tile_order.head_group(causal, "bwd")
+    kern = get_dq_kernel(d, dq_bq, dq_bk, is_bf16, bool(causal), has_mask, has_dropout,
+                         head_group)
+    fastlaunch.launch(kern, tile_order.grid(cdiv(n_q, dq_bq), batch * heads),
+                      kern.threads, stream, (
         qd, kd, vd, od, dod, lsed, deltad, dqd, kv_off, kv_idx, kv_sb, kv_sh, group, n_q, n_k,
         *consts))
-    kern = get_dkdv_kernel(d, kv_bk, kv_bq, is_bf16, bool(causal), has_mask, has_dropout)
-    fastlaunch.launch(kern, (cdiv(n_k, kv_bk), batch * heads_kv), kern.threads, stream, (
+    kern = get_dkdv_kernel(d, kv_bk, kv_bq, is_bf16, bool(causal), has_mask, has_dropout,
+                           head_group)
+    fastlaunch.launch(kern, tile_order.grid(cdiv(n_k, kv_bk), batch * heads_kv),
+                      kern.threads, stream, (
         qd, kd, vd, dod, lsed, deltad, dkd, dvd, q_off, q_idx, q_sb, q_sh, group, n_q, n_k,
         *consts))
 

@@ -3,7 +3,8 @@
 This module owns the half-precision forward kernel and its host entry point `forward`, which
 has the signature of the package's `kernels.forward` contract. The algorithm is FlashAttention-2:
 
-* one thread block per (Q tile of ``block_q = 16 * num_warps`` rows, batch * head); each warp
+* one thread block per (Q tile of ``block_q = 16 * num_warps`` rows, batch * head), longest
+  causal tiles first (of all heads: `kernels.tile_order`); each warp
   owns 16 query rows and keeps its Q fragments, running max ``m_i``, running sum ``l_i`` and
   output accumulator in registers for the whole K/V sweep;
 * K/V tiles of ``block_k`` keys stream through shared memory with ``cp.async`` into two
@@ -34,7 +35,7 @@ import numpy as np
 from ioaware.block_info import BlockInfo, cdiv
 from ioaware.dropout import SEED_SALT, fmix32, keep_threshold, split_seed
 
-from . import fastlaunch
+from . import fastlaunch, tile_order
 
 __all__ = ["forward", "accepts", "SUPPORTED_HEAD_DIMS", "default_blocks", "smem_bytes", "get_kernel"]
 
@@ -72,9 +73,13 @@ def warp_m_tiles(head_dim: int, block_q: int) -> int:
     return 2 if head_dim <= 64 and block_q == 128 else 1
 
 
-def get_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_dropout):
-    """The compiled-on-first-launch kernel for one configuration (cached)."""
-    key = (head_dim, block_q, block_k, is_bf16, causal, has_mask, has_dropout)
+def get_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_dropout,
+               head_group=None):
+    """The compiled-on-first-launch kernel for one configuration (cached); ``head_group``
+    (the launch order, `kernels.tile_order`) defaults to `tile_order.head_group`."""
+    if head_group is None:
+        head_group = tile_order.head_group(causal, "fwd")
+    key = (head_dim, block_q, block_k, is_bf16, causal, has_mask, has_dropout, int(head_group))
     if key not in _KERNELS:
         _KERNELS[key] = _build_kernel(*key)
     return _KERNELS[key]
@@ -131,7 +136,8 @@ def _score_mask(block_q, block_k, nt_s, causal, has_mask):
     return mask_scores
 
 
-def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_dropout):
+def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_dropout,
+                  head_group):
     from numba import cuda, float32, uint16, uint32, uint64
 
     from kernels import mma as X
@@ -178,6 +184,8 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_dro
             X.cp_async_16(X.shared_addr(smem, base + r * STRIDE + ch * 8), g,
                           uint32(16) if ok else uint32(0))
 
+    tile_and_head = tile_order.device_tile_and_head(head_group)
+
     @cuda.jit(lineinfo=False)
     def kernel(q, k, v, out, lse, offsets, kv_index, sched_b, sched_h, group, n_q, n_k,
                mask, mask_b, mask_h, mask_q, scale_log2, seed_hash, threshold, inv_keep):
@@ -187,9 +195,8 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_dro
         lane = tid % 32
         gid = lane // 4
         tig = lane % 4
-        n_blocks_q = cuda.gridDim.x
-        m_blk = n_blocks_q - 1 - cuda.blockIdx.x            # longest (causal) tiles first
-        bh = cuda.blockIdx.y
+        tile, bh, n_blocks_q = tile_and_head()
+        m_blk = n_blocks_q - 1 - tile                       # longest (causal) tiles first
         n_heads = out.shape[1]
         b = bh // n_heads
         h = bh % n_heads
@@ -401,9 +408,9 @@ _CONSTS: dict = {}
 def _device_const(key, make):
     """Device copies of small host-built constants (schedules, the dummy mask), built once per
     (key, current device) so that a call does no synchronous host-to-device copy."""
-    from numba import cuda
     key = (fastlaunch.current_device_id(), key)
     if key not in _CONSTS:
+        from numba import cuda
         if len(_CONSTS) > 256:
             _CONSTS.clear()
         val = make()
@@ -607,8 +614,10 @@ def forward(q, k, v, *, scale, causal=False, mask=None, block_mask=None, dropout
         lambda: _schedule(block_mask, n_q, n_k, block_q, block_k, causal, batch, heads))
     has_dropout, seed_hash, threshold, inv_keep = dropout_constants(seed, dropout_p)
 
-    kern = get_kernel(d, block_q, block_k, is_bf16, bool(causal), has_mask, has_dropout)
-    grid = (cdiv(n_q, block_q), batch * heads)
+    head_group = tile_order.head_group(causal, "fwd")
+    kern = get_kernel(d, block_q, block_k, is_bf16, bool(causal), has_mask, has_dropout,
+                      head_group)
+    grid = tile_order.grid(cdiv(n_q, block_q), batch * heads)
     fastlaunch.launch(kern, grid, kern.threads, stream, (
         qd, kd, vd, outd, lsed, offs_d, idx_d, sb, sh, heads // heads_kv, n_q, n_k,
         maskd, mb, mh, mq, np.float32(scale * LOG2E), np.uint32(seed_hash), np.uint32(threshold),

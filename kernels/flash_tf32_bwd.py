@@ -24,6 +24,10 @@ accumulation, so all five matmuls have float32-level accuracy.
   dP^T = V dO^T, P^T (lse and delta per query column, staged in shared memory),
   dV += (P^T Z) dO, dS^T = P^T * (dP^T Z - delta), dK += dS^T Q; dK = scale * dK at the end.
 
+Both grids are (tiles, batch*heads); which block works on which (tile, head) is the launch order
+of `kernels.tile_order`: tiles first, or, under a causal mask, heads first within groups of
+four heads (`tile_order.DEFAULT_HEAD_GROUP`, measured by `python -m kernels.tune_order`).
+
 Fragment maps (`kernels.fragments_tf32`): in S = Q K^T and dP = dO V^T (and their transposes)
 the k index is a head dim and is *not* permuted (``dim_a_elem`` / ``dim_b_elem``): a thread's B
 elements are K[key g][dims t, t + 4], two 32-bit loads, conflict-free with rows padded by 4
@@ -56,6 +60,7 @@ PTX), so `kernels.backward` keeps those on the float32 CUDA-core kernels.
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 
@@ -63,7 +68,7 @@ import numpy as np
 
 from ioaware.block_info import cdiv
 
-from kernels import fastlaunch
+from kernels import fastlaunch, tile_order
 from kernels.flash_mma_bwd import (_dkdv_row_helpers, _dq_row_stats, _transposed_score_mask,
                                    device_schedules, refine_block_mask, tiles_for_block_mask)
 from kernels.flash_mma_fwd import (_device_helpers, _kind, _score_mask, check_problem,
@@ -109,8 +114,14 @@ def default_config(head_dim: int) -> dict:
     For head_dim 128, the environment variable ``KERNELS_TF32_BWD_VARIANT`` (comma-separated
     ``name=value``: ``dq_bk``, ``kv_bq``, ``presplit``, ``unroll``) overrides the default, for
     timing variants against each other."""
-    cfg = dict(_DEFAULT_CONFIG[64 if head_dim <= 64 else 128])
     env = os.environ.get(VARIANT_ENV, "") if head_dim == 128 else ""
+    return dict(_config(64 if head_dim <= 64 else 128, env))
+
+
+@functools.lru_cache(maxsize=64)
+def _config(head_dim: int, env: str) -> dict:
+    """`default_config` for one value of its environment variable (parsed once; callers copy)."""
+    cfg = dict(_DEFAULT_CONFIG[head_dim])
     for item in filter(None, (x.strip() for x in env.split(","))):
         name, val = (x.strip() for x in item.split("="))
         if name == "dq_bk":
@@ -195,27 +206,34 @@ _KERNELS: dict = {}
 
 
 def get_dq_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, presplit=None,
-                  unroll=None):
+                  unroll=None, head_group=None):
     """The compiled-on-first-launch dQ kernel for one configuration (cached); ``presplit`` and
-    ``unroll`` default to `default_config`'s. ``kernel.smem_bytes`` is its dynamic shared
-    memory (0 when its shared memory is static)."""
+    ``unroll`` default to `default_config`'s, ``head_group`` (the launch order,
+    `kernels.tile_order`) to `tile_order.head_group`. ``kernel.smem_bytes`` is its dynamic
+    shared memory (0 when its shared memory is static)."""
     cfg = default_config(head_dim)
     presplit = cfg["presplit"] if presplit is None else bool(presplit)
     unroll = cfg["unroll"] if unroll is None else int(unroll)
-    key = ("dq", head_dim, block_q, block_k, causal, has_mask, has_dropout, presplit, unroll)
+    if head_group is None:
+        head_group = tile_order.head_group(causal, "bwd")
+    key = ("dq", head_dim, block_q, block_k, causal, has_mask, has_dropout, presplit, unroll,
+           int(head_group))
     if key not in _KERNELS:
         _KERNELS[key] = _build_dq_kernel(*key[1:])
     return _KERNELS[key]
 
 
 def get_dkdv_kernel(head_dim, block_k, block_q, causal, has_mask, has_dropout, presplit=None,
-                    unroll=None):
+                    unroll=None, head_group=None):
     """The compiled-on-first-launch dK/dV kernel (``block_k`` key rows per block, ``block_q``
     queries per stage) for one configuration (cached); as `get_dq_kernel`."""
     cfg = default_config(head_dim)
     presplit = cfg["presplit"] if presplit is None else bool(presplit)
     unroll = cfg["unroll"] if unroll is None else int(unroll)
-    key = ("dkdv", head_dim, block_k, block_q, causal, has_mask, has_dropout, presplit, unroll)
+    if head_group is None:
+        head_group = tile_order.head_group(causal, "bwd")
+    key = ("dkdv", head_dim, block_k, block_q, causal, has_mask, has_dropout, presplit, unroll,
+           int(head_group))
     if key not in _KERNELS:
         _KERNELS[key] = _build_dkdv_kernel(*key[1:])
     return _KERNELS[key]
@@ -320,7 +338,7 @@ def _c_times_shared_b(nt_k, nt_o, stride, tile, presplit, mma3, ld_b32):
 
 
 def _build_dq_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, presplit,
-                     unroll):
+                     unroll, head_group):
     from numba import cuda, float32, uint32, uint64
 
     from kernels import mma as X
@@ -367,6 +385,8 @@ def _build_dq_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, 
     _, _, ld_b32 = _smem_intrinsics()
     acc_c_times_b = _c_times_shared_b(NT_S, NT_O, STRIDE, TILE, PRESPLIT, mma3, ld_b32)
 
+    tile_and_head = tile_order.device_tile_and_head(head_group)
+
     @cuda.jit(lineinfo=False)
     def kernel(q, k, v, out, dout, lse, delta, dq, offsets, kv_index, sched_b, sched_h, group,
                n_q, n_k, mask, mask_b, mask_h, mask_q, scale_log2, scale, seed_hash, threshold,
@@ -377,9 +397,8 @@ def _build_dq_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, 
         lane = tid % 32
         gid = lane // 4
         tig = lane % 4
-        n_blocks_q = cuda.gridDim.x
-        m_blk = n_blocks_q - 1 - cuda.blockIdx.x            # longest (causal) tiles first
-        bh = cuda.blockIdx.y
+        tile, bh, n_blocks_q = tile_and_head()
+        m_blk = n_blocks_q - 1 - tile                       # longest (causal) tiles first
         n_heads = dq.shape[1]
         b = bh // n_heads
         h = bh % n_heads
@@ -585,7 +604,7 @@ def _build_dq_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, 
 
 
 def _build_dkdv_kernel(head_dim, block_k, block_q, causal, has_mask, has_dropout, presplit,
-                       unroll):
+                       unroll, head_group):
     from numba import cuda, float32, uint32, uint64
 
     from kernels import mma as X
@@ -635,6 +654,8 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, causal, has_mask, has_dropout
     stage_rows, locate = _dkdv_row_helpers(BQ, THREADS)
     mask_scores_t = _transposed_score_mask(NT_S, CAUSAL, HAS_MASK)
 
+    tile_and_head = tile_order.device_tile_and_head(head_group)
+
     @cuda.jit(lineinfo=False)
     def kernel(q, k, v, dout, lse, delta, dk, dv, offsets, q_index, sched_b, sched_h, group,
                n_q, n_k, mask, mask_b, mask_h, mask_q, scale_log2, scale, seed_hash, threshold,
@@ -647,8 +668,7 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, causal, has_mask, has_dropout
         lane = tid % 32
         gid = lane // 4
         tig = lane % 4
-        n_blk = cuda.blockIdx.x
-        bhk = cuda.blockIdx.y
+        n_blk, bhk, _ = tile_and_head()                     # K tile 0 (causal: longest) first
         n_heads_kv = dk.shape[1]
         n_heads = n_heads_kv * group
         b = bhk // n_heads_kv
@@ -993,13 +1013,17 @@ def backward(q, k, v, out, lse, dout, *, scale, causal=False, mask=None, block_m
               np.uint32(seed_hash), np.uint32(threshold), np.float32(inv_keep))
 
     # -- dQ (and delta) first, then dK/dV, which reads delta --
-    kern = get_dq_kernel(d, dq_bq, dq_bk, bool(causal), has_mask, has_dropout)
-    fastlaunch.launch(kern, (cdiv(n_q, dq_bq), batch * heads), kern.threads, stream, (
+    head_group = tile_order.head_group(causal, "bwd")
+    kern = get_dq_kernel(d, dq_bq, dq_bk, bool(causal), has_mask, has_dropout,
+                         head_group=head_group)
+    fastlaunch.launch(kern, tile_order.grid(cdiv(n_q, dq_bq), batch * heads),
+                      kern.threads, stream, (
         qd, kd, vd, od, dod, lsed, deltad, dqd, kv_off, kv_idx, kv_sb, kv_sh, group, n_q, n_k,
         *consts), sharedmem=kern.smem_bytes)
     kern = get_dkdv_kernel(d, kv_bk, kv_bq, bool(causal), has_mask, has_dropout,
-                           kv_cfg.get("presplit"), kv_cfg.get("unroll"))
-    fastlaunch.launch(kern, (cdiv(n_k, kv_bk), batch * heads_kv), kern.threads, stream, (
+                           kv_cfg.get("presplit"), kv_cfg.get("unroll"), head_group=head_group)
+    fastlaunch.launch(kern, tile_order.grid(cdiv(n_k, kv_bk), batch * heads_kv),
+                      kern.threads, stream, (
         qd, kd, vd, dod, lsed, deltad, dkd, dvd, q_off, q_idx, q_sb, q_sh, group, n_q, n_k,
         *consts), sharedmem=kern.smem_bytes)
 

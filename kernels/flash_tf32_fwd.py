@@ -10,7 +10,7 @@ the rounding of ``small`` are ~2**-22 of each product, so the result has float32
 The algorithm is FlashAttention-2, structured as `kernels.flash_mma_fwd`:
 
 * one thread block per (Q tile of ``block_q = 16 * num_warps`` rows, batch * head), longest
-  causal tiles first; each warp owns 16 query rows, with the running max ``m_i``, running sum
+  causal tiles first (of all heads: `kernels.tile_order`); each warp owns 16 query rows, with the running max ``m_i``, running sum
   ``l_i`` and O accumulator in registers; Q's fragments are split into big/small once;
 * the default (``presplit``, `default_config`; both head dims: 8 warps, 32-key stages, dynamic
   shared memory through `kernels.fastlaunch`, 224 KiB at d=128): each K/V tile lands raw by
@@ -49,6 +49,7 @@ run inline PTX: under it `forward` raises RuntimeError.
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 
@@ -56,7 +57,7 @@ import numpy as np
 
 from ioaware.block_info import cdiv
 
-from kernels import fastlaunch
+from kernels import fastlaunch, tile_order
 from kernels.flash_mma_fwd import (_device_const, _device_helpers, _kind, _schedule, _score_mask,
                                    check_problem, dropout_constants, mask_on_device)
 
@@ -102,10 +103,15 @@ def default_config(head_dim: int) -> dict:
     The environment variable ``KERNELS_TF32_FWD_D64`` / ``KERNELS_TF32_FWD_D128`` (e.g.
     ``bq=128,bk=32,presplit=1,split_once=0,dual=1``) overrides fields, for measurement.
     """
+    return dict(_config(head_dim, os.environ.get(_CONFIG_ENV.format(head_dim), "").strip()))
+
+
+@functools.lru_cache(maxsize=64)
+def _config(head_dim: int, env: str) -> dict:
+    """`default_config` for one value of its environment variable (parsed once; callers copy)."""
     bq, bk, ps, so, dual, unroll = _DEFAULT_CONFIG.get(head_dim, _DEFAULT_CONFIG[128])
     cfg = {"block_q": bq, "block_k": bk, "presplit": ps, "split_once": so, "s_dual": dual,
            "s_unroll": unroll}
-    env = os.environ.get(_CONFIG_ENV.format(head_dim), "").strip()
     if env:
         names = {"bq": "block_q", "bk": "block_k", "presplit": "presplit",
                  "split_once": "split_once", "dual": "s_dual", "unroll": "s_unroll"}
@@ -160,12 +166,21 @@ def q_split_once(head_dim: int) -> bool:
 
 
 _KERNELS: dict = {}
+_BY_REQUEST: dict = {}     # get_kernel's arguments (and the config variable) -> kernel
 
 
 def get_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, split_once=None,
-               presplit=None, s_dual=None, s_unroll=None):
+               presplit=None, s_dual=None, s_unroll=None, head_group=None):
     """The compiled-on-first-launch kernel for one configuration (cached); None fields take
-    `default_config`'s. ``kernel.smem_bytes`` is its dynamic shared memory."""
+    `default_config`'s, and ``head_group`` (the launch order, `kernels.tile_order`) takes
+    `tile_order.head_group`. ``kernel.smem_bytes`` is its dynamic shared memory."""
+    if head_group is None:
+        head_group = tile_order.head_group(causal, "fwd")
+    fast_key = (head_dim, block_q, block_k, causal, has_mask, has_dropout, split_once, presplit,
+                s_dual, s_unroll, head_group, os.environ.get(_CONFIG_ENV.format(head_dim)))
+    kern = _BY_REQUEST.get(fast_key)
+    if kern is not None:
+        return kern
     cfg = default_config(head_dim)
     split_once = cfg["split_once"] if split_once is None else bool(split_once)
     presplit = cfg["presplit"] if presplit is None else bool(presplit)
@@ -173,14 +188,15 @@ def get_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, split_
     s_dual = cfg["s_dual"] if s_dual is None else bool(s_dual)
     s_unroll = cfg["s_unroll"] if s_unroll is None else int(s_unroll)
     key = (head_dim, block_q, block_k, causal, has_mask, has_dropout, split_once, presplit,
-           s_dual, s_unroll)
+           s_dual, s_unroll, int(head_group))
     if key not in _KERNELS:
         _KERNELS[key] = _build_kernel(*key)
+    _BY_REQUEST[fast_key] = _KERNELS[key]
     return _KERNELS[key]
 
 
 def _build_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, split_once,
-                  presplit, s_dual, s_unroll):
+                  presplit, s_dual, s_unroll, head_group):
     from numba import cuda, float32, uint32, uint64
     from numba import types as nbt
     from llvmlite import ir
@@ -283,6 +299,8 @@ def _build_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, spl
         d = T.mma_tf32(ab0, ab1, ab2, ab3, bs0, bs1, d[0], d[1], d[2], d[3])
         return T.mma_tf32(ab0, ab1, ab2, ab3, bb0, bb1, d[0], d[1], d[2], d[3])
 
+    tile_and_head = tile_order.device_tile_and_head(head_group)
+
     @cuda.jit(lineinfo=False)
     def kernel(q, k, v, out, lse, offsets, kv_index, sched_b, sched_h, group, n_q, n_k,
                mask, mask_b, mask_h, mask_q, scale_log2, seed_hash, threshold, inv_keep):
@@ -292,9 +310,8 @@ def _build_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, spl
         lane = tid % 32
         gid = lane // 4
         tig = lane % 4
-        n_blocks_q = cuda.gridDim.x
-        m_blk = n_blocks_q - 1 - cuda.blockIdx.x            # longest (causal) tiles first
-        bh = cuda.blockIdx.y
+        tile, bh, n_blocks_q = tile_and_head()
+        m_blk = n_blocks_q - 1 - tile                       # longest (causal) tiles first
         n_heads = out.shape[1]
         b = bh // n_heads
         h = bh % n_heads
@@ -668,7 +685,7 @@ def forward(q, k, v, *, scale, causal=False, mask=None, block_mask=None, dropout
         out_t = torch.empty((batch, heads, n_q, d), dtype=torch.float32, device=q.device)
         lse_t = torch.empty((batch, heads, n_q), dtype=torch.float32, device=q.device)
         outd, lsed = out_t, lse_t
-        stream = fastlaunch.launch_stream(torch.cuda.current_stream(q.device))
+        stream = fastlaunch.launch_stream(q)      # torch's current stream on q's device
     else:
         dts = {str(np.dtype(x.dtype)) for x in (q, k, v)}
         if dts != {"float32"}:
@@ -696,8 +713,10 @@ def forward(q, k, v, *, scale, causal=False, mask=None, block_mask=None, dropout
         lambda: _schedule(block_mask, n_q, n_k, block_q, block_k, causal, batch, heads))
     has_dropout, seed_hash, threshold, inv_keep = dropout_constants(seed, dropout_p)
 
-    kern = get_kernel(d, block_q, block_k, bool(causal), has_mask, has_dropout)
-    grid = (cdiv(n_q, block_q), batch * heads)
+    head_group = tile_order.head_group(causal, "fwd")
+    kern = get_kernel(d, block_q, block_k, bool(causal), has_mask, has_dropout,
+                      head_group=head_group)
+    grid = tile_order.grid(cdiv(n_q, block_q), batch * heads)
     fastlaunch.launch(kern, grid, kern.threads, stream, (
         qd, kd, vd, outd, lsed, offs_d, idx_d, sb, sh, heads // heads_kv, n_q, n_k,
         maskd, mb, mh, mq, np.float32(scale * LOG2E), np.uint32(seed_hash), np.uint32(threshold),

@@ -309,3 +309,16 @@ def test_operands_in_registers():
 def test_accepts_nothing_under_the_simulator_or_on_the_host():
     q = np.zeros((1, 1, 16, 64), np.float32)
     assert not bwd_mod.accepts(q, q, q)
+
+
+@gpu
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("order", ["heads", "tiles", "4"])
+def test_launch_orders(monkeypatch, head_dim, causal, order):
+    # each launch order (kernels.tile_order: heads first, tiles first, groups of 4 heads)
+    # forced, forward and backward; more tiles than one
+    # wave would need and more heads than tiles, GQA, Nq != Nk
+    monkeypatch.setenv("KERNELS_TILE_ORDER", order)
+    q, k, v, dout = _inputs((3, 6, 261, head_dim), (3, 2, 397, head_dim), seed=head_dim + 5)
+    _run_and_check(q, k, v, dout, scale=1 / math.sqrt(head_dim), causal=causal)

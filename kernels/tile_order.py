@@ -1,0 +1,90 @@
+"""Which (batch*head, tile) each block of a tensor-core kernel's grid works on: the launch order.
+
+Every tensor-core kernel is launched on the grid (n_tiles, B*H), which the GPU hands out
+x-fastest; the kernel turns its block's place in that order into (tile, batch*head) with
+`device_tile_and_head`, compiled for a *head group* of ``g`` heads:
+
+* ``g = 1`` (*tiles first*): every head's tiles are dispatched together, heads one after
+  another -- the blocks that run at the same time share a head's K/V (or Q/dO) in L2;
+* ``g = 0`` (*heads first*): tile 0 of every head, then tile 1 of every head, and so on;
+* ``g > 1``: heads first within groups of ``g`` heads, the groups one after another.
+
+Under a causal mask the tiles of a head differ in work (the last Q tile visits every K/V tile,
+the first one only; in the dK/dV kernels the other way round), and the kernels number tiles so
+that the longest comes first. With heads first (or groups) the longest tiles of several heads
+start early and the last blocks to start are short ones, so fewer SMs idle at the end
+(longest-processing-time-first); tiles first ends with a head's longest tiles still running.
+What each order costs in L2 traffic is measured, not modelled: `head_group` holds the measured
+choice per pass (kernels/NOTES_TF32_BWD.md, "Launch order"). The environment variable
+``KERNELS_TILE_ORDER`` (``tiles``, ``heads`` or a group size) overrides it, for timing orders
+against each other.
+"""
+from __future__ import annotations
+
+import os
+
+from numba import cuda   # a global (not a closure variable), which the CUDA simulator replaces
+
+ENV = "KERNELS_TILE_ORDER"
+#: Head group per (pass, causal) (see the module docstring; 0 = all heads, 1 = tiles first).
+DEFAULT_HEAD_GROUP = {("fwd", False): 1, ("fwd", True): 0, ("bwd", False): 1, ("bwd", True): 4}
+
+
+def head_group(causal: bool, pass_: str = "fwd") -> int:
+    """The head group (0 = heads first, 1 = tiles first, g > 1 = groups of g heads) of a launch
+    of the ``pass_`` ("fwd" or "bwd") kernels: `DEFAULT_HEAD_GROUP`, unless
+    ``KERNELS_TILE_ORDER`` says ``tiles``, ``heads`` or a group size."""
+    forced = os.environ.get(ENV)
+    if forced:
+        if forced in ("tiles", "heads"):
+            return 1 if forced == "tiles" else 0
+        if not forced.isdigit():
+            raise ValueError(f"{ENV} must be 'tiles', 'heads' or a group size, got {forced!r}")
+        return int(forced)
+    return DEFAULT_HEAD_GROUP[(pass_, bool(causal))]
+
+
+def grid(n_tiles: int, n_bh: int) -> tuple[int, int]:
+    """The launch grid for ``n_tiles`` tiles of each of ``n_bh`` (batch*head) pairs (the same
+    for every head group; `device_tile_and_head` maps a block to its work)."""
+    return (n_tiles, n_bh)
+
+
+def block_work(block_x: int, block_y: int, n_tiles: int, n_bh: int, group: int):
+    """Host twin of `device_tile_and_head` (for tests and tools): the (tile, bh) of block
+    (block_x, block_y) of `grid` under head group ``group``."""
+    if group == 1:
+        return block_x, block_y
+    lin = block_x + n_tiles * block_y
+    g = group if group > 0 else n_bh
+    per_group = g * n_tiles
+    grp = lin // per_group
+    r = lin - grp * per_group
+    gg = min(g, n_bh - grp * g)
+    tile = r // gg
+    return tile, grp * g + r - tile * gg
+
+
+def device_tile_and_head(group: int):
+    """A device function ``() -> (tile, bh, n_tiles)`` for kernels compiled for head group
+    ``group`` (see the module docstring), launched on `grid`."""
+    if group == 1:
+        @cuda.jit(device=True, inline=True)
+        def tile_and_head():
+            return cuda.blockIdx.x, cuda.blockIdx.y, cuda.gridDim.x
+        return tile_and_head
+    G = group
+
+    @cuda.jit(device=True, inline=True)
+    def tile_and_head():
+        n_tiles = cuda.gridDim.x
+        n_bh = cuda.gridDim.y
+        lin = cuda.blockIdx.x + n_tiles * cuda.blockIdx.y      # dispatch position
+        g = G if G > 0 else n_bh
+        per_group = g * n_tiles
+        grp = lin // per_group
+        r = lin - grp * per_group
+        gg = min(g, n_bh - grp * g)                            # the last group may be smaller
+        tile = r // gg
+        return tile, grp * g + r - tile * gg, n_tiles
+    return tile_and_head

@@ -1,0 +1,175 @@
+"""Launch orders of the tensor-core kernels, timed: which head group (`kernels.tile_order`) to
+default to per pass.
+
+    python -m kernels.tune_order [--quick] [--out FILE.json]
+
+For each case (dtype, head dim, causal, N; the benchmark's shapes, batch = 16384 / N and heads =
+2048 / d) it times our forward under each forward order and our backward under each backward
+order (``KERNELS_TILE_ORDER``: ``tiles``, ``heads`` or a head group size), by CUDA events behind
+a device-side sleep (GPU time only, `kernels.bench.time_cuda(timing="device")`), and the
+backward's two kernels apart (an event after each launch). Next to them, SDPA EFFICIENT
+(float32) or FLASH (float16) forward and forward+backward on the same inputs, and the
+forward+backward ratio (SDPA / ours) for each backward order with the default forward. Each
+order's outputs are compared with the default order's: a tile's arithmetic does not depend on
+which block runs it, so the recorded difference should be exactly 0. Prints a line per case and
+writes the rows with provenance.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+FWD_ORDERS = ("tiles", "heads", "4")
+BWD_ORDERS = ("tiles", "heads", "4", "8")
+CASES = ([("fp32", 128, True, n) for n in (1024, 4096, 8192, 16384)]
+         + [("fp32", 128, False, 4096), ("fp32", 64, True, 4096), ("fp32", 64, True, 16384)]
+         + [("fp16", 128, True, n) for n in (4096, 16384)]
+         + [("fp16", 64, True, 16384), ("fp16", 128, False, 4096)])
+QUICK_CASES = [("fp32", 128, True, 4096), ("fp16", 64, True, 4096)]
+
+
+def _per_kernel_ms(torch, fn, reps=5):
+    """Milliseconds of each kernel ``fn`` launches through `kernels.fastlaunch` (an event
+    recorded after each launch, behind a device-side sleep); the median run by total."""
+    from kernels import fastlaunch
+    from kernels.bench import SLEEP_CYCLES
+    events = []
+    orig = fastlaunch.launch
+
+    def traced(*args, **kw):
+        orig(*args, **kw)
+        e = torch.cuda.Event(enable_timing=True)
+        e.record()
+        events.append(e)
+
+    runs = []
+    fastlaunch.launch = traced
+    try:
+        for _ in range(reps):
+            torch.cuda.synchronize()
+            torch.cuda._sleep(SLEEP_CYCLES)
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
+            events.clear()
+            fn()
+            torch.cuda.synchronize()
+            prev, ts = start, []
+            for e in events:
+                ts.append(prev.elapsed_time(e))
+                prev = e
+            runs.append(ts)
+    finally:
+        fastlaunch.launch = orig
+    runs.sort(key=sum)
+    return runs[len(runs) // 2]
+
+
+def _with_order(order, fn):
+    old = os.environ.get("KERNELS_TILE_ORDER")
+    if order is None:
+        os.environ.pop("KERNELS_TILE_ORDER", None)
+    else:
+        os.environ["KERNELS_TILE_ORDER"] = order
+    try:
+        return fn()
+    finally:
+        if old is None:
+            os.environ.pop("KERNELS_TILE_ORDER", None)
+        else:
+            os.environ["KERNELS_TILE_ORDER"] = old
+
+
+def run_case(torch, dt, d, causal, n, progress=print):
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    import kernels
+    from kernels.bench import time_cuda
+
+    b, h = max(1, 16384 // n), max(1, 2048 // d)
+    tdt = {"fp32": torch.float32, "fp16": torch.float16}[dt]
+    g = torch.Generator(device="cuda").manual_seed(n + d)
+    q, k, v, do = (torch.randn(b, h, n, d, device="cuda", dtype=tdt, generator=g)
+                   for _ in range(4))
+    scale = d ** -0.5
+    rec = {"dtype": dt, "head_dim": d, "causal": causal, "seq_len": n, "batch": b, "heads": h,
+           "fwd_ms": {}, "bwd_ms": {}, "bwd_kernel_ms": {}, "max_abs_diff_vs_default": {}}
+
+    def fwd():
+        return kernels.forward(q, k, v, scale=scale, causal=causal)
+
+    out, lse = fwd()
+    ref_bwd = kernels.backward(q, k, v, out, lse, do, scale=scale, causal=causal)
+
+    def bwd():
+        return kernels.backward(q, k, v, out, lse, do, scale=scale, causal=causal)
+
+    for order in FWD_ORDERS:
+        o, _ = _with_order(order, fwd)
+        rec["max_abs_diff_vs_default"][f"fwd:{order}"] = float((o - out).abs().max())
+        rec["fwd_ms"][order] = _with_order(order, lambda: time_cuda(torch, fwd, timing="device")[0])
+    rec["fwd_ms"]["default"] = time_cuda(torch, fwd, timing="device")[0]
+    for order in BWD_ORDERS:
+        grads = _with_order(order, bwd)
+        rec["max_abs_diff_vs_default"][f"bwd:{order}"] = max(
+            float((a - r).abs().max()) for a, r in zip(grads, ref_bwd))
+        rec["bwd_ms"][order] = _with_order(order, lambda: time_cuda(torch, bwd, timing="device")[0])
+        rec["bwd_kernel_ms"][order] = _with_order(order, lambda: _per_kernel_ms(torch, bwd))
+    rec["bwd_ms"]["default"] = time_cuda(torch, bwd, timing="device")[0]
+
+    backend = SDPBackend.EFFICIENT_ATTENTION if dt == "fp32" else SDPBackend.FLASH_ATTENTION
+    rec["sdpa_backend"] = backend.name
+    qg, kg, vg = (x.detach().requires_grad_(True) for x in (q, k, v))
+
+    def sdpa(backward):
+        with sdpa_kernel([backend]):
+            o = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
+            if backward:
+                o.backward(do)
+                qg.grad = kg.grad = vg.grad = None
+    rec["sdpa_fwd_ms"] = time_cuda(torch, lambda: sdpa(False), timing="device")[0]
+    rec["sdpa_fwdbwd_ms"] = time_cuda(torch, lambda: sdpa(True), timing="device")[0]
+    rec["fwdbwd_ratio"] = {o: rec["sdpa_fwdbwd_ms"] / (rec["fwd_ms"]["default"] + t)
+                           for o, t in rec["bwd_ms"].items()}
+    f, bw = rec["fwd_ms"], rec["bwd_ms"]
+    progress(f"{dt} d={d} causal={causal} N={n}: fwd " + " ".join(
+        f"{o} {t:.3f}" for o, t in f.items()) + " | bwd " + " ".join(
+        f"{o} {bw[o]:.2f} ({'+'.join(f'{x:.2f}' for x in rec['bwd_kernel_ms'][o])})"
+        for o in BWD_ORDERS) + f" default {bw['default']:.2f} | SDPA {rec['sdpa_backend']} fwd "
+        f"{rec['sdpa_fwd_ms']:.3f} fwd+bwd {rec['sdpa_fwdbwd_ms']:.2f} | fwd+bwd ratio " + " ".join(
+        f"{o} {r:.3f}" for o, r in rec["fwdbwd_ratio"].items()))
+    return rec
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="two cases only")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+
+    import torch
+
+    from kernels import tile_order
+    from kernels.bench import provenance_versions
+
+    print(torch.cuda.get_device_name(), "defaults:", tile_order.DEFAULT_HEAD_GROUP, flush=True)
+    rows = []
+    for case in (QUICK_CASES if args.quick else CASES):
+        rows.append(run_case(torch, *case, progress=lambda s: print(s, flush=True)))
+        torch.cuda.empty_cache()
+    if args.out:
+        prov = dict(provenance_versions(torch), timing="device",
+                    default_head_group={f"{p}:{'causal' if c else 'full'}": g
+                                        for (p, c), g in tile_order.DEFAULT_HEAD_GROUP.items()},
+                    command="python -m kernels.tune_order " + " ".join(
+                        sys.argv[1:] if argv is None else argv))
+        with open(args.out, "w") as f:
+            json.dump({"schema": "ioaware.tune_order/1", "provenance": prov, "rows": rows}, f,
+                      indent=1)
+        print("wrote", args.out)
+
+
+if __name__ == "__main__":
+    main()
