@@ -2,6 +2,9 @@
 default to per pass.
 
     python -m kernels.tune_order [--quick] [--out FILE.json]
+    ncu --clock-control none --profile-from-start off --csv --page raw --log-file FILE.csv \
+        --metrics gpu__time_duration.sum,lts__t_sector_hit_rate.pct,dram__bytes_read.sum,\
+lts__t_sectors_op_read.sum,launch__grid_size python -m kernels.tune_order --profile CASE
 
 For each case (dtype, head dim, causal, N; the benchmark's shapes, batch = 16384 / N and heads =
 2048 / d) it times our forward under each forward order and our backward under each backward
@@ -13,6 +16,14 @@ forward+backward ratio (SDPA / ours) for each backward order with the default fo
 order's outputs are compared with the default order's: a tile's arithmetic does not depend on
 which block runs it, so the recorded difference should be exactly 0. Prints a line per case and
 writes the rows with provenance.
+
+``--profile DTYPE:D:causal|full:N`` (e.g. ``fp32:128:causal:8192``) runs that case's forward
+and backward once per order of `PROFILE_ORDERS`, each after a warm-up call, between
+``cudaProfilerStart`` / ``Stop``, for a profiler started with ``--profile-from-start off``: it
+records three kernels per order (forward, dQ, dK/dV), in the order printed; with ``--out`` it
+writes the case, the orders and its provenance. ``--show-ncu FILE.csv`` prints such a
+profile's CSV as a table, one line per kernel (time, L2 hit rate, L2 read sectors, DRAM
+bytes read).
 """
 from __future__ import annotations
 
@@ -27,6 +38,54 @@ CASES = ([("fp32", 128, True, n) for n in (1024, 4096, 8192, 16384)]
          + [("fp32", 128, False, 4096), ("fp32", 64, True, 4096)]
          + [("fp16", 128, True, 4096), ("fp16", 64, True, 4096), ("fp16", 128, False, 4096)])
 QUICK_CASES = [("fp32", 128, True, 4096), ("fp16", 64, True, 4096)]
+PROFILE_ORDERS = ("tiles", "heads", "4")
+
+
+def profile_case(torch, dt, d, causal, n):
+    """One forward and one backward per order of `PROFILE_ORDERS`, each inside a profiler range
+    (see the module docstring). Returns the case's shape."""
+    import kernels
+    b, h = max(1, 16384 // n), max(1, 2048 // d)
+    tdt = {"fp32": torch.float32, "fp16": torch.float16}[dt]
+    g = torch.Generator(device="cuda").manual_seed(n + d)
+    q, k, v, do = (torch.randn(b, h, n, d, device="cuda", dtype=tdt, generator=g)
+                   for _ in range(4))
+    scale = d ** -0.5
+    for order in PROFILE_ORDERS:
+        def both():
+            out, lse = kernels.forward(q, k, v, scale=scale, causal=causal)
+            kernels.backward(q, k, v, out, lse, do, scale=scale, causal=causal)
+        _with_order(order, both)                  # compiles this order's kernels
+        torch.cuda.synchronize()
+        torch.cuda.profiler.start()
+        _with_order(order, both)
+        torch.cuda.synchronize()
+        torch.cuda.profiler.stop()
+        print(f"profiled order {order}: forward, dQ, dK/dV ({dt} d={d} causal={causal} N={n} "
+              f"B={b} H={h})", flush=True)
+    return {"dtype": dt, "head_dim": d, "causal": causal, "seq_len": n, "batch": b, "heads": h}
+
+
+PROFILE_KERNELS = ("forward", "dQ", "dK/dV")
+
+
+def show_ncu(path):
+    """The table of a ``--profile`` run's ncu CSV (three kernels per order of
+    `PROFILE_ORDERS`, in launch order)."""
+    from kernels.ncu import parse_ncu_csv
+    with open(path) as f:
+        rows = parse_ncu_csv(f.read())
+    if len(rows) != len(PROFILE_ORDERS) * len(PROFILE_KERNELS):
+        raise SystemExit(f"{path}: {len(rows)} kernels, expected "
+                         f"{len(PROFILE_ORDERS) * len(PROFILE_KERNELS)}")
+    print(f"{'order':>6} {'kernel':>7} {'grid':>6} {'ms':>8} {'L2 hit %':>9} "
+          f"{'L2 read sectors':>16} {'DRAM read GB':>13}")
+    for i, r in enumerate(rows):
+        m = r["metrics"]
+        print(f"{PROFILE_ORDERS[i // 3]:>6} {PROFILE_KERNELS[i % 3]:>7} "
+              f"{m['launch__grid_size']:6.0f} {m['gpu__time_duration.sum'] / 1e6:8.3f} "
+              f"{m['lts__t_sector_hit_rate.pct']:9.2f} {m['lts__t_sectors_op_read.sum']:16,.0f} "
+              f"{m['dram__bytes_read.sum'] / 1e9:13.3f}")
 
 
 def _per_kernel_ms(torch, fn, reps=5):
@@ -147,19 +206,39 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="two cases only")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--profile", metavar="DTYPE:D:causal|full:N", default=None,
+                    help="run one case per order for a profiler (see the module docstring)")
+    ap.add_argument("--show-ncu", metavar="FILE.csv", default=None,
+                    help="print a --profile run's ncu CSV as a table")
     args = ap.parse_args(argv)
+    if args.show_ncu:
+        show_ncu(args.show_ncu)
+        return
 
     import torch
 
     from kernels import tile_order
     from kernels.bench import provenance_versions
+    command = "python -m kernels.tune_order " + " ".join(sys.argv[1:] if argv is None else argv)
+    if args.profile:
+        dt, d, c, n = args.profile.split(":")
+        if dt not in ("fp32", "fp16") or c not in ("causal", "full"):
+            ap.error(f"--profile: expected e.g. fp32:128:causal:8192, got {args.profile!r}")
+        case = profile_case(torch, dt, int(d), c == "causal", int(n))
+        if args.out:
+            prov = dict(provenance_versions(torch), command=command,
+                        profiler=os.environ.get("IOAWARE_PROFILER_COMMAND", "unknown"))
+            with open(args.out, "w") as f:
+                json.dump({"schema": "ioaware.tune_order_profile/1", "provenance": prov,
+                           "case": case, "orders": list(PROFILE_ORDERS),
+                           "kernels_per_order": list(PROFILE_KERNELS)}, f, indent=1)
+        return
 
     print(torch.cuda.get_device_name(), "defaults:", tile_order.DEFAULT_HEAD_GROUP, flush=True)
     prov = dict(provenance_versions(torch), timing="device",
                 default_head_group={f"{p}:{'causal' if c else 'full'}": g
                                     for (p, c), g in tile_order.DEFAULT_HEAD_GROUP.items()},
-                command="python -m kernels.tune_order " + " ".join(
-                    sys.argv[1:] if argv is None else argv))
+                command=command)
     rows = []
     for case in (QUICK_CASES if args.quick else CASES):
         rows.append(run_case(torch, *case, progress=lambda s: print(s, flush=True)))

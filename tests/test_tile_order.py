@@ -90,3 +90,23 @@ def test_tune_order_restores_the_environment(monkeypatch):
     for case in tune_order.CASES + tune_order.QUICK_CASES:
         dt, d, causal, n = case
         assert dt in ("fp32", "fp16") and d in (64, 128) and n >= 1024
+
+
+def test_show_ncu_prints_the_shipped_profile(capsys):
+    # the table kernels/NOTES_TF32_BWD.md quotes, from the shipped ncu CSV
+    from pathlib import Path
+
+    from kernels import tune_order
+    path = (Path(__file__).resolve().parent.parent / "results"
+            / "ncu_order_fp32_d128_causal_8192_h100_2026-11-23.csv")
+    tune_order.show_ncu(str(path))
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1 + 9
+    rows = [ln.split() for ln in lines[1:]]
+    assert [r[0] for r in rows] == ["tiles"] * 3 + ["heads"] * 3 + ["4"] * 3
+    assert [r[1] for r in rows] == ["forward", "dQ", "dK/dV"] * 3
+    hit = {(r[0], r[1]): float(r[4]) for r in rows}
+    # heads first loses the backward's L2 sharing; groups of four keep it
+    assert hit[("heads", "dK/dV")] < 70 < 95 < hit[("4", "dK/dV")]
+    notes = (Path(__file__).resolve().parent.parent / "kernels" / "NOTES_TF32_BWD.md").read_text()
+    assert "\n".join(lines) in notes
