@@ -7,8 +7,9 @@ host side of `kernels.forward` and of `kernels.backward` (median of 30 calls, ea
 GPU sleeps, so the call returns as soon as its launches are enqueued: `kernels.bench.host_call_ms`)
 with Numba's own launch (``fastlaunch.FAST_LAUNCH = False``) and with the cached-overload launch,
 in the same process, and the GPU time of the forward alone (CUDA events behind a device-side
-sleep). It also prints the 25 most expensive functions of a fast-launch forward (cProfile), by own
-and by cumulative time.
+sleep), and splits the fast-launch forward's host time into the code before the launch, the
+launch, and the driver call alone (`launch_split`). It also prints the 25 most expensive
+functions of a fast-launch forward (cProfile), by own and by cumulative time.
 Writes a JSON file with provenance.
 """
 from __future__ import annotations
@@ -19,6 +20,45 @@ import io
 import json
 import pstats
 import sys
+
+
+def launch_split(torch, fn, reps=30):
+    """Where the host time of one fast-launch call of ``fn`` (a forward: one launch) goes:
+    ``pre_launch`` (everything before `fastlaunch.launch`, which is replaced by a no-op that
+    keeps its arguments), ``launch`` (`fastlaunch.launch` alone on those arguments: signature
+    key, marshalling, the driver call) and ``driver_call`` (the driver call alone, arguments
+    marshalled beforehand). Medians of ``reps`` calls, ms, by `kernels.bench.host_call_ms`."""
+    from cuda.core import launch as core_launch
+
+    from kernels import fastlaunch
+    from kernels.bench import host_call_ms
+    seen = {}
+    orig = fastlaunch.launch
+
+    def keep(kern, grid, block, stream, args, sharedmem=0):
+        seen.update(kern=kern, grid=grid, block=block, stream=stream, args=args,
+                    sharedmem=sharedmem)
+    fastlaunch.launch = keep
+    try:
+        pre = host_call_ms(torch, fn, reps=reps)
+    finally:
+        fastlaunch.launch = orig
+    k = seen
+
+    def launch_only():
+        orig(k["kern"], k["grid"], k["block"], k["stream"], k["args"], k["sharedmem"])
+    launch_only()
+    key = (id(k["kern"]),) + tuple(fastlaunch._arg_key(a) for a in k["args"])
+    plan = fastlaunch._OVERLOADS[key]
+    cfg = plan.config(k["grid"], k["block"], k["sharedmem"])
+    handle = plan.handle(fastlaunch.current_device_id())
+    marshalled = plan.marshal(k["args"], k["stream"])
+    out = {"pre_launch": pre, "launch": host_call_ms(torch, launch_only, reps=reps),
+           "driver_call": host_call_ms(torch, lambda: core_launch(k["stream"], cfg, handle,
+                                                                  *marshalled), reps=reps),
+           "launch_values": len(marshalled)}
+    torch.cuda.synchronize()
+    return out
 
 
 def main(argv=None):
@@ -60,6 +100,7 @@ def main(argv=None):
                 row[f"fwd_host_ms_{tag}"] = host_call_ms(torch, fwd, reps=30)
                 row[f"bwd_host_ms_{tag}"] = host_call_ms(torch, bwd, reps=30)
             row["fwd_gpu_ms"] = time_cuda(torch, fwd, timing="device")[0]
+            row.update({f"fwd_host_ms_{k}": v for k, v in launch_split(torch, fwd).items()})
             rows.append(row)
             print(json.dumps(row), flush=True)
             if dt_name == "fp16" and d == 64:
