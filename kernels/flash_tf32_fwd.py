@@ -10,8 +10,9 @@ the rounding of ``small`` are ~2**-22 of each product, so the result has float32
 The algorithm is FlashAttention-2, structured as `kernels.flash_mma_fwd`:
 
 * one thread block per (Q tile of ``block_q = 16 * num_warps`` rows, batch * head), longest
-  causal tiles first (of all heads: `kernels.tile_order`); each warp owns 16 query rows, with the running max ``m_i``, running sum
-  ``l_i`` and O accumulator in registers; Q's fragments are split into big/small once;
+  causal tiles first (of all heads: `kernels.tile_order`); each warp owns 16 query rows, with
+  the running max ``m_i``, running sum ``l_i`` and O accumulator in registers; Q's fragments
+  are split into big/small once;
 * the default (``presplit``, `default_config`; both head dims: 8 warps, 32-key stages, dynamic
   shared memory through `kernels.fastlaunch`, 224 KiB at d=128): each K/V tile lands raw by
   ``cp.async`` in one stage (V copied so a thread holds key pairs 2p, 2p + 1); each thread
