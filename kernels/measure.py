@@ -299,6 +299,10 @@ def empty_record(cfg: dict) -> dict:
     for f in TIME_FIELDS + COUNTER_FIELDS:
         rec[f] = None
     rec["variant"] = cfg.get("variant")
+    if cfg.get("variant") in VARIANT_DTYPES:     # tensor-core kernels: their launch order
+        from kernels import tile_order
+        rec["launch_head_group"] = tile_order.head_group(
+            cfg["causal"], "fwd" if cfg["pass"] == "fwd" else "bwd")
     return rec
 
 

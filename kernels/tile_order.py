@@ -2,7 +2,8 @@
 
 Every tensor-core kernel is launched on the grid (n_tiles, B*H), which the GPU hands out
 x-fastest; the kernel turns its block's place in that order into (tile, batch*head) with
-`device_tile_and_head`, compiled for a *head group* of ``g`` heads:
+`device_tile_and_head`, compiled for a *head group* of ``g`` heads (the host side of the same
+map, which tests and the cost model's trace use, is `ioaware.launch_order`):
 
 * ``g = 1`` (*tiles first*): every head's tiles are dispatched together, heads one after
   another -- the blocks that run at the same time share a head's K/V (or Q/dO) in L2;
@@ -25,6 +26,11 @@ import os
 
 from numba import cuda   # a global (not a closure variable), which the CUDA simulator replaces
 
+from ioaware.launch_order import block_work, dispatch_positions   # the host-side answer
+
+__all__ = ["ENV", "DEFAULT_HEAD_GROUP", "head_group", "grid", "device_tile_and_head",
+           "block_work", "dispatch_positions"]
+
 ENV = "KERNELS_TILE_ORDER"
 #: Head group per (pass, causal) (see the module docstring; 0 = all heads, 1 = tiles first).
 DEFAULT_HEAD_GROUP = {("fwd", False): 1, ("fwd", True): 0, ("bwd", False): 1, ("bwd", True): 4}
@@ -46,23 +52,9 @@ def head_group(causal: bool, pass_: str = "fwd") -> int:
 
 def grid(n_tiles: int, n_bh: int) -> tuple[int, int]:
     """The launch grid for ``n_tiles`` tiles of each of ``n_bh`` (batch*head) pairs (the same
-    for every head group; `device_tile_and_head` maps a block to its work)."""
+    for every head group; `device_tile_and_head` maps a block to its work, as
+    `ioaware.launch_order.block_work` does on the host)."""
     return (n_tiles, n_bh)
-
-
-def block_work(block_x: int, block_y: int, n_tiles: int, n_bh: int, group: int):
-    """Host twin of `device_tile_and_head` (for tests and tools): the (tile, bh) of block
-    (block_x, block_y) of `grid` under head group ``group``."""
-    if group == 1:
-        return block_x, block_y
-    lin = block_x + n_tiles * block_y
-    g = group if group > 0 else n_bh
-    per_group = g * n_tiles
-    grp = lin // per_group
-    r = lin - grp * per_group
-    gg = min(g, n_bh - grp * g)
-    tile = r // gg
-    return tile, grp * g + r - tile * gg
 
 
 def device_tile_and_head(group: int):

@@ -23,7 +23,10 @@ and backward once per order of `PROFILE_ORDERS`, each after a warm-up call, betw
 records three kernels per order (forward, dQ, dK/dV), in the order printed; with ``--out`` it
 writes the case, the orders and its provenance. ``--show-ncu FILE.csv`` prints such a
 profile's CSV as a table, one line per kernel (time, L2 hit rate, L2 read sectors, DRAM
-bytes read).
+bytes read). ``--model-ncu FILE.json`` (the ``--out`` of a ``--profile`` run, its CSV beside it)
+puts the cost model's DRAM reads next to the measured ones: `sim.model.predict` with
+``Schedule.launch_head_group`` set to each order, the L2 model replaying the trace in that
+dispatch order (on the CPU).
 """
 from __future__ import annotations
 
@@ -202,6 +205,60 @@ def run_case(torch, dt, d, causal, n, progress=print):
     return rec
 
 
+def model_vs_ncu(profile_json, profile="h100"):
+    """Measured (ncu) against predicted (sim, L2 model in each launch order) DRAM reads of a
+    ``--profile`` run: ``profile_json`` is its ``--out``, the CSV has the same name ending in
+    ``.csv``. Prints one line per (order, kernel); returns the rows."""
+    from pathlib import Path
+
+    from kernels.ncu import parse_ncu_csv
+    from sim.model import predict
+    from sim.workload import Schedule, Workload
+    with open(profile_json) as f:
+        doc = json.load(f)
+    case = doc["case"]
+    rows = parse_ncu_csv(Path(profile_json).with_suffix(".csv").read_text())
+    if len(rows) != len(PROFILE_ORDERS) * len(PROFILE_KERNELS):
+        raise SystemExit(f"{profile_json}: {len(rows)} kernels in its CSV, expected "
+                         f"{len(PROFILE_ORDERS) * len(PROFILE_KERNELS)}")
+    d, dt, causal = case["head_dim"], case["dtype"], case["causal"]
+    if dt == "fp32":
+        from kernels.flash_tf32_fwd import default_blocks
+        fwd_blocks, unit = default_blocks(d), "tf32"
+    else:
+        from kernels.flash_mma_fwd import default_blocks
+        fwd_blocks, unit = default_blocks(d, causal), "tensor"
+    shape = dict(batch=case["batch"], heads=case["heads"], seq_len_q=case["seq_len"],
+                 head_dim=d, dtype=dt, causal=causal)
+    out = []
+    print(f"{'order':>6} {'kernel':>7} {'measured GB':>12} {'predicted GB':>13} {'error':>7} "
+          f"{'L2 model':>9}")
+    for i, order in enumerate(PROFILE_ORDERS):
+        g = {"tiles": 1, "heads": 0}.get(order)
+        g = int(order) if g is None else g
+        # the backward kernels' tiles are 64 rows (Q in the dQ kernel, K in the dK/dV kernel)
+        pf = predict(Workload(**shape, pass_="fwd"),
+                     Schedule("flash2", *fwd_blocks, matmul_unit=unit, exp_flops=0,
+                              launch_head_group=g), profile, calibration=None)
+        pb = predict(Workload(**shape, pass_="bwd"),
+                     Schedule("flash2", 64, 64, matmul_unit=unit, exp_flops=0, dq_mode="kernel",
+                              launch_head_group=g), profile, calibration=None)
+        ph = {**pf.phases, **pb.phases}
+        pred = {"forward": ph["fwd"]["dram_read_bytes"],
+                # the dQ kernel computes delta itself (the model's bwd.pre)
+                "dQ": ph["bwd.dq"]["dram_read_bytes"] + ph["bwd.pre"]["dram_read_bytes"],
+                "dK/dV": ph["bwd.main"]["dram_read_bytes"]}
+        for j, kern in enumerate(PROFILE_KERNELS):
+            meas = rows[3 * i + j]["metrics"]["dram__bytes_read.sum"]
+            err = pred[kern] / meas - 1
+            out.append({"order": order, "kernel": kern, "measured_dram_read_bytes": meas,
+                        "predicted_dram_read_bytes": pred[kern], "l2_model": pf.l2.model
+                        if kern == "forward" else pb.l2.model})
+            print(f"{order:>6} {kern:>7} {meas / 1e9:12.3f} {pred[kern] / 1e9:13.3f} "
+                  f"{100 * err:+6.0f}% {out[-1]['l2_model']:>9}")
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="two cases only")
@@ -210,9 +267,14 @@ def main(argv=None):
                     help="run one case per order for a profiler (see the module docstring)")
     ap.add_argument("--show-ncu", metavar="FILE.csv", default=None,
                     help="print a --profile run's ncu CSV as a table")
+    ap.add_argument("--model-ncu", metavar="FILE.json", default=None,
+                    help="the cost model's DRAM reads against a --profile run's (CPU)")
     args = ap.parse_args(argv)
     if args.show_ncu:
         show_ncu(args.show_ncu)
+        return
+    if args.model_ncu:
+        model_vs_ncu(args.model_ncu)
         return
 
     import torch

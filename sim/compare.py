@@ -235,7 +235,8 @@ def model_for_record(rec: dict, registers: bool = True):
                          dq_mode=dq_mode, micro_tile=tiles[0], micro_tile_kv=tiles[1],
                          delta_kernel=delta, exp_flops=exp_flops,
                          qo_segment_bytes=MMA_FRAGMENT_ROW_BYTES if variant == "mma" else None,
-                         registers_per_thread=regs, registers_per_thread_kv=regs_kv)
+                         registers_per_thread=regs, registers_per_thread_kv=regs_kv,
+                         launch_head_group=rec.get("launch_head_group"))
         note += "flash2, measured blocks, " + ("CUDA cores" if unit == "cuda"
                                                 else "tensor cores, exp by ex2.approx")
         if tiles[0] is not None:

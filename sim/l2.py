@@ -6,10 +6,10 @@ Assumptions (all visible here, none hidden in constants elsewhere):
   ``slots = num_sms * blocks_per_sm`` concurrent slots (greedy list scheduling: a program starts
   when the earliest slot frees). Every program advances one ``step`` per time unit, so events
   are replayed ordered by (phase, start + step, program). Phases run one after another; the L2
-  keeps its contents across phases. Launch order is the trace's program order, tiles first
-  ((b, h, tile), tile fastest); the tensor-core kernels' causal launches go heads first (forward)
-  or heads first in groups of four (backward) since `kernels.tile_order`, an order this model
-  does not follow (results/NOTES.md, "Launch order and the L2 model").
+  keeps its contents across phases. Launch order is the trace's program order: (b, h, tile),
+  tile fastest, or with ``Schedule.launch_head_group`` the tensor-core kernels' dispatch order
+  (`ioaware.launch_order`). The analytic fallback below has no notion of order
+  (results/NOTES.md, "Launch order and the L2 model").
 * **Cache.** One unified, fully associative LRU of ``l2_bytes`` (the two partitions of A100/H100
   L2 and their duplication are not modelled) at a granularity of ``granularity`` bytes
   (default 4 KiB). A load or atomic that misses a granule reads from DRAM the bytes it touches in

@@ -481,7 +481,9 @@ def schedule_for_record(rec: dict) -> Schedule:
     return Schedule(name, rec.get("block_q"), rec.get("block_k"), matmul_unit=unit, dq_mode=dq_mode,
                     micro_tile=tiles[0], micro_tile_kv=tiles[1], delta_kernel=delta,
                     exp_flops=0 if mma else EXP_FLOPS,
-                    qo_segment_bytes=MMA_FRAGMENT_ROW_BYTES if mma else None)
+                    qo_segment_bytes=MMA_FRAGMENT_ROW_BYTES if mma else None,
+                    launch_head_group=(rec.get("launch_head_group") if name == "flash2"
+                                       else None))
 
 
 def calibrate(records, profile) -> Efficiency | None:

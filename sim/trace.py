@@ -457,7 +457,34 @@ def trace(workload: Workload, schedule: Schedule, profile=None, *, block_q=None,
                 tb.n_programs["bwd.post"] = prog
         if p == "bwd" and gqa:
             _reduce(tb, w)
-    return tb.build(meta)
+    tr = tb.build(meta)
+    if schedule.name == "flash2" and schedule.launch_head_group is not None:
+        _launch_order(tr, B * H, schedule.launch_head_group)
+    return tr
+
+
+#: flash2 phases whose programs the tensor-core kernels launch in `ioaware.launch_order`'s
+#: order, and whether a head's tiles go longest first (reversed Q-block order).
+_ORDERED_PHASES = {"fwd": True, "bwd.dq": True, "bwd.main": False}
+
+
+def _launch_order(tr: Trace, n_bh: int, group: int) -> None:
+    """Renumber the programs of `_ORDERED_PHASES` in the kernels' dispatch order under head
+    group ``group``: programs are numbered (b, h, tile) there, one per tile of every (b, h)."""
+    from ioaware.launch_order import dispatch_positions
+    c = tr.columns
+    for pid, name in enumerate(tr.phases):
+        if name not in _ORDERED_PHASES:
+            continue
+        n_prog = tr.meta["n_programs"][name]
+        if n_prog % n_bh:
+            raise ValueError(f"phase {name}: {n_prog} programs for {n_bh} heads")
+        n_tiles = n_prog // n_bh
+        pos = dispatch_positions(n_tiles, n_bh, group)          # [bh, kernel tile]
+        if _ORDERED_PHASES[name]:
+            pos = pos[:, ::-1]                                  # trace tile j = kernel tile n-1-j
+        sel = c["phase"] == pid
+        c["program"][sel] = pos.reshape(-1)[c["program"][sel]]
 
 
 def _reduce(tb: _Builder, w: Workload):

@@ -230,6 +230,12 @@ class Schedule:
         model (:func:`occupancy`). None (default): registers not modelled.
     registers_per_thread_kv : likewise for the dK/dV kernel (phase ``bwd.main``); None: not
         modelled (without a micro-tile, ``registers_per_thread`` applies to it too).
+    launch_head_group : flash2 only, the tensor-core kernels' launch order
+        (`ioaware.launch_order`: 1 tiles first, 0 heads first, g > 1 heads first in groups of
+        g heads; the forward and dQ kernels take their longest Q tiles first). The trace numbers
+        the programs of ``fwd``, ``bwd.dq`` and ``bwd.main`` in that dispatch order, which only
+        the L2 model's interleaving sees (byte counts and FLOPs do not depend on it). None
+        (default): the trace's own order, (b, h, tile) with tile ascending.
     """
 
     name: str = "flash2"
@@ -247,6 +253,7 @@ class Schedule:
     qo_segment_bytes: int | None = None
     registers_per_thread: int | None = None
     registers_per_thread_kv: int | None = None
+    launch_head_group: int | None = None
 
     def __post_init__(self) -> None:
         if self.name not in SCHEDULES:
@@ -282,6 +289,13 @@ class Schedule:
         for nm in ("registers_per_thread", "registers_per_thread_kv"):
             if getattr(self, nm) is not None:
                 object.__setattr__(self, nm, _posint(f"Schedule.{nm}", getattr(self, nm)))
+        if self.launch_head_group is not None:
+            v = self.launch_head_group
+            if (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0
+                    or self.name != "flash2"):
+                raise ValueError(f"Schedule.launch_head_group must be None or an integer >= 0 "
+                                 f"(schedule 'flash2' only), got {v!r} for {self.name!r}")
+            object.__setattr__(self, "launch_head_group", int(v))
         if self.delta_kernel not in DELTA_KERNELS:
             raise ValueError(f"Schedule.delta_kernel must be one of {DELTA_KERNELS}, got {self.delta_kernel!r}")
 
@@ -316,7 +330,8 @@ class Schedule:
                 "dq_mode": self.dq_mode, "variant": self.variant,
                 "micro_tile": list(self.micro_tile) if self.micro_tile else None,
                 "micro_tile_kv": list(self.micro_tile_kv) if self.micro_tile_kv else None,
-                "delta_kernel": self.delta_kernel, "qo_segment_bytes": self.qo_segment_bytes}
+                "delta_kernel": self.delta_kernel, "qo_segment_bytes": self.qo_segment_bytes,
+                "launch_head_group": self.launch_head_group}
 
 
 # -- block masks --------------------------------------------------------------------------------

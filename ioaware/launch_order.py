@@ -1,0 +1,51 @@
+"""Which (tile, batch*head) the blocks of a tiled kernel's grid work on, in dispatch order.
+
+The GPU hands out a grid's blocks x-fastest. The tensor-core kernels are launched on the grid
+(n_tiles, B*H) and map a block's dispatch position to its work under a *head group* ``g``
+(`kernels.tile_order` compiles this map into the kernels):
+
+* ``g = 1`` (tiles first): head 0's tiles, then head 1's, ...;
+* ``g = 0`` (heads first): tile 0 of every head, then tile 1 of every head, ...;
+* ``g > 1``: heads first within groups of ``g`` heads, the groups one after another.
+
+This module is the answer for the host side: the kernels' tests and the cost model's trace
+(`sim.trace`, which replays programs in this order through its L2 model) use it, so that the
+model follows the order that runs.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["block_work", "dispatch_positions"]
+
+
+def block_work(block_x: int, block_y: int, n_tiles: int, n_bh: int, group: int):
+    """The (tile, bh) of block (block_x, block_y) of the grid (n_tiles, n_bh) under head group
+    ``group``."""
+    if group == 1:
+        return block_x, block_y
+    lin = block_x + n_tiles * block_y
+    g = group if group > 0 else n_bh
+    per_group = g * n_tiles
+    grp = lin // per_group
+    r = lin - grp * per_group
+    gg = min(g, n_bh - grp * g)
+    tile = r // gg
+    return tile, grp * g + r - tile * gg
+
+
+def dispatch_positions(n_tiles: int, n_bh: int, group: int) -> np.ndarray:
+    """``pos[bh, tile]``: the dispatch position (0 = first) of the block that works on
+    (tile, bh) under head group ``group``."""
+    if group < 0:
+        raise ValueError(f"head group must be >= 0, got {group}")
+    pos = np.empty((n_bh, n_tiles), dtype=np.int64)
+    if group == 1:
+        pos[:] = np.arange(n_bh * n_tiles).reshape(n_bh, n_tiles)
+        return pos
+    g = group if group > 0 else n_bh
+    for g0 in range(0, n_bh, g):              # group by group: tile-major inside the group
+        gg = min(g, n_bh - g0)
+        base = g0 * n_tiles
+        pos[g0:g0 + gg, :] = base + np.arange(n_tiles)[None, :] * gg + np.arange(gg)[:, None]
+    return pos
