@@ -16,7 +16,16 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["block_work", "dispatch_positions"]
+__all__ = ["block_work", "dispatch_positions", "parse_head_group"]
+
+
+def parse_head_group(value: str, what: str = "launch order") -> int:
+    """A head group from its name: ``tiles`` (1), ``heads`` (0) or a group size."""
+    if value in ("tiles", "heads"):
+        return 1 if value == "tiles" else 0
+    if not value.isdigit():
+        raise ValueError(f"{what} must be 'tiles', 'heads' or a group size, got {value!r}")
+    return int(value)
 
 
 def block_work(block_x: int, block_y: int, n_tiles: int, n_bh: int, group: int):

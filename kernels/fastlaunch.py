@@ -241,6 +241,18 @@ def _slow(kern, key, grid, block, stream, args, sharedmem):
         _OVERLOADS[key] = _Plan(kern, compiled, args)
 
 
+def signature_key(kern, args) -> tuple:
+    """The cache key of a launch of ``kern`` with ``args``: the dispatcher and each argument's
+    `_arg_key`."""
+    return (id(kern),) + tuple(_arg_key(a) for a in args)
+
+
+def plan_for(kern, args):
+    """The cached `_Plan` of this launch's signature, or None before its first launch."""
+    plan = _OVERLOADS.get(signature_key(kern, args))
+    return plan if plan is not None and plan.kern is kern else None
+
+
 def launch(kern, grid, block, stream, args, sharedmem=0):
     """Launch the Numba dispatcher ``kern`` as ``kern[grid, block, stream, sharedmem](*args)``.
 
@@ -251,7 +263,7 @@ def launch(kern, grid, block, stream, args, sharedmem=0):
     if not FAST_LAUNCH:
         _slow(kern, None, grid, block, stream, args, sharedmem)
         return
-    key = (id(kern),) + tuple(_arg_key(a) for a in args)
+    key = signature_key(kern, args)
     plan = _OVERLOADS.get(key)
     if plan is None or plan.kern is not kern:
         _slow(kern, key, grid, block, stream, args, sharedmem)

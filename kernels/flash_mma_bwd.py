@@ -898,13 +898,13 @@ def backward(q, k, v, out, lse, dout, *, scale, causal=False, mask=None, block_m
     head_group = tile_order.head_group(causal, "bwd")
     kern = get_dq_kernel(d, dq_bq, dq_bk, is_bf16, bool(causal), has_mask, has_dropout,
                          head_group)
-    fastlaunch.launch(kern, tile_order.grid(cdiv(n_q, dq_bq), batch * heads),
+    fastlaunch.launch(kern, (cdiv(n_q, dq_bq), batch * heads),
                       kern.threads, stream, (
         qd, kd, vd, od, dod, lsed, deltad, dqd, kv_off, kv_idx, kv_sb, kv_sh, group, n_q, n_k,
         *consts))
     kern = get_dkdv_kernel(d, kv_bk, kv_bq, is_bf16, bool(causal), has_mask, has_dropout,
                            head_group)
-    fastlaunch.launch(kern, tile_order.grid(cdiv(n_k, kv_bk), batch * heads_kv),
+    fastlaunch.launch(kern, (cdiv(n_k, kv_bk), batch * heads_kv),
                       kern.threads, stream, (
         qd, kd, vd, dod, lsed, deltad, dkd, dvd, q_off, q_idx, q_sb, q_sh, group, n_q, n_k,
         *consts))

@@ -617,7 +617,7 @@ def forward(q, k, v, *, scale, causal=False, mask=None, block_mask=None, dropout
     head_group = tile_order.head_group(causal, "fwd")
     kern = get_kernel(d, block_q, block_k, is_bf16, bool(causal), has_mask, has_dropout,
                       head_group)
-    grid = tile_order.grid(cdiv(n_q, block_q), batch * heads)
+    grid = (cdiv(n_q, block_q), batch * heads)
     fastlaunch.launch(kern, grid, kern.threads, stream, (
         qd, kd, vd, outd, lsed, offs_d, idx_d, sb, sh, heads // heads_kv, n_q, n_k,
         maskd, mb, mh, mq, np.float32(scale * LOG2E), np.uint32(seed_hash), np.uint32(threshold),

@@ -167,7 +167,6 @@ def q_split_once(head_dim: int) -> bool:
 
 
 _KERNELS: dict = {}
-_BY_REQUEST: dict = {}     # get_kernel's arguments (and the config variable) -> kernel
 
 
 def get_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, split_once=None,
@@ -177,11 +176,6 @@ def get_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, split_
     `tile_order.head_group`. ``kernel.smem_bytes`` is its dynamic shared memory."""
     if head_group is None:
         head_group = tile_order.head_group(causal, "fwd")
-    fast_key = (head_dim, block_q, block_k, causal, has_mask, has_dropout, split_once, presplit,
-                s_dual, s_unroll, head_group, os.environ.get(_CONFIG_ENV.format(head_dim)))
-    kern = _BY_REQUEST.get(fast_key)
-    if kern is not None:
-        return kern
     cfg = default_config(head_dim)
     split_once = cfg["split_once"] if split_once is None else bool(split_once)
     presplit = cfg["presplit"] if presplit is None else bool(presplit)
@@ -192,7 +186,6 @@ def get_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, split_
            s_dual, s_unroll, int(head_group))
     if key not in _KERNELS:
         _KERNELS[key] = _build_kernel(*key)
-    _BY_REQUEST[fast_key] = _KERNELS[key]
     return _KERNELS[key]
 
 
@@ -717,7 +710,7 @@ def forward(q, k, v, *, scale, causal=False, mask=None, block_mask=None, dropout
     head_group = tile_order.head_group(causal, "fwd")
     kern = get_kernel(d, block_q, block_k, bool(causal), has_mask, has_dropout,
                       head_group=head_group)
-    grid = tile_order.grid(cdiv(n_q, block_q), batch * heads)
+    grid = (cdiv(n_q, block_q), batch * heads)
     fastlaunch.launch(kern, grid, kern.threads, stream, (
         qd, kd, vd, outd, lsed, offs_d, idx_d, sb, sh, heads // heads_kv, n_q, n_k,
         maskd, mb, mh, mq, np.float32(scale * LOG2E), np.uint32(seed_hash), np.uint32(threshold),

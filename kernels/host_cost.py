@@ -48,8 +48,7 @@ def launch_split(torch, fn, reps=30):
     def launch_only():
         orig(k["kern"], k["grid"], k["block"], k["stream"], k["args"], k["sharedmem"])
     launch_only()
-    key = (id(k["kern"]),) + tuple(fastlaunch._arg_key(a) for a in k["args"])
-    plan = fastlaunch._OVERLOADS[key]
+    plan = fastlaunch.plan_for(k["kern"], k["args"])
     cfg = plan.config(k["grid"], k["block"], k["sharedmem"])
     handle = plan.handle(fastlaunch.current_device_id())
     marshalled = plan.marshal(k["args"], k["stream"])

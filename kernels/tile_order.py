@@ -26,10 +26,9 @@ import os
 
 from numba import cuda   # a global (not a closure variable), which the CUDA simulator replaces
 
-from ioaware.launch_order import block_work, dispatch_positions   # the host-side answer
+from ioaware.launch_order import parse_head_group
 
-__all__ = ["ENV", "DEFAULT_HEAD_GROUP", "head_group", "grid", "device_tile_and_head",
-           "block_work", "dispatch_positions"]
+__all__ = ["ENV", "DEFAULT_HEAD_GROUP", "head_group", "device_tile_and_head"]
 
 ENV = "KERNELS_TILE_ORDER"
 #: Head group per (pass, causal) (see the module docstring; 0 = all heads, 1 = tiles first).
@@ -42,24 +41,14 @@ def head_group(causal: bool, pass_: str = "fwd") -> int:
     ``KERNELS_TILE_ORDER`` says ``tiles``, ``heads`` or a group size."""
     forced = os.environ.get(ENV)
     if forced:
-        if forced in ("tiles", "heads"):
-            return 1 if forced == "tiles" else 0
-        if not forced.isdigit():
-            raise ValueError(f"{ENV} must be 'tiles', 'heads' or a group size, got {forced!r}")
-        return int(forced)
+        return parse_head_group(forced, ENV)
     return DEFAULT_HEAD_GROUP[(pass_, bool(causal))]
-
-
-def grid(n_tiles: int, n_bh: int) -> tuple[int, int]:
-    """The launch grid for ``n_tiles`` tiles of each of ``n_bh`` (batch*head) pairs (the same
-    for every head group; `device_tile_and_head` maps a block to its work, as
-    `ioaware.launch_order.block_work` does on the host)."""
-    return (n_tiles, n_bh)
 
 
 def device_tile_and_head(group: int):
     """A device function ``() -> (tile, bh, n_tiles)`` for kernels compiled for head group
-    ``group`` (see the module docstring), launched on `grid`."""
+    ``group`` (see the module docstring), launched on the grid (n_tiles, n_bh); its host twin
+    is `ioaware.launch_order.block_work`."""
     if group == 1:
         @cuda.jit(device=True, inline=True)
         def tile_and_head():

@@ -44,15 +44,22 @@ QUICK_CASES = [("fp32", 128, True, 4096), ("fp16", 64, True, 4096)]
 PROFILE_ORDERS = ("tiles", "heads", "4")
 
 
-def profile_case(torch, dt, d, causal, n):
-    """One forward and one backward per order of `PROFILE_ORDERS`, each inside a profiler range
-    (see the module docstring). Returns the case's shape."""
-    import kernels
+def _case_inputs(torch, dt, d, n):
+    """(batch, heads, q, k, v, dout) of a case: the benchmark's shapes (batch = 16384 / N,
+    heads = 2048 / d), seeded by N and d."""
     b, h = max(1, 16384 // n), max(1, 2048 // d)
     tdt = {"fp32": torch.float32, "fp16": torch.float16}[dt]
     g = torch.Generator(device="cuda").manual_seed(n + d)
     q, k, v, do = (torch.randn(b, h, n, d, device="cuda", dtype=tdt, generator=g)
                    for _ in range(4))
+    return b, h, q, k, v, do
+
+
+def profile_case(torch, dt, d, causal, n):
+    """One forward and one backward per order of `PROFILE_ORDERS`, each inside a profiler range
+    (see the module docstring). Returns the case's shape."""
+    import kernels
+    b, h, q, k, v, do = _case_inputs(torch, dt, d, n)
     scale = d ** -0.5
     for order in PROFILE_ORDERS:
         def both():
@@ -72,15 +79,22 @@ def profile_case(torch, dt, d, causal, n):
 PROFILE_KERNELS = ("forward", "dQ", "dK/dV")
 
 
+def _profile_rows(csv_path):
+    """The kernels of a ``--profile`` run's ncu CSV (`kernels.ncu.parse_ncu_csv`): three per
+    order of `PROFILE_ORDERS`, in launch order."""
+    from kernels.ncu import parse_ncu_csv
+    with open(csv_path) as f:
+        rows = parse_ncu_csv(f.read())
+    if len(rows) != len(PROFILE_ORDERS) * len(PROFILE_KERNELS):
+        raise SystemExit(f"{csv_path}: {len(rows)} kernels, expected "
+                         f"{len(PROFILE_ORDERS) * len(PROFILE_KERNELS)}")
+    return rows
+
+
 def show_ncu(path):
     """The table of a ``--profile`` run's ncu CSV (three kernels per order of
     `PROFILE_ORDERS`, in launch order)."""
-    from kernels.ncu import parse_ncu_csv
-    with open(path) as f:
-        rows = parse_ncu_csv(f.read())
-    if len(rows) != len(PROFILE_ORDERS) * len(PROFILE_KERNELS):
-        raise SystemExit(f"{path}: {len(rows)} kernels, expected "
-                         f"{len(PROFILE_ORDERS) * len(PROFILE_KERNELS)}")
+    rows = _profile_rows(path)
     print(f"{'order':>6} {'kernel':>7} {'grid':>6} {'ms':>8} {'L2 hit %':>9} "
           f"{'L2 read sectors':>16} {'DRAM read GB':>13}")
     for i, r in enumerate(rows):
@@ -128,18 +142,20 @@ def _per_kernel_ms(torch, fn, reps=5):
 
 
 def _with_order(order, fn):
-    old = os.environ.get("KERNELS_TILE_ORDER")
-    if order is None:
-        os.environ.pop("KERNELS_TILE_ORDER", None)
-    else:
-        os.environ["KERNELS_TILE_ORDER"] = order
+    """``fn()`` with ``KERNELS_TILE_ORDER`` set to ``order`` (None: unset), restored after."""
+    from kernels.tile_order import ENV
+
+    def set_order(value):
+        if value is None:
+            os.environ.pop(ENV, None)
+        else:
+            os.environ[ENV] = value
+    old = os.environ.get(ENV)
+    set_order(order)
     try:
         return fn()
     finally:
-        if old is None:
-            os.environ.pop("KERNELS_TILE_ORDER", None)
-        else:
-            os.environ["KERNELS_TILE_ORDER"] = old
+        set_order(old)
 
 
 def run_case(torch, dt, d, causal, n, progress=print):
@@ -149,11 +165,7 @@ def run_case(torch, dt, d, causal, n, progress=print):
     import kernels
     from kernels.bench import time_cuda
 
-    b, h = max(1, 16384 // n), max(1, 2048 // d)
-    tdt = {"fp32": torch.float32, "fp16": torch.float16}[dt]
-    g = torch.Generator(device="cuda").manual_seed(n + d)
-    q, k, v, do = (torch.randn(b, h, n, d, device="cuda", dtype=tdt, generator=g)
-                   for _ in range(4))
+    b, h, q, k, v, do = _case_inputs(torch, dt, d, n)
     scale = d ** -0.5
     rec = {"dtype": dt, "head_dim": d, "causal": causal, "seq_len": n, "batch": b, "heads": h,
            "fwd_ms": {}, "bwd_ms": {}, "bwd_kernel_ms": {}, "max_abs_diff_vs_default": {}}
@@ -211,16 +223,13 @@ def model_vs_ncu(profile_json, profile="h100"):
     ``.csv``. Prints one line per (order, kernel); returns the rows."""
     from pathlib import Path
 
-    from kernels.ncu import parse_ncu_csv
+    from ioaware.launch_order import parse_head_group
     from sim.model import predict
     from sim.workload import Schedule, Workload
     with open(profile_json) as f:
         doc = json.load(f)
     case = doc["case"]
-    rows = parse_ncu_csv(Path(profile_json).with_suffix(".csv").read_text())
-    if len(rows) != len(PROFILE_ORDERS) * len(PROFILE_KERNELS):
-        raise SystemExit(f"{profile_json}: {len(rows)} kernels in its CSV, expected "
-                         f"{len(PROFILE_ORDERS) * len(PROFILE_KERNELS)}")
+    rows = _profile_rows(Path(profile_json).with_suffix(".csv"))
     d, dt, causal = case["head_dim"], case["dtype"], case["causal"]
     if dt == "fp32":
         from kernels.flash_tf32_fwd import default_blocks
@@ -234,8 +243,7 @@ def model_vs_ncu(profile_json, profile="h100"):
     print(f"{'order':>6} {'kernel':>7} {'measured GB':>12} {'predicted GB':>13} {'error':>7} "
           f"{'L2 model':>9}")
     for i, order in enumerate(PROFILE_ORDERS):
-        g = {"tiles": 1, "heads": 0}.get(order)
-        g = int(order) if g is None else g
+        g = parse_head_group(order)
         # the backward kernels' tiles are 64 rows (Q in the dQ kernel, K in the dK/dV kernel)
         pf = predict(Workload(**shape, pass_="fwd"),
                      Schedule("flash2", *fwd_blocks, matmul_unit=unit, exp_flops=0,

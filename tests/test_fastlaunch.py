@@ -88,7 +88,7 @@ def test_launch_matches_numba_launch_every_layout(cuda_torch):
         grid = ((x.shape[0] + 15) // 16, (x.shape[1] + 15) // 16)
         for rep in range(3):           # first call compiles / caches, the rest reuse
             out = torch.full(x.shape, float("nan"), device="cuda")
-            key = (id(axpy),) + tuple(fastlaunch._arg_key(a) for a in (x, y, out, np.float32(2.5), 7))
+            key = fastlaunch.signature_key(axpy, (x, y, out, np.float32(2.5), 7))
             fastlaunch.launch(axpy, grid, (16, 16), stream, (x, y, out, np.float32(2.5), 7))
             torch.cuda.synchronize()
             assert torch.allclose(out, want, rtol=1e-6, atol=1e-6), (name, rep)

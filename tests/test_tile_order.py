@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from numba import cuda   # a global, which the CUDA simulator replaces inside kernels
 
+from ioaware.launch_order import block_work
 from kernels import tile_order
 
 
@@ -32,7 +33,7 @@ def _dispatch_order(n_tiles, n_bh, group):
     order = np.full((n_bh, n_tiles), -1)
     for by in range(n_bh):
         for bx in range(n_tiles):
-            t, bh = tile_order.block_work(bx, by, n_tiles, n_bh, group)
+            t, bh = block_work(bx, by, n_tiles, n_bh, group)
             assert order[bh, t] == -1, "two blocks on one (tile, head)"
             order[bh, t] = bx + n_tiles * by
     return order
@@ -74,7 +75,7 @@ def test_device_map_matches_the_host_twin(group):
 
     seen = np.zeros((n_bh, n_tiles), np.int64)
     tiles_seen = np.zeros((n_bh, n_tiles), np.int64)
-    record[tile_order.grid(n_tiles, n_bh), 1](seen, tiles_seen)
+    record[(n_tiles, n_bh), 1](seen, tiles_seen)
     assert (seen - 1 == _dispatch_order(n_tiles, n_bh, group)).all()
     assert (tiles_seen == n_tiles).all()
 
