@@ -296,6 +296,54 @@ def _tf32_helpers(threads, chunks, rows):
     return mma3, load_tile, split_chunks
 
 
+def _rows_times_shared_rows(nt_n, stride, tile, presplit, a_in_registers, mma3, ld_b32):
+    """``step(acc, kc, a_reg, x, b, h, r0, r1, tig, b_addr)``: one k-step (dims 8 kc .. 8 kc + 7)
+    of acc (``nt_n`` 16x8 float32 C fragments) += A B^T, the S = Q K^T / dP = dO V^T products of
+    the dQ kernel and S^T = K Q^T / dP^T = V dO^T of the dK/dV kernel. A is the warp's 16 rows
+    (rows r0 and r1 = r0 + 8 of this lane), dims not permuted: from the float32 fragments
+    ``a_reg`` when ``a_in_registers``, else re-read from global ``x[b, h, r, :]``; split into
+    big/small here. B^T is ``nt_n`` groups of 8 shared rows at ``b_addr`` (``stride`` floats
+    apart; with ``presplit``, TF32 big/small planes ``tile`` floats apart, else raw float32
+    split here)."""
+    from numba import cuda
+
+    from kernels import mma_tf32 as T
+    NT_N, STRIDE, TILE, PRESPLIT, A_REGS = nt_n, stride, tile, presplit, a_in_registers
+
+    @cuda.jit(device=True, inline=True)
+    def step(acc, kc, a_reg, x, b, h, r0, r1, tig, b_addr):
+        a = kc * 4
+        if A_REGS:
+            a0 = T.split_tf32(a_reg[a])
+            a1 = T.split_tf32(a_reg[a + 1])
+            a2 = T.split_tf32(a_reg[a + 2])
+            a3 = T.split_tf32(a_reg[a + 3])
+        else:
+            a0 = T.split_tf32(x[b, h, r0, kc * 8 + tig])
+            a1 = T.split_tf32(x[b, h, r1, kc * 8 + tig])
+            a2 = T.split_tf32(x[b, h, r0, kc * 8 + tig + 4])
+            a3 = T.split_tf32(x[b, h, r1, kc * 8 + tig + 4])
+        for nt in range(NT_N):
+            off = 4 * (nt * 8 * STRIDE + kc * 8)
+            if PRESPLIT:
+                bb0 = ld_b32(b_addr + off)
+                bb1 = ld_b32(b_addr + off + 16)
+                bs0 = ld_b32(b_addr + off + 4 * TILE)
+                bs1 = ld_b32(b_addr + off + 4 * TILE + 16)
+            else:
+                b0 = T.split_tf32(T.ld_shared_f32(b_addr + off))
+                b1 = T.split_tf32(T.ld_shared_f32(b_addr + off + 16))
+                bb0, bb1, bs0, bs1 = b0[0], b1[0], b0[1], b1[1]
+            j = nt * 4
+            d = mma3(a0[0], a1[0], a2[0], a3[0], a0[1], a1[1], a2[1], a3[1],
+                     bb0, bb1, bs0, bs1,
+                     acc[j], acc[j + 1], acc[j + 2], acc[j + 3])
+            for i in range(4):
+                acc[j + i] = d[i]
+
+    return step
+
+
 def _c_times_shared_b(nt_k, nt_o, stride, tile, presplit, mma3, ld_b32):
     """``acc_c_times_b(c_reg, acc, t_addr)``: acc (``nt_o`` 16x8 float32 C fragments) += C x B,
     where C is a warp's ``nt_k`` 16x8 score tiles ``c_reg`` used as A fragments (the C layout is
@@ -342,7 +390,6 @@ def _build_dq_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, 
     from numba import cuda, float32, uint32, uint64
 
     from kernels import mma as X
-    from kernels import mma_tf32 as T
 
     D = head_dim
     BQ = block_q
@@ -384,6 +431,8 @@ def _build_dq_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, 
     mma3, load_tile, split_chunks = _tf32_helpers(THREADS, CHUNKS, BK)
     _, _, ld_b32 = _smem_intrinsics()
     acc_c_times_b = _c_times_shared_b(NT_S, NT_O, STRIDE, TILE, PRESPLIT, mma3, ld_b32)
+    step_q = _rows_times_shared_rows(NT_S, STRIDE, TILE, PRESPLIT, Q_REGS, mma3, ld_b32)
+    step_do = _rows_times_shared_rows(NT_S, STRIDE, TILE, PRESPLIT, DO_REGS, mma3, ld_b32)
 
     tile_and_head = tile_order.device_tile_and_head(head_group)
 
@@ -504,66 +553,12 @@ def _build_dq_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, 
             for kc_o in range(KC // SU):
               for kc_i in range(SU):  # noqa: E111 (the k-step loop, SU steps per iteration)
                 kc = kc_o * SU + kc_i
-                a = kc * 4
-                if Q_REGS:
-                    q0 = T.split_tf32(qf[a])
-                    q1 = T.split_tf32(qf[a + 1])
-                    q2 = T.split_tf32(qf[a + 2])
-                    q3 = T.split_tf32(qf[a + 3])
-                else:
-                    q0 = T.split_tf32(q[b, h, qr0, kc * 8 + tig])
-                    q1 = T.split_tf32(q[b, h, qr1, kc * 8 + tig])
-                    q2 = T.split_tf32(q[b, h, qr0, kc * 8 + tig + 4])
-                    q3 = T.split_tf32(q[b, h, qr1, kc * 8 + tig + 4])
-                for nt in range(NT_S):
-                    off = 4 * (nt * 8 * STRIDE + kc * 8)
-                    if PRESPLIT:
-                        bb0 = ld_b32(k_addr + off)
-                        bb1 = ld_b32(k_addr + off + 16)
-                        bs0 = ld_b32(k_addr + off + 4 * TILE)
-                        bs1 = ld_b32(k_addr + off + 4 * TILE + 16)
-                    else:
-                        b0 = T.split_tf32(T.ld_shared_f32(k_addr + off))
-                        b1 = T.split_tf32(T.ld_shared_f32(k_addr + off + 16))
-                        bb0, bb1, bs0, bs1 = b0[0], b1[0], b0[1], b1[1]
-                    j = nt * 4
-                    d = mma3(q0[0], q1[0], q2[0], q3[0], q0[1], q1[1], q2[1], q3[1],
-                             bb0, bb1, bs0, bs1,
-                             s_reg[j], s_reg[j + 1], s_reg[j + 2], s_reg[j + 3])
-                    for i in range(4):
-                        s_reg[j + i] = d[i]
+                step_q(s_reg, kc, qf, q, b, h, qr0, qr1, tig, k_addr)
             # (a separate loop: one loop over both products is too large to be unrolled)
             for kc_o in range(KC // SU):
               for kc_i in range(SU):  # noqa: E111
                 kc = kc_o * SU + kc_i
-                a = kc * 4
-                if DO_REGS:
-                    o0 = T.split_tf32(dof[a])
-                    o1 = T.split_tf32(dof[a + 1])
-                    o2 = T.split_tf32(dof[a + 2])
-                    o3 = T.split_tf32(dof[a + 3])
-                else:
-                    o0 = T.split_tf32(dout[b, h, qr0, kc * 8 + tig])
-                    o1 = T.split_tf32(dout[b, h, qr1, kc * 8 + tig])
-                    o2 = T.split_tf32(dout[b, h, qr0, kc * 8 + tig + 4])
-                    o3 = T.split_tf32(dout[b, h, qr1, kc * 8 + tig + 4])
-                for nt in range(NT_S):
-                    off = 4 * (nt * 8 * STRIDE + kc * 8)
-                    j = nt * 4
-                    if PRESPLIT:
-                        cb0 = ld_b32(v_addr + off)
-                        cb1 = ld_b32(v_addr + off + 16)
-                        cs0 = ld_b32(v_addr + off + 4 * TILE)
-                        cs1 = ld_b32(v_addr + off + 4 * TILE + 16)
-                    else:
-                        c0 = T.split_tf32(T.ld_shared_f32(v_addr + off))
-                        c1 = T.split_tf32(T.ld_shared_f32(v_addr + off + 16))
-                        cb0, cb1, cs0, cs1 = c0[0], c1[0], c0[1], c1[1]
-                    e = mma3(o0[0], o1[0], o2[0], o3[0], o0[1], o1[1], o2[1], o3[1],
-                             cb0, cb1, cs0, cs1,
-                             dp_reg[j], dp_reg[j + 1], dp_reg[j + 2], dp_reg[j + 3])
-                    for i in range(4):
-                        dp_reg[j + i] = e[i]
+                step_do(dp_reg, kc, dof, dout, b, h, qr0, qr1, tig, v_addr)
 
             # -- masks: key tail, causal diagonal, boolean mask (only where a tile needs one) --
             col_base = n_blk * BK + 2 * tig
@@ -608,7 +603,6 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, causal, has_mask, has_dropout
     from numba import cuda, float32, uint32, uint64
 
     from kernels import mma as X
-    from kernels import mma_tf32 as T
 
     D = head_dim
     BK = block_k                        # key rows per block (16 per warp)
@@ -650,6 +644,8 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, causal, has_mask, has_dropout
     mma3, load_tile, split_chunks = _tf32_helpers(THREADS, CHUNKS, BQ)
     _, _, ld_b32 = _smem_intrinsics()
     acc_c_times_b = _c_times_shared_b(NT_S, NT_O, STRIDE, TILE, PRESPLIT, mma3, ld_b32)
+    step_k = _rows_times_shared_rows(NT_S, STRIDE, TILE, PRESPLIT, K_REGS, mma3, ld_b32)
+    step_v = _rows_times_shared_rows(NT_S, STRIDE, TILE, PRESPLIT, V_REGS, mma3, ld_b32)
 
     stage_rows, locate = _dkdv_row_helpers(BQ, THREADS)
     mask_scores_t = _transposed_score_mask(NT_S, CAUSAL, HAS_MASK)
@@ -786,66 +782,12 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, causal, has_mask, has_dropout
             for kc_o in range(KC // SU):
               for kc_i in range(SU):  # noqa: E111 (the k-step loop, SU steps per iteration)
                 kc = kc_o * SU + kc_i
-                a = kc * 4
-                if K_REGS:
-                    k0 = T.split_tf32(kf[a])
-                    k1 = T.split_tf32(kf[a + 1])
-                    k2 = T.split_tf32(kf[a + 2])
-                    k3 = T.split_tf32(kf[a + 3])
-                else:
-                    k0 = T.split_tf32(k[b, hk, kr0, kc * 8 + tig])
-                    k1 = T.split_tf32(k[b, hk, kr1, kc * 8 + tig])
-                    k2 = T.split_tf32(k[b, hk, kr0, kc * 8 + tig + 4])
-                    k3 = T.split_tf32(k[b, hk, kr1, kc * 8 + tig + 4])
-                for nt in range(NT_S):
-                    off = 4 * (nt * 8 * STRIDE + kc * 8)
-                    if PRESPLIT:
-                        bb0 = ld_b32(q_addr + off)
-                        bb1 = ld_b32(q_addr + off + 16)
-                        bs0 = ld_b32(q_addr + off + 4 * TILE)
-                        bs1 = ld_b32(q_addr + off + 4 * TILE + 16)
-                    else:
-                        b0 = T.split_tf32(T.ld_shared_f32(q_addr + off))
-                        b1 = T.split_tf32(T.ld_shared_f32(q_addr + off + 16))
-                        bb0, bb1, bs0, bs1 = b0[0], b1[0], b0[1], b1[1]
-                    j = nt * 4
-                    d = mma3(k0[0], k1[0], k2[0], k3[0], k0[1], k1[1], k2[1], k3[1],
-                             bb0, bb1, bs0, bs1,
-                             st[j], st[j + 1], st[j + 2], st[j + 3])
-                    for i in range(4):
-                        st[j + i] = d[i]
+                step_k(st, kc, kf, k, b, hk, kr0, kr1, tig, q_addr)
             # (a separate loop: one loop over both products is too large to be unrolled)
             for kc_o in range(KC // SU):
               for kc_i in range(SU):  # noqa: E111
                 kc = kc_o * SU + kc_i
-                a = kc * 4
-                if V_REGS:
-                    v0 = T.split_tf32(vf[a])
-                    v1 = T.split_tf32(vf[a + 1])
-                    v2 = T.split_tf32(vf[a + 2])
-                    v3 = T.split_tf32(vf[a + 3])
-                else:
-                    v0 = T.split_tf32(v[b, hk, kr0, kc * 8 + tig])
-                    v1 = T.split_tf32(v[b, hk, kr1, kc * 8 + tig])
-                    v2 = T.split_tf32(v[b, hk, kr0, kc * 8 + tig + 4])
-                    v3 = T.split_tf32(v[b, hk, kr1, kc * 8 + tig + 4])
-                for nt in range(NT_S):
-                    off = 4 * (nt * 8 * STRIDE + kc * 8)
-                    j = nt * 4
-                    if PRESPLIT:
-                        cb0 = ld_b32(do_addr + off)
-                        cb1 = ld_b32(do_addr + off + 16)
-                        cs0 = ld_b32(do_addr + off + 4 * TILE)
-                        cs1 = ld_b32(do_addr + off + 4 * TILE + 16)
-                    else:
-                        c0 = T.split_tf32(T.ld_shared_f32(do_addr + off))
-                        c1 = T.split_tf32(T.ld_shared_f32(do_addr + off + 16))
-                        cb0, cb1, cs0, cs1 = c0[0], c1[0], c0[1], c1[1]
-                    e = mma3(v0[0], v1[0], v2[0], v3[0], v0[1], v1[1], v2[1], v3[1],
-                             cb0, cb1, cs0, cs1,
-                             dpt[j], dpt[j + 1], dpt[j + 2], dpt[j + 3])
-                    for i in range(4):
-                        dpt[j + i] = e[i]
+                step_v(dpt, kc, vf, v, b, hk, kr0, kr1, tig, do_addr)
 
             # -- masks (causal diagonal, boolean mask) on S^T --
             if needs_mask:
