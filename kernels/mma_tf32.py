@@ -87,63 +87,45 @@ def split_tf32(typingctx, x):
     return sig, codegen
 
 
-@intrinsic
-def ld_shared_f32(typingctx, saddr):
-    """32-bit float load from a shared-window address."""
-    sig = types.float32(types.uint32)
+def _ld_shared(n, elem):
+    """An intrinsic ``saddr -> value`` (n = 1) or ``-> n-tuple`` (n = 2, 4): ``n`` consecutive
+    32-bit words of type ``elem`` (float32 or uint32, the latter for TF32 operands) from a
+    shared-window address aligned to 4 n bytes, in one ``ld.shared`` (vector for n > 1)."""
+    ptx, ir_ty, reg = {types.float32: ("f32", _F32, "f"), types.uint32: ("b32", _I32, "r")}[elem]
+    if n == 1:
+        asm, ret_ir, ret_ty = f"ld.shared.{ptx} $0, [$1];", ir_ty, elem
+    else:
+        regs = ",".join(f"${i}" for i in range(n))
+        asm = f"ld.shared.v{n}.{ptx} {{{regs}}}, [${n}];"
+        ret_ir, ret_ty = ir.LiteralStructType([ir_ty] * n), types.UniTuple(elem, n)
+    constraints = ",".join([f"={reg}"] * n) + ",r,~{memory}"
 
-    def codegen(context, builder, sig, args):
-        addr = context.cast(builder, args[0], sig.args[0], types.uint32)
-        return _asm(builder, _F32, [_I32], "ld.shared.f32 $0, [$1];", "=f,r,~{memory}", [addr],
-                    side_effect=True)
+    @intrinsic
+    def ld_shared(typingctx, saddr):
+        sig = ret_ty(types.uint32)
 
-    return sig, codegen
+        def codegen(context, builder, sig, args):
+            addr = context.cast(builder, args[0], sig.args[0], types.uint32)
+            res = _asm(builder, ret_ir, [_I32], asm, constraints, [addr], side_effect=True)
+            if n == 1:
+                return res
+            return context.make_tuple(builder, sig.return_type,
+                                      [builder.extract_value(res, i) for i in range(n)])
+        return sig, codegen
 
-
-@intrinsic
-def ld_shared_f32x2(typingctx, saddr):
-    """Two consecutive floats from an 8-byte aligned shared-window address (one 64-bit load)."""
-    sig = types.UniTuple(types.float32, 2)(types.uint32)
-
-    def codegen(context, builder, sig, args):
-        addr = context.cast(builder, args[0], sig.args[0], types.uint32)
-        res = _asm(builder, ir.LiteralStructType([_F32, _F32]), [_I32],
-                   "ld.shared.v2.f32 {$0,$1}, [$2];", "=f,=f,r,~{memory}", [addr],
-                   side_effect=True)
-        vals = [builder.extract_value(res, i) for i in range(2)]
-        return context.make_tuple(builder, sig.return_type, vals)
-
-    return sig, codegen
-
-
-@intrinsic
-def ld_shared_v4_f32(typingctx, saddr):
-    """Four float32 from shared memory, one 128-bit load (16-byte aligned address)."""
-    sig = types.UniTuple(types.float32, 4)(types.uint32)
-
-    def codegen(context, builder, sig, args):
-        addr = context.cast(builder, args[0], sig.args[0], types.uint32)
-        res = _asm(builder, ir.LiteralStructType([_F32] * 4), [_I32],
-                   "ld.shared.v4.f32 {$0,$1,$2,$3}, [$4];", "=f,=f,=f,=f,r,~{memory}",
-                   [addr], side_effect=True)
-        return context.make_tuple(builder, sig.return_type,
-                                  [builder.extract_value(res, i) for i in range(4)])
-    return sig, codegen
+    return ld_shared
 
 
-@intrinsic
-def ld_shared_v4_b32(typingctx, saddr):
-    """Four .b32 words (TF32 operands) from shared memory, one 128-bit load."""
-    sig = types.UniTuple(types.uint32, 4)(types.uint32)
-
-    def codegen(context, builder, sig, args):
-        addr = context.cast(builder, args[0], sig.args[0], types.uint32)
-        res = _asm(builder, ir.LiteralStructType([_I32] * 4), [_I32],
-                   "ld.shared.v4.b32 {$0,$1,$2,$3}, [$4];", "=r,=r,=r,=r,r,~{memory}",
-                   [addr], side_effect=True)
-        return context.make_tuple(builder, sig.return_type,
-                                  [builder.extract_value(res, i) for i in range(4)])
-    return sig, codegen
+#: 32-bit float load from a shared-window address.
+ld_shared_f32 = _ld_shared(1, types.float32)
+#: Two consecutive floats from an 8-byte aligned shared-window address (one 64-bit load).
+ld_shared_f32x2 = _ld_shared(2, types.float32)
+#: Four float32 from shared memory, one 128-bit load (16-byte aligned address).
+ld_shared_v4_f32 = _ld_shared(4, types.float32)
+#: Four .b32 words (TF32 operands) from shared memory, one 128-bit load.
+ld_shared_v4_b32 = _ld_shared(4, types.uint32)
+#: One .b32 word from shared memory.
+ld_shared_b32 = _ld_shared(1, types.uint32)
 
 
 @intrinsic
@@ -157,16 +139,4 @@ def st_shared_v4_b32(typingctx, saddr, x0, x1, x2, x3):
              "st.shared.v4.b32 [$0], {$1,$2,$3,$4};", "r,r,r,r,r,~{memory}", vals,
              side_effect=True)
         return context.get_dummy_value()
-    return sig, codegen
-
-
-@intrinsic
-def ld_shared_b32(typingctx, saddr):
-    """One .b32 word from shared memory."""
-    sig = types.uint32(types.uint32)
-
-    def codegen(context, builder, sig, args):
-        addr = context.cast(builder, args[0], sig.args[0], types.uint32)
-        return _asm(builder, _I32, [_I32], "ld.shared.b32 $0, [$1];", "=r,r,~{memory}",
-                    [addr], side_effect=True)
     return sig, codegen
