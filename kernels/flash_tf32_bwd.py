@@ -296,10 +296,12 @@ def _tf32_helpers(threads, chunks, rows):
     return mma3, load_tile, split_chunks
 
 
-def _rows_times_shared_rows(nt_n, stride, tile, presplit, a_in_registers, mma3, ld_b32):
-    """``step(acc, kc, a_reg, x, b, h, r0, r1, tig, b_addr)``: one k-step (dims 8 kc .. 8 kc + 7)
-    of acc (``nt_n`` 16x8 float32 C fragments) += A B^T, the S = Q K^T / dP = dO V^T products of
-    the dQ kernel and S^T = K Q^T / dP^T = V dO^T of the dK/dV kernel. A is the warp's 16 rows
+def _rows_times_shared_rows(nt_n, kc_steps, unroll, stride, tile, presplit, a_in_registers, mma3,
+                            ld_b32):
+    """``product(acc, a_reg, x, b, h, r0, r1, tig, b_addr)``: acc (``nt_n`` 16x8 float32 C
+    fragments) += A B^T over ``kc_steps`` k-steps of 8 dims, written as ``kc_steps / unroll``
+    iterations of ``unroll`` steps: the S = Q K^T / dP = dO V^T products of the dQ kernel and
+    S^T = K Q^T / dP^T = V dO^T of the dK/dV kernel. A is the warp's 16 rows
     (rows r0 and r1 = r0 + 8 of this lane), dims not permuted: from the float32 fragments
     ``a_reg`` when ``a_in_registers``, else re-read from global ``x[b, h, r, :]``; split into
     big/small here. B^T is ``nt_n`` groups of 8 shared rows at ``b_addr`` (``stride`` floats
@@ -309,6 +311,7 @@ def _rows_times_shared_rows(nt_n, stride, tile, presplit, a_in_registers, mma3, 
 
     from kernels import mma_tf32 as T
     NT_N, STRIDE, TILE, PRESPLIT, A_REGS = nt_n, stride, tile, presplit, a_in_registers
+    KC, SU = kc_steps, unroll
 
     @cuda.jit(device=True, inline=True)
     def step(acc, kc, a_reg, x, b, h, r0, r1, tig, b_addr):
@@ -341,7 +344,13 @@ def _rows_times_shared_rows(nt_n, stride, tile, presplit, a_in_registers, mma3, 
             for i in range(4):
                 acc[j + i] = d[i]
 
-    return step
+    @cuda.jit(device=True, inline=True)
+    def product(acc, a_reg, x, b, h, r0, r1, tig, b_addr):
+        for kc_o in range(KC // SU):
+          for kc_i in range(SU):  # noqa: E111 (the k-step loop, SU steps per iteration)
+            step(acc, kc_o * SU + kc_i, a_reg, x, b, h, r0, r1, tig, b_addr)
+
+    return product
 
 
 def _c_times_shared_b(nt_k, nt_o, stride, tile, presplit, mma3, ld_b32):
@@ -431,8 +440,9 @@ def _build_dq_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, 
     mma3, load_tile, split_chunks = _tf32_helpers(THREADS, CHUNKS, BK)
     _, _, ld_b32 = _smem_intrinsics()
     acc_c_times_b = _c_times_shared_b(NT_S, NT_O, STRIDE, TILE, PRESPLIT, mma3, ld_b32)
-    step_q = _rows_times_shared_rows(NT_S, STRIDE, TILE, PRESPLIT, Q_REGS, mma3, ld_b32)
-    step_do = _rows_times_shared_rows(NT_S, STRIDE, TILE, PRESPLIT, DO_REGS, mma3, ld_b32)
+    rows_x_rows = functools.partial(_rows_times_shared_rows, NT_S, KC, SU, STRIDE, TILE, PRESPLIT)
+    qk_product = rows_x_rows(Q_REGS, mma3, ld_b32)        # S = Q K^T
+    dov_product = rows_x_rows(DO_REGS, mma3, ld_b32)      # dP = dO V^T
 
     tile_and_head = tile_order.device_tile_and_head(head_group)
 
@@ -550,15 +560,9 @@ def _build_dq_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, 
                 dp_reg[i] = float32(0.0)
             k_addr = smem0 + uint32(4 * (buf + K_OFF + b_lane))
             v_addr = smem0 + uint32(4 * (buf + V_OFF + b_lane))
-            for kc_o in range(KC // SU):
-              for kc_i in range(SU):  # noqa: E111 (the k-step loop, SU steps per iteration)
-                kc = kc_o * SU + kc_i
-                step_q(s_reg, kc, qf, q, b, h, qr0, qr1, tig, k_addr)
+            qk_product(s_reg, qf, q, b, h, qr0, qr1, tig, k_addr)
             # (a separate loop: one loop over both products is too large to be unrolled)
-            for kc_o in range(KC // SU):
-              for kc_i in range(SU):  # noqa: E111
-                kc = kc_o * SU + kc_i
-                step_do(dp_reg, kc, dof, dout, b, h, qr0, qr1, tig, v_addr)
+            dov_product(dp_reg, dof, dout, b, h, qr0, qr1, tig, v_addr)
 
             # -- masks: key tail, causal diagonal, boolean mask (only where a tile needs one) --
             col_base = n_blk * BK + 2 * tig
@@ -644,8 +648,9 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, causal, has_mask, has_dropout
     mma3, load_tile, split_chunks = _tf32_helpers(THREADS, CHUNKS, BQ)
     _, _, ld_b32 = _smem_intrinsics()
     acc_c_times_b = _c_times_shared_b(NT_S, NT_O, STRIDE, TILE, PRESPLIT, mma3, ld_b32)
-    step_k = _rows_times_shared_rows(NT_S, STRIDE, TILE, PRESPLIT, K_REGS, mma3, ld_b32)
-    step_v = _rows_times_shared_rows(NT_S, STRIDE, TILE, PRESPLIT, V_REGS, mma3, ld_b32)
+    rows_x_rows = functools.partial(_rows_times_shared_rows, NT_S, KC, SU, STRIDE, TILE, PRESPLIT)
+    kq_product = rows_x_rows(K_REGS, mma3, ld_b32)        # S^T = K Q^T
+    vdo_product = rows_x_rows(V_REGS, mma3, ld_b32)       # dP^T = V dO^T
 
     stage_rows, locate = _dkdv_row_helpers(BQ, THREADS)
     mask_scores_t = _transposed_score_mask(NT_S, CAUSAL, HAS_MASK)
@@ -779,15 +784,9 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, causal, has_mask, has_dropout
                 dpt[i] = float32(0.0)
             q_addr = smem0 + uint32(4 * (buf + Q_OFF + b_lane))
             do_addr = smem0 + uint32(4 * (buf + DO_OFF + b_lane))
-            for kc_o in range(KC // SU):
-              for kc_i in range(SU):  # noqa: E111 (the k-step loop, SU steps per iteration)
-                kc = kc_o * SU + kc_i
-                step_k(st, kc, kf, k, b, hk, kr0, kr1, tig, q_addr)
+            kq_product(st, kf, k, b, hk, kr0, kr1, tig, q_addr)
             # (a separate loop: one loop over both products is too large to be unrolled)
-            for kc_o in range(KC // SU):
-              for kc_i in range(SU):  # noqa: E111
-                kc = kc_o * SU + kc_i
-                step_v(dpt, kc, vf, v, b, hk, kr0, kr1, tig, do_addr)
+            vdo_product(dpt, vf, v, b, hk, kr0, kr1, tig, do_addr)
 
             # -- masks (causal diagonal, boolean mask) on S^T --
             if needs_mask:
