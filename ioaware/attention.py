@@ -168,8 +168,7 @@ def _forward(pb: Problem, backend):
         if pb.bias is not None:
             raise NotImplementedError("the numba backend takes boolean masks, not an additive bias")
         import kernels
-        q, k, v = (_device_input(pb, x) for x in (pb.q, pb.k, pb.v))
-        out, lse = kernels.forward(q, k, v, **_kernel_kwargs(pb))
+        out, lse = kernels.forward(_kernel_problem(pb))
         return _from_device(pb, out), _from_device(pb, lse, lse=True)
     q, k, v = (_host(x) for x in (pb.q, pb.k, pb.v))
     g = _Grouped(pb, q, k, v)
@@ -192,9 +191,8 @@ def _backward(pb: Problem, out, lse, dout, backend):
     shape4, shape3 = tuple(pb.q.shape), tuple(pb.q.shape[:-1])
     if backend == "numba":
         import kernels
-        q, k, v = (_device_input(pb, x) for x in (pb.q, pb.k, pb.v))
         o, l_, do = (_device_input(pb, x.reshape(s)) for x, s in ((out, shape4), (lse, shape3), (dout, shape4)))
-        dq, dk, dv = kernels.backward(q, k, v, o, l_, do, **_kernel_kwargs(pb))
+        dq, dk, dv = kernels.backward(_kernel_problem(pb), o, l_, do)
         dq, dk, dv = (_from_device(pb, x) for x in (dq, dk, dv))
     else:
         q, k, v = (_host(x) for x in (pb.q, pb.k, pb.v))
@@ -223,10 +221,14 @@ def _backward(pb: Problem, out, lse, dout, backend):
     return pb.restore_q(dq), pb.restore_kv(dk), pb.restore_kv(dv)
 
 
-def _kernel_kwargs(pb: Problem):
-    return dict(scale=pb.scale, causal=pb.causal, mask=_device_input(pb, pb.mask) if pb.mask is not None else None,
-                block_mask=pb.block_mask, dropout_p=pb.dropout_p, seed=pb.seed,
-                block_q=pb.block_q, block_k=pb.block_k)
+def _kernel_problem(pb: Problem) -> Problem:
+    """The problem as the kernels take it: torch CUDA tensors as they are; anything else as
+    NumPy arrays (bfloat16 as float32), which the kernels copy to the device and back."""
+    if pb.kind == "torch" and pb.device.startswith("cuda"):
+        return pb
+    q, k, v = (_host(x) for x in (pb.q, pb.k, pb.v))
+    return dataclasses.replace(pb, q=q, k=k, v=v, mask=_host(pb.mask), kind="numpy",
+                               device="cpu", dtype=q.dtype)
 
 
 def _device_input(pb: Problem, x):

@@ -1,9 +1,70 @@
 """Numba CUDA fused attention kernels (FlashAttention-2 order), float32 accumulation.
 
-``forward`` and ``backward`` follow the kernel entry-point contract (see `kernels.launch`):
-NumPy host arrays, Numba device arrays or torch CUDA tensors in, the same kind out. The
-kernels run on a GPU or, unchanged, under Numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``).
-"""
-from .launch import backward, forward
+``forward(problem, config=None)`` and ``backward(problem, out, lse, dout, config=None)`` run a
+problem that `ioaware` has already validated (`ioaware.check_inputs`: canonical
+``[B, H, N, d]`` arrays, masks, scale, dropout); they return arrays of the problem's kind
+(torch CUDA tensors in, torch tensors out on torch's current stream; NumPy arrays are copied to
+the device and back). The kernels trust the problem and check nothing that `ioaware` checks.
 
-__all__ = ["forward", "backward"]
+Three kernel families, each a forward module and a backward module; the registry below runs a
+problem on the first family, in this order, that takes it (`family_for`):
+
+* ``mma`` (`kernels.mma_fwd`, `kernels.mma_bwd`): tensor-core float16/bfloat16,
+  ``mma.sync.m16n8k16``, head dims 64 and 128, compute capability 8.0 or later;
+* ``tf32`` (`kernels.tf32_fwd`, `kernels.tf32_bwd`): 3xTF32 tensor-core float32 (float32
+  accuracy from three TF32 products), head dims 64 and 128;
+* ``simt`` (`kernels.simt_fwd`, `kernels.simt_bwd`): CUDA-core float32 arithmetic for every
+  float dtype and head dims up to 256; the only family Numba's CUDA simulator runs
+  (``NUMBA_ENABLE_CUDASIM=1``), which is how CI tests the kernels.
+
+A `KernelConfig` pins what the registry and the families would otherwise choose (family, tiles,
+micro-tile, launch order, launch path): the variants the benchmarks measure.
+"""
+from __future__ import annotations
+
+from . import mma_bwd, mma_fwd, simt_bwd, simt_fwd, tf32_bwd, tf32_fwd
+from .config import FAMILY_NAMES, KernelConfig
+
+__all__ = ["forward", "backward", "family_for", "KernelConfig", "FAMILIES", "FAMILY_NAMES"]
+
+#: name -> (forward module, backward module), in the order the registry tries them.
+FAMILIES = {"mma": (mma_fwd, mma_bwd), "tf32": (tf32_fwd, tf32_bwd), "simt": (simt_fwd, simt_bwd)}
+assert tuple(FAMILIES) == FAMILY_NAMES
+
+
+def family_for(problem, config=None, pass_="fwd") -> str:
+    """The family that runs ``problem``'s ``pass_`` ("fwd" or "bwd") under ``config``: the
+    first of `FAMILIES` whose `supports` finds no reason to refuse it, or ``config.family``
+    (a ValueError saying why, when that family cannot run it)."""
+    config = config or KernelConfig()
+    which = 0 if pass_ == "fwd" else 1
+    if config.family is not None:
+        why = FAMILIES[config.family][which].supports(problem, config)
+        if why:
+            raise ValueError(f"KernelConfig(family={config.family!r}) cannot run this problem: "
+                             f"{why}")
+        return config.family
+    reasons = []
+    for name, modules in FAMILIES.items():
+        why = modules[which].supports(problem, config)
+        if why is None:
+            return name
+        reasons.append(f"{name}: {why}")
+    raise ValueError("no kernel family runs this problem (" + "; ".join(reasons) + ")")
+
+
+def forward(problem, config=None):
+    """Fused attention forward of a validated problem: ``(out, lse)``, out like q, lse float32
+    [B, Hq, Nq] (natural-log logsumexp of the scaled, masked logits; -inf for a row with no
+    allowed key, whose out row is 0)."""
+    config = config or KernelConfig()
+    return FAMILIES[family_for(problem, config, "fwd")][0].forward(problem, config)
+
+
+def backward(problem, out, lse, dout, config=None):
+    """Fused attention backward from the forward's ``out`` and ``lse`` and the gradient
+    ``dout`` (canonical [B, Hq, Nq, d], [B, Hq, Nq], [B, Hq, Nq, d]): ``(dq, dk, dv)`` in the
+    problem's dtype, dk and dv summed over the query heads of each GQA group."""
+    config = config or KernelConfig()
+    return FAMILIES[family_for(problem, config, "bwd")][1].backward(problem, out, lse, dout,
+                                                                     config)

@@ -1,13 +1,98 @@
-"""Tile configurations of the kernels: block sizes, per-thread micro-tiles, shared-memory bytes.
+"""How a kernel call is configured: `KernelConfig`, and the CUDA-core kernels' tiles.
 
-A `TileConfig` describes one thread block's 2-D tile of a score matrix: ``block_m`` rows by
-``block_n`` columns, computed by ``(block_m // tm) x (block_n // tn)`` threads, each owning a
-``tm x tn`` register micro-tile. The forward and dQ kernels put Q rows on ``m`` and K rows on
+`KernelConfig` is the one place where a caller (the benchmarks, a user tuning a workload)
+chooses what the registry and the families would otherwise choose: the family, the tile sizes,
+the CUDA-core kernels' per-thread micro-tile, the launch order of the tensor-core kernels and
+the launch path. ``KernelConfig()`` (all defaults) is what `ioaware.attention` runs.
+
+A `TileConfig` describes one CUDA-core thread block's 2-D tile of a score matrix: ``block_m``
+rows by ``block_n`` columns, computed by ``(block_m // tm) x (block_n // tn)`` threads, each
+owning a ``tm x tn`` register micro-tile. The forward kernel puts Q rows on ``m`` and K rows on
 ``n``; the dK/dV kernel puts K rows on ``m`` and Q rows on ``n`` (it computes S^T).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+__all__ = ["KernelConfig", "TileConfig", "choose_tiles", "default_blocks", "fwd_smem_bytes",
+           "dkdv_smem_bytes", "tile_dividing", "backward_tiles", "FAMILY_NAMES"]
+
+#: The kernel families, in the order the registry tries them (`kernels.family_for`).
+FAMILY_NAMES = ("mma", "tf32", "simt")
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Choices a call may pin instead of leaving them to the registry and the families.
+
+    * ``family``: "mma" (tensor-core float16/bfloat16), "tf32" (3xTF32 tensor-core float32) or
+      "simt" (CUDA-core, any float dtype); None = the first family that takes the problem.
+    * ``block_q``, ``block_k``: the kernel's tiles (query rows and keys per tile; for the
+      CUDA-core backward the dK/dV kernel's tile is (block_k, block_q)); None = the family's
+      default (with a block mask: the largest legal tiles that divide the mask's tiles). The
+      tensor-core backwards choose their own tiles and take none.
+    * ``micro_tile``: (tm, tn) per thread of the CUDA-core forward; None = its default.
+    * ``launch_order``: dispatch order of the tensor-core kernels' programs (`kernels.tile_scheduler`):
+      "tiles", "heads" or a head-group size; None = the measured default per pass.
+    * ``fast_launch``: launch through `kernels.host.launch`'s cached path (False: Numba's own).
+    """
+
+    family: str | None = None
+    block_q: int | None = None
+    block_k: int | None = None
+    micro_tile: tuple[int, int] | None = None
+    launch_order: str | int | None = None
+    fast_launch: bool = True
+
+    def __post_init__(self):
+        if self.family is not None and self.family not in FAMILY_NAMES:
+            raise ValueError(f"KernelConfig.family must be one of {FAMILY_NAMES} or None, got "
+                             f"{self.family!r}")
+        for name in ("block_q", "block_k"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or value < 1):
+                raise ValueError(f"KernelConfig.{name} must be a positive int or None, got "
+                                 f"{value!r}")
+        if self.micro_tile is not None and (len(self.micro_tile) != 2
+                                            or min(self.micro_tile) < 1):
+            raise ValueError(f"KernelConfig.micro_tile must be (tm, tn) with tm, tn >= 1, got "
+                             f"{self.micro_tile!r}")
+
+
+def tile_dividing(default: int, mask_tile: int | None, legal=None) -> int | None:
+    """A kernel tile size for one dimension: ``default`` without a block mask; with one (of
+    tile ``mask_tile``), the largest size of ``legal`` (sizes, largest first; None = any size)
+    no larger than ``default`` that divides ``mask_tile`` (with ``legal=None``: ``default``
+    if it divides, else ``mask_tile`` itself). None when no legal size divides it."""
+    if mask_tile is None:
+        return default
+    if legal is None:
+        return default if mask_tile % default == 0 else mask_tile
+    for t in legal:
+        if t <= default and mask_tile % t == 0:
+            return t
+    return None
+
+
+def backward_tiles(default_tiles: dict, problem):
+    """The tensor-core backwards' kernel tiles for a problem: ``(dq, dkdv)`` = ((query rows per
+    block, keys per stage), (key rows per block, queries per stage)), ``default_tiles``'s
+    without a block mask; with one, every tile must divide the mask's tile so that a kernel
+    tile lies inside one mask tile: the largest of 64 / 32 / 16 (no larger than the default)
+    that divides it. None when no tiling fits."""
+    if problem.block_mask is None:
+        return default_tiles["dq"], default_tiles["dkdv"]
+    block_q, block_k = problem.block_q, problem.block_k
+    legal = (64, 32, 16)
+    dq = (tile_dividing(default_tiles["dq"][0], block_q, legal),
+          tile_dividing(default_tiles["dq"][1], block_k, legal))
+    kv = (tile_dividing(default_tiles["dkdv"][0], block_k, legal),
+          tile_dividing(default_tiles["dkdv"][1], block_q, legal))
+    if None in dq or None in kv:
+        return None
+    return dq, kv
+
 
 FLOAT32_BYTES = 4
 STATIC_SMEM_LIMIT_BYTES = 48 * 1024   # static shared memory per block (cuda.shared.array)
@@ -80,13 +165,6 @@ def fwd_smem_bytes(cfg: TileConfig, head_dim: int) -> int:
     return FLOAT32_BYTES * floats
 
 
-def dq_smem_bytes(cfg: TileConfig, head_dim: int) -> int:
-    """dQ kernel: Q, dO, K, V tiles and dS."""
-    d1 = head_dim + 1
-    return FLOAT32_BYTES * (2 * cfg.block_m * d1 + 2 * cfg.block_n * d1
-                            + cfg.block_m * (cfg.block_n + cfg.ntn))
-
-
 def dkdv_smem_bytes(cfg: TileConfig, head_dim: int) -> int:
     """dK/dV kernel (m = K rows, n = Q rows): K, V, Q, dO tiles, P^T, dS^T, lse and delta."""
     d1 = head_dim + 1
@@ -94,9 +172,8 @@ def dkdv_smem_bytes(cfg: TileConfig, head_dim: int) -> int:
                             + 2 * cfg.block_m * (cfg.block_n + cfg.ntn) + 2 * cfg.block_n)
 
 
-# Default (block_q, block_k) per head dim, chosen to fit 48 KiB of static shared memory and, for
-# d = 64 and 128, by the sweep `python -m kernels.tune` (kernels/NOTES.md, v1 sweep).
-# Forward; backward (dK/dV and dQ share the same tile shape so one BlockInfo serves both).
+# Default (block_q, block_k) of the CUDA-core kernels per head dim, chosen to fit 48 KiB of
+# static shared memory and, for d = 64 and 128, by a block-size sweep (docs/kernels.md).
 _FWD_DEFAULT = ((32, (64, 64)), (64, (64, 32)), (128, (32, 16)), (256, (16, 8)))
 # Per-thread micro-tile (tm, tn) of the forward where the sweep picked one (else choose_tiles).
 FWD_TILES = {(64, 64, 32): (8, 4), (128, 32, 16): (4, 2)}
@@ -105,7 +182,8 @@ _SIM_DEFAULT = (16, 16)
 
 
 def default_blocks(head_dim: int, backward: bool, simulator: bool) -> tuple[int, int]:
-    """Default (block_q, block_k) for a head dim (float32 staging, so independent of dtype)."""
+    """Default (block_q, block_k) of the CUDA-core kernels for a head dim (float32 arithmetic,
+    so independent of the dtype); 16 x 16 under the CUDA simulator."""
     if simulator:
         return _SIM_DEFAULT
     for dmax, blocks in (_BWD_DEFAULT if backward else _FWD_DEFAULT):

@@ -107,3 +107,28 @@ def dense_attention_reference(q, k, v, dout=None, *, scale, causal=False, mask=N
     eq = np.einsum("bhij,bhjd->bhid", mag, np.abs(kr)) * scale
     result.update(dq=dq, dk=fold(dk), dv=fold(dv), eq=eq, ek=fold(ek), ev=fold(ev))
     return result
+
+
+def kernel_problem(q, k, v, *, scale=None, causal=False, mask=None, block_mask=None, block_q=None,
+                   block_k=None, dropout_p=0.0, seed=0):
+    """The validated problem `kernels.forward`/`kernels.backward` take, from 4-D arrays (NumPy
+    or torch CUDA tensors), as `ioaware` builds it: ``block_mask`` on the tiles
+    (block_q, block_k); without one, block_q/block_k are the requested kernel tiles."""
+    from ioaware._inputs import check_inputs
+    if block_mask is not None:
+        block_mask = (block_mask, (block_q, block_k))
+        block_q = block_k = None
+    return check_inputs(q, k, v, causal=causal, mask=mask, block_mask=block_mask, scale=scale,
+                        dropout_p=dropout_p, seed=seed, block_q=block_q, block_k=block_k)
+
+
+def kernels_forward(q, k, v, *, config=None, **kw):
+    """``kernels.forward`` on `kernel_problem` (``config``: a `kernels.KernelConfig`)."""
+    import kernels
+    return kernels.forward(kernel_problem(q, k, v, **kw), config)
+
+
+def kernels_backward(q, k, v, out, lse, dout, *, config=None, **kw):
+    """``kernels.backward`` on `kernel_problem` (``config``: a `kernels.KernelConfig`)."""
+    import kernels
+    return kernels.backward(kernel_problem(q, k, v, **kw), out, lse, dout, config)

@@ -1,0 +1,443 @@
+"""The host side of every kernel family: the array kind, decided once, device memory, and launch.
+
+* `Call` takes a validated `ioaware` problem and decides once whether its arrays are torch CUDA
+  tensors (used in place, results come back as tensors on torch's current stream) or NumPy
+  arrays (copied to the device, results copied back; this is how CI runs the kernels under
+  Numba's CUDA simulator). It gives each family its operands (as 16-bit words for the
+  half-precision tensor-core kernels, float32 copies of bfloat16 for the CUDA-core ones, rows
+  16-byte aligned where ``cp.async`` reads them), allocates outputs and the boolean mask, and
+  turns results back into the caller's kind.
+* `device_const` keeps small host-built constants (tile schedules, the dummy mask) on the device,
+  once per configuration and device, so that a call does no synchronous host-to-device copy.
+* `launch` runs a compiled Numba kernel with little host work, with dynamic shared memory above
+  48 KiB. ``kern[grid, block, stream](*args)`` types every argument (``typeof``), looks the
+  overload up and builds a `DeviceNDArray` for each torch tensor through
+  ``__cuda_array_interface__`` on every call; for the tensor-core kernels' ~20 arguments that
+  host work is a large part of a short kernel's time. `launch` pays it once per *argument
+  signature* (each array's dtype, rank and layout, each scalar's type): the first call compiles
+  (or finds) the overload as Numba would and launches through it; later calls with the same
+  signature reuse that overload and hand each tensor's pointer, shape and strides straight to
+  the driver, in the order Numba itself marshals an array (meminfo, parent, size, itemsize,
+  data, shape..., strides...). ``fast=False`` sends a call through Numba's own launch (for
+  measuring what the fast path saves). A kernel that declares ``cuda.shared.array(0, dtype)``
+  gets ``sharedmem`` bytes; above the 48 KiB default, `launch` first raises the kernel's
+  ``CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`` (the opt-in that ``kern[...]`` has no
+  parameter for), once per (kernel, device).
+"""
+from __future__ import annotations
+
+import functools
+import sys
+
+import numpy as np
+from numba import config as numba_config
+
+__all__ = ["Call", "simulator", "real_gpu", "compute_capability", "current_device_id",
+           "device_const", "tensor_core_refusal", "launch", "launch_stream", "signature_key", "plan_for"]
+
+#: Dynamic shared memory a block gets without the opt-in, bytes.
+DEFAULT_DYNAMIC_SMEM_BYTES = 48 * 1024
+
+_OVERLOADS: dict = {}      # (dispatcher id, signature key) -> _Plan
+_OPTED_IN: dict = {}       # (compiled id, device id) -> bytes allowed
+_STREAMS: dict = {}        # torch stream handle -> Numba external stream
+
+
+_TORCH_TYPES: set = set()
+
+
+def _is_torch(x) -> bool:
+    t = type(x)
+    if t in _TORCH_TYPES:
+        return True
+    if t.__module__.startswith("torch"):
+        _TORCH_TYPES.add(t)
+        return True
+    return False
+
+
+def simulator() -> bool:
+    """Whether Numba's CUDA simulator runs the kernels (``NUMBA_ENABLE_CUDASIM=1``)."""
+    return bool(numba_config.ENABLE_CUDASIM)
+
+
+@functools.lru_cache(maxsize=None)
+def real_gpu() -> bool:
+    """Whether a real CUDA GPU runs the kernels (not the simulator); checked once."""
+    from numba import cuda
+    return not simulator() and bool(cuda.is_available())
+
+
+@functools.lru_cache(maxsize=None)
+def compute_capability(device_id: int = 0) -> tuple[int, int]:
+    """The compute capability of CUDA device ``device_id`` ((0, 0) without a real GPU)."""
+    if not real_gpu():
+        return (0, 0)
+    from numba import cuda
+    return tuple(cuda.gpus[device_id].compute_capability)
+
+
+def tensor_core_refusal(problem, family, dtypes, head_dims):
+    """Why a tensor-core family (``family``, e.g. "the mma family") cannot run ``problem``
+    (a string), or None: it needs a real GPU of compute capability 8.0 or later (``mma.sync``,
+    ``cp.async``; the CUDA simulator runs no inline PTX), a dtype of ``dtypes`` and a head dim
+    of ``head_dims``. The checks every tensor-core family makes first."""
+    if not real_gpu():
+        return f"{family} needs a real CUDA GPU (the CUDA simulator runs no inline PTX)"
+    if problem.kind != "torch" and problem.kind != "numpy":
+        return f"{family} takes NumPy arrays or torch CUDA tensors"
+    cc = compute_capability(current_device_id())
+    if cc < (8, 0):
+        return f"{family} needs compute capability 8.0 or later, this GPU has {cc[0]}.{cc[1]}"
+    dtype = str(problem.dtype).replace("torch.", "")
+    if dtype not in dtypes:
+        return f"{family} takes {' or '.join(dtypes)} inputs, got {dtype}"
+    if problem.head_dim not in head_dims:
+        return f"{family} takes head_dim in {head_dims}, got {problem.head_dim}"
+    return None
+
+
+def current_device_id() -> int:
+    """The current CUDA device's ordinal, cheaply: torch's current device once torch has
+    initialised CUDA (torch and Numba share the device's primary context, so it is the device
+    Numba launches on), else Numba's current device."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return torch.cuda.current_device()
+    from numba import cuda
+    return getattr(cuda.get_current_device(), "id", 0)   # (the simulator's device has no id)
+
+
+def _layout(shape, strides_bytes, itemsize) -> str:
+    """Numba's layout letter for an array ('C', 'F' or 'A'), as `DeviceNDArray` derives it."""
+    size = 1
+    for n in shape:
+        size *= n
+    if size == 0 or not shape:
+        return "C"
+    if 0 in strides_bytes:
+        return "A"
+    sd, c_contig = itemsize, True
+    for n, s in zip(reversed(shape), reversed(strides_bytes)):
+        if n != 1:
+            if s != sd:
+                c_contig = False
+                break
+            sd *= n
+    if c_contig:
+        return "C"
+    sd = itemsize
+    for n, s in zip(shape, strides_bytes):
+        if n != 1:
+            if s != sd:
+                return "A"
+            sd *= n
+    return "F"
+
+
+def _arg_key(a):
+    """What decides the Numba type of argument ``a`` (cheap to compute)."""
+    if _is_torch(a):
+        if a.is_contiguous() and 0 not in a.stride():
+            return ("t", a.dtype, a.dim(), "C")
+        item = a.element_size()
+        return ("t", a.dtype, a.dim(), _layout(tuple(a.shape), tuple(s * item for s in a.stride()),
+                                                item))
+    nt = getattr(a, "_numba_type_", None)       # Numba device arrays
+    if nt is not None:
+        return ("n", nt)
+    return ("s", type(a))
+
+
+def _to_numba(a):
+    if _is_torch(a):
+        from numba import cuda
+        # sync=False: launches go on torch's current stream, which orders them after producers
+        return cuda.as_cuda_array(a.detach(), sync=False)
+    return a
+
+
+def launch_stream(on=None):
+    """The stream object `launch` takes. ``on`` is a torch CUDA tensor (torch's current stream
+    on its device), a torch stream, or None (the default stream). Cached by stream handle."""
+    if on is None:
+        handle = 0
+    elif hasattr(on, "cuda_stream"):
+        handle = int(on.cuda_stream)
+    else:
+        import torch
+        get_raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        handle = (get_raw(on.get_device()) if get_raw is not None
+                  else torch.cuda.current_stream(on.device).cuda_stream)
+    s = _STREAMS.get(handle)
+    if s is None:
+        from numba import cuda
+        from numba.cuda.cudadrv.driver import _to_core_stream
+        if len(_STREAMS) > 64:
+            _STREAMS.clear()
+        s = _STREAMS[handle] = _to_core_stream(cuda.external_stream(handle) if handle else 0)
+    return s
+
+
+def _opt_in(compiled, sharedmem, device_id=None):
+    """Allow ``sharedmem`` bytes of dynamic shared memory for ``compiled`` on this device (a
+    dictionary lookup once done for this kernel, device and size); ``device_id`` is
+    `current_device_id` when the caller has it."""
+    if sharedmem <= DEFAULT_DYNAMIC_SMEM_BYTES:
+        return
+    key = (id(compiled), current_device_id() if device_id is None else device_id)
+    if _OPTED_IN.get(key, 0) >= sharedmem:
+        return
+    from numba import cuda
+    from numba.cuda.cudadrv.driver import binding, driver
+    dev = cuda.get_current_device()
+    limit = int(dev.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+    if sharedmem > limit:
+        raise ValueError(f"{sharedmem} bytes of dynamic shared memory exceed this device's "
+                         f"per-block limit of {limit} bytes")
+    cufunc = compiled._codelibrary.get_cufunc()
+    attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    driver.cuKernelSetAttribute(attr, int(sharedmem), cufunc.handle, dev.id)
+    _OPTED_IN[key] = int(sharedmem)
+
+
+class _Plan:
+    """How to marshal one argument signature of one compiled overload: per argument, 't' (a torch
+    tensor: pointer, shape, strides), 'n' (a Numba device array; the last one's marshalled
+    values are kept, so a constant array costs nothing) or a ctypes constructor for a scalar
+    (None: Numba's own `_prepare_args`)."""
+    __slots__ = ("kern", "compiled", "kinds", "last", "configs", "handles")
+
+    def __init__(self, kern, compiled, args):
+        import ctypes
+
+        from numba.cuda import types
+        self.kern, self.compiled, self.configs, self.handles = kern, compiled, {}, {}
+        kinds = []
+        for ty, a in zip(compiled.argument_types, args):
+            if _is_torch(a):
+                kinds.append("t")
+            elif isinstance(ty, types.Array):
+                kinds.append("n")
+            elif isinstance(ty, types.Integer):
+                kinds.append(getattr(ctypes, "c_%s" % ty))
+            elif ty == types.float32:
+                kinds.append(ctypes.c_float)
+            elif ty == types.float64:
+                kinds.append(ctypes.c_double)
+            else:
+                kinds.append(None)
+        self.kinds = tuple(kinds)
+        self.last = [None] * len(kinds)
+
+    def marshal(self, args, stream):
+        out, compiled, last = [], self.compiled, self.last
+        for i, (kind, a) in enumerate(zip(self.kinds, args)):
+            if kind == "t":
+                item = a.element_size()
+                out += (0, 0, a.numel(), item, a.data_ptr())
+                out += a.shape
+                out += (s * item for s in a.stride())
+            elif kind == "n":
+                hit = last[i]
+                if hit is None or hit[0] is not a:
+                    vals = []
+                    compiled._prepare_args(compiled.argument_types[i], a, stream, [], vals)
+                    hit = last[i] = (a, vals)
+                out += hit[1]
+            elif kind is None:
+                compiled._prepare_args(compiled.argument_types[i], a, stream, [], out)
+            else:
+                out.append(kind(a))
+        return out
+
+    def handle(self, dev):
+        """The loaded kernel on device ``dev`` (the current one; cached per device ordinal)."""
+        h = self.handles.get(dev)
+        if h is None:
+            h = self.handles[dev] = self.compiled._codelibrary.get_cufunc().kernel
+        return h
+
+    def config(self, grid, block, sharedmem):
+        key = (grid, block, sharedmem)
+        cfg = self.configs.get(key)
+        if cfg is None:
+            from cuda.core import LaunchConfig
+            if len(self.configs) > 256:
+                self.configs.clear()
+            cfg = self.configs[key] = LaunchConfig(grid=grid, block=block, shmem_size=sharedmem)
+        return cfg
+
+
+def _slow(kern, key, grid, block, stream, args, sharedmem):
+    """Numba's own typing and compilation, then a launch through the overload; caches a `_Plan`
+    for the signature."""
+    from numba.cuda.errors import normalize_kernel_dimensions
+    grid, block = normalize_kernel_dimensions(grid, block)
+    nargs = [_to_numba(a) for a in args]
+    argtypes = tuple(kern.typeof_pyval(a) for a in nargs)
+    compiled = kern.compile(argtypes)
+    _opt_in(compiled, sharedmem)
+    compiled.launch(nargs, grid, block, stream, sharedmem)
+    if key is not None:
+        if len(_OVERLOADS) > 512:
+            _OVERLOADS.clear()
+        _OVERLOADS[key] = _Plan(kern, compiled, args)
+
+
+def signature_key(kern, args) -> tuple:
+    """The cache key of a launch of ``kern`` with ``args``: the dispatcher and each argument's
+    `_arg_key`."""
+    return (id(kern),) + tuple(_arg_key(a) for a in args)
+
+
+def plan_for(kern, args):
+    """The cached `_Plan` of this launch's signature, or None before its first launch."""
+    plan = _OVERLOADS.get(signature_key(kern, args))
+    return plan if plan is not None and plan.kern is kern else None
+
+
+def launch(kern, grid, block, stream, args, sharedmem=0, fast=True):
+    """Launch the Numba dispatcher ``kern`` as ``kern[grid, block, stream, sharedmem](*args)``.
+
+    ``args`` may hold torch CUDA tensors (used in place; half-precision ones already viewed as
+    the integer type the kernel takes), Numba device arrays and scalars; ``stream`` is
+    `Call.stream` (`launch_stream`). See the module docstring for what is cached; under the
+    CUDA simulator this is Numba's own launch.
+    """
+    if simulator():
+        kern[grid, block, stream, sharedmem](*args)
+        return
+    if not fast:
+        _slow(kern, None, grid, block, stream, args, sharedmem)
+        return
+    key = signature_key(kern, args)
+    plan = _OVERLOADS.get(key)
+    if plan is None or plan.kern is not kern:
+        _slow(kern, key, grid, block, stream, args, sharedmem)
+        return
+    compiled = plan.compiled
+    dev = current_device_id()
+    _opt_in(compiled, sharedmem, dev)
+    from cuda.core import launch as core_launch
+    core_launch(stream, plan.config(grid, block, sharedmem), plan.handle(dev),
+                *plan.marshal(args, stream))
+
+
+# -- device constants ----------------------------------------------------------------------------
+_CONSTS: dict = {}
+
+
+def device_const(key, make):
+    """Device copies of small host-built constants: ``make()`` returns a NumPy array or a tuple
+    (whose NumPy arrays are copied, other items kept), built and copied once per (key, current
+    device)."""
+    key = (current_device_id(), key)
+    hit = _CONSTS.get(key)
+    if hit is None:
+        from numba import cuda
+        if len(_CONSTS) > 256:
+            _CONSTS.clear()
+        val = make()
+        if isinstance(val, tuple):
+            hit = tuple(cuda.to_device(x) if isinstance(x, np.ndarray) else x for x in val)
+        else:
+            hit = cuda.to_device(val)
+        _CONSTS[key] = hit
+    return hit
+
+
+# -- one call ------------------------------------------------------------------------------------
+class Call:
+    """The host side of one kernel call on a validated `ioaware` problem (see the module
+    docstring). ``stage_bfloat16``: bfloat16 operands are copied to float32 and float outputs
+    computed in float32, cast back in `Output.value` (the CUDA-core kernels: Numba has no
+    bfloat16 arrays)."""
+
+    __slots__ = ("problem", "torch", "stream", "staged", "_torch")
+
+    def __init__(self, problem, stage_bfloat16=False):
+        self.problem = problem
+        self.torch = problem.kind == "torch"
+        self._torch = None
+        self.staged = False
+        if self.torch:
+            import torch
+            self._torch = torch
+            self.staged = stage_bfloat16 and problem.dtype == torch.bfloat16
+            self.stream = launch_stream(problem.q) if real_gpu() else 0
+        else:
+            self.stream = launch_stream() if real_gpu() else 0
+
+    def input(self, x, words=False, aligned=False):
+        """``x`` (an operand of the problem: q, k, v, out, dout, lse) as a kernel argument:
+        ``words``: viewed as int16 (half-precision tensor-core kernels); ``aligned``: rows
+        contiguous and 16-byte aligned (copied where they are not; what ``cp.async`` needs)."""
+        if self.torch:
+            torch = self._torch
+            t = x.detach()
+            if self.staged and t.dtype == torch.bfloat16:
+                t = t.float()
+            if aligned and (t.stride(-1) != 1 or t.data_ptr() % 16
+                            or any(s * t.element_size() % 16 for s in t.stride()[:-1])):
+                t = t.contiguous()
+            return t.view(torch.int16) if words else t
+        from numba import cuda
+        a = np.ascontiguousarray(x)
+        return cuda.to_device(a.view(np.int16) if words else a)
+
+    def mask(self):
+        """The problem's boolean mask [1|B, 1|H, 1|Nq, Nk] as uint8 on the device with its
+        broadcast flags: ``(mask, mask_b, mask_h, mask_q)`` (flag 1 = that dimension is not
+        broadcast). Without a mask: a shared 1-element dummy and zero flags."""
+        mask = self.problem.mask
+        if mask is None:
+            return device_const("no-mask", lambda: np.ones((1, 1, 1, 1), np.uint8)), 0, 0, 0
+        shape = tuple(int(s) for s in mask.shape)
+        if self.torch:
+            maskd = mask.detach().to(self._torch.uint8).contiguous()   # launched in place
+        else:
+            from numba import cuda
+            maskd = cuda.to_device(np.ascontiguousarray(mask, dtype=np.uint8))
+        return maskd, int(shape[0] > 1), int(shape[1] > 1), int(shape[2] > 1)
+
+    def output(self, shape, float32=False, words=False, zeros=False):
+        """A new output array of ``shape``: float32, or the problem's dtype (float32 when
+        staged; ``words``: passed to the kernel as int16). Returns an `Output`."""
+        dtype = self.problem.dtype
+        if self.torch:
+            torch = self._torch
+            dt = torch.float32 if (float32 or self.staged) else dtype
+            t = (torch.zeros if zeros else torch.empty)(shape, dtype=dt, device=self.problem.q.device)
+            return Output(self, t, t.view(torch.int16) if words else t, float32)
+        from numba import cuda
+        dt = np.float32 if float32 else np.dtype(dtype)
+        if zeros:
+            d = cuda.to_device(np.zeros(shape, dt))
+        else:
+            d = cuda.device_array(shape, dtype=np.int16 if words else dt)
+        return Output(self, d, d, float32, np.dtype(dt) if words else None)
+
+
+class Output:
+    """An output of a `Call`: ``arg`` is what the kernel takes, `value` what the caller gets."""
+
+    __slots__ = ("call", "handle", "arg", "float32", "view_as")
+
+    def __init__(self, call, handle, arg, float32, view_as=None):
+        self.call, self.handle, self.arg, self.float32, self.view_as = (call, handle, arg,
+                                                                        float32, view_as)
+
+    def value(self, dtype=None):
+        """The result in the caller's kind: a torch tensor (cast back to bfloat16 when staged,
+        or to ``dtype``) or a NumPy array copied from the device."""
+        call = self.call
+        if call.torch:
+            t = self.handle
+            if dtype is not None:
+                return t.to(dtype)
+            if call.staged and not self.float32:
+                return t.to(call._torch.bfloat16)
+            return t
+        a = self.handle.copy_to_host()
+        return a.view(self.view_as) if self.view_as is not None else a

@@ -1,0 +1,72 @@
+"""Masking of score tiles in the tensor-core kernels: the key tail, the causal diagonal and the
+boolean mask, set to -inf in the C fragments of a warp's score tile, only on tiles that need it.
+
+* `score_mask`: a warp's 16 x block_k tile of S = Q K^T (the forwards and the dQ kernels);
+* `transposed_score_mask`: a warp's tile of S^T = K Q^T (the dK/dV kernels).
+
+Which tiles are visited at all (causal and block-sparse skipping) is `ioaware.block_info.BlockInfo`'s
+answer, through `kernels.tile_scheduler`; these functions mask elements inside visited tiles.
+"""
+from __future__ import annotations
+
+import math
+
+__all__ = ["score_mask", "transposed_score_mask"]
+
+
+def score_mask(block_q, block_k, nt_s, causal, has_mask):
+    """``mask_scores``: -inf on the scores of one warp's 16 x block_k tile (C fragments from
+    ``s_reg[off]``, rows ``row0`` and ``row0 + 8``) that fall past the keys, above the causal
+    diagonal or on a False of the boolean mask — only on tiles that need it. Shared by the
+    tensor-core forwards and dQ kernels."""
+    from numba import cuda, float32
+    BQ, BK, NT_S, CAUSAL, HAS_MASK = block_q, block_k, nt_s, causal, has_mask
+    NEG_INF = float32(-math.inf)
+
+    @cuda.jit(device=True, inline=True)
+    def mask_scores(s_reg, off, row0, n_blk, m_blk, col_base, b, h, n_q, n_k, mask, mask_b,
+                    mask_h, mask_q):
+        needs_mask = HAS_MASK or (n_blk * BK + BK > n_k)
+        if CAUSAL:
+            needs_mask = needs_mask or (n_blk * BK + BK - 1 > m_blk * BQ)
+        if needs_mask:
+            for nt in range(NT_S):
+                for i in range(4):
+                    col = col_base + nt * 8 + (i & 1)
+                    row = row0 + 8 * (i >> 1)
+                    bad = col >= n_k
+                    if CAUSAL:
+                        bad = bad or col > row
+                    if HAS_MASK:
+                        if not bad and row < n_q:
+                            bad = mask[b * mask_b, h * mask_h, row * mask_q, col] == 0
+                    if bad:
+                        s_reg[off + nt * 4 + i] = NEG_INF
+
+    return mask_scores
+
+
+def transposed_score_mask(n_tiles, causal, has_mask):
+    """``mask_scores_t``: -inf on the dK/dV kernels' transposed score tiles S^T (``n_tiles``
+    16x8 C fragments in ``st``; keys ``key0`` and ``key0 + 8`` down, queries from ``qc0``
+    across) above the causal diagonal or on a False of the boolean mask."""
+    from numba import cuda, float32
+    NT, CAUSAL, HAS_MASK = n_tiles, causal, has_mask
+    NEG_INF = float32(-math.inf)
+
+    @cuda.jit(device=True, inline=True)
+    def mask_scores_t(st, qc0, key0, b, h, n_q, n_k, mask, mask_b, mask_h, mask_q):
+        for nt in range(NT):
+            for i in range(4):
+                qcol = qc0 + 8 * nt + (i & 1)
+                key = key0 + 8 * (i >> 1)
+                bad = False
+                if CAUSAL:
+                    bad = key > qcol
+                if HAS_MASK:
+                    if not bad and qcol < n_q and key < n_k:
+                        bad = mask[b * mask_b, h * mask_h, qcol * mask_q, key] == 0
+                if bad:
+                    st[nt * 4 + i] = NEG_INF
+
+    return mask_scores_t

@@ -1,0 +1,727 @@
+"""Tensor-core FlashAttention-2 backward for float32 CUDA inputs with 3xTF32 (Numba + inline PTX).
+
+This is the ``tf32`` family's backward. The structure is that of `kernels.mma_bwd` (two kernels, operands in registers or L1, no shared-memory round trip of
+P or dS, no atomics); the arithmetic is that of `kernels.tf32_fwd`: every float32 operand x is
+split into ``big = tf32(x)`` and ``small = tf32(x - big)`` and every product is
+``A_small B_big + A_big B_small + A_big B_big`` with ``mma.sync.m16n8k8`` tf32 and float32
+accumulation, so all five matmuls have float32-level accuracy.
+
+* **dQ kernel** (runs first), grid (n_blocks_q, B * Hq): each warp owns 16 query rows and keeps
+  (at d=64) its Q and dO fragments (at d=128 they are re-read from global memory, where they
+  stay in L1, at every k-step), A operands in float32, and its dQ
+  accumulator in registers; its prologue
+  computes delta_i = sum_c dO_ic O_ic for its rows (fused pre-pass) and writes it for the second
+  kernel. K/V tiles of `BlockInfo.kv_schedule()` stream through double-buffered shared memory
+  (``cp.async``); per tile: S = Q K^T, dP = dO V^T, P = exp2(S * scale * log2(e) - lse *
+  log2(e)), dS = P * (dP * Z - delta), dQ += dS K. dQ = scale * dQ at the end.
+* **dK/dV kernel**, grid (n_blocks_k, B * Hkv), transposed orientation: each warp owns 16 key
+  rows and keeps its dK and dV accumulators in registers; its K and V fragments (A operands)
+  are re-read from global memory, where the block's rows stay in L1, at every k-step
+  (`operands_in_registers`). It loops over the query heads of the GQA group and, for each, over the Q tiles of
+  `BlockInfo.q_schedule()`; Q and dO tiles (double-buffered, ``cp.async``) give S^T = K Q^T,
+  dP^T = V dO^T, P^T (lse and delta per query column, staged in shared memory),
+  dV += (P^T Z) dO, dS^T = P^T * (dP^T Z - delta), dK += dS^T Q; dK = scale * dK at the end.
+
+Both grids are (tiles, batch*heads); which block works on which (tile, head) is the launch order
+of `kernels.tile_scheduler`: tiles first, or, under a causal mask, heads first within groups of
+four heads (`tile_scheduler.DEFAULT_HEAD_GROUP`, measured with ``python -m benchmarks tune``).
+
+Fragment maps (`kernels.fragments_tf32`): in S = Q K^T and dP = dO V^T (and their transposes)
+the k index is a head dim and is *not* permuted (``dim_a_elem`` / ``dim_b_elem``): a thread's B
+elements are K[key g][dims t, t + 4], two 32-bit loads, conflict-free with rows padded by 4
+floats. In dQ += dS K, dV += (P^T Z) dO and dK += dS^T Q the A operand is a C fragment of the
+score tile, used in place under `k_perm` (``p_a_from_c``: a0, a1, a2, a3 = c0, c2, c1, c3), and
+the B operand is loaded in the same permuted order, B[k][n] = X[row k_perm(k)][dim n]
+(``v_b_elem``: rows 2t and 2t + 1 of column g, conflict-free with the same padding). The
+operands that live in registers stay float32 and are split at each use (Q, dO, K and V
+fragments split once would need twice their registers, which the dQ / dK / dV accumulators and
+the score tiles leave no room for: see docs/kernels.md).
+
+Configurations (`default_config`): four warps of 16 rows, 32-row stages. At d=64 the stages
+live in static shared memory (34816 / 35328 bytes). At d=128 they take dynamic shared memory
+(67584 / 68096 bytes, opt-in above 48 KiB through `kernels.host.launch`; on an H100 three dQ
+blocks per SM at 165 registers, two dK/dV blocks at 241-243, by `ptxas -v` for sm_90)
+and the S / dP k-loops are written two k-steps per iteration (``unroll``), which NVVM keeps
+as such (240 / 432 HMMA in the SASS instead of the 108 / 204 of the 16-row, not unrolled
+kernels). With dropout at d=128 the dK/dV kernel keeps 16-query stages
+(`dkdv_dropout_config`: the 32-query kernel spilled when it was measured). A variant that split
+each stage's B operands once into big/small TF32 planes was exact but slower (docs/kernels.md).
+
+Here Z = keep / (1 - p) is the dropout factor regenerated from the `ioaware.dropout` hash
+(Z = 1 without dropout) and delta = rowsum(dO * O), with O the dropped-out output. Supported:
+head_dim 64 and 128, float32 (torch CUDA tensors; NumPy arrays are copied), causal, boolean
+masks (a fully masked row gets zero gradients), block-sparse masks whose tiles are multiples of
+16, dropout, GQA/MQA (dK/dV summed over the group), Nq != Nk, any lengths, on a real GPU of
+compute capability 8.0 or later. `supports` says why it refuses anything else, and the registry
+then runs the CUDA-core family.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+
+from ioaware.block_info import cdiv
+
+from . import host, softmax, tile_scheduler
+from .config import backward_tiles
+from .dropout import dropout_constants, fmix_device
+from .mask import score_mask, transposed_score_mask
+
+__all__ = ["backward", "supports", "tiles", "default_config", "default_tiles", "dq_smem_bytes",
+           "dkdv_smem_bytes", "operands_in_registers", "dkdv_dropout_config", "get_dq_kernel",
+           "get_dkdv_kernel", "SUPPORTED_HEAD_DIMS"]
+
+SUPPORTED_HEAD_DIMS = (64, 128)
+DTYPES = ("float32",)
+SMEM_LIMIT_BYTES = 48 * 1024         # static shared memory per block without opt-in
+PAD_FLOATS = 4                       # per shared row: both access patterns conflict-free
+LOG2E = softmax.LOG2E
+
+#: Per head dim: ``dq`` = (query rows per block, keys per stage) of the dQ kernel, ``dkdv`` =
+#: (key rows per block, queries per stage) of the dK/dV kernel, and ``unroll`` (k-steps per
+#: iteration of the S / dP k-loops as written).
+_DEFAULT_CONFIG = {
+    64: {"dq": (64, 32), "dkdv": (64, 32), "unroll": 1},
+    128: {"dq": (64, 32), "dkdv": (64, 32), "unroll": 2},
+}
+
+
+def default_config(head_dim: int) -> dict:
+    """The kernel configuration for ``head_dim`` (a copy): ``dq`` / ``dkdv`` tiles (16 rows
+    per warp, four warps) and ``unroll``: the S = Q K^T and dP = dO V^T k-loops (and their
+    transposes) are written as an outer loop over ``head_dim / 8 / unroll`` iterations of
+    ``unroll`` k-steps each."""
+    return dict(_DEFAULT_CONFIG[64 if head_dim <= 64 else 128])
+
+
+def default_tiles(head_dim: int) -> dict:
+    """Default kernel tiles (`default_config`): ``dq`` = (query rows per block, keys per
+    stage) of the dQ kernel, ``dkdv`` = (key rows per block, queries per stage) of the dK/dV
+    kernel. 16 rows per warp, four warps; 32-row stages (d=64: static shared memory, 34816 /
+    35328 bytes; d=128: dynamic shared memory, 67584 / 68096 bytes)."""
+    cfg = default_config(head_dim)
+    return {"dq": cfg["dq"], "dkdv": cfg["dkdv"]}
+
+
+def dq_smem_bytes(head_dim: int, block_k: int) -> int:
+    """Shared memory of one dQ block: K and V, two buffers each, rows padded by 4 floats."""
+    return 4 * block_k * (head_dim + PAD_FLOATS) * 4
+
+
+def dkdv_smem_bytes(head_dim: int, block_q: int) -> int:
+    """Shared memory of one dK/dV block: Q and dO as `dq_smem_bytes` lays out K and V, plus
+    lse / delta of two stages (static)."""
+    return dq_smem_bytes(head_dim, block_q) + 16 * block_q
+
+
+def operands_in_registers(kernel: str, head_dim: int) -> tuple[bool, bool]:
+    """Which of a kernel's two A operands (Q and dO for ``kernel="dq"``, K and V for
+    ``"dkdv"``) it keeps in registers as float32 fragments; the others are re-read from global
+    memory, where the block's rows stay in L1, at every k-step. Chosen so that ptxas needs no
+    local memory (``python -m benchmarks check``): the dQ kernel at d=64 holds both
+    (accumulator 32 registers), the dK/dV kernel (dK and dV accumulators, 64 registers at d=64)
+    and the dQ kernel at d=128 neither."""
+    return (head_dim <= 64 and kernel == "dq",) * 2
+
+
+def dkdv_dropout_config(head_dim: int, block_q: int, has_dropout: bool) -> dict:
+    """Overrides of the dK/dV kernel's configuration for a call: with dropout at d=128 the
+    default 32-query stages spilled when measured (the per-column dropout hashes, 16 more
+    registers: 20-44 bytes of spill loads from ``ptxas -v``), so 16-query stages without
+    unrolling (spill-free) are used; {} otherwise."""
+    if has_dropout and head_dim == 128 and block_q > 16:
+        return {"block_q": 16, "unroll": 1}
+    return {}
+
+
+_KERNELS: dict = {}
+
+
+def get_dq_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, head_group,
+                  unroll=None):
+    """The compiled-on-first-launch dQ kernel for one configuration (cached); ``unroll``
+    defaults to `default_config`'s, ``head_group`` is the launch order
+    (`kernels.tile_scheduler`). ``kernel.smem_bytes`` is its dynamic shared memory (0 when its
+    shared memory is static)."""
+    unroll = default_config(head_dim)["unroll"] if unroll is None else int(unroll)
+    key = ("dq", head_dim, block_q, block_k, bool(causal), bool(has_mask), bool(has_dropout),
+           unroll, int(head_group))
+    if key not in _KERNELS:
+        _KERNELS[key] = _build_dq_kernel(*key[1:])
+    return _KERNELS[key]
+
+
+def get_dkdv_kernel(head_dim, block_k, block_q, causal, has_mask, has_dropout, head_group,
+                    unroll=None):
+    """The compiled-on-first-launch dK/dV kernel (``block_k`` key rows per block, ``block_q``
+    queries per stage) for one configuration (cached); as `get_dq_kernel`."""
+    unroll = default_config(head_dim)["unroll"] if unroll is None else int(unroll)
+    key = ("dkdv", head_dim, block_k, block_q, bool(causal), bool(has_mask), bool(has_dropout),
+           unroll, int(head_group))
+    if key not in _KERNELS:
+        _KERNELS[key] = _build_dkdv_kernel(*key[1:])
+    return _KERNELS[key]
+
+
+def _tf32_helpers(threads, chunks, rows):
+    """Device helpers shared by both kernels: the 3xTF32 product and the cp.async tile copy of
+    ``rows`` float32 rows of ``chunks`` 16-byte chunks by ``threads`` threads."""
+    from numba import cuda, uint32, uint64
+
+    from . import ptx
+
+    loads = rows * chunks // threads        # cp.async per thread per tile
+    row_step = threads // chunks            # rows between a thread's successive chunks
+    assert rows * chunks % threads == 0 and threads % chunks == 0
+
+    @cuda.jit(device=True, inline=True)
+    def mma3(ab0, ab1, ab2, ab3, as0, as1, as2, as3, bb0, bb1, bs0, bs1, c0, c1, c2, c3):
+        # 3xTF32: small * big, big * small, then big * big, all accumulated in float32
+        d = ptx.mma_tf32(as0, as1, as2, as3, bb0, bb1, c0, c1, c2, c3)
+        d = ptx.mma_tf32(ab0, ab1, ab2, ab3, bs0, bs1, d[0], d[1], d[2], d[3])
+        return ptx.mma_tf32(ab0, ab1, ab2, ab3, bb0, bb1, d[0], d[1], d[2], d[3])
+
+    @cuda.jit(device=True, inline=True)
+    def load_tile(head_addr, row_bytes, row0, n_rows, s_addr, stride):
+        # -- cp.async one tile: this thread's chunks are rows row0 + i * row_step (zero-filled
+        #    past n_rows), one 16-byte column chunk (see the caller) --
+        for i in range(loads):
+            row = row0 + i * row_step
+            ok = row < n_rows
+            g = head_addr + uint64(row if ok else 0) * row_bytes
+            ptx.cp_async_16(s_addr + uint32(4 * i * row_step * stride), g,
+                          uint32(16) if ok else uint32(0))
+
+    return mma3, load_tile
+
+
+def _rows_times_shared_rows(nt_n, kc_steps, unroll, stride, a_in_registers, mma3):
+    """``product(acc, a_reg, x, b, h, r0, r1, tig, b_addr)``: acc (``nt_n`` 16x8 float32 C
+    fragments) += A B^T over ``kc_steps`` k-steps of 8 dims, written as ``kc_steps / unroll``
+    iterations of ``unroll`` steps: the S = Q K^T / dP = dO V^T products of the dQ kernel and
+    S^T = K Q^T / dP^T = V dO^T of the dK/dV kernel. A is the warp's 16 rows
+    (rows r0 and r1 = r0 + 8 of this lane), dims not permuted: from the float32 fragments
+    ``a_reg`` when ``a_in_registers``, else re-read from global ``x[b, h, r, :]``; split into
+    big/small here. B^T is ``nt_n`` groups of 8 shared float32 rows at ``b_addr`` (``stride``
+    floats apart), split here."""
+    from numba import cuda
+
+    from . import ptx
+    NT_N, STRIDE, A_REGS = nt_n, stride, a_in_registers
+    KC, SU = kc_steps, unroll
+
+    @cuda.jit(device=True, inline=True)
+    def step(acc, kc, a_reg, x, b, h, r0, r1, tig, b_addr):
+        a = kc * 4
+        if A_REGS:
+            a0 = ptx.split_tf32(a_reg[a])
+            a1 = ptx.split_tf32(a_reg[a + 1])
+            a2 = ptx.split_tf32(a_reg[a + 2])
+            a3 = ptx.split_tf32(a_reg[a + 3])
+        else:
+            a0 = ptx.split_tf32(x[b, h, r0, kc * 8 + tig])
+            a1 = ptx.split_tf32(x[b, h, r1, kc * 8 + tig])
+            a2 = ptx.split_tf32(x[b, h, r0, kc * 8 + tig + 4])
+            a3 = ptx.split_tf32(x[b, h, r1, kc * 8 + tig + 4])
+        for nt in range(NT_N):
+            off = 4 * (nt * 8 * STRIDE + kc * 8)
+            b0 = ptx.split_tf32(ptx.ld_shared_f32(b_addr + off))
+            b1 = ptx.split_tf32(ptx.ld_shared_f32(b_addr + off + 16))
+            bb0, bb1, bs0, bs1 = b0[0], b1[0], b0[1], b1[1]
+            j = nt * 4
+            d = mma3(a0[0], a1[0], a2[0], a3[0], a0[1], a1[1], a2[1], a3[1],
+                     bb0, bb1, bs0, bs1,
+                     acc[j], acc[j + 1], acc[j + 2], acc[j + 3])
+            for i in range(4):
+                acc[j + i] = d[i]
+
+    @cuda.jit(device=True, inline=True)
+    def product(acc, a_reg, x, b, h, r0, r1, tig, b_addr):
+        for kc_o in range(KC // SU):
+          for kc_i in range(SU):  # noqa: E111 (the k-step loop, SU steps per iteration)
+            step(acc, kc_o * SU + kc_i, a_reg, x, b, h, r0, r1, tig, b_addr)
+
+    return product
+
+
+def _c_times_shared_b(nt_k, nt_o, stride, mma3):
+    """``acc_c_times_b(c_reg, acc, t_addr)``: acc (``nt_o`` 16x8 float32 C fragments) += C x B,
+    where C is a warp's ``nt_k`` 16x8 score tiles ``c_reg`` used as A fragments (the C layout is
+    the A layout under the k permutation: a0..a3 = c0, c2, c1, c3) and B is read from shared
+    memory at ``t_addr`` (float32 rows ``stride`` floats apart, split here). The dQ += dS K,
+    dV += (P^T Z) dO and dK += dS^T Q products of the 3xTF32 backward."""
+    from numba import cuda
+
+    from . import ptx
+    NT_S, NT_O, STRIDE = nt_k, nt_o, stride
+
+    @cuda.jit(device=True, inline=True)
+    def acc_c_times_b(c_reg, acc, t_addr):
+        for kp in range(NT_S):
+            j = kp * 4
+            p0 = ptx.split_tf32(c_reg[j])
+            p1 = ptx.split_tf32(c_reg[j + 2])
+            p2 = ptx.split_tf32(c_reg[j + 1])
+            p3 = ptx.split_tf32(c_reg[j + 3])
+            for nt in range(NT_O):
+                xa = t_addr + 4 * (kp * 8 * STRIDE + nt * 8)
+                b0 = ptx.split_tf32(ptx.ld_shared_f32(xa))
+                b1 = ptx.split_tf32(ptx.ld_shared_f32(xa + 4 * STRIDE))
+                bb0, bb1, bs0, bs1 = b0[0], b1[0], b0[1], b1[1]
+                o = nt * 4
+                d = mma3(p0[0], p1[0], p2[0], p3[0], p0[1], p1[1], p2[1], p3[1],
+                         bb0, bb1, bs0, bs1,
+                         acc[o], acc[o + 1], acc[o + 2], acc[o + 3])
+                for i in range(4):
+                    acc[o + i] = d[i]
+
+    return acc_c_times_b
+
+
+def _build_dq_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, unroll,
+                     head_group):
+    from numba import cuda, float32, uint32, uint64
+
+    from . import ptx
+
+    D = head_dim
+    BQ = block_q
+    BK = block_k
+    NUM_WARPS = BQ // 16
+    THREADS = 32 * NUM_WARPS
+    STRIDE = D + PAD_FLOATS             # floats per shared K or V row (split planes too)
+    TILE = BK * STRIDE                  # floats per K or V buffer
+    STAGE = 2 * TILE                    # K | V, two buffers
+    K_OFF = 0
+    V_OFF = TILE
+    SMEM_FLOATS = 2 * STAGE
+    assert 4 * SMEM_FLOATS == dq_smem_bytes(D, BK)
+    DYNAMIC = 4 * SMEM_FLOATS > SMEM_LIMIT_BYTES
+    SMEM_DECL = 0 if DYNAMIC else SMEM_FLOATS
+    CHUNKS = D // 4                     # 16-byte chunks per row
+    KC = D // 8                         # k-steps of S = Q K^T and dP = dO V^T
+    SU = unroll if KC % unroll == 0 else 1
+    NT_S = BK // 8                      # 16x8 score tiles per warp (= k-steps of dQ += dS K)
+    NT_O = D // 8                       # 16x8 dQ tiles per warp
+    A_REGS, S_REGS, O_REGS = KC * 4, NT_S * 4, NT_O * 4
+    Q_REGS, DO_REGS = operands_in_registers("dq", D)
+    QF_REGS = A_REGS if Q_REGS else 4
+    DF_REGS = A_REGS if DO_REGS else 4
+    assert BQ % 16 == 0 and BK % 8 == 0 and D % 8 == 0
+    CAUSAL, HAS_MASK, HAS_DROPOUT = causal, has_mask, has_dropout
+    fmix = fmix_device()
+    mask_scores = score_mask(BQ, BK, NT_S, CAUSAL, HAS_MASK)
+    dq_row_stats = softmax.dq_row_stats(HAS_DROPOUT)
+    mma3, load_tile = _tf32_helpers(THREADS, CHUNKS, BK)
+    acc_c_times_b = _c_times_shared_b(NT_S, NT_O, STRIDE, mma3)
+    rows_x_rows = functools.partial(_rows_times_shared_rows, NT_S, KC, SU, STRIDE)
+    qk_product = rows_x_rows(Q_REGS, mma3)                # S = Q K^T
+    dov_product = rows_x_rows(DO_REGS, mma3)              # dP = dO V^T
+
+    tile_and_head = tile_scheduler.device_tile_and_head(head_group)
+
+    @cuda.jit(lineinfo=False)
+    def kernel(q, k, v, out, dout, lse, delta, dq, offsets, kv_index, sched_b, sched_h, group,
+               n_q, n_k, mask, mask_b, mask_h, mask_q, scale_log2, scale, seed_hash, threshold,
+               inv_keep):
+        smem = cuda.shared.array(SMEM_DECL, dtype=float32, alignment=16)
+        tid = cuda.threadIdx.x
+        warp = tid // 32
+        lane = tid % 32
+        gid = lane // 4
+        tig = lane % 4
+        tile, bh, n_blocks_q = tile_and_head()
+        m_blk = n_blocks_q - 1 - tile                       # longest (causal) tiles first
+        n_heads = dq.shape[1]
+        b = bh // n_heads
+        h = bh % n_heads
+        hk = h // group
+        s = (b * sched_b + h * sched_h)
+        row0 = m_blk * BQ + warp * 16 + gid                  # rows row0 and row0 + 8
+        # Q rows re-read from global memory (d=128) are clamped into [0, n_q): rows past n_q
+        # have P = 0 and are never written
+        qr0 = min(row0, n_q - 1)
+        qr1 = min(row0 + 8, n_q - 1)
+
+        # -- Q (at d=64) and dO fragments (A operands, dims not permuted: a0/a2 = dims t/t+4)
+        #    into registers as float32; delta = rowsum(dO * O) --
+        qf = cuda.local.array(QF_REGS, dtype=float32)
+        dof = cuda.local.array(DF_REGS, dtype=float32)
+        dsum = cuda.local.array(2, dtype=float32)
+        dsum[0] = float32(0.0)
+        dsum[1] = float32(0.0)
+        for kc in range(KC):
+            for r in range(4):
+                row = row0 + 8 * (r & 1)
+                col = kc * 8 + tig + 4 * (r >> 1)
+                qv = float32(0.0)
+                dv = float32(0.0)
+                if row < n_q:
+                    if Q_REGS:
+                        qv = q[b, h, row, col]
+                    dv = dout[b, h, row, col]
+                    dsum[r & 1] += dv * out[b, h, row, col]
+                if Q_REGS:
+                    qf[kc * 4 + r] = qv
+                if DO_REGS:
+                    dof[kc * 4 + r] = dv
+        delta_r = cuda.local.array(2, dtype=float32)
+        lse2_r = cuda.local.array(2, dtype=float32)
+        h_row = cuda.local.array(2, dtype=uint64)
+        dq_row_stats(dsum, delta_r, lse2_r, h_row, row0, tig, b, h, bh, n_q, lse, delta,
+                     seed_hash)
+
+        acc = cuda.local.array(O_REGS, dtype=float32)
+        for i in range(O_REGS):
+            acc[i] = float32(0.0)
+        s_reg = cuda.local.array(S_REGS, dtype=float32)
+        dp_reg = cuda.local.array(S_REGS, dtype=float32)
+
+        # per-lane float offsets inside a buffer (see kernels.fragments_tf32)
+        b_lane = gid * STRIDE + tig                         # X[key g][dims t, t+4]
+        t_lane = 2 * tig * STRIDE + gid                     # K[key 2t][dim g], K[2t+1][g]
+        # this thread's cp.async chunk: rows r0 + i * ROW_STEP, floats 4 ch .. 4 ch + 3
+        r0 = tid // CHUNKS
+        ch = tid % CHUNKS
+        k_head = ptx.global_addr(k, b, hk, 0, ch * 4)
+        v_head = ptx.global_addr(v, b, hk, 0, ch * 4)
+        k_row_bytes = uint64(k.strides[2])
+        v_row_bytes = uint64(v.strides[2])
+        smem0 = ptx.shared_addr(smem, 0)
+        k_copy = smem0 + uint32(4 * (r0 * STRIDE + ch * 4))
+        v_copy = smem0 + uint32(4 * (BK * STRIDE + r0 * STRIDE + ch * 4))
+
+        start = offsets[s, m_blk]
+        stop = offsets[s, m_blk + 1]
+        if start < stop:
+            n0 = kv_index[start]
+            load_tile(k_head, k_row_bytes, n0 * BK + r0, n_k, k_copy, STRIDE)
+            load_tile(v_head, v_row_bytes, n0 * BK + r0, n_k, v_copy, STRIDE)
+            ptx.cp_async_commit()
+
+        for it in range(start, stop):
+            n_blk = kv_index[it]
+            buf = ((it - start) & 1) * STAGE
+            if it + 1 < stop:
+                nxt = kv_index[it + 1]
+                nbuf = uint32(4 * (STAGE - buf))
+                load_tile(k_head, k_row_bytes, nxt * BK + r0, n_k, k_copy + nbuf, STRIDE)
+                load_tile(v_head, v_row_bytes, nxt * BK + r0, n_k, v_copy + nbuf, STRIDE)
+                ptx.cp_async_commit()
+                ptx.cp_async_wait_1()
+            else:
+                ptx.cp_async_wait_all()
+            cuda.syncthreads()
+
+            # -- compute qk and dO V^T: S = Q K^T, dP = dO V^T, three tf32 mma per step --
+            for i in range(S_REGS):
+                s_reg[i] = float32(0.0)
+                dp_reg[i] = float32(0.0)
+            k_addr = smem0 + uint32(4 * (buf + K_OFF + b_lane))
+            v_addr = smem0 + uint32(4 * (buf + V_OFF + b_lane))
+            qk_product(s_reg, qf, q, b, h, qr0, qr1, tig, k_addr)
+            # (a separate loop: one loop over both products is too large to be unrolled)
+            dov_product(dp_reg, dof, dout, b, h, qr0, qr1, tig, v_addr)
+
+            # -- masks: key tail, causal diagonal, boolean mask (only where a tile needs one) --
+            col_base = n_blk * BK + 2 * tig
+            mask_scores(s_reg, 0, row0, n_blk, m_blk, col_base, b, h, n_q, n_k, mask, mask_b,
+                        mask_h, mask_q)
+
+            # -- P = exp2(S * scale * log2e - lse2), dS = P * (dP * Z - delta) --
+            for nt in range(NT_S):
+                for i in range(4):
+                    e = nt * 4 + i
+                    r = i >> 1
+                    p = ptx.ex2(s_reg[e] * scale_log2 - lse2_r[r])
+                    dpv = dp_reg[e]
+                    if HAS_DROPOUT:
+                        col = col_base + nt * 8 + (i & 1)
+                        keep = fmix(h_row[r] ^ uint64(col)) >= uint64(threshold)
+                        dpv = dpv * inv_keep if keep else float32(0.0)
+                    s_reg[e] = p * (dpv - delta_r[r])
+
+            # -- dQ += dS K: dS's A fragment is its C fragment (a0, a1, a2, a3 = c0, c2, c1, c3
+            #    under the key permutation); K's B fragment = K[key 2t][g], K[key 2t+1][g] --
+            kt_addr = smem0 + uint32(4 * (buf + K_OFF + t_lane))
+            acc_c_times_b(s_reg, acc, kt_addr)
+            cuda.syncthreads()   # this buffer is refilled by the next iteration's prefetch
+
+        # -- epilogue: dQ = scale * acc --
+        for r in range(2):
+            row = row0 + 8 * r
+            if row < n_q:
+                for nt in range(NT_O):
+                    dq[b, h, row, nt * 8 + 2 * tig] = acc[nt * 4 + 2 * r] * scale
+                    dq[b, h, row, nt * 8 + 2 * tig + 1] = acc[nt * 4 + 2 * r + 1] * scale
+
+    kernel.threads = THREADS
+    kernel.smem_bytes = 4 * SMEM_FLOATS if DYNAMIC else 0
+    kernel.config = {"block_q": BQ, "block_k": BK, "unroll": SU}
+    return kernel
+
+
+def _build_dkdv_kernel(head_dim, block_k, block_q, causal, has_mask, has_dropout, unroll,
+                       head_group):
+    from numba import cuda, float32, uint32, uint64
+
+    from . import ptx
+
+    D = head_dim
+    BK = block_k                        # key rows per block (16 per warp)
+    BQ = block_q                        # queries per shared stage
+    NUM_WARPS = BK // 16
+    THREADS = 32 * NUM_WARPS
+    STRIDE = D + PAD_FLOATS             # floats per shared Q or dO row (split planes too)
+    TILE = BQ * STRIDE                  # floats per Q or dO buffer
+    STAGE = 2 * TILE                    # Q | dO, two buffers
+    Q_OFF = 0
+    DO_OFF = TILE
+    SMEM_FLOATS = 2 * STAGE
+    ROWV = 4 * BQ                       # floats: lse2 | delta, two buffers (static)
+    assert 4 * (SMEM_FLOATS + ROWV) == dkdv_smem_bytes(D, BQ)
+    DYNAMIC = 4 * (SMEM_FLOATS + ROWV) > SMEM_LIMIT_BYTES
+    SMEM_DECL = 0 if DYNAMIC else SMEM_FLOATS
+    CHUNKS = D // 4
+    KC = D // 8                         # k-steps of S^T = K Q^T and dP^T = V dO^T
+    SU = unroll if KC % unroll == 0 else 1
+    NT_S = BQ // 8                      # 16x8 score tiles per warp (= k-steps of dV, dK)
+    NT_O = D // 8                       # 16x8 dK / dV tiles per warp
+    A_REGS, S_REGS, O_REGS = KC * 4, NT_S * 4, NT_O * 4
+    K_REGS, V_REGS = operands_in_registers("dkdv", D)
+    KF_REGS = A_REGS if K_REGS else 4
+    VF_REGS = A_REGS if V_REGS else 4
+    HASHES = 2 * NT_S
+    assert BQ % 8 == 0 and BK % 16 == 0 and D % 8 == 0
+    CAUSAL, HAS_MASK, HAS_DROPOUT = causal, has_mask, has_dropout
+    fmix = fmix_device()
+    mma3, load_tile = _tf32_helpers(THREADS, CHUNKS, BQ)
+    acc_c_times_b = _c_times_shared_b(NT_S, NT_O, STRIDE, mma3)
+    rows_x_rows = functools.partial(_rows_times_shared_rows, NT_S, KC, SU, STRIDE)
+    kq_product = rows_x_rows(K_REGS, mma3)                # S^T = K Q^T
+    vdo_product = rows_x_rows(V_REGS, mma3)               # dP^T = V dO^T
+
+    stage_rows = softmax.stage_rows(BQ, THREADS)
+    locate = tile_scheduler.gqa_locator()
+    mask_scores_t = transposed_score_mask(NT_S, CAUSAL, HAS_MASK)
+
+    tile_and_head = tile_scheduler.device_tile_and_head(head_group)
+
+    @cuda.jit(lineinfo=False)
+    def kernel(q, k, v, dout, lse, delta, dk, dv, offsets, q_index, sched_b, sched_h, group,
+               n_q, n_k, mask, mask_b, mask_h, mask_q, scale_log2, scale, seed_hash, threshold,
+               inv_keep):
+        smem = cuda.shared.array(SMEM_DECL, dtype=float32, alignment=16)
+        # per stage: lse * log2(e) (+inf where P = 0) and delta of its BQ queries
+        rowv = cuda.shared.array(ROWV, dtype=float32)   # buf 0: lse2 | delta, buf 1: same
+        tid = cuda.threadIdx.x
+        warp = tid // 32
+        lane = tid % 32
+        gid = lane // 4
+        tig = lane % 4
+        n_blk, bhk, _ = tile_and_head()                     # K tile 0 (causal: longest) first
+        n_heads_kv = dk.shape[1]
+        n_heads = n_heads_kv * group
+        b = bhk // n_heads_kv
+        hk = bhk % n_heads_kv
+        key0 = n_blk * BK + warp * 16 + gid                  # key rows key0 and key0 + 8
+        # K and V rows re-read from global memory are clamped into [0, n_k): rows past n_k
+        # only feed dK/dV rows that are never written
+        kr0 = min(key0, n_k - 1)
+        kr1 = min(key0 + 8, n_k - 1)
+
+        # -- K and V fragments (A operands, dims not permuted) into registers, where
+        #    `operands_in_registers` says so --
+        kf = cuda.local.array(KF_REGS, dtype=float32)
+        vf = cuda.local.array(VF_REGS, dtype=float32)
+        for kc in range(KC):
+            for r in range(4):
+                key = key0 + 8 * (r & 1)
+                col = kc * 8 + tig + 4 * (r >> 1)
+                kv_ = float32(0.0)
+                vv = float32(0.0)
+                if key < n_k:
+                    if K_REGS:
+                        kv_ = k[b, hk, key, col]
+                    if V_REGS:
+                        vv = v[b, hk, key, col]
+                if K_REGS:
+                    kf[kc * 4 + r] = kv_
+                if V_REGS:
+                    vf[kc * 4 + r] = vv
+
+        dk_acc = cuda.local.array(O_REGS, dtype=float32)
+        dv_acc = cuda.local.array(O_REGS, dtype=float32)
+        for i in range(O_REGS):
+            dk_acc[i] = float32(0.0)
+            dv_acc[i] = float32(0.0)
+        st = cuda.local.array(S_REGS, dtype=float32)    # S^T, then P^T * Z: 16 keys x BQ queries
+        dpt = cuda.local.array(S_REGS, dtype=float32)   # dP^T, then dS^T
+        hash_c = cuda.local.array(HASHES, dtype=uint64)   # dropout row hash per query column
+
+        # per-lane float offsets inside a buffer (see kernels.fragments_tf32)
+        b_lane = gid * STRIDE + tig                         # X[query g][dims t, t+4]
+        t_lane = 2 * tig * STRIDE + gid                     # X[query 2t][dim g], X[2t+1][g]
+        r0 = tid // CHUNKS
+        ch = tid % CHUNKS
+        q_row_bytes = uint64(q.strides[2])
+        do_row_bytes = uint64(dout.strides[2])
+        smem0 = ptx.shared_addr(smem, 0)
+        q_copy = smem0 + uint32(4 * (r0 * STRIDE + ch * 4))
+        do_copy = smem0 + uint32(4 * (BQ * STRIDE + r0 * STRIDE + ch * 4))
+
+        n_items = 0
+        for g in range(group):
+            s = b * sched_b + (hk * group + g) * sched_h
+            n_items += offsets[s, n_blk + 1] - offsets[s, n_blk]
+        if n_items > 0:
+            h, m_blk = locate(0, offsets, q_index, b, hk, group, sched_b, sched_h, n_blk)
+            load_tile(ptx.global_addr(q, b, h, 0, ch * 4), q_row_bytes, m_blk * BQ + r0, n_q,
+                      q_copy, STRIDE)
+            load_tile(ptx.global_addr(dout, b, h, 0, ch * 4), do_row_bytes, m_blk * BQ + r0, n_q,
+                      do_copy, STRIDE)
+            ptx.cp_async_commit()
+            stage_rows(lse, delta, b, h, m_blk * BQ, n_q, rowv, 0, tid)
+
+        for t in range(n_items):
+            buf = (t & 1) * STAGE
+            rbuf = (t & 1) * 2 * BQ
+            h, m_blk = locate(t, offsets, q_index, b, hk, group, sched_b, sched_h, n_blk)
+            if t + 1 < n_items:
+                h_n, m_n = locate(t + 1, offsets, q_index, b, hk, group, sched_b, sched_h, n_blk)
+                nbuf = uint32(4 * (STAGE - buf))
+                load_tile(ptx.global_addr(q, b, h_n, 0, ch * 4), q_row_bytes, m_n * BQ + r0, n_q,
+                          q_copy + nbuf, STRIDE)
+                load_tile(ptx.global_addr(dout, b, h_n, 0, ch * 4), do_row_bytes, m_n * BQ + r0,
+                          n_q, do_copy + nbuf, STRIDE)
+                ptx.cp_async_commit()
+                stage_rows(lse, delta, b, h_n, m_n * BQ, n_q, rowv, 2 * BQ - rbuf, tid)
+                ptx.cp_async_wait_1()
+                cuda.syncthreads()
+            else:
+                ptx.cp_async_wait_all()
+                cuda.syncthreads()
+
+            bh = b * n_heads + h
+            h_bh = fmix(uint64(seed_hash) ^ uint64(bh))
+            needs_mask = HAS_MASK
+            if CAUSAL:
+                needs_mask = needs_mask or (n_blk * BK + BK - 1 > m_blk * BQ)
+            qc0 = m_blk * BQ + 2 * tig                       # query column of (nt=0, i=0)
+            if HAS_DROPOUT:
+                for u in range(HASHES):
+                    hash_c[u] = fmix(h_bh ^ uint64(qc0 + 8 * (u >> 1) + (u & 1)))
+
+            # -- S^T = K Q^T and dP^T = V dO^T (16 keys x BQ queries each) --
+            for i in range(S_REGS):
+                st[i] = float32(0.0)
+                dpt[i] = float32(0.0)
+            q_addr = smem0 + uint32(4 * (buf + Q_OFF + b_lane))
+            do_addr = smem0 + uint32(4 * (buf + DO_OFF + b_lane))
+            kq_product(st, kf, k, b, hk, kr0, kr1, tig, q_addr)
+            # (a separate loop: one loop over both products is too large to be unrolled)
+            vdo_product(dpt, vf, v, b, hk, kr0, kr1, tig, do_addr)
+
+            # -- masks (causal diagonal, boolean mask) on S^T --
+            if needs_mask:
+                mask_scores_t(st, qc0, key0, b, h, n_q, n_k, mask, mask_b, mask_h, mask_q)
+
+            # -- P^T = exp2(S^T * scale * log2e - lse2), Z from the dropout hash,
+            #    dS^T = P^T * (dP^T * Z - delta) --
+            for nt in range(NT_S):
+                for i in range(4):
+                    e = nt * 4 + i
+                    col = rbuf + 8 * nt + 2 * tig + (i & 1)
+                    p = ptx.ex2(st[e] * scale_log2 - rowv[col])
+                    z = float32(1.0)
+                    if HAS_DROPOUT:
+                        key = key0 + 8 * (i >> 1)
+                        keep = fmix(hash_c[2 * nt + (i & 1)] ^ uint64(key)) >= uint64(threshold)
+                        z = inv_keep if keep else float32(0.0)
+                    st[e] = p * z
+                    dpt[e] = p * (dpt[e] * z - rowv[col + BQ])
+
+            # -- dV += (P^T Z) dO: P^T's A fragment is its C fragment (a0, a1, a2, a3 = c0, c2,
+            #    c1, c3 under the query permutation); dO's B = dO[query 2t][g], dO[2t+1][g] --
+            dot_addr = smem0 + uint32(4 * (buf + DO_OFF + t_lane))
+            acc_c_times_b(st, dv_acc, dot_addr)
+
+            # -- dK += dS^T Q: the same with dS^T and Q[query 2t][g], Q[2t+1][g] --
+            qt_addr = smem0 + uint32(4 * (buf + Q_OFF + t_lane))
+            acc_c_times_b(dpt, dk_acc, qt_addr)
+            cuda.syncthreads()   # this buffer is refilled by the next iteration's prefetch
+
+        # -- epilogue: dK = scale * dK_acc, dV --
+        for r in range(2):
+            key = key0 + 8 * r
+            if key < n_k:
+                for nt in range(NT_O):
+                    e = nt * 4 + 2 * r
+                    col = nt * 8 + 2 * tig
+                    dk[b, hk, key, col] = dk_acc[e] * scale
+                    dk[b, hk, key, col + 1] = dk_acc[e + 1] * scale
+                    dv[b, hk, key, col] = dv_acc[e]
+                    dv[b, hk, key, col + 1] = dv_acc[e + 1]
+
+    kernel.threads = THREADS
+    kernel.smem_bytes = 4 * SMEM_FLOATS if DYNAMIC else 0
+    kernel.config = {"block_k": BK, "block_q": BQ, "unroll": SU}
+    return kernel
+
+
+# -- host side -----------------------------------------------------------------------------------
+def tiles(problem, config=None):
+    """``(dq, dkdv)`` kernel tiles for a problem (`kernels.config.backward_tiles` of
+    `default_tiles`), or None when the block mask's tiles admit none."""
+    return backward_tiles(default_tiles(problem.head_dim), problem)
+
+
+def supports(problem, config):
+    """Why this backward cannot run ``problem`` (a string), or None."""
+    why = host.tensor_core_refusal(problem, "the tf32 family", DTYPES, SUPPORTED_HEAD_DIMS)
+    if why:
+        return why
+    if config.block_q is not None or config.block_k is not None:
+        return "the tf32 backward chooses its own tiles (KernelConfig.block_q/block_k must be None)"
+    if tiles(problem) is None:
+        return (f"the block mask's tiles ({problem.block_q}, {problem.block_k}) must be "
+                f"multiples of 16 for the tf32 backward")
+    return None
+
+
+def backward(problem, out, lse, dout, config):
+    """Float32 3xTF32 tensor-core backward: ``(dq, dk, dv)`` in the problem's kind of array (see
+    `kernels.backward`)."""
+    pb = problem
+    (dq_bq, dq_bk), (kv_bk, kv_bq) = tiles(pb)
+    B, H, Nq, D, Hkv, Nk = pb.batch, pb.heads_q, pb.seqlen_q, pb.head_dim, pb.heads_kv, pb.seqlen_k
+    drop = dropout_constants(pb.seed, pb.dropout_p)
+    kv_cfg = dkdv_dropout_config(D, kv_bq, drop.enabled)
+    kv_bq = kv_cfg.get("block_q", kv_bq)
+    call = host.Call(pb)
+    q, k, v, o, do = (call.input(x, aligned=True) for x in (pb.q, pb.k, pb.v, out, dout))
+    l_ = call.input(lse)
+    dq = call.output((B, H, Nq, D))
+    dk = call.output((B, Hkv, Nk, D))
+    dv = call.output((B, Hkv, Nk, D))
+    delta = call.output((B, H, Nq), float32=True)
+    maskd, mb, mh, mq = call.mask()
+    kv_off, kv_idx, kv_sb, kv_sh = tile_scheduler.device_schedule(pb, dq_bq, dq_bk, "kv")
+    q_off, q_idx, q_sb, q_sh = tile_scheduler.device_schedule(pb, kv_bq, kv_bk, "q")
+    consts = (maskd, mb, mh, mq, np.float32(pb.scale * LOG2E), np.float32(pb.scale),
+              np.uint32(drop.seed_hash), np.uint32(drop.threshold), np.float32(drop.inv_keep))
+    group = tile_scheduler.head_group(config.launch_order, pb.causal, "bwd")
+    features = (pb.causal, pb.mask is not None, drop.enabled, group)
+
+    # -- dQ (and delta) first, then dK/dV, which reads delta --
+    kern = get_dq_kernel(D, dq_bq, dq_bk, *features)
+    host.launch(kern, (cdiv(Nq, dq_bq), B * H), kern.threads, call.stream, (
+        q, k, v, o, do, l_, delta.arg, dq.arg, kv_off, kv_idx, kv_sb, kv_sh, H // Hkv, Nq, Nk,
+        *consts), sharedmem=kern.smem_bytes, fast=config.fast_launch)
+    kern = get_dkdv_kernel(D, kv_bk, kv_bq, *features, unroll=kv_cfg.get("unroll"))
+    host.launch(kern, (cdiv(Nk, kv_bk), B * Hkv), kern.threads, call.stream, (
+        q, k, v, do, l_, delta.arg, dk.arg, dv.arg, q_off, q_idx, q_sb, q_sh, H // Hkv, Nq, Nk,
+        *consts), sharedmem=kern.smem_bytes, fast=config.fast_launch)
+    return dq.value(), dk.value(), dv.value()

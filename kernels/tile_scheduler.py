@@ -1,0 +1,160 @@
+"""Which tiles each program of a kernel visits, and in which order the programs are dispatched.
+
+*Which tiles*: `ioaware.block_info.BlockInfo` alone answers it (causal and block-sparse
+skipping), for the NumPy path, the kernels and the cost model alike. `device_schedule` turns its
+answer into the CSR arrays the kernels read — for every K/V tile a Q tile visits (``"kv"``) or
+every Q tile a K/V tile visits (``"q"``) — one schedule per distinct (batch, head) slice of the
+block mask, cached on the device. A block mask is laid out on its own tiles; a kernel whose
+tiles divide them reads it refined to its own tiles (`refine_block_mask`).
+
+*Which order*: every tensor-core kernel is launched on the grid (n_tiles, B*H), which the GPU
+hands out x-fastest; the kernel turns its block's place in that order into (tile, batch*head)
+with `device_tile_and_head`, compiled for a *head group* of ``g`` heads (the host twin of the
+map, which the tests and the cost model's trace use, is `ioaware.launch_order`):
+
+* ``g = 1`` (*tiles first*): every head's tiles are dispatched together, heads one after
+  another -- the blocks that run at the same time share a head's K/V (or Q/dO) in L2;
+* ``g = 0`` (*heads first*): tile 0 of every head, then tile 1 of every head, and so on;
+* ``g > 1``: heads first within groups of ``g`` heads, the groups one after another.
+
+Under a causal mask the tiles of a head differ in work (the last Q tile visits every K/V tile,
+the first one only; in the dK/dV kernels the other way round), and the kernels number tiles so
+that the longest comes first. With heads first (or groups) the longest tiles of several heads
+start early and the last blocks to start are short ones, so fewer SMs idle at the end. What
+each order costs in L2 traffic is measured, not modelled: `DEFAULT_HEAD_GROUP` holds the
+measured choice per pass (``python -m benchmarks tune --orders``; docs/kernels.md, "Launch
+order"); `KernelConfig.launch_order` overrides it.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import cuda   # a global (not a closure variable), which the CUDA simulator replaces
+
+from ioaware.block_info import BlockInfo, cdiv
+from ioaware.launch_order import parse_head_group
+
+from .host import device_const
+
+__all__ = ["DEFAULT_HEAD_GROUP", "head_group", "device_tile_and_head", "gqa_locator",
+           "csr_schedule", "device_schedule", "refine_block_mask"]
+
+#: Head group per (pass, causal) (see the module docstring; 0 = all heads, 1 = tiles first).
+DEFAULT_HEAD_GROUP = {("fwd", False): 1, ("fwd", True): 0, ("bwd", False): 1, ("bwd", True): 4}
+
+
+def head_group(launch_order, causal: bool, pass_: str = "fwd") -> int:
+    """The head group of a launch of the ``pass_`` ("fwd" or "bwd") kernels: ``launch_order``
+    ("tiles", "heads", a group size g >= 0, or None for `DEFAULT_HEAD_GROUP`)."""
+    if launch_order is None:
+        return DEFAULT_HEAD_GROUP[(pass_, bool(causal))]
+    if isinstance(launch_order, str):
+        return parse_head_group(launch_order, "launch_order")
+    if isinstance(launch_order, bool) or not isinstance(launch_order, (int, np.integer)) \
+            or launch_order < 0:
+        raise ValueError(f"launch_order must be 'tiles', 'heads' or a group size >= 0, got "
+                         f"{launch_order!r}")
+    return int(launch_order)
+
+
+def device_tile_and_head(group: int):
+    """A device function ``() -> (tile, bh, n_tiles)`` for kernels compiled for head group
+    ``group`` (see the module docstring), launched on the grid (n_tiles, n_bh); its host twin
+    is `ioaware.launch_order.block_work`."""
+    if group == 1:
+        @cuda.jit(device=True, inline=True)
+        def tile_and_head():
+            return cuda.blockIdx.x, cuda.blockIdx.y, cuda.gridDim.x
+        return tile_and_head
+    G = group
+
+    @cuda.jit(device=True, inline=True)
+    def tile_and_head():
+        n_tiles = cuda.gridDim.x
+        n_bh = cuda.gridDim.y
+        lin = cuda.blockIdx.x + n_tiles * cuda.blockIdx.y      # dispatch position
+        g = G if G > 0 else n_bh
+        per_group = g * n_tiles
+        grp = lin // per_group
+        r = lin - grp * per_group
+        gg = min(g, n_bh - grp * g)                            # the last group may be smaller
+        tile = r // gg
+        return tile, grp * g + r - tile * gg, n_tiles
+    return tile_and_head
+
+
+def gqa_locator():
+    """``locate``: item t of a dK/dV program's sweep over (query head of its GQA group, Q tile
+    of that head's ``"q"`` schedule) -> (h, m_blk); the dK/dV kernels of both tensor-core
+    families walk their K/V tile's work this way."""
+    from numba import int32
+
+    @cuda.jit(device=True, inline=True)
+    def locate(t, offsets, q_index, b, hk, group, sched_b, sched_h, n_blk):
+        # -- item t of the sweep over (query head of the group, Q tile) -> (h, m_blk) --
+        h_out = int32(-1)
+        m_out = int32(0)
+        for g in range(group):
+            h = hk * group + g
+            s = b * sched_b + h * sched_h
+            lo = offsets[s, n_blk]
+            cnt = offsets[s, n_blk + 1] - lo
+            if h_out < 0:
+                if t < cnt:
+                    h_out = h
+                    m_out = q_index[lo + t]
+                else:
+                    t -= cnt
+        return h_out, m_out
+
+    return locate
+
+
+# -- host side: CSR schedules --------------------------------------------------------------------
+def refine_block_mask(block_mask, block_q, block_k, n_q, n_k, tile_q, tile_k):
+    """The block mask [Bb, Hb, cdiv(n_q, block_q), cdiv(n_k, block_k)] at the finer tiles
+    (tile_q, tile_k), which must divide (block_q, block_k): a fine tile is computed iff the
+    coarse tile it lies in is."""
+    bm = np.asarray(block_mask, dtype=bool)
+    if block_q % tile_q or block_k % tile_k:
+        raise ValueError(f"tiles ({tile_q}, {tile_k}) must divide the block mask's tiles "
+                         f"({block_q}, {block_k})")
+    iq = (np.arange(cdiv(n_q, tile_q)) * tile_q) // block_q
+    ik = (np.arange(cdiv(n_k, tile_k)) * tile_k) // block_k
+    return bm[:, :, iq][:, :, :, ik]
+
+
+def csr_schedule(n_q, n_k, tile_q, tile_k, causal, which, block_mask=None, mask_tiles=None):
+    """``(offsets [S, n + 1] int32, index int32, stride_b, stride_h)``: for ``which="kv"`` the
+    K/V tiles every Q tile of (tile_q, tile_k) visits, for ``"q"`` the Q tiles every K/V tile
+    visits, one CSR row block per (batch, head) slice of ``block_mask`` (NumPy bool
+    [Bb, Hb, nbq, nbk] on the tiles ``mask_tiles``; S = Bb * Hb); slice s of (b, h) is
+    ``b * stride_b + h * stride_h``."""
+    if block_mask is None:
+        info = BlockInfo(n_q, n_k, tile_q, tile_k, bool(causal))
+        offs, idx = info.kv_schedule() if which == "kv" else info.q_schedule()
+        return offs[None, :].astype(np.int32), idx.astype(np.int32), 0, 0
+    fine = refine_block_mask(block_mask, mask_tiles[0], mask_tiles[1], n_q, n_k, tile_q, tile_k)
+    offs_all, idx_all, base = [], [], 0
+    for bb in range(fine.shape[0]):
+        for hb in range(fine.shape[1]):
+            info = BlockInfo.with_block_mask(n_q, n_k, tile_q, tile_k, bool(causal), fine[bb, hb])
+            offs, idx = info.kv_schedule() if which == "kv" else info.q_schedule()
+            offs_all.append(offs + base)
+            idx_all.append(idx)
+            base += len(idx)
+    idx = np.concatenate(idx_all) if base else np.zeros(1, np.int32)
+    return (np.stack(offs_all).astype(np.int32), idx.astype(np.int32),
+            fine.shape[1] if fine.shape[0] > 1 else 0, 1 if fine.shape[1] > 1 else 0)
+
+
+def device_schedule(problem, tile_q, tile_k, which):
+    """`csr_schedule` of ``problem`` (an `ioaware` problem: lengths, causal, block mask on its
+    tiles ``(block_q, block_k)``) at the kernel tiles (tile_q, tile_k), as device arrays,
+    built once per configuration and device: ``(offsets, index, stride_b, stride_h)``."""
+    bm = problem.block_mask
+    mask_tiles = None if bm is None else (problem.block_q, problem.block_k)
+    bm_key = None if bm is None else (bm.shape, mask_tiles, np.asarray(bm, bool).tobytes())
+    key = ("schedule", which, problem.seqlen_q, problem.seqlen_k, tile_q, tile_k,
+           bool(problem.causal), bm_key)
+    return device_const(key, lambda: csr_schedule(problem.seqlen_q, problem.seqlen_k, tile_q,
+                                                  tile_k, problem.causal, which, bm, mask_tiles))
