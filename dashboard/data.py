@@ -243,19 +243,22 @@ def cuda_probe_note() -> str:
     return "; ".join(_CUDA_NOTE)
 
 
+MEASURE_MODULE = "benchmarks.measure"
+
+
 def import_measure():
-    """``(kernels.measure module, None)`` or ``(None, reason)``; it must offer ``run_sweep``."""
+    """``(benchmarks.measure module, None)`` or ``(None, reason)``; it must offer ``run_sweep``."""
     try:
-        mod = importlib.import_module("kernels.measure")
+        mod = importlib.import_module(MEASURE_MODULE)
     except Exception as exc:  # noqa: BLE001
         return None, f"{type(exc).__name__}: {exc}"
     if not callable(getattr(mod, "run_sweep", None)):
-        return None, "kernels.measure has no run_sweep(configs, progress=...)"
+        return None, f"{MEASURE_MODULE} has no run_sweep(configs, progress=...)"
     return mod, None
 
 
 def measure_configs(seq_lens, head_dims, dtypes, batch, heads, causal, passes) -> list[dict]:
-    """The cross product of the Measure page's choices as ``kernels.measure`` configurations
+    """The cross product of the Measure page's choices as ``benchmarks.measure`` configurations
     (keys named as in the results records)."""
     return [{"batch": batch, "heads": heads, "heads_kv": heads, "seq_len_q": n, "seq_len_k": n,
              "head_dim": d, "dtype": dt, "causal": bool(c), "pass": p}
@@ -379,10 +382,25 @@ def trace_l2_affordable(batch: int, heads: int, seq_len: int) -> bool:
     return batch * heads * seq_len**2 <= TRACE_L2_MAX_SCORES
 
 
-def _predict(workload, schedule, profile, l2: str = "analytic") -> dict:
-    """sim.predict(...).to_dict() without its nested (dict-valued) entries."""
-    d = _sim().predict(workload, schedule, profile, l2=l2).to_dict()
+def _predict(workload, schedule, profile, l2: str = "analytic", calibration=None) -> dict:
+    """sim.predict(...).to_dict() without its nested (dict-valued) entries. ``calibration``: as
+    sim.predict (None: raw time only)."""
+    d = _sim().predict(workload, schedule, profile, l2=l2, calibration=calibration).to_dict()
     return {k: v for k, v in d.items() if not isinstance(v, (dict, list, tuple))}
+
+
+NO_CALIBRATION = "(none)"
+
+
+def calibration_path(name: str | None) -> Path | None:
+    """The results file of :func:`results_choices` named ``name``, or None for no calibration
+    (``None`` or :data:`NO_CALIBRATION`)."""
+    if not name or name == NO_CALIBRATION:
+        return None
+    for path in shipped_results():
+        if _choice_name(path) == name:
+            return path
+    raise FileNotFoundError(f"results file {name!r} is no longer available")
 
 
 def _ceilings(profile, dtype: str) -> dict:
@@ -409,16 +427,20 @@ def _row(schedule: str, pred: dict) -> dict:
 @st.cache_data(show_spinner=False, max_entries=256)
 def compare_schedules(seq_len: int, head_dim: int, batch: int, heads: int, dtype: str,
                       pass_: str, causal: bool, density: float, profile: str,
-                      custom: tuple | None = None, l2: str = "analytic") -> tuple[pd.DataFrame, dict]:
+                      custom: tuple | None = None, l2: str = "analytic",
+                      calibrate_on: str | None = None) -> tuple[pd.DataFrame, dict]:
     """naive, flash1 and flash2 (default block sizes) for one workload on one profile.
 
     Returns ``(table, ceilings)``: one row per schedule with sim's prediction (``to_dict()``
     keys) plus ``global_bytes``, ``dram_bytes``, arithmetic intensities (FLOP/byte) and the
-    roofline-implied FLOP/s; ``ceilings`` for the roofline chart.
+    roofline-implied FLOP/s; ``ceilings`` for the roofline chart. ``calibrate_on``: the
+    results file (a name of :func:`results_choices`) the calibrated time is fitted on, passed
+    to sim.predict as its ``calibration``; None: no calibrated time.
     """
     prof = _profile(profile, custom)
     wl = _workload(seq_len, head_dim, batch, heads, dtype, pass_, causal, density)
-    rows = [_row(name, _predict(wl, _schedule(name), prof, l2)) for name in SCHEDULES]
+    cal = calibration_path(calibrate_on)
+    rows = [_row(name, _predict(wl, _schedule(name), prof, l2, cal)) for name in SCHEDULES]
     return pd.DataFrame(rows), _ceilings(prof, dtype)
 
 
@@ -435,8 +457,10 @@ SCHEDULE_COLUMNS = {
 
 
 def display_schedule_table(table: pd.DataFrame) -> pd.DataFrame:
-    """The schedule table with readable column names, in a fixed order."""
-    cols = [c for c in SCHEDULE_COLUMNS if c in table]
+    """The schedule table with readable column names, in a fixed order (the calibrated time
+    only when one was asked for)."""
+    cols = [c for c in SCHEDULE_COLUMNS if c in table
+            and not (c == "predicted_ms_calibrated" and table[c].isna().all())]
     return table[cols].rename(columns=SCHEDULE_COLUMNS)
 
 
@@ -448,8 +472,10 @@ def model_notes() -> str:
         "Predicted time is sim's roofline, per kernel phase: max(DRAM bytes / DRAM bandwidth, "
         "global bytes / L2 bandwidth, matmul FLOPs / matmul peak, other FLOPs / fp32 peak), "
         "divided by the SMs' utilisation (wave quantisation of the thread blocks). Raw = at peak; "
-        "calibrated = with efficiency factors fitted on measured results of the same GPU. "
-        "`python -m sim predict ... --l2 analytic` (or `--l2 trace`) gives the same numbers.")
+        "calibrated (only with a file chosen under *Calibrate time on*) = with efficiency "
+        "factors fitted on that file's records of the same GPU and kernel program. "
+        "`python -m sim predict ... --l2 analytic [--calibrate-on FILE]` (or `--l2 trace`) "
+        "gives the same numbers.")
 
 
 GRID_METRICS = {

@@ -1,8 +1,8 @@
 """Benchmark of the cost model's own speed: ``python -m sim.bench``.
 
-Targets (issue 3, 2-core machine): a 10,000-configuration closed-form sweep < 1 s; the trace of
+Targets (on a 2-core machine): a 10,000-configuration closed-form sweep < 1 s; the trace of
 one N=4096, d=64, 64x64-block forward < 2 s; the L2 model on that trace < 10 s. The trace
-workload is B=1, H=16 (the issue's H100 example), so the trace is 16 heads deep. Prints each
+workload is B=1, H=16 (the README's H100 example), so the trace is 16 heads deep. Prints each
 timing (best of ``--repeat``) beside its target and the ratio.
 """
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """Command line: ``python -m sim predict ...``, ``python -m sim sweep ...``, ``python -m sim search ...``.
 
-``predict`` prints one JSON object (``--json``) or a readable table; ``sweep`` prints a table or
-writes CSV (``--csv PATH``), with a progress bar on stderr for large sweeps; ``search`` lists the
-feasible block sizes, the predicted best and the frontier.
+``predict`` prints one JSON object (``--json``) or a readable table, with a calibrated time
+only when ``--calibrate-on RESULTS.json [...]`` names the measurements to fit it on; ``sweep``
+prints a table or writes CSV (``--csv PATH``), with a progress bar on stderr for large sweeps;
+``search`` lists the feasible block sizes, the predicted best and the frontier.
 """
 from __future__ import annotations
 
@@ -83,7 +84,7 @@ def _predict_cmd(a) -> int:
                      delta_kernel=a.delta_kernel)
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from None
-    p = predict(w, s, a.device, l2=a.l2)
+    p = predict(w, s, a.device, l2=a.l2, calibration=a.calibrate_on)
     d = p.to_dict()
     if a.json:
         print(json.dumps(d, indent=None if a.compact else 2))
@@ -97,14 +98,29 @@ def _predict_cmd(a) -> int:
             ("L2 model", f"{p.l2.model}" + (f", hit rate {p.l2.hit_rate:.3f}" if p.l2.hit_rate is not None else "")),
             ("arithmetic intensity", f"{p.arithmetic_intensity:.1f} FLOP/byte"),
             ("predicted time (raw)", f"{p.predicted_ms:.4f} ms ({p.bound}-bound)"),
-            ("predicted time (calibrated)", "n/a (no measured results for this GPU)"
-             if p.predicted_ms_calibrated is None else f"{p.predicted_ms_calibrated:.4f} ms")]
+            ("predicted time (calibrated)", _calibrated_text(p, a.calibrate_on))]
     for k, v in p.times_ms.items():
         rows.append((f"  {k} time", f"{v:.4f} ms"))
     width = max(len(r[0]) for r in rows)
     for k, v in rows:
         print(f"{k:<{width}}  {v}")
     return 0
+
+
+def _calibrated_text(p, calibrate_on) -> str:
+    if not calibrate_on:
+        return "n/a (give --calibrate-on RESULTS.json to fit efficiency factors)"
+    if p.predicted_ms_calibrated is None:
+        return (f"n/a (no record of {p.profile.name} and this kernel program in "
+                f"{', '.join(calibrate_on)})")
+    return f"{p.predicted_ms_calibrated:.4f} ms ({p.efficiency.source})"
+
+
+def _calibrate_on(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--calibrate-on", nargs="+", default=None, metavar="FILE",
+                   help="results files to fit the calibrated time on: their records measured on "
+                        "--device's GPU with the same kernel program (schedule, pass, CUDA or "
+                        "tensor cores); without it only the raw roofline time")
 
 
 def _fmt(v):
@@ -174,7 +190,8 @@ def _search_cmd(a) -> int:
     w = Workload(batch=a.batch, heads=a.heads, heads_kv=a.heads_kv, seq_len_q=a.seq_len,
                  seq_len_k=a.seq_len_k, head_dim=a.head_dim, dtype=a.dtype, causal=a.causal,
                  dropout=a.dropout, pass_=a.pass_)
-    r = search_blocks(w, a.device, a.schedule, blocks=tuple(a.blocks), num_warps=a.num_warps, l2=a.l2)
+    r = search_blocks(w, a.device, a.schedule, blocks=tuple(a.blocks), num_warps=a.num_warps, l2=a.l2,
+                      calibration=a.calibrate_on)
     if a.json:
         print(json.dumps({"best": _slim(r.best), "frontier": [_slim(x) for x in r.frontier],
                           "grid": [_slim(x) for x in r.grid], "infeasible": r.infeasible,
@@ -230,6 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--delta-kernel", choices=DELTA_KERNELS, default="warp",
                    help="flash2 backward's delta pre-pass: one warp or one thread per row")
     p.add_argument("--l2", choices=("auto", "trace", "analytic", "none"), default="auto")
+    _calibrate_on(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--compact", action="store_true", help="with --json: one line")
     p.set_defaults(func=_predict_cmd)
@@ -252,6 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(q, multi=False)
     q.add_argument("--blocks", type=_int_list, default=[16, 32, 64, 128, 256])
     q.add_argument("--l2", choices=("auto", "trace", "analytic", "none"), default="none")
+    _calibrate_on(q)
     q.add_argument("--json", action="store_true")
     q.set_defaults(func=_search_cmd)
     return ap
@@ -266,6 +285,6 @@ def main(argv=None) -> int:
                 ap.error(f"--schedule: expected naive, flash1 or flash2, got {sch!r}")
     try:
         return a.func(a)
-    except ValueError as exc:
+    except (ValueError, OSError) as exc:   # OSError: a --calibrate-on file that cannot be read
         ap.error(str(exc))
     return 2

@@ -5,7 +5,7 @@ every record with the workload, schedule and block sizes it was measured with, o
 the GPU it was measured on (``provenance.gpu``; ``--profile`` overrides), and prints
 
 * a per-metric error table over the records (median and worst relative error, the share within
-  the target, the target of issue 6 and whether it holds), per kernel;
+  the target, the target (`METRICS`) and whether it holds), per kernel;
 * the block-size check: for each (pass, causal, N, d, dtype) of our kernel measured at several
   block sizes, whether the block size the model ranks fastest runs within 10% of the measured
   fastest;
@@ -21,7 +21,8 @@ The Python API (the dashboard's *Predicted vs measured* page uses it):
 * `METRICS`: metric -> (label, target relative error or None, share of records that must meet
   it, which records the target applies to).
 
-Metrics (measured side from `kernels.ncu` counters, predicted side from `sim.predict`):
+Metrics (measured side from the Nsight Compute counters `benchmarks.ncu` adds, predicted side
+from `sim.predict`):
 
 * ``global_bytes`` — ``global_load_bytes + global_store_bytes`` (ncu ``l1tex__t_bytes_pipe_lsu_
   mem_global_op_ld/st``) vs ``hbm_read_bytes + hbm_write_bytes``, the schedule's global-memory
@@ -50,18 +51,18 @@ Metrics (measured side from `kernels.ncu` counters, predicted side from `sim.pre
 
 How records are modelled (`model_for_record`): our kernel (``ioaware-numba``) as ``flash2`` with
 its block sizes, matmuls on CUDA cores with the register micro-tiles the launch used
-(`sim.model.record_micro_tiles`: the record's ``micro_tile``, else `kernels.config.
+(`sim.model.record_micro_tiles`: the record's ``micro_tile``, else `sim.tiles.
 choose_tiles`; they price the shared-memory level, `sim.smem`) (``variant: mma`` on tensor
 cores, no micro-tile), the backward's
 ``dq_mode`` as the record says (`sim.model.record_dq_mode`: its ``dq_mode`` field, else the
-kernel names ncu profiled — a ``flash_bwd_dq`` kernel is the separate dQ kernel, else dQ
-atomics); SDPA FLASH,
+kernel names ncu profiled — a ``flash_bwd_dq`` kernel is the separate dQ kernel of earlier
+versions, else dQ atomics, today's); SDPA FLASH,
 EFFICIENT, CUDNN as ``flash2`` with the model's own block sizes on tensor cores (float32:
 CUDA cores); MATH and eager as the ``naive`` variants "math" and "eager"
 (`sim.counts.naive_variant_kernels`: the kernel sequences ncu recorded — MATH upcasts
 float16/bfloat16 inputs and runs everything in float32 on CUDA cores, with ``_safe_softmax``'s
 extra passes; eager makes separate scale and ``masked_fill`` passes). What the naive model
-still lacks (GEMM operand re-reads) is listed in ``results/NOTES.md``.
+still lacks (GEMM operand re-reads) is listed in ``docs/model.md``.
 """
 from __future__ import annotations
 
@@ -73,8 +74,11 @@ from pathlib import Path
 
 import numpy as np
 
+from .resources import RESOURCES_PATH, load_resources, lookup
+
 __all__ = ["METRICS", "compare", "summary", "block_size_check", "model_for_record", "main",
-           "format_report", "record_registers", "kernel_resources", "RESOURCES_PATH"]
+           "format_report", "record_registers", "kernel_resources", "RESOURCES_PATH",
+           "SIMT_FWD_KERNEL", "SIMT_DKDV_KERNEL"]
 
 KEY_COLUMNS = ("kernel", "variant", "pass", "dtype", "batch", "heads", "heads_kv", "seq_len_q",
                "seq_len_k", "head_dim", "causal", "block_q", "block_k")
@@ -92,8 +96,11 @@ METRICS = {
 _CALIBRATED = ("time_calibrated", "time_heldout")
 BLOCK_TOLERANCE = 0.10
 DEFAULT_MAX_TRACE_EVENTS = 2_000_000
-#: Registers per thread of our kernels' configurations (``python -m kernels.resources``).
-RESOURCES_PATH = Path(__file__).resolve().parents[1] / "results" / "kernel_resources_sm90.json"
+#: Today's CUDA-core kernels (the names Nsight Compute lists): the forward and the dK/dV kernel
+#: (dQ by atomics; the delta pre-pass, one warp per row, is ``flash_bwd_delta_v2``). Records
+#: profiled on earlier versions name theirs in ``ncu_kernels`` (`_kernel_version`).
+SIMT_FWD_KERNEL = "flash_fwd_v2"
+SIMT_DKDV_KERNEL = "flash_bwd_dkdv_v2"
 _RESOURCES: dict = {}
 
 
@@ -139,22 +146,20 @@ def profiled_impl(rec: dict) -> str | None:
 
 
 def kernel_resources(path=None) -> dict:
-    """``{key: entry}`` of a kernel resources JSON (default `RESOURCES_PATH`), loaded once per
-    path; ``{}`` when the file does not exist (registers then stay unmodelled)."""
+    """``{key: entry}`` of a kernel resources JSON (default `RESOURCES_PATH`, read by
+    `sim.resources.load_resources`), loaded once per path; ``{}`` when the file does not exist
+    (registers then stay unmodelled)."""
     path = Path(path) if path is not None else RESOURCES_PATH
     key = str(path)
     if key not in _RESOURCES:
-        if not path.exists():
-            _RESOURCES[key] = {}
-        else:
-            from kernels.resources import load_resources
-            _RESOURCES[key] = load_resources(path)
+        _RESOURCES[key] = load_resources(path) if path.exists() else {}
     return _RESOURCES[key]
 
 
 def _kernel_version(rec: dict, stem: str, default: str) -> str:
     """The name of the profiled kernel that starts with ``stem`` (``flash_fwd_v2`` before
-    ``flash_fwd``), else ``default`` (the launch's current version)."""
+    ``flash_fwd``: records profiled on earlier versions name them), else ``default`` (today's
+    kernel)."""
     from .model import _ncu_names
     names = [n.split("::")[-1].split("[")[0] for n in _ncu_names(rec)]
     hits = sorted({n for n in names if n == stem or n.startswith(stem + "_v")}, reverse=True)
@@ -163,13 +168,13 @@ def _kernel_version(rec: dict, stem: str, default: str) -> str:
 
 def record_registers(rec: dict, table: dict | None = None, dq_mode: str | None = None) -> tuple:
     """``(registers_per_thread, registers_per_thread_kv, status)`` of a record of our kernel:
-    the ``ptxas -v`` figures (`kernels.resources`) of the kernels the record ran, as
+    the ``ptxas -v`` figures (`sim.resources`) of the kernels the record ran, as
     `sim.model` reads them (the forward and dQ kernel with the micro-tile of
     `sim.model.record_micro_tiles`, the dK/dV kernel with its own; which version: the kernel
-    names ncu profiled, else the launch's defaults; dQ atomics or not: ``dq_mode``). status:
+    names ncu profiled, else today's kernels, `SIMT_FWD_KERNEL` and `SIMT_DKDV_KERNEL`; dQ
+    atomics or not: ``dq_mode``, else `sim.model.record_dq_mode`, else atomics). status:
     "found", "missing" (a configuration not in the table: None, not modelled) or "n/a" (not our
     kernel, or not measured on compute capability 9.0, the table's)."""
-    from kernels.resources import lookup
     from .model import record_dq_mode, record_micro_tiles
     table = kernel_resources() if table is None else table
     if rec.get("kernel") != "ioaware-numba" or not rec.get("block_q") or not rec.get("block_k"):
@@ -186,20 +191,18 @@ def record_registers(rec: dict, table: dict | None = None, dq_mode: str | None =
             return None, None, "missing"
         e = lookup(table, "flash_mma_fwd", d, dt, causal, block_m=bq, block_n=bk)
         return (e["registers_per_thread"], None, "found") if e else (None, None, "missing")
-    from kernels import launch
     tile, tile_kv = record_micro_tiles(dict(rec, variant="simt"))
     if rec.get("pass") == "fwd":
-        name = _kernel_version(rec, "flash_fwd", {1: "flash_fwd"}.get(launch.FWD_VERSION,
-                                                                       f"flash_fwd_v{launch.FWD_VERSION}"))
+        name = _kernel_version(rec, "flash_fwd", SIMT_FWD_KERNEL)
         e = lookup(table, name, d, dt, causal, block_m=bq, block_n=bk, tile=tile)
         return (e["registers_per_thread"], None, "found") if e else (None, None, "missing")
     if rec.get("pass") != "bwd":
         return None, None, "missing"
     mode = dq_mode or record_dq_mode(rec) or "atomic"
-    name = _kernel_version(rec, "flash_bwd_dkdv",
-                           "flash_bwd_dkdv" if launch.BWD_VERSION == 1 else "flash_bwd_dkdv_v2")
+    name = _kernel_version(rec, "flash_bwd_dkdv", SIMT_DKDV_KERNEL)
     e_kv = lookup(table, name, d, dt, causal, block_m=bk, block_n=bq, tile=tile_kv,
                   dq_atomic=mode == "atomic")
+    # a separate dQ kernel: records of the earlier backward only (today's accumulates dQ by atomics)
     e_q = (lookup(table, "flash_bwd_dq", d, dt, causal, block_m=bq, block_n=bk, tile=tile)
            if mode == "kernel" else None)
     if e_kv is None or (mode == "kernel" and e_q is None):

@@ -33,7 +33,7 @@ __all__ = ["TileStats", "tile_stats_blockinfo", "tile_stats_closed", "tile_stats
 # except ``exp``, which costs ``exp_flops`` (:data:`sim.workload.EXP_FLOPS`, a field of
 # :class:`sim.workload.Schedule`): the GPU does not run exp as one instruction. On sm_90 the
 # libdevice ``expf`` our kernels call executes range-reduction FFMAs, ``ex2.approx`` and an FMUL,
-# which Nsight Compute counts (2 FFMA + FADD + FMUL) as about 5 FLOPs (results/NOTES.md).
+# which Nsight Compute counts (2 FFMA + FADD + FMUL) as about 5 FLOPs (docs/model.md).
 def flop_costs(exp_flops: int = EXP_FLOPS) -> dict:
     """Non-matmul FLOP costs with ``exp`` priced at ``exp_flops``.
 
@@ -386,7 +386,7 @@ def slice_terms(schedule: str, pass_name: str, st: TileStats, Nq, Nk, d, e, *, m
 def naive_variant_kernels(variant: str, pass_name: str, Nq, Nk, d, e, *, causal=False,
                           exp_flops=EXP_FLOPS) -> list:
     """The kernel sequence PyTorch runs for a naive ``variant`` (torch 2.11; from the kernel
-    lists Nsight Compute recorded in ``results/h200_sweep_20261122.json``, see results/NOTES.md).
+    lists Nsight Compute recorded in ``results/h200_sweep_20261122.json``, see docs/model.md).
 
     Returns ``[(phase, loads, stores, matmul_flops, other_flops, shared), ...]`` per (batch,
     head) slice; ``loads``/``stores`` are ``[(tensor, kind, bytes_per_element)]`` with kind

@@ -9,7 +9,7 @@ Assumptions (all visible here, none hidden in constants elsewhere):
   keeps its contents across phases. Launch order is the trace's program order: (b, h, tile),
   tile fastest, or with ``Schedule.launch_head_group`` the tensor-core kernels' dispatch order
   (`ioaware.launch_order`). The analytic fallback below has no notion of order
-  (results/NOTES.md, "Launch order and the L2 model").
+  (docs/model.md, "Launch order and the L2 model").
 * **Cache.** One unified, fully associative LRU of ``l2_bytes`` (the two partitions of A100/H100
   L2 and their duplication are not modelled) at a granularity of ``granularity`` bytes
   (default 4 KiB). A load or atomic that misses a granule reads from DRAM the bytes it touches in

@@ -20,9 +20,11 @@ shared memory and, where the schedule carries ``registers_per_thread`` /
 ``registers_per_thread_kv``, the register file). Occupancy enters the time only there and in the
 L2 model's resident programs: the roofline has no latency term, so fewer resident warps cost
 nothing unless they add a wave. The *raw* time uses all efficiencies 1 and no launch
-overhead; the *calibrated* time uses :class:`Efficiency` factors fitted by :func:`calibrate` from
-measured records (``results/``) of the same kernel program (:func:`program_key`: schedule,
-pass, CUDA or tensor cores). Both are reported.
+overhead; the *calibrated* time, only when the caller gives ``calibration``, uses
+:class:`Efficiency` factors: given, or fitted by :func:`calibrate`'s rule on the measured records
+the caller passes (results files or records), those of the prediction's GPU and kernel program
+(:func:`program_key`: schedule, pass, CUDA or tensor cores). Nothing is read implicitly: the
+same arguments give the same prediction whatever files lie in ``results/``.
 """
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ from .counts import closed_form, summarise, workload_tile_stats
 from .l2 import DEFAULT_GRANULARITY, L2Result, l2_analytic, simulate_l2
 from .profiles import GPUProfile, load_profile
 from .smem import SMEM_PHASES, kernel_launch_shape, smem_bytes_by_phase
+from .tiles import choose_tiles
 from .trace import trace as make_trace
 from .workload import (DTYPE_BYTES, EXP_FLOPS, STAT_BYTES, Schedule, Workload, occupancy, resolve_blocks,
                        sram_bytes_per_block)
@@ -240,15 +243,27 @@ def _price(phases: dict, prof, w, sched, eff: Efficiency):
 
 
 def predict(workload: Workload, schedule: Schedule | str, profile="h100", *, l2: str = "auto",
-            granularity: int = DEFAULT_GRANULARITY, calibration="auto",
+            granularity: int = DEFAULT_GRANULARITY, calibration=None,
             max_trace_events: int = MAX_TRACE_EVENTS) -> Prediction:
     """Predict counts and time of ``workload`` under ``schedule`` on ``profile``.
 
     l2: "auto" (replay the trace through the L2 model unless it would exceed
     ``max_trace_events``, then the analytic estimate), "trace", "analytic" or "none" (DRAM =
-    global traffic). calibration: "auto" (fit from shipped ``results/`` records of this GPU and
-    of the same kernel program, :func:`program_key`, if any), None, or an :class:`Efficiency`. Raises ValueError when explicit block sizes do not fit
-    the profile's shared memory per block.
+    global traffic).
+
+    calibration: what the calibrated time (``predicted_ms_calibrated``, ``efficiency``) comes
+    from —
+
+    * None (default): nothing; the raw roofline only (``predicted_ms_calibrated`` is None);
+    * an :class:`Efficiency`: these factors;
+    * a results file (path), a list of results files, or a list of results records (dicts as
+      `sim.results.load_results` returns them): factors fitted with :func:`calibrate`'s rule on
+      those records that were measured on this profile's GPU (``provenance.gpu``; records
+      without one count as this GPU's) and run the same kernel program (:func:`program_key`);
+      None when no record qualifies.
+
+    Raises ValueError when explicit block sizes do not fit the profile's shared memory per
+    block, or for a ``calibration`` of another kind.
     """
     if isinstance(schedule, str):
         schedule = Schedule(schedule)
@@ -357,19 +372,26 @@ def _estimate_events(w: Workload, schedule: Schedule, bq, bk) -> int:
 
 # -- calibration --------------------------------------------------------------------------------
 _CAL_CACHE: dict = {}
+_FILE_CACHE: dict = {}
 
 
 def _resolve_calibration(calibration, prof, schedule, w):
+    """The :class:`Efficiency` a prediction is calibrated with (see :func:`predict`), or None."""
     if calibration is None or isinstance(calibration, Efficiency):
         return calibration
-    if calibration != "auto":
-        raise ValueError(f"calibration must be 'auto', None or an Efficiency, got {calibration!r}")
-    from .results import RESULTS_DIR, records_for_profile
+    if isinstance(calibration, str) and calibration == "auto":
+        raise ValueError("calibration='auto' is gone: calibration is never implicit. Pass the "
+                         "measurements to fit on: a results file or a list of them (e.g. "
+                         "sim.results.shipped_results()), a list of records, an Efficiency, or "
+                         "None for the raw roofline only")
+    records, source = _calibration_records(calibration)
     program = program_key(w, schedule, prof)
-    key = (prof.name, _dir_stamp(RESULTS_DIR), program)
+    key = (prof.name, program, source)
     if key not in _CAL_CACHE:
         recs = []
-        for rec in records_for_profile(prof):
+        for rec in records:
+            if not _measured_on(rec, prof):
+                continue
             try:
                 if program_key(Workload.from_record(rec), schedule_for_record(rec), prof) == program:
                     recs.append(rec)
@@ -379,22 +401,65 @@ def _resolve_calibration(calibration, prof, schedule, w):
     return _CAL_CACHE[key]
 
 
+def _calibration_records(calibration) -> tuple[list, tuple]:
+    """``(records, identity)`` of a ``calibration`` argument given as a results file, a list of
+    results files or a list of records; ``identity`` keys the fit's cache (each file's path,
+    modification time and size; the records' content)."""
+    import os
+
+    from .results import load_results
+    items = [calibration] if isinstance(calibration, (str, os.PathLike)) else calibration
+    try:
+        items = list(items)
+    except TypeError:
+        raise ValueError("calibration must be None, an Efficiency, a results file (path), a list "
+                         f"of results files or a list of records, got {type(calibration).__name__}"
+                         ) from None
+    records, ident = [], []
+    for item in items:
+        if isinstance(item, dict):
+            records.append(item)
+            ident.append(("record", _record_digest(item)))
+        elif isinstance(item, (str, os.PathLike)):
+            st = os.stat(item)
+            fkey = (os.path.abspath(item), st.st_mtime_ns, st.st_size)
+            if fkey not in _FILE_CACHE:
+                _FILE_CACHE[fkey] = load_results(item)
+            records.extend(_FILE_CACHE[fkey])
+            ident.append(("file",) + fkey)
+        else:
+            raise ValueError("calibration: each item must be a results file (path) or a record "
+                             f"(dict), got {type(item).__name__}")
+    return records, tuple(ident)
+
+
+def _record_digest(rec: dict) -> str:
+    import hashlib
+    import json
+    return hashlib.sha1(json.dumps(rec, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _measured_on(rec: dict, prof) -> bool:
+    """Whether a record was measured on the GPU ``prof`` describes (its ``provenance.gpu``
+    matched as `sim.results.records_for_profile` matches it); True for a record that names no
+    GPU."""
+    from .profiles import profile_for_gpu_name
+    gpu = (rec.get("provenance") or {}).get("gpu")
+    if not gpu:
+        return True
+    match = profile_for_gpu_name(gpu)
+    return match is not None and match.name == prof.name
+
+
 def program_key(w: Workload, schedule: Schedule, profile) -> tuple:
     """What one set of efficiency factors is fitted for: the schedule (name, naive variant,
     whether it is our CUDA-core kernel with a micro-tile), the pass, and whether its matmuls run
-    on CUDA cores or tensor cores on ``profile``. ``predict(calibration="auto")`` fits on the
-    measured records of that GPU with the same key only."""
+    on CUDA cores or tensor cores on ``profile``. ``predict(calibration=<records or files>)``
+    fits on the given records of that GPU with the same key only."""
     prof = load_profile(profile)
     peak = prof.matmul_flops_per_s(w.dtype, schedule.matmul_unit)
     path = "cuda" if peak == prof.fp32_flops_per_s else "tensor"
     return (schedule.name, schedule.variant, schedule.simt, w.pass_, path)
-
-
-def _dir_stamp(path):
-    try:
-        return tuple(sorted((p.name, p.stat().st_mtime_ns) for p in path.glob("*.json")))
-    except OSError:
-        return ()
 
 
 def record_dq_mode(rec: dict) -> str | None:
@@ -433,16 +498,15 @@ def record_delta_kernel(rec: dict) -> str | None:
 
 def record_micro_tiles(rec: dict) -> tuple:
     """``(micro_tile, micro_tile_kv)`` our CUDA-core kernels ran a record with, as the launch
-    chooses them: the record's ``micro_tile`` (the forward's, stored by `kernels.measure` since
-    it pins it), else `kernels.config.choose_tiles` with 128 target threads — forward and dQ
-    kernel over (block_q, block_k), dK/dV kernel over (block_k, block_q) (`kernels.launch`).
+    chooses them: the record's ``micro_tile`` (the forward's, stored by `benchmarks.measure`
+    since it pins it), else :func:`sim.tiles.choose_tiles` with 128 target threads — forward
+    and dQ kernel over (block_q, block_k), dK/dV kernel over (block_k, block_q).
     ``(None, None)`` for records of other kernels or without block sizes."""
     if rec.get("kernel") != "ioaware-numba" or rec.get("variant", "simt") not in (None, "simt"):
         return None, None
     bq, bk, d = rec.get("block_q"), rec.get("block_k"), rec.get("head_dim")
     if not (bq and bk and d):
         return None, None
-    from kernels.config import choose_tiles
     fwd = rec.get("micro_tile")
     if fwd is not None and rec.get("pass") == "fwd":
         tile = (int(fwd[0]), int(fwd[1]))

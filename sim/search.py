@@ -42,9 +42,12 @@ class SearchResult:
 
 
 def search_blocks(workload: Workload, profile="h100", schedule_name: str = "flash2", *,
-                  blocks=DEFAULT_BLOCKS, num_warps: int = 4, l2: str = "none", progress=None) -> SearchResult:
+                  blocks=DEFAULT_BLOCKS, num_warps: int = 4, l2: str = "none", progress=None,
+                  calibration=None) -> SearchResult:
     """Search feasible (block_q, block_k) for a tiled schedule. ``l2`` as :func:`sim.predict`
-    ("none" by default: fast; "auto" replays the L2 model per candidate)."""
+    ("none" by default: fast; "auto" replays the L2 model per candidate). ``calibration`` as
+    :func:`sim.predict` (None by default: raw times only; the ranking always uses the raw
+    ``predicted_ms``, the calibrated time is reported beside it)."""
     if schedule_name not in ("flash1", "flash2"):
         raise ValueError(f"schedule_name must be 'flash1' or 'flash2', got {schedule_name!r}")
     prof = load_profile(profile)
@@ -56,7 +59,8 @@ def search_blocks(workload: Workload, profile="h100", schedule_name: str = "flas
         if sram > prof.smem_bytes_per_block or occupancy(prof, sram, num_warps) == 0:
             infeasible.append((bq, bk, sram))
             continue
-        p = predict(workload, Schedule(schedule_name, bq, bk, num_warps=num_warps), prof, l2=l2)
+        p = predict(workload, Schedule(schedule_name, bq, bk, num_warps=num_warps), prof, l2=l2,
+                    calibration=calibration)
         grid.append(p.to_dict())
         if progress:
             progress(i + 1, len(cands))

@@ -30,7 +30,7 @@ STAT_BYTES = 4  # row statistics (m, l, lse, D) and the fp32 dQ accumulator are 
 #: (folded into that FFMA as .SAT), ``fma.rm`` (round to the exponent), ``add`` (undo the
 #: shift), two ``fma.rn`` (x log2e split in two parts), ``ex2.approx`` (MUFU, not counted) and a
 #: ``mul`` by 2^i: 4 FFMA + 1 FADD + 1 FMUL = 10. (The earlier default, 5, counted 2 FFMA;
-#: results/NOTES.md shows the per-score residual it left.)
+#: docs/model.md shows the per-score residual it left.)
 EXP_FLOPS = 10
 #: FLOPs of the per-row epilogue functions of our kernels (libdevice, same PTX source as exp):
 #: ``logf`` = 11 FFMA + 1 FADD + 2 FMUL = 25; ``1 / x`` (``rcp.rn.f32``: MUFU.RCP, two FFMA
@@ -209,7 +209,7 @@ class Schedule:
         fully-masked-row passes). "eager": ``softmax(q @ k.T * scale).masked_fill(...) @ v`` in
         the input dtype (separate scale and ``masked_fill`` passes). The kernel lists are in
         :func:`sim.counts.naive_variant_kernels`; dense or causal workloads, no dropout, no GQA.
-    micro_tile : flash2 only, our CUDA-core kernels (``kernels.config.TileConfig``): the
+    micro_tile : flash2 only, our CUDA-core kernels (:class:`sim.tiles.TileConfig`): the
         per-thread register micro-tile ``(tm, tn)`` of the block_q x block_k tile of the forward
         and of the dQ kernel — ``(block_q // tm) x (block_k // tn)`` threads, each computing
         tm x tn scores. None (default): no micro-tile (tensor-core or textbook kernels).

@@ -255,14 +255,29 @@ def test_measure_without_gpu(monkeypatch):
     monkeypatch.setattr(data, "cuda_device", lambda: None)
     at = ok(open_page("measure"))
     assert "No CUDA GPU was found" in texts(at.warning)
-    assert "kernels.measure" in texts(at.code)
+    code = texts(at.code)
+    assert "python -m benchmarks measure" in code and "python -m benchmarks ncu" in code
+    assert "kernels." not in code
 
 
 def test_measure_with_gpu_but_no_harness(monkeypatch):
     monkeypatch.setattr(data, "cuda_device", lambda: "Test GPU")
     monkeypatch.setattr(data, "import_measure", lambda: (None, "ModuleNotFoundError: test"))
     at = ok(open_page("measure"))
-    assert "not available" in texts(at.warning)
+    assert "not available" in texts(at.warning) and "benchmarks.measure" in texts(at.warning)
+
+
+def test_measure_page_imports_the_benchmarks_harness(monkeypatch):
+    import sys
+    import types
+
+    harness = types.ModuleType("benchmarks.measure")
+    monkeypatch.setitem(sys.modules, "benchmarks", types.ModuleType("benchmarks"))
+    monkeypatch.setitem(sys.modules, "benchmarks.measure", harness)
+    mod, err = data.import_measure()
+    assert mod is None and "run_sweep" in err            # found, but not a harness
+    harness.run_sweep = lambda configs, progress=None, out_path=None: None
+    assert data.import_measure() == (harness, None)
 
 
 def test_measure_runs_a_sweep_with_progress(monkeypatch, tmp_path):
@@ -327,12 +342,32 @@ def test_explore_shows_what_sim_predicts():
 
 
 def test_measure_configs_are_accepted_by_the_harness():
-    measure = pytest.importorskip("kernels.measure")
+    measure = pytest.importorskip("benchmarks.measure")
     configs = data.measure_configs((1024,), (64, 128), ("fp16",), 1, 16, (False, True), ("fwd", "bwd"))
     assert len(configs) == 8
     for cfg in configs:
         for kernel in measure.KERNELS:
             measure.normalize_config(dict(cfg, kernel=kernel))  # raises on a field it rejects
+
+
+def test_explore_calibrates_only_on_the_chosen_file(offer):
+    """No calibrated time unless a results file is chosen; then sim.predict's, fitted on that
+    file (calibration=path)."""
+    import sim
+
+    compare_fixture = ROOT / "tests" / "data" / "synthetic_results_fixture.json"
+    offer([FIXTURE, compare_fixture])
+    at = ok(open_page("explore"))
+    assert "calibrated (ms)" not in at.dataframe[0].value.columns
+    assert at.selectbox(key="ex_calibrate_on").value == data.NO_CALIBRATION
+    at.select_slider(key="w_seq_len").set_value(2048).run()
+    at.selectbox(key="ex_calibrate_on").set_value(data._choice_name(compare_fixture)).run()
+    table = ok(at).dataframe[0].value.set_index("schedule")
+    w = sim.Workload(batch=1, heads=16, seq_len_q=2048, head_dim=64, dtype="fp16")
+    p = sim.predict(w, sim.Schedule("flash2"), "h100", l2="analytic", calibration=compare_fixture)
+    assert p.predicted_ms_calibrated is not None
+    assert table.loc["flash2", "calibrated (ms)"] == pytest.approx(p.predicted_ms_calibrated)
+    assert table.loc["flash2", "predicted (ms)"] == pytest.approx(p.predicted_ms)
 
 
 def test_explore_trace_l2_model_and_its_limit():

@@ -78,6 +78,20 @@ def test_search_cli_json():
     assert rc == 0 and d["best"]["sram_bytes_per_block"] <= sim.PROFILES["t4"].smem_bytes_per_block
 
 
+def test_search_calibrates_only_when_given_records(tmp_path):
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(GOOD))
+    w = sim.Workload(seq_len_q=4096, head_dim=64)
+    raw = sim.search_blocks(w, "h100", blocks=(64, 128))
+    cal = sim.search_blocks(w, "h100", blocks=(64, 128), calibration=load_results(path))
+    assert raw.grid and all(r["predicted_ms_calibrated"] is None for r in raw.grid)
+    assert all(r["predicted_ms_calibrated"] > 0 for r in cal.grid)
+    assert [r["predicted_ms"] for r in cal.grid] == [r["predicted_ms"] for r in raw.grid]
+    rc, out = run(["search", "--seq-len", "4096", "--blocks", "64,128", "--json",
+                   "--calibrate-on", str(path)])
+    assert rc == 0 and json.loads(out)["best"]["efficiency"]["n_records"] == 1
+
+
 GOOD = {"schema": "ioaware.results/1",
         "provenance": {"gpu": "NVIDIA H100 80GB HBM3", "driver": "1", "cuda": "12", "torch": "2", "numba": "0",
                        "numba_cuda": "0", "date": "2025-01-01T00:00:00", "command": "python -m kernels.measure"},
@@ -97,7 +111,7 @@ def test_results_loader_validates(tmp_path):
     assert load_results(io.StringIO(json.dumps(GOOD)))[0]["time_ms"] == 0.2
     rec = recs[0]
     p = sim.predict(sim.Workload.from_record(rec), sim.schedule_for_record(rec), "h100")
-    assert p.dram_read_bytes == rec["dram_read_bytes"]  # the ncu figure: Q, K, V once
+    assert p.dram_read_bytes == rec["dram_read_bytes"]  # Q, K, V read once (fp16, B=1, H=16, N=4096, d=64)
     for mutate, msg in ((lambda o: o.update(schema="x"), "schema"),
                         (lambda o: o["provenance"].pop("gpu"), "provenance.gpu"),
                         (lambda o: o["records"][0].pop("time_ms"), "missing 'time_ms'"),
@@ -111,6 +125,29 @@ def test_results_loader_validates(tmp_path):
     with pytest.raises(ResultsFormatError, match="not valid JSON"):
         load_results(io.StringIO("{"))
     assert issubclass(ResultsFormatError, ValueError)
+
+
+def test_predict_cli_calibrates_on_the_given_files_only(tmp_path):
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(GOOD))
+    args = ["predict", "--schedule", "flash2", "--seq-len", "4096", "--head-dim", "64", "--l2", "none",
+            "--json", "--compact"]
+    rc, out = run(args)
+    raw = json.loads(out)
+    assert rc == 0 and raw["predicted_ms_calibrated"] is None and raw["efficiency"] is None
+    rc, out = run(args + ["--calibrate-on", str(path)])
+    cal = json.loads(out)
+    p = sim.predict(sim.Workload(seq_len_q=4096, head_dim=64), "flash2", "h100", l2="none",
+                    calibration=load_results(path))
+    assert rc == 0 and cal["efficiency"]["n_records"] == 1
+    assert cal["predicted_ms_calibrated"] == pytest.approx(p.predicted_ms_calibrated)
+    assert cal["predicted_ms"] == raw["predicted_ms"]
+    rc, out = run(args[:-2] + ["--calibrate-on", str(path)])
+    assert "fitted from 1 measured records" in out
+    rc, out = run(args[:-2] + ["--device", "h200", "--calibrate-on", str(path)])
+    assert "n/a (no record of h200" in out      # the file's record is of another GPU
+    with pytest.raises(SystemExit):
+        run(args + ["--calibrate-on", str(tmp_path / "missing.json")])
 
 
 def test_predict_cli_takes_exp_flops_dq_mode_and_naive_variant():

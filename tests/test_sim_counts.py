@@ -224,7 +224,7 @@ def test_naive_variants_closed_form_equals_trace(variant, Nq, Nk, batch, heads, 
 
 def test_naive_variants_bytes_per_score_follow_the_kernel_lists():
     # per score at N = 1024, d = 64 (O(N d) terms add d-proportional bytes / N): the pass list
-    # of results/NOTES.md — MATH fp32 forward: S w 4, softmax r 4 w 4, isneginf r 4 w 1,
+    # of docs/model.md — MATH fp32 forward: S w 4, softmax r 4 w 4, isneginf r 4 w 1,
     # all r 1, where r 4 w 4, P V r 4 = 30 per score plus the O(N d) q/k scaling and GEMM
     # operands (32 bytes per element of Q, K, V, O) and the row flag (w 1, r 1 per row)
     N, d, BH = 1024, 64, 2

@@ -274,26 +274,111 @@ def test_analytic_l2_estimate_tracks_the_trace_replay():
     assert fa1.max() <= 0.70
 
 
-def test_auto_calibration_fits_the_records_of_the_same_kernel_program(monkeypatch):
-    import sim.model as M
-    import sim.results as R
+def _fwd_records(gpu=None, time_ms=1.0):
     recs = []
     for N in (1024, 2048):
         for kernel, name, dtype in (("sdpa-flash", "flash2", "fp16"), ("sdpa-math", "naive", "fp32")):
-            recs.append({"kernel": kernel, "schedule": name, "pass": "fwd", "dtype": dtype, "batch": 2,
-                         "heads": 8, "heads_kv": 8, "seq_len_q": N, "seq_len_k": N, "head_dim": 64,
-                         "causal": False, "block_q": None, "block_k": None, "time_ms": 1.0})
-    monkeypatch.setattr(R, "records_for_profile", lambda prof: recs)
-    M._CAL_CACHE.clear()
+            rec = {"kernel": kernel, "schedule": name, "pass": "fwd", "dtype": dtype, "batch": 2,
+                   "heads": 8, "heads_kv": 8, "seq_len_q": N, "seq_len_k": N, "head_dim": 64,
+                   "causal": False, "block_q": None, "block_k": None, "time_ms": time_ms}
+            if gpu is not None:
+                rec["provenance"] = {"gpu": gpu}
+            recs.append(rec)
+    return recs
+
+
+def _results_file(path, records, gpu="NVIDIA H100 80GB HBM3"):
+    prov = {k: "test" for k in ("driver", "cuda", "torch", "numba", "numba_cuda", "date", "command")}
+    path.write_text(json.dumps({"schema": "ioaware.results/1", "provenance": dict(prov, gpu=gpu),
+                                 "records": [{k: v for k, v in r.items() if k != "provenance"}
+                                             | {"time_ms_p10": r["time_ms"], "time_ms_p90": r["time_ms"],
+                                                "peak_extra_bytes": None, "dram_read_bytes": None,
+                                                "dram_write_bytes": None, "l2_bytes": None,
+                                                "global_load_bytes": None, "global_store_bytes": None,
+                                                "flops_executed": None} for r in records]}))
+    return path
+
+
+def test_calibration_fits_the_given_records_of_the_same_kernel_program():
+    import sim.model as M
+    recs = _fwd_records()
     w = sim.Workload(batch=2, heads=8, seq_len_q=1024, head_dim=64, dtype="fp16")
-    p = sim.predict(w, sim.Schedule("flash2"), "h100", l2="none")
+    p = sim.predict(w, sim.Schedule("flash2"), "h100", l2="none", calibration=recs)
     assert p.efficiency.n_records == 2          # the two FLASH records, not MATH's
     keys = {M.program_key(sim.Workload.from_record(r), sim.schedule_for_record(r), "h100") for r in recs}
     assert len(keys) == 2
+    assert p.predicted_ms_calibrated == pytest.approx(
+        sim.predict(w, sim.Schedule("flash2"), "h100", l2="none",
+                    calibration=p.efficiency).predicted_ms_calibrated)
     simt = sim.predict(w.replace(dtype="fp32"), sim.Schedule("flash2", 64, 32, matmul_unit="cuda",
-                                                             micro_tile=(4, 4)), "h100", l2="none")
+                                                             micro_tile=(4, 4)), "h100", l2="none",
+                       calibration=recs)
     assert simt.efficiency is None and simt.predicted_ms_calibrated is None  # no such records
-    M._CAL_CACHE.clear()
+
+
+def test_calibration_uses_the_records_of_the_profiles_gpu_only():
+    w = sim.Workload(batch=2, heads=8, seq_len_q=1024, head_dim=64, dtype="fp16")
+    h100, h200 = _fwd_records("NVIDIA H100 80GB HBM3", 1.0), _fwd_records("NVIDIA H200", 9.0)
+    both = sim.predict(w, sim.Schedule("flash2"), "h100", l2="none", calibration=h100 + h200)
+    only = sim.predict(w, sim.Schedule("flash2"), "h100", l2="none", calibration=h100)
+    assert both.efficiency == only.efficiency and both.efficiency.n_records == 2
+    on_h200 = sim.predict(w, sim.Schedule("flash2"), "h200", l2="none", calibration=h100 + h200)
+    assert on_h200.efficiency.n_records == 2 and on_h200.efficiency != only.efficiency
+    assert sim.predict(w, sim.Schedule("flash2"), "h100", l2="none",
+                       calibration=h200).predicted_ms_calibrated is None
+
+
+def test_calibration_from_files_equals_calibration_from_their_records(tmp_path):
+    from sim.results import load_results
+    a = _results_file(tmp_path / "a.json", _fwd_records(time_ms=1.0))
+    b = _results_file(tmp_path / "b.json", _fwd_records(time_ms=3.0))
+    w = sim.Workload(batch=2, heads=8, seq_len_q=2048, head_dim=64, dtype="fp16")
+    one = sim.predict(w, "flash2", "h100", l2="none", calibration=a)
+    assert one.efficiency == sim.predict(w, "flash2", "h100", l2="none",
+                                         calibration=load_results(a)).efficiency
+    two = sim.predict(w, "flash2", "h100", l2="none", calibration=[str(a), b])
+    assert two.efficiency.n_records == 4 and two.efficiency != one.efficiency
+    assert two.efficiency == sim.predict(w, "flash2", "h100", l2="none",
+                                         calibration=load_results(a) + load_results(b)).efficiency
+
+
+def test_calibration_is_never_implicit(tmp_path, monkeypatch):
+    """The same call gives the same prediction whatever results files lie in the results folder:
+    an extra file there, with records of the predicted GPU and kernel program, changes nothing."""
+    import sim.model as M
+    import sim.results as R
+    given = _results_file(tmp_path / "given.json", _fwd_records(time_ms=1.0))
+    folder = tmp_path / "results"
+    folder.mkdir()
+    monkeypatch.setattr(R, "RESULTS_DIR", folder)
+    w = sim.Workload(batch=2, heads=8, seq_len_q=1024, head_dim=64, dtype="fp16")
+
+    def answers():
+        M._CAL_CACHE.clear()
+        return [sim.predict(w, "flash2", "h100", l2="none", **kw).to_dict()
+                for kw in ({}, {"calibration": None}, {"calibration": given})]
+
+    before = answers()
+    _results_file(folder / "extra.json", _fwd_records(time_ms=50.0))
+    assert [p.name for p in R.shipped_results()] == ["extra.json"]
+    after = answers()
+    assert after == before
+    assert before[0]["predicted_ms_calibrated"] is None and before[0]["efficiency"] is None
+    assert before[2]["efficiency"]["n_records"] == 2
+    # the extra file is used when, and only when, it is given
+    extra = sim.predict(w, "flash2", "h100", l2="none", calibration=folder / "extra.json")
+    assert extra.predicted_ms_calibrated > after[2]["predicted_ms_calibrated"]
+
+
+def test_calibration_rejects_auto_and_other_kinds():
+    w = sim.Workload(seq_len_q=256, head_dim=64)
+    with pytest.raises(ValueError, match="results file") as exc:
+        sim.predict(w, "flash2", "h100", l2="none", calibration="auto")
+    assert "never implicit" in str(exc.value)
+    with pytest.raises(ValueError, match="calibration"):
+        sim.predict(w, "flash2", "h100", l2="none", calibration=0.5)
+    with pytest.raises(ValueError, match="item"):
+        sim.predict(w, "flash2", "h100", l2="none", calibration=[3])
 
 
 def test_analytic_l2_staggered_causal_backward_rereads_only_what_the_window_misses():

@@ -191,7 +191,7 @@ def test_backward_simt_terms_and_delta_pre_pass():
 
 # -- records --------------------------------------------------------------------------------------
 def test_records_carry_the_launch_micro_tiles_and_delta_kernel():
-    from kernels.config import choose_tiles
+    from sim.tiles import choose_tiles
     base = {"kernel": "ioaware-numba", "variant": "simt", "pass": "fwd", "head_dim": 64,
             "block_q": 64, "block_k": 32}
     c = choose_tiles(64, 32, 64, 128)

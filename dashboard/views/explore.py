@@ -22,11 +22,19 @@ if l2 == "trace" and not data.trace_l2_affordable(w["batch"], w["heads"], w["seq
             f"{data.TRACE_L2_MAX_SCORES:,} scores here (it takes minutes beyond that); "
             "showing the analytic estimate.")
     l2 = "analytic"
+calibrate_on = st.sidebar.selectbox(
+    "Calibrate time on", [data.NO_CALIBRATION] + data.results_choices(), key="ex_calibrate_on",
+    help="A measured results file: the calibrated time uses efficiency factors fitted on its "
+         "records of the profile's GPU and the same kernel program (`python -m sim predict "
+         "--calibrate-on FILE`). (none): the raw roofline only.")
 try:
-    table, ceilings = data.compare_schedules(**w, l2=l2)
+    table, ceilings = data.compare_schedules(**w, l2=l2, calibrate_on=calibrate_on)
 except ValueError as exc:
     st.warning(f"The model rejected these inputs: {exc}")
     st.stop()
+except FileNotFoundError as exc:
+    st.warning(f"Could not calibrate: {exc}")
+    table, ceilings = data.compare_schedules(**w, l2=l2)
 
 naive, flash2 = table.set_index("schedule").loc["naive"], table.set_index("schedule").loc["flash2"]
 m = st.columns(4)

@@ -28,18 +28,18 @@ if gpu is None:
         "on the *Predicted vs measured* page with the file picker."
     )
     st.code("pip install -e \".[torch]\"\n"
-            "python -m kernels.measure --help            # all options of the sweep\n"
-            "python -m kernels.measure --out results/my-gpu.json \\\n"
+            "python -m benchmarks measure --help         # all options of the sweep\n"
+            "python -m benchmarks measure --out results/my-gpu.json \\\n"
             "    --seq-lens 1024,2048,4096 --head-dims 64,128 --dtypes fp16 --passes fwd,bwd\n"
-            "python -m kernels.ncu --help                # optional: add hardware counters",
+            "python -m benchmarks ncu --help             # optional: add hardware counters",
             language="bash")
     st.stop()
 
 st.success(f"CUDA GPU found: **{gpu}**")
 if harness is None:
-    st.warning("The measurement harness `kernels.measure` is not available in this installation "
-               f"(`{harness_err}`), so the sweep cannot be started from here. Update the "
-               "repository, or run `python -m kernels.measure` once it is present.")
+    st.warning(f"The measurement harness `{data.MEASURE_MODULE}` is not available in this "
+               f"installation (`{harness_err}`), so the sweep cannot be started from here. Update "
+               "the repository, or run `python -m benchmarks measure` once it is present.")
     st.stop()
 
 with st.form("measure"):
@@ -83,6 +83,6 @@ if submitted:
         path.write_bytes(content)
     st.success(f"Measured {len(loaded['records'])} records in {time.perf_counter() - t0:.0f} s; "
                f"saved to `{path}`. Open *Predicted vs measured* to compare; add hardware "
-               f"counters with `python -m kernels.ncu`.")
+               f"counters with `python -m benchmarks ncu`.")
     st.download_button("Results (JSON)", content, file_name=path.name, mime="application/json",
                        on_click="ignore")

@@ -16,7 +16,7 @@ st.caption("Measured runs (a results file: shipped in `results/`, or your own) n
 choices = data.results_choices()
 if not choices:
     st.info("No results files were found in `results/`, so there is nothing measured to compare "
-            "yet. Measure on a GPU (`python -m kernels.measure`, see the *Measure* page) and copy "
+            "yet. Measure on a GPU (`python -m benchmarks measure`, see the *Measure* page) and copy "
             "the file into `results/`, or upload one below.")
 wanted = st.query_params.get("results")  # deep link: .../measured?results=<file in the list>
 if wanted in choices and "pm_source" not in st.session_state:
@@ -84,10 +84,10 @@ if view.empty:
     st.stop()
 
 st.subheader("Error by metric")
-st.caption("Relative error = (predicted − measured) / measured, over the records shown; targets "
-           "are issue 6's (global bytes and FLOPs of our kernel within 5 % and 2 %, DRAM bytes "
-           "within 20 % on 90 % of records, calibrated time within 25 %). Calibrated time uses "
-           "efficiency factors fitted per kernel on these records (in-sample).")
+st.caption("Relative error = (predicted − measured) / measured, over the records shown; the "
+           "targets are the model's (global bytes and FLOPs of our kernel within 5 % and 2 %, "
+           "DRAM bytes within 20 % on 90 % of records, calibrated time within 25 %). Calibrated "
+           "time uses efficiency factors fitted per kernel on these records (in-sample).")
 ui.table(data.display_summary(cmp_summary), "prediction-error-summary", hide_index=True)
 if not joined["blocks"].empty:
     st.subheader("Does the model pick a good block size?")
