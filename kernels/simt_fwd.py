@@ -326,6 +326,8 @@ def supports(problem, config):
     d = problem.head_dim
     if d > MAX_HEAD_DIM:
         return f"head_dim must be <= {MAX_HEAD_DIM} for the CUDA-core kernels, got {d}"
+    if config.launch_order not in (None, "tiles", 1):
+        return "the CUDA-core kernels are launched tiles first (launch_order 'tiles' or None)"
     try:
         cfg = tiles(problem, config)
         cfg.validate(d)

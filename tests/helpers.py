@@ -110,16 +110,18 @@ def dense_attention_reference(q, k, v, dout=None, *, scale, causal=False, mask=N
 
 
 def kernel_problem(q, k, v, *, scale=None, causal=False, mask=None, block_mask=None, block_q=None,
-                   block_k=None, dropout_p=0.0, seed=0):
+                   block_k=None, dropout_p=0.0, seed=0, check_finite=True):
     """The validated problem `kernels.forward`/`kernels.backward` take, from 4-D arrays (NumPy
     or torch CUDA tensors), as `ioaware` builds it: ``block_mask`` on the tiles
-    (block_q, block_k); without one, block_q/block_k are the requested kernel tiles."""
+    (block_q, block_k); without one, block_q/block_k are the requested kernel tiles.
+    ``check_finite=False`` lets NaN/inf through (tests that poison skipped tiles)."""
     from ioaware._inputs import check_inputs
     if block_mask is not None:
         block_mask = (block_mask, (block_q, block_k))
         block_q = block_k = None
     return check_inputs(q, k, v, causal=causal, mask=mask, block_mask=block_mask, scale=scale,
-                        dropout_p=dropout_p, seed=seed, block_q=block_q, block_k=block_k)
+                        dropout_p=dropout_p, seed=seed, block_q=block_q, block_k=block_k,
+                        check_finite=check_finite)
 
 
 def kernels_forward(q, k, v, *, config=None, **kw):

@@ -1,4 +1,5 @@
-"""Exactness of the Numba CUDA kernels (`kernels.forward` / `kernels.backward`).
+"""Exactness of the Numba CUDA kernels (`kernels.forward` / `kernels.backward`) and the family
+registry.
 
 Under Numba's CUDA simulator (CI, no GPU) the same kernels run on small shapes, small tiles and
 few threads against a float64 materialised reference written here; tests marked ``gpu`` run on
@@ -19,6 +20,9 @@ from hypothesis import strategies as st
 
 import kernels
 from ioaware.dropout import keep_mask
+from kernels import KernelConfig
+
+from .helpers import kernel_problem, kernels_backward, kernels_forward
 
 # -- float64 reference -----------------------------------------------------------------------------
 
@@ -99,13 +103,13 @@ def make(rng, B, Hq, Hkv, Nq, Nk, D, dtype=np.float32, scale=1.0):
     return q, k, v, do
 
 
-def run_both(q, k, v, do, *, check_bwd=True, tol=None, dq_mode=None, **kw):
+def run_both(q, k, v, do, *, check_bwd=True, tol=None, config=None, **kw):
     """Run the kernels and compare with the float64 reference (computed from the same, possibly
     fp16-rounded, inputs)."""
     D = q.shape[-1]
     scale = kw.pop("scale", 1.0 / np.sqrt(D))
     tol = tol or TOL[q.dtype.type]
-    out, lse = kernels.forward(q, k, v, scale=scale, **kw)
+    out, lse = kernels_forward(q, k, v, scale=scale, config=config, **kw)
     assert out.dtype == q.dtype and lse.dtype == np.float32
     ref_kw = {key: kw[key] for key in ("causal", "mask", "block_mask", "block_q", "block_k",
                                        "dropout_p", "seed") if key in kw}
@@ -113,7 +117,7 @@ def run_both(q, k, v, do, *, check_bwd=True, tol=None, dq_mode=None, **kw):
     assert_close(out, r_out, tol, "out")
     assert_lse(lse, r_lse, tol)
     if check_bwd:
-        dq, dk, dv = kernels.backward(q, k, v, out, lse, do, scale=scale, dq_mode=dq_mode, **kw)
+        dq, dk, dv = kernels_backward(q, k, v, out, lse, do, scale=scale, config=config, **kw)
         assert dq.dtype == q.dtype and dk.shape == k.shape and dv.shape == v.shape
         assert_close(dq, r_dq, tol * 5, "dq")
         assert_close(dk, r_dk, tol * 5, "dk")
@@ -136,11 +140,10 @@ def test_causal_cross_lengths_and_gqa():
     run_both(q, k, v, do, causal=True, block_q=8, block_k=16)
 
 
-@pytest.mark.parametrize("dq_mode", ["kernel", "atomic"])
-def test_dq_modes_agree_with_reference(dq_mode):
+def test_gqa_causal_dq_atomics_agree_with_reference():
     rng = np.random.default_rng(2)
     q, k, v, do = make(rng, 1, 2, 1, 20, 20, 8)
-    run_both(q, k, v, do, causal=True, block_q=8, block_k=8, dq_mode=dq_mode)
+    run_both(q, k, v, do, causal=True, block_q=8, block_k=8)
 
 
 def test_boolean_mask_and_fully_masked_rows():
@@ -178,10 +181,10 @@ def test_block_sparse_never_loads_skipped_tiles():
     bm = np.array([[[[1, 0, 1], [1, 0, 0]]]], bool)
     k[:, :, 8:16] = np.nan
     v[:, :, 8:16] = np.nan
-    out, lse = kernels.forward(q, k, v, scale=0.3, block_mask=bm, block_q=8, block_k=8)
+    kw = dict(scale=0.3, block_mask=bm, block_q=8, block_k=8, check_finite=False)
+    out, lse = kernels_forward(q, k, v, **kw)
     assert np.isfinite(out).all() and np.isfinite(lse).all()
-    dq, dk, dv = kernels.backward(q, k, v, out, lse, do, scale=0.3, block_mask=bm, block_q=8,
-                                  block_k=8)
+    dq, dk, dv = kernels_backward(q, k, v, out, lse, do, **kw)
     assert np.isfinite(dq).all()
     kk = np.nan_to_num(k)
     vv = np.nan_to_num(v)
@@ -202,7 +205,7 @@ def test_dropout_keep_pattern_from_identity_values():
     q = np.zeros((1, 1, Nq, 8), np.float32)
     k = np.zeros((1, 1, Nk, 8), np.float32)
     v = np.eye(Nk, 8, dtype=np.float32)[None, None]
-    out, _ = kernels.forward(q, k, v, scale=1.0, dropout_p=p, seed=99, block_q=8, block_k=8)
+    out, _ = kernels_forward(q, k, v, scale=1.0, dropout_p=p, seed=99, block_q=8, block_k=8)
     keep = keep_mask(99, p, 0, np.arange(Nq)[:, None], np.arange(Nk)[None, :])
     np.testing.assert_array_equal(out[0, 0] > 0, keep)
     np.testing.assert_allclose(out[0, 0][keep], 2.0 / Nk, rtol=1e-6)
@@ -224,18 +227,23 @@ def test_float16_inputs():
 def test_head_dim_32_micro_tiles():
     rng = np.random.default_rng(10)
     q, k, v, do = make(rng, 1, 1, 1, 16, 32, 32)
-    run_both(q, k, v, do, block_q=16, block_k=16, tiles=(4, 2))
+    run_both(q, k, v, do, block_q=16, block_k=16, config=KernelConfig(micro_tile=(4, 2)))
 
 
-@pytest.mark.parametrize("fwd_version,bwd_version", [(1, 1), (2, 2), (3, 3)])
+def test_block_mask_read_at_finer_kernel_tiles():
+    """A block mask on 16 x 16 tiles, run with 8 x 8 kernel tiles (the mask refined to them)."""
+    rng = np.random.default_rng(11)
+    q, k, v, do = make(rng, 1, 2, 2, 30, 35, 8)
+    bm = rng.random((1, 2, 2, 3)) < 0.6
+    bm[0, 0, 1] = False                 # a Q block with no allowed tile: zeros, -inf lse
+    run_both(q, k, v, do, block_mask=bm, block_q=16, block_k=16,
+             config=KernelConfig(block_q=8, block_k=8))
+
+
 @pytest.mark.parametrize("d", [16, 40])
-def test_kernel_versions_agree_with_reference(monkeypatch, fwd_version, bwd_version, d):
-    """Every kernel version selectable by KERNELS_FWD_VERSION / KERNELS_BWD_VERSION is exact:
-    causal GQA with a boolean mask and dropout, partial tiles, and a head dim that is not a
+def test_masked_dropout_gqa_partial_tiles(d):
+    """Causal GQA with a boolean mask and dropout, partial tiles, and a head dim that is not a
     multiple of 32 (the delta pre-pass's lanes past d idle)."""
-    from kernels import launch
-    monkeypatch.setattr(launch, "FWD_VERSION", fwd_version)
-    monkeypatch.setattr(launch, "BWD_VERSION", bwd_version)
     rng = np.random.default_rng(20 + d)
     q, k, v, do = make(rng, 1, 2, 1, 19, 13, d)
     mask = rng.random((1, 2, 19, 13)) < 0.7
@@ -254,26 +262,41 @@ def test_random_shapes(nq, nk, d, causal, group, seed):
 # -- errors ------------------------------------------------------------------------------------------
 
 
-def test_bad_inputs_raise_clear_errors():
-    q = np.zeros((1, 2, 8, 8), np.float32)
-    k = np.zeros((1, 3, 8, 8), np.float32)
-    with pytest.raises(ValueError, match="multiple of k/v heads"):
-        kernels.forward(q, k, k, scale=1.0)
-    with pytest.raises(TypeError, match="dtype"):
-        kernels.forward(q, q.astype(np.float16), q, scale=1.0)
-    with pytest.raises(ValueError, match="mask must have shape"):
-        kernels.forward(q, q, q, scale=1.0, mask=np.ones((1, 1, 3, 8), bool))
-    with pytest.raises(ValueError, match="dropout_p"):
-        kernels.forward(q, q, q, scale=1.0, dropout_p=1.0)
-    with pytest.raises(ValueError, match="block_mask must have shape"):
-        kernels.forward(q, q, q, scale=1.0, block_q=8, block_k=8,
-                        block_mask=np.ones((1, 1, 2, 2), bool))
+def test_kernel_config_refuses_bad_values():
+    with pytest.raises(ValueError, match="family"):
+        KernelConfig(family="cutlass")
+    with pytest.raises(ValueError, match="block_q"):
+        KernelConfig(block_q=0)
+    with pytest.raises(ValueError, match="micro_tile"):
+        KernelConfig(micro_tile=(4,))
+    with pytest.raises(ValueError, match="launch_order"):
+        KernelConfig(launch_order="diagonal")
+    q = np.zeros((1, 1, 8, 16), np.float32)
+    with pytest.raises(ValueError, match="tiles first"):
+        kernels_forward(q, q, q, scale=1.0, config=KernelConfig(family="simt", launch_order=0))
+
+
+def test_registry_names_why_a_forced_family_cannot_run():
+    q = np.zeros((1, 1, 8, 96), np.float16)
+    pb = kernel_problem(q, q, q, scale=1.0)
+    with pytest.raises(ValueError, match=r"family='mma'.*(real CUDA GPU|head_dim)"):
+        kernels.family_for(pb, KernelConfig(family="mma"))
+    assert kernels.family_for(pb) == "simt"
+    assert kernels.family_for(pb, KernelConfig(family="simt"), "bwd") == "simt"
+
+
+def test_block_mask_tiles_the_kernel_tiles_must_divide():
+    q = np.zeros((1, 1, 24, 8), np.float32)
+    bm = np.ones((1, 1, 2, 2), bool)
+    with pytest.raises(ValueError, match="must divide the block mask's tiles"):
+        kernels_forward(q, q, q, scale=1.0, block_mask=bm, block_q=12, block_k=12,
+                        config=KernelConfig(block_q=8, block_k=8))
 
 
 def test_shared_memory_limit_is_named():
     q = np.zeros((1, 1, 8, 128), np.float32)
-    with pytest.raises(ValueError, match="49152 bytes"):
-        kernels.forward(q, q, q, scale=1.0, block_q=64, block_k=64)
+    with pytest.raises(ValueError, match="49152-byte limit"):
+        kernels_forward(q, q, q, scale=1.0, block_q=64, block_k=64)
 
 
 # -- real GPU ----------------------------------------------------------------------------------------
@@ -296,32 +319,36 @@ def _sdpa_ref(t, q, k, v, do, causal, mask=None):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("family", [None, "simt"])
 @pytest.mark.parametrize("d", [16, 32, 64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
-def test_gpu_numpy_head_dims(d, causal):
+def test_gpu_numpy_head_dims(d, causal, family):
+    """NumPy inputs on a GPU: the registry's family (tf32 at d 64 and 128) and the CUDA-core
+    family forced."""
     rng = np.random.default_rng(d)
     q, k, v, do = make(rng, 2, 4, 2, 300, 257, d)
-    run_both(q, k, v, do, causal=causal)
+    run_both(q, k, v, do, causal=causal, config=KernelConfig(family=family))
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dq_mode", ["kernel", "atomic"])
-def test_gpu_dq_modes(dq_mode):
+def test_gpu_gqa_dq_atomics():
     rng = np.random.default_rng(1)
     q, k, v, do = make(rng, 2, 4, 1, 333, 333, 64)
-    run_both(q, k, v, do, causal=True, dq_mode=dq_mode)
+    run_both(q, k, v, do, causal=True, config=KernelConfig(family="simt"))
 
 
 @pytest.mark.gpu
-def test_gpu_masks_dropout_block_sparse():
+@pytest.mark.parametrize("family", [None, "simt"])
+def test_gpu_masks_dropout_block_sparse(family):
     rng = np.random.default_rng(2)
     q, k, v, do = make(rng, 2, 2, 2, 200, 190, 64)
     mask = rng.random((2, 1, 200, 190)) < 0.7
     mask[1, 0, 5] = False
-    run_both(q, k, v, do, mask=mask, dropout_p=0.2, seed=5)
+    config = KernelConfig(family=family)
+    run_both(q, k, v, do, mask=mask, dropout_p=0.2, seed=5, config=config)
     nbq, nbk = -(-200 // 32), -(-190 // 32)
     bm = rng.random((1, 2, nbq, nbk)) < 0.5
-    run_both(q, k, v, do, block_mask=bm, block_q=32, block_k=32, causal=True)
+    run_both(q, k, v, do, block_mask=bm, block_q=32, block_k=32, causal=True, config=config)
 
 
 @pytest.mark.gpu
@@ -339,8 +366,8 @@ def test_gpu_torch_tensors_strided_and_stream(dtype):
     assert not q.is_contiguous()
     s = t.cuda.Stream()
     with t.cuda.stream(s):
-        out, lse = kernels.forward(q, k, v, scale=D ** -0.5, causal=True)
-        dq, dk, dv = kernels.backward(q, k, v, out, lse, do, scale=D ** -0.5, causal=True)
+        out, lse = kernels_forward(q, k, v, scale=D ** -0.5, causal=True)
+        dq, dk, dv = kernels_backward(q, k, v, out, lse, do, scale=D ** -0.5, causal=True)
     s.synchronize()
     assert isinstance(out, t.Tensor) and out.dtype == dt and lse.dtype == t.float32
     r = _sdpa_ref(t, q.float(), k.float(), v.float(), do.float(), True)
@@ -355,7 +382,7 @@ def test_gpu_torch_tensors_strided_and_stream(dtype):
 def test_gpu_torch_zero_copy_output_on_device():
     t = _torch()
     q = t.randn(1, 2, 64, 64, device="cuda")
-    out, lse = kernels.forward(q, q, q, scale=0.125)
+    out, lse = kernels_forward(q, q, q, scale=0.125)
     assert out.device == q.device and lse.device == q.device
     ref = t.nn.functional.scaled_dot_product_attention(q, q, q)
     assert (out - ref).abs().max().item() < 1e-4
@@ -365,17 +392,17 @@ def test_gpu_torch_zero_copy_output_on_device():
 @pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
 def test_gpu_half_precision_attention_takes_the_tensor_core_kernels(dtype_name):
     """ioaware.attention on half-precision CUDA tensors, autograd included: the tensor-core
-    forward and backward (`kernels.flash_mma_fwd`, `kernels.flash_mma_bwd`)."""
+    forward and backward (`kernels.mma_fwd`, `kernels.mma_bwd`)."""
     import torch
 
     from ioaware import attention
-    from kernels import flash_mma_bwd, flash_mma_fwd
 
     dtype = getattr(torch, dtype_name)
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(2, 4, 300, 64, device="cuda", generator=g).to(dtype).requires_grad_()
                for _ in range(3))
-    assert flash_mma_fwd.accepts(q, k, v) and flash_mma_bwd.accepts(q, k, v)
+    pb = kernel_problem(q, k, v, causal=True)
+    assert kernels.family_for(pb) == "mma" and kernels.family_for(pb, pass_="bwd") == "mma"
     out = attention(q, k, v, causal=True)
     out.float().square().sum().backward()
     q2, k2, v2 = (x.detach().double().requires_grad_() for x in (q, k, v))
