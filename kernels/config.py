@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from sim.tiles import TileConfig, choose_tiles
 
 __all__ = ["KernelConfig", "TileConfig", "choose_tiles", "default_blocks", "fwd_smem_bytes",
-           "dkdv_smem_bytes", "tile_dividing", "backward_tiles", "FAMILY_NAMES"]
+           "dkdv_smem_bytes", "tile_dividing", "requested_tiles", "backward_tiles", "FAMILY_NAMES"]
 
 #: The kernel families, in the order the registry tries them (`kernels.family_for`).
 FAMILY_NAMES = ("mma", "tf32", "simt")
@@ -35,8 +35,9 @@ class KernelConfig:
       default (with a block mask: the largest legal tiles that divide the mask's tiles). The
       tensor-core backwards choose their own tiles and take none.
     * ``micro_tile``: (tm, tn) per thread of the CUDA-core forward; None = its default.
-    * ``launch_order``: dispatch order of the tensor-core kernels' programs (`kernels.tile_scheduler`):
-      "tiles", "heads" or a head-group size; None = the measured default per pass.
+    * ``launch_order``: dispatch order of the tensor-core kernels' programs
+      (`kernels.tile_scheduler`): "tiles", "heads" or a head-group size; None = the measured
+      default per pass.
     * ``fast_launch``: launch through `kernels.host.launch`'s cached path (False: Numba's own).
     """
 
@@ -81,6 +82,21 @@ def tile_dividing(default: int, mask_tile: int | None, legal=None) -> int | None
         if t <= default and mask_tile % t == 0:
             return t
     return None
+
+
+def requested_tiles(problem, config, default, legal_q=None, legal_k=None):
+    """``(block_q, block_k)`` a family runs ``problem`` with: ``config``'s, else the problem's
+    requested tiles, else ``default``; with a block mask, per dimension the largest of
+    ``legal_q`` / ``legal_k`` (None: any size) no larger than the default that divides the
+    mask's tile (`tile_dividing`; None where none does)."""
+    masked = problem.block_mask is not None
+    bq = config.block_q or (None if masked else problem.block_q)
+    bk = config.block_k or (None if masked else problem.block_k)
+    if bq is None:
+        bq = tile_dividing(default[0], problem.block_q if masked else None, legal_q)
+    if bk is None:
+        bk = tile_dividing(default[1], problem.block_k if masked else None, legal_k)
+    return bq, bk
 
 
 def backward_tiles(default_tiles: dict, problem):

@@ -33,7 +33,9 @@ import numpy as np
 from numba import config as numba_config
 
 __all__ = ["Call", "simulator", "real_gpu", "compute_capability", "current_device_id",
-           "device_const", "tensor_core_refusal", "launch", "launch_stream", "signature_key", "plan_for"]
+           "device_const", "tensor_core_refusal", "tensor_core_backward_refusal",
+           "tensor_core_forward", "tensor_core_backward", "launch", "launch_stream",
+           "signature_key", "plan_for"]
 
 #: Dynamic shared memory a block gets without the opt-in, bytes.
 DEFAULT_DYNAMIC_SMEM_BYTES = 48 * 1024
@@ -324,6 +326,77 @@ def launch(kern, grid, block, stream, args, sharedmem=0, fast=True):
                 *plan.marshal(args, stream))
 
 
+# -- the tensor-core families' launches ----------------------------------------------------------
+LOG2E = 1.4426950408889634
+
+
+def _dropout_args(drop):
+    """The dropout constants as the tensor-core kernels take them."""
+    return np.uint32(drop.seed_hash), np.uint32(drop.threshold), np.float32(drop.inv_keep)
+
+
+def tensor_core_forward(problem, config, kern, block_q, schedule, drop, words):
+    """Run a tensor-core forward kernel (the mma and tf32 families share its arguments) on
+    ``problem``: operands as 16-bit words (``words``) or float32, rows 16-byte aligned, the
+    ``"kv"`` CSR ``schedule`` of its tiles, dropout constants ``drop``; grid (query tiles,
+    B * Hq). Returns ``(out, lse)`` in the problem's kind of array."""
+    pb = problem
+    B, H, Nq, D, Nk = pb.batch, pb.heads_q, pb.seqlen_q, pb.head_dim, pb.seqlen_k
+    call = Call(pb)
+    q, k, v = (call.input(x, words=words, aligned=True) for x in (pb.q, pb.k, pb.v))
+    out = call.output((B, H, Nq, D), words=words)
+    lse = call.output((B, H, Nq), float32=True)
+    offs, idx, sb, sh = schedule
+    launch(kern, (-(-Nq // block_q), B * H), kern.threads, call.stream, (
+        q, k, v, out.arg, lse.arg, offs, idx, sb, sh, H // pb.heads_kv, Nq, Nk, *call.mask(),
+        np.float32(pb.scale * LOG2E), *_dropout_args(drop)),
+        sharedmem=kern.smem_bytes, fast=config.fast_launch)
+    return out.value(), lse.value()
+
+
+def tensor_core_backward(problem, out, lse, dout, config, dq_kernel, dq_tile, kv_schedule,
+                         dkdv_kernel, kv_tile, q_schedule, drop, words):
+    """Run a tensor-core backward (the mma and tf32 families share its two kernels' arguments):
+    the dQ kernel (which also writes delta) on its ``dq_tile`` = (rows, keys) with the ``"kv"``
+    schedule, then the dK/dV kernel on ``kv_tile`` = (queries, keys) with the ``"q"`` schedule.
+    Returns ``(dq, dk, dv)`` in the problem's kind of array and dtype."""
+    pb = problem
+    B, H, Nq, D, Hkv, Nk = pb.batch, pb.heads_q, pb.seqlen_q, pb.head_dim, pb.heads_kv, pb.seqlen_k
+    call = Call(pb)
+    q, k, v, o, do = (call.input(x, words=words, aligned=True)
+                      for x in (pb.q, pb.k, pb.v, out, dout))
+    l_ = call.input(lse)
+    dq = call.output((B, H, Nq, D), words=words)
+    dk = call.output((B, Hkv, Nk, D), words=words)
+    dv = call.output((B, Hkv, Nk, D), words=words)
+    delta = call.output((B, H, Nq), float32=True)
+    consts = (*call.mask(), np.float32(pb.scale * LOG2E), np.float32(pb.scale),
+              *_dropout_args(drop))
+    # -- dQ (and delta) first, then dK/dV, which reads delta --
+    launch(dq_kernel, (-(-Nq // dq_tile[0]), B * H), dq_kernel.threads, call.stream, (
+        q, k, v, o, do, l_, delta.arg, dq.arg, *kv_schedule, H // Hkv, Nq, Nk, *consts),
+        sharedmem=dq_kernel.smem_bytes, fast=config.fast_launch)
+    launch(dkdv_kernel, (-(-Nk // kv_tile[1]), B * Hkv), dkdv_kernel.threads, call.stream, (
+        q, k, v, do, l_, delta.arg, dk.arg, dv.arg, *q_schedule, H // Hkv, Nq, Nk, *consts),
+        sharedmem=dkdv_kernel.smem_bytes, fast=config.fast_launch)
+    return dq.value(), dk.value(), dv.value()
+
+
+def tensor_core_backward_refusal(problem, config, family, dtypes, head_dims, tiles):
+    """Why a tensor-core backward (``family``, e.g. "the mma family") cannot run ``problem``,
+    or None: `tensor_core_refusal`, tiles pinned by ``config`` (these backwards choose their
+    own), or block-mask tiles ``tiles`` (None) that no kernel tile divides."""
+    why = tensor_core_refusal(problem, family, dtypes, head_dims)
+    if why:
+        return why
+    if config.block_q is not None or config.block_k is not None:
+        return f"{family}'s backward chooses its own tiles (KernelConfig.block_q/block_k must be None)"
+    if tiles is None:
+        return (f"the block mask's tiles ({problem.block_q}, {problem.block_k}) must be "
+                f"multiples of 16 for {family}'s backward")
+    return None
+
+
 # -- device constants ----------------------------------------------------------------------------
 _CONSTS: dict = {}
 
@@ -408,7 +481,8 @@ class Call:
         if self.torch:
             torch = self._torch
             dt = torch.float32 if (float32 or self.staged) else dtype
-            t = (torch.zeros if zeros else torch.empty)(shape, dtype=dt, device=self.problem.q.device)
+            make = torch.zeros if zeros else torch.empty
+            t = make(shape, dtype=dt, device=self.problem.q.device)
             return Output(self, t, t.view(torch.int16) if words else t, float32)
         from numba import cuda
         dt = np.float32 if float32 else np.dtype(dtype)

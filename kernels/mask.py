@@ -4,8 +4,9 @@ boolean mask, set to -inf in the C fragments of a warp's score tile, only on til
 * `score_mask`: a warp's 16 x block_k tile of S = Q K^T (the forwards and the dQ kernels);
 * `transposed_score_mask`: a warp's tile of S^T = K Q^T (the dK/dV kernels).
 
-Which tiles are visited at all (causal and block-sparse skipping) is `ioaware.block_info.BlockInfo`'s
-answer, through `kernels.tile_scheduler`; these functions mask elements inside visited tiles.
+Which tiles are visited at all (causal and block-sparse skipping) is
+`ioaware.block_info.BlockInfo`'s answer, through `kernels.tile_scheduler`; these functions mask
+elements inside visited tiles.
 """
 from __future__ import annotations
 

@@ -38,10 +38,6 @@ simulator, which runs no inline PTX), and the registry then runs the CUDA-core f
 """
 from __future__ import annotations
 
-import math
-
-import numpy as np
-
 from ioaware.block_info import cdiv
 
 from . import host, softmax, tile_scheduler
@@ -309,6 +305,7 @@ def _build_dq_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_
                     ptx.st_global_u32(ptx.global_addr(dq, b, h, row, nt * 8 + 2 * tig), word)
 
     kernel.threads = THREADS
+    kernel.smem_bytes = 0                                # static shared memory only
     return kernel
 
 
@@ -563,6 +560,7 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, is_bf16, causal, has_mask, ha
                                     pack(dv_acc[e], dv_acc[e + 1]))
 
     kernel.threads = THREADS
+    kernel.smem_bytes = 0                                # static shared memory only
     return kernel
 
 
@@ -575,15 +573,8 @@ def tiles(problem, config=None):
 
 def supports(problem, config):
     """Why this backward cannot run ``problem`` (a string), or None."""
-    why = host.tensor_core_refusal(problem, "the mma family", DTYPES, SUPPORTED_HEAD_DIMS)
-    if why:
-        return why
-    if config.block_q is not None or config.block_k is not None:
-        return "the mma backward chooses its own tiles (KernelConfig.block_q/block_k must be None)"
-    if tiles(problem) is None:
-        return (f"the block mask's tiles ({problem.block_q}, {problem.block_k}) must be "
-                f"multiples of 16 for the mma backward")
-    return None
+    return host.tensor_core_backward_refusal(problem, config, "the mma family", DTYPES,
+                                             SUPPORTED_HEAD_DIMS, tiles(problem))
 
 
 def backward(problem, out, lse, dout, config):
@@ -591,32 +582,13 @@ def backward(problem, out, lse, dout, config):
     dtype (see `kernels.backward`)."""
     pb = problem
     (dq_bq, dq_bk), (kv_bk, kv_bq) = tiles(pb)
-    B, H, Nq, D, Hkv, Nk = pb.batch, pb.heads_q, pb.seqlen_q, pb.head_dim, pb.heads_kv, pb.seqlen_k
-    call = host.Call(pb)
-    q, k, v, o, do = (call.input(x, words=True, aligned=True)
-                      for x in (pb.q, pb.k, pb.v, out, dout))
-    l_ = call.input(lse)
-    dq = call.output((B, H, Nq, D), words=True)
-    dk = call.output((B, Hkv, Nk, D), words=True)
-    dv = call.output((B, Hkv, Nk, D), words=True)
-    delta = call.output((B, H, Nq), float32=True)
-    maskd, mb, mh, mq = call.mask()
-    kv_off, kv_idx, kv_sb, kv_sh = tile_scheduler.device_schedule(pb, dq_bq, dq_bk, "kv")
-    q_off, q_idx, q_sb, q_sh = tile_scheduler.device_schedule(pb, kv_bq, kv_bk, "q")
     drop = dropout_constants(pb.seed, pb.dropout_p)
-    consts = (maskd, mb, mh, mq, np.float32(pb.scale * LOG2E), np.float32(pb.scale),
-              np.uint32(drop.seed_hash), np.uint32(drop.threshold), np.float32(drop.inv_keep))
     group = tile_scheduler.head_group(config.launch_order, pb.causal, "bwd")
-    is_bf16 = str(pb.dtype).endswith("bfloat16")
-    features = (is_bf16, pb.causal, pb.mask is not None, drop.enabled, group)
-
-    # -- dQ (and delta) first, then dK/dV, which reads delta --
-    kern = get_dq_kernel(D, dq_bq, dq_bk, *features)
-    host.launch(kern, (cdiv(Nq, dq_bq), B * H), kern.threads, call.stream, (
-        q, k, v, o, do, l_, delta.arg, dq.arg, kv_off, kv_idx, kv_sb, kv_sh, H // Hkv, Nq, Nk,
-        *consts), fast=config.fast_launch)
-    kern = get_dkdv_kernel(D, kv_bk, kv_bq, *features)
-    host.launch(kern, (cdiv(Nk, kv_bk), B * Hkv), kern.threads, call.stream, (
-        q, k, v, do, l_, delta.arg, dk.arg, dv.arg, q_off, q_idx, q_sb, q_sh, H // Hkv, Nq, Nk,
-        *consts), fast=config.fast_launch)
-    return dq.value(), dk.value(), dv.value()
+    features = (str(pb.dtype).endswith("bfloat16"), pb.causal, pb.mask is not None,
+                drop.enabled, group)
+    return host.tensor_core_backward(
+        pb, out, lse, dout, config,
+        get_dq_kernel(pb.head_dim, dq_bq, dq_bk, *features), (dq_bq, dq_bk),
+        tile_scheduler.device_schedule(pb, dq_bq, dq_bk, "kv"),
+        get_dkdv_kernel(pb.head_dim, kv_bk, kv_bq, *features), (kv_bq, kv_bk),
+        tile_scheduler.device_schedule(pb, kv_bq, kv_bk, "q"), drop, words=True)

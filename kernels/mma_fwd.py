@@ -29,12 +29,8 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
-from ioaware.block_info import cdiv
-
 from . import host, tile_scheduler
-from .config import tile_dividing
+from .config import requested_tiles
 from .dropout import dropout_constants, fmix_device
 from .mask import score_mask
 
@@ -314,18 +310,10 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_dro
 
 # -- host side -----------------------------------------------------------------------------------
 def tiles(problem, config):
-    """``(block_q, block_k)`` for a problem: ``config``'s, else the problem's requested tiles,
-    else `default_blocks`; with a block mask, the largest legal tiles (no larger than the
-    default) that divide the mask's tiles. None where no legal tile fits."""
-    bq_def, bk_def = default_blocks(problem.head_dim, problem.causal)
-    masked = problem.block_mask is not None
-    bq = config.block_q or (None if masked else problem.block_q)
-    bk = config.block_k or (None if masked else problem.block_k)
-    if bq is None:
-        bq = tile_dividing(bq_def, problem.block_q if masked else None, BLOCK_Q_CHOICES)
-    if bk is None:
-        bk = tile_dividing(bk_def, problem.block_k if masked else None, BLOCK_K_CHOICES)
-    return bq, bk
+    """``(block_q, block_k)`` for a problem (`kernels.config.requested_tiles`: ``config``'s, the
+    problem's, `default_blocks`, or with a block mask the largest legal tiles dividing its)."""
+    return requested_tiles(problem, config, default_blocks(problem.head_dim, problem.causal),
+                           BLOCK_Q_CHOICES, BLOCK_K_CHOICES)
 
 
 def supports(problem, config):
@@ -348,21 +336,10 @@ def forward(problem, config):
     `kernels.forward`)."""
     pb = problem
     block_q, block_k = tiles(pb, config)
-    B, H, Nq, D, Nk = pb.batch, pb.heads_q, pb.seqlen_q, pb.head_dim, pb.seqlen_k
-    call = host.Call(pb)
-    q, k, v = (call.input(x, words=True, aligned=True) for x in (pb.q, pb.k, pb.v))
-    out = call.output((B, H, Nq, D), words=True)
-    lse = call.output((B, H, Nq), float32=True)
-    maskd, mb, mh, mq = call.mask()
-    offs, idx, sb, sh = tile_scheduler.device_schedule(pb, block_q, block_k, "kv")
     drop = dropout_constants(pb.seed, pb.dropout_p)
     group = tile_scheduler.head_group(config.launch_order, pb.causal, "fwd")
     is_bf16 = str(pb.dtype).endswith("bfloat16")
-    kern = get_kernel(D, block_q, block_k, is_bf16, pb.causal, pb.mask is not None,
+    kern = get_kernel(pb.head_dim, block_q, block_k, is_bf16, pb.causal, pb.mask is not None,
                       drop.enabled, group)
-    host.launch(kern, (cdiv(Nq, block_q), B * H), kern.threads, call.stream, (
-        q, k, v, out.arg, lse.arg, offs, idx, sb, sh, H // pb.heads_kv, Nq, Nk,
-        maskd, mb, mh, mq, np.float32(pb.scale * LOG2E), np.uint32(drop.seed_hash),
-        np.uint32(drop.threshold), np.float32(drop.inv_keep)), sharedmem=kern.smem_bytes,
-        fast=config.fast_launch)
-    return out.value(), lse.value()
+    schedule = tile_scheduler.device_schedule(pb, block_q, block_k, "kv")
+    return host.tensor_core_forward(pb, config, kern, block_q, schedule, drop, words=True)

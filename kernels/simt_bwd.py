@@ -23,7 +23,7 @@ from numba import cuda, float32
 from ioaware.block_info import cdiv
 
 from . import host, tile_scheduler
-from .config import TileConfig, choose_tiles, default_blocks, dkdv_smem_bytes, tile_dividing
+from .config import TileConfig, choose_tiles, default_blocks, dkdv_smem_bytes, requested_tiles
 from .dropout import dropout_constants, keep_bit, row_hash
 
 __all__ = ["backward", "supports", "tiles", "make_delta_kernel", "make_dkdv_kernel",
@@ -43,7 +43,8 @@ def make_delta_kernel(head_dim: int, use_shfl: bool):
     delta[b, h, i] = sum_c dout[b, h, i, c] * out[b, h, i, c]. Lane ``l`` of the row's warp
     reads columns ``l, l+32, ...`` so each warp load is one contiguous row segment (one thread
     per row would stride by d between neighbouring threads and read O and dO ~8x over in
-    32-byte sectors). The 32 partial sums are reduced by warp shuffles on a GPU, through shared memory under the
+    32-byte sectors). The 32 partial sums are reduced by warp shuffles on a GPU, through
+    shared memory under the
     simulator. grid (cdiv(Nq, DELTA_ROWS), B*Hq), block 32 * DELTA_ROWS.
     """
     D = head_dim
@@ -350,14 +351,7 @@ def tiles(problem, config) -> TileConfig:
     mask: the default where it divides the mask's tiles, else the mask's tiles)."""
     from .simt_fwd import target_threads
     d = problem.head_dim
-    bq_def, bk_def = default_blocks(d, True, host.simulator())
-    masked = problem.block_mask is not None
-    bq = config.block_q or (None if masked else problem.block_q)
-    bk = config.block_k or (None if masked else problem.block_k)
-    if bq is None:
-        bq = tile_dividing(bq_def, problem.block_q if masked else None)
-    if bk is None:
-        bk = tile_dividing(bk_def, problem.block_k if masked else None)
+    bq, bk = requested_tiles(problem, config, default_blocks(d, True, host.simulator()))
     return choose_tiles(bk, bq, d, target_threads())
 
 

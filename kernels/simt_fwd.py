@@ -26,7 +26,7 @@ from ioaware.block_info import cdiv
 
 from . import host, tile_scheduler
 from .config import (FWD_TILES, STATIC_SMEM_LIMIT_BYTES, TileConfig, choose_tiles,
-                     default_blocks, fwd_smem_bytes, tile_dividing)
+                     default_blocks, fwd_smem_bytes, requested_tiles)
 from .dropout import dropout_constants, keep_bit, row_hash
 
 __all__ = ["forward", "supports", "tiles", "make_forward_kernel", "get_kernel"]
@@ -303,14 +303,7 @@ def tiles(problem, config) -> TileConfig:
     `kernels.config.FWD_TILES`, else `choose_tiles`."""
     d = problem.head_dim
     sim = host.simulator()
-    bq_def, bk_def = default_blocks(d, False, sim)
-    masked = problem.block_mask is not None
-    bq = config.block_q or (None if masked else problem.block_q)
-    bk = config.block_k or (None if masked else problem.block_k)
-    if bq is None:
-        bq = tile_dividing(bq_def, problem.block_q if masked else None)
-    if bk is None:
-        bk = tile_dividing(bk_def, problem.block_k if masked else None)
+    bq, bk = requested_tiles(problem, config, default_blocks(d, False, sim))
     micro = config.micro_tile
     if micro is None and not sim:
         micro = FWD_TILES.get((d, bq, bk))

@@ -1,7 +1,8 @@
 """Tensor-core FlashAttention-2 backward for float32 CUDA inputs with 3xTF32 (Numba + inline PTX).
 
-This is the ``tf32`` family's backward. The structure is that of `kernels.mma_bwd` (two kernels, operands in registers or L1, no shared-memory round trip of
-P or dS, no atomics); the arithmetic is that of `kernels.tf32_fwd`: every float32 operand x is
+This is the ``tf32`` family's backward. The structure is that of `kernels.mma_bwd` (two
+kernels, operands in registers or L1, no shared-memory round trip of P or dS, no atomics); the
+arithmetic is that of `kernels.tf32_fwd`: every float32 operand x is
 split into ``big = tf32(x)`` and ``small = tf32(x - big)`` and every product is
 ``A_small B_big + A_big B_small + A_big B_big`` with ``mma.sync.m16n8k8`` tf32 and float32
 accumulation, so all five matmuls have float32-level accuracy.
@@ -17,8 +18,8 @@ accumulation, so all five matmuls have float32-level accuracy.
 * **dK/dV kernel**, grid (n_blocks_k, B * Hkv), transposed orientation: each warp owns 16 key
   rows and keeps its dK and dV accumulators in registers; its K and V fragments (A operands)
   are re-read from global memory, where the block's rows stay in L1, at every k-step
-  (`operands_in_registers`). It loops over the query heads of the GQA group and, for each, over the Q tiles of
-  `BlockInfo.q_schedule()`; Q and dO tiles (double-buffered, ``cp.async``) give S^T = K Q^T,
+  (`operands_in_registers`). It loops over the query heads of the GQA group and, for each,
+  over the Q tiles of `BlockInfo.q_schedule()`; Q and dO tiles (double-buffered, ``cp.async``) give S^T = K Q^T,
   dP^T = V dO^T, P^T (lse and delta per query column, staged in shared memory),
   dV += (P^T Z) dO, dS^T = P^T * (dP^T Z - delta), dK += dS^T Q; dK = scale * dK at the end.
 
@@ -58,11 +59,6 @@ then runs the CUDA-core family.
 from __future__ import annotations
 
 import functools
-import math
-
-import numpy as np
-
-from ioaware.block_info import cdiv
 
 from . import host, softmax, tile_scheduler
 from .config import backward_tiles
@@ -680,15 +676,8 @@ def tiles(problem, config=None):
 
 def supports(problem, config):
     """Why this backward cannot run ``problem`` (a string), or None."""
-    why = host.tensor_core_refusal(problem, "the tf32 family", DTYPES, SUPPORTED_HEAD_DIMS)
-    if why:
-        return why
-    if config.block_q is not None or config.block_k is not None:
-        return "the tf32 backward chooses its own tiles (KernelConfig.block_q/block_k must be None)"
-    if tiles(problem) is None:
-        return (f"the block mask's tiles ({problem.block_q}, {problem.block_k}) must be "
-                f"multiples of 16 for the tf32 backward")
-    return None
+    return host.tensor_core_backward_refusal(problem, config, "the tf32 family", DTYPES,
+                                             SUPPORTED_HEAD_DIMS, tiles(problem))
 
 
 def backward(problem, out, lse, dout, config):
@@ -696,32 +685,14 @@ def backward(problem, out, lse, dout, config):
     `kernels.backward`)."""
     pb = problem
     (dq_bq, dq_bk), (kv_bk, kv_bq) = tiles(pb)
-    B, H, Nq, D, Hkv, Nk = pb.batch, pb.heads_q, pb.seqlen_q, pb.head_dim, pb.heads_kv, pb.seqlen_k
     drop = dropout_constants(pb.seed, pb.dropout_p)
-    kv_cfg = dkdv_dropout_config(D, kv_bq, drop.enabled)
+    kv_cfg = dkdv_dropout_config(pb.head_dim, kv_bq, drop.enabled)
     kv_bq = kv_cfg.get("block_q", kv_bq)
-    call = host.Call(pb)
-    q, k, v, o, do = (call.input(x, aligned=True) for x in (pb.q, pb.k, pb.v, out, dout))
-    l_ = call.input(lse)
-    dq = call.output((B, H, Nq, D))
-    dk = call.output((B, Hkv, Nk, D))
-    dv = call.output((B, Hkv, Nk, D))
-    delta = call.output((B, H, Nq), float32=True)
-    maskd, mb, mh, mq = call.mask()
-    kv_off, kv_idx, kv_sb, kv_sh = tile_scheduler.device_schedule(pb, dq_bq, dq_bk, "kv")
-    q_off, q_idx, q_sb, q_sh = tile_scheduler.device_schedule(pb, kv_bq, kv_bk, "q")
-    consts = (maskd, mb, mh, mq, np.float32(pb.scale * LOG2E), np.float32(pb.scale),
-              np.uint32(drop.seed_hash), np.uint32(drop.threshold), np.float32(drop.inv_keep))
     group = tile_scheduler.head_group(config.launch_order, pb.causal, "bwd")
     features = (pb.causal, pb.mask is not None, drop.enabled, group)
-
-    # -- dQ (and delta) first, then dK/dV, which reads delta --
-    kern = get_dq_kernel(D, dq_bq, dq_bk, *features)
-    host.launch(kern, (cdiv(Nq, dq_bq), B * H), kern.threads, call.stream, (
-        q, k, v, o, do, l_, delta.arg, dq.arg, kv_off, kv_idx, kv_sb, kv_sh, H // Hkv, Nq, Nk,
-        *consts), sharedmem=kern.smem_bytes, fast=config.fast_launch)
-    kern = get_dkdv_kernel(D, kv_bk, kv_bq, *features, unroll=kv_cfg.get("unroll"))
-    host.launch(kern, (cdiv(Nk, kv_bk), B * Hkv), kern.threads, call.stream, (
-        q, k, v, do, l_, delta.arg, dk.arg, dv.arg, q_off, q_idx, q_sb, q_sh, H // Hkv, Nq, Nk,
-        *consts), sharedmem=kern.smem_bytes, fast=config.fast_launch)
-    return dq.value(), dk.value(), dv.value()
+    return host.tensor_core_backward(
+        pb, out, lse, dout, config,
+        get_dq_kernel(pb.head_dim, dq_bq, dq_bk, *features), (dq_bq, dq_bk),
+        tile_scheduler.device_schedule(pb, dq_bq, dq_bk, "kv"),
+        get_dkdv_kernel(pb.head_dim, kv_bk, kv_bq, *features, unroll=kv_cfg.get("unroll")),
+        (kv_bq, kv_bk), tile_scheduler.device_schedule(pb, kv_bq, kv_bk, "q"), drop, words=False)
