@@ -1,6 +1,6 @@
 """Register fragment layouts of the warp-level tensor-core instructions, as plain Python.
 
-This module owns the index maps that the half-precision kernel (`kernels.flash_mma_fwd`) relies
+This module owns the index maps that the half-precision kernel (`kernels.mma_fwd`) relies
 on: which thread of a warp holds which matrix element in which register. The CUDA simulator
 cannot execute inline PTX, so these maps are the part of the tensor-core path that is tested on
 every commit on the CPU (`tests/test_mma_fragments.py`), in both directions.

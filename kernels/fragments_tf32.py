@@ -1,7 +1,7 @@
 """Register fragment layouts of ``mma.m16n8k8`` with tf32 inputs, and the index permutations of
 the 3xTF32 forward, as plain Python.
 
-This module owns the index maps that `kernels.flash_tf32_fwd` relies on; they are tested on the
+This module owns the index maps that `kernels.tf32_fwd` relies on; they are tested on the
 CPU in both directions (`tests/test_tf32_fragments.py`) and the bare instruction against them on
 a GPU (`tests/test_tf32_intrinsics.py`).
 
@@ -150,7 +150,7 @@ def tf32_split(x):
     return big, tf32_round((x - big).astype(np.float32))
 
 
-# -- the 3xTF32 backward (`kernels.flash_tf32_bwd`) -------------------------------------------------
+# -- the 3xTF32 backward (`kernels.tf32_bwd`) -------------------------------------------------
 # In S = Q K^T, dP = dO V^T (dQ kernel) and S^T = K Q^T, dP^T = V dO^T (dK/dV kernel) the k index
 # is a head dim and is not permuted: the A operand (Q, dO, K or V rows) is `dim_a_elem`, the B
 # operand X[row n][dim k] is `dim_b_elem`, two 32-bit shared loads at `bwd_b_offset`. In

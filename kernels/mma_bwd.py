@@ -1,9 +1,7 @@
 """Tensor-core FlashAttention-2 backward for float16/bfloat16 CUDA inputs (Numba + inline PTX).
 
-This module owns the half-precision backward kernels and their host entry point `backward`,
-which has the signature of the package's `kernels.backward` contract. Two kernels, each shaped
-like the forward of `kernels.flash_mma_fwd` (operands in registers, no shared-memory round trip
-of P or dS, no atomics):
+This is the ``mma`` family's backward: two kernels, each shaped like the forward of
+`kernels.mma_fwd` (operands in registers, no shared-memory round trip of P or dS, no atomics):
 
 * **dQ kernel** (runs first), grid (n_blocks_q, B * Hq): each warp owns 16 query rows and keeps
   the Q and dO fragments (A operands) and its dQ accumulator in registers. In its prologue it

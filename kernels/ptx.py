@@ -255,7 +255,7 @@ def st_global_u32(typingctx, gaddr, value):
     return sig, codegen
 
 
-# -- appended for the backward (kernels.flash_mma_bwd) -------------------------------------------
+# -- appended for the backward (kernels.mma_bwd) -------------------------------------------
 def _make_unpack(ptx):
     @intrinsic
     def _unpack(typingctx, word):

@@ -1,11 +1,13 @@
-"""`kernels.fastlaunch`: the argument-signature key picks the overload Numba would pick, and
+"""`kernels.host.launch`: the argument-signature key picks the overload Numba would pick, and
 launches through the cached overload compute what Numba's own launch computes.
 
 CPU: the layout letter of every strided view (transposes, slices, size-1 and zero strides)
 against the rule Numba's device arrays follow (C if C-contiguous, else F if F-contiguous, else A;
-A whenever a stride is 0), drawn by Hypothesis. GPU (``-m gpu``): a kernel launched on torch
-tensors of each layout, cached and uncached, against the same kernel launched by Numba; and a
-kernel given 96 KiB of dynamic shared memory (the opt-in above 48 KiB).
+A whenever a stride is 0), drawn by Hypothesis; under the simulator, `launch` on either path is
+Numba's own launch. GPU (``-m gpu``): a kernel launched on torch tensors of each layout, cached,
+uncached and through Numba's path (``fast=False``, what ``KernelConfig(fast_launch=False)``
+selects), against the same kernel launched by Numba; and a kernel given 96 KiB of dynamic
+shared memory (the opt-in above 48 KiB).
 """
 from __future__ import annotations
 
@@ -13,8 +15,9 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from numba import cuda   # a global, which the CUDA simulator replaces inside kernels
 
-from kernels import fastlaunch
+from kernels import host
 
 
 def numba_device_layout(shape, strides, itemsize):
@@ -42,19 +45,40 @@ def test_layout_matches_numba_rule(shape, data):
     strides = list(view.strides)
     if data.draw(st.booleans()):
         strides[data.draw(st.integers(0, nd - 1))] = 0
-    got = fastlaunch._layout(view.shape, tuple(strides), 1)
+    got = host._layout(view.shape, tuple(strides), 1)
     assert got == numba_device_layout(view.shape, tuple(strides), 1)
 
 
 def test_arg_key_torch_and_scalars():
     torch = pytest.importorskip("torch")
     t = torch.zeros(2, 3, 4)
-    assert fastlaunch._arg_key(t) == ("t", torch.float32, 3, "C")
-    assert fastlaunch._arg_key(t.transpose(0, 2))[3] == "F"
-    assert fastlaunch._arg_key(t[:, :, ::2])[3] == "A"
-    assert fastlaunch._arg_key(t.expand(2, 3, 4)[:, :1].expand(2, 3, 4))[3] == "A"
-    assert fastlaunch._arg_key(np.float32(1)) == ("s", np.float32)
-    assert fastlaunch._arg_key(3) == ("s", int)
+    assert host._arg_key(t) == ("t", torch.float32, 3, "C")
+    assert host._arg_key(t.transpose(0, 2))[3] == "F"
+    assert host._arg_key(t[:, :, ::2])[3] == "A"
+    assert host._arg_key(t.expand(2, 3, 4)[:, :1].expand(2, 3, 4))[3] == "A"
+    assert host._arg_key(np.float32(1)) == ("s", np.float32)
+    assert host._arg_key(3) == ("s", int)
+
+
+def test_launch_under_the_simulator_is_numbas_launch():
+    """Under Numba's CUDA simulator `launch` (cached path or not) is ``kern[grid, block,
+    stream, sharedmem](*args)`` on the host arrays, and caches nothing."""
+    if not host.simulator():
+        pytest.skip("the CUDA simulator is not in use")
+
+    @cuda.jit
+    def axpy(x, y, out, a):              # out[i] = a * x[i] + y[i]
+        i = cuda.grid(1)
+        if i < out.shape[0]:
+            out[i] = a * x[i] + y[i]
+
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal(40).astype(np.float32), rng.standard_normal(40).astype(np.float32)
+    for fast in (True, False):
+        out = cuda.to_device(np.full(40, np.nan, np.float32))
+        host.launch(axpy, 2, 32, 0, (x, y, out, np.float32(2.5)), fast=fast)
+        np.testing.assert_allclose(out.copy_to_host(), 2.5 * x + y, rtol=1e-6)
+        assert host.plan_for(axpy, (x, y, out, np.float32(2.5))) is None
 
 
 # -- GPU --
@@ -70,7 +94,6 @@ def cuda_torch():
 @pytest.mark.gpu
 def test_launch_matches_numba_launch_every_layout(cuda_torch):
     torch = cuda_torch
-    from numba import cuda
 
     @cuda.jit
     def axpy(x, y, out, a, n):           # out[i, j] = a * x[i, j] + y[i, j]
@@ -81,20 +104,26 @@ def test_launch_matches_numba_launch_every_layout(cuda_torch):
     g = torch.Generator(device="cuda").manual_seed(0)
     base = torch.randn(64, 48, device="cuda", generator=g)
     views = {"C": base, "F": base.t().contiguous().t(), "A": base[:, ::2]}
-    stream = fastlaunch.launch_stream(torch.cuda.current_stream())
+    stream = host.launch_stream(torch.cuda.current_stream())
     for name, x in views.items():
         y = torch.randn(x.shape, device="cuda", generator=g)
         want = 2.5 * x + y
         grid = ((x.shape[0] + 15) // 16, (x.shape[1] + 15) // 16)
         for rep in range(3):           # first call compiles / caches, the rest reuse
             out = torch.full(x.shape, float("nan"), device="cuda")
-            key = fastlaunch.signature_key(axpy, (x, y, out, np.float32(2.5), 7))
-            fastlaunch.launch(axpy, grid, (16, 16), stream, (x, y, out, np.float32(2.5), 7))
+            key = host.signature_key(axpy, (x, y, out, np.float32(2.5), 7))
+            host.launch(axpy, grid, (16, 16), stream, (x, y, out, np.float32(2.5), 7))
             torch.cuda.synchronize()
             assert torch.allclose(out, want, rtol=1e-6, atol=1e-6), (name, rep)
-            assert key in fastlaunch._OVERLOADS
+            assert key in host._OVERLOADS
+            assert host.plan_for(axpy, (x, y, out, np.float32(2.5), 7)) is host._OVERLOADS[key]
+        # Numba's own path (fast=False) computes the same
+        out = torch.full(x.shape, float("nan"), device="cuda")
+        host.launch(axpy, grid, (16, 16), stream, (x, y, out, np.float32(2.5), 7), fast=False)
+        torch.cuda.synchronize()
+        assert torch.allclose(out, want, rtol=1e-6, atol=1e-6), (name, "fast=False")
         # the overload is the one Numba picks for the wrapped arguments
-        compiled = fastlaunch._OVERLOADS[key].compiled
+        compiled = host._OVERLOADS[key].compiled
         wrapped = [cuda.as_cuda_array(a, sync=False) for a in (x, y, out)]
         assert compiled.argument_types[:3] == tuple(axpy.typeof_pyval(a) for a in wrapped)
 
@@ -102,7 +131,7 @@ def test_launch_matches_numba_launch_every_layout(cuda_torch):
 @pytest.mark.gpu
 def test_dynamic_shared_memory_above_48k(cuda_torch):
     torch = cuda_torch
-    from numba import cuda, float32
+    from numba import float32
 
     @cuda.jit
     def reverse_through_shared(x, out, n):   # one block: out = x[::-1] via dynamic smem
@@ -117,14 +146,13 @@ def test_dynamic_shared_memory_above_48k(cuda_torch):
     n = 96 * 1024 // 4
     x = torch.arange(n, device="cuda", dtype=torch.float32)
     out = torch.zeros_like(x)
-    stream = fastlaunch.launch_stream(torch.cuda.current_stream())
+    stream = host.launch_stream(torch.cuda.current_stream())
     for _ in range(2):
-        fastlaunch.launch(reverse_through_shared, 1, 256, stream, (x, out, n), sharedmem=4 * n)
+        host.launch(reverse_through_shared, 1, 256, stream, (x, out, n), sharedmem=4 * n)
         torch.cuda.synchronize()
         assert torch.equal(out, x.flip(0))
     with pytest.raises(ValueError, match="per-block limit"):
-        fastlaunch.launch(reverse_through_shared, 1, 256, stream, (x, out, n),
-                          sharedmem=1 << 20)
+        host.launch(reverse_through_shared, 1, 256, stream, (x, out, n), sharedmem=1 << 20)
 
 
 def test_dynamic_shared_memory_opt_in_is_a_lookup_once_done(monkeypatch):
@@ -136,8 +164,8 @@ def test_dynamic_shared_memory_opt_in_is_a_lookup_once_done(monkeypatch):
             raise AssertionError(f"the opt-in touched the kernel ({name})")
 
     compiled = Untouchable()
-    monkeypatch.setattr(fastlaunch, "current_device_id", lambda: 0)
-    monkeypatch.setitem(fastlaunch._OPTED_IN, (id(compiled), 0), 96 * 1024)
-    fastlaunch._opt_in(compiled, 48 * 1024)
-    fastlaunch._opt_in(compiled, 96 * 1024)
-    fastlaunch._opt_in(compiled, 64 * 1024)
+    monkeypatch.setattr(host, "current_device_id", lambda: 0)
+    monkeypatch.setitem(host._OPTED_IN, (id(compiled), 0), 96 * 1024)
+    host._opt_in(compiled, 48 * 1024)
+    host._opt_in(compiled, 96 * 1024)
+    host._opt_in(compiled, 64 * 1024)

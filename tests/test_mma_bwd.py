@@ -1,9 +1,11 @@
-"""Tests of the tensor-core half-precision backward (`kernels.flash_mma_bwd.backward`).
+"""Tests of the tensor-core half-precision backward (`kernels.mma_bwd`, the ``mma`` family).
 
 GPU tests (marked ``gpu``; the CUDA simulator cannot execute inline PTX) draw fresh random
-half-precision inputs, run our forward for ``out`` and ``lse`` and our backward, and compare the
-gradients against float64 gradients computed from the same (already rounded) half inputs.
-The CPU tests at the end cover the host-side tile choice and the block-mask refinement.
+half-precision inputs, run our forward for ``out`` and ``lse`` and our backward, both with the
+family forced (``KernelConfig(family="mma")``: a problem the family cannot run raises instead of
+running on another family), and compare the gradients against float64 gradients computed from
+the same (already rounded) half inputs. The CPU tests at the end cover the host-side tile
+choice (`kernels.mma_bwd.tiles`).
 
 Tolerances, by dtype, element by element (u = 2**-11 for float16, 2**-8 for bfloat16). The
 kernel rounds four things to the input dtype: P before dV = (P Z)^T dO, dS before dK = dS^T Q
@@ -27,10 +29,13 @@ import math
 import numpy as np
 import pytest
 
-from .helpers import dense_attention_reference
-from kernels import flash_mma_bwd as bwd_mod
+import kernels
+from kernels import KernelConfig, mma_bwd as bwd_mod
+
+from .helpers import dense_attention_reference, kernel_problem, kernels_backward, kernels_forward
 
 gpu = pytest.mark.gpu
+MMA = KernelConfig(family="mma")
 
 
 def _torch_cuda():
@@ -64,32 +69,11 @@ def _inputs(shape_q, shape_kv, dtype, seed, q_scale=1.0):
     return q, k, v, dout
 
 
-def _run_and_check(q, k, v, dout, *, scale, causal=False, mask=None, block_mask=None,
-                   block_q=None, block_k=None, dropout_p=0.0, seed=0, block_allowed=None,
-                   float64_forward=False):
-    """Our backward on ``out``/``lse`` from our forward (or, with ``float64_forward``, from the
-    float64 reference rounded to the input dtype / float32), checked against float64."""
-    from kernels.flash_mma_fwd import forward
-    want = reference_grads(q, k, v, dout, scale, causal=causal, mask=mask,
-                           block_allowed=block_allowed, dropout_p=dropout_p, seed=seed)
-    if float64_forward:
-        torch = _torch_cuda()
-        out = torch.from_numpy(want["out"]).to(device="cuda", dtype=q.dtype)
-        lse = torch.from_numpy(want["lse"]).to(device="cuda", dtype=torch.float32)
-    else:
-        fwd_kw = {}
-        if block_mask is not None:
-            fwd_kw = dict(block_q=block_q, block_k=block_k)
-        out, lse = forward(q, k, v, scale=scale, causal=causal, mask=mask, block_mask=block_mask,
-                           dropout_p=dropout_p, seed=seed, **fwd_kw)
-    dq, dk, dv = bwd_mod.backward(q, k, v, out, lse, dout, scale=scale, causal=causal, mask=mask,
-                                  block_mask=block_mask, dropout_p=dropout_p, seed=seed,
-                                  block_q=block_q, block_k=block_k)
-    assert dq.dtype == q.dtype and dk.dtype == q.dtype and dv.dtype == q.dtype
-    assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
-    u = _unit(q.dtype)
-    for name, got, bound in (("dq", dq, "eq"), ("dk", dk, "ek"), ("dv", dv, "ev")):
-        g = got.double().cpu().numpy()
+def _check_grads(got, want, dtype):
+    """dq, dk, dv (any array kind) within the module docstring's per-element bounds."""
+    u = _unit(dtype)
+    for name, g, bound in zip(("dq", "dk", "dv"), got, ("eq", "ek", "ev")):
+        g = g.double().cpu().numpy() if hasattr(g, "double") else np.asarray(g, np.float64)
         w = want[name]
         assert np.isfinite(g).all(), f"{name} has non-finite values"
         tol = 4 * u * want[bound] + 2 * u * np.abs(w) + 1e-5
@@ -98,6 +82,29 @@ def _run_and_check(q, k, v, dout, *, scale, causal=False, mask=None, block_mask=
         assert (err <= tol).all(), (f"{name}: {int((err > tol).sum())} elements out of bounds, "
                                     f"worst at {worst}: got {g[worst]}, want {w[worst]}, "
                                     f"tol {tol[worst]}")
+
+
+def _run_and_check(q, k, v, dout, *, scale, causal=False, mask=None, block_mask=None,
+                   block_q=None, block_k=None, dropout_p=0.0, seed=0, block_allowed=None,
+                   float64_forward=False, launch_order=None):
+    """Our backward on ``out``/``lse`` from our forward (or, with ``float64_forward``, from the
+    float64 reference rounded to the input dtype / float32), checked against float64.
+    ``block_q``/``block_k`` are the block mask's tiles."""
+    config = KernelConfig(family="mma", launch_order=launch_order)
+    kw = dict(scale=scale, causal=causal, mask=mask, block_mask=block_mask, block_q=block_q,
+              block_k=block_k, dropout_p=dropout_p, seed=seed)
+    want = reference_grads(q, k, v, dout, scale, causal=causal, mask=mask,
+                           block_allowed=block_allowed, dropout_p=dropout_p, seed=seed)
+    if float64_forward:
+        torch = _torch_cuda()
+        out = torch.from_numpy(want["out"]).to(device="cuda", dtype=q.dtype)
+        lse = torch.from_numpy(want["lse"]).to(device="cuda", dtype=torch.float32)
+    else:
+        out, lse = kernels_forward(q, k, v, config=config, **kw)
+    dq, dk, dv = kernels_backward(q, k, v, out, lse, dout, config=config, **kw)
+    assert dq.dtype == q.dtype and dk.dtype == q.dtype and dv.dtype == q.dtype
+    assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
+    _check_grads((dq, dk, dv), want, q.dtype)
     return dq, dk, dv
 
 
@@ -111,6 +118,7 @@ def test_backward_matches_float64(dtype_name, head_dim, causal):
     # Nq != Nk, neither a multiple of the tiles, GQA 4 query heads on 2 kv heads
     q, k, v, dout = _inputs((2, 4, 200, head_dim), (2, 2, 333, head_dim), dtype,
                             seed=head_dim + causal)
+    assert kernels.family_for(kernel_problem(q, k, v, causal=causal), None, "bwd") == "mma"
     _run_and_check(q, k, v, dout, scale=1 / math.sqrt(head_dim), causal=causal)
 
 
@@ -147,7 +155,8 @@ def test_block_sparse(head_dim, blocks):
     rng = np.random.default_rng(0)
     block_mask = rng.random((1, 4, -(-256 // bq), 256 // bk)) > 0.4
     allowed = np.repeat(np.repeat(block_mask, bq, axis=2)[:, :, :256], bk, axis=3)
-    # the forward has no 48 x 16 tiles: that case takes out / lse from the float64 reference
+    # the forward has no tiles dividing 48 x 16: that case takes out / lse from the float64
+    # reference
     _run_and_check(q, k, v, dout, scale=0.09, block_mask=block_mask, block_q=bq, block_k=bk,
                    block_allowed=allowed, causal=True, float64_forward=blocks == (48, 16))
 
@@ -166,20 +175,21 @@ def test_dropout(dtype_name, head_dim):
 @gpu
 def test_numpy_float16_inputs():
     torch = _torch_cuda()
-    from kernels.flash_mma_fwd import forward
     rng = np.random.default_rng(2)
     q = rng.standard_normal((1, 3, 300, 64)).astype(np.float16)
     k = rng.standard_normal((1, 1, 257, 64)).astype(np.float16)
     v = rng.standard_normal((1, 1, 257, 64)).astype(np.float16)
     dout = rng.standard_normal((1, 3, 300, 64)).astype(np.float16)
-    out, lse = forward(q, k, v, scale=0.125, causal=True)
-    dq, dk, dv = bwd_mod.backward(q, k, v, out, lse, dout, scale=0.125, causal=True)
+    out, lse = kernels_forward(q, k, v, config=MMA, scale=0.125, causal=True)
+    dq, dk, dv = kernels_backward(q, k, v, out, lse, dout, config=MMA, scale=0.125, causal=True)
     assert isinstance(dq, np.ndarray) and dq.dtype == np.float16 and dk.shape == k.shape
     want = reference_grads(*(torch.from_numpy(x) for x in (q, k, v, dout)), 0.125, causal=True)
-    u = 2.0**-11
-    for name, got, bound in (("dq", dq, "eq"), ("dk", dk, "ek"), ("dv", dv, "ev")):
-        tol = 4 * u * want[bound] + 2 * u * np.abs(want[name]) + 1e-5
-        assert (np.abs(got.astype(np.float64) - want[name]) <= tol).all(), name
+    _check_grads((dq, dk, dv), want, torch.float16)
+    # the same kernels on torch CUDA tensors give the same bits
+    qt, kt, vt, ot, lt, dot = (torch.from_numpy(x).cuda() for x in (q, k, v, out, lse, dout))
+    got = kernels_backward(qt, kt, vt, ot, lt, dot, config=MMA, scale=0.125, causal=True)
+    for a, b in zip(got, (dq, dk, dv)):
+        np.testing.assert_array_equal(a.cpu().numpy(), b)
 
 
 @gpu
@@ -197,73 +207,68 @@ def test_autograd_through_attention_uses_tensor_cores(dtype_name, monkeypatch):
     out.backward(dout)
     assert calls, "kernels.backward did not dispatch to the tensor-core backward"
     want = reference_grads(q, k, v, dout, 1 / 8, causal=True)
-    u = _unit(dtype)
-    for name, got, bound in (("dq", qg.grad, "eq"), ("dk", kg.grad, "ek"), ("dv", vg.grad, "ev")):
+    for got in (qg.grad, kg.grad, vg.grad):
         assert got.dtype == dtype
-        tol = 4 * u * want[bound] + 2 * u * np.abs(want[name]) + 1e-5
-        assert (np.abs(got.double().cpu().numpy() - want[name]) <= tol).all(), name
+    _check_grads((qg.grad, kg.grad, vg.grad), want, dtype)
 
 
 @gpu
-def test_bad_inputs_raise():
+def test_problems_the_family_refuses():
     torch = _torch_cuda()
-    q, k, v, dout = _inputs((1, 1, 32, 80), (1, 1, 32, 80), torch.float16, seed=0)
+    import ioaware
+    q, k, v, dout = _inputs((1, 1, 32, 96), (1, 1, 32, 96), torch.float16, seed=0)
     lse = torch.zeros((1, 1, 32), device="cuda")
     with pytest.raises(ValueError, match="head_dim"):
-        bwd_mod.backward(q, k, v, q, lse, dout, scale=0.1)
+        kernels_backward(q, k, v, q, lse, dout, config=MMA, scale=0.1)
+    assert kernels.family_for(kernel_problem(q, k, v), None, "bwd") == "simt"
     q, k, v, dout = _inputs((1, 1, 32, 64), (1, 1, 32, 64), torch.float16, seed=0)
+    # the shapes of out, lse and dout are checked by ioaware, before the kernels
     with pytest.raises(ValueError, match="lse"):
-        bwd_mod.backward(q, k, v, q, lse[:, :, :8], dout, scale=0.1)
+        ioaware.attention_backward(q, k, v, q, lse[:, :, :8], dout, scale=0.1, backend="numba")
     with pytest.raises(ValueError, match="multiples of 16"):
-        bwd_mod.backward(q, k, v, q, lse, dout, scale=0.1, block_mask=np.ones((1, 1, 4, 4), bool),
-                         block_q=8, block_k=8)
-    with pytest.raises(TypeError, match="dout"):
-        bwd_mod.backward(q, k, v, q, lse, dout.float(), scale=0.1)
-
-
-# -- CPU: tile choice and block-mask refinement --------------------------------------------------
-def test_kernel_tiles_divide_the_block_mask_tiles():
-    assert bwd_mod.kernel_tiles(80) is None
-    assert bwd_mod.kernel_tiles(64) == ((64, 64), (64, 64))
-    assert bwd_mod.kernel_tiles(128, 7, 9) == ((64, 32), (64, 16))   # no block mask: ignored
-    for d in (64, 128):
-        for bq in (16, 32, 48, 64, 128, 192):
-            for bk in (16, 32, 64, 96, 128):
-                (dq_q, dq_k), (kv_k, kv_q) = bwd_mod.kernel_tiles(d, bq, bk, True)
-                assert bq % dq_q == 0 and bq % kv_q == 0 and bk % dq_k == 0 and bk % kv_k == 0
-                assert bwd_mod.dq_smem_bytes(d, dq_k) <= bwd_mod.SMEM_LIMIT_BYTES
-                assert bwd_mod.dkdv_smem_bytes(d, kv_q, kv_k) <= bwd_mod.SMEM_LIMIT_BYTES
-    assert bwd_mod.kernel_tiles(64, 24, 64, True) is None
-    assert bwd_mod.kernel_tiles(64, None, 64, True) is None
-
-
-def test_refined_block_mask_is_elementwise_the_same():
-    rng = np.random.default_rng(4)
-    n_q, n_k, bq, bk = 200, 333, 64, 96
-    bm = rng.random((2, 3, -(-n_q // bq), -(-n_k // bk))) > 0.5
-    fine = bwd_mod.refine_block_mask(bm, bq, bk, n_q, n_k, 32, 16)
-    assert fine.shape == (2, 3, -(-n_q // 32), -(-n_k // 16))
-    coarse_el = np.repeat(np.repeat(bm, bq, 2), bk, 3)[:, :, :n_q, :n_k]
-    fine_el = np.repeat(np.repeat(fine, 32, 2), 16, 3)[:, :, :n_q, :n_k]
-    assert (coarse_el == fine_el).all()
-    with pytest.raises(ValueError, match="divide"):
-        bwd_mod.refine_block_mask(bm, bq, bk, n_q, n_k, 48, 16)
-
-
-def test_accepts_nothing_under_the_simulator_or_on_the_host():
-    q = np.zeros((1, 1, 16, 64), np.float16)
-    assert not bwd_mod.accepts(q, q, q)
+        kernels_backward(q, k, v, q, lse, dout, config=MMA, scale=0.1,
+                         block_mask=np.ones((1, 1, 4, 4), bool), block_q=8, block_k=8)
+    with pytest.raises(ValueError, match="chooses its own tiles"):
+        kernels_backward(q, k, v, q, lse, dout, scale=0.1,
+                         config=KernelConfig(family="mma", block_q=64))
+    with pytest.raises(ValueError, match="float16 or bfloat16"):
+        kernels_backward(q.float(), k.float(), v.float(), q.float(), lse, dout.float(),
+                         config=MMA, scale=0.1)
 
 
 @gpu
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("order", ["heads", "tiles", "4"])
-def test_launch_orders(monkeypatch, head_dim, causal, order):
-    # each launch order (kernels.tile_order: heads first, tiles first, groups of 4 heads)
+@pytest.mark.parametrize("order", ["heads", "tiles", 4])
+def test_launch_orders(head_dim, causal, order):
+    # each launch order (kernels.tile_scheduler: heads first, tiles first, groups of 4 heads)
     # forced, forward and backward; GQA, Nq != Nk
     torch = _torch_cuda()
-    monkeypatch.setenv("KERNELS_TILE_ORDER", order)
     q, k, v, dout = _inputs((3, 6, 261, head_dim), (3, 2, 397, head_dim), torch.float16,
                             seed=head_dim + 5)
-    _run_and_check(q, k, v, dout, scale=1 / math.sqrt(head_dim), causal=causal)
+    _run_and_check(q, k, v, dout, scale=1 / math.sqrt(head_dim), causal=causal,
+                   launch_order=order)
+
+
+# -- CPU: tile choice ----------------------------------------------------------------------------
+def _problem(d, n_q=64, n_k=64, **kw):
+    z = lambda *shape: np.zeros(shape, np.float16)  # noqa: E731
+    return kernel_problem(z(1, 1, n_q, d), z(1, 1, n_k, d), z(1, 1, n_k, d), **kw)
+
+
+def test_kernel_tiles_divide_the_block_mask_tiles():
+    assert bwd_mod.tiles(_problem(64)) == ((64, 64), (64, 64))
+    assert bwd_mod.tiles(_problem(128)) == ((64, 32), (64, 16))
+    # without a block mask the problem's block_q / block_k do not change the tiles
+    assert bwd_mod.tiles(_problem(128, block_q=7, block_k=9)) == ((64, 32), (64, 16))
+    for d in (64, 128):
+        for bq in (16, 32, 48, 64, 128, 192):
+            for bk in (16, 32, 64, 96, 128):
+                pb = _problem(d, 200, 333, block_mask=np.ones((1, 1, 1, 1), bool), block_q=bq,
+                              block_k=bk)
+                (dq_q, dq_k), (kv_k, kv_q) = bwd_mod.tiles(pb)
+                assert bq % dq_q == 0 and bq % kv_q == 0 and bk % dq_k == 0 and bk % kv_k == 0
+                assert bwd_mod.dq_smem_bytes(d, dq_k) <= bwd_mod.SMEM_LIMIT_BYTES
+                assert bwd_mod.dkdv_smem_bytes(d, kv_q, kv_k) <= bwd_mod.SMEM_LIMIT_BYTES
+    pb = _problem(64, block_mask=np.ones((1, 1, 1, 1), bool), block_q=24, block_k=64)
+    assert bwd_mod.tiles(pb) is None

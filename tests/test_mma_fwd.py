@@ -1,8 +1,10 @@
-"""GPU exactness tests of the tensor-core forward (`kernels.flash_mma_fwd.forward`).
+"""GPU exactness tests of the tensor-core forward (`kernels.mma_fwd`, the ``mma`` family).
 
 Marked ``gpu``: the CUDA simulator cannot execute inline PTX. Each case draws fresh random
-half-precision inputs and compares against a float64 softmax(Q K^T * scale) V computed from the
-same (already rounded) half values.
+half-precision inputs, runs `kernels.forward` with the family forced
+(``KernelConfig(family="mma")``: a problem the family cannot run raises instead of running on
+another family) and compares against a float64 softmax(Q K^T * scale) V computed from the same
+(already rounded) half values.
 
 Tolerances, by dtype. The kernel's own rounding is (a) P rounded to half before P V and (b) the
 output rounded to half; the logits and all sums are float32. With |v| <= ~4.5 (normal draws),
@@ -23,10 +25,23 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():  # pragma: no cover - CPU-only torch
     pytest.skip("torch has no CUDA here", allow_module_level=True)
 
-from .helpers import dense_attention_reference  # noqa: E402
-from kernels.flash_mma_fwd import forward  # noqa: E402
+import kernels  # noqa: E402
+from kernels import KernelConfig  # noqa: E402
+
+from .helpers import dense_attention_reference, kernel_problem, kernels_forward  # noqa: E402
 
 UNIT = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
+
+
+def forward(q, k, v, *, block_q=None, block_k=None, launch_order=None, **kw):
+    """`kernels.forward` on the ``mma`` family with these kernel tiles and launch order (with
+    a ``block_mask``, ``block_q``/``block_k`` are its tiles and the family chooses its own)."""
+    if kw.get("block_mask") is not None:
+        kw.update(block_q=block_q, block_k=block_k)
+        block_q = block_k = None
+    config = KernelConfig(family="mma", block_q=block_q, block_k=block_k,
+                          launch_order=launch_order)
+    return kernels_forward(q, k, v, config=config, **kw)
 
 
 def reference(q, k, v, scale, causal=False, mask=None, block_allowed=None, dropout_p=0.0,
@@ -66,6 +81,7 @@ def test_forward_matches_float64(dtype, head_dim, causal):
     # Nq != Nk, neither a multiple of the tiles, GQA 4 query heads on 2 kv heads
     q, k, v = _inputs((2, 4, 200, head_dim), (2, 2, 333, head_dim), dtype, seed=head_dim + causal)
     scale = 1 / math.sqrt(head_dim)
+    assert kernels.family_for(kernel_problem(q, k, v, scale=scale, causal=causal)) == "mma"
     out, lse = forward(q, k, v, scale=scale, causal=causal)
     assert out.dtype == dtype and out.shape == q.shape and lse.dtype == torch.float32
     _check(q, k, v, out, lse, scale=scale, causal=causal)
@@ -87,6 +103,16 @@ def test_head_dim_128_larger_tiles_in_dynamic_shared_memory(blocks, causal):
     q, k, v = _inputs((2, 4, 333, 128), (2, 2, 290, 128), torch.float16, seed=21 + causal)
     out, lse = forward(q, k, v, scale=0.09, causal=causal, block_q=blocks[0], block_k=blocks[1])
     _check(q, k, v, out, lse, scale=0.09, causal=causal)
+
+
+def test_problem_tiles_are_the_kernel_tiles():
+    # without a block mask, the problem's block_q / block_k (what ioaware.attention passes on)
+    # are the kernel's tiles, as KernelConfig's would be
+    q, k, v = _inputs((1, 2, 150, 64), (1, 2, 170, 64), torch.float16, seed=8)
+    out, lse = kernels_forward(q, k, v, scale=0.125, causal=True, block_q=64, block_k=32)
+    pinned = forward(q, k, v, scale=0.125, causal=True, block_q=64, block_k=32)
+    assert torch.equal(out, pinned[0]) and torch.equal(lse, pinned[1])
+    _check(q, k, v, out, lse, scale=0.125, causal=True)
 
 
 def test_boolean_mask_with_fully_masked_rows():
@@ -117,16 +143,49 @@ def test_numpy_float16_and_block_q_128():
     v = rng.standard_normal((1, 1, 257, 64)).astype(np.float16)
     out, lse = forward(q, k, v, scale=0.125, causal=True, block_q=128)
     assert isinstance(out, np.ndarray) and out.dtype == np.float16
+    assert isinstance(lse, np.ndarray) and lse.dtype == np.float32
     qt, kt, vt = (torch.from_numpy(x) for x in (q, k, v))
     _check(qt, kt, vt, torch.from_numpy(out), torch.from_numpy(lse), scale=0.125, causal=True)
+    # the same kernel on torch CUDA tensors gives the same bits
+    out_t, lse_t = forward(*(x.cuda() for x in (qt, kt, vt)), scale=0.125, causal=True,
+                           block_q=128)
+    np.testing.assert_array_equal(out_t.cpu().numpy(), out)
+    np.testing.assert_array_equal(lse_t.cpu().numpy(), lse)
 
 
-def test_bad_inputs_raise():
-    q, k, v = _inputs((1, 1, 32, 80), (1, 1, 32, 80), torch.float16, seed=0)
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("order", ["heads", "tiles", 4])
+def test_launch_orders_give_the_same_bits(head_dim, causal, order):
+    # each launch order (kernels.tile_scheduler: heads first, tiles first, groups of 4 heads)
+    # forced; GQA, Nq != Nk; a tile's arithmetic does not depend on which block runs it
+    q, k, v = _inputs((3, 6, 261, head_dim), (3, 2, 397, head_dim), torch.float16,
+                      seed=head_dim + 5)
+    scale = 1 / math.sqrt(head_dim)
+    out, lse = forward(q, k, v, scale=scale, causal=causal, launch_order=order)
+    _check(q, k, v, out, lse, scale=scale, causal=causal)
+    want_out, want_lse = forward(q, k, v, scale=scale, causal=causal)
+    assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+
+
+def test_numba_launch_path_gives_the_same_bits():
+    # KernelConfig(fast_launch=False): Numba's own launch instead of kernels.host's cached path
+    q, k, v = _inputs((2, 4, 200, 64), (2, 2, 333, 64), torch.float16, seed=31)
+    fast = forward(q, k, v, scale=0.125, causal=True)
+    slow = kernels_forward(q, k, v, config=KernelConfig(family="mma", fast_launch=False),
+                           scale=0.125, causal=True)
+    assert torch.equal(fast[0], slow[0]) and torch.equal(fast[1], slow[1])
+
+
+def test_problems_the_family_refuses():
+    q, k, v = _inputs((1, 1, 32, 96), (1, 1, 32, 96), torch.float16, seed=0)
+    pb = kernel_problem(q, k, v, scale=0.1)
+    assert "head_dim" in kernels.mma_fwd.supports(pb, KernelConfig())
     with pytest.raises(ValueError, match="head_dim"):
         forward(q, k, v, scale=0.1)
+    assert kernels.family_for(pb) == "simt"            # the registry runs the CUDA cores
     q, k, v = _inputs((1, 1, 32, 128), (1, 1, 32, 128), torch.float16, seed=0)
     with pytest.raises(ValueError, match="block_k"):
         forward(q, k, v, scale=0.1, block_k=16)
-    with pytest.raises(TypeError):
+    with pytest.raises(ValueError, match="float16 or bfloat16"):
         forward(q.float(), k.float(), v.float(), scale=0.1)

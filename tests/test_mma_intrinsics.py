@@ -1,4 +1,5 @@
-"""GPU tests of the PTX intrinsics in `kernels.mma` (marked ``gpu``: the simulator runs no PTX).
+"""GPU tests of the half-precision PTX intrinsics in `kernels.ptx` (marked ``gpu``: the CUDA
+simulator runs no PTX).
 
 * one warp's ``mma_f16`` / ``mma_bf16`` against the float64 product of the same half-precision
   matrices (inputs exactly representable, float32 accumulation of 16 products: rtol 1e-6);
@@ -19,8 +20,8 @@ pytestmark = pytest.mark.gpu
 
 
 def _build():
-    from numba import cuda, uint16, uint32, float32
-    from kernels import mma
+    from numba import cuda, uint16, uint32
+    from kernels import ptx
 
     @cuda.jit
     def warp_mma(a_regs, b_regs, c_regs, d_regs, use_bf16):
@@ -29,9 +30,9 @@ def _build():
         b = b_regs[lane]
         c = c_regs[lane]
         if use_bf16:
-            d = mma.mma_bf16(a[0], a[1], a[2], a[3], b[0], b[1], c[0], c[1], c[2], c[3])
+            d = ptx.mma_bf16(a[0], a[1], a[2], a[3], b[0], b[1], c[0], c[1], c[2], c[3])
         else:
-            d = mma.mma_f16(a[0], a[1], a[2], a[3], b[0], b[1], c[0], c[1], c[2], c[3])
+            d = ptx.mma_f16(a[0], a[1], a[2], a[3], b[0], b[1], c[0], c[1], c[2], c[3])
         for i in range(4):
             d_regs[lane, i] = d[i]
 
@@ -43,9 +44,9 @@ def _build():
         for i in range(lane, 256, 32):
             sm[(i // 16) * 24 + i % 16] = tile[i // 16, i % 16]
         cuda.syncwarp()
-        addr = mma.shared_addr(sm, row_of_lane[lane] * 24 + col_of_lane[lane])
-        r = mma.ldmatrix_x4(addr)
-        rt = mma.ldmatrix_x4_trans(addr)
+        addr = ptx.shared_addr(sm, row_of_lane[lane] * 24 + col_of_lane[lane])
+        r = ptx.ldmatrix_x4(addr)
+        rt = ptx.ldmatrix_x4_trans(addr)
         for i in range(4):
             out[lane, i] = r[i]
             out_t[lane, i] = rt[i]
@@ -56,10 +57,10 @@ def _build():
         sm = cuda.shared.array(64 * 8, dtype=uint16)
         t = cuda.threadIdx.x
         ok = t < nvalid[0]
-        g = mma.global_addr(src, 0, 0, t if ok else 0, 0)
-        mma.cp_async_16(mma.shared_addr(sm, t * 8), g, uint32(16) if ok else uint32(0))
-        mma.cp_async_commit()
-        mma.cp_async_wait_all()
+        g = ptx.global_addr(src, 0, 0, t if ok else 0, 0)
+        ptx.cp_async_16(ptx.shared_addr(sm, t * 8), g, uint32(16) if ok else uint32(0))
+        ptx.cp_async_commit()
+        ptx.cp_async_wait_all()
         cuda.syncthreads()
         for c in range(8):
             dst[0, 0, t, c] = sm[t * 8 + c]
@@ -68,9 +69,9 @@ def _build():
     def misc(x, e, lo, hi, p16, pb16):
         i = cuda.grid(1)
         if i < x.size:
-            e[i] = mma.ex2(x[i])
-            p16[i] = mma.pack_f16x2(lo[i], hi[i])
-            pb16[i] = mma.pack_bf16x2(lo[i], hi[i])
+            e[i] = ptx.ex2(x[i])
+            p16[i] = ptx.pack_f16x2(lo[i], hi[i])
+            pb16[i] = ptx.pack_bf16x2(lo[i], hi[i])
 
     return warp_mma, ldm, copy_async, misc
 

@@ -1,18 +1,31 @@
-"""Host helpers shared by the tensor-core kernels (`kernels.flash_mma_fwd.mask_on_device`,
-`dropout_constants`), on the CPU: the device mask under Numba's CUDA simulator, the dropout
-constants against `ioaware.dropout`'s own hash; and the SASS loop scan of `kernels.mma_check`."""
+"""The host side of the tensor-core families, on the CPU: the dropout constants (`kernels.dropout`)
+against `ioaware.dropout`'s own hash, finished on the device by the kernels' hash chain (under
+Numba's CUDA simulator); the boolean mask on the device with its broadcast flags
+(`kernels.host.Call.mask`); device constants and the kernels' CSR schedules on the device
+(`kernels.host.device_const`, `kernels.tile_scheduler.device_schedule`); which problems the
+tensor-core families refuse and why (`supports`, `kernels.family_for`), with `ioaware` refusing
+invalid problems before any kernel is reached; and the SASS loop scan of `benchmarks.check`."""
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import pytest
+from numba import cuda   # a global, which the CUDA simulator replaces inside kernels
 
+import kernels
 from ioaware.dropout import fmix32, keep_mask
-from kernels.flash_mma_fwd import dropout_constants, mask_on_device
+from kernels import KernelConfig, host, mma_bwd, mma_fwd, tf32_bwd, tf32_fwd, tile_scheduler
+from kernels.dropout import DropoutConstants, dropout_constants, fmix_device
+
+from .helpers import kernel_problem
 
 
 @pytest.mark.parametrize("seed,p", [(0, 0.1), (3, 0.25), (2**40 + 7, 0.5), (5, 0.0)])
 def test_dropout_constants_regenerate_the_keep_mask(seed, p):
-    has_dropout, seed_hash, threshold, inv_keep = dropout_constants(seed, p)
+    consts = dropout_constants(seed, p)
+    assert isinstance(consts, DropoutConstants)
+    has_dropout, seed_hash, threshold, inv_keep = consts
     assert has_dropout == (p > 0) and inv_keep == pytest.approx(1 / (1 - p))
     if not has_dropout:
         assert threshold == 0
@@ -24,23 +37,239 @@ def test_dropout_constants_regenerate_the_keep_mask(seed, p):
     np.testing.assert_array_equal(h >= np.uint32(threshold), keep_mask(seed, p, bh, rows, cols))
 
 
-def test_mask_on_device_broadcast_flags_values_and_errors():
+def test_tensor_core_hash_chain_on_the_device_is_the_keep_mask():
+    """The tensor-core kernels' chain, ``fmix(fmix(fmix(seed_hash ^ bh) ^ row) ^ col) >=
+    threshold`` with `fmix_device`, run as a kernel (under the simulator on a CPU)."""
+    from numba import uint64
+    fmix = fmix_device()
+
+    @cuda.jit
+    def keep_bits(seed_hash, threshold, bh, out):
+        i, j = cuda.grid(2)
+        if i < out.shape[0] and j < out.shape[1]:
+            h_row = fmix(fmix(uint64(seed_hash) ^ uint64(bh)) ^ uint64(i))
+            out[i, j] = fmix(h_row ^ uint64(j)) >= uint64(threshold)
+
+    for seed, p, bh in ((3, 0.25, 5), (2**40 + 7, 0.5, 0), (11, 0.9, 17)):
+        c = dropout_constants(seed, p)
+        out = np.zeros((20, 30), np.uint8)
+        keep_bits[(3, 4), (8, 8)](c.seed_hash, c.threshold, bh, out)
+        want = keep_mask(seed, p, bh, np.arange(20)[:, None], np.arange(30)[None, :])
+        np.testing.assert_array_equal(out.astype(bool), want)
+
+
+def _problem(mask=None, b=2, h=4, n_q=5, n_k=7, d=64, dtype=np.float16, **kw):
+    z = lambda *shape: np.zeros(shape, dtype)  # noqa: E731
+    return kernel_problem(z(b, h, n_q, d), z(b, h, n_k, d), z(b, h, n_k, d), mask=mask, **kw)
+
+
+def test_mask_on_device_broadcast_flags_and_values():
     mask = np.random.default_rng(0).random((2, 1, 5, 7)) < 0.5
-    maskd, mb, mh, mq = mask_on_device(mask, "numpy", 2, 4, 5, 7)
+    maskd, mb, mh, mq = host.Call(_problem(mask)).mask()
     assert (mb, mh, mq) == (1, 0, 1)
     np.testing.assert_array_equal(maskd.copy_to_host(), mask.astype(np.uint8))
     key_pad = mask[:, :, :1]                       # [B, 1, 1, Nk]: a key-padding mask
-    assert mask_on_device(key_pad, "numpy", 2, 4, 5, 7)[1:] == (1, 0, 0)
-    dummy, *flags = mask_on_device(None, "numpy", 2, 4, 5, 7)
+    maskd, *flags = host.Call(_problem(key_pad)).mask()
+    assert flags == [1, 0, 0]
+    np.testing.assert_array_equal(maskd.copy_to_host(), key_pad.astype(np.uint8))
+    per_head = np.random.default_rng(1).random((4, 5, 7)) < 0.5     # [H, Nq, Nk]
+    maskd, *flags = host.Call(_problem(per_head)).mask()
+    assert flags == [0, 1, 1]
+    np.testing.assert_array_equal(maskd.copy_to_host(), per_head[None].astype(np.uint8))
+    dummy, *flags = host.Call(_problem()).mask()
     assert flags == [0, 0, 0] and dummy.copy_to_host().shape == (1, 1, 1, 1)
-    with pytest.raises(ValueError, match="mask must be boolean"):
-        mask_on_device(mask[..., :6], "numpy", 2, 4, 5, 7)
 
 
+def test_bad_masks_are_refused_before_the_kernels():
+    mask = np.ones((2, 1, 5, 7), bool)
+    with pytest.raises(ValueError, match="does not broadcast"):
+        _problem(mask[..., :6])
+    with pytest.raises(TypeError, match="mask must be boolean"):
+        _problem(mask.astype(np.uint8))
+
+
+def test_device_const_builds_once_per_key():
+    calls = []
+
+    def make():
+        calls.append(1)
+        return np.arange(6, dtype=np.int32), 7
+
+    key = ("test_tc_host", "device_const")
+    arr, seven = host.device_const(key, make)
+    again = host.device_const(key, make)
+    assert len(calls) == 1 and again[0] is arr and seven == 7
+    np.testing.assert_array_equal(arr.copy_to_host(), np.arange(6))
+    one = host.device_const(key + ("array",), lambda: np.ones(3, np.float32))
+    np.testing.assert_array_equal(one.copy_to_host(), np.ones(3, np.float32))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_device_schedules_are_the_kernels_csr_schedules(causal):
+    """`tile_scheduler.device_schedule` (a problem's schedule on the device, under the simulator
+    here) holds `csr_schedule`'s arrays, at the dQ and the dK/dV kernels' tiles, with and
+    without a block mask; it is built once per configuration."""
+    rng = np.random.default_rng(1)
+    block_mask = rng.random((1, 2, 3, 4)) > 0.3
+    for bm in (None, block_mask):
+        pb = _problem(b=1, h=2, n_q=150, n_k=120, causal=causal, block_mask=bm, block_q=64,
+                      block_k=32)
+        for which, tile_q, tile_k in (("kv", 64, 32), ("q", 16, 32), ("kv", 32, 16)):
+            got = tile_scheduler.device_schedule(pb, tile_q, tile_k, which)
+            want = tile_scheduler.csr_schedule(150, 120, tile_q, tile_k, causal, which, bm,
+                                               None if bm is None else (64, 32))
+            assert np.array_equal(got[0].copy_to_host(), want[0])
+            assert np.array_equal(got[1].copy_to_host(), want[1])
+            assert got[2:] == want[2:]
+            assert tile_scheduler.device_schedule(pb, tile_q, tile_k, which)[0] is got[0]
+
+
+# -- which problems the tensor-core families take ------------------------------------------------
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+@pytest.mark.parametrize("pass_", ["fwd", "bwd"])
+def test_ioaware_refuses_bad_problems_before_the_kernels(monkeypatch, dtype, pass_):
+    """Validation happens once, in `ioaware`: the numba backend refuses an invalid problem
+    before `kernels.forward` / `kernels.backward` is reached."""
+    import ioaware
+
+    def unreachable(*args, **kwargs):
+        raise AssertionError("an invalid problem reached the kernels")
+
+    monkeypatch.setattr(kernels, "forward", unreachable)
+    monkeypatch.setattr(kernels, "backward", unreachable)
+    z = lambda *shape: np.zeros(shape, dtype)  # noqa: E731
+
+    def call(q, k, v, **kw):
+        if pass_ == "fwd":
+            return ioaware.attention(q, k, v, backend="numba", **kw)
+        out = kw.pop("out", np.zeros_like(q))
+        lse = kw.pop("lse", np.zeros(q.shape[:-1], np.float32))
+        dout = kw.pop("dout", np.zeros_like(q))
+        return ioaware.attention_backward(q, k, v, out, lse, dout, backend="numba", **kw)
+
+    q, kv = z(1, 4, 8, 64), z(1, 2, 8, 64)
+    with pytest.raises(ValueError, match="k and v must have the same shape"):
+        call(q, kv, z(1, 2, 9, 64))
+    with pytest.raises(ValueError, match="multiple of the number of key/value heads"):
+        call(z(1, 3, 8, 64), kv, kv)
+    with pytest.raises(ValueError, match="same head dimension"):
+        call(z(1, 4, 8, 80), kv, kv)
+    with pytest.raises(ValueError, match="scale must be finite"):
+        call(q, kv, kv, scale=float("inf"))
+    with pytest.raises(ValueError, match="dropout_p"):
+        call(q, kv, kv, dropout_p=1.0, seed=0)
+    with pytest.raises(TypeError):
+        call(q, kv, kv.tolist())
+    with pytest.raises(ValueError, match="block_mask needs its block shape"):
+        call(q, kv, kv, block_mask=np.ones((1, 1, 1, 1), bool))
+    if pass_ == "bwd":
+        with pytest.raises(ValueError, match="lse must have shape"):
+            call(q, kv, kv, lse=np.zeros((1, 4, 9), np.float32))
+        with pytest.raises(ValueError, match="dout must have shape"):
+            call(q, kv, kv, dout=z(1, 4, 8, 32))
+
+
+@pytest.fixture
+def as_if_on_gpu(monkeypatch):
+    """Pretend a GPU of compute capability 9.0 is present, so that the tensor-core families'
+    `supports` reaches its checks of the problem on the CPU (nothing here launches)."""
+    monkeypatch.setattr(host, "real_gpu", lambda: True)
+    monkeypatch.setattr(host, "compute_capability", lambda device_id=0: (9, 0))
+    monkeypatch.setattr(host, "current_device_id", lambda: 0)
+
+
+#: family name -> (its forward and backward modules, the dtype it takes, one it does not)
+TC_FAMILIES = {"mma": (mma_fwd, mma_bwd, np.float16, np.float32),
+               "tf32": (tf32_fwd, tf32_bwd, np.float32, np.float16)}
+
+
+@pytest.mark.parametrize("family", ["mma", "tf32"])
+def test_tensor_core_families_take_their_problems(as_if_on_gpu, family):
+    fwd, bwd, dtype, _ = TC_FAMILIES[family]
+    for d in (64, 128):
+        for causal in (False, True):
+            pb = _problem(b=2, h=4, n_q=200, n_k=333, d=d, dtype=dtype, causal=causal)
+            assert fwd.supports(pb, KernelConfig()) is None
+            assert bwd.supports(pb, KernelConfig()) is None
+            assert kernels.family_for(pb) == family
+            assert kernels.family_for(pb, None, "bwd") == family
+            for order in ("tiles", "heads", 4):
+                assert kernels.family_for(pb, KernelConfig(launch_order=order)) == family
+
+
+@pytest.mark.parametrize("family", ["mma", "tf32"])
+def test_tensor_core_families_say_why_they_refuse(as_if_on_gpu, family):
+    fwd, bwd, dtype, other = TC_FAMILIES[family]
+    forced = KernelConfig(family=family)
+
+    def refused(pb, match, config=KernelConfig(), passes=("fwd", "bwd")):
+        """Each pass of the family refuses ``pb`` with a reason matching ``match``; forcing
+        the family raises that reason; the registry runs another family."""
+        for pass_ in passes:
+            mod = fwd if pass_ == "fwd" else bwd
+            why = mod.supports(pb, config)
+            assert why is not None and match in why, (pass_, why)
+            with pytest.raises(ValueError, match=match):
+                kernels.family_for(pb, dataclasses.replace(config, family=family), pass_)
+            try:
+                assert kernels.family_for(pb, config, pass_) != family
+            except ValueError:          # no family runs it (e.g. a forced launch order)
+                pass
+
+    refused(_problem(d=96, dtype=dtype), "head_dim")
+    refused(_problem(d=32, dtype=dtype), "head_dim")
+    refused(_problem(dtype=other), "inputs, got")
+    # the tensor-core backwards choose their own tiles
+    refused(_problem(dtype=dtype), "chooses its own tiles", KernelConfig(block_q=64),
+            passes=("bwd",))
+    # block-mask tiles the tensor-core backwards cannot tile (not multiples of 16)
+    refused(_problem(n_q=64, n_k=64, dtype=dtype, block_mask=np.ones((1, 1, 8, 8), bool),
+                     block_q=8, block_k=8), "multiples of 16", passes=("bwd",))
+    # forward tiles it is not built for
+    refused(_problem(d=128, dtype=dtype), "block_k", KernelConfig(block_k=8), passes=("fwd",))
+    refused(_problem(d=64, dtype=dtype, n_q=96, n_k=64,
+                     block_mask=np.ones((1, 1, 2, 1), bool), block_q=48, block_k=64),
+            "block_q", passes=("fwd",))
+    # the mask's tiles at the backward's tiling: 48 = 3 x 16 is fine there
+    pb = _problem(d=64, dtype=dtype, n_q=96, n_k=64, block_mask=np.ones((1, 1, 2, 1), bool),
+                  block_q=48, block_k=64)
+    assert bwd.supports(pb, KernelConfig()) is None
+    assert kernels.family_for(pb, forced, "bwd") == family
+    if family == "tf32":
+        # tiles whose copy assignment the split layout cannot use
+        assert not tf32_fwd.presplit_ok(128, 32, 16)
+        refused(_problem(d=128, dtype=dtype), "presplit_ok",
+                KernelConfig(block_q=32, block_k=16), passes=("fwd",))
+
+
+@pytest.mark.parametrize("family", ["mma", "tf32"])
+def test_tensor_core_families_need_compute_capability_8(as_if_on_gpu, monkeypatch, family):
+    fwd, bwd, dtype, _ = TC_FAMILIES[family]
+    monkeypatch.setattr(host, "compute_capability", lambda device_id=0: (7, 5))
+    pb = _problem(dtype=dtype)
+    for mod in (fwd, bwd):
+        assert "compute capability 8.0" in mod.supports(pb, KernelConfig())
+    assert kernels.family_for(pb) == "simt" and kernels.family_for(pb, None, "bwd") == "simt"
+
+
+@pytest.mark.parametrize("family", ["mma", "tf32"])
+def test_tensor_core_families_take_nothing_under_the_simulator(family):
+    if not host.simulator():
+        pytest.skip("a real GPU runs the kernels")
+    fwd, bwd, dtype, _ = TC_FAMILIES[family]
+    pb = _problem(dtype=dtype)
+    for mod, pass_ in ((fwd, "fwd"), (bwd, "bwd")):
+        assert "real CUDA GPU" in mod.supports(pb, KernelConfig())
+        assert kernels.family_for(pb, None, pass_) == "simt"
+        with pytest.raises(ValueError, match="real CUDA GPU"):
+            kernels.family_for(pb, KernelConfig(family=family), pass_)
+
+
+# -- benchmarks.check ----------------------------------------------------------------------------
 def test_local_memory_inside_loops_of_a_sass_listing():
-    """`kernels.mma_check.local_in_loops` counts LDL/STL between a label and a later branch back
+    """`benchmarks.check.local_in_loops` counts LDL/STL between a label and a later branch back
     to it, and not those before the loop or after a forward branch."""
-    from kernels.mma_check import local_in_loops
+    local_in_loops = pytest.importorskip("benchmarks.check").local_in_loops
     sass = "\n".join([
         "        /*0000*/   STL [R1], R2 ;",            # before any loop
         ".L_x_1:",
@@ -56,73 +285,3 @@ def test_local_memory_inside_loops_of_a_sass_listing():
     assert local_in_loops(sass) == 1
     # a back edge at the end makes everything after .L_x_1 one loop
     assert local_in_loops(sass.replace("EXIT ;", "BRA `(.L_x_1) ;")) == 3
-
-
-@pytest.fixture
-def as_if_on_gpu(monkeypatch):
-    """The entry points' checks run before any GPU work: pretend the GPU check passed, so
-    that every later check is reached on the CPU (each case below raises before a launch)."""
-    from kernels import fastlaunch
-    monkeypatch.setattr(fastlaunch, "real_gpu", lambda: True)
-
-
-def _bwd_args(q, k, v):
-    return dict(out=np.zeros_like(q), lse=np.zeros(q.shape[:-1], np.float32),
-                dout=np.zeros_like(q))
-
-
-@pytest.mark.parametrize("module,dtype,name", [("flash_mma_fwd", np.float16, "tensor-core"),
-                                               ("flash_tf32_fwd", np.float32, "3xTF32"),
-                                               ("flash_mma_bwd", np.float16, "tensor-core"),
-                                               ("flash_tf32_bwd", np.float32, "3xTF32")])
-def test_tensor_core_entry_points_refuse_bad_problems(as_if_on_gpu, module, dtype, name):
-    import importlib
-    mod = importlib.import_module(f"kernels.{module}")
-    backward = module.endswith("bwd")
-
-    def call(q, k, v, **kw):
-        extra = _bwd_args(q, k, v) if backward else {}
-        extra.update(kw)
-        if backward:
-            return mod.backward(q, k, v, extra.pop("out"), extra.pop("lse"), extra.pop("dout"),
-                                **extra)
-        return mod.forward(q, k, v, **extra)
-
-    z = lambda *shape: np.zeros(shape, dtype)  # noqa: E731
-    q, kv = z(1, 4, 8, 64), z(1, 2, 8, 64)
-    with pytest.raises(ValueError, match="4-D"):
-        call(z(4, 8, 64), z(4, 8, 64), z(4, 8, 64), scale=0.1)
-    with pytest.raises(ValueError, match="k and v must be"):
-        call(q, kv, z(1, 2, 9, 64), scale=0.1)
-    with pytest.raises(ValueError, match="multiple of key/value heads"):
-        call(z(1, 3, 8, 64), kv, kv, scale=0.1)
-    with pytest.raises(ValueError, match=f"for the {name} kernel"):
-        call(z(1, 4, 8, 80), z(1, 2, 8, 80), z(1, 2, 8, 80), scale=0.1)
-    with pytest.raises(ValueError, match="scale must be a positive"):
-        call(q, kv, kv, scale=0.0)
-    with pytest.raises(ValueError, match="dropout_p"):
-        call(q, kv, kv, scale=0.1, dropout_p=1.0)
-    with pytest.raises(TypeError):
-        call(q, kv, kv.tolist(), scale=0.1)
-    if backward:
-        with pytest.raises(ValueError, match="lse must have shape"):
-            call(q, kv, kv, scale=0.1, lse=np.zeros((1, 4, 9), np.float32))
-        with pytest.raises(ValueError, match="dout must have q's shape"):
-            call(q, kv, kv, scale=0.1, dout=z(1, 4, 8, 32))
-
-
-@pytest.mark.parametrize("causal", [False, True])
-def test_device_schedules_are_the_kernels_csr_schedules(causal):
-    """`kernels.flash_mma_bwd.device_schedules` (both backwards' schedules on the device, under
-    the simulator here) holds `_schedules`' arrays for the dQ and the dK/dV tiles, with and
-    without a block mask."""
-    from kernels.flash_mma_bwd import _schedules, device_schedules
-    rng = np.random.default_rng(1)
-    block_mask = rng.random((1, 2, 3, 4)) > 0.3
-    for bm, bq, bk in ((None, None, None), (block_mask, 64, 32)):
-        kv, q = device_schedules(bm, bq, bk, 150, 120, (64, 32), (32, 16), causal, 1, 2)
-        for got, which, tile in ((kv, "kv", (64, 32)), (q, "q", (32, 16))):
-            want = _schedules(bm, bq, bk, 150, 120, tile[0], tile[1], causal, 1, 2, which)
-            assert np.array_equal(got[0].copy_to_host(), want[0])
-            assert np.array_equal(got[1].copy_to_host(), want[1])
-            assert got[2:] == want[2:]

@@ -1,9 +1,11 @@
-"""Tests of the 3xTF32 tensor-core float32 backward (`kernels.flash_tf32_bwd.backward`).
+"""Tests of the 3xTF32 tensor-core float32 backward (`kernels.tf32_bwd`, the ``tf32`` family).
 
 GPU tests (marked ``gpu``; the CUDA simulator cannot execute inline PTX) draw fresh random
 float32 inputs, run the 3xTF32 forward for ``out`` and ``lse`` (or, for tiles it has not, take
-them from the float64 reference) and the backward, and compare dq, dk, dv with float64
-gradients of the same float32 inputs. The CPU tests at the end cover the host-side tile choice.
+them from the float64 reference) and the backward, both with the family forced
+(``KernelConfig(family="tf32")``: a problem the family cannot run raises instead of running on
+another family), and compare dq, dk, dv with float64 gradients of the same float32 inputs. The
+CPU tests at the end cover the host-side tile choice and configuration.
 
 Tolerance: the float32 CUDA-core kernel's for gradients (`tests/test_kernels.py`): max abs
 error <= 5 x 2e-4 relative to max(1, the largest reference magnitude), per gradient.
@@ -23,11 +25,15 @@ import math
 import numpy as np
 import pytest
 
-from .helpers import dense_attention_reference
-from kernels import flash_tf32_bwd as bwd_mod
+import kernels
+from kernels import KernelConfig, host, tf32_fwd
+from kernels import tf32_bwd as bwd_mod
+
+from .helpers import dense_attention_reference, kernel_problem, kernels_backward, kernels_forward
 
 gpu = pytest.mark.gpu
 TOL = 5 * 2e-4
+TF32 = KernelConfig(family="tf32")
 
 
 def _torch_cuda():
@@ -73,23 +79,23 @@ def _assert_grads(got, want):
 
 
 def _run_and_check(q, k, v, dout, *, scale, causal=False, mask=None, block_mask=None,
-                   block_q=None, block_k=None, dropout_p=0.0, seed=0, block_allowed=None):
+                   block_q=None, block_k=None, dropout_p=0.0, seed=0, block_allowed=None,
+                   launch_order=None):
     """Our backward on ``out``/``lse`` from the 3xTF32 forward (from the float64 reference,
-    rounded to float32, where the forward has no such tiles), checked against float64."""
+    rounded to float32, where the forward has no tiles for the block mask's), checked against
+    float64. ``block_q``/``block_k`` are the block mask's tiles."""
     torch = _torch_cuda()
-    from kernels import flash_tf32_fwd
+    config = KernelConfig(family="tf32", launch_order=launch_order)
+    kw = dict(scale=scale, causal=causal, mask=mask, block_mask=block_mask, block_q=block_q,
+              block_k=block_k, dropout_p=dropout_p, seed=seed)
     want = reference_grads(q, k, v, dout, scale, causal=causal, mask=mask,
                            block_allowed=block_allowed, dropout_p=dropout_p, seed=seed)
-    if flash_tf32_fwd.accepts(q, k, v, block_q, block_k, block_mask=block_mask):
-        out, lse = flash_tf32_fwd.forward(q, k, v, scale=scale, causal=causal, mask=mask,
-                                          block_mask=block_mask, dropout_p=dropout_p, seed=seed,
-                                          block_q=block_q, block_k=block_k)
+    if tf32_fwd.supports(kernel_problem(q, k, v, **kw), config) is None:
+        out, lse = kernels_forward(q, k, v, config=config, **kw)
     else:
         out = torch.from_numpy(want["out"]).to(device="cuda", dtype=torch.float32)
         lse = torch.from_numpy(want["lse"]).to(device="cuda", dtype=torch.float32)
-    dq, dk, dv = bwd_mod.backward(q, k, v, out, lse, dout, scale=scale, causal=causal, mask=mask,
-                                  block_mask=block_mask, dropout_p=dropout_p, seed=seed,
-                                  block_q=block_q, block_k=block_k)
+    dq, dk, dv = kernels_backward(q, k, v, out, lse, dout, config=config, **kw)
     for x in (dq, dk, dv):
         assert x.dtype == torch.float32
     assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
@@ -103,6 +109,7 @@ def _run_and_check(q, k, v, dout, *, scale, causal=False, mask=None, block_mask=
 def test_backward_matches_float64(head_dim, causal):
     # Nq != Nk, neither a multiple of the tiles, GQA 4 query heads on 2 kv heads
     q, k, v, dout = _inputs((2, 4, 200, head_dim), (2, 2, 333, head_dim), seed=head_dim + causal)
+    assert kernels.family_for(kernel_problem(q, k, v, causal=causal), None, "bwd") == "tf32"
     _run_and_check(q, k, v, dout, scale=1 / math.sqrt(head_dim), causal=causal)
 
 
@@ -129,7 +136,8 @@ def test_boolean_mask_with_fully_masked_rows_and_columns(head_dim):
 
 
 @gpu
-@pytest.mark.parametrize("head_dim,blocks", [(128, (64, 32)), (64, (128, 64)), (64, (48, 16))])
+@pytest.mark.parametrize("head_dim,blocks", [(128, (64, 32)), (64, (128, 64)), (64, (48, 16)),
+                                             (128, (64, 64))])
 def test_block_sparse(head_dim, blocks):
     q, k, v, dout = _inputs((1, 4, 256, head_dim), (1, 2, 256, head_dim), seed=5)
     bq, bk = blocks
@@ -148,73 +156,42 @@ def test_dropout(head_dim):
                    dropout_p=0.2, seed=1234)
 
 
-#: head_dim-128 configurations other than the default (`flash_tf32_bwd.VARIANT_ENV`): the
-#: previous default (static 16-row stages, k-loops not unrolled), the default's stages with
-#: other unrolls, and the pre-split B operands at 16/16, 32/32 and 32/16 stages
-VARIANTS_D128 = ["presplit=0,dq_bk=16,kv_bq=16,unroll=1", "presplit=0,unroll=1",
-                 "presplit=0,unroll=4", "presplit=1,dq_bk=16,kv_bq=16",
-                 "presplit=1,dq_bk=32,kv_bq=32,unroll=2", "presplit=1,dq_bk=32,kv_bq=16",
-                 "presplit=1,dq_bk=32,kv_bq=16,unroll=1", "presplit=1,unroll=4"]
-
-
 @gpu
-@pytest.mark.parametrize("variant", VARIANTS_D128)
-@pytest.mark.parametrize("causal", [False, True])
-def test_d128_variants_match_float64(variant, causal, monkeypatch):
-    monkeypatch.setenv(bwd_mod.VARIANT_ENV, variant)
-    q, k, v, dout = _inputs((2, 4, 200, 128), (2, 2, 333, 128), seed=40 + causal)
-    _run_and_check(q, k, v, dout, scale=1 / math.sqrt(128), causal=causal)
-
-
-@gpu
-@pytest.mark.parametrize("variant", ["presplit=0,dq_bk=16,kv_bq=16,unroll=1",
-                                     "presplit=1,dq_bk=32,kv_bq=32,unroll=2"])
-def test_d128_variants_mask_dropout_block_sparse(variant, monkeypatch):
+def test_d128_mask_and_dropout_together():
+    # d=128 with dropout takes the 16-query dK/dV kernel (`dkdv_dropout_config`); here with a
+    # boolean mask and causal as well
     torch = _torch_cuda()
-    monkeypatch.setenv(bwd_mod.VARIANT_ENV, variant)
     q, k, v, dout = _inputs((1, 2, 150, 128), (1, 2, 170, 128), seed=12)
     g = torch.Generator(device="cuda").manual_seed(4)
     mask = torch.rand((1, 1, 150, 170), device="cuda", generator=g) > 0.3
     _run_and_check(q, k, v, dout, scale=0.09, causal=True, mask=mask, dropout_p=0.1, seed=9)
-    q, k, v, dout = _inputs((1, 4, 256, 128), (1, 2, 256, 128), seed=6)
-    rng = np.random.default_rng(1)
-    block_mask = rng.random((1, 4, 256 // 64, 256 // 64)) > 0.4
-    allowed = np.repeat(np.repeat(block_mask, 64, axis=2), 64, axis=3)
-    _run_and_check(q, k, v, dout, scale=0.09, block_mask=block_mask, block_q=64, block_k=64,
-                   block_allowed=allowed)
 
 
 @gpu
-def test_numpy_and_numba_float32_inputs():
+def test_numpy_float32_inputs():
     torch = _torch_cuda()
-    from numba import cuda
-
-    from kernels.flash_tf32_fwd import forward
     rng = np.random.default_rng(2)
     q = rng.standard_normal((1, 3, 300, 64)).astype(np.float32)
     k = rng.standard_normal((1, 1, 257, 64)).astype(np.float32)
     v = rng.standard_normal((1, 1, 257, 64)).astype(np.float32)
     dout = rng.standard_normal((1, 3, 300, 64)).astype(np.float32)
-    qd, kd, vd = (cuda.to_device(x) for x in (q, k, v))
-    out, lse = forward(qd, kd, vd, scale=0.125, causal=True)
-    assert bwd_mod.accepts(qd, kd, vd) and not bwd_mod.accepts(q, k, v)
-    dq, dk, dv = bwd_mod.backward(q, k, v, out.copy_to_host(), lse.copy_to_host(), dout,
-                                  scale=0.125, causal=True)
+    assert kernels.family_for(kernel_problem(q, k, v), None, "bwd") == "tf32"
+    out, lse = kernels_forward(q, k, v, config=TF32, scale=0.125, causal=True)
+    dq, dk, dv = kernels_backward(q, k, v, out, lse, dout, config=TF32, scale=0.125, causal=True)
     assert isinstance(dq, np.ndarray) and dq.dtype == np.float32 and dk.shape == k.shape
     want = reference_grads(*(torch.from_numpy(x) for x in (q, k, v, dout)), 0.125, causal=True)
     _assert_grads((dq, dk, dv), want)
-    got_d = bwd_mod.backward(qd, kd, vd, out, lse, cuda.to_device(dout), scale=0.125,
-                             causal=True)
-    for a, b in zip(got_d, (dq, dk, dv)):
-        np.testing.assert_array_equal(a.copy_to_host(), b)
+    # the same kernels on torch CUDA tensors give the same bits
+    qt, kt, vt, ot, lt, dot = (torch.from_numpy(x).cuda() for x in (q, k, v, out, lse, dout))
+    got = kernels_backward(qt, kt, vt, ot, lt, dot, config=TF32, scale=0.125, causal=True)
+    for a, b in zip(got, (dq, dk, dv)):
+        np.testing.assert_array_equal(a.cpu().numpy(), b)
 
 
 @gpu
 def test_autograd_through_attention_uses_tensor_cores(monkeypatch):
     """ioaware.attention(backend="numba") on float32 CUDA tensors with requires_grad: the
-    backward dispatches here (unless KERNELS_FP32_TENSOR_CORES=0) and matches float64."""
-    import os
-
+    backward dispatches here and matches float64."""
     import ioaware
     q, k, v, dout = _inputs((2, 4, 160, 64), (2, 2, 150, 64), seed=3)
     calls = []
@@ -223,8 +200,7 @@ def test_autograd_through_attention_uses_tensor_cores(monkeypatch):
     qg, kg, vg = (x.clone().requires_grad_(True) for x in (q, k, v))
     out = ioaware.attention(qg, kg, vg, causal=True, backend="numba")
     out.backward(dout)
-    if os.environ.get("KERNELS_FP32_TENSOR_CORES", "1") != "0":
-        assert calls, "kernels.backward did not dispatch to the 3xTF32 backward"
+    assert calls, "kernels.backward did not dispatch to the 3xTF32 backward"
     want = reference_grads(q, k, v, dout, 1 / 8, causal=True)
     for g in (qg.grad, kg.grad, vg.grad):
         assert g.dtype == q.dtype
@@ -232,69 +208,92 @@ def test_autograd_through_attention_uses_tensor_cores(monkeypatch):
 
 
 @gpu
-def test_bad_inputs_raise():
+def test_problems_the_family_refuses():
     torch = _torch_cuda()
+    import ioaware
     q, k, v, dout = _inputs((1, 1, 32, 80), (1, 1, 32, 80), seed=0)
     lse = torch.zeros((1, 1, 32), device="cuda")
-    assert not bwd_mod.accepts(q, k, v)
+    assert "head_dim" in bwd_mod.supports(kernel_problem(q, k, v), KernelConfig())
     with pytest.raises(ValueError, match="head_dim"):
-        bwd_mod.backward(q, k, v, q, lse, dout, scale=0.1)
+        kernels_backward(q, k, v, q, lse, dout, config=TF32, scale=0.1)
     q, k, v, dout = _inputs((1, 1, 32, 64), (1, 1, 32, 64), seed=0)
-    assert bwd_mod.accepts(q, k, v) and not bwd_mod.accepts(q.half(), k.half(), v.half())
+    assert bwd_mod.supports(kernel_problem(q, k, v), KernelConfig()) is None
+    half = kernel_problem(q.half(), k.half(), v.half())
+    assert "float32" in bwd_mod.supports(half, KernelConfig())
+    assert kernels.family_for(half, None, "bwd") == "mma"
+    # the shapes of out, lse and dout are checked by ioaware, before the kernels
     with pytest.raises(ValueError, match="lse"):
-        bwd_mod.backward(q, k, v, q, lse[:, :, :8], dout, scale=0.1)
+        ioaware.attention_backward(q, k, v, q, lse[:, :, :8], dout, scale=0.1, backend="numba")
     with pytest.raises(ValueError, match="multiples of 16"):
-        bwd_mod.backward(q, k, v, q, lse, dout, scale=0.1, block_mask=np.ones((1, 1, 4, 4), bool),
-                         block_q=8, block_k=8)
-    with pytest.raises(TypeError, match="dout"):
-        bwd_mod.backward(q, k, v, q, lse, dout.half(), scale=0.1)
+        kernels_backward(q, k, v, q, lse, dout, config=TF32, scale=0.1,
+                         block_mask=np.ones((1, 1, 4, 4), bool), block_q=8, block_k=8)
+    with pytest.raises(ValueError, match="chooses its own tiles"):
+        kernels_backward(q, k, v, q, lse, dout, scale=0.1,
+                         config=KernelConfig(family="tf32", block_k=32))
 
 
-# -- CPU: tile choice ----------------------------------------------------------------------------
+@gpu
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("order", ["heads", "tiles", 4])
+def test_launch_orders(head_dim, causal, order):
+    # each launch order (kernels.tile_scheduler: heads first, tiles first, groups of 4 heads)
+    # forced, forward and backward; more tiles than one wave would need and more heads than
+    # tiles, GQA, Nq != Nk
+    q, k, v, dout = _inputs((3, 6, 261, head_dim), (3, 2, 397, head_dim), seed=head_dim + 5)
+    _run_and_check(q, k, v, dout, scale=1 / math.sqrt(head_dim), causal=causal,
+                   launch_order=order)
+
+
+# -- CPU: tile choice and configuration ----------------------------------------------------------
+def _problem(d, n_q=64, n_k=64, dtype=np.float32, **kw):
+    z = lambda *shape: np.zeros(shape, dtype)  # noqa: E731
+    return kernel_problem(z(1, 1, n_q, d), z(1, 1, n_k, d), z(1, 1, n_k, d), **kw)
+
+
 def test_kernel_tiles_divide_the_block_mask_tiles_and_fit():
-    assert bwd_mod.kernel_tiles(80) is None
-    assert bwd_mod.kernel_tiles(64) == ((64, 32), (64, 32))
-    assert bwd_mod.kernel_tiles(128, 7, 9) == ((64, 32), (64, 32))   # no block mask: ignored
+    assert bwd_mod.tiles(_problem(64)) == ((64, 32), (64, 32))
+    assert bwd_mod.tiles(_problem(128)) == ((64, 32), (64, 32))
+    # without a block mask the problem's block_q / block_k do not change the tiles
+    assert bwd_mod.tiles(_problem(128, block_q=7, block_k=9)) == ((64, 32), (64, 32))
     for d in (64, 128):
         for bq in (16, 32, 48, 64, 128, 192):
             for bk in (16, 32, 64, 96, 128):
-                (dq_q, dq_k), (kv_k, kv_q) = bwd_mod.kernel_tiles(d, bq, bk, True)
+                pb = _problem(d, 200, 333, block_mask=np.ones((1, 1, 1, 1), bool), block_q=bq,
+                              block_k=bk)
+                (dq_q, dq_k), (kv_k, kv_q) = bwd_mod.tiles(pb)
                 assert bq % dq_q == 0 and bq % kv_q == 0 and bk % dq_k == 0 and bk % kv_k == 0
                 # d=64: static (48 KiB); d=128: dynamic, three blocks of four warps per SM
                 limit = bwd_mod.SMEM_LIMIT_BYTES if d == 64 else 228 * 1024 // 3
+                # with dropout at d=128 the dK/dV kernel takes 16-query stages
+                kv_qs = {kv_q, bwd_mod.dkdv_dropout_config(d, kv_q, True).get("block_q", kv_q)}
                 assert bwd_mod.dq_smem_bytes(d, dq_k) <= limit
-                assert bwd_mod.dkdv_smem_bytes(d, kv_q) <= limit
+                assert all(bwd_mod.dkdv_smem_bytes(d, s) <= limit for s in kv_qs)
                 # the cp.async tile copies divide evenly among the threads
-                for rows, stage in ((dq_q, dq_k), (kv_k, kv_q)):
+                for rows, stage in [(dq_q, dq_k)] + [(kv_k, s) for s in kv_qs]:
                     threads, chunks = 2 * rows, d // 4
                     assert stage * chunks % threads == 0 and threads % chunks == 0
-    assert bwd_mod.kernel_tiles(64, 24, 64, True) is None
-    assert bwd_mod.kernel_tiles(64, None, 64, True) is None
+    pb = _problem(64, block_mask=np.ones((1, 1, 1, 1), bool), block_q=24, block_k=64)
+    assert bwd_mod.tiles(pb) is None
 
 
-def test_default_config_and_variant_env(monkeypatch):
-    monkeypatch.delenv(bwd_mod.VARIANT_ENV, raising=False)
-    assert bwd_mod.default_config(64) == {"dq": (64, 32), "dkdv": (64, 32), "presplit": False,
-                                          "unroll": 1}
-    assert bwd_mod.default_config(128) == {"dq": (64, 32), "dkdv": (64, 32), "presplit": False,
-                                           "unroll": 2}
-    assert bwd_mod.dq_smem_bytes(64, 32) == 4 * 32 * 68 * 4          # static, as before
+def test_default_config():
+    assert bwd_mod.default_config(64) == {"dq": (64, 32), "dkdv": (64, 32), "unroll": 1}
+    assert bwd_mod.default_config(128) == {"dq": (64, 32), "dkdv": (64, 32), "unroll": 2}
+    for d in (64, 128):
+        cfg = bwd_mod.default_config(d)
+        assert bwd_mod.default_tiles(d) == {"dq": cfg["dq"], "dkdv": cfg["dkdv"]}
+        cfg["dq"] = None                                         # a copy
+        assert bwd_mod.default_config(d)["dq"] == (64, 32)
+    assert bwd_mod.dq_smem_bytes(64, 32) == 4 * 32 * 68 * 4          # static
     assert bwd_mod.dq_smem_bytes(128, 32) == 4 * 32 * 132 * 4        # dynamic (> 48 KiB)
-    assert bwd_mod.dq_smem_bytes(128, 32, True) == (2 * 32 * 128 + 4 * 32 * 132) * 4
-    monkeypatch.setenv(bwd_mod.VARIANT_ENV, "presplit=0, dq_bk=16,kv_bq=16,unroll=1")
-    assert bwd_mod.default_config(128) == {"dq": (64, 16), "dkdv": (64, 16), "presplit": False,
-                                           "unroll": 1}
-    assert bwd_mod.default_config(64)["presplit"] is False          # d=64 ignores it
-    monkeypatch.setenv(bwd_mod.VARIANT_ENV, "bogus=1")
-    with pytest.raises(ValueError, match="unknown"):
-        bwd_mod.default_config(128)
+    assert bwd_mod.dkdv_smem_bytes(64, 32) == 4 * 32 * 68 * 4 + 16 * 32
+    assert bwd_mod.dkdv_smem_bytes(128, 16) == 4 * 16 * 132 * 4 + 16 * 16
 
 
-def test_dkdv_dropout_config(monkeypatch):
-    monkeypatch.delenv(bwd_mod.VARIANT_ENV, raising=False)
+def test_dkdv_dropout_config():
     # d=128 with dropout: the spill-free 16-query dK/dV kernel; otherwise the defaults
-    assert bwd_mod.dkdv_dropout_config(128, 32, True) == {"block_q": 16, "unroll": 1,
-                                                          "presplit": False}
+    assert bwd_mod.dkdv_dropout_config(128, 32, True) == {"block_q": 16, "unroll": 1}
     assert bwd_mod.dkdv_dropout_config(128, 16, True) == {}
     assert bwd_mod.dkdv_dropout_config(128, 32, False) == {}
     assert bwd_mod.dkdv_dropout_config(64, 32, True) == {}
@@ -306,19 +305,9 @@ def test_operands_in_registers():
     assert bwd_mod.operands_in_registers("dq", 128) == (False, False)
 
 
-def test_accepts_nothing_under_the_simulator_or_on_the_host():
-    q = np.zeros((1, 1, 16, 64), np.float32)
-    assert not bwd_mod.accepts(q, q, q)
-
-
-@gpu
-@pytest.mark.parametrize("head_dim", [64, 128])
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("order", ["heads", "tiles", "4"])
-def test_launch_orders(monkeypatch, head_dim, causal, order):
-    # each launch order (kernels.tile_order: heads first, tiles first, groups of 4 heads)
-    # forced, forward and backward; more tiles than one
-    # wave would need and more heads than tiles, GQA, Nq != Nk
-    monkeypatch.setenv("KERNELS_TILE_ORDER", order)
-    q, k, v, dout = _inputs((3, 6, 261, head_dim), (3, 2, 397, head_dim), seed=head_dim + 5)
-    _run_and_check(q, k, v, dout, scale=1 / math.sqrt(head_dim), causal=causal)
+def test_nothing_runs_here_under_the_simulator():
+    if not host.simulator():
+        pytest.skip("a real GPU runs the kernels")
+    pb = _problem(64)
+    assert "real CUDA GPU" in bwd_mod.supports(pb, KernelConfig())
+    assert kernels.family_for(pb, None, "bwd") == "simt"

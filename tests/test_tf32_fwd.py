@@ -1,7 +1,9 @@
-"""GPU exactness tests of the 3xTF32 tensor-core forward (`kernels.flash_tf32_fwd.forward`).
+"""GPU exactness tests of the 3xTF32 tensor-core forward (`kernels.tf32_fwd`, the ``tf32`` family).
 
 Marked ``gpu``: the CUDA simulator cannot execute inline PTX. Each case draws fresh random
-float32 inputs and compares against float64 softmax(Q K^T * scale) V of the same values.
+float32 inputs, runs `kernels.forward` with the family forced (``KernelConfig(family="tf32")``:
+a problem the family cannot run raises instead of running on another family) and compares
+against float64 softmax(Q K^T * scale) V of the same values.
 
 Tolerance: the float32 CUDA-core kernel's, 2e-4 relative to the largest reference magnitude
 (`tests/test_kernels.py`), for out and lse. Justification: with the 3xTF32 split every product
@@ -24,11 +26,23 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():  # pragma: no cover - CPU-only torch
     pytest.skip("torch has no CUDA here", allow_module_level=True)
 
-from .helpers import dense_attention_reference  # noqa: E402
-from kernels import flash_tf32_fwd  # noqa: E402
-from kernels.flash_tf32_fwd import forward  # noqa: E402
+import kernels  # noqa: E402
+from kernels import KernelConfig, tf32_fwd, tile_scheduler  # noqa: E402
+
+from .helpers import dense_attention_reference, kernel_problem, kernels_forward  # noqa: E402
 
 TOL = 2e-4
+
+
+def forward(q, k, v, *, block_q=None, block_k=None, launch_order=None, **kw):
+    """`kernels.forward` on the ``tf32`` family with these kernel tiles and launch order (with
+    a ``block_mask``, ``block_q``/``block_k`` are its tiles and the family chooses its own)."""
+    if kw.get("block_mask") is not None:
+        kw.update(block_q=block_q, block_k=block_k)
+        block_q = block_k = None
+    config = KernelConfig(family="tf32", block_q=block_q, block_k=block_k,
+                          launch_order=launch_order)
+    return kernels_forward(q, k, v, config=config, **kw)
 
 
 def reference(q, k, v, scale, causal=False, mask=None, block_allowed=None, dropout_p=0.0,
@@ -70,19 +84,41 @@ def test_forward_matches_float64(head_dim, causal):
     # Nq != Nk, neither a multiple of the tiles, GQA 4 query heads on 2 kv heads
     q, k, v = _inputs((2, 4, 200, head_dim), (2, 2, 333, head_dim), seed=head_dim + causal)
     scale = 1 / math.sqrt(head_dim)
+    assert kernels.family_for(kernel_problem(q, k, v, scale=scale, causal=causal)) == "tf32"
     out, lse = forward(q, k, v, scale=scale, causal=causal)
     assert out.dtype == torch.float32 and out.shape == q.shape and lse.dtype == torch.float32
     _check(q, k, v, out, lse, scale=scale, causal=causal)
 
 
-@pytest.mark.parametrize("head_dim,blocks", [(64, (None, None)), (64, (128, 32)),
+@pytest.mark.parametrize("head_dim,blocks", [(64, (None, None)), (64, (64, 32)),
                                              (64, (32, 16)), (128, (None, None)),
-                                             (128, (32, 16))])
+                                             (128, (64, 16))])
 def test_large_logits_and_long_rows(head_dim, blocks):
     # adversarial: scale 10 gives logits up to ~+-300 (online max must rescale), 1100 keys
     q, k, v = _inputs((1, 2, 130, head_dim), (1, 2, 1100, head_dim), seed=7)
     out, lse = forward(q, k, v, scale=10.0, causal=False, block_q=blocks[0], block_k=blocks[1])
     _check(q, k, v, out, lse, scale=10.0)
+
+
+#: Every (block_q, block_k) of `tf32_fwd.BLOCK_Q_CHOICES` x `BLOCK_K_CHOICES` whose copy
+#: assignment the split layout can use (`tf32_fwd.presplit_ok`): 8, 4 or 2 warps; 32-key
+#: stages (one split stage) and 16-key stages (two, used alternately)
+TILES = [(d, bq, bk) for d in (64, 128) for bq in tf32_fwd.BLOCK_Q_CHOICES
+         for bk in tf32_fwd.BLOCK_K_CHOICES if tf32_fwd.presplit_ok(d, bq, bk)]
+
+
+@pytest.mark.parametrize("head_dim,bq,bk", TILES)
+@pytest.mark.parametrize("causal", [False, True])
+def test_every_tiling_matches_float64(head_dim, bq, bk, causal):
+    # tails (Nq, Nk not multiples of any tile), GQA, causal; the default tiles (128 x 32) among
+    # them
+    q, k, v = _inputs((2, 4, 300, head_dim), (2, 2, 333, head_dim), seed=head_dim + 3 * causal)
+    scale = 1 / math.sqrt(head_dim)
+    out, lse = forward(q, k, v, scale=scale, causal=causal, block_q=bq, block_k=bk)
+    _check(q, k, v, out, lse, scale=scale, causal=causal)
+    kern = tf32_fwd.get_kernel(head_dim, bq, bk, causal, False, False,
+                               tile_scheduler.head_group(None, causal, "fwd"))
+    print(head_dim, (bq, bk), kern.config, kern.smem_bytes)
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])
@@ -108,83 +144,9 @@ def test_block_sparse_and_dropout(head_dim, bq, bk):
     _check(q, k, v, out, lse, scale=0.09, block_allowed=allowed, dropout_p=0.2, seed=1234)
 
 
-def test_mqa_strided_and_numba_arrays():
-    from numba import cuda
-    # one kv head for 3 query heads; q non-contiguous ([B, N, H, d] storage)
-    g = torch.Generator(device="cuda").manual_seed(2)
-    q = torch.randn(1, 300, 3, 64, device="cuda", generator=g).transpose(1, 2)
-    k = torch.randn(1, 1, 257, 64, device="cuda", generator=g)
-    v = torch.randn(1, 1, 257, 64, device="cuda", generator=g)
-    out, lse = forward(q, k, v, scale=0.125, causal=True)
-    _check(q, k, v, out, lse, scale=0.125, causal=True)
-    qd, kd, vd = (cuda.as_cuda_array(x.contiguous()) for x in (q, k, v))
-    assert flash_tf32_fwd.accepts(qd, kd, vd)
-    out_d, lse_d = forward(qd, kd, vd, scale=0.125, causal=True)
-    np.testing.assert_array_equal(out_d.copy_to_host(), out.cpu().numpy())
-
-
-def test_accepts_and_bad_inputs():
-    q, k, v = _inputs((1, 1, 32, 64), (1, 1, 32, 64), seed=0)
-    assert flash_tf32_fwd.accepts(q, k, v)
-    assert not flash_tf32_fwd.accepts(q.half(), k.half(), v.half())
-    assert not flash_tf32_fwd.accepts(q.cpu().numpy(), k.cpu().numpy(), v.cpu().numpy())
-    assert not flash_tf32_fwd.accepts(q, k, v, block_q=48)
-    q80, k80, v80 = _inputs((1, 1, 32, 80), (1, 1, 32, 80), seed=0)
-    assert not flash_tf32_fwd.accepts(q80, k80, v80)
-    with pytest.raises(ValueError, match="head_dim"):
-        forward(q80, k80, v80, scale=0.1)
-    q, k, v = _inputs((1, 1, 32, 128), (1, 1, 32, 128), seed=0)
-    with pytest.raises(ValueError, match="block_k"):
-        forward(q, k, v, scale=0.1, block_k=64)
-    with pytest.raises(TypeError):
-        forward(q.half(), k.half(), v.half(), scale=0.1)
-
-
-def test_ioaware_attention_numba_backend_float32():
-    """ioaware.attention(backend="numba") on float32 CUDA tensors takes this kernel (unless
-    KERNELS_FP32_TENSOR_CORES=0) and matches float64."""
-    import os
-
-    from ioaware import attention
-    g = torch.Generator(device="cuda").manual_seed(9)
-    q = torch.randn(2, 4, 300, 64, device="cuda", generator=g)
-    k = torch.randn(2, 2, 280, 64, device="cuda", generator=g)
-    v = torch.randn(2, 2, 280, 64, device="cuda", generator=g)
-    out, lse = attention(q, k, v, causal=True, backend="numba", return_lse=True)
-    _check(q, k, v, out, lse, scale=0.125, causal=True)
-    if os.environ.get("KERNELS_FP32_TENSOR_CORES", "1") != "0":
-        want, _ = forward(q, k, v, scale=0.125, causal=True)
-        assert torch.equal(out, want)   # the dispatch took the 3xTF32 kernel
-
-
-# compile-time variants of `flash_tf32_fwd.default_config` (environment override), each against
-# float64 on tails, GQA and causal: pre-split K/V stages with 32- and 16-key stages (one or two
-# split stages), one or two S accumulators, the S loop unrolled by 2 or not, 4 or 8 warps, and
-# the register-split path (the former defaults: presplit=0 with 64 x 16 / 64 x 32 tiles)
-VARIANTS = {128: ["", "dual=1", "unroll=1", "bk=16,dual=1", "bq=64,bk=16",
-                  "presplit=0,bq=64,bk=16", "presplit=0,bq=128,bk=16"],
-            64: ["", "dual=1", "unroll=1", "bk=16,dual=1", "bq=64", "presplit=0,bq=64",
-                 "presplit=0"]}
-
-
-@pytest.mark.parametrize("head_dim,variant", [(d, v) for d in (128, 64) for v in VARIANTS[d]])
-@pytest.mark.parametrize("causal", [False, True])
-def test_config_variants_match_float64(monkeypatch, head_dim, variant, causal):
-    monkeypatch.setenv(f"KERNELS_TF32_FWD_D{head_dim}", variant)
-    q, k, v = _inputs((2, 4, 300, head_dim), (2, 2, 333, head_dim), seed=head_dim + 3 * causal)
-    scale = 1 / math.sqrt(head_dim)
-    out, lse = forward(q, k, v, scale=scale, causal=causal)
-    _check(q, k, v, out, lse, scale=scale, causal=causal)
-    bq, bk = flash_tf32_fwd.default_blocks(head_dim)
-    kern = flash_tf32_fwd.get_kernel(head_dim, bq, bk, causal, False, False)
-    print(head_dim, repr(variant), kern.config, kern.smem_bytes)
-
-
-def test_d128_default_presplit_large_logits_mask_dropout():
-    # the d=128 default (pre-split stages) on the adversarial logits, and with a boolean mask
-    # and dropout together
-    assert flash_tf32_fwd.get_kernel(128, *flash_tf32_fwd.default_blocks(128), False, False,
-                                     False).config["presplit"]
+def test_d128_large_logits_mask_and_dropout():
+    # the d=128 default tiles on the adversarial logits, and with a boolean mask and dropout
+    # together
     q, k, v = _inputs((1, 2, 130, 128), (1, 2, 1100, 128), seed=17)
     out, lse = forward(q, k, v, scale=10.0)
     _check(q, k, v, out, lse, scale=10.0)
@@ -193,3 +155,75 @@ def test_d128_default_presplit_large_logits_mask_dropout():
     mask = torch.rand((1, 1, 150, 170), device="cuda", generator=g) > 0.3
     out, lse = forward(q, k, v, scale=0.09, mask=mask, dropout_p=0.2, seed=77)
     _check(q, k, v, out, lse, scale=0.09, mask=mask, dropout_p=0.2, seed=77)
+
+
+def test_mqa_strided_and_numpy_arrays():
+    # one kv head for 3 query heads; q non-contiguous ([B, N, H, d] storage)
+    g = torch.Generator(device="cuda").manual_seed(2)
+    q = torch.randn(1, 300, 3, 64, device="cuda", generator=g).transpose(1, 2)
+    k = torch.randn(1, 1, 257, 64, device="cuda", generator=g)
+    v = torch.randn(1, 1, 257, 64, device="cuda", generator=g)
+    out, lse = forward(q, k, v, scale=0.125, causal=True)
+    _check(q, k, v, out, lse, scale=0.125, causal=True)
+    # NumPy arrays (copied to the device and back) run the same kernel: the same bits
+    qn, kn, vn = (x.cpu().numpy() for x in (q, k, v))
+    assert kernels.family_for(kernel_problem(qn, kn, vn, scale=0.125, causal=True)) == "tf32"
+    out_n, lse_n = forward(qn, kn, vn, scale=0.125, causal=True)
+    assert isinstance(out_n, np.ndarray) and out_n.dtype == np.float32
+    np.testing.assert_array_equal(out_n, out.cpu().numpy())
+    np.testing.assert_array_equal(lse_n, lse.cpu().numpy())
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("order", ["heads", "tiles", 4])
+def test_launch_orders_give_the_same_bits(causal, order):
+    # a tile's arithmetic does not depend on which block runs it
+    q, k, v = _inputs((3, 6, 261, 128), (3, 2, 397, 128), seed=133)
+    scale = 1 / math.sqrt(128)
+    out, lse = forward(q, k, v, scale=scale, causal=causal, launch_order=order)
+    _check(q, k, v, out, lse, scale=scale, causal=causal)
+    want_out, want_lse = forward(q, k, v, scale=scale, causal=causal)
+    assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+
+
+def test_problems_the_family_refuses():
+    q, k, v = _inputs((1, 1, 32, 64), (1, 1, 32, 64), seed=0)
+    assert tf32_fwd.supports(kernel_problem(q, k, v), KernelConfig()) is None
+    half = kernel_problem(q.half(), k.half(), v.half())
+    assert "float32" in tf32_fwd.supports(half, KernelConfig())
+    assert kernels.family_for(half) == "mma"
+    with pytest.raises(ValueError, match="float32"):
+        forward(q.half(), k.half(), v.half(), scale=0.1)
+    with pytest.raises(ValueError, match="block_q"):
+        forward(q, k, v, scale=0.1, block_q=48)
+    q80, k80, v80 = _inputs((1, 1, 32, 80), (1, 1, 32, 80), seed=0)
+    assert "head_dim" in tf32_fwd.supports(kernel_problem(q80, k80, v80), KernelConfig())
+    assert kernels.family_for(kernel_problem(q80, k80, v80)) == "simt"
+    with pytest.raises(ValueError, match="head_dim"):
+        forward(q80, k80, v80, scale=0.1)
+    q, k, v = _inputs((1, 1, 32, 128), (1, 1, 32, 128), seed=0)
+    with pytest.raises(ValueError, match="block_k"):
+        forward(q, k, v, scale=0.1, block_k=64)
+    # tiles whose copy assignment the split layout cannot use run on the CUDA cores
+    assert not tf32_fwd.presplit_ok(128, 32, 16)
+    with pytest.raises(ValueError, match="presplit_ok"):
+        forward(q, k, v, scale=0.1, block_q=32, block_k=16)
+    assert kernels.family_for(kernel_problem(q, k, v),
+                              KernelConfig(block_q=32, block_k=16)) != "tf32"
+
+
+def test_ioaware_attention_numba_backend_float32():
+    """ioaware.attention(backend="numba") on float32 CUDA tensors takes this kernel and matches
+    float64; ``KernelConfig(family="simt")`` (the CUDA-core kernels) gives a result as exact."""
+    from ioaware import attention
+    g = torch.Generator(device="cuda").manual_seed(9)
+    q = torch.randn(2, 4, 300, 64, device="cuda", generator=g)
+    k = torch.randn(2, 2, 280, 64, device="cuda", generator=g)
+    v = torch.randn(2, 2, 280, 64, device="cuda", generator=g)
+    out, lse = attention(q, k, v, causal=True, backend="numba", return_lse=True)
+    _check(q, k, v, out, lse, scale=0.125, causal=True)
+    want, _ = forward(q, k, v, scale=0.125, causal=True)
+    assert torch.equal(out, want)   # the dispatch took the 3xTF32 kernel
+    simt = kernels_forward(q, k, v, config=KernelConfig(family="simt"), scale=0.125,
+                           causal=True)
+    _check(q, k, v, *simt, scale=0.125, causal=True)

@@ -1,4 +1,5 @@
-"""GPU tests of the PTX intrinsics in `kernels.mma_tf32` (marked ``gpu``: the simulator runs no PTX).
+"""GPU tests of the TF32 PTX intrinsics in `kernels.ptx` (marked ``gpu``: the CUDA simulator runs
+no PTX).
 
 * one warp's ``mma_tf32`` against the float64 product of tf32-exact matrices placed through
   `kernels.fragments_tf32` (exact products, float32 accumulation of 9 terms: a few ulp);
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.gpu
 def _build():
     from numba import cuda, float32
 
-    from kernels import mma, mma_tf32 as T
+    from kernels import ptx
 
     @cuda.jit
     def warp_mma(a_regs, b_regs, c_regs, d_regs):
@@ -31,7 +32,7 @@ def _build():
         a = a_regs[lane]
         b = b_regs[lane]
         c = c_regs[lane]
-        d = T.mma_tf32(a[0], a[1], a[2], a[3], b[0], b[1], c[0], c[1], c[2], c[3])
+        d = ptx.mma_tf32(a[0], a[1], a[2], a[3], b[0], b[1], c[0], c[1], c[2], c[3])
         for i in range(4):
             d_regs[lane, i] = d[i]
 
@@ -39,16 +40,16 @@ def _build():
     def warp_mma3(a_vals, b_vals, d_regs):
         # float32 fragments in, 3xTF32 product out (small*big + big*small + big*big)
         lane = cuda.threadIdx.x
-        a0 = T.split_tf32(a_vals[lane, 0])
-        a1 = T.split_tf32(a_vals[lane, 1])
-        a2 = T.split_tf32(a_vals[lane, 2])
-        a3 = T.split_tf32(a_vals[lane, 3])
-        b0 = T.split_tf32(b_vals[lane, 0])
-        b1 = T.split_tf32(b_vals[lane, 1])
+        a0 = ptx.split_tf32(a_vals[lane, 0])
+        a1 = ptx.split_tf32(a_vals[lane, 1])
+        a2 = ptx.split_tf32(a_vals[lane, 2])
+        a3 = ptx.split_tf32(a_vals[lane, 3])
+        b0 = ptx.split_tf32(b_vals[lane, 0])
+        b1 = ptx.split_tf32(b_vals[lane, 1])
         z = float32(0.0)
-        d = T.mma_tf32(a0[1], a1[1], a2[1], a3[1], b0[0], b1[0], z, z, z, z)
-        d = T.mma_tf32(a0[0], a1[0], a2[0], a3[0], b0[1], b1[1], d[0], d[1], d[2], d[3])
-        d = T.mma_tf32(a0[0], a1[0], a2[0], a3[0], b0[0], b1[0], d[0], d[1], d[2], d[3])
+        d = ptx.mma_tf32(a0[1], a1[1], a2[1], a3[1], b0[0], b1[0], z, z, z, z)
+        d = ptx.mma_tf32(a0[0], a1[0], a2[0], a3[0], b0[1], b1[1], d[0], d[1], d[2], d[3])
+        d = ptx.mma_tf32(a0[0], a1[0], a2[0], a3[0], b0[0], b1[0], d[0], d[1], d[2], d[3])
         for i in range(4):
             d_regs[lane, i] = d[i]
 
@@ -56,8 +57,8 @@ def _build():
     def conv(x, big, big2, small):
         i = cuda.grid(1)
         if i < x.size:
-            big[i] = T.cvt_tf32(x[i])
-            sp = T.split_tf32(x[i])
+            big[i] = ptx.cvt_tf32(x[i])
+            sp = ptx.split_tf32(x[i])
             big2[i] = sp[0]
             small[i] = sp[1]
 
@@ -68,9 +69,9 @@ def _build():
         sm[t] = src[t]
         sm[t + 64] = src[t + 64]
         cuda.syncthreads()
-        base = mma.shared_addr(sm, 0)
-        one[t] = T.ld_shared_f32(base + 4 * t)
-        p = T.ld_shared_f32x2(base + 8 * t)
+        base = ptx.shared_addr(sm, 0)
+        one[t] = ptx.ld_shared_f32(base + 4 * t)
+        p = ptx.ld_shared_f32x2(base + 8 * t)
         two[2 * t] = p[0]
         two[2 * t + 1] = p[1]
 

@@ -1,9 +1,11 @@
-"""Tests of `kernels.tile_order`: the device-side map from a block to its (tile, batch*head)
-for every head group (under Numba's CUDA simulator on a CPU machine, for real on a GPU),
-its host twin, and the order choice."""
+"""Tests of `kernels.tile_scheduler`: the launch order (the head group a `KernelConfig` asks for,
+the device-side map from a block to its (tile, batch*head) for every head group, under Numba's
+CUDA simulator on a CPU machine and for real on a GPU, and its host twin), the CSR schedules the
+kernels read (one per slice of a block mask, at kernel tiles that refine the mask's), and the
+measured launch orders against the cost model (`benchmarks.tune`)."""
 from __future__ import annotations
 
-import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,21 +13,22 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from numba import cuda   # a global, which the CUDA simulator replaces inside kernels
 
+from ioaware.block_info import BlockInfo, cdiv
 from ioaware.launch_order import block_work
-from kernels import tile_order
+from kernels import tile_scheduler
+
+RESULTS = Path(__file__).resolve().parent.parent / "results"
 
 
-def test_default_and_forced_head_groups(monkeypatch):
-    monkeypatch.delenv(tile_order.ENV, raising=False)
-    for (pas, causal), g in tile_order.DEFAULT_HEAD_GROUP.items():
-        assert tile_order.head_group(causal, pas) == g
-    for value, want in (("tiles", 1), ("heads", 0), ("4", 4)):
-        monkeypatch.setenv(tile_order.ENV, value)
-        assert tile_order.head_group(True, "bwd") == want
-        assert tile_order.head_group(False, "fwd") == want
-    monkeypatch.setenv(tile_order.ENV, "rows")
-    with pytest.raises(ValueError, match="KERNELS_TILE_ORDER"):
-        tile_order.head_group(True)
+def test_default_and_forced_head_groups():
+    for (pas, causal), g in tile_scheduler.DEFAULT_HEAD_GROUP.items():
+        assert tile_scheduler.head_group(None, causal, pas) == g
+    for value, want in (("tiles", 1), ("heads", 0), ("4", 4), (4, 4), (0, 0), (np.int64(8), 8)):
+        assert tile_scheduler.head_group(value, True, "bwd") == want
+        assert tile_scheduler.head_group(value, False, "fwd") == want
+    for bad in ("rows", "-1", -1, True, 1.5):
+        with pytest.raises(ValueError, match="launch_order"):
+            tile_scheduler.head_group(bad, True)
 
 
 def _dispatch_order(n_tiles, n_bh, group):
@@ -64,7 +67,7 @@ def test_host_map_is_a_bijection_in_the_stated_order(n_tiles, n_bh, group):
 @pytest.mark.parametrize("group", [1, 0, 2, 3])
 def test_device_map_matches_the_host_twin(group):
     n_tiles, n_bh = 5, 7
-    tile_and_head = tile_order.device_tile_and_head(group)
+    tile_and_head = tile_scheduler.device_tile_and_head(group)
 
     @cuda.jit
     def record(seen, tiles_seen):
@@ -80,27 +83,74 @@ def test_device_map_matches_the_host_twin(group):
     assert (tiles_seen == n_tiles).all()
 
 
-def test_tune_order_restores_the_environment(monkeypatch):
-    from kernels import tune_order
-    monkeypatch.setenv(tile_order.ENV, "8")
-    seen = tune_order._with_order("heads", lambda: tile_order.head_group(True, "bwd"))
-    assert seen == 0 and tile_order.head_group(True, "bwd") == 8
-    monkeypatch.delenv(tile_order.ENV)
-    assert tune_order._with_order("4", lambda: tile_order.head_group(False)) == 4
-    assert tile_order.ENV not in os.environ
-    for case in tune_order.CASES + tune_order.QUICK_CASES:
-        dt, d, causal, n = case
-        assert dt in ("fp32", "fp16") and d in (64, 128) and n >= 1024
+@settings(max_examples=40, deadline=None)
+@given(n_tiles=st.integers(1, 9), n_bh=st.integers(1, 11), group=st.integers(0, 12))
+def test_dispatch_positions_invert_block_work(n_tiles, n_bh, group):
+    from ioaware.launch_order import dispatch_positions
+    assert (dispatch_positions(n_tiles, n_bh, group) == _dispatch_order(n_tiles, n_bh, group)).all()
 
 
+# -- CSR schedules -------------------------------------------------------------------------------
+def test_refined_block_mask_is_elementwise_the_same():
+    rng = np.random.default_rng(4)
+    n_q, n_k, bq, bk = 200, 333, 64, 96
+    bm = rng.random((2, 3, -(-n_q // bq), -(-n_k // bk))) > 0.5
+    fine = tile_scheduler.refine_block_mask(bm, bq, bk, n_q, n_k, 32, 16)
+    assert fine.shape == (2, 3, -(-n_q // 32), -(-n_k // 16))
+    coarse_el = np.repeat(np.repeat(bm, bq, 2), bk, 3)[:, :, :n_q, :n_k]
+    fine_el = np.repeat(np.repeat(fine, 32, 2), 16, 3)[:, :, :n_q, :n_k]
+    assert (coarse_el == fine_el).all()
+    with pytest.raises(ValueError, match="divide"):
+        tile_scheduler.refine_block_mask(bm, bq, bk, n_q, n_k, 48, 16)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("which", ["kv", "q"])
+def test_csr_schedule_without_a_block_mask_is_block_infos(causal, which):
+    offs, idx, sb, sh = tile_scheduler.csr_schedule(150, 333, 64, 32, causal, which)
+    info = BlockInfo(150, 333, 64, 32, causal)
+    want_offs, want_idx = info.kv_schedule() if which == "kv" else info.q_schedule()
+    assert offs.dtype == np.int32 and idx.dtype == np.int32
+    assert offs.shape == (1, len(want_offs)) and (sb, sh) == (0, 0)
+    np.testing.assert_array_equal(offs[0], want_offs)
+    np.testing.assert_array_equal(idx, want_idx)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("which", ["kv", "q"])
+@pytest.mark.parametrize("mask_bh", [(1, 1), (2, 1), (1, 3), (2, 3)])
+def test_csr_schedule_slices_of_a_block_mask(causal, which, mask_bh):
+    """One CSR row block per (batch, head) slice of the block mask; slice ``b * stride_b +
+    h * stride_h`` of every (b, h) of a [2, 3] problem (broadcast dimensions: stride 0) is
+    `BlockInfo`'s schedule of that slice's mask refined to the kernel tiles."""
+    rng = np.random.default_rng(sum(mask_bh) + 2 * causal)
+    n_q, n_k, mask_tiles, tiles = 200, 333, (64, 96), (32, 48)
+    bm = rng.random(mask_bh + (cdiv(n_q, 64), cdiv(n_k, 96))) > 0.4
+    offs, idx, sb, sh = tile_scheduler.csr_schedule(n_q, n_k, *tiles, causal, which, bm,
+                                                    mask_tiles)
+    fine = tile_scheduler.refine_block_mask(bm, *mask_tiles, n_q, n_k, *tiles)
+    assert offs.shape[0] == mask_bh[0] * mask_bh[1] and offs[0, 0] == 0
+    assert offs.dtype == np.int32 and idx.dtype == np.int32
+    for b in range(2):
+        for h in range(3):
+            s = b * sb + h * sh
+            info = BlockInfo.with_block_mask(n_q, n_k, *tiles, causal,
+                                             fine[b % mask_bh[0], h % mask_bh[1]])
+            want_offs, want_idx = info.kv_schedule() if which == "kv" else info.q_schedule()
+            np.testing.assert_array_equal(offs[s] - offs[s, 0], want_offs)
+            np.testing.assert_array_equal(idx[offs[s, 0]:offs[s, -1]], want_idx)
+
+
+def test_csr_schedule_of_an_empty_block_mask():
+    offs, idx, _, _ = tile_scheduler.csr_schedule(100, 100, 32, 32, False, "kv",
+                                                  np.zeros((1, 1, 2, 2), bool), (64, 64))
+    assert (offs == 0).all() and len(idx) >= 1     # nothing to visit; a non-empty index array
+
+
+# -- the measured orders against the cost model (benchmarks.tune) ------------------------------
 def test_show_ncu_prints_the_shipped_profile(capsys):
-    # the table kernels/NOTES_TF32_BWD.md quotes, from the shipped ncu CSV
-    from pathlib import Path
-
-    from kernels import tune_order
-    path = (Path(__file__).resolve().parent.parent / "results"
-            / "ncu_order_fp32_d128_causal_8192_h100_2026-11-23.csv")
-    tune_order.show_ncu(str(path))
+    from benchmarks import tune
+    tune.show_ncu(str(RESULTS / "ncu_order_fp32_d128_causal_8192_h100_2026-11-23.csv"))
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 1 + 9
     rows = [ln.split() for ln in lines[1:]]
@@ -109,26 +159,14 @@ def test_show_ncu_prints_the_shipped_profile(capsys):
     hit = {(r[0], r[1]): float(r[4]) for r in rows}
     # heads first loses the backward's L2 sharing; groups of four keep it
     assert hit[("heads", "dK/dV")] < 70 < 95 < hit[("4", "dK/dV")]
-    notes = (Path(__file__).resolve().parent.parent / "kernels" / "NOTES_TF32_BWD.md").read_text()
-    assert "\n".join(lines) in notes
-
-
-@settings(max_examples=40, deadline=None)
-@given(n_tiles=st.integers(1, 9), n_bh=st.integers(1, 11), group=st.integers(0, 12))
-def test_dispatch_positions_invert_block_work(n_tiles, n_bh, group):
-    from ioaware.launch_order import dispatch_positions
-    assert (dispatch_positions(n_tiles, n_bh, group) == _dispatch_order(n_tiles, n_bh, group)).all()
 
 
 def test_model_follows_the_launch_order_on_the_shipped_profile():
     # the cost model's DRAM reads against ncu's, per launch order (trace replay at this size):
     # tiles first and heads first differ by 3x in the forward, and the model follows
-    from pathlib import Path
-
-    from kernels import tune_order
-    path = (Path(__file__).resolve().parent.parent / "results"
-            / "ncu_order_fp32_128_causal_1024_h100_2026-11-23.json")
-    rows = {(r["order"], r["kernel"]): r for r in tune_order.model_vs_ncu(str(path))}
+    from benchmarks import tune
+    profile = RESULTS / "ncu_order_fp32_128_causal_1024_h100_2026-11-23.json"
+    rows = {(r["order"], r["kernel"]): r for r in tune.model_vs_ncu(str(profile))}
     assert len(rows) == 9 and all(r["l2_model"] == "trace" for r in rows.values())
     for order in ("tiles", "heads"):
         r = rows[(order, "forward")]
