@@ -3,8 +3,9 @@
 The ``mma`` family's forward. The algorithm is FlashAttention-2:
 
 * one thread block per (Q tile of ``block_q = 16 * num_warps`` rows, batch * head), longest
-  causal tiles first (of all heads: `kernels.tile_scheduler`); each warp owns 16 query rows and keeps its Q fragments, running max ``m_i``, running sum ``l_i`` and
-  output accumulator in registers for the whole K/V sweep;
+  causal tiles first (of all heads: `kernels.tile_scheduler`); each warp owns 16 query rows
+  and keeps its Q fragments, running max ``m_i``, running sum ``l_i`` and output accumulator
+  in registers for the whole K/V sweep;
 * K/V tiles of ``block_k`` keys stream through shared memory with ``cp.async`` into two
   buffers (tile j + 1 loads while tile j computes); rows padded by 16 bytes so that ``ldmatrix``
   reads are free of bank conflicts; the tail tile is zero-filled by the copy itself;
