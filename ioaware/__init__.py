@@ -4,9 +4,11 @@
 kernels on a GPU); :mod:`ioaware.block_info` says which tiles a schedule visits; the ``sim``
 package predicts the bytes, FLOPs and time of a schedule on a named GPU.
 """
+from ._cost import PerformanceWarning
 from ._inputs import BlockMask
 from .attention import attention, attention_backward, scaled_dot_product_attention
 from .block_info import BlockInfo
 
-__all__ = ["attention", "attention_backward", "scaled_dot_product_attention", "BlockMask", "BlockInfo"]
+__all__ = ["attention", "attention_backward", "scaled_dot_product_attention", "BlockMask", "BlockInfo",
+           "PerformanceWarning"]
 __version__ = "0.1.0"
