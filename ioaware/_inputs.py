@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -30,7 +30,7 @@ from ._cost import check_cost
 from .block_info import CAUSAL_ALIGNMENTS, cdiv
 from .tiled import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q
 
-__all__ = ["BlockMask", "Problem", "check_inputs", "check_values", "sdpa_arguments", "parse_causal",
+__all__ = ["BlockMask", "Problem", "SdpaArguments", "check_inputs", "check_values", "sdpa_arguments", "parse_causal",
            "is_torch", "torch_or_none", "lse_dtype"]
 
 
@@ -172,9 +172,10 @@ class Problem:
         return tuple(self.q_shape[:-1]) + (self.value_dim,)
 
     @property
-    def empty_output(self) -> bool:
-        """Whether there is nothing to compute: no output element, or no key (output all zeros)."""
-        return self.batch * self.heads_q * self.seqlen_q * self.value_dim == 0 or self.seqlen_k == 0
+    def trivial(self) -> bool:
+        """Whether there is nothing to compute: no query row (empty outputs), or no key (output
+        zeros, logsumexp -inf)."""
+        return self.batch * self.heads_q * self.seqlen_q == 0 or self.seqlen_k == 0
 
     def restore_q(self, x):
         """Reshape a ``[B, Hq, Nq, Ev]`` output (or ``[B, Hq, Nq, E]`` dq) to the user's shape."""
@@ -460,39 +461,56 @@ def _broadcast_shapes(name_shapes):
     ndim = max(len(s) for _, s in name_shapes)
     out = []
     for i in range(ndim):
-        sizes = {s[i - ndim + len(s)] for _, s in name_shapes if i - ndim + len(s) >= 0}
-        sizes.discard(1)
-        if len(sizes) > 1:
-            desc = ", ".join(f"{n} {tuple(s)}" for n, s in name_shapes)
-            raise ValueError(f"the leading (batch and head) dimensions of {desc} do not broadcast")
-        out.append(sizes.pop() if sizes else 1)
+        size = 1
+        for _, s in name_shapes:
+            j = i - ndim + len(s)
+            if j < 0 or s[j] == 1:
+                continue
+            if size != 1 and s[j] != size:
+                desc = ", ".join(f"{n} {tuple(x)}" for n, x in name_shapes)
+                raise ValueError(f"the leading (batch and head) dimensions of {desc} do not broadcast")
+            size = s[j]
+        out.append(size)
     return tuple(out)
 
 
-def sdpa_arguments(query, key, value, attn_mask, is_causal, enable_gqa):
+class SdpaArguments(NamedTuple):
+    """``scaled_dot_product_attention``'s arguments in :func:`check_inputs`' terms (see :func:`sdpa_arguments`)."""
+
+    q: Any
+    k: Any
+    v: Any
+    causal: bool | str          # False, True (top-left) or "bottom_right"
+    mask: Any                   # boolean attn_mask, or None
+    bias: Any                   # float attn_mask, or None
+    zeros_shape: tuple | None   # not None: PyTorch returns zeros of this shape without computing
+
+
+def sdpa_arguments(query, key, value, attn_mask, is_causal, enable_gqa) -> SdpaArguments:
     """``scaled_dot_product_attention``'s arguments in :func:`check_inputs`' terms.
 
-    Returns ``(q, k, v, causal, mask, bias)``: ``q, k, v`` broadcast against each other as
-    PyTorch's math backend does (leading dimensions by NumPy's rules, views where possible;
-    with ``enable_gqa`` the key/value heads divide the query's), ``causal`` False, True or
-    ``"bottom_right"``, and the attention mask split into a boolean ``mask`` or a float ``bias``.
+    ``q, k, v`` are broadcast against each other as PyTorch's math backend does (leading
+    dimensions by NumPy's rules, views where possible; with ``enable_gqa`` the key/value head
+    counts divide the query's), ``causal`` is False, True or ``"bottom_right"`` (a
+    ``causal_lower_right`` mask), and the attention mask is split into a boolean ``mask`` or a
+    float ``bias``. As PyTorch 2.13 does, an empty query sequence or an empty ``value`` gives
+    zeros of shape ``query.shape[:-1] + (Ev,)`` at once (``zeros_shape``), without broadcasting
+    or checking the other shapes.
     """
     torch = torch_or_none()
     is_t = is_torch(query)
     for name, x in (("query", query), ("key", key), ("value", value)):
         if not (is_torch(x) or isinstance(x, np.ndarray)):
             raise TypeError(f"{name} must be a torch tensor (or a NumPy array), got {type(x).__name__}")
+        if is_torch(x) != is_t:
+            raise TypeError(f"query, key and value must all be torch tensors or all NumPy arrays, got "
+                            f"{type(query).__name__} query and {type(x).__name__} {name}")
         if x.ndim < 2:
             raise ValueError(f"{name} must have at least 2 dimensions ([..., L, E]), got shape {tuple(x.shape)}")
     if not isinstance(is_causal, (bool, np.bool_)):
         raise TypeError(f"is_causal must be a bool, got {is_causal!r}")
     if not isinstance(enable_gqa, (bool, np.bool_)):
         raise TypeError(f"enable_gqa must be a bool, got {enable_gqa!r}")
-    if key.shape[-2] != value.shape[-2]:
-        raise ValueError(f"key and value must have the same sequence length, got {key.shape[-2]} and {value.shape[-2]}")
-    if query.shape[-1] != key.shape[-1]:
-        raise ValueError(f"query and key must have the same embedding dimension, got {query.shape[-1]} and "
-                         f"{key.shape[-1]}")
 
     # -- the attention mask: CausalBias, boolean, or float --
     causal, mask, bias = bool(is_causal), None, None
@@ -527,6 +545,15 @@ def sdpa_arguments(query, key, value, attn_mask, is_causal, enable_gqa):
             raise TypeError(f"Expected attn_mask dtype to be bool or float or to match query dtype, but got "
                             f"attn_mask.dtype: {dt} and query.dtype: {query.dtype} instead.")
 
+    # -- PyTorch's shortcut for empty inputs --
+    if query.shape[-2] == 0 or math.prod(value.shape) == 0:
+        return SdpaArguments(query, key, value, causal, mask, bias, tuple(query.shape[:-1]) + (value.shape[-1],))
+    if key.shape[-2] != value.shape[-2]:
+        raise ValueError(f"key and value must have the same sequence length, got {key.shape[-2]} and {value.shape[-2]}")
+    if query.shape[-1] != key.shape[-1]:
+        raise ValueError(f"query and key must have the same embedding dimension, got {query.shape[-1]} and "
+                         f"{key.shape[-1]}")
+
     # -- heads (enable_gqa) and broadcasting of the leading dimensions --
     if enable_gqa:
         for name, x in (("query", query), ("key", key), ("value", value)):
@@ -544,7 +571,7 @@ def sdpa_arguments(query, key, value, attn_mask, is_causal, enable_gqa):
         q = _expand(query, lead + tuple(query.shape[-3:]), is_t)
         k = _expand(key, lead + tuple(key.shape[-3:]), is_t)
         v = _expand(value, lead + tuple(value.shape[-3:]), is_t)
-        return q, k, v, causal, mask, bias
+        return SdpaArguments(q, k, v, causal, mask, bias, None)
     hq = query.shape[-3] if query.ndim >= 3 else None
     hk = key.shape[-3] if key.ndim >= 3 else None
     hv = value.shape[-3] if value.ndim >= 3 else None
@@ -553,7 +580,7 @@ def sdpa_arguments(query, key, value, attn_mask, is_causal, enable_gqa):
                          f"attention")
     lead = _broadcast_shapes([("query", query.shape[:-2]), ("key", key.shape[:-2]), ("value", value.shape[:-2])])
     if not lead:                                         # all [L, E]
-        return query, key, value, causal, mask, bias
+        return SdpaArguments(query, key, value, causal, mask, bias, None)
     heads = lead[-1]
     # A single key/value head serves every query head (MQA, without copying); otherwise k and v
     # take the broadcast head count.
@@ -561,7 +588,7 @@ def sdpa_arguments(query, key, value, attn_mask, is_causal, enable_gqa):
     q = _expand(query, lead + tuple(query.shape[-2:]), is_t)
     k = _expand(key, lead[:-1] + (kv_heads,) + tuple(key.shape[-2:]), is_t)
     v = _expand(value, lead[:-1] + (kv_heads,) + tuple(value.shape[-2:]), is_t)
-    return q, k, v, causal, mask, bias
+    return SdpaArguments(q, k, v, causal, mask, bias, None)
 
 
 def _repeat_heads(x, repeats, is_t):

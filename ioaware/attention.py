@@ -144,16 +144,31 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     tensors) a float ``attn_mask`` may hold only 0 and ``-inf``, and float64, ``Ev != E`` and
     bottom-right causal masks with ``L != S`` are refused.
     """
-    q, k, v, causal, mask, bias = sdpa_arguments(query, key, value, attn_mask, is_causal, enable_gqa)
-    if is_torch(q):
-        out, _ = _torch_attention(q, k, v, causal=causal, mask=mask, bias=bias, block_mask=None, scale=scale,
-                                  dropout_p=dropout_p, seed=None, block_q=None, block_k=None, backend="auto")
+    a = sdpa_arguments(query, key, value, attn_mask, is_causal, enable_gqa)
+    if a.zeros_shape is not None:
+        return _sdpa_zeros(query, key, value, a.zeros_shape)
+    if is_torch(a.q):
+        out, _ = _torch_attention(a.q, a.k, a.v, causal=a.causal, mask=a.mask, bias=a.bias, block_mask=None,
+                                  scale=scale, dropout_p=dropout_p, seed=None, block_q=None, block_k=None,
+                                  backend="auto")
         return out
-    backend = _resolve_backend("auto", q)
-    pb = _problem(q, k, v, backend, cost=True, values=True, causal=causal, mask=mask, bias=bias, scale=scale,
-                  dropout_p=dropout_p)
+    backend = _resolve_backend("auto", a.q)
+    pb = _problem(a.q, a.k, a.v, backend, cost=True, values=True, causal=a.causal, mask=a.mask, bias=a.bias,
+                  scale=scale, dropout_p=dropout_p)
     out4, _ = _run_forward(pb, backend)
     return pb.restore_q(out4)
+
+
+def _sdpa_zeros(query, key, value, shape):
+    """PyTorch's result for an empty query sequence or an empty value: zeros, with (zero) gradients
+    flowing to the inputs that require them."""
+    if not is_torch(query):
+        return np.zeros(shape, dtype=query.dtype)
+    out = query.new_zeros(shape)
+    inputs = [x for x in (query, key, value) if x.requires_grad]
+    if inputs and torch_or_none().is_grad_enabled():
+        out = out + sum(x.flatten()[:0].sum() for x in inputs)      # sums of nothing: exactly 0
+    return out
 
 
 # ------------------------------------------------------------------------------------------------
@@ -182,9 +197,9 @@ def _numba_cuda_status() -> str | None:
         return None
     reason = ""
     try:
-        cuda.detect()
+        cuda.current_context()
     except Exception as exc:  # noqa: BLE001 - numba raises several kinds here
-        reason = f": {exc}"
+        reason = ": " + " ".join(str(exc).split()).rstrip(": ")
     return f"numba.cuda.is_available() is False{reason}"
 
 
@@ -198,7 +213,7 @@ def _check_numba_available():
 
 def _check_backend_supports(pb: Problem, backend):
     """Refuse, before dispatch, what ``backend`` cannot compute exactly (each error names the argument)."""
-    if backend != "numba" or pb.empty_output:
+    if backend != "numba" or pb.trivial:
         return
     if pb.dtype_name not in NUMBA_DTYPES:
         raise TypeError(f"q, k and v have dtype {pb.dtype_name}; backend 'numba' takes {', '.join(NUMBA_DTYPES)} "
@@ -272,10 +287,10 @@ def _torch_attention(q, k, v, *, causal, mask, bias, block_mask, scale, dropout_
 
 
 def _run_forward(pb: Problem, backend):
-    """Canonical forward with the cases no backend needs to see: nothing to compute (an empty
-    output, or no key: zeros and ``lse = -inf``) and ``dropout_p = 1`` (zeros; the logsumexp of
-    the logits as without dropout)."""
-    if pb.empty_output:
+    """Canonical forward with the cases no backend needs to see: nothing to compute (no query
+    row, or no key: zeros and ``lse = -inf``) and ``dropout_p = 1`` (zeros; the logsumexp of the
+    logits as without dropout)."""
+    if pb.trivial:
         return _zeros(pb, _canonical_shape(pb, pb.value_dim)), _full(pb, _canonical_shape(pb), -np.inf, lse=True)
     if pb.dropout_p >= 1.0:
         _, lse = _forward(dataclasses.replace(pb, dropout_p=0.0), backend)
@@ -285,7 +300,7 @@ def _run_forward(pb: Problem, backend):
 
 def _run_backward(pb: Problem, out, lse, dout, backend):
     """Gradients, zero where the forward's output does not depend on the inputs (see :func:`_run_forward`)."""
-    if pb.empty_output or pb.dropout_p >= 1.0:
+    if pb.trivial or pb.dropout_p >= 1.0:
         dq = _zeros(pb, _canonical_shape(pb, pb.head_dim))
         dk = _zeros(pb, (pb.batch, pb.heads_kv, pb.seqlen_k, pb.head_dim))
         dv = _zeros(pb, (pb.batch, pb.heads_kv, pb.seqlen_k, pb.value_dim))
