@@ -26,11 +26,12 @@ import os
 import warnings
 
 __all__ = ["PerformanceWarning", "check_cost", "allowed_pairs", "available_host_memory",
-           "CPU_FLOPS_PER_SECOND", "SECONDS_PER_TILE", "WARN_SECONDS"]
+           "CPU_FLOPS_PER_SECOND", "SECONDS_PER_TILE", "WARN_SECONDS", "MEMORY_CHECK_BYTES"]
 
 CPU_FLOPS_PER_SECOND = 2e10   # the NumPy tiled path on 64x64 tiles reaches 7-35 GFLOP/s on 2 cores
 SECONDS_PER_TILE = 5e-5       # Python overhead of one visited tile of the NumPy path (~20-50 us measured)
 WARN_SECONDS = 60.0           # warn when the CPU forward is estimated to take longer than this
+MEMORY_CHECK_BYTES = 2**28    # below 256 MiB of estimated memory, available memory is not looked up
 
 
 class PerformanceWarning(UserWarning):
@@ -99,7 +100,7 @@ def check_cost(*, backend, kind, device, batch, heads_q, heads_kv, seqlen_q, seq
         work += 6 * batch * heads_q * bq * bk * compute_itemsize
     elif backend == "reference":
         work += 4 * batch * heads_q * seqlen_q * seqlen_k * 8
-    available = available_host_memory()
+    available = available_host_memory() if work > MEMORY_CHECK_BYTES else None
     if available is not None and work > available:
         raise MemoryError(
             f"q {q_shape} with k {k_shape}: attention on backend {backend!r} needs an estimated "

@@ -14,6 +14,9 @@ are ``torch.library.custom_op`` operators:
 * the forward's autograd formula saves ``q, k, v, out, lse`` and the mask, block mask and seed
   inputs (references, not copies) and calls ``attention_bwd``, which recomputes S and P.
 
+``attention_fwd_impl`` is the forward operator's implementation as a plain function: eager calls
+that need no gradient call it directly, without the dispatcher's overhead.
+
 ``seed`` is a 0-d int64 tensor (seeds of 2**63 and above wrap to negative values and back), so
 a fresh seed can be drawn with ``torch.randint`` inside a compiled graph. Gradients do not flow
 into ``mask``, ``bias`` or ``block_mask``.
@@ -30,7 +33,7 @@ from ._inputs import lse_dtype
 # the module, not the function of the same name that ioaware/__init__.py exports
 _attention = importlib.import_module("ioaware.attention")
 
-__all__ = ["attention_fwd", "attention_bwd"]
+__all__ = ["attention_fwd", "attention_bwd", "attention_fwd_impl"]
 
 
 def _seed(seed: torch.Tensor) -> int:
@@ -50,8 +53,7 @@ def _numba_mask(backend, mask, bias):
     return mask, bias
 
 
-@torch.library.custom_op("ioaware::attention_fwd", mutates_args=())
-def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
+def attention_fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
                   bias: Optional[torch.Tensor], block_mask: Optional[torch.Tensor], seed: torch.Tensor,
                   scale: Optional[float], causal: bool, causal_alignment: str, dropout_p: float,
                   block_q: Optional[int], block_k: Optional[int], backend: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -63,6 +65,9 @@ def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optio
                                        block_q, block_k))
     out4, lse3 = _attention._run_forward(pb, backend)
     return pb.restore_q(out4), pb.restore_lse(lse3)
+
+
+attention_fwd = torch.library.custom_op("ioaware::attention_fwd", mutates_args=())(attention_fwd_impl)
 
 
 @attention_fwd.register_fake

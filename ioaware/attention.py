@@ -23,8 +23,8 @@ import functools
 
 import numpy as np
 
-from ._inputs import (BlockMask, Problem, check_inputs, check_values, is_torch, lse_dtype, parse_causal,
-                      sdpa_arguments, torch_or_none)
+from ._inputs import (BlockMask, Problem, _block_mask_parts, _check_seed, _scalar, check_inputs, check_values,
+                      is_torch, lse_dtype, parse_causal, sdpa_arguments, torch_or_none)
 from .block_info import BlockInfo
 from .reference import reference_backward, reference_forward
 from .tiled import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, compute_dtype, tiled_backward, tiled_forward
@@ -263,8 +263,7 @@ def _torch_attention(q, k, v, *, causal, mask, bias, block_mask, scale, dropout_
     Only what the operator's schema needs is prepared here (this code is traced by
     torch.compile); the operator itself checks everything once, in :func:`_problem`.
     """
-    from ._inputs import _block_mask_parts, _check_seed, _scalar
-    from ._torch_ops import attention_fwd
+    from ._torch_ops import attention_fwd, attention_fwd_impl
     torch = torch_or_none()
     if not all(is_torch(x) for x in (k, v)) or not all(x is None or is_torch(x) for x in (mask, bias)):
         check_inputs(q, k, v, mask=mask, bias=bias)     # raises the error that names the argument
@@ -282,8 +281,11 @@ def _torch_attention(q, k, v, *, causal, mask, bias, block_mask, scale, dropout_
     if block_mask is not None:
         arr, block_q, block_k = _block_mask_parts(block_mask, block_q, block_k)
         bm = torch.from_numpy(np.ascontiguousarray(arr))
-    return attention_fwd(q, k, v, mask, bias, bm, seed_t, scale, is_causal, alignment, dropout_p,
-                         block_q, block_k, backend)
+    args = (q, k, v, mask, bias, bm, seed_t, scale, is_causal, alignment, dropout_p, block_q, block_k, backend)
+    traced = torch.compiler.is_compiling()
+    if not traced and not (torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))):
+        return attention_fwd_impl(*args)        # the operator's own implementation, without dispatch
+    return attention_fwd(*args)
 
 
 def _run_forward(pb: Problem, backend):
