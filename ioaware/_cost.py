@@ -10,7 +10,8 @@ The estimates are deliberately simple and stated here in full:
 
 * memory: the outputs in the compute dtype plus their conversion to the caller's dtype (three
   copies of ``out`` and ``lse``), a compute-dtype copy of every input that is not contiguous
-  (strided, broadcast or stride-0 inputs are copied when brought to the canonical layout), the
+  (strided, broadcast or stride-0 inputs are copied when brought to the canonical layout) or is
+  bfloat16 (converted to float32), the
   broadcast masks, and per backend the working arrays: one ``[B, Hq, block_q, block_k]`` tile of
   scores and its five temporaries for ``"numpy"``, four full ``[B, Hq, Nq, Nk]`` float64 arrays
   for ``"reference"``;

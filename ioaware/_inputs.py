@@ -343,7 +343,8 @@ def check_inputs(q, k, v, *, causal=False, mask=None, bias=None, block_mask=None
             compute_itemsize=8 if dtypes[0] == "float64" else 4,
             causal=is_causal, causal_offset=(seqlen_k - seqlen_q) if alignment == "bottom_right" else 0,
             block_q=block_q or DEFAULT_BLOCK_Q, block_k=block_k or DEFAULT_BLOCK_K, n_block_groups=n_groups,
-            copied_inputs=[math.prod(x.shape) for x in (q, k, v) if not _is_contiguous(x)],
+            copied_inputs=[math.prod(x.shape) for x in (q, k, v)                # bfloat16 becomes float32
+                           if not _is_contiguous(x) or dtypes[0] == "bfloat16"],
             mask_elements=_broadcast_elements(mask_padded, target) if mask is not None else 0,
             bias_elements=_broadcast_elements(bias_padded, target) if bias is not None else 0,
             q_shape=tuple(q.shape), k_shape=tuple(k.shape))
