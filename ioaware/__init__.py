@@ -1,12 +1,16 @@
 """ioaware: design, run and predict IO-aware GPU algorithms — fused tiled (Flash) attention first.
 
 ``from ioaware import attention`` gives the exact tiled attention (NumPy on the CPU, Numba CUDA
-kernels on a GPU); :mod:`ioaware.block_info` says which tiles a schedule visits; the ``sim``
-package predicts the bytes, FLOPs and time of a schedule on a named GPU.
+kernels on a GPU); ``scaled_dot_product_attention`` is a drop-in for PyTorch's (docs/sdpa.md),
+and :mod:`ioaware.integrations.transformers` puts it into Hugging Face models;
+:mod:`ioaware.block_info` says which tiles a schedule visits; the ``sim`` package predicts the
+bytes, FLOPs and time of a schedule on a named GPU.
 """
+from ._cost import PerformanceWarning
 from ._inputs import BlockMask
 from .attention import attention, attention_backward, scaled_dot_product_attention
 from .block_info import BlockInfo
 
-__all__ = ["attention", "attention_backward", "scaled_dot_product_attention", "BlockMask", "BlockInfo"]
+__all__ = ["attention", "attention_backward", "scaled_dot_product_attention", "BlockMask", "BlockInfo",
+           "PerformanceWarning"]
 __version__ = "0.1.0"

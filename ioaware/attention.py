@@ -1,7 +1,8 @@
 """The public attention API: exact attention, forward and backward, on NumPy arrays and torch tensors.
 
-* :func:`attention` — FlashAttention-style attention with causal, boolean and block-sparse masks,
-  dropout, GQA/MQA and cross attention; differentiable for torch tensors.
+* :func:`attention` — FlashAttention-style attention with causal (top-left or bottom-right),
+  boolean and block-sparse masks, dropout, GQA/MQA and cross attention; differentiable for torch
+  tensors.
 * :func:`attention_backward` — the gradients ``(dq, dk, dv)`` from ``(q, k, v, out, lse, dout)``.
 * :func:`scaled_dot_product_attention` — a drop-in for ``torch.nn.functional.scaled_dot_product_attention``.
 
@@ -9,6 +10,11 @@ Backends: ``"numpy"`` (the tiled algorithm of :mod:`ioaware.tiled`, on the CPU),
 (the materialised float64 computation of :mod:`ioaware.reference`), ``"numba"`` (the fused CUDA
 kernels of the ``kernels`` package) and ``"auto"`` (``"numba"`` for CUDA tensors, ``"numpy"``
 otherwise). Inputs come back as they came in: same type, device and dtype.
+
+Torch tensors go through two operators, ``torch.ops.ioaware.attention_fwd`` and
+``torch.ops.ioaware.attention_bwd`` (:mod:`ioaware._torch_ops`), with fake implementations and
+an autograd formula, so ``torch.compile(fullgraph=True)`` traces a model that calls them without
+graph breaks.
 """
 from __future__ import annotations
 
@@ -17,18 +23,17 @@ import functools
 
 import numpy as np
 
-from ._inputs import BlockMask, Problem, check_inputs, is_torch, torch_or_none
+from ._inputs import (BlockMask, Problem, _block_mask_parts, _check_seed, _scalar, check_inputs, check_values,
+                      is_torch, lse_dtype, parse_causal, sdpa_arguments, torch_or_none)
 from .block_info import BlockInfo
 from .reference import reference_backward, reference_forward
-from .tiled import tiled_backward, tiled_forward
+from .tiled import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, compute_dtype, tiled_backward, tiled_forward
 
 __all__ = ["attention", "attention_backward", "scaled_dot_product_attention", "BlockMask",
            "BACKENDS", "DEFAULT_BLOCK_Q", "DEFAULT_BLOCK_K"]
 
 BACKENDS = ("auto", "numpy", "reference", "numba")
-DEFAULT_BLOCK_Q = 64   # tile sizes of the NumPy path when none are given
-DEFAULT_BLOCK_K = 64
-
+NUMBA_DTYPES = ("float16", "bfloat16", "float32")
 
 # ------------------------------------------------------------------------------------------------
 # public functions
@@ -39,36 +44,60 @@ def attention(q, k, v, *, causal=False, mask=None, block_mask=None, scale=None, 
 
     Parameters
     ----------
-    q : array ``[..., Hq, Nq, d]`` (also ``[Nq, d]`` and ``[Hq, Nq, d]``); NumPy float16/float32
-        or torch float16/bfloat16/float32. Arithmetic accumulates in float32.
-    k, v : arrays ``[..., Hkv, Nk, d]`` with the same leading dimensions and dtype as ``q``;
+    q : array ``[..., Hq, Nq, E]`` (also ``[Nq, E]`` and ``[Hq, Nq, E]``); NumPy float16/float32/
+        float64 or torch float16/bfloat16/float32/float64. Arithmetic accumulates in float32
+        (float64 for float64 inputs).
+    k, v : arrays ``[..., Hkv, Nk, E]`` and ``[..., Hkv, Nk, Ev]`` with the same leading
+        dimensions and dtype as ``q``; the value head dimension ``Ev`` may differ from ``E``.
         ``Hq`` must be a multiple of ``Hkv`` (GQA/MQA: query head h uses KV head
-        ``h // (Hq // Hkv)``). ``Nk`` may differ from ``Nq`` (cross attention).
-    causal : top-left aligned causal mask, as ``torch.nn.functional.scaled_dot_product_attention``:
-        query row i attends to key columns j <= i.
+        ``h // (Hq // Hkv)``). ``Nk`` may differ from ``Nq`` (cross attention). Any size may be
+        0: the output is then empty, or all zeros when ``Nk = 0``.
+    causal : ``False``, ``True`` or ``"top_left"`` (query row i attends to key columns
+        ``j <= i``, as ``torch.nn.functional.scaled_dot_product_attention(is_causal=True)``), or
+        ``"bottom_right"`` (``j <= i + Nk - Nq``: FlashAttention-2's convention and
+        ``torch.nn.attention.bias.causal_lower_right``; the queries are the last Nq positions,
+        as when decoding with a KV cache). The two agree when ``Nq == Nk``.
     mask : boolean array broadcastable to ``[..., Hq, Nq, Nk]``; True = may attend.
     block_mask : :class:`BlockMask` (or ``(mask, (block_q, block_k))``, or a boolean array with
         ``block_q``/``block_k`` given): tiles marked False are never computed.
-    scale : multiplier of ``QK^T``; default ``1 / sqrt(d)``.
-    dropout_p, seed : dropout on the attention probabilities. The keep mask is a hash of
+    scale : multiplier of ``QK^T`` (a number or a 0-d tensor); default ``1 / sqrt(E)``.
+    dropout_p, seed : dropout on the attention probabilities, ``0 <= dropout_p <= 1``
+        (``dropout_p = 1`` gives zeros, as PyTorch). The keep mask is a hash of
         ``(seed, batch-head, row, column)`` (see :mod:`ioaware.dropout`), so the same seed gives
-        the same mask on every backend and in the backward. ``seed=None`` draws one at random.
-    return_lse : also return the float32 logsumexp ``[..., Hq, Nq]`` of the scaled, masked logits.
+        the same mask on every backend and in the backward. ``seed=None`` draws one at random
+        (from torch's generator for torch tensors, so ``torch.manual_seed`` reproduces it).
+    return_lse : also return the logsumexp ``[..., Hq, Nq]`` of the scaled, masked logits
+        (float32; float64 for float64 inputs).
     block_q, block_k : tile sizes (rows of Q, columns of K per tile).
     backend : ``"auto"``, ``"numpy"``, ``"reference"`` or ``"numba"``.
 
     Returns
     -------
-    ``out`` (like ``q``), or ``(out, lse)`` with ``return_lse=True``.
+    ``out`` ``[..., Hq, Nq, Ev]`` (type, device and dtype of ``q``), or ``(out, lse)`` with
+    ``return_lse=True``.
 
     A query row that may attend to no key at all returns zeros and logsumexp ``-inf``, never NaN.
-    Torch tensors that require grad get gradients through a ``torch.autograd.Function`` that saves
-    ``q, k, v, out, lse`` only.
+    Torch tensors that require grad get gradients through the ``ioaware::attention_fwd`` operator's
+    autograd formula, which saves ``q, k, v, out, lse`` (and references to the masks and seed).
+
+    Errors, raised before anything large is allocated or scanned: ``TypeError`` / ``ValueError``
+    naming the argument; ``MemoryError`` when the estimated host memory exceeds what is
+    available; ``RuntimeError`` when ``backend="numba"`` has no CUDA device. A
+    :class:`ioaware.PerformanceWarning` says when the CPU backends would take over a minute.
+    NaN and infinite values in CPU inputs are refused (``ValueError``), which PyTorch does not
+    do; CUDA inputs are not scanned.
     """
-    backend = _resolve_backend(backend, q)
-    pb = check_inputs(q, k, v, causal=causal, mask=mask, block_mask=block_mask, scale=scale,
-                      dropout_p=dropout_p, seed=seed, block_q=block_q, block_k=block_k)
-    out, lse = _apply(pb, q, k, v, backend)
+    if is_torch(q):
+        out, lse = _torch_attention(q, k, v, causal=causal, mask=mask, bias=None, block_mask=block_mask,
+                                    scale=scale, dropout_p=dropout_p, seed=seed, block_q=block_q,
+                                    block_k=block_k, backend=backend)
+    else:
+        backend = _resolve_backend(backend, q)
+        pb = _problem(q, k, v, backend, cost=True, values=True, causal=causal, mask=mask,
+                      block_mask=block_mask, scale=scale, dropout_p=dropout_p, seed=seed,
+                      block_q=block_q, block_k=block_k)
+        out4, lse3 = _run_forward(pb, backend)
+        out, lse = pb.restore_q(out4), pb.restore_lse(lse3)
     return (out, lse) if return_lse else out
 
 
@@ -83,63 +112,146 @@ def attention_backward(q, k, v, out, lse, dout, *, causal=False, mask=None, bloc
     backend = _resolve_backend(backend, q)
     if dropout_p and seed is None:
         raise ValueError("attention_backward with dropout needs the forward's seed")
-    pb = check_inputs(q, k, v, causal=causal, mask=mask, block_mask=block_mask, scale=scale,
-                      dropout_p=dropout_p, seed=seed, block_q=block_q, block_k=block_k)
-    _check_like("out", out, q, tuple(q.shape))
-    _check_like("dout", dout, q, tuple(q.shape))
-    _check_like("lse", lse, q, tuple(q.shape[:-1]))
-    return _backward(pb, out, lse, dout, backend)
+    pb = _problem(q, k, v, backend, cost=True, values=True, causal=causal, mask=mask, block_mask=block_mask,
+                  scale=scale, dropout_p=dropout_p, seed=seed, block_q=block_q, block_k=block_k)
+    lse_dtype = "float64" if pb.dtype_name == "float64" else "float32"
+    _check_like("out", out, q, pb.out_shape, pb.dtype_name)
+    _check_like("dout", dout, q, pb.out_shape, pb.dtype_name)
+    _check_like("lse", lse, q, tuple(q.shape[:-1]), lse_dtype)
+    return _run_backward(pb, out, lse, dout, backend)
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                                  scale=None, enable_gqa=False):
-    """A drop-in for ``torch.nn.functional.scaled_dot_product_attention`` with the same semantics.
+    """A drop-in for ``torch.nn.functional.scaled_dot_product_attention``, with its semantics.
 
-    ``attn_mask`` is boolean (True = may attend) or a float tensor added to the scaled scores.
-    ``enable_gqa=True`` allows fewer key/value heads than query heads. Differences from PyTorch:
-    a row with no allowed key returns zeros (not NaN); gradients do not flow into a float
-    ``attn_mask``; the dropout mask comes from :mod:`ioaware.dropout` (a fresh seed per call,
-    drawn from torch's generator so ``torch.manual_seed`` makes it reproducible).
+    ``query [..., Hq, L, E]``, ``key [..., Hk, S, E]``, ``value [..., Hv, S, Ev]`` with leading
+    dimensions broadcast against each other as PyTorch does; returns ``[..., Hq, L, Ev]``.
+    ``attn_mask`` is boolean (True = may attend), a float tensor (float32 or the query's dtype)
+    added to the scaled scores, or a ``torch.nn.attention.bias.CausalBias``
+    (``causal_upper_left`` / ``causal_lower_right``, understood natively, never materialised);
+    other dtypes are refused with PyTorch's message. ``is_causal=True`` is top-left aligned.
+    ``enable_gqa=True`` lets key/value have fewer heads than the query (their head counts must
+    divide the query's); without it a single key/value head is broadcast, as PyTorch does.
+    ``dropout_p`` and ``scale`` may be numbers or 0-d tensors; ``dropout_p = 1`` gives zeros.
+
+    Differences from PyTorch (docs/sdpa.md lists them all): dropout draws its mask from
+    :mod:`ioaware.dropout` (a fresh seed per call from torch's generator, so
+    ``torch.manual_seed`` reproduces it, but not PyTorch's mask); gradients do not flow into a
+    float ``attn_mask`` (one that requires grad is refused); ``attn_mask`` together with
+    ``is_causal=True`` is refused (PyTorch documents that as an error, though its CPU kernel
+    accepts it); NaN or infinite CPU inputs are refused rather than propagated; errors are
+    ``TypeError`` / ``ValueError`` rather than ``RuntimeError``; on the ``numba`` backend (CUDA
+    tensors) a float ``attn_mask`` may hold only 0 and ``-inf``, and float64, ``Ev != E`` and
+    bottom-right causal masks with ``L != S`` are refused.
     """
-    if is_causal and attn_mask is not None:
-        raise ValueError("attn_mask and is_causal cannot both be set (as in PyTorch)")
-    if query.ndim >= 3 and key.ndim >= 3 and query.shape[-3] != key.shape[-3] and not enable_gqa:
-        raise ValueError(f"query has {query.shape[-3]} heads but key has {key.shape[-3]}; "
-                         "pass enable_gqa=True for grouped-query attention")
-    mask = bias = None
-    if attn_mask is not None:
-        if str(attn_mask.dtype) in ("bool", "torch.bool"):
-            mask = attn_mask
-        else:
-            if getattr(attn_mask, "requires_grad", False):
-                raise ValueError("attn_mask requires grad, but gradients do not flow into attn_mask here")
-            bias = attn_mask
-    backend = _resolve_backend("auto", query)
-    if bias is not None and backend == "numba":
-        mask, bias = _bias_as_mask(bias), None
-    pb = check_inputs(query, key, value, causal=is_causal, mask=mask, bias=bias, scale=scale,
-                      dropout_p=dropout_p, seed=None)
-    out, _ = _apply(pb, query, key, value, backend)
+    a = sdpa_arguments(query, key, value, attn_mask, is_causal, enable_gqa)
+    if a.zeros_shape is not None:
+        return _sdpa_zeros(query, key, value, a.zeros_shape)
+    if is_torch(a.q):
+        out, _ = _torch_attention(a.q, a.k, a.v, causal=a.causal, mask=a.mask, bias=a.bias, block_mask=None,
+                                  scale=scale, dropout_p=dropout_p, seed=None, block_q=None, block_k=None,
+                                  backend="auto")
+        return out
+    backend = _resolve_backend("auto", a.q)
+    pb = _problem(a.q, a.k, a.v, backend, cost=True, values=True, causal=a.causal, mask=a.mask, bias=a.bias,
+                  scale=scale, dropout_p=dropout_p)
+    out4, _ = _run_forward(pb, backend)
+    return pb.restore_q(out4)
+
+
+def _sdpa_zeros(query, key, value, shape):
+    """PyTorch's result for an empty query sequence or an empty value: zeros, with (zero) gradients
+    flowing to the inputs that require them."""
+    if not is_torch(query):
+        return np.zeros(shape, dtype=query.dtype)
+    out = query.new_zeros(shape)
+    inputs = [x for x in (query, key, value) if x.requires_grad]
+    if inputs and torch_or_none().is_grad_enabled():
+        out = out + sum(x.flatten()[:0].sum() for x in inputs)      # sums of nothing: exactly 0
     return out
 
 
 # ------------------------------------------------------------------------------------------------
-# dispatch
+# checks and dispatch
 # ------------------------------------------------------------------------------------------------
 def _resolve_backend(backend, q):
+    """The backend that will run: ``"auto"`` resolved, and refused if it cannot run here."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "auto":
         on_cuda = is_torch(q) and q.device.type == "cuda"
-        return "numba" if on_cuda else "numpy"
+        backend = "numba" if on_cuda else "numpy"
+    if backend == "numba":
+        _check_numba_available()
     return backend
 
 
-def _check_like(name, x, q, shape):
+@functools.cache
+def _numba_cuda_status() -> str | None:
+    """None if Numba can run CUDA kernels here (a GPU, or its simulator), else why not."""
+    try:
+        from numba import cuda
+    except ImportError as exc:  # pragma: no cover - numba is a dependency
+        return f"numba.cuda cannot be imported ({exc})"
+    if cuda.is_available():
+        return None
+    reason = ""
+    try:
+        cuda.current_context()
+    except Exception as exc:  # noqa: BLE001 - numba raises several kinds here
+        reason = ": " + " ".join(str(exc).split()).rstrip(": ")
+    return f"numba.cuda.is_available() is False{reason}"
+
+
+def _check_numba_available():
+    status = _numba_cuda_status()
+    if status is not None:
+        raise RuntimeError(f"backend='numba' needs a CUDA GPU, and Numba finds none ({status}). Use "
+                           f"backend='numpy' on the CPU, or set NUMBA_ENABLE_CUDASIM=1 before importing "
+                           f"numba to run the kernels in Numba's CUDA simulator.")
+
+
+def _check_backend_supports(pb: Problem, backend):
+    """Refuse, before dispatch, what ``backend`` cannot compute exactly (each error names the argument)."""
+    if backend != "numba" or pb.trivial:
+        return
+    if pb.dtype_name not in NUMBA_DTYPES:
+        raise TypeError(f"q, k and v have dtype {pb.dtype_name}; backend 'numba' takes {', '.join(NUMBA_DTYPES)} "
+                        f"(float64 runs on backend='numpy' or 'reference', with CPU inputs)")
+    if pb.value_dim != pb.head_dim:
+        raise ValueError(f"v has head dimension {pb.value_dim} but q and k have {pb.head_dim}; backend 'numba' "
+                         f"needs them equal (backend='numpy' takes them different, with CPU inputs)")
+    if pb.head_dim == 0:
+        raise ValueError("q and k have head dimension 0, which backend 'numba' does not take")
+    if pb.causal and pb.causal_alignment == "bottom_right" and pb.seqlen_q != pb.seqlen_k:
+        raise ValueError(f"causal='bottom_right' (or attn_mask=causal_lower_right(...)) with Nq={pb.seqlen_q} != "
+                         f"Nk={pb.seqlen_k} is not supported by backend 'numba' (its kernels align causal "
+                         f"masks top-left); pass the pattern as a boolean mask, or use backend='numpy'")
+
+
+def _problem(q, k, v, backend, *, cost, values, **kwargs) -> Problem:
+    """``check_inputs`` (with the cost check when ``cost``), the backend's refusals, and the value
+    scan when ``values``: every check, in that order, before any work."""
+    pb = check_inputs(q, k, v, backend=backend if cost else None, **kwargs)
+    _check_backend_supports(pb, backend)
+    if values:
+        check_values(pb)
+    return pb
+
+
+def _check_like(name, x, q, shape, dtype):
+    """``x`` (out, dout or lse of a backward) must be q's kind of array, on q's device, with
+    ``shape`` and dtype ``dtype`` (a name): a mismatch would be read as the wrong bits."""
     if is_torch(x) != is_torch(q):
         raise TypeError(f"{name} must be the same type as q ({type(q).__name__}), got {type(x).__name__}")
-    if tuple(x.shape) != shape:
-        raise ValueError(f"{name} must have shape {shape}, got {tuple(x.shape)}")
+    if tuple(x.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(x.shape)}")
+    got = str(x.dtype).replace("torch.", "")
+    if got != dtype:
+        raise TypeError(f"{name} must have dtype {dtype} (as the forward returns it for q's dtype), got {got}")
+    if is_torch(x) and x.device != q.device:
+        raise ValueError(f"{name} is on {x.device} but q is on {q.device}")
 
 
 def _bias_as_mask(bias):
@@ -152,18 +264,80 @@ def _bias_as_mask(bias):
     return finite
 
 
-def _apply(pb: Problem, q, k, v, backend):
-    """Forward, through autograd when a torch input requires grad."""
+def _torch_attention(q, k, v, *, causal, mask, bias, block_mask, scale, dropout_p, seed, block_q, block_k,
+                     backend):
+    """Torch tensors: through the ``ioaware::attention_fwd`` operator (autograd and torch.compile).
+
+    Only what the operator's schema needs is prepared here (this code is traced by
+    torch.compile); the operator itself checks everything once, in :func:`_problem`.
+    """
+    from ._torch_ops import attention_fwd, attention_fwd_impl
     torch = torch_or_none()
-    if pb.kind == "torch" and torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
-        meta = dataclasses.replace(pb, q=None, k=None, v=None)
-        return _attention_function().apply(q, k, v, meta, backend)
-    out4, lse3 = _forward(pb, backend)
-    return pb.restore_q(out4), pb.restore_lse(lse3)
+    if not all(is_torch(x) for x in (k, v)) or not all(x is None or is_torch(x) for x in (mask, bias)):
+        check_inputs(q, k, v, mask=mask, bias=bias)     # raises the error that names the argument
+        raise TypeError("q, k, v and the masks must all be torch tensors or all NumPy arrays")
+    is_causal, alignment = parse_causal(causal)
+    if scale is not None:
+        scale = _scalar("scale", scale)
+    dropout_p = _scalar("dropout_p", dropout_p, "a float in [0, 1]")
+    if seed is None and dropout_p > 0.0:
+        seed_t = torch.randint(0, 2**62, (), dtype=torch.int64)
+    else:
+        seed_int = _check_seed(seed, dropout_p, "torch", torch) if seed is not None else 0
+        seed_t = torch.tensor(seed_int - 2**64 if seed_int >= 2**63 else seed_int, dtype=torch.int64)
+    bm = None
+    if block_mask is not None:
+        arr, block_q, block_k = _block_mask_parts(block_mask, block_q, block_k)
+        bm = torch.from_numpy(np.ascontiguousarray(arr))
+    args = (q, k, v, mask, bias, bm, seed_t, scale, is_causal, alignment, dropout_p, block_q, block_k, backend)
+    traced = torch.compiler.is_compiling()
+    if not traced and not (torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))):
+        return attention_fwd_impl(*args)        # the operator's own implementation, without dispatch
+    return attention_fwd(*args)
+
+
+def _run_forward(pb: Problem, backend):
+    """Canonical forward with the cases no backend needs to see: nothing to compute (no query
+    row, or no key: zeros and ``lse = -inf``) and ``dropout_p = 1`` (zeros; the logsumexp of the
+    logits as without dropout)."""
+    if pb.trivial:
+        return _zeros(pb, _canonical_shape(pb, pb.value_dim)), _full(pb, _canonical_shape(pb), -np.inf, lse=True)
+    if pb.dropout_p >= 1.0:
+        _, lse = _forward(dataclasses.replace(pb, dropout_p=0.0), backend)
+        return _zeros(pb, _canonical_shape(pb, pb.value_dim)), lse
+    return _forward(pb, backend)
+
+
+def _run_backward(pb: Problem, out, lse, dout, backend):
+    """Gradients, zero where the forward's output does not depend on the inputs (see :func:`_run_forward`)."""
+    if pb.trivial or pb.dropout_p >= 1.0:
+        dq = _zeros(pb, _canonical_shape(pb, pb.head_dim))
+        dk = _zeros(pb, (pb.batch, pb.heads_kv, pb.seqlen_k, pb.head_dim))
+        dv = _zeros(pb, (pb.batch, pb.heads_kv, pb.seqlen_k, pb.value_dim))
+        return pb.restore_q(dq), pb.restore_kv(dk), pb.restore_v(dv)
+    return _backward(pb, out, lse, dout, backend)
+
+
+def _canonical_shape(pb: Problem, last=None):
+    lead = (pb.batch, pb.heads_q, pb.seqlen_q)
+    return lead if last is None else lead + (last,)
+
+
+def _full(pb: Problem, shape, value, lse=False):
+    """A new array/tensor of ``shape`` filled with ``value``, in the user's type, device and dtype."""
+    if pb.kind == "numpy":
+        return np.full(shape, value, dtype=lse_dtype(pb.dtype_name) if lse else pb.dtype)
+    torch = torch_or_none()
+    dtype = getattr(torch, lse_dtype(pb.dtype_name)) if lse else pb.dtype
+    return torch.full(shape, value, dtype=dtype, device=pb.device)
+
+
+def _zeros(pb: Problem, shape):
+    return _full(pb, shape, 0.0)
 
 
 def _forward(pb: Problem, backend):
-    """Canonical forward: ``(out [B,Hq,Nq,d], lse [B,Hq,Nq])`` in the inputs' type and device."""
+    """Canonical forward: ``(out [B,Hq,Nq,Ev], lse [B,Hq,Nq])`` in the inputs' type and device."""
     if backend == "numba":
         if pb.bias is not None:
             raise NotImplementedError("the numba backend takes boolean masks, not an additive bias")
@@ -176,19 +350,22 @@ def _forward(pb: Problem, backend):
         out, lse = reference_forward(g.q, g.k, g.v, scale=pb.scale, allowed=g.allowed_full(),
                                      bias=g.bias, bh=g.bh, dropout_p=pb.dropout_p, seed=pb.seed)
     else:
-        out = np.empty(g.q.shape, dtype=np.float32)
-        lse = np.empty(g.q.shape[:-1], dtype=np.float32)
+        acc = compute_dtype(g.q.dtype)
+        out = np.empty(g.q.shape[:-1] + (pb.value_dim,), dtype=acc)
+        lse = np.empty(g.q.shape[:-1], dtype=acc)
         for sel, info in g.groups():
             o, l_ = tiled_forward(g.q[sel], g.k[sel[:2]], g.v[sel[:2]], scale=pb.scale, info=info,
                                   allowed=_sel(g.allowed, sel), bias=_sel(g.bias, sel), bh=g.bh[sel],
                                   dropout_p=pb.dropout_p, seed=pb.seed)
             out[sel], lse[sel] = o, l_
-    return _to_user(pb, out.reshape(pb.q.shape)), _to_user(pb, lse.reshape(pb.q.shape[:-1]), lse=True)
+    out_shape = tuple(pb.q.shape[:-1]) + (pb.value_dim,)
+    return _to_user(pb, out.reshape(out_shape)), _to_user(pb, lse.reshape(pb.q.shape[:-1]), lse=True)
 
 
 def _backward(pb: Problem, out, lse, dout, backend):
     """Gradients in the user's layout from user-shaped ``out``, ``lse``, ``dout``."""
     shape4, shape3 = tuple(pb.q.shape), tuple(pb.q.shape[:-1])
+    shape_out = shape3 + (pb.value_dim,)
     if backend == "numba":
         import kernels
         o, l_, do = (_device_input(pb, x.reshape(s)) for x, s in ((out, shape4), (lse, shape3), (dout, shape4)))
@@ -196,17 +373,18 @@ def _backward(pb: Problem, out, lse, dout, backend):
         dq, dk, dv = (_from_device(pb, x) for x in (dq, dk, dv))
     else:
         q, k, v = (_host(x) for x in (pb.q, pb.k, pb.v))
-        o, l_, do = _host(out.reshape(shape4)), _host(lse.reshape(shape3)), _host(dout.reshape(shape4))
+        o, l_, do = _host(out.reshape(shape_out)), _host(lse.reshape(shape3)), _host(dout.reshape(shape_out))
         g = _Grouped(pb, q, k, v)
-        o5, do5 = g.as_q(o), g.as_q(do)
+        o5, do5 = g.as_out(o), g.as_out(do)
         l5 = l_.reshape(g.q.shape[:-1])
         if backend == "reference":
             dq, dk, dv = reference_backward(g.q, g.k, g.v, do5, scale=pb.scale, allowed=g.allowed_full(),
                                             bias=g.bias, bh=g.bh, dropout_p=pb.dropout_p, seed=pb.seed)
         else:
-            dq = np.zeros(g.q.shape, dtype=np.float32)
-            dk = np.zeros(g.k.shape, dtype=np.float32)
-            dv = np.zeros(g.v.shape, dtype=np.float32)
+            acc = compute_dtype(g.q.dtype)
+            dq = np.zeros(g.q.shape, dtype=acc)
+            dk = np.zeros(g.k.shape, dtype=acc)
+            dv = np.zeros(g.v.shape, dtype=acc)
             for sel, info in g.groups():
                 kv = sel[:2]
                 dq_, dk_, dv_ = tiled_backward(g.q[sel], g.k[kv], g.v[kv], o5[sel], l5[sel], do5[sel],
@@ -217,8 +395,8 @@ def _backward(pb: Problem, out, lse, dout, backend):
                 dk[kv] += dk_
                 dv[kv] += dv_
         dq = _to_user(pb, dq.reshape(shape4))
-        dk, dv = (_to_user(pb, x.reshape(pb.k.shape)) for x in (dk, dv))
-    return pb.restore_q(dq), pb.restore_kv(dk), pb.restore_kv(dv)
+        dk, dv = _to_user(pb, dk.reshape(pb.k.shape)), _to_user(pb, dv.reshape(pb.v.shape))
+    return pb.restore_q(dq), pb.restore_kv(dk), pb.restore_v(dv)
 
 
 def _kernel_problem(pb: Problem) -> Problem:
@@ -256,12 +434,14 @@ def _host(x):
 
 
 def _to_user(pb: Problem, x, lse=False):
-    """Cast a host result to the user's type, device and dtype (logsumexp stays float32)."""
+    """Cast a host result to the user's type, device and dtype (the logsumexp stays float32, or
+    float64 for float64 inputs)."""
+    lse_dt = lse_dtype(pb.dtype_name)
     if pb.kind == "numpy":
-        return x.astype(np.float32 if lse else pb.dtype, copy=False)
+        return x.astype(lse_dt if lse else pb.dtype, copy=False)
     torch = torch_or_none()
-    t = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
-    return t.to(device=pb.device, dtype=torch.float32 if lse else pb.dtype)
+    t = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float64 if pb.dtype_name == "float64" else np.float32))
+    return t.to(device=pb.device, dtype=getattr(torch, lse_dt) if lse else pb.dtype)
 
 
 class _Grouped:
@@ -272,15 +452,16 @@ class _Grouped:
         b, g, r = pb.batch, pb.heads_kv, pb.group
         self.q = q.reshape(b, g, r, pb.seqlen_q, pb.head_dim)
         self.k = k.reshape(b, g, 1, pb.seqlen_k, pb.head_dim)
-        self.v = v.reshape(b, g, 1, pb.seqlen_k, pb.head_dim)
+        self.v = v.reshape(b, g, 1, pb.seqlen_k, pb.value_dim)
         self.bh = np.arange(b * pb.heads_q, dtype=np.int64).reshape(b, g, r)
         self.allowed = self._as5(_host(pb.mask))
         self.bias = self._as5(_host(pb.bias))
         if self.bias is not None:
-            self.bias = self.bias.astype(np.float32, copy=False)
+            self.bias = self.bias.astype(compute_dtype(self.q.dtype), copy=False)
 
-    def as_q(self, x):
-        return x.reshape(self.q.shape)
+    def as_out(self, x):
+        """An output-shaped ``[B, Hq, Nq, Ev]`` array in the grouped layout."""
+        return x.reshape(self.q.shape[:-1] + (self.pb.value_dim,))
 
     def _as5(self, x4):
         if x4 is None:
@@ -293,7 +474,8 @@ class _Grouped:
     def _info(self, block_mask2d=None):
         pb = self.pb
         return BlockInfo.with_block_mask(pb.seqlen_q, pb.seqlen_k, pb.block_q or DEFAULT_BLOCK_Q,
-                                         pb.block_k or DEFAULT_BLOCK_K, pb.causal, block_mask2d)
+                                         pb.block_k or DEFAULT_BLOCK_K, pb.causal, block_mask2d,
+                                         pb.causal_alignment)
 
     def groups(self):
         """``(selector, BlockInfo)`` pairs: one per distinct block-mask slice (one if none)."""
@@ -317,7 +499,7 @@ class _Grouped:
         pb = self.pb
         allowed = self.allowed
         if pb.causal:
-            c = np.arange(pb.seqlen_k)[None, :] <= np.arange(pb.seqlen_q)[:, None]
+            c = self._info().causal_pattern()
             allowed = c if allowed is None else (allowed & c)
         if pb.block_mask is not None:
             expanded = BlockMask(pb.block_mask, pb.block_q, pb.block_k).expand(pb.seqlen_q, pb.seqlen_k)
@@ -331,45 +513,3 @@ def _sel(x, sel):
     if x is None:
         return None
     return x[tuple(s if x.shape[i] != 1 else slice(None) for i, s in enumerate(sel))]
-
-
-# ------------------------------------------------------------------------------------------------
-# autograd
-# ------------------------------------------------------------------------------------------------
-@functools.cache
-def _attention_function():
-    """The ``torch.autograd.Function``, built on first use so that importing ioaware needs no torch."""
-    torch = torch_or_none()
-
-    class AttentionFunction(torch.autograd.Function):
-        """Saves ``q, k, v, out, lse`` only; the backward recomputes S and P from ``lse``."""
-
-        @staticmethod
-        def forward(ctx, q, k, v, meta, backend):
-            pb = dataclasses.replace(meta, q=_meta_view(q, meta), k=_meta_view(k, meta, kv=True),
-                                     v=_meta_view(v, meta, kv=True))
-            out4, lse3 = _forward(pb, backend)
-            out, lse = meta.restore_q(out4), meta.restore_lse(lse3)
-            ctx.save_for_backward(q, k, v, out, lse)
-            ctx.meta, ctx.backend = meta, backend
-            ctx.mark_non_differentiable(lse)
-            return out, lse
-
-        @staticmethod
-        def backward(ctx, dout, _dlse):
-            q, k, v, out, lse = ctx.saved_tensors
-            meta = ctx.meta
-            pb = dataclasses.replace(meta, q=_meta_view(q, meta), k=_meta_view(k, meta, kv=True),
-                                     v=_meta_view(v, meta, kv=True))
-            dq, dk, dv = _backward(pb, out, lse, dout.contiguous(), ctx.backend)
-            return dq, dk, dv, None, None
-
-    return AttentionFunction
-
-
-def _meta_view(x, meta: Problem, kv=False):
-    """The canonical ``[B, H, N, d]`` view of a user tensor described by ``meta``."""
-    heads = meta.heads_kv if kv else meta.heads_q
-    n = meta.seqlen_k if kv else meta.seqlen_q
-    return x.detach().reshape(meta.batch, heads, n, meta.head_dim)
-

@@ -9,8 +9,17 @@ Conventions
 * Q block ``m`` covers query rows ``[m * block_q, min((m + 1) * block_q, seqlen_q))``;
   K block ``n`` covers key columns ``[n * block_k, min((n + 1) * block_k, seqlen_k))``.
   The last block of each may be partial.
-* ``causal`` is aligned top-left, as PyTorch's ``scaled_dot_product_attention(is_causal=True)``:
-  query row ``i`` may attend to key column ``j`` iff ``j <= i``.
+* ``causal`` masks by position, with one of two alignments (they coincide when
+  ``seqlen_q == seqlen_k``):
+
+  - ``"top_left"`` (the default), as PyTorch's ``scaled_dot_product_attention(is_causal=True)``
+    and ``torch.nn.attention.bias.causal_upper_left``: query row ``i`` may attend to key column
+    ``j`` iff ``j <= i``;
+  - ``"bottom_right"``, FlashAttention-2's convention for ``seqlen_q != seqlen_k`` and
+    ``torch.nn.attention.bias.causal_lower_right``: ``j <= i + seqlen_k - seqlen_q``, so the
+    last query row sees every key (the queries are the last ``seqlen_q`` positions of the
+    sequence, as when decoding with a KV cache). With ``seqlen_q > seqlen_k`` the first
+    ``seqlen_q - seqlen_k`` rows see no key at all.
 * ``block_mask[m][n]`` (optional) says whether tile ``(m, n)`` is computed at all
   (FlashAttention's block-sparse attention). A skipped tile is never loaded.
 """
@@ -21,7 +30,9 @@ from functools import cached_property
 
 import numpy as np
 
-__all__ = ["BlockInfo", "cdiv"]
+__all__ = ["BlockInfo", "CAUSAL_ALIGNMENTS", "cdiv"]
+
+CAUSAL_ALIGNMENTS = ("top_left", "bottom_right")
 
 
 def cdiv(a: int, b: int) -> int:
@@ -37,9 +48,11 @@ class BlockInfo:
     ----------
     seqlen_q, seqlen_k : number of query rows and key columns (>= 1).
     block_q, block_k : tile sizes in rows / columns (>= 1).
-    causal : top-left aligned causal masking.
+    causal : causal masking, aligned as ``causal_alignment`` says.
     block_mask : optional tuple of tuples of bool, shape ``[n_blocks_q][n_blocks_k]``;
         ``False`` tiles are skipped. Build it from an array with :meth:`with_block_mask`.
+    causal_alignment : ``"top_left"`` (default; ``j <= i``) or ``"bottom_right"``
+        (``j <= i + seqlen_k - seqlen_q``); ignored unless ``causal``.
     """
 
     seqlen_q: int
@@ -48,12 +61,16 @@ class BlockInfo:
     block_k: int
     causal: bool = False
     block_mask: tuple[tuple[bool, ...], ...] | None = None
+    causal_alignment: str = "top_left"
 
     def __post_init__(self) -> None:
         for name in ("seqlen_q", "seqlen_k", "block_q", "block_k"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
                 raise ValueError(f"BlockInfo.{name} must be a positive integer, got {value!r}")
+        if self.causal_alignment not in CAUSAL_ALIGNMENTS:
+            raise ValueError(f"BlockInfo.causal_alignment must be one of {CAUSAL_ALIGNMENTS}, "
+                             f"got {self.causal_alignment!r}")
         if self.block_mask is not None:
             shape = (len(self.block_mask), len(self.block_mask[0]) if self.block_mask else 0)
             if shape != (self.n_blocks_q, self.n_blocks_k) or any(
@@ -66,15 +83,17 @@ class BlockInfo:
 
     @classmethod
     def with_block_mask(cls, seqlen_q: int, seqlen_k: int, block_q: int, block_k: int,
-                        causal: bool = False, block_mask=None) -> "BlockInfo":
+                        causal: bool = False, block_mask=None,
+                        causal_alignment: str = "top_left") -> "BlockInfo":
         """Build a BlockInfo from a 2-D boolean array-like block mask (or None)."""
-        if block_mask is None:
-            return cls(int(seqlen_q), int(seqlen_k), int(block_q), int(block_k), bool(causal))
-        arr = np.asarray(block_mask, dtype=bool)
-        if arr.ndim != 2:
-            raise ValueError(f"block_mask must be 2-D (n_blocks_q, n_blocks_k), got shape {arr.shape}")
-        return cls(int(seqlen_q), int(seqlen_k), int(block_q), int(block_k), bool(causal),
-                   tuple(tuple(bool(x) for x in row) for row in arr))
+        rows = None
+        if block_mask is not None:
+            arr = np.asarray(block_mask, dtype=bool)
+            if arr.ndim != 2:
+                raise ValueError(f"block_mask must be 2-D (n_blocks_q, n_blocks_k), got shape {arr.shape}")
+            rows = tuple(tuple(bool(x) for x in row) for row in arr)
+        return cls(int(seqlen_q), int(seqlen_k), int(block_q), int(block_k), bool(causal), rows,
+                   causal_alignment)
 
     # -- sizes ---------------------------------------------------------------------------------
     @property
@@ -94,16 +113,23 @@ class BlockInfo:
         return n * self.block_k, min((n + 1) * self.block_k, self.seqlen_k)
 
     # -- which tiles are visited ----------------------------------------------------------------
+    @property
+    def causal_offset(self) -> int:
+        """``c`` in the causal rule "row ``i`` sees column ``j`` iff ``j <= i + c``": 0 top-left,
+        ``seqlen_k - seqlen_q`` bottom-right."""
+        return self.seqlen_k - self.seqlen_q if self.causal_alignment == "bottom_right" else 0
+
     def k_block_range(self, m: int) -> tuple[int, int]:
         """K blocks ``[lo, hi)`` that Q block ``m`` may see before block-sparse filtering.
 
-        Causal: the last row of the block, ``i_max``, sees columns ``<= i_max``, so K blocks
-        beyond ``i_max // block_k`` are skipped entirely.
+        Causal: the last row of the block, ``i_max``, sees columns ``<= i_max + causal_offset``,
+        so K blocks beyond that column's block are skipped entirely (all of them when the
+        block's last row sees no column).
         """
         hi = self.n_blocks_k
         if self.causal:
-            last_row = self.q_range(m)[1] - 1
-            hi = min(hi, last_row // self.block_k + 1)
+            last_col = self.q_range(m)[1] - 1 + self.causal_offset
+            hi = max(0, min(hi, last_col // self.block_k + 1))
         return 0, hi
 
     def k_blocks(self, m: int) -> tuple[int, ...]:
@@ -128,7 +154,25 @@ class BlockInfo:
             return False
         first_row = self.q_range(m)[0]
         last_col = self.k_range(n)[1] - 1
-        return last_col > first_row
+        return last_col > first_row + self.causal_offset
+
+    def tile_causal_mask(self, m: int, n: int) -> np.ndarray | None:
+        """The elementwise causal mask of tile ``(m, n)``: bool ``[rows, cols]``, True = may attend;
+        None when the tile needs none (:meth:`tile_needs_mask` is False)."""
+        if not self.tile_needs_mask(m, n):
+            return None
+        r0, r1 = self.q_range(m)
+        c0, c1 = self.k_range(n)
+        return np.arange(c0, c1)[None, :] <= np.arange(r0, r1)[:, None] + self.causal_offset
+
+    def causal_pattern(self) -> np.ndarray:
+        """The whole ``[seqlen_q, seqlen_k]`` causal pattern as a boolean array (all True when
+        not causal); block-sparse skipping not included. For references and tests."""
+        rows = np.arange(self.seqlen_q)[:, None]
+        cols = np.arange(self.seqlen_k)[None, :]
+        if not self.causal:
+            return np.ones((self.seqlen_q, self.seqlen_k), dtype=bool)
+        return cols <= rows + self.causal_offset
 
     def tiles(self) -> list[tuple[int, int]]:
         """All visited tiles ``(m, n)`` in FlashAttention-2 forward order (Q outer, K inner)."""

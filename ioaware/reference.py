@@ -4,7 +4,8 @@ It builds the full ``[Nq, Nk]`` score matrix, applies every mask at once, and di
 analytically. It is slow and memory-hungry on purpose: nothing here is tiled or fused.
 
 Arrays use the grouped layout shared with :mod:`ioaware.tiled`:
-``q [B, G, R, Nq, d]``, ``k, v [B, G, 1, Nk, d]`` (G = KV heads, R = query heads per KV head),
+``q [B, G, R, Nq, d]``, ``k [B, G, 1, Nk, d]``, ``v [B, G, 1, Nk, dv]`` (G = KV heads, R = query
+heads per KV head; ``dv`` may differ from ``d``),
 ``allowed`` (bool, broadcastable to ``[B, G, R, Nq, Nk]``) or None, ``bias`` (float, same
 broadcast) or None, ``bh [B, G, R]`` flat batch-head indices for the dropout hash.
 """
@@ -36,6 +37,8 @@ def _probabilities(q, k, *, scale, allowed, bias):
 def _dropout_factor(p, bh, dropout_p, seed):
     if dropout_p == 0.0:
         return None
+    if dropout_p >= 1.0:
+        return np.zeros(p.shape[-2:])
     nq, nk = p.shape[-2:]
     keep = keep_mask(seed, dropout_p, bh[..., None, None], np.arange(nq)[:, None], np.arange(nk)[None, :])
     return keep / (1.0 - dropout_p)

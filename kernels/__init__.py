@@ -38,6 +38,9 @@ def family_for(problem, config=None, pass_="fwd") -> str:
     (a ValueError saying why, when that family cannot run it)."""
     config = config or KernelConfig()
     which = 0 if pass_ == "fwd" else 1
+    why = _refusal(problem)
+    if why:
+        raise ValueError(f"no kernel family runs this problem: {why}")
     if config.family is not None:
         why = FAMILIES[config.family][which].supports(problem, config)
         if why:
@@ -51,6 +54,20 @@ def family_for(problem, config=None, pass_="fwd") -> str:
             return name
         reasons.append(f"{name}: {why}")
     raise ValueError("no kernel family runs this problem (" + "; ".join(reasons) + ")")
+
+
+def _refusal(problem):
+    """What no family computes (`ioaware` refuses these before dispatch; this guards direct
+    callers): bottom-right causal alignment with Nq != Nk, a value head dim other than the
+    query's, or an additive bias."""
+    if problem.causal and getattr(problem, "causal_alignment", "top_left") != "top_left" \
+            and problem.seqlen_q != problem.seqlen_k:
+        return "bottom-right causal alignment with seqlen_q != seqlen_k"
+    if getattr(problem, "value_dim", problem.head_dim) != problem.head_dim:
+        return "a value head dim different from the query's"
+    if getattr(problem, "bias", None) is not None:
+        return "an additive bias (the kernels take boolean masks)"
+    return None
 
 
 def forward(problem, config=None):

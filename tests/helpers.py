@@ -115,13 +115,15 @@ def kernel_problem(q, k, v, *, scale=None, causal=False, mask=None, block_mask=N
     or torch CUDA tensors), as `ioaware` builds it: ``block_mask`` on the tiles
     (block_q, block_k); without one, block_q/block_k are the requested kernel tiles.
     ``check_finite=False`` lets NaN/inf through (tests that poison skipped tiles)."""
-    from ioaware._inputs import check_inputs
+    from ioaware._inputs import check_inputs, check_values
     if block_mask is not None:
         block_mask = (block_mask, (block_q, block_k))
         block_q = block_k = None
-    return check_inputs(q, k, v, causal=causal, mask=mask, block_mask=block_mask, scale=scale,
-                        dropout_p=dropout_p, seed=seed, block_q=block_q, block_k=block_k,
-                        check_finite=check_finite)
+    pb = check_inputs(q, k, v, causal=causal, mask=mask, block_mask=block_mask, scale=scale,
+                      dropout_p=dropout_p, seed=seed, block_q=block_q, block_k=block_k)
+    if check_finite:
+        check_values(pb)
+    return pb
 
 
 def kernels_forward(q, k, v, *, config=None, **kw):

@@ -148,8 +148,10 @@ def test_ioaware_refuses_bad_problems_before_the_kernels(monkeypatch, dtype, pas
         return ioaware.attention_backward(q, k, v, out, lse, dout, backend="numba", **kw)
 
     q, kv = z(1, 4, 8, 64), z(1, 2, 8, 64)
-    with pytest.raises(ValueError, match="k and v must have the same shape"):
+    with pytest.raises(ValueError, match="same number of keys|sequence length|shape"):
         call(q, kv, z(1, 2, 9, 64))
+    with pytest.raises(ValueError, match="backend 'numba' needs them equal"):
+        call(q, kv, z(1, 2, 8, 32))                     # Ev != E
     with pytest.raises(ValueError, match="multiple of the number of key/value heads"):
         call(z(1, 3, 8, 64), kv, kv)
     with pytest.raises(ValueError, match="same head dimension"):
@@ -157,7 +159,7 @@ def test_ioaware_refuses_bad_problems_before_the_kernels(monkeypatch, dtype, pas
     with pytest.raises(ValueError, match="scale must be finite"):
         call(q, kv, kv, scale=float("inf"))
     with pytest.raises(ValueError, match="dropout_p"):
-        call(q, kv, kv, dropout_p=1.0, seed=0)
+        call(q, kv, kv, dropout_p=1.5, seed=0)
     with pytest.raises(TypeError):
         call(q, kv, kv.tolist())
     with pytest.raises(ValueError, match="block_mask needs its block shape"):

@@ -1,0 +1,119 @@
+"""The torch operators behind :func:`ioaware.attention` for torch tensors.
+
+``torch.ops.ioaware.attention_fwd(q, k, v, mask, bias, block_mask, seed, scale, causal,
+causal_alignment, dropout_p, block_q, block_k, backend) -> (out, lse)`` and
+``torch.ops.ioaware.attention_bwd(q, k, v, out, lse, dout, <the same arguments>) -> (dq, dk, dv)``
+are ``torch.library.custom_op`` operators:
+
+* their implementations check the inputs once (:func:`ioaware.attention._problem`: shapes,
+  dtypes, cost, the backend's refusals, then the NaN/Inf scan of CPU inputs) and run the chosen
+  backend; to ``torch.compile`` they are opaque, so the data-dependent checks and the seed's
+  conversion to a Python integer happen at run time, not in the traced graph;
+* their fake implementations run the same shape checks on fake tensors (errors appear when
+  the graph is traced) and give the output shapes and dtypes;
+* the forward's autograd formula saves ``q, k, v, out, lse`` and the mask, block mask and seed
+  inputs (references, not copies) and calls ``attention_bwd``, which recomputes S and P.
+
+``attention_fwd_impl`` is the forward operator's implementation as a plain function: eager calls
+that need no gradient call it directly, without the dispatcher's overhead.
+
+``seed`` is a 0-d int64 tensor (seeds of 2**63 and above wrap to negative values and back), so
+a fresh seed can be drawn with ``torch.randint`` inside a compiled graph. Gradients do not flow
+into ``mask``, ``bias`` or ``block_mask``.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Optional
+
+import torch
+
+from ._inputs import lse_dtype
+
+# the module, not the function of the same name that ioaware/__init__.py exports
+_attention = importlib.import_module("ioaware.attention")
+
+__all__ = ["attention_fwd", "attention_bwd", "attention_fwd_impl"]
+
+
+def _seed(seed: torch.Tensor) -> int:
+    return int(seed.item()) % 2**64
+
+
+def _kwargs(mask, bias, block_mask, scale, causal, causal_alignment, dropout_p, block_q, block_k):
+    return dict(causal=causal_alignment if causal else False, mask=mask, bias=bias, block_mask=block_mask,
+                scale=scale, dropout_p=dropout_p, block_q=block_q, block_k=block_k)
+
+
+def _numba_mask(backend, mask, bias):
+    """The kernels take no additive bias: a float mask of 0 / -inf becomes a boolean mask."""
+    if backend == "numba" and bias is not None:
+        allowed = _attention._bias_as_mask(bias)
+        return (allowed if mask is None else mask & allowed), None
+    return mask, bias
+
+
+def attention_fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
+                  bias: Optional[torch.Tensor], block_mask: Optional[torch.Tensor], seed: torch.Tensor,
+                  scale: Optional[float], causal: bool, causal_alignment: str, dropout_p: float,
+                  block_q: Optional[int], block_k: Optional[int], backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention forward: ``(out [..., Hq, Nq, Ev], lse [..., Hq, Nq])``."""
+    backend = _attention._resolve_backend(backend, q)
+    mask, bias = _numba_mask(backend, mask, bias)
+    pb = _attention._problem(q, k, v, backend, cost=True, values=True, seed=_seed(seed),
+                             **_kwargs(mask, bias, block_mask, scale, causal, causal_alignment, dropout_p,
+                                       block_q, block_k))
+    out4, lse3 = _attention._run_forward(pb, backend)
+    return pb.restore_q(out4), pb.restore_lse(lse3)
+
+
+attention_fwd = torch.library.custom_op("ioaware::attention_fwd", mutates_args=())(attention_fwd_impl)
+
+
+@attention_fwd.register_fake
+def _attention_fwd_fake(q, k, v, mask, bias, block_mask, seed, scale, causal, causal_alignment, dropout_p,
+                        block_q, block_k, backend):
+    backend = _attention._resolve_backend(backend, q)
+    # the block mask's values are not available here; it is checked when the operator runs
+    pb = _attention._problem(q, k, v, backend, cost=False, values=False, seed=0,
+                             **_kwargs(mask, bias, None, scale, causal, causal_alignment, dropout_p,
+                                       block_q, block_k))
+    lse_dt = getattr(torch, lse_dtype(pb.dtype_name))
+    return q.new_empty(pb.out_shape), q.new_empty(tuple(q.shape[:-1]), dtype=lse_dt)
+
+
+@torch.library.custom_op("ioaware::attention_bwd", mutates_args=())
+def attention_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                  dout: torch.Tensor, mask: Optional[torch.Tensor], bias: Optional[torch.Tensor],
+                  block_mask: Optional[torch.Tensor], seed: torch.Tensor, scale: Optional[float], causal: bool,
+                  causal_alignment: str, dropout_p: float, block_q: Optional[int], block_k: Optional[int],
+                  backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Attention backward: ``(dq, dk, dv)`` shaped like ``q, k, v``."""
+    backend = _attention._resolve_backend(backend, q)
+    mask, bias = _numba_mask(backend, mask, bias)
+    pb = _attention._problem(q, k, v, backend, cost=False, values=False, seed=_seed(seed),
+                             **_kwargs(mask, bias, block_mask, scale, causal, causal_alignment, dropout_p,
+                                       block_q, block_k))
+    return _attention._run_backward(pb, out, lse, dout.contiguous(), backend)
+
+
+@attention_bwd.register_fake
+def _attention_bwd_fake(q, k, v, out, lse, dout, mask, bias, block_mask, seed, scale, causal, causal_alignment,
+                        dropout_p, block_q, block_k, backend):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, mask, bias, block_mask, seed, *args = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, mask, bias, block_mask, seed)
+    ctx.args = tuple(args)
+
+
+def _backward(ctx, dout, _dlse):
+    q, k, v, out, lse, mask, bias, block_mask, seed = ctx.saved_tensors
+    dq, dk, dv = attention_bwd(q, k, v, out, lse, dout, mask, bias, block_mask, seed, *ctx.args)
+    return (dq, dk, dv) + (None,) * 11
+
+
+attention_fwd.register_autograd(_backward, setup_context=_setup_context)
