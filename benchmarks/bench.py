@@ -1,212 +1,128 @@
-"""Benchmark: the Numba fused attention kernel against PyTorch SDPA's backends, on one GPU.
+"""Command ``bench``: our kernels against PyTorch SDPA's backends, timed in one run on one GPU.
 
-    python -m kernels.bench                      # the full sweep of issue 4 + seed experiment
-    python -m kernels.bench --quick              # N in {1024, 4096}, d=64, no seed experiment
+    python -m benchmarks bench [--dtype fp32 fp16] [--d 64 128] [--n ...] [--causal false true]
+                               [--pass fwd fwd+bwd] [--quick] [--out FILE_OR_DIR]
+    python -m benchmarks bench --show FILE          (the table of a results file; no GPU)
+    python -m benchmarks bench --summary FILE [--readme README.md]     (no GPU)
 
-For every (N, d, causal, dtype, pass) it times our kernel (``ioaware-numba``) and SDPA's FLASH,
+For every (N, d, causal, dtype, pass) it times our kernels (``ioaware-numba``:
+``ioaware.attention(..., backend="numba")``, forward + backward through autograd, so the family
+the registry picks for the problem; its record names it as ``variant``) and SDPA's FLASH,
 EFFICIENT, CUDNN and MATH backends in the same process: median of CUDA-event times after
 warm-up (``--timing sync``, the default: each call synchronous, its host code inside the timed
 span; ``--timing device``: a device-side sleep first, so only the GPU's time counts; our
-kernel's records also carry ``host_ms``, the host time of one call), TFLOP/s (4*B*H*Nq*Nk*d per forward, halved when causal; fwd+bwd counts 3.5x),
-peak extra device memory over the inputs (torch allocator), and our kernel's speed ratio
-``t_backend / t_ours`` (> 1: ours is faster). Shapes keep B*N = 16384 tokens and H*d = 2048.
-A backend that refuses a configuration (FLASH on float32) or runs out of memory is listed
-under "skipped". The seed experiment times a small transformer encoder layer (d_model 512, 8 heads,
-fwd+bwd) whose attention is ``ioaware.attention(backend="numba")``, SDPA MATH or SDPA FLASH.
+records also carry ``host_ms``, the host time of one call), TFLOP/s (4 B H Nq Nk d per forward,
+halved when causal; forward + backward counts 3.5 forwards), peak extra device memory over the
+inputs (torch allocator), and the speed ratio ``t_backend / t_ours`` (> 1: ours is faster),
+printed from the same run. Shapes keep B * N = 16384 tokens and H * d = 2048. A backend that
+refuses a configuration (FLASH on float32) or runs out of memory is listed under "skipped"; MATH
+is skipped where its materialised scores would not fit. The seed experiment times a small
+transformer encoder layer (d_model 512, 8 heads, forward + backward) whose attention is
+``ioaware.attention(backend="numba")``, SDPA MATH or SDPA FLASH.
 
-Writes ``results/bench_<gpu>_<date>.json`` (schema ``ioaware.results/1`` with provenance) and
-prints the table.
+Writes ``results/bench_<gpu>_<date>.json`` (schema ``ioaware.results/1``, with provenance; a
+directory given as ``--out`` gets that name inside it), after every configuration.
+
+``--summary FILE`` prints, from a results file, one Markdown table: per dtype, head dim and
+causal mask, the lowest and highest ratio over N of the forward and of the forward + backward
+against the peers that matter (FLASH and CUDNN for float16/bfloat16, EFFICIENT for float32),
+with the GPU and the date in a caption line. ``--readme README.md`` writes that table into the
+README between its marker lines (`README_BEGIN`, `README_END`) instead of printing it.
 """
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
-import platform
 import re
-import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
+from .common import (RESULTS_DIR, SCHEMA, SDPA_BACKENDS, TIMINGS, attention_flops,
+                     attention_problem, benchmark_inputs, command_line, doc_usage,
+                     first_sentence, format_provenance, host_call_ms, peak_extra_bytes,
+                     provenance, sdpa_context, time_cuda, torch_dtype, write_json)
 
-RESULTS_DIR = Path(__file__).resolve().parent.parent / "results"
-SDPA_KERNELS = {"sdpa-flash": "FLASH_ATTENTION", "sdpa-efficient": "EFFICIENT_ATTENTION",
-                "sdpa-cudnn": "CUDNN_ATTENTION", "sdpa-math": "MATH"}
-
-
-def provenance_versions(torch):
-    import numba
-    try:
-        from importlib.metadata import version
-        numba_cuda = version("numba-cuda")
-    except Exception:
-        numba_cuda = "unknown"
-    try:
-        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                capture_output=True, text=True, timeout=30).stdout.strip().splitlines()[0]
-    except Exception:
-        driver = "unknown"
-    return {"gpu": torch.cuda.get_device_name(), "driver": driver, "cuda": str(torch.version.cuda),
-            "torch": torch.__version__, "numba": numba.__version__, "numba_cuda": numba_cuda,
-            "numpy": np.__version__, "python": platform.python_version(),
-            "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "command": "python -m kernels.bench " + " ".join(sys.argv[1:]),
-            "kernel_versions": _kernel_versions()}
+OURS = "ioaware-numba"
+KERNELS = (OURS,) + tuple(SDPA_BACKENDS)
+#: The peers the summary compares with, per dtype, and their names in it.
+SUMMARY_PEERS = {"fp16": ("sdpa-flash", "sdpa-cudnn"), "bf16": ("sdpa-flash", "sdpa-cudnn"),
+                 "fp32": ("sdpa-efficient",)}
+PEER_LABELS = {"sdpa-flash": "FLASH", "sdpa-cudnn": "CUDNN", "sdpa-efficient": "EFFICIENT"}
+README_BEGIN = "<!-- summary-table:begin (python -m benchmarks bench --summary) -->"
+README_END = "<!-- summary-table:end -->"
 
 
-def _kernel_versions():
-    """The float32 kernel versions this run uses (kernels.launch FWD_VERSION / BWD_VERSION,
-    set by KERNELS_FWD_VERSION / KERNELS_BWD_VERSION)."""
-    from kernels import launch
-    return {"fwd": launch.FWD_VERSION, "bwd": launch.BWD_VERSION}
-
-
-#: Timing methods. "sync": CUDA events around one synchronous call, so the call's host code
-#: (argument checks, array wrapping, the launch) is inside the timed span whenever the GPU waits
-#: for it — what a caller that synchronises sees. "device": a device-side sleep is enqueued
-#: first, so the host has enqueued the call before the GPU reaches the first event — the GPU's
-#: own time, as `kernels.measure` takes it.
-TIMINGS = ("sync", "device")
-#: GPU clock cycles of the device-side sleep in "device" timing (~2 ms at 2 GHz; longer than
-#: the host code of one call).
-SLEEP_CYCLES = 4_000_000
-
-
-def event_ms(torch, fn, sleep_cycles=0):
-    """Milliseconds of one call of ``fn``, between two CUDA events; with ``sleep_cycles`` the
-    stream first sleeps that many GPU cycles (outside the events) while the host enqueues."""
-    a = torch.cuda.Event(enable_timing=True)
-    b = torch.cuda.Event(enable_timing=True)
-    if sleep_cycles:
-        torch.cuda._sleep(int(sleep_cycles))
-    a.record()
-    fn()
-    b.record()
-    b.synchronize()
-    return a.elapsed_time(b)
-
-
-def time_cuda(torch, fn, warmup=3, min_reps=5, max_reps=30, budget_s=0.4, timing="sync"):
-    """(median, p10, p90) milliseconds of ``fn`` by CUDA events, after warm-up; ``timing`` is
-    one of `TIMINGS`."""
-    if timing not in TIMINGS:
-        raise ValueError(f"timing must be one of {TIMINGS}, got {timing!r}")
-    sleep = SLEEP_CYCLES if timing == "device" else 0
-    if event_ms(torch, fn, sleep) > 50.0:       # slow configuration: fewer repetitions
-        warmup, min_reps = 0, 3
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    total = 0.0
-    while len(times) < max_reps and (len(times) < min_reps or total < budget_s * 1e3):
-        times.append(event_ms(torch, fn, sleep))
-        total += times[-1]
-    t = np.array(times)
-    return float(np.median(t)), float(np.percentile(t, 10)), float(np.percentile(t, 90))
-
-
-def host_call_ms(torch, fn, reps=10):
-    """Median milliseconds the host spends in one call of ``fn`` (its Python code and launches,
-    not the GPU's work): each call is made while the GPU sleeps, so it returns once enqueued."""
-    import time
-    times = []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        torch.cuda._sleep(SLEEP_CYCLES)
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    torch.cuda.synchronize()
-    return float(np.median(times))
-
-
-def peak_extra_bytes(torch, fn):
-    """Peak device memory allocated during ``fn`` above what was allocated before it."""
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    fn()
-    torch.cuda.synchronize()
-    return int(torch.cuda.max_memory_allocated() - base)
-
-
-def attention_flops(b, h, nq, nk, d, causal, pas):
-    f = 4.0 * b * h * nq * nk * d * (0.5 if causal else 1.0)
-    return f * (3.5 if pas == "fwd+bwd" else 1.0)
-
-
-def _make_runner(torch, kernel, q, k, v, do, causal, pas):
+def _make_runner(torch, kernel, q, k, v, dout, causal, pass_):
+    """One call of ``kernel`` on the inputs: the forward, or forward + backward by autograd."""
     import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    scale = q.shape[-1] ** -0.5
-    if kernel == "ioaware-numba":
-        import kernels
+    if kernel == OURS:
+        from ioaware import attention
 
+        def attn(q, k, v):
+            return attention(q, k, v, causal=causal, backend="numba")
+    else:
+        def attn(q, k, v):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    if pass_ == "fwd":
         def run():
-            out, lse = kernels.forward(q, k, v, scale=scale, causal=causal)
-            if pas == "fwd+bwd":
-                kernels.backward(q, k, v, out, lse, do, scale=scale, causal=causal)
+            with sdpa_context(kernel):
+                attn(q, k, v)
         return run
-    backend = getattr(SDPBackend, SDPA_KERNELS[kernel])
-    qg, kg, vg = (x.detach().requires_grad_(pas == "fwd+bwd") for x in (q, k, v))
+    qg, kg, vg = (x.detach().requires_grad_(True) for x in (q, k, v))
 
     def run():
-        with sdpa_kernel([backend]):
-            out = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
-            if pas == "fwd+bwd":
-                out.backward(do)
-                qg.grad = kg.grad = vg.grad = None
+        with sdpa_context(kernel):
+            attn(qg, kg, vg).backward(dout)
+        qg.grad = kg.grad = vg.grad = None
     return run
 
 
 def bench_attention(torch, ns, ds, dtypes, causals, passes, kernel_names, progress=print,
                     checkpoint=None, timing="sync"):
-    """Time each kernel on each configuration (see the module docstring); ``timing`` is one of
-    `TIMINGS`. Our kernel's records also carry ``host_ms``, the host time of one call
-    (`host_call_ms`). Returns (records, skipped)."""
+    """Time each kernel on each configuration (module docstring); ``timing`` is one of
+    `benchmarks.common.TIMINGS`. Returns (records, skipped)."""
+    import kernels
     records, skipped = [], []
-    dev = "cuda"
     free_bytes = torch.cuda.mem_get_info()[0]
     configs = [(n, d, dt, c, p) for d in ds for dt in dtypes for c in causals for p in passes
                for n in ns]
-    for ci, (n, d, dt, causal, pas) in enumerate(configs):
-        b = max(1, 16384 // n)
-        h = max(1, 2048 // d)
-        tdt = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dt]
-        g = torch.Generator(device=dev).manual_seed(n + d)
-        q, k, v, do = (torch.randn(b, h, n, d, device=dev, dtype=tdt, generator=g) for _ in range(4))
+    for ci, (n, d, dt, causal, pass_) in enumerate(configs):
+        b, h, q, k, v, do = benchmark_inputs(torch, dt, d, n)
         for kern in kernel_names:
-            base = {"kernel": kern, "schedule": "flash2" if kern != "sdpa-math" else "naive",
-                    "pass": pas, "dtype": dt, "batch": b, "heads": h, "heads_kv": h,
+            base = {"kernel": kern, "schedule": "naive" if kern == "sdpa-math" else "flash2",
+                    "pass": pass_, "dtype": dt, "batch": b, "heads": h, "heads_kv": h,
                     "seq_len_q": n, "seq_len_k": n, "head_dim": d, "causal": causal}
+            if kern == OURS:
+                pb = attention_problem(q, k, v, causal=causal)
+                base["variant"] = kernels.family_for(pb, None, "fwd")
+                if pass_ == "fwd+bwd":
+                    base["variant_bwd"] = kernels.family_for(pb, None, "bwd")
             if kern == "sdpa-math":
                 # the materialised scores and probabilities (plus their grads) in the input dtype
-                est = b * h * n * n * q.element_size() * (6 if pas == "fwd+bwd" else 3)
+                est = b * h * n * n * q.element_size() * (6 if pass_ == "fwd+bwd" else 3)
                 if est > 0.6 * free_bytes:
                     skipped.append(dict(base, reason=f"needs ~{est / 2**30:.0f} GiB"))
                     continue
             try:
-                run = _make_runner(torch, kern, q, k, v, do, causal, pas)
+                run = _make_runner(torch, kern, q, k, v, do, causal, pass_)
                 run()
                 torch.cuda.synchronize()
                 peak = peak_extra_bytes(torch, run)
                 med, p10, p90 = time_cuda(torch, run, timing=timing)
-                host = host_call_ms(torch, run) if kern == "ioaware-numba" else None
-            except Exception as exc:  # a backend refusing this configuration, or OOM
+                host = {"host_ms": host_call_ms(torch, run)} if kern == OURS else {}
+            except Exception as exc:  # noqa: BLE001 - a backend refusing this configuration, or OOM
                 torch.cuda.synchronize()
                 torch.cuda.empty_cache()
-                skipped.append(dict(base, reason=f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"))
+                skipped.append(dict(base, reason=f"{type(exc).__name__}: "
+                                                 f"{str(exc).splitlines()[0][:160]}"))
                 continue
-            fl = attention_flops(b, h, n, n, d, causal, pas)
+            fl = attention_flops(b, h, n, n, d, causal, pass_)
             records.append(dict(base, block_q=None, block_k=None, time_ms=med, time_ms_p10=p10,
                                 time_ms_p90=p90, peak_extra_bytes=peak, dram_read_bytes=None,
                                 dram_write_bytes=None, l2_bytes=None, global_load_bytes=None,
                                 global_store_bytes=None, flops_executed=None,
-                                tflops=fl / (med * 1e-3) / 1e12, timing=timing,
-                                **({"host_ms": host} if host is not None else {})))
-        progress(f"[{ci + 1}/{len(configs)}] N={n} d={d} {dt} causal={causal} {pas}")
+                                tflops=fl / (med * 1e-3) / 1e12, timing=timing, **host))
+        progress(f"[{ci + 1}/{len(configs)}] N={n} d={d} {dt} causal={causal} {pass_}")
         if checkpoint is not None:
             checkpoint(records, skipped)
         del q, k, v, do
@@ -215,13 +131,12 @@ def bench_attention(torch, ns, ds, dtypes, causals, passes, kernel_names, progre
 
 
 def seed_experiment(torch, seq_lens, dtypes=("fp16",), progress=print):
-    """A pre-norm transformer encoder layer (d_model 512, 8 heads, MLP 2048), fwd+bwd, with
-    its attention from ioaware (numba kernels), SDPA MATH or SDPA FLASH."""
+    """A pre-norm transformer encoder layer (d_model 512, 8 heads, MLP 2048), forward +
+    backward, with its attention from ioaware (our kernels), SDPA MATH or SDPA FLASH."""
     import torch.nn as nn
     import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from ioaware.attention import attention as io_attention
+    from ioaware import attention
 
     d_model, n_heads = 512, 8
 
@@ -244,26 +159,24 @@ def seed_experiment(torch, seq_lens, dtypes=("fp16",), progress=print):
             x = x + self.proj(a)
             return x + self.mlp(self.ln2(x))
 
-    def ours(q, k, v):
-        return io_attention(q, k, v, backend="numba")
-
-    def sdpa(backend):
+    def sdpa(kernel):
         def f(q, k, v):
-            with sdpa_kernel([backend]):
+            with sdpa_context(kernel):
                 return F.scaled_dot_product_attention(q, k, v)
         return f
 
-    variants = {"ioaware-numba": ours, "sdpa-math": sdpa(SDPBackend.MATH),
-                "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION)}
+    variants = {OURS: lambda q, k, v: attention(q, k, v, backend="numba"),
+                "sdpa-math": sdpa("sdpa-math"), "sdpa-flash": sdpa("sdpa-flash")}
     rows = []
     for dt in dtypes:
-        tdt = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dt]
         for n in seq_lens:
             b = max(1, 8192 // n)
             for name, fn in variants.items():
                 torch.manual_seed(0)
-                layer = Layer(fn).to("cuda", tdt)
-                x = torch.randn(b, n, d_model, device="cuda", dtype=tdt, requires_grad=True)
+                layer = Layer(fn).to("cuda", torch_dtype(torch, dt))
+                x = torch.randn(b, n, d_model, device="cuda", dtype=torch_dtype(torch, dt),
+                                requires_grad=True)
+                row = {"variant": name, "dtype": dt, "batch": b, "seq_len": n}
 
                 def step():
                     layer(x).float().square().mean().backward()
@@ -271,18 +184,21 @@ def seed_experiment(torch, seq_lens, dtypes=("fp16",), progress=print):
                     step()
                     peak = peak_extra_bytes(torch, step)
                     med, p10, p90 = time_cuda(torch, step)
-                    rows.append({"variant": name, "dtype": dt, "batch": b, "seq_len": n,
-                                 "d_model": d_model, "heads": n_heads, "pass": "fwd+bwd",
-                                 "time_ms": med, "time_ms_p10": p10, "time_ms_p90": p90,
-                                 "peak_extra_bytes": peak})
-                except Exception as exc:
-                    rows.append({"variant": name, "dtype": dt, "batch": b, "seq_len": n,
-                                 "skipped": f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"})
-                del layer, x
+                    rows.append(dict(row, d_model=d_model, heads=n_heads, **{"pass": "fwd+bwd"},
+                                     time_ms=med, time_ms_p10=p10, time_ms_p90=p90,
+                                     peak_extra_bytes=peak))
+                except Exception as exc:  # noqa: BLE001 - recorded
+                    rows.append(dict(row, skipped=f"{type(exc).__name__}: "
+                                                  f"{str(exc).splitlines()[0][:160]}"))
+                layer = x = None      # free before empty_cache
                 torch.cuda.empty_cache()
             progress(f"seed experiment {dt} N={n}")
     return rows
 
+
+# ------------------------------------------------------------------------------------------------
+# tables (no GPU)
+# ------------------------------------------------------------------------------------------------
 
 def format_table(records):
     """Our kernel vs each backend per configuration: times, TFLOP/s, memory, ratios."""
@@ -290,7 +206,7 @@ def format_table(records):
     for r in records:
         key = (r["pass"], r["dtype"], r["head_dim"], r["causal"], r["seq_len_q"])
         by.setdefault(key, {})[r["kernel"]] = r
-    names = ["ioaware-numba", "sdpa-efficient", "sdpa-flash", "sdpa-cudnn", "sdpa-math"]
+    names = [OURS, "sdpa-efficient", "sdpa-flash", "sdpa-cudnn", "sdpa-math"]
     head = (f"{'pass':8} {'dtype':5} {'d':>4} {'causal':6} {'N':>6} | "
             + " ".join(f"{n.replace('sdpa-', ''):>9}" for n in names)
             + " | ours TF/s | x_eff  x_flash x_cudnn x_math | MiB ours/math"
@@ -298,16 +214,17 @@ def format_table(records):
     lines = [head, "-" * len(head)]
     for key in sorted(by):
         row = by[key]
-        ours = row.get("ioaware-numba")
+        ours = row.get(OURS)
         times = " ".join(f"{row[n]['time_ms']:9.3f}" if n in row else f"{'-':>9}" for n in names)
-        ratios = " ".join(f"{row[n]['time_ms'] / ours['time_ms']:6.2f}" if (ours and n in row) else f"{'-':>6}"
-                          for n in names[1:])
+        ratios = " ".join(f"{row[n]['time_ms'] / ours['time_ms']:6.2f}" if (ours and n in row)
+                          else f"{'-':>6}" for n in names[1:])
         tf = f"{ours['tflops']:9.2f}" if ours else f"{'-':>9}"
         mem = (f"{ours['peak_extra_bytes'] / 2**20:.1f}/" if ours else "-/") + (
             f"{row['sdpa-math']['peak_extra_bytes'] / 2**20:.0f}" if "sdpa-math" in row else "-")
         host = (f" | {ours['host_ms']:7.3f}" if ours and "host_ms" in ours
                 else (" |       -" if "host ms" in head else ""))
-        lines.append(f"{key[0]:8} {key[1]:5} {key[2]:4d} {str(key[3]):6} {key[4]:6d} | {times} | {tf} | {ratios} | {mem}{host}")
+        lines.append(f"{key[0]:8} {key[1]:5} {key[2]:4d} {str(key[3]):6} {key[4]:6d} | {times} | "
+                     f"{tf} | {ratios} | {mem}{host}")
     timings = sorted({r["timing"] for r in records if "timing" in r})
     lines.append("times in ms (median); x_<backend> = t_backend / t_ours (> 1: ours faster)"
                  + (f"; timing: {', '.join(timings)}" if timings else "")
@@ -319,82 +236,180 @@ def format_seed(rows):
     lines = [f"{'variant':14} {'dtype':5} {'N':>5} {'B':>3} {'ms':>9} {'peak MiB':>9}"]
     for r in rows:
         if "skipped" in r:
-            lines.append(f"{r['variant']:14} {r['dtype']:5} {r['seq_len']:5d} {r['batch']:3d}  skipped: {r['skipped']}")
+            lines.append(f"{r['variant']:14} {r['dtype']:5} {r['seq_len']:5d} {r['batch']:3d}  "
+                         f"skipped: {r['skipped']}")
         else:
             lines.append(f"{r['variant']:14} {r['dtype']:5} {r['seq_len']:5d} {r['batch']:3d} "
                          f"{r['time_ms']:9.3f} {r['peak_extra_bytes'] / 2**20:9.1f}")
     return "\n".join(lines)
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def ratio_ranges(records) -> dict:
+    """Per (dtype, head_dim, causal): ``"N"``: the sequence lengths of our records, and per
+    (pass, peer) of `SUMMARY_PEERS` the (lowest, highest) ratio t_peer / t_ours over N."""
+    times = {}
+    for r in records:
+        times[(r["dtype"], r["head_dim"], r["causal"], r["pass"], r["seq_len_q"], r["kernel"])] = \
+            r["time_ms"]
+    out: dict = {}
+    for (dt, d, causal, pass_, n, kernel), t_ours in times.items():
+        if kernel != OURS:
+            continue
+        row = out.setdefault((dt, d, causal), {"N": set()})
+        row["N"].add(n)
+        for peer in SUMMARY_PEERS.get(dt, ()):
+            t_peer = times.get((dt, d, causal, pass_, n, peer))
+            if t_peer is not None:
+                row.setdefault((pass_, peer), []).append(t_peer / t_ours)
+    return {key: {k: (sorted(v) if k == "N" else (min(v), max(v))) for k, v in row.items()}
+            for key, row in out.items()}
+
+
+def summary_table(doc: dict, name: str) -> str:
+    """The Markdown summary of a benchmark results object (module docstring); ``name`` is the
+    file named in the caption line."""
+    prov = doc["provenance"]
+    ranges = ratio_ranges(doc["records"])
+    order = {dt: i for i, dt in enumerate(SUMMARY_PEERS)}
+
+    def span(lo, hi, fmt):
+        return fmt(lo) if lo == hi else f"{fmt(lo)}–{fmt(hi)}"
+
+    def cell(dt, row, pass_):
+        parts = [f"{PEER_LABELS[peer]} {span(*row[(pass_, peer)], lambda x: f'{x:.2f}')}"
+                 for peer in SUMMARY_PEERS[dt] if (pass_, peer) in row]
+        return ", ".join(parts) or "–"
+    lines = [f"Speed of our kernels relative to PyTorch SDPA: t_SDPA / t_ours (above 1: ours "
+             f"faster), lowest–highest over N, from `{name}` ({prov['gpu']}, "
+             f"{prov['date'][:10]}, {prov.get('timing', 'sync')} timing).", "",
+             "| dtype | d | causal | N | forward | forward + backward |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for dt, d, causal in sorted(ranges, key=lambda k: (order.get(k[0], 99), k[1], k[2])):
+        row = ranges[(dt, d, causal)]
+        lines.append(f"| {dt} | {d} | {'yes' if causal else 'no'} | "
+                     f"{span(row['N'][0], row['N'][-1], str)} | {cell(dt, row, 'fwd')} | "
+                     f"{cell(dt, row, 'fwd+bwd')} |")
+    return "\n".join(lines)
+
+
+def replace_readme_block(text: str, table: str) -> str:
+    """``text`` with the lines between `README_BEGIN` and `README_END` replaced by ``table``
+    (a blank line on each side). ValueError when the markers are missing or out of order."""
+    lines = text.splitlines(keepends=True)
+    starts = [i for i, ln in enumerate(lines) if ln.strip() == README_BEGIN]
+    ends = [i for i, ln in enumerate(lines) if ln.strip() == README_END]
+    if len(starts) != 1 or len(ends) != 1 or ends[0] < starts[0]:
+        raise ValueError(f"the README needs one line {README_BEGIN!r} and, after it, one line "
+                         f"{README_END!r}")
+    return "".join(lines[:starts[0] + 1] + ["\n", table.rstrip("\n") + "\n", "\n"]
+                   + lines[ends[0]:])
+
+
+def readme_block(text: str) -> str | None:
+    """What stands between the README's markers (stripped), or None without markers."""
+    m = re.search(re.escape(README_BEGIN) + r"\n(.*?)^" + re.escape(README_END), text,
+                  flags=re.S | re.M)
+    return m.group(1).strip() if m else None
+
+
+# ------------------------------------------------------------------------------------------------
+# command line
+# ------------------------------------------------------------------------------------------------
+
+def _out_path(out, prov) -> Path:
+    name = ("bench_" + re.sub(r"[^A-Za-z0-9]+", "-", prov["gpu"]).strip("-").lower() + "_"
+            + prov["date"][:10] + ".json")
+    if out is None:
+        return RESULTS_DIR / name
+    out = Path(out)
+    return out / name if out.is_dir() else out
+
+
+def main(argv=None) -> int:
+    argv = list(argv or [])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks bench",
+                                 description=first_sentence(__doc__),
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=doc_usage(__doc__))
     ap.add_argument("--n", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192, 16384])
     ap.add_argument("--d", type=int, nargs="+", default=[64, 128])
     ap.add_argument("--dtype", nargs="+", default=["fp32", "fp16"], choices=["fp32", "fp16", "bf16"])
     ap.add_argument("--causal", nargs="+", default=["false", "true"], choices=["false", "true"])
     ap.add_argument("--pass", dest="passes", nargs="+", default=["fwd", "fwd+bwd"],
                     choices=["fwd", "fwd+bwd"])
-    ap.add_argument("--kernels", nargs="+", default=["ioaware-numba"] + list(SDPA_KERNELS))
-    ap.add_argument("--seed-lens", type=int, nargs="*", default=[128, 256, 512, 1024, 2048, 4096])
-    ap.add_argument("--quick", action="store_true", help="N in {1024, 4096}, d=64, no seed experiment")
+    ap.add_argument("--kernels", nargs="+", default=list(KERNELS), choices=KERNELS)
+    ap.add_argument("--seed-lens", type=int, nargs="*", default=[128, 256, 512, 1024, 2048, 4096],
+                    help="sequence lengths of the seed experiment (none: skip it)")
+    ap.add_argument("--quick", action="store_true",
+                    help="N in {1024, 4096}, d=64, no seed experiment")
     ap.add_argument("--out", default=None,
-                    help="results file (default results/bench_<gpu>_<date>[_<tag>].json)")
-    ap.add_argument("--tag", default=None, help="suffix of the default results file name")
+                    help="results file, or a directory for the default name "
+                         "(default results/bench_<gpu>_<date>.json)")
     ap.add_argument("--timing", choices=TIMINGS, default="sync",
-                    help="sync: events around each synchronous call, host code included (default); "
-                         "device: a device-side sleep first, so only the GPU's time is timed")
-    ap.add_argument("--show", metavar="RESULTS_JSON", default=None,
-                    help="print the table of an existing results file (no GPU needed) and exit")
+                    help="sync: events around each synchronous call, host code included "
+                         "(default); device: a device-side sleep first, GPU time only")
+    ap.add_argument("--show", metavar="FILE", default=None,
+                    help="print the table of a results file (within --n/--d/... ) and exit")
+    ap.add_argument("--summary", metavar="FILE", default=None,
+                    help="print the Markdown summary table of a results file and exit")
+    ap.add_argument("--readme", metavar="README", default=None,
+                    help="with --summary: write the table between the README's markers")
     args = ap.parse_args(argv)
+    if args.readme and not args.summary:
+        ap.error("--readme needs --summary FILE")
+    if args.summary:
+        table = summary_table(json.loads(Path(args.summary).read_text()), Path(args.summary).name)
+        if not args.readme:
+            print(table)
+            return 0
+        readme = Path(args.readme)
+        try:
+            readme.write_text(replace_readme_block(readme.read_text(), table))
+        except ValueError as exc:
+            print(f"{readme}: {exc}", file=sys.stderr)
+            return 1
+        print(f"wrote the summary of {args.summary} into {readme}")
+        return 0
     if args.show:
         doc = json.loads(Path(args.show).read_text())
-        p = doc["provenance"]
-        print(f"# {p['gpu']}  driver {p['driver']}  CUDA {p['cuda']}  torch {p['torch']}  "
-              f"numba {p['numba']}  numba-cuda {p['numba_cuda']}  {p['date']}  ({p['command']})"
-              + (f"  kernel versions {p['kernel_versions']}" if "kernel_versions" in p else ""))
+        print(format_provenance(doc["provenance"]))
         keep = [r for r in doc["records"] if r["seq_len_q"] in args.n and r["head_dim"] in args.d
                 and r["dtype"] in args.dtype and r["pass"] in args.passes
                 and str(r["causal"]).lower() in args.causal]
         print(format_table(keep))
         if doc.get("seed_experiment"):
             print("\n# seed experiment: transformer encoder layer fwd+bwd")
-            print(format_seed([r for r in doc["seed_experiment"] if r["seq_len"] in (args.seed_lens or [])]))
-        return doc
+            print(format_seed([r for r in doc["seed_experiment"]
+                               if r["seq_len"] in (args.seed_lens or [])]))
+        return 0
     if args.quick:
         args.n, args.d, args.seed_lens = [1024, 4096], [64], []
 
     import torch
     if not torch.cuda.is_available():
-        raise SystemExit("kernels.bench needs a CUDA GPU (torch.cuda.is_available() is False)")
-    prov = dict(provenance_versions(torch), timing=args.timing)
-    log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
-    out = Path(args.out) if args.out else RESULTS_DIR / (
-        "bench_" + re.sub(r"[^A-Za-z0-9]+", "-", prov["gpu"]).strip("-").lower()
-        + "_" + prov["date"][:10] + (f"_{args.tag}" if args.tag else "") + ".json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    doc = {"schema": "ioaware.results/1", "provenance": prov, "records": [], "skipped": [],
+        raise SystemExit("python -m benchmarks bench needs a CUDA GPU "
+                         "(torch.cuda.is_available() is False)")
+    prov = provenance(command_line("bench", argv), extra={"timing": args.timing})
+    out = _out_path(args.out, prov)
+    doc = {"schema": SCHEMA, "provenance": prov, "records": [], "skipped": [],
            "seed_experiment": [], "complete": False}
 
-    def save(records=None, skipped=None):   # after every configuration: a cut-off run keeps data
-        if records is not None:
-            doc["records"], doc["skipped"] = records, skipped
-        out.write_text(json.dumps(doc, indent=1))
+    def save(records, skipped):   # after every configuration: a cut-off run keeps its data
+        doc["records"], doc["skipped"] = records, skipped
+        write_json(doc, out)
+    log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     records, skipped = bench_attention(torch, args.n, args.d, args.dtype,
                                        [c == "true" for c in args.causal], args.passes,
                                        args.kernels, progress=log, checkpoint=save,
                                        timing=args.timing)
-    seed_rows = seed_experiment(torch, args.seed_lens, progress=log) if args.seed_lens else []
-    doc["seed_experiment"], doc["complete"] = seed_rows, True
+    doc["seed_experiment"] = seed_experiment(torch, args.seed_lens, progress=log) \
+        if args.seed_lens else []
+    doc["complete"] = True
     save(records, skipped)
-    print(f"# {prov['gpu']}  driver {prov['driver']}  CUDA {prov['cuda']}  torch {prov['torch']}  "
-          f"numba {prov['numba']}  numba-cuda {prov['numba_cuda']}  {prov['date']}")
+    print(format_provenance(prov))
     print(format_table(records))
-    if seed_rows:
+    if doc["seed_experiment"]:
         print("\n# seed experiment: transformer encoder layer fwd+bwd")
-        print(format_seed(seed_rows))
+        print(format_seed(doc["seed_experiment"]))
     print(f"\nwrote {out}")
-    return doc
-
-
-if __name__ == "__main__":
-    main()
+    return 0

@@ -1,13 +1,13 @@
-"""The measurement harness: times attention kernels on a CUDA GPU and writes a results file.
+"""Command ``measure``: the measured sweep of our kernels and the baselines, one record per
+configuration. It times our kernels, PyTorch SDPA's backends and an unfused eager attention on
+a CUDA GPU and writes a results file (``ioaware.results/1``, validated by
+`sim.results.load_results`, with provenance).
 
-``python -m kernels.measure`` (or `run_sweep`) runs, for each configuration of a sweep, our
-Numba kernels — variant ``"simt"``: the CUDA-core `kernels.forward` / `kernels.backward`, pinned
-(micro-tile, dQ mode) so that no input is sent to a tensor-core kernel; ``"mma"``: the
-float16/bfloat16 tensor-core forward and backward (`kernels.flash_mma_fwd`/`flash_mma_bwd`);
-``"tf32"``: the float32 3xTF32 ones (`kernels.flash_tf32_fwd`/`flash_tf32_bwd`) — PyTorch SDPA's
-FLASH, EFFICIENT, CUDNN and MATH backends, and an unfused eager attention (matmul, scale, mask, softmax, matmul), and records one
-results record per configuration in the format ``ioaware.results/1`` (validated by
-`sim.results.load_results`).
+Our kernels (``kernel: "ioaware-numba"``) run one family per record (``variant``: "simt", the
+CUDA-core kernels; "mma", tensor-core float16/bfloat16; "tf32", 3xTF32 tensor-core float32),
+pinned by a `kernels.KernelConfig` (`kernel_config`) with the record's tiles; the baselines are
+SDPA's FLASH, EFFICIENT, CUDNN and MATH backends and eager attention (matmul, scale, mask,
+softmax, matmul).
 
 How a configuration is timed (`time_config`):
 
@@ -15,37 +15,34 @@ How a configuration is timed (`time_config`):
   chosen so that the bytes touched between two uses of one set are at least twice the L2 size
   (`rotation_sets`), so no run finds its inputs in the L2 left over from an earlier one;
 * warm-up runs first (compilation, cuDNN plans, allocator growth stay out of the numbers);
-* each run is bracketed by CUDA events on the current stream, after a short device-side sleep
-  that keeps the GPU busy while the host enqueues the run (so host launch latency is not timed);
+* each run is bracketed by CUDA events after a device-side sleep that keeps the GPU busy while
+  the host enqueues the run (``"device"`` timing of `benchmarks.common`: host time not timed);
 * ``time_ms`` is the median of ``repeats`` (>= 20) runs, ``time_ms_p10``/``time_ms_p90`` the 10th
   and 90th percentiles;
 * ``peak_extra_bytes``: ``torch.cuda.max_memory_allocated()`` during one run minus the memory
   allocated before it (inputs, and for a backward pass the forward's outputs or autograd graph,
-  already allocated), i.e. what the run itself adds: outputs, workspaces, intermediates.
+  already allocated), i.e. what the run itself adds: outputs, workspaces, intermediates;
+* ``check_rel_err``: our forward's relative L2 error against SDPA in float32 (a guard that what
+  is timed computes attention).
 
-Hardware counters (DRAM, L2, global load/store bytes, executed FLOPs) are filled in afterwards by
-`kernels.ncu` (``python -m kernels.ncu``), which replays the same configurations under Nsight
-Compute; until then they are null.
-
-The sweep is resumable: with ``resume=True`` the configurations already present in the output
-file are skipped, and the file is rewritten after every configuration.
+Hardware counters (DRAM, L2, global load/store bytes, executed FLOPs) are added afterwards by
+``python -m benchmarks ncu RESULTS``; until then they are null. The sweep is resumable: with
+``resume=True`` the configurations already in the output file are skipped, and the file is
+rewritten after every configuration.
 """
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
 import math
-import os
-import platform
 import shlex
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Callable, Iterable
 
-SCHEMA = "ioaware.results/1"
+from .common import (SCHEMA, SDPA_BACKENDS, SLEEP_CYCLES, command_line, event_ms, provenance,
+                     sdpa_context, summarize_times, torch_dtype, write_json)
 
 #: Kernels the harness can time, and the `sim` schedule that models each.
 KERNELS = ("ioaware-numba", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "sdpa-math", "eager")
@@ -57,17 +54,18 @@ SCHEDULE_OF_KERNEL = {
     "sdpa-math": "naive",         # ATen composite: S and P materialised in global memory
     "eager": "naive",             # matmul, scale, mask, softmax, matmul as separate kernels
 }
-SDPA_BACKEND = {"sdpa-flash": "FLASH_ATTENTION", "sdpa-efficient": "EFFICIENT_ATTENTION",
-                "sdpa-cudnn": "CUDNN_ATTENTION", "sdpa-math": "MATH"}
+assert set(SDPA_BACKENDS) <= set(KERNELS)
 PASSES = ("fwd", "bwd", "fwd+bwd")
 DTYPES = ("fp32", "fp16", "bf16")
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
+#: Our kernel families (`kernels.FAMILY_NAMES`), as a record's ``variant``.
 VARIANTS = ("simt", "mma", "tf32")
-#: Input dtypes and head dims each tensor-core variant runs ("mma": float16/bfloat16 forward
-#: `kernels.flash_mma_fwd` and backward `kernels.flash_mma_bwd`; "tf32": the float32 3xTF32
-#: forward `kernels.flash_tf32_fwd` and backward `kernels.flash_tf32_bwd`).
+#: Input dtypes of each tensor-core family, and the head dims they run.
 VARIANT_DTYPES = {"mma": ("fp16", "bf16"), "tf32": ("fp32",)}
 VARIANT_HEAD_DIMS = (64, 128)
+#: Threads per block the CUDA-core kernels aim their micro-tiles at on a GPU
+#: (`kernels.simt_fwd.target_threads`).
+SIMT_TARGET_THREADS = 128
 
 #: Fields that identify a configuration (a record's key for resuming and joining).
 KEY_FIELDS = ("kernel", "variant", "pass", "dtype", "batch", "heads", "heads_kv", "seq_len_q",
@@ -78,9 +76,6 @@ COUNTER_FIELDS = ("dram_read_bytes", "dram_write_bytes", "l2_bytes", "global_loa
                   "global_store_bytes", "flops_executed")
 
 DEFAULT_L2_BYTES = 50 * 1024 * 1024
-#: The "simt" variant's backward names its dQ mode explicitly (the CUDA-core kernels' default,
-#: float32 atomics), which also keeps half-precision inputs on the CUDA-core backward.
-SIMT_DQ_MODE = "atomic"
 MIN_REPEATS = 20
 
 
@@ -97,25 +92,33 @@ def _as_int(cfg: dict, name: str, minimum: int = 1) -> int:
     return val
 
 
+def simt_forward_tiles(head_dim: int, block_q: int, block_k: int) -> tuple[int, int]:
+    """The per-thread micro-tile (tm, tn) of the CUDA-core forward for a block size on a GPU:
+    the tuned `kernels.config.FWD_TILES`, else `kernels.config.choose_tiles`."""
+    from kernels.config import FWD_TILES, choose_tiles
+    tiles = FWD_TILES.get((head_dim, block_q, block_k))
+    if tiles is None:
+        t = choose_tiles(block_q, block_k, head_dim, SIMT_TARGET_THREADS)
+        tiles = (t.tm, t.tn)
+    return int(tiles[0]), int(tiles[1])
+
+
 def default_blocks(cfg: dict) -> tuple[int, int] | tuple[None, None]:
-    """The (block_q, block_k) our kernel uses when none are given (its own defaults, from
-    `kernels.config` and `kernels.flash_mma_fwd`); (None, None) for the other kernels."""
+    """The (block_q, block_k) our kernel runs when none are given; for a tensor-core backward
+    its dQ kernel's (query rows, keys per stage); (None, None) for the other kernels."""
     if cfg["kernel"] != "ioaware-numba":
         return None, None
     variant, d = cfg.get("variant"), cfg["head_dim"]
-    if variant in ("mma", "tf32"):
-        # forward: its (block_q, block_k); backward: the dQ kernel's (query rows, keys per stage)
+    if variant == "mma" or variant == "tf32":
+        from kernels import mma_bwd, mma_fwd, tf32_bwd, tf32_fwd
         if cfg["pass"] == "fwd":
-            from kernels import flash_mma_fwd, flash_tf32_fwd
-            mod = flash_mma_fwd if variant == "mma" else flash_tf32_fwd
-            if variant == "mma":
-                return tuple(int(x) for x in mod.default_blocks(d, bool(cfg.get("causal"))))
-            return tuple(int(x) for x in mod.default_blocks(d))
-        from kernels import flash_mma_bwd, flash_tf32_bwd
-        mod = flash_mma_bwd if variant == "mma" else flash_tf32_bwd
+            blocks = (mma_fwd.default_blocks(d, bool(cfg.get("causal"))) if variant == "mma"
+                      else tf32_fwd.default_blocks(d))
+            return tuple(int(x) for x in blocks)
+        mod = mma_bwd if variant == "mma" else tf32_bwd
         return tuple(int(x) for x in mod.default_tiles(d)["dq"])
     from kernels.config import default_blocks as simt_default
-    return simt_default(cfg["head_dim"], cfg["pass"] == "bwd", False)
+    return simt_default(d, cfg["pass"] == "bwd", False)
 
 
 def normalize_config(cfg: dict) -> dict:
@@ -125,9 +128,9 @@ def normalize_config(cfg: dict) -> dict:
     Accepted keys: ``kernel`` (one of `KERNELS`), ``pass`` (`PASSES`), ``dtype`` (`DTYPES`),
     ``batch``, ``heads``, ``heads_kv`` (default heads), ``seq_len_q``, ``seq_len_k`` (default
     seq_len_q), ``head_dim``, ``causal`` (default False), ``block_q``/``block_k`` (our kernel
-    only; None = its default), ``variant`` ("simt" = the CUDA-core `kernels.forward`/`backward`,
-    pinned so that no input goes to a tensor-core kernel; "mma" / "tf32" = the tensor-core
-    kernels, `VARIANT_DTYPES`, forward or backward at their default tiles).
+    only; None = its default), ``variant`` (our kernel only: the family, `VARIANTS`, default
+    "simt"; a tensor-core family runs pass "fwd" or "bwd" with its `VARIANT_DTYPES` and
+    `VARIANT_HEAD_DIMS`, its backward at its own tiles).
     """
     if not isinstance(cfg, dict):
         raise TypeError(f"a configuration must be a dict, got {type(cfg).__name__}")
@@ -147,15 +150,13 @@ def normalize_config(cfg: dict) -> dict:
     if out["heads"] % out["heads_kv"]:
         raise ValueError(f"config field 'heads' ({out['heads']}) must be a multiple of "
                          f"'heads_kv' ({out['heads_kv']})")
-    causal = out.get("causal", False)
-    if not isinstance(causal, bool):
-        raise TypeError(f"config field 'causal' must be a bool, got {causal!r}")
-    out["causal"] = causal
+    if not isinstance(out.get("causal", False), bool):
+        raise TypeError(f"config field 'causal' must be a bool, got {out['causal']!r}")
+    out["causal"] = out.get("causal", False)
     if out["kernel"] == "ioaware-numba":
-        out["variant"] = out.get("variant") or "simt"
-        if out["variant"] not in VARIANTS:
-            raise ValueError(f"config field 'variant' must be one of {VARIANTS}, got {out['variant']!r}")
-        var = out["variant"]
+        var = out["variant"] = out.get("variant") or "simt"
+        if var not in VARIANTS:
+            raise ValueError(f"config field 'variant' must be one of {VARIANTS}, got {var!r}")
         if var in VARIANT_DTYPES and (out["pass"] not in ("fwd", "bwd")
                                       or out["dtype"] not in VARIANT_DTYPES[var]
                                       or out["head_dim"] not in VARIANT_HEAD_DIMS):
@@ -165,22 +166,22 @@ def normalize_config(cfg: dict) -> dict:
                              f"dtype={out['dtype']!r}, head_dim={out['head_dim']}")
         if (var in VARIANT_DTYPES and out["pass"] == "bwd" and out.get("block_q") is not None
                 and (out["block_q"], out.get("block_k")) != default_blocks(out)):
-            raise ValueError(f"variant {var!r} backward runs its default tiles "
-                             f"{default_blocks(out)} (its dQ kernel's); got block_q="
-                             f"{out['block_q']}, block_k={out.get('block_k')}")
+            raise ValueError(f"variant {var!r} backward runs its own tiles {default_blocks(out)} "
+                             f"(its dQ kernel's); got block_q={out['block_q']}, "
+                             f"block_k={out.get('block_k')}")
         bq, bk = out.get("block_q"), out.get("block_k")
         if (bq is None) != (bk is None):
             raise ValueError("give both block_q and block_k, or neither (the kernel's default)")
         if bq is None:
             bq, bk = default_blocks(out)
-        out["block_q"], out["block_k"] = _as_int({"block_q": bq}, "block_q"), _as_int({"block_k": bk}, "block_k")
+        out["block_q"] = _as_int({"block_q": bq}, "block_q")
+        out["block_k"] = _as_int({"block_k": bk}, "block_k")
     else:
         if out.get("block_q") is not None or out.get("block_k") is not None:
             raise ValueError(f"block_q/block_k apply to kernel 'ioaware-numba' only, not {out['kernel']!r}")
-        if out.get("variant") not in (None,):
-            raise ValueError(f"config field 'variant' applies to kernel 'ioaware-numba' only")
-        out["block_q"] = out["block_k"] = None
-        out["variant"] = None
+        if out.get("variant") is not None:
+            raise ValueError("config field 'variant' applies to kernel 'ioaware-numba' only")
+        out["block_q"] = out["block_k"] = out["variant"] = None
     out["schedule"] = SCHEDULE_OF_KERNEL[out["kernel"]]
     return out
 
@@ -198,16 +199,22 @@ def unsupported_reason(cfg: dict) -> str | None:
     if k == "sdpa-flash" and d > 256:
         return "sdpa-flash supports head_dim <= 256"
     if k == "ioaware-numba" and cfg["variant"] == "simt":
-        from kernels.config import (STATIC_SMEM_LIMIT_BYTES, choose_tiles, dkdv_smem_bytes,
-                                    dq_smem_bytes, fwd_smem_bytes)
+        from kernels.config import (STATIC_SMEM_LIMIT_BYTES, TileConfig, choose_tiles,
+                                    dkdv_smem_bytes, fwd_smem_bytes)
         bq, bk = cfg["block_q"], cfg["block_k"]
         need = []
-        if cfg["pass"] in ("fwd", "fwd+bwd"):
-            need.append(("forward", fwd_smem_bytes(choose_tiles(bq, bk, d, 128), d)))
-        if cfg["pass"] in ("bwd", "fwd+bwd"):
-            fb = default_blocks(dict(cfg, **{"pass": "bwd"})) if cfg["pass"] == "fwd+bwd" else (bq, bk)
-            need.append(("backward dK/dV", dkdv_smem_bytes(choose_tiles(fb[1], fb[0], d, 128), d)))
-            need.append(("backward dQ", dq_smem_bytes(choose_tiles(fb[0], fb[1], d, 128), d)))
+        try:
+            if cfg["pass"] in ("fwd", "fwd+bwd"):
+                tile = TileConfig(bq, bk, *simt_forward_tiles(d, bq, bk))
+                tile.validate(d)
+                need.append(("forward", fwd_smem_bytes(tile, d)))
+            if cfg["pass"] in ("bwd", "fwd+bwd"):
+                fb = default_blocks(dict(cfg, **{"pass": "bwd"})) if cfg["pass"] == "fwd+bwd" else (bq, bk)
+                tile = choose_tiles(fb[1], fb[0], d, SIMT_TARGET_THREADS)
+                tile.validate(d)
+                need.append(("backward dK/dV", dkdv_smem_bytes(tile, d)))
+        except ValueError as exc:
+            return str(exc)
         for what, nbytes in need:
             if nbytes > STATIC_SMEM_LIMIT_BYTES:
                 return (f"{what} tile {bq}x{bk} at head_dim={d} needs {nbytes} B of shared memory "
@@ -223,9 +230,10 @@ def expand_grid(*, kernels: Iterable[str], seq_lens: Iterable[int], head_dims: I
     dropped; see `unsupported_reason`).
 
     Batch: ``batch`` if given, else ``max(1, tokens // seq_len)`` (constant work per N), else 1.
-    ``blocks``: {(head_dim, pass): [(block_q, block_k), ...]} for our kernel; a missing entry
-    means the kernel's default only. ``variants`` applies to our kernel (a tensor-core variant is
-    added only where it runs: `VARIANT_DTYPES`, `VARIANT_HEAD_DIMS`, forward or backward).
+    ``blocks``: {(head_dim, pass): [(block_q, block_k), ...]} for our CUDA-core kernels; a
+    missing entry means the kernel's default only. ``variants`` applies to our kernel (a
+    tensor-core family is added only where it runs: `VARIANT_DTYPES`, `VARIANT_HEAD_DIMS`,
+    forward or backward).
     """
     out, seen = [], set()
     for n in seq_lens:
@@ -276,101 +284,29 @@ def rotation_sets(set_bytes: int, l2_bytes: int, min_sets: int = 2, max_sets: in
     return int(min(max_sets, max(min_sets, need)))
 
 
-def summarize_times(times_ms: list[float]) -> tuple[float, float, float]:
-    """(median, 10th percentile, 90th percentile) of run times, linear interpolation."""
-    if not times_ms:
-        raise ValueError("no run times to summarize")
-    xs = sorted(float(t) for t in times_ms)
-
-    def pct(p):
-        pos = (len(xs) - 1) * p
-        lo, hi = math.floor(pos), math.ceil(pos)
-        return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-    return pct(0.5), pct(0.1), pct(0.9)
+def set_bytes(cfg: dict) -> int:
+    """Bytes of one input set (q, k, v, dout) of a configuration."""
+    e = DTYPE_BYTES[cfg["dtype"]]
+    q = cfg["batch"] * cfg["heads"] * cfg["seq_len_q"] * cfg["head_dim"]
+    kv = cfg["batch"] * cfg["heads_kv"] * cfg["seq_len_k"] * cfg["head_dim"]
+    return e * (2 * q + 2 * kv)
 
 
 def empty_record(cfg: dict) -> dict:
-    """A results record for a normalized configuration with every measured field null."""
-    rec = {"kernel": cfg["kernel"], "schedule": cfg["schedule"], "pass": cfg["pass"],
-           "dtype": cfg["dtype"], "batch": cfg["batch"], "heads": cfg["heads"],
-           "heads_kv": cfg["heads_kv"], "seq_len_q": cfg["seq_len_q"],
-           "seq_len_k": cfg["seq_len_k"], "head_dim": cfg["head_dim"], "causal": cfg["causal"],
-           "block_q": cfg["block_q"], "block_k": cfg["block_k"]}
+    """A results record for a normalized configuration with every measured field null; a
+    tensor-core record also names its launch order (``launch_head_group``, the default of its
+    pass: `kernels.tile_scheduler.head_group`)."""
+    rec = {f: cfg[f] for f in ("kernel", "schedule", "pass", "dtype", "batch", "heads",
+                               "heads_kv", "seq_len_q", "seq_len_k", "head_dim", "causal",
+                               "block_q", "block_k")}
     for f in TIME_FIELDS + COUNTER_FIELDS:
         rec[f] = None
     rec["variant"] = cfg.get("variant")
-    if cfg.get("variant") in VARIANT_DTYPES:     # tensor-core kernels: their launch order
-        from kernels import tile_order
-        rec["launch_head_group"] = tile_order.head_group(
-            cfg["causal"], "fwd" if cfg["pass"] == "fwd" else "bwd")
+    if cfg.get("variant") in VARIANT_DTYPES:
+        from kernels import tile_scheduler
+        rec["launch_head_group"] = tile_scheduler.head_group(
+            None, cfg["causal"], "fwd" if cfg["pass"] == "fwd" else "bwd")
     return rec
-
-
-def command_line(argv: list[str] | None = None) -> str:
-    """The exact command as typed: ``python -m kernels.measure`` plus its arguments."""
-    argv = sys.argv[1:] if argv is None else argv
-    return " ".join(["python -m kernels.measure"] + [shlex.quote(a) for a in argv])
-
-
-def _pkg_version(name: str) -> str:
-    try:
-        from importlib.metadata import version
-        return version(name)
-    except Exception:  # noqa: BLE001 - not installed
-        return "not installed"
-
-
-def _driver_version() -> str:
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20)
-        if out.returncode == 0 and out.stdout.strip():
-            return out.stdout.strip().splitlines()[0]
-    except (OSError, subprocess.SubprocessError):
-        pass
-    try:
-        from numba import cuda
-        v = cuda.cudadrv.driver.driver.get_version()
-        return f"CUDA driver API {v[0]}.{v[1]}"
-    except Exception:  # noqa: BLE001
-        return "unknown"
-
-
-def provenance(command: str, *, gpu: str | None = None, driver: str | None = None,
-               cuda_version: str | None = None, extra: dict | None = None) -> dict:
-    """The provenance block of a results file. GPU name, driver and CUDA version are read from
-    the device (torch, nvidia-smi) unless given; versions of torch, numba and numba-cuda from the
-    installed packages; ``date`` is now (UTC, ISO 8601)."""
-    if gpu is None or cuda_version is None:
-        import torch
-        if gpu is None:
-            gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA device"
-        if cuda_version is None:
-            cuda_version = str(torch.version.cuda)
-    prov = {"gpu": gpu, "driver": driver if driver is not None else _driver_version(),
-            "cuda": cuda_version, "torch": _pkg_version("torch"), "numba": _pkg_version("numba"),
-            "numba_cuda": _pkg_version("numba-cuda"),
-            "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "command": command, "python": platform.python_version(), "host": platform.node()}
-    if extra:
-        prov.update(extra)
-    return prov
-
-
-def kernels_fingerprint() -> str:
-    """A short hash of the source of `kernels/` (every ``*.py`` but this harness and
-    `kernels.ncu`): stored with the timings (``provenance.kernels_sha`` and per record) and with
-    the counters (``ncu_kernels_sha``), so that a record whose counters come from other kernel
-    code than its timings can be told apart."""
-    import hashlib
-    h = hashlib.sha256()
-    here = Path(__file__).resolve().parent
-    for path in sorted(here.glob("*.py")):
-        if path.name in ("measure.py", "ncu.py"):
-            continue
-        h.update(path.name.encode())
-        h.update(path.read_bytes())
-    return h.hexdigest()[:12]
 
 
 def new_results(prov: dict) -> dict:
@@ -391,27 +327,13 @@ def load_existing(path: str | Path) -> dict | None:
     return data
 
 
-def write_results(results: dict, path: str | Path) -> None:
-    """Write atomically (a partly written file never replaces a good one)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "w") as fh:
-        json.dump(results, fh, indent=1)
-        fh.write("\n")
-    os.replace(tmp, path)
-
-
 # ------------------------------------------------------------------------------------------------
 # running one configuration (needs torch with CUDA)
 # ------------------------------------------------------------------------------------------------
 
-def _torch_dtype(torch, name):
-    return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[name]
-
-
-def _make_set(torch, cfg, device, gen):
-    dt = _torch_dtype(torch, cfg["dtype"])
+def make_input_set(torch, cfg, device, gen) -> dict:
+    """One set of random inputs (q, k, v, dout) of a configuration, on ``device``."""
+    dt = torch_dtype(torch, cfg["dtype"])
     B, H, Hk = cfg["batch"], cfg["heads"], cfg["heads_kv"]
     Nq, Nk, d = cfg["seq_len_q"], cfg["seq_len_k"], cfg["head_dim"]
 
@@ -419,22 +341,6 @@ def _make_set(torch, cfg, device, gen):
         return torch.randn(*shape, generator=gen, device=device, dtype=torch.float32).to(dt)
     return {"q": rnd(B, H, Nq, d), "k": rnd(B, Hk, Nk, d), "v": rnd(B, Hk, Nk, d),
             "dout": rnd(B, H, Nq, d)}
-
-
-def set_bytes(cfg: dict) -> int:
-    """Bytes of one input set (q, k, v, dout) of a configuration."""
-    e = DTYPE_BYTES[cfg["dtype"]]
-    q = cfg["batch"] * cfg["heads"] * cfg["seq_len_q"] * cfg["head_dim"]
-    kv = cfg["batch"] * cfg["heads_kv"] * cfg["seq_len_k"] * cfg["head_dim"]
-    return e * (2 * q + 2 * kv)
-
-
-def _sdpa_context(torch, kernel):
-    import contextlib
-    if kernel not in SDPA_BACKEND:
-        return contextlib.nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    return sdpa_kernel(getattr(SDPBackend, SDPA_BACKEND[kernel]))
 
 
 def _eager_attention(torch, q, k, v, causal, scale):
@@ -452,80 +358,59 @@ def _eager_attention(torch, q, k, v, causal, scale):
     return att @ v
 
 
-def simt_forward_tiles(head_dim: int, block_q: int, block_k: int) -> tuple[int, int]:
-    """The per-thread micro-tile (tm, tn) `kernels.forward` uses for a block size (its tuned
-    table, else `kernels.config.choose_tiles`). Passing it explicitly also keeps the CUDA-core
-    kernel for half-precision inputs, which `kernels.forward` otherwise sends to the tensor-core
-    kernel when the block size allows."""
-    from kernels import config
-    tiles = getattr(config, "FWD_TILES", {}).get((head_dim, block_q, block_k))
-    if tiles is None:
-        t = config.choose_tiles(block_q, block_k, head_dim, 128)
-        tiles = (t.tm, t.tn)
-    return int(tiles[0]), int(tiles[1])
+def kernel_config(cfg: dict, pass_: str):
+    """The `kernels.KernelConfig` that runs ``pass_`` ("fwd" or "bwd") of a configuration of our
+    kernel: its family, and for the forward its tiles (the CUDA-core forward also its
+    micro-tile); the CUDA-core backward takes the record's tiles when the record is of the
+    backward; the tensor-core backwards choose their own."""
+    from kernels import KernelConfig
+    fam, bq, bk = cfg["variant"], cfg["block_q"], cfg["block_k"]
+    if pass_ == "fwd":
+        micro = simt_forward_tiles(cfg["head_dim"], bq, bk) if fam == "simt" else None
+        return KernelConfig(family=fam, block_q=bq, block_k=bk, micro_tile=micro)
+    if fam == "simt" and cfg["pass"] == "bwd":
+        return KernelConfig(family=fam, block_q=bq, block_k=bk)
+    return KernelConfig(family=fam)
 
 
 def build_runner(cfg: dict, sets: list[dict]) -> Callable[[int], object]:
     """``run(i)`` runs the configuration's pass once on input set ``i``; for backward passes the
     forward's outputs (our kernel) or autograd graphs (PyTorch) are prepared here, outside the
-    timed region."""
+    timed region, and so are our kernel's validated problems."""
     import torch
     import torch.nn.functional as F
 
+    from .common import attention_problem
+
     kernel, p, causal = cfg["kernel"], cfg["pass"], cfg["causal"]
     scale = 1.0 / math.sqrt(cfg["head_dim"])
-    gqa = cfg["heads_kv"] != cfg["heads"]
 
     if kernel == "ioaware-numba":
-        if cfg["variant"] in VARIANT_DTYPES:
-            if cfg["variant"] == "mma":
-                from kernels.flash_mma_bwd import backward as tc_backward
-                from kernels.flash_mma_fwd import forward as tc_forward
-            else:
-                from kernels.flash_tf32_bwd import backward as tc_backward
-                from kernels.flash_tf32_fwd import forward as tc_forward
-            if p == "fwd":
-                def run(i):
-                    s = sets[i]
-                    return tc_forward(s["q"], s["k"], s["v"], scale=scale, causal=causal,
-                                      block_q=cfg["block_q"], block_k=cfg["block_k"])
-                return run
-            for s in sets:
-                s["out"], s["lse"] = tc_forward(s["q"], s["k"], s["v"], scale=scale, causal=causal)
-
-            def run(i):
-                s = sets[i]
-                return tc_backward(s["q"], s["k"], s["v"], s["out"], s["lse"], s["dout"],
-                                   scale=scale, causal=causal)
-            return run
-        from kernels import backward, forward
-        blocks = {"block_q": cfg["block_q"], "block_k": cfg["block_k"]}
-        fwd_kw = dict(blocks, tiles=simt_forward_tiles(cfg["head_dim"], cfg["block_q"], cfg["block_k"]))
+        import kernels
+        problems = [attention_problem(s["q"], s["k"], s["v"], causal=causal, scale=scale)
+                    for s in sets]
+        fwd_cfg, bwd_cfg = kernel_config(cfg, "fwd"), kernel_config(cfg, "bwd")
         if p == "fwd":
-            return lambda i: forward(sets[i]["q"], sets[i]["k"], sets[i]["v"], scale=scale,
-                                     causal=causal, **fwd_kw)
+            return lambda i: kernels.forward(problems[i], fwd_cfg)
         if p == "bwd":
-            for s in sets:
-                s["out"], s["lse"] = forward(s["q"], s["k"], s["v"], scale=scale, causal=causal)
-                # (the forward here only prepares out/lse; whichever kernel makes them is fine)
+            prepare = kernels.KernelConfig(family=cfg["variant"])   # its forward's defaults
+            for s, pb in zip(sets, problems):
+                s["out"], s["lse"] = kernels.forward(pb, prepare)
 
             def run(i):
                 s = sets[i]
-                return backward(s["q"], s["k"], s["v"], s["out"], s["lse"], s["dout"], scale=scale,
-                                causal=causal, dq_mode=SIMT_DQ_MODE, **blocks)
+                return kernels.backward(problems[i], s["out"], s["lse"], s["dout"], bwd_cfg)
             return run
 
-        def run(i):  # fwd+bwd: each pass with its own default blocks unless given
-            s = sets[i]
-            out, lse = forward(s["q"], s["k"], s["v"], scale=scale, causal=causal, **fwd_kw)
-            return backward(s["q"], s["k"], s["v"], out, lse, s["dout"], scale=scale,
-                            causal=causal, dq_mode=SIMT_DQ_MODE)
+        def run(i):  # fwd+bwd: the forward at the record's tiles, the backward at its default
+            out, lse = kernels.forward(problems[i], fwd_cfg)
+            return kernels.backward(problems[i], out, lse, sets[i]["dout"], bwd_cfg)
         return run
 
     def attn(q, k, v):
         if kernel == "eager":
             return _eager_attention(torch, q, k, v, causal, scale)
-        kw = {"enable_gqa": True} if gqa else {}
+        kw = {"enable_gqa": True} if cfg["heads_kv"] != cfg["heads"] else {}
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, **kw)
 
     if p == "fwd":
@@ -556,22 +441,18 @@ def build_runner(cfg: dict, sets: list[dict]) -> Callable[[int], object]:
 
 def _check_forward(cfg, sets) -> float | None:
     """Relative L2 error of our kernel's forward output against PyTorch SDPA (float32) on the
-    first input set: a guard that what is timed computes attention."""
+    first input set."""
     if cfg["kernel"] != "ioaware-numba" or cfg["pass"] == "bwd":
         return None
-    import torch
     import torch.nn.functional as F
+
+    import kernels
+
+    from .common import attention_problem
     s = sets[0]
     scale = 1.0 / math.sqrt(cfg["head_dim"])
-    kw = {"block_q": cfg["block_q"], "block_k": cfg["block_k"]}
-    if cfg["variant"] == "mma":
-        from kernels.flash_mma_fwd import forward as fwd
-    elif cfg["variant"] == "tf32":
-        from kernels.flash_tf32_fwd import forward as fwd
-    else:
-        from kernels import forward as fwd
-        kw["tiles"] = simt_forward_tiles(cfg["head_dim"], cfg["block_q"], cfg["block_k"])
-    out = fwd(s["q"], s["k"], s["v"], scale=scale, causal=cfg["causal"], **kw)[0]
+    pb = attention_problem(s["q"], s["k"], s["v"], causal=cfg["causal"], scale=scale)
+    out = kernels.forward(pb, kernel_config(cfg, "fwd"))[0]
     q, k, v = (s[n].detach().float() for n in ("q", "k", "v"))
     kw = {"enable_gqa": True} if cfg["heads_kv"] != cfg["heads"] else {}
     ref = F.scaled_dot_product_attention(q, k, v, is_causal=cfg["causal"], scale=scale, **kw)
@@ -581,20 +462,19 @@ def _check_forward(cfg, sets) -> float | None:
 
 
 def time_config(cfg: dict, *, warmup: int = 3, repeats: int = 25, l2_bytes: int | None = None,
-                seed: int = 0, sleep_cycles: int = 2_000_000) -> dict:
+                seed: int = 0) -> dict:
     """Measure one normalized configuration on the current CUDA device; returns its record."""
     import torch
 
     if repeats < MIN_REPEATS:
         raise ValueError(f"repeats must be >= {MIN_REPEATS}, got {repeats}")
     device = torch.device("cuda")
-    l2 = l2_bytes or _l2_bytes(torch)
-    n_sets = rotation_sets(set_bytes(cfg), l2)
+    n_sets = rotation_sets(set_bytes(cfg), l2_bytes or _l2_bytes(torch))
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
     rec = empty_record(cfg)
-    sets = [_make_set(torch, cfg, device, gen) for _ in range(n_sets)]
-    with _sdpa_context(torch, cfg["kernel"]):
+    sets = [make_input_set(torch, cfg, device, gen) for _ in range(n_sets)]
+    with sdpa_context(cfg["kernel"]):
         rec["check_rel_err"] = _check_forward(cfg, sets)
         run = build_runner(cfg, sets)
         # -- peak extra memory of one run (also the first call: compilation, plans) --
@@ -605,27 +485,17 @@ def time_config(cfg: dict, *, warmup: int = 3, repeats: int = 25, l2_bytes: int 
         torch.cuda.synchronize()
         rec["peak_extra_bytes"] = int(torch.cuda.max_memory_allocated() - base)
         del res
-        # -- warm-up --
         for i in range(warmup):
             run((i + 1) % n_sets)
         torch.cuda.synchronize()
-        # -- timed runs, rotating input sets --
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
-        sleep = getattr(torch.cuda, "_sleep", None)
-        for r in range(repeats):
-            if sleep is not None:
-                sleep(sleep_cycles)
-            starts[r].record()
-            run((warmup + 1 + r) % n_sets)
-            ends[r].record()
-        torch.cuda.synchronize()
-    times = [s.elapsed_time(e) for s, e in zip(starts, ends)]
+        # -- timed runs, rotating input sets, each behind a device-side sleep --
+        times = [event_ms(torch, lambda r=r: run((warmup + 1 + r) % n_sets), SLEEP_CYCLES)
+                 for r in range(repeats)]
     rec["time_ms"], rec["time_ms_p10"], rec["time_ms_p90"] = summarize_times(times)
-    rec["repeats"], rec["warmup"], rec["input_sets"] = repeats, warmup, n_sets
+    rec["repeats"], rec["warmup"], rec["input_sets"], rec["timing"] = repeats, warmup, n_sets, "device"
     if cfg["kernel"] == "ioaware-numba" and cfg["variant"] == "simt" and cfg["pass"] != "bwd":
         rec["micro_tile"] = list(simt_forward_tiles(cfg["head_dim"], cfg["block_q"], cfg["block_k"]))
-    del sets, run
+    sets = run = None         # free the inputs before empty_cache
     torch.cuda.empty_cache()
     return rec
 
@@ -654,9 +524,10 @@ def run_sweep(configs: list[dict], progress: Callable | None = None, out_path: s
     ``configs``: dicts as accepted by `normalize_config`; a config without ``kernel`` stands
     for every kernel in `KERNELS` (the dashboard passes such configs). ``progress(done, total,
     record_or_None)`` is called after each configuration (a text progress line is printed to
-    stderr when None). ``out_path``: the results file, rewritten after every configuration;
-    with ``resume`` the configurations already in it are skipped. A configuration that fails
-    at run time is recorded under the file's ``skipped`` list with its error, not raised.
+    stderr when ``log`` is None). ``out_path``: the results file, rewritten after every
+    configuration; with ``resume`` the configurations already in it are skipped. A configuration
+    that fails at run time is recorded under the file's ``skipped`` list with its error, not
+    raised. ``command``: the provenance's command line (default: this process's).
     """
     norm = []
     for cfg in configs:
@@ -669,10 +540,9 @@ def run_sweep(configs: list[dict], progress: Callable | None = None, out_path: s
             norm.append(normalize_config(cfg))
     import torch
     if not torch.cuda.is_available():
-        raise RuntimeError("kernels.measure needs a CUDA GPU (torch.cuda.is_available() is False)")
-    command = command or command_line()
-    sha = kernels_fingerprint()
-    prov = provenance(command, extra=dict(_device_extra(torch), kernels_sha=sha))
+        raise RuntimeError("benchmarks.measure needs a CUDA GPU (torch.cuda.is_available() is False)")
+    command = command or f"benchmarks.measure.run_sweep from: {shlex.join(sys.argv)}"
+    prov = provenance(command, extra=_device_extra(torch))
     results = None
     if out_path is not None and resume:
         results = load_existing(out_path)
@@ -682,8 +552,9 @@ def run_sweep(configs: list[dict], progress: Callable | None = None, out_path: s
     if results is None:
         results = new_results(prov)
     else:
-        runs = results["provenance"].setdefault("resumed", [])
-        runs.append({"date": prov["date"], "command": command})
+        results["provenance"].setdefault("resumed", []).append(
+            {"date": prov["date"], "command": command, "code_version": prov["code_version"],
+             "kernels_sha": prov["kernels_sha"]})
     todo = pending_configs(norm, results["records"] + [s["config"] for s in results["skipped"]
                                                         if "config" in s])
     say = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
@@ -698,33 +569,33 @@ def run_sweep(configs: list[dict], progress: Callable | None = None, out_path: s
             if reason:
                 raise RuntimeError(reason)
             rec = time_config(cfg, warmup=warmup, repeats=repeats)
-            rec["kernels_sha"] = sha
+            rec["kernels_sha"] = prov["kernels_sha"]
             results["records"].append(rec)
         except Exception as exc:  # noqa: BLE001 - recorded, the sweep goes on
-            key = {f: cfg.get(f) for f in KEY_FIELDS}
-            results["skipped"].append({"config": key, "error": f"{type(exc).__name__}: {exc}"[:500]})
+            results["skipped"].append({"config": {f: cfg.get(f) for f in KEY_FIELDS},
+                                       "error": f"{type(exc).__name__}: {exc}"[:500]})
             try:
                 torch.cuda.synchronize()
                 torch.cuda.empty_cache()
             except Exception:  # noqa: BLE001
                 pass
         if out_path is not None:
-            write_results(results, out_path)
+            write_json(results, out_path)
         elapsed = time.perf_counter() - t_start
-        desc = _describe(cfg)
         if rec is not None:
-            say(f"[measure {i + 1}/{total} {elapsed:6.0f}s] {desc}: {rec['time_ms']:.3f} ms "
+            say(f"[measure {i + 1}/{total} {elapsed:6.0f}s] {describe(cfg)}: {rec['time_ms']:.3f} ms "
                 f"(p10 {rec['time_ms_p10']:.3f}, p90 {rec['time_ms_p90']:.3f}), "
                 f"peak extra {rec['peak_extra_bytes'] / 2**20:.1f} MiB")
         else:
-            say(f"[measure {i + 1}/{total} {elapsed:6.0f}s] {desc}: SKIPPED "
+            say(f"[measure {i + 1}/{total} {elapsed:6.0f}s] {describe(cfg)}: SKIPPED "
                 f"{results['skipped'][-1]['error']}")
         if progress is not None:
             progress(i + 1, total, rec)
     return results
 
 
-def _describe(cfg: dict) -> str:
+def describe(cfg: dict) -> str:
+    """A configuration in one short line."""
     blk = f" {cfg['block_q']}x{cfg['block_k']}" if cfg.get("block_q") else ""
     var = f"/{cfg['variant']}" if cfg.get("variant") and cfg["variant"] != "simt" else ""
     return (f"{cfg['kernel']}{var} {cfg['pass']} {cfg['dtype']} B{cfg['batch']} H{cfg['heads']} "
@@ -735,27 +606,29 @@ def _describe(cfg: dict) -> str:
 # the shipped sweep and the command line
 # ------------------------------------------------------------------------------------------------
 
-#: Block sizes of our kernel swept per (head_dim, pass): each fits 48 KiB of static shared memory.
+#: Block sizes of our CUDA-core kernels swept per (head_dim, pass): each fits 48 KiB of static
+#: shared memory.
 SWEEP_BLOCKS = {
     (64, "fwd"): [(64, 32), (32, 32), (64, 16), (16, 64)],
     (128, "fwd"): [(32, 16), (16, 32), (16, 16), (32, 8)],
     (64, "bwd"): [(32, 32), (16, 32), (32, 16)],
     (128, "bwd"): [(16, 16), (8, 16), (16, 8)],
 }
-
-
 #: The tensor-core forward's block sizes in the shipped sweeps (its defaults then; the defaults
-#: now depend on causality: `kernels.flash_mma_fwd.default_blocks`).
+#: now depend on causality: `kernels.mma_fwd.default_blocks`).
 SHIPPED_MMA_FWD_BLOCKS = {64: (128, 32), 128: (64, 32)}
+#: The launch order the shipped sweeps' tensor-core records ran: tiles first (they predate
+#: launch orders; `kernels.tile_scheduler`).
+SHIPPED_HEAD_GROUP = 1
 
 
 def standard_sweep(*, seq_lens=(512, 1024, 2048, 4096, 8192), baseline_seq_lens=(1024, 4096),
                    head_dims=(64, 128), heads=16, tokens=8192,
                    tensor_core_variants=()) -> list[dict]:
-    """The sweep shipped in ``results/``: our kernel (float32, every block size of
-    `SWEEP_BLOCKS`; float16 at its defaults and the tensor-core forward) and every baseline at
-    the same (N, d), causal on and off, forward and backward; batch = tokens // N.
-    ``tensor_core_variants`` ("mma", "tf32") adds those variants' forward and backward at the
+    """The sweep shipped in ``results/``: our CUDA-core kernels (float32, every block size of
+    `SWEEP_BLOCKS`; float16 at their defaults), the tensor-core forward (float16) and every
+    baseline at the same (N, d), causal on and off, forward and backward; batch = tokens // N.
+    ``tensor_core_variants`` ("mma", "tf32") adds those families' other passes at the
     baselines' N (the shipped files predate them)."""
     common = dict(heads=heads, tokens=tokens, causal=(False, True), head_dims=head_dims)
     cfgs = expand_grid(kernels=["ioaware-numba"], seq_lens=seq_lens, dtypes=["fp32"],
@@ -803,14 +676,18 @@ def _parse_blocks(text):
 
 def build_arg_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
-        prog="python -m kernels.measure",
+        prog="python -m benchmarks measure",
         description="Time our attention kernels and PyTorch's SDPA backends (and eager attention) "
                     "on this machine's CUDA GPU and write a results file (ioaware.results/1). "
-                    "Add hardware counters afterwards with `python -m kernels.ncu RESULTS`.")
+                    "Add hardware counters afterwards with `python -m benchmarks ncu RESULTS`.")
     ap.add_argument("--out", required=True, help="results file to write (resumed if it exists)")
     ap.add_argument("--standard", action="store_true",
-                    help="the shipped sweep (see standard_sweep); other grid options are ignored")
+                    help="the shipped sweep (see standard_sweep); grid options other than "
+                         "--families are ignored")
     ap.add_argument("--kernels", default=",".join(KERNELS), help="comma list of %s" % ", ".join(KERNELS))
+    ap.add_argument("--families", default="simt",
+                    help="comma list of our kernel families to time: simt, mma, tf32 "
+                         "(a tensor-core family where it runs: forward and backward, d 64/128)")
     ap.add_argument("--seq-lens", default="1024,4096", help="comma list of N (Nq = Nk)")
     ap.add_argument("--head-dims", default="64,128")
     ap.add_argument("--dtypes", default="fp32,fp16", help="comma list of fp32, fp16, bf16")
@@ -820,11 +697,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
     ap.add_argument("--batch", type=int, default=None, help="batch (default: tokens // N)")
     ap.add_argument("--tokens", type=int, default=8192, help="batch = max(1, tokens // N)")
     ap.add_argument("--blocks", type=_parse_blocks, default=None,
-                    help="block sizes of our kernel, e.g. 64x32,32x32 (default: its own)")
-    ap.add_argument("--mma", action="store_true",
-                    help="also the float16/bfloat16 tensor-core kernels (variant mma)")
-    ap.add_argument("--tf32", action="store_true",
-                    help="also the float32 3xTF32 tensor-core kernels (variant tf32)")
+                    help="block sizes of the CUDA-core kernels, e.g. 64x32,32x32 (default: theirs)")
     ap.add_argument("--repeats", type=int, default=25, help=f"timed runs (>= {MIN_REPEATS})")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--no-resume", action="store_true", help="start the file afresh")
@@ -834,42 +707,39 @@ def build_arg_parser() -> argparse.ArgumentParser:
 
 
 def configs_from_args(args) -> list[dict]:
+    families = _parse_list(args.families, str)
+    for f in families:
+        if f not in VARIANTS:
+            raise SystemExit(f"--families: unknown family {f!r}; choose from {', '.join(VARIANTS)}")
     if args.standard:
-        return standard_sweep(tensor_core_variants=(("mma",) if args.mma else ())
-                              + (("tf32",) if args.tf32 else ()))
+        return standard_sweep(tensor_core_variants=tuple(f for f in families if f != "simt"))
     kernels = _parse_list(args.kernels, str)
     for k in kernels:
         if k not in KERNELS:
             raise SystemExit(f"--kernels: unknown kernel {k!r}; choose from {', '.join(KERNELS)}")
     head_dims = _parse_list(args.head_dims)
     passes = _parse_list(args.passes, str)
-    blocks = None
-    if args.blocks:
-        blocks = {(d, p): args.blocks for d in head_dims for p in passes}
+    blocks = {(d, p): args.blocks for d in head_dims for p in passes} if args.blocks else None
     return expand_grid(kernels=kernels, seq_lens=_parse_list(args.seq_lens), head_dims=head_dims,
                        dtypes=_parse_list(args.dtypes, str), causal=args.causal, passes=passes,
                        heads=args.heads, tokens=args.tokens, batch=args.batch, blocks=blocks,
-                       variants=("simt",) + (("mma",) if args.mma else ()) + (("tf32",) if args.tf32 else ()))
+                       variants=families)
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
+def main(argv=None) -> int:
+    argv = list(argv or [])
     args = build_arg_parser().parse_args(argv)
     if args.repeats < MIN_REPEATS:
         raise SystemExit(f"--repeats must be >= {MIN_REPEATS}, got {args.repeats}")
     cfgs = configs_from_args(args)
     if args.list:
         for c in cfgs:
-            print(_describe(c))
+            print(describe(c))
         print(f"{len(cfgs)} configurations")
         return 0
     if args.limit is not None:
         cfgs = cfgs[:args.limit]
     results = run_sweep(cfgs, out_path=args.out, resume=not args.no_resume, warmup=args.warmup,
-                        repeats=args.repeats, command=command_line(argv))
+                        repeats=args.repeats, command=command_line("measure", argv))
     print(f"wrote {len(results['records'])} records ({len(results['skipped'])} skipped) to {args.out}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,10 +1,11 @@
-"""Hardware counters for a results file: replays its configurations under Nsight Compute.
+"""Command ``ncu``: Nsight Compute counters for the records of a results file. It replays their
+configurations under Nsight Compute.
 
-``python -m kernels.ncu RESULTS.json`` takes the records written by `kernels.measure`, runs each
+``python -m benchmarks ncu RESULTS.json`` takes the records written by ``measure``, runs each
 configuration once more in a child process under
 
     ncu --clock-control none --cache-control all --profile-from-start off --csv --page raw
-        --print-units base --metrics <METRICS> python -m kernels.ncu --child CONFIGS.json
+        --print-units base --metrics <METRICS> python -m benchmarks ncu --child CONFIGS.json
 
 and merges the counters, summed over every kernel launch of the configuration's pass, into the
 records (the results file is rewritten after each chunk of configurations; records that already
@@ -15,20 +16,27 @@ carry counters are skipped, so the step is resumable):
 * ``l2_bytes`` — ``lts__t_bytes.sum`` (all traffic at the L2 slices' tag stage);
 * ``global_load_bytes`` / ``global_store_bytes`` — ``l1tex__t_bytes_pipe_lsu_mem_global_op_ld.sum``
   / ``..._st.sum``: global-memory bytes the kernel's loads and stores request (L1 hits included),
-  the papers' "HBM accesses" of a schedule;
+  the papers' "HBM accesses" of a schedule; reductions and atomics go to ``global_atomic_bytes``;
 * ``flops_executed`` — ``2 * FFMA + FADD + FMUL`` (float32, thread-level, predicated-on SASS
   instructions) ``+ 2 * HFMA + HADD + HMUL`` (half; a packed HFMA2 counts as one instruction, so
   packed half arithmetic is undercounted by half) ``+`` tensor-core FLOPs where the GPU exposes
-  an ops counter for them (``sm__ops_path_tensor_*``; else tensor work is counted in
-  ``ncu_tensor_inst`` only and ``flops_tensor_counted`` is False).
+  an ops counter for them (``sm__ops_path_tensor_*``, FLOPs per op measured on a float16 matrix
+  product: `calibrate_tensor_ops`; else tensor work is counted in ``ncu_tensor_inst`` only and
+  ``flops_tensor_counted`` is False).
 
 The raw per-metric sums are kept as ``ncu_<metric>`` keys, the kernel names and per-launch
-breakdown as ``ncu_kernels`` (which kernels PyTorch really launches, e.g. for the MATH backend).
-
+breakdown as ``ncu_kernels``, the fingerprint of the kernel code profiled as ``ncu_kernels_sha``.
 Launches are attributed to configurations by a marker kernel (``ioaware_ncu_marker``) that the
 child launches at the start of each configuration's profiled region; the launches between two
 markers belong to the first one's configuration. Warm-up runs happen outside the profiled
 region (``cudaProfilerStart``/``Stop``).
+
+``--loads`` replays the selected records (``--variant``, ``--pass``; the same child, so the same
+inputs and launches) with the global loads split into plain loads (``op_ld``: LDG) and
+asynchronous global-to-shared copies (``op_ldgsts``: ``cp.async``), each as executed warp
+instructions, requests, sectors and bytes, plus the L2 read sectors from L1, and writes the sums
+with provenance to ``--out``; ``--show-loads FILE`` prints such a file (any machine). For the
+tensor-core forward it also gives the breakdown of the load sectors (`mma_fwd_breakdown`).
 """
 from __future__ import annotations
 
@@ -44,7 +52,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from kernels import measure
+from . import measure
+from .common import code_version, command_line, kernels_fingerprint, provenance, write_json
 
 MARKER_NAME = "ioaware_ncu_marker"
 
@@ -71,9 +80,8 @@ FLOP_METRICS = {
     "smsp__sass_thread_inst_executed_op_hadd_pred_on.sum": 1,
     "smsp__sass_thread_inst_executed_op_hmul_pred_on.sum": 1,
 }
-#: Tensor-core "math ops" counters (HMMA and HGMMA together). How many FLOPs one counted op is
-#: is measured, not assumed: `calibrate_tensor_ops` profiles a float16 matrix product of known
-#: FLOPs (2 M N K) and stores the ratio in the provenance (``ncu.tensor_flops_per_op``).
+#: Tensor-core "math ops" counters (HMMA and HGMMA together), FLOPs per op by
+#: `calibrate_tensor_ops` (stored in the provenance as ``ncu.tensor_flops_per_op``).
 TENSOR_OPS_METRICS = (
     "sm__ops_path_tensor_src_fp16.sum",
     "sm__ops_path_tensor_src_bf16_dst_fp32.sum",
@@ -85,32 +93,48 @@ TENSOR_INST_METRICS = (
     "sm__inst_executed_pipe_tensor_op_gmma.sum",
 )
 EXTRA_METRICS = ("gpu__time_duration.sum",)
+#: The ``--loads`` counters, by short name (those the GPU lacks are dropped, and said so).
+LOAD_METRICS = {
+    "ld_inst": "smsp__inst_executed_op_global_ld.sum",
+    "ld_req": "l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum",
+    "ld_sect": "l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum",
+    "ld_bytes": "l1tex__t_bytes_pipe_lsu_mem_global_op_ld.sum",
+    "ldgsts_inst": "smsp__inst_executed_op_ldgsts.sum",
+    "ldgsts_req": "l1tex__t_requests_pipe_lsu_mem_global_op_ldgsts.sum",
+    "ldgsts_sect": "l1tex__t_sectors_pipe_lsu_mem_global_op_ldgsts.sum",
+    "ldgsts_bytes": "l1tex__t_bytes_pipe_lsu_mem_global_op_ldgsts.sum",
+    "ldgsts_sect_bypass": "l1tex__t_sectors_pipe_lsu_mem_global_op_ldgsts_cache_bypass.sum",
+    "ldgsts_sect_access": "l1tex__t_sectors_pipe_lsu_mem_global_op_ldgsts_cache_access.sum",
+    "l2_read_sect_from_tex": "lts__t_sectors_srcunit_tex_op_read.sum",
+    "dram_read_bytes": "dram__bytes_read.sum",
+}
+PROFILER_OPTIONS = ("--clock-control", "none", "--cache-control", "all", "--profile-from-start",
+                    "off")
 
 
 def wanted_metrics() -> list[str]:
     return (list(BYTE_METRICS.values()) + list(ATOMIC_METRICS) + list(FLOP_METRICS)
-            + list(TENSOR_OPS_METRICS)
-            + list(TENSOR_INST_METRICS) + list(EXTRA_METRICS))
+            + list(TENSOR_OPS_METRICS) + list(TENSOR_INST_METRICS) + list(EXTRA_METRICS))
 
 
 def filter_available(metrics: list[str], query_output: str) -> list[str]:
     """The metrics whose base name (before ``.sum``) appears in ``ncu --query-metrics`` output."""
-    names = set()
-    for line in query_output.splitlines():
-        parts = line.split()
-        if parts:
-            names.add(parts[0])
+    names = {line.split()[0] for line in query_output.splitlines() if line.split()}
     return [m for m in metrics if m.rsplit(".", 1)[0] in names]
 
 
+def query_metrics(ncu: str = "ncu") -> str:
+    return subprocess.run([ncu, "--query-metrics"], capture_output=True, text=True,
+                          timeout=120).stdout
+
+
 def query_available(ncu: str = "ncu") -> list[str]:
-    out = subprocess.run([ncu, "--query-metrics"], capture_output=True, text=True, timeout=120)
-    got = filter_available(wanted_metrics(), out.stdout)
-    required = list(BYTE_METRICS.values())
-    missing = [m for m in required if m not in got]
+    out = query_metrics(ncu)
+    got = filter_available(wanted_metrics(), out)
+    missing = [m for m in BYTE_METRICS.values() if m not in got]
     if missing:
-        raise RuntimeError(f"ncu on this GPU lacks required metrics {missing}; query output began: "
-                           f"{out.stdout[:400]!r} {out.stderr[:400]!r}")
+        raise RuntimeError(f"ncu on this GPU lacks required metrics {missing}; query output "
+                           f"began: {out[:400]!r}")
     return got
 
 
@@ -168,35 +192,33 @@ def split_by_marker(rows: list[dict], n_configs: int) -> list[list[dict]]:
     return groups
 
 
+def _sums(rows: list[dict]) -> dict:
+    """Per metric, the sum over ``rows`` (None if any row lacks it)."""
+    out = {}
+    for m in sorted({m for r in rows for m in r["metrics"]}):
+        vals = [r["metrics"].get(m) for r in rows]
+        out[m] = None if any(v is None for v in vals) else sum(vals)
+    return out
+
+
 def aggregate(rows: list[dict], tensor_flops_per_op: float | None = None) -> dict:
     """Results-record fields from the kernel rows of one configuration (sums over launches).
     ``tensor_flops_per_op``: FLOPs per tensor "math op" (see `calibrate_tensor_ops`); None =
     tensor-core work is not added to ``flops_executed``."""
-    out: dict = {}
     if not rows:
         return {f: None for f in BYTE_METRICS} | {"flops_executed": None, "ncu_launches": 0}
-    metrics = sorted({m for r in rows for m in r["metrics"]})
-    sums = {}
-    for m in metrics:
-        vals = [r["metrics"].get(m) for r in rows]
-        sums[m] = None if any(v is None for v in vals) else sum(vals)
-    for field, m in BYTE_METRICS.items():
-        out[field] = int(round(sums[m])) if sums.get(m) is not None else None
+    sums = _sums(rows)
+    out: dict = {field: int(round(sums[m])) if sums.get(m) is not None else None
+                 for field, m in BYTE_METRICS.items()}
     atom = [sums[m] for m in ATOMIC_METRICS if sums.get(m) is not None]
     out["global_atomic_bytes"] = int(round(sum(atom))) if atom else None
-    flops = 0.0
-    have_flop = False
-    for m, w in FLOP_METRICS.items():
-        if sums.get(m) is not None:
-            flops += w * sums[m]
-            have_flop = True
+    flop_terms = [w * sums[m] for m, w in FLOP_METRICS.items() if sums.get(m) is not None]
     ops = [sums[m] for m in TENSOR_OPS_METRICS if sums.get(m) is not None]
-    if tensor_flops_per_op is not None:
-        flops += tensor_flops_per_op * sum(ops)
-    else:
+    if tensor_flops_per_op is None:
         ops = []
+    flops = sum(flop_terms) + (tensor_flops_per_op or 0.0) * sum(ops)
     tinst = [sums[m] for m in TENSOR_INST_METRICS if sums.get(m) is not None]
-    out["flops_executed"] = int(round(flops)) if have_flop else None
+    out["flops_executed"] = int(round(flops)) if flop_terms else None
     out["flops_tensor_counted"] = bool(ops)
     out["ncu_tensor_inst"] = int(sum(tinst)) if tinst else None
     out["ncu_launches"] = len(rows)
@@ -204,10 +226,8 @@ def aggregate(rows: list[dict], tensor_flops_per_op: float | None = None) -> dic
         out["ncu_" + m] = None if v is None else (int(round(v)) if float(v).is_integer() else v)
     out["ncu_kernels"] = [
         {"name": r["name"][:160],
-         "global_load_bytes": r["metrics"].get(BYTE_METRICS["global_load_bytes"]),
-         "global_store_bytes": r["metrics"].get(BYTE_METRICS["global_store_bytes"]),
-         "dram_read_bytes": r["metrics"].get(BYTE_METRICS["dram_read_bytes"]),
-         "dram_write_bytes": r["metrics"].get(BYTE_METRICS["dram_write_bytes"]),
+         **{f: r["metrics"].get(BYTE_METRICS[f]) for f in ("global_load_bytes", "global_store_bytes",
+                                                           "dram_read_bytes", "dram_write_bytes")},
          "time_ns": r["metrics"].get("gpu__time_duration.sum")}
         for r in rows]
     return out
@@ -220,7 +240,7 @@ def needs_counters(rec: dict) -> bool:
 def merge_counters(records: list[dict], configs: list[dict], groups: list[list[dict]],
                    tensor_flops_per_op: float | None = None, kernels_sha: str | None = None) -> int:
     """Write the aggregated counters of each group into the record with the same key (with the
-    fingerprint of the kernel code profiled, ``ncu_kernels_sha``)."""
+    fingerprint of the kernel code profiled, ``ncu_kernels_sha``); returns how many."""
     by_key = {measure.config_key(r): r for r in records}
     n = 0
     for cfg, rows in zip(configs, groups):
@@ -253,6 +273,61 @@ def _calibrate_child() -> int:
     return 0
 
 
+def _child(config_path: str) -> int:
+    import numpy as np
+    import torch
+    from numba import cuda
+
+    from .common import sdpa_context
+
+    @cuda.jit
+    def ioaware_ncu_marker(x):
+        x[0] = x[0] + 1
+
+    flag = cuda.to_device(np.zeros(1, "int32"))
+    ioaware_ncu_marker[1, 1](flag)
+    cuda.synchronize()
+    configs = json.loads(Path(config_path).read_text())
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(0)
+    t0 = time.perf_counter()
+    for i, cfg in enumerate(configs):
+        cfg = measure.normalize_config(cfg)
+        sets = [measure.make_input_set(torch, cfg, torch.device("cuda"), gen)]
+        with sdpa_context(cfg["kernel"]):
+            run = measure.build_runner(cfg, sets)
+            run(0)                       # compile / plan outside the profiled region
+            torch.cuda.synchronize()
+            torch.cuda.profiler.start()
+            ioaware_ncu_marker[1, 1](flag)
+            res = run(0)
+            torch.cuda.synchronize()
+            torch.cuda.profiler.stop()
+        del res, run, sets
+        torch.cuda.empty_cache()
+        print(f"[ncu child {i + 1}/{len(configs)} {time.perf_counter() - t0:5.0f}s] "
+              f"{measure.describe(cfg)}", file=sys.stderr, flush=True)
+    return 0
+
+
+# ------------------------------------------------------------------------------------------------
+# the parent: chunks, ncu, merge
+# ------------------------------------------------------------------------------------------------
+
+def ncu_command(metrics: list[str], log_path: str, config_path: str, ncu: str = "ncu") -> list[str]:
+    return [ncu, *PROFILER_OPTIONS, "--target-processes", "all", "--csv", "--page", "raw",
+            "--print-units", "base", "--metrics", ",".join(metrics), "--log-file", log_path,
+            sys.executable, "-m", "benchmarks", "ncu", "--child", config_path]
+
+
+def ncu_version(ncu: str = "ncu") -> str:
+    try:
+        out = subprocess.run([ncu, "--version"], capture_output=True, text=True, timeout=60)
+        return out.stdout.strip().splitlines()[-1]
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return "unknown"
+
+
 def calibrate_tensor_ops(metrics: list[str], ncu: str = "ncu") -> float | None:
     """FLOPs per tensor "math op" counted by ncu, from a float16 matrix product of 2 M N K FLOPs
     (None if the GPU has no tensor ops counter or the product ran off the tensor cores)."""
@@ -271,63 +346,26 @@ def calibrate_tensor_ops(metrics: list[str], ncu: str = "ncu") -> float | None:
     return round(2.0 * m * n * k / total, 3)
 
 
-def _child(config_path: str) -> int:
-    import torch
-    from numba import cuda
-
-    @cuda.jit
-    def ioaware_ncu_marker(x):
-        x[0] = x[0] + 1
-
-    flag = cuda.to_device(__import__("numpy").zeros(1, "int32"))
-    ioaware_ncu_marker[1, 1](flag)
-    cuda.synchronize()
-    configs = json.loads(Path(config_path).read_text())
-    gen = torch.Generator(device="cuda")
-    gen.manual_seed(0)
-    t0 = time.perf_counter()
-    for i, cfg in enumerate(configs):
-        cfg = measure.normalize_config(cfg)
-        sets = [measure._make_set(torch, cfg, torch.device("cuda"), gen)]
-        with measure._sdpa_context(torch, cfg["kernel"]):
-            run = measure.build_runner(cfg, sets)
-            run(0)                       # compile / plan outside the profiled region
-            torch.cuda.synchronize()
-            torch.cuda.profiler.start()
-            ioaware_ncu_marker[1, 1](flag)
-            res = run(0)
-            torch.cuda.synchronize()
-            torch.cuda.profiler.stop()
-        del res, run, sets
-        torch.cuda.empty_cache()
-        print(f"[ncu child {i + 1}/{len(configs)} {time.perf_counter() - t0:5.0f}s] "
-              f"{measure._describe(cfg)}", file=sys.stderr, flush=True)
-    return 0
-
-
-# ------------------------------------------------------------------------------------------------
-# the parent: chunks, ncu, merge
-# ------------------------------------------------------------------------------------------------
-
-def ncu_command(metrics: list[str], log_path: str, config_path: str, ncu: str = "ncu") -> list[str]:
-    return [ncu, "--clock-control", "none", "--cache-control", "all", "--profile-from-start", "off",
-            "--target-processes", "all", "--csv", "--page", "raw", "--print-units", "base",
-            "--metrics", ",".join(metrics), "--log-file", log_path,
-            sys.executable, "-m", "kernels.ncu", "--child", config_path]
-
-
-def ncu_version(ncu: str = "ncu") -> str:
-    try:
-        out = subprocess.run([ncu, "--version"], capture_output=True, text=True, timeout=60)
-        return out.stdout.strip().splitlines()[-1]
-    except (OSError, subprocess.SubprocessError, IndexError):
-        return "unknown"
+def replay(configs: list[dict], metrics: list[str], ncu: str = "ncu", keep_logs=None,
+           timeout=None) -> tuple[list[dict], int]:
+    """Run the child under ncu on ``configs``: ncu's rows and the child's exit status."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg_path, log_path = os.path.join(tmp, "configs.json"), os.path.join(tmp, "ncu.csv")
+        Path(cfg_path).write_text(json.dumps(configs))
+        proc = subprocess.run(ncu_command(metrics, log_path, cfg_path, ncu), text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
+        sys.stderr.write(proc.stdout[-4000:])
+        text = Path(log_path).read_text() if os.path.exists(log_path) else ""
+    if keep_logs:
+        with open(keep_logs, "a") as fh:
+            fh.write(text)
+    return parse_ncu_csv(text), proc.returncode
 
 
 def profile_results(path: str, *, out_path: str | None = None, chunk: int = 40,
                     kernels: list[str] | None = None, limit: int | None = None,
                     time_budget_s: float | None = None, ncu: str = "ncu",
-                    keep_logs: str | None = None) -> dict:
+                    keep_logs: str | None = None, command: str = "") -> dict:
     """Add ncu counters to the records of the results file ``path`` (written to ``out_path``,
     default in place) that do not have them yet; returns the results object."""
     if shutil.which(ncu) is None:
@@ -338,21 +376,19 @@ def profile_results(path: str, *, out_path: str | None = None, chunk: int = 40,
     out_path = out_path or path
     metrics = query_available(ncu)
     prov = results["provenance"]
-    factor = prov.get("ncu", {}).get("tensor_flops_per_op") if isinstance(prov.get("ncu"), dict) else None
+    factor = (prov.get("ncu") or {}).get("tensor_flops_per_op")
     if factor is None:
         factor = calibrate_tensor_ops(metrics, ncu)
+    sha = kernels_fingerprint()
     prov["ncu"] = {"version": ncu_version(ncu), "metrics": metrics, "tensor_flops_per_op": factor,
-                   "command": "python -m kernels.ncu " + " ".join(sys.argv[1:]),
-                   "options": "--clock-control none --cache-control all --profile-from-start off"}
-    sha = measure.kernels_fingerprint()
-    timed_sha = prov.get("kernels_sha")
-    if timed_sha and timed_sha != sha:
-        print(f"[ncu] WARNING: kernels/ changed since the timings were taken (timed {timed_sha}, "
-              f"now {sha}); records get ncu_kernels_sha so the comparison can tell", file=sys.stderr)
+                   "command": command, "options": " ".join(PROFILER_OPTIONS),
+                   "code_version": code_version(), "kernels_sha": sha}
+    if prov.get("kernels_sha") and prov["kernels_sha"] != sha:
+        print(f"[ncu] WARNING: kernels/ changed since the timings were taken (timed "
+              f"{prov['kernels_sha']}, now {sha}); records get ncu_kernels_sha so the comparison "
+              f"can tell", file=sys.stderr)
     todo = [r for r in results["records"] if needs_counters(r)
-            and (kernels is None or r["kernel"] in kernels)]
-    if limit is not None:
-        todo = todo[:limit]
+            and (kernels is None or r["kernel"] in kernels)][:limit]
     print(f"[ncu] {len(todo)} records to profile, metrics: {', '.join(metrics)}", file=sys.stderr,
           flush=True)
     t0 = time.perf_counter()
@@ -362,47 +398,135 @@ def profile_results(path: str, *, out_path: str | None = None, chunk: int = 40,
             break
         part = todo[start:start + chunk]
         cfgs = [{f: r.get(f) for f in measure.KEY_FIELDS} for r in part]
-        with tempfile.TemporaryDirectory() as tmp:
-            cfg_path = os.path.join(tmp, "configs.json")
-            log_path = os.path.join(tmp, "ncu.csv")
-            Path(cfg_path).write_text(json.dumps(cfgs))
-            proc = subprocess.run(ncu_command(metrics, log_path, cfg_path, ncu), text=True,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-            sys.stderr.write(proc.stdout[-4000:])
-            text = Path(log_path).read_text() if os.path.exists(log_path) else ""
-            if keep_logs:
-                with open(keep_logs, "a") as fh:
-                    fh.write(text)
-        rows = parse_ncu_csv(text)
+        rows, rc = replay(cfgs, metrics, ncu, keep_logs)
         try:
             groups = split_by_marker(rows, len(cfgs))
         except ValueError as exc:
             # a child that died part-way: attribute what is attributable, mark the rest
             n_markers = sum(MARKER_NAME in r["name"] for r in rows)
-            print(f"[ncu] {exc} (child rc={proc.returncode}); keeping the first "
-                  f"{max(0, n_markers - 1)} configurations", file=sys.stderr, flush=True)
-            groups = split_by_marker(rows, n_markers) if n_markers else []
             complete = max(0, n_markers - 1)
-            groups = groups[:complete]
+            print(f"[ncu] {exc} (child rc={rc}); keeping the first {complete} configurations",
+                  file=sys.stderr, flush=True)
+            groups = split_by_marker(rows, n_markers)[:complete] if n_markers else []
             if complete < len(part):
-                part[complete]["ncu_error"] = f"child failed (rc={proc.returncode})"
+                part[complete]["ncu_error"] = f"child failed (rc={rc})"
         merge_counters(results["records"], cfgs[:len(groups)], groups, factor, sha)
-        measure.write_results(results, out_path)
+        write_json(results, out_path)
         print(f"[ncu] {min(start + chunk, len(todo))}/{len(todo)} records "
               f"({time.perf_counter() - t0:.0f}s)", file=sys.stderr, flush=True)
     return results
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m kernels.ncu",
-                                 description="Add Nsight Compute hardware counters to a results file.")
-    ap.add_argument("results", nargs="?", help="results file written by python -m kernels.measure")
-    ap.add_argument("--out", help="write here instead of in place")
+# ------------------------------------------------------------------------------------------------
+# --loads: global loads by instruction kind
+# ------------------------------------------------------------------------------------------------
+
+def mma_fwd_breakdown(cfg: dict, c: dict) -> dict:
+    """Load sectors of a tensor-core forward record ``cfg`` with summed counters ``c`` (keys of
+    `LOAD_METRICS`): the Q fragment LDG instructions the kernel issues (per warp ``m-tiles x
+    head_dim / 16 x 4`` LDG of 16-byte row segments, 8 sectors each), the other LDG (the
+    schedule's uniform loads, 1 sector each), the sectors counted per cp.async instruction (512
+    bytes moved = 16 sectors), the other LDG's share of all load sectors, and the load requests
+    beyond one per LDG and cp.async instruction, per warp."""
+    from kernels.mma_fwd import warp_m_tiles
+    d, bq = cfg["head_dim"], cfg["block_q"]
+    mt = warp_m_tiles(d, bq)
+    warps = bq // (16 * mt)
+    blocks = cfg["batch"] * cfg["heads"] * -(-cfg["seq_len_q"] // bq)
+    q_inst = blocks * warps * mt * (d // 16) * 4
+    other = c["ld_inst"] - q_inst
+    per_async = (c["ld_sect"] - 8 * q_inst - other) / c["ldgsts_inst"]
+    extra_req = (c["ld_req"] - c["ld_inst"] - c["ldgsts_inst"]) / (blocks * warps)
+    return {"q_ldg_inst": q_inst, "other_ldg_inst": other,
+            "sectors_per_cp_async": per_async, "other_ldg_share": other / c["ld_sect"],
+            "requests_over_instructions_per_warp": extra_req}
+
+
+LOADS_HEADER = (f"{'d':>4} {'causal':>6} {'N':>6} {'B*H':>5} | {'ld_sect':>12} {'ldgsts_inst':>12} "
+                f"{'Q ldg':>9} {'other ldg':>9} {'sect/cp.async':>13} {'other share':>11} "
+                f"{'req-inst/warp':>13}")
+
+
+def _loads_row(r: dict) -> str:
+    c = r["counters"]
+    row = (f"{r['head_dim']:>4} {str(r['causal']):>6} {r['seq_len_q']:>6} "
+           f"{r['batch'] * r['heads']:>5} | {c['ld_sect']:>12.0f} {c['ldgsts_inst']:>12.0f}")
+    if r.get("variant") == "mma" and r["pass"] == "fwd":
+        bd = mma_fwd_breakdown(r, c)
+        row += (f" {bd['q_ldg_inst']:>9.0f} {bd['other_ldg_inst']:>9.0f} "
+                f"{bd['sectors_per_cp_async']:>13.3f} {100 * bd['other_ldg_share']:>10.1f}% "
+                f"{bd['requests_over_instructions_per_warp']:>13.2f}")
+    return row
+
+
+def show_loads(path) -> int:
+    """Print a ``--loads`` file's rows (and the tensor-core forward's breakdown)."""
+    doc = json.loads(Path(path).read_text())
+    p = doc["provenance"]
+    print(f"# {p.get('gpu')}  {p.get('date')}  ({p.get('command')})")
+    print(LOADS_HEADER)
+    for r in doc["records"]:
+        print(_loads_row(r))
+    return 0
+
+
+def profile_loads(path, *, variant="mma", pass_="fwd", out=None, ncu="ncu", command="") -> dict:
+    """Replay the records of ``path`` of our kernel's ``variant`` and ``pass_`` with the
+    `LOAD_METRICS` counters; prints a row per record, writes the file to ``out``."""
+    source = json.loads(Path(path).read_text())["records"]
+    recs = [r for r in source if r.get("variant") == variant and r.get("pass") == pass_]
+    if not recs:
+        raise SystemExit(f"no records with variant={variant!r} pass={pass_!r} in {path}")
+    configs = [{k: r[k] for k in measure.KEY_FIELDS if k in r} for r in recs]
+    have = filter_available(list(LOAD_METRICS.values()), query_metrics(ncu))
+    missing = [m for m in LOAD_METRICS.values() if m not in have]
+    if missing:
+        print("not on this GPU:", ", ".join(missing), flush=True)
+    rows, rc = replay(configs, have, ncu, timeout=1800)
+    if rc:
+        raise SystemExit(f"the profiled child failed (rc={rc})")
+    short = {v: k for k, v in LOAD_METRICS.items()}
+    out_recs = []
+    print(LOADS_HEADER)
+    for cfg, rec, grp in zip(configs, recs, split_by_marker(rows, len(configs))):
+        sums = {k: 0.0 for k in LOAD_METRICS}
+        for row in grp:
+            for m, val in row["metrics"].items():
+                if m in short and val is not None:
+                    sums[short[m]] += val
+        out_recs.append(dict(cfg, kernels=[r["name"] for r in grp], counters=sums,
+                             global_load_bytes_recorded=rec.get("global_load_bytes")))
+        print(_loads_row(out_recs[-1]), flush=True)
+    doc = {"schema": "ioaware.ncu_loads/1",
+           "provenance": provenance(command, extra={"ncu": ncu_version(ncu),
+                                                    "metrics": LOAD_METRICS,
+                                                    "missing_metrics": missing}),
+           "records": out_recs}
+    if out:
+        write_json(doc, out)
+        print("wrote", out)
+    return doc
+
+
+def main(argv=None) -> int:
+    argv = list(argv or [])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks ncu",
+                                 description="Add Nsight Compute hardware counters to a results "
+                                             "file (or, with --loads, split its global loads).")
+    ap.add_argument("results", nargs="?", help="results file written by python -m benchmarks measure")
+    ap.add_argument("--out", help="counters: write here instead of in place; --loads: the file "
+                                  "to write")
     ap.add_argument("--chunk", type=int, default=40, help="configurations per ncu process")
     ap.add_argument("--kernels", help="comma list: only these kernels")
     ap.add_argument("--limit", type=int, help="profile at most this many records")
     ap.add_argument("--time-budget", type=float, help="stop starting chunks after this many seconds")
     ap.add_argument("--keep-logs", help="append ncu's raw CSV here")
+    ap.add_argument("--ncu", default="ncu", help="the Nsight Compute command line tool")
+    ap.add_argument("--loads", action="store_true",
+                    help="split the global loads of the --variant / --pass records instead")
+    ap.add_argument("--variant", default="mma", help="--loads: our kernel family (default mma)")
+    ap.add_argument("--pass", dest="pass_", default="fwd", help="--loads: pass (default fwd)")
+    ap.add_argument("--show-loads", metavar="FILE", help="print a --loads file and exit (no GPU)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--calibrate", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -410,13 +534,17 @@ def main(argv: list[str] | None = None) -> int:
         return _calibrate_child()
     if args.child:
         return _child(args.child)
+    if args.show_loads:
+        return show_loads(args.show_loads)
     if not args.results:
         ap.error("give the results file")
+    command = command_line("ncu", argv)
+    if args.loads:
+        profile_loads(args.results, variant=args.variant, pass_=args.pass_, out=args.out,
+                      ncu=args.ncu, command=command)
+        return 0
     profile_results(args.results, out_path=args.out, chunk=args.chunk,
                     kernels=args.kernels.split(",") if args.kernels else None, limit=args.limit,
-                    time_budget_s=args.time_budget, keep_logs=args.keep_logs)
+                    time_budget_s=args.time_budget, ncu=args.ncu, keep_logs=args.keep_logs,
+                    command=command)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

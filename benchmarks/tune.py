@@ -1,162 +1,431 @@
-"""Tile-size and dQ-mode sweep on a GPU, with each compiled kernel's resource usage.
+"""Command ``tune``: block sizes of one kernel family, or launch orders, timed against SDPA.
+Both run on the same inputs as PyTorch SDPA, in the same process.
 
-    python -m kernels.tune [--n 4096] [--d 64] [--dtype fp32] [--versions 2 3]
+    python -m benchmarks tune --family simt|mma|tf32 [--n 4096] [--d 64 128] [--out FILE.json]
+    python -m benchmarks tune --orders [--quick] [--out FILE.json]
+    ncu --clock-control none --profile-from-start off --csv --page raw --log-file FILE.csv \\
+        --metrics METRICS python -m benchmarks tune --orders --profile CASE --out FILE.json
+    python -m benchmarks tune --orders --show-ncu FILE.csv | --model-ncu FILE.json   (CPU)
 
-Times the forward for several (block_q, block_k, tm, tn) and the backward with dQ by atomics
-and by a second kernel, at B*N = 16384 tokens and H*d = 2048, against SDPA EFFICIENT measured
-in the same run (``--versions``: the listed kernel versions A/B in one process); prints registers, local memory (spills) and shared memory per kernel. The
-figures go to kernels/NOTES.md by hand only as copies of this command's output.
+Every case uses the benchmark's shapes (batch = 16384 / N, heads = 2048 / d) and times by CUDA
+events behind a device-side sleep (GPU time only: ``"device"`` timing of `benchmarks.common`).
+
+``--family``: for each head dim, causal off and on, and each block size of the family
+(`candidates`; a `kernels.KernelConfig` pinning the family, the tiles and for the CUDA-core
+forward its micro-tile), our forward, and for the CUDA-core family also our backward, next to
+SDPA FLASH (float16) or EFFICIENT (float32): time, the ratio SDPA / ours (> 1: ours faster) and
+the largest difference from SDPA's output (gradients for the backward). Block sizes the family
+refuses are listed with the reason. These runs chose the families' default tiles.
+
+``--orders``: for each case (dtype, head dim, causal, N) our forward under each forward order
+and our backward under each backward order (``KernelConfig.launch_order``: ``tiles``, ``heads``
+or a head group size; `kernels.tile_scheduler`), the backward's two kernels also apart (an
+event after each launch), SDPA's forward and forward + backward, and the forward + backward
+ratio for each backward order. Each order's outputs are compared with the default order's: a
+tile's arithmetic does not depend on which block runs it, so the difference should be exactly 0.
+These runs chose `kernels.tile_scheduler.DEFAULT_HEAD_GROUP`.
+
+``--profile DTYPE:D:causal|full:N`` (e.g. ``fp32:128:causal:8192``) runs that case's forward and
+backward once per order of `PROFILE_ORDERS`, each after a warm-up call, between
+``cudaProfilerStart`` / ``Stop``, for a profiler started with ``--profile-from-start off`` (and
+``--metrics`` `PROFILE_METRICS`, which ``--show-ncu`` and ``--model-ncu`` read): three kernels per
+order (forward, dQ, dK/dV), in the order printed; with ``--out`` it writes the case, the orders
+and the provenance (with the profiler's command line from the environment variable
+``IOAWARE_PROFILER_COMMAND`` when the caller sets it). ``--show-ncu FILE.csv`` prints such a
+profile's CSV as a table, one line per kernel (time, L2 hit rate, L2 read sectors, DRAM bytes
+read). ``--model-ncu FILE.json`` (the ``--out`` of a ``--profile`` run, its CSV beside it) puts
+the cost model's DRAM reads next to the measured ones: `sim.model.predict` with
+``Schedule.launch_head_group`` set to each order, the L2 model replaying the trace in that
+dispatch order.
 """
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import sys
 
-from .bench import attention_flops, time_cuda
+from .common import (SLEEP_CYCLES, attention_flops, attention_problem, benchmark_inputs,
+                     command_line, doc_usage, first_sentence, provenance, sdpa_context, time_cuda,
+                     write_json)
+
+#: CUDA-core forward candidates (block_q, block_k, tm, tn) and backward (block_q, block_k), per d.
+SIMT_FWD_CANDIDATES = {
+    64: [(64, 32, 8, 4), (64, 32, 4, 4), (64, 16, 4, 2), (64, 32, 2, 4), (64, 32, 4, 8),
+         (32, 32, 2, 4), (32, 32, 4, 4), (64, 64, 8, 8), (48, 32, 3, 4)],
+    128: [(32, 16, 4, 2), (32, 16, 2, 2), (32, 16, 4, 4), (16, 32, 2, 4), (32, 8, 2, 1)],
+}
+SIMT_BWD_CANDIDATES = {64: [(32, 32), (32, 16), (16, 32)], 128: [(16, 16), (16, 8), (8, 16)]}
+FAMILY_DTYPE = {"simt": "fp32", "mma": "fp16", "tf32": "fp32"}
+
+FWD_ORDERS = ("tiles", "heads", "4")
+BWD_ORDERS = ("tiles", "heads", "4", "8")
+ORDER_CASES = ([("fp32", 128, True, n) for n in (1024, 4096, 8192, 16384)]
+               + [("fp32", 128, False, 4096), ("fp32", 64, True, 4096)]
+               + [("fp16", 128, True, 4096), ("fp16", 64, True, 4096), ("fp16", 128, False, 4096)])
+QUICK_ORDER_CASES = [("fp32", 128, True, 4096), ("fp16", 64, True, 4096)]
+PROFILE_ORDERS = ("tiles", "heads", "4")
+PROFILE_KERNELS = ("forward", "dQ", "dK/dV")
+PROFILE_METRICS = ("gpu__time_duration.sum,lts__t_sector_hit_rate.pct,dram__bytes_read.sum,"
+                   "lts__t_sectors_op_read.sum,launch__grid_size")
 
 
-def resources(dispatcher):
-    """{signature: (regs/thread, local bytes/thread, static smem bytes/block)} of a compiled kernel."""
-    out = {}
-    for sig, kern in dispatcher.overloads.items():
-        out[str(sig)] = (kern.regs_per_thread, kern.local_mem_per_thread, kern.shared_mem_per_block)
+def candidates(family: str, head_dim: int) -> list[tuple[str, object]]:
+    """``(pass, KernelConfig)`` of every block size ``--family`` times for a head dim."""
+    from kernels import KernelConfig, tf32_fwd
+    from kernels.mma_fwd import BLOCK_K_CHOICES, BLOCK_Q_CHOICES
+    if family == "simt":
+        return ([("fwd", KernelConfig(family="simt", block_q=bq, block_k=bk, micro_tile=(tm, tn)))
+                 for bq, bk, tm, tn in SIMT_FWD_CANDIDATES.get(head_dim, [])]
+                + [("bwd", KernelConfig(family="simt", block_q=bq, block_k=bk))
+                   for bq, bk in SIMT_BWD_CANDIDATES.get(head_dim, [])])
+    if family == "mma":
+        q_choices, k_choices = BLOCK_Q_CHOICES, BLOCK_K_CHOICES
+    else:
+        q_choices, k_choices = tf32_fwd.BLOCK_Q_CHOICES, tf32_fwd.BLOCK_K_CHOICES
+    return [("fwd", KernelConfig(family=family, block_q=bq, block_k=bk))
+            for bq in q_choices for bk in k_choices]
+
+
+def sdpa_kernel_name(dtype: str) -> str:
+    """The SDPA backend ours is held against: FLASH for half precision, EFFICIENT for float32."""
+    return "sdpa-efficient" if dtype == "fp32" else "sdpa-flash"
+
+
+def _max_diff(a, b) -> float:
+    return max(float((x.float() - y.float()).abs().max()) for x, y in zip(a, b))
+
+
+# ------------------------------------------------------------------------------------------------
+# --family: block sizes
+# ------------------------------------------------------------------------------------------------
+
+def tune_blocks(torch, family, head_dims, seq_len, causals, progress=print, checkpoint=None):
+    """The ``--family`` rows (module docstring)."""
+    import torch.nn.functional as F
+
+    import kernels
+    dtype, rows = FAMILY_DTYPE[family], []
+    sdpa = sdpa_kernel_name(dtype)
+    for d in head_dims:
+        b, h, q, k, v, do = benchmark_inputs(torch, dtype, d, seq_len)
+        qg, kg, vg = (x.detach().requires_grad_(True) for x in (q, k, v))
+        for causal in causals:
+            pb = attention_problem(q, k, v, causal=causal)
+            with sdpa_context(sdpa):
+                ref_out = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
+                ref_grads = torch.autograd.grad(ref_out, (qg, kg, vg), do, retain_graph=True)
+                t_ref = {"fwd": time_cuda(torch, lambda: F.scaled_dot_product_attention(
+                    q, k, v, is_causal=causal), timing="device")[0],
+                    "bwd": time_cuda(torch, lambda: torch.autograd.grad(
+                        ref_out, (qg, kg, vg), do, retain_graph=True), timing="device")[0]}
+            out, lse = kernels.forward(pb, kernels.KernelConfig(family=family))
+            for pass_, cfg in candidates(family, d):
+                row = {"family": family, "pass": pass_, "dtype": dtype, "head_dim": d,
+                       "causal": causal, "seq_len": seq_len, "batch": b, "heads": h,
+                       "block_q": cfg.block_q, "block_k": cfg.block_k,
+                       "micro_tile": list(cfg.micro_tile) if cfg.micro_tile else None}
+                try:
+                    kernels.family_for(pb, cfg, pass_)
+                except ValueError as exc:          # tiles this family does not take
+                    rows.append(dict(row, refused=str(exc)))
+                    progress(f"{d:>4} {str(causal):>6} {pass_} {cfg.block_q:>3} x "
+                             f"{cfg.block_k:<3} refused: {exc}")
+                    continue
+                if pass_ == "fwd":
+                    def ours(cfg=cfg):
+                        return kernels.forward(pb, cfg)
+                    err = _max_diff(ours()[:1], (ref_out,))
+                else:
+                    def ours(cfg=cfg):
+                        return kernels.backward(pb, out, lse, do, cfg)
+                    err = _max_diff(ours(), ref_grads)
+                t = time_cuda(torch, ours, timing="device")[0]
+                fl = attention_flops(b, h, seq_len, seq_len, d, causal, pass_)
+                rows.append(dict(row, time_ms=t, tflops=fl / t / 1e9, sdpa_kernel=sdpa,
+                                 sdpa_time_ms=t_ref[pass_], ratio=t_ref[pass_] / t,
+                                 max_abs_err_vs_sdpa=err))
+                progress(f"{d:>4} {str(causal):>6} {pass_} {cfg.block_q:>3} x {cfg.block_k:<3} "
+                         f"{row['micro_tile'] or '':>8} {t:8.3f} ms {fl / t / 1e9:6.1f} TFLOP/s "
+                         f"{sdpa} {t_ref[pass_]:8.3f} ms ratio {t_ref[pass_] / t:5.2f} "
+                         f"max |diff| {err:.1e}")
+            if checkpoint:
+                checkpoint(rows)
+        q = k = v = do = qg = kg = vg = ref_out = ref_grads = out = lse = None
+        torch.cuda.empty_cache()
+    return rows
+
+
+# ------------------------------------------------------------------------------------------------
+# --orders: launch orders
+# ------------------------------------------------------------------------------------------------
+
+def order_config(order: str):
+    """The `kernels.KernelConfig` of a launch order's name (None: the default order)."""
+    from ioaware.launch_order import parse_head_group
+
+    from kernels import KernelConfig
+    return KernelConfig(launch_order=None if order is None else parse_head_group(order))
+
+
+def per_kernel_ms(torch, fn, reps=5):
+    """Milliseconds of each kernel ``fn`` launches through `kernels.host.launch` (an event
+    recorded after each launch, behind a device-side sleep); the median run by total."""
+    from kernels import host
+    events, runs, orig = [], [], host.launch
+
+    def traced(*args, **kw):
+        orig(*args, **kw)
+        e = torch.cuda.Event(enable_timing=True)
+        e.record()
+        events.append(e)
+
+    host.launch = traced
+    try:
+        for _ in range(reps):
+            torch.cuda.synchronize()
+            torch.cuda._sleep(SLEEP_CYCLES)
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
+            events.clear()
+            fn()
+            torch.cuda.synchronize()
+            prev, ts = start, []
+            for e in events:
+                ts.append(prev.elapsed_time(e))
+                prev = e
+            runs.append(ts)
+    finally:
+        host.launch = orig
+    runs.sort(key=sum)
+    return runs[len(runs) // 2]
+
+
+def order_case(torch, dt, d, causal, n, progress=print) -> dict:
+    """One ``--orders`` case (module docstring)."""
+    import torch.nn.functional as F
+
+    import kernels
+    b, h, q, k, v, do = benchmark_inputs(torch, dt, d, n)
+    pb = attention_problem(q, k, v, causal=causal)
+    rec = {"dtype": dt, "head_dim": d, "causal": causal, "seq_len": n, "batch": b, "heads": h,
+           "family": {p: kernels.family_for(pb, None, p) for p in ("fwd", "bwd")},
+           "fwd_ms": {}, "bwd_ms": {}, "bwd_kernel_ms": {}, "max_abs_diff_vs_default": {}}
+    out, lse = kernels.forward(pb)
+    ref_grads = kernels.backward(pb, out, lse, do)
+    for order in FWD_ORDERS + (None,):
+        cfg = order_config(order)
+        name = order or "default"
+        rec["max_abs_diff_vs_default"][f"fwd:{name}"] = _max_diff(kernels.forward(pb, cfg)[:1],
+                                                                   (out,))
+        rec["fwd_ms"][name] = time_cuda(torch, lambda: kernels.forward(pb, cfg), timing="device")[0]
+    for order in BWD_ORDERS + (None,):
+        cfg = order_config(order)
+        name = order or "default"
+
+        def bwd():
+            return kernels.backward(pb, out, lse, do, cfg)
+        rec["max_abs_diff_vs_default"][f"bwd:{name}"] = _max_diff(bwd(), ref_grads)
+        rec["bwd_ms"][name] = time_cuda(torch, bwd, timing="device")[0]
+        rec["bwd_kernel_ms"][name] = per_kernel_ms(torch, bwd)
+    sdpa = sdpa_kernel_name(dt)
+    rec["sdpa_kernel"] = sdpa
+    qg, kg, vg = (x.detach().requires_grad_(True) for x in (q, k, v))
+
+    def sdpa_run(backward):
+        with sdpa_context(sdpa):
+            o = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
+            if backward:
+                o.backward(do)
+                qg.grad = kg.grad = vg.grad = None
+    rec["sdpa_fwd_ms"] = time_cuda(torch, lambda: sdpa_run(False), timing="device")[0]
+    rec["sdpa_fwdbwd_ms"] = time_cuda(torch, lambda: sdpa_run(True), timing="device")[0]
+    rec["fwdbwd_ratio"] = {o: rec["sdpa_fwdbwd_ms"] / (rec["fwd_ms"]["default"] + t)
+                           for o, t in rec["bwd_ms"].items()}
+    f, bw = rec["fwd_ms"], rec["bwd_ms"]
+    progress(f"{dt} d={d} causal={causal} N={n}: fwd " + " ".join(
+        f"{o} {t:.3f}" for o, t in f.items()) + " | bwd " + " ".join(
+        f"{o} {bw[o]:.2f} ({'+'.join(f'{x:.2f}' for x in rec['bwd_kernel_ms'][o])})"
+        for o in bw) + f" | SDPA {sdpa} fwd {rec['sdpa_fwd_ms']:.3f} fwd+bwd "
+        f"{rec['sdpa_fwdbwd_ms']:.2f} | fwd+bwd ratio " + " ".join(
+        f"{o} {r:.3f}" for o, r in rec["fwdbwd_ratio"].items())
+        + f" | max |diff| vs default {max(rec['max_abs_diff_vs_default'].values()):.3g}")
+    return rec
+
+
+def profile_case(torch, dt, d, causal, n) -> dict:
+    """One forward and one backward per order of `PROFILE_ORDERS`, each inside a profiler range
+    (module docstring). Returns the case's shape."""
+    import kernels
+    b, h, q, k, v, do = benchmark_inputs(torch, dt, d, n)
+    pb = attention_problem(q, k, v, causal=causal)
+    for order in PROFILE_ORDERS:
+        cfg = order_config(order)
+
+        def both():
+            out, lse = kernels.forward(pb, cfg)
+            kernels.backward(pb, out, lse, do, cfg)
+        both()                                    # compiles this order's kernels
+        torch.cuda.synchronize()
+        torch.cuda.profiler.start()
+        both()
+        torch.cuda.synchronize()
+        torch.cuda.profiler.stop()
+        print(f"profiled order {order}: forward, dQ, dK/dV ({dt} d={d} causal={causal} N={n} "
+              f"B={b} H={h})", flush=True)
+    return {"dtype": dt, "head_dim": d, "causal": causal, "seq_len": n, "batch": b, "heads": h}
+
+
+def profile_rows(csv_path) -> list[dict]:
+    """The kernels of a ``--profile`` run's ncu CSV (`benchmarks.ncu.parse_ncu_csv`): three per
+    order of `PROFILE_ORDERS`, in launch order."""
+    from .ncu import parse_ncu_csv
+    with open(csv_path) as f:
+        rows = parse_ncu_csv(f.read())
+    if len(rows) != len(PROFILE_ORDERS) * len(PROFILE_KERNELS):
+        raise SystemExit(f"{csv_path}: {len(rows)} kernels, expected "
+                         f"{len(PROFILE_ORDERS) * len(PROFILE_KERNELS)}")
+    return rows
+
+
+def show_ncu(path) -> None:
+    """The table of a ``--profile`` run's ncu CSV (three kernels per order of
+    `PROFILE_ORDERS`, in launch order)."""
+    rows = profile_rows(path)
+    print(f"{'order':>6} {'kernel':>7} {'grid':>6} {'ms':>8} {'L2 hit %':>9} "
+          f"{'L2 read sectors':>16} {'DRAM read GB':>13}")
+    for i, r in enumerate(rows):
+        m = r["metrics"]
+        print(f"{PROFILE_ORDERS[i // 3]:>6} {PROFILE_KERNELS[i % 3]:>7} "
+              f"{m['launch__grid_size']:6.0f} {m['gpu__time_duration.sum'] / 1e6:8.3f} "
+              f"{m['lts__t_sector_hit_rate.pct']:9.2f} {m['lts__t_sectors_op_read.sum']:16,.0f} "
+              f"{m['dram__bytes_read.sum'] / 1e9:13.3f}")
+
+
+def model_vs_ncu(profile_json, profile="h100") -> list[dict]:
+    """Measured (ncu) against predicted (sim, L2 model in each launch order) DRAM reads of a
+    ``--profile`` run: ``profile_json`` is its ``--out``, the CSV has the same name ending in
+    ``.csv``. Prints one line per (order, kernel); returns the rows."""
+    from pathlib import Path
+
+    from ioaware.launch_order import parse_head_group
+    from kernels import mma_fwd, tf32_fwd
+    from sim.model import predict
+    from sim.workload import Schedule, Workload
+    with open(profile_json) as f:
+        case = json.load(f)["case"]
+    rows = profile_rows(Path(profile_json).with_suffix(".csv"))
+    d, dt, causal = case["head_dim"], case["dtype"], case["causal"]
+    if dt == "fp32":
+        fwd_blocks, unit = tf32_fwd.default_blocks(d), "tf32"
+    else:
+        fwd_blocks, unit = mma_fwd.default_blocks(d, causal), "tensor"
+    shape = dict(batch=case["batch"], heads=case["heads"], seq_len_q=case["seq_len"],
+                 head_dim=d, dtype=dt, causal=causal)
+    out = []
+    print(f"{'order':>6} {'kernel':>7} {'measured GB':>12} {'predicted GB':>13} {'error':>7} "
+          f"{'L2 model':>9}")
+    for i, order in enumerate(PROFILE_ORDERS):
+        g = parse_head_group(order)
+        # the backward kernels' tiles are 64 rows (Q in the dQ kernel, K in the dK/dV kernel)
+        pf = predict(Workload(**shape, pass_="fwd"),
+                     Schedule("flash2", *fwd_blocks, matmul_unit=unit, exp_flops=0,
+                              launch_head_group=g), profile, calibration=None)
+        pb = predict(Workload(**shape, pass_="bwd"),
+                     Schedule("flash2", 64, 64, matmul_unit=unit, exp_flops=0, dq_mode="kernel",
+                              launch_head_group=g), profile, calibration=None)
+        ph = {**pf.phases, **pb.phases}
+        pred = {"forward": ph["fwd"]["dram_read_bytes"],
+                # the dQ kernel computes delta itself (the model's bwd.pre)
+                "dQ": ph["bwd.dq"]["dram_read_bytes"] + ph["bwd.pre"]["dram_read_bytes"],
+                "dK/dV": ph["bwd.main"]["dram_read_bytes"]}
+        for j, kern in enumerate(PROFILE_KERNELS):
+            meas = rows[3 * i + j]["metrics"]["dram__bytes_read.sum"]
+            out.append({"order": order, "kernel": kern, "measured_dram_read_bytes": meas,
+                        "predicted_dram_read_bytes": pred[kern],
+                        "l2_model": pf.l2.model if kern == "forward" else pb.l2.model})
+            print(f"{order:>6} {kern:>7} {meas / 1e9:12.3f} {pred[kern] / 1e9:13.3f} "
+                  f"{100 * (pred[kern] / meas - 1):+6.0f}% {out[-1]['l2_model']:>9}")
     return out
 
 
-def sass_mix(dispatcher, top=14):
-    """Opcode histogram of a compiled kernel's SASS (static counts): FFMA vs LDS vs integer work,
-    and LDL/STL (local memory) if any."""
-    import collections
-    import re
-    mixes = []
-    for sig in dispatcher.overloads:
-        try:
-            sass = dispatcher.inspect_sass(sig)
-        except Exception as exc:  # nvdisasm missing
-            return f"inspect_sass failed: {exc}"
-        ops = re.findall(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)(?:\.[A-Z0-9_.]+)?",
-                         sass, flags=re.M)
-        c = collections.Counter(ops)
-        mixes.append(f"total {sum(c.values())}: " + " ".join(f"{k}={v}" for k, v in c.most_common(top))
-                     + f" | LDL={c.get('LDL', 0)} STL={c.get('STL', 0)}")
-    return "; ".join(mixes)
+# ------------------------------------------------------------------------------------------------
+# command line
+# ------------------------------------------------------------------------------------------------
+
+def _causals(text):
+    return {"off": [False], "on": [True], "both": [False, True]}[text]
 
 
-FWD_VARIANTS = {
-    64: [(64, 32, 8, 4), (64, 32, 4, 4), (64, 16, 4, 2), (64, 32, 2, 4), (64, 32, 4, 8),
-         (32, 32, 2, 4), (32, 32, 4, 4), (64, 64, 8, 8) , (48, 32, 3, 4)],
-    128: [(32, 16, 4, 2), (32, 16, 2, 2), (32, 16, 4, 4), (16, 32, 2, 4), (32, 8, 2, 1)],
-}
-BWD_VARIANTS = {64: [(32, 32, None), (32, 16, None), (16, 32, None), (32, 32, (4, 4))],
-                128: [(16, 16, None), (16, 8, None), (8, 16, None)]}
-
-
-def main(argv=None):
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--n", type=int, default=4096)
-    ap.add_argument("--d", type=int, nargs="+", default=[64])
-    ap.add_argument("--dtype", default="fp32")
-    ap.add_argument("--causal", action="store_true")
-    ap.add_argument("--fwd-only", action="store_true")
-    ap.add_argument("--max-variants", type=int, default=99)
-    ap.add_argument("--max-bwd-variants", type=int, default=99)
-    ap.add_argument("--dq-modes", nargs="+", default=["kernel", "atomic"], choices=["kernel", "atomic"])
-    ap.add_argument("--versions", type=int, nargs="+", default=None,
-                    help="kernel versions to A/B in this run (sets launch.FWD_VERSION and "
-                         "BWD_VERSION for each); default: the current ones")
-    ap.add_argument("--json", default=None, help="also write the report to this JSON file")
+def main(argv=None) -> int:
+    argv = list(argv or [])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks tune",
+                                 description=first_sentence(__doc__),
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=doc_usage(__doc__))
+    what = ap.add_mutually_exclusive_group(required=True)
+    what.add_argument("--family", choices=tuple(FAMILY_DTYPE), help="time this family's block sizes")
+    what.add_argument("--orders", action="store_true", help="time the launch orders")
+    ap.add_argument("--n", type=int, default=4096, help="--family: sequence length")
+    ap.add_argument("--d", type=int, nargs="+", default=[64, 128], help="--family: head dims")
+    ap.add_argument("--causal", choices=("off", "on", "both"), default="both",
+                    help="--family: causal masking")
+    ap.add_argument("--quick", action="store_true", help="--orders: two cases only")
+    ap.add_argument("--profile", metavar="DTYPE:D:causal|full:N", default=None,
+                    help="--orders: run one case per order for a profiler (ncu --metrics "
+                         + PROFILE_METRICS + ")")
+    ap.add_argument("--show-ncu", metavar="FILE.csv", default=None,
+                    help="--orders: print a --profile run's ncu CSV as a table (CPU)")
+    ap.add_argument("--model-ncu", metavar="FILE.json", default=None,
+                    help="--orders: the cost model's DRAM reads against a --profile run's (CPU)")
+    ap.add_argument("--out", default=None, help="JSON file to write (with provenance)")
     args = ap.parse_args(argv)
+    if args.show_ncu:
+        show_ncu(args.show_ncu)
+        return 0
+    if args.model_ncu:
+        model_vs_ncu(args.model_ncu)
+        return 0
+
     import torch
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    if not torch.cuda.is_available():
+        raise SystemExit("python -m benchmarks tune needs a CUDA GPU (torch.cuda.is_available() "
+                         "is False)")
+    from kernels import tile_scheduler
+    command = command_line("tune", argv)
+    if args.profile:
+        dt, d, c, n = args.profile.split(":")
+        if dt not in ("fp32", "fp16") or c not in ("causal", "full"):
+            ap.error(f"--profile: expected e.g. fp32:128:causal:8192, got {args.profile!r}")
+        case = profile_case(torch, dt, int(d), c == "causal", int(n))
+        if args.out:
+            prov = provenance(command, extra={
+                "profiler": os.environ.get("IOAWARE_PROFILER_COMMAND", "unknown")})
+            write_json({"schema": "ioaware.tune_order_profile/1", "provenance": prov,
+                        "case": case, "orders": list(PROFILE_ORDERS),
+                        "kernels_per_order": list(PROFILE_KERNELS)}, args.out)
+        return 0
+    extra = {"timing": "device"}
+    if args.orders:
+        extra["default_head_group"] = {f"{p}:{'causal' if c else 'full'}": g
+                                       for (p, c), g in tile_scheduler.DEFAULT_HEAD_GROUP.items()}
+    prov = provenance(command, extra=extra)
+    schema = "ioaware.tune_order/1" if args.orders else "ioaware.tune_blocks/1"
 
-    import kernels
-    from kernels import launch
-
-    tdt = {"fp32": torch.float32, "fp16": torch.float16}[args.dtype]
-    report = {}
-    for d in args.d:
-        n = args.n
-        b, h = max(1, 16384 // n), 2048 // d
-        q, k, v, do = (torch.randn(b, h, n, d, device="cuda", dtype=tdt) for _ in range(4))
-        scale = d ** -0.5
-        fl = attention_flops(b, h, n, n, d, args.causal, "fwd")
-
-        def sdpa_fwd():
-            with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]):
-                return F.scaled_dot_product_attention(q, k, v, is_causal=args.causal)
-        t_eff = time_cuda(torch, sdpa_fwd)[0]
-        ref = sdpa_fwd().float()
-        print(f"d={d} N={n} B={b} H={h} {args.dtype} causal={args.causal}: SDPA efficient fwd "
-              f"{t_eff:.3f} ms = {fl / t_eff / 1e9:.1f} TFLOP/s", flush=True)
+    def save(rows):                 # after every case, so that a cut-off run keeps its rows
+        if args.out:
+            write_json({"schema": schema, "provenance": prov, "rows": rows}, args.out)
+    say = lambda s: print(s, flush=True)  # noqa: E731
+    if args.orders:
         rows = []
-        versions = args.versions or [launch.FWD_VERSION]
-        fwd_kind = {1: "fwd", 2: "fwd2"}
-        for ver in versions:
-            launch.FWD_VERSION = ver
-            kind = fwd_kind.get(ver, "fwd3")
-            for bq, bk, tm, tn in FWD_VARIANTS.get(d, [])[:args.max_variants]:
-                try:
-                    run = lambda: kernels.forward(q, k, v, scale=scale, causal=args.causal,  # noqa: E731
-                                                  block_q=bq, block_k=bk, tiles=(tm, tn))
-                    out, _ = run()
-                    err = (out.float() - ref).abs().max().item()
-                    t = time_cuda(torch, run)[0]
-                except Exception as exc:
-                    print(f"  v{ver} fwd {bq}x{bk} tiles {tm}x{tn}: {type(exc).__name__}: {exc}", flush=True)
-                    continue
-                res = [r for key, kern in launch._KERNELS.items() if key[0] == kind and key[2] == d
-                       and key[1].block_m == bq and key[1].block_n == bk and key[1].tm == tm
-                       and key[1].tn == tn for r in resources(kern).values()]
-                rows.append({"version": ver, "block_q": bq, "block_k": bk, "tm": tm, "tn": tn, "ms": t,
-                             "tflops": fl / t / 1e9, "x_eff": t_eff / t, "max_err": err,
-                             "regs_local_smem": res})
-                print(f"  v{ver} fwd {bq:3d}x{bk:3d} tiles {tm}x{tn}: {t:8.3f} ms {fl / t / 1e9:6.2f} "
-                      f"TFLOP/s x_eff {t_eff / t:5.2f} err {err:.1e} regs/local/smem {res}", flush=True)
-        if args.fwd_only:
-            report[d] = {"sdpa_efficient_fwd_ms": t_eff, "rows": rows}
-            for key, kern in launch._KERNELS.items():
-                if key[0].startswith("fwd") and key[2] == d:
-                    print(f"  SASS {key[0]} {key[1]}: {sass_mix(kern)}", flush=True)
-            continue
-        qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
-
-        def sdpa_bwd():
-            with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]):
-                F.scaled_dot_product_attention(qg, kg, vg, is_causal=args.causal).backward(do)
-        t_eff_fb = time_cuda(torch, sdpa_bwd)[0]
-        flb = attention_flops(b, h, n, n, d, args.causal, "fwd+bwd") - fl
-        print(f"  SDPA efficient fwd+bwd {t_eff_fb:.3f} ms", flush=True)
-        for ver in (args.versions or [launch.BWD_VERSION]):
-            launch.BWD_VERSION = ver
-            out, lse = kernels.forward(q, k, v, scale=scale, causal=args.causal)
-            for bq, bk, tiles in BWD_VARIANTS.get(d, [])[:args.max_bwd_variants]:
-                for mode in args.dq_modes:
-                    try:
-                        run = lambda: kernels.backward(q, k, v, out, lse, do, scale=scale,  # noqa: E731
-                                                       causal=args.causal, block_q=bq, block_k=bk,
-                                                       dq_mode=mode, tiles=tiles)
-                        run()
-                        t = time_cuda(torch, run)[0]
-                    except Exception as exc:
-                        print(f"  v{ver} bwd {bq}x{bk} {mode}: {type(exc).__name__}: {exc}", flush=True)
-                        continue
-                    rows.append({"version": ver, "bwd_block_q": bq, "bwd_block_k": bk, "tiles": tiles,
-                                 "dq_mode": mode, "ms": t, "tflops": flb / t / 1e9})
-                    print(f"  v{ver} bwd {bq:3d}x{bk:3d} tiles {tiles} dq={mode:6}: {t:8.3f} ms "
-                          f"{flb / t / 1e9:6.2f} TFLOP/s", flush=True)
-        report[d] = {"sdpa_efficient_fwd_ms": t_eff, "sdpa_efficient_fwdbwd_ms": t_eff_fb, "rows": rows}
-        for key, kern in launch._KERNELS.items():
-            if len(key) > 2 and key[0].startswith(("dkdv", "dq", "delta")) and key[2] == d:
-                print(f"  {key[0]} {key[1]}: regs/local/smem {list(resources(kern).values())}", flush=True)
-        for key, kern in launch._KERNELS.items():
-            if len(key) > 2 and key[0].startswith(("fwd", "dkdv", "dq")) and key[2] == d:
-                print(f"  SASS {key[0]} {key[1]}: {sass_mix(kern)}", flush=True)
-    if args.json:
-        import json
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
-    return report
-
-
-if __name__ == "__main__":
-    main()
+        for case in (QUICK_ORDER_CASES if args.quick else ORDER_CASES):
+            rows.append(order_case(torch, *case, progress=say))
+            torch.cuda.empty_cache()
+            save(rows)
+    else:
+        say(f"{torch.cuda.get_device_name()}: {args.family} family, N={args.n}, "
+            f"{FAMILY_DTYPE[args.family]}")
+        save(tune_blocks(torch, args.family, args.d, args.n, _causals(args.causal), say, save))
+    if args.out:
+        print("wrote", args.out, file=sys.stderr)
+    return 0

@@ -1,11 +1,54 @@
-"""kernels.bench without a GPU: the two timing methods drive the CUDA stream as documented
-(a stand-in for torch.cuda records the calls), and the table prints what a file holds."""
+"""The lab without a GPU: the command line (``python -m benchmarks``), the shared CUDA-event
+timing driven by a stand-in for torch.cuda, and ``bench``'s tables: the per-configuration table
+and the summary the README embeds."""
 from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from kernels import bench
+from benchmarks import bench, common
+from benchmarks.__main__ import COMMANDS
 
+ROOT = Path(__file__).resolve().parents[1]
+SHIPPED_BENCH = ROOT / "results" / "bench_nvidia-h100-80gb-hbm3_2026-11-23.json"
+
+
+def _run(*args):
+    return subprocess.run([sys.executable, "-m", "benchmarks", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+
+
+# -- the command line --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args", [(), ("--help",)])
+def test_listing_names_every_command_with_one_line(args):
+    r = _run(*args)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.split("commands:\n", 1)[1].splitlines()
+    assert [ln.split()[0] for ln in lines] == list(COMMANDS)
+    assert all(len(ln.split()) > 3 for ln in lines)          # a description on the same line
+    doc = sys.modules["benchmarks"].__doc__
+    assert all(f"``{name}``" in doc for name in COMMANDS)
+
+
+def test_unknown_command_fails_with_a_message():
+    r = _run("benchmark")
+    assert r.returncode != 0
+    assert "unknown command 'benchmark'" in r.stderr and "bench" in r.stderr
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_every_command_has_help(command):
+    r = _run(command, "--help")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.startswith(f"usage: python -m benchmarks {command}")
+
+
+# -- timing --------------------------------------------------------------------------------------
 
 class _FakeCuda:
     """Records the order of stream operations; events are 1 ms apart."""
@@ -48,30 +91,40 @@ class _FakeTorch:
 def test_time_cuda_sleeps_before_each_timed_call_only_in_device_timing(timing, sleeps):
     torch = _FakeTorch()
     calls = []
-    med, p10, p90 = bench.time_cuda(torch, lambda: calls.append(1), warmup=1, min_reps=3,
-                                    max_reps=3, budget_s=0.0, timing=timing)
+    med, p10, p90 = common.time_cuda(torch, lambda: calls.append(1), warmup=1, min_reps=3,
+                                     max_reps=3, budget_s=0.0, timing=timing)
     assert med == p10 == p90 == 1.0
+    assert len(calls) == 1 + 1 + 3             # the probe call, the warm-up, three timed calls
     n_sleep = sum(1 for e in torch.cuda.log if isinstance(e, tuple))
-    n_timed = 1 + 3                      # the probe call and three timed calls
-    assert n_sleep == (n_timed if sleeps else 0)
+    assert n_sleep == (1 + 3 if sleeps else 0)
     if sleeps:   # every first event of a timed call follows a sleep
         for i, e in enumerate(torch.cuda.log):
             if isinstance(e, tuple):
                 assert torch.cuda.log[i + 1] == "record"
-                assert e[1] == bench.SLEEP_CYCLES
+                assert e[1] == common.SLEEP_CYCLES
 
 
 def test_time_cuda_refuses_unknown_timing():
     with pytest.raises(ValueError, match="timing"):
-        bench.time_cuda(_FakeTorch(), lambda: None, timing="wall")
+        common.time_cuda(_FakeTorch(), lambda: None, timing="wall")
 
 
 def test_host_call_ms_measures_the_call_while_the_gpu_sleeps():
     torch = _FakeTorch()
-    ms = bench.host_call_ms(torch, lambda: sum(range(20000)), reps=5)
+    ms = common.host_call_ms(torch, lambda: sum(range(20000)), reps=5)
     assert ms > 0
-    assert torch.cuda.log.count(("sleep", bench.SLEEP_CYCLES)) == 5
+    assert torch.cuda.log.count(("sleep", common.SLEEP_CYCLES)) == 5
 
+
+def test_summarize_times_median_and_percentiles():
+    med, p10, p90 = common.summarize_times([float(x) for x in range(1, 22)])  # 1..21
+    assert med == 11.0 and p10 == pytest.approx(3.0) and p90 == pytest.approx(19.0)
+    assert common.summarize_times([5.0, 1.0, 3.0])[0] == 3.0
+    with pytest.raises(ValueError):
+        common.summarize_times([])
+
+
+# -- the per-configuration table --------------------------------------------------------------
 
 def test_table_shows_timing_and_host_column_only_when_recorded():
     rec = {"pass": "fwd", "dtype": "fp16", "head_dim": 64, "causal": False, "seq_len_q": 1024,
@@ -82,3 +135,127 @@ def test_table_shows_timing_and_host_column_only_when_recorded():
     new = bench.format_table([dict(rec, kernel="ioaware-numba", timing="device", host_ms=0.25),
                               dict(rec, kernel="sdpa-flash", time_ms=1.0, timing="device")])
     assert "host ms" in new and "0.250" in new and "timing: device" in new
+
+
+# -- the summary ---------------------------------------------------------------------------------
+
+def _doc(records):
+    return {"provenance": {"gpu": "Test GPU", "date": "2030-01-02T03:04:05+00:00",
+                           "timing": "sync"}, "records": records}
+
+
+def _rec(kernel, dtype, d, causal, pass_, n, ms):
+    return {"kernel": kernel, "dtype": dtype, "head_dim": d, "causal": causal, "pass": pass_,
+            "seq_len_q": n, "time_ms": ms}
+
+
+def test_summary_rows_and_ranges_of_a_synthetic_file():
+    recs = [_rec("ioaware-numba", "fp16", 64, False, "fwd", 1024, 2.0),
+            _rec("ioaware-numba", "fp16", 64, False, "fwd", 4096, 4.0),
+            _rec("sdpa-flash", "fp16", 64, False, "fwd", 1024, 1.0),      # ratio 0.5
+            _rec("sdpa-flash", "fp16", 64, False, "fwd", 4096, 6.0),      # ratio 1.5
+            _rec("sdpa-cudnn", "fp16", 64, False, "fwd", 4096, 3.0),      # ratio 0.75, one N
+            _rec("sdpa-math", "fp16", 64, False, "fwd", 1024, 100.0),     # not a peer
+            _rec("sdpa-efficient", "fp16", 64, False, "fwd", 1024, 100.0),
+            _rec("ioaware-numba", "fp32", 128, True, "fwd+bwd", 512, 10.0),
+            _rec("sdpa-efficient", "fp32", 128, True, "fwd+bwd", 512, 25.0)]
+    text = bench.summary_table(_doc(recs), "x.json")
+    lines = text.splitlines()
+    assert "Test GPU" in lines[0] and "2030-01-02" in lines[0] and "`x.json`" in lines[0]
+    assert lines[2].startswith("| dtype | d | causal | N | forward | forward + backward |")
+    rows = [ln for ln in lines[4:]]
+    assert rows == ["| fp16 | 64 | no | 1024–4096 | FLASH 0.50–1.50, CUDNN 0.75 | – |",
+                    "| fp32 | 128 | yes | 512 | – | EFFICIENT 2.50 |"]
+
+
+def _cell_ranges(cell):
+    """{"FLASH": (lo, hi), ...} of a summary cell."""
+    out = {}
+    for part in cell.split(", "):
+        if part.strip() == "–":
+            continue
+        label, span = part.split()
+        lo, _, hi = span.partition("–")
+        out[label] = (float(lo), float(hi or lo))
+    return out
+
+
+def test_summary_of_the_shipped_benchmark_recomputes_from_its_records():
+    doc = json.loads(SHIPPED_BENCH.read_text())
+    text = bench.summary_table(doc, SHIPPED_BENCH.name)
+    times = {(r["kernel"], r["dtype"], r["head_dim"], r["causal"], r["pass"], r["seq_len_q"]):
+             r["time_ms"] for r in doc["records"]}
+    ours = {k[1:4] for k in times if k[0] == "ioaware-numba"}
+    rows = [ln for ln in text.splitlines() if ln.startswith("| fp")]
+    assert len(rows) == len(ours) >= 8
+    labels = {"sdpa-flash": "FLASH", "sdpa-cudnn": "CUDNN", "sdpa-efficient": "EFFICIENT"}
+    for row in rows:
+        dt, d, causal, _, fwd, fwdbwd = (c.strip() for c in row.strip("|").split("|"))
+        key = (dt, int(d), causal == "yes")
+        for pass_, cell in (("fwd", fwd), ("fwd+bwd", fwdbwd)):
+            peers = ("sdpa-efficient",) if dt == "fp32" else ("sdpa-flash", "sdpa-cudnn")
+            want = {}
+            for peer in peers:
+                ratios = [times[(peer, *key, pass_, n)] / t for (k, *rest, n), t in times.items()
+                          if k == "ioaware-numba" and tuple(rest) == (*key, pass_)
+                          and (peer, *key, pass_, n) in times]
+                if ratios:
+                    want[labels[peer]] = (min(ratios), max(ratios))
+            got = _cell_ranges(cell)
+            assert got.keys() == want.keys(), (row, pass_)
+            for label, (lo, hi) in want.items():
+                assert got[label] == pytest.approx((lo, hi), abs=0.0051), (row, label)
+
+
+def test_readme_embeds_the_summary_of_the_shipped_benchmark():
+    text = (ROOT / "README.md").read_text()
+    block = bench.readme_block(text)
+    if block is None:
+        pytest.skip("the README has no summary-table markers")
+    assert block == bench.summary_table(json.loads(SHIPPED_BENCH.read_text()),
+                                        SHIPPED_BENCH.name).strip()
+
+
+def test_readme_option_rewrites_only_the_marked_block(tmp_path, capsys):
+    readme = tmp_path / "README.md"
+    before, after = "# Title\n\ntext before\n", "\n## Next\ntext after\n"
+    readme.write_text(before + bench.README_BEGIN + "\nstale table\n" + bench.README_END + after)
+    assert bench.main(["--summary", str(SHIPPED_BENCH), "--readme", str(readme)]) == 0
+    new = readme.read_text()
+    assert new.startswith(before) and new.endswith(bench.README_END + after)
+    assert "stale table" not in new
+    table = bench.summary_table(json.loads(SHIPPED_BENCH.read_text()), SHIPPED_BENCH.name)
+    assert bench.readme_block(new) == table.strip()
+    assert bench.main(["--summary", str(SHIPPED_BENCH), "--readme", str(readme)]) == 0
+    assert readme.read_text() == new                         # idempotent
+    capsys.readouterr()
+    assert bench.main(["--summary", str(SHIPPED_BENCH)]) == 0
+    assert capsys.readouterr().out.strip() == table.strip()
+    readme.write_text("no markers\n")
+    assert bench.main(["--summary", str(SHIPPED_BENCH), "--readme", str(readme)]) == 1
+    with pytest.raises(SystemExit):
+        bench.main(["--readme", str(readme)])                # --readme needs --summary
+
+
+# -- the sanitizer's cases -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("family", ["simt", "mma", "tf32"])
+def test_sanitize_cases_are_run_by_the_family_they_name(family, monkeypatch):
+    """Each case of ``python -m benchmarks sanitize`` is one its family takes, forward and
+    backward (the tensor-core families' checks as on a compute capability 9.0 GPU)."""
+    import numpy as np
+
+    import kernels
+    from benchmarks import sanitize
+    from kernels import host
+    monkeypatch.setattr(host, "real_gpu", lambda: True)
+    monkeypatch.setattr(host, "compute_capability", lambda device_id=0: (9, 0))
+    monkeypatch.setattr(host, "current_device_id", lambda: 0)
+    rng = np.random.default_rng(0)
+    config = kernels.KernelConfig(family=family)
+    for d, options in sanitize.CASES:
+        q, k, v, _, kw = sanitize._case_inputs(rng, family, d, options)
+        pb = common.attention_problem(q, k, v, **kw)
+        assert pb.seqlen_q % 64 and pb.seqlen_k % 32 and pb.heads_q > pb.heads_kv
+        for pass_ in ("fwd", "bwd"):
+            assert kernels.family_for(pb, config, pass_) == family

@@ -224,7 +224,7 @@ def test_profiled_implementation_names_a_generic_kernel_by_its_module():
 
 
 def test_registers_come_from_the_resources_table_for_compute_capability_9(records):
-    from kernels.resources import resource_key
+    from sim.resources import resource_key
     rec = next(r for r in records if r["kernel"] == "ioaware-numba" and r["pass"] == "fwd")
     # the fixture names no compute capability: registers not applicable, not modelled
     assert C.record_registers(rec)[2] == "n/a"
@@ -278,9 +278,9 @@ def test_shipped_h100_sweep_global_bytes_within_five_percent_with_the_async_copy
 
 def test_shipped_counter_split_gives_18_sectors_per_cp_async():
     """The figure in the H100 profile (18 counted sectors per 512-byte cp.async) is what
-    `kernels.ncu_loads`' breakdown of the shipped counter split gives on every record."""
+    `benchmarks.ncu`'s breakdown of the shipped counter split gives on every record."""
     import json
-    from kernels.ncu_loads import mma_fwd_breakdown
+    from benchmarks.ncu import mma_fwd_breakdown
     path = Path(__file__).resolve().parents[1] / "results" / "ncu_loads_mma_fwd_h100_2026-11-22.json"
     recs = json.loads(path.read_text())["records"]
     assert len(recs) == 8

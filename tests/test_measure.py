@@ -1,12 +1,13 @@
-"""kernels.measure and kernels.ncu: the pure parts (configurations, resume, provenance, record
-schema, ncu CSV parsing and attribution) without a GPU; the timing itself is marked ``gpu``."""
+"""benchmarks.measure and benchmarks.ncu: the pure parts (configurations, the KernelConfig of a
+record, resume, provenance, record schema, ncu CSV parsing and attribution) without a GPU; the
+timing itself is marked ``gpu``."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from kernels import measure, ncu
+from benchmarks import common, measure, ncu
 
 
 def _cfg(**kw):
@@ -94,25 +95,17 @@ def test_rotation_sets_exceed_twice_the_l2():
         measure.rotation_sets(0, l2)
 
 
-def test_summarize_times_median_and_percentiles():
-    med, p10, p90 = measure.summarize_times([float(x) for x in range(1, 22)])  # 1..21
-    assert med == 11.0 and p10 == pytest.approx(3.0) and p90 == pytest.approx(19.0)
-    assert measure.summarize_times([5.0, 1.0, 3.0])[0] == 3.0
-    with pytest.raises(ValueError):
-        measure.summarize_times([])
-
-
 # -- resume and the file -------------------------------------------------------------------------
 
 def test_resume_skips_configurations_already_measured(tmp_path):
     cfgs = measure.expand_grid(kernels=["ioaware-numba", "sdpa-math"], seq_lens=[256, 512],
                                head_dims=[64], dtypes=["fp32"], causal=[False], passes=["fwd"])
-    res = measure.new_results(measure.provenance("cmd", gpu="G", driver="D", cuda_version="C"))
+    res = measure.new_results(common.provenance("cmd", gpu="G", driver="D", cuda="C"))
     rec = measure.empty_record(cfgs[1])
     rec["time_ms"] = 1.0
     res["records"].append(rec)
     path = tmp_path / "r.json"
-    measure.write_results(res, path)
+    common.write_json(res, path)
     again = measure.load_existing(path)
     todo = measure.pending_configs(cfgs, again["records"])
     assert [measure.config_key(c) for c in todo] == [measure.config_key(c) for c in cfgs if c is not cfgs[1]]
@@ -130,8 +123,8 @@ def test_record_schema_matches_the_results_contract():
                 "l2_bytes", "global_load_bytes", "global_store_bytes", "flops_executed"}
     assert contract <= set(rec)
     assert all(rec[f] is None for f in measure.TIME_FIELDS + measure.COUNTER_FIELDS)
-    res = measure.new_results(measure.provenance("python -m kernels.measure --x", gpu="G",
-                                                 driver="D", cuda_version="C"))
+    res = measure.new_results(common.provenance("python -m benchmarks measure --x", gpu="G",
+                                                driver="D", cuda="C"))
     rec.update(time_ms=1.0, time_ms_p10=0.9, time_ms_p90=1.1, peak_extra_bytes=1024)
     res["records"].append(rec)
     try:
@@ -143,17 +136,40 @@ def test_record_schema_matches_the_results_contract():
 
 
 def test_provenance_has_every_required_field():
-    prov = measure.provenance("python -m kernels.measure --standard", gpu="NVIDIA H100", driver="580",
-                              cuda_version="13.0")
-    for key in ("gpu", "driver", "cuda", "torch", "numba", "numba_cuda", "date", "command"):
+    prov = common.provenance("python -m benchmarks measure --standard", gpu="NVIDIA H100",
+                             driver="580", cuda="13.0", extra={"sm_count": 132})
+    for key in ("gpu", "driver", "cuda", "torch", "numba", "numba_cuda", "numpy", "date",
+                "command", "kernels_sha"):
         assert isinstance(prov[key], str) and prov[key], key
-    assert prov["gpu"] == "NVIDIA H100" and prov["command"].startswith("python -m kernels.measure")
+    assert prov["gpu"] == "NVIDIA H100" and prov["sm_count"] == 132
+    assert prov["command"].startswith("python -m benchmarks measure")
     import datetime
     datetime.datetime.fromisoformat(prov["date"])
+    code = prov["code_version"]
+    assert set(code) == {"commit", "dirty"}
+    import subprocess
+    head = subprocess.run(["git", "-C", str(common.ROOT), "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True)
+    if head.returncode == 0:
+        assert code["commit"] == head.stdout.strip() and isinstance(code["dirty"], bool)
+
+
+def test_kernels_fingerprint_follows_the_kernel_sources(tmp_path, monkeypatch):
+    sha = common.kernels_fingerprint()
+    assert len(sha) == 12 and sha == common.kernels_fingerprint()
+    copy = tmp_path / "kernels"
+    copy.mkdir()
+    for path in common.KERNELS_DIR.glob("*.py"):
+        (copy / path.name).write_bytes(path.read_bytes())
+    monkeypatch.setattr(common, "KERNELS_DIR", copy)
+    assert common.kernels_fingerprint() == sha
+    (copy / "host.py").write_text((copy / "host.py").read_text() + "\n# changed\n")
+    assert common.kernels_fingerprint() != sha
 
 
 def test_command_line_quotes_arguments():
-    assert measure.command_line(["--out", "a b.json"]) == "python -m kernels.measure --out 'a b.json'"
+    assert common.command_line("measure", ["--out", "a b.json"]) == \
+        "python -m benchmarks measure --out 'a b.json'"
 
 
 def test_cli_lists_configurations(capsys):
@@ -183,13 +199,13 @@ def test_parse_split_aggregate_attributes_launches_by_marker():
     fadd = "smsp__sass_thread_inst_executed_op_fadd_pred_on.sum"
     text = _csv([
         ("ioaware_ncu_marker", {}),
-        ("flash_fwd", {ld: 1_000_000, st: 2000, ffma: 10, fadd: 3}),
+        ("flash_fwd_v2", {ld: 1_000_000, st: 2000, ffma: 10, fadd: 3}),
         ("ioaware_ncu_marker", {}),
-        ("flash_bwd_delta", {ld: 10, st: 1}),
-        ("flash_bwd_dkdv", {ld: 100, st: 20, "sm__ops_path_tensor_src_fp16.sum": 50}),
+        ("flash_bwd_delta_v2", {ld: 10, st: 1}),
+        ("flash_bwd_dkdv_v2", {ld: 100, st: 20, "sm__ops_path_tensor_src_fp16.sum": 50}),
     ])
     rows = ncu.parse_ncu_csv(text)
-    assert [r["name"] for r in rows][1] == "flash_fwd" and rows[1]["metrics"][ld] == 1_000_000
+    assert [r["name"] for r in rows][1] == "flash_fwd_v2" and rows[1]["metrics"][ld] == 1_000_000
     groups = ncu.split_by_marker(rows, 2)
     assert [len(g) for g in groups] == [1, 2]
     a = ncu.aggregate(groups[0])
@@ -218,10 +234,11 @@ def test_filter_available_metrics():
         ["dram__bytes_read.sum", "lts__t_bytes.sum"]
 
 
-def test_ncu_command_uses_clock_control_none():
+def test_ncu_command_uses_clock_control_none_and_replays_the_child():
     cmd = ncu.ncu_command(["dram__bytes_read.sum"], "/tmp/l.csv", "/tmp/c.json")
     assert cmd[cmd.index("--clock-control") + 1] == "none"
-    assert "--profile-from-start" in cmd and cmd[-2:] == ["--child", "/tmp/c.json"]
+    assert "--profile-from-start" in cmd
+    assert cmd[-5:] == ["-m", "benchmarks", "ncu", "--child", "/tmp/c.json"]
 
 
 # -- on a GPU ----------------------------------------------------------------------------------
@@ -261,11 +278,11 @@ def test_simt_forward_tiles_follow_the_kernels_table_and_fit():
 
 
 def test_tensor_core_variants_normalize_list_and_refuse_what_they_do_not_run():
-    from kernels import flash_mma_bwd, flash_tf32_fwd
+    from kernels import mma_bwd, tf32_fwd
     tf = measure.normalize_config(_cfg(variant="tf32", dtype="fp32"))
-    assert (tf["block_q"], tf["block_k"]) == flash_tf32_fwd.default_blocks(64)
+    assert (tf["block_q"], tf["block_k"]) == tf32_fwd.default_blocks(64)
     mb = measure.normalize_config(_cfg(variant="mma", dtype="fp16", **{"pass": "bwd"}))
-    assert (mb["block_q"], mb["block_k"]) == flash_mma_bwd.default_tiles(64)["dq"]
+    assert (mb["block_q"], mb["block_k"]) == mma_bwd.default_tiles(64)["dq"]
     assert measure.normalize_config(dict(mb)) == mb          # a record normalizes to itself
     for bad in (dict(variant="tf32", dtype="fp16"), dict(variant="mma", dtype="fp32"),
                 dict(variant="mma", dtype="fp16", head_dim=80),
@@ -278,3 +295,28 @@ def test_tensor_core_variants_normalize_list_and_refuse_what_they_do_not_run():
     added = [c for c in ext if measure.config_key(c) not in {measure.config_key(s) for s in std}]
     assert {(c["variant"], c["pass"], c["dtype"]) for c in added} == {
         ("mma", "bwd", "fp16"), ("tf32", "fwd", "fp32"), ("tf32", "bwd", "fp32")}
+
+
+def test_kernel_config_pins_the_family_and_the_record_tiles():
+    from kernels import KernelConfig
+    fwd = measure.normalize_config(_cfg(block_q=64, block_k=32))
+    assert measure.kernel_config(fwd, "fwd") == KernelConfig(
+        family="simt", block_q=64, block_k=32, micro_tile=measure.simt_forward_tiles(64, 64, 32))
+    bwd = measure.normalize_config(_cfg(block_q=16, block_k=32, **{"pass": "bwd"}))
+    assert measure.kernel_config(bwd, "bwd") == KernelConfig(family="simt", block_q=16,
+                                                             block_k=32)
+    both = measure.normalize_config(_cfg(block_q=64, block_k=32, **{"pass": "fwd+bwd"}))
+    assert measure.kernel_config(both, "bwd") == KernelConfig(family="simt")  # its defaults
+    mma = measure.normalize_config(_cfg(variant="mma", dtype="fp16", block_q=64, block_k=32))
+    assert measure.kernel_config(mma, "fwd") == KernelConfig(family="mma", block_q=64, block_k=32)
+    tf = measure.normalize_config(_cfg(variant="tf32", **{"pass": "bwd"}))
+    assert measure.kernel_config(tf, "bwd") == KernelConfig(family="tf32")   # its own tiles
+
+
+def test_tensor_core_records_name_their_default_launch_order():
+    from kernels import tile_scheduler
+    for pass_, causal in (("fwd", False), ("fwd", True), ("bwd", False), ("bwd", True)):
+        rec = measure.empty_record(measure.normalize_config(
+            _cfg(variant="mma", dtype="fp16", causal=causal, **{"pass": pass_})))
+        assert rec["launch_head_group"] == tile_scheduler.DEFAULT_HEAD_GROUP[(pass_, causal)]
+    assert "launch_head_group" not in measure.empty_record(measure.normalize_config(_cfg()))

@@ -1,5 +1,6 @@
-"""kernels.resources: the configuration list, the key, ptxas parsing (CPU, always) and the
-command on one small configuration (needs ptxas; skipped without it)."""
+"""benchmarks.resources: the configuration list, ptxas parsing (CPU, always), the shipped table
+against today's kernels and the shipped sweeps, and the command on one small configuration
+(needs ptxas; skipped without it)."""
 from __future__ import annotations
 
 import json
@@ -7,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from kernels import resources as R
+from benchmarks import resources as R
+from benchmarks.common import KERNEL_NAMES, find_ptxas, parse_ptxas
+from sim.resources import RESOURCES_PATH, load_resources, resource_key
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,90 +29,97 @@ ptxas info    : Used 12 registers, 360 bytes cmem[0]
 
 
 def test_parse_ptxas():
-    a, b = R.parse_ptxas(PTXAS_TEXT)
+    a, b = parse_ptxas(PTXAS_TEXT)
     assert a == {"function": "_Z3fooPf", "registers_per_thread": 97, "stack_frame_bytes": 16,
                  "spill_store_bytes": 12, "spill_load_bytes": 8, "static_smem_bytes": 4352,
                  "barriers": 1}
     assert (b["function"], b["registers_per_thread"], b["static_smem_bytes"], b["barriers"]) == \
         ("_Z3barv", 12, 0, 0)
     with pytest.raises(ValueError, match="Used N registers"):
-        R.parse_ptxas("ptxas info    : 8 bytes gmem\n")
+        parse_ptxas("ptxas info    : 8 bytes gmem\n")
     with pytest.raises(TypeError, match="text"):
-        R.parse_ptxas(None)
-
-
-def test_resource_key_is_unique_and_checked():
-    k = R.resource_key("flash_fwd_v2", 64, "fp32", False, block_m=64, block_n=32, tile=(8, 4))
-    assert k == "flash_fwd_v2/d64/fp32/full/64x32/t8x4"
-    kv = R.resource_key("flash_bwd_dkdv_v2", 128, "fp32", True, block_m=8, block_n=16,
-                        tile=(1, 2), dq_atomic=True)
-    assert kv == "flash_bwd_dkdv_v2/d128/fp32/causal/8x16/t1x2/dq_atomic"
-    assert kv != R.resource_key("flash_bwd_dkdv_v2", 128, "fp32", True, block_m=8, block_n=16,
-                                tile=(1, 2), dq_atomic=False)
-    with pytest.raises(ValueError, match="dtype"):
-        R.resource_key("flash_fwd", 64, "fp64", False)
-    with pytest.raises(ValueError, match="block_m"):
-        R.resource_key("flash_fwd", 64, "fp32", False, block_m=64)
-    with pytest.raises(ValueError, match="kernel"):
-        R.resource_key("", 64, "fp32", False)
-    with pytest.raises(ValueError, match="head_dim"):
-        R.resource_key("flash_fwd", 0, "fp32", False)
+        parse_ptxas(None)
 
 
 def test_sweep_configs_follow_the_launch_rule():
     from kernels.config import choose_tiles
-    cfgs = {c["key"]: c for c in R.sweep_configs(extra_tensor_core=False)}
-    assert len(cfgs) == len(R.sweep_configs(extra_tensor_core=False))     # deduplicated
-    # the forward's pinned micro-tile (kernels.config.FWD_TILES via kernels.measure)
-    f = cfgs["flash_fwd_v2/d64/fp32/full/64x32/t8x4"]
-    assert f["threads_per_block"] == 64
-    # backward: dK/dV over (block_k, block_q), dQ over (block_q, block_k), 128 target threads
-    ckv, cq = choose_tiles(8, 16, 128, 128), choose_tiles(16, 8, 128, 128)
-    kv = cfgs[R.resource_key("flash_bwd_dkdv_v2", 128, "fp32", True, block_m=8, block_n=16,
-                             tile=(ckv.tm, ckv.tn), dq_atomic=True)]
-    assert kv["threads_per_block"] == ckv.threads
-    assert R.resource_key("flash_bwd_dq", 128, "fp32", True, block_m=16, block_n=8,
-                          tile=(cq.tm, cq.tn)) in cfgs
-    assert cfgs["flash_bwd_delta_v2/d64/fp16/full"]["threads_per_block"] == 256
+    configs = R.sweep_configs(tensor_core_defaults=False)
+    cfgs = {c["key"]: c for c in configs}
+    assert len(cfgs) == len(configs)                                   # deduplicated
+    assert {c["kernel"] for c in configs} == {"flash_fwd_v2", "flash_bwd_delta_v2",
+                                              "flash_bwd_dkdv_v2", "flash_mma_fwd"}
+    # the forward: the pinned micro-tile (kernels.config.FWD_TILES) and choose_tiles'
+    assert "flash_fwd_v2/d64/fp32/full/64x32/t8x4" in cfgs
+    auto = choose_tiles(64, 32, 64, 128)
+    assert resource_key("flash_fwd_v2", 64, "fp32", False, block_m=64, block_n=32,
+                        tile=(auto.tm, auto.tn)) in cfgs
+    # the backward: dK/dV over (block_k, block_q) with dQ by atomics, 128 target threads
+    kv = choose_tiles(8, 16, 128, 128)
+    assert resource_key("flash_bwd_dkdv_v2", 128, "fp32", True, block_m=8, block_n=16,
+                        tile=(kv.tm, kv.tn), dq_atomic=True) in cfgs
+    assert all(c["dq_atomic"] for c in configs if c["kernel"] == "flash_bwd_dkdv_v2")
+    assert {c["key"] for c in configs if c["kernel"] == "flash_bwd_delta_v2"} == {
+        f"flash_bwd_delta_v2/d{d}/{dt}/full" for d in (64, 128) for dt in ("fp32", "fp16")}
 
 
-def test_shipped_table_covers_every_record_of_our_kernels():
-    """Every CUDA-core and tensor-core record of our kernel in the shipped sweeps finds its
-    registers (the comparison's rule, sim.compare.record_registers)."""
-    from sim.compare import RESOURCES_PATH, record_registers
-    table = R.load_resources(RESOURCES_PATH)
-    prov = json.loads(RESOURCES_PATH.read_text())["provenance"]
-    assert prov["arch"] == "sm_90" and "ptxas" in prov and prov["command"].startswith("python -m kernels.resources")
+def test_shipped_table_is_todays_kernels_with_provenance():
+    """The shipped table holds exactly the configurations `sweep_configs` lists (today's
+    kernels only), each entry with the figures the model reads."""
+    raw = json.loads(RESOURCES_PATH.read_text())
+    prov = raw["provenance"]
+    assert prov["arch"] == "sm_90" and prov["ptxas"]
+    assert prov["command"].startswith("python -m benchmarks resources")
+    for key in ("numba", "numba_cuda", "date", "code_version", "kernels_sha"):
+        assert prov[key], key
+    keys = [e["key"] for e in raw["kernels"]]
+    assert sorted(keys) == sorted(c["key"] for c in R.sweep_configs())
+    assert {e["kernel"] for e in raw["kernels"]} <= set(KERNEL_NAMES.values())
+    for e in raw["kernels"]:
+        assert 0 < e["registers_per_thread"] <= 255 and e["threads_per_block"] > 0, e["key"]
+
+
+def _profiled(rec):
+    """The Numba kernels ncu saw for a record (names without module and template)."""
+    return {k["name"].split("::")[-1].split("[")[0] for k in rec.get("ncu_kernels") or []}
+
+
+def test_shipped_table_covers_the_shipped_records_of_todays_kernels():
+    """Every record of our kernel in the shipped sweeps that ran today's kernels finds its
+    registers (the comparison's rule, sim.compare.record_registers); records of deleted
+    kernels (the first CUDA-core forward and dK/dV kernels, the separate dQ kernel) are
+    "missing", never given another kernel's figures."""
+    from sim.compare import record_registers
+    table = load_resources(RESOURCES_PATH)
+    deleted = {"flash_fwd", "flash_bwd_dkdv", "flash_bwd_dq"}
+    found = missing = 0
     for name in ("h100_sweep_20261122.json", "h200_sweep_20261122.json"):
         data = json.loads((ROOT / "results" / name).read_text())
         for rec in data["records"]:
             if rec["kernel"] != "ioaware-numba":
                 continue
             rec = dict(rec, provenance=data["provenance"])
-            for mode in (None, "kernel", "atomic"):
-                regs, regs_kv, status = record_registers(rec, table, dq_mode=mode)
-                assert status == "found", (name, rec["pass"], rec["block_q"], rec["block_k"], mode)
+            regs, regs_kv, status = record_registers(rec, table, dq_mode="atomic")
+            if _profiled(rec) & deleted:
+                assert status == "missing", (name, rec["pass"], _profiled(rec))
+                missing += 1
+            else:
+                assert status == "found", (name, rec["pass"], rec["block_q"], rec["block_k"])
                 assert (regs or regs_kv) > 0
+                found += 1
+            if rec["pass"] == "bwd":       # the separate dQ kernel is gone
+                assert record_registers(rec, table, dq_mode="kernel")[2] == "missing"
+    assert found >= 250 and missing >= 30
 
 
-def test_load_resources_rejects_other_json(tmp_path):
-    p = tmp_path / "x.json"
-    p.write_text(json.dumps({"records": []}))
-    with pytest.raises(ValueError, match="kernels"):
-        R.load_resources(p)
-
-
-@pytest.mark.skipif(R.find_ptxas() is None, reason="ptxas (CUDA toolkit) not available")
+@pytest.mark.skipif(find_ptxas() is None, reason="ptxas (CUDA toolkit) not available")
 def test_command_on_one_small_configuration(tmp_path):
     # a fresh process: the test session runs Numba's CUDA simulator, which cannot emit PTX
-    import os
     import subprocess
     import sys
     out = tmp_path / "res.json"
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
-    r = subprocess.run([sys.executable, "-m", "kernels.resources", "--out", str(out), "--only",
-                        "flash_bwd_delta_v2/d64/fp32/", "--no-tensor-core"], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run([sys.executable, "-m", "benchmarks", "resources", "--out", str(out),
+                        "--only", "flash_bwd_delta_v2/d64/fp32/", "--no-tensor-core-defaults"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     data = json.loads(out.read_text())
     (e,) = data["kernels"]
@@ -117,14 +127,17 @@ def test_command_on_one_small_configuration(tmp_path):
     assert e["threads_per_block"] == 256 and 0 < e["registers_per_thread"] <= 255
     assert e["spill_store_bytes"] == 0
     assert data["provenance"]["ptxas"] and data["provenance"]["numba"]
+    assert data["provenance"]["command"].endswith("--no-tensor-core-defaults")
     assert "flash_bwd_delta_v2/d64/fp32/full" in r.stdout
+    shipped = load_resources(RESOURCES_PATH)[e["key"]]
+    assert e["registers_per_thread"] == shipped["registers_per_thread"]
 
 
 def test_ptxas_registers_equal_what_ncu_saw_on_the_h100_sweep():
     """The H100 sweep's single-kernel records (forward): the table's registers for the kernel
     and tiles the record ran equal Nsight Compute's ``launch__registers_per_thread``."""
-    from sim.compare import RESOURCES_PATH, record_registers
-    table = R.load_resources(RESOURCES_PATH)
+    from sim.compare import record_registers
+    table = load_resources(RESOURCES_PATH)
     data = json.loads((ROOT / "results" / "h100_sweep_20261122.json").read_text())
     n = 0
     for rec in data["records"]:

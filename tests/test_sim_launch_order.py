@@ -68,10 +68,10 @@ def test_l2_model_sees_the_order():
     assert np.isfinite(list(dram.values())).all()
 
 
-def test_measured_tensor_core_records_carry_their_order(monkeypatch):
-    from kernels import measure, tile_order
+def test_measured_tensor_core_records_carry_their_order():
+    from benchmarks import measure
+    from kernels import tile_scheduler
     from sim.model import schedule_for_record
-    monkeypatch.delenv(tile_order.ENV, raising=False)
     base = dict(kernel="ioaware-numba", schedule="flash2", dtype="fp16", batch=1, heads=2,
                 heads_kv=2, seq_len_q=256, seq_len_k=256, head_dim=64, block_q=None,
                 block_k=None)
@@ -82,5 +82,5 @@ def test_measured_tensor_core_records_carry_their_order(monkeypatch):
         if variant == "simt":
             assert "launch_head_group" not in rec and sched.launch_head_group is None
         else:
-            want = tile_order.head_group(causal, pas)
+            want = tile_scheduler.head_group(None, causal, pas)
             assert rec["launch_head_group"] == want == sched.launch_head_group

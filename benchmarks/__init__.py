@@ -1,0 +1,26 @@
+"""The lab: measuring, tuning, profiling and checking the Numba CUDA kernels of `kernels`.
+
+Everything runs as ``python -m benchmarks <command> [options]`` from the repository root
+(``python -m benchmarks`` lists the commands, ``python -m benchmarks <command> --help`` their
+options); each command is one module with a ``main(argv)``:
+
+* ``bench`` (`benchmarks.bench`): our kernels against PyTorch SDPA's backends in one run, a
+  results file with provenance, and its summary table (``--summary``, ``--readme``);
+* ``measure`` (`benchmarks.measure`): the measured sweep the cost model is compared with;
+  ``run_sweep`` is what the dashboard's *Measure* page calls;
+* ``ncu`` (`benchmarks.ncu`): Nsight Compute counters for a results file's records, and the
+  split of their global loads (``--loads``);
+* ``tune`` (`benchmarks.tune`): block sizes of one family (``--family``) or launch orders
+  (``--orders``), timed against SDPA;
+* ``resources`` (`benchmarks.resources`): registers and spills per kernel configuration from
+  ``ptxas`` (CPU), the table `sim.resources` reads;
+* ``check`` (`benchmarks.check`): PTX / ptxas / SASS checks of the tensor-core kernels (CPU);
+* ``sanitize`` (`benchmarks.sanitize`): one small case per family for ``compute-sanitizer``;
+* ``host-cost`` (`benchmarks.host_cost`): the host time of one kernel call.
+
+`benchmarks.common` holds what several commands share (timing by CUDA events, provenance,
+compiling for sm_90). ``bash benchmarks/gpu_job.sh MODE ...`` runs the usual sets on a GPU
+machine. The kernels are configured through `kernels.KernelConfig` only; nothing here sets
+environment variables that select kernels (``python -m benchmarks`` sets
+``NUMBA_ENABLE_CUDASIM=0`` for the compile-only commands, which cannot run in the simulator).
+"""

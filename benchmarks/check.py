@@ -1,0 +1,179 @@
+"""Command ``check``: compile-only PTX, ptxas and SASS checks of the tensor-core kernels (CPU).
+
+``python -m benchmarks check [--families mma tf32] [--kernels fwd dq dkdv] [--out DIR]``
+compiles the forward, dQ and dK/dV kernels of the ``mma`` family (float16 and bfloat16) and the
+``tf32`` family (float32) for head dims 64 and 128, causal and not, at the tiles and launch
+order each runs by default, for sm_90 without launching anything (Numba's PTX; no GPU,
+``NUMBA_ENABLE_CUDASIM=0``), and the same with a boolean mask and dropout. For each
+configuration it reports what the inner loop must and must not contain: ``mma.sync`` count
+(and ``ldmatrix`` / ``cvt.rna.tf32``) in the PTX, ``.local`` declarations and ``ld.local`` /
+``st.local`` (local-memory traffic); where ``ptxas`` is found, registers and stack / spill
+bytes; where ``cuobjdump`` or ``nvdisasm`` is on PATH, the SASS count of ``HMMA``, ``LDL`` /
+``STL`` (all, and inside loops: `local_in_loops`), ``LDGSTS`` and shared loads. A line starts
+with ``FAIL`` when a configuration has local memory, spills or no mma (exit status 1), with
+``info`` for the extra tilings of ``--fwd-tiles``.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+
+from .common import (allow_offline_compile, build_kernel, compile_sm90, find_ptxas,
+                     first_sentence, parse_ptxas)
+
+FAMILY_DTYPES = {"mma": ("fp16", "bf16"), "tf32": ("fp32",)}
+KERNELS = ("fwd", "dq", "dkdv")
+HEAD_DIMS = (64, 128)
+PTX_COUNTS = {"ptx_mma": r"\bmma\.sync", "ptx_local_decl": r"\.local\b",
+              "ptx_ld_st_local": r"\b(?:ld|st)\.local"}
+SASS_COUNTS = {"sass_hmma": r"\bHMMA\.", "sass_ldl_stl": r"\b(?:LDL|STL)\b",
+               "sass_ldgsts": r"\bLDGSTS\b"}
+#: What else each family's listing is searched for.
+FAMILY_COUNTS = {"mma": ({"ptx_ldmatrix": r"\bldmatrix"}, {"sass_ldsm": r"\bLDSM\b"}),
+                 "tf32": ({"ptx_cvt_tf32": r"\bcvt\.rna\.tf32"},
+                          {"sass_lds": r"\bLDS\b", "sass_lds64": r"\bLDS\.64\b"})}
+
+
+def local_in_loops(sass: str) -> int:
+    """LDL/STL instructions inside a loop of a SASS listing (nvdisasm or cuobjdump): between a
+    label and a later branch back to it."""
+    lines = sass.splitlines()
+    labels = {}
+    for i, line in enumerate(lines):
+        m = re.match(r"\s*(\.L_x_\d+):", line)
+        if m:
+            labels[m.group(1)] = i
+    spans = []
+    for i, line in enumerate(lines):
+        m = re.search(r"\bBRA\b.*?(\.L_x_\d+)", line)
+        if m and labels.get(m.group(1), i) < i:
+            spans.append((labels[m.group(1)], i))
+    return sum(1 for i, line in enumerate(lines) if re.search(r"\b(?:LDL|STL)\b", line)
+               and any(a < i < b for a, b in spans))
+
+
+def disassemble(cubin: str) -> str | None:
+    """SASS of a cubin by cuobjdump or nvdisasm (None when neither is on PATH)."""
+    tool = shutil.which("cuobjdump") or shutil.which("nvdisasm")
+    if not tool or not cubin:
+        return None
+    args = [tool, "-sass", cubin] if tool.endswith("cuobjdump") else [tool, cubin]
+    return subprocess.run(args, capture_output=True, text=True).stdout
+
+
+def default_tiles(family: str, kernel: str, head_dim: int, causal: bool, dropout: bool):
+    """``(block_m, block_n, unroll)`` a kernel runs by default: the forward's (block_q,
+    block_k), the dQ kernel's (query rows, keys per stage), the dK/dV kernel's (key rows,
+    queries per stage); the 3xTF32 dK/dV kernel's dropout override; unroll None = default."""
+    from kernels import mma_bwd, mma_fwd, tf32_bwd, tf32_fwd
+    if kernel == "fwd":
+        blocks = (mma_fwd.default_blocks(head_dim, causal) if family == "mma"
+                  else tf32_fwd.default_blocks(head_dim))
+        return blocks[0], blocks[1], None
+    bwd = mma_bwd if family == "mma" else tf32_bwd
+    bm, bn = bwd.default_tiles(head_dim)[kernel]
+    if family == "tf32" and kernel == "dkdv":
+        override = tf32_bwd.dkdv_dropout_config(head_dim, bn, dropout)
+        return bm, override.get("block_q", bn), override.get("unroll")
+    return bm, bn, None
+
+
+def check_one(family, kernel, head_dim, dtype, causal, *, has_mask=False, dropout=False,
+              block_m=None, block_n=None, workdir=None, ptxas=None) -> dict:
+    """Compile one configuration of ``kernel`` ("fwd", "dq" or "dkdv") of a tensor-core
+    ``family`` (tiles: its defaults unless given) and count what the module docstring lists."""
+    bm, bn, unroll = default_tiles(family, kernel, head_dim, causal, dropout)
+    bm, bn = block_m or bm, block_n or bn
+    kern, sig, _ = build_kernel(family, kernel, head_dim, dtype, causal, block_m=bm, block_n=bn,
+                                has_mask=has_mask, dropout=dropout, unroll=unroll)
+    name = (f"{family}_{kernel}_d{head_dim}_{bm}x{bn}_{dtype}_{'causal' if causal else 'full'}"
+            + ("_mask" if has_mask else "") + ("_dropout" if dropout else ""))
+    res = compile_sm90(kern, sig, name, workdir or tempfile.mkdtemp(), ptxas)
+    ptx_counts, sass_counts = FAMILY_COUNTS[family]
+    rep = {"family": family, "kernel": kernel, "head_dim": head_dim, "dtype": dtype,
+           "causal": causal, "mask": has_mask, "dropout": dropout, "block_m": bm, "block_n": bn}
+    rep.update({k: len(re.findall(p, res["ptx"])) for k, p in {**PTX_COUNTS, **ptx_counts}.items()})
+    if res["returncode"] is None:
+        return rep
+    if res["returncode"]:
+        rep["ptxas_error"] = (res["ptxas_log"].strip().splitlines() or ["?"])[-1]
+        return rep
+    e = parse_ptxas(res["ptxas_log"])[0]
+    rep["registers"] = e["registers_per_thread"]
+    rep["stack_spill_st_ld"] = (e["stack_frame_bytes"], e["spill_store_bytes"],
+                                e["spill_load_bytes"])
+    sass = disassemble(res["cubin"])
+    if sass is not None:
+        with open(res["cubin"][:-len(".cubin")] + ".sass", "w") as f:
+            f.write(sass)
+        rep.update({k: len(re.findall(p, sass)) for k, p in {**SASS_COUNTS, **sass_counts}.items()})
+        rep["sass_ldl_stl_in_loop"] = local_in_loops(sass)
+    return rep
+
+
+def bad(rep: dict) -> bool:
+    """Whether a report fails the check: local memory in the PTX or SASS, spills, no mma."""
+    return bool(rep["ptx_local_decl"] or rep["ptx_ld_st_local"] or rep["ptx_mma"] == 0
+                or rep.get("ptxas_error")
+                or rep.get("stack_spill_st_ld") not in (None, (0, 0, 0))
+                or rep.get("sass_ldl_stl", 0) or rep.get("sass_hmma", 1) == 0)
+
+
+def _parse_tiles(spec: str):
+    """'mma:64:128x64' -> ("mma", 64, 128, 64)."""
+    try:
+        family, d, tile = spec.split(":")
+        bq, bk = (int(x) for x in tile.lower().split("x"))
+        if family not in FAMILY_DTYPES:
+            raise ValueError
+        return family, int(d), bq, bk
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--fwd-tiles entries look like mma:64:128x64, got {spec!r}")
+
+
+def main(argv=None) -> int:
+    argv = list(argv or [])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks check",
+                                 description=first_sentence(__doc__))
+    ap.add_argument("--families", nargs="+", default=list(FAMILY_DTYPES),
+                    choices=list(FAMILY_DTYPES))
+    ap.add_argument("--kernels", nargs="+", default=list(KERNELS), choices=KERNELS)
+    ap.add_argument("--out", default=None, help="folder for .ptx/.cubin/.sass files")
+    ap.add_argument("--fwd-tiles", nargs="*", type=_parse_tiles, default=[],
+                    metavar="FAMILY:D:BQxBK",
+                    help="also report these forward tilings, causal and not (e.g. mma:64:128x64)")
+    ap.add_argument("--ptxas", default=None, help="ptxas binary (default: PATH, then the CUDA "
+                                                  "toolkit's)")
+    args = ap.parse_args(argv)
+    allow_offline_compile()
+    out = args.out or tempfile.mkdtemp(prefix="check_")
+    os.makedirs(out, exist_ok=True)
+    ptxas = find_ptxas(args.ptxas)
+    if ptxas is None:
+        print("ptxas not found: PTX counts only", flush=True)
+    ok = True
+
+    def report(rep, checked=True):
+        failed = checked and bad(rep)
+        print(("FAIL " if failed else "ok   " if checked else "info ")
+              + " ".join(f"{k}={v}" for k, v in rep.items()), flush=True)
+        return not failed
+
+    for family in args.families:
+        for kernel in args.kernels:
+            for d in HEAD_DIMS:
+                for dtype in FAMILY_DTYPES[family]:
+                    for causal in (False, True):
+                        ok &= report(check_one(family, kernel, d, dtype, causal, workdir=out,
+                                               ptxas=ptxas))
+                ok &= report(check_one(family, kernel, d, FAMILY_DTYPES[family][0], True,
+                                       has_mask=True, dropout=True, workdir=out, ptxas=ptxas))
+    for family, d, bq, bk in args.fwd_tiles:
+        for causal in (False, True):
+            report(check_one(family, "fwd", d, FAMILY_DTYPES[family][0], causal, block_m=bq,
+                             block_n=bk, workdir=out, ptxas=ptxas), checked=False)
+    return 0 if ok else 1

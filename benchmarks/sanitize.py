@@ -1,0 +1,99 @@
+"""Command ``sanitize``: one small case per kernel family, forward and backward, for
+compute-sanitizer.
+
+    compute-sanitizer --tool memcheck --report-api-errors no python -m benchmarks sanitize [FAMILY ...]
+
+FAMILY is any of ``simt``, ``mma``, ``tf32`` (default: all three), so that the families can run
+as separate sanitizer processes side by side. Each family (pinned by `kernels.KernelConfig`)
+runs `CASES`: GQA (two query heads per key/value head) and lengths that are not multiples of
+any tile (150 queries, 97 keys) throughout; causal at d=64; a boolean mask and dropout at
+d=128; a block mask on 64 x 32 tiles, which the kernels read at finer tiles (the tensor-core
+backward's 2-warp dK/dV blocks at d=128). Inputs are torch CUDA tensors (``--arrays torch``,
+the default when torch has CUDA: launched in place on torch's stream) or NumPy arrays
+(``--arrays numpy``: copied to the device and back), float16 for ``mma``, float32 otherwise.
+Every output must be finite.
+"""
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+from .common import attention_problem, first_sentence
+
+FAMILIES = ("simt", "mma", "tf32")
+FAMILY_DTYPE = {"simt": np.float32, "mma": np.float16, "tf32": np.float32}
+BATCH, HEADS_Q, HEADS_KV, SEQ_Q, SEQ_K = 2, 2, 1, 150, 97
+#: (head dim, problem options) of each case; masks are drawn per case (`_case_inputs`).
+CASES = ((64, {"causal": True}),
+         (128, {"mask": 0.7, "dropout_p": 0.25, "seed": 3}),
+         (128, {"block_mask": (64, 32, 0.6)}))
+
+
+def _case_inputs(rng, family, d, options, torch=None):
+    """(q, k, v, dout, problem options) of one case as NumPy arrays or torch CUDA tensors."""
+    dt = FAMILY_DTYPE[family]
+    arrays = [rng.standard_normal(shape).astype(dt) for shape in (
+        (BATCH, HEADS_Q, SEQ_Q, d), (BATCH, HEADS_KV, SEQ_K, d), (BATCH, HEADS_KV, SEQ_K, d),
+        (BATCH, HEADS_Q, SEQ_Q, d))]
+    kw = dict(options)
+    if "mask" in kw:
+        kw["mask"] = rng.random((BATCH, 1, SEQ_Q, SEQ_K)) < kw["mask"]
+    if "block_mask" in kw:
+        bq, bk, keep = kw.pop("block_mask")
+        tiles = (1, HEADS_Q, -(-SEQ_Q // bq), -(-SEQ_K // bk))
+        kw["block_mask"] = (rng.random(tiles) < keep, (bq, bk))
+    if torch is not None:
+        arrays = [torch.from_numpy(a).cuda() for a in arrays]
+        if "mask" in kw:
+            kw["mask"] = torch.from_numpy(kw["mask"]).cuda()
+    return (*arrays, kw)
+
+
+def run_family(family: str, torch=None, seed: int = 0) -> None:
+    """`CASES` forward and backward on ``family`` (torch CUDA tensors when ``torch`` is given,
+    else NumPy arrays); raises when an output is not finite."""
+    import kernels
+    config = kernels.KernelConfig(family=family)
+    rng = np.random.default_rng(seed)
+    for d, options in CASES:
+        q, k, v, dout, kw = _case_inputs(rng, family, d, options, torch)
+        pb = attention_problem(q, k, v, **kw)
+        out, lse = kernels.forward(pb, config)
+        grads = kernels.backward(pb, out, lse, dout, config)
+        if torch is not None:
+            torch.cuda.synchronize()
+            finite = all(bool(torch.isfinite(x).all()) for x in (out, *grads))
+        else:
+            finite = all(np.isfinite(x).all() for x in (out, *grads))
+        if not finite:
+            raise RuntimeError(f"{family} d={d} {sorted(options)}: an output is not finite")
+
+
+def main(argv=None) -> int:
+    argv = list(argv or [])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks sanitize",
+                                 description=first_sentence(__doc__))
+    ap.add_argument("families", nargs="*", metavar="FAMILY", help="simt, mma, tf32 (default: all)")
+    ap.add_argument("--arrays", choices=("torch", "numpy"), default=None,
+                    help="input arrays (default: torch CUDA tensors when torch has CUDA)")
+    args = ap.parse_args(argv)
+    families = args.families or list(FAMILIES)
+    if set(families) - set(FAMILIES):
+        ap.error(f"unknown families {sorted(set(families) - set(FAMILIES))}; choose from "
+                 f"{', '.join(FAMILIES)}")
+    torch = None
+    if args.arrays != "numpy":
+        try:
+            import torch
+        except ImportError:
+            torch = None
+        if torch is not None and not torch.cuda.is_available():
+            torch = None
+        if torch is None and args.arrays == "torch":
+            raise SystemExit("--arrays torch needs torch with CUDA")
+    for family in families:
+        run_family(family, torch)
+    print("sanitize done:", " ".join(families),
+          f"({'torch' if torch is not None else 'numpy'} arrays)")
+    return 0
