@@ -5,7 +5,7 @@
 #
 # modes (in the order given):
 #   env        versions (Python packages, nvidia-smi, CUDA tools, code version) -> env.txt
-#   tests      python -m pytest -m gpu -q                                        -> tests.log
+#   tests      python -m pytest -m gpu -q (in WORKERS processes with pytest-xdist) -> tests.log
 #   bench      python -m benchmarks bench: the benchmark against PyTorch SDPA    -> bench_<gpu>_<date>.json, bench.log
 #   sanitize   compute-sanitizer memcheck and racecheck on python -m benchmarks sanitize,
 #              one process per tool and family                                  -> sanitizer_<tool>_<family>.log
@@ -63,7 +63,10 @@ for mode in "$@"; do
       } 2>&1 | tee "$OUT/env.txt"
       ;;
     tests)
-      step tests "${T_TESTS:-900}" "$OUT/tests.log" python3 -m pytest -m gpu -q -p no:cacheprovider
+      # pytest-xdist, where installed, compiles the kernels of different tests in parallel
+      workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n ${WORKERS:-12}")
+      step tests "${T_TESTS:-900}" "$OUT/tests.log" python3 -m pytest -m gpu -q -p no:cacheprovider \
+        --durations=15 $workers
       ;;
     bench)
       step bench "${T_BENCH:-1800}" "$OUT/bench.log" python3 -m benchmarks bench --out "$OUT"
