@@ -8,8 +8,9 @@ dynamic and static). The same tests run on a GPU in bfloat16 (``-m gpu``).
 
 Tolerances, ours against PyTorch's SDPA in the same dtype: float32 — logits 1e-4 absolute
 (both accumulate in float32; the model's layers add ~1e-6 relative per layer), gradients 1e-3
-relative Frobenius; bfloat16 — logits 0.1 absolute and gradients 5e-2 (each attention output is
-rounded to bfloat16, 2**-8 relative, on both sides independently).
+relative Frobenius; bfloat16 — logits 0.1 absolute (each attention output is rounded to
+bfloat16, 2**-8 relative, on both sides independently); bfloat16 gradients are compared with
+SDPA in float32 on the same weights: ours at most twice as far from it as SDPA in bfloat16.
 """
 import copy
 import os
@@ -25,7 +26,7 @@ import ioaware.integrations.transformers as ioaware_hf  # noqa: E402
 DEVICES = [pytest.param("cpu", torch.float32, id="cpu-float32"),
            pytest.param("cuda", torch.bfloat16, id="cuda-bfloat16", marks=pytest.mark.gpu)]
 LOGIT_TOL = {torch.float32: 1e-4, torch.bfloat16: 1e-1}
-GRAD_TOL = {torch.float32: 1e-3, torch.bfloat16: 5e-2}
+GRAD_TOL = {torch.float32: 1e-3}
 VOCAB = 101
 
 
@@ -97,20 +98,35 @@ def assert_same_greedy_tokens(ours, sdpa, ids, dtype, **kw):
             assert margin <= 2 * LOGIT_TOL[dtype], (row, step, margin)
 
 
+def training_step(model, ids, mask):
+    """(loss, {parameter name: gradient}) of one step on ``ids`` (pads are not labels)."""
+    model.zero_grad()
+    loss = model(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100)).loss
+    loss.backward()
+    return loss.detach().float(), {n: p.grad.float() for n, p in model.named_parameters()
+                                   if p.grad is not None}
+
+
 def assert_same_training_step(sdpa, ours, ids, mask, dtype):
-    labels = ids.masked_fill(mask == 0, -100)
-    losses, grads = [], []
-    for model in (sdpa, ours):
-        model.zero_grad()
-        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
-        loss.backward()
-        losses.append(loss.detach().float())
-        grads.append({n: p.grad.float() for n, p in model.named_parameters() if p.grad is not None})
-    torch.testing.assert_close(losses[1], losses[0], atol=LOGIT_TOL[dtype], rtol=0)
-    assert grads[0].keys() == grads[1].keys() and len(grads[0]) > 10
-    for name, want in grads[0].items():
-        err = (grads[1][name] - want).norm()
-        assert err <= GRAD_TOL[dtype] * want.norm() + 1e-6, (name, err.item(), want.norm().item())
+    """In float32 the loss and every gradient equal SDPA's within GRAD_TOL. In bfloat16 two
+    computations in the same low precision differ by their rounding, which grows through the
+    layers (gradients of embeddings sum every position): there both are compared with SDPA on
+    the same weights in float32, and ours may be at most twice as far from it as SDPA in
+    bfloat16 is (plus GRAD_TOL[float32] relative)."""
+    (loss_s, grad_s), (loss_o, grad_o) = training_step(sdpa, ids, mask), training_step(ours, ids, mask)
+    assert grad_s.keys() == grad_o.keys() and len(grad_s) > 10
+    if dtype == torch.float32:
+        torch.testing.assert_close(loss_o, loss_s, atol=LOGIT_TOL[dtype], rtol=0)
+        for name, want in grad_s.items():
+            err = (grad_o[name] - want).norm()
+            assert err <= GRAD_TOL[dtype] * want.norm() + 1e-6, (name, err.item(), want.norm().item())
+        return
+    loss_r, grad_r = training_step(copy.deepcopy(sdpa).float(), ids, mask)
+    floor = GRAD_TOL[torch.float32]
+    assert (loss_o - loss_r).abs() <= 2 * (loss_s - loss_r).abs() + LOGIT_TOL[dtype]
+    for name, ref in grad_r.items():
+        err_o, err_s = (grad_o[name] - ref).norm(), (grad_s[name] - ref).norm()
+        assert err_o <= 2 * err_s + floor * ref.norm() + 1e-6, (name, err_o.item(), err_s.item())
 
 
 @pytest.mark.parametrize("device, dtype", DEVICES)
