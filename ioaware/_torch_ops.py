@@ -12,7 +12,8 @@ are ``torch.library.custom_op`` operators:
 * their fake implementations run the same shape checks on fake tensors (errors appear when
   the graph is traced) and give the output shapes and dtypes;
 * the forward's autograd formula saves ``q, k, v, out, lse`` and the mask, block mask and seed
-  inputs (references, not copies) and calls ``attention_bwd``, which recomputes S and P.
+  inputs (references, not copies) and calls ``attention_bwd``, which recomputes S and P; when
+  the loss also uses the logsumexp, its gradient is added (`_lse_gradients`).
 
 ``attention_fwd_impl`` is the forward operator's implementation as a plain function: eager calls
 that need no gradient call it directly, without the dispatcher's overhead.
@@ -108,12 +109,35 @@ def _setup_context(ctx, inputs, output):
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, mask, bias, block_mask, seed)
     ctx.args = tuple(args)
+    ctx.set_materialize_grads(False)     # an unused output's gradient arrives as None
 
 
-def _backward(ctx, dout, _dlse):
+def _backward(ctx, dout, dlse):
     q, k, v, out, lse, mask, bias, block_mask, seed = ctx.saved_tensors
+    if dout is None:
+        dout = torch.zeros_like(out)
     dq, dk, dv = attention_bwd(q, k, v, out, lse, dout, mask, bias, block_mask, seed, *ctx.args)
+    if dlse is not None:
+        dq_lse, dk_lse = _lse_gradients(q, k, lse, dlse, mask, bias, block_mask, seed, ctx.args)
+        dq, dk = dq + dq_lse, dk + dk_lse
     return (dq, dk, dv) + (None,) * 11
+
+
+def _lse_gradients(q, k, lse, dlse, mask, bias, block_mask, seed, args):
+    """The gradient that flows through the logsumexp: with P the softmax (no dropout),
+    d lse_i / d q_i = scale * (P K)_i and d lse_i / d k_j = scale * sum_i P_ij q_i. Both come
+    from the operators themselves: (P K) is the attention output with K as the values, and
+    P^T (dlse * Q) is the value gradient of a backward with K as the values and dlse * Q as the
+    output gradient (that backward's other outputs are not used). Two more passes, run only when
+    the loss uses the logsumexp."""
+    scale, causal, alignment, _dropout_p, block_q, block_k, backend = args
+    args_p = (scale, causal, alignment, 0.0, block_q, block_k, backend)
+    s = q.shape[-1] ** -0.5 if scale is None else scale
+    w = dlse.unsqueeze(-1)
+    pk, _ = attention_fwd(q, k, k, mask, bias, block_mask, seed, *args_p)
+    _, _, pt_q = attention_bwd(q, k, k, pk, lse, (w * q).to(q.dtype), mask, bias, block_mask,
+                               seed, *args_p)
+    return (s * w * pk).to(q.dtype), (s * pt_q).to(k.dtype)
 
 
 attention_fwd.register_autograd(_backward, setup_context=_setup_context)

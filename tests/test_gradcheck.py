@@ -59,3 +59,17 @@ def test_gradcheck_would_catch_a_wrong_backward(monkeypatch):
         return dq * 1.01, dk, dv
     monkeypatch.setattr(module, "_backward", off_by_a_little)
     assert not gradcheck(lambda *x: attention(*x), (q, k, v), raise_exception=False)
+
+
+@pytest.mark.parametrize("causal", [False, "bottom_right"])
+def test_gradients_through_the_logsumexp(causal):
+    """A loss that uses the logsumexp (alone, or with the output) gets its gradient: the lse's
+    own path, not zeros."""
+    q, k, v = _inputs(11, (1, 4, 4, 5), (1, 2, 6, 5))
+    mask = torch.rand(1, 1, 4, 6, generator=torch.Generator().manual_seed(2)) > 0.3
+    kw = dict(causal=causal, mask=mask, scale=0.8, block_q=2, block_k=4, return_lse=True)
+    assert gradcheck(lambda q_, k_, v_: attention(q_, k_, v_, **kw), (q, k, v))
+    assert gradcheck(lambda q_, k_: attention(q_, k_, v.detach(), **kw)[1], (q, k))
+    lse = attention(q, k, v, **kw)[1]
+    dq, dk = torch.autograd.grad(lse.sum(), (q, k))
+    assert dq.abs().max() > 0 and dk.abs().max() > 0
