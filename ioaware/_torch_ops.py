@@ -16,7 +16,10 @@ are ``torch.library.custom_op`` operators:
   the loss also uses the logsumexp, its gradient is added (`_lse_gradients`).
 
 ``attention_fwd_impl`` is the forward operator's implementation as a plain function: eager calls
-that need no gradient call it directly, without the dispatcher's overhead.
+that need no gradient call it directly, without the dispatcher's overhead; eager calls that need
+one go through `EagerAttention`, a plain ``torch.autograd.Function`` with the same formula that
+keeps the checked problem for its backward (no dispatch, no second check). Only a traced call
+(``torch.compile``) goes through the operators.
 
 ``seed`` is a 0-d int64 tensor (seeds of 2**63 and above wrap to negative values and back), so
 a fresh seed can be drawn with ``torch.randint`` inside a compiled graph. Gradients do not flow
@@ -34,7 +37,7 @@ from ._inputs import lse_dtype
 # the module, not the function of the same name that ioaware/__init__.py exports
 _attention = importlib.import_module("ioaware.attention")
 
-__all__ = ["attention_fwd", "attention_bwd", "attention_fwd_impl"]
+__all__ = ["attention_fwd", "attention_bwd", "attention_fwd_impl", "EagerAttention"]
 
 
 def _seed(seed: torch.Tensor) -> int:
@@ -141,3 +144,39 @@ def _lse_gradients(q, k, lse, dlse, mask, bias, block_mask, seed, args):
 
 
 attention_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+class EagerAttention(torch.autograd.Function):
+    """The operators' autograd formula for eager calls: ``apply(q, k, v, args)`` with ``args``
+    the operator's other arguments (mask, bias, block mask, seed, scale, causal, alignment,
+    dropout_p, block_q, block_k, backend). The forward checks the problem once and keeps it
+    (without its tensors) for the backward, which saves the dispatcher and the second check."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, args):
+        mask, bias, block_mask, seed, scale, causal, alignment, dropout_p, block_q, block_k, backend = args
+        backend = _attention._resolve_backend(backend, q)
+        mask_k, bias_k = _numba_mask(backend, mask, bias)
+        pb = _attention._problem(q, k, v, backend, cost=True, values=True, seed=_seed(seed),
+                                 **_kwargs(mask_k, bias_k, block_mask, scale, causal, alignment, dropout_p,
+                                           block_q, block_k))
+        out4, lse3 = _attention._run_forward(pb, backend)
+        out, lse = pb.restore_q(out4), pb.restore_lse(lse3)
+        # the caller's tensors, out and lse (what the operator's formula saves); the checked
+        # problem keeps views of them, whose versions the saved tensors guard
+        ctx.save_for_backward(q, k, v, out, lse, mask, bias, block_mask, seed)
+        ctx.problem, ctx.backend, ctx.rest = pb, backend, args[4:]
+        ctx.set_materialize_grads(False)     # an unused output's gradient arrives as None
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse, mask, bias, block_mask, seed = ctx.saved_tensors
+        if dout is None:
+            dout = torch.zeros_like(out)
+        dq, dk, dv = _attention._run_backward(ctx.problem, out, lse, dout.contiguous(), ctx.backend)
+        if dlse is not None:
+            dq_lse, dk_lse = _lse_gradients(q.detach(), k.detach(), lse, dlse, mask, bias,
+                                            block_mask, seed, tuple(ctx.rest))
+            dq, dk = dq + dq_lse, dk + dk_lse
+        return dq, dk, dv, None

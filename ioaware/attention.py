@@ -271,7 +271,7 @@ def _torch_attention(q, k, v, *, causal, mask, bias, block_mask, scale, dropout_
     Only what the operator's schema needs is prepared here (this code is traced by
     torch.compile); the operator itself checks everything once, in :func:`_problem`.
     """
-    from ._torch_ops import attention_fwd, attention_fwd_impl
+    from ._torch_ops import EagerAttention, attention_fwd, attention_fwd_impl
     torch = torch_or_none()
     if not all(is_torch(x) for x in (k, v)) or not all(x is None or is_torch(x) for x in (mask, bias)):
         check_inputs(q, k, v, mask=mask, bias=bias)     # raises the error that names the argument
@@ -290,10 +290,11 @@ def _torch_attention(q, k, v, *, causal, mask, bias, block_mask, scale, dropout_
         arr, block_q, block_k = _block_mask_parts(block_mask, block_q, block_k)
         bm = torch.from_numpy(np.ascontiguousarray(arr))
     args = (q, k, v, mask, bias, bm, seed_t, scale, is_causal, alignment, dropout_p, block_q, block_k, backend)
-    traced = torch.compiler.is_compiling()
-    if not traced and not (torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))):
-        return attention_fwd_impl(*args)        # the operator's own implementation, without dispatch
-    return attention_fwd(*args)
+    if torch.compiler.is_compiling():
+        return attention_fwd(*args)             # the operators: opaque to the tracer
+    if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
+        return EagerAttention.apply(q, k, v, args[3:])   # their formula, without dispatch
+    return attention_fwd_impl(*args)            # the operator's own implementation
 
 
 def _run_forward(pb: Problem, backend):
