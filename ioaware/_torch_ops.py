@@ -71,7 +71,11 @@ def attention_fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: 
     return pb.restore_q(out4), pb.restore_lse(lse3)
 
 
-attention_fwd = torch.library.custom_op("ioaware::attention_fwd", mutates_args=())(attention_fwd_impl)
+#: The operators launch Numba kernels whose first call compiles and copies tile schedules to the
+#: device, which a CUDA graph capture cannot hold: inductor keeps them out of its CUDA graphs.
+_TAGS = tuple(t for t in (getattr(torch.Tag, "cudagraph_unsafe", None),) if t is not None)
+attention_fwd = torch.library.custom_op("ioaware::attention_fwd", mutates_args=(),
+                                        tags=_TAGS)(attention_fwd_impl)
 
 
 @attention_fwd.register_fake
@@ -86,7 +90,7 @@ def _attention_fwd_fake(q, k, v, mask, bias, block_mask, seed, scale, causal, ca
     return q.new_empty(pb.out_shape), q.new_empty(tuple(q.shape[:-1]), dtype=lse_dt)
 
 
-@torch.library.custom_op("ioaware::attention_bwd", mutates_args=())
+@torch.library.custom_op("ioaware::attention_bwd", mutates_args=(), tags=_TAGS)
 def attention_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
                   dout: torch.Tensor, mask: Optional[torch.Tensor], bias: Optional[torch.Tensor],
                   block_mask: Optional[torch.Tensor], seed: torch.Tensor, scale: Optional[float], causal: bool,
