@@ -14,7 +14,8 @@ from benchmarks import bench, common
 from benchmarks.__main__ import COMMANDS
 
 ROOT = Path(__file__).resolve().parents[1]
-SHIPPED_BENCH = ROOT / "results" / "bench_nvidia-h100-80gb-hbm3_2026-11-23.json"
+#: The shipped benchmark results file (one per GPU: the newest by name).
+SHIPPED_BENCH = sorted((ROOT / "results").glob("bench_*.json"))[-1]
 
 
 def _run(*args):
