@@ -243,10 +243,23 @@ def code_version() -> dict:
 def kernels_fingerprint() -> str:
     """A short hash of the kernel sources (every ``kernels/*.py``), stored with timings and
     with counters, so that numbers taken from different kernel code can be told apart."""
+    return _fingerprint([KERNELS_DIR])
+
+
+def sources_fingerprint() -> str:
+    """A short hash of the product's sources (``ioaware/``, ``kernels/`` and ``sim/``): the code
+    version of a measurement even where the machine's copy of the repository has no history
+    (match it against ``git`` trees with the same function)."""
+    return _fingerprint([ROOT / "ioaware", KERNELS_DIR, ROOT / "sim"])
+
+
+def _fingerprint(folders) -> str:
     h = hashlib.sha256()
-    for path in sorted(KERNELS_DIR.glob("*.py")):
-        h.update(path.name.encode())
-        h.update(path.read_bytes())
+    for folder in folders:
+        for path in sorted(folder.rglob("*.py")):
+            name = path.name if folder == KERNELS_DIR else str(path.relative_to(ROOT))
+            h.update(name.encode())
+            h.update(path.read_bytes())
     return h.hexdigest()[:12]
 
 
@@ -267,7 +280,7 @@ def provenance(command: str, *, gpu: str | None = None, driver: str | None = Non
             "python": platform.python_version(), "host": platform.node(),
             "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "command": command, "code_version": code_version(),
-            "kernels_sha": kernels_fingerprint()}
+            "kernels_sha": kernels_fingerprint(), "sources_sha": sources_fingerprint()}
     prov.update(extra or {})
     return prov
 
