@@ -301,8 +301,8 @@ def _measured(rec: dict, metric: str):
 
 #: Loads our tensor-core kernels stage through shared memory with ``cp.async`` (16 bytes a
 #: thread, 512 contiguous bytes a warp): (phase, tensor) of the closed form's byte counts —
-#: K/V in the forward and the dQ kernel, Q/dO in the dK/dV kernel (kernels/flash_mma_*.py,
-#: kernels/flash_tf32_*.py).
+#: K/V in the forward and the dQ kernel, Q/dO in the dK/dV kernel (kernels/mma_*.py,
+#: kernels/tf32_*.py).
 ASYNC_COPY_LOADS = {("fwd", "K"), ("fwd", "V"), ("bwd.dq", "K"), ("bwd.dq", "V"),
                     ("bwd.main", "Q"), ("bwd.main", "dO")}
 

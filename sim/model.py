@@ -47,7 +47,7 @@ __all__ = ["Efficiency", "Prediction", "predict", "calibrate", "smem_traffic", "
            "record_micro_tiles", "fit_efficiency", "program_key"]
 
 #: Bytes of a Q or O row one warp instruction of our tensor-core forward touches: an
-#: m16n8k16 fragment gives each row 4 threads x 4 bytes (kernels/flash_mma_fwd.py: Q by
+#: m16n8k16 fragment gives each row 4 threads x 4 bytes (kernels/mma_fwd.py: Q by
 #: ``ld_global_u32`` at column ``2 * tig``, O by ``st_global_u32`` likewise).
 MMA_FRAGMENT_ROW_BYTES = 16
 MAX_TRACE_EVENTS = 2_000_000  # events + granule visits above which l2="auto" uses the analytic estimate

@@ -222,7 +222,7 @@ class Schedule:
     qo_segment_bytes : flash2 forward: bytes of one Q or O row that a warp's load or store
         instruction touches, when the kernel moves them in register fragments rather than
         whole rows (our tensor-core forward: 4 threads x 4 bytes = 16, see
-        ``kernels/flash_mma_fwd.py``); below a 32-byte sector the requests count whole
+        ``kernels/mma_fwd.py``); below a 32-byte sector the requests count whole
         sectors (a dQ kernel's dQ stores likewise). None (default): whole rows.
     registers_per_thread : registers per thread of the kernel (as ``ptxas -v`` reports them:
         `kernels.resources`) — with a micro-tile, of the forward and of the dQ kernel; without,
