@@ -27,15 +27,13 @@ into ``mask``, ``bias`` or ``block_mask``.
 """
 from __future__ import annotations
 
-import importlib
 from typing import Optional
 
 import torch
 
 from ._inputs import lse_dtype
 
-# the module, not the function of the same name that ioaware/__init__.py exports
-_attention = importlib.import_module("ioaware.attention")
+from . import _backends
 
 __all__ = ["attention_fwd", "attention_bwd", "attention_fwd_impl", "EagerAttention"]
 
@@ -52,7 +50,7 @@ def _kwargs(mask, bias, block_mask, scale, causal, causal_alignment, dropout_p, 
 def _numba_mask(backend, mask, bias):
     """The kernels take no additive bias: a float mask of 0 / -inf becomes a boolean mask."""
     if backend == "numba" and bias is not None:
-        allowed = _attention._bias_as_mask(bias)
+        allowed = _backends._bias_as_mask(bias)
         return (allowed if mask is None else mask & allowed), None
     return mask, bias
 
@@ -62,12 +60,12 @@ def attention_fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: 
                   scale: Optional[float], causal: bool, causal_alignment: str, dropout_p: float,
                   block_q: Optional[int], block_k: Optional[int], backend: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention forward: ``(out [..., Hq, Nq, Ev], lse [..., Hq, Nq])``."""
-    backend = _attention._resolve_backend(backend, q)
+    backend = _backends._resolve_backend(backend, q)
     mask, bias = _numba_mask(backend, mask, bias)
-    pb = _attention._problem(q, k, v, backend, cost=True, values=True, seed=_seed(seed),
+    pb = _backends._problem(q, k, v, backend, cost=True, values=True, seed=_seed(seed),
                              **_kwargs(mask, bias, block_mask, scale, causal, causal_alignment, dropout_p,
                                        block_q, block_k))
-    out4, lse3 = _attention._run_forward(pb, backend)
+    out4, lse3 = _backends._run_forward(pb, backend)
     return pb.restore_q(out4), pb.restore_lse(lse3)
 
 
@@ -81,9 +79,9 @@ attention_fwd = torch.library.custom_op("ioaware::attention_fwd", mutates_args=(
 @attention_fwd.register_fake
 def _attention_fwd_fake(q, k, v, mask, bias, block_mask, seed, scale, causal, causal_alignment, dropout_p,
                         block_q, block_k, backend):
-    backend = _attention._resolve_backend(backend, q)
+    backend = _backends._resolve_backend(backend, q)
     # the block mask's values are not available here; it is checked when the operator runs
-    pb = _attention._problem(q, k, v, backend, cost=False, values=False, seed=0,
+    pb = _backends._problem(q, k, v, backend, cost=False, values=False, seed=0,
                              **_kwargs(mask, bias, None, scale, causal, causal_alignment, dropout_p,
                                        block_q, block_k))
     lse_dt = getattr(torch, lse_dtype(pb.dtype_name))
@@ -97,12 +95,12 @@ def attention_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.
                   causal_alignment: str, dropout_p: float, block_q: Optional[int], block_k: Optional[int],
                   backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Attention backward: ``(dq, dk, dv)`` shaped like ``q, k, v``."""
-    backend = _attention._resolve_backend(backend, q)
+    backend = _backends._resolve_backend(backend, q)
     mask, bias = _numba_mask(backend, mask, bias)
-    pb = _attention._problem(q, k, v, backend, cost=False, values=False, seed=_seed(seed),
+    pb = _backends._problem(q, k, v, backend, cost=False, values=False, seed=_seed(seed),
                              **_kwargs(mask, bias, block_mask, scale, causal, causal_alignment, dropout_p,
                                        block_q, block_k))
-    return _attention._run_backward(pb, out, lse, dout.contiguous(), backend)
+    return _backends._run_backward(pb, out, lse, dout.contiguous(), backend)
 
 
 @attention_bwd.register_fake
@@ -159,12 +157,12 @@ class EagerAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, args):
         mask, bias, block_mask, seed, scale, causal, alignment, dropout_p, block_q, block_k, backend = args
-        backend = _attention._resolve_backend(backend, q)
+        backend = _backends._resolve_backend(backend, q)
         mask_k, bias_k = _numba_mask(backend, mask, bias)
-        pb = _attention._problem(q, k, v, backend, cost=True, values=True, seed=_seed(seed),
+        pb = _backends._problem(q, k, v, backend, cost=True, values=True, seed=_seed(seed),
                                  **_kwargs(mask_k, bias_k, block_mask, scale, causal, alignment, dropout_p,
                                            block_q, block_k))
-        out4, lse3 = _attention._run_forward(pb, backend)
+        out4, lse3 = _backends._run_forward(pb, backend)
         out, lse = pb.restore_q(out4), pb.restore_lse(lse3)
         # the caller's tensors, out and lse (what the operator's formula saves); the checked
         # problem keeps views of them, whose versions the saved tensors guard
@@ -178,7 +176,7 @@ class EagerAttention(torch.autograd.Function):
         q, k, v, out, lse, mask, bias, block_mask, seed = ctx.saved_tensors
         if dout is None:
             dout = torch.zeros_like(out)
-        dq, dk, dv = _attention._run_backward(ctx.problem, out, lse, dout.contiguous(), ctx.backend)
+        dq, dk, dv = _backends._run_backward(ctx.problem, out, lse, dout.contiguous(), ctx.backend)
         if dlse is not None:
             dq_lse, dk_lse = _lse_gradients(q.detach(), k.detach(), lse, dlse, mask, bias,
                                             block_mask, seed, tuple(ctx.rest))

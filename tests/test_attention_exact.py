@@ -83,7 +83,7 @@ def test_backward_equals_float64_reference(pr):
 def _reference(q, k, v, **kw):
     """float64 reference in the user's layout (float16 inputs are upcast exactly)."""
     from ioaware._inputs import check_inputs
-    from ioaware.attention import _Grouped
+    from ioaware._backends import _Grouped
     pb = check_inputs(q.astype(np.float32), k.astype(np.float32), v.astype(np.float32), **kw)
     g = _Grouped(pb, pb.q, pb.k, pb.v)
     out, lse = reference_forward(g.q, g.k, g.v, scale=pb.scale, allowed=g.allowed_full(), bh=g.bh,

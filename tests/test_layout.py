@@ -51,6 +51,9 @@ def _imports(name: str, path: Path, modules=()):
             for x in subs:                      # `from pkg import module`
                 if x in modules:
                     yield node.lineno, x
+        elif (isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "import_module"
+              and node.args and isinstance(node.args[0], ast.Constant)):
+            yield node.lineno, str(node.args[0].value)  # importlib.import_module("pkg.module")
 
 
 def _graph() -> dict[str, set[str]]:

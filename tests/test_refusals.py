@@ -20,7 +20,7 @@ from ioaware._cost import allowed_pairs, available_host_memory
 
 from .conftest import _has_cuda_driver
 
-attention_module = importlib.import_module("ioaware.attention")
+attention_module = importlib.import_module("ioaware._backends")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -1,0 +1,326 @@
+"""Running a checked attention problem on a backend: the layer below the public functions.
+
+* :func:`_resolve_backend` and :func:`_problem`: the backend that will run, and every check of a
+  call (shapes and dtypes, the cost estimate, what the backend cannot compute exactly, the NaN
+  scan of CPU inputs), in that order, before any work;
+* :func:`_run_forward` / :func:`_run_backward`: the canonical forward and backward, with the
+  cases no backend needs to see (nothing to compute, ``dropout_p = 1``);
+* the backends themselves: ``"numpy"`` (the tiled algorithm of :mod:`ioaware.tiled`, in the
+  grouped GQA layout of :class:`_Grouped`), ``"reference"`` (:mod:`ioaware.reference`) and
+  ``"numba"`` (the ``kernels`` package, given the problem as the kernels take it:
+  :func:`_kernel_problem`).
+
+:mod:`ioaware.attention` (the public functions) and :mod:`ioaware._torch_ops` (the torch
+operators and their autograd formula) both stand on this module.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import numpy as np
+
+from ._inputs import BlockMask, Problem, check_inputs, check_values, is_torch, lse_dtype, torch_or_none
+from .block_info import BlockInfo
+from .reference import reference_backward, reference_forward
+from .tiled import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, compute_dtype, tiled_backward, tiled_forward
+
+
+#: Backends: "auto" resolves to "numba" for CUDA tensors and "numpy" otherwise.
+BACKENDS = ("auto", "numpy", "reference", "numba")
+#: Input dtypes the numba backend (the CUDA kernels) takes.
+NUMBA_DTYPES = ("float16", "bfloat16", "float32")
+
+
+def _resolve_backend(backend, q):
+    """The backend that will run: ``"auto"`` resolved, and refused if it cannot run here."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "auto":
+        on_cuda = is_torch(q) and q.device.type == "cuda"
+        backend = "numba" if on_cuda else "numpy"
+    if backend == "numba":
+        _check_numba_available()
+    return backend
+
+
+@functools.cache
+def _numba_cuda_status() -> str | None:
+    """None if Numba can run CUDA kernels here (a GPU, or its simulator), else why not."""
+    try:
+        from numba import cuda
+    except ImportError as exc:  # pragma: no cover - numba is a dependency
+        return f"numba.cuda cannot be imported ({exc})"
+    if cuda.is_available():
+        return None
+    reason = ""
+    try:
+        cuda.current_context()
+    except Exception as exc:  # noqa: BLE001 - numba raises several kinds here
+        reason = ": " + " ".join(str(exc).split()).rstrip(": ")
+    return f"numba.cuda.is_available() is False{reason}"
+
+
+def _check_numba_available():
+    status = _numba_cuda_status()
+    if status is not None:
+        raise RuntimeError(f"backend='numba' needs a CUDA GPU, and Numba finds none ({status}). Use "
+                           f"backend='numpy' on the CPU, or set NUMBA_ENABLE_CUDASIM=1 before importing "
+                           f"numba to run the kernels in Numba's CUDA simulator.")
+
+
+def _check_backend_supports(pb: Problem, backend):
+    """Refuse, before dispatch, what ``backend`` cannot compute exactly (each error names the argument)."""
+    if backend != "numba" or pb.trivial:
+        return
+    if pb.dtype_name not in NUMBA_DTYPES:
+        raise TypeError(f"q, k and v have dtype {pb.dtype_name}; backend 'numba' takes {', '.join(NUMBA_DTYPES)} "
+                        f"(float64 runs on backend='numpy' or 'reference', with CPU inputs)")
+    if pb.value_dim != pb.head_dim:
+        raise ValueError(f"v has head dimension {pb.value_dim} but q and k have {pb.head_dim}; backend 'numba' "
+                         f"needs them equal (backend='numpy' takes them different, with CPU inputs)")
+    if pb.head_dim == 0:
+        raise ValueError("q and k have head dimension 0, which backend 'numba' does not take")
+    if pb.causal and pb.causal_alignment == "bottom_right" and pb.seqlen_q != pb.seqlen_k:
+        raise ValueError(f"causal='bottom_right' (or attn_mask=causal_lower_right(...)) with Nq={pb.seqlen_q} != "
+                         f"Nk={pb.seqlen_k} is not supported by backend 'numba' (its kernels align causal "
+                         f"masks top-left); pass the pattern as a boolean mask, or use backend='numpy'")
+
+
+def _problem(q, k, v, backend, *, cost, values, **kwargs) -> Problem:
+    """``check_inputs`` (with the cost check when ``cost``), the backend's refusals, and the value
+    scan when ``values``: every check, in that order, before any work."""
+    pb = check_inputs(q, k, v, backend=backend if cost else None, **kwargs)
+    _check_backend_supports(pb, backend)
+    if values:
+        check_values(pb)
+    return pb
+
+
+def _bias_as_mask(bias):
+    """A float mask whose entries are all 0 or -inf, as a boolean mask (the kernels take no bias)."""
+    torch = torch_or_none()
+    finite = torch.isfinite(bias)
+    if not bool(((bias == 0) | (~finite & (bias < 0))).all()):
+        raise NotImplementedError("the numba backend supports boolean masks and float masks of 0/-inf only; "
+                                  "use backend='numpy' for a general additive attn_mask")
+    return finite
+
+
+def _run_forward(pb: Problem, backend):
+    """Canonical forward with the cases no backend needs to see: nothing to compute (no query
+    row, or no key: zeros and ``lse = -inf``) and ``dropout_p = 1`` (zeros; the logsumexp of the
+    logits as without dropout)."""
+    if pb.trivial:
+        return _zeros(pb, _canonical_shape(pb, pb.value_dim)), _full(pb, _canonical_shape(pb), -np.inf, lse=True)
+    if pb.dropout_p >= 1.0:
+        _, lse = _forward(dataclasses.replace(pb, dropout_p=0.0), backend)
+        return _zeros(pb, _canonical_shape(pb, pb.value_dim)), lse
+    return _forward(pb, backend)
+
+
+def _run_backward(pb: Problem, out, lse, dout, backend):
+    """Gradients, zero where the forward's output does not depend on the inputs (see :func:`_run_forward`)."""
+    if pb.trivial or pb.dropout_p >= 1.0:
+        dq = _zeros(pb, _canonical_shape(pb, pb.head_dim))
+        dk = _zeros(pb, (pb.batch, pb.heads_kv, pb.seqlen_k, pb.head_dim))
+        dv = _zeros(pb, (pb.batch, pb.heads_kv, pb.seqlen_k, pb.value_dim))
+        return pb.restore_q(dq), pb.restore_kv(dk), pb.restore_v(dv)
+    return _backward(pb, out, lse, dout, backend)
+
+
+def _canonical_shape(pb: Problem, last=None):
+    lead = (pb.batch, pb.heads_q, pb.seqlen_q)
+    return lead if last is None else lead + (last,)
+
+
+def _full(pb: Problem, shape, value, lse=False):
+    """A new array/tensor of ``shape`` filled with ``value``, in the user's type, device and dtype."""
+    if pb.kind == "numpy":
+        return np.full(shape, value, dtype=lse_dtype(pb.dtype_name) if lse else pb.dtype)
+    torch = torch_or_none()
+    dtype = getattr(torch, lse_dtype(pb.dtype_name)) if lse else pb.dtype
+    return torch.full(shape, value, dtype=dtype, device=pb.device)
+
+
+def _zeros(pb: Problem, shape):
+    return _full(pb, shape, 0.0)
+
+
+def _forward(pb: Problem, backend):
+    """Canonical forward: ``(out [B,Hq,Nq,Ev], lse [B,Hq,Nq])`` in the inputs' type and device."""
+    if backend == "numba":
+        if pb.bias is not None:
+            raise NotImplementedError("the numba backend takes boolean masks, not an additive bias")
+        import kernels
+        out, lse = kernels.forward(_kernel_problem(pb))
+        return _from_device(pb, out), _from_device(pb, lse, lse=True)
+    q, k, v = (_host(x) for x in (pb.q, pb.k, pb.v))
+    g = _Grouped(pb, q, k, v)
+    if backend == "reference":
+        out, lse = reference_forward(g.q, g.k, g.v, scale=pb.scale, allowed=g.allowed_full(),
+                                     bias=g.bias, bh=g.bh, dropout_p=pb.dropout_p, seed=pb.seed)
+    else:
+        acc = compute_dtype(g.q.dtype)
+        out = np.empty(g.q.shape[:-1] + (pb.value_dim,), dtype=acc)
+        lse = np.empty(g.q.shape[:-1], dtype=acc)
+        for sel, info in g.groups():
+            o, l_ = tiled_forward(g.q[sel], g.k[sel[:2]], g.v[sel[:2]], scale=pb.scale, info=info,
+                                  allowed=_sel(g.allowed, sel), bias=_sel(g.bias, sel), bh=g.bh[sel],
+                                  dropout_p=pb.dropout_p, seed=pb.seed)
+            out[sel], lse[sel] = o, l_
+    out_shape = tuple(pb.q.shape[:-1]) + (pb.value_dim,)
+    return _to_user(pb, out.reshape(out_shape)), _to_user(pb, lse.reshape(pb.q.shape[:-1]), lse=True)
+
+
+def _backward(pb: Problem, out, lse, dout, backend):
+    """Gradients in the user's layout from user-shaped ``out``, ``lse``, ``dout``."""
+    shape4, shape3 = tuple(pb.q.shape), tuple(pb.q.shape[:-1])
+    shape_out = shape3 + (pb.value_dim,)
+    if backend == "numba":
+        import kernels
+        o, l_, do = (_device_input(pb, x.reshape(s)) for x, s in ((out, shape4), (lse, shape3), (dout, shape4)))
+        dq, dk, dv = kernels.backward(_kernel_problem(pb), o, l_, do)
+        dq, dk, dv = (_from_device(pb, x) for x in (dq, dk, dv))
+    else:
+        q, k, v = (_host(x) for x in (pb.q, pb.k, pb.v))
+        o, l_, do = _host(out.reshape(shape_out)), _host(lse.reshape(shape3)), _host(dout.reshape(shape_out))
+        g = _Grouped(pb, q, k, v)
+        o5, do5 = g.as_out(o), g.as_out(do)
+        l5 = l_.reshape(g.q.shape[:-1])
+        if backend == "reference":
+            dq, dk, dv = reference_backward(g.q, g.k, g.v, do5, scale=pb.scale, allowed=g.allowed_full(),
+                                            bias=g.bias, bh=g.bh, dropout_p=pb.dropout_p, seed=pb.seed)
+        else:
+            acc = compute_dtype(g.q.dtype)
+            dq = np.zeros(g.q.shape, dtype=acc)
+            dk = np.zeros(g.k.shape, dtype=acc)
+            dv = np.zeros(g.v.shape, dtype=acc)
+            for sel, info in g.groups():
+                kv = sel[:2]
+                dq_, dk_, dv_ = tiled_backward(g.q[sel], g.k[kv], g.v[kv], o5[sel], l5[sel], do5[sel],
+                                               scale=pb.scale, info=info, allowed=_sel(g.allowed, sel),
+                                               bias=_sel(g.bias, sel), bh=g.bh[sel],
+                                               dropout_p=pb.dropout_p, seed=pb.seed)
+                dq[sel] = dq_
+                dk[kv] += dk_
+                dv[kv] += dv_
+        dq = _to_user(pb, dq.reshape(shape4))
+        dk, dv = _to_user(pb, dk.reshape(pb.k.shape)), _to_user(pb, dv.reshape(pb.v.shape))
+    return pb.restore_q(dq), pb.restore_kv(dk), pb.restore_v(dv)
+
+
+def _kernel_problem(pb: Problem) -> Problem:
+    """The problem as the kernels take it: torch CUDA tensors as they are; anything else as
+    NumPy arrays (bfloat16 as float32), which the kernels copy to the device and back."""
+    if pb.kind == "torch" and pb.device.startswith("cuda"):
+        return pb
+    q, k, v = (_host(x) for x in (pb.q, pb.k, pb.v))
+    return dataclasses.replace(pb, q=q, k=k, v=v, mask=_host(pb.mask), kind="numpy",
+                               device="cpu", dtype=q.dtype)
+
+
+def _device_input(pb: Problem, x):
+    """What the kernels take: torch CUDA tensors as they are, anything else as NumPy."""
+    if pb.kind == "torch" and pb.device.startswith("cuda"):
+        return x
+    return _host(x)
+
+
+def _from_device(pb: Problem, x, lse=False):
+    if pb.kind == "torch" and pb.device.startswith("cuda"):
+        return x
+    return _to_user(pb, np.asarray(x), lse=lse)
+
+
+def _host(x):
+    """A NumPy view/copy of an array for the host paths (bfloat16 becomes float32)."""
+    if x is None or isinstance(x, np.ndarray):
+        return x
+    torch = torch_or_none()
+    x = x.detach().cpu()
+    if x.dtype == torch.bfloat16:
+        x = x.float()
+    return x.numpy()
+
+
+def _to_user(pb: Problem, x, lse=False):
+    """Cast a host result to the user's type, device and dtype (the logsumexp stays float32, or
+    float64 for float64 inputs)."""
+    lse_dt = lse_dtype(pb.dtype_name)
+    if pb.kind == "numpy":
+        return x.astype(lse_dt if lse else pb.dtype, copy=False)
+    torch = torch_or_none()
+    t = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float64 if pb.dtype_name == "float64" else np.float32))
+    return t.to(device=pb.device, dtype=getattr(torch, lse_dt) if lse else pb.dtype)
+
+
+class _Grouped:
+    """Host arrays in the grouped GQA layout ``[B, G, R, N, d]`` used by the tiled and reference paths."""
+
+    def __init__(self, pb: Problem, q, k, v):
+        self.pb = pb
+        b, g, r = pb.batch, pb.heads_kv, pb.group
+        self.q = q.reshape(b, g, r, pb.seqlen_q, pb.head_dim)
+        self.k = k.reshape(b, g, 1, pb.seqlen_k, pb.head_dim)
+        self.v = v.reshape(b, g, 1, pb.seqlen_k, pb.value_dim)
+        self.bh = np.arange(b * pb.heads_q, dtype=np.int64).reshape(b, g, r)
+        self.allowed = self._as5(_host(pb.mask))
+        self.bias = self._as5(_host(pb.bias))
+        if self.bias is not None:
+            self.bias = self.bias.astype(compute_dtype(self.q.dtype), copy=False)
+
+    def as_out(self, x):
+        """An output-shaped ``[B, Hq, Nq, Ev]`` array in the grouped layout."""
+        return x.reshape(self.q.shape[:-1] + (self.pb.value_dim,))
+
+    def _as5(self, x4):
+        if x4 is None:
+            return None
+        bm, hm, mq, nk = x4.shape
+        if hm == 1:
+            return x4.reshape(bm, 1, 1, mq, nk)
+        return x4.reshape(bm, self.pb.heads_kv, self.pb.group, mq, nk)
+
+    def _info(self, block_mask2d=None):
+        pb = self.pb
+        return BlockInfo.with_block_mask(pb.seqlen_q, pb.seqlen_k, pb.block_q or DEFAULT_BLOCK_Q,
+                                         pb.block_k or DEFAULT_BLOCK_K, pb.causal, block_mask2d,
+                                         pb.causal_alignment)
+
+    def groups(self):
+        """``(selector, BlockInfo)`` pairs: one per distinct block-mask slice (one if none)."""
+        bm = self.pb.block_mask
+        if bm is None:
+            yield (slice(None),) * 3, self._info()
+            return
+        nb, nh = bm.shape[:2]
+        for ib in range(nb):
+            for ih in range(nh):
+                sb = slice(ib, ib + 1) if nb > 1 else slice(None)
+                if nh > 1:
+                    ig, ir = divmod(ih, self.pb.group)
+                    sg, sr = slice(ig, ig + 1), slice(ir, ir + 1)
+                else:
+                    sg = sr = slice(None)
+                yield (sb, sg, sr), self._info(bm[ib, ih])
+
+    def allowed_full(self):
+        """Every mask as one elementwise boolean array (for the reference), or None."""
+        pb = self.pb
+        allowed = self.allowed
+        if pb.causal:
+            c = self._info().causal_pattern()
+            allowed = c if allowed is None else (allowed & c)
+        if pb.block_mask is not None:
+            expanded = BlockMask(pb.block_mask, pb.block_q, pb.block_k).expand(pb.seqlen_q, pb.seqlen_k)
+            e5 = self._as5(expanded)
+            allowed = e5 if allowed is None else (allowed & e5)
+        return allowed
+
+
+def _sel(x, sel):
+    """Apply a ``(batch, group, row-head)`` selector to an array whose size-1 dims broadcast."""
+    if x is None:
+        return None
+    return x[tuple(s if x.shape[i] != 1 else slice(None) for i, s in enumerate(sel))]
