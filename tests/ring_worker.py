@@ -19,7 +19,6 @@ import traceback
 import zlib
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
