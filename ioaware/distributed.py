@@ -79,7 +79,8 @@ def ring_attention(q, k, v, *, group=None, causal=False, scale=None, layout="zig
         work), ``"contiguous"`` (rank r holds chunk r) or ``"striped"`` (every P-th token); see
         :mod:`ioaware.ring_plan`.
     return_lse : also return the logsumexp ``[B, Hq, n]`` over the whole sequence (float32;
-        float64 for float64 inputs). Gradients flow through it too.
+        float64 for float64 inputs). Gradients flow through it too (its gradient enters the
+        pairs' backward in the inputs' dtype: rounded to bfloat16 for bfloat16 inputs).
     backend : the backend of each pair's :func:`ioaware.attention` call (``"auto"``: the Numba
         kernels for CUDA tensors, the NumPy tiled path otherwise).
 
