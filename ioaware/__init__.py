@@ -3,6 +3,8 @@
 ``from ioaware import attention`` gives the exact tiled attention (NumPy on the CPU, Numba CUDA
 kernels on a GPU); ``scaled_dot_product_attention`` is a drop-in for PyTorch's (docs/sdpa.md),
 and :mod:`ioaware.integrations.transformers` puts it into Hugging Face models;
+:mod:`ioaware.distributed` splits a long sequence over processes (ring attention on
+``torch.distributed``, planned by :mod:`ioaware.ring_plan`; imported on its own, it needs torch);
 :mod:`ioaware.block_info` says which tiles a schedule visits; the ``sim`` package predicts the
 bytes, FLOPs and time of a schedule on a named GPU.
 """

@@ -1,9 +1,11 @@
-"""Command line: ``python -m sim predict ...``, ``python -m sim sweep ...``, ``python -m sim search ...``.
+"""Command line: ``python -m sim predict ...``, ``python -m sim sweep ...``, ``python -m sim search ...``,
+``python -m sim ring ...``.
 
 ``predict`` prints one JSON object (``--json``) or a readable table, with a calibrated time
 only when ``--calibrate-on RESULTS.json [...]`` names the measurements to fit it on; ``sweep``
 prints a table or writes CSV (``--csv PATH``), with a progress bar on stderr for large sweeps;
-``search`` lists the feasible block sizes, the predicted best and the frontier.
+``search`` lists the feasible block sizes, the predicted best and the frontier; ``ring`` prices
+context-parallel ring attention over P GPUs step by step (:mod:`sim.ring`).
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import numpy as np
 
 from .model import predict
 from .profiles import PROFILES, load_profile
+from .ring import interconnect_for, load_interconnect, predict_ring
 from .search import SWEEP_COLUMNS, progress_bar, search_blocks, sweep
 from .workload import DELTA_KERNELS, DQ_MODES, EXP_FLOPS, NAIVE_VARIANTS, Schedule, Workload
 
@@ -213,6 +216,59 @@ def _slim(row):
     return {k: v for k, v in row.items() if k not in ("phases",)}
 
 
+def _tokens(text: str) -> int:
+    """A token count: 131072, 128k (x 1024) or 1M (x 1024**2)."""
+    t = text.strip().lower()
+    mult = {"k": 1024, "m": 1024 ** 2}.get(t[-1:], 1)
+    try:
+        value = int(t[:-1] if mult > 1 else t) * mult
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a token count such as 131072 or 128k, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive token count, got {text!r}")
+    return value
+
+
+def _ring_cmd(a) -> int:
+    from ioaware.ring_plan import shard_length
+    shard_length(a.seq_len, a.world_size, a.layout, name="--seq-len")     # the message names the option
+    if a.interconnect:
+        if a.interconnect_bandwidth is not None or a.interconnect_latency is not None:
+            raise ValueError("give --interconnect FILE or --interconnect-bandwidth/--interconnect-latency, not both")
+        link = load_interconnect(a.interconnect)
+    else:
+        link = interconnect_for(a.device, a.interconnect_bandwidth, a.interconnect_latency)
+    r = predict_ring(seq_len=a.seq_len, world_size=a.world_size, batch=a.batch, heads=a.heads,
+                     heads_kv=a.heads_kv, head_dim=a.head_dim, dtype=a.dtype, causal=a.causal, layout=a.layout,
+                     pass_=a.pass_, profile=a.device, interconnect=link,
+                     schedule=Schedule("flash2", a.block_q, a.block_k), l2=a.l2)
+    if a.json:
+        print(json.dumps(r.to_dict(), indent=2))
+        return 0
+    print(f"ring attention: N = {r.seq_len:,} over P = {r.world_size} x {r.device} ({r.layout}, "
+          f"{'causal' if r.causal else 'full'}, {r.pass_}), {r.shard_len:,} tokens per GPU, "
+          f"K/V shard {r.kv_shard_bytes:,} bytes")
+    print(f"{'pass':>4} {'step':>4} {'compute ms':>11} {'transfer ms':>12} {'merge ms':>9} {'step ms':>9}  bound")
+    for s in r.steps:
+        print(f"{s.pass_:>4} {s.index:>4} {s.compute_ms:11.4f} {s.transfer_ms:12.4f} {s.merge_ms:9.4f} "
+              f"{s.step_ms:9.4f}  {'transfer' if s.communication_bound else 'compute'}")
+    rows = [("exposed transfer", f"{r.exposed_transfer_ms:.4f} ms (the backward's last dK/dV)"),
+            ("total (predicted, raw)", f"{r.total_ms:.4f} ms"),
+            ("one GPU, same N", f"{r.single_gpu_ms:.4f} ms"),
+            ("speedup", f"{r.speedup:.3f}x on {r.world_size} GPUs"),
+            ("scaling efficiency", f"{r.scaling_efficiency:.3f}"),
+            ("communication dominates below",
+             "n/a (one GPU)" if r.crossover_shard_len is None and r.world_size == 1 else
+             "every shard length searched" if r.crossover_shard_len is None else
+             f"{r.crossover_shard_len:,} tokens per GPU"),
+            ("interconnect", f"{r.interconnect.bandwidth_bytes_per_s:.4g} B/s, {r.interconnect.latency_s:.4g} s "
+                             f"({r.interconnect.source})")]
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"{k:<{width}}  {v}")
+    return 0
+
+
 def _pair(text):
     try:
         a, b = (int(x) for x in text.lower().split("x"))
@@ -273,6 +329,32 @@ def build_parser() -> argparse.ArgumentParser:
     _calibrate_on(q)
     q.add_argument("--json", action="store_true")
     q.set_defaults(func=_search_cmd)
+
+    r = sub.add_parser("ring", help="context-parallel ring attention over P GPUs: steps, efficiency, crossover")
+    r.add_argument("--seq-len", type=_tokens, required=True, help="total sequence length N over all GPUs (131072 or 128k)")
+    r.add_argument("--world-size", type=int, required=True, help="GPUs in the ring, P")
+    r.add_argument("--layout", choices=("zigzag", "contiguous", "striped"), default="zigzag")
+    r.add_argument("--batch", type=int, default=1)
+    r.add_argument("--heads", type=int, default=16)
+    r.add_argument("--heads-kv", type=int, default=None, help="KV heads (GQA/MQA); default = heads")
+    r.add_argument("--head-dim", type=int, default=128)
+    r.add_argument("--dtype", choices=("fp16", "bf16", "fp32"), default="bf16")
+    r.add_argument("--device", type=_device, default=load_profile("h100"),
+                   help=f"profile name ({', '.join(sorted(PROFILES))}) or a profile .json")
+    r.add_argument("--causal", action="store_true")
+    r.add_argument("--pass", dest="pass_", choices=("fwd", "bwd", "fwd+bwd"), default="fwd")
+    r.add_argument("--block-q", type=int, default=None)
+    r.add_argument("--block-k", type=int, default=None)
+    r.add_argument("--interconnect", default=None, metavar="FILE",
+                   help="JSON with interconnect_bandwidth_bytes_per_s and interconnect_latency_s (a profile, "
+                        "or what `benchmarks.ring --p2p` measured); default: the --device profile's")
+    r.add_argument("--interconnect-bandwidth", type=float, default=None, metavar="BYTES_PER_S",
+                   help="one direction's GPU-to-GPU bandwidth, overriding the profile's")
+    r.add_argument("--interconnect-latency", type=float, default=None, metavar="SECONDS",
+                   help="latency of one transfer, overriding the profile's")
+    r.add_argument("--l2", choices=("auto", "trace", "analytic", "none"), default="analytic")
+    r.add_argument("--json", action="store_true", help="print one JSON object")
+    r.set_defaults(func=_ring_cmd)
     return ap
 
 

@@ -39,6 +39,9 @@ class GPUProfile:
     (ncu ``l1tex__t_sectors_pipe_lsu_mem_global_op_ld``) counts for one warp's ``cp.async`` of
     512 contiguous bytes (16 per thread): 16 would be the bytes moved; None: counted as moved.
     It changes the predicted *counter* of global-load bytes only, not DRAM/L2 traffic or time.
+    ``interconnect_bandwidth_bytes_per_s`` (one direction, GPU to GPU) and
+    ``interconnect_latency_s`` price a transfer to a neighbouring GPU as ``latency + bytes /
+    bandwidth`` (:mod:`sim.ring`); None: not known (the ring model then needs them given).
     """
 
     name: str
@@ -60,6 +63,8 @@ class GPUProfile:
     register_sub_partitions: int | None = None
     max_registers_per_thread: int | None = None
     async_copy_counted_sectors_per_512b: int | None = None
+    interconnect_bandwidth_bytes_per_s: float | None = None
+    interconnect_latency_s: float | None = None
     description: str = ""
     match: tuple = ()
     sources: dict = field(default_factory=dict)
@@ -74,7 +79,8 @@ class GPUProfile:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ValueError(f"GPUProfile.{name} must be a positive integer, got {v!r}")
-        for name in ("smem_bytes_per_clk_per_sm", "sm_clock_hz"):
+        for name in ("smem_bytes_per_clk_per_sm", "sm_clock_hz", "interconnect_bandwidth_bytes_per_s",
+                     "interconnect_latency_s"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0):
                 raise ValueError(f"GPUProfile.{name} must be a positive number or None, got {v!r}")
