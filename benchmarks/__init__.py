@@ -16,7 +16,10 @@ options); each command is one module with a ``main(argv)``:
   ``ptxas`` (CPU), the table `sim.resources` reads;
 * ``check`` (`benchmarks.check`): PTX / ptxas / SASS checks of the tensor-core kernels (CPU);
 * ``sanitize`` (`benchmarks.sanitize`): one small case per family for ``compute-sanitizer``;
-* ``host-cost`` (`benchmarks.host_cost`): the host time of one kernel call.
+* ``host-cost`` (`benchmarks.host_cost`): the host time of one kernel call;
+* ``ring`` (`benchmarks.ring`): ring attention (`ioaware.distributed`) on several GPUs against
+  one GPU and PyTorch's context parallelism, and the GPU-to-GPU link (``--p2p``); launched with
+  ``torchrun --nproc-per-node 2 -m benchmarks ring``.
 
 `benchmarks.common` holds what several commands share (timing by CUDA events, provenance,
 compiling for sm_90). ``bash benchmarks/gpu_job.sh MODE ...`` runs the usual sets on a GPU

@@ -1,4 +1,6 @@
-"""Ring attention on several GPUs, measured: ``torchrun --nproc-per-node 2 -m benchmarks.ring``.
+"""Command ``ring``: ring attention on several GPUs, measured against one GPU and PyTorch's context parallelism.
+
+Launched with torchrun, one process per GPU: ``torchrun --nproc-per-node 2 -m benchmarks ring``.
 
 Two modes, both launched with torchrun (one process per GPU, NCCL):
 
@@ -89,10 +91,11 @@ def _positive(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
-        prog="torchrun --nproc-per-node 2 -m benchmarks.ring",
+        prog="python -m benchmarks ring",
         description="Ring attention on several GPUs (ours, our single-GPU kernel, PyTorch context_parallel "
                     "FLASH) with sim.ring's prediction beside each time; or, with --p2p, the GPU-to-GPU "
-                    "bandwidth and latency in the GPU profile's format. Launch one process per GPU with torchrun.")
+                    "bandwidth and latency in the GPU profile's format. Launch one process per GPU: "
+                    "torchrun --nproc-per-node 2 -m benchmarks ring.")
     ap.add_argument("--seq-len", type=_token_list, default=list(DEFAULT_SEQ_LENS),
                     help="total sequence lengths N over all GPUs, comma-separated (default 32k,128k,512k)")
     ap.add_argument("--batch", type=_positive, default=1)
@@ -176,7 +179,7 @@ def main(argv=None) -> int:
     check_args(a, ap, world)
     if world is None or "LOCAL_RANK" not in os.environ:
         ap.error("launch one process per GPU with torchrun, e.g. "
-                 "torchrun --nproc-per-node 2 -m benchmarks.ring " + " ".join(sys.argv[1:] if argv is None else argv))
+                 "torchrun --nproc-per-node 2 -m benchmarks ring " + " ".join(sys.argv[1:] if argv is None else argv))
     import torch
     if not torch.cuda.is_available() or torch.cuda.device_count() < int(os.environ.get("LOCAL_WORLD_SIZE", world)):
         ap.error(f"needs a CUDA GPU per process: torch sees {torch.cuda.device_count()} GPU(s) for "
@@ -517,7 +520,7 @@ def _provenance(torch, dist, argv) -> dict:
         "torch": torch.__version__, "numba": numba_version, "numba_cuda": numba_cuda, "numpy": np.__version__,
         "python": platform.python_version(),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join(["torchrun", f"--nproc-per-node {local}", "-m benchmarks.ring"] + args),
+        "command": " ".join(["torchrun", f"--nproc-per-node {local}", "-m benchmarks ring"] + args),
         "argv": list(getattr(sys, "orig_argv", sys.argv)),
         "git_commit": _run_text(["git", "rev-parse", "HEAD"]),
         "git_tree_changed": None if status == "unknown" else bool(status),
