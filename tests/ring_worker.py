@@ -193,6 +193,7 @@ def main(rank, world, store_path, out_dir, device_kind="cpu"):
         results["fatal"] = traceback.format_exc()
     finally:
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
+        dist.barrier()           # no rank tears the group down while a peer still talks to it
         dist.destroy_process_group()
 
 
