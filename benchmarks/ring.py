@@ -45,10 +45,11 @@ import argparse
 import datetime as _dt
 import json
 import os
-import platform
 import subprocess
 import sys
 from pathlib import Path
+
+from sim.cli import token_count
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = "ioaware.ring-results/1"
@@ -63,20 +64,8 @@ LATENCY_MAX_BYTES = 1024
 # ------------------------------------------------------------------------------------------------
 # arguments (checked on any machine)
 # ------------------------------------------------------------------------------------------------
-def _tokens(text: str) -> int:
-    t = text.strip().lower()
-    mult = {"k": 1024, "m": 1024 ** 2, "g": 1024 ** 3}.get(t[-1:], 1)
-    try:
-        value = int(t[:-1] if mult > 1 else t) * mult
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a count such as 131072 or 128k, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive token count, got {text!r}")
-    return value
-
-
 def _token_list(text: str) -> list[int]:
-    return [_tokens(part) for part in text.split(",")]
+    return [token_count(part) for part in text.split(",")]
 
 
 def _positive(text: str) -> int:
@@ -120,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", default=None,
                     help="results file (default results/ring_<gpu>_<date>.json, or results/p2p_<gpu>_<date>.json)")
     ap.add_argument("--p2p", action="store_true", help="measure GPU-to-GPU bandwidth and latency instead")
-    ap.add_argument("--p2p-max-bytes", type=_tokens, default=1 << 30,
+    ap.add_argument("--p2p-max-bytes", type=token_count, default=1 << 30,
                     help="largest message of --p2p, bytes (default 1G = 2**30); 8 bytes up, doubling")
     ap.add_argument("--p2p-iters", type=_positive, default=50, help="transfers per --p2p timing")
     return ap
@@ -495,37 +484,18 @@ def _run_text(cmd) -> str:
 
 
 def _provenance(torch, dist, argv) -> dict:
-    import numpy as np
-    try:
-        import numba
-        numba_version = numba.__version__
-    except ImportError:
-        numba_version = "not installed"
-    try:
-        from importlib.metadata import version
-        numba_cuda = version("numba-cuda")
-    except Exception:  # noqa: BLE001 - any failure means "not known"
-        numba_cuda = "unknown"
+    """`benchmarks.common.provenance` of this run, plus what a multi-GPU run adds: every rank's
+    GPU, the NCCL version and the GPUs' topology (``nvidia-smi topo -m``)."""
+    from .common import provenance
     args = list(sys.argv[1:] if argv is None else argv)
-    nccl = torch.cuda.nccl.version() if hasattr(torch.cuda, "nccl") else None
     local = os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "?"))
-    status = _run_text(["git", "status", "--porcelain"])
+    nccl = torch.cuda.nccl.version() if hasattr(torch.cuda, "nccl") else None
     gpus = [None] * dist.get_world_size()
     dist.all_gather_object(gpus, torch.cuda.get_device_name())
-    return {
-        "gpu": torch.cuda.get_device_name(), "gpus": gpus,
-        "driver": (_run_text(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]).splitlines()
-                   or ["unknown"])[0],
-        "cuda": str(torch.version.cuda), "nccl": ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl),
-        "torch": torch.__version__, "numba": numba_version, "numba_cuda": numba_cuda, "numpy": np.__version__,
-        "python": platform.python_version(),
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join(["torchrun", f"--nproc-per-node {local}", "-m benchmarks ring"] + args),
-        "argv": list(getattr(sys, "orig_argv", sys.argv)),
-        "git_commit": _run_text(["git", "rev-parse", "HEAD"]),
-        "git_tree_changed": None if status == "unknown" else bool(status),
-        "topology": _run_text(["nvidia-smi", "topo", "-m"]),
-    }
+    command = " ".join(["torchrun", f"--nproc-per-node {local}", "-m benchmarks ring"] + args)
+    return provenance(command, extra={
+        "gpus": gpus, "nccl": ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl),
+        "argv": list(getattr(sys, "orig_argv", sys.argv)), "topology": _run_text(["nvidia-smi", "topo", "-m"])})
 
 
 def _slug(name: str) -> str:

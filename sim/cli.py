@@ -216,10 +216,10 @@ def _slim(row):
     return {k: v for k, v in row.items() if k not in ("phases",)}
 
 
-def _tokens(text: str) -> int:
-    """A token count: 131072, 128k (x 1024) or 1M (x 1024**2)."""
+def token_count(text: str) -> int:
+    """A token count: 131072, 128k (x 1024), 1M (x 1024**2) or 1G (x 1024**3); an argparse type."""
     t = text.strip().lower()
-    mult = {"k": 1024, "m": 1024 ** 2}.get(t[-1:], 1)
+    mult = {"k": 1024, "m": 1024 ** 2, "g": 1024 ** 3}.get(t[-1:], 1)
     try:
         value = int(t[:-1] if mult > 1 else t) * mult
     except ValueError:
@@ -331,7 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.set_defaults(func=_search_cmd)
 
     r = sub.add_parser("ring", help="context-parallel ring attention over P GPUs: steps, efficiency, crossover")
-    r.add_argument("--seq-len", type=_tokens, required=True, help="total sequence length N over all GPUs (131072 or 128k)")
+    r.add_argument("--seq-len", type=token_count, required=True, help="total sequence length N over all GPUs (131072 or 128k)")
     r.add_argument("--world-size", type=int, required=True, help="GPUs in the ring, P")
     r.add_argument("--layout", choices=("zigzag", "contiguous", "striped"), default="zigzag")
     r.add_argument("--batch", type=int, default=1)

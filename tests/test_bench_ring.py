@@ -36,7 +36,7 @@ def _refusal(capsys, monkeypatch, argv, env=None):
 
 @pytest.mark.parametrize("argv, message", [
     (["--seq-len", "1001"], "--seq-len = 1001 cannot be split"),
-    (["--seq-len", "32k,abc"], "--seq-len: expected a count such as 131072 or 128k"),
+    (["--seq-len", "32k,abc"], "--seq-len: expected a token count such as 131072 or 128k"),
     (["--kernels", "ioaware-ring,flash3"], "--kernels: expected a comma-separated subset"),
     (["--heads", "16", "--heads-kv", "5"], "--heads (16) must be a multiple of --heads-kv (5)"),
     (["--head-dim", "96"], "--head-dim 96"),
