@@ -34,12 +34,13 @@ APP = ROOT / "dashboard" / "app.py"
 #: url path -> (minimum number of Plotly charts the page draws at its default state, CSS
 #: selector of an element the finished page must contain). The default page is served at "/"
 #: and at its own path.
+_TABLE = '[data-testid="stTable"], [data-testid="stDataFrame"]'
 PAGES = {
-    "explore": (2, '[data-testid="stDataFrame"]'),
-    "block_sizes": (1, '[data-testid="stDataFrame"]'),
-    "scaling": (3, '[data-testid="stDataFrame"]'),
-    "measured": (1, '[data-testid="stDataFrame"]'),
-    "step": (3, '[data-testid="stDataFrame"]'),
+    "explore": (2, _TABLE),
+    "block_sizes": (1, _TABLE),
+    "scaling": (3, _TABLE),
+    "measured": (1, _TABLE),
+    "step": (3, '[data-testid="stExpander"]'),
     "measure": (0, '[data-testid="stAlert"]'),  # "no GPU" (or, on a GPU machine, the form)
 }
 
@@ -195,7 +196,8 @@ class Browser:
         exe = executable or chromium_path()
         if exe is None:
             raise FileNotFoundError("chromium not found (Debian: apt-get install -y chromium)")
-        self._tmp = tempfile.TemporaryDirectory(prefix="ioaware-chromium-")
+        self._tmp = tempfile.TemporaryDirectory(prefix="ioaware-chromium-",
+                                                ignore_cleanup_errors=True)
         profile = Path(self._tmp.name)
         self.proc = subprocess.Popen(
             [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",

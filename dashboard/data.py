@@ -459,8 +459,7 @@ def step_walk(schedule: str, seq_len: int, head_dim: int, block_q: int, block_k:
     events, shapes = trace_events(schedule, seq_len, head_dim, block_q, block_k, causal,
                                   direction, dtype)
     return walk.build_walk(events, shapes, schedule=schedule, direction=direction,
-                           seq_len=seq_len, block_q=block_q if schedule != "naive" else block_q,
-                           block_k=block_k, causal=causal)
+                           seq_len=seq_len, block_q=block_q, block_k=block_k, causal=causal)
 
 
 @st.cache_resource(show_spinner=False, max_entries=32)
@@ -852,7 +851,7 @@ def _join(records: list, profile: str, l2: str, progress=None, workers=None) -> 
             "l2": l2}
 
 
-@st.cache_resource(show_spinner="Predicting every record…", max_entries=16)
+@st.cache_resource(show_spinner=False, max_entries=16)
 def compare_measured(digest: str, profile: str, _records: list) -> dict:
     """Join measured records with the model's predictions on ``profile``, DRAM bytes from the
     analytic L2 estimate. ``digest`` identifies the records for the cache. Returns

@@ -367,7 +367,7 @@ def row_vector(now: np.ndarray | None, final: np.ndarray, name_now: str, name_fi
                              marker=dict(symbol="line-ew-open", size=22, color="#d62728",
                                          line=dict(width=3)),
                              hovertemplate="dim %{x}: %{y:.4f}<extra></extra>"))
-    fig.update_xaxes(title="dimension", dtick=1)
+    fig.update_xaxes(title="dimension", dtick=1, range=[0.4, len(dims) + 0.6])
     return _layout(fig, title, height=330)
 
 
@@ -381,5 +381,6 @@ def row_probabilities(p_now: np.ndarray, p_final: np.ndarray, visible: np.ndarra
     fig.add_trace(go.Scatter(x=keys, y=np.where(visible, p_final, np.nan), mode="markers",
                              name="P of the forward", marker=dict(color="#d62728", size=5),
                              hovertemplate="key %{x}: %{y:.4g}<extra></extra>"))
-    fig.update_layout(xaxis_title="key", yaxis_title="probability", bargap=0.05)
+    fig.update_layout(xaxis_title="key", bargap=0.05)
+    fig.update_yaxes(type="log", title="probability (log scale)", exponentformat="power")
     return _layout(fig, "P of the row, recomputed tile by tile", height=330)

@@ -68,8 +68,14 @@ def count(n) -> str:
 
 
 def num(x, digits: int = 3) -> str:
-    """A plain number with ``digits`` significant digits (``"0.527"``, ``"1,234"``)."""
-    return "—" if _bad(x) else _sig(float(x), digits)
+    """A plain number with ``digits`` significant digits (``"0.527"``, ``"1,234"``; below 0.001
+    in scientific notation, ``"3.3e-16"``)."""
+    if _bad(x):
+        return "—"
+    x = float(x)
+    if x != 0 and math.isfinite(x) and abs(x) < 1e-3:
+        return f"{x:.{max(0, digits - 1)}e}"
+    return _sig(x, digits)
 
 
 def flops(n, digits: int = 3) -> str:

@@ -163,6 +163,21 @@ def chart(fig, name: str, *, key: str | None = None, downloads: bool = True) -> 
 # -- tables ----------------------------------------------------------------------------------------
 _UNIT_FORMATS = {"ms": ("ms", "%.3g"), "ratio": ("×", "%.3g"), "pct": ("%", "%.1f"),
                  "signed_pct": ("%", "%+.1f")}
+#: Tables of at most this many rows show times, ratios and percentages as text (read, not
+#: sorted: "—" where there is no value); longer ones keep them numeric, to sort by.
+SMALL_TABLE = 50
+
+
+def _plain(x: float, kind: str) -> str:
+    if pd.isna(x):
+        return "—"
+    if kind == "signed_pct":
+        return f"{'+' if x > 0 else '−' if x < 0 else ''}{abs(x):,.1f}"
+    if kind == "pct":
+        return f"{x:,.1f}"
+    return fmt.num(x, 3)
+
+
 # right-aligned text columns where this Streamlit can (numbers with units are text there)
 _RIGHT = ({"alignment": "right"} if "alignment" in inspect.signature(
     st.column_config.TextColumn).parameters else {})
@@ -171,11 +186,13 @@ _RIGHT = ({"alignment": "right"} if "alignment" in inspect.signature(
 def formatted(df: pd.DataFrame, columns: dict[str, Col] | None) -> tuple[pd.DataFrame, dict, pd.DataFrame]:
     """``(display frame, column_config, CSV frame)`` of ``df`` under ``columns`` (``{column:
     Col}``, in display order; None: every column as it is). Bytes and FLOPs are shown with a
-    unit per cell, times and ratios with theirs in the header; the CSV keeps the raw numbers,
-    headers with their units."""
+    unit per cell, times, ratios and percentages with theirs in the header (as text in tables of
+    at most ``SMALL_TABLE`` rows, as sortable numbers in longer ones); the CSV keeps the raw
+    numbers, headers with their units."""
     if columns is None:
         return df, {}, df
     cols = [c for c in columns if c in df]
+    small = len(df) <= SMALL_TABLE
     disp = pd.DataFrame(index=df.index)
     csv = pd.DataFrame(index=df.index)
     config = {}
@@ -195,8 +212,12 @@ def formatted(df: pd.DataFrame, columns: dict[str, Col] | None) -> tuple[pd.Data
             v = pd.to_numeric(s, errors="coerce").astype(float)
             scale = 100.0 if spec.kind in ("pct", "signed_pct") else 1.0
             label = f"{spec.label} ({unit})"
-            disp[label] = v * scale
-            config[label] = st.column_config.NumberColumn(label, help=spec.help, format=printf)
+            if small:   # read, not sorted: text, "—" where there is no value
+                disp[label] = [_plain(x * scale, spec.kind) for x in v]
+                config[label] = st.column_config.TextColumn(label, help=spec.help, **_RIGHT)
+            else:
+                disp[label] = v * scale
+                config[label] = st.column_config.NumberColumn(label, help=spec.help, format=printf)
             csv[label] = v * scale
         elif spec.kind == "count":
             label = spec.label
@@ -205,9 +226,8 @@ def formatted(df: pd.DataFrame, columns: dict[str, Col] | None) -> tuple[pd.Data
             csv[label] = s
         elif spec.kind == "num":
             label = spec.label
-            disp[label] = pd.to_numeric(s, errors="coerce").astype(float)
-            config[label] = st.column_config.NumberColumn(label, help=spec.help,
-                                                          format=f"%.{spec.digits}g")
+            disp[label] = [fmt.num(x, spec.digits) for x in pd.to_numeric(s, errors="coerce")]
+            config[label] = st.column_config.TextColumn(label, help=spec.help, **_RIGHT)
             csv[label] = s
         elif spec.kind == "bool":
             label = spec.label
@@ -223,6 +243,12 @@ def formatted(df: pd.DataFrame, columns: dict[str, Col] | None) -> tuple[pd.Data
     return disp.reset_index(drop=True), config, csv.reset_index(drop=True)
 
 
+#: Tables of at most this many rows are drawn whole (``st.table``: every column, wrapped text,
+#: nothing to scroll); longer ones in the scrollable, sortable grid (``st.dataframe``).
+STATIC_TABLE = 12
+_TABLE_HIDES_INDEX = "hide_index" in inspect.signature(st.table).parameters
+
+
 def table(df: pd.DataFrame, name: str, *, columns: dict[str, Col] | None = None,
           key: str | None = None, csv: pd.DataFrame | None = None, height=None,
           download: bool = True) -> None:
@@ -230,8 +256,14 @@ def table(df: pd.DataFrame, name: str, *, columns: dict[str, Col] | None = None,
     raw numbers (``csv``: another frame to download instead, e.g. with every column)."""
     key = key or slug(name)
     disp, config, raw = formatted(df, columns)
-    kwargs = {"height": height} if height else {}
-    st.dataframe(disp, key=f"table-{key}", hide_index=True, column_config=config, **kwargs)
+    if len(disp) <= STATIC_TABLE and columns is not None and len(disp.columns):
+        if _TABLE_HIDES_INDEX:
+            st.table(disp, hide_index=True)
+        else:
+            st.table(disp.set_index(disp.columns[0]))
+    else:
+        kwargs = {"height": height} if height else {}
+        st.dataframe(disp, key=f"table-{key}", hide_index=True, column_config=config, **kwargs)
     if download:
         out = raw if csv is None else csv
         st.download_button("Download table (CSV)", data=lambda out=out: out.to_csv(index=False),
@@ -254,17 +286,12 @@ def results_format_help(*, expanded: bool = False, key: str = "format") -> None:
             "configuration. Null means *not measured*; keys beyond these are kept and ignored. "
             f"Files up to {data.MAX_UPLOAD_MB} MB are accepted. `python -m benchmarks measure` "
             "writes such files.")
-        c1, c2 = st.columns([3, 2])
-        with c1:
-            st.markdown("**Each record**")
-            table(rec, "results-format-records", columns={
-                "field": Col("Field"), "type": Col("Type"), "null allowed": Col("Null allowed"),
-                "meaning": Col("Meaning")}, key=f"{key}-records", download=False)
-        with c2:
-            st.markdown("**Provenance** (all strings)")
-            table(prov, "results-format-provenance", columns={
-                "field": Col("Field"), "meaning": Col("Meaning")}, key=f"{key}-provenance",
-                download=False)
+        st.markdown("**Each record**\n\n| field | type | null allowed | meaning |\n|---|---|---|---|\n"
+                    + "\n".join(f"| `{r.field}` | {r.type} | {r._3} | {r.meaning} |"
+                                for r in rec.itertuples()))
+        st.markdown("**Provenance** (every field a string; more fields are kept)\n\n"
+                    "| field | meaning |\n|---|---|\n"
+                    + "\n".join(f"| `{r.field}` | {r.meaning} |" for r in prov.itertuples()))
         try:
             example = data.example_results_json()
         except Exception as exc:  # noqa: BLE001 - the description stands without the example

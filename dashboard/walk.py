@@ -35,8 +35,8 @@ TENSOR_ORDER = ("Q", "K", "V", "S", "P", "Pd", "O", "l", "m", "lse", "dO", "D", 
                 "dQacc", "dQ", "dK", "dV", "dK_exp", "dV_exp", "mask", "drop_mask")
 
 INPUT_KINDS = {
-    "drift": "Keys drift towards the queries (the running max rises tile after tile)",
-    "random": "Random (standard normal Q, K, V)",
+    "drift": "Drifting keys (the max rises tile by tile)",
+    "random": "Random (standard normal)",
 }
 
 # What each kernel phase computes, per kind of step ("start" of a program, a "tile", its "end");

@@ -33,7 +33,7 @@ if gpu is None:
             "    --seq-lens 1024,2048,4096 --head-dims 64,128 --dtypes fp16 --passes fwd,bwd\n"
             "python -m benchmarks ncu --help             # optional: add hardware counters",
             language="bash")
-    ui.results_format_help(key="measure", expanded=True)
+    ui.results_format_help(key="measure")
     st.stop()
 
 st.success(f"CUDA GPU found: **{gpu}**")

@@ -84,7 +84,8 @@ if guess is None:
                "to predict with.")
 
 try:
-    joined = data.compare_measured(loaded["digest"], profile, _records=loaded["raw"])
+    with st.spinner(f"Predicting {len(loaded['raw']):,} records with the cost model…"):
+        joined = data.compare_measured(loaded["digest"], profile, _records=loaded["raw"])
 except (ValueError, KeyError, TypeError) as exc:
     st.error(f"Could not predict the records of this file: {exc}")
     st.stop()

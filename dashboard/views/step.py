@@ -153,7 +153,8 @@ def _row_panel(step: int) -> None:
                      "step-row-output", downloads=False)
         shown = tiles.iloc[:done].assign(
             m_old=lambda d: d["m_old"].where(np.isfinite(d["m_old"]), np.nan))
-        ui.table(shown, "step-row-tiles", columns={
+        if done:
+            ui.table(shown, "step-row-tiles", columns={
             "step": Col("Step", "count"), "k_tile": Col("K/V tile", "count"), "keys": Col("Keys"),
             "tile_max": Col("Largest score in the tile", "num", digits=4),
             "m_old": Col("m before", "num", digits=4), "m": Col("m after", "num", digits=4),
@@ -180,8 +181,9 @@ def _row_panel(step: int) -> None:
         last = tiles.iloc[done - 1] if done else None
         m = st.columns(3)
         m[0].metric("Tiles recomputed", f"{done} of {len(tiles)}")
+        p_err = tiles["p_err"].iloc[:done].max() if done else None
         m[1].metric("max |P recomputed − P forward|",
-                    f"{tiles['p_err'].iloc[:done].max():.1e}" if done else "—")
+                    "—" if p_err is None else "0 (identical)" if p_err == 0 else f"{p_err:.1e}")
         m[2].metric("max |dQ so far − final dQ|", f"{last['dq_err']:.2e}" if done else "—")
         p_now = np.where(np.isnan(rb["p"]), np.nan, rb["p"])
         seen = np.zeros(len(ex["s"]), dtype=bool)
@@ -204,8 +206,8 @@ def _row_status(tiles: pd.DataFrame, done: int, m_tile: int, step: int) -> None:
     at = ", ".join(str(int(s)) for s in tiles["step"])
     if done == 0:
         c1, c2 = st.columns([4, 1])
-        c1.info(f"The walk has not reached this row yet: its tiles (Q tile {m_tile}) are "
-                f"computed at steps {at}.")
+        c1.info(f"No tile of this row is computed yet: its tiles (Q tile {m_tile}) come at "
+                f"steps {at}.")
         c2.button(f"Jump to step {int(tiles['step'].iloc[0])}", key="st_jump",
                   on_click=_go, args=(int(tiles["step"].iloc[0]),))
     elif done < len(tiles):
