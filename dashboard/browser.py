@@ -119,7 +119,7 @@ class App:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-        full_env = dict(os.environ, PYTHONPATH=pythonpath, **(env or {}))
+        full_env = {**os.environ, "PYTHONPATH": pythonpath, **(env or {})}
         self._log = open(log, "w") if log else subprocess.DEVNULL  # noqa: SIM115
         self.started = time.monotonic()
         self.proc = subprocess.Popen(
@@ -127,7 +127,8 @@ class App:
              "--server.headless", "true", "--server.port", str(self.port),
              "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false",
              "--server.fileWatcherType", "none"],
-            cwd=ROOT, env=full_env, stdout=self._log, stderr=subprocess.STDOUT)
+            cwd=Path(script).resolve().parent.parent, env=full_env, stdout=self._log,
+            stderr=subprocess.STDOUT)
 
     def wait_ready(self, timeout: float = 60) -> float:
         """Wait for the server's health endpoint; seconds since launch."""
