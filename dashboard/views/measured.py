@@ -94,7 +94,9 @@ l2_shown = "analytic"
 if l2 == "auto":
     job = data.replay_job(loaded["digest"], profile)
     if job is None or job.error:
-        plan = data.replay_plan(joined["records"], loaded["raw"])
+        with st.spinner("Timing the replay of one record…"):
+            plan = data.cached_replay_plan(loaded["digest"], profile, _joined=joined["records"],
+                                           _records=loaded["raw"])
         if job is not None:
             st.error(f"The last replay failed: {job.error}")
         more = (f"; {plan['analytic']:,} larger record{'s' * (plan['analytic'] != 1)} keep the "
