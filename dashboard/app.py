@@ -1,8 +1,10 @@
 """Entry point of the ioaware dashboard: ``streamlit run dashboard/app.py``.
 
-Registers the six pages (files in ``dashboard/views/``) with ``st.navigation``. The sidebar's
-workload controls are drawn by the model pages themselves (``dashboard.ui.workload_sidebar``);
-their values persist across pages (Streamlit keeps widget values per browser tab).
+Registers the six pages (files in ``dashboard/views/``) with ``st.navigation``, each at its own
+URL (``/explore``, ``/block_sizes``, ``/scaling``, ``/measured``, ``/step``, ``/measure``); the
+app's root URL opens *Explore*. The sidebar's workload controls are drawn by the model pages
+themselves (``dashboard.ui.workload_sidebar``); their values persist across pages (Streamlit
+keeps widget values per browser tab).
 """
 from __future__ import annotations
 
@@ -17,20 +19,32 @@ if str(ROOT) not in sys.path:
 
 import streamlit as st  # noqa: E402
 
-from dashboard import ui  # noqa: E402
-
 VIEWS_DIR = Path(__file__).resolve().parent / "views"
+
+#: (file in views/, title, URL path) of the pages, in menu order.
+PAGES = (
+    ("explore.py", "Explore", "explore"),
+    ("block_sizes.py", "Block sizes", "block_sizes"),
+    ("scaling.py", "Scaling", "scaling"),
+    ("measured.py", "Predicted vs measured", "measured"),
+    ("step.py", "Step through", "step"),
+    ("measure.py", "Measure", "measure"),
+)
 
 st.set_page_config(page_title="ioaware: IO-aware attention", layout="wide")
 
-pages = [
-    st.Page(str(VIEWS_DIR / "explore.py"), title="Explore", url_path="explore", default=True),
-    st.Page(str(VIEWS_DIR / "block_sizes.py"), title="Block sizes", url_path="block_sizes"),
-    st.Page(str(VIEWS_DIR / "scaling.py"), title="Scaling", url_path="scaling"),
-    st.Page(str(VIEWS_DIR / "measured.py"), title="Predicted vs measured", url_path="measured"),
-    st.Page(str(VIEWS_DIR / "step.py"), title="Step through", url_path="step"),
-    st.Page(str(VIEWS_DIR / "measure.py"), title="Measure", url_path="measure"),
-]
-page = st.navigation(pages)
+pages = [st.Page(str(VIEWS_DIR / f), title=t, url_path=u) for f, t, u in PAGES]
+
+
+def _root():
+    # Streamlit serves its default page at "/" only, so that every page can have a URL of its
+    # own the default page is this hidden one, which opens Explore.
+    st.switch_page(pages[0])
+
+
+page = st.navigation([st.Page(_root, title="ioaware", url_path="home", default=True,
+                              visibility="hidden")] + pages)
+from dashboard import ui  # noqa: E402
+
 ui.keep_workload_state()
 page.run()

@@ -1,6 +1,7 @@
-"""Page-update latency of the dashboard, measured through Streamlit's testing API.
+"""Page-update latency of the dashboard: through Streamlit's testing API, and in Chromium.
 
     python -m dashboard.bench [--rounds 3] [--pages explore scaling ...] [--json out.json]
+    python -m dashboard.bench --browser [--rounds 3]
 
 For each page the benchmark opens the app (``AppTest``), then replays a fixed list of user
 interactions (the controls a user touches on that page: N, d, causal, dtype, GPU profile, the
@@ -13,6 +14,12 @@ against the 300 ms target.
 
 Results files: the synthetic test fixture (tests/data/) is offered so that the measured-data
 pages have something to draw; set ``IOAWARE_RESULTS`` to benchmark with your own.
+
+``--browser`` measures what a reader waits for, in headless Chromium (``dashboard.browser``),
+with the results files the repository ships: per round a fresh server and a fresh browser
+profile; the *cold start* from launching ``streamlit run`` to the first page (``/``) drawn, then
+each page opened by its URL (a full page load), each page opened from the sidebar menu, and on
+*Step through* the *Next* button and one step of *Play*. Medians over the rounds.
 """
 from __future__ import annotations
 
@@ -51,11 +58,15 @@ INTERACTIONS = {
                  ("selectbox", "pm_profile", "h200"), ("selectbox", "pm_profile", "h100"),
                  ("radio", "pm_metric", "time_raw"), ("radio", "pm_metric", "global_bytes"),
                  ("multiselect", "pm_dtype", None), ("multiselect", "pm_family", None)],
-    "step": [("slider", "st_step", 5), ("slider", "st_step", 10), ("slider", "st_row", 3),
+    "step": [("button", "st_play", None), ("run", None, None), ("run", None, None),
+             ("button", "st_play", None), ("button", "st_next", None), ("button", "st_back", None),
+             ("slider", "st_step", 10), ("number_input", "st_row", 20),
+             ("radio", "st_direction", "backward"), ("slider", "st_step", 12),
              ("selectbox", "st_schedule", "flash1"), ("checkbox", "st_causal", True),
              ("selectbox", "st_seq_len", 128), ("selectbox", "st_seq_len", 64),
              ("checkbox", "st_causal", False), ("selectbox", "st_schedule", "flash2"),
-             ("slider", "st_step", 0)],
+             ("radio", "st_direction", "forward"), ("number_input", "st_row", 5),
+             ("button", "st_first", None)],
     "measure": [],
 }
 
@@ -72,7 +83,12 @@ def _open(page: str):
 
 
 def _apply(at, kind, key, value, defaults):
+    if kind == "run":          # a rerun with no change (a timer tick of the step-through)
+        return
     widget = getattr(at, kind)(key=key)
+    if kind == "button":
+        widget.click()
+        return
     defaults.setdefault(key, widget.value)
     if value is None:  # restore what the page started with
         value = defaults[key]
@@ -114,17 +130,74 @@ def summarise(res: dict) -> dict:
             "warm_p95_ms": float(np.percentile(warm, 95))}
 
 
+def browser_bench(rounds: int) -> dict:
+    """The ``--browser`` measurements (seconds): ``{"cold_start": [...], "url": {page: [...]},
+    "menu": {page: [...]}, "step_next": [...], "step_play": [...]}``."""
+    from dashboard import browser
+
+    out = {"cold_start": [], "url": {}, "menu": {}, "step_next": [], "step_play": []}
+    pages = list(browser.PAGES)
+    for r in range(rounds):
+        print(f"[browser round {r + 1}/{rounds}]", file=sys.stderr, flush=True)
+        with browser.Browser(1280, 900) as br, browser.App() as app:
+            app.wait_ready()
+            want, marker = browser.PAGES["explore"]
+            out["cold_start"].append(br.load(app.url + "/", want, marker, since=app.started).seconds)
+            for page in pages:
+                want, marker = browser.PAGES[page]
+                out["url"].setdefault(page, []).append(br.load(f"{app.url}/{page}", want, marker).seconds)
+            for page in pages[1:] + pages[:1]:
+                want, marker = browser.PAGES[page]
+                t0 = time.monotonic()
+                br.click(f'[data-testid="stSidebarNavLink"][href$="/{page}"]')
+                out["menu"].setdefault(page, []).append(br.wait_until(
+                    f"(document.querySelector('h1') || {{}}).innerText === "
+                    f"{json.dumps(browser.TITLES[page])}", want, marker, t0=t0).seconds)
+            want, marker = browser.PAGES["step"]
+            br.load(f"{app.url}/step", want, marker)
+            t0 = time.monotonic()
+            br.click("button", text="Next")
+            out["step_next"].append(br.wait_until(
+                "Array.from(document.querySelectorAll('h4')).some(h => h.innerText.startsWith('Step 2 of'))",
+                want, marker, t0=t0).seconds)
+            br.click("button", text="Play")
+            t0 = time.monotonic()
+            out["step_play"].append(br.wait_until(
+                "Array.from(document.querySelectorAll('h4')).some(h => /^Step [4-9]/.test(h.innerText))",
+                want, marker, t0=t0, settle=0.0).seconds)
+    return out
+
+
+def _print_browser(res: dict) -> None:
+    med = lambda xs: float(np.median(xs))  # noqa: E731
+    print(f"cold start (launch -> first page drawn): median {med(res['cold_start']):.2f} s "
+          f"(rounds: {', '.join(f'{x:.2f}' for x in res['cold_start'])})")
+    print(f"{'page':<12} {'by URL':>8} {'from menu':>10}")
+    for page in res["url"]:
+        print(f"{page:<12} {med(res['url'][page]):>7.2f}s {med(res['menu'][page]):>9.2f}s")
+    print(f"step-through: Next -> step drawn {med(res['step_next']):.2f} s; Play -> two more "
+          f"steps drawn {med(res['step_play']):.2f} s (at 1 step/s)")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3, help="replays of each page's interactions (default 3)")
     ap.add_argument("--pages", nargs="+", default=list(INTERACTIONS), choices=list(INTERACTIONS))
     ap.add_argument("--json", type=Path, help="also write the summary as JSON here")
+    ap.add_argument("--browser", action="store_true",
+                    help="measure in headless Chromium instead (cold start, page loads, clicks)")
     args = ap.parse_args(argv)
     if args.rounds < 1:
         ap.error("--rounds must be >= 1")
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
+    if args.browser:
+        res = browser_bench(args.rounds)
+        _print_browser(res)
+        if args.json:
+            args.json.write_text(json.dumps(res, indent=1))
+        return 0
     os.environ.setdefault("IOAWARE_RESULTS", str(FIXTURE))
 
     rows = []

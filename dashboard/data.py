@@ -1,21 +1,27 @@
-"""Everything the dashboard computes, kept apart from its layout and cached with ``st.cache_data``.
+"""Everything the dashboard computes, kept apart from its layout: the one place that calls the
+cost model (``sim``), so that a change of the model's interface touches this file only.
 
-* model tables: the three schedules side by side, the (block_q, block_k) grid, the N sweep —
-  all answered by ``sim`` (this module only calls it and shapes the answers into DataFrames);
-* results: loading and validating a results file (``sim.results``), its provenance, and the join
-  of measured records with ``sim``'s predictions for the same configuration;
-* the step-through: ``sim.trace`` events of a small problem, cumulated per step, and the online
-  softmax of one query row (running max ``m``, sum ``l`` and output ``o``) as key blocks arrive.
+* model tables: the three schedules side by side, the (block_q, block_k) grid, the N sweep;
+* the step-through: the cost model's event trace of a small problem (``trace_events``), grouped
+  into steps by ``dashboard.walk``;
+* results files: listing, validating (every problem listed, not just the first), loading,
+  provenance, the format description and an example file; the join of measured records with the
+  model's predictions, and the trace replay of that join in the background with progress;
+* measuring on this machine: the GPU probe and the sweep's configurations.
 
-Functions take plain values (ints, strings, tuples) so that they are cheap to hash for the cache.
+Functions take plain values (ints, strings, tuples) so that they are cheap to hash for
+Streamlit's caches; cached results are shared between reruns and must not be mutated.
 """
 from __future__ import annotations
 
 import hashlib
 import importlib
-import io
+import json
+import math
 import os
-from dataclasses import dataclass
+import threading
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -26,9 +32,39 @@ ROOT = Path(__file__).resolve().parent.parent
 SCHEDULES = ("naive", "flash1", "flash2")
 CUSTOM = "custom"
 
+#: What the pages call the schedules.
+SCHEDULE_LABELS = {"naive": "Standard attention", "flash1": "FlashAttention",
+                   "flash2": "FlashAttention-2"}
+#: What limits a roofline time (the model's ``bound``).
+BOUND_LABELS = {"dram": "DRAM bandwidth", "l2": "L2 bandwidth", "smem": "shared-memory bandwidth",
+                "matmul": "matmul peak", "other": "CUDA-core peak (softmax, scaling)"}
+#: Kernels of a results file (``kernel``, or ``kernel/variant`` for our other kernel families).
+FAMILY_LABELS = {
+    "ioaware-numba": "ioaware, CUDA cores",
+    "ioaware-numba/mma": "ioaware, tensor cores (fp16/bf16)",
+    "ioaware-numba/tf32": "ioaware, tensor cores (3xTF32)",
+    "sdpa-flash": "PyTorch SDPA: FLASH",
+    "sdpa-efficient": "PyTorch SDPA: EFFICIENT",
+    "sdpa-cudnn": "PyTorch SDPA: cuDNN",
+    "sdpa-math": "PyTorch SDPA: MATH",
+    "eager": "PyTorch eager (matmul, softmax, matmul)",
+}
+PASS_LABELS = {"fwd": "forward", "bwd": "backward", "fwd+bwd": "forward + backward"}
+L2_LABELS = {"analytic": "analytic estimate", "trace": "trace replay", "none": "none"}
+#: The label of the model's peak-rate time wherever it is shown.
+ROOFLINE = "Roofline bound at peak rates"
+
+
+def family_label(key) -> str:
+    return FAMILY_LABELS.get(str(key), str(key))
+
+
+def schedule_label(key) -> str:
+    return SCHEDULE_LABELS.get(str(key), str(key))
+
 
 # ------------------------------------------------------------------------------------------------
-# sim import
+# The cost model (imported lazily: a page that does not need it does not pay for it)
 # ------------------------------------------------------------------------------------------------
 def import_sim():
     """``(sim module, None)`` or ``(None, error text)`` when the cost model cannot be imported."""
@@ -44,82 +80,406 @@ def import_sim():
 def _sim():
     sim, err = import_sim()
     if sim is None:
-        raise RuntimeError(f"sim is not importable: {err}")
+        raise RuntimeError(f"the cost model is not importable: {err}")
     return sim
 
 
 # ------------------------------------------------------------------------------------------------
-# The online softmax of one query row, step by step
+# Profiles, workloads, schedules
 # ------------------------------------------------------------------------------------------------
-@st.cache_data(show_spinner=False, max_entries=64)
-def online_softmax_walk(seq_len: int, head_dim: int, block_k: int, row: int, causal: bool,
-                        seed: int = 0) -> dict:
-    """Walk the online softmax of query ``row`` over key blocks of ``block_k`` columns.
+@dataclass(frozen=True)
+class CustomField:
+    """One number of a user-given GPU profile: ``name`` is the ``sim.GPUProfile`` field, the
+    value typed in ``unit`` is multiplied by ``factor`` to get the model's unit."""
 
-    Inputs are seeded standard-normal Q, K, V of shape ``[seq_len, head_dim]`` (float64), scale
-    ``1/sqrt(head_dim)``. After key block ``j`` arrives the running state is
-    ``m_j = max(m_{j-1}, max_k s_k)``, ``l_j = l_{j-1} * exp(m_{j-1} - m_j) + sum_k exp(s_k - m_j)``,
-    ``acc_j = acc_{j-1} * exp(m_{j-1} - m_j) + sum_k exp(s_k - m_j) v_k`` and the output so far is
-    ``o_j = acc_j / l_j`` — the exact attention output over the keys seen so far.
+    name: str
+    label: str
+    unit: str
+    factor: float
+    default: float
+    minimum: float
+    step: float
+    help: str = ""
 
-    Returns a dict of DataFrames: ``steps`` (one row per key block: block, key range, block max,
-    m, l, |o_j - o_final|, the rescale factor exp(m_{j-1} - m_j)), ``output`` (o_j per block and
-    output dim, long form), ``scores`` (s and the final softmax probabilities per key), and
-    ``check`` (max |o_final - exact softmax output| against a float64 materialised reference,
-    and against ``ioaware.tiled`` when it is importable).
+
+# Defaults: an H100 SXM-like part (the user edits them). ``name`` is the GPUProfile field.
+CUSTOM_PROFILE_FIELDS = (
+    CustomField("hbm_bandwidth_bytes_per_s", "DRAM bandwidth", "GB/s", 1e9, 3350.0, 1.0, 50.0,
+                "Peak DRAM (HBM) bandwidth."),
+    CustomField("l2_bytes", "L2 size", "MiB", 2**20, 50.0, 0.25, 1.0),
+    CustomField("l2_bandwidth_bytes_per_s", "L2 bandwidth", "GB/s", 1e9, 10000.0, 1.0, 500.0,
+                "L2 <-> SM bandwidth (an estimate on every GPU)."),
+    CustomField("num_sms", "SMs", "count", 1, 132.0, 1.0, 1.0),
+    CustomField("smem_bytes_per_sm", "Shared memory per SM", "KiB", 1024, 228.0, 16.0, 4.0),
+    CustomField("smem_bytes_per_block", "Shared memory per block", "KiB", 1024, 227.0, 16.0, 4.0,
+                "At most the shared memory per SM."),
+    CustomField("tensor_flops_per_s", "Tensor-core fp16/bf16 peak", "TFLOP/s", 1e12, 989.4, 0.1, 10.0,
+                "Dense matmul peak for fp16 and bf16."),
+    CustomField("fp32_flops_per_s", "CUDA-core fp32 peak", "TFLOP/s", 1e12, 66.9, 0.1, 1.0),
+)
+CUSTOM_PROFILE_FIELDS_KEYS = tuple("w_custom_" + f.name for f in CUSTOM_PROFILE_FIELDS)
+
+
+def profile_names() -> list[str]:
+    """Names of the model's built-in GPU profiles (empty when it is unavailable)."""
+    sim, _ = import_sim()
+    return sorted(sim.PROFILES) if sim is not None else []
+
+
+def default_profile_name() -> str:
+    names = profile_names()
+    return "h100" if "h100" in names else (names[0] if names else CUSTOM)
+
+
+def profile_label(name: str) -> str:
+    """Readable label of a profile for a selectbox (its description, e.g. the GPU's name)."""
+    if name == CUSTOM:
+        return "Custom GPU…"
+    sim, _ = import_sim()
+    prof = sim.PROFILES.get(name) if sim is not None else None
+    return getattr(prof, "description", "") or name
+
+
+def profile_for_gpu(gpu_name: str) -> str | None:
+    """The built-in profile matching a GPU name from a results file's provenance, or None."""
+    sim, _ = import_sim()
+    if sim is None:
+        return None
+    prof = importlib.import_module("sim.profiles").profile_for_gpu_name(gpu_name)
+    return prof.name if prof is not None else None
+
+
+def _profile(name: str, custom: tuple | None):
+    """A ``sim.GPUProfile``: a built-in one by name, or the custom one from ``(field, value)``
+    pairs typed in the sidebar's units."""
+    sim = _sim()
+    if name != CUSTOM:
+        if name not in sim.PROFILES:
+            raise ValueError(f"unknown GPU profile {name!r}; known: {sorted(sim.PROFILES)}")
+        return sim.PROFILES[name]
+    typed = dict(custom or ())
+    fields = {f.name: f for f in CUSTOM_PROFILE_FIELDS}
+    values = {k: typed.get(k, fields[k].default) * fields[k].factor for k in fields}
+    for k in ("l2_bytes", "smem_bytes_per_sm", "smem_bytes_per_block", "num_sms"):
+        values[k] = int(round(values[k]))
+    tensor = values.pop("tensor_flops_per_s")
+    values["tensor_flops_per_s"] = {"fp16": tensor, "bf16": tensor}
+    return sim.GPUProfile(name="custom", description="custom GPU", **values)
+
+
+def _workload(seq_len, head_dim, batch, heads, dtype, pass_, causal, density):
+    # density 1.0 is dense attention: no block mask at all (not a mask that keeps every tile)
+    return _sim().Workload(batch=batch, heads=heads, seq_len_q=seq_len, head_dim=head_dim,
+                           dtype=dtype, causal=causal, pass_=pass_,
+                           block_density=None if density >= 1.0 else float(density))
+
+
+def _schedule(name, block_q=None, block_k=None):
+    return _sim().Schedule(name=name, block_q=block_q, block_k=block_k)
+
+
+L2_MODES = {"analytic": "analytic estimate (instant)",
+            "trace": "replay of every memory access through the L2 (exact, seconds)"}
+# Largest batch·heads·N² for which the Explore page replays the trace through the L2 model:
+# at 16·8192² the three schedules' replays take a few seconds, and the time grows as N².
+TRACE_L2_MAX_SCORES = 16 * 8192**2
+
+
+def trace_l2_affordable(batch: int, heads: int, seq_len: int) -> bool:
+    """Whether the trace-replay L2 model is quick enough to run interactively."""
+    return batch * heads * seq_len**2 <= TRACE_L2_MAX_SCORES
+
+
+def _predict(workload, schedule, profile, l2: str = "analytic", calibration=None) -> dict:
+    """sim.predict(...).to_dict() without its nested (dict-valued) entries. ``calibration``: as
+    sim.predict (None: raw time only)."""
+    d = _sim().predict(workload, schedule, profile, l2=l2, calibration=calibration).to_dict()
+    return {k: v for k, v in d.items() if not isinstance(v, (dict, list, tuple))}
+
+
+NO_CALIBRATION = "(none)"
+
+
+def calibration_path(name: str | None) -> Path | None:
+    """The results file of :func:`results_choices` named ``name``, or None for no calibration
+    (``None`` or :data:`NO_CALIBRATION`)."""
+    if not name or name == NO_CALIBRATION:
+        return None
+    for path in shipped_results():
+        if _choice_name(path) == name:
+            return path
+    raise FileNotFoundError(f"results file {name!r} is no longer available")
+
+
+def _ceilings(profile, dtype: str) -> dict:
+    """Roofline ceilings of a profile for ``dtype``: DRAM bandwidth (bytes/s), matmul peak and
+    CUDA-core fp32 peak (FLOP/s)."""
+    return {"name": profile.description or profile.name,
+            "dram_bandwidth": float(profile.hbm_bandwidth_bytes_per_s),
+            "l2_bandwidth": float(profile.l2_bandwidth_bytes_per_s or 0.0),
+            "matmul_peak": float(profile.matmul_flops_per_s(dtype)),
+            "fp32_peak": float(profile.fp32_flops_per_s)}
+
+
+def _row(schedule: str, pred: dict) -> dict:
+    """One schedule's prediction with the derived presentation columns."""
+    row = {"schedule": schedule, **pred}
+    row["global_bytes"] = pred["hbm_read_bytes"] + pred["hbm_write_bytes"]
+    row["dram_bytes"] = pred["dram_read_bytes"] + pred["dram_write_bytes"]
+    row["intensity_global"] = pred["flops"] / max(1, row["global_bytes"])    # FLOP / byte
+    row["intensity_dram"] = pred["flops"] / max(1, row["dram_bytes"])
+    row["achieved_flops"] = pred["flops"] / (pred["predicted_ms"] * 1e-3)   # FLOP / s
+    return row
+
+
+def estimated_trace_seconds(seq_len: int, batch: int, heads: int, passes: int = 1) -> float:
+    """Seconds the Explore page's trace replay of the three schedules should take here."""
+    # the naive schedule dominates: its events touch every 4 KiB granule of S and P
+    scores = batch * heads * seq_len**2 * passes
+    return scores * 4 * 2 / 4096 * 3 * replay_seconds_per_event()
+
+
+@st.cache_data(show_spinner=False, max_entries=256)
+def compare_schedules(seq_len: int, head_dim: int, batch: int, heads: int, dtype: str,
+                      pass_: str, causal: bool, density: float, profile: str,
+                      custom: tuple | None = None, l2: str = "analytic",
+                      calibrate_on: str | None = None) -> tuple[pd.DataFrame, dict]:
+    """naive, flash1 and flash2 (default block sizes) for one workload on one profile.
+
+    Returns ``(table, ceilings)``: one row per schedule with the model's prediction
+    (``to_dict()`` keys) plus ``global_bytes``, ``dram_bytes``, arithmetic intensities
+    (FLOP/byte) and the roofline-implied FLOP/s; ``ceilings`` for the roofline chart.
+    ``calibrate_on``: the results file (a name of :func:`results_choices`) the calibrated time
+    is fitted on, passed to sim.predict as its ``calibration``; None: no calibrated time.
     """
-    if not (1 <= block_k <= seq_len) or not (0 <= row < seq_len) or head_dim < 1:
-        raise ValueError(f"need 1 <= block_k <= seq_len and 0 <= row < seq_len, got "
-                         f"seq_len={seq_len}, block_k={block_k}, row={row}")
-    rng = np.random.default_rng(seed)
-    q, k, v = (rng.standard_normal((seq_len, head_dim)) for _ in range(3))
-    scale = 1.0 / np.sqrt(head_dim)
-    s = (k @ q[row]) * scale                                   # [seq_len] scores of this row
-    n_keys = row + 1 if causal else seq_len                   # causal: keys 0..row
-    s_vis = s[:n_keys]
-    p_exact = np.exp(s_vis - s_vis.max())
-    p_exact /= p_exact.sum()
-    o_exact = p_exact @ v[:n_keys]
-
-    m, l_sum = -np.inf, 0.0
-    acc = np.zeros(head_dim)
-    steps, outputs = [], []
-    for j, start in enumerate(range(0, n_keys, block_k)):
-        stop = min(start + block_k, n_keys)
-        s_j = s[start:stop]
-        # -- update m and l --
-        m_new = max(m, float(s_j.max()))
-        alpha = float(np.exp(m - m_new)) if np.isfinite(m) else 0.0
-        p_j = np.exp(s_j - m_new)
-        l_sum = l_sum * alpha + float(p_j.sum())
-        # -- update output accumulator --
-        acc = acc * alpha + p_j @ v[start:stop]
-        m = m_new
-        o_j = acc / l_sum
-        steps.append({"key_block": j, "keys": f"{start}..{stop - 1}", "block_max": float(s_j.max()),
-                      "m": m, "l": l_sum, "rescale_alpha": alpha,
-                      "err_vs_final": float(np.abs(o_j - o_exact).max())})
-        outputs.extend({"key_block": j, "dim": c, "o": float(o_j[c])} for c in range(head_dim))
-    checks = {"max_abs_err_vs_exact_softmax": float(np.abs(acc / l_sum - o_exact).max())}
-    tiled_err = _tiled_row_error(q, k, v, scale, row, block_k, causal, o_exact)
-    if tiled_err is not None:
-        checks["max_abs_err_ioaware_tiled_fp32"] = tiled_err
-    scores = pd.DataFrame({"key": np.arange(seq_len), "score": s,
-                           "visible": np.arange(seq_len) < n_keys,
-                           "p_final": np.concatenate([p_exact, np.zeros(seq_len - n_keys)])})
-    return {"steps": pd.DataFrame(steps), "output": pd.DataFrame(outputs), "scores": scores,
-            "check": checks}
+    prof = _profile(profile, custom)
+    wl = _workload(seq_len, head_dim, batch, heads, dtype, pass_, causal, density)
+    cal = calibration_path(calibrate_on)
+    rows = [_row(name, _predict(wl, _schedule(name), prof, l2, cal)) for name in SCHEDULES]
+    return pd.DataFrame(rows), _ceilings(prof, dtype)
 
 
-def _tiled_row_error(q, k, v, scale, row, block_k, causal, o_exact):
-    """max |o_exact - ioaware.tiled output| for ``row`` (float32 path), or None if unavailable."""
+def schedule_table(table: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
+    """The Explore table: ``(DataFrame, {column: fmt.Col})`` with readable values (schedule
+    names, tile sizes, what bounds the time, which L2 model), the calibrated time only when one
+    was asked for."""
+    from dashboard.fmt import Col
+
+    df = table.copy()
+    df["schedule"] = df["schedule"].map(schedule_label)
+    df["tiles"] = [("—" if pd.isna(q) else f"{int(q)} × {int(k)}")
+                   for q, k in zip(df["block_q"], df["block_k"])]
+    df["bound"] = df["bound"].map(lambda b: BOUND_LABELS.get(b, b))
+    df["l2_model"] = df["l2_model"].map(lambda m: L2_LABELS.get(m, m))
+    df["sram_bytes_per_block"] = pd.to_numeric(df["sram_bytes_per_block"], errors="coerce")
+    cols = {
+        "schedule": Col("Schedule"),
+        "tiles": Col("Tile (queries × keys)"),
+        "hbm_read_bytes": Col("Global read", "bytes", "Bytes read from global memory (L2 and DRAM)."),
+        "hbm_write_bytes": Col("Global write", "bytes"),
+        "dram_read_bytes": Col("DRAM read", "bytes", "Bytes that miss the L2 and reach DRAM."),
+        "dram_write_bytes": Col("DRAM write", "bytes"),
+        "flops": Col("FLOPs", "flops"),
+        "intensity_dram": Col("FLOP per DRAM byte", "num"),
+        "sram_bytes_per_block": Col("On-chip memory per block", "bytes",
+                                    "Shared memory one thread block needs for its tiles."),
+        "blocks_per_sm": Col("Blocks per SM", "count"),
+        "predicted_ms": Col(ROOFLINE, "ms", "The slowest of DRAM, L2, shared-memory and compute "
+                                            "time at the GPU's peak rates: a lower bound, not a "
+                                            "forecast of the measured time."),
+        "predicted_ms_calibrated": Col("Calibrated time", "ms", "The roofline with efficiency "
+                                       "factors fitted on the chosen results file."),
+        "bound": Col("Bound by"),
+        "l2_model": Col("DRAM bytes from"),
+    }
+    if "predicted_ms_calibrated" not in df or df["predicted_ms_calibrated"].isna().all():
+        cols.pop("predicted_ms_calibrated")
+    return df, cols
+
+
+def model_notes() -> str:
+    """How the model prices time, in one paragraph."""
+    return ("The roofline bound at peak rates is, per kernel, the slowest of: DRAM bytes / DRAM "
+            "bandwidth, global bytes / L2 bandwidth, shared-memory bytes / its bandwidth, matmul "
+            "FLOPs / matmul peak and other FLOPs / CUDA-core peak, stretched by how evenly the "
+            "thread blocks fill the SMs. Real kernels reach a fraction of peak, so measured "
+            "times are longer; a calibrated time (choose a results file under *Calibrate time "
+            "on*) scales each level by efficiencies fitted on that file's measurements of the "
+            "same GPU and kernel.")
+
+
+GRID_METRICS = {
+    "predicted_ms": ROOFLINE + " (ms)",
+    "global_bytes": "Global-memory bytes",
+    "dram_bytes": "DRAM bytes",
+    "sram_bytes_per_block": "On-chip memory per block (bytes)",
+}
+
+
+def fmt_metric(metric: str, value: float) -> str:
+    """A grid metric's value with its unit."""
+    from dashboard import fmt
+    return fmt.ms(value) if metric == "predicted_ms" else fmt.bytes_(value)
+
+
+BLOCK_SIZES = (16, 32, 64, 128, 256)
+
+
+@st.cache_data(show_spinner=False, max_entries=128)
+def block_grid(schedule: str, seq_len: int, head_dim: int, batch: int, heads: int, dtype: str,
+               pass_: str, causal: bool, profile: str, custom: tuple | None = None,
+               density: float = 1.0) -> pd.DataFrame:
+    """Every (block_q, block_k) in ``BLOCK_SIZES``² from ``sim.search_blocks`` (analytic L2).
+
+    Columns: block_q, block_k, the ``GRID_METRICS`` (NaN where infeasible, except the on-chip
+    footprint), blocks_per_sm, ``feasible`` and ``why`` (why a block size does not fit).
+    """
+    from dashboard import fmt
+
+    sim = _sim()
+    prof = _profile(profile, custom)
+    wl = _workload(seq_len, head_dim, batch, heads, dtype, pass_, causal, density)
+    res = sim.search_blocks(wl, prof, schedule, blocks=BLOCK_SIZES, l2="analytic")
+    rows = []
+    for r in res.grid:
+        row = _row(schedule, {k: v for k, v in r.items() if not isinstance(v, (dict, list))})
+        rows.append({"block_q": r["block_q"], "block_k": r["block_k"],
+                     **{m: row[m] for m in GRID_METRICS}, "blocks_per_sm": r["blocks_per_sm"],
+                     "feasible": True, "why": ""})
+    for bq, bk, sram in res.infeasible:
+        why = (f"needs {fmt.bytes_(sram)} of shared memory per block; the GPU has "
+               f"{fmt.bytes_(prof.smem_bytes_per_block)}" if sram > prof.smem_bytes_per_block else
+               "no thread block fits on an SM")
+        rows.append({"block_q": bq, "block_k": bk, **{m: np.nan for m in GRID_METRICS},
+                     "sram_bytes_per_block": sram, "blocks_per_sm": 0, "feasible": False, "why": why})
+    return pd.DataFrame(rows).sort_values(["block_q", "block_k"]).reset_index(drop=True)
+
+
+def grid_columns() -> dict:
+    from dashboard.fmt import Col
+    return {"block_q": Col("Queries per tile", "count"), "block_k": Col("Keys per tile", "count"),
+            "predicted_ms": Col(ROOFLINE, "ms"), "global_bytes": Col("Global memory", "bytes"),
+            "dram_bytes": Col("DRAM", "bytes"),
+            "sram_bytes_per_block": Col("On-chip memory per block", "bytes"),
+            "blocks_per_sm": Col("Blocks per SM", "count"), "feasible": Col("Fits", "bool"),
+            "why": Col("Why not")}
+
+
+@st.cache_data(show_spinner=False, max_entries=128)
+def scaling(seq_lens: tuple[int, ...], head_dim: int, batch: int, heads: int, dtype: str,
+            pass_: str, causal: bool, density: float, profile: str,
+            custom: tuple | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The three schedules over ``seq_lens``; returns ``(table, bounds)``.
+
+    ``table``: one row per (N, schedule) with global/DRAM bytes, the roofline time and the extra
+    memory the schedule allocates beyond Q, K, V and O (``extra_memory_bytes``).
+    ``bounds``: per N, the papers' Θ(Nd + N²) (standard attention) and Θ(N²d²/M) (FlashAttention,
+    M = shared memory per block in elements) curves, each scaled to equal the model's naive /
+    flash1 global bytes at the smallest N (only the shape is the papers'; the constant is not).
+    """
+    prof = _profile(profile, custom)
+    rows = []
+    for n in seq_lens:
+        wl = _workload(n, head_dim, batch, heads, dtype, pass_, causal, density)
+        for name in SCHEDULES:
+            row = _row(name, _predict(wl, _schedule(name), prof, "analytic"))
+            rows.append({"seq_len": n, "schedule": name, "global_bytes": row["global_bytes"],
+                         "dram_bytes": row["dram_bytes"], "predicted_ms": row["predicted_ms"],
+                         "extra_memory_bytes": _extra_memory(row, wl)})
+    table = pd.DataFrame(rows)
+    n = np.asarray(seq_lens, dtype=float)
+    d = float(head_dim)
+    m_elems = float(prof.smem_bytes_per_block) / {"fp16": 2, "bf16": 2, "fp32": 4}[dtype]
+    naive_shape = n * d + n**2
+    flash_shape = n**2 * d**2 / m_elems
+    first = table[table["seq_len"] == seq_lens[0]].set_index("schedule")["global_bytes"]
+    bounds = pd.DataFrame({
+        "seq_len": seq_lens,
+        "naive_bound": naive_shape * first["naive"] / naive_shape[0],
+        "flash_bound": flash_shape * first["flash1"] / flash_shape[0],
+    })
+    return table, bounds
+
+
+def scaling_columns() -> dict:
+    from dashboard.fmt import Col
+    return {"seq_len": Col("N", "count"), "schedule": Col("Schedule"),
+            "global_bytes": Col("Global memory", "bytes"), "dram_bytes": Col("DRAM", "bytes"),
+            "predicted_ms": Col(ROOFLINE, "ms"),
+            "extra_memory_bytes": Col("Memory beyond Q, K, V, O", "bytes")}
+
+
+def _extra_memory(row: dict, w) -> float:
+    """Device memory a forward allocates besides Q, K, V and O (bytes): naive holds the N×N
+    scores S and probabilities P (dtype) at once; flash2 keeps the logsumexp, flash1 the row
+    statistics l and m (float32 per query row). Counted here because the model has no memory
+    model."""
+    rows = w.batch * w.heads * w.seq_len_q
+    if row["schedule"] == "naive":
+        return float(2 * rows * w.seq_len_k * w.dtype_bytes)
+    return float(rows * 4 * (2 if row["schedule"] == "flash1" else 1))
+
+
+# ------------------------------------------------------------------------------------------------
+# Step through: the event trace of a small problem
+# ------------------------------------------------------------------------------------------------
+def trace_events(schedule: str, seq_len: int, head_dim: int, block_q: int, block_k: int,
+                 causal: bool, direction: str = "forward", dtype: str = "fp16"):
+    """The cost model's event trace of one head (batch 1) as ``(events, tensor_shapes)``.
+
+    ``events``: DataFrame, one row per event in trace order: phase, program, step, op ("load",
+    "store", "atomic", "compute"), tensor ("" for compute), q_block, k_block (0-based, -1: none),
+    row_start, row_stop, bytes. ``tensor_shapes``: tensor -> (rows, bytes per row).
+    """
+    sim = _sim()
+    ops = importlib.import_module("sim.trace").OPS
+    pass_ = "fwd" if direction == "forward" else "bwd"
+    wl = _workload(seq_len, head_dim, 1, 1, dtype, pass_, causal, 1.0)
+    tiled = schedule != "naive"
+    tr = sim.trace(wl, sim.Schedule(schedule, block_q if tiled else None, block_k if tiled else None),
+                   block_q=block_q if tiled else None, block_k=block_k if tiled else None)
+    c = tr.columns
+    names = np.asarray(list(tr.tensors) + [""])
+    events = pd.DataFrame({
+        "phase": np.asarray(tr.phases)[c["phase"]], "program": c["program"], "step": c["step"],
+        "op": np.asarray(ops)[c["op"]],
+        "tensor": names[np.where(c["tensor"] >= 0, c["tensor"], len(tr.tensors))],
+        "q_block": c["m"], "k_block": c["n"], "row_start": c["row_start"],
+        "row_stop": c["row_stop"], "bytes": c["bytes"]})
+    shapes = {t: (s[2], s[3]) for t, s in tr.meta["tensor_shape"].items()}
+    return events, shapes
+
+
+@st.cache_resource(show_spinner=False, max_entries=64)
+def step_walk(schedule: str, seq_len: int, head_dim: int, block_q: int, block_k: int,
+              causal: bool, direction: str = "forward", dtype: str = "fp16"):
+    """The ``dashboard.walk.Walk`` of one problem (shared, not copied: do not mutate)."""
+    from dashboard import walk
+
+    events, shapes = trace_events(schedule, seq_len, head_dim, block_q, block_k, causal,
+                                  direction, dtype)
+    return walk.build_walk(events, shapes, schedule=schedule, direction=direction,
+                           seq_len=seq_len, block_q=block_q, block_k=block_k, causal=causal)
+
+
+@st.cache_resource(show_spinner=False, max_entries=32)
+def step_inputs(seq_len: int, head_dim: int, kind: str, seed: int = 0) -> dict:
+    from dashboard import walk
+    return walk.inputs(seq_len, head_dim, kind, seed)
+
+
+def tiled_row_error(x: dict, row: int, block_q: int, block_k: int, causal: bool,
+                    o_exact: np.ndarray) -> float | None:
+    """max |exact output − ioaware's tiled float32 output| for ``row``, or None if the tiled
+    path is unavailable: the walk's arithmetic checked against the library's."""
     try:
         from ioaware.block_info import BlockInfo
         from ioaware.tiled import tiled_forward
     except Exception:  # noqa: BLE001 - the cross-check is optional
         return None
+    q, k, v, scale = x["q"], x["k"], x["v"], x["scale"]
     n = q.shape[0]
-    info = BlockInfo(n, n, max(1, min(block_k, n)), block_k, causal)
+    info = BlockInfo(n, n, block_q, block_k, causal)
     shape = (1, 1, 1, n, q.shape[1])
     out, _ = tiled_forward(q.reshape(shape).astype(np.float32), k.reshape(shape).astype(np.float32),
                            v.reshape(shape).astype(np.float32), scale=scale, info=info,
@@ -128,25 +488,56 @@ def _tiled_row_error(q, k, v, scale, row, block_k, causal, o_exact):
 
 
 # ------------------------------------------------------------------------------------------------
-# Results files (measured data)
+# Results files: listing, validation, loading
 # ------------------------------------------------------------------------------------------------
 PROVENANCE_KEYS = ("gpu", "driver", "cuda", "torch", "numba", "numba_cuda", "date", "command")
+#: Uploads above this size are refused (also ``server.maxUploadSize`` in .streamlit/config.toml).
+MAX_UPLOAD_MB = 50
+#: Problems a validation lists at most.
+MAX_PROBLEMS = 20
 
 
 class ResultsUnavailable(RuntimeError):
-    """``sim.results`` (the results-file validator) cannot be imported."""
+    """``sim.results`` (the results-file schema) cannot be imported."""
 
 
 def _results_module():
     try:
         return importlib.import_module("sim.results")
     except Exception as exc:  # noqa: BLE001
-        raise ResultsUnavailable(f"sim.results is not importable: {type(exc).__name__}: {exc}")
+        raise ResultsUnavailable(f"the results-file schema is not importable: "
+                                 f"{type(exc).__name__}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a results file: ``where`` (e.g. "record 3 (records[2])"),
+    ``what``, the 0-based ``record`` index if it is about a record, and whether it is about
+    the provenance only."""
+
+    where: str
+    what: str
+    record: int | None = None
+    provenance: bool = False
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.what}"
+
+
+class ResultsInvalid(ValueError):
+    """A results file does not follow the schema; ``problems`` lists what is wrong (record
+    problems first, provenance last) and ``total`` how many there are."""
+
+    def __init__(self, name: str, problems: list[Problem], total: int | None = None):
+        self.name, self.problems = name, problems
+        self.total = len(problems) if total is None else total
+        super().__init__(f"{name}: " + "; ".join(map(str, problems[:3]))
+                         + (f" (and {self.total - 3} more)" if self.total > 3 else ""))
 
 
 def format_error_types() -> tuple[type[BaseException], ...]:
     """Exceptions that mean "this results file is malformed" (shown to the user, not raised)."""
-    types: list[type[BaseException]] = [ValueError, UnicodeDecodeError]
+    types: list[type[BaseException]] = [ResultsInvalid, ValueError, UnicodeDecodeError]
     try:
         types.insert(0, _results_module().ResultsFormatError)
     except ResultsUnavailable:
@@ -154,10 +545,72 @@ def format_error_types() -> tuple[type[BaseException], ...]:
     return tuple(types)
 
 
+_KIND_TEXT = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string"}
+RESULT_PASSES = ("fwd", "bwd", "fwd+bwd")
+RESULT_DTYPES = ("fp16", "bf16", "fp32")
+
+
+def _type_ok(v, kind) -> bool:
+    if kind == "int":
+        return isinstance(v, int) and not isinstance(v, bool)
+    if kind == "float":
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+    if kind == "bool":
+        return isinstance(v, bool)
+    return isinstance(v, str)
+
+
+def results_problems(obj) -> list[Problem]:
+    """Every way a parsed results object breaks the schema (``sim.results``' fields, kernels and
+    rules), in order: the file's shape, then each record, then the provenance."""
+    mod = _results_module()
+    fields, kernels = mod.RECORD_FIELDS, mod.KERNELS
+    if not isinstance(obj, dict):
+        return [Problem("file", f"must be a JSON object, is {type(obj).__name__}")]
+    top, recs_out, prov_out = [], [], []
+    if obj.get("schema") != mod.SCHEMA:
+        top.append(Problem("schema", f"must be {mod.SCHEMA!r}, is {obj.get('schema')!r}"))
+    recs = obj.get("records")
+    if not isinstance(recs, list):
+        top.append(Problem("records", "must be a list of records"
+                           + ("" if recs is None else f", is {type(recs).__name__}")))
+        recs = []
+    for i, rec in enumerate(recs):
+        where = f"record {i + 1} (records[{i}])"
+        if not isinstance(rec, dict):
+            recs_out.append(Problem(where, "must be an object", i))
+            continue
+        missing = [k for k in fields if k not in rec]
+        if missing:
+            recs_out.append(Problem(where, "missing " + ", ".join(f"`{k}`" for k in missing), i))
+        for k, (kind, nullable) in fields.items():
+            if k not in rec or (rec[k] is None and nullable) or _type_ok(rec[k], kind):
+                continue
+            recs_out.append(Problem(where, f"`{k}` must be {_KIND_TEXT.get(kind, kind)}"
+                                    f"{' or null' if nullable else ''}, is {rec[k]!r}", i))
+        for k, allowed in (("kernel", kernels), ("pass", RESULT_PASSES), ("dtype", RESULT_DTYPES)):
+            if isinstance(rec.get(k), str) and rec[k] not in allowed:
+                recs_out.append(Problem(where, f"`{k}` must be one of {', '.join(allowed)}, "
+                                        f"is {rec[k]!r}", i))
+        t = rec.get("time_ms")
+        if _type_ok(t, "float") and t <= 0:
+            recs_out.append(Problem(where, f"`time_ms` must be > 0, is {t!r}", i))
+    prov = obj.get("provenance")
+    if not isinstance(prov, dict):
+        prov_out.append(Problem("provenance", "must be an object with "
+                                + ", ".join(mod.PROVENANCE_FIELDS), provenance=True))
+    else:
+        for k in mod.PROVENANCE_FIELDS:
+            if not isinstance(prov.get(k), str):
+                prov_out.append(Problem(f"provenance.{k}", "missing" if k not in prov else
+                                        f"must be a string, is {prov[k]!r}", provenance=True))
+    return top + recs_out + prov_out
+
+
 def shipped_results() -> list[Path]:
     """Results files the app offers: those named in ``$IOAWARE_RESULTS`` (files or directories,
-    separated by ``os.pathsep``) first, then the repository's ``results/*.json`` (as listed by
-    ``sim.results.shipped_results``), largest first so that the default is the fullest sweep."""
+    separated by ``os.pathsep``) first, then the repository's ``results/*.json`` of the results
+    schema, largest first so that the default is the fullest sweep."""
     files: list[Path] = []
     for entry in filter(None, os.environ.get("IOAWARE_RESULTS", "").split(os.pathsep)):
         path = Path(entry).expanduser()
@@ -175,42 +628,548 @@ def shipped_results() -> list[Path]:
     return unique
 
 
-@st.cache_data(show_spinner=False, max_entries=16)
-def load_results_bytes(content: bytes, name: str = "<upload>") -> dict:
-    """Validate a results file given as bytes and return ``{"records": DataFrame,
-    "provenance": dict, "name": str}``.
-
-    Validation is ``sim.results.load_results``; a malformed file raises its
-    ``ResultsFormatError`` (a ValueError) with a readable message, which the page displays.
-    """
-    mod = _results_module()
-    buf = io.BytesIO(content)
-    buf.name = name
+def _parse(content: bytes, name: str):
     try:
-        doc = mod.load_results_file(buf)
+        text = content.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise mod.ResultsFormatError(f"{name}: not UTF-8 text ({exc})") from None
-    provenance = dict(doc.get("provenance") or {})
-    raw = [dict(r, provenance=provenance) for r in doc["records"]]
-    df = pd.DataFrame.from_records([{k: v for k, v in r.items() if k != "provenance"}
-                                    for r in doc["records"]])
-    if not df.empty and "gpu" not in df.columns:
+        raise ResultsInvalid(name, [Problem("file", f"is not UTF-8 text ({exc.reason} at byte "
+                                                    f"{exc.start:,})")]) from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ResultsInvalid(name, [Problem("file", f"is not valid JSON: {exc.msg} at line "
+                                                    f"{exc.lineno}, column {exc.colno}")]) from None
+
+
+def _validated(obj, name: str) -> list[Problem]:
+    """Validate ``obj``: raise ResultsInvalid listing every problem (at most MAX_PROBLEMS)
+    unless only the provenance is incomplete; return those provenance problems (shown as a
+    warning). ``sim.results.validate_results`` has the last word on the records."""
+    mod = _results_module()
+    problems = results_problems(obj)
+    if any(not p.provenance for p in problems):
+        raise ResultsInvalid(name, problems[:MAX_PROBLEMS], len(problems))
+    # the schema's own validator on the records (the provenance completed where it is not)
+    prov = obj.get("provenance") if isinstance(obj.get("provenance"), dict) else {}
+    filled = dict(prov)
+    for k in mod.PROVENANCE_FIELDS:
+        if not isinstance(prov.get(k), str):
+            filled[k] = "(not recorded)"
+    try:
+        mod.validate_results({**obj, "provenance": filled}, name)
+    except mod.ResultsFormatError as exc:
+        raise ResultsInvalid(name, [Problem("file", str(exc).removeprefix(f"{name}: "))]) from None
+    return problems
+
+
+#: Columns of a results record kept in the page's records table (the rest stay in ``raw``).
+_RECORD_COLUMNS = ("kernel", "variant", "schedule", "pass", "dtype", "batch", "heads", "heads_kv",
+                   "seq_len_q", "seq_len_k", "head_dim", "causal", "block_q", "block_k", "time_ms")
+
+
+def _load(content: bytes, name: str) -> dict:
+    obj = _parse(content, name)
+    warnings = _validated(obj, name)
+    provenance = dict(obj.get("provenance") or {}) if isinstance(obj.get("provenance"), dict) else {}
+    raw = [dict(r, provenance=provenance) for r in obj["records"]]
+    df = pd.DataFrame.from_records([{k: r.get(k) for k in _RECORD_COLUMNS} for r in obj["records"]],
+                                   columns=list(_RECORD_COLUMNS))
+    if not df.empty:
         df.insert(0, "gpu", provenance.get("gpu", "unknown"))
-    digest = hashlib.sha1(content).hexdigest()
-    return {"records": df, "raw": raw, "provenance": provenance, "name": name, "digest": digest}
+    return {"records": df, "raw": raw, "provenance": provenance, "name": name,
+            "digest": hashlib.sha1(content).hexdigest(), "warnings": warnings,
+            "size": len(content)}
+
+
+@st.cache_resource(show_spinner=False, max_entries=4)
+def _load_upload(digest: str, name: str, _content: bytes) -> dict:
+    return _load(_content, name)
+
+
+def load_results_bytes(content: bytes, name: str = "<upload>") -> dict:
+    """Validate a results file given as bytes; return ``{"records": DataFrame, "raw": [record
+    dicts with provenance], "provenance", "name", "digest", "warnings": [Problem] (provenance
+    incomplete), "size"}`` (cached by content, shared: do not mutate).
+
+    Raises :class:`ResultsInvalid` listing every problem (at most :data:`MAX_PROBLEMS`, record
+    problems before provenance ones), or when the file is larger than :data:`MAX_UPLOAD_MB`.
+    """
+    if len(content) > MAX_UPLOAD_MB * 10**6:
+        raise ResultsInvalid(name, [Problem("file", f"is {len(content) / 1e6:,.0f} MB; files up "
+                                                    f"to {MAX_UPLOAD_MB} MB are accepted")])
+    return _load_upload(hashlib.sha1(content).hexdigest(), name, content)
+
+
+@st.cache_resource(show_spinner=False, max_entries=8)
+def _load_path(path: str, mtime_ns: int, size: int) -> dict:
+    p = Path(path)
+    return _load(p.read_bytes(), p.name)
 
 
 def load_results_path(path: str | Path) -> dict:
-    """:func:`load_results_bytes` for a file on disk."""
+    """:func:`load_results_bytes` for a file on disk (cached by path, time and size)."""
     path = Path(path)
-    return load_results_bytes(path.read_bytes(), path.name)
+    stat = path.stat()
+    return _load_path(str(path.resolve()), stat.st_mtime_ns, stat.st_size)
 
 
 def provenance_table(provenance: dict) -> pd.DataFrame:
-    """The provenance block as a two-column table (missing fields say so)."""
+    """The provenance block as a two-column table of its scalar fields (missing ones say so)."""
     rows = [{"field": k, "value": str(provenance.get(k, "— (not recorded)"))} for k in PROVENANCE_KEYS]
-    rows += [{"field": k, "value": str(v)} for k, v in provenance.items() if k not in PROVENANCE_KEYS]
+    rows += [{"field": k, "value": str(v)} for k, v in provenance.items()
+             if k not in PROVENANCE_KEYS and not isinstance(v, (dict, list))]
     return pd.DataFrame(rows)
+
+
+def results_choices() -> list[str]:
+    """Display names of the results files the app offers (see :func:`shipped_results`)."""
+    return [_choice_name(p) for p in shipped_results()]
+
+
+def _choice_name(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
+def load_results_choice(name: str) -> dict:
+    """Load one of :func:`results_choices` by its display name."""
+    for path in shipped_results():
+        if _choice_name(path) == name:
+            return load_results_path(path)
+    raise FileNotFoundError(f"results file {name!r} is no longer available")
+
+
+# -- the format, described and exemplified -------------------------------------------------------
+#: What each record field means (the schema's fields: a test keeps this complete).
+RECORD_FIELD_HELP = {
+    "kernel": "which implementation ran: " + ", ".join(f"`{k}` ({v})" for k, v in {
+        "ioaware-numba": "this project's kernels", "sdpa-flash": "PyTorch SDPA FLASH",
+        "sdpa-efficient": "SDPA EFFICIENT", "sdpa-cudnn": "SDPA cuDNN", "sdpa-math": "SDPA MATH",
+        "eager": "PyTorch eager attention"}.items()),
+    "schedule": "the algorithm: `naive`, `flash1` or `flash2`",
+    "pass": "`fwd`, `bwd` or `fwd+bwd`",
+    "dtype": "`fp16`, `bf16` or `fp32`",
+    "batch": "batch size", "heads": "query heads", "heads_kv": "key/value heads (GQA: fewer)",
+    "seq_len_q": "query sequence length", "seq_len_k": "key sequence length",
+    "head_dim": "head dimension d", "causal": "causal masking",
+    "block_q": "query rows per tile (null: not a tiled kernel, or chosen by the library)",
+    "block_k": "key columns per tile (null as block_q)",
+    "time_ms": "median time of one call, milliseconds (> 0)",
+    "time_ms_p10": "10th percentile of the timed calls, ms",
+    "time_ms_p90": "90th percentile of the timed calls, ms",
+    "peak_extra_bytes": "device memory allocated beyond the inputs and outputs",
+    "dram_read_bytes": "DRAM bytes read (Nsight Compute `dram__bytes_read.sum`)",
+    "dram_write_bytes": "DRAM bytes written (`dram__bytes_write.sum`)",
+    "l2_bytes": "L2 traffic (`lts__t_bytes.sum`)",
+    "global_load_bytes": "global-memory load bytes (`l1tex__t_bytes_pipe_lsu_mem_global_op_ld.sum`)",
+    "global_store_bytes": "global-memory store bytes (`l1tex__t_bytes_pipe_lsu_mem_global_op_st.sum`)",
+    "flops_executed": "floating-point operations executed (2·FFMA + FADD + FMUL, + tensor ops)",
+}
+PROVENANCE_FIELD_HELP = {
+    "gpu": "the GPU's name as PyTorch reports it (picks the GPU profile)", "driver": "driver version",
+    "cuda": "CUDA version", "torch": "PyTorch version", "numba": "Numba version",
+    "numba_cuda": "numba-cuda version", "date": "when it was measured (ISO 8601)",
+    "command": "the command that wrote the file",
+}
+
+
+def results_format() -> tuple[pd.DataFrame, pd.DataFrame, str]:
+    """``(record fields, provenance fields, schema id)`` of the results format, from the schema
+    itself: field, type, whether null is allowed, meaning."""
+    mod = _results_module()
+    rec = pd.DataFrame([{"field": k, "type": kind, "null allowed": "yes" if nullable else "no",
+                         "meaning": RECORD_FIELD_HELP.get(k, "")}
+                        for k, (kind, nullable) in mod.RECORD_FIELDS.items()])
+    prov = pd.DataFrame([{"field": k, "type": "str", "meaning": PROVENANCE_FIELD_HELP.get(k, "")}
+                         for k in mod.PROVENANCE_FIELDS])
+    return rec, prov, mod.SCHEMA
+
+
+def example_results() -> dict:
+    """A small valid results object built from the schema: two records of one workload (this
+    project's kernel and PyTorch's SDPA FLASH) whose numbers are the cost model's predictions
+    (roofline time at peak rates, bytes and FLOPs), marked as such in the provenance: an example
+    of the format, not a measurement."""
+    mod = _results_module()
+    sim = _sim()
+    w = sim.Workload(batch=1, heads=16, seq_len_q=2048, head_dim=64, dtype="fp16")
+    recs = []
+    for kernel, bq, bk in (("ioaware-numba", 64, 64), ("sdpa-flash", None, None)):
+        p = sim.predict(w, sim.Schedule("flash2", bq, bk), "h100", l2="analytic")
+        rec = {}
+        for k, (kind, nullable) in mod.RECORD_FIELDS.items():
+            rec[k] = None if nullable else {"int": 0, "float": 0.0, "bool": False, "str": ""}[kind]
+        rec.update(kernel=kernel, schedule="flash2", **{"pass": "fwd"}, dtype="fp16", batch=1,
+                   heads=16, heads_kv=16, seq_len_q=2048, seq_len_k=2048, head_dim=64,
+                   causal=False, block_q=bq, block_k=bk, time_ms=round(p.predicted_ms, 6),
+                   time_ms_p10=round(p.predicted_ms, 6), time_ms_p90=round(p.predicted_ms, 6),
+                   dram_read_bytes=int(p.dram_read_bytes), dram_write_bytes=int(p.dram_write_bytes),
+                   global_load_bytes=int(p.hbm_read_bytes), global_store_bytes=int(p.hbm_write_bytes),
+                   flops_executed=int(p.flops))
+        recs.append({k: rec[k] for k in mod.RECORD_FIELDS})
+    prov = {k: "example" for k in mod.PROVENANCE_FIELDS}
+    prov.update(gpu="EXAMPLE, not a measurement: values are the cost model's for an NVIDIA H100",
+                date="2000-01-01T00:00:00+00:00",
+                command="dashboard example: numbers from the cost model, not measured")
+    return {"schema": mod.SCHEMA, "provenance": prov, "records": recs}
+
+
+def example_results_json() -> str:
+    return json.dumps(example_results(), indent=1) + "\n"
+
+
+# ------------------------------------------------------------------------------------------------
+# Predicted vs measured: the join, errors, the trace replay in the background
+# ------------------------------------------------------------------------------------------------
+#: metric -> (short label, what it compares)
+METRIC_LABELS = {
+    "global_bytes": ("Global-memory bytes", "global-memory (L2 ↔ SM) bytes against Nsight "
+                     "Compute's load + store bytes"),
+    "dram_bytes": ("DRAM bytes", "DRAM bytes read + written against Nsight Compute's"),
+    "flops": ("FLOPs", "FLOPs against the executed floating-point instructions"),
+    "time_raw": (ROOFLINE, "time: the roofline bound at peak rates against the median time"),
+    "time_calibrated": ("Calibrated time", "time: the roofline with efficiencies fitted per "
+                        "kernel on these records (in-sample)"),
+    "time_heldout": ("Calibrated time, held out", "time: efficiencies fitted on the kernel's "
+                     "records at the other sequence lengths"),
+}
+
+
+def compared_metrics() -> dict:
+    """``{metric: short label}`` of the metrics the comparison reports."""
+    return {m: METRIC_LABELS.get(m, (spec[0],))[0]
+            for m, spec in importlib.import_module("sim.compare").METRICS.items()}
+
+
+def _join(records: list, profile: str, l2: str, progress=None, workers=None) -> dict:
+    cmp = importlib.import_module("sim.compare")
+    df = cmp.compare(list(records), profile, l2=l2, progress=progress, workers=workers)
+    df = df.drop(columns=[c for c in ("efficiency",) if c in df])
+    return {"records": df, "summary": cmp.summary(df), "blocks": cmp.block_size_check(df),
+            "l2": l2}
+
+
+@st.cache_resource(show_spinner=False, max_entries=16)
+def compare_measured(digest: str, profile: str, _records: list) -> dict:
+    """Join measured records with the model's predictions on ``profile``, DRAM bytes from the
+    analytic L2 estimate. ``digest`` identifies the records for the cache. Returns
+    ``{"records": DataFrame (one row per record: key fields, measured_/predicted_/rel_error_
+    per metric), "summary", "blocks", "l2"}`` (shared: do not mutate). In this process: the
+    analytic estimate takes about a millisecond a record, less than starting worker processes."""
+    return _join(_records, profile, "analytic", workers=1)
+
+
+def filter_records(df: pd.DataFrame, filters: dict) -> pd.DataFrame:
+    """Rows of ``df`` whose ``field`` (as text) is among the chosen values, for each filter."""
+    keep = np.ones(len(df), dtype=bool)
+    for field_, chosen in filters.items():
+        if field_ in df:
+            keep &= df[field_].astype(str).isin([str(c) for c in chosen]).to_numpy()
+    return df[keep].reset_index(drop=True)
+
+
+def compare_summary(view: pd.DataFrame) -> pd.DataFrame:
+    """The per-metric error table of the (filtered) joined records."""
+    return importlib.import_module("sim.compare").summary(view)
+
+
+def _records_scope(text) -> str:
+    text = str(text)
+    if text == "all":
+        return "all kernels"
+    if text.endswith(" (all variants)"):
+        base = text.removesuffix(" (all variants)")
+        return "ioaware kernels (all)" if base == "ioaware-numba" else family_label(base) + " (all)"
+    return family_label(text)
+
+
+def display_summary(summary: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
+    """The per-metric error table with readable values: ``(DataFrame, {column: fmt.Col})``."""
+    from dashboard.fmt import Col
+
+    cols = {"metric": Col("Metric"), "records": Col("Records of"), "n": Col("Records", "count"),
+            "median_abs_err_pct": Col("Median |err|", "pct"), "max_abs_err_pct": Col("Worst |err|", "pct"),
+            "mean_signed_err_pct": Col("Bias", "signed_pct", "Mean signed error."),
+            "target_pct": Col("Target", "pct", "|error| the model aims at."),
+            "within_target_pct": Col("Within", "pct", "Share of the records within the target "
+                                                      "(required: all, or 90 % for DRAM bytes)."),
+            "met": Col("Met")}
+    if summary.empty:
+        return pd.DataFrame(columns=list(cols)), cols
+    out = summary.copy()
+    out["what"] = [METRIC_LABELS.get(m, (None, w))[1] for m, w in zip(out["metric"], out["what"])]
+    out["metric"] = [METRIC_LABELS.get(m, (m,))[0] for m in out["metric"]]
+    out["records"] = out["records"].map(_records_scope)
+    for c in ("median_abs_err_pct", "max_abs_err_pct", "mean_signed_err_pct", "target_pct",
+              "within_target_pct", "required_pct"):
+        if c in out:
+            out[c] = pd.to_numeric(out[c], errors="coerce") / 100.0
+    out["met"] = ["—" if v is None or pd.isna(v) else ("yes" if v else "no") for v in out["met"]]
+    return out, cols
+
+
+def blocks_columns() -> dict:
+    from dashboard.fmt import Col
+    return {"gpu": Col("GPU"), "pass": Col("Pass"), "causal": Col("Causal", "bool"),
+            "seq_len_q": Col("N", "count"), "head_dim": Col("d", "count"), "dtype": Col("dtype"),
+            "n_blocks": Col("Tile sizes measured", "count"),
+            "best_measured": Col("Fastest measured"), "best_ms": Col("Its time", "ms"),
+            "model_pick": Col("Model's pick"), "pick_ms": Col("Pick's time", "ms"),
+            "pick_slower_pct": Col("Pick slower by", "pct"),
+            "model_margin_pct": Col("Model's margin", "pct"), "ok": Col("Within 10 %", "bool")}
+
+
+def display_blocks(blocks: pd.DataFrame) -> pd.DataFrame:
+    out = blocks.copy()
+    for c in ("pick_slower_pct", "model_margin_pct"):
+        if c in out:
+            out[c] = pd.to_numeric(out[c], errors="coerce") / 100.0
+    if "pass" in out:
+        out["pass"] = out["pass"].map(lambda p: PASS_LABELS.get(p, p))
+    for c in ("best_measured", "model_pick"):
+        if c in out:
+            out[c] = out[c].astype(str).str.replace("x", " × ", regex=False)
+    return out
+
+
+def records_view(view: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
+    """The records table of the page: readable kernel names and the columns a reader needs
+    (``(DataFrame, {column: fmt.Col})``); every column stays in the CSV download."""
+    from dashboard.fmt import Col
+
+    df = view.copy()
+    df["family"] = df["family"].map(family_label)
+    df["pass"] = df["pass"].map(lambda p: PASS_LABELS.get(p, p))
+    df["tiles"] = [("—" if pd.isna(q) else f"{int(q)} × {int(k)}")
+                   for q, k in zip(df["block_q"], df["block_k"])]
+    df["l2_model"] = df.get("l2_model", pd.Series(index=df.index, dtype=object)).map(
+        lambda m: L2_LABELS.get(m, m))
+    cols = {"family": Col("Kernel"), "pass": Col("Pass"), "dtype": Col("dtype"),
+            "batch": Col("Batch", "count"), "heads": Col("Heads", "count"),
+            "seq_len_q": Col("N", "count"), "head_dim": Col("d", "count"),
+            "causal": Col("Causal", "bool"), "tiles": Col("Tile"),
+            "measured_time_raw": Col("Measured time", "ms"),
+            "predicted_time_raw": Col(ROOFLINE, "ms"),
+            "predicted_time_calibrated": Col("Calibrated time", "ms"),
+            "rel_error_time_calibrated": Col("Calibrated time error", "signed_pct"),
+            "measured_global_bytes": Col("Global bytes, measured", "bytes"),
+            "rel_error_global_bytes": Col("Global bytes error", "signed_pct"),
+            "measured_dram_bytes": Col("DRAM bytes, measured", "bytes"),
+            "rel_error_dram_bytes": Col("DRAM bytes error", "signed_pct"),
+            "rel_error_flops": Col("FLOPs error", "signed_pct"),
+            "l2_model": Col("DRAM predicted by")}
+    return df, {k: v for k, v in cols.items() if k in df}
+
+
+# -- the trace replay: estimated, then run in a background thread with progress -----------------
+#: A record is replayed when its trace is at most this many events (as `python -m sim.compare`).
+MAX_TRACE_EVENTS = 2_000_000
+_GRANULE = 4096
+
+
+@st.cache_resource(show_spinner=False)
+def replay_seconds_per_event() -> float:
+    """Seconds the L2 replay takes per trace event on this machine, measured once on a small
+    trace (a few hundredths of a second)."""
+    sim = _sim()
+    w = sim.Workload(batch=1, heads=16, seq_len_q=2048, head_dim=64, dtype="fp16")
+    s = sim.Schedule("flash2")
+    sim.predict(w, s, "h100", l2="trace")          # warm up (imports, first allocations)
+    t0 = time.perf_counter()
+    p = sim.predict(w, s, "h100", l2="trace")
+    dt = time.perf_counter() - t0
+    return dt / max(1, _events_estimate(w, s, p.block_q, p.block_k, p.hbm_read_bytes + p.hbm_write_bytes))
+
+
+def _events_estimate(w, schedule, bq, bk, global_bytes) -> int:
+    """The trace size the model uses to decide whether to replay (events + 4 KiB granules)."""
+    model = importlib.import_module("sim.model")
+    est = getattr(model, "_estimate_events", None)
+    if est is not None:
+        events = est(w, schedule, bq, bk)
+    elif schedule.tiled:
+        events = (w.batch * w.heads * math.ceil(w.seq_len_q / bq) * math.ceil(w.seq_len_k / bk)
+                  * 3 * len(w.passes))
+    else:
+        events = 48 * w.batch * w.heads * len(w.passes)
+    return int(events + global_bytes // _GRANULE)
+
+
+#: Parallel efficiency of the replay's worker processes (measured: 1.75 times faster on 2).
+_PARALLEL_EFFICIENCY = 0.85
+
+
+def replay_plan(joined: pd.DataFrame, records: list, profile: str | None = None) -> dict:
+    """Which records a trace replay would replay and how long it should take here:
+    ``{"replayed": n, "analytic": n (too large: keep the analytic estimate), "failed": n,
+    "events": total events, "seconds": estimate, "workers": processes}``.
+
+    The time per event is measured on this machine by replaying one of the file's own records
+    (one of about 300,000 events, a few tenths of a second), since records replay slower per
+    event than the model's default schedules."""
+    cmp = importlib.import_module("sim.compare")
+    sim = _sim()
+    n_big = n_fail = 0
+    ests: list[tuple[int, int]] = []
+    for i, (rec, (_, row)) in enumerate(zip(records, joined.iterrows())):
+        if row.get("model_error") or pd.isna(row.get("predicted_global_bytes")):
+            n_fail += 1
+            continue
+        try:
+            w, s, _ = cmp.model_for_record(rec, registers=False)
+            bq, bk = sim.resolve_blocks(w, s, _profile(str(row["profile"]), None))
+            est = _events_estimate(w, s, bq, bk, float(row["predicted_global_bytes"]))
+        except (ValueError, KeyError, TypeError):
+            n_fail += 1
+            continue
+        if est <= MAX_TRACE_EVENTS:
+            ests.append((est, i))
+        else:
+            n_big += 1
+    events = sum(e for e, _ in ests)
+    workers = min(os.cpu_count() or 1, 8) if len(records) >= 32 else 1
+    per_event = replay_seconds_per_event()
+    if ests:
+        est, i = min(ests, key=lambda e: abs(e[0] - 300_000))
+        per_event = max(per_event, _record_seconds(records[i], profile or str(joined["profile"].iloc[i]))
+                        / max(1, est))
+    speedup = 1.0 if workers == 1 else min(workers, len(ests) or 1) * _PARALLEL_EFFICIENCY
+    return {"replayed": len(ests), "analytic": n_big, "failed": n_fail, "events": events,
+            "seconds": events * per_event / max(1.0, speedup), "workers": workers}
+
+
+@st.cache_resource(show_spinner=False, max_entries=16)
+def cached_replay_plan(digest: str, profile: str, _joined: pd.DataFrame, _records: list) -> dict:
+    """:func:`replay_plan` of a results file (``digest``) on ``profile``, computed once."""
+    return replay_plan(_joined, _records, profile)
+
+
+def _record_seconds(rec: dict, profile: str) -> float:
+    """Seconds the trace replay of one record takes here (best of two)."""
+    best = math.inf
+    for _ in range(2):
+        t0 = time.perf_counter()
+        _join([rec], profile, "auto", workers=1)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+@dataclass
+class ReplayJob:
+    """A trace replay running in a background thread: ``done`` of ``total`` records."""
+
+    key: tuple
+    total: int
+    estimate_s: float
+    started: float = field(default_factory=time.monotonic)
+    done: int = 0
+    finished: float | None = None
+    result: dict | None = None
+    error: str | None = None
+
+    @property
+    def elapsed(self) -> float:
+        return (self.finished or time.monotonic()) - self.started
+
+    @property
+    def remaining_s(self) -> float:
+        """Seconds left: from the rate so far once a tenth is done, else the estimate."""
+        if self.finished:
+            return 0.0
+        if self.done >= max(1, self.total // 10):
+            return self.elapsed / self.done * (self.total - self.done)
+        return max(0.0, self.estimate_s - self.elapsed)
+
+
+@st.cache_resource(show_spinner=False)
+def _replay_jobs() -> dict:
+    return {"lock": threading.Lock(), "jobs": {}}
+
+
+def replay_job(digest: str, profile: str) -> ReplayJob | None:
+    """The replay job of a results file on a profile, running or finished, or None."""
+    return _replay_jobs()["jobs"].get((digest, profile))
+
+
+def start_replay(digest: str, profile: str, records: list, estimate_s: float) -> ReplayJob:
+    """Start (or return the running) trace replay of ``records`` on ``profile`` in a background
+    thread; the page polls ``replay_job``."""
+    reg = _replay_jobs()
+    key = (digest, profile)
+    with reg["lock"]:
+        job = reg["jobs"].get(key)
+        if job is not None and job.error is None:
+            return job
+        job = ReplayJob(key, len(records), estimate_s)
+        reg["jobs"][key] = job
+        while len(reg["jobs"]) > 8:   # keep the latest few
+            reg["jobs"].pop(next(iter(reg["jobs"])))
+
+    def progress(done, total, *_):
+        job.done = done
+
+    def run():
+        try:
+            job.result = _join(records, profile, "auto", progress=progress)
+        except Exception as exc:  # noqa: BLE001 - reported on the page
+            job.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            job.finished = time.monotonic()
+
+    threading.Thread(target=run, name=f"replay-{digest[:8]}-{profile}", daemon=True).start()
+    return job
+
+
+# ------------------------------------------------------------------------------------------------
+# Block sizes: measured runs of the same workload
+# ------------------------------------------------------------------------------------------------
+def measured_blocks(results_name: str, schedule: str, seq_len: int, head_dim: int, batch: int,
+                    heads: int, dtype: str, pass_: str, causal: bool, profile: str,
+                    custom: tuple | None = None, density: float = 1.0) -> pd.DataFrame:
+    """Measured runs of our CUDA-core kernel of ``schedule`` on exactly the given workload (N,
+    d, dtype, causal, pass, batch·heads): columns block_q, block_k and the median time_ms over
+    repeated records."""
+    df = load_results_choice(results_name)["records"]
+    if df.empty:
+        return pd.DataFrame(columns=["block_q", "block_k", "time_ms"])
+    df = df[df["variant"].fillna("simt") == "simt"]   # the tensor-core kernels are other programs
+    sel = df[(df["kernel"] == "ioaware-numba") & (df["schedule"] == schedule)
+             & (df["seq_len_q"] == seq_len) & (df["seq_len_k"] == seq_len)
+             & (df["head_dim"] == head_dim) & (df["dtype"] == dtype)
+             & (df["causal"].astype(bool) == causal) & (df["pass"] == pass_)
+             & (df["batch"] * df["heads"] == batch * heads)
+             & df["block_q"].notna() & df["block_k"].notna()]
+    out = sel[["block_q", "block_k", "time_ms"]].copy()
+    out[["block_q", "block_k"]] = out[["block_q", "block_k"]].astype(int)
+    return out.groupby(["block_q", "block_k"], as_index=False)["time_ms"].median()
+
+
+def measured_workloads(results_name: str, schedule: str) -> pd.DataFrame:
+    """The distinct workloads with runs of our CUDA-core kernel of ``schedule`` in a results
+    file, with how many block sizes each has: what the overlay can show."""
+    df = load_results_choice(results_name)["records"]
+    cols = ["seq_len_q", "head_dim", "dtype", "causal", "pass", "batch", "heads"]
+    if df.empty:
+        return pd.DataFrame(columns=cols + ["block_sizes"])
+    sel = df[(df["kernel"] == "ioaware-numba") & (df["schedule"] == schedule)
+             & (df["variant"].fillna("simt") == "simt")
+             & (df["seq_len_q"] == df["seq_len_k"]) & df["block_q"].notna()]
+    return (sel.groupby(cols).size().rename("block_sizes").reset_index()
+            .sort_values(["block_sizes"], ascending=False).reset_index(drop=True))
+
+
+def measured_at(measured: pd.DataFrame, best) -> str:
+    """Measured time at the predicted optimum's block size, as text."""
+    from dashboard import fmt
+
+    hit = measured[(measured["block_q"] == int(best["block_q"]))
+                   & (measured["block_k"] == int(best["block_k"]))]
+    if hit.empty:
+        return "not measured"
+    t, tmin = float(hit["time_ms"].iloc[0]), float(measured["time_ms"].min())
+    return f"{fmt.ms(t)}, {fmt.signed_pct(t / tmin - 1)} against the measured fastest"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -219,10 +1178,23 @@ def provenance_table(provenance: dict) -> pd.DataFrame:
 _CUDA_NOTE: list[str] = []
 
 
+def _has_cuda_driver() -> bool:
+    import ctypes
+    try:
+        ctypes.CDLL("libcuda.so.1")
+        return True
+    except OSError:
+        return False
+
+
 @st.cache_data(show_spinner=False)
 def cuda_device() -> str | None:
-    """Name of the CUDA GPU torch sees, or None (no torch, no driver, no device)."""
+    """Name of the CUDA GPU torch sees, or None (no driver, no torch, no device). Without a
+    CUDA driver torch is not imported at all (that alone takes seconds)."""
     _CUDA_NOTE.clear()
+    if not _has_cuda_driver():
+        _CUDA_NOTE.append("no CUDA driver (libcuda) on this machine")
+        return None
     try:
         import torch
     except Exception as exc:  # noqa: BLE001
@@ -275,523 +1247,3 @@ def new_results_path(gpu: str) -> Path:
     path = ROOT / "results" / f"{name}-{stamp}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     return path
-
-
-# ------------------------------------------------------------------------------------------------
-# Model: profiles, workloads, schedules (thin adapters over sim's data classes)
-# ------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class CustomField:
-    """One number of a user-given GPU profile: ``name`` is the ``sim.GPUProfile`` field, the
-    value typed in ``unit`` is multiplied by ``factor`` to get sim's unit."""
-
-    name: str
-    label: str
-    unit: str
-    factor: float
-    default: float
-    minimum: float
-    step: float
-    help: str = ""
-
-
-# Defaults: an H100 SXM-like part (the user edits them). ``name`` is the GPUProfile field.
-CUSTOM_PROFILE_FIELDS = (
-    CustomField("hbm_bandwidth_bytes_per_s", "DRAM bandwidth", "GB/s", 1e9, 3350.0, 1.0, 50.0,
-                "Peak DRAM (HBM) bandwidth."),
-    CustomField("l2_bytes", "L2 size", "MiB", 2**20, 50.0, 0.25, 1.0),
-    CustomField("l2_bandwidth_bytes_per_s", "L2 bandwidth", "GB/s", 1e9, 10000.0, 1.0, 500.0,
-                "L2 <-> SM bandwidth (an estimate on every GPU)."),
-    CustomField("num_sms", "SMs", "count", 1, 132.0, 1.0, 1.0),
-    CustomField("smem_bytes_per_sm", "Shared memory per SM", "KiB", 1024, 228.0, 16.0, 4.0),
-    CustomField("smem_bytes_per_block", "Shared memory per block", "KiB", 1024, 227.0, 16.0, 4.0,
-                "At most the shared memory per SM."),
-    CustomField("tensor_flops_per_s", "Tensor-core fp16/bf16 peak", "TFLOP/s", 1e12, 989.4, 0.1, 10.0,
-                "Dense matmul peak for fp16 and bf16."),
-    CustomField("fp32_flops_per_s", "CUDA-core fp32 peak", "TFLOP/s", 1e12, 66.9, 0.1, 1.0),
-)
-CUSTOM_PROFILE_FIELDS_KEYS = tuple("w_custom_" + f.name for f in CUSTOM_PROFILE_FIELDS)
-
-
-def profile_names() -> list[str]:
-    """Names of sim's built-in GPU profiles (empty when sim is unavailable)."""
-    sim, _ = import_sim()
-    return sorted(sim.PROFILES) if sim is not None else []
-
-
-def default_profile_name() -> str:
-    names = profile_names()
-    return "h100" if "h100" in names else (names[0] if names else CUSTOM)
-
-
-def profile_label(name: str) -> str:
-    """Readable label of a profile name for the selectbox."""
-    if name == CUSTOM:
-        return "Custom GPU…"
-    sim, _ = import_sim()
-    prof = sim.PROFILES.get(name) if sim is not None else None
-    desc = getattr(prof, "description", "")
-    return f"{name} — {desc}" if desc else name
-
-
-def profile_for_gpu(gpu_name: str) -> str | None:
-    """The built-in profile matching a GPU name from a results file's provenance
-    (``sim.profile_for_gpu_name``), or None."""
-    sim, _ = import_sim()
-    prof = importlib.import_module("sim.profiles").profile_for_gpu_name(gpu_name) if sim else None
-    return prof.name if prof is not None else None
-
-
-def _profile(name: str, custom: tuple | None):
-    """A ``sim.GPUProfile``: a built-in one by name, or the custom one from ``(field, value)``
-    pairs typed in the sidebar's units."""
-    sim = _sim()
-    if name != CUSTOM:
-        if name not in sim.PROFILES:
-            raise ValueError(f"unknown GPU profile {name!r}; known: {sorted(sim.PROFILES)}")
-        return sim.PROFILES[name]
-    typed = dict(custom or ())
-    fields = {f.name: f for f in CUSTOM_PROFILE_FIELDS}
-    values = {k: typed.get(k, fields[k].default) * fields[k].factor for k in fields}
-    for k in ("l2_bytes", "smem_bytes_per_sm", "smem_bytes_per_block", "num_sms"):
-        values[k] = int(round(values[k]))
-    tensor = values.pop("tensor_flops_per_s")
-    values["tensor_flops_per_s"] = {"fp16": tensor, "bf16": tensor}
-    return sim.GPUProfile(name="custom", description="custom GPU", **values)
-
-
-def _workload(seq_len, head_dim, batch, heads, dtype, pass_, causal, density):
-    # density 1.0 is dense attention: no block mask at all (not a mask that keeps every tile)
-    return _sim().Workload(batch=batch, heads=heads, seq_len_q=seq_len, head_dim=head_dim,
-                           dtype=dtype, causal=causal, pass_=pass_,
-                           block_density=None if density >= 1.0 else float(density))
-
-
-def _schedule(name, block_q=None, block_k=None):
-    return _sim().Schedule(name=name, block_q=block_q, block_k=block_k)
-
-
-L2_MODES = {"analytic": "analytic estimate (fast)", "trace": "trace replay (exact, slow at large N)"}
-# Largest batch·heads·N² for which the Explore page replays the trace through the L2 model:
-# at 16·8192² the naive schedule's replay takes a few seconds on a laptop, and grows as N².
-TRACE_L2_MAX_SCORES = 16 * 8192**2
-
-
-def trace_l2_affordable(batch: int, heads: int, seq_len: int) -> bool:
-    """Whether the trace-replay L2 model is quick enough to run interactively."""
-    return batch * heads * seq_len**2 <= TRACE_L2_MAX_SCORES
-
-
-def _predict(workload, schedule, profile, l2: str = "analytic", calibration=None) -> dict:
-    """sim.predict(...).to_dict() without its nested (dict-valued) entries. ``calibration``: as
-    sim.predict (None: raw time only)."""
-    d = _sim().predict(workload, schedule, profile, l2=l2, calibration=calibration).to_dict()
-    return {k: v for k, v in d.items() if not isinstance(v, (dict, list, tuple))}
-
-
-NO_CALIBRATION = "(none)"
-
-
-def calibration_path(name: str | None) -> Path | None:
-    """The results file of :func:`results_choices` named ``name``, or None for no calibration
-    (``None`` or :data:`NO_CALIBRATION`)."""
-    if not name or name == NO_CALIBRATION:
-        return None
-    for path in shipped_results():
-        if _choice_name(path) == name:
-            return path
-    raise FileNotFoundError(f"results file {name!r} is no longer available")
-
-
-def _ceilings(profile, dtype: str) -> dict:
-    """Roofline ceilings of a profile for ``dtype``: DRAM bandwidth (bytes/s), matmul peak and
-    CUDA-core fp32 peak (FLOP/s)."""
-    return {"name": profile.description or profile.name,
-            "dram_bandwidth": float(profile.hbm_bandwidth_bytes_per_s),
-            "l2_bandwidth": float(profile.l2_bandwidth_bytes_per_s or 0.0),
-            "matmul_peak": float(profile.matmul_flops_per_s(dtype)),
-            "fp32_peak": float(profile.fp32_flops_per_s)}
-
-
-def _row(schedule: str, pred: dict) -> dict:
-    """One schedule's prediction with the derived presentation columns."""
-    row = {"schedule": schedule, **pred}
-    row["global_bytes"] = pred["hbm_read_bytes"] + pred["hbm_write_bytes"]
-    row["dram_bytes"] = pred["dram_read_bytes"] + pred["dram_write_bytes"]
-    row["intensity_global"] = pred["flops"] / max(1, row["global_bytes"])    # FLOP / byte
-    row["intensity_dram"] = pred["flops"] / max(1, row["dram_bytes"])
-    row["achieved_flops"] = pred["flops"] / (pred["predicted_ms"] * 1e-3)   # FLOP / s
-    return row
-
-
-@st.cache_data(show_spinner=False, max_entries=256)
-def compare_schedules(seq_len: int, head_dim: int, batch: int, heads: int, dtype: str,
-                      pass_: str, causal: bool, density: float, profile: str,
-                      custom: tuple | None = None, l2: str = "analytic",
-                      calibrate_on: str | None = None) -> tuple[pd.DataFrame, dict]:
-    """naive, flash1 and flash2 (default block sizes) for one workload on one profile.
-
-    Returns ``(table, ceilings)``: one row per schedule with sim's prediction (``to_dict()``
-    keys) plus ``global_bytes``, ``dram_bytes``, arithmetic intensities (FLOP/byte) and the
-    roofline-implied FLOP/s; ``ceilings`` for the roofline chart. ``calibrate_on``: the
-    results file (a name of :func:`results_choices`) the calibrated time is fitted on, passed
-    to sim.predict as its ``calibration``; None: no calibrated time.
-    """
-    prof = _profile(profile, custom)
-    wl = _workload(seq_len, head_dim, batch, heads, dtype, pass_, causal, density)
-    cal = calibration_path(calibrate_on)
-    rows = [_row(name, _predict(wl, _schedule(name), prof, l2, cal)) for name in SCHEDULES]
-    return pd.DataFrame(rows), _ceilings(prof, dtype)
-
-
-SCHEDULE_COLUMNS = {
-    "schedule": "schedule", "block_q": "block_q", "block_k": "block_k",
-    "hbm_read_bytes": "global read (B)", "hbm_write_bytes": "global write (B)",
-    "dram_read_bytes": "DRAM read (B)", "dram_write_bytes": "DRAM write (B)",
-    "flops": "FLOPs", "matmul_flops": "matmul FLOPs",
-    "intensity_global": "FLOP / global byte", "intensity_dram": "FLOP / DRAM byte",
-    "sram_bytes_per_block": "SRAM per block (B)", "blocks_per_sm": "blocks / SM",
-    "predicted_ms": "predicted (ms)", "predicted_ms_calibrated": "calibrated (ms)",
-    "bound": "bound by", "l2_model": "L2 model",
-}
-
-
-def display_schedule_table(table: pd.DataFrame) -> pd.DataFrame:
-    """The schedule table with readable column names, in a fixed order (the calibrated time
-    only when one was asked for)."""
-    cols = [c for c in SCHEDULE_COLUMNS if c in table
-            and not (c == "predicted_ms_calibrated" and table[c].isna().all())]
-    return table[cols].rename(columns=SCHEDULE_COLUMNS)
-
-
-def model_notes() -> str:
-    """The model's stated assumptions, when sim documents them."""
-    sim, _ = import_sim()
-    note = getattr(sim, "MODEL_NOTES", None) if sim is not None else None
-    return note or (
-        "Predicted time is sim's roofline, per kernel phase: max(DRAM bytes / DRAM bandwidth, "
-        "global bytes / L2 bandwidth, matmul FLOPs / matmul peak, other FLOPs / fp32 peak), "
-        "divided by the SMs' utilisation (wave quantisation of the thread blocks). Raw = at peak; "
-        "calibrated (only with a file chosen under *Calibrate time on*) = with efficiency "
-        "factors fitted on that file's records of the same GPU and kernel program. "
-        "`python -m sim predict ... --l2 analytic [--calibrate-on FILE]` (or `--l2 trace`) "
-        "gives the same numbers.")
-
-
-GRID_METRICS = {
-    "predicted_ms": "Predicted time (ms)",
-    "global_bytes": "Global-memory bytes",
-    "dram_bytes": "DRAM bytes",
-    "sram_bytes_per_block": "SRAM per block (bytes)",
-}
-
-
-def fmt_metric(metric: str, value: float) -> str:
-    """A grid metric's value with its unit."""
-    if metric == "predicted_ms":
-        return f"{value:.3g} ms"
-    from dashboard.figures import fmt_bytes
-    return fmt_bytes(value)
-
-
-BLOCK_SIZES = (16, 32, 64, 128, 256)
-
-
-@st.cache_data(show_spinner=False, max_entries=128)
-def block_grid(schedule: str, seq_len: int, head_dim: int, batch: int, heads: int, dtype: str,
-               pass_: str, causal: bool, profile: str, custom: tuple | None = None,
-               density: float = 1.0) -> pd.DataFrame:
-    """Every (block_q, block_k) in ``BLOCK_SIZES``² from ``sim.search_blocks`` (analytic L2).
-
-    Columns: block_q, block_k, the ``GRID_METRICS`` (NaN where infeasible, except the SRAM
-    footprint), blocks_per_sm, ``feasible`` and ``why`` (why a block size does not fit).
-    """
-    sim = _sim()
-    prof = _profile(profile, custom)
-    wl = _workload(seq_len, head_dim, batch, heads, dtype, pass_, causal, density)
-    res = sim.search_blocks(wl, prof, schedule, blocks=BLOCK_SIZES, l2="analytic")
-    rows = []
-    for r in res.grid:
-        row = _row(schedule, {k: v for k, v in r.items() if not isinstance(v, (dict, list))})
-        rows.append({"block_q": r["block_q"], "block_k": r["block_k"],
-                     **{m: row[m] for m in GRID_METRICS}, "blocks_per_sm": r["blocks_per_sm"],
-                     "feasible": True, "why": ""})
-    for bq, bk, sram in res.infeasible:
-        why = (f"needs {sram:,} B of shared memory per block; {prof.name} has "
-               f"{prof.smem_bytes_per_block:,}" if sram > prof.smem_bytes_per_block else
-               "no thread block fits on an SM (occupancy 0)")
-        rows.append({"block_q": bq, "block_k": bk, **{m: np.nan for m in GRID_METRICS},
-                     "sram_bytes_per_block": sram, "blocks_per_sm": 0, "feasible": False, "why": why})
-    return pd.DataFrame(rows).sort_values(["block_q", "block_k"]).reset_index(drop=True)
-
-
-@st.cache_data(show_spinner=False, max_entries=128)
-def scaling(seq_lens: tuple[int, ...], head_dim: int, batch: int, heads: int, dtype: str,
-            pass_: str, causal: bool, density: float, profile: str,
-            custom: tuple | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The three schedules over ``seq_lens``; returns ``(table, bounds)``.
-
-    ``table``: one row per (N, schedule) with global/DRAM bytes, predicted time and the extra
-    memory the schedule allocates beyond Q, K, V and O (``extra_memory_bytes``).
-    ``bounds``: per N, the papers' Θ(Nd + N²) (standard attention) and Θ(N²d²/M) (FlashAttention,
-    M = shared memory per block in elements) curves, each scaled to equal the model's naive /
-    flash1 global bytes at the smallest N (only the shape is the papers'; the constant is not).
-    """
-    prof = _profile(profile, custom)
-    rows = []
-    for n in seq_lens:
-        wl = _workload(n, head_dim, batch, heads, dtype, pass_, causal, density)
-        for name in SCHEDULES:
-            row = _row(name, _predict(wl, _schedule(name), prof, "analytic"))
-            rows.append({"seq_len": n, "schedule": name, "global_bytes": row["global_bytes"],
-                         "dram_bytes": row["dram_bytes"], "predicted_ms": row["predicted_ms"],
-                         "extra_memory_bytes": _extra_memory(row, wl)})
-    table = pd.DataFrame(rows)
-    n = np.asarray(seq_lens, dtype=float)
-    d = float(head_dim)
-    m_elems = float(_smem_per_block(prof)) / _dtype_bytes(dtype)
-    naive_shape = n * d + n**2
-    flash_shape = n**2 * d**2 / m_elems
-    first = table[table["seq_len"] == seq_lens[0]].set_index("schedule")["global_bytes"]
-    bounds = pd.DataFrame({
-        "seq_len": seq_lens,
-        "naive_bound": naive_shape * first["naive"] / naive_shape[0],
-        "flash_bound": flash_shape * first["flash1"] / flash_shape[0],
-    })
-    return table, bounds
-
-
-def _dtype_bytes(dtype: str) -> int:
-    return {"fp16": 2, "bf16": 2, "fp32": 4}[dtype]
-
-
-def _smem_per_block(profile) -> int:
-    return int(profile.smem_bytes_per_block)
-
-
-def _extra_memory(row: dict, w) -> float:
-    """Device memory a forward allocates besides Q, K, V and O (bytes): naive holds the N×N
-    scores S and probabilities P (dtype) at once; flash2 keeps the logsumexp, flash1 the row
-    statistics l and m (float32 per query row). Counted here because sim has no memory model."""
-    rows = w.batch * w.heads * w.seq_len_q
-    if row["schedule"] == "naive":
-        return float(2 * rows * w.seq_len_k * w.dtype_bytes)
-    return float(rows * 4 * (2 if row["schedule"] == "flash1" else 1))
-
-
-# ------------------------------------------------------------------------------------------------
-# Results: choices, the join with predictions, errors
-# ------------------------------------------------------------------------------------------------
-def results_choices() -> list[str]:
-    """Display names of the results files the app offers (see :func:`shipped_results`)."""
-    return [_choice_name(p) for p in shipped_results()]
-
-
-def _choice_name(path: Path) -> str:
-    try:
-        return str(path.resolve().relative_to(ROOT))
-    except ValueError:
-        return str(path)
-
-
-def load_results_choice(name: str) -> dict:
-    """Load one of :func:`results_choices` by its display name."""
-    for path in shipped_results():
-        if _choice_name(path) == name:
-            return load_results_path(path)
-    raise FileNotFoundError(f"results file {name!r} is no longer available")
-
-
-_SHORT_LABELS = {"global_bytes": "Global-memory bytes", "dram_bytes": "DRAM bytes",
-                 "flops": "FLOPs", "time_raw": "Time, raw roofline (ms)",
-                 "time_calibrated": "Time, calibrated (ms)"}
-
-
-def compared_metrics() -> dict:
-    """``{metric: short label}`` of the metrics ``sim.compare`` compares (global bytes, DRAM
-    bytes, FLOPs, raw and calibrated time)."""
-    return {m: _SHORT_LABELS.get(m, spec[0])
-            for m, spec in importlib.import_module("sim.compare").METRICS.items()}
-
-
-@st.cache_data(show_spinner="Predicting every record…", max_entries=32)
-def compare_measured(digest: str, profile: str, l2: str, _records: list) -> dict:
-    """Join measured records with sim's predictions (``sim.compare.compare``) on ``profile``.
-
-    ``digest`` identifies the records (content hash of the file) for the cache. Returns
-    ``{"records": DataFrame (one row per record: key fields, measured_/predicted_/rel_error_
-    per metric, model_note), "summary": sim.compare.summary, "blocks":
-    sim.compare.block_size_check}``.
-    """
-    cmp = importlib.import_module("sim.compare")
-    df = cmp.compare(list(_records), profile, l2=l2)
-    df = df.drop(columns=[c for c in ("efficiency",) if c in df])
-    return {"records": df, "summary": cmp.summary(df), "blocks": cmp.block_size_check(df)}
-
-
-def filter_records(df: pd.DataFrame, filters: dict) -> pd.DataFrame:
-    """Rows of ``df`` whose ``field`` (as text) is among the chosen values, for each filter."""
-    keep = np.ones(len(df), dtype=bool)
-    for field, chosen in filters.items():
-        if field in df:
-            keep &= df[field].astype(str).isin([str(c) for c in chosen]).to_numpy()
-    return df[keep].reset_index(drop=True)
-
-
-def compare_summary(view: pd.DataFrame) -> pd.DataFrame:
-    """``sim.compare.summary`` of the (filtered) joined records."""
-    return importlib.import_module("sim.compare").summary(view)
-
-
-def display_summary(summary: pd.DataFrame) -> pd.DataFrame:
-    """``sim.compare.summary`` with readable columns (percentages as text)."""
-    if summary.empty:
-        return pd.DataFrame(columns=["metric", "records", "n"])
-    out = summary.copy()
-    for col in ("median_abs_err_pct", "max_abs_err_pct", "mean_signed_err_pct", "target_pct",
-                "within_target_pct", "required_pct"):
-        if col in out:
-            out[col] = [("—" if v is None or pd.isna(v) else f"{v:.1f}%") for v in out[col]]
-    out["met"] = ["—" if v is None or pd.isna(v) else ("yes" if v else "NO") for v in out["met"]]
-    return out.rename(columns={
-        "median_abs_err_pct": "median |error|", "max_abs_err_pct": "max |error|",
-        "mean_signed_err_pct": "mean error (bias)", "target_pct": "target |error|",
-        "within_target_pct": "within target", "required_pct": "required share", "met": "target met"})
-
-
-def measured_blocks(results_name: str, schedule: str, seq_len: int, head_dim: int, batch: int,
-                    heads: int, dtype: str, pass_: str, causal: bool, profile: str,
-                    custom: tuple | None = None, density: float = 1.0) -> pd.DataFrame:
-    """Measured runs of our kernel (``kernel == "ioaware-numba"``) of ``schedule`` on exactly the
-    given workload (N, d, dtype, causal, pass, batch·heads): columns block_q, block_k and the
-    median time_ms over repeated records."""
-    loaded = load_results_choice(results_name)
-    df = loaded["records"]
-    if df.empty:
-        return pd.DataFrame(columns=["block_q", "block_k", "time_ms"])
-    if "variant" in df:  # the tensor-core forward is another kernel than the modelled schedule
-        df = df[df["variant"].fillna("simt") == "simt"]
-    sel = df[(df["kernel"] == "ioaware-numba") & (df["schedule"] == schedule)
-             & (df["seq_len_q"] == seq_len) & (df["seq_len_k"] == seq_len)
-             & (df["head_dim"] == head_dim) & (df["dtype"] == dtype)
-             & (df["causal"].astype(bool) == causal) & (df["pass"] == pass_)
-             & (df["batch"] * df["heads"] == batch * heads)
-             & df["block_q"].notna() & df["block_k"].notna()]
-    out = sel[["block_q", "block_k", "time_ms"]].copy()
-    out[["block_q", "block_k"]] = out[["block_q", "block_k"]].astype(int)
-    return out.groupby(["block_q", "block_k"], as_index=False)["time_ms"].median()
-
-
-def measured_workloads(results_name: str, schedule: str) -> pd.DataFrame:
-    """The distinct workloads with runs of our kernel (``ioaware-numba``) of ``schedule`` in a
-    results file, with how many block sizes each has — what the overlay can show."""
-    df = load_results_choice(results_name)["records"]
-    cols = ["seq_len_q", "head_dim", "dtype", "causal", "pass", "batch", "heads"]
-    if df.empty:
-        return pd.DataFrame(columns=cols + ["block_sizes"])
-    sel = df[(df["kernel"] == "ioaware-numba") & (df["schedule"] == schedule)
-             & (df["seq_len_q"] == df["seq_len_k"]) & df["block_q"].notna()]
-    return (sel.groupby(cols).size().rename("block_sizes").reset_index()
-            .sort_values(["block_sizes"], ascending=False).reset_index(drop=True))
-
-
-def measured_at(measured: pd.DataFrame, best) -> str:
-    """Measured time at the predicted optimum's block size, as text ("not measured" if absent)."""
-    hit = measured[(measured["block_q"] == int(best["block_q"]))
-                   & (measured["block_k"] == int(best["block_k"]))]
-    if hit.empty:
-        return "— not measured"
-    t, tmin = float(hit["time_ms"].iloc[0]), float(measured["time_ms"].min())
-    return f"{t:.3g} ms, {t / tmin - 1:+.1%} vs the measured optimum"
-
-
-# ------------------------------------------------------------------------------------------------
-# Step through: sim.trace of a small problem
-# ------------------------------------------------------------------------------------------------
-TRACE_TENSORS = ("Q", "K", "V", "O")
-
-
-@st.cache_data(show_spinner=False, max_entries=64)
-def trace_walk(schedule: str, seq_len: int, head_dim: int, block_q: int, block_k: int,
-               causal: bool, dtype: str = "fp16") -> dict:
-    """The event trace (``sim.trace``) of one forward of a single-head problem, for the step view.
-
-    A *step* is one (phase, program, step) group of consecutive trace events: for the tiled
-    schedules one tile of work (or a program's prologue / epilogue), for ``naive`` one kernel's
-    pass. Returns ``{"events": DataFrame[step, phase, program, op, tensor, q_block, k_block,
-    row_start, row_stop, bytes], "steps": DataFrame[step, phase, q_block, k_block, read_bytes,
-    write_bytes, cum_read, cum_write, flops], "n_blocks_q", "n_blocks_k", "block_q", "block_k",
-    "total_bytes", "schedule"}``. Blocks of naive's whole-tensor passes are counted in the
-    page's block_q / block_k for display.
-    """
-    sim = _sim()
-    ops = importlib.import_module("sim.trace").OPS
-    wl = _workload(seq_len, head_dim, 1, 1, dtype, "fwd", causal, 1.0)
-    tiled = schedule != "naive"
-    tr = sim.trace(wl, sim.Schedule(schedule, block_q if tiled else None, block_k if tiled else None),
-                   block_q=block_q if tiled else None, block_k=block_k if tiled else None)
-    c = tr.columns
-    key = np.stack([c["phase"], c["program"], c["step"]], 1)
-    new = np.ones(len(key), dtype=bool)
-    new[1:] = (key[1:] != key[:-1]).any(1)
-    step = np.cumsum(new) - 1
-    op_names = np.asarray(ops)[c["op"]]
-    tensors = np.asarray(list(tr.tensors) + [""])[np.where(c["tensor"] >= 0, c["tensor"], len(tr.tensors))]
-    ev = pd.DataFrame({"step": step, "phase": np.asarray(tr.phases)[c["phase"]],
-                       "program": c["program"], "op": op_names, "tensor": tensors,
-                       "q_block": c["m"], "k_block": c["n"], "row_start": c["row_start"],
-                       "row_stop": c["row_stop"], "bytes": c["bytes"],
-                       "flops": c["matmul_flops"] + c["other_flops"]})
-    read = np.where(ev["op"] == "load", ev["bytes"], 0)
-    write = np.where(ev["op"].isin(["store", "atomic"]), ev["bytes"], 0)
-    steps = ev.assign(read_bytes=read, write_bytes=write).groupby("step", as_index=False).agg(
-        phase=("phase", "first"), q_block=("q_block", "max"), k_block=("k_block", "max"),
-        read_bytes=("read_bytes", "sum"), write_bytes=("write_bytes", "sum"), flops=("flops", "sum"))
-    steps["cum_read"] = steps["read_bytes"].cumsum()
-    steps["cum_write"] = steps["write_bytes"].cumsum()
-    mem = ev[ev["op"] != "compute"].drop(columns=["flops"]).reset_index(drop=True)
-    tensors = ("Q", "K", "V", "S", "P", "O") if schedule == "naive" else TRACE_TENSORS
-    return {"events": mem, "steps": steps, "block_q": block_q, "block_k": block_k,
-            "tensors": tensors,
-            "n_blocks_q": -(-seq_len // block_q), "n_blocks_k": -(-seq_len // block_k),
-            "total_bytes": int(read.sum() + write.sum()), "schedule": schedule}
-
-
-def _blocks_touched(rows: pd.DataFrame, block: int) -> set[int]:
-    out: set[int] = set()
-    for r0, r1 in zip(rows["row_start"], rows["row_stop"]):
-        if r1 > r0:
-            out.update(range(int(r0) // block, (int(r1) - 1) // block + 1))
-    return out
-
-
-def trace_state(walk: dict, step: int) -> dict:
-    """What the step view shows at ``step``: bytes so far, this step's events, and per tensor
-    (Q, K, V, O) which blocks are on chip now and which have been moved before."""
-    steps, events = walk["steps"], walk["events"]
-    step = int(min(max(step, 0), len(steps) - 1))
-    upto = steps.iloc[: step + 1]
-    read, write = int(upto["cum_read"].iloc[-1]), int(upto["cum_write"].iloc[-1])
-    current = steps.iloc[step]
-    size = {"Q": walk["block_q"], "O": walk["block_q"], "S": walk["block_q"], "P": walk["block_q"],
-            "K": walk["block_k"], "V": walk["block_k"]}
-    on_chip, moved = {}, {}
-    for t in walk["tensors"]:
-        ev_t = events[events["tensor"] == t]
-        on_chip[t] = _blocks_touched(ev_t[ev_t["step"] == step], size[t])
-        moved[t] = _blocks_touched(ev_t[ev_t["step"] <= step], size[t])
-    # the tile being computed holds Q and O rows of its Q block, K and V rows of its K block
-    qb, kb = int(current["q_block"]), int(current["k_block"])
-    if qb >= 0:
-        on_chip["Q"].add(qb)
-        on_chip["O"].add(qb)
-    if kb >= 0:
-        on_chip["K"].add(kb)
-        on_chip["V"].add(kb)
-    tiles = upto[(upto["q_block"] >= 0) & (upto["k_block"] >= 0)]
-    return {"read_bytes": read, "write_bytes": write,
-            "fraction": (read + write) / max(1, walk["total_bytes"]),
-            "events": events[events["step"] == step].reset_index(drop=True),
-            "on_chip": on_chip, "moved": moved, "phase": str(current["phase"]),
-            "tiles_done": list(zip(tiles["q_block"].astype(int), tiles["k_block"].astype(int))),
-            "tile": (qb, kb)}

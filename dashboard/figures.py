@@ -8,78 +8,33 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
-from plotly.subplots import make_subplots
+
+from dashboard import fmt
 
 SCHEDULE_COLORS = {"naive": "#d62728", "flash1": "#ff7f0e", "flash2": "#1f77b4"}
+SCHEDULE_LABELS = {"naive": "Standard attention", "flash1": "FlashAttention",
+                   "flash2": "FlashAttention-2"}
+ROOFLINE = "roofline bound at peak rates"
 # No per-figure template: applying one deep-copies it on every figure (~50 ms each); in the app
 # Streamlit's own chart theme styles the figures, and downloads use Plotly's default look.
 
 
 def fmt_bytes(n: float) -> str:
     """Human-readable bytes (powers of 1000, as bandwidth figures are quoted)."""
-    n = float(n)
-    for unit in ("B", "kB", "MB", "GB", "TB", "PB"):
-        if abs(n) < 1000 or unit == "PB":
-            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.2f} {unit}"
-        n /= 1000
-    return f"{n:.2f} PB"
+    return fmt.bytes_(n)
+
+
+def _label(schedule: str) -> str:
+    return SCHEDULE_LABELS.get(schedule, schedule)
 
 
 def _layout(fig: go.Figure, title: str, height: int = 380, **kwargs) -> go.Figure:
-    fig.update_layout(title=dict(text=title, font=dict(size=14)), height=height,
-                      margin=dict(l=60, r=20, t=50, b=50), legend=dict(orientation="h", y=-0.2),
-                      **kwargs)
+    # the title sits below the chart's toolbar (which Plotly draws at the top right)
+    fig.update_layout(title=dict(text=title, font=dict(size=14), x=0, xref="paper", xanchor="left",
+                                 y=1, yref="container", yanchor="top", pad=dict(t=32)),
+                      height=height, margin=dict(l=60, r=20, t=72 if title else 40, b=50),
+                      legend=dict(orientation="h", y=-0.2), **kwargs)
     return fig
-
-
-# ------------------------------------------------------------------------------------------------
-# Online softmax (page 5)
-# ------------------------------------------------------------------------------------------------
-def softmax_state(walk: dict) -> go.Figure:
-    """Running max m and running sum l after each key block."""
-    steps = walk["steps"]
-    fig = make_subplots(specs=[[{"secondary_y": True}]])
-    fig.add_trace(go.Scatter(x=steps["key_block"], y=steps["block_max"], name="max of block",
-                             mode="markers", marker=dict(symbol="x", size=9, color="#999")))
-    fig.add_trace(go.Scatter(x=steps["key_block"], y=steps["m"], name="running max m",
-                             mode="lines+markers", line=dict(shape="hv")))
-    fig.add_trace(go.Scatter(x=steps["key_block"], y=steps["l"], name="running sum l",
-                             mode="lines+markers"), secondary_y=True)
-    fig.update_xaxes(title="key block arrived", dtick=1)
-    fig.update_yaxes(title="m (score units)", secondary_y=False)
-    fig.update_yaxes(title="l = Σ exp(s − m)", secondary_y=True)
-    return _layout(fig, "Running max and sum")
-
-
-def softmax_output(walk: dict, max_dims: int = 8) -> go.Figure:
-    """The normalised output o = acc / l after each key block (first ``max_dims`` dims)."""
-    out = walk["output"]
-    fig = go.Figure()
-    for dim in sorted(out["dim"].unique())[:max_dims]:
-        sel = out[out["dim"] == dim]
-        fig.add_trace(go.Scatter(x=sel["key_block"], y=sel["o"], mode="lines+markers",
-                                 name=f"o[{dim}]"))
-    fig.update_xaxes(title="key block arrived", dtick=1)
-    fig.update_yaxes(title="output so far")
-    return _layout(fig, "Output o after each key block")
-
-
-def softmax_scores(walk: dict, block_k: int) -> go.Figure:
-    """Scores of the row coloured by key block, with the final softmax probabilities."""
-    sc = walk["scores"]
-    vis = sc[sc["visible"]]
-    fig = make_subplots(specs=[[{"secondary_y": True}]])
-    fig.add_trace(go.Bar(x=vis["key"], y=vis["score"], name="score s",
-                         marker=dict(color=(vis["key"] // block_k) % 2, colorscale=[[0, "#9ecae1"], [1, "#3182bd"]])))
-    fig.add_trace(go.Scatter(x=vis["key"], y=vis["p_final"], name="softmax p", mode="lines",
-                             line=dict(color="#d62728")), secondary_y=True)
-    fig.update_layout(shapes=[dict(type="line", x0=edge - 0.5, x1=edge - 0.5, y0=0, y1=1,
-                                   yref="paper", line=dict(color="#bbb", dash="dot", width=1))
-                              for edge in range(block_k, int(vis["key"].max()) + 1, block_k)])
-    fig.update_xaxes(title="key index (alternating shades = key blocks)")
-    fig.update_yaxes(title="s", secondary_y=False)
-    fig.update_yaxes(title="p", secondary_y=True)
-    return _layout(fig, "Scores of the row, one key block at a time", height=320)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -91,8 +46,9 @@ def schedule_bytes(table: pd.DataFrame) -> go.Figure:
     parts = [("hbm_read_bytes", "global read", "#6baed6"), ("hbm_write_bytes", "global write", "#2171b5"),
              ("dram_read_bytes", "DRAM read", "#fd8d3c"), ("dram_write_bytes", "DRAM write", "#d94701")]
     for col, name, color in parts:
-        fig.add_trace(go.Bar(x=table["schedule"], y=table[col], name=name, marker_color=color,
-                             hovertemplate="%{x}: %{y:.4s}B<extra>" + name + "</extra>"))
+        fig.add_trace(go.Bar(x=table["schedule"].map(_label), y=table[col], name=name,
+                             marker_color=color,
+                             hovertemplate="%{x}: %{y:.3s}B<extra>" + name + "</extra>"))
     fig.update_layout(barmode="group")
     fig.update_yaxes(type="log", title="bytes")
     return _layout(fig, "Bytes moved: global memory and DRAM")
@@ -122,17 +78,17 @@ def roofline(table: pd.DataFrame, ceilings: dict) -> go.Figure:
         color = SCHEDULE_COLORS.get(r["schedule"], "#333")
         y = r["achieved_flops"] / 1e12
         fig.add_trace(go.Scatter(x=[r["intensity_dram"]], y=[y], mode="markers+text",
-                                 text=[r["schedule"]], textposition="top center",
-                                 marker=dict(size=13, color=color), name=r["schedule"],
+                                 text=[_label(r["schedule"])], textposition="top center",
+                                 marker=dict(size=13, color=color), name=_label(r["schedule"]),
                                  hovertemplate="%{x:.3g} FLOP/B, %{y:.3g} TFLOP/s"))
         fig.add_trace(go.Scatter(x=[r["intensity_global"]], y=[y], mode="markers",
                                  marker=dict(size=11, color="white", line=dict(color=color, width=2)),
-                                 name=f"{r['schedule']} (global bytes)", showlegend=False,
+                                 name=f"{_label(r['schedule'])} (global bytes)", showlegend=False,
                                  hovertemplate="%{x:.3g} FLOP/B, %{y:.3g} TFLOP/s"))
     fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name="hollow: per global byte",
                              marker=dict(size=11, color="white", line=dict(color="#333", width=2))))
     fig.update_xaxes(type="log", title="arithmetic intensity (FLOP / byte)")
-    fig.update_yaxes(type="log", title="TFLOP/s (FLOPs / predicted time)")
+    fig.update_yaxes(type="log", title="TFLOP/s at the roofline bound")
     return _layout(fig, f"Roofline: {ceilings['name']}, DRAM {bw / 1e9:,.0f} GB/s", height=420)
 
 
@@ -170,7 +126,7 @@ def block_heatmap(grid: pd.DataFrame, metric: str, label: str,
     if measured is not None and not measured.empty:
         fig.add_trace(go.Scatter(
             x=measured["block_k"].astype(str), y=measured["block_q"].astype(str), mode="markers+text",
-            text=[f"{t:.3g} ms" for t in measured["time_ms"]], textposition="bottom center",
+            text=[fmt.ms(t) for t in measured["time_ms"]], textposition="bottom center",
             textfont=dict(color="white"), name="measured",
             marker=dict(symbol="circle-open", size=18, color="white", line=dict(width=2))))
         mbest = measured.loc[measured["time_ms"].idxmin()]
@@ -178,64 +134,71 @@ def block_heatmap(grid: pd.DataFrame, metric: str, label: str,
                                  mode="markers", name="measured optimum",
                                  marker=dict(symbol="diamond-open", size=28, color="red",
                                              line=dict(width=3))))
-    fig.update_xaxes(title="block_k (keys per tile)", type="category")
-    fig.update_yaxes(title="block_q (queries per tile)", type="category")
+    fig.update_xaxes(title="keys per tile (block_k)", type="category")
+    fig.update_yaxes(title="queries per tile (block_q)", type="category")
     return _layout(fig, f"{label} over block sizes", height=480)
 
 
 # ------------------------------------------------------------------------------------------------
 # Scaling (page 3)
 # ------------------------------------------------------------------------------------------------
-def _per_schedule(fig, table, col, fmt):
+def _per_schedule(fig, table, col, hover, unit=""):
     for name, sel in table.groupby("schedule", sort=False):
-        fig.add_trace(go.Scatter(x=sel["seq_len"], y=sel[col], mode="lines+markers", name=name,
+        label = _label(name)
+        fig.add_trace(go.Scatter(x=sel["seq_len"], y=sel[col], mode="lines+markers", name=label,
                                  line=dict(color=SCHEDULE_COLORS.get(name)),
-                                 hovertemplate="N=%{x}: %{y:" + fmt + "}<extra>" + name + "</extra>"))
+                                 hovertemplate="N = %{x:,}: %{y:" + hover + "}" + unit
+                                               + "<extra>" + label + "</extra>"))
 
 
-def _loglog(fig, ytitle):
+def _loglog(fig, ytitle, mark_n=None):
     fig.update_xaxes(type="log", title="sequence length N", dtick=np.log10(2) * 2,
-                     tickformat="d")
+                     tickformat=",d")
     fig.update_yaxes(type="log", title=ytitle)
+    if mark_n:
+        fig.add_vline(x=mark_n, line=dict(color="#555", dash="dot", width=1),
+                      annotation_text=f"N = {mark_n:,}", annotation_position="top left")
 
 
-def scaling_bytes(table: pd.DataFrame, bounds: pd.DataFrame) -> go.Figure:
+def scaling_bytes(table: pd.DataFrame, bounds: pd.DataFrame, mark_n=None) -> go.Figure:
     """Global-memory bytes against N, with the papers' Θ curves (dashed)."""
     fig = go.Figure()
-    _per_schedule(fig, table, "global_bytes", ".4s")
+    _per_schedule(fig, table, "global_bytes", ".3s", "B")
     fig.add_trace(go.Scatter(x=bounds["seq_len"], y=bounds["naive_bound"], mode="lines",
                              name="Θ(Nd + N²)", line=dict(color=SCHEDULE_COLORS["naive"], dash="dash")))
     fig.add_trace(go.Scatter(x=bounds["seq_len"], y=bounds["flash_bound"], mode="lines",
                              name="Θ(N²d²/M)", line=dict(color=SCHEDULE_COLORS["flash1"], dash="dash")))
-    _loglog(fig, "global-memory bytes")
+    _loglog(fig, "global-memory bytes", mark_n)
     return _layout(fig, "Global-memory traffic against N")
 
 
-def scaling_time(table: pd.DataFrame) -> go.Figure:
-    """Predicted time against N."""
+def scaling_time(table: pd.DataFrame, mark_n=None) -> go.Figure:
+    """The roofline bound at peak rates against N."""
     fig = go.Figure()
-    _per_schedule(fig, table, "predicted_ms", ".3g")
-    _loglog(fig, "predicted time (ms)")
-    return _layout(fig, "Predicted time against N")
+    _per_schedule(fig, table, "predicted_ms", ".3g", " ms")
+    _loglog(fig, ROOFLINE + " (ms)", mark_n)
+    return _layout(fig, "Time against N: " + ROOFLINE)
 
 
-def scaling_memory(table: pd.DataFrame) -> go.Figure:
+def scaling_memory(table: pd.DataFrame, mark_n=None) -> go.Figure:
     """Extra device memory (beyond Q, K, V, O) against N: naive's N² score matrices versus the
     tiled schedules' O(N) statistics."""
     fig = go.Figure()
-    _per_schedule(fig, table, "extra_memory_bytes", ".4s")
-    _loglog(fig, "extra memory (bytes)")
-    return _layout(fig, "Memory beyond Q, K, V and O: naive materialises N×N, tiled does not",
-                   height=340)
+    _per_schedule(fig, table, "extra_memory_bytes", ".3s", "B")
+    _loglog(fig, "extra memory (bytes)", mark_n)
+    return _layout(fig, "Memory beyond Q, K, V and O: standard attention holds N×N, the tiled "
+                        "schedules do not", height=340)
 
 
 # ------------------------------------------------------------------------------------------------
 # Predicted vs measured (page 4)
 # ------------------------------------------------------------------------------------------------
-def predicted_vs_measured(df: pd.DataFrame, metric: str, label: str) -> go.Figure:
+def predicted_vs_measured(df: pd.DataFrame, metric: str, label: str,
+                          labels: dict | None = None) -> go.Figure:
     """Predicted against measured ``metric`` per record (log-log), coloured by kernel, with the
     y = x line and ±25 % band. Columns as ``sim.compare.compare``: ``measured_<metric>``,
     ``predicted_<metric>``, ``rel_error_<metric>``."""
+    labels = labels or {}
     sel = df[df[f"measured_{metric}"].notna() & df[f"predicted_{metric}"].notna()]
     fig = go.Figure()
     if not sel.empty:
@@ -250,11 +213,15 @@ def predicted_vs_measured(df: pd.DataFrame, metric: str, label: str) -> go.Figur
                                  line=dict(color="#bbb", dash="dot")))
         group = "family" if "family" in sel else "kernel"
         for kernel, part in sel.groupby(group):
-            text = [f"{r['pass']} {r['dtype']} N={r['seq_len_q']} d={r['head_dim']}"
-                    f"{' causal' if r['causal'] else ''} blocks {r['block_q']}×{r['block_k']}"
-                    f"<br>error {r[f'rel_error_{metric}']:+.1%}" for _, r in part.iterrows()]
+            text = [f"{r['pass']} {r['dtype']} N={int(r['seq_len_q']):,} d={r['head_dim']}"
+                    f"{' causal' if r['causal'] else ''}"
+                    + ("" if pd.isna(r["block_q"]) else
+                       f", tile {int(r['block_q'])}×{int(r['block_k'])}")
+                    + f"<br>error {fmt.signed_pct(r[f'rel_error_{metric}'])}"
+                    for _, r in part.iterrows()]
             fig.add_trace(go.Scatter(x=part[f"measured_{metric}"], y=part[f"predicted_{metric}"],
-                                     mode="markers", name=str(kernel), text=text,
+                                     mode="markers", name=labels.get(str(kernel), str(kernel)),
+                                     text=text,
                                      hovertemplate="measured %{x:.4g}<br>predicted %{y:.4g}<br>"
                                                    "%{text}<extra></extra>"))
     fig.update_xaxes(type="log", title=f"measured {label}")
@@ -262,68 +229,158 @@ def predicted_vs_measured(df: pd.DataFrame, metric: str, label: str) -> go.Figur
     return _layout(fig, label, height=420)
 
 
-# ------------------------------------------------------------------------------------------------
-# Step through (page 5)
-# ------------------------------------------------------------------------------------------------
-_STATE_COLORS = {"on chip now": "#e6550d", "moved earlier": "#9ecae1", "not yet": "#eeeeee"}
 
 
-def tile_map(walk: dict, state: dict) -> go.Figure:
-    """Left: each tensor's row blocks (on chip now / moved earlier / not yet).
-    Right: the (Q block, K block) tiles, done and current."""
-    nq, nk = walk["n_blocks_q"], walk["n_blocks_k"]
-    tensors = list(walk["tensors"])
+# ------------------------------------------------------------------------------------------------
+# Step through (page 5): figures of a `dashboard.walk.Walk` at one step
+# ------------------------------------------------------------------------------------------------
+_NOW, _BEFORE, _NOT_YET, _SKIPPED = "#e6550d", "#9ecae1", "#eeeeee", "#bdbdbd"
+
+
+def tile_map(walk, step: int, row: int | None = None) -> go.Figure:
+    """Left: each tensor's row blocks (on chip at this step / moved before / not yet), with how
+    many times each block has crossed global memory. Right: the (Q tile, K/V tile) grid: done,
+    current, still to do, never computed (causal). ``row`` (0-based): the followed query row,
+    marked on the grid. Tiles and blocks are numbered from 1."""
+    from dashboard.walk import KEY_SIDE, tensor_label
+
+    nq, nk = walk.n_blocks_q, walk.n_blocks_k
+    tensors = list(walk.tensors)
     width = max(nq, nk)
-    strips = np.full((len(tensors), width), np.nan)
-    labels = np.full((len(tensors), width), "", dtype=object)
+    counts = walk.block_counts[step - 1]
+    chip = walk.on_chip(step)
+    z = np.full((len(tensors), width), np.nan)
+    text = np.full((len(tensors), width), "", dtype=object)
+    hover = np.full((len(tensors), width), "", dtype=object)
     for i, t in enumerate(tensors):
-        n = nk if t in ("K", "V") else nq
-        for b in range(n):
-            code = 2 if b in state["on_chip"][t] else 1 if b in state["moved"][t] else 0
-            strips[i, b] = code
-            labels[i, b] = ("not yet", "moved earlier", "on chip now")[code]
-    z = np.zeros((nq, nk))
-    for m, n in state["tiles_done"]:
-        if 0 <= m < nq and 0 <= n < nk:
-            z[m, n] = 1.0
-    m, n = state["tile"]
-    if 0 <= m < nq and 0 <= n < nk:
-        z[m, n] = 2.0
-    scale = [[0, "#eeeeee"], [0.5, "#9ecae1"], [1, "#e6550d"]]
-    # two panels side by side on explicit axis domains (make_subplots is slow to build)
+        size = walk.block_k if t in KEY_SIDE else walk.block_q
+        n_blocks = nk if t in KEY_SIDE else nq
+        for b in range(n_blocks):
+            c = int(counts[i, b])
+            code = 2 if b in chip.get(t, ()) else 1 if c else 0
+            z[i, b] = code
+            text[i, b] = f"{c}×" if c else ""
+            r0, r1 = b * size + 1, min((b + 1) * size, walk.seq_len)
+            hover[i, b] = (f"{tensor_label(t)} rows {r0}–{r1}: moved {c} time{'s' * (c != 1)}"
+                           + (", on chip now" if code == 2 else ""))
+    grid = np.zeros((nq, nk))
+    for m in range(nq):
+        for n in range(nk):
+            grid[m, n] = 0 if (m, n) in walk.visited else -1
+    for m, n in walk.tiles_done(step):
+        grid[m, n] = 1
+    cur = walk.steps.iloc[step - 1]
+    if not pd.isna(cur["q_tile"]) and not pd.isna(cur["k_tile"]):
+        grid[int(cur["q_tile"]) - 1, int(cur["k_tile"]) - 1] = 2
+    gtext = np.where(grid == -1, "skipped", np.where(grid == 1, "done", np.where(grid == 2, "now", "")))
+    strip_scale = [[0, _NOT_YET], [0.5, _BEFORE], [1, _NOW]]
+    grid_scale = [[0, _SKIPPED], [1 / 3, _NOT_YET], [2 / 3, _BEFORE], [1, _NOW]]
+    names = [tensor_label(t) for t in tensors]
+    ticks = list(range(1, width + 1))
     fig = go.Figure([
-        go.Heatmap(z=strips, y=tensors, x=list(range(width)), customdata=labels, showscale=False,
-                   zmin=0, zmax=2, colorscale=scale, xgap=2, ygap=4,
-                   hovertemplate="%{y} block %{x}: %{customdata}<extra></extra>"),
-        go.Heatmap(z=z, x=list(range(nk)), y=list(range(nq)), showscale=False, zmin=0, zmax=2,
-                   colorscale=scale, xgap=2, ygap=2, xaxis="x2", yaxis="y2",
-                   hovertemplate="Q block %{y}, K block %{x}<extra></extra>"),
+        go.Heatmap(z=z, y=names, x=ticks, text=text, texttemplate="%{text}", customdata=hover,
+                   showscale=False, zmin=0, zmax=2, colorscale=strip_scale, xgap=2, ygap=4,
+                   hovertemplate="%{customdata}<extra></extra>"),
+        go.Heatmap(z=grid, x=list(range(1, nk + 1)), y=list(range(1, nq + 1)), text=gtext,
+                   texttemplate="%{text}", showscale=False, zmin=-1, zmax=2,
+                   colorscale=grid_scale, xgap=2, ygap=2, xaxis="x2", yaxis="y2",
+                   hovertemplate="Q tile %{y} × K/V tile %{x}: %{text}<extra></extra>"),
     ])
+    shapes = []
+    if row is not None:
+        m = row // walk.block_q + 1
+        shapes.append(dict(type="rect", xref="x2", yref="y2", x0=0.5, x1=nk + 0.5, y0=m - 0.5,
+                           y1=m + 0.5, line=dict(color="#222", width=2, dash="dot")))
     fig.update_layout(
-        xaxis=dict(domain=[0, 0.42], title="block index", dtick=1 if width <= 16 else None),
+        xaxis=dict(domain=[0, 0.46], title="row block of the tensor",
+                   dtick=1 if width <= 16 else None),
         yaxis=dict(autorange="reversed"),
-        xaxis2=dict(domain=[0.55, 1], title="K block", dtick=1 if nk <= 16 else None),
-        yaxis2=dict(anchor="x2", title="Q block", autorange="reversed",
+        xaxis2=dict(domain=[0.62, 1], title="K/V tile", dtick=1 if nk <= 16 else None),
+        yaxis2=dict(anchor="x2", title="Q tile", autorange="reversed",
                     dtick=1 if nq <= 16 else None),
-        annotations=[dict(text="Row blocks (orange: on chip now, blue: moved earlier)",
-                          x=0.21, y=1.02, xref="paper", yref="paper", showarrow=False,
-                          xanchor="center", yanchor="bottom", font=dict(size=11)),
-                     dict(text="Tiles (Q block × K block)", x=0.775, y=1.02, xref="paper",
-                          yref="paper", showarrow=False, xanchor="center", yanchor="bottom",
-                          font=dict(size=11))])
-    return _layout(fig, f"{walk['schedule']}, {state['phase']}: what is on chip at this step",
-                   height=400)
+        shapes=shapes,
+        annotations=[dict(text=text_, x=x_, y=1.02, xref="paper", yref="paper", showarrow=False,
+                          xanchor="center", yanchor="bottom", font=dict(size=12))
+                     for text_, x_ in (("Tensors, block by block", 0.23), ("Tiles", 0.81))])
+    return _layout(fig, "", height=max(300, 90 + 34 * len(tensors)))
 
 
-def cumulative_bytes(walk: dict, step: int) -> go.Figure:
-    """Global-memory bytes read and written so far, over the steps, the current step marked."""
-    steps = walk["steps"]
+def tensor_traffic(table: pd.DataFrame, xmax: float | None = None) -> go.Figure:
+    """Bytes read and written per tensor so far, in multiples of the tensor's size: a bar at 4×
+    is a tensor read four times (``Walk.tensor_table``)."""
     fig = go.Figure()
-    fig.add_trace(go.Scatter(x=steps["step"] + 1, y=steps["cum_read"], mode="lines", name="read",
-                             line=dict(shape="hv", color="#3182bd")))
-    fig.add_trace(go.Scatter(x=steps["step"] + 1, y=steps["cum_write"], mode="lines", name="written",
-                             line=dict(shape="hv", color="#e6550d")))
-    fig.update_layout(shapes=[dict(type="line", x0=step + 1, x1=step + 1, y0=0, y1=1, yref="paper",
-                                   line=dict(color="black", dash="dot"))],
-                      xaxis_title="step", yaxis_title="bytes so far")
-    return _layout(fig, "Bytes moved so far", height=400)
+    hover = [f"{fmt.bytes_(r)} read, {fmt.bytes_(w)} written (tensor: {fmt.bytes_(s)})"
+             for r, w, s in zip(table["read"], table["written"], table["size"])]
+    fig.add_trace(go.Bar(y=table["tensor"], x=table["times read"], orientation="h", name="read",
+                         marker_color="#3182bd", customdata=hover,
+                         hovertemplate="%{y}: read %{x:.2f}× its size<br>%{customdata}<extra></extra>"))
+    fig.add_trace(go.Bar(y=table["tensor"], x=table["times written"], orientation="h",
+                         name="written", marker_color="#e6550d", customdata=hover,
+                         hovertemplate="%{y}: written %{x:.2f}× its size<br>%{customdata}"
+                                       "<extra></extra>"))
+    fig.update_layout(barmode="group", xaxis_title="× the tensor's size",
+                      yaxis=dict(autorange="reversed"))
+    if xmax:
+        fig.update_xaxes(range=[0, xmax * 1.05])
+    fig = _layout(fig, "Moved so far, per tensor", height=max(300, 90 + 34 * len(table)))
+    fig.update_layout(legend=dict(orientation="h", y=-0.3), margin=dict(b=80))
+    return fig
+
+
+def row_scores(scores: np.ndarray, visible: np.ndarray, seen: np.ndarray, block_k: int,
+               tiles: pd.DataFrame, done: int) -> go.Figure:
+    """The followed row's scores, key by key: keys of tiles already processed in colour
+    (alternating per tile), the rest grey; the running max after each processed tile as a step
+    line, with the rescale factor α where it changed."""
+    keys = np.arange(1, len(scores) + 1)
+    shown = np.where(visible, scores, np.nan)
+    tile_of = (keys - 1) // block_k
+    colors = np.where(~seen, "#dddddd", np.where(tile_of % 2 == 0, "#6baed6", "#2171b5"))
+    fig = go.Figure(go.Bar(x=keys, y=shown, marker_color=colors, name="score s = q·k/√d",
+                           hovertemplate="key %{x}: s = %{y:.3f}<extra></extra>"))
+    xs, ys, notes = [], [], []
+    for _, t in tiles.iloc[:done].iterrows():
+        k0 = (int(t["k_tile"]) - 1) * block_k + 1
+        k1 = min(int(t["k_tile"]) * block_k, len(scores))
+        xs += [k0 - 0.5, k1 + 0.5, None]
+        ys += [t["m"], t["m"], None]
+        if not pd.isna(t["alpha"]) and t["alpha"] < 1:
+            notes.append(dict(x=(k0 + k1) / 2, y=t["m"], text=f"α = {t['alpha']:.3g}",
+                              showarrow=False, yshift=10, font=dict(size=11, color="#d62728")))
+    fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name="running max m",
+                             line=dict(color="#d62728", width=2), hoverinfo="skip"))
+    fig.update_layout(annotations=notes, xaxis_title="key", yaxis_title="score",
+                      bargap=0.05)
+    return _layout(fig, "The row's scores, tile by tile (grey: not seen yet)", height=330)
+
+
+def row_vector(now: np.ndarray | None, final: np.ndarray, name_now: str, name_final: str,
+               title: str, max_dims: int = 16) -> go.Figure:
+    """The first ``max_dims`` components of a row vector so far (bars) against its final,
+    exact value (markers)."""
+    dims = np.arange(1, min(max_dims, len(final)) + 1)
+    fig = go.Figure()
+    if now is not None:
+        fig.add_trace(go.Bar(x=dims, y=now[:len(dims)], name=name_now, marker_color="#6baed6",
+                             hovertemplate="dim %{x}: %{y:.4f}<extra></extra>"))
+    fig.add_trace(go.Scatter(x=dims, y=final[:len(dims)], mode="markers", name=name_final,
+                             marker=dict(symbol="line-ew-open", size=22, color="#d62728",
+                                         line=dict(width=3)),
+                             hovertemplate="dim %{x}: %{y:.4f}<extra></extra>"))
+    fig.update_xaxes(title="dimension", dtick=1, range=[0.4, len(dims) + 0.6])
+    return _layout(fig, title, height=330)
+
+
+def row_probabilities(p_now: np.ndarray, p_final: np.ndarray, visible: np.ndarray) -> go.Figure:
+    """Backward: the row's probabilities recomputed so far from the logsumexp (bars) against the
+    forward's softmax (markers)."""
+    keys = np.arange(1, len(p_final) + 1)
+    fig = go.Figure()
+    fig.add_trace(go.Bar(x=keys, y=np.where(visible, p_now, np.nan), name="P recomputed = exp(S − L)",
+                         marker_color="#6baed6", hovertemplate="key %{x}: %{y:.4g}<extra></extra>"))
+    fig.add_trace(go.Scatter(x=keys, y=np.where(visible, p_final, np.nan), mode="markers",
+                             name="P of the forward", marker=dict(color="#d62728", size=5),
+                             hovertemplate="key %{x}: %{y:.4g}<extra></extra>"))
+    fig.update_layout(xaxis_title="key", bargap=0.05)
+    fig.update_yaxes(type="log", title="probability (log scale)", exponentformat="power")
+    return _layout(fig, "P of the row, recomputed tile by tile", height=330)

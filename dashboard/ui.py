@@ -1,20 +1,23 @@
 """Layout pieces shared by the dashboard's pages: the workload sidebar, charts and tables with
-their download buttons, and the guard that explains a missing `sim` instead of a traceback.
+their download buttons (tables formatted with units, downloads with the raw numbers), the results
+format description, and the guard that explains a missing cost model instead of a traceback.
 
-Nothing here computes model numbers; that is `dashboard.data` (and `sim` underneath).
+Nothing here computes model numbers; that is `dashboard.data`.
 """
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import re
 
 import pandas as pd
-import plotly.graph_objects as go
 import streamlit as st
 
-from dashboard import data
+from dashboard import data, fmt
+from dashboard.fmt import Col
 
-__all__ = ["workload_sidebar", "chart", "table", "require_sim", "slug"]
+__all__ = ["workload_sidebar", "chart", "table", "require_sim", "slug", "results_format_help",
+           "show_problems"]
 
 _HAS_KALEIDO = importlib.util.find_spec("kaleido") is not None
 
@@ -34,7 +37,7 @@ WORKLOAD_DEFAULTS = {
     "w_pass": "fwd",
     "w_causal": False,
     "w_density": 1.0,
-    "w_profile": None,  # filled with the first sim profile (h100 when present)
+    "w_profile": None,  # filled with the first profile (h100 when present)
     "w_l2": "analytic",
 }
 
@@ -45,11 +48,11 @@ def slug(text: str) -> str:
 
 
 def require_sim():
-    """Return the imported ``sim`` module, or show why it is unavailable and stop the page."""
+    """Return the imported cost model, or show why it is unavailable and stop the page."""
     sim, err = data.import_sim()
     if sim is None:
         st.error(
-            "The cost model (`sim`) could not be imported, so this page has nothing to show.\n\n"
+            "The cost model could not be imported, so this page has nothing to show.\n\n"
             f"`{err}`\n\nInstall the project (`pip install -e \".[dashboard]\"`) from the "
             "repository root and start the app from there."
         )
@@ -70,7 +73,8 @@ def keep_workload_state() -> None:
     _keep_state(list(WORKLOAD_DEFAULTS) + list(data.CUSTOM_PROFILE_FIELDS_KEYS))
 
 
-def workload_sidebar(*, show_pass: bool = True, show_density: bool = True) -> dict:
+def workload_sidebar(*, show_pass: bool = True, show_density: bool = True,
+                     seq_len_help: str | None = None) -> dict:
     """Draw the workload and GPU-profile controls in the sidebar; return the chosen values.
 
     The returned dict is plain and hashable-friendly (ints, floats, strings, and the custom
@@ -85,7 +89,8 @@ def workload_sidebar(*, show_pass: bool = True, show_density: bool = True) -> di
 
     sb = st.sidebar
     sb.header("Workload")
-    sb.select_slider("Sequence length N", options=SEQ_LENS, key="w_seq_len")
+    sb.select_slider("Sequence length N", options=SEQ_LENS, key="w_seq_len",
+                     format_func=lambda n: f"{n:,}", help=seq_len_help)
     sb.select_slider("Head dim d", options=HEAD_DIMS, key="w_head_dim")
     c1, c2 = sb.columns(2)
     c1.number_input("Batch", min_value=1, max_value=512, step=1, key="w_batch")
@@ -93,11 +98,11 @@ def workload_sidebar(*, show_pass: bool = True, show_density: bool = True) -> di
     c1, c2 = sb.columns(2)
     c1.selectbox("dtype", DTYPES, key="w_dtype")
     if show_pass:
-        c2.selectbox("Pass", PASSES, key="w_pass")
+        c2.selectbox("Pass", PASSES, key="w_pass", format_func=data.PASS_LABELS.get)
     sb.checkbox("Causal", key="w_causal")
     if show_density:
         sb.slider("Block-mask density", min_value=0.05, max_value=1.0, step=0.05, key="w_density",
-                  help="Fraction of (Q block, K block) tiles computed (block-sparse attention). "
+                  help="Fraction of (Q tile, K tile) pairs computed (block-sparse attention). "
                        "1.0 = dense.")
     sb.header("GPU")
     sb.selectbox("Profile", profiles + [data.CUSTOM], key="w_profile",
@@ -120,7 +125,8 @@ def workload_sidebar(*, show_pass: bool = True, show_density: bool = True) -> di
 
 
 def _custom_profile_inputs(container) -> tuple:
-    """Number inputs for a user-given GPU; returns ``((field, value), ...)`` in sim's units."""
+    """Number inputs for a user-given GPU; returns ``((field, value), ...)`` in the model's
+    units."""
     with container.expander("Custom GPU", expanded=True):
         values = []
         for field in data.CUSTOM_PROFILE_FIELDS:
@@ -133,12 +139,14 @@ def _custom_profile_inputs(container) -> tuple:
     return tuple(values)
 
 
-def chart(fig: go.Figure, name: str, *, key: str | None = None) -> None:
+def chart(fig, name: str, *, key: str | None = None, downloads: bool = True) -> None:
     """Show a Plotly figure with a download button (self-contained HTML; PNG if kaleido is
     installed). The figure's own toolbar also saves a PNG in the browser."""
     key = key or slug(name)
     st.plotly_chart(fig, key=f"chart-{key}", config={"displaylogo": False,
                                                       "toImageButtonOptions": {"filename": key}})
+    if not downloads:
+        return
     with st.container(horizontal=True):
         st.download_button(
             "Download chart (HTML)",
@@ -152,11 +160,160 @@ def chart(fig: go.Figure, name: str, *, key: str | None = None) -> None:
             )
 
 
-def table(df: pd.DataFrame, name: str, *, key: str | None = None, **kwargs) -> None:
-    """Show a table with a CSV download button."""
+# -- tables ----------------------------------------------------------------------------------------
+_UNIT_FORMATS = {"ms": ("ms", "%.3g"), "ratio": ("×", "%.3g"), "pct": ("%", "%.1f"),
+                 "signed_pct": ("%", "%+.1f")}
+#: Tables of at most this many rows show times, ratios and percentages as text (read, not
+#: sorted: "—" where there is no value); longer ones keep them numeric, to sort by.
+SMALL_TABLE = 50
+
+
+def _plain(x: float, kind: str) -> str:
+    if pd.isna(x):
+        return "—"
+    if kind == "signed_pct":
+        return f"{'+' if x > 0 else '−' if x < 0 else ''}{abs(x):,.1f}"
+    if kind == "pct":
+        return f"{x:,.1f}"
+    return fmt.num(x, 3)
+
+
+# right-aligned text columns where this Streamlit can (numbers with units are text there)
+_RIGHT = ({"alignment": "right"} if "alignment" in inspect.signature(
+    st.column_config.TextColumn).parameters else {})
+
+
+def formatted(df: pd.DataFrame, columns: dict[str, Col] | None) -> tuple[pd.DataFrame, dict, pd.DataFrame]:
+    """``(display frame, column_config, CSV frame)`` of ``df`` under ``columns`` (``{column:
+    Col}``, in display order; None: every column as it is). Bytes and FLOPs are shown with a
+    unit per cell, times, ratios and percentages with theirs in the header (as text in tables of
+    at most ``SMALL_TABLE`` rows, as sortable numbers in longer ones); the CSV keeps the raw
+    numbers, headers with their units."""
+    if columns is None:
+        return df, {}, df
+    cols = [c for c in columns if c in df]
+    small = len(df) <= SMALL_TABLE
+    disp = pd.DataFrame(index=df.index)
+    csv = pd.DataFrame(index=df.index)
+    config = {}
+    for c in cols:
+        spec = columns[c]
+        s = df[c]
+        if spec.kind in ("bytes", "flops"):
+            # one unit per cell ("8.65 MB" next to "1.64 GB"): the columns span decades
+            v = pd.to_numeric(s, errors="coerce").astype(float)
+            show = fmt.bytes_ if spec.kind == "bytes" else fmt.flops
+            label = spec.label
+            disp[label] = [show(x) for x in v]
+            config[label] = st.column_config.TextColumn(label, help=spec.help, **_RIGHT)
+            csv[f"{spec.label} ({'bytes' if spec.kind == 'bytes' else 'FLOP'})"] = s
+        elif spec.kind in _UNIT_FORMATS:
+            unit, printf = _UNIT_FORMATS[spec.kind]
+            v = pd.to_numeric(s, errors="coerce").astype(float)
+            scale = 100.0 if spec.kind in ("pct", "signed_pct") else 1.0
+            label = f"{spec.label} ({unit})"
+            if small:   # read, not sorted: text, "—" where there is no value
+                disp[label] = [_plain(x * scale, spec.kind) for x in v]
+                config[label] = st.column_config.TextColumn(label, help=spec.help, **_RIGHT)
+            else:
+                disp[label] = v * scale
+                config[label] = st.column_config.NumberColumn(label, help=spec.help, format=printf)
+            csv[label] = v * scale
+        elif spec.kind == "count":
+            label = spec.label
+            disp[label] = pd.to_numeric(s, errors="coerce")
+            config[label] = st.column_config.NumberColumn(label, help=spec.help, format="localized")
+            csv[label] = s
+        elif spec.kind == "num":
+            label = spec.label
+            disp[label] = [fmt.num(x, spec.digits) for x in pd.to_numeric(s, errors="coerce")]
+            config[label] = st.column_config.TextColumn(label, help=spec.help, **_RIGHT)
+            csv[label] = s
+        elif spec.kind == "bool":
+            label = spec.label
+            disp[label] = s.map(lambda b: "—" if b is None or (isinstance(b, float) and b != b)
+                                else "yes" if bool(b) else "no")
+            config[label] = st.column_config.TextColumn(label, help=spec.help)
+            csv[label] = s
+        else:
+            label = spec.label
+            disp[label] = s.astype(object).where(s.notna(), "—").astype(str)
+            config[label] = st.column_config.TextColumn(label, help=spec.help)
+            csv[label] = s
+    return disp.reset_index(drop=True), config, csv.reset_index(drop=True)
+
+
+#: Tables of at most this many rows are drawn whole (``st.table``: every column, wrapped text,
+#: nothing to scroll); longer ones in the scrollable, sortable grid (``st.dataframe``).
+STATIC_TABLE = 12
+_TABLE_HIDES_INDEX = "hide_index" in inspect.signature(st.table).parameters
+
+
+def table(df: pd.DataFrame, name: str, *, columns: dict[str, Col] | None = None,
+          key: str | None = None, csv: pd.DataFrame | None = None, height=None,
+          download: bool = True) -> None:
+    """Show a table formatted by ``columns`` (see :func:`formatted`) with a CSV download of the
+    raw numbers (``csv``: another frame to download instead, e.g. with every column)."""
     key = key or slug(name)
-    st.dataframe(df, key=f"table-{key}", **kwargs)
-    st.download_button(
-        "Download table (CSV)", data=lambda df=df: df.to_csv(index=False), file_name=f"{key}.csv",
-        mime="text/csv", key=f"dl-csv-{key}", on_click="ignore",
-    )
+    disp, config, raw = formatted(df, columns)
+    if len(disp) <= STATIC_TABLE and columns is not None and len(disp.columns):
+        if _TABLE_HIDES_INDEX:
+            st.table(disp, hide_index=True)
+        else:
+            st.table(disp.set_index(disp.columns[0]))
+    else:
+        kwargs = {"height": height} if height else {}
+        st.dataframe(disp, key=f"table-{key}", hide_index=True, column_config=config, **kwargs)
+    if download:
+        out = raw if csv is None else csv
+        st.download_button("Download table (CSV)", data=lambda out=out: out.to_csv(index=False),
+                           file_name=f"{key}.csv", mime="text/csv", key=f"dl-csv-{key}",
+                           on_click="ignore")
+
+
+# -- results files ---------------------------------------------------------------------------------
+def results_format_help(*, expanded: bool = False, key: str = "format") -> None:
+    """The results-file format (from the schema), with a downloadable example file."""
+    try:
+        rec, prov, schema = data.results_format()
+    except data.ResultsUnavailable as exc:
+        st.warning(f"The results format cannot be described here: {exc}")
+        return
+    with st.expander("Results file format", expanded=expanded):
+        st.markdown(
+            f"One JSON object: `\"schema\": \"{schema}\"`, a `\"provenance\"` object (where and "
+            "how it was measured) and `\"records\"`, a list with one object per measured "
+            "configuration. Null means *not measured*; keys beyond these are kept and ignored. "
+            f"Files up to {data.MAX_UPLOAD_MB} MB are accepted. `python -m benchmarks measure` "
+            "writes such files.")
+        st.markdown("**Each record**\n\n| field | type | null allowed | meaning |\n|---|---|---|---|\n"
+                    + "\n".join(f"| `{r.field}` | {r.type} | {r._3} | {r.meaning} |"
+                                for r in rec.itertuples()))
+        st.markdown("**Provenance** (every field a string; more fields are kept)\n\n"
+                    "| field | meaning |\n|---|---|\n"
+                    + "\n".join(f"| `{r.field}` | {r.meaning} |" for r in prov.itertuples()))
+        try:
+            example = data.example_results_json()
+        except Exception as exc:  # noqa: BLE001 - the description stands without the example
+            st.caption(f"(No example file: {type(exc).__name__}: {exc})")
+            return
+        st.download_button(
+            "Download an example file (JSON)", example, file_name="results-example.json",
+            mime="application/json", key=f"dl-example-{key}", on_click="ignore",
+            help="Two records in the format, their numbers computed by the cost model, not "
+                 "measured: a template to fill, and a file this page accepts.")
+
+
+def show_problems(name: str, exc) -> None:
+    """An error box listing every problem of an invalid results file (at most
+    ``data.MAX_PROBLEMS``), record problems first."""
+    problems = getattr(exc, "problems", None)
+    if not problems:
+        st.error(f"**{name}** is not a valid results file:\n\n{exc}")
+        return
+    total = getattr(exc, "total", len(problems))
+    lines = "\n".join(f"- **{p.where}**: {p.what}" for p in problems)
+    more = (f"\n\n… and {total - len(problems):,} more problem{'s' * (total - len(problems) != 1)}"
+            if total > len(problems) else "")
+    st.error(f"**{name}** is not a valid results file ({total:,} problem"
+             f"{'s' * (total != 1)}):\n\n{lines}{more}")

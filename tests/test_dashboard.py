@@ -1,7 +1,7 @@
-"""The dashboard driven through Streamlit's testing API (``streamlit.testing.v1.AppTest``).
+"""The dashboard driven through Streamlit's testing API (``streamlit.testing.v1.AppTest``), and its
+data functions on their own.
 
-Every page is run with its defaults and with edge inputs (smallest and largest N, a custom GPU
-profile, no results, malformed and empty results files); each test asserts that no exception
+Every page is run with its defaults and with edge inputs; each test asserts that no exception
 reached the page and that the expected elements are there. The results files offered by the app
 are replaced per test (``dashboard.data.shipped_results``) so that the tests do not depend on
 what ``results/`` holds. The results fixture is synthetic (see tests/data/make_fixture_results.py).
@@ -9,6 +9,9 @@ what ``results/`` holds. The results fixture is synthetic (see tests/data/make_f
 from __future__ import annotations
 
 import json
+import re
+import time
+import tomllib
 from pathlib import Path
 
 import numpy as np
@@ -19,12 +22,21 @@ pytest.importorskip("streamlit")
 pytest.importorskip("plotly")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-from dashboard import data  # noqa: E402
+from dashboard import data, fmt, walk  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = ROOT / "dashboard" / "app.py"
 FIXTURE = ROOT / "tests" / "data" / "fixture_results_synthetic.json"
 TIMEOUT = 120
+PAGES = {"explore": "Explore", "block_sizes": "Block sizes", "scaling": "Scaling",
+         "measured": "Predicted vs measured", "step": "Step through", "measure": "Measure"}
+ROOFLINE_MS = data.ROOFLINE + " (ms)"
+READS = "Times read (×)"
+
+#: Words of the code that must not reach the screen: kernel and field names, the cost model's
+#: package name, "-1" sentinels, issue numbers.
+INTERNAL = re.compile(r"ioaware-numba|\bsim\b|flash_(fwd|bwd)|_v2\b|kernels_sha|\bq_block\b|"
+                      r"\bk_block\b|(?<![\w.\d])-1(?![\d.])|\bissue\b|#\d{2,}", re.IGNORECASE)
 
 
 @pytest.fixture
@@ -50,10 +62,6 @@ def charts(at) -> list:
     return at.get("plotly_chart")
 
 
-def downloads(at) -> list:
-    return at.get("download_button")
-
-
 def texts(elements) -> str:
     return "\n".join(str(e.value) for e in elements)
 
@@ -64,15 +72,92 @@ def ok(at: AppTest) -> AppTest:
     return at
 
 
-# -- Explore --------------------------------------------------------------------------------------
-def test_explore_defaults():
-    at = ok(open_page("explore"))
+def table(at, label: str) -> pd.DataFrame:
+    """The first table (``st.table`` or ``st.dataframe``) with a column ``label``."""
+    for t in list(at.table) + list(at.dataframe):
+        df = t.value
+        if df.index.name is not None:
+            df = df.reset_index()
+        if label in df.columns:
+            return df
+    raise AssertionError(f"no table with a column {label!r}")
+
+
+def _shown(node):
+    """The elements of an AppTest tree outside expanders (what a reader sees unopened)."""
+    for child in getattr(node, "children", {}).values():
+        if getattr(child, "type", None) == "expander":
+            continue
+        if getattr(child, "children", None):
+            yield from _shown(child)
+        else:
+            yield child
+
+
+def screen_text(at) -> str:
+    """What a page shows outside expanders: titles, text, captions, alerts, metric labels and
+    values, widget labels and options, table headers and cells."""
+    parts = []
+    for e in _shown(at._tree):
+        kind = getattr(e, "type", "")
+        if kind == "metric":
+            parts.append(f"{e.label} {e.value}")
+        elif kind in ("dataframe", "table"):
+            parts += [str(c) for c in e.value.columns] + [e.value.to_string()]
+        elif kind in ("selectbox", "multiselect", "radio", "slider", "select_slider",
+                      "number_input", "checkbox", "button", "download_button"):
+            parts.append(str(e.label))
+            parts += [str(o) for o in getattr(e, "options", [])]
+        elif hasattr(e, "value") and kind not in ("code",):
+            parts.append(str(e.value))
+    return "\n".join(parts)
+
+
+# -- every page ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("page", list(PAGES))
+def test_every_page_runs_clean_and_speaks_plainly(page, offer):
+    offer([FIXTURE])
+    at = ok(open_page(page))
+    assert at.title[0].value == PAGES[page]
+    hits = sorted({m.group(0) for m in INTERNAL.finditer(screen_text(at))})
+    assert not hits, f"{page}: internal words on screen: {hits}"
+
+
+def test_root_opens_explore():
+    at = ok(AppTest.from_file(str(APP), default_timeout=TIMEOUT).run())
     assert at.title[0].value == "Explore"
-    assert len(at.metric) == 4
-    assert len(at.dataframe) == 1
-    assert set(at.dataframe[0].value["schedule"]) == {"naive", "flash1", "flash2"}
-    assert len(charts(at)) == 2
-    assert len(downloads(at)) >= 3  # table CSV + one per chart
+
+
+# -- formatting -----------------------------------------------------------------------------------
+def test_numbers_read_with_units():
+    assert fmt.bytes_(512) == "512 B"
+    assert fmt.bytes_(1_234_567) == "1.23 MB"
+    assert fmt.bytes_(1_640_000_000) == "1.64 GB"
+    assert fmt.ms(0.07162) == "0.0716 ms" and fmt.ms(1234.6) == "1,235 ms"
+    assert fmt.ratio(13.46) == "13.5×"
+    assert fmt.count(1234567) == "1,234,567"
+    assert fmt.signed_pct(-0.05) == "−5.0 %" and fmt.pct(0.123) == "12.3 %"
+    assert fmt.num(float("-inf")) == "−∞" and fmt.bytes_(None) == "—"
+    assert fmt.num(0.06921) == "0.0692" and fmt.num(3.3e-16, 2) == "3.3e-16"
+
+
+# -- Explore --------------------------------------------------------------------------------------
+def test_explore_defaults_show_what_the_model_predicts():
+    import sim
+
+    at = ok(open_page("explore"))
+    assert len(at.metric) == 4 and len(charts(at)) == 2
+    shown = table(at, "Schedule").set_index("Schedule")
+    assert list(shown.index) == ["Standard attention", "FlashAttention", "FlashAttention-2"]
+    w = sim.Workload(batch=1, heads=16, seq_len_q=4096, head_dim=64, dtype="fp16")
+    for name, label in data.SCHEDULE_LABELS.items():
+        p = sim.predict(w, sim.Schedule(name), "h100", l2="analytic")
+        assert shown.loc[label, "Global read"] == fmt.bytes_(p.hbm_read_bytes)
+        assert shown.loc[label, "DRAM write"] == fmt.bytes_(p.dram_write_bytes)
+        assert shown.loc[label, ROOFLINE_MS] == fmt.num(p.predicted_ms)
+    flash2 = sim.predict(w, sim.Schedule("flash2"), "h100", l2="analytic")
+    assert at.metric[2].label == data.ROOFLINE
+    assert at.metric[2].value == fmt.ms(flash2.predicted_ms)
 
 
 @pytest.mark.parametrize("seq_len", [128, 65536])
@@ -80,11 +165,10 @@ def test_explore_smallest_and_largest_n(seq_len):
     at = open_page("explore")
     at.select_slider(key="w_seq_len").set_value(seq_len).run()
     ok(at)
-    table = at.dataframe[0].value
-    assert len(table) == 3 and len(charts(at)) == 2
-    # flash2 moves less global memory than naive at every N on the slider
-    by = table.set_index("schedule")
-    assert by.loc["flash2", "global read (B)"] < by.loc["naive", "global read (B)"]
+    tab, _ = data.compare_schedules(seq_len, 64, 1, 16, "fp16", "fwd", False, 1.0, "h100")
+    by = tab.set_index("schedule")
+    assert by.loc["flash2", "hbm_read_bytes"] < by.loc["naive", "hbm_read_bytes"]
+    assert len(charts(at)) == 2
 
 
 def test_explore_custom_gpu_profile():
@@ -92,27 +176,46 @@ def test_explore_custom_gpu_profile():
     at.selectbox(key="w_profile").set_value(data.CUSTOM).run()
     ok(at)
     assert at.number_input(key="w_custom_num_sms").value == 132
-    before = at.dataframe[0].value.set_index("schedule").loc["naive", "predicted (ms)"]
+    before = float(table(at, ROOFLINE_MS).set_index("Schedule").loc["Standard attention",
+                                                                    ROOFLINE_MS])
     at.number_input(key="w_custom_hbm_bandwidth_bytes_per_s").set_value(500.0).run()
     ok(at)
-    after = at.dataframe[0].value.set_index("schedule").loc["naive", "predicted (ms)"]
-    assert after > before  # naive attention is bandwidth-bound: a slower DRAM slows it
-    assert len(charts(at)) == 2
+    after = float(table(at, ROOFLINE_MS).set_index("Schedule").loc["Standard attention",
+                                                                   ROOFLINE_MS])
+    assert after > before  # standard attention is bandwidth-bound: a slower DRAM slows it
     # an impossible GPU (more shared memory per block than per SM) is explained, not raised
     at.number_input(key="w_custom_smem_bytes_per_block").set_value(512.0).run()
     assert not at.exception
     assert "smem_bytes_per_block" in texts(at.warning)
 
 
-def test_explore_edge_workloads():
+def test_explore_trace_l2_model_and_its_limit():
     at = open_page("explore")
-    at.checkbox(key="w_causal").check()
-    at.slider(key="w_density").set_value(0.05)
-    at.selectbox(key="w_dtype").set_value("fp32")
-    at.selectbox(key="w_pass").set_value("fwd+bwd")
-    at.select_slider(key="w_head_dim").set_value(256).run()
+    at.select_slider(key="w_seq_len").set_value(1024)
+    at.selectbox(key="w_l2").set_value("trace").run()
     ok(at)
-    assert len(charts(at)) == 2
+    assert set(table(at, "DRAM bytes from")["DRAM bytes from"]) == {"trace replay"}
+    at.select_slider(key="w_seq_len").set_value(65536).run()
+    ok(at)
+    assert "offered up to" in texts(at.info)
+    assert set(table(at, "DRAM bytes from")["DRAM bytes from"]) == {"analytic estimate"}
+
+
+def test_explore_calibrates_only_on_the_chosen_file(offer):
+    import sim
+
+    compare_fixture = ROOT / "tests" / "data" / "synthetic_results_fixture.json"
+    offer([FIXTURE, compare_fixture])
+    at = ok(open_page("explore"))
+    assert "Calibrated time (ms)" not in table(at, "Schedule").columns
+    at.select_slider(key="w_seq_len").set_value(2048).run()
+    at.selectbox(key="ex_calibrate_on").set_value(data._choice_name(compare_fixture)).run()
+    shown = table(ok(at), "Schedule").set_index("Schedule")
+    w = sim.Workload(batch=1, heads=16, seq_len_q=2048, head_dim=64, dtype="fp16")
+    p = sim.predict(w, sim.Schedule("flash2"), "h100", l2="analytic", calibration=compare_fixture)
+    assert p.predicted_ms_calibrated is not None
+    assert shown.loc["FlashAttention-2", "Calibrated time (ms)"] == fmt.num(
+        p.predicted_ms_calibrated)
 
 
 def test_workload_persists_across_pages(offer):
@@ -129,42 +232,43 @@ def test_block_sizes_with_measured_overlay(offer):
     offer([FIXTURE])
     at = ok(open_page("block_sizes"))
     assert len(charts(at)) == 1
-    grid = at.dataframe[0].value
-    assert len(grid) == len(data.BLOCK_SIZES) ** 2
-    assert grid["feasible"].any()
-    # the fixture has runs of our kernel at the default workload: the measured optimum is shown
-    assert "Measured optimum" in texts(at.caption)
+    grid = table(at, "Fits")
+    assert len(grid) == len(data.BLOCK_SIZES) ** 2 and (grid["Fits"] == "yes").any()
+    assert "Measured fastest" in texts(at.caption)  # the fixture has runs at the default workload
     for metric in data.GRID_METRICS:
         at.selectbox(key="bs_metric").set_value(metric).run()
         ok(at)
     at.selectbox(key="bs_schedule").set_value("flash1").run()
-    ok(at)
-    assert len(charts(at)) == 1
+    assert len(charts(ok(at))) == 1
 
 
-def test_block_sizes_without_results_and_small_gpu(offer):
+def test_block_sizes_small_gpu():
     at = open_page("block_sizes")
     at.selectbox(key="w_profile").set_value("t4").run()
     at.select_slider(key="w_head_dim").set_value(256).run()
-    ok(at)
-    grid = at.dataframe[0].value
-    assert not grid["feasible"].all()  # big tiles of d=256 do not fit a T4's shared memory
-    assert len(charts(at)) == 1
+    grid = table(ok(at), "Fits")
+    assert (grid["Fits"] == "no").any()  # big tiles of d=256 do not fit a T4's shared memory
 
 
 # -- Scaling --------------------------------------------------------------------------------------
-def test_scaling_defaults_and_ranges():
+def test_scaling_ranges_and_the_n_slider():
     at = ok(open_page("scaling"))
     assert len(charts(at)) == 3
-    table = at.dataframe[0].value
-    assert set(table["schedule"]) == {"naive", "flash1", "flash2"}
-    assert table["seq_len"].min() == 128 and table["seq_len"].max() == 65536
+    shown = table(at, "N")
+    assert shown["N"].min() == 128 and shown["N"].max() == 65536
+    assert "N = 4,096" in texts(at.markdown)
+    # the sidebar's N is what the metrics are about
+    before = [m.value for m in at.metric]
+    at.select_slider(key="w_seq_len").set_value(1024).run()
+    ok(at)
+    assert "N = 1,024" in texts(at.markdown)
+    assert [m.value for m in at.metric] != before
     at.select_slider(key="sc_range").set_value((128, 256)).run()
     ok(at)
-    assert sorted(at.dataframe[0].value["seq_len"].unique()) == [128, 256]
+    assert sorted(table(at, "N")["N"].unique()) == [128, 256]
+    assert "outside the range" in texts(at.info)
     at.select_slider(key="sc_range").set_value((512, 512)).run()
-    ok(at)
-    assert "at least two" in texts(at.info)
+    assert "at least two" in texts(ok(at).info)
 
 
 # -- Predicted vs measured ------------------------------------------------------------------------
@@ -177,25 +281,20 @@ def test_measured_with_no_results(offer):
 def test_measured_with_fixture(offer):
     offer([FIXTURE])
     at = ok(open_page("measured"))
-    assert "SYNTHETIC" in at.dataframe[0].value.to_string()  # provenance block
+    assert "SYNTHETIC" in table(at, "Value").to_string()  # provenance
     assert len(charts(at)) == 1
-    records = at.dataframe[-1].value
-    assert len(records) == len(json.loads(FIXTURE.read_text())["records"])
-    summary = at.dataframe[1].value.set_index("metric")  # sim.compare's table, shown as is
-    assert summary.loc["global_bytes", "n"] > 0
+    n_records = len(json.loads(FIXTURE.read_text())["records"])
+    assert len(table(at, "Measured time (ms)")) == n_records
+    summary = table(at, "Records of").set_index("Metric")
+    assert summary.loc["Global-memory bytes", "Records"] > 0
     assert len(at.radio(key="pm_metric").options) == len(data.compared_metrics())
     for metric in data.compared_metrics():  # one scatter per metric, chosen by the radio
         at.radio(key="pm_metric").set_value(metric).run()
-        ok(at)
-        assert len(charts(at)) == 1
+        assert len(charts(ok(at))) == 1
     at.multiselect(key="pm_family").set_value(["eager"]).run()
-    ok(at)
-    assert set(at.dataframe[-1].value["kernel"]) == {"eager"}
-    at.selectbox(key="pm_l2").set_value("auto").run()
-    ok(at)
+    assert set(table(ok(at), "Measured time (ms)")["Kernel"]) == {data.family_label("eager")}
     at.multiselect(key="pm_family").set_value([]).run()
-    ok(at)
-    assert "No records match" in texts(at.info)
+    assert "No records match" in texts(ok(at).info)
 
 
 def _write(tmp_path, name, content) -> Path:
@@ -204,16 +303,39 @@ def _write(tmp_path, name, content) -> Path:
     return path
 
 
-def test_measured_malformed_and_empty_files(offer, tmp_path):
+def test_measured_lists_every_problem_records_first(offer, tmp_path):
+    doc = json.loads(FIXTURE.read_text())
+    del doc["provenance"]["gpu"]                     # a provenance problem ...
+    for i in range(len(doc["records"])):             # ... and more record problems than shown
+        doc["records"][i]["dtype"] = "fp64"
+        doc["records"][i]["pass"] = "sideways"
+    del doc["records"][4]["seq_len_q"]
+    doc["records"][6]["time_ms"] = -1.0
+    n_problems = 2 * len(doc["records"]) + 3
+    assert n_problems > data.MAX_PROBLEMS
+    offer([_write(tmp_path, "bad.json", doc)])
+    at = open_page("measured")
+    assert not at.exception
+    shown = texts(at.error)
+    assert f"({n_problems} problems)" in shown
+    assert "record 5 (records[4])**: missing `seq_len_q`" in shown
+    assert "record 7 (records[6])**: `time_ms` must be > 0" in shown
+    assert shown.count("\n- ") == data.MAX_PROBLEMS
+    assert f"and {n_problems - data.MAX_PROBLEMS} more" in shown
+    assert "provenance.gpu" not in shown             # listed after every record problem
+    problems = data.results_problems(doc)
+    assert [p.provenance for p in problems] == [False] * (n_problems - 1) + [True]
+    assert len(charts(at)) == 0
+
+
+def test_measured_malformed_empty_and_provenance_only(offer, tmp_path):
     good = json.loads(FIXTURE.read_text())
-    bad_record = json.loads(FIXTURE.read_text())
-    del bad_record["records"][0]["seq_len_q"]
-    files = {
-        "not_json.json": "{this is not json",
-        "wrong_schema.json": {"schema": "something/else", "records": []},
-        "bad_record.json": bad_record,
-        "empty.json": {**good, "records": []},
-    }
+    prov_only = json.loads(FIXTURE.read_text())
+    del prov_only["provenance"]["driver"]
+    files = {"not_json.json": "{this is not json",
+             "wrong_schema.json": {"schema": "something/else", "records": []},
+             "empty.json": {**good, "records": []},
+             "provenance_only.json": prov_only}
     offer([_write(tmp_path, n, c) for n, c in files.items()])
     at = open_page("measured")
     for name in files:
@@ -221,33 +343,156 @@ def test_measured_malformed_and_empty_files(offer, tmp_path):
         assert not at.exception, (name, at.exception)
         if name == "empty.json":
             assert not at.error and "holds no records" in texts(at.info)
+        elif name == "provenance_only.json":
+            assert not at.error and "provenance.driver" in texts(at.warning)
+            assert len(charts(at)) == 1          # the records are compared anyway
         else:
-            assert at.error and "not a valid results file" in texts(at.error), name
-        assert len(charts(at)) == 0
+            assert "not a valid results file" in texts(at.error), name
+            assert len(charts(at)) == 0
+
+
+def test_example_results_file_is_valid_and_loads(offer, tmp_path):
+    from sim.results import RECORD_FIELDS, validate_results
+
+    assert set(data.RECORD_FIELD_HELP) == set(RECORD_FIELDS)  # the description is complete
+    example = json.loads(data.example_results_json())
+    validate_results(example)
+    assert "not a measurement" in example["provenance"]["gpu"]
+    path = _write(tmp_path, "example.json", example)
+    offer([path])
+    at = ok(open_page("measured"))
+    assert len(table(at, "Measured time (ms)")) == len(example["records"])
+    assert any(b.label.startswith("Download an example") for b in at.get("download_button"))
+
+
+def test_uploads_are_capped():
+    cfg = tomllib.loads((ROOT / "dashboard" / ".streamlit" / "config.toml").read_text())
+    assert cfg["server"]["maxUploadSize"] == data.MAX_UPLOAD_MB
+    with pytest.raises(data.ResultsInvalid, match="up to 50 MB"):
+        data.load_results_bytes(b" " * (data.MAX_UPLOAD_MB * 10**6 + 1), "big.json")
+
+
+def test_trace_replay_is_announced_then_runs_in_the_background(offer):
+    offer([FIXTURE])
+    at = ok(open_page("measured"))
+    at.selectbox(key="pm_l2").set_value("auto").run()
+    note = texts(ok(at).info)
+    assert "Estimated time on this machine" in note
+    assert set(table(at, "Measured time (ms)")["DRAM predicted by"]) == {"analytic estimate"}
+    at.button(key="pm_replay_start").click().run()
+    deadline = time.monotonic() + 90
+    while not at.success and time.monotonic() < deadline:
+        time.sleep(0.5)
+        at.run()
+    assert "Trace replay finished" in texts(ok(at).success)
+    assert "trace replay" in set(table(at, "Measured time (ms)")["DRAM predicted by"])
 
 
 # -- Step through ---------------------------------------------------------------------------------
-def test_step_defaults_and_last_step():
+def step_of(at) -> int:
+    return int(at.slider(key="st_step").value)
+
+
+def test_step_defaults_play_and_rescale():
     at = ok(open_page("step"))
-    assert len(charts(at)) == 5  # tiles, bytes so far, m/l, output, scores
-    last = at.slider(key="st_step").max
-    at.slider(key="st_step").set_value(last).run()
+    n = int(at.slider(key="st_step").max)
+    assert 12 <= n <= 60 and at.slider(key="st_step").min == 1  # a few dozen steps, from 1
+    assert step_of(at) == 1
+    at.button(key="st_play").click().run()          # play: every run of the walk is a tick
     ok(at)
-    assert "100%" in texts(at.metric)
+    first = step_of(at)
+    at.run()
+    at.run()
+    assert step_of(at) > first > 1
+    at.button(key="st_play").click().run()          # pause
+    paused = step_of(at)
+    at.run()
+    assert step_of(at) == paused
+    at.button(key="st_last").click().run()
+    ok(at)
+    tiles = table(at, "α = exp(m before − m after)")
+    alphas = pd.to_numeric(tiles["α = exp(m before − m after)"], errors="coerce").dropna()
+    assert (alphas < 1).sum() >= 2                  # the default row's max rises at several tiles
+    assert list(tiles["K/V tile"]) == list(range(1, len(tiles) + 1))
+    assert "equals the materialised softmax(S)·V" in texts(at.success)
+
+
+def test_step_counts_rereads_and_speaks_plainly():
+    at = ok(open_page("step"))
+    at.button(key="st_last").click().run()
+    per_tensor = table(ok(at), READS).set_index("Tensor")
+    n_q_tiles = 64 // 16
+    assert float(per_tensor.loc["K", READS]) == n_q_tiles     # once per Q tile
+    assert float(per_tensor.loc["V", READS]) == n_q_tiles
+    assert float(per_tensor.loc["Q", READS]) == 1.0
+    assert float(per_tensor.loc["O", "Times written (×)"]) == 1.0
+    assert "logsumexp L" in per_tensor.index
+    events = table(at, "Action")
+    assert set(events["Rows"]) == {"49–64"}          # the last Q tile's rows, counted from 1
+
+
+def test_step_backward_recomputes_from_the_logsumexp():
+    at = open_page("step")
+    at.radio(key="st_direction").set_value("backward").run()
+    ok(at)
+    at.button(key="st_last").click().run()
+    ok(at)
+    assert any("P recomputed" in str(s.value) for s in at.subheader)
+    metrics = {m.label: m.value for m in at.metric}
+    p_err = metrics["max |P recomputed − P forward|"]
+    assert p_err == "0 (identical)" or float(p_err) < 1e-12
+    per_tensor = table(at, READS).set_index("Tensor")
+    assert float(per_tensor.loc["K", READS]) == 1.0           # K/V once
+    assert float(per_tensor.loc["Q", READS]) == 64 // 16      # Q once per K/V tile
 
 
 @pytest.mark.parametrize("schedule", ["flash1", "naive"])
 def test_step_other_schedules_and_edges(schedule):
     at = open_page("step")
     at.selectbox(key="st_schedule").set_value(schedule)
-    at.selectbox(key="st_seq_len").set_value(16)
+    at.selectbox(key="st_seq_len").set_value(32)
     at.selectbox(key="st_block_q").set_value(64)
     at.checkbox(key="st_causal").check().run()
     ok(at)
-    at.selectbox(key="st_seq_len").set_value(256).run()
-    at.slider(key="st_row").set_value(0).run()
-    ok(at)
-    assert len(charts(at)) >= 3
+    at.number_input(key="st_row").set_value(1).run()
+    at.button(key="st_last").click().run()
+    assert len(charts(ok(at))) >= 3
+
+
+# -- the step-through's arithmetic --------------------------------------------------------------
+@pytest.mark.parametrize("causal", [False, True])
+def test_walk_row_matches_exact_attention(causal):
+    w = data.step_walk("flash2", 48, 8, 16, 16, causal, "forward")
+    x = walk.inputs(48, 8, "random", seed=3)
+    for row in (0, 20, 47):
+        rf = walk.row_forward(w, x, row)
+        tiles = rf["tiles"]
+        assert (np.diff(tiles["m"]) >= 0).all()                # the running max never falls
+        assert tiles["err"].iloc[-1] < 1e-12
+        err = data.tiled_row_error(x, row, 16, 16, causal, rf["exact"]["o"])
+        assert err is None or err < 1e-5                       # the library's float32 path
+    wb = data.step_walk("flash2", 48, 8, 16, 16, causal, "backward")
+    rb = walk.row_backward(wb, x, 20)
+    assert rb["tiles"]["dq_err"].iloc[-1] < 1e-12
+    assert rb["tiles"]["p_err"].max() < 1e-12
+
+
+def test_walk_default_inputs_rescale_every_row():
+    w = data.step_walk("flash2", 64, 16, 16, 16, False, "forward")
+    x = walk.inputs(64, 16, "drift")
+    for row in range(64):
+        alphas = walk.row_forward(w, x, row)["tiles"]["alpha"].dropna()
+        assert (alphas < 1).sum() >= 2, row
+
+
+def test_walk_steps_are_one_based_and_complete():
+    w = data.step_walk("flash2", 64, 16, 16, 32, True, "forward")
+    assert list(w.steps["step"]) == list(range(1, w.n_steps + 1))
+    tiles = w.steps.dropna(subset=["q_tile", "k_tile"])
+    assert tiles["q_tile"].min() == 1 and tiles["k_tile"].min() == 1
+    # causal: the tiles computed are exactly those with a key at or before a row of the Q tile
+    expected = {(m, n) for m in range(4) for n in range(2) if n * 32 <= m * 16 + 15}
+    assert w.visited == expected
 
 
 # -- Measure --------------------------------------------------------------------------------------
@@ -257,7 +502,7 @@ def test_measure_without_gpu(monkeypatch):
     assert "No CUDA GPU was found" in texts(at.warning)
     code = texts(at.code)
     assert "python -m benchmarks measure" in code and "python -m benchmarks ncu" in code
-    assert "kernels." not in code
+    assert any(b.label.startswith("Download an example") for b in at.get("download_button"))
 
 
 def test_measure_with_gpu_but_no_harness(monkeypatch):
@@ -302,45 +547,6 @@ def test_measure_runs_a_sweep_with_progress(monkeypatch, tmp_path):
     assert json.loads((tmp_path / "saved.json").read_text())["schema"] == "ioaware.results/1"
 
 
-# -- data functions ---------------------------------------------------------------------------------
-@pytest.mark.parametrize("causal", [False, True])
-def test_online_softmax_walk_matches_exact_softmax(causal):
-    walk = data.online_softmax_walk(48, 8, 16, 20, causal, seed=3)
-    assert walk["check"]["max_abs_err_vs_exact_softmax"] < 1e-12  # float64 throughout
-    steps = walk["steps"]
-    assert (np.diff(steps["m"]) >= 0).all()  # the running max never decreases
-    assert steps["err_vs_final"].iloc[-1] < 1e-12
-    if "max_abs_err_ioaware_tiled_fp32" in walk["check"]:
-        assert walk["check"]["max_abs_err_ioaware_tiled_fp32"] < 1e-5  # float32 accumulation
-
-
-def test_summary_display_and_filters():
-    summary = pd.DataFrame([{"metric": "flops", "what": "x", "records": "all", "n": 2,
-                             "median_abs_err_pct": 1.5, "max_abs_err_pct": 3.0,
-                             "mean_signed_err_pct": -0.5, "target_pct": 2.0,
-                             "within_target_pct": 50.0, "required_pct": 100.0, "met": False}])
-    shown = data.display_summary(summary).iloc[0]
-    assert shown["max |error|"] == "3.0%" and shown["target met"] == "NO"
-    df = pd.DataFrame({"kernel": ["a", "b"], "dtype": ["fp16", "fp16"]})
-    assert list(data.filter_records(df, {"kernel": ["b"]})["kernel"]) == ["b"]
-    assert data.filter_records(df, {"kernel": []}).empty
-
-
-def test_explore_shows_what_sim_predicts():
-    """The Explore table is sim.predict's answer, not a number of the dashboard's own."""
-    import sim
-
-    at = open_page("explore")
-    at.select_slider(key="w_seq_len").set_value(2048).run()
-    table = ok(at).dataframe[0].value.set_index("schedule")
-    w = sim.Workload(batch=1, heads=16, seq_len_q=2048, head_dim=64, dtype="fp16")
-    for name in ("naive", "flash1", "flash2"):
-        p = sim.predict(w, sim.Schedule(name), "h100", l2="analytic")
-        assert table.loc[name, "global read (B)"] == p.hbm_read_bytes
-        assert table.loc[name, "DRAM write (B)"] == p.dram_write_bytes
-        assert table.loc[name, "predicted (ms)"] == pytest.approx(p.predicted_ms)
-
-
 def test_measure_configs_are_accepted_by_the_harness():
     measure = pytest.importorskip("benchmarks.measure")
     configs = data.measure_configs((1024,), (64, 128), ("fp16",), 1, 16, (False, True), ("fwd", "bwd"))
@@ -350,33 +556,15 @@ def test_measure_configs_are_accepted_by_the_harness():
             measure.normalize_config(dict(cfg, kernel=kernel))  # raises on a field it rejects
 
 
-def test_explore_calibrates_only_on_the_chosen_file(offer):
-    """No calibrated time unless a results file is chosen; then sim.predict's, fitted on that
-    file (calibration=path)."""
-    import sim
-
-    compare_fixture = ROOT / "tests" / "data" / "synthetic_results_fixture.json"
-    offer([FIXTURE, compare_fixture])
-    at = ok(open_page("explore"))
-    assert "calibrated (ms)" not in at.dataframe[0].value.columns
-    assert at.selectbox(key="ex_calibrate_on").value == data.NO_CALIBRATION
-    at.select_slider(key="w_seq_len").set_value(2048).run()
-    at.selectbox(key="ex_calibrate_on").set_value(data._choice_name(compare_fixture)).run()
-    table = ok(at).dataframe[0].value.set_index("schedule")
-    w = sim.Workload(batch=1, heads=16, seq_len_q=2048, head_dim=64, dtype="fp16")
-    p = sim.predict(w, sim.Schedule("flash2"), "h100", l2="analytic", calibration=compare_fixture)
-    assert p.predicted_ms_calibrated is not None
-    assert table.loc["flash2", "calibrated (ms)"] == pytest.approx(p.predicted_ms_calibrated)
-    assert table.loc["flash2", "predicted (ms)"] == pytest.approx(p.predicted_ms)
-
-
-def test_explore_trace_l2_model_and_its_limit():
-    at = open_page("explore")
-    at.select_slider(key="w_seq_len").set_value(1024)
-    at.selectbox(key="w_l2").set_value("trace").run()
-    ok(at)
-    assert set(at.dataframe[0].value["L2 model"]) == {"trace"}
-    at.select_slider(key="w_seq_len").set_value(65536).run()
-    ok(at)
-    assert "limited" in texts(at.info)
-    assert set(at.dataframe[0].value["L2 model"]) == {"analytic"}
+def test_summary_display_and_filters():
+    summary = pd.DataFrame([{"metric": "flops", "what": "x", "records": "ioaware-numba (all variants)",
+                             "n": 2, "median_abs_err_pct": 1.5, "max_abs_err_pct": 3.0,
+                             "mean_signed_err_pct": -0.5, "target_pct": 2.0,
+                             "within_target_pct": 50.0, "required_pct": 100.0, "met": False}])
+    shown, _ = data.display_summary(summary)
+    row = shown.iloc[0]
+    assert row["max_abs_err_pct"] == pytest.approx(0.03) and row["met"] == "no"
+    assert row["records"] == "ioaware kernels (all)"
+    df = pd.DataFrame({"kernel": ["a", "b"], "dtype": ["fp16", "fp16"]})
+    assert list(data.filter_records(df, {"kernel": ["b"]})["kernel"]) == ["b"]
+    assert data.filter_records(df, {"kernel": []}).empty

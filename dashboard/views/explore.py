@@ -1,55 +1,72 @@
-"""Page 1 — Explore: naive, flash1 and flash2 side by side for one workload on one GPU profile."""
+"""Page 1 — Explore: standard attention, FlashAttention and FlashAttention-2 side by side for one
+workload on one GPU profile."""
 from __future__ import annotations
 
 import streamlit as st
 
-from dashboard import data, figures, ui
+from dashboard import data, figures, fmt, ui
 
 st.title("Explore")
-st.caption("One workload (sidebar), three schedules: standard attention (`naive`, S and P "
-           "written to memory), FlashAttention (`flash1`) and FlashAttention-2 (`flash2`). "
-           "All numbers are predictions of the `sim` cost model.")
+st.caption("One workload (sidebar), three schedules: standard attention (S and P written to "
+           "memory and read back), FlashAttention and FlashAttention-2 (tiles kept on chip, "
+           "S and P never leave it). Every number is a prediction of the cost model.")
 
 ui.require_sim()
 w = ui.workload_sidebar()
-l2 = st.sidebar.selectbox("L2 model", list(data.L2_MODES), key="w_l2",
+l2 = st.sidebar.selectbox("DRAM bytes from", list(data.L2_MODES), key="w_l2",
                           format_func=data.L2_MODES.get,
-                          help="How DRAM bytes are predicted from the global-memory traffic: sim's "
-                               "analytic estimate, or the replay of the full event trace through "
-                               "an LRU L2 (what `python -m sim predict` does by default).")
+                          help="How DRAM bytes are predicted from the global-memory traffic: the "
+                               "analytic estimate, or a replay of every memory access of the "
+                               "schedule through a model of the GPU's L2 cache.")
 if l2 == "trace" and not data.trace_l2_affordable(w["batch"], w["heads"], w["seq_len"]):
-    st.info("The trace replay of the L2 model is limited to batch·heads·N² ≤ "
-            f"{data.TRACE_L2_MAX_SCORES:,} scores here (it takes minutes beyond that); "
-            "showing the analytic estimate.")
+    st.info("The L2 replay is offered up to batch·heads·N² = "
+            f"{data.TRACE_L2_MAX_SCORES:,} scores (beyond, it takes minutes); showing the "
+            "analytic estimate.")
     l2 = "analytic"
 calibrate_on = st.sidebar.selectbox(
     "Calibrate time on", [data.NO_CALIBRATION] + data.results_choices(), key="ex_calibrate_on",
     help="A measured results file: the calibrated time uses efficiency factors fitted on its "
-         "records of the profile's GPU and the same kernel program (`python -m sim predict "
-         "--calibrate-on FILE`). (none): the raw roofline only.")
+         "records of the profile's GPU and the same kernel. (none): the roofline bound only.")
+
+
+def _compare(**kwargs):
+    if l2 != "trace":
+        return data.compare_schedules(**w, l2=l2, **kwargs)
+    passes = 2 if w["pass_"] == "fwd+bwd" else 1
+    eta = data.estimated_trace_seconds(w["seq_len"], w["batch"], w["heads"], passes)
+    with st.spinner(f"Replaying every memory access through the L2 model (about "
+                    f"{max(1, round(eta))} s)…"):
+        return data.compare_schedules(**w, l2=l2, **kwargs)
+
+
 try:
-    table, ceilings = data.compare_schedules(**w, l2=l2, calibrate_on=calibrate_on)
+    table, ceilings = _compare(calibrate_on=calibrate_on)
 except ValueError as exc:
     st.warning(f"The model rejected these inputs: {exc}")
     st.stop()
 except FileNotFoundError as exc:
     st.warning(f"Could not calibrate: {exc}")
-    table, ceilings = data.compare_schedules(**w, l2=l2)
+    table, ceilings = _compare()
 
-naive, flash2 = table.set_index("schedule").loc["naive"], table.set_index("schedule").loc["flash2"]
+by = table.set_index("schedule")
+naive, flash2 = by.loc["naive"], by.loc["flash2"]
+st.markdown("**FlashAttention-2** against standard attention")
 m = st.columns(4)
-m[0].metric("flash2 global bytes", figures.fmt_bytes(flash2["global_bytes"]),
-            delta=f"{flash2['global_bytes'] / naive['global_bytes']:.1%} of naive",
+m[0].metric("Global memory", fmt.bytes_(flash2["global_bytes"]),
+            delta=f"{fmt.ratio(naive['global_bytes'] / flash2['global_bytes'])} less",
             delta_color="off")
-m[1].metric("flash2 DRAM bytes", figures.fmt_bytes(flash2["dram_bytes"]),
-            delta=f"{flash2['dram_bytes'] / naive['dram_bytes']:.1%} of naive", delta_color="off")
-m[2].metric("flash2 predicted time", f"{flash2['predicted_ms']:.3g} ms",
-            delta=f"{naive['predicted_ms'] / flash2['predicted_ms']:.2f}× faster than naive",
-            delta_color="off")
-m[3].metric("flash2 SRAM per block", figures.fmt_bytes(flash2["sram_bytes_per_block"]),
-            delta=f"block {int(flash2['block_q'])}×{int(flash2['block_k'])}", delta_color="off")
+m[1].metric("DRAM", fmt.bytes_(flash2["dram_bytes"]),
+            delta=f"{fmt.ratio(naive['dram_bytes'] / flash2['dram_bytes'])} less", delta_color="off")
+m[2].metric(data.ROOFLINE, fmt.ms(flash2["predicted_ms"]),
+            delta=f"{fmt.ratio(naive['predicted_ms'] / flash2['predicted_ms'])} faster",
+            delta_color="off",
+            help="The slowest of memory and compute time at the GPU's peak rates: a lower bound "
+                 "on the run time, not a forecast of it.")
+m[3].metric("On-chip memory per block", fmt.bytes_(flash2["sram_bytes_per_block"]),
+            delta=f"tile {int(flash2['block_q'])} × {int(flash2['block_k'])}", delta_color="off")
 
-ui.table(data.display_schedule_table(table), "explore-schedules", hide_index=True)
+shown, columns = data.schedule_table(table)
+ui.table(shown, "explore-schedules", columns=columns)
 
 c1, c2 = st.columns(2)
 with c1:

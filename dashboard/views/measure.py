@@ -12,11 +12,11 @@ import streamlit as st
 from dashboard import data, ui
 
 st.title("Measure")
-st.caption("Time our kernels and PyTorch's SDPA backends on this machine's GPU, with hardware "
-           "counters, and add the sweep to the results that *Predicted vs measured* compares.")
+st.caption("Time this project's kernels and PyTorch's SDPA backends on this machine's GPU, "
+           "with hardware counters, and add the sweep to the results that *Predicted vs "
+           "measured* compares.")
 
 gpu = data.cuda_device()
-harness, harness_err = data.import_measure()
 
 if gpu is None:
     st.warning(
@@ -33,9 +33,12 @@ if gpu is None:
             "    --seq-lens 1024,2048,4096 --head-dims 64,128 --dtypes fp16 --passes fwd,bwd\n"
             "python -m benchmarks ncu --help             # optional: add hardware counters",
             language="bash")
+    ui.results_format_help(key="measure")
     st.stop()
 
 st.success(f"CUDA GPU found: **{gpu}**")
+ui.results_format_help(key="measure")
+harness, harness_err = data.import_measure()
 if harness is None:
     st.warning(f"The measurement harness `{data.MEASURE_MODULE}` is not available in this "
                f"installation (`{harness_err}`), so the sweep cannot be started from here. Update "
