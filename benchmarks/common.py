@@ -406,13 +406,14 @@ def kernel_signature(family: str, kernel: str, dtype: str) -> tuple:
     i64, f32, u32, u64 = types.int64, types.float32, types.uint32, types.uint64
     if family == "simt":
         x4 = A(types.float16 if dtype == "fp16" else types.float32, 4)
-        if kernel == "fwd":
-            return (x4, x4, x4, x4, f3, u8, i2, i1, i64, i64, i64, i64, f32, u64, u64, f32)
+        if kernel == "fwd":       # ... keep_scale, then the window's band_lo, band_hi
+            return (x4, x4, x4, x4, f3, u8, i2, i1, i64, i64, i64, i64, f32, u64, u64, f32, i64,
+                    i64)
         if kernel == "delta":
             return (x4, x4, f3)
         if kernel == "dkdv":
             return (x4, x4, x4, x4, f3, f3, x4, x4, f4, u8, i2, i1, i64, i64, i64, f32, u64,
-                    u64, f32)
+                    u64, f32, i64, i64)
         raise ValueError(f"the simt kernels are fwd, delta and dkdv, got {kernel!r}")
     x4 = A(types.int16 if family == "mma" else types.float32, 4)
     tail = (i2, i1, i64, i64, i64, i64, i64, u8, i64, i64, i64)

@@ -81,7 +81,9 @@ def _check_backend_supports(pb: Problem, backend):
                          f"needs them equal (backend='numpy' takes them different, with CPU inputs)")
     if pb.head_dim == 0:
         raise ValueError("q and k have head dimension 0, which backend 'numba' does not take")
-    if pb.causal and pb.causal_alignment == "bottom_right" and pb.seqlen_q != pb.seqlen_k:
+    if pb.causal and pb.causal_alignment == "bottom_right" and pb.seqlen_q != pb.seqlen_k \
+            and pb.window_size is None:
+        # (with a window the kernels take the band, causal rule included, bottom-right aligned)
         raise ValueError(f"causal='bottom_right' (or attn_mask=causal_lower_right(...)) with Nq={pb.seqlen_q} != "
                          f"Nk={pb.seqlen_k} is not supported by backend 'numba' (its kernels align causal "
                          f"masks top-left); pass the pattern as a boolean mask, or use backend='numpy'")
@@ -286,7 +288,7 @@ class _Grouped:
         pb = self.pb
         return BlockInfo.with_block_mask(pb.seqlen_q, pb.seqlen_k, pb.block_q or DEFAULT_BLOCK_Q,
                                          pb.block_k or DEFAULT_BLOCK_K, pb.causal, block_mask2d,
-                                         pb.causal_alignment)
+                                         pb.causal_alignment, pb.window_size)
 
     def groups(self):
         """``(selector, BlockInfo)`` pairs: one per distinct block-mask slice (one if none)."""
@@ -309,8 +311,8 @@ class _Grouped:
         """Every mask as one elementwise boolean array (for the reference), or None."""
         pb = self.pb
         allowed = self.allowed
-        if pb.causal:
-            c = self._info().causal_pattern()
+        if pb.causal or pb.window_size is not None:
+            c = self._info().position_pattern()          # the causal rule and the window
             allowed = c if allowed is None else (allowed & c)
         if pb.block_mask is not None:
             expanded = BlockMask(pb.block_mask, pb.block_q, pb.block_k).expand(pb.seqlen_q, pb.seqlen_k)

@@ -16,8 +16,8 @@ The estimates are deliberately simple and stated here in full:
   scores and its five temporaries for ``"numpy"``, four full ``[B, Hq, Nq, Nk]`` float64 arrays
   for ``"reference"``;
 * time (``"numpy"`` and ``"reference"`` only): matmul FLOPs of the forward (``2 (E + Ev)`` per
-  allowed (query, key) pair) at :data:`CPU_FLOPS_PER_SECOND`, plus :data:`SECONDS_PER_TILE` of
-  Python overhead per visited tile (``"numpy"``). The backward costs about twice the forward.
+  (query, key) pair the causal rule and the window allow) at :data:`CPU_FLOPS_PER_SECOND`,
+  plus :data:`SECONDS_PER_TILE` of Python overhead per visited tile (``"numpy"``). The backward costs about twice the forward.
   These are orders of magnitude, not predictions; :mod:`sim` predicts GPU times properly.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ import math
 import os
 import warnings
 
-__all__ = ["PerformanceWarning", "check_cost", "allowed_pairs", "available_host_memory",
+__all__ = ["PerformanceWarning", "check_cost", "allowed_pairs", "band_pairs", "available_host_memory",
            "CPU_FLOPS_PER_SECOND", "SECONDS_PER_TILE", "WARN_SECONDS", "MEMORY_CHECK_BYTES"]
 
 CPU_FLOPS_PER_SECOND = 2e10   # the NumPy tiled path on 64x64 tiles reaches 7-35 GFLOP/s on 2 cores
@@ -65,6 +65,16 @@ def allowed_pairs(seqlen_q: int, seqlen_k: int, causal: bool, causal_offset: int
     return ramp + (seqlen_q - i1) * seqlen_k
 
 
+def band_pairs(seqlen_q: int, seqlen_k: int, band: tuple[int | None, int | None]) -> int:
+    """Number of (query, key) pairs with ``lo <= j - i <= hi`` for ``band = (lo, hi)`` (a None
+    bound is absent; ``ioaware.block_info.band_offsets``): the pairs with ``j <= i + hi`` less
+    those with ``j <= i + lo - 1`` (``lo <= hi``, so the second set lies in the first)."""
+    lo, hi = band
+    upper = allowed_pairs(seqlen_q, seqlen_k, hi is not None, 0 if hi is None else hi)
+    below = 0 if lo is None else allowed_pairs(seqlen_q, seqlen_k, True, lo - 1)
+    return upper - below
+
+
 def _gb(n: float) -> str:
     return f"{n / 1e9:.1f} GB"
 
@@ -80,10 +90,11 @@ def _duration(seconds: float) -> str:
 
 
 def check_cost(*, backend, kind, device, batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, value_dim,
-               itemsize, compute_itemsize, causal, causal_offset, block_q, block_k, n_block_groups,
+               itemsize, compute_itemsize, band, block_q, block_k, n_block_groups,
                copied_inputs, mask_elements, bias_elements, q_shape, k_shape):
     """Refuse (``MemoryError``) or warn (:class:`PerformanceWarning`) from the shapes alone.
 
+    ``band``: the causal rule and window as ``(lo, hi)`` (:func:`band_pairs`);
     ``copied_inputs``: element counts of the inputs that are not contiguous (they are copied on
     the way to the canonical layout); ``mask_elements`` / ``bias_elements``: elements of the
     broadcast masks; ``n_block_groups``: distinct block-mask slices (the NumPy path loops over
@@ -109,10 +120,11 @@ def check_cost(*, backend, kind, device, batch, heads_q, heads_kv, seqlen_q, seq
             f"are available; nothing was allocated")
     if backend not in ("numpy", "reference"):
         return
-    pairs = batch * heads_q * allowed_pairs(seqlen_q, seqlen_k, causal, causal_offset)
+    pairs_per_head = band_pairs(seqlen_q, seqlen_k, band)
+    pairs = batch * heads_q * pairs_per_head
     seconds = 2.0 * (head_dim + value_dim) * pairs / CPU_FLOPS_PER_SECOND
     if backend == "numpy":
-        tiles = math.ceil(allowed_pairs(seqlen_q, seqlen_k, causal, causal_offset) / (block_q * block_k))
+        tiles = math.ceil(pairs_per_head / (block_q * block_k))
         seconds += n_block_groups * tiles * SECONDS_PER_TILE
     if seconds > WARN_SECONDS:
         warnings.warn(

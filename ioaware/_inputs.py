@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ._cost import check_cost
-from .block_info import CAUSAL_ALIGNMENTS, cdiv
+from .block_info import CAUSAL_ALIGNMENTS, band_offsets, cdiv, check_window_size
 from .tiled import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q
 
 __all__ = ["BlockMask", "Problem", "SdpaArguments", "check_inputs", "check_values", "sdpa_arguments", "parse_causal",
@@ -150,6 +150,7 @@ class Problem:
     causal_alignment: str = "top_left"   # "top_left" or "bottom_right" (see ioaware.block_info)
     value_dim: int | None = None         # Ev: of v (None: equal to head_dim)
     v_shape: tuple | None = None         # the values' original shape, to restore dv (None: kv_shape)
+    window_size: tuple | None = None     # (left, right) sliding window, or None (see ioaware.block_info)
 
     def __post_init__(self):
         if self.value_dim is None:
@@ -253,8 +254,14 @@ def _is_contiguous(x) -> bool:
 
 
 def check_inputs(q, k, v, *, causal=False, mask=None, bias=None, block_mask=None, scale=None,
-                 dropout_p=0.0, seed=None, block_q=None, block_k=None, backend=None) -> Problem:
+                 dropout_p=0.0, seed=None, block_q=None, block_k=None, window_size=None,
+                 backend=None) -> Problem:
     """Validate user inputs and bring them to the canonical layout. Raises TypeError/ValueError.
+
+    ``window_size`` is FlashAttention-2's ``(left, right)`` sliding window, bottom-right
+    aligned (:mod:`ioaware.block_info`); None or ``(-1, -1)`` is no window. With a window,
+    top-left causal masking (``causal=True`` or ``"top_left"``) and ``Nq != Nk`` is refused:
+    the two rules would be aligned differently.
 
     ``backend`` (a resolved backend name) turns on the cost check of :mod:`ioaware._cost`
     (``MemoryError`` / :class:`~ioaware._cost.PerformanceWarning`), made before any mask is
@@ -320,6 +327,14 @@ def check_inputs(q, k, v, *, causal=False, mask=None, bias=None, block_mask=None
     block_q = _check_block("block_q", block_q)
     block_k = _check_block("block_k", block_k)
     is_causal, alignment = parse_causal(causal)
+    window_size = check_window_size(window_size)
+    if window_size is not None and is_causal and alignment == "top_left" and seqlen_q != seqlen_k:
+        raise ValueError(
+            f"window_size={window_size} with causal={causal!r} (top-left) and Nq={seqlen_q} != "
+            f"Nk={seqlen_k} would mix two alignments: the window is bottom-right aligned "
+            f"(FlashAttention-2's), the causal mask top-left; pass causal='bottom_right' (the "
+            f"queries are the last Nq positions) or put the top-left pattern into mask")
+    band = band_offsets(seqlen_q, seqlen_k, is_causal, alignment, window_size)
 
     target = tuple(q.shape[:-1]) + (seqlen_k,)
 
@@ -341,7 +356,7 @@ def check_inputs(q, k, v, *, causal=False, mask=None, bias=None, block_mask=None
             seqlen_q=seqlen_q, seqlen_k=seqlen_k, head_dim=head_dim, value_dim=value_dim,
             itemsize=q.element_size() if kind == "torch" else q.itemsize,
             compute_itemsize=8 if dtypes[0] == "float64" else 4,
-            causal=is_causal, causal_offset=(seqlen_k - seqlen_q) if alignment == "bottom_right" else 0,
+            band=band,
             block_q=block_q or DEFAULT_BLOCK_Q, block_k=block_k or DEFAULT_BLOCK_K, n_block_groups=n_groups,
             copied_inputs=[math.prod(x.shape) for x in (q, k, v)                # bfloat16 becomes float32
                            if not _is_contiguous(x) or dtypes[0] == "bfloat16"],
@@ -365,7 +380,7 @@ def check_inputs(q, k, v, *, causal=False, mask=None, bias=None, block_mask=None
         batch=batch, heads_q=heads_q, heads_kv=heads_kv, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
         head_dim=head_dim, scale=scale, causal=is_causal, mask=mask4, bias=bias4,
         block_mask=bm4, block_q=block_q, block_k=block_k, dropout_p=dropout_p, seed=seed,
-        causal_alignment=alignment, value_dim=value_dim, v_shape=tuple(v.shape),
+        causal_alignment=alignment, value_dim=value_dim, v_shape=tuple(v.shape), window_size=window_size,
     )
 
 

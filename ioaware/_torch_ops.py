@@ -1,7 +1,8 @@
 """The torch operators behind :func:`ioaware.attention` for torch tensors.
 
 ``torch.ops.ioaware.attention_fwd(q, k, v, mask, bias, block_mask, seed, scale, causal,
-causal_alignment, dropout_p, block_q, block_k, backend) -> (out, lse)`` and
+causal_alignment, window_left, window_right, dropout_p, block_q, block_k, backend) -> (out, lse)``
+and
 ``torch.ops.ioaware.attention_bwd(q, k, v, out, lse, dout, <the same arguments>) -> (dq, dk, dv)``
 are ``torch.library.custom_op`` operators:
 
@@ -22,8 +23,10 @@ keeps the checked problem for its backward (no dispatch, no second check). Only 
 (``torch.compile``) goes through the operators.
 
 ``seed`` is a 0-d int64 tensor (seeds of 2**63 and above wrap to negative values and back), so
-a fresh seed can be drawn with ``torch.randint`` inside a compiled graph. Gradients do not flow
-into ``mask``, ``bias`` or ``block_mask``.
+a fresh seed can be drawn with ``torch.randint`` inside a compiled graph. The sliding window
+travels as two ints, ``window_left`` and ``window_right`` (``window_size=(left, right)``; -1 =
+unbounded side, both -1 = no window). Gradients do not flow into ``mask``, ``bias`` or
+``block_mask``.
 """
 from __future__ import annotations
 
@@ -42,9 +45,11 @@ def _seed(seed: torch.Tensor) -> int:
     return int(seed.item()) % 2**64
 
 
-def _kwargs(mask, bias, block_mask, scale, causal, causal_alignment, dropout_p, block_q, block_k):
+def _kwargs(mask, bias, block_mask, scale, causal, causal_alignment, window_left, window_right, dropout_p,
+            block_q, block_k):
     return dict(causal=causal_alignment if causal else False, mask=mask, bias=bias, block_mask=block_mask,
-                scale=scale, dropout_p=dropout_p, block_q=block_q, block_k=block_k)
+                scale=scale, window_size=(window_left, window_right), dropout_p=dropout_p, block_q=block_q,
+                block_k=block_k)
 
 
 def _numba_mask(backend, mask, bias):
@@ -57,14 +62,15 @@ def _numba_mask(backend, mask, bias):
 
 def attention_fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
                   bias: Optional[torch.Tensor], block_mask: Optional[torch.Tensor], seed: torch.Tensor,
-                  scale: Optional[float], causal: bool, causal_alignment: str, dropout_p: float,
-                  block_q: Optional[int], block_k: Optional[int], backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+                  scale: Optional[float], causal: bool, causal_alignment: str, window_left: int,
+                  window_right: int, dropout_p: float, block_q: Optional[int], block_k: Optional[int],
+                  backend: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention forward: ``(out [..., Hq, Nq, Ev], lse [..., Hq, Nq])``."""
     backend = _backends._resolve_backend(backend, q)
     mask, bias = _numba_mask(backend, mask, bias)
     pb = _backends._problem(q, k, v, backend, cost=True, values=True, seed=_seed(seed),
-                             **_kwargs(mask, bias, block_mask, scale, causal, causal_alignment, dropout_p,
-                                       block_q, block_k))
+                             **_kwargs(mask, bias, block_mask, scale, causal, causal_alignment, window_left,
+                                       window_right, dropout_p, block_q, block_k))
     out4, lse3 = _backends._run_forward(pb, backend)
     return pb.restore_q(out4), pb.restore_lse(lse3)
 
@@ -77,13 +83,13 @@ attention_fwd = torch.library.custom_op("ioaware::attention_fwd", mutates_args=(
 
 
 @attention_fwd.register_fake
-def _attention_fwd_fake(q, k, v, mask, bias, block_mask, seed, scale, causal, causal_alignment, dropout_p,
-                        block_q, block_k, backend):
+def _attention_fwd_fake(q, k, v, mask, bias, block_mask, seed, scale, causal, causal_alignment, window_left,
+                        window_right, dropout_p, block_q, block_k, backend):
     backend = _backends._resolve_backend(backend, q)
     # the block mask's values are not available here; it is checked when the operator runs
     pb = _backends._problem(q, k, v, backend, cost=False, values=False, seed=0,
-                             **_kwargs(mask, bias, None, scale, causal, causal_alignment, dropout_p,
-                                       block_q, block_k))
+                             **_kwargs(mask, bias, None, scale, causal, causal_alignment, window_left,
+                                       window_right, dropout_p, block_q, block_k))
     lse_dt = getattr(torch, lse_dtype(pb.dtype_name))
     return q.new_empty(pb.out_shape), q.new_empty(tuple(q.shape[:-1]), dtype=lse_dt)
 
@@ -92,20 +98,21 @@ def _attention_fwd_fake(q, k, v, mask, bias, block_mask, seed, scale, causal, ca
 def attention_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
                   dout: torch.Tensor, mask: Optional[torch.Tensor], bias: Optional[torch.Tensor],
                   block_mask: Optional[torch.Tensor], seed: torch.Tensor, scale: Optional[float], causal: bool,
-                  causal_alignment: str, dropout_p: float, block_q: Optional[int], block_k: Optional[int],
+                  causal_alignment: str, window_left: int, window_right: int, dropout_p: float,
+                  block_q: Optional[int], block_k: Optional[int],
                   backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Attention backward: ``(dq, dk, dv)`` shaped like ``q, k, v``."""
     backend = _backends._resolve_backend(backend, q)
     mask, bias = _numba_mask(backend, mask, bias)
     pb = _backends._problem(q, k, v, backend, cost=False, values=False, seed=_seed(seed),
-                             **_kwargs(mask, bias, block_mask, scale, causal, causal_alignment, dropout_p,
-                                       block_q, block_k))
+                             **_kwargs(mask, bias, block_mask, scale, causal, causal_alignment, window_left,
+                                       window_right, dropout_p, block_q, block_k))
     return _backends._run_backward(pb, out, lse, dout.contiguous(), backend)
 
 
 @attention_bwd.register_fake
 def _attention_bwd_fake(q, k, v, out, lse, dout, mask, bias, block_mask, seed, scale, causal, causal_alignment,
-                        dropout_p, block_q, block_k, backend):
+                        window_left, window_right, dropout_p, block_q, block_k, backend):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
@@ -125,7 +132,7 @@ def _backward(ctx, dout, dlse):
     if dlse is not None:
         dq_lse, dk_lse = _lse_gradients(q, k, lse, dlse, mask, bias, block_mask, seed, ctx.args)
         dq, dk = dq + dq_lse, dk + dk_lse
-    return (dq, dk, dv) + (None,) * 11
+    return (dq, dk, dv) + (None,) * 13
 
 
 def _lse_gradients(q, k, lse, dlse, mask, bias, block_mask, seed, args):
@@ -135,8 +142,8 @@ def _lse_gradients(q, k, lse, dlse, mask, bias, block_mask, seed, args):
     P^T (dlse * Q) is the value gradient of a backward with K as the values and dlse * Q as the
     output gradient (that backward's other outputs are not used). Two more passes, run only when
     the loss uses the logsumexp."""
-    scale, causal, alignment, _dropout_p, block_q, block_k, backend = args
-    args_p = (scale, causal, alignment, 0.0, block_q, block_k, backend)
+    scale, causal, alignment, window_left, window_right, _dropout_p, block_q, block_k, backend = args
+    args_p = (scale, causal, alignment, window_left, window_right, 0.0, block_q, block_k, backend)
     s = q.shape[-1] ** -0.5 if scale is None else scale
     w = dlse.unsqueeze(-1)
     pk, _ = attention_fwd(q, k, k, mask, bias, block_mask, seed, *args_p)
@@ -151,17 +158,18 @@ attention_fwd.register_autograd(_backward, setup_context=_setup_context)
 class EagerAttention(torch.autograd.Function):
     """The operators' autograd formula for eager calls: ``apply(q, k, v, args)`` with ``args``
     the operator's other arguments (mask, bias, block mask, seed, scale, causal, alignment,
-    dropout_p, block_q, block_k, backend). The forward checks the problem once and keeps it
+    window_left, window_right, dropout_p, block_q, block_k, backend). The forward checks the problem once and keeps it
     (without its tensors) for the backward, which saves the dispatcher and the second check."""
 
     @staticmethod
     def forward(ctx, q, k, v, args):
-        mask, bias, block_mask, seed, scale, causal, alignment, dropout_p, block_q, block_k, backend = args
+        (mask, bias, block_mask, seed, scale, causal, alignment, window_left, window_right, dropout_p, block_q,
+         block_k, backend) = args
         backend = _backends._resolve_backend(backend, q)
         mask_k, bias_k = _numba_mask(backend, mask, bias)
         pb = _backends._problem(q, k, v, backend, cost=True, values=True, seed=_seed(seed),
-                                 **_kwargs(mask_k, bias_k, block_mask, scale, causal, alignment, dropout_p,
-                                           block_q, block_k))
+                                 **_kwargs(mask_k, bias_k, block_mask, scale, causal, alignment, window_left,
+                                           window_right, dropout_p, block_q, block_k))
         out4, lse3 = _backends._run_forward(pb, backend)
         out, lse = pb.restore_q(out4), pb.restore_lse(lse3)
         # the caller's tensors, out and lse (what the operator's formula saves); the checked

@@ -1,8 +1,8 @@
 """The public attention API: exact attention, forward and backward, on NumPy arrays and torch tensors.
 
 * :func:`attention` — FlashAttention-style attention with causal (top-left or bottom-right),
-  boolean and block-sparse masks, dropout, GQA/MQA and cross attention; differentiable for torch
-  tensors.
+  sliding-window (local), boolean and block-sparse masks, dropout, GQA/MQA and cross attention;
+  differentiable for torch tensors.
 * :func:`attention_backward` — the gradients ``(dq, dk, dv)`` from ``(q, k, v, out, lse, dout)``.
 * :func:`scaled_dot_product_attention` — a drop-in for ``torch.nn.functional.scaled_dot_product_attention``.
 
@@ -23,6 +23,7 @@ import numpy as np
 from ._backends import BACKENDS, _problem, _resolve_backend, _run_backward, _run_forward
 from ._inputs import (BlockMask, _block_mask_parts, _check_seed, _scalar, check_inputs, is_torch,
                       parse_causal, sdpa_arguments, torch_or_none)
+from .block_info import check_window_size
 from .tiled import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q
 
 __all__ = ["attention", "attention_backward", "scaled_dot_product_attention", "BlockMask",
@@ -31,8 +32,8 @@ __all__ = ["attention", "attention_backward", "scaled_dot_product_attention", "B
 # ------------------------------------------------------------------------------------------------
 # public functions
 # ------------------------------------------------------------------------------------------------
-def attention(q, k, v, *, causal=False, mask=None, block_mask=None, scale=None, dropout_p=0.0,
-              seed=None, return_lse=False, block_q=None, block_k=None, backend="auto"):
+def attention(q, k, v, *, causal=False, window_size=None, mask=None, block_mask=None, scale=None,
+              dropout_p=0.0, seed=None, return_lse=False, block_q=None, block_k=None, backend="auto"):
     """Exact scaled dot-product attention, computed tile by tile without materialising ``QK^T``.
 
     Parameters
@@ -50,6 +51,13 @@ def attention(q, k, v, *, causal=False, mask=None, block_mask=None, scale=None, 
         ``"bottom_right"`` (``j <= i + Nk - Nq``: FlashAttention-2's convention and
         ``torch.nn.attention.bias.causal_lower_right``; the queries are the last Nq positions,
         as when decoding with a KV cache). The two agree when ``Nq == Nk``.
+    window_size : ``(left, right)``, FlashAttention-2's sliding (local) window: with
+        ``off = Nk - Nq`` (bottom-right aligned, as FlashAttention-2 always aligns it), query
+        row i attends to key columns ``i + off - left <= j <= i + off + right``; ``-1`` leaves
+        that side unbounded; None or ``(-1, -1)`` is no window. With ``causal`` the rule
+        ``j <= i + off`` is added (``right`` is then effectively 0): ``"bottom_right"`` always,
+        ``True`` / ``"top_left"`` only when ``Nq == Nk`` (otherwise it is refused: the two rules
+        would be aligned differently). K/V tiles outside the window are never computed.
     mask : boolean array broadcastable to ``[..., Hq, Nq, Nk]``; True = may attend.
     block_mask : :class:`BlockMask` (or ``(mask, (block_q, block_k))``, or a boolean array with
         ``block_q``/``block_k`` given): tiles marked False are never computed.
@@ -81,21 +89,22 @@ def attention(q, k, v, *, causal=False, mask=None, block_mask=None, scale=None, 
     do; CUDA inputs are not scanned.
     """
     if is_torch(q):
-        out, lse = _torch_attention(q, k, v, causal=causal, mask=mask, bias=None, block_mask=block_mask,
-                                    scale=scale, dropout_p=dropout_p, seed=seed, block_q=block_q,
-                                    block_k=block_k, backend=backend)
+        out, lse = _torch_attention(q, k, v, causal=causal, window_size=window_size, mask=mask, bias=None,
+                                    block_mask=block_mask, scale=scale, dropout_p=dropout_p, seed=seed,
+                                    block_q=block_q, block_k=block_k, backend=backend)
     else:
         backend = _resolve_backend(backend, q)
-        pb = _problem(q, k, v, backend, cost=True, values=True, causal=causal, mask=mask,
-                      block_mask=block_mask, scale=scale, dropout_p=dropout_p, seed=seed,
+        pb = _problem(q, k, v, backend, cost=True, values=True, causal=causal, window_size=window_size,
+                      mask=mask, block_mask=block_mask, scale=scale, dropout_p=dropout_p, seed=seed,
                       block_q=block_q, block_k=block_k)
         out4, lse3 = _run_forward(pb, backend)
         out, lse = pb.restore_q(out4), pb.restore_lse(lse3)
     return (out, lse) if return_lse else out
 
 
-def attention_backward(q, k, v, out, lse, dout, *, causal=False, mask=None, block_mask=None,
-                       scale=None, dropout_p=0.0, seed=None, block_q=None, block_k=None, backend="auto"):
+def attention_backward(q, k, v, out, lse, dout, *, causal=False, window_size=None, mask=None,
+                       block_mask=None, scale=None, dropout_p=0.0, seed=None, block_q=None, block_k=None,
+                       backend="auto"):
     """Gradients of :func:`attention`: returns ``(dq, dk, dv)`` shaped like ``q, k, v``.
 
     ``out`` and ``lse`` are what the forward returned (``return_lse=True``); ``dout`` is the
@@ -105,8 +114,9 @@ def attention_backward(q, k, v, out, lse, dout, *, causal=False, mask=None, bloc
     backend = _resolve_backend(backend, q)
     if dropout_p and seed is None:
         raise ValueError("attention_backward with dropout needs the forward's seed")
-    pb = _problem(q, k, v, backend, cost=True, values=True, causal=causal, mask=mask, block_mask=block_mask,
-                  scale=scale, dropout_p=dropout_p, seed=seed, block_q=block_q, block_k=block_k)
+    pb = _problem(q, k, v, backend, cost=True, values=True, causal=causal, window_size=window_size, mask=mask,
+                  block_mask=block_mask, scale=scale, dropout_p=dropout_p, seed=seed, block_q=block_q,
+                  block_k=block_k)
     lse_dtype = "float64" if pb.dtype_name == "float64" else "float32"
     _check_like("out", out, q, pb.out_shape, pb.dtype_name)
     _check_like("dout", dout, q, pb.out_shape, pb.dtype_name)
@@ -136,15 +146,16 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     accepts it); NaN or infinite CPU inputs are refused rather than propagated; errors are
     ``TypeError`` / ``ValueError`` rather than ``RuntimeError``; on the ``numba`` backend (CUDA
     tensors) a float ``attn_mask`` may hold only 0 and ``-inf``, and float64, ``Ev != E`` and
-    bottom-right causal masks with ``L != S`` are refused.
+    bottom-right causal masks with ``L != S`` are refused. There is no sliding window here
+    (PyTorch's function has none): :func:`attention` takes ``window_size``.
     """
     a = sdpa_arguments(query, key, value, attn_mask, is_causal, enable_gqa)
     if a.zeros_shape is not None:
         return _sdpa_zeros(query, key, value, a.zeros_shape)
     if is_torch(a.q):
-        out, _ = _torch_attention(a.q, a.k, a.v, causal=a.causal, mask=a.mask, bias=a.bias, block_mask=None,
-                                  scale=scale, dropout_p=dropout_p, seed=None, block_q=None, block_k=None,
-                                  backend="auto")
+        out, _ = _torch_attention(a.q, a.k, a.v, causal=a.causal, window_size=None, mask=a.mask, bias=a.bias,
+                                  block_mask=None, scale=scale, dropout_p=dropout_p, seed=None, block_q=None,
+                                  block_k=None, backend="auto")
         return out
     backend = _resolve_backend("auto", a.q)
     pb = _problem(a.q, a.k, a.v, backend, cost=True, values=True, causal=a.causal, mask=a.mask, bias=a.bias,
@@ -182,8 +193,8 @@ def _check_like(name, x, q, shape, dtype):
         raise ValueError(f"{name} is on {x.device} but q is on {q.device}")
 
 
-def _torch_attention(q, k, v, *, causal, mask, bias, block_mask, scale, dropout_p, seed, block_q, block_k,
-                     backend):
+def _torch_attention(q, k, v, *, causal, window_size, mask, bias, block_mask, scale, dropout_p, seed, block_q,
+                     block_k, backend):
     """Torch tensors: through the ``ioaware::attention_fwd`` operator (autograd and torch.compile).
 
     Only what the operator's schema needs is prepared here (this code is traced by
@@ -195,6 +206,7 @@ def _torch_attention(q, k, v, *, causal, mask, bias, block_mask, scale, dropout_
         check_inputs(q, k, v, mask=mask, bias=bias)     # raises the error that names the argument
         raise TypeError("q, k, v and the masks must all be torch tensors or all NumPy arrays")
     is_causal, alignment = parse_causal(causal)
+    window_left, window_right = check_window_size(window_size) or (-1, -1)
     if scale is not None:
         scale = _scalar("scale", scale)
     dropout_p = _scalar("dropout_p", dropout_p, "a float in [0, 1]")
@@ -207,7 +219,8 @@ def _torch_attention(q, k, v, *, causal, mask, bias, block_mask, scale, dropout_
     if block_mask is not None:
         arr, block_q, block_k = _block_mask_parts(block_mask, block_q, block_k)
         bm = torch.from_numpy(np.ascontiguousarray(arr))
-    args = (q, k, v, mask, bias, bm, seed_t, scale, is_causal, alignment, dropout_p, block_q, block_k, backend)
+    args = (q, k, v, mask, bias, bm, seed_t, scale, is_causal, alignment, window_left, window_right, dropout_p,
+            block_q, block_k, backend)
     if torch.compiler.is_compiling():
         return attention_fwd(*args)             # the operators: opaque to the tracer
     if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):

@@ -20,6 +20,17 @@ Conventions
     last query row sees every key (the queries are the last ``seqlen_q`` positions of the
     sequence, as when decoding with a KV cache). With ``seqlen_q > seqlen_k`` the first
     ``seqlen_q - seqlen_k`` rows see no key at all.
+* ``window_size = (left, right)`` (optional) is FlashAttention-2's sliding (local) window,
+  always bottom-right aligned: with ``off = seqlen_k - seqlen_q``, row ``i`` may attend to
+  column ``j`` iff ``i + off - left <= j <= i + off + right``; ``-1`` leaves that side unbounded
+  and ``(-1, -1)`` (or None) is no window. Causal masking adds ``j <= i + causal offset``; with a
+  window the causal alignment must be the window's (``"bottom_right"``, or either when
+  ``seqlen_q == seqlen_k``), so causal with a window is the band ``[i + off - left, i + off]``.
+  A row whose band holds no key sees nothing (its output is 0, its logsumexp ``-inf``).
+* Causal and window together are the *band*: row ``i`` sees ``j`` iff ``j >= i + lo`` and
+  ``j <= i + hi`` (:attr:`BlockInfo.band`, either bound possibly absent). K/V tiles wholly
+  outside the band are skipped; tiles the band cuts are masked per element
+  (:meth:`BlockInfo.tile_needs_mask`, :meth:`BlockInfo.tile_position_mask`).
 * ``block_mask[m][n]`` (optional) says whether tile ``(m, n)`` is computed at all
   (FlashAttention's block-sparse attention). A skipped tile is never loaded.
 """
@@ -30,7 +41,7 @@ from functools import cached_property
 
 import numpy as np
 
-__all__ = ["BlockInfo", "CAUSAL_ALIGNMENTS", "cdiv"]
+__all__ = ["BlockInfo", "CAUSAL_ALIGNMENTS", "cdiv", "check_window_size", "band_offsets"]
 
 CAUSAL_ALIGNMENTS = ("top_left", "bottom_right")
 
@@ -38,6 +49,47 @@ CAUSAL_ALIGNMENTS = ("top_left", "bottom_right")
 def cdiv(a: int, b: int) -> int:
     """Ceiling division of non-negative integers."""
     return -(-a // b)
+
+
+def check_window_size(window_size, name: str = "window_size") -> tuple[int, int] | None:
+    """``window_size`` as ``(left, right)``, or None for no window (None or ``(-1, -1)``).
+
+    It must be a pair (tuple or list) of integers, each ``>= -1`` (``-1``: that side
+    unbounded); anything else raises ``TypeError`` / ``ValueError`` naming ``name``.
+    """
+    if window_size is None:
+        return None
+    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
+        raise TypeError(f"{name} must be None or a pair (left, right) of integers >= -1, got "
+                        f"{window_size!r}")
+    for side, value in zip(("left", "right"), window_size):
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+            raise TypeError(f"{name} must be a pair (left, right) of integers >= -1; its {side} "
+                            f"entry is {value!r} ({type(value).__name__})")
+        if value < -1:
+            raise ValueError(f"{name} must be a pair (left, right) of integers >= -1 (-1: "
+                             f"unbounded on that side); its {side} entry is {int(value)}")
+    left, right = int(window_size[0]), int(window_size[1])
+    return None if (left, right) == (-1, -1) else (left, right)
+
+
+def band_offsets(seqlen_q: int, seqlen_k: int, causal: bool, causal_alignment: str,
+                 window_size: tuple[int, int] | None) -> tuple[int | None, int | None]:
+    """``(lo, hi)``: row ``i`` may attend to column ``j`` iff ``j >= i + lo`` (when ``lo`` is
+    not None) and ``j <= i + hi`` (when ``hi`` is not None): the causal rule and the window
+    (bottom-right aligned, ``off = seqlen_k - seqlen_q``) in one band. ``window_size`` is
+    already checked (:func:`check_window_size`)."""
+    off = seqlen_k - seqlen_q
+    lo = hi = None
+    if causal:
+        hi = off if causal_alignment == "bottom_right" else 0
+    if window_size is not None:
+        left, right = window_size
+        if left >= 0:
+            lo = off - left
+        if right >= 0:
+            hi = off + right if hi is None else min(hi, off + right)
+    return lo, hi
 
 
 @dataclass(frozen=True)
@@ -53,6 +105,10 @@ class BlockInfo:
         ``False`` tiles are skipped. Build it from an array with :meth:`with_block_mask`.
     causal_alignment : ``"top_left"`` (default; ``j <= i``) or ``"bottom_right"``
         (``j <= i + seqlen_k - seqlen_q``); ignored unless ``causal``.
+    window_size : optional sliding window ``(left, right)`` (see the module docstring; -1 =
+        unbounded side, ``(-1, -1)`` is stored as None). With ``causal`` and
+        ``seqlen_q != seqlen_k`` it needs ``causal_alignment="bottom_right"`` (the window's own
+        alignment): a top-left causal rule with a bottom-right window is refused.
     """
 
     seqlen_q: int
@@ -62,6 +118,7 @@ class BlockInfo:
     causal: bool = False
     block_mask: tuple[tuple[bool, ...], ...] | None = None
     causal_alignment: str = "top_left"
+    window_size: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         for name in ("seqlen_q", "seqlen_k", "block_q", "block_k"):
@@ -71,6 +128,14 @@ class BlockInfo:
         if self.causal_alignment not in CAUSAL_ALIGNMENTS:
             raise ValueError(f"BlockInfo.causal_alignment must be one of {CAUSAL_ALIGNMENTS}, "
                              f"got {self.causal_alignment!r}")
+        object.__setattr__(self, "window_size",
+                           check_window_size(self.window_size, "BlockInfo.window_size"))
+        if (self.window_size is not None and self.causal and self.causal_alignment == "top_left"
+                and self.seqlen_q != self.seqlen_k):
+            raise ValueError(
+                f"BlockInfo.window_size={self.window_size} with top-left causal alignment and "
+                f"seqlen_q={self.seqlen_q} != seqlen_k={self.seqlen_k} would mix two alignments (the "
+                f"window is bottom-right aligned); use causal_alignment='bottom_right'")
         if self.block_mask is not None:
             shape = (len(self.block_mask), len(self.block_mask[0]) if self.block_mask else 0)
             if shape != (self.n_blocks_q, self.n_blocks_k) or any(
@@ -84,7 +149,8 @@ class BlockInfo:
     @classmethod
     def with_block_mask(cls, seqlen_q: int, seqlen_k: int, block_q: int, block_k: int,
                         causal: bool = False, block_mask=None,
-                        causal_alignment: str = "top_left") -> "BlockInfo":
+                        causal_alignment: str = "top_left",
+                        window_size: tuple[int, int] | None = None) -> "BlockInfo":
         """Build a BlockInfo from a 2-D boolean array-like block mask (or None)."""
         rows = None
         if block_mask is not None:
@@ -93,7 +159,7 @@ class BlockInfo:
                 raise ValueError(f"block_mask must be 2-D (n_blocks_q, n_blocks_k), got shape {arr.shape}")
             rows = tuple(tuple(bool(x) for x in row) for row in arr)
         return cls(int(seqlen_q), int(seqlen_k), int(block_q), int(block_k), bool(causal), rows,
-                   causal_alignment)
+                   causal_alignment, window_size)
 
     # -- sizes ---------------------------------------------------------------------------------
     @property
@@ -119,18 +185,34 @@ class BlockInfo:
         ``seqlen_k - seqlen_q`` bottom-right."""
         return self.seqlen_k - self.seqlen_q if self.causal_alignment == "bottom_right" else 0
 
+    @property
+    def window_offset(self) -> int:
+        """``off = seqlen_k - seqlen_q``: the window's (bottom-right) alignment."""
+        return self.seqlen_k - self.seqlen_q
+
+    @cached_property
+    def band(self) -> tuple[int | None, int | None]:
+        """``(lo, hi)``: row ``i`` may attend to column ``j`` iff ``j >= i + lo`` and
+        ``j <= i + hi`` (a None bound is absent): the causal rule and the window together
+        (:func:`band_offsets`). ``(None, None)`` without either."""
+        return band_offsets(self.seqlen_q, self.seqlen_k, self.causal, self.causal_alignment,
+                            self.window_size)
+
     def k_block_range(self, m: int) -> tuple[int, int]:
         """K blocks ``[lo, hi)`` that Q block ``m`` may see before block-sparse filtering.
 
-        Causal: the last row of the block, ``i_max``, sees columns ``<= i_max + causal_offset``,
-        so K blocks beyond that column's block are skipped entirely (all of them when the
-        block's last row sees no column).
+        The band's columns of the block's rows ``r0 .. r1 - 1`` are the contiguous
+        ``[r0 + lo, r1 - 1 + hi]`` (each row's interval is one column right of the previous
+        one's), clipped to the keys: every K block that meets it holds an allowed entry, the
+        others are skipped entirely (all of them when the block's rows see no column).
         """
-        hi = self.n_blocks_k
-        if self.causal:
-            last_col = self.q_range(m)[1] - 1 + self.causal_offset
-            hi = max(0, min(hi, last_col // self.block_k + 1))
-        return 0, hi
+        r0, r1 = self.q_range(m)
+        lo, hi = self.band
+        first_col = 0 if lo is None else max(0, r0 + lo)
+        last_col = self.seqlen_k - 1 if hi is None else min(self.seqlen_k - 1, r1 - 1 + hi)
+        if last_col < first_col:
+            return 0, 0
+        return first_col // self.block_k, last_col // self.block_k + 1
 
     def k_blocks(self, m: int) -> tuple[int, ...]:
         """K blocks visited by Q block ``m``, in the order they are streamed."""
@@ -149,30 +231,61 @@ class BlockInfo:
         return tuple(frozenset(self.k_blocks(m)) for m in range(self.n_blocks_q))
 
     def tile_needs_mask(self, m: int, n: int) -> bool:
-        """Whether tile ``(m, n)`` needs the elementwise causal mask (it crosses the diagonal)."""
-        if not self.causal:
-            return False
-        first_row = self.q_range(m)[0]
-        last_col = self.k_range(n)[1] - 1
-        return last_col > first_row + self.causal_offset
+        """Whether tile ``(m, n)`` needs an elementwise positional mask: the band's upper edge
+        (the causal diagonal, or the window's right edge) or its lower edge (the window's left
+        edge) crosses it."""
+        lo, hi = self.band
+        r0, r1 = self.q_range(m)
+        c0, c1 = self.k_range(n)
+        return (hi is not None and c1 - 1 > r0 + hi) or (lo is not None and c0 < r1 - 1 + lo)
 
-    def tile_causal_mask(self, m: int, n: int) -> np.ndarray | None:
-        """The elementwise causal mask of tile ``(m, n)``: bool ``[rows, cols]``, True = may attend;
-        None when the tile needs none (:meth:`tile_needs_mask` is False)."""
+    def tile_position_mask(self, m: int, n: int) -> np.ndarray | None:
+        """The elementwise positional mask (causal and window) of tile ``(m, n)``: bool
+        ``[rows, cols]``, True = may attend; None when the tile needs none
+        (:meth:`tile_needs_mask` is False)."""
         if not self.tile_needs_mask(m, n):
             return None
         r0, r1 = self.q_range(m)
         c0, c1 = self.k_range(n)
+        return self._band_mask(np.arange(r0, r1)[:, None], np.arange(c0, c1)[None, :])
+
+    def tile_causal_mask(self, m: int, n: int) -> np.ndarray | None:
+        """The causal rule alone on tile ``(m, n)``: bool ``[rows, cols]``; None when it does
+        not cut the tile (or without causal masking). The window is not included (see
+        :meth:`tile_position_mask`)."""
+        if not self.causal:
+            return None
+        r0, r1 = self.q_range(m)
+        c0, c1 = self.k_range(n)
+        if c1 - 1 <= r0 + self.causal_offset:
+            return None
         return np.arange(c0, c1)[None, :] <= np.arange(r0, r1)[:, None] + self.causal_offset
 
     def causal_pattern(self) -> np.ndarray:
         """The whole ``[seqlen_q, seqlen_k]`` causal pattern as a boolean array (all True when
-        not causal); block-sparse skipping not included. For references and tests."""
+        not causal); the window and block-sparse skipping not included."""
         rows = np.arange(self.seqlen_q)[:, None]
         cols = np.arange(self.seqlen_k)[None, :]
         if not self.causal:
             return np.ones((self.seqlen_q, self.seqlen_k), dtype=bool)
         return cols <= rows + self.causal_offset
+
+    def position_pattern(self) -> np.ndarray:
+        """The whole ``[seqlen_q, seqlen_k]`` band (causal and window) as a boolean array;
+        block-sparse skipping not included. For references and tests."""
+        mask = self._band_mask(np.arange(self.seqlen_q)[:, None], np.arange(self.seqlen_k)[None, :])
+        return np.broadcast_to(mask, (self.seqlen_q, self.seqlen_k)).copy()
+
+    def _band_mask(self, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+        """``lo <= cols - rows <= hi`` (absent bounds: no constraint), broadcast."""
+        lo, hi = self.band
+        diff = cols - rows
+        keep = np.ones(diff.shape, dtype=bool)
+        if lo is not None:
+            keep &= diff >= lo
+        if hi is not None:
+            keep &= diff <= hi
+        return keep
 
     def tiles(self) -> list[tuple[int, int]]:
         """All visited tiles ``(m, n)`` in FlashAttention-2 forward order (Q outer, K inner)."""

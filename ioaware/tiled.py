@@ -9,10 +9,10 @@ This is the algorithm stated once, in code meant to be read next to the paper:
   ``P`` are recomputed from the saved logsumexp, ``delta = rowsum(dO * O)`` replaces the softmax
   Jacobian, ``dQ`` is accumulated across K/V blocks (the kernel does this with atomics).
 
-Which tiles are visited, and the causal mask inside a tile, come from
-:class:`ioaware.block_info.BlockInfo` alone (causal skipping in either alignment, block-sparse
-skipping). Arithmetic is float32 for float16/float32 inputs and float64 for float64 inputs
-(:func:`compute_dtype`).
+Which tiles are visited, and the positional mask inside a tile (causal, sliding window), come
+from :class:`ioaware.block_info.BlockInfo` alone (causal skipping in either alignment, window
+skipping, block-sparse skipping). Arithmetic is float32 for float16/float32 inputs and float64
+for float64 inputs (:func:`compute_dtype`).
 
 Layout (shared with :mod:`ioaware.reference`): ``q [B, G, R, Nq, d]``, ``k [B, G, 1, Nk, d]``,
 ``v [B, G, 1, Nk, dv]`` (``dv`` may differ from ``d``) with G = KV heads and R = query heads per KV head (GQA); ``allowed`` bool and ``bias`` float,
@@ -54,7 +54,7 @@ def _scores(qi_scaled, kj, info, m, n, rows, cols, allowed, bias):
     # -- apply additive bias and masks --
     if bias is not None:
         s = s + _tile(bias, rows, cols).astype(acc, copy=False)
-    keep = info.tile_causal_mask(m, n)
+    keep = info.tile_position_mask(m, n)       # causal diagonal, window edges
     if allowed is not None:
         a = _tile(allowed, rows, cols)
         keep = a if keep is None else (keep & a)

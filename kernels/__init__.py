@@ -15,7 +15,12 @@ problem on the first family, in this order, that takes it (`family_for`):
   accuracy from three TF32 products), head dims 64 and 128;
 * ``simt`` (`kernels.simt_fwd`, `kernels.simt_bwd`): CUDA-core float32 arithmetic for every
   float dtype and head dims up to 256; the only family Numba's CUDA simulator runs
-  (``NUMBA_ENABLE_CUDASIM=1``), which is how CI tests the kernels.
+  (``NUMBA_ENABLE_CUDASIM=1``), which is how CI tests the kernels; the only family that takes
+  a sliding window (``window_size``) so far.
+
+A family takes a windowed problem only if its modules say so (``TAKES_WINDOW = True``); the
+registry refuses the others whatever their ``supports`` answers, so a family that has not
+learnt the window can never run one.
 
 A `KernelConfig` pins what the registry and the families would otherwise choose (family, tiles,
 micro-tile, launch order, launch path): the variants the benchmarks measure.
@@ -42,27 +47,44 @@ def family_for(problem, config=None, pass_="fwd") -> str:
     if why:
         raise ValueError(f"no kernel family runs this problem: {why}")
     if config.family is not None:
-        why = FAMILIES[config.family][which].supports(problem, config)
+        module = FAMILIES[config.family][which]
+        why = _window_refusal(module, problem) or module.supports(problem, config)
         if why:
             raise ValueError(f"KernelConfig(family={config.family!r}) cannot run this problem: "
                              f"{why}")
         return config.family
     reasons = []
     for name, modules in FAMILIES.items():
-        why = modules[which].supports(problem, config)
+        why = _window_refusal(modules[which], problem) or modules[which].supports(problem, config)
         if why is None:
             return name
         reasons.append(f"{name}: {why}")
     raise ValueError("no kernel family runs this problem (" + "; ".join(reasons) + ")")
 
 
+def _window_refusal(module, problem):
+    """Why ``module`` (a family's forward or backward) cannot run ``problem``'s sliding window:
+    it does not declare ``TAKES_WINDOW``. None without a window, or when it takes one."""
+    window = getattr(problem, "window_size", None)
+    if window is None or getattr(module, "TAKES_WINDOW", False):
+        return None
+    return (f"window_size={tuple(window)}: this family's kernels have no sliding window yet "
+            f"(the simt family takes it)")
+
+
 def _refusal(problem):
     """What no family computes (`ioaware` refuses these before dispatch; this guards direct
-    callers): bottom-right causal alignment with Nq != Nk, a value head dim other than the
-    query's, or an additive bias."""
-    if problem.causal and getattr(problem, "causal_alignment", "top_left") != "top_left" \
-            and problem.seqlen_q != problem.seqlen_k:
-        return "bottom-right causal alignment with seqlen_q != seqlen_k"
+    callers): bottom-right causal alignment with Nq != Nk without a window (with one the
+    ``simt`` kernels take the band, causal rule included), a window with top-left causal
+    alignment and Nq != Nk (two alignments), a value head dim other than the query's, or an
+    additive bias."""
+    alignment = getattr(problem, "causal_alignment", "top_left")
+    window = getattr(problem, "window_size", None)
+    if problem.causal and problem.seqlen_q != problem.seqlen_k:
+        if window is None and alignment != "top_left":
+            return "bottom-right causal alignment with seqlen_q != seqlen_k"
+        if window is not None and alignment == "top_left":
+            return "a window_size with top-left causal alignment and seqlen_q != seqlen_k"
     if getattr(problem, "value_dim", problem.head_dim) != problem.head_dim:
         return "a value head dim different from the query's"
     if getattr(problem, "bias", None) is not None:

@@ -83,7 +83,8 @@ def tensor_core_refusal(problem, family, dtypes, head_dims):
     """Why a tensor-core family (``family``, e.g. "the mma family") cannot run ``problem``
     (a string), or None: it needs a real GPU of compute capability 8.0 or later (``mma.sync``,
     ``cp.async``; the CUDA simulator runs no inline PTX), a dtype of ``dtypes`` and a head dim
-    of ``head_dims``. The checks every tensor-core family makes first."""
+    of ``head_dims``, and it has no sliding window yet (``window_size``: the simt family runs
+    those). The checks every tensor-core family makes first."""
     if not real_gpu():
         return f"{family} needs a real CUDA GPU (the CUDA simulator runs no inline PTX)"
     if problem.kind != "torch" and problem.kind != "numpy":
@@ -96,6 +97,10 @@ def tensor_core_refusal(problem, family, dtypes, head_dims):
         return f"{family} takes {' or '.join(dtypes)} inputs, got {dtype}"
     if problem.head_dim not in head_dims:
         return f"{family} takes head_dim in {head_dims}, got {problem.head_dim}"
+    window = getattr(problem, "window_size", None)
+    if window is not None:
+        return (f"{family} has no sliding window yet (window_size={tuple(window)}); the simt "
+                f"family runs windowed problems")
     return None
 
 

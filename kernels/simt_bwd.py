@@ -4,7 +4,9 @@
   are read once).
 * `make_dkdv_kernel`: one thread block per (batch*kv_head, K tile), parallel over K/V tiles.
   K and V stay in shared memory; the Q tiles that visit this K tile (`BlockInfo.q_schedule()`,
-  for every query head of the GQA group) stream through. Each thread owns a micro-tile of
+  for every query head of the GQA group; causal, window and block-sparse skipping live there)
+  stream through. With a sliding window the band is masked per element on the tiles it cuts
+  (`kernels.simt_fwd.band_arguments`), as in the forward. Each thread owns a micro-tile of
   S^T = K Q^T and dP^T = V dO^T, and the matching rows of the dK and dV accumulators, written
   once at the end; it adds dS K into a float32 dQ buffer with atomics (dQ's summation order is
   therefore not deterministic).
@@ -25,13 +27,17 @@ from ioaware.block_info import cdiv
 from . import host, tile_scheduler
 from .config import TileConfig, choose_tiles, default_blocks, dkdv_smem_bytes, requested_tiles
 from .dropout import dropout_constants, keep_bit, row_hash
+from .simt_fwd import band_arguments
 
 __all__ = ["backward", "supports", "tiles", "make_delta_kernel", "make_dkdv_kernel",
-           "DELTA_ROWS"]
+           "DELTA_ROWS", "TAKES_WINDOW"]
 
 POS_INF = float32(np.inf)
 NEG_INF = float32(-np.inf)
 U64 = np.uint64
+I64 = np.int64
+#: This family's kernels take a sliding window (`kernels.family_for` asks).
+TAKES_WINDOW = True
 
 
 DELTA_ROWS = 8
@@ -90,7 +96,7 @@ def make_delta_kernel(head_dim: int, use_shfl: bool):
 
 
 def make_dkdv_kernel(cfg: TileConfig, head_dim: int, causal: bool, has_mask: bool,
-                     dropout: bool, dq_atomic: bool = True):
+                     dropout: bool, dq_atomic: bool = True, window: bool = False):
     """The dK/dV kernel for one tiling and feature set, with unsigned 64-bit tile indices and
     per-head 2-D views (no wraparound fix-ups in the hot loops); ``cfg.block_m`` = K tile rows,
     ``cfg.block_n`` = Q tile rows. It keeps the name ``flash_bwd_dkdv_v2`` by which profiles
@@ -99,10 +105,12 @@ def make_dkdv_kernel(cfg: TileConfig, head_dim: int, causal: bool, has_mask: boo
     Signature::
 
         kernel(q, k, v, dout, lse, delta, dk, dv, dq_acc, mask, q_off, q_idx, sched_sb,
-               sched_sh, group, sm_scale, seed_prefix, keep_threshold, keep_scale)
+               sched_sh, group, sm_scale, seed_prefix, keep_threshold, keep_scale, band_lo,
+               band_hi)
 
     grid = (n_blocks_k, B * Hkv), block = cfg.threads. dq_acc (float32, zeroed) is only
-    written when ``dq_atomic``.
+    written when ``dq_atomic``. ``band_lo``, ``band_hi`` (int64) are read only when ``window``
+    (key ``col`` allowed for query ``row`` iff ``band_lo <= col - row <= band_hi``).
     """
     BK, BQ, TK, TQ = cfg.block_m, cfg.block_n, cfg.tm, cfg.tn
     D = head_dim
@@ -115,12 +123,12 @@ def make_dkdv_kernel(cfg: TileConfig, head_dim: int, causal: bool, has_mask: boo
     LOAD_Q = (BQ * D + NTHREADS - 1) // NTHREADS
     LOAD_DQ = (BQ * D + NTHREADS - 1) // NTHREADS
     LOAD_L = (BQ + NTHREADS - 1) // NTHREADS
-    CAUSAL, HAS_MASK, DROPOUT, DQ_ATOMIC = causal, has_mask, dropout, dq_atomic
+    CAUSAL, HAS_MASK, DROPOUT, DQ_ATOMIC, WINDOW = causal, has_mask, dropout, dq_atomic, window
 
     @cuda.jit
     def flash_bwd_dkdv_v2(q, k, v, dout, lse, delta, dk, dv, dq_acc, mask, q_off, q_idx,
                        sched_sb, sched_sh, group, sm_scale, seed_prefix, keep_threshold,
-                       keep_scale):
+                       keep_scale, band_lo, band_hi):
         tid = U64(cuda.threadIdx.x)
         tx = tid % U64(NTQ)
         ty = tid // U64(NTQ)
@@ -243,7 +251,11 @@ def make_dkdv_kernel(cfg: TileConfig, head_dim: int, causal: bool, has_mask: boo
                             s[i, j] += ak[i] * bq[j]
                             dp[i, j] += av[i] * bdo[j]
 
-                # -- p, dropout, ds --
+                # -- p, dropout, ds (the window masked on tiles the band cuts) --
+                band_cut = False
+                if WINDOW:
+                    band_cut = (I64(col0) + I64(BK - 1) - I64(row0) > band_hi
+                                or I64(col0) - I64(row0) - I64(BQ - 1) < band_lo)
                 for j in range(TQ):
                     jl = qcols[j]
                     row = row0 + jl
@@ -257,6 +269,10 @@ def make_dkdv_kernel(cfg: TileConfig, head_dim: int, causal: bool, has_mask: boo
                         ok = col < seqlen_k
                         if CAUSAL:
                             ok = ok and col <= row
+                        if WINDOW:
+                            if ok and band_cut:
+                                diff = I64(col) - I64(row)
+                                ok = diff >= band_lo and diff <= band_hi
                         if HAS_MASK:
                             if ok and row < seqlen_q:
                                 mr = U64(0) if mrow_bcast else row
@@ -393,12 +409,13 @@ def backward(problem, out, lse, dout, config):
     dv = call.output((B, Hkv, Nk, D))
     dq_acc = call.output((B, Hq, Nq, D), float32=True, zeros=True)
     q_off, q_idx, sb, sh = tile_scheduler.device_schedule(pb, cfg.block_n, cfg.block_m, "q")
-    kern = _kernel(make_dkdv_kernel, cfg, D, bool(pb.causal), pb.mask is not None,
-                   drop.enabled, True)
+    causal, window, band_lo, band_hi = band_arguments(pb)
+    kern = _kernel(make_dkdv_kernel, cfg, D, causal, pb.mask is not None, drop.enabled, True,
+                   window)
     host.launch(kern, (cdiv(Nk, cfg.block_m), B * Hkv), cfg.threads, call.stream, (
         q, k, v, do, l_, delta.arg, dk.arg, dv.arg, dq_acc.arg, maskd, q_off, q_idx, sb, sh,
         Hq // Hkv, np.float32(pb.scale), np.uint64(drop.seed_hash), np.uint64(drop.threshold),
-        np.float32(drop.inv_keep)), fast=config.fast_launch)
+        np.float32(drop.inv_keep), band_lo, band_hi), fast=config.fast_launch)
 
     if call.torch:
         dq = dq_acc.value(dtype=pb.dtype)

@@ -2,8 +2,8 @@
 
 One thread block computes one (batch*head, Q tile), heaviest causal tiles first. The Q tile
 (pre-multiplied by the softmax scale) is staged once in shared memory; K and V tiles stream
-through shared memory in the order given by `BlockInfo.kv_schedule()` (causal and block-sparse
-skipping live there, so skipped tiles are never loaded). Each thread owns a ``TM x TN`` register
+through shared memory in the order given by `BlockInfo.kv_schedule()` (causal, sliding-window
+and block-sparse skipping live there, so skipped tiles are never loaded). Each thread owns a ``TM x TN`` register
 micro-tile of S = Q K^T (rows ``ty + NTM*i``, columns ``tx + NTN*j``, interleaved so that a
 warp's shared-memory reads hit distinct banks) and the matching ``TM x D/NTN`` slice of the
 output accumulator. The row max is reduced across the NTN threads of a row group (warp shuffles
@@ -11,7 +11,10 @@ on a GPU); the row sum is kept as per-thread partial sums and reduced once at th
 one final rescale. O and the logsumexp are written once.
 
 All sizes (block_m, block_n, TM, TN, head_dim) and the feature switches (causal, mask,
-dropout) are compile-time constants of a kernel built by `make_forward_kernel`. This family
+dropout, window) are compile-time constants of a kernel built by `make_forward_kernel`. With a
+sliding window the kernel takes the band ``lo <= col - row <= hi`` (`BlockInfo.band`: the window
+and the causal rule together, bottom-right aligned) as two int64 arguments and masks per element
+only the tiles whose corners fall outside it; without one that code is not compiled. This family
 takes every float dtype (bfloat16 staged as float32) and head dims up to 256, and it is what
 runs under Numba's CUDA simulator.
 """
@@ -22,22 +25,41 @@ import math
 import numpy as np
 from numba import cuda, float32
 
-from ioaware.block_info import cdiv
+from ioaware.block_info import band_offsets, cdiv
 
 from . import host, tile_scheduler
 from .config import (FWD_TILES, STATIC_SMEM_LIMIT_BYTES, TileConfig, choose_tiles,
                      default_blocks, fwd_smem_bytes, requested_tiles)
 from .dropout import dropout_constants, keep_bit, row_hash
 
-__all__ = ["forward", "supports", "tiles", "make_forward_kernel", "get_kernel"]
+__all__ = ["forward", "supports", "tiles", "make_forward_kernel", "get_kernel", "TAKES_WINDOW",
+           "band_arguments"]
 
 NEG_INF = float32(-np.inf)
 U64 = np.uint64
+I64 = np.int64
 MAX_HEAD_DIM = 256
+#: This family's kernels take a sliding window (`kernels.family_for` asks).
+TAKES_WINDOW = True
+#: An absent band bound, as the kernels take it (no |col - row| comes near it).
+UNBOUNDED = 2**62
+
+
+def band_arguments(problem) -> tuple[bool, bool, int, int]:
+    """``(causal, window, lo, hi)`` for the CUDA-core kernels: without a window the problem's
+    causal flag (the kernels' own top-left rule) and unused bounds; with one, causal off and
+    the band of `BlockInfo.band` (window and causal rule, bottom-right aligned), absent bounds
+    as -+`UNBOUNDED`."""
+    window_size = getattr(problem, "window_size", None)
+    if window_size is None:
+        return bool(problem.causal), False, -UNBOUNDED, UNBOUNDED
+    lo, hi = band_offsets(problem.seqlen_q, problem.seqlen_k, problem.causal,
+                          problem.causal_alignment, window_size)
+    return False, True, -UNBOUNDED if lo is None else lo, UNBOUNDED if hi is None else hi
 
 
 def make_forward_kernel(cfg: TileConfig, head_dim: int, causal: bool, has_mask: bool,
-                        dropout: bool, use_shfl: bool):
+                        dropout: bool, use_shfl: bool, window: bool = False):
     """The forward kernel for one tiling and feature set (compiled on first launch).
 
     Numba indexes with signed 64-bit integers and fixes up negative indices at every access;
@@ -48,9 +70,11 @@ def make_forward_kernel(cfg: TileConfig, head_dim: int, causal: bool, has_mask: 
     Kernel signature::
 
         kernel(q, k, v, out, lse, mask, kv_off, kv_idx, sched_sb, sched_sh, group,
-               n_blocks_q, sm_scale, seed_prefix, keep_threshold, keep_scale)
+               n_blocks_q, sm_scale, seed_prefix, keep_threshold, keep_scale, band_lo, band_hi)
 
-    grid = (n_blocks_q, B * Hq), block = cfg.threads.
+    grid = (n_blocks_q, B * Hq), block = cfg.threads. ``band_lo``, ``band_hi`` (int64) are read
+    only when ``window``: key ``col`` is allowed for query ``row`` iff
+    ``band_lo <= col - row <= band_hi`` (`band_arguments`).
     """
     BM, BN, TM, TN = cfg.block_m, cfg.block_n, cfg.tm, cfg.tn
     D = head_dim
@@ -61,11 +85,12 @@ def make_forward_kernel(cfg: TileConfig, head_dim: int, causal: bool, has_mask: 
     PPAD = BN + NTN                   # P rows: the NTN-wide row groups of a warp land apart
     LOAD_Q = (BM * D + NTHREADS - 1) // NTHREADS
     LOAD_KV = (BN * D + NTHREADS - 1) // NTHREADS
-    CAUSAL, HAS_MASK, DROPOUT, SHFL = causal, has_mask, dropout, use_shfl
+    CAUSAL, HAS_MASK, DROPOUT, SHFL, WINDOW = causal, has_mask, dropout, use_shfl, window
 
     @cuda.jit
     def flash_fwd_v2(q, k, v, out, lse, mask, kv_off, kv_idx, sched_sb, sched_sh, group,
-                  n_blocks_q, sm_scale, seed_prefix, keep_threshold, keep_scale):
+                  n_blocks_q, sm_scale, seed_prefix, keep_threshold, keep_scale, band_lo,
+                  band_hi):
         tid = U64(cuda.threadIdx.x)
         tx = tid % U64(NTN)
         ty = tid // U64(NTN)
@@ -162,7 +187,11 @@ def make_forward_kernel(cfg: TileConfig, head_dim: int, causal: bool, has_mask: 
                     for j in range(TN):
                         s[i, j] += a_r[i] * b_r[j]
 
-            # -- mask: bounds, causal, boolean mask --
+            # -- mask: bounds, causal, window (tiles the band cuts), boolean mask --
+            band_cut = False
+            if WINDOW:
+                band_cut = (I64(col0) + I64(BN - 1) - I64(row0) > band_hi
+                            or I64(col0) - I64(row0) - I64(BM - 1) < band_lo)
             for i in range(TM):
                 row = row0 + rows[i]
                 for j in range(TN):
@@ -170,6 +199,10 @@ def make_forward_kernel(cfg: TileConfig, head_dim: int, causal: bool, has_mask: 
                     ok = col < seqlen_k
                     if CAUSAL:
                         ok = ok and col <= row
+                    if WINDOW:
+                        if ok and band_cut:
+                            diff = I64(col) - I64(row)
+                            ok = diff >= band_lo and diff <= band_hi
                     if HAS_MASK:
                         if ok and row < seqlen_q:
                             mr = U64(0) if mrow_bcast else row
@@ -281,13 +314,14 @@ def make_forward_kernel(cfg: TileConfig, head_dim: int, causal: bool, has_mask: 
 _KERNELS: dict = {}
 
 
-def get_kernel(cfg: TileConfig, head_dim, causal, has_mask, dropout, use_shfl):
+def get_kernel(cfg: TileConfig, head_dim, causal, has_mask, dropout, use_shfl, window=False):
     """The compiled-on-first-launch forward kernel for one configuration (cached)."""
-    key = (cfg, head_dim, bool(causal), bool(has_mask), bool(dropout), bool(use_shfl))
+    key = (cfg, head_dim, bool(causal), bool(has_mask), bool(dropout), bool(use_shfl),
+           bool(window))
     kern = _KERNELS.get(key)
     if kern is None:
         kern = _KERNELS[key] = make_forward_kernel(cfg, head_dim, causal, has_mask, dropout,
-                                                   use_shfl)
+                                                   use_shfl, window)
     return kern
 
 
@@ -357,10 +391,11 @@ def forward(problem, config):
     out = call.output((B, Hq, Nq, D))
     lse = call.output((B, Hq, Nq), float32=True)
     use_shfl = not host.simulator() and cfg.threads % 32 == 0
-    kern = get_kernel(cfg, D, pb.causal, pb.mask is not None, drop.enabled, use_shfl)
+    causal, window, band_lo, band_hi = band_arguments(pb)
+    kern = get_kernel(cfg, D, causal, pb.mask is not None, drop.enabled, use_shfl, window)
     nbq = cdiv(Nq, cfg.block_m)
     host.launch(kern, (nbq, B * Hq), cfg.threads, call.stream, (
         q, k, v, out.arg, lse.arg, maskd, kv_off, kv_idx, sb, sh, Hq // pb.heads_kv, nbq,
         np.float32(pb.scale), np.uint64(drop.seed_hash), np.uint64(drop.threshold),
-        np.float32(drop.inv_keep)), fast=config.fast_launch)
+        np.float32(drop.inv_keep), band_lo, band_hi), fast=config.fast_launch)
     return out.value(), lse.value()

@@ -1,7 +1,7 @@
 """Which tiles each program of a kernel visits, and in which order the programs are dispatched.
 
-*Which tiles*: `ioaware.block_info.BlockInfo` alone answers it (causal and block-sparse
-skipping), for the NumPy path, the kernels and the cost model alike. `device_schedule` turns its
+*Which tiles*: `ioaware.block_info.BlockInfo` alone answers it (causal, sliding-window and
+block-sparse skipping), for the NumPy path, the kernels and the cost model alike. `device_schedule` turns its
 answer into the CSR arrays the kernels read — for every K/V tile a Q tile visits (``"kv"``) or
 every Q tile a K/V tile visits (``"q"``) — one schedule per distinct (batch, head) slice of the
 block mask, cached on the device. A block mask is laid out on its own tiles; a kernel whose
@@ -123,21 +123,25 @@ def refine_block_mask(block_mask, block_q, block_k, n_q, n_k, tile_q, tile_k):
     return bm[:, :, iq][:, :, :, ik]
 
 
-def csr_schedule(n_q, n_k, tile_q, tile_k, causal, which, block_mask=None, mask_tiles=None):
+def csr_schedule(n_q, n_k, tile_q, tile_k, causal, which, block_mask=None, mask_tiles=None,
+                 causal_alignment="top_left", window_size=None):
     """``(offsets [S, n + 1] int32, index int32, stride_b, stride_h)``: for ``which="kv"`` the
     K/V tiles every Q tile of (tile_q, tile_k) visits, for ``"q"`` the Q tiles every K/V tile
     visits, one CSR row block per (batch, head) slice of ``block_mask`` (NumPy bool
     [Bb, Hb, nbq, nbk] on the tiles ``mask_tiles``; S = Bb * Hb); slice s of (b, h) is
-    ``b * stride_b + h * stride_h``."""
+    ``b * stride_b + h * stride_h``. ``causal_alignment`` and ``window_size`` as
+    `BlockInfo`'s (tiles outside the window are not listed)."""
     if block_mask is None:
-        info = BlockInfo(n_q, n_k, tile_q, tile_k, bool(causal))
+        info = BlockInfo(n_q, n_k, tile_q, tile_k, bool(causal), None, causal_alignment,
+                         window_size)
         offs, idx = info.kv_schedule() if which == "kv" else info.q_schedule()
         return offs[None, :].astype(np.int32), idx.astype(np.int32), 0, 0
     fine = refine_block_mask(block_mask, mask_tiles[0], mask_tiles[1], n_q, n_k, tile_q, tile_k)
     offs_all, idx_all, base = [], [], 0
     for bb in range(fine.shape[0]):
         for hb in range(fine.shape[1]):
-            info = BlockInfo.with_block_mask(n_q, n_k, tile_q, tile_k, bool(causal), fine[bb, hb])
+            info = BlockInfo.with_block_mask(n_q, n_k, tile_q, tile_k, bool(causal), fine[bb, hb],
+                                             causal_alignment, window_size)
             offs, idx = info.kv_schedule() if which == "kv" else info.q_schedule()
             offs_all.append(offs + base)
             idx_all.append(idx)
@@ -148,13 +152,17 @@ def csr_schedule(n_q, n_k, tile_q, tile_k, causal, which, block_mask=None, mask_
 
 
 def device_schedule(problem, tile_q, tile_k, which):
-    """`csr_schedule` of ``problem`` (an `ioaware` problem: lengths, causal, block mask on its
-    tiles ``(block_q, block_k)``) at the kernel tiles (tile_q, tile_k), as device arrays,
-    built once per configuration and device: ``(offsets, index, stride_b, stride_h)``."""
+    """`csr_schedule` of ``problem`` (an `ioaware` problem: lengths, causal and its alignment,
+    sliding window, block mask on its tiles ``(block_q, block_k)``) at the kernel tiles
+    (tile_q, tile_k), as device arrays, built once per configuration and device:
+    ``(offsets, index, stride_b, stride_h)``."""
     bm = problem.block_mask
     mask_tiles = None if bm is None else (problem.block_q, problem.block_k)
     bm_key = None if bm is None else (bm.shape, mask_tiles, np.asarray(bm, bool).tobytes())
+    alignment = getattr(problem, "causal_alignment", "top_left")
+    window = getattr(problem, "window_size", None)
     key = ("schedule", which, problem.seqlen_q, problem.seqlen_k, tile_q, tile_k,
-           bool(problem.causal), bm_key)
+           bool(problem.causal), alignment, window, bm_key)
     return device_const(key, lambda: csr_schedule(problem.seqlen_q, problem.seqlen_k, tile_q,
-                                                  tile_k, problem.causal, which, bm, mask_tiles))
+                                                  tile_k, problem.causal, which, bm, mask_tiles,
+                                                  alignment, window))

@@ -75,10 +75,23 @@ def _common(p: argparse.ArgumentParser, multi: bool):
     p.add_argument("--num-warps", type=int, default=4)
 
 
+def _window(text: str) -> tuple[int, int]:
+    """"LEFT,RIGHT": a sliding window as FlashAttention-2's window_size (-1 = unbounded side)."""
+    try:
+        left, right = (int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected LEFT,RIGHT such as 4095,0 (-1 = unbounded), got "
+                                         f"{text!r}") from None
+    if min(left, right) < -1:
+        raise argparse.ArgumentTypeError(f"window sides must be >= -1 (-1 = unbounded), got {text!r}")
+    return left, right
+
+
 def _predict_cmd(a) -> int:
     w = Workload(batch=a.batch, heads=a.heads, heads_kv=a.heads_kv, seq_len_q=a.seq_len,
                  seq_len_k=a.seq_len_k, head_dim=a.head_dim, dtype=a.dtype, causal=a.causal,
-                 dropout=a.dropout, pass_=a.pass_, block_density=a.density, block_mask_seed=a.seed)
+                 dropout=a.dropout, pass_=a.pass_, block_density=a.density, block_mask_seed=a.seed,
+                 window_size=a.window)
     try:
         s = Schedule(a.schedule, a.block_q, a.block_k, num_warps=a.num_warps,
                      fused_softmax=a.fused_softmax, matmul_unit=a.matmul_unit,
@@ -93,6 +106,7 @@ def _predict_cmd(a) -> int:
         print(json.dumps(d, indent=None if a.compact else 2))
         return 0
     rows = [("schedule", f"{a.schedule} ({a.pass_}) on {p.profile.name}"),
+            ("window (left, right)", "none" if w.window_size is None else str(w.window_size)),
             ("block_q x block_k", f"{p.block_q} x {p.block_k}"),
             ("sram bytes / block", _fmt(p.sram_bytes_per_block)), ("blocks / SM", p.blocks_per_sm),
             ("FLOPs (matmul)", _fmt(p.matmul_flops)), ("FLOPs (other)", _fmt(p.other_flops)),
@@ -287,6 +301,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--block-k", type=int, default=None)
     p.add_argument("--density", type=float, default=None, help="block-sparse density in (0, 1]")
     p.add_argument("--seed", type=int, default=0, help="seed of the density block mask")
+    p.add_argument("--window", type=_window, default=None, metavar="LEFT,RIGHT",
+                   help="sliding window (FlashAttention-2's window_size, bottom-right aligned): query i "
+                        "sees keys i + Nk - Nq - LEFT .. i + Nk - Nq + RIGHT, -1 = unbounded side (write "
+                        "--window=-1,0 when LEFT is -1); tiled schedules visit only the band's tiles")
     p.add_argument("--fused-softmax", action="store_true", help="naive: one fused scale/mask/softmax pass")
     p.add_argument("--matmul-unit", choices=("tensor", "tf32", "cuda"), default="tensor")
     p.add_argument("--exp-flops", type=int, default=EXP_FLOPS,

@@ -3,7 +3,7 @@
 Every count is a sum over thread-block programs of per-tile terms. The only workload-dependent
 inputs are a handful of *tile statistics* of the visited tile set (:class:`TileStats`), taken
 either from :class:`ioaware.block_info.BlockInfo` (:func:`tile_stats_blockinfo`: any causal /
-block-sparse / key-padding pattern) or, for dense and causal problems, from
+window / block-sparse / key-padding pattern) or, for dense, causal and windowed problems, from
 :func:`tile_stats_closed` — ``BlockInfo.k_block_range`` written as array arithmetic over the Q
 blocks, held equal to BlockInfo by the tests. :mod:`sim.trace` walks the same schedules tile by
 tile; the tests hold the two equal, byte for byte and FLOP for FLOP.
@@ -21,7 +21,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from ioaware.block_info import BlockInfo, cdiv
+from ioaware.block_info import BlockInfo, band_offsets, cdiv
 
 from .workload import EXP_FLOPS, LOG_FLOPS, RCP_FLOPS, SECTOR_BYTES, STAT_BYTES, Workload, block_infos
 
@@ -126,38 +126,66 @@ def tile_stats_blockinfo(bi: BlockInfo, key_len: int | None = None) -> TileStats
 
 
 @lru_cache(maxsize=65536)
-def tile_stats_closed(seqlen_q: int, seqlen_k: int, block_q: int, block_k: int, causal: bool) -> TileStats:
-    """Tile statistics of a dense or causal problem without walking tiles.
+def tile_stats_closed(seqlen_q: int, seqlen_k: int, block_q: int, block_k: int, causal: bool,
+                      window_size: tuple | None = None) -> TileStats:
+    """Tile statistics of a dense, causal or windowed problem without walking tiles.
 
-    Causal (top-left, as BlockInfo): Q block m visits K blocks [0, hi_m) with
-    ``hi_m = min(nk, (min((m+1) Br, Nq) - 1) // Bc + 1)``; the first ``u_m`` of them lie wholly
-    at or left of the block's first row (no elementwise mask needed).
+    With the band ``lo <= j - i <= hi`` of the causal rule (top-left, as BlockInfo's default)
+    and the window (``ioaware.block_info.band_offsets``; either bound may be absent), Q block m
+    (rows ``r0 .. r1 - 1``) visits the K blocks ``[klo_m, khi_m)`` that meet the columns
+    ``[max(0, r0 + lo), min(Nk - 1, r1 - 1 + hi)]`` (none when that is empty); those wholly
+    inside the band (no elementwise mask) are the blocks whose last column is at most
+    ``r0 + hi`` and whose first column is at least ``r1 - 1 + lo``. ``Cvis`` sums the K blocks
+    covered by some ``[klo_m, khi_m)``.
     """
     Nq, Nk, bq, bk = int(seqlen_q), int(seqlen_k), int(block_q), int(block_k)
     nq, nk = cdiv(Nq, bq), cdiv(Nk, bk)
-    if not causal:
+    lo, hi = band_offsets(Nq, Nk, bool(causal), "top_left", window_size)
+    if lo is None and hi is None:
         return TileStats(nq, nk, nq * nk, Nq * Nk, Nq * nk, nq * Nk, Nk, 0)
     m = np.arange(nq, dtype=np.int64)
     first_row = m * bq
-    rows = np.minimum(first_row + bq, Nq) - first_row
-    last_row = first_row + rows - 1
-    hi = np.minimum(nk, last_row // bk + 1)
-    cols_hi = np.minimum(hi * bk, Nk)
-    # K blocks n < nk-1 end at (n+1) Bc - 1; the last one at Nk - 1.
-    u0 = np.minimum((first_row + 1) // bk, nk - 1)
-    u = u0 + ((u0 == nk - 1) & (Nk - 1 <= first_row))
-    u = np.minimum(u, hi)
-    cols_u = np.minimum(u * bk, Nk)
-    return TileStats(nq, nk, int(hi.sum()), int((rows * cols_hi).sum()), int((rows * hi).sum()),
-                     int(cols_hi.sum()), int(cols_hi[-1]), int((rows * (cols_hi - cols_u)).sum()))
+    last_row = np.minimum(first_row + bq, Nq) - 1
+    rows = last_row - first_row + 1
+    first_col = np.zeros(nq, np.int64) if lo is None else np.maximum(0, first_row + lo)
+    last_col = np.full(nq, Nk - 1, np.int64) if hi is None else np.minimum(Nk - 1, last_row + hi)
+    visits = last_col >= first_col
+    klo = np.where(visits, first_col // bk, 0)
+    khi = np.where(visits, last_col // bk + 1, 0)
+
+    def cols(a, b):
+        """Columns of K blocks [a, b) (0 when b <= a)."""
+        return np.where(b > a, np.minimum(b * bk, Nk) - a * bk, 0)
+
+    cols_visited = cols(klo, khi)
+    # K blocks no elementwise mask touches: last column <= first_row + hi (K blocks n < nk - 1
+    # end at (n + 1) Bc - 1, the last one at Nk - 1), first column >= last_row + lo
+    if hi is None:
+        u_hi = np.full(nq, nk, np.int64)
+    else:
+        top = first_row + hi
+        u0 = np.clip((top + 1) // bk, 0, nk - 1)
+        u_hi = u0 + ((u0 == nk - 1) & (Nk - 1 <= top))
+    u_lo = np.zeros(nq, np.int64) if lo is None else np.maximum(0, -(-(last_row + lo) // bk))
+    cols_inside = cols(np.maximum(klo, u_lo), np.minimum(khi, u_hi))
+    cover = np.zeros(nk + 1, np.int64)
+    np.add.at(cover, klo[visits], 1)
+    np.add.at(cover, khi[visits], -1)
+    covered = np.cumsum(cover[:nk]) > 0
+    n = np.arange(nk, dtype=np.int64)
+    widths = np.minimum((n + 1) * bk, Nk) - n * bk
+    return TileStats(nq, nk, int((khi - klo).sum()), int((rows * cols_visited).sum()),
+                     int((rows * (khi - klo)).sum()), int(cols_visited.sum()),
+                     int(widths[covered].sum()), int((rows * (cols_visited - cols_inside)).sum()))
 
 
-def tile_stats_arrays(Nq, Nk, bq, bk, causal) -> TileStats:
-    """:func:`tile_stats_closed` over broadcast arrays (evaluated once per distinct problem)."""
+def tile_stats_arrays(Nq, Nk, bq, bk, causal, window_size=None) -> TileStats:
+    """:func:`tile_stats_closed` over broadcast arrays (evaluated once per distinct problem),
+    one ``window_size`` for all."""
     Nq, Nk, bq, bk, causal = np.broadcast_arrays(*(np.asarray(x) for x in (Nq, Nk, bq, bk, causal)))
     keys = np.stack([Nq.ravel(), Nk.ravel(), bq.ravel(), bk.ravel(), causal.ravel().astype(np.int64)], 1)
     uniq, inv = np.unique(keys, axis=0, return_inverse=True)
-    table = np.array([tile_stats_closed(int(a), int(b), int(c), int(d_), bool(e)).as_tuple()
+    table = np.array([tile_stats_closed(int(a), int(b), int(c), int(d_), bool(e), window_size).as_tuple()
                       for a, b, c, d_, e in uniq], dtype=np.int64).reshape(len(uniq), 8)
     vals = table[inv.ravel()]
     shape = Nq.shape
@@ -487,9 +515,10 @@ def check_naive_variant(w: Workload, variant) -> None:
     """ValueError unless the naive ``variant`` models ``w`` (dense or causal, no dropout, no GQA)."""
     if variant is None:
         return
-    if w.dropout or w.key_lengths is not None or w.block_sparse or w.heads != w.heads_kv:
+    if (w.dropout or w.key_lengths is not None or w.block_sparse or w.heads != w.heads_kv
+            or w.window_size is not None):
         raise ValueError(f"naive variant {variant!r} models dense or causal attention without "
-                         "dropout, key padding, block masks or GQA")
+                         "dropout, key padding, block masks, a sliding window or GQA")
 
 def reduce_terms(batch, heads, heads_kv, Nk, d, e):
     """GQA/MQA: the kernel writes dK/dV per query head; a reduction sums each group (as
@@ -512,7 +541,8 @@ def _accumulate(total_b, total_f, b, fl, mult):
 def workload_tile_stats(w: Workload, block_q: int, block_k: int):
     """[(multiplicity, TileStats)] over all (b, h) slices of a tiled schedule."""
     if w.key_lengths is None and not w.block_sparse:
-        return [(w.batch * w.heads, tile_stats_closed(w.seq_len_q, w.seq_len_k, block_q, block_k, w.causal))]
+        return [(w.batch * w.heads, tile_stats_closed(w.seq_len_q, w.seq_len_k, block_q, block_k, w.causal,
+                                                      w.window_size))]
     return [(mult, tile_stats_blockinfo(bi, key_len)) for mult, bi, key_len, _ in block_infos(w, block_q, block_k)]
 
 

@@ -194,6 +194,7 @@ class Prediction:
             "heads_kv": self.workload.heads_kv, "seq_len_q": self.workload.seq_len_q,
             "seq_len_k": self.workload.seq_len_k, "head_dim": self.workload.head_dim,
             "causal": self.workload.causal, "dropout": self.workload.dropout,
+            "window_size": list(self.workload.window_size) if self.workload.window_size else None,
             "flops": self.flops, "matmul_flops": self.matmul_flops, "other_flops": self.other_flops,
             "hbm_read_bytes": self.hbm_read_bytes, "hbm_write_bytes": self.hbm_write_bytes,
             "dram_read_bytes": self.dram_read_bytes, "dram_write_bytes": self.dram_write_bytes,
@@ -315,13 +316,23 @@ def predict(workload: Workload, schedule: Schedule | str, profile="h100", *, l2:
             from ioaware.block_info import cdiv
             steps = {ph: cdiv(w.seq_len_k, bk) for ph in summ["phases"] if not ph.endswith("reduce")}
         # do the programs sharing a slice walk its tiles in the same order? (causal K-block
-        # programs of the backward start at their first visiting Q block; block-sparse: no)
-        lockstep = {ph: not (w.block_sparse or (w.causal and ph == "bwd.main")) for ph in summ["phases"]}
+        # programs of the backward start at their first visiting Q block; with a window the
+        # Q-block programs also start at their first visiting K block; block-sparse: no)
+        windowed = w.window_size is not None
+        lockstep = {ph: not (w.block_sparse or ((w.causal or windowed) and ph == "bwd.main")
+                             or (windowed and ph in ("fwd", "bwd.dq")))
+                    for ph in summ["phases"]}
         stagger = {}
-        if schedule.name == "flash2" and w.causal and not w.block_sparse and "bwd.main" in summ["phases"]:
-            # K-block program n starts block_k / block_q Q blocks after program n - 1
+        if schedule.name == "flash2" and (w.causal or windowed) and not w.block_sparse:
             tiles = sum(mult * int(st.T) for mult, st in workload_tile_stats(w, bq, bk))
-            stagger["bwd.main"] = (bk / bq, tiles)
+            if "bwd.main" in summ["phases"]:
+                # K-block program n starts block_k / block_q Q blocks after program n - 1
+                stagger["bwd.main"] = (bk / bq, tiles)
+            if windowed:
+                # Q-block program m starts block_q / block_k K blocks after program m - 1
+                for ph in ("fwd", "bwd.dq"):
+                    if ph in summ["phases"]:
+                        stagger[ph] = (bq / bk, tiles)
         l2res = l2_analytic(by_key, _tensor_bytes(w, schedule), pps, w.batch * w.heads, slots, prof.l2_bytes,
                             steps, lockstep, stagger)
     elif mode == "none":
@@ -366,6 +377,8 @@ def _estimate_events(w: Workload, schedule: Schedule, bq, bk) -> int:
         return 12 * w.batch * w.heads * len(w.passes) * 4
     from ioaware.block_info import cdiv
     tiles = w.batch * w.heads * cdiv(w.seq_len_q, bq) * cdiv(w.seq_len_k, bk)
+    if w.window_size is not None:      # the band's tiles (closed form): a window skips most
+        tiles = sum(mult * int(st.T) for mult, st in workload_tile_stats(w, bq, bk))
     per_tile = {"flash2": 3, "flash1": 9}[schedule.name]
     return tiles * per_tile * (2 if w.pass_ == "fwd+bwd" else 1)
 

@@ -1,7 +1,8 @@
 """Workload and schedule descriptions (data), block-size defaults, SRAM footprints, occupancy.
 
 * :class:`Workload` — what is computed: batch, query/KV heads, sequence lengths, head dim,
-  dtype, causal, masks (key-padding lengths, a block mask or a block density), dropout, pass.
+  dtype, causal, a sliding window, masks (key-padding lengths, a block mask or a block
+  density), dropout, pass.
 * :class:`Schedule` — how: ``naive`` (the FlashAttention paper's Algorithm 0 as unfused
   PyTorch runs it), ``flash1`` (Algorithm 1/2 and its backward with recomputation),
   ``flash2`` (FlashAttention-2), with block sizes and warps per thread block.
@@ -14,7 +15,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ioaware.block_info import BlockInfo, cdiv
+from ioaware.block_info import BlockInfo, cdiv, check_window_size
 
 __all__ = ["Workload", "Schedule", "DTYPE_BYTES", "STAT_BYTES", "SCHEDULES", "PASSES", "EXP_FLOPS", "DQ_MODES", "NAIVE_VARIANTS",
            "DELTA_KERNELS", "SECTOR_BYTES", "SMEM_ELEM_BYTES",
@@ -82,6 +83,12 @@ class Workload:
     dropout : dropout on (counter-based RNG in the tiled kernels: no mask in memory; the naive
         schedule writes and reads a 1-byte keep mask).
     pass_ : "fwd", "bwd" or "fwd+bwd".
+    window_size : FlashAttention-2's sliding window ``(left, right)`` (`ioaware.block_info`:
+        bottom-right aligned, -1 = unbounded side; None or ``(-1, -1)``: none). Tiled schedules
+        visit only the K/V tiles the band meets and mask the tiles it cuts in registers; the
+        naive schedule reads a materialised boolean mask. With ``causal`` (top-left) it needs
+        ``seq_len_q == seq_len_k``; otherwise ``window_size=(left, 0)`` without ``causal`` is
+        the bottom-right causal band.
     """
 
     batch: int = 1
@@ -98,6 +105,7 @@ class Workload:
     block_mask_seed: int = 0
     dropout: bool = False
     pass_: str = "fwd"
+    window_size: tuple | None = None
 
     def __post_init__(self) -> None:
         for name in ("batch", "heads", "seq_len_q", "head_dim"):
@@ -131,6 +139,14 @@ class Workload:
                                  f"Bb in {{1, batch}}, Hb in {{1, heads}}; got shape {np.shape(self.block_mask)}")
             bm.setflags(write=False)
             object.__setattr__(self, "block_mask", bm)
+        window = check_window_size(self.window_size, "Workload.window_size")
+        object.__setattr__(self, "window_size", window)
+        if window is not None and self.causal and self.seq_len_q != self.seq_len_k:
+            raise ValueError(
+                f"Workload.window_size={window} with causal=True and seq_len_q={self.seq_len_q} != "
+                f"seq_len_k={self.seq_len_k} would mix two alignments (Workload.causal is top-left, the "
+                f"window bottom-right); window_size=({window[0]}, 0) without causal is the bottom-right "
+                f"causal band")
         if self.block_density is not None:
             dens = float(self.block_density)
             if not 0.0 < dens <= 1.0:
@@ -149,9 +165,9 @@ class Workload:
 
     @property
     def masked(self) -> bool:
-        """Whether any elementwise mask applies (causal, key padding or block-sparse)."""
-        return (self.causal or self.key_lengths is not None or self.block_mask is not None
-                or self.block_density is not None)
+        """Whether any elementwise mask applies (causal, a window, key padding or block-sparse)."""
+        return (self.causal or self.window_size is not None or self.key_lengths is not None
+                or self.block_mask is not None or self.block_density is not None)
 
     @property
     def block_sparse(self) -> bool:
@@ -169,6 +185,7 @@ class Workload:
                 "seq_len_q": self.seq_len_q, "seq_len_k": self.seq_len_k, "head_dim": self.head_dim,
                 "dtype": self.dtype, "causal": self.causal, "dropout": self.dropout,
                 "pass": self.pass_, "key_lengths": list(self.key_lengths) if self.key_lengths else None,
+                "window_size": list(self.window_size) if self.window_size else None,
                 "block_density": self.block_density,
                 "block_mask_shape": list(self.block_mask.shape) if self.block_mask is not None else None}
 
@@ -178,7 +195,8 @@ class Workload:
         return cls(batch=rec["batch"], heads=rec["heads"], heads_kv=rec.get("heads_kv") or rec["heads"],
                    seq_len_q=rec["seq_len_q"], seq_len_k=rec.get("seq_len_k") or rec["seq_len_q"],
                    head_dim=rec["head_dim"], dtype=rec["dtype"], causal=bool(rec.get("causal", False)),
-                   dropout=bool(rec.get("dropout", False)), pass_=rec["pass"])
+                   dropout=bool(rec.get("dropout", False)), pass_=rec["pass"],
+                   window_size=tuple(rec["window_size"]) if rec.get("window_size") else None)
 
 
 @dataclass(frozen=True)
@@ -380,7 +398,7 @@ def block_infos(w: Workload, block_q: int, block_k: int) -> list[tuple[int, Bloc
             key = (key_len, None if tile_mask is None else tile_mask.tobytes())
             if key not in groups:
                 bi = BlockInfo.with_block_mask(w.seq_len_q, w.seq_len_k, block_q, block_k,
-                                               w.causal, tile_mask)
+                                               w.causal, tile_mask, window_size=w.window_size)
                 groups[key] = [0, bi, key_len, []]
             groups[key][0] += 1
             groups[key][3].append((b, h))

@@ -110,7 +110,7 @@ def dense_attention_reference(q, k, v, dout=None, *, scale, causal=False, mask=N
 
 
 def kernel_problem(q, k, v, *, scale=None, causal=False, mask=None, block_mask=None, block_q=None,
-                   block_k=None, dropout_p=0.0, seed=0, check_finite=True):
+                   block_k=None, dropout_p=0.0, seed=0, window_size=None, check_finite=True):
     """The validated problem `kernels.forward`/`kernels.backward` take, from 4-D arrays (NumPy
     or torch CUDA tensors), as `ioaware` builds it: ``block_mask`` on the tiles
     (block_q, block_k); without one, block_q/block_k are the requested kernel tiles.
@@ -120,7 +120,8 @@ def kernel_problem(q, k, v, *, scale=None, causal=False, mask=None, block_mask=N
         block_mask = (block_mask, (block_q, block_k))
         block_q = block_k = None
     pb = check_inputs(q, k, v, causal=causal, mask=mask, block_mask=block_mask, scale=scale,
-                      dropout_p=dropout_p, seed=seed, block_q=block_q, block_k=block_k)
+                      dropout_p=dropout_p, seed=seed, block_q=block_q, block_k=block_k,
+                      window_size=window_size)
     if check_finite:
         check_values(pb)
     return pb

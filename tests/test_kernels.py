@@ -28,8 +28,10 @@ from .helpers import kernel_problem, kernels_backward, kernels_forward
 
 
 def ref_attention(q, k, v, dout=None, *, scale, causal=False, mask=None, block_mask=None,
-                  block_q=None, block_k=None, dropout_p=0.0, seed=0):
-    """Materialised float64 attention: (out, lse) and, with dout, (dq, dk, dv)."""
+                  block_q=None, block_k=None, dropout_p=0.0, seed=0, window_size=None):
+    """Materialised float64 attention: (out, lse) and, with dout, (dq, dk, dv). ``causal``:
+    True (top-left, j <= i) or "bottom_right" (j <= i + Nk - Nq); ``window_size=(left,
+    right)``: i + Nk - Nq - left <= j <= i + Nk - Nq + right, -1 = unbounded side."""
     q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
@@ -37,8 +39,15 @@ def ref_attention(q, k, v, dout=None, *, scale, causal=False, mask=None, block_m
     kk = np.repeat(k, g, axis=1)
     vv = np.repeat(v, g, axis=1)
     allowed = np.ones((B, Hq, Nq, Nk), bool)
+    rows, cols = np.arange(Nq)[:, None], np.arange(Nk)[None, :]
     if causal:
-        allowed &= np.arange(Nk)[None, :] <= np.arange(Nq)[:, None]
+        allowed &= cols <= rows + (Nk - Nq if causal == "bottom_right" else 0)
+    if window_size is not None:
+        left, right = window_size
+        if left >= 0:
+            allowed &= cols >= rows + Nk - Nq - left
+        if right >= 0:
+            allowed &= cols <= rows + Nk - Nq + right
     if mask is not None:
         allowed &= np.asarray(mask, bool)
     if block_mask is not None:
@@ -112,7 +121,7 @@ def run_both(q, k, v, do, *, check_bwd=True, tol=None, config=None, **kw):
     out, lse = kernels_forward(q, k, v, scale=scale, config=config, **kw)
     assert out.dtype == q.dtype and lse.dtype == np.float32
     ref_kw = {key: kw[key] for key in ("causal", "mask", "block_mask", "block_q", "block_k",
-                                       "dropout_p", "seed") if key in kw}
+                                       "dropout_p", "seed", "window_size") if key in kw}
     r_out, r_lse, r_dq, r_dk, r_dv = ref_attention(q, k, v, do, scale=scale, **ref_kw)
     assert_close(out, r_out, tol, "out")
     assert_lse(lse, r_lse, tol)
@@ -257,6 +266,103 @@ def test_random_shapes(nq, nk, d, causal, group, seed):
     rng = np.random.default_rng(seed)
     q, k, v, do = make(rng, 1, 2, 2 // group, nq, nk, d)
     run_both(q, k, v, do, causal=causal, block_q=8, block_k=8)
+
+
+# -- sliding window (simulator) ---------------------------------------------------------------------
+
+
+def test_window_causal_gqa_masks_tiles_the_band_cuts():
+    """A 6-key causal window over 8 x 8 tiles: tiles wholly outside are skipped, the diagonal
+    and left-edge tiles masked per element."""
+    rng = np.random.default_rng(30)
+    q, k, v, do = make(rng, 1, 4, 2, 26, 26, 8)
+    run_both(q, k, v, do, causal=True, window_size=(5, 0), block_q=8, block_k=8)
+
+
+@pytest.mark.parametrize("nq, nk, window, causal", [
+    (9, 30, (4, 2), False),              # Nq < Nk: the band sits at the right end
+    (30, 9, (3, 1), "bottom_right"),     # Nq > Nk: the first rows see no key (zeros, -inf)
+    (20, 20, (0, 0), False),             # the diagonal alone
+    (13, 21, (-1, 0), False),            # bottom-right causal, as a window
+    (21, 13, (0, -1), False),            # one-sided: the diagonal and right of it
+    (12, 12, (40, 40), False),           # wider than the sequence: every key
+])
+def test_window_cross_lengths_one_sided_and_empty_rows(nq, nk, window, causal):
+    rng = np.random.default_rng(nq * 100 + nk)
+    q, k, v, do = make(rng, 1, 2, 1, nq, nk, 8)
+    out, lse = run_both(q, k, v, do, causal=causal, window_size=window, block_q=8, block_k=16)
+    r_lse = ref_attention(q, k, v, scale=8 ** -0.5, causal=causal, window_size=window)[1]
+    empty = np.isneginf(r_lse)
+    assert np.all(out[empty] == 0)
+    assert empty.any() == (nq == 30)
+
+
+def test_window_with_mask_dropout_and_float16():
+    rng = np.random.default_rng(31)
+    q, k, v, do = make(rng, 1, 2, 1, 19, 23, 16)
+    mask = rng.random((1, 2, 19, 23)) < 0.7
+    run_both(q, k, v, do, window_size=(6, 3), mask=mask, dropout_p=0.25, seed=9, block_q=8,
+             block_k=8)
+    q, k, v, do = make(rng, 1, 2, 2, 18, 18, 16, dtype=np.float16)
+    run_both(q, k, v, do, causal=True, window_size=(4, -1), block_q=16, block_k=8)
+
+
+def test_window_never_loads_tiles_outside_it():
+    """Nq = 8 against Nk = 40: with (3, 0) the rows see keys 29..39 (K blocks 3 and 4), so
+    blocks 0-2 are poisoned with NaN; a loaded block would show up, forward or backward."""
+    rng = np.random.default_rng(32)
+    q, k, v, do = make(rng, 1, 1, 1, 8, 40, 8)
+    k[:, :, :24] = np.nan
+    v[:, :, :24] = np.nan
+    kw = dict(scale=0.3, window_size=(3, 0), block_q=8, block_k=8, check_finite=False)
+    out, lse = kernels_forward(q, k, v, **kw)
+    dq, dk, dv = kernels_backward(q, k, v, out, lse, do, **kw)
+    assert all(np.isfinite(x).all() for x in (out, lse, dq, dk[:, :, 24:], dv[:, :, 24:]))
+    kk, vv = np.nan_to_num(k), np.nan_to_num(v)
+    r = ref_attention(q, kk, vv, do, scale=0.3, window_size=(3, 0))
+    assert_close(out, r[0], 2e-4, "out")
+    assert_close(dq, r[2], 1e-3, "dq")
+
+
+@settings(max_examples=6)
+@given(nq=st.integers(1, 24), nk=st.integers(1, 24), left=st.integers(-1, 10),
+       right=st.integers(-1, 10), causal=st.booleans(), seed=st.integers(0, 2**31))
+def test_window_random_shapes(nq, nk, left, right, causal, seed):
+    rng = np.random.default_rng(seed)
+    q, k, v, do = make(rng, 1, 2, 1, nq, nk, 8)
+    run_both(q, k, v, do, causal="bottom_right" if causal else False, window_size=(left, right),
+             block_q=8, block_k=8)
+
+
+def test_window_through_the_public_api_on_backend_numba():
+    """ioaware.attention / attention_backward with backend="numba": bottom-right causal with a
+    window and Nq != Nk runs (the simt band), equal to the float64 reference backend."""
+    from ioaware import attention, attention_backward
+    rng = np.random.default_rng(33)
+    q, k, v, do = make(rng, 1, 2, 1, 11, 27, 8)
+    kw = dict(causal="bottom_right", window_size=(6, 0), block_q=8, block_k=8)
+    out, lse = attention(q, k, v, backend="numba", return_lse=True, **kw)
+    r_out, r_lse = attention(q, k, v, backend="reference", return_lse=True, **kw)
+    assert_close(out, r_out, TOL[np.float32], "out")
+    assert_lse(lse, r_lse, TOL[np.float32])
+    got = attention_backward(q, k, v, out, lse, do, backend="numba", **kw)
+    want = attention_backward(q, k, v, out, lse, do, backend="reference", **kw)
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        assert_close(g, w, TOL[np.float32] * 5, name)
+
+
+def test_windowed_kernels_are_compiled_apart_and_only_simt_takes_a_window():
+    """The window is a compile-time switch (a kernel without it is the one without a window);
+    the registry hands windowed problems to the simt family."""
+    from kernels import simt_fwd
+    q = np.zeros((1, 1, 16, 8), np.float32)
+    pb = kernel_problem(q, q, q, window_size=(2, 2))
+    assert kernels.family_for(pb) == "simt" and kernels.family_for(pb, None, "bwd") == "simt"
+    assert simt_fwd.band_arguments(pb) == (False, True, -2, 2)
+    assert simt_fwd.band_arguments(kernel_problem(q, q, q, causal=True))[:2] == (True, False)
+    cfg = simt_fwd.tiles(pb, KernelConfig())
+    assert simt_fwd.get_kernel(cfg, 8, False, False, False, False, True) is not \
+        simt_fwd.get_kernel(cfg, 8, False, False, False, False)
 
 
 # -- errors ------------------------------------------------------------------------------------------

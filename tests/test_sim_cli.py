@@ -55,6 +55,33 @@ def test_cli_module_entry_point_and_errors():
     assert r.returncode == 2 and "shared memory" in r.stderr
 
 
+def test_predict_takes_a_window_and_reports_it():
+    """--window LEFT,RIGHT for every schedule; --json reports window_size; the tiled schedules
+    count only the band's tiles (closed form, as sim.predict)."""
+    base = ["predict", "--seq-len", "1024", "--head-dim", "64", "--device", "h100", "--l2", "none", "--json"]
+    for schedule in ("naive", "flash1", "flash2"):
+        rc, out = run(base + ["--schedule", schedule, "--causal", "--window", "127,0"])
+        d = json.loads(out)
+        p = sim.predict(sim.Workload(heads=16, seq_len_q=1024, head_dim=64, causal=True, window_size=(127, 0)),
+                        schedule, "h100", l2="none")
+        assert rc == 0 and d["window_size"] == [127, 0] and d["causal"] is True
+        assert (d["flops"], d["hbm_read_bytes"]) == (p.flops, p.hbm_read_bytes)
+        rc, out = run(base + ["--schedule", schedule, "--causal"])
+        assert json.loads(out)["window_size"] is None
+        if schedule != "naive":            # (flash1's default tiles are wide: a smaller saving)
+            assert d["matmul_flops"] < json.loads(out)["matmul_flops"] / (2 if schedule == "flash2" else 1)
+    rc, out = run(base + ["--schedule", "flash2", "--seq-len-k", "2048", "--window=-1,0"])
+    assert json.loads(out)["window_size"] == [-1, 0]
+    rc, out = run(["predict", "--schedule", "flash2", "--seq-len", "512", "--window", "64,64", "--l2", "none"])
+    assert "window (left, right)         (64, 64)" in out
+    for bad in ("64", "a,b", "-2,0"):
+        with pytest.raises(SystemExit):
+            run(["predict", "--schedule", "flash2", "--seq-len", "512", f"--window={bad}"])
+    with pytest.raises(SystemExit):      # top-left causal with a window and Nq != Nk
+        run(["predict", "--schedule", "flash2", "--seq-len", "512", "--seq-len-k", "1024", "--causal",
+             "--window", "8,0"])
+
+
 def test_sweep_table_and_csv(tmp_path):
     rc, out = run(["sweep", "--schedule", "naive,flash2", "--seq-len", "256..1024", "--head-dim", "64,128",
                    "--block-q", "64,128", "--block-k", "64"])

@@ -1,4 +1,5 @@
-"""sim: the closed form and the event trace agree exactly; tile statistics agree with BlockInfo."""
+"""sim: the closed form and the event trace agree exactly; tile statistics agree with BlockInfo
+(causal, sliding windows, block masks, key padding)."""
 from __future__ import annotations
 
 import numpy as np
@@ -10,11 +11,16 @@ from ioaware.block_info import BlockInfo, cdiv
 from sim.counts import closed_form, summarise, tile_stats_arrays, tile_stats_blockinfo, tile_stats_closed
 
 
+window_sides = st.one_of(st.just(-1), st.integers(0, 8), st.integers(0, 400))
+
+
 @given(Nq=st.integers(1, 300), Nk=st.integers(1, 300), bq=st.integers(1, 80), bk=st.integers(1, 80),
-       causal=st.booleans())
-def test_closed_tile_stats_equal_blockinfo(Nq, Nk, bq, bk, causal):
-    closed = tile_stats_closed(Nq, Nk, bq, bk, causal).as_tuple()
-    walked = tile_stats_blockinfo(BlockInfo(Nq, Nk, bq, bk, causal)).as_tuple()
+       causal=st.booleans(), window=st.one_of(st.none(), st.tuples(window_sides, window_sides)))
+def test_closed_tile_stats_equal_blockinfo(Nq, Nk, bq, bk, causal, window):
+    if window is not None and Nq != Nk:
+        causal = False                 # Workload.causal is top-left: refused with a window there
+    closed = tile_stats_closed(Nq, Nk, bq, bk, causal, window).as_tuple()
+    walked = tile_stats_blockinfo(BlockInfo(Nq, Nk, bq, bk, causal, window_size=window)).as_tuple()
     assert closed == walked
 
 
@@ -37,9 +43,13 @@ def workloads(draw):
         kw = dict(block_mask=np.random.default_rng(seed).random(shape) < 0.5)
     elif mask_kind == "key_padding":
         kw = dict(key_lengths=tuple(draw(st.integers(0, Nk)) for _ in range(batch)))
+    causal = draw(st.booleans())
+    if draw(st.booleans()):
+        kw["window_size"] = (draw(window_sides), draw(window_sides))
+        causal = causal and Nq == Nk
     w = sim.Workload(batch=batch, heads=heads, heads_kv=hkv, seq_len_q=Nq, seq_len_k=Nk,
                      head_dim=draw(st.sampled_from([8, 16, 24])), dtype=draw(st.sampled_from(["fp16", "fp32"])),
-                     causal=draw(st.booleans()), dropout=draw(st.booleans()),
+                     causal=causal, dropout=draw(st.booleans()),
                      pass_=draw(st.sampled_from(["fwd", "bwd", "fwd+bwd"])), **kw)
     return w, bq, bk
 
@@ -76,6 +86,79 @@ def test_trace_skips_exactly_the_blocks_blockinfo_skips():
     k_loads = [ev for ev in tr if ev.tensor == "K"]
     assert len(k_loads) == bi.n_tiles
     assert all(ev.row_stop - ev.row_start == bi.k_range(ev.n)[1] - bi.k_range(ev.n)[0] for ev in k_loads)
+
+
+@pytest.mark.parametrize("window, causal", [((20, 0), True), ((0, 30), False), ((45, 45), False)])
+def test_trace_and_counts_visit_only_the_windows_tiles(window, causal):
+    """The trace loads exactly the K/V tiles BlockInfo visits under a window, and the closed form
+    and the trace agree on them (FLOP for FLOP, byte for byte)."""
+    w = sim.Workload(batch=1, heads=2, seq_len_q=200, seq_len_k=200, head_dim=16, causal=causal,
+                     window_size=window, pass_="fwd+bwd")
+    sched = sim.Schedule("flash2", 32, 16)
+    tr = sim.trace(w, sched)
+    (_mult, bi, _kl, _members), = sim.workload.block_infos(w, 32, 16)
+    assert bi.window_size == window and bi.n_tiles < bi.n_blocks_q * bi.n_blocks_k
+    fwd = {(ev.m, ev.n) for ev in tr if ev.op == "compute" and ev.phase == "fwd" and ev.n >= 0}
+    assert fwd == set(bi.tiles())
+    assert sum(1 for ev in tr if ev.tensor == "K" and ev.phase == "fwd") == 2 * bi.n_tiles
+    cf_bytes, cf_flops = closed_form(w, sched, 32, 16)
+    tr_bytes, tr_flops = tr.totals()
+    assert {k: v for k, v in cf_bytes.items() if v} == {k: v for k, v in tr_bytes.items() if v}
+    assert cf_flops == tr_flops
+
+
+def test_a_4096_key_window_at_32k_costs_its_band():
+    """N = 32768, d = 64, fp16, 128 x 128 tiles, causal, window (4095, 0) (4096 keys per query,
+    itself included), against causal alone. Counted by hand: 256 Q and K blocks; causal, Q block
+    m visits K blocks 0..m: T_causal = 256 * 257 / 2 = 32896 tiles; the window's first column
+    128 m - 4095 lies in K block m - 32, so Q block m visits min(m, 32) + 1 blocks:
+    T_window = (1 + ... + 32) + 224 * 33 = 7920. Every tile is full, so the matmul FLOPs
+    (forward 4 d, backward 10 d per score) are in the exact ratio 7920 / 32896 = 0.2408; the
+    forward reads Q once and K, V once per visited tile, and writes O and lse once, so its
+    global bytes are 2 N d e + 4 N + 2 T 128 d e. The band holds ~N W pairs against the causal
+    triangle's N^2 / 2: about 2 W / N = 0.25 of causal (W / N = 0.125 of full attention)."""
+    N, d, e = 32768, 64, 2
+    t_causal, t_window = 256 * 257 // 2, sum(range(1, 33)) + 224 * 33
+    assert (t_causal, t_window) == (32896, 7920)
+    sched = sim.Schedule("flash2", 128, 128)
+    for pass_ in ("fwd", "fwd+bwd"):
+        causal, window = (sim.predict(sim.Workload(seq_len_q=N, heads=1, head_dim=d, causal=True, pass_=pass_,
+                                                   window_size=ws), sched, "h100", l2="none")
+                          for ws in (None, (4095, 0)))
+        assert window.matmul_flops * t_causal == causal.matmul_flops * t_window
+        assert window.matmul_flops == (4 + (10 if pass_ == "fwd+bwd" else 0)) * d * t_window * 128 * 128
+        assert abs(window.flops / causal.flops - t_window / t_causal) < 1e-3   # other FLOPs follow the tiles
+    fwd = {ws: sim.predict(sim.Workload(seq_len_q=N, heads=1, head_dim=d, causal=True, window_size=ws), sched,
+                           "h100", l2="none") for ws in (None, (4095, 0))}
+    for ws, tiles in ((None, t_causal), ((4095, 0), t_window)):
+        assert fwd[ws].hbm_read_bytes == N * d * e + 2 * tiles * 128 * d * e
+        assert fwd[ws].hbm_write_bytes == N * d * e + 4 * N
+    ratio = ((fwd[(4095, 0)].hbm_read_bytes + fwd[(4095, 0)].hbm_write_bytes)
+             / (fwd[None].hbm_read_bytes + fwd[None].hbm_write_bytes))
+    assert ratio == pytest.approx((2 * N * d * e + 4 * N + 2 * t_window * 128 * d * e)
+                                  / (2 * N * d * e + 4 * N + 2 * t_causal * 128 * d * e))
+    assert 0.24 < ratio < 0.25                # = 0.2467: Q, O and lse do not shrink with the window
+
+
+def test_windowed_workloads_are_checked():
+    with pytest.raises(ValueError, match=r"Workload.window_size=\(5, 0\) with causal=True and seq_len_q=10 "
+                                         r"!= seq_len_k=20 would mix two alignments"):
+        sim.Workload(seq_len_q=10, seq_len_k=20, causal=True, window_size=(5, 0))
+    with pytest.raises(ValueError, match="Workload.window_size must be a pair"):
+        sim.Workload(window_size=(-4, 0))
+    assert sim.Workload(window_size=(-1, -1)).window_size is None
+    w = sim.Workload(seq_len_q=64, window_size=[3, 0])
+    assert w.window_size == (3, 0) and w.masked and w.to_dict()["window_size"] == [3, 0]
+    assert sim.Workload.from_record({**w.to_dict(), "pass": "fwd"}).window_size == (3, 0)
+    with pytest.raises(ValueError, match="sliding window"):
+        sim.predict(w, sim.Schedule("naive", variant="math"), "h100")
+
+
+def test_naive_reads_the_window_as_a_mask_and_computes_every_score():
+    dense, windowed = (sim.predict(sim.Workload(seq_len_q=256, head_dim=32, window_size=ws), sim.Schedule("naive"),
+                                   "h100", l2="none") for ws in (None, (8, 8)))
+    assert windowed.matmul_flops == dense.matmul_flops
+    assert windowed.hbm_read_bytes - dense.hbm_read_bytes == 256 * 256      # the 1-byte mask, read once
 
 
 def test_trace_events_are_well_formed():

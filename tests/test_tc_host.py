@@ -3,8 +3,9 @@ against `ioaware.dropout`'s own hash, finished on the device by the kernels' has
 Numba's CUDA simulator); the boolean mask on the device with its broadcast flags
 (`kernels.host.Call.mask`); device constants and the kernels' CSR schedules on the device
 (`kernels.host.device_const`, `kernels.tile_scheduler.device_schedule`); which problems the
-tensor-core families refuse and why (`supports`, `kernels.family_for`), with `ioaware` refusing
-invalid problems before any kernel is reached; and the SASS loop scan of `benchmarks.check`."""
+tensor-core families refuse and why (`supports`, `kernels.family_for`; a sliding window among
+them), with `ioaware` refusing invalid problems before any kernel is reached; and the SASS loop
+scan of `benchmarks.check`."""
 from __future__ import annotations
 
 import dataclasses
@@ -14,6 +15,7 @@ import pytest
 from numba import cuda   # a global, which the CUDA simulator replaces inside kernels
 
 import kernels
+from ioaware.block_info import BlockInfo
 from ioaware.dropout import fmix32, keep_mask
 from kernels import KernelConfig, host, mma_bwd, mma_fwd, tf32_bwd, tf32_fwd, tile_scheduler
 from kernels.dropout import DropoutConstants, dropout_constants, fmix_device
@@ -122,6 +124,28 @@ def test_device_schedules_are_the_kernels_csr_schedules(causal):
             assert np.array_equal(got[1].copy_to_host(), want[1])
             assert got[2:] == want[2:]
             assert tile_scheduler.device_schedule(pb, tile_q, tile_k, which)[0] is got[0]
+
+
+def test_device_schedules_carry_the_window():
+    """The window is part of the schedule's cache key: problems that differ only in it get
+    their own schedules (BlockInfo's, tiles outside the band left out), on the device."""
+    plain = _problem(b=1, h=1, n_q=96, n_k=96, dtype=np.float32)
+    schedules = {}
+    for window in (None, (16, 0), (0, 16), (16, 16)):
+        pb = dataclasses.replace(plain, window_size=window)
+        for which in ("kv", "q"):
+            offs, idx, *_ = tile_scheduler.device_schedule(pb, 16, 16, which)
+            info = BlockInfo(96, 96, 16, 16, window_size=window)
+            want = info.kv_schedule() if which == "kv" else info.q_schedule()
+            assert np.array_equal(offs.copy_to_host()[0], want[0])
+            assert np.array_equal(idx.copy_to_host(), want[1])
+            schedules.setdefault(which, set()).add(str(idx.copy_to_host().tolist()))
+    assert all(len(v) == 4 for v in schedules.values())          # four windows, four schedules
+    # bottom-right causal with a window and Nq != Nk: the schedule is the band's
+    pb = _problem(b=1, h=1, n_q=20, n_k=96, dtype=np.float32, causal="bottom_right",
+                  window_size=(10, 0))
+    offs, idx, *_ = tile_scheduler.device_schedule(pb, 16, 16, "kv")
+    assert idx.copy_to_host().tolist() == [4, 5, 5]      # rows 0-15 see keys 66-91, 16-19 82-95
 
 
 # -- which problems the tensor-core families take ------------------------------------------------
@@ -242,6 +266,54 @@ def test_tensor_core_families_say_why_they_refuse(as_if_on_gpu, family):
         assert not tf32_fwd.presplit_ok(128, 32, 16)
         refused(_problem(d=128, dtype=dtype), "presplit_ok",
                 KernelConfig(block_q=32, block_k=16), passes=("fwd",))
+
+
+@pytest.mark.parametrize("family", ["mma", "tf32"])
+def test_tensor_core_families_refuse_a_window_and_the_registry_runs_simt(as_if_on_gpu, family):
+    """On a (faked) sm_90 the problem they would take, with a sliding window: both passes say
+    so, forcing them raises that reason, and the registry runs the CUDA-core family."""
+    fwd, bwd, dtype, _ = TC_FAMILIES[family]
+    for causal in (False, True):
+        plain = _problem(n_q=64, n_k=64, dtype=dtype, causal=causal)
+        assert kernels.family_for(plain) == family
+        pb = _problem(n_q=64, n_k=64, dtype=dtype, causal=causal, window_size=(16, 0))
+        for mod, pass_ in ((fwd, "fwd"), (bwd, "bwd")):
+            why = mod.supports(pb, KernelConfig())
+            assert "no sliding window" in why and "window_size=(16, 0)" in why
+            with pytest.raises(ValueError, match=rf"family='{family}'.*no sliding window"):
+                kernels.family_for(pb, KernelConfig(family=family), pass_)
+            assert kernels.family_for(pb, None, pass_) == "simt"
+    # a window with bottom-right causal and Nq != Nk: only the simt band takes it
+    pb = _problem(n_q=5, n_k=70, dtype=dtype, causal="bottom_right", window_size=(8, -1))
+    assert kernels.family_for(pb) == "simt" and kernels.family_for(pb, None, "bwd") == "simt"
+
+
+def test_the_registry_refuses_a_window_to_a_family_that_does_not_declare_it(as_if_on_gpu,
+                                                                           monkeypatch):
+    """Even a family whose `supports` took a windowed problem is refused it unless its module
+    declares ``TAKES_WINDOW``: a family that has not learnt the window cannot run one."""
+    for mod in (mma_fwd, mma_bwd):
+        monkeypatch.setattr(mod, "supports", lambda problem, config: None)
+    pb = _problem(n_q=64, n_k=64, dtype=np.float16, window_size=(4, 4))
+    assert not getattr(mma_fwd, "TAKES_WINDOW", False)
+    assert kernels.family_for(pb) == "simt" and kernels.family_for(pb, None, "bwd") == "simt"
+    with pytest.raises(ValueError, match="window_size=\\(4, 4\\): this family's kernels have no "
+                                         "sliding window"):
+        kernels.family_for(pb, KernelConfig(family="mma"))
+    assert kernels.family_for(_problem(n_q=64, n_k=64, dtype=np.float16)) == "mma"
+
+
+def test_direct_callers_get_windows_the_kernels_cannot_align_refused():
+    """`kernels.family_for` guards callers that bypass `ioaware`: bottom-right causal with
+    Nq != Nk needs a window (the simt band), a window needs the bottom-right alignment."""
+    q, k = np.zeros((1, 1, 5, 8), np.float32), np.zeros((1, 1, 9, 8), np.float32)
+    pb = kernel_problem(q, k, k, causal="bottom_right")
+    with pytest.raises(ValueError, match="bottom-right causal alignment"):
+        kernels.family_for(pb)
+    assert kernels.family_for(dataclasses.replace(pb, window_size=(-1, 0))) == "simt"
+    top_left = dataclasses.replace(pb, causal_alignment="top_left", window_size=(2, 0))
+    with pytest.raises(ValueError, match="window_size with top-left causal alignment"):
+        kernels.family_for(top_left)
 
 
 @pytest.mark.parametrize("family", ["mma", "tf32"])
