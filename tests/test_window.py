@@ -7,7 +7,11 @@ and causal adds ``j <= i + off`` (bottom-right, or top-left with Nq == Nk). Ever
 result is compared with the float64 reference run on that rule given as a boolean ``mask``.
 
 Tolerances are tests/helpers.py's, per dtype (float32: atol 2e-5, rtol 1e-4; float16: 4e-3;
-gradients by relative Frobenius norm 2e-4 / 1e-2).
+gradients by relative Frobenius norm 2e-4 / 1e-2). A float16 gradient may instead meet, element
+by element, the bound of tests/test_mma_bwd.py, which scales with the terms each element sums
+(u = 2**-11): a gradient whose exact value cancels to zero (a single visible key makes dS = 0)
+still carries the rounding of the float16 output inside delta = rowsum(dO O), which a norm
+relative to zero cannot allow for.
 """
 import inspect
 
@@ -23,7 +27,7 @@ from ioaware._cost import band_pairs
 from ioaware.block_info import BlockInfo, band_offsets
 from ioaware.tiled import tiled_forward
 
-from .helpers import ATOL, RTOL, grads_close, random_qkv
+from .helpers import ATOL, RTOL, dense_attention_reference, grads_close, random_qkv
 
 
 def window_rule(nq, nk, window, causal=False):
@@ -49,6 +53,20 @@ def _reference_with_rule(q, k, v, dout, *, window, causal, mask=None, **kw):
     out, lse = attention(q, k, v, mask=allowed, backend="reference", return_lse=True, **kw)
     grads = attention_backward(q, k, v, out, lse, dout, mask=allowed, backend="reference", **kw)
     return out, lse, grads
+
+
+def within_half_bounds(grads, q, k, v, dout, *, window, causal, mask=None, dropout_p=0.0, seed=0):
+    """Float16 dq, dk, dv within the element-wise bounds 4u (summed magnitudes) + 2u |exact| + 1e-5."""
+    rule = window_rule(q.shape[-2], k.shape[-2], window, causal)
+    allowed = rule if mask is None else (mask & rule)
+    want = dense_attention_reference(q, k, v, dout, scale=q.shape[-1] ** -0.5, mask=allowed,
+                                     dropout_p=dropout_p, seed=seed)
+    u = 2.0 ** -11
+    for g, name, bound in zip(grads, ("dq", "dk", "dv"), ("eq", "ek", "ev")):
+        tol = 4 * u * want[bound] + 2 * u * np.abs(want[name]) + 1e-5
+        if not (np.abs(np.asarray(g, np.float64) - want[name]) <= tol).all():
+            return False
+    return True
 
 
 sides = st.one_of(st.just(-1), st.just(0), st.integers(0, 12), st.integers(0, 400))
@@ -97,9 +115,11 @@ def test_windowed_forward_and_backward_equal_the_float64_rule(pr):
     finite = np.isfinite(ref_lse)
     np.testing.assert_allclose(lse[finite], ref_lse[finite], atol=1e-4, rtol=1e-5)
     assert np.all(out[~finite] == 0)
-    for g, want, x in zip(grads, ref_grads, (q, k, v)):
+    for g, x in zip(grads, (q, k, v)):
         assert g.shape == x.shape and g.dtype == x.dtype and np.all(np.isfinite(g))
-        assert grads_close(g, want, dt)
+    assert (all(grads_close(g, want, dt) for g, want in zip(grads, ref_grads))
+            or (dt == np.float16 and within_half_bounds(grads, q, k, v, dout, window=pr["window"], mask=mask,
+                                                        **kw)))
 
 
 @given(windowed_problems(max_n=60))
