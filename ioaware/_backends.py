@@ -20,7 +20,8 @@ import functools
 
 import numpy as np
 
-from ._inputs import BlockMask, Problem, check_inputs, check_values, is_torch, lse_dtype, torch_or_none
+from ._inputs import (BlockMask, Problem, check_cache_seqlens, check_inputs, check_values, is_torch, lse_dtype,
+                      parse_causal, torch_or_none)
 from .block_info import BlockInfo
 from .reference import reference_backward, reference_forward
 from .tiled import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, compute_dtype, tiled_backward, tiled_forward
@@ -97,6 +98,68 @@ def _problem(q, k, v, backend, *, cost, values, **kwargs) -> Problem:
     if values:
         check_values(pb)
     return pb
+
+
+def _cache_problem(q, k, v, backend, cache_seqlens, *, causal, window_size, mask, block_mask, scale,
+                   dropout_p, block_q, block_k):
+    """Every check of a call with per-sequence cache lengths, before any work: ``(problem,
+    lengths on the host)``. The cache lengths are for decoding (inference): no dropout, no
+    block mask, and a causal rule only aligned to the end of each sequence (bottom-right)."""
+    if dropout_p not in (0, 0.0):
+        raise ValueError("dropout_p must be 0 with cache_seqlens (decoding with a KV cache is inference)")
+    if block_mask is not None:
+        raise ValueError("block_mask cannot be combined with cache_seqlens (the tiles would move with each "
+                         "sequence's length); pass a boolean mask")
+    is_causal, alignment = parse_causal(causal)
+    if is_causal and alignment == "top_left":
+        raise ValueError("causal=True (top-left) with cache_seqlens: the queries are the last positions of each "
+                         "cached sequence, so the causal rule is aligned to its end; pass causal='bottom_right' "
+                         "(as flash_attn_with_kvcache(causal=True) aligns it)")
+    pb = check_inputs(q, k, v, causal=causal, window_size=window_size, mask=mask, scale=scale,
+                      block_q=block_q, block_k=block_k, backend=backend)
+    host, lengths = check_cache_seqlens(cache_seqlens, pb)
+    _check_backend_supports(dataclasses.replace(pb, causal=False), backend)
+    check_values(pb)
+    return dataclasses.replace(pb, cache_seqlens=lengths), host
+
+
+def _run_forward_with_cache(pb: Problem, lengths, backend):
+    """Canonical forward of a problem whose batch row b sees only its first ``lengths[b]`` keys:
+    the split-KV decoding kernel where it takes the problem (backend ``"numba"``), otherwise
+    batch row by batch row on the keys that exist (any backend), which is the definition."""
+    if backend == "numba" and not pb.trivial:
+        import kernels
+        kp = _kernel_problem(pb)
+        if kp is not pb:
+            kp = dataclasses.replace(kp, cache_seqlens=np.asarray(lengths, dtype=np.int32))
+        try:
+            family = kernels.family_for(kp, None, "fwd")
+        except ValueError:
+            family = None
+        if family == "split_kv":
+            out, lse = kernels.forward(kp)
+            return _from_device(pb, out), _from_device(pb, lse, lse=True)
+    subs = [_batch_row(pb, b, int(n)) for b, n in enumerate(lengths)]
+    if backend == "numba":
+        for sub in subs:                                   # refuse before computing any row
+            _check_backend_supports(sub, backend)
+    if not subs:
+        return _run_forward(dataclasses.replace(pb, cache_seqlens=None), backend)
+    parts = [_run_forward(sub, backend) for sub in subs]
+    cat = np.concatenate if pb.kind == "numpy" else torch_or_none().cat
+    return cat([o for o, _ in parts], 0), cat([l_ for _, l_ in parts], 0)
+
+
+def _batch_row(pb: Problem, b: int, length: int) -> Problem:
+    """Batch row ``b`` of ``pb`` with its first ``length`` keys (and the mask's columns)."""
+    mask = pb.mask
+    if mask is not None:
+        row = b if mask.shape[0] > 1 else 0
+        mask = mask[row:row + 1, :, :, :length]
+    return dataclasses.replace(
+        pb, q=pb.q[b:b + 1], k=pb.k[b:b + 1, :, :length], v=pb.v[b:b + 1, :, :length], batch=1,
+        seqlen_k=length, mask=mask, cache_seqlens=None, q_shape=(1,) + tuple(pb.q.shape[1:]),
+        kv_shape=(1, pb.heads_kv, length, pb.head_dim), v_shape=(1, pb.heads_kv, length, pb.value_dim))
 
 
 def _bias_as_mask(bias):

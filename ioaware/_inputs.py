@@ -31,7 +31,7 @@ from .block_info import CAUSAL_ALIGNMENTS, band_offsets, cdiv, check_window_size
 from .tiled import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q
 
 __all__ = ["BlockMask", "Problem", "SdpaArguments", "check_inputs", "check_values", "sdpa_arguments", "parse_causal",
-           "is_torch", "torch_or_none", "lse_dtype"]
+           "is_torch", "torch_or_none", "lse_dtype", "check_cache_seqlens"]
 
 
 def torch_or_none():
@@ -151,6 +151,7 @@ class Problem:
     value_dim: int | None = None         # Ev: of v (None: equal to head_dim)
     v_shape: tuple | None = None         # the values' original shape, to restore dv (None: kv_shape)
     window_size: tuple | None = None     # (left, right) sliding window, or None (see ioaware.block_info)
+    cache_seqlens: Any = None            # None, or int32 [B] valid key lengths (NumPy, or torch on q's device)
 
     def __post_init__(self):
         if self.value_dim is None:
@@ -620,3 +621,45 @@ def _expand(x, shape, is_t):
     if is_t:
         return x.expand(shape)
     return np.broadcast_to(x, shape)
+
+
+def check_cache_seqlens(cache_seqlens, pb: Problem):
+    """``cache_seqlens`` (an int, or an integer array / tensor of one length per batch row,
+    ``[B]`` with B the product of the query's leading dimensions) as ``(host, lengths)``: the
+    lengths as a NumPy int64 array (read once, to check them: a length outside ``[0, Nk]``
+    would read past the cache) and as the kernels take them (NumPy int32, or a torch int32
+    tensor on q's device)."""
+    torch = torch_or_none()
+    if isinstance(cache_seqlens, bool):
+        raise TypeError("cache_seqlens must be an int or an integer array of one length per batch row, "
+                        "got a bool")
+    if isinstance(cache_seqlens, (int, np.integer)):
+        host = np.full(pb.batch, int(cache_seqlens), dtype=np.int64)
+    elif is_torch(cache_seqlens) or isinstance(cache_seqlens, np.ndarray):
+        dt = _dtype_name(cache_seqlens)
+        if not (dt.startswith("int") or dt.startswith("uint")):
+            raise TypeError(f"cache_seqlens must hold integers, got dtype {dt}")
+        if tuple(cache_seqlens.shape) != (pb.batch,):
+            raise ValueError(f"cache_seqlens must have shape ({pb.batch},): one length per batch row of q "
+                             f"(the product of its leading dimensions), got {tuple(cache_seqlens.shape)}")
+        if is_torch(cache_seqlens):
+            if pb.kind == "torch" and cache_seqlens.device != pb.q.device and cache_seqlens.device.type != "cpu":
+                raise ValueError(f"cache_seqlens is on {cache_seqlens.device} but q is on {pb.q.device}")
+            host = cache_seqlens.detach().cpu().numpy().astype(np.int64)
+        else:
+            host = cache_seqlens.astype(np.int64)
+    else:
+        raise TypeError(f"cache_seqlens must be an int or an integer array of one length per batch row, got "
+                        f"{type(cache_seqlens).__name__}")
+    if host.size and (host.min() < 0 or host.max() > pb.seqlen_k):
+        bad = host[(host < 0) | (host > pb.seqlen_k)][0]
+        raise ValueError(f"cache_seqlens must lie in [0, Nk={pb.seqlen_k}] (keys past Nk do not exist), "
+                         f"got {int(bad)}")
+    if pb.kind == "torch":
+        if is_torch(cache_seqlens) and cache_seqlens.device == pb.q.device:
+            lengths = cache_seqlens.to(torch.int32).contiguous()
+        else:
+            lengths = torch.from_numpy(host.astype(np.int32)).to(pb.q.device)
+    else:
+        lengths = host.astype(np.int32)
+    return host, lengths

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._backends import BACKENDS, _problem, _resolve_backend, _run_backward, _run_forward
+from ._backends import (BACKENDS, _cache_problem, _problem, _resolve_backend, _run_backward, _run_forward,
+                        _run_forward_with_cache)
 from ._inputs import (BlockMask, _block_mask_parts, _check_seed, _scalar, check_inputs, is_torch,
                       parse_causal, sdpa_arguments, torch_or_none)
 from .block_info import check_window_size
@@ -33,7 +34,8 @@ __all__ = ["attention", "attention_backward", "scaled_dot_product_attention", "B
 # public functions
 # ------------------------------------------------------------------------------------------------
 def attention(q, k, v, *, causal=False, window_size=None, mask=None, block_mask=None, scale=None,
-              dropout_p=0.0, seed=None, return_lse=False, block_q=None, block_k=None, backend="auto"):
+              dropout_p=0.0, seed=None, return_lse=False, block_q=None, block_k=None, backend="auto",
+              cache_seqlens=None):
     """Exact scaled dot-product attention, computed tile by tile without materialising ``QK^T``.
 
     Parameters
@@ -71,6 +73,16 @@ def attention(q, k, v, *, causal=False, window_size=None, mask=None, block_mask=
         (float32; float64 for float64 inputs).
     block_q, block_k : tile sizes (rows of Q, columns of K per tile).
     backend : ``"auto"``, ``"numpy"``, ``"reference"`` or ``"numba"``.
+    cache_seqlens : decoding with a KV cache (as ``flash_attn_with_kvcache``): an int, or an
+        integer array / tensor ``[B]`` (one per batch row, B the product of q's leading
+        dimensions) of valid key lengths in ``[0, Nk]``. Batch row b attends only to its first
+        ``cache_seqlens[b]`` keys, which are the only ones read, with the window and
+        ``causal="bottom_right"`` aligned to that length (the queries are the sequence's last
+        Nq positions); top-left ``causal=True`` is refused. Forward only (inputs may not
+        require grad), without dropout or ``block_mask``. On CUDA, 1 to 16 queries run the
+        split-KV decoding kernel (``kernels.decode_fwd``), which reads each KV head once for
+        all the query heads of its GQA group; the lengths are read once on the host to check
+        them (a device-to-host copy).
 
     Returns
     -------
@@ -88,7 +100,18 @@ def attention(q, k, v, *, causal=False, window_size=None, mask=None, block_mask=
     NaN and infinite values in CPU inputs are refused (``ValueError``), which PyTorch does not
     do; CUDA inputs are not scanned.
     """
-    if is_torch(q):
+    if cache_seqlens is not None:
+        torch = torch_or_none()
+        if is_torch(q) and torch.is_grad_enabled() and any(is_torch(x) and x.requires_grad for x in (q, k, v)):
+            raise ValueError("cache_seqlens is for decoding (forward only), but q, k or v requires grad; call "
+                             "under torch.no_grad() or torch.inference_mode(), or detach the inputs")
+        backend = _resolve_backend(backend, q)
+        pb, lengths = _cache_problem(q, k, v, backend, cache_seqlens, causal=causal, window_size=window_size,
+                                     mask=mask, block_mask=block_mask, scale=scale, dropout_p=dropout_p,
+                                     block_q=block_q, block_k=block_k)
+        out4, lse3 = _run_forward_with_cache(pb, lengths, backend)
+        out, lse = pb.restore_q(out4), pb.restore_lse(lse3)
+    elif is_torch(q):
         out, lse = _torch_attention(q, k, v, causal=causal, window_size=window_size, mask=mask, bias=None,
                                     block_mask=block_mask, scale=scale, dropout_p=dropout_p, seed=seed,
                                     block_q=block_q, block_k=block_k, backend=backend)

@@ -18,23 +18,35 @@ problem on the first family, in this order, that takes it (`family_for`):
   (``NUMBA_ENABLE_CUDASIM=1``), which is how CI tests the kernels; the only family that takes
   a sliding window (``window_size``) so far.
 
-A family takes a windowed problem only if its modules say so (``TAKES_WINDOW = True``); the
-registry refuses the others whatever their ``supports`` answers, so a family that has not
-learnt the window can never run one.
+One forward-only kernel comes before the families for a forward:
+
+* ``split_kv`` (`kernels.decode_fwd`): split-KV decoding ("flash-decoding") for 1 to 16 query
+  rows against a long KV cache, every float dtype but float64, GQA read once per KV head,
+  causal and window bands, per-sequence cache lengths (``problem.cache_seqlens``); its plan is
+  `sim.decode.SplitKVPlan`. It takes a problem by itself from 256 keys on.
+
+A family takes a windowed problem only if its modules say so (``TAKES_WINDOW = True``), and a
+problem with cache lengths only if they say ``TAKES_CACHE_SEQLENS = True``; the registry
+refuses the others whatever their ``supports`` answers, so a family that has not learnt the
+window or the cache lengths can never run one.
 
 A `KernelConfig` pins what the registry and the families would otherwise choose (family, tiles,
 micro-tile, launch order, launch path): the variants the benchmarks measure.
 """
 from __future__ import annotations
 
-from . import mma_bwd, mma_fwd, simt_bwd, simt_fwd, tf32_bwd, tf32_fwd
-from .config import FAMILY_NAMES, KernelConfig
+from . import decode_fwd, mma_bwd, mma_fwd, simt_bwd, simt_fwd, tf32_bwd, tf32_fwd
+from .config import FAMILY_NAMES, FORWARD_ONLY_NAMES, KernelConfig
 
-__all__ = ["forward", "backward", "family_for", "KernelConfig", "FAMILIES", "FAMILY_NAMES"]
+__all__ = ["forward", "backward", "family_for", "KernelConfig", "FAMILIES", "FAMILY_NAMES",
+           "FORWARD_ONLY"]
 
 #: name -> (forward module, backward module), in the order the registry tries them.
 FAMILIES = {"mma": (mma_fwd, mma_bwd), "tf32": (tf32_fwd, tf32_bwd), "simt": (simt_fwd, simt_bwd)}
 assert tuple(FAMILIES) == FAMILY_NAMES
+#: name -> forward module of the forward-only kernels, tried first for a forward.
+FORWARD_ONLY = {"split_kv": decode_fwd}
+assert tuple(FORWARD_ONLY) == FORWARD_ONLY_NAMES
 
 
 def family_for(problem, config=None, pass_="fwd") -> str:
@@ -43,45 +55,62 @@ def family_for(problem, config=None, pass_="fwd") -> str:
     (a ValueError saying why, when that family cannot run it)."""
     config = config or KernelConfig()
     which = 0 if pass_ == "fwd" else 1
+    if config.family in FORWARD_ONLY and pass_ != "fwd":
+        raise ValueError(f"KernelConfig(family={config.family!r}) is a forward only; the "
+                         f"backward runs on one of {FAMILY_NAMES}")
+    if pass_ == "fwd" and config.family in (None,) + FORWARD_ONLY_NAMES:
+        for name, module in FORWARD_ONLY.items():
+            if config.family not in (None, name):
+                continue
+            why = (_refusal(problem, bottom_right=True) or _feature_refusal(module, problem)
+                   or module.supports(problem, config))
+            if why is None:
+                return name
+            if config.family == name:
+                raise ValueError(f"KernelConfig(family={name!r}) cannot run this problem: {why}")
     why = _refusal(problem)
     if why:
         raise ValueError(f"no kernel family runs this problem: {why}")
     if config.family is not None:
         module = FAMILIES[config.family][which]
-        why = _window_refusal(module, problem) or module.supports(problem, config)
+        why = _feature_refusal(module, problem) or module.supports(problem, config)
         if why:
             raise ValueError(f"KernelConfig(family={config.family!r}) cannot run this problem: "
                              f"{why}")
         return config.family
     reasons = []
     for name, modules in FAMILIES.items():
-        why = _window_refusal(modules[which], problem) or modules[which].supports(problem, config)
+        why = _feature_refusal(modules[which], problem) or modules[which].supports(problem, config)
         if why is None:
             return name
         reasons.append(f"{name}: {why}")
     raise ValueError("no kernel family runs this problem (" + "; ".join(reasons) + ")")
 
 
-def _window_refusal(module, problem):
-    """Why ``module`` (a family's forward or backward) cannot run ``problem``'s sliding window:
-    it does not declare ``TAKES_WINDOW``. None without a window, or when it takes one."""
+def _feature_refusal(module, problem):
+    """Why ``module`` (a family's forward or backward) cannot run ``problem``'s sliding window
+    or cache lengths: it does not declare ``TAKES_WINDOW`` / ``TAKES_CACHE_SEQLENS``. None when
+    the problem has neither, or the module takes what it has."""
     window = getattr(problem, "window_size", None)
-    if window is None or getattr(module, "TAKES_WINDOW", False):
-        return None
-    return (f"window_size={tuple(window)}: this family's kernels have no sliding window yet "
-            f"(the simt family takes it)")
+    if window is not None and not getattr(module, "TAKES_WINDOW", False):
+        return (f"window_size={tuple(window)}: this family's kernels have no sliding window yet "
+                f"(the simt family and the split_kv forward take it)")
+    if getattr(problem, "cache_seqlens", None) is not None \
+            and not getattr(module, "TAKES_CACHE_SEQLENS", False):
+        return "cache_seqlens: only the split_kv forward takes per-sequence cache lengths"
+    return None
 
 
-def _refusal(problem):
+def _refusal(problem, bottom_right=False):
     """What no family computes (`ioaware` refuses these before dispatch; this guards direct
     callers): bottom-right causal alignment with Nq != Nk without a window (with one the
-    ``simt`` kernels take the band, causal rule included), a window with top-left causal
-    alignment and Nq != Nk (two alignments), a value head dim other than the query's, or an
-    additive bias."""
+    ``simt`` kernels take the band, causal rule included; ``bottom_right=True``: allowed, for a
+    kernel that aligns to the cache's end), a window with top-left causal alignment and
+    Nq != Nk (two alignments), a value head dim other than the query's, or an additive bias."""
     alignment = getattr(problem, "causal_alignment", "top_left")
     window = getattr(problem, "window_size", None)
     if problem.causal and problem.seqlen_q != problem.seqlen_k:
-        if window is None and alignment != "top_left":
+        if window is None and alignment != "top_left" and not bottom_right:
             return "bottom-right causal alignment with seqlen_q != seqlen_k"
         if window is not None and alignment == "top_left":
             return "a window_size with top-left causal alignment and seqlen_q != seqlen_k"
@@ -97,7 +126,9 @@ def forward(problem, config=None):
     [B, Hq, Nq] (natural-log logsumexp of the scaled, masked logits; -inf for a row with no
     allowed key, whose out row is 0)."""
     config = config or KernelConfig()
-    return FAMILIES[family_for(problem, config, "fwd")][0].forward(problem, config)
+    name = family_for(problem, config, "fwd")
+    module = FORWARD_ONLY[name] if name in FORWARD_ONLY else FAMILIES[name][0]
+    return module.forward(problem, config)
 
 
 def backward(problem, out, lse, dout, config=None):

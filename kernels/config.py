@@ -18,10 +18,13 @@ from dataclasses import dataclass
 from sim.tiles import TileConfig, choose_tiles
 
 __all__ = ["KernelConfig", "TileConfig", "choose_tiles", "default_blocks", "fwd_smem_bytes",
-           "dkdv_smem_bytes", "tile_dividing", "requested_tiles", "backward_tiles", "FAMILY_NAMES"]
+           "dkdv_smem_bytes", "tile_dividing", "requested_tiles", "backward_tiles", "FAMILY_NAMES",
+           "FORWARD_ONLY_NAMES"]
 
 #: The kernel families, in the order the registry tries them (`kernels.family_for`).
 FAMILY_NAMES = ("mma", "tf32", "simt")
+#: Forward-only kernels, tried before the families for a forward (`kernels.family_for`).
+FORWARD_ONLY_NAMES = ("split_kv",)
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,10 @@ class KernelConfig:
       (`kernels.tile_scheduler`): "tiles", "heads" or a head-group size; None = the measured
       default per pass.
     * ``fast_launch``: launch through `kernels.host.launch`'s cached path (False: Numba's own).
+    * ``num_splits``: key splits of the split-KV decoding forward (``family="split_kv"``,
+      `kernels.decode_fwd`); None = `sim.decode.choose_splits`.
+
+    ``family="split_kv"`` is a forward only (decoding: few queries, a long KV cache).
     """
 
     family: str | None = None
@@ -47,11 +54,17 @@ class KernelConfig:
     micro_tile: tuple[int, int] | None = None
     launch_order: str | int | None = None
     fast_launch: bool = True
+    num_splits: int | None = None
 
     def __post_init__(self):
-        if self.family is not None and self.family not in FAMILY_NAMES:
-            raise ValueError(f"KernelConfig.family must be one of {FAMILY_NAMES} or None, got "
+        names = FORWARD_ONLY_NAMES + FAMILY_NAMES
+        if self.family is not None and self.family not in names:
+            raise ValueError(f"KernelConfig.family must be one of {names} or None, got "
                              f"{self.family!r}")
+        if self.num_splits is not None and (isinstance(self.num_splits, bool) or not isinstance(
+                self.num_splits, int) or not 1 <= self.num_splits <= 1024):
+            raise ValueError(f"KernelConfig.num_splits must be an int in [1, 1024] or None, got "
+                             f"{self.num_splits!r}")
         for name in ("block_q", "block_k"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)

@@ -1,0 +1,452 @@
+"""Split-KV decoding forward (the ``split_kv`` forward): few query rows, a long KV cache.
+
+The plan is `sim.decode.SplitKVPlan` (grid, threads, rows per program, splits: see there for
+why); this module launches it. Two kernels:
+
+* ``decode_split_kv`` — program (batch, KV head, row chunk, split). Its rows are the KV group's
+  query heads times the ``seqlen_q`` queries, so one load of K and V serves them all. Each warp
+  takes `KEYS_PER_STEP` keys per step (keys interleaved across the warps); the lanes split the
+  head dimension (lane l holds elements ``32 c + l``, or for 16-bit inputs the 32-bit words
+  ``32 c + l`` of two elements each, so a warp's load of a key row is contiguous). Per step:
+  load K and V, partial dot products per lane, a butterfly reduction across the warp (shared
+  memory under Numba's CUDA simulator, which has no shuffles), then the online softmax (running
+  max and sum per row, in base 2 with the scale folded into Q). At the end the warps' states
+  are merged through shared memory and the program writes its split's normalised partial
+  output and logsumexp (float32).
+* ``decode_merge`` — one program per query row: ``lse = logsumexp_s(lse_s)``,
+  ``out = sum_s exp(lse_s - lse) out_s`` (float32; the host casts to the input dtype).
+
+Per-sequence cache lengths (``problem.cache_seqlens``, int32 ``[B]``): keys at or beyond a
+row's length are never read; causal and sliding-window bands are bottom-right aligned to that
+length (the queries are the last ``seqlen_q`` positions of the sequence). Without them every
+length is ``seqlen_k``. Inputs: float32 as float32 arrays; float16 and bfloat16 as 32-bit words
+(two elements each, unpacked with ``cvt``; the simulator runs a NumPy twin), so a lane loads
+four bytes per access and bfloat16 is never staged to float32.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import cuda, float32, int64, uint32
+
+from ioaware.block_info import band_offsets
+from sim.decode import MAX_SEQLEN_Q, SplitKVPlan, split_kv_plan
+
+from . import host, ptx
+
+__all__ = ["forward", "supports", "plan", "TAKES_WINDOW", "TAKES_CACHE_SEQLENS",
+           "make_decode_kernel", "make_merge_kernel", "MIN_SEQLEN_K"]
+
+#: This forward takes a sliding window and per-sequence cache lengths (`kernels.family_for`).
+TAKES_WINDOW = True
+TAKES_CACHE_SEQLENS = True
+#: The registry picks this forward by itself only from this many keys on (shorter caches run
+#: the tiled forwards); a `KernelConfig(family="split_kv")` takes any length.
+MIN_SEQLEN_K = 256
+MAX_HEAD_DIM = 256
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+NEG_INF = float32(-np.inf)
+#: An absent band bound (no col - row comes near it).
+UNBOUNDED = 2**62
+
+
+def _unpack_f16_twin(word):
+    """NumPy twin of `ptx.unpack_f16x2` (the simulator runs device code as Python)."""
+    h = np.array([int(word) & 0xFFFFFFFF], np.uint32).view(np.float16)
+    return float32(h[0]), float32(h[1])
+
+
+def _unpack_bf16_twin(word):
+    """NumPy twin of `ptx.unpack_bf16x2`."""
+    w = int(word) & 0xFFFFFFFF
+    lo = np.array([(w & 0xFFFF) << 16], np.uint32).view(np.float32)[0]
+    hi = np.array([w & 0xFFFF0000], np.uint32).view(np.float32)[0]
+    return float32(lo), float32(hi)
+
+
+def make_decode_kernel(head_dim: int, rows: int, seqlen_q: int, group: int, operand: str,
+                       banded: bool, warps: int, keys_per_step: int, use_shfl: bool):
+    """The split-KV kernel for one configuration (compiled on first launch).
+
+    ``operand``: "float32" (arrays of float32), "float16" or "bfloat16" (arrays of uint32
+    words, two elements each). ``banded``: compile the per-element band test (causal or
+    window). Signature::
+
+        kernel(q, k, v, o_part, lse_part, seqlens, scale_log2, band_lo, band_hi, shift_to_len,
+               seqlen_k, heads_kv, row_chunks)
+
+    grid = (B * Hkv * row_chunks, splits), block = warps * 32. Key ``j`` is allowed for query
+    ``i`` of a sequence of length ``L`` iff ``j < L`` and, when banded,
+    ``band_lo <= j - i - shift <= band_hi`` with ``shift = (L - seqlen_k) * shift_to_len``.
+    """
+    D, ROWS, NQ, G, NW, KB = head_dim, rows, seqlen_q, group, warps, keys_per_step
+    WORDS = operand != "float32"
+    EPU = 2 if WORDS else 1                  # elements per loaded unit
+    U = D // EPU                             # units per key row
+    NU = -(-U // 32)                         # units per lane
+    NE = NU * EPU                            # elements per lane
+    R_TOTAL = G * NQ
+    BANDED, SHFL = banded, use_shfl
+    RED_SHAPE = (1, 1, 1) if use_shfl else (NW, ROWS * KB, 32)   # the simulator's reduction
+    if not WORDS:
+        unpack = None
+    elif host.simulator():
+        unpack = _unpack_f16_twin if operand == "float16" else _unpack_bf16_twin
+    else:
+        unpack = ptx.unpack_f16x2 if operand == "float16" else ptx.unpack_bf16x2
+
+    @cuda.jit
+    def decode_split_kv(q, k, v, o_part, lse_part, seqlens, scale_log2, band_lo, band_hi,
+                        shift_to_len, seqlen_k, heads_kv, row_chunks):
+        tid = cuda.threadIdx.x
+        warp = tid // 32
+        lane = tid % 32
+        pid = cuda.blockIdx.x
+        split = cuda.blockIdx.y
+        splits = cuda.gridDim.y
+        chunk = pid % row_chunks
+        bh = pid // row_chunks
+        b = bh // heads_kv
+        hkv = bh % heads_kv
+        red = cuda.shared.array(RED_SHAPE, float32)
+        sm_m = cuda.shared.array((NW, ROWS), float32)
+        sm_l = cuda.shared.array((NW, ROWS), float32)
+        sm_acc = cuda.shared.array((ROWS, D), float32)
+
+        # -- the program's keys: the rows' bands within the sequence, then this split of them --
+        length = int64(seqlens[b])
+        shift = (length - seqlen_k) * shift_to_len
+        k_begin = int64(0)
+        k_end = length
+        if BANDED:
+            k_begin = max(k_begin, band_lo + shift)
+            k_end = min(k_end, NQ - 1 + band_hi + shift + 1)
+        n_keys = max(k_end - k_begin, int64(0))
+        per_split = (n_keys + splits - 1) // splits
+        s0 = k_begin + split * per_split
+        s1 = min(k_end, s0 + per_split)
+        steps = max(s1 - s0 + NW * KB - 1, int64(0)) // (NW * KB)
+
+        # -- Q rows of the group in registers, scaled by scale * log2(e) --
+        qr = cuda.local.array((ROWS, NE), float32)
+        acc = cuda.local.array((ROWS, NE), float32)
+        m_i = cuda.local.array(ROWS, float32)
+        l_i = cuda.local.array(ROWS, float32)
+        for r in range(ROWS):
+            row = chunk * ROWS + r
+            m_i[r] = NEG_INF
+            l_i[r] = float32(0.0)
+            for e in range(NE):
+                qr[r, e] = float32(0.0)
+                acc[r, e] = float32(0.0)
+            if row < R_TOTAL:
+                h = hkv * G + row // NQ
+                i = row % NQ
+                for u in range(NU):
+                    idx = u * 32 + lane
+                    if idx < U:
+                        if WORDS:
+                            lo, hi = unpack(uint32(q[b, h, i, idx]))
+                            qr[r, 2 * u] = lo * scale_log2
+                            qr[r, 2 * u + 1] = hi * scale_log2
+                        else:
+                            qr[r, u] = float32(q[b, h, i, idx]) * scale_log2
+
+        kr = cuda.local.array((KB, NE), float32)
+        vr = cuda.local.array((KB, NE), float32)
+        s = cuda.local.array((ROWS, KB), float32)
+        for t in range(steps):
+            base = s0 + (t * NW + warp) * KB
+            # -- load K and V of KB keys --
+            for kk in range(KB):
+                j = base + kk
+                for u in range(NU):
+                    idx = u * 32 + lane
+                    ok = j < s1 and idx < U
+                    if WORDS:
+                        k_lo = k_hi = v_lo = v_hi = float32(0.0)
+                        if ok:
+                            k_lo, k_hi = unpack(uint32(k[b, hkv, j, idx]))
+                            v_lo, v_hi = unpack(uint32(v[b, hkv, j, idx]))
+                        kr[kk, 2 * u] = k_lo
+                        kr[kk, 2 * u + 1] = k_hi
+                        vr[kk, 2 * u] = v_lo
+                        vr[kk, 2 * u + 1] = v_hi
+                    else:
+                        kv_k = kv_v = float32(0.0)
+                        if ok:
+                            kv_k = float32(k[b, hkv, j, idx])
+                            kv_v = float32(v[b, hkv, j, idx])
+                        kr[kk, u] = kv_k
+                        vr[kk, u] = kv_v
+            # -- compute qk: partial dot products, then the sum across the warp --
+            for r in range(ROWS):
+                for kk in range(KB):
+                    x = float32(0.0)
+                    for e in range(NE):
+                        x += qr[r, e] * kr[kk, e]
+                    if SHFL:
+                        x += cuda.shfl_xor_sync(0xFFFFFFFF, x, 16)
+                        x += cuda.shfl_xor_sync(0xFFFFFFFF, x, 8)
+                        x += cuda.shfl_xor_sync(0xFFFFFFFF, x, 4)
+                        x += cuda.shfl_xor_sync(0xFFFFFFFF, x, 2)
+                        x += cuda.shfl_xor_sync(0xFFFFFFFF, x, 1)
+                        s[r, kk] = x
+                    else:
+                        red[warp, r * KB + kk, lane] = x
+            if not SHFL:                       # the simulator has no shuffles: shared memory
+                cuda.syncthreads()
+                for r in range(ROWS):
+                    for kk in range(KB):
+                        x = float32(0.0)
+                        for w in range(32):
+                            x += red[warp, r * KB + kk, w]
+                        s[r, kk] = x
+                cuda.syncthreads()
+            # -- mask: keys past the split, outside a row's band, rows past the group --
+            for r in range(ROWS):
+                row = chunk * ROWS + r
+                i = row % NQ
+                for kk in range(KB):
+                    j = base + kk
+                    ok = j < s1 and row < R_TOTAL
+                    if BANDED:
+                        delta = j - i - shift
+                        ok = ok and delta >= band_lo and delta <= band_hi
+                    if not ok:
+                        s[r, kk] = NEG_INF
+            # -- update m_i and l_i, rescale the accumulator, add P V --
+            for r in range(ROWS):
+                m_new = m_i[r]
+                for kk in range(KB):
+                    m_new = max(m_new, s[r, kk])
+                if m_new != NEG_INF:
+                    alpha = math.exp2(m_i[r] - m_new)
+                    p_sum = float32(0.0)
+                    for kk in range(KB):
+                        p = math.exp2(s[r, kk] - m_new)
+                        s[r, kk] = p
+                        p_sum += p
+                    l_i[r] = l_i[r] * alpha + p_sum
+                    m_i[r] = m_new
+                    for e in range(NE):
+                        a = acc[r, e] * alpha
+                        for kk in range(KB):
+                            a += s[r, kk] * vr[kk, e]
+                        acc[r, e] = a
+
+        # -- merge the warps: common max, scaled sums, accumulators summed in shared memory --
+        if lane == 0:
+            for r in range(ROWS):
+                sm_m[warp, r] = m_i[r]
+        cuda.syncthreads()
+        for r in range(ROWS):
+            m_all = NEG_INF
+            for w in range(NW):
+                m_all = max(m_all, sm_m[w, r])
+            f = float32(0.0)
+            if m_all != NEG_INF and m_i[r] != NEG_INF:
+                f = math.exp2(m_i[r] - m_all)
+            l_i[r] = l_i[r] * f
+            for e in range(NE):
+                acc[r, e] = acc[r, e] * f
+        if lane == 0:
+            for r in range(ROWS):
+                sm_l[warp, r] = l_i[r]
+        for w in range(NW):
+            if warp == w:
+                for r in range(ROWS):
+                    for u in range(NU):
+                        idx = u * 32 + lane
+                        if idx < U:
+                            for c in range(EPU):
+                                col = idx * EPU + c
+                                prev = float32(0.0) if w == 0 else sm_acc[r, col]
+                                sm_acc[r, col] = prev + acc[r, u * EPU + c]
+            cuda.syncthreads()
+
+        # -- write this split's normalised partial output and logsumexp (natural log) --
+        for flat in range(tid, ROWS * D, NW * 32):
+            r = flat // D
+            col = flat % D
+            row = chunk * ROWS + r
+            if row < R_TOTAL:
+                h = hkv * G + row // NQ
+                i = row % NQ
+                l_all = float32(0.0)
+                m_all = NEG_INF
+                for w in range(NW):
+                    l_all += sm_l[w, r]
+                    m_all = max(m_all, sm_m[w, r])
+                o = float32(0.0)
+                if l_all > float32(0.0):
+                    o = sm_acc[r, col] / l_all
+                o_part[split, b, h, i, col] = o
+                if col == 0:
+                    lse = NEG_INF
+                    if l_all > float32(0.0):
+                        lse = (m_all + math.log2(l_all)) * float32(LN2)
+                    lse_part[split, b, h, i] = lse
+
+    return decode_split_kv
+
+
+def make_merge_kernel(head_dim: int, threads: int):
+    """The merge of the splits' partial outputs: grid = (B * Hq * Nq,), block = ``threads``.
+    ``kernel(o_part, lse_part, out, lse, heads_q, seqlen_q)``, all float32."""
+    D, NT = head_dim, threads
+
+    @cuda.jit
+    def decode_merge(o_part, lse_part, out, lse, heads_q, seqlen_q):
+        row = cuda.blockIdx.x
+        i = row % seqlen_q
+        bh = row // seqlen_q
+        h = bh % heads_q
+        b = bh // heads_q
+        splits = o_part.shape[0]
+        m = NEG_INF
+        for sp in range(splits):
+            m = max(m, lse_part[sp, b, h, i])
+        total = float32(0.0)
+        if m != NEG_INF:
+            for sp in range(splits):
+                total += math.exp(lse_part[sp, b, h, i] - m)
+        for col in range(cuda.threadIdx.x, D, NT):
+            o = float32(0.0)
+            if m != NEG_INF:
+                for sp in range(splits):
+                    o += math.exp(lse_part[sp, b, h, i] - m) * o_part[sp, b, h, i, col]
+                o = o / total
+            out[b, h, i, col] = o
+        if cuda.threadIdx.x == 0:
+            lse[b, h, i] = m + math.log(total) if m != NEG_INF else NEG_INF
+
+    return decode_merge
+
+
+# -- host side -----------------------------------------------------------------------------------
+_KERNELS: dict = {}
+
+
+def _kernel(kind, *key):
+    kern = _KERNELS.get((kind,) + key)
+    if kern is None:
+        make = make_decode_kernel if kind == "main" else make_merge_kernel
+        kern = _KERNELS[(kind,) + key] = make(*key)
+    return kern
+
+
+def _warps() -> int:
+    """Warps per program: `sim.decode.WARPS` on a GPU, 2 under the simulator (shorter tests)."""
+    from sim.decode import WARPS
+    return 2 if host.simulator() else WARPS
+
+
+def plan(problem, config=None) -> SplitKVPlan:
+    """The `sim.decode.SplitKVPlan` this forward launches for ``problem`` (``config.num_splits``
+    overrides the split count)."""
+    pb = problem
+    splits = getattr(config, "num_splits", None) if config is not None else None
+    num_sms = _num_sms()
+    element = 4 if pb.dtype_name == "float32" else 2
+    return split_kv_plan(pb.batch, pb.heads_q, pb.heads_kv, pb.seqlen_q, pb.seqlen_k,
+                         pb.head_dim, element, num_sms, splits=splits, warps=_warps())
+
+
+def _num_sms() -> int:
+    if not host.real_gpu():
+        return 132
+    return int(cuda.get_current_device().MULTIPROCESSOR_COUNT)
+
+
+def supports(problem, config=None):
+    """Why this forward cannot run ``problem`` (None if it can)."""
+    pb = problem
+    if pb.dtype_name not in ("float16", "bfloat16", "float32"):
+        return f"dtype {pb.dtype_name} (float16, bfloat16, float32 only)"
+    if pb.seqlen_q > MAX_SEQLEN_Q:
+        return f"seqlen_q={pb.seqlen_q} > {MAX_SEQLEN_Q} (a decoding step's few queries only)"
+    if pb.head_dim > MAX_HEAD_DIM or (pb.dtype_name != "float32" and pb.head_dim % 2):
+        return f"head_dim={pb.head_dim} (even and at most {MAX_HEAD_DIM})"
+    for name, what in (("mask", "a mask"), ("bias", "a bias"), ("block_mask", "a block mask")):
+        if getattr(pb, name, None) is not None:
+            return f"{what} (the decoding kernel takes causal, window and cache lengths only)"
+    if pb.dropout_p > 0:
+        return "dropout (the decoding kernel is for inference)"
+    if pb.causal and pb.causal_alignment == "top_left" and pb.seqlen_q != pb.seqlen_k \
+            and getattr(pb, "cache_seqlens", None) is None and pb.window_size is not None:
+        return "a window with top-left causal alignment and seqlen_q != seqlen_k"
+    if config is None or getattr(config, "family", None) != "split_kv":
+        if pb.seqlen_k < MIN_SEQLEN_K and getattr(pb, "cache_seqlens", None) is None:
+            return f"seqlen_k={pb.seqlen_k} < {MIN_SEQLEN_K} (the tiled forwards take short caches)"
+    return None
+
+
+def _band(pb):
+    """``(banded, lo, hi, shift_to_len)``: the band of `ioaware.block_info.band_offsets` for the
+    full ``seqlen_k``, shifted per sequence to its cache length when bottom-right aligned."""
+    lo, hi = band_offsets(pb.seqlen_q, pb.seqlen_k, pb.causal, pb.causal_alignment,
+                          pb.window_size)
+    banded = lo is not None or hi is not None
+    bottom_right = pb.window_size is not None or (pb.causal and pb.causal_alignment == "bottom_right")
+    return (banded, -UNBOUNDED if lo is None else lo, UNBOUNDED if hi is None else hi,
+            1 if bottom_right else 0)
+
+
+def forward(problem, config=None):
+    """``(out, lse)`` of a decoding problem (see `kernels.forward`), in the problem's kind."""
+    pb = problem
+    p = plan(pb, config)
+    call = host.Call(pb)
+    words = pb.dtype_name != "float32"
+    q, k, v = (_operand(call, x, words) for x in (pb.q, pb.k, pb.v))
+    B, Hq, Nq, D = pb.batch, pb.heads_q, pb.seqlen_q, pb.head_dim
+    o_part = call.output((p.splits, B, Hq, Nq, D), float32=True)
+    lse_part = call.output((p.splits, B, Hq, Nq), float32=True)
+    out = call.output((B, Hq, Nq, D), float32=True)
+    lse = call.output((B, Hq, Nq), float32=True)
+    seqlens = _seqlens(call, pb)
+    banded, lo, hi, shift = _band(pb)
+    use_shfl = host.real_gpu()
+    kern = _kernel("main", D, p.rows_per_program, Nq, pb.group, pb.dtype_name, banded, p.warps,
+                   p.keys_per_step, use_shfl)
+    host.launch(kern, p.grid, p.threads, call.stream, (
+        q, k, v, o_part.arg, lse_part.arg, seqlens, np.float32(pb.scale * LOG2E), np.int64(lo),
+        np.int64(hi), np.int64(shift), np.int64(pb.seqlen_k), np.int64(pb.heads_kv),
+        np.int64(p.row_chunks)), fast=getattr(config, "fast_launch", True))
+    merge = _kernel("merge", D, p.merge_threads)
+    host.launch(merge, (B * Hq * Nq,), p.merge_threads, call.stream, (
+        o_part.arg, lse_part.arg, out.arg, lse.arg, np.int64(Hq), np.int64(Nq)),
+        fast=getattr(config, "fast_launch", True))
+    if call.torch:
+        return out.value(pb.q.dtype), lse.value()
+    return out.value().astype(pb.dtype, copy=False), lse.value()
+
+
+def _operand(call, x, words):
+    """q, k or v as the kernel reads it: float32 as is; 16-bit inputs as uint32 words (the
+    last dimension halved; rows made contiguous)."""
+    if call.torch:
+        t = x.detach()
+        if words:
+            t = t.contiguous() if t.stride(-1) != 1 or t.data_ptr() % 4 or any(
+                s % 2 for s in t.stride()[:-1]) else t
+            return t.view(call._torch.int32)
+        return t
+    a = np.ascontiguousarray(x)
+    return cuda.to_device(a.view(np.uint32) if words else a)
+
+
+def _seqlens(call, pb):
+    """The cache lengths as int32 ``[B]`` on the device (every length ``seqlen_k`` without)."""
+    lengths = getattr(pb, "cache_seqlens", None)
+    if call.torch:
+        torch = call._torch
+        if lengths is None:
+            return torch.full((pb.batch,), pb.seqlen_k, dtype=torch.int32, device=pb.q.device)
+        return torch.as_tensor(lengths).to(device=pb.q.device, dtype=torch.int32)
+    if lengths is None:
+        lengths = np.full(pb.batch, pb.seqlen_k)
+    return cuda.to_device(np.ascontiguousarray(lengths, dtype=np.int32))

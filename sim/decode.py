@@ -1,0 +1,190 @@
+"""The split-KV decoding plan ("flash-decoding"): what the ``split_kv`` kernels do, as data.
+
+Decoding attends a few new query rows (``seqlen_q`` of 1 to 16) to a long KV cache. A
+FlashAttention-2 grid (one program per Q tile per query head) then has few programs, leaves
+most SMs idle and, with GQA, reads each KV head once per query head. The split-KV plan instead:
+
+* runs one program per (batch, KV head, row chunk, key split): the program loads its split of
+  the KV head's keys once and uses them for every query row of the KV group (the group's query
+  heads times ``seqlen_q``; ``rows_per_program`` of them per chunk, so that the accumulators
+  stay in registers), so K and V stream from DRAM once per KV head;
+* splits the keys so that there are enough programs to fill the GPU: each program writes a
+  partial output (normalised, float32) and its logsumexp;
+* merges the partials in a second, small kernel: the online-softmax merge the forward does
+  between tiles, ``lse = logsumexp_s(lse_s)``, ``out = sum_s exp(lse_s - lse) out_s``.
+
+:func:`split_kv_plan` builds the plan from the problem's sizes and the GPU's SM count (the
+number of splits by :func:`choose_splits`, or given); `kernels.decode_fwd` launches exactly
+this plan (its grid, threads and row chunks), and :func:`split_kv_costs` prices it: bytes per
+memory level, FLOPs and time on a `sim.profiles.GPUProfile`. This module is pure Python.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+__all__ = ["SplitKVPlan", "split_kv_plan", "choose_splits", "split_kv_costs", "WARPS",
+           "KEYS_PER_STEP", "MAX_SEQLEN_Q", "rows_per_program"]
+
+#: Warps per program (a GPU launch; the CUDA simulator runs 2 to keep tests short).
+WARPS = 4
+#: Keys a warp takes per step of its loop (loaded together, reduced together).
+KEYS_PER_STEP = 4
+#: The most query rows per sequence the decoding kernel takes (speculative decoding).
+MAX_SEQLEN_Q = 16
+#: Accumulator elements a program keeps per lane: rows_per_program * head_dim / 32 <= this / 32.
+MAX_ROWS_TIMES_HEAD_DIM = 1024
+#: Resident programs per SM the split choice assumes (128 threads, ~100 registers each).
+RESIDENT_PROGRAMS_PER_SM = 4
+#: The fewest keys a split keeps (each warp then still runs a few steps).
+MIN_KEYS_PER_SPLIT = 256
+#: The most splits (the merge reads every split's partial output).
+MAX_SPLITS = 128
+
+
+def rows_per_program(rows: int, head_dim: int) -> int:
+    """Query rows one program keeps in registers: all ``rows`` of a KV group when they fit
+    (``rows * head_dim <= MAX_ROWS_TIMES_HEAD_DIM``), else the largest power of two that fits."""
+    cap = max(1, MAX_ROWS_TIMES_HEAD_DIM // max(head_dim, 1))
+    if rows <= cap:
+        return max(rows, 1)
+    return 1 << (cap.bit_length() - 1)
+
+
+def choose_splits(programs: int, seqlen_k: int, num_sms: int,
+                  resident_per_sm: int = RESIDENT_PROGRAMS_PER_SM) -> int:
+    """Splits of the keys for ``programs`` programs (batch x KV heads x row chunks) on a GPU of
+    ``num_sms`` SMs: FlashAttention-2's rule with one wave = ``num_sms * resident_per_sm``
+    programs. For each split count s (each split keeping >= `MIN_KEYS_PER_SPLIT` keys, at most
+    `MAX_SPLITS`), the wave efficiency is ``w / ceil(w)`` with ``w = programs * s / wave``; the
+    smallest s within 85 % of the best efficiency wins (more splits cost merge traffic and
+    per-program overhead). 1 when one split already fills the GPU."""
+    wave = max(1, num_sms * resident_per_sm)
+    most = max(1, min(MAX_SPLITS, seqlen_k // MIN_KEYS_PER_SPLIT))
+    if programs >= 0.8 * wave or most == 1:
+        return 1
+
+    def efficiency(s):
+        w = programs * s / wave
+        return w / math.ceil(w)
+
+    effs = {s: efficiency(s) for s in range(1, most + 1)}
+    best = max(effs.values())
+    return min(s for s, e in effs.items() if e >= 0.85 * best)
+
+
+@dataclass(frozen=True)
+class SplitKVPlan:
+    """One split-KV decoding call, as launched: sizes of the problem and of the launch.
+
+    ``grid`` is the main kernel's ``(batch * heads_kv * row_chunks, splits)``; each of its
+    programs has ``warps * 32`` threads and keeps ``rows_per_program`` query rows. The merge
+    kernel runs one program per query row (``batch * heads_q * seqlen_q``) with
+    ``merge_threads`` threads.
+    """
+
+    batch: int
+    heads_q: int
+    heads_kv: int
+    seqlen_q: int
+    seqlen_k: int
+    head_dim: int
+    element_bytes: int
+    rows_per_program: int
+    row_chunks: int
+    splits: int
+    warps: int
+    keys_per_step: int
+    merge_threads: int = 128
+
+    @property
+    def group(self) -> int:
+        return self.heads_q // self.heads_kv
+
+    @property
+    def programs(self) -> int:
+        """Programs of the main kernel per split: batch x KV heads x row chunks."""
+        return self.batch * self.heads_kv * self.row_chunks
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        return (self.programs, self.splits)
+
+    @property
+    def threads(self) -> int:
+        return self.warps * 32
+
+    def as_dict(self) -> dict:
+        return asdict(self) | {"grid": list(self.grid), "threads": self.threads}
+
+
+def split_kv_plan(batch: int, heads_q: int, heads_kv: int, seqlen_q: int, seqlen_k: int,
+                  head_dim: int, element_bytes: int, num_sms: int, splits: int | None = None,
+                  warps: int = WARPS) -> SplitKVPlan:
+    """The plan of one decoding call: rows per program and row chunks from the KV group's rows
+    (``heads_q // heads_kv * seqlen_q``), splits by :func:`choose_splits` unless given."""
+    rows = (heads_q // heads_kv) * seqlen_q
+    per = rows_per_program(rows, head_dim)
+    chunks = -(-rows // per)
+    if splits is None:
+        splits = choose_splits(batch * heads_kv * chunks, seqlen_k, num_sms)
+    return SplitKVPlan(batch=batch, heads_q=heads_q, heads_kv=heads_kv, seqlen_q=seqlen_q,
+                       seqlen_k=seqlen_k, head_dim=head_dim, element_bytes=element_bytes,
+                       rows_per_program=per, row_chunks=chunks, splits=int(splits), warps=warps,
+                       keys_per_step=KEYS_PER_STEP)
+
+
+def split_kv_costs(plan: SplitKVPlan, gpu, keys_read: int | None = None) -> dict:
+    """Bytes, FLOPs and time of ``plan`` on ``gpu`` (a `sim.profiles.GPUProfile`).
+
+    ``keys_read``: keys per sequence actually read (the cache length; default ``seqlen_k``).
+    Counts (bytes are what the kernels load and store in global memory):
+
+    * main kernel: K and V of each (batch, KV head) once per row chunk (``global``), once from
+      DRAM (row chunks of one KV head run next to each other, so L2 serves the repeats); Q of
+      each program's rows once per split; partial outputs and logsumexps written (float32);
+    * merge: the partials read, the float32 output and logsumexp written; the cast of the output
+      to the input dtype (read float32, write ``element_bytes``) when that is not float32.
+
+    Time: the main kernel streams its DRAM bytes at ``hbm_bandwidth_bytes_per_s`` stretched by
+    the last wave's idle SMs (``waves / ceil(waves)`` efficiency, one wave = ``num_sms *``
+    `RESIDENT_PROGRAMS_PER_SM` programs) or runs its FLOPs at ``fp32_flops_per_s`` (CUDA cores),
+    whichever is longer; the merge and the cast stream their bytes. Launch overheads are not
+    included (``launches`` says how many kernels run).
+    """
+    p = plan
+    keys = p.seqlen_k if keys_read is None else keys_read
+    e = p.element_bytes
+    kv_dram = p.batch * p.heads_kv * keys * 2 * p.head_dim * e
+    q_bytes = p.batch * p.heads_q * p.seqlen_q * p.head_dim * e
+    rows = p.batch * p.heads_q * p.seqlen_q
+    partial_bytes = p.splits * rows * (p.head_dim + 1) * 4
+    out_f32 = rows * (p.head_dim + 1) * 4
+    cast_bytes = 0 if e == 4 else rows * p.head_dim * (4 + e)
+    main_global_read = kv_dram * p.row_chunks + q_bytes * p.splits
+    main_dram = kv_dram + q_bytes + partial_bytes
+    merge_bytes = partial_bytes + out_f32 + cast_bytes
+    flops = 4 * rows * keys * p.head_dim
+    wave = gpu.num_sms * RESIDENT_PROGRAMS_PER_SM
+    waves = p.programs * p.splits / wave
+    wave_efficiency = waves / math.ceil(waves) if waves > 0 else 1.0
+    bw = gpu.hbm_bandwidth_bytes_per_s
+    main_time = max(main_dram / bw / wave_efficiency, flops / gpu.fp32_flops_per_s)
+    merge_time = merge_bytes / bw
+    return {
+        "splits": p.splits,
+        "rows_per_program": p.rows_per_program,
+        "row_chunks": p.row_chunks,
+        "grid": list(p.grid),
+        "kv_bytes": kv_dram,
+        "global_read_bytes": main_global_read + partial_bytes + (rows * p.head_dim * 4 if e != 4 else 0),
+        "global_write_bytes": partial_bytes + out_f32 + (rows * p.head_dim * e if e != 4 else 0),
+        "dram_read_bytes": kv_dram + q_bytes + partial_bytes + (rows * p.head_dim * 4 if e != 4 else 0),
+        "dram_write_bytes": partial_bytes + out_f32 + (rows * p.head_dim * e if e != 4 else 0),
+        "flops": flops,
+        "wave_efficiency": wave_efficiency,
+        "time_main_s": main_time,
+        "time_merge_s": merge_time,
+        "time_s": main_time + merge_time,
+        "launches": 2 + (1 if e != 4 else 0),
+    }
