@@ -87,7 +87,49 @@ def _window(text: str) -> tuple[int, int]:
     return left, right
 
 
+def _split_kv_cmd(a) -> int:
+    """``predict --schedule split-kv``: the split-KV decoding plan (`sim.decode`) and its costs."""
+    from .decode import split_kv_plan, split_kv_costs
+    for flag, value in (("--dropout", a.dropout), ("--density", a.density), ("--window", a.window),
+                        ("--block-q", a.block_q), ("--block-k", a.block_k)):
+        if value:
+            raise SystemExit(f"error: {flag} does not apply to --schedule split-kv (a decoding forward)")
+    if a.pass_ != "fwd":
+        raise SystemExit("error: --schedule split-kv is a forward (--pass fwd)")
+    heads_kv = a.heads_kv or a.heads
+    if a.heads % heads_kv:
+        raise SystemExit(f"error: --heads {a.heads} must be a multiple of --heads-kv {heads_kv}")
+    seq_len_k = a.seq_len_k or a.seq_len
+    element = {"fp16": 2, "bf16": 2, "fp32": 4}[a.dtype]
+    plan = split_kv_plan(a.batch, a.heads, heads_kv, a.seq_len, seq_len_k, a.head_dim, element,
+                         a.device.num_sms, splits=a.splits)
+    costs = split_kv_costs(plan, a.device)
+    d = {"schedule": "split-kv", "profile": a.device.name, "plan": plan.as_dict(), **costs,
+         "predicted_ms": costs["time_s"] * 1e3}
+    if a.json:
+        print(json.dumps(d, indent=None if a.compact else 2))
+        return 0
+    rows = [("schedule", f"split-kv (fwd) on {a.device.name}"),
+            ("splits", f"{plan.splits}" + (" (given)" if a.splits else " (chosen by the model)")),
+            ("grid x threads", f"{plan.grid[0]} x {plan.grid[1]} programs of {plan.threads} threads"),
+            ("rows per program", f"{plan.rows_per_program} ({plan.row_chunks} chunk(s) per KV head)"),
+            ("K/V bytes (read once per KV head)", _fmt(costs["kv_bytes"])),
+            ("DRAM read bytes", _fmt(costs["dram_read_bytes"])),
+            ("DRAM write bytes", _fmt(costs["dram_write_bytes"])),
+            ("FLOPs", _fmt(costs["flops"])), ("wave efficiency", f"{costs['wave_efficiency']:.3f}"),
+            ("predicted time", f"{costs['time_s'] * 1e3:.4f} ms (main {costs['time_main_s'] * 1e3:.4f}, "
+                               f"merge {costs['time_merge_s'] * 1e3:.4f}; {costs['launches']} launches not included)")]
+    width = max(len(r[0]) for r in rows)
+    for k, v in rows:
+        print(f"{k:<{width}}  {v}")
+    return 0
+
+
 def _predict_cmd(a) -> int:
+    if a.schedule == "split-kv":
+        return _split_kv_cmd(a)
+    if a.splits is not None:
+        raise SystemExit("error: --splits applies to --schedule split-kv only")
     w = Workload(batch=a.batch, heads=a.heads, heads_kv=a.heads_kv, seq_len_q=a.seq_len,
                  seq_len_k=a.seq_len_k, head_dim=a.head_dim, dtype=a.dtype, causal=a.causal,
                  dropout=a.dropout, pass_=a.pass_, block_density=a.density, block_mask_seed=a.seed,
@@ -295,8 +337,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m sim", description="IO cost model of attention schedules")
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("predict", help="counts and predicted time of one configuration")
-    p.add_argument("--schedule", choices=("naive", "flash1", "flash2"), required=True)
+    p.add_argument("--schedule", choices=("naive", "flash1", "flash2", "split-kv"), required=True,
+                   help="split-kv: the decoding forward of sim.decode (few queries, a long KV cache)")
     _common(p, multi=False)
+    p.add_argument("--splits", type=int, default=None,
+                   help="split-kv: key splits (default: the model's choice, sim.decode.choose_splits)")
     p.add_argument("--block-q", type=int, default=None)
     p.add_argument("--block-k", type=int, default=None)
     p.add_argument("--density", type=float, default=None, help="block-sparse density in (0, 1]")

@@ -1,0 +1,281 @@
+"""Command ``decode``: decoding with a KV cache against PyTorch SDPA, and sliding-window attention.
+
+    python -m benchmarks decode [--batch 1,8,64] [--seq-len-k 4k,32k,128k] [--dtypes bf16,fp16]
+                                [--splits] [--window] [--ncu] [--out FILE.json]
+
+Decode cases (Hq=32, Hkv=8, d=128, one query per sequence, every cache length Nk): in one run,
+CUDA-event medians (`benchmarks.common.time_cuda`) of
+
+* ``ioaware``: ``ioaware.attention(q, k, v, backend="numba")`` under ``torch.inference_mode``
+  (the public path: checks, the split-KV kernel `kernels.decode_fwd`, its merge and the cast);
+* ``sdpa-flash`` / ``sdpa-efficient`` / ``sdpa-cudnn`` / ``sdpa-math``:
+  ``torch.nn.functional.scaled_dot_product_attention(..., enable_gqa=True)`` restricted to that
+  backend (a backend that refuses the case, or runs out of memory, is recorded with its error;
+  MATH runs only where its expanded K/V fit);
+
+with the achieved DRAM bandwidth of each (K and V bytes / time) as a fraction of the GPU's
+bandwidth measured in the same run (``peak_copy``: a 2 GiB device-to-device copy, read + write
+bytes / time), and the model's prediction for our plan (`sim.decode.split_kv_costs` on the
+GPU's profile: time, DRAM bytes, the splits it chooses). ``--splits`` also times the split-KV
+kernel alone at every split count 1, 2, 4, ... 64 (``KernelConfig(num_splits=...)``) and
+reports the model's choice against the measured best. ``--window`` adds sliding-window cases
+(B=1, H=16, d=128, N=32k, window (4096, 0), causal, fp16/bf16): ours with the window, ours full
+causal, and SDPA with the equivalent boolean band mask and with ``is_causal=True``. ``--ncu``
+profiles our decode kernels once per case under Nsight Compute (``dram__bytes_read.sum``,
+``dram__bytes_write.sum``, L2 flushed before each kernel) and records the measured DRAM bytes
+beside the model's. Writes a JSON file with provenance.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+from .common import (SDPA_BACKENDS, command_line, first_sentence, provenance, sdpa_context,
+                     time_cuda, torch_dtype, write_json)
+
+HEADS_Q, HEADS_KV, HEAD_DIM = 32, 8, 128
+NCU_METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum")
+
+
+def _tokens(text: str) -> list[int]:
+    from sim.cli import token_count
+    return [token_count(t) for t in text.split(",")]
+
+
+def decode_inputs(torch, batch, seq_len_k, dtype, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed + batch + seq_len_k)
+    dt = torch_dtype(torch, dtype)
+    q = torch.randn(batch, HEADS_Q, 1, HEAD_DIM, device="cuda", dtype=dt, generator=g)
+    k = torch.randn(batch, HEADS_KV, seq_len_k, HEAD_DIM, device="cuda", dtype=dt, generator=g)
+    v = torch.randn(batch, HEADS_KV, seq_len_k, HEAD_DIM, device="cuda", dtype=dt, generator=g)
+    return q, k, v
+
+
+def peak_copy_bandwidth(torch, gib=2) -> float:
+    """Device-to-device copy bandwidth, bytes/s (read + write bytes over the median time)."""
+    n = gib * 2**30 // 4
+    src = torch.empty(n, dtype=torch.float32, device="cuda").uniform_()
+    dst = torch.empty_like(src)
+    ms = time_cuda(torch, lambda: dst.copy_(src), warmup=3, min_reps=10, max_reps=20)[0]
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * n * 4 / (ms * 1e-3)
+
+
+def _sdpa(torch, q, k, v, backend, **kw):
+    import torch.nn.functional as F
+    with sdpa_context(backend):
+        return F.scaled_dot_product_attention(q, k, v, enable_gqa=True, **kw)
+
+
+def _time_or_error(torch, fn):
+    try:
+        with torch.inference_mode():
+            fn()
+            torch.cuda.synchronize()
+            return {"ms": time_cuda(torch, fn)[0]}
+    except Exception as exc:  # noqa: BLE001 - a backend that refuses is a result
+        torch.cuda.empty_cache()
+        return {"error": f"{type(exc).__name__}: {' '.join(str(exc).split())[:160]}"}
+
+
+def decode_case(torch, gpu, batch, seq_len_k, dtype, peak, splits_sweep=False) -> dict:
+    import kernels
+    from ioaware import attention
+    from ioaware._inputs import check_inputs
+    from sim.decode import split_kv_costs
+    q, k, v = decode_inputs(torch, batch, seq_len_k, dtype)
+    kv_bytes = 2 * k.numel() * k.element_size()
+    rec = {"batch": batch, "heads_q": HEADS_Q, "heads_kv": HEADS_KV, "head_dim": HEAD_DIM,
+           "seq_len_q": 1, "seq_len_k": seq_len_k, "dtype": dtype, "kv_bytes": kv_bytes,
+           "times_ms": {}}
+    rec["times_ms"]["ioaware"] = _time_or_error(torch, lambda: attention(q, k, v, backend="numba"))
+    for name in SDPA_BACKENDS:
+        if name == "sdpa-math" and 4 * kv_bytes > 16 * 2**30:
+            rec["times_ms"][name] = {"error": "skipped: expanded K/V would not fit"}
+            continue
+        rec["times_ms"][name] = _time_or_error(torch, lambda n=name: _sdpa(torch, q, k, v, n))
+    for entry in rec["times_ms"].values():
+        if "ms" in entry:
+            entry["kv_bandwidth_fraction"] = kv_bytes / (entry["ms"] * 1e-3) / peak
+    pb = check_inputs(q, k, v)
+    plan = kernels.decode_fwd.plan(pb)
+    model = split_kv_costs(plan, gpu)
+    rec["model"] = {k_: model[k_] for k_ in ("splits", "time_s", "dram_read_bytes",
+                                             "dram_write_bytes", "wave_efficiency")}
+    ours = rec["times_ms"]["ioaware"].get("ms")
+    if ours:
+        rec["model"]["time_rel_error"] = model["time_s"] / (ours * 1e-3) - 1
+    sdpa = [e["ms"] for n, e in rec["times_ms"].items() if n != "ioaware" and "ms" in e]
+    if ours and sdpa:
+        rec["ratio_vs_fastest_sdpa"] = min(sdpa) / ours
+    if splits_sweep:
+        sweep = {}
+        for s in (1, 2, 4, 8, 16, 32, 64):
+            cfg = kernels.KernelConfig(family="split_kv", num_splits=s)
+            sweep[s] = _time_or_error(torch, lambda c=cfg: kernels.forward(pb, c)).get("ms")
+        rec["splits_ms"] = sweep
+        done = {s: t for s, t in sweep.items() if t}
+        if done:
+            best = min(done, key=done.get)
+            picked = sweep.get(plan.splits) or kernels_time(torch, kernels, pb, plan.splits)
+            rec["splits_best"] = best
+            rec["splits_model_loss"] = picked / done[best] - 1 if picked else None
+    del q, k, v
+    torch.cuda.empty_cache()
+    return rec
+
+
+def kernels_time(torch, kernels, pb, splits):
+    cfg = kernels.KernelConfig(family="split_kv", num_splits=splits)
+    return _time_or_error(torch, lambda: kernels.forward(pb, cfg)).get("ms")
+
+
+def window_case(torch, dtype, seq_len=32768, window=4096, heads=16) -> dict:
+    from ioaware import attention
+    dt = torch_dtype(torch, dtype)
+    g = torch.Generator(device="cuda").manual_seed(seq_len)
+    q, k, v = (torch.randn(1, heads, seq_len, HEAD_DIM, device="cuda", dtype=dt, generator=g)
+               for _ in range(3))
+    rec = {"batch": 1, "heads": heads, "head_dim": HEAD_DIM, "seq_len": seq_len,
+           "window": [window, 0], "causal": True, "dtype": dtype, "times_ms": {}}
+    t = rec["times_ms"]
+    t["ioaware-window"] = _time_or_error(torch, lambda: attention(
+        q, k, v, causal=True, window_size=(window, 0), backend="numba"))
+    t["ioaware-causal"] = _time_or_error(torch, lambda: attention(q, k, v, causal=True,
+                                                                    backend="numba"))
+    i = torch.arange(seq_len, device="cuda")
+    band = (i[None, :] <= i[:, None]) & (i[None, :] >= i[:, None] - window)
+    import torch.nn.functional as F
+    for name in ("sdpa-efficient", "sdpa-math"):
+        with sdpa_context(name):
+            t[f"{name}-band-mask"] = _time_or_error(
+                torch, lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=band))
+    for name in ("sdpa-flash", "sdpa-cudnn"):
+        with sdpa_context(name):
+            t[f"{name}-causal"] = _time_or_error(
+                torch, lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
+    ours = t["ioaware-window"].get("ms")
+    if ours and t["ioaware-causal"].get("ms"):
+        share = (window + 1) / seq_len * (2 - (window + 1) / seq_len)   # band pairs / causal pairs
+        rec["window_over_causal_share"] = ours / (t["ioaware-causal"]["ms"] * share)
+    masked = [e["ms"] for n, e in t.items() if n.endswith("band-mask") and "ms" in e]
+    if ours and masked:
+        rec["ratio_vs_fastest_band_mask"] = min(masked) / ours
+    del q, k, v, band
+    torch.cuda.empty_cache()
+    return rec
+
+
+def _ncu_child(cases_path) -> int:
+    """Run our decode forward once per case (warm-up outside the profiled region)."""
+    import torch
+
+    from ioaware import attention
+    cases = json.loads(open(cases_path).read())
+    for c in cases:
+        q, k, v = decode_inputs(torch, c["batch"], c["seq_len_k"], c["dtype"])
+        with torch.inference_mode():
+            attention(q, k, v, backend="numba")
+            torch.cuda.synchronize()
+            torch.cuda.cudart().cudaProfilerStart()
+            attention(q, k, v, backend="numba")
+            torch.cuda.synchronize()
+            torch.cuda.cudart().cudaProfilerStop()
+        del q, k, v
+        torch.cuda.empty_cache()
+    return 0
+
+
+def ncu_counters(cases: list[dict]) -> list[dict]:
+    """DRAM bytes of our decode kernels per case: the child under ncu, launches grouped two by
+    two (the split-KV kernel and its merge)."""
+    from .ncu import parse_ncu_csv
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "cases.json")
+        log = os.path.join(tmp, "ncu.csv")
+        with open(path, "w") as f:
+            json.dump(cases, f)
+        cmd = ["ncu", "--clock-control", "none", "--cache-control", "all",
+               "--profile-from-start", "off", "--kernel-name", "regex:decode_",
+               "--csv", "--page", "raw", "--print-units", "base",
+               "--metrics", ",".join(NCU_METRICS), "--log-file", log,
+               sys.executable, "-m", "benchmarks", "decode", "--ncu-child", path]
+        subprocess.run(cmd, check=True)
+        rows = parse_ncu_csv(open(log).read())
+    if len(rows) != 2 * len(cases):
+        raise RuntimeError(f"ncu profiled {len(rows)} decode kernels for {len(cases)} cases")
+    out = []
+    for i in range(len(cases)):
+        pair = rows[2 * i:2 * i + 2]
+        out.append({"kernels": [r["name"] for r in pair],
+                    **{m: sum(r["metrics"][m] for r in pair) for m in NCU_METRICS}})
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks decode",
+                                 description=first_sentence(__doc__))
+    ap.add_argument("--batch", default="1,8,64")
+    ap.add_argument("--seq-len-k", default="4k,32k,128k", type=_tokens)
+    ap.add_argument("--dtypes", default="bf16,fp16")
+    ap.add_argument("--splits", action="store_true", help="time every split count too")
+    ap.add_argument("--window", action="store_true", help="add the sliding-window cases")
+    ap.add_argument("--ncu", action="store_true", help="DRAM bytes of our kernels by Nsight Compute")
+    ap.add_argument("--out", default=None, help="JSON file to write")
+    ap.add_argument("--ncu-child", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.ncu_child:
+        return _ncu_child(args.ncu_child)
+    import torch
+
+    from sim.profiles import profile_for_gpu_name
+    if not torch.cuda.is_available():
+        print("python -m benchmarks decode: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    gpu_name = torch.cuda.get_device_name()
+    gpu = profile_for_gpu_name(gpu_name)
+    peak = peak_copy_bandwidth(torch)
+    print(f"# {gpu_name}: device-to-device copy {peak / 1e12:.2f} TB/s; model profile {gpu.name}")
+    cases, records = [], []
+    for dtype in args.dtypes.split(","):
+        for batch in (int(b) for b in args.batch.split(",")):
+            for n in args.seq_len_k:
+                rec = decode_case(torch, gpu, batch, n, dtype, peak, args.splits)
+                records.append(rec)
+                cases.append({"batch": batch, "seq_len_k": n, "dtype": dtype})
+                t = rec["times_ms"]
+                cells = "  ".join(f"{k_}={e['ms']:.3f}" if "ms" in e else f"{k_}=—"
+                                  for k_, e in t.items())
+                frac = t["ioaware"].get("kv_bandwidth_fraction")
+                print(f"{dtype} B={batch} Nk={n}: {cells}  ours {frac or 0:.0%} of copy bw  "
+                      f"vs fastest SDPA {rec.get('ratio_vs_fastest_sdpa', 0):.2f}x  model "
+                      f"{rec['model']['time_s'] * 1e3:.3f} ms (splits {rec['model']['splits']}"
+                      f", best measured {rec.get('splits_best', '—')})", flush=True)
+    if args.ncu:
+        for rec, counters in zip(records, ncu_counters(cases)):
+            rec["ncu"] = counters
+            rec["model"]["dram_read_rel_error"] = (rec["model"]["dram_read_bytes"]
+                                                   / counters["dram__bytes_read.sum"] - 1)
+    windows = []
+    if args.window:
+        for dtype in args.dtypes.split(","):
+            rec = window_case(torch, dtype)
+            windows.append(rec)
+            print(f"window {dtype}: " + "  ".join(
+                f"{k_}={e['ms']:.2f}" if "ms" in e else f"{k_}=—"
+                for k_, e in rec["times_ms"].items()), flush=True)
+    doc = {"schema": "ioaware.decode/1",
+           "provenance": provenance(command_line("decode", argv if argv is not None
+                                                 else sys.argv[1:]),
+                                    extra={"peak_copy_bytes_per_s": peak,
+                                           "profile": gpu.name}),
+           "decode": records, "window": windows}
+    if args.out:
+        write_json(doc, args.out)
+        print(f"wrote {args.out}")
+    return 0

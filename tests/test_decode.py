@@ -1,0 +1,262 @@
+"""Decoding with a KV cache: ``ioaware.attention(..., cache_seqlens=...)``, the split-KV kernel
+(`kernels.decode_fwd`) and its plan (`sim.decode`).
+
+The rule is written out here: batch row b sees its first ``L_b`` keys only, and with
+``causal="bottom_right"`` / a window the band is aligned to ``L_b`` (query i sees key j iff
+``i + L_b - Nq - left <= j <= i + L_b - Nq + right``, causal adding ``j <= i + L_b - Nq``).
+Every result is compared with the float64 reference on that rule as a boolean mask. Tolerances
+per dtype: float32 atol 2e-5 / rtol 1e-4, float16 4e-3 (tests/helpers.py); the logsumexp 1e-4.
+
+The kernel tests run under Numba's CUDA simulator on small shapes (CI); those marked ``gpu``
+run bfloat16 and float16 at decoding sizes on a GPU against SDPA in float32.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ioaware import attention
+from sim.decode import (MAX_SPLITS, MIN_KEYS_PER_SPLIT, choose_splits, rows_per_program,
+                        split_kv_costs, split_kv_plan)
+from sim.profiles import load_profile
+
+from .helpers import ATOL, RTOL
+
+
+def cache_rule(nq, nk, length, window=None, causal=False):
+    """Allowed [Nq, Nk] pairs of one batch row with ``length`` valid keys."""
+    i = np.arange(nq)[:, None]
+    j = np.arange(nk)[None, :]
+    off = length - nq
+    allowed = np.broadcast_to(j < length, (nq, nk)).copy()
+    left, right = window if window is not None else (-1, -1)
+    if left >= 0:
+        allowed &= j >= i + off - left
+    if right >= 0:
+        allowed &= j <= i + off + right
+    if causal:
+        allowed &= j <= i + off
+    return allowed
+
+
+def reference(q, k, v, lengths, window=None, causal=False):
+    """Float64 out and lse with the cache rule as a mask (the reference backend)."""
+    b, _, nq, _ = q.shape
+    nk = k.shape[2]
+    mask = np.stack([cache_rule(nq, nk, int(n), window, causal) for n in lengths])[:, None]
+    return attention(q, k, v, mask=mask, backend="reference", return_lse=True)
+
+
+def make(rng, b, hq, hkv, nq, nk, d, dtype=np.float32):
+    q = rng.standard_normal((b, hq, nq, d)).astype(dtype)
+    k = rng.standard_normal((b, hkv, nk, d)).astype(dtype)
+    v = rng.standard_normal((b, hkv, nk, d)).astype(dtype)
+    return q, k, v
+
+
+def check(out, lse, want_out, want_lse, dtype):
+    np.testing.assert_allclose(out.astype(np.float64), want_out, atol=ATOL[dtype], rtol=RTOL[dtype])
+    finite = np.isfinite(want_lse)
+    assert np.array_equal(np.isneginf(lse), ~finite)
+    np.testing.assert_allclose(lse[finite], want_lse[finite], atol=1e-4, rtol=1e-5)
+    assert np.all(out[~finite] == 0)
+
+
+# -- the rule on the CPU paths ------------------------------------------------------------------
+@pytest.mark.parametrize("window, causal", [(None, False), (None, "bottom_right"), ((5, 0), False),
+                                            ((3, 2), "bottom_right"), ((0, 0), False), ((400, 400), False)])
+@pytest.mark.parametrize("backend", ["numpy", "reference"])
+def test_cpu_backends_apply_the_cache_rule(window, causal, backend):
+    rng = np.random.default_rng(1)
+    q, k, v = make(rng, 4, 4, 2, 3, 50, 8)
+    lengths = np.array([50, 0, 1, 23])
+    out, lse = attention(q, k, v, cache_seqlens=lengths, window_size=window, causal=causal, backend=backend,
+                         return_lse=True)
+    want_out, want_lse = reference(q, k, v, lengths, window, bool(causal))
+    check(out, lse, want_out, want_lse, np.float32)
+    assert np.all(out[1] == 0) and np.all(np.isneginf(lse[1]))          # an empty cache
+
+
+def test_keys_past_a_length_are_never_read():
+    rng = np.random.default_rng(2)
+    q, k, v = make(rng, 2, 2, 1, 1, 40, 8)
+    lengths = np.array([17, 40])
+    k[0, :, 17:] = np.nan
+    v[0, :, 17:] = np.nan
+    want = reference(np.nan_to_num(q), np.nan_to_num(k), np.nan_to_num(v), lengths)
+    # the NaN scan of CPU inputs would refuse them: the kernel path, which never reads them
+    from ioaware._backends import _run_forward_with_cache
+    from ioaware._inputs import check_cache_seqlens, check_inputs
+    import dataclasses
+    pb = check_inputs(q, k, v)
+    _, lens = check_cache_seqlens(lengths, pb)
+    out, lse = _run_forward_with_cache(dataclasses.replace(pb, cache_seqlens=lens), lengths, "numba")
+    check(out, lse, *want, np.float32)
+
+
+def test_an_int_length_and_leading_dimensions():
+    rng = np.random.default_rng(3)
+    q, k, v = make(rng, 2, 2, 2, 1, 30, 8)
+    q5, k5, v5 = (x.reshape(1, 2, *x.shape[1:]) for x in (q, k, v))
+    out = attention(q5, k5, v5, cache_seqlens=np.array([30, 12]), backend="numpy")
+    assert out.shape == q5.shape
+    out_int = attention(q, k, v, cache_seqlens=12, backend="numpy")
+    np.testing.assert_allclose(out_int[1], out.reshape(q.shape)[1], rtol=1e-6, atol=1e-7)
+
+
+# -- the split-KV kernel (simulator) ------------------------------------------------------------
+CASES = [  # (b, hq, hkv, nq, nk, d, lengths, window, causal, splits)
+    (2, 4, 2, 1, 70, 16, [70, 33], None, False, None),
+    (3, 4, 1, 2, 45, 8, [45, 0, 1], None, "bottom_right", 3),      # MQA, empty and one-key caches
+    (1, 2, 2, 3, 40, 12, [29], (4, 1), False, 2),
+    (2, 3, 3, 1, 37, 16, [37, 36], (0, 0), "bottom_right", 5),
+    (1, 8, 2, 4, 30, 8, [30], (100, 100), False, 8),             # more splits than key steps
+    (1, 8, 2, 4, 20, 128, [19], None, "bottom_right", 2),          # 16 rows at d=128: two row chunks
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("b, hq, hkv, nq, nk, d, lengths, window, causal, splits", CASES)
+def test_split_kv_kernel_equals_the_float64_rule(b, hq, hkv, nq, nk, d, lengths, window, causal, splits, dtype):
+    import kernels
+    from ioaware._inputs import check_cache_seqlens, check_inputs
+    import dataclasses
+    rng = np.random.default_rng(nk + nq)
+    q, k, v = make(rng, b, hq, hkv, nq, nk, d, dtype)
+    pb = check_inputs(q, k, v, causal=causal, window_size=window)
+    _, lens = check_cache_seqlens(np.array(lengths), pb)
+    pb = dataclasses.replace(pb, cache_seqlens=lens)
+    cfg = kernels.KernelConfig(family="split_kv", num_splits=splits)
+    out, lse = kernels.forward(pb, cfg)
+    assert out.dtype == dtype and lse.dtype == np.float32
+    check(out, lse, *reference(q, k, v, lengths, window, bool(causal)), dtype)
+
+
+def test_public_api_runs_the_kernel_and_matches_numpy():
+    rng = np.random.default_rng(4)
+    q, k, v = make(rng, 2, 4, 2, 1, 300, 8)
+    lengths = np.array([300, 130])
+    import kernels
+    from ioaware._inputs import check_inputs
+    assert kernels.family_for(check_inputs(q, k, v)) == "split_kv"
+    got = attention(q, k, v, cache_seqlens=lengths, causal="bottom_right", backend="numba", return_lse=True)
+    want = attention(q, k, v, cache_seqlens=lengths, causal="bottom_right", backend="numpy", return_lse=True)
+    np.testing.assert_allclose(got[0], want[0], atol=2e-6)
+    np.testing.assert_allclose(got[1], want[1], atol=2e-6)
+
+
+def test_registry_takes_split_kv_for_decoding_only():
+    import kernels
+    from ioaware._inputs import check_inputs
+    rng = np.random.default_rng(5)
+    pick = lambda nq, nk, **kw: kernels.family_for(check_inputs(*make(rng, 1, 2, 1, nq, nk, 8), **kw))
+    assert pick(1, 256) == "split_kv" and pick(16, 4096) == "split_kv"
+    assert pick(17, 4096) != "split_kv" and pick(1, 255) != "split_kv"
+    assert pick(1, 4096, mask=np.ones((1, 1, 1, 4096), bool)) != "split_kv"
+    assert pick(1, 4096, dropout_p=0.1, seed=1) != "split_kv"
+    pb = check_inputs(*make(rng, 1, 2, 1, 1, 300, 8))
+    with pytest.raises(ValueError, match="forward only"):
+        kernels.family_for(pb, kernels.KernelConfig(family="split_kv"), "bwd")
+    with pytest.raises(ValueError, match="num_splits"):
+        kernels.KernelConfig(num_splits=0)
+
+
+# -- refusals ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(cache_seqlens=np.array([3, 4, 5])), ValueError, r"shape \(2,\)"),
+    (dict(cache_seqlens=np.array([3, 41])), ValueError, r"\[0, Nk=40\].*41"),
+    (dict(cache_seqlens=-1), ValueError, r"\[0, Nk=40\]"),
+    (dict(cache_seqlens=np.array([1.0, 2.0])), TypeError, "integers"),
+    (dict(cache_seqlens=True), TypeError, "bool"),
+    (dict(cache_seqlens="7"), TypeError, "cache_seqlens"),
+    (dict(cache_seqlens=5, causal=True), ValueError, "bottom_right"),
+    (dict(cache_seqlens=5, dropout_p=0.1), ValueError, "dropout_p"),
+    (dict(cache_seqlens=5, block_mask=(np.ones((1, 1)), (8, 64))), ValueError, "block_mask"),
+])
+def test_bad_cache_arguments_are_refused_naming_them(kwargs, error, match):
+    q, k, v = make(np.random.default_rng(6), 2, 2, 1, 1, 40, 8)
+    with pytest.raises(error, match=match):
+        attention(q, k, v, backend="numpy", **kwargs)
+
+
+def test_cache_seqlens_with_gradients_is_refused():
+    torch = pytest.importorskip("torch")
+    q, k, v = (torch.randn(1, 2, n, 8, requires_grad=True) for n in (1, 20, 20))
+    with pytest.raises(ValueError, match="forward only"):
+        attention(q, k, v, cache_seqlens=torch.tensor([10]))
+    with torch.no_grad():
+        out = attention(q, k, v, cache_seqlens=torch.tensor([10]), causal="bottom_right")
+    want = attention(q.detach(), k.detach()[:, :, :10], v.detach()[:, :, :10], causal="bottom_right")
+    torch.testing.assert_close(out, want, atol=1e-6, rtol=1e-5)
+
+
+# -- the plan and its costs (sim.decode) -------------------------------------------------------
+H100 = load_profile("h100")
+
+
+def test_splits_fill_the_gpu_and_stop_when_it_is_full():
+    assert choose_splits(programs=1000, seqlen_k=131072, num_sms=132) == 1
+    s = choose_splits(programs=8, seqlen_k=131072, num_sms=132)
+    assert 8 * s >= 0.8 * 132 * 4 and s <= MAX_SPLITS
+    assert choose_splits(programs=8, seqlen_k=MIN_KEYS_PER_SPLIT, num_sms=132) == 1
+    for programs in (1, 3, 8, 64, 300):
+        for nk in (256, 4096, 32768, 131072):
+            s = choose_splits(programs, nk, 132)
+            assert 1 <= s <= max(1, min(MAX_SPLITS, nk // MIN_KEYS_PER_SPLIT))
+
+
+def test_rows_per_program_keeps_the_accumulators_in_registers():
+    assert rows_per_program(4, 128) == 4 and rows_per_program(16, 64) == 16
+    assert rows_per_program(64, 128) == 8 and rows_per_program(3 * 16, 256) == 4
+    plan = split_kv_plan(2, 32, 8, 16, 4096, 128, 2, 132)
+    assert plan.rows_per_program == 8 and plan.row_chunks == 8 and plan.grid[0] == 2 * 8 * 8
+
+
+def test_kv_is_counted_once_per_kv_head():
+    """GQA 32/8: the plan reads K/V once per KV head, a quarter of once per query head."""
+    plan = split_kv_plan(8, 32, 8, 1, 32768, 128, 2, H100.num_sms)
+    costs = split_kv_costs(plan, H100)
+    assert costs["kv_bytes"] == 8 * 8 * 32768 * 2 * 128 * 2
+    mha = split_kv_costs(split_kv_plan(8, 32, 32, 1, 32768, 128, 2, H100.num_sms), H100)
+    assert mha["kv_bytes"] == 4 * costs["kv_bytes"]
+    assert costs["dram_read_bytes"] >= costs["kv_bytes"]
+    assert costs["time_s"] >= costs["kv_bytes"] / H100.hbm_bandwidth_bytes_per_s
+
+
+def test_cli_predicts_split_kv_with_the_chosen_or_given_splits(capsys):
+    import json
+
+    from sim.cli import main
+    args = ["predict", "--schedule", "split-kv", "--seq-len", "1", "--seq-len-k", "32768", "--heads", "32",
+            "--heads-kv", "8", "--head-dim", "128", "--batch", "8", "--dtype", "bf16", "--json"]
+    assert main(args) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["splits"] == choose_splits(64, 32768, H100.num_sms) and d["dram_read_bytes"] > 2**30
+    assert main(args + ["--splits", "3"]) == 0
+    assert json.loads(capsys.readouterr().out)["splits"] == 3
+    with pytest.raises(SystemExit, match="split-kv"):
+        main(["predict", "--schedule", "flash2", "--seq-len", "64", "--splits", "2"])
+
+
+# -- on a GPU ----------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("nq, causal, window", [(1, False, None), (4, "bottom_right", None),
+                                                (2, "bottom_right", (500, 0))])
+def test_gpu_decoding_matches_sdpa_in_float32(dtype, nq, causal, window):
+    import torch
+    import torch.nn.functional as F
+    dt = getattr(torch, dtype)
+    g = torch.Generator(device="cuda").manual_seed(nq)
+    b, hq, hkv, nk, d = 3, 32, 8, 5000, 128
+    q = torch.randn(b, hq, nq, d, device="cuda", generator=g).to(dt)
+    k = torch.randn(b, hkv, nk, d, device="cuda", generator=g).to(dt)
+    v = torch.randn(b, hkv, nk, d, device="cuda", generator=g).to(dt)
+    lengths = torch.tensor([nk, 1, 2048], dtype=torch.int32, device="cuda")
+    out, lse = attention(q, k, v, cache_seqlens=lengths, causal=causal, window_size=window, return_lse=True)
+    assert out.dtype == dt and lse.dtype == torch.float32
+    mask = torch.stack([torch.from_numpy(cache_rule(nq, nk, int(n), window, bool(causal))) for n in lengths])
+    want = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask[:, None].cuda(),
+                                          enable_gqa=True)
+    tol = 2e-2 if dtype == "bfloat16" else 4e-3
+    torch.testing.assert_close(out.float(), want, atol=tol, rtol=tol)
