@@ -25,10 +25,11 @@ four bytes per access and bfloat16 is never staged to float32.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
-from numba import cuda, float32, int64, uint32
+from numba import cuda, float32, int64, uint32, uint64
 
 from ioaware.block_info import band_offsets
 from sim.decode import MAX_SEQLEN_Q, SplitKVPlan, split_kv_plan
@@ -97,6 +98,25 @@ def make_decode_kernel(head_dim: int, rows: int, seqlen_q: int, group: int, oper
     else:
         unpack = ptx.unpack_f16x2 if operand == "float16" else ptx.unpack_bf16x2
 
+    RAW = uint32 if WORDS else float32
+    FULL = U % 32 == 0                       # every lane holds a unit of every row
+
+    @cuda.jit(device=True)
+    def load_step(kh, vh, kn, vn, base, last, lane):
+        """K and V rows ``base .. base + KB - 1`` of one KV head into registers, as loaded. A
+        key past the split loads the split's last key instead (no branch around the loads);
+        its score is masked."""
+        for kk in range(KB):
+            j = uint64(min(base + kk, last))
+            for u in range(NU):
+                idx = uint64(u * 32 + lane)
+                if FULL or idx < U:
+                    kn[kk, u] = RAW(kh[j, idx])
+                    vn[kk, u] = RAW(vh[j, idx])
+                else:
+                    kn[kk, u] = RAW(0)
+                    vn[kk, u] = RAW(0)
+
     @cuda.jit
     def decode_split_kv(q, k, v, o_part, lse_part, seqlens, scale_log2, band_lo, band_hi,
                         shift_to_len, seqlen_k, heads_kv, row_chunks):
@@ -156,31 +176,31 @@ def make_decode_kernel(head_dim: int, rows: int, seqlen_q: int, group: int, oper
 
         kr = cuda.local.array((KB, NE), float32)
         vr = cuda.local.array((KB, NE), float32)
+        kn = cuda.local.array((KB, NU), RAW)    # the next step's K and V, as loaded
+        vn = cuda.local.array((KB, NU), RAW)
         s = cuda.local.array((ROWS, KB), float32)
+        kh = k[b, hkv]
+        vh = v[b, hkv]
+        last = s1 - 1
+        if steps > 0:
+            load_step(kh, vh, kn, vn, s0 + warp * KB, last, lane)
         for t in range(steps):
             base = s0 + (t * NW + warp) * KB
-            # -- load K and V of KB keys --
+            # -- this step's K and V as float32, then the next step's loads in flight --
             for kk in range(KB):
-                j = base + kk
                 for u in range(NU):
-                    idx = u * 32 + lane
-                    ok = j < s1 and idx < U
                     if WORDS:
-                        k_lo = k_hi = v_lo = v_hi = float32(0.0)
-                        if ok:
-                            k_lo, k_hi = unpack(uint32(k[b, hkv, j, idx]))
-                            v_lo, v_hi = unpack(uint32(v[b, hkv, j, idx]))
-                        kr[kk, 2 * u] = k_lo
-                        kr[kk, 2 * u + 1] = k_hi
-                        vr[kk, 2 * u] = v_lo
-                        vr[kk, 2 * u + 1] = v_hi
+                        lo, hi = unpack(kn[kk, u])
+                        kr[kk, 2 * u] = lo
+                        kr[kk, 2 * u + 1] = hi
+                        lo, hi = unpack(vn[kk, u])
+                        vr[kk, 2 * u] = lo
+                        vr[kk, 2 * u + 1] = hi
                     else:
-                        kv_k = kv_v = float32(0.0)
-                        if ok:
-                            kv_k = float32(k[b, hkv, j, idx])
-                            kv_v = float32(v[b, hkv, j, idx])
-                        kr[kk, u] = kv_k
-                        vr[kk, u] = kv_v
+                        kr[kk, u] = kn[kk, u]
+                        vr[kk, u] = vn[kk, u]
+            if t + 1 < steps:
+                load_step(kh, vh, kn, vn, base + NW * KB, last, lane)
             # -- compute qk: partial dot products, then the sum across the warp --
             for r in range(ROWS):
                 for kk in range(KB):
@@ -351,14 +371,23 @@ def plan(problem, config=None) -> SplitKVPlan:
     splits = getattr(config, "num_splits", None) if config is not None else None
     num_sms = _num_sms()
     element = 4 if pb.dtype_name == "float32" else 2
-    return split_kv_plan(pb.batch, pb.heads_q, pb.heads_kv, pb.seqlen_q, pb.seqlen_k,
-                         pb.head_dim, element, num_sms, splits=splits, warps=_warps())
+    return _plan(pb.batch, pb.heads_q, pb.heads_kv, pb.seqlen_q, pb.seqlen_k, pb.head_dim,
+                 element, num_sms, splits, _warps())
+
+
+_plan = functools.lru_cache(maxsize=1024)(split_kv_plan)    # a pure function of its sizes
 
 
 def _num_sms() -> int:
+    """SMs of the current device (132, an H100's, under the simulator), read once per device."""
     if not host.real_gpu():
         return 132
-    return int(cuda.get_current_device().MULTIPROCESSOR_COUNT)
+    return _sm_count(host.current_device_id())
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_id: int) -> int:
+    return int(cuda.gpus[device_id].MULTIPROCESSOR_COUNT)
 
 
 def supports(problem, config=None):
@@ -442,11 +471,9 @@ def _operand(call, x, words):
 def _seqlens(call, pb):
     """The cache lengths as int32 ``[B]`` on the device (every length ``seqlen_k`` without)."""
     lengths = getattr(pb, "cache_seqlens", None)
+    if lengths is None:                  # every sequence full: a constant kept on the device
+        return host.device_const(("decode-seqlens", pb.batch, pb.seqlen_k),
+                                 lambda: np.full(pb.batch, pb.seqlen_k, dtype=np.int32))
     if call.torch:
-        torch = call._torch
-        if lengths is None:
-            return torch.full((pb.batch,), pb.seqlen_k, dtype=torch.int32, device=pb.q.device)
-        return torch.as_tensor(lengths).to(device=pb.q.device, dtype=torch.int32)
-    if lengths is None:
-        lengths = np.full(pb.batch, pb.seqlen_k)
+        return call._torch.as_tensor(lengths).to(device=pb.q.device, dtype=call._torch.int32)
     return cuda.to_device(np.ascontiguousarray(lengths, dtype=np.int32))
