@@ -19,7 +19,10 @@ options); each command is one module with a ``main(argv)``:
 * ``host-cost`` (`benchmarks.host_cost`): the host time of one kernel call;
 * ``ring`` (`benchmarks.ring`): ring attention (`ioaware.distributed`) on several GPUs against
   one GPU and PyTorch's context parallelism, and the GPU-to-GPU link (``--p2p``); launched with
-  ``torchrun --nproc-per-node 2 -m benchmarks ring``.
+  ``torchrun --nproc-per-node 2 -m benchmarks ring``;
+* ``decode`` (`benchmarks.decode`): decoding with a KV cache (the split-KV forward) against
+  SDPA's backends, with the model's prediction and Nsight Compute DRAM bytes, and
+  sliding-window attention.
 
 `benchmarks.common` holds what several commands share (timing by CUDA events, provenance,
 compiling for sm_90). ``bash benchmarks/gpu_job.sh MODE ...`` runs the usual sets on a GPU

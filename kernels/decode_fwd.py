@@ -68,7 +68,8 @@ def _unpack_bf16_twin(word):
 
 
 def make_decode_kernel(head_dim: int, rows: int, seqlen_q: int, group: int, operand: str,
-                       banded: bool, warps: int, keys_per_step: int, use_shfl: bool):
+                       banded: bool, warps: int, keys_per_step: int, lanes_per_key: int,
+                       use_shfl: bool):
     """The split-KV kernel for one configuration (compiled on first launch).
 
     ``operand``: "float32" (arrays of float32), "float16" or "bfloat16" (arrays of uint32
@@ -78,6 +79,10 @@ def make_decode_kernel(head_dim: int, rows: int, seqlen_q: int, group: int, oper
         kernel(q, k, v, o_part, lse_part, seqlens, scale_log2, band_lo, band_hi, shift_to_len,
                seqlen_k, heads_kv, row_chunks)
 
+    ``lanes_per_key`` lanes share one key row (each holds ``head_dim / lanes_per_key``
+    elements), so a warp works on ``32 / lanes_per_key`` keys at once, ``keys_per_step`` keys
+    per lane group per step.
+
     grid = (B * Hkv * row_chunks, splits), block = warps * 32. Key ``j`` is allowed for query
     ``i`` of a sequence of length ``L`` iff ``j < L`` and, when banded,
     ``band_lo <= j - i - shift <= band_hi`` with ``shift = (L - seqlen_k) * shift_to_len``.
@@ -86,11 +91,15 @@ def make_decode_kernel(head_dim: int, rows: int, seqlen_q: int, group: int, oper
     WORDS = operand != "float32"
     EPU = 2 if WORDS else 1                  # elements per loaded unit
     U = D // EPU                             # units per key row
-    NU = -(-U // 32)                         # units per lane
+    LPK = lanes_per_key
+    GW = 32 // LPK                           # lane groups (keys at once) per warp
+    KW = GW * KB                             # keys per warp per step
+    NU = -(-U // LPK)                        # units per lane
     NE = NU * EPU                            # elements per lane
     R_TOTAL = G * NQ
     BANDED, SHFL = banded, use_shfl
-    RED_SHAPE = (1, 1, 1) if use_shfl else (NW, ROWS * KB, 32)   # the simulator's reduction
+    # the simulator's reductions (no shuffles there) go through shared memory
+    RED_SHAPE = (1, 1, 1) if use_shfl else (NW, max(ROWS * KB, ROWS * (NE + 1)), 32)
     if not WORDS:
         unpack = None
     elif host.simulator():
@@ -99,17 +108,17 @@ def make_decode_kernel(head_dim: int, rows: int, seqlen_q: int, group: int, oper
         unpack = ptx.unpack_f16x2 if operand == "float16" else ptx.unpack_bf16x2
 
     RAW = uint32 if WORDS else float32
-    FULL = U % 32 == 0                       # every lane holds a unit of every row
+    FULL = U % LPK == 0                      # every lane holds a unit of every row
 
     @cuda.jit(device=True)
-    def load_step(kh, vh, kn, vn, base, last, lane):
+    def load_step(kh, vh, kn, vn, base, last, sub):
         """K and V rows ``base .. base + KB - 1`` of one KV head into registers, as loaded. A
         key past the split loads the split's last key instead (no branch around the loads);
         its score is masked."""
         for kk in range(KB):
             j = uint64(min(base + kk, last))
             for u in range(NU):
-                idx = uint64(u * 32 + lane)
+                idx = uint64(u * LPK + sub)
                 if FULL or idx < U:
                     kn[kk, u] = RAW(kh[j, idx])
                     vn[kk, u] = RAW(vh[j, idx])
@@ -123,6 +132,8 @@ def make_decode_kernel(head_dim: int, rows: int, seqlen_q: int, group: int, oper
         tid = cuda.threadIdx.x
         warp = tid // 32
         lane = tid % 32
+        sub = lane % LPK
+        grp = lane // LPK
         pid = cuda.blockIdx.x
         split = cuda.blockIdx.y
         splits = cuda.gridDim.y
@@ -147,7 +158,7 @@ def make_decode_kernel(head_dim: int, rows: int, seqlen_q: int, group: int, oper
         per_split = (n_keys + splits - 1) // splits
         s0 = k_begin + split * per_split
         s1 = min(k_end, s0 + per_split)
-        steps = max(s1 - s0 + NW * KB - 1, int64(0)) // (NW * KB)
+        steps = max(s1 - s0 + NW * KW - 1, int64(0)) // (NW * KW)
 
         # -- Q rows of the group in registers, scaled by scale * log2(e) --
         qr = cuda.local.array((ROWS, NE), float32)
@@ -165,7 +176,7 @@ def make_decode_kernel(head_dim: int, rows: int, seqlen_q: int, group: int, oper
                 h = hkv * G + row // NQ
                 i = row % NQ
                 for u in range(NU):
-                    idx = u * 32 + lane
+                    idx = u * LPK + sub
                     if idx < U:
                         if WORDS:
                             lo, hi = unpack(uint32(q[b, h, i, idx]))
@@ -183,9 +194,9 @@ def make_decode_kernel(head_dim: int, rows: int, seqlen_q: int, group: int, oper
         vh = v[b, hkv]
         last = s1 - 1
         if steps > 0:
-            load_step(kh, vh, kn, vn, s0 + warp * KB, last, lane)
+            load_step(kh, vh, kn, vn, s0 + warp * KW + grp * KB, last, sub)
         for t in range(steps):
-            base = s0 + (t * NW + warp) * KB
+            base = s0 + (t * NW + warp) * KW + grp * KB     # this lane group's first key
             # -- this step's K and V as float32, then the next step's loads in flight --
             for kk in range(KB):
                 for u in range(NU):
@@ -200,29 +211,28 @@ def make_decode_kernel(head_dim: int, rows: int, seqlen_q: int, group: int, oper
                         kr[kk, u] = kn[kk, u]
                         vr[kk, u] = vn[kk, u]
             if t + 1 < steps:
-                load_step(kh, vh, kn, vn, base + NW * KB, last, lane)
-            # -- compute qk: partial dot products, then the sum across the warp --
+                load_step(kh, vh, kn, vn, base + NW * KW, last, sub)
+            # -- compute qk: partial dot products, then the sum across the lane group --
             for r in range(ROWS):
                 for kk in range(KB):
                     x = float32(0.0)
                     for e in range(NE):
                         x += qr[r, e] * kr[kk, e]
                     if SHFL:
-                        x += cuda.shfl_xor_sync(0xFFFFFFFF, x, 16)
-                        x += cuda.shfl_xor_sync(0xFFFFFFFF, x, 8)
-                        x += cuda.shfl_xor_sync(0xFFFFFFFF, x, 4)
-                        x += cuda.shfl_xor_sync(0xFFFFFFFF, x, 2)
-                        x += cuda.shfl_xor_sync(0xFFFFFFFF, x, 1)
+                        off = LPK // 2
+                        while off > 0:
+                            x += cuda.shfl_xor_sync(0xFFFFFFFF, x, off)
+                            off //= 2
                         s[r, kk] = x
                     else:
                         red[warp, r * KB + kk, lane] = x
-            if not SHFL:                       # the simulator has no shuffles: shared memory
+            if not SHFL:
                 cuda.syncthreads()
                 for r in range(ROWS):
                     for kk in range(KB):
                         x = float32(0.0)
-                        for w in range(32):
-                            x += red[warp, r * KB + kk, w]
+                        for w in range(LPK):
+                            x += red[warp, r * KB + kk, grp * LPK + w]
                         s[r, kk] = x
                 cuda.syncthreads()
             # -- mask: keys past the split, outside a row's band, rows past the group --
@@ -237,11 +247,22 @@ def make_decode_kernel(head_dim: int, rows: int, seqlen_q: int, group: int, oper
                         ok = ok and delta >= band_lo and delta <= band_hi
                     if not ok:
                         s[r, kk] = NEG_INF
-            # -- update m_i and l_i, rescale the accumulator, add P V --
+            # -- update m_i (the warp's, over every lane group) and l_i (this group's keys) --
             for r in range(ROWS):
                 m_new = m_i[r]
                 for kk in range(KB):
                     m_new = max(m_new, s[r, kk])
+                if SHFL:
+                    off = LPK
+                    while off < 32:
+                        m_new = max(m_new, cuda.shfl_xor_sync(0xFFFFFFFF, m_new, off))
+                        off *= 2
+                else:
+                    red[warp, r, lane] = m_new
+                    cuda.syncthreads()
+                    for g in range(GW):
+                        m_new = max(m_new, red[warp, r, g * LPK])
+                    cuda.syncthreads()
                 if m_new != NEG_INF:
                     alpha = math.exp2(m_i[r] - m_new)
                     p_sum = float32(0.0)
@@ -256,6 +277,31 @@ def make_decode_kernel(head_dim: int, rows: int, seqlen_q: int, group: int, oper
                         for kk in range(KB):
                             a += s[r, kk] * vr[kk, e]
                         acc[r, e] = a
+
+        # -- sum the lane groups' sums and accumulators (they share the warp's max) --
+        for r in range(ROWS):
+            if SHFL:
+                off = LPK
+                while off < 32:
+                    l_i[r] += cuda.shfl_xor_sync(0xFFFFFFFF, l_i[r], off)
+                    for e in range(NE):
+                        acc[r, e] += cuda.shfl_xor_sync(0xFFFFFFFF, acc[r, e], off)
+                    off *= 2
+            else:
+                red[warp, r * (NE + 1), lane] = l_i[r]
+                for e in range(NE):
+                    red[warp, r * (NE + 1) + 1 + e, lane] = acc[r, e]
+                cuda.syncthreads()
+                x = float32(0.0)
+                for g in range(GW):
+                    x += red[warp, r * (NE + 1), g * LPK + sub]
+                l_i[r] = x
+                for e in range(NE):
+                    x = float32(0.0)
+                    for g in range(GW):
+                        x += red[warp, r * (NE + 1) + 1 + e, g * LPK + sub]
+                    acc[r, e] = x
+                cuda.syncthreads()
 
         # -- merge the warps: common max, scaled sums, accumulators summed in shared memory --
         if lane == 0:
@@ -276,10 +322,10 @@ def make_decode_kernel(head_dim: int, rows: int, seqlen_q: int, group: int, oper
             for r in range(ROWS):
                 sm_l[warp, r] = l_i[r]
         for w in range(NW):
-            if warp == w:
+            if warp == w and grp == 0:
                 for r in range(ROWS):
                     for u in range(NU):
-                        idx = u * 32 + lane
+                        idx = u * LPK + sub
                         if idx < U:
                             for c in range(EPU):
                                 col = idx * EPU + c
@@ -440,7 +486,7 @@ def forward(problem, config=None):
     banded, lo, hi, shift = _band(pb)
     use_shfl = host.real_gpu()
     kern = _kernel("main", D, p.rows_per_program, Nq, pb.group, pb.dtype_name, banded, p.warps,
-                   p.keys_per_step, use_shfl)
+                   p.keys_per_step, p.lanes_per_key, use_shfl)
     host.launch(kern, p.grid, p.threads, call.stream, (
         q, k, v, o_part.arg, lse_part.arg, seqlens, np.float32(pb.scale * LOG2E), np.int64(lo),
         np.int64(hi), np.int64(shift), np.int64(pb.seqlen_k), np.int64(pb.heads_kv),

@@ -24,28 +24,49 @@ import math
 from dataclasses import asdict, dataclass
 
 __all__ = ["SplitKVPlan", "split_kv_plan", "choose_splits", "split_kv_costs", "WARPS",
-           "KEYS_PER_STEP", "MAX_SEQLEN_Q", "rows_per_program"]
+           "KEYS_PER_STEP", "MAX_SEQLEN_Q", "rows_per_program", "lanes_per_key", "elements_per_lane"]
 
 #: Warps per program (a GPU launch; the CUDA simulator runs 2 to keep tests short).
 WARPS = 4
-#: Keys a warp takes per step of its loop (loaded together, reduced together).
+#: Keys a lane group takes per step of its loop (loaded together, reduced together).
 KEYS_PER_STEP = 4
 #: The most query rows per sequence the decoding kernel takes (speculative decoding).
 MAX_SEQLEN_Q = 16
-#: Accumulator elements a program keeps per lane: rows_per_program * head_dim / 32 <= this / 32.
-MAX_ROWS_TIMES_HEAD_DIM = 1024
-#: Resident programs per SM the split choice assumes (128 threads, ~100 registers each).
-RESIDENT_PROGRAMS_PER_SM = 4
+#: Query-row elements a lane keeps in registers (rows x head-dim elements per lane, for Q and
+#: for the accumulator each): 32, e.g. 4 rows of 8 elements for 16-bit inputs at any head dim.
+MAX_ROW_ELEMENTS_PER_LANE = 32
+#: Resident programs per SM the split choice and the time assume: 128 threads of 219 registers
+#: (ptxas, bfloat16 d=128, 4 rows: 28,032 of an SM's 65,536 registers per program).
+RESIDENT_PROGRAMS_PER_SM = 2
 #: The fewest keys a split keeps (each warp then still runs a few steps).
 MIN_KEYS_PER_SPLIT = 256
 #: The most splits (the merge reads every split's partial output).
 MAX_SPLITS = 128
 
 
-def rows_per_program(rows: int, head_dim: int) -> int:
+def lanes_per_key(head_dim: int, element_bytes: int) -> int:
+    """Lanes that share one key row: each holds four 4-byte words (8 elements of 16 bits, or 4
+    of float32) of it, between 4 and 32 lanes (a power of two). Fewer lanes per key mean fewer
+    shuffles to sum a score and more keys at once per warp."""
+    words = max(1, head_dim * element_bytes // 4)
+    lanes = 4
+    while lanes < 32 and lanes * 4 < words:
+        lanes *= 2
+    return lanes
+
+
+def elements_per_lane(head_dim: int, element_bytes: int) -> int:
+    """Elements of a key row (and of each query row) one lane holds."""
+    per_word = max(1, 4 // element_bytes)
+    words = -(-head_dim // per_word)
+    return -(-words // lanes_per_key(head_dim, element_bytes)) * per_word
+
+
+def rows_per_program(rows: int, head_dim: int, element_bytes: int = 2) -> int:
     """Query rows one program keeps in registers: all ``rows`` of a KV group when they fit
-    (``rows * head_dim <= MAX_ROWS_TIMES_HEAD_DIM``), else the largest power of two that fits."""
-    cap = max(1, MAX_ROWS_TIMES_HEAD_DIM // max(head_dim, 1))
+    (``rows x elements_per_lane <= MAX_ROW_ELEMENTS_PER_LANE``), else the largest power of
+    two that fits."""
+    cap = max(1, MAX_ROW_ELEMENTS_PER_LANE // elements_per_lane(head_dim, element_bytes))
     if rows <= cap:
         return max(rows, 1)
     return 1 << (cap.bit_length() - 1)
@@ -95,6 +116,7 @@ class SplitKVPlan:
     splits: int
     warps: int
     keys_per_step: int
+    lanes_per_key: int = 32
     merge_threads: int = 128
 
     @property
@@ -124,14 +146,15 @@ def split_kv_plan(batch: int, heads_q: int, heads_kv: int, seqlen_q: int, seqlen
     """The plan of one decoding call: rows per program and row chunks from the KV group's rows
     (``heads_q // heads_kv * seqlen_q``), splits by :func:`choose_splits` unless given."""
     rows = (heads_q // heads_kv) * seqlen_q
-    per = rows_per_program(rows, head_dim)
+    per = rows_per_program(rows, head_dim, element_bytes)
     chunks = -(-rows // per)
     if splits is None:
         splits = choose_splits(batch * heads_kv * chunks, seqlen_k, num_sms)
     return SplitKVPlan(batch=batch, heads_q=heads_q, heads_kv=heads_kv, seqlen_q=seqlen_q,
                        seqlen_k=seqlen_k, head_dim=head_dim, element_bytes=element_bytes,
                        rows_per_program=per, row_chunks=chunks, splits=int(splits), warps=warps,
-                       keys_per_step=KEYS_PER_STEP)
+                       keys_per_step=KEYS_PER_STEP,
+                       lanes_per_key=lanes_per_key(head_dim, element_bytes))
 
 
 def split_kv_costs(plan: SplitKVPlan, gpu, keys_read: int | None = None) -> dict:

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from ioaware import attention
-from sim.decode import (MAX_SPLITS, MIN_KEYS_PER_SPLIT, choose_splits, rows_per_program,
+from sim.decode import (MAX_SPLITS, MIN_KEYS_PER_SPLIT, RESIDENT_PROGRAMS_PER_SM, choose_splits, rows_per_program,
                         split_kv_costs, split_kv_plan)
 from sim.profiles import load_profile
 
@@ -111,7 +111,7 @@ CASES = [  # (b, hq, hkv, nq, nk, d, lengths, window, causal, splits)
     (1, 2, 2, 3, 40, 12, [29], (4, 1), False, 2),
     (2, 3, 3, 1, 37, 16, [37, 36], (0, 0), "bottom_right", 5),
     (1, 8, 2, 4, 30, 8, [30], (100, 100), False, 8),             # more splits than key steps
-    (1, 8, 2, 4, 20, 128, [19], None, "bottom_right", 2),          # 16 rows at d=128: two row chunks
+    (1, 8, 2, 4, 20, 128, [19], None, "bottom_right", 2),          # 16 rows at d=128: four row chunks
 ]
 
 
@@ -197,7 +197,7 @@ H100 = load_profile("h100")
 def test_splits_fill_the_gpu_and_stop_when_it_is_full():
     assert choose_splits(programs=1000, seqlen_k=131072, num_sms=132) == 1
     s = choose_splits(programs=8, seqlen_k=131072, num_sms=132)
-    assert 8 * s >= 0.8 * 132 * 4 and s <= MAX_SPLITS
+    assert 8 * s >= 0.8 * 132 * RESIDENT_PROGRAMS_PER_SM and s <= MAX_SPLITS
     assert choose_splits(programs=8, seqlen_k=MIN_KEYS_PER_SPLIT, num_sms=132) == 1
     for programs in (1, 3, 8, 64, 300):
         for nk in (256, 4096, 32768, 131072):
@@ -206,10 +206,17 @@ def test_splits_fill_the_gpu_and_stop_when_it_is_full():
 
 
 def test_rows_per_program_keeps_the_accumulators_in_registers():
-    assert rows_per_program(4, 128) == 4 and rows_per_program(16, 64) == 16
-    assert rows_per_program(64, 128) == 8 and rows_per_program(3 * 16, 256) == 4
+    assert rows_per_program(4, 128) == 4 and rows_per_program(8, 64) == 4
+    assert rows_per_program(64, 128) == 4 and rows_per_program(3 * 16, 256) == 4
+    assert rows_per_program(3, 128) == 3 and rows_per_program(16, 128, 4) == 8
     plan = split_kv_plan(2, 32, 8, 16, 4096, 128, 2, 132)
-    assert plan.rows_per_program == 8 and plan.row_chunks == 8 and plan.grid[0] == 2 * 8 * 8
+    assert plan.rows_per_program == 4 and plan.row_chunks == 16 and plan.grid[0] == 2 * 8 * 16
+
+
+def test_lanes_per_key_give_each_lane_four_words():
+    from sim.decode import lanes_per_key
+    assert lanes_per_key(128, 2) == 16 and lanes_per_key(64, 2) == 8 and lanes_per_key(128, 4) == 32
+    assert lanes_per_key(8, 4) == 4 and lanes_per_key(256, 4) == 32
 
 
 def test_kv_is_counted_once_per_kv_head():
