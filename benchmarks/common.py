@@ -417,8 +417,8 @@ def kernel_signature(family: str, kernel: str, dtype: str) -> tuple:
         raise ValueError(f"the simt kernels are fwd, delta and dkdv, got {kernel!r}")
     x4 = A(types.int16 if family == "mma" else types.float32, 4)
     tail = (i2, i1, i64, i64, i64, i64, i64, u8, i64, i64, i64)
-    if kernel == "fwd":
-        return (x4, x4, x4, x4, f3) + tail + (f32, u32, u32, f32)
+    if kernel == "fwd":       # ... inv_keep, then the window's band_lo, band_hi
+        return (x4, x4, x4, x4, f3) + tail + (f32, u32, u32, f32, i64, i64)
     tail += (f32, f32, u32, u32, f32)
     if kernel == "dq":
         return (x4, x4, x4, x4, x4, f3, f3, x4) + tail

@@ -50,7 +50,7 @@ LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 NEG_INF = float32(-np.inf)
 #: An absent band bound (no col - row comes near it).
-UNBOUNDED = 2**62
+UNBOUNDED = 2**62  # as kernels.mask.UNBOUNDED
 
 
 def _unpack_f16_twin(word):

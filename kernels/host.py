@@ -79,12 +79,13 @@ def compute_capability(device_id: int = 0) -> tuple[int, int]:
     return tuple(cuda.gpus[device_id].compute_capability)
 
 
-def tensor_core_refusal(problem, family, dtypes, head_dims):
+def tensor_core_refusal(problem, family, dtypes, head_dims, window=False):
     """Why a tensor-core family (``family``, e.g. "the mma family") cannot run ``problem``
     (a string), or None: it needs a real GPU of compute capability 8.0 or later (``mma.sync``,
     ``cp.async``; the CUDA simulator runs no inline PTX), a dtype of ``dtypes`` and a head dim
-    of ``head_dims``, and it has no sliding window yet (``window_size``: the simt family runs
-    those). The checks every tensor-core family makes first."""
+    of ``head_dims``, and a sliding window only where the caller takes one (``window``: the
+    forwards do; the backwards not yet, the simt family runs those). The checks every
+    tensor-core family makes first."""
     if not real_gpu():
         return f"{family} needs a real CUDA GPU (the CUDA simulator runs no inline PTX)"
     if problem.kind != "torch" and problem.kind != "numpy":
@@ -97,9 +98,9 @@ def tensor_core_refusal(problem, family, dtypes, head_dims):
         return f"{family} takes {' or '.join(dtypes)} inputs, got {dtype}"
     if problem.head_dim not in head_dims:
         return f"{family} takes head_dim in {head_dims}, got {problem.head_dim}"
-    window = getattr(problem, "window_size", None)
-    if window is not None:
-        return (f"{family} has no sliding window yet (window_size={tuple(window)}); the simt "
+    window_size = getattr(problem, "window_size", None)
+    if window_size is not None and not window:
+        return (f"{family} has no sliding window yet (window_size={tuple(window_size)}); the simt "
                 f"family runs windowed problems")
     return None
 
@@ -340,11 +341,13 @@ def _dropout_args(drop):
     return np.uint32(drop.seed_hash), np.uint32(drop.threshold), np.float32(drop.inv_keep)
 
 
-def tensor_core_forward(problem, config, kern, block_q, schedule, drop, words):
+def tensor_core_forward(problem, config, kern, block_q, schedule, drop, words,
+                        band=(-2**62, 2**62)):
     """Run a tensor-core forward kernel (the mma and tf32 families share its arguments) on
     ``problem``: operands as 16-bit words (``words``) or float32, rows 16-byte aligned, the
-    ``"kv"`` CSR ``schedule`` of its tiles, dropout constants ``drop``; grid (query tiles,
-    B * Hq). Returns ``(out, lse)`` in the problem's kind of array."""
+    ``"kv"`` CSR ``schedule`` of its tiles, dropout constants ``drop``, the sliding window's
+    ``band`` (lo, hi: `kernels.mask.band_arguments`; read only by a windowed kernel); grid
+    (query tiles, B * Hq). Returns ``(out, lse)`` in the problem's kind of array."""
     pb = problem
     B, H, Nq, D, Nk = pb.batch, pb.heads_q, pb.seqlen_q, pb.head_dim, pb.seqlen_k
     call = Call(pb)
@@ -354,7 +357,7 @@ def tensor_core_forward(problem, config, kern, block_q, schedule, drop, words):
     offs, idx, sb, sh = schedule
     launch(kern, (-(-Nq // block_q), B * H), kern.threads, call.stream, (
         q, k, v, out.arg, lse.arg, offs, idx, sb, sh, H // pb.heads_kv, Nq, Nk, *call.mask(),
-        np.float32(pb.scale * LOG2E), *_dropout_args(drop)),
+        np.float32(pb.scale * LOG2E), *_dropout_args(drop), np.int64(band[0]), np.int64(band[1])),
         sharedmem=kern.smem_bytes, fast=config.fast_launch)
     return out.value(), lse.value()
 

@@ -1,5 +1,6 @@
-"""Masking of score tiles in the tensor-core kernels: the key tail, the causal diagonal and the
-boolean mask, set to -inf in the C fragments of a warp's score tile, only on tiles that need it.
+"""Masking of score tiles in the tensor-core kernels: the key tail, the causal diagonal, the
+sliding window's band and the boolean mask, set to -inf in the C fragments of a warp's score
+tile, only on tiles that need it; and `band_arguments`, the band as every kernel takes it.
 
 * `score_mask`: a warp's 16 x block_k tile of S = Q K^T (the forwards and the dQ kernels);
 * `transposed_score_mask`: a warp's tile of S^T = K Q^T (the dK/dV kernels).
@@ -12,24 +13,47 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["score_mask", "transposed_score_mask"]
+from ioaware.block_info import band_offsets
+
+__all__ = ["score_mask", "transposed_score_mask", "band_arguments", "UNBOUNDED"]
+
+#: An absent band bound, as the kernels take it (no |col - row| comes near it).
+UNBOUNDED = 2**62
 
 
-def score_mask(block_q, block_k, nt_s, causal, has_mask):
+def band_arguments(problem) -> tuple[bool, bool, int, int]:
+    """``(causal, window, lo, hi)`` for the kernels: without a window the problem's causal flag
+    (the kernels' own top-left rule) and unused bounds; with one, causal off and the band of
+    `BlockInfo.band` (window and causal rule, bottom-right aligned: key ``col`` is allowed for
+    query ``row`` iff ``lo <= col - row <= hi``), absent bounds as -+`UNBOUNDED`."""
+    window_size = getattr(problem, "window_size", None)
+    if window_size is None:
+        return bool(problem.causal), False, -UNBOUNDED, UNBOUNDED
+    lo, hi = band_offsets(problem.seqlen_q, problem.seqlen_k, problem.causal,
+                          problem.causal_alignment, window_size)
+    return False, True, -UNBOUNDED if lo is None else lo, UNBOUNDED if hi is None else hi
+
+
+def score_mask(block_q, block_k, nt_s, causal, has_mask, window=False):
     """``mask_scores``: -inf on the scores of one warp's 16 x block_k tile (C fragments from
     ``s_reg[off]``, rows ``row0`` and ``row0 + 8``) that fall past the keys, above the causal
-    diagonal or on a False of the boolean mask — only on tiles that need it. Shared by the
-    tensor-core forwards and dQ kernels."""
+    diagonal, outside the band ``band_lo <= col - row <= band_hi`` (``window``: the sliding
+    window, causal rule included, `band_arguments`) or on a False of the boolean mask — only on
+    tiles that need it. Shared by the tensor-core forwards and dQ kernels; without ``window``
+    the band arguments are not read."""
     from numba import cuda, float32
-    BQ, BK, NT_S, CAUSAL, HAS_MASK = block_q, block_k, nt_s, causal, has_mask
+    BQ, BK, NT_S, CAUSAL, HAS_MASK, WINDOW = block_q, block_k, nt_s, causal, has_mask, window
     NEG_INF = float32(-math.inf)
 
     @cuda.jit(device=True, inline=True)
     def mask_scores(s_reg, off, row0, n_blk, m_blk, col_base, b, h, n_q, n_k, mask, mask_b,
-                    mask_h, mask_q):
+                    mask_h, mask_q, band_lo, band_hi):
         needs_mask = HAS_MASK or (n_blk * BK + BK > n_k)
         if CAUSAL:
             needs_mask = needs_mask or (n_blk * BK + BK - 1 > m_blk * BQ)
+        if WINDOW:      # a tile the band cuts: its corners' col - row leave [band_lo, band_hi]
+            needs_mask = needs_mask or (n_blk * BK - (m_blk * BQ + BQ - 1) < band_lo) or (
+                n_blk * BK + BK - 1 - m_blk * BQ > band_hi)
         if needs_mask:
             for nt in range(NT_S):
                 for i in range(4):
@@ -38,6 +62,8 @@ def score_mask(block_q, block_k, nt_s, causal, has_mask):
                     bad = col >= n_k
                     if CAUSAL:
                         bad = bad or col > row
+                    if WINDOW:
+                        bad = bad or col - row < band_lo or col - row > band_hi
                     if HAS_MASK:
                         if not bad and row < n_q:
                             bad = mask[b * mask_b, h * mask_h, row * mask_q, col] == 0

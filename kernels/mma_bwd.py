@@ -259,7 +259,7 @@ def _build_dq_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_
             # -- masks: key tail, causal diagonal, boolean mask (only where a tile needs one) --
             col_base = n_blk * BK + 2 * tig
             mask_scores(s_reg, 0, row0, n_blk, m_blk, col_base, b, h, n_q, n_k, mask, mask_b,
-                        mask_h, mask_q)
+                        mask_h, mask_q, 0, 0)
 
             # -- P = exp2(S * scale * log2e - lse2), dS = P * (dP * Z - delta) --
             for nt in range(NT_S):

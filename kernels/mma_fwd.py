@@ -31,7 +31,7 @@ import math
 from . import host, tile_scheduler
 from .config import requested_tiles
 from .dropout import dropout_constants, fmix_device
-from .mask import score_mask
+from .mask import band_arguments, score_mask
 
 __all__ = ["forward", "supports", "tiles", "default_blocks", "smem_bytes", "get_kernel",
            "SUPPORTED_HEAD_DIMS", "BLOCK_Q_CHOICES", "BLOCK_K_CHOICES"]
@@ -47,6 +47,8 @@ SMEM_LIMIT_BYTES = 227 * 1024
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 
+#: This forward takes a sliding window (the band test in `kernels.mask.score_mask`).
+TAKES_WINDOW = True
 
 def default_blocks(head_dim: int, causal: bool = False) -> tuple[int, int]:
     """Default (block_q, block_k), the fastest H100 tiling without local memory in the inner
@@ -72,18 +74,20 @@ def warp_m_tiles(head_dim: int, block_q: int) -> int:
     return 2 if head_dim <= 64 and block_q == 128 else 1
 
 
-def get_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_dropout, head_group):
+def get_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_dropout, head_group,
+               window=False):
     """The compiled-on-first-launch kernel for one configuration (cached); ``head_group`` is
-    the launch order (`kernels.tile_scheduler`)."""
+    the launch order (`kernels.tile_scheduler`); ``window``: the sliding window's band test
+    (`kernels.mask.band_arguments`)."""
     key = (head_dim, block_q, block_k, bool(is_bf16), bool(causal), bool(has_mask),
-           bool(has_dropout), int(head_group))
+           bool(has_dropout), int(head_group), bool(window))
     if key not in _KERNELS:
         _KERNELS[key] = _build_kernel(*key)
     return _KERNELS[key]
 
 
 def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_dropout,
-                  head_group):
+                  head_group, window=False):
     from numba import cuda, float32, uint16, uint32, uint64
 
     from . import ptx
@@ -115,7 +119,7 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_dro
     CAUSAL, HAS_MASK, HAS_DROPOUT = causal, has_mask, has_dropout
 
     fmix = fmix_device()
-    mask_scores = score_mask(BQ, BK, NT_S, CAUSAL, HAS_MASK)
+    mask_scores = score_mask(BQ, BK, NT_S, CAUSAL, HAS_MASK, window)
 
     @cuda.jit(device=True, inline=True)
     def load_tile(src, b, hk, key0, nk, smem, base, tid):
@@ -134,7 +138,8 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_dro
 
     @cuda.jit(lineinfo=False)
     def kernel(q, k, v, out, lse, offsets, kv_index, sched_b, sched_h, group, n_q, n_k,
-               mask, mask_b, mask_h, mask_q, scale_log2, seed_hash, threshold, inv_keep):
+               mask, mask_b, mask_h, mask_q, scale_log2, seed_hash, threshold, inv_keep,
+               band_lo, band_hi):
         smem = cuda.shared.array(0, dtype=uint16)        # dynamic: kernel.smem_bytes
         tid = cuda.threadIdx.x
         warp = tid // 32
@@ -227,7 +232,7 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_dro
             col_base = n_blk * BK + 2 * tig
             for mt in range(MT):
                 mask_scores(s_reg, mt * SS, row0 + 16 * mt, n_blk, m_blk, col_base, b, h, n_q,
-                            n_k, mask, mask_b, mask_h, mask_q)
+                            n_k, mask, mask_b, mask_h, mask_q, band_lo, band_hi)
 
             # -- update m_i and l_i (row r: m-tile r // 2, half r % 2) --
             for r in range(ROWS):
@@ -317,7 +322,8 @@ def tiles(problem, config):
 
 def supports(problem, config):
     """Why this forward cannot run ``problem`` (a string), or None."""
-    why = host.tensor_core_refusal(problem, "the mma family", DTYPES, SUPPORTED_HEAD_DIMS)
+    why = host.tensor_core_refusal(problem, "the mma family", DTYPES, SUPPORTED_HEAD_DIMS,
+                                   window=True)
     if why:
         return why
     bq, bk = tiles(problem, config)
@@ -338,7 +344,9 @@ def forward(problem, config):
     drop = dropout_constants(pb.seed, pb.dropout_p)
     group = tile_scheduler.head_group(config.launch_order, pb.causal, "fwd")
     is_bf16 = str(pb.dtype).endswith("bfloat16")
-    kern = get_kernel(pb.head_dim, block_q, block_k, is_bf16, pb.causal, pb.mask is not None,
-                      drop.enabled, group)
+    causal, window, band_lo, band_hi = band_arguments(pb)
+    kern = get_kernel(pb.head_dim, block_q, block_k, is_bf16, causal, pb.mask is not None,
+                      drop.enabled, group, window)
     schedule = tile_scheduler.device_schedule(pb, block_q, block_k, "kv")
-    return host.tensor_core_forward(pb, config, kern, block_q, schedule, drop, words=True)
+    return host.tensor_core_forward(pb, config, kern, block_q, schedule, drop, words=True,
+                                    band=(band_lo, band_hi))

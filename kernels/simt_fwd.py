@@ -25,12 +25,13 @@ import math
 import numpy as np
 from numba import cuda, float32
 
-from ioaware.block_info import band_offsets, cdiv
+from ioaware.block_info import cdiv
 
 from . import host, tile_scheduler
 from .config import (FWD_TILES, STATIC_SMEM_LIMIT_BYTES, TileConfig, choose_tiles,
                      default_blocks, fwd_smem_bytes, requested_tiles)
 from .dropout import dropout_constants, keep_bit, row_hash
+from .mask import band_arguments
 
 __all__ = ["forward", "supports", "tiles", "make_forward_kernel", "get_kernel", "TAKES_WINDOW",
            "band_arguments"]
@@ -41,21 +42,6 @@ I64 = np.int64
 MAX_HEAD_DIM = 256
 #: This family's kernels take a sliding window (`kernels.family_for` asks).
 TAKES_WINDOW = True
-#: An absent band bound, as the kernels take it (no |col - row| comes near it).
-UNBOUNDED = 2**62
-
-
-def band_arguments(problem) -> tuple[bool, bool, int, int]:
-    """``(causal, window, lo, hi)`` for the CUDA-core kernels: without a window the problem's
-    causal flag (the kernels' own top-left rule) and unused bounds; with one, causal off and
-    the band of `BlockInfo.band` (window and causal rule, bottom-right aligned), absent bounds
-    as -+`UNBOUNDED`."""
-    window_size = getattr(problem, "window_size", None)
-    if window_size is None:
-        return bool(problem.causal), False, -UNBOUNDED, UNBOUNDED
-    lo, hi = band_offsets(problem.seqlen_q, problem.seqlen_k, problem.causal,
-                          problem.causal_alignment, window_size)
-    return False, True, -UNBOUNDED if lo is None else lo, UNBOUNDED if hi is None else hi
 
 
 def make_forward_kernel(cfg: TileConfig, head_dim: int, causal: bool, has_mask: bool,

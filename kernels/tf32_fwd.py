@@ -45,7 +45,7 @@ import math
 from . import host, tile_scheduler
 from .config import requested_tiles
 from .dropout import dropout_constants, fmix_device
-from .mask import score_mask
+from .mask import band_arguments, score_mask
 
 __all__ = ["forward", "supports", "tiles", "default_blocks", "smem_bytes", "presplit_ok",
            "get_kernel", "SUPPORTED_HEAD_DIMS", "BLOCK_Q_CHOICES", "BLOCK_K_CHOICES"]
@@ -60,6 +60,8 @@ DEFAULT_BLOCKS = (128, 32)
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 
+#: This forward takes a sliding window (the band test in `kernels.mask.score_mask`).
+TAKES_WINDOW = True
 
 def default_blocks(head_dim: int) -> tuple[int, int]:
     """Default (block_q, block_k): 128 x 32 for d=64 and d=128, the fastest measured on an
@@ -90,18 +92,20 @@ def presplit_ok(head_dim: int, block_q: int, block_k: int) -> bool:
 _KERNELS: dict = {}
 
 
-def get_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, head_group):
+def get_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, head_group,
+               window=False):
     """The compiled-on-first-launch kernel for one configuration (cached); ``head_group`` is
     the launch order (`kernels.tile_scheduler`). ``kernel.smem_bytes`` is its dynamic shared
     memory."""
     key = (head_dim, block_q, block_k, bool(causal), bool(has_mask), bool(has_dropout),
-           int(head_group))
+           int(head_group), bool(window))
     if key not in _KERNELS:
         _KERNELS[key] = _build_kernel(*key)
     return _KERNELS[key]
 
 
-def _build_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, head_group):
+def _build_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, head_group,
+                  window=False):
     from numba import cuda, float32, uint32, uint64
 
     from . import ptx
@@ -176,7 +180,8 @@ def _build_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, hea
 
     @cuda.jit(lineinfo=False)
     def kernel(q, k, v, out, lse, offsets, kv_index, sched_b, sched_h, group, n_q, n_k,
-               mask, mask_b, mask_h, mask_q, scale_log2, seed_hash, threshold, inv_keep):
+               mask, mask_b, mask_h, mask_q, scale_log2, seed_hash, threshold, inv_keep,
+               band_lo, band_hi):
         smem = cuda.shared.array(0, dtype=float32, alignment=16)
         tid = cuda.threadIdx.x
         warp = tid // 32
@@ -310,7 +315,7 @@ def _build_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, hea
             # -- masks: key tail, causal diagonal, boolean mask (only where a tile needs one) --
             col_base = n_blk * BK + 2 * tig
             mask_scores(s_reg, 0, row0, n_blk, m_blk, col_base, b, h, n_q, n_k, mask, mask_b,
-                        mask_h, mask_q)
+                        mask_h, mask_q, band_lo, band_hi)
 
             # -- update m_i and l_i (row r: registers 2r, 2r + 1 of every score tile) --
             for r in range(2):
@@ -395,7 +400,8 @@ def tiles(problem, config):
 
 def supports(problem, config):
     """Why this forward cannot run ``problem`` (a string), or None."""
-    why = host.tensor_core_refusal(problem, "the tf32 family", DTYPES, SUPPORTED_HEAD_DIMS)
+    why = host.tensor_core_refusal(problem, "the tf32 family", DTYPES, SUPPORTED_HEAD_DIMS,
+                                   window=True)
     if why:
         return why
     bq, bk = tiles(problem, config)
@@ -416,7 +422,9 @@ def forward(problem, config):
     block_q, block_k = tiles(pb, config)
     drop = dropout_constants(pb.seed, pb.dropout_p)
     group = tile_scheduler.head_group(config.launch_order, pb.causal, "fwd")
-    kern = get_kernel(pb.head_dim, block_q, block_k, pb.causal, pb.mask is not None,
-                      drop.enabled, group)
+    causal, window, band_lo, band_hi = band_arguments(pb)
+    kern = get_kernel(pb.head_dim, block_q, block_k, causal, pb.mask is not None,
+                      drop.enabled, group, window)
     schedule = tile_scheduler.device_schedule(pb, block_q, block_k, "kv")
-    return host.tensor_core_forward(pb, config, kern, block_q, schedule, drop, words=False)
+    return host.tensor_core_forward(pb, config, kern, block_q, schedule, drop, words=False,
+                                    band=(band_lo, band_hi))

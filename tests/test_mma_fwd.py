@@ -189,3 +189,30 @@ def test_problems_the_family_refuses():
         forward(q, k, v, scale=0.1, block_k=16)
     with pytest.raises(ValueError, match="float16 or bfloat16"):
         forward(q.float(), k.float(), v.float(), scale=0.1)
+
+
+WINDOW_CASES = [  # (Nq, Nk, window_size, causal): bands that skip tiles and cut others
+    (300, 300, (64, 0), True),
+    (200, 333, (40, 17), False),
+    (150, 150, (0, 0), False),
+    (90, 400, (10, -1), "bottom_right"),
+    (400, 90, (5, 3), False),            # the first rows see no key: zeros, lse -inf
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("n_q, n_k, window, causal", WINDOW_CASES)
+def test_sliding_window_matches_float64(dtype, head_dim, n_q, n_k, window, causal):
+    """The band test in the tensor-core forward against float64 with the window written out
+    as a boolean mask (tests/test_window.py's rule)."""
+    from .test_window import window_rule
+    q, k, v = _inputs((1, 4, n_q, head_dim), (1, 2, n_k, head_dim), dtype, seed=n_q + n_k)
+    scale = 1 / math.sqrt(head_dim)
+    pb = kernel_problem(q, k, v, scale=scale, causal=causal, window_size=window)
+    assert kernels.family_for(pb) == "mma" and kernels.family_for(pb, None, "bwd") == "simt"
+    out, lse = forward(q, k, v, scale=scale, causal=causal, window_size=window)
+    rule = window_rule(n_q, n_k, window, bool(causal))
+    _check(q, k, v, out, lse, scale=scale, mask=rule[None, None])
+    if not rule.any(1).all():
+        assert bool((out[:, :, ~rule.any(1)] == 0).all())

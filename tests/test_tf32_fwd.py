@@ -227,3 +227,19 @@ def test_ioaware_attention_numba_backend_float32():
     simt = kernels_forward(q, k, v, config=KernelConfig(family="simt"), scale=0.125,
                            causal=True)
     _check(q, k, v, *simt, scale=0.125, causal=True)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("n_q, n_k, window, causal", [
+    (300, 300, (64, 0), True), (200, 333, (40, 17), False), (150, 150, (0, 0), False),
+    (90, 400, (10, -1), "bottom_right"), (400, 90, (5, 3), False)])
+def test_sliding_window_matches_float64(head_dim, n_q, n_k, window, causal):
+    """The band test in the 3xTF32 forward against float64 with the window written out as a
+    boolean mask (tests/test_window.py's rule)."""
+    from .test_window import window_rule
+    q, k, v = _inputs((1, 4, n_q, head_dim), (1, 2, n_k, head_dim), seed=n_q + n_k)
+    scale = 1 / math.sqrt(head_dim)
+    pb = kernel_problem(q, k, v, scale=scale, causal=causal, window_size=window)
+    assert kernels.family_for(pb) == "tf32" and kernels.family_for(pb, None, "bwd") == "simt"
+    out, lse = forward(q, k, v, scale=scale, causal=causal, window_size=window)
+    _check(q, k, v, out, lse, scale=scale, mask=window_rule(n_q, n_k, window, bool(causal))[None, None])
