@@ -144,7 +144,7 @@ def _build_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, hea
     st_shared_v4_b32 = ptx.st_shared_v4_b32
 
     fmix = fmix_device()
-    mask_scores = score_mask(BQ, BK, NT_S, CAUSAL, HAS_MASK)
+    mask_scores = score_mask(BQ, BK, NT_S, CAUSAL, HAS_MASK, window)
 
     @cuda.jit(device=True, inline=True)
     def load_tile(head_addr, row_bytes, key0, nk, s_addr, stride):
