@@ -13,7 +13,9 @@ CUDA-event medians (`benchmarks.common.time_cuda`) of
   backend (a backend that refuses the case, or runs out of memory, is recorded with its error;
   MATH runs only where its expanded K/V fit);
 
-with the achieved DRAM bandwidth of each (K and V bytes / time) as a fraction of the GPU's
+with the achieved DRAM bandwidth of each (K and V bytes / time), our GPU time alone
+(``ioaware_device_ms``: the host enqueues while the GPU sleeps, `benchmarks.common.time_cuda`
+``timing="device"``) as a fraction of the GPU's
 bandwidth measured in the same run (``peak_copy``: a 2 GiB device-to-device copy, read + write
 bytes / time), and the model's prediction for our plan (`sim.decode.split_kv_costs` on the
 GPU's profile: time, DRAM bytes, the splits it chooses). ``--splits`` also times the split-KV
@@ -94,6 +96,9 @@ def decode_case(torch, gpu, batch, seq_len_k, dtype, peak, splits_sweep=False) -
            "seq_len_q": 1, "seq_len_k": seq_len_k, "dtype": dtype, "kv_bytes": kv_bytes,
            "times_ms": {}}
     rec["times_ms"]["ioaware"] = _time_or_error(torch, lambda: attention(q, k, v, backend="numba"))
+    with torch.inference_mode():     # the GPU's time alone: the host enqueues behind a sleep
+        rec["ioaware_device_ms"] = time_cuda(torch, lambda: attention(q, k, v, backend="numba"),
+                                             timing="device")[0]
     for name in SDPA_BACKENDS:
         if name == "sdpa-math" and 4 * kv_bytes > 16 * 2**30:
             rec["times_ms"][name] = {"error": "skipped: expanded K/V would not fit"}
