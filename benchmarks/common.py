@@ -419,7 +419,7 @@ def kernel_signature(family: str, kernel: str, dtype: str) -> tuple:
     tail = (i2, i1, i64, i64, i64, i64, i64, u8, i64, i64, i64)
     if kernel == "fwd":       # ... inv_keep, then the window's band_lo, band_hi
         return (x4, x4, x4, x4, f3) + tail + (f32, u32, u32, f32, i64, i64)
-    tail += (f32, f32, u32, u32, f32)
+    tail += (f32, f32, u32, u32, f32, i64, i64)   # ..., inv_keep, band_lo, band_hi
     if kernel == "dq":
         return (x4, x4, x4, x4, x4, f3, f3, x4) + tail
     if kernel == "dkdv":

@@ -363,10 +363,11 @@ def tensor_core_forward(problem, config, kern, block_q, schedule, drop, words,
 
 
 def tensor_core_backward(problem, out, lse, dout, config, dq_kernel, dq_tile, kv_schedule,
-                         dkdv_kernel, kv_tile, q_schedule, drop, words):
+                         dkdv_kernel, kv_tile, q_schedule, drop, words, band=(-2**62, 2**62)):
     """Run a tensor-core backward (the mma and tf32 families share its two kernels' arguments):
     the dQ kernel (which also writes delta) on its ``dq_tile`` = (rows, keys) with the ``"kv"``
-    schedule, then the dK/dV kernel on ``kv_tile`` = (queries, keys) with the ``"q"`` schedule.
+    schedule, then the dK/dV kernel on ``kv_tile`` = (queries, keys) with the ``"q"`` schedule;
+    ``band``: the sliding window's (lo, hi), read only by windowed kernels.
     Returns ``(dq, dk, dv)`` in the problem's kind of array and dtype."""
     pb = problem
     B, H, Nq, D, Hkv, Nk = pb.batch, pb.heads_q, pb.seqlen_q, pb.head_dim, pb.heads_kv, pb.seqlen_k
@@ -379,7 +380,7 @@ def tensor_core_backward(problem, out, lse, dout, config, dq_kernel, dq_tile, kv
     dv = call.output((B, Hkv, Nk, D), words=words)
     delta = call.output((B, H, Nq), float32=True)
     consts = (*call.mask(), np.float32(pb.scale * LOG2E), np.float32(pb.scale),
-              *_dropout_args(drop))
+              *_dropout_args(drop), np.int64(band[0]), np.int64(band[1]))
     # -- dQ (and delta) first, then dK/dV, which reads delta --
     launch(dq_kernel, (-(-Nq // dq_tile[0]), B * H), dq_kernel.threads, call.stream, (
         q, k, v, o, do, l_, delta.arg, dq.arg, *kv_schedule, H // Hkv, Nq, Nk, *consts),
@@ -394,7 +395,7 @@ def tensor_core_backward_refusal(problem, config, family, dtypes, head_dims, til
     """Why a tensor-core backward (``family``, e.g. "the mma family") cannot run ``problem``,
     or None: `tensor_core_refusal`, tiles pinned by ``config`` (these backwards choose their
     own), or block-mask tiles ``tiles`` (None) that no kernel tile divides."""
-    why = tensor_core_refusal(problem, family, dtypes, head_dims)
+    why = tensor_core_refusal(problem, family, dtypes, head_dims, window=True)
     if why:
         return why
     if config.block_q is not None or config.block_k is not None:

@@ -15,7 +15,8 @@ import math
 
 from ioaware.block_info import band_offsets
 
-__all__ = ["score_mask", "transposed_score_mask", "band_arguments", "UNBOUNDED"]
+__all__ = ["score_mask", "transposed_score_mask", "band_arguments", "tile_needs_mask",
+           "UNBOUNDED"]
 
 #: An absent band bound, as the kernels take it (no |col - row| comes near it).
 UNBOUNDED = 2**62
@@ -32,6 +33,27 @@ def band_arguments(problem) -> tuple[bool, bool, int, int]:
     lo, hi = band_offsets(problem.seqlen_q, problem.seqlen_k, problem.causal,
                           problem.causal_alignment, window_size)
     return False, True, -UNBOUNDED if lo is None else lo, UNBOUNDED if hi is None else hi
+
+
+def tile_needs_mask(block_q, block_k, causal, has_mask, window):
+    """``needs_mask(m_blk, n_blk, band_lo, band_hi)``: whether the score tile of query block
+    ``m_blk`` (``block_q`` rows) and key block ``n_blk`` (``block_k`` keys) needs an element
+    mask: a boolean mask, the causal diagonal through it, or the band cutting it (its corners'
+    key - query outside ``[band_lo, band_hi]``). The key tail is the caller's."""
+    from numba import cuda
+    BQ, BK, CAUSAL, HAS_MASK, WINDOW = block_q, block_k, causal, has_mask, window
+
+    @cuda.jit(device=True, inline=True)
+    def needs_mask(m_blk, n_blk, band_lo, band_hi):
+        needs = HAS_MASK
+        if CAUSAL:
+            needs = needs or (n_blk * BK + BK - 1 > m_blk * BQ)
+        if WINDOW:
+            needs = needs or (n_blk * BK - (m_blk * BQ + BQ - 1) < band_lo) or (
+                n_blk * BK + BK - 1 - m_blk * BQ > band_hi)
+        return needs
+
+    return needs_mask
 
 
 def score_mask(block_q, block_k, nt_s, causal, has_mask, window=False):
@@ -73,16 +95,19 @@ def score_mask(block_q, block_k, nt_s, causal, has_mask, window=False):
     return mask_scores
 
 
-def transposed_score_mask(n_tiles, causal, has_mask):
+def transposed_score_mask(n_tiles, causal, has_mask, window=False):
     """``mask_scores_t``: -inf on the dK/dV kernels' transposed score tiles S^T (``n_tiles``
     16x8 C fragments in ``st``; keys ``key0`` and ``key0 + 8`` down, queries from ``qc0``
-    across) above the causal diagonal or on a False of the boolean mask."""
+    across) above the causal diagonal, outside the band ``band_lo <= key - query <= band_hi``
+    (``window``) or on a False of the boolean mask. Which tiles need it is the caller's
+    `tile_needs_mask`."""
     from numba import cuda, float32
-    NT, CAUSAL, HAS_MASK = n_tiles, causal, has_mask
+    NT, CAUSAL, HAS_MASK, WINDOW = n_tiles, causal, has_mask, window
     NEG_INF = float32(-math.inf)
 
     @cuda.jit(device=True, inline=True)
-    def mask_scores_t(st, qc0, key0, b, h, n_q, n_k, mask, mask_b, mask_h, mask_q):
+    def mask_scores_t(st, qc0, key0, b, h, n_q, n_k, mask, mask_b, mask_h, mask_q, band_lo,
+                      band_hi):
         for nt in range(NT):
             for i in range(4):
                 qcol = qc0 + 8 * nt + (i & 1)
@@ -90,6 +115,8 @@ def transposed_score_mask(n_tiles, causal, has_mask):
                 bad = False
                 if CAUSAL:
                     bad = key > qcol
+                if WINDOW:
+                    bad = bad or key - qcol < band_lo or key - qcol > band_hi
                 if HAS_MASK:
                     if not bad and qcol < n_q and key < n_k:
                         bad = mask[b * mask_b, h * mask_h, qcol * mask_q, key] == 0

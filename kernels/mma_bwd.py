@@ -41,7 +41,7 @@ from ioaware.block_info import cdiv
 from . import host, softmax, tile_scheduler
 from .config import backward_tiles
 from .dropout import dropout_constants, fmix_device
-from .mask import score_mask, transposed_score_mask
+from .mask import band_arguments, score_mask, tile_needs_mask, transposed_score_mask
 
 __all__ = ["backward", "supports", "tiles", "default_tiles", "dq_smem_bytes", "dkdv_smem_bytes",
            "get_dq_kernel", "get_dkdv_kernel", "SUPPORTED_HEAD_DIMS"]
@@ -51,6 +51,8 @@ DTYPES = ("float16", "bfloat16")
 SMEM_LIMIT_BYTES = 48 * 1024  # static shared memory per block without opt-in
 LOG2E = softmax.LOG2E
 
+#: These kernels take a sliding window (the band in `kernels.mask`).
+TAKES_WINDOW = True
 
 def default_tiles(head_dim: int) -> dict:
     """Default kernel tiles: ``dq`` = (query rows per block, keys per stage) of the dQ kernel,
@@ -83,29 +85,30 @@ _KERNELS: dict = {}
 
 
 def get_dq_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_dropout,
-                  head_group):
+                  head_group, window=False):
     """The compiled-on-first-launch dQ kernel for one configuration (cached); ``head_group``
-    is the launch order (`kernels.tile_scheduler`)."""
+    is the launch order (`kernels.tile_scheduler`); ``window``: the band test
+    (`kernels.mask.band_arguments`)."""
     key = ("dq", head_dim, block_q, block_k, bool(is_bf16), bool(causal), bool(has_mask),
-           bool(has_dropout), int(head_group))
+           bool(has_dropout), int(head_group), bool(window))
     if key not in _KERNELS:
         _KERNELS[key] = _build_dq_kernel(*key[1:])
     return _KERNELS[key]
 
 
 def get_dkdv_kernel(head_dim, block_k, block_q, is_bf16, causal, has_mask, has_dropout,
-                    head_group):
+                    head_group, window=False):
     """The compiled-on-first-launch dK/dV kernel (``block_k`` key rows per block, ``block_q``
     queries per stage) for one configuration (cached); as `get_dq_kernel`."""
     key = ("dkdv", head_dim, block_k, block_q, bool(is_bf16), bool(causal), bool(has_mask),
-           bool(has_dropout), int(head_group))
+           bool(has_dropout), int(head_group), bool(window))
     if key not in _KERNELS:
         _KERNELS[key] = _build_dkdv_kernel(*key[1:])
     return _KERNELS[key]
 
 
 def _build_dq_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_dropout,
-                     head_group):
+                     head_group, window=False):
     from numba import cuda, float32, uint16, uint32, uint64
 
     from . import ptx
@@ -131,7 +134,7 @@ def _build_dq_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_
     unpack = ptx.unpack_bf16x2 if is_bf16 else ptx.unpack_f16x2
     CAUSAL, HAS_MASK, HAS_DROPOUT = causal, has_mask, has_dropout
     fmix = fmix_device()
-    mask_scores = score_mask(BQ, BK, NT_S, CAUSAL, HAS_MASK)
+    mask_scores = score_mask(BQ, BK, NT_S, CAUSAL, HAS_MASK, window)
     dq_row_stats = softmax.dq_row_stats(HAS_DROPOUT)
 
     @cuda.jit(device=True, inline=True)
@@ -153,7 +156,7 @@ def _build_dq_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_
     @cuda.jit(lineinfo=False)
     def kernel(q, k, v, out, dout, lse, delta, dq, offsets, kv_index, sched_b, sched_h, group,
                n_q, n_k, mask, mask_b, mask_h, mask_q, scale_log2, scale, seed_hash, threshold,
-               inv_keep):
+               inv_keep, band_lo, band_hi):
         smem = cuda.shared.array(SMEM_HALVES, dtype=uint16)
         tid = cuda.threadIdx.x
         warp = tid // 32
@@ -259,7 +262,7 @@ def _build_dq_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_
             # -- masks: key tail, causal diagonal, boolean mask (only where a tile needs one) --
             col_base = n_blk * BK + 2 * tig
             mask_scores(s_reg, 0, row0, n_blk, m_blk, col_base, b, h, n_q, n_k, mask, mask_b,
-                        mask_h, mask_q, 0, 0)
+                        mask_h, mask_q, band_lo, band_hi)
 
             # -- P = exp2(S * scale * log2e - lse2), dS = P * (dP * Z - delta) --
             for nt in range(NT_S):
@@ -308,7 +311,7 @@ def _build_dq_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_
 
 
 def _build_dkdv_kernel(head_dim, block_k, block_q, is_bf16, causal, has_mask, has_dropout,
-                       head_group):
+                       head_group, window=False):
     from numba import cuda, float32, uint16, uint32, uint64
 
     from . import ptx
@@ -354,14 +357,15 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, is_bf16, causal, has_mask, ha
 
     stage_rows = softmax.stage_rows(BQ, THREADS)
     locate = tile_scheduler.gqa_locator()
-    mask_scores_t = transposed_score_mask(2, CAUSAL, HAS_MASK)
+    mask_scores_t = transposed_score_mask(2, CAUSAL, HAS_MASK, window)
+    needs_mask_at = tile_needs_mask(BQ, BK, CAUSAL, HAS_MASK, window)
 
     tile_and_head = tile_scheduler.device_tile_and_head(head_group)
 
     @cuda.jit(lineinfo=False)
     def kernel(q, k, v, dout, lse, delta, dk, dv, offsets, q_index, sched_b, sched_h, group,
                n_q, n_k, mask, mask_b, mask_h, mask_q, scale_log2, scale, seed_hash, threshold,
-               inv_keep):
+               inv_keep, band_lo, band_hi):
         smem = cuda.shared.array(SMEM_HALVES, dtype=uint16)
         tid = cuda.threadIdx.x
         warp = tid // 32
@@ -449,9 +453,7 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, is_bf16, causal, has_mask, ha
 
             bh = b * n_heads + h
             h_bh = fmix(uint64(seed_hash) ^ uint64(bh))
-            needs_mask = HAS_MASK
-            if CAUSAL:
-                needs_mask = needs_mask or (n_blk * BK + BK - 1 > m_blk * BQ)
+            needs_mask = needs_mask_at(m_blk, n_blk, band_lo, band_hi)
             q_addr = ptx.shared_addr(smem, buf + b_lane)
             qt_addr = ptx.shared_addr(smem, buf + t_lane)
             do_addr = ptx.shared_addr(smem, buf + TILE + b_lane)
@@ -493,7 +495,8 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, is_bf16, causal, has_mask, ha
 
                 # -- masks (causal diagonal, boolean mask) on S^T --
                 if needs_mask:
-                    mask_scores_t(st, qc0, key0, b, h, n_q, n_k, mask, mask_b, mask_h, mask_q)
+                    mask_scores_t(st, qc0, key0, b, h, n_q, n_k, mask, mask_b, mask_h, mask_q,
+                                  band_lo, band_hi)
 
                 # -- P^T = exp2(S^T * scale * log2e - lse2), Z from the dropout hash,
                 #    dS^T = P^T * (dP^T * Z - delta) --
@@ -582,11 +585,13 @@ def backward(problem, out, lse, dout, config):
     (dq_bq, dq_bk), (kv_bk, kv_bq) = tiles(pb)
     drop = dropout_constants(pb.seed, pb.dropout_p)
     group = tile_scheduler.head_group(config.launch_order, pb.causal, "bwd")
-    features = (str(pb.dtype).endswith("bfloat16"), pb.causal, pb.mask is not None,
-                drop.enabled, group)
+    causal, window, band_lo, band_hi = band_arguments(pb)
+    features = (str(pb.dtype).endswith("bfloat16"), causal, pb.mask is not None,
+                drop.enabled, group, window)
     return host.tensor_core_backward(
         pb, out, lse, dout, config,
         get_dq_kernel(pb.head_dim, dq_bq, dq_bk, *features), (dq_bq, dq_bk),
         tile_scheduler.device_schedule(pb, dq_bq, dq_bk, "kv"),
         get_dkdv_kernel(pb.head_dim, kv_bk, kv_bq, *features), (kv_bq, kv_bk),
-        tile_scheduler.device_schedule(pb, kv_bq, kv_bk, "q"), drop, words=True)
+        tile_scheduler.device_schedule(pb, kv_bq, kv_bk, "q"), drop, words=True,
+        band=(band_lo, band_hi))

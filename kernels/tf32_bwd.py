@@ -63,7 +63,7 @@ import functools
 from . import host, softmax, tile_scheduler
 from .config import backward_tiles
 from .dropout import dropout_constants, fmix_device
-from .mask import score_mask, transposed_score_mask
+from .mask import band_arguments, score_mask, tile_needs_mask, transposed_score_mask
 
 __all__ = ["backward", "supports", "tiles", "default_config", "default_tiles", "dq_smem_bytes",
            "dkdv_smem_bytes", "operands_in_registers", "dkdv_dropout_config", "get_dq_kernel",
@@ -83,6 +83,8 @@ _DEFAULT_CONFIG = {
     128: {"dq": (64, 32), "dkdv": (64, 32), "unroll": 2},
 }
 
+#: These kernels take a sliding window (the band in `kernels.mask`).
+TAKES_WINDOW = True
 
 def default_config(head_dim: int) -> dict:
     """The kernel configuration for ``head_dim`` (a copy): ``dq`` / ``dkdv`` tiles (16 rows
@@ -136,26 +138,26 @@ _KERNELS: dict = {}
 
 
 def get_dq_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, head_group,
-                  unroll=None):
+                  window=False, unroll=None):
     """The compiled-on-first-launch dQ kernel for one configuration (cached); ``unroll``
     defaults to `default_config`'s, ``head_group`` is the launch order
     (`kernels.tile_scheduler`). ``kernel.smem_bytes`` is its dynamic shared memory (0 when its
     shared memory is static)."""
     unroll = default_config(head_dim)["unroll"] if unroll is None else int(unroll)
     key = ("dq", head_dim, block_q, block_k, bool(causal), bool(has_mask), bool(has_dropout),
-           unroll, int(head_group))
+           unroll, int(head_group), bool(window))
     if key not in _KERNELS:
         _KERNELS[key] = _build_dq_kernel(*key[1:])
     return _KERNELS[key]
 
 
 def get_dkdv_kernel(head_dim, block_k, block_q, causal, has_mask, has_dropout, head_group,
-                    unroll=None):
+                    window=False, unroll=None):
     """The compiled-on-first-launch dK/dV kernel (``block_k`` key rows per block, ``block_q``
     queries per stage) for one configuration (cached); as `get_dq_kernel`."""
     unroll = default_config(head_dim)["unroll"] if unroll is None else int(unroll)
     key = ("dkdv", head_dim, block_k, block_q, bool(causal), bool(has_mask), bool(has_dropout),
-           unroll, int(head_group))
+           unroll, int(head_group), bool(window))
     if key not in _KERNELS:
         _KERNELS[key] = _build_dkdv_kernel(*key[1:])
     return _KERNELS[key]
@@ -277,7 +279,7 @@ def _c_times_shared_b(nt_k, nt_o, stride, mma3):
 
 
 def _build_dq_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, unroll,
-                     head_group):
+                     head_group, window=False):
     from numba import cuda, float32, uint32, uint64
 
     from . import ptx
@@ -308,7 +310,7 @@ def _build_dq_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, 
     assert BQ % 16 == 0 and BK % 8 == 0 and D % 8 == 0
     CAUSAL, HAS_MASK, HAS_DROPOUT = causal, has_mask, has_dropout
     fmix = fmix_device()
-    mask_scores = score_mask(BQ, BK, NT_S, CAUSAL, HAS_MASK)
+    mask_scores = score_mask(BQ, BK, NT_S, CAUSAL, HAS_MASK, window)
     dq_row_stats = softmax.dq_row_stats(HAS_DROPOUT)
     mma3, load_tile = _tf32_helpers(THREADS, CHUNKS, BK)
     acc_c_times_b = _c_times_shared_b(NT_S, NT_O, STRIDE, mma3)
@@ -321,7 +323,7 @@ def _build_dq_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, 
     @cuda.jit(lineinfo=False)
     def kernel(q, k, v, out, dout, lse, delta, dq, offsets, kv_index, sched_b, sched_h, group,
                n_q, n_k, mask, mask_b, mask_h, mask_q, scale_log2, scale, seed_hash, threshold,
-               inv_keep):
+               inv_keep, band_lo, band_hi):
         smem = cuda.shared.array(SMEM_DECL, dtype=float32, alignment=16)
         tid = cuda.threadIdx.x
         warp = tid // 32
@@ -424,7 +426,7 @@ def _build_dq_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, 
             # -- masks: key tail, causal diagonal, boolean mask (only where a tile needs one) --
             col_base = n_blk * BK + 2 * tig
             mask_scores(s_reg, 0, row0, n_blk, m_blk, col_base, b, h, n_q, n_k, mask, mask_b,
-                        mask_h, mask_q, 0, 0)
+                        mask_h, mask_q, band_lo, band_hi)
 
             # -- P = exp2(S * scale * log2e - lse2), dS = P * (dP * Z - delta) --
             for nt in range(NT_S):
@@ -460,7 +462,7 @@ def _build_dq_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, 
 
 
 def _build_dkdv_kernel(head_dim, block_k, block_q, causal, has_mask, has_dropout, unroll,
-                       head_group):
+                       head_group, window=False):
     from numba import cuda, float32, uint32, uint64
 
     from . import ptx
@@ -501,14 +503,15 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, causal, has_mask, has_dropout
 
     stage_rows = softmax.stage_rows(BQ, THREADS)
     locate = tile_scheduler.gqa_locator()
-    mask_scores_t = transposed_score_mask(NT_S, CAUSAL, HAS_MASK)
+    mask_scores_t = transposed_score_mask(NT_S, CAUSAL, HAS_MASK, window)
+    needs_mask_at = tile_needs_mask(BQ, BK, CAUSAL, HAS_MASK, window)
 
     tile_and_head = tile_scheduler.device_tile_and_head(head_group)
 
     @cuda.jit(lineinfo=False)
     def kernel(q, k, v, dout, lse, delta, dk, dv, offsets, q_index, sched_b, sched_h, group,
                n_q, n_k, mask, mask_b, mask_h, mask_q, scale_log2, scale, seed_hash, threshold,
-               inv_keep):
+               inv_keep, band_lo, band_hi):
         smem = cuda.shared.array(SMEM_DECL, dtype=float32, alignment=16)
         # per stage: lse * log2(e) (+inf where P = 0) and delta of its BQ queries
         rowv = cuda.shared.array(ROWV, dtype=float32)   # buf 0: lse2 | delta, buf 1: same
@@ -602,9 +605,7 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, causal, has_mask, has_dropout
 
             bh = b * n_heads + h
             h_bh = fmix(uint64(seed_hash) ^ uint64(bh))
-            needs_mask = HAS_MASK
-            if CAUSAL:
-                needs_mask = needs_mask or (n_blk * BK + BK - 1 > m_blk * BQ)
+            needs_mask = needs_mask_at(m_blk, n_blk, band_lo, band_hi)
             qc0 = m_blk * BQ + 2 * tig                       # query column of (nt=0, i=0)
             if HAS_DROPOUT:
                 for u in range(HASHES):
@@ -622,7 +623,8 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, causal, has_mask, has_dropout
 
             # -- masks (causal diagonal, boolean mask) on S^T --
             if needs_mask:
-                mask_scores_t(st, qc0, key0, b, h, n_q, n_k, mask, mask_b, mask_h, mask_q)
+                mask_scores_t(st, qc0, key0, b, h, n_q, n_k, mask, mask_b, mask_h, mask_q,
+                              band_lo, band_hi)
 
             # -- P^T = exp2(S^T * scale * log2e - lse2), Z from the dropout hash,
             #    dS^T = P^T * (dP^T * Z - delta) --
@@ -689,10 +691,12 @@ def backward(problem, out, lse, dout, config):
     kv_cfg = dkdv_dropout_config(pb.head_dim, kv_bq, drop.enabled)
     kv_bq = kv_cfg.get("block_q", kv_bq)
     group = tile_scheduler.head_group(config.launch_order, pb.causal, "bwd")
-    features = (pb.causal, pb.mask is not None, drop.enabled, group)
+    causal, window, band_lo, band_hi = band_arguments(pb)
+    features = (causal, pb.mask is not None, drop.enabled, group, window)
     return host.tensor_core_backward(
         pb, out, lse, dout, config,
         get_dq_kernel(pb.head_dim, dq_bq, dq_bk, *features), (dq_bq, dq_bk),
         tile_scheduler.device_schedule(pb, dq_bq, dq_bk, "kv"),
         get_dkdv_kernel(pb.head_dim, kv_bk, kv_bq, *features, unroll=kv_cfg.get("unroll")),
-        (kv_bq, kv_bk), tile_scheduler.device_schedule(pb, kv_bq, kv_bk, "q"), drop, words=False)
+        (kv_bq, kv_bk), tile_scheduler.device_schedule(pb, kv_bq, kv_bk, "q"), drop, words=False,
+        band=(band_lo, band_hi))

@@ -272,3 +272,31 @@ def test_kernel_tiles_divide_the_block_mask_tiles():
                 assert bwd_mod.dkdv_smem_bytes(d, kv_q, kv_k) <= bwd_mod.SMEM_LIMIT_BYTES
     pb = _problem(64, block_mask=np.ones((1, 1, 1, 1), bool), block_q=24, block_k=64)
     assert bwd_mod.tiles(pb) is None
+
+
+WINDOW_CASES = [  # (Nq, Nk, window_size, causal): bands that skip tiles and cut others
+    (300, 300, (64, 0), True),
+    (200, 333, (40, 17), False),
+    (150, 150, (0, 0), False),
+    (90, 400, (10, -1), "bottom_right"),
+    (400, 90, (5, 3), False),            # the first rows see no key: zero gradients there
+]
+
+
+@gpu
+@pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("n_q, n_k, window, causal", WINDOW_CASES)
+def test_sliding_window_matches_float64(dtype_name, head_dim, n_q, n_k, window, causal):
+    """The band in the dQ and dK/dV kernels (forward on the same family) against float64 with
+    the window written out as a boolean mask (tests/test_window.py's rule)."""
+    from .test_window import window_rule
+    torch = _torch_cuda()
+    q, k, v, dout = _inputs((1, 4, n_q, head_dim), (1, 2, n_k, head_dim),
+                            getattr(torch, dtype_name), seed=n_q + n_k)
+    kw = dict(scale=1 / math.sqrt(head_dim), causal=causal, window_size=window)
+    assert kernels.family_for(kernel_problem(q, k, v, **kw), None, "bwd") == "mma"
+    out, lse = kernels_forward(q, k, v, config=MMA, **kw)
+    got = kernels_backward(q, k, v, out, lse, dout, config=MMA, **kw)
+    rule = window_rule(n_q, n_k, window, bool(causal))[None, None]
+    _check_grads(got, reference_grads(q, k, v, dout, kw["scale"], mask=rule), q.dtype)

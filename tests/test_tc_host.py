@@ -269,39 +269,29 @@ def test_tensor_core_families_say_why_they_refuse(as_if_on_gpu, family):
 
 
 @pytest.mark.parametrize("family", ["mma", "tf32"])
-def test_tensor_core_forwards_take_a_window_and_the_backwards_leave_it_to_simt(as_if_on_gpu, family):
-    """On a (faked) sm_90 the problem they would take, with a sliding window: the forward takes
-    it; the backward says it has no window, forcing it raises that reason, and the registry
-    runs the CUDA-core backward."""
+def test_tensor_core_families_take_a_window(as_if_on_gpu, family):
+    """On a (faked) sm_90 the problem they would take, with a sliding window: both passes take
+    it, bottom-right causal with Nq != Nk included (the band holds the causal rule)."""
     fwd, bwd, dtype, _ = TC_FAMILIES[family]
     for causal in (False, True):
-        plain = _problem(n_q=64, n_k=64, dtype=dtype, causal=causal)
-        assert kernels.family_for(plain) == family
         pb = _problem(n_q=64, n_k=64, dtype=dtype, causal=causal, window_size=(16, 0))
-        assert fwd.supports(pb, KernelConfig()) is None and kernels.family_for(pb) == family
-        why = bwd.supports(pb, KernelConfig())
-        assert "no sliding window" in why and "window_size=(16, 0)" in why
-        with pytest.raises(ValueError, match=rf"family='{family}'.*no sliding window"):
-            kernels.family_for(pb, KernelConfig(family=family), "bwd")
-        assert kernels.family_for(pb, None, "bwd") == "simt"
-    # a window with bottom-right causal and Nq != Nk: the band holds the causal rule
+        assert fwd.supports(pb, KernelConfig()) is None and bwd.supports(pb, KernelConfig()) is None
+        assert kernels.family_for(pb) == family and kernels.family_for(pb, None, "bwd") == family
     pb = _problem(n_q=5, n_k=70, dtype=dtype, causal="bottom_right", window_size=(8, -1))
-    assert kernels.family_for(pb) == family and kernels.family_for(pb, None, "bwd") == "simt"
+    assert kernels.family_for(pb) == family and kernels.family_for(pb, None, "bwd") == family
 
 
-def test_the_registry_refuses_a_window_to_a_family_that_does_not_declare_it(as_if_on_gpu,
+def test_the_registry_refuses_a_window_to_a_module_that_does_not_declare_it(as_if_on_gpu,
                                                                            monkeypatch):
-    """Even a family whose `supports` took a windowed problem is refused it unless its module
-    declares ``TAKES_WINDOW``: a family that has not learnt the window cannot run one."""
-    monkeypatch.setattr(mma_bwd, "supports", lambda problem, config: None)
+    """Even a module whose `supports` takes a windowed problem is refused it unless it declares
+    ``TAKES_WINDOW``: a kernel that has not learnt the window cannot run one."""
     pb = _problem(n_q=64, n_k=64, dtype=np.float16, window_size=(4, 4))
-    assert not getattr(mma_bwd, "TAKES_WINDOW", False)
-    assert kernels.family_for(pb, None, "bwd") == "simt"
-    with pytest.raises(ValueError, match="window_size=\\(4, 4\\): this family's kernels have no "
-                                         "sliding window"):
-        kernels.family_for(pb, KernelConfig(family="mma"), "bwd")
-    monkeypatch.setattr(mma_fwd, "TAKES_WINDOW", False)
-    assert kernels.family_for(pb) == "simt"
+    for mod, pass_ in ((mma_fwd, "fwd"), (mma_bwd, "bwd")):
+        monkeypatch.setattr(mod, "TAKES_WINDOW", False)
+        assert kernels.family_for(pb, None, pass_) == "simt"
+        with pytest.raises(ValueError, match="window_size=\\(4, 4\\): this family's kernels have "
+                                             "no sliding window"):
+            kernels.family_for(pb, KernelConfig(family="mma"), pass_)
     assert kernels.family_for(_problem(n_q=64, n_k=64, dtype=np.float16)) == "mma"
 
 

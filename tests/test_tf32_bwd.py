@@ -311,3 +311,22 @@ def test_nothing_runs_here_under_the_simulator():
     pb = _problem(64)
     assert "real CUDA GPU" in bwd_mod.supports(pb, KernelConfig())
     assert kernels.family_for(pb, None, "bwd") == "simt"
+
+
+@gpu
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("n_q, n_k, window, causal", [
+    (300, 300, (64, 0), True), (200, 333, (40, 17), False), (150, 150, (0, 0), False),
+    (90, 400, (10, -1), "bottom_right"), (400, 90, (5, 3), False)])
+def test_sliding_window_matches_float64(head_dim, n_q, n_k, window, causal):
+    """The band in the 3xTF32 dQ and dK/dV kernels against float64 with the window written out
+    as a boolean mask (tests/test_window.py's rule)."""
+    from .test_window import window_rule
+    q, k, v, dout = _inputs((1, 4, n_q, head_dim), (1, 2, n_k, head_dim), seed=n_q + n_k)
+    kw = dict(scale=1 / math.sqrt(head_dim), causal=causal, window_size=window)
+    config = KernelConfig(family="tf32")
+    assert kernels.family_for(kernel_problem(q, k, v, **kw), None, "bwd") == "tf32"
+    out, lse = kernels_forward(q, k, v, config=config, **kw)
+    got = kernels_backward(q, k, v, out, lse, dout, config=config, **kw)
+    rule = window_rule(n_q, n_k, window, bool(causal))[None, None]
+    _assert_grads(got, reference_grads(q, k, v, dout, kw["scale"], mask=rule))
