@@ -15,8 +15,10 @@ problem on the first family, in this order, that takes it (`family_for`):
   accuracy from three TF32 products), head dims 64 and 128;
 * ``simt`` (`kernels.simt_fwd`, `kernels.simt_bwd`): CUDA-core float32 arithmetic for every
   float dtype and head dims up to 256; the only family Numba's CUDA simulator runs
-  (``NUMBA_ENABLE_CUDASIM=1``), which is how CI tests the kernels; the only backward that
-  takes a sliding window (``window_size``) so far (every forward takes it).
+  (``NUMBA_ENABLE_CUDASIM=1``), which is how CI tests the kernels.
+
+Every family takes a sliding window (``window_size``), forward and backward: the band of
+`kernels.mask.band_arguments`.
 
 One forward-only kernel comes before the families for a forward:
 
