@@ -167,11 +167,20 @@ def _profile(name: str, custom: tuple | None):
     return sim.GPUProfile(name="custom", description="custom GPU", **values)
 
 
-def _workload(seq_len, head_dim, batch, heads, dtype, pass_, causal, density):
+def window_size(window: int, causal: bool) -> tuple[int, int] | None:
+    """The sidebar's sliding window (keys each side, 0 = none) as ``window_size``: (w, 0) with
+    causal (Mistral-style), (w, w) without (Longformer-style)."""
+    if window <= 0:
+        return None
+    return (int(window), 0) if causal else (int(window), int(window))
+
+
+def _workload(seq_len, head_dim, batch, heads, dtype, pass_, causal, density, window=0):
     # density 1.0 is dense attention: no block mask at all (not a mask that keeps every tile)
     return _sim().Workload(batch=batch, heads=heads, seq_len_q=seq_len, head_dim=head_dim,
                            dtype=dtype, causal=causal, pass_=pass_,
-                           block_density=None if density >= 1.0 else float(density))
+                           block_density=None if density >= 1.0 else float(density),
+                           window_size=window_size(window, causal))
 
 
 def _schedule(name, block_q=None, block_k=None):
@@ -243,7 +252,7 @@ def estimated_trace_seconds(seq_len: int, batch: int, heads: int, passes: int = 
 def compare_schedules(seq_len: int, head_dim: int, batch: int, heads: int, dtype: str,
                       pass_: str, causal: bool, density: float, profile: str,
                       custom: tuple | None = None, l2: str = "analytic",
-                      calibrate_on: str | None = None) -> tuple[pd.DataFrame, dict]:
+                      calibrate_on: str | None = None, window: int = 0) -> tuple[pd.DataFrame, dict]:
     """naive, flash1 and flash2 (default block sizes) for one workload on one profile.
 
     Returns ``(table, ceilings)``: one row per schedule with the model's prediction
@@ -253,7 +262,7 @@ def compare_schedules(seq_len: int, head_dim: int, batch: int, heads: int, dtype
     is fitted on, passed to sim.predict as its ``calibration``; None: no calibrated time.
     """
     prof = _profile(profile, custom)
-    wl = _workload(seq_len, head_dim, batch, heads, dtype, pass_, causal, density)
+    wl = _workload(seq_len, head_dim, batch, heads, dtype, pass_, causal, density, window)
     cal = calibration_path(calibrate_on)
     rows = [_row(name, _predict(wl, _schedule(name), prof, l2, cal)) for name in SCHEDULES]
     return pd.DataFrame(rows), _ceilings(prof, dtype)
@@ -328,7 +337,7 @@ BLOCK_SIZES = (16, 32, 64, 128, 256)
 @st.cache_data(show_spinner=False, max_entries=128)
 def block_grid(schedule: str, seq_len: int, head_dim: int, batch: int, heads: int, dtype: str,
                pass_: str, causal: bool, profile: str, custom: tuple | None = None,
-               density: float = 1.0) -> pd.DataFrame:
+               density: float = 1.0, window: int = 0) -> pd.DataFrame:
     """Every (block_q, block_k) in ``BLOCK_SIZES``² from ``sim.search_blocks`` (analytic L2).
 
     Columns: block_q, block_k, the ``GRID_METRICS`` (NaN where infeasible, except the on-chip
@@ -338,7 +347,7 @@ def block_grid(schedule: str, seq_len: int, head_dim: int, batch: int, heads: in
 
     sim = _sim()
     prof = _profile(profile, custom)
-    wl = _workload(seq_len, head_dim, batch, heads, dtype, pass_, causal, density)
+    wl = _workload(seq_len, head_dim, batch, heads, dtype, pass_, causal, density, window)
     res = sim.search_blocks(wl, prof, schedule, blocks=BLOCK_SIZES, l2="analytic")
     rows = []
     for r in res.grid:
@@ -368,7 +377,7 @@ def grid_columns() -> dict:
 @st.cache_data(show_spinner=False, max_entries=128)
 def scaling(seq_lens: tuple[int, ...], head_dim: int, batch: int, heads: int, dtype: str,
             pass_: str, causal: bool, density: float, profile: str,
-            custom: tuple | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+            custom: tuple | None = None, window: int = 0) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The three schedules over ``seq_lens``; returns ``(table, bounds)``.
 
     ``table``: one row per (N, schedule) with global/DRAM bytes, the roofline time and the extra
@@ -380,7 +389,8 @@ def scaling(seq_lens: tuple[int, ...], head_dim: int, batch: int, heads: int, dt
     prof = _profile(profile, custom)
     rows = []
     for n in seq_lens:
-        wl = _workload(n, head_dim, batch, heads, dtype, pass_, causal, density)
+        wl = _workload(n, head_dim, batch, heads, dtype, pass_, causal, density,
+                       window if window < n else 0)
         for name in SCHEDULES:
             row = _row(name, _predict(wl, _schedule(name), prof, "analytic"))
             rows.append({"seq_len": n, "schedule": name, "global_bytes": row["global_bytes"],
@@ -1127,12 +1137,13 @@ def start_replay(digest: str, profile: str, records: list, estimate_s: float) ->
 # ------------------------------------------------------------------------------------------------
 def measured_blocks(results_name: str, schedule: str, seq_len: int, head_dim: int, batch: int,
                     heads: int, dtype: str, pass_: str, causal: bool, profile: str,
-                    custom: tuple | None = None, density: float = 1.0) -> pd.DataFrame:
+                    custom: tuple | None = None, density: float = 1.0,
+                    window: int = 0) -> pd.DataFrame:
     """Measured runs of our CUDA-core kernel of ``schedule`` on exactly the given workload (N,
     d, dtype, causal, pass, batch·heads): columns block_q, block_k and the median time_ms over
     repeated records."""
     df = load_results_choice(results_name)["records"]
-    if df.empty:
+    if df.empty or window > 0:      # no shipped record measured a sliding window
         return pd.DataFrame(columns=["block_q", "block_k", "time_ms"])
     df = df[df["variant"].fillna("simt") == "simt"]   # the tensor-core kernels are other programs
     sel = df[(df["kernel"] == "ioaware-numba") & (df["schedule"] == schedule)

@@ -37,6 +37,7 @@ WORKLOAD_DEFAULTS = {
     "w_pass": "fwd",
     "w_causal": False,
     "w_density": 1.0,
+    "w_window": 0,
     "w_profile": None,  # filled with the first profile (h100 when present)
     "w_l2": "analytic",
 }
@@ -100,6 +101,11 @@ def workload_sidebar(*, show_pass: bool = True, show_density: bool = True,
     if show_pass:
         c2.selectbox("Pass", PASSES, key="w_pass", format_func=data.PASS_LABELS.get)
     sb.checkbox("Causal", key="w_causal")
+    sb.number_input("Sliding window (keys; 0 = none)", min_value=0, max_value=1 << 20, step=256,
+                    key="w_window",
+                    help="Local attention: each query sees this many keys before it (and, without "
+                         "causal, after it): window_size (w, 0) with causal, (w, w) without. Only "
+                         "the band's tiles are visited.")
     if show_density:
         sb.slider("Block-mask density", min_value=0.05, max_value=1.0, step=0.05, key="w_density",
                   help="Fraction of (Q tile, K tile) pairs computed (block-sparse attention). "
@@ -119,6 +125,7 @@ def workload_sidebar(*, show_pass: bool = True, show_density: bool = True,
         "pass_": st.session_state["w_pass"] if show_pass else "fwd",
         "causal": bool(st.session_state["w_causal"]),
         "density": float(st.session_state["w_density"]) if show_density else 1.0,
+        "window": int(st.session_state["w_window"]),
         "profile": st.session_state["w_profile"],
         "custom": custom,
     }

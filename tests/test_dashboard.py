@@ -8,6 +8,7 @@ what ``results/`` holds. The results fixture is synthetic (see tests/data/make_f
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import time
@@ -568,3 +569,23 @@ def test_summary_display_and_filters():
     df = pd.DataFrame({"kernel": ["a", "b"], "dtype": ["fp16", "fp16"]})
     assert list(data.filter_records(df, {"kernel": ["b"]})["kernel"]) == ["b"]
     assert data.filter_records(df, {"kernel": []}).empty
+
+
+def test_explore_sliding_window_shows_the_band_s_bytes():
+    """A sliding window in the sidebar reaches the model: FlashAttention-2 reads what
+    sim.predict says for the band (w, 0) with causal, fewer bytes than full causal."""
+    import sim
+    at = open_page("explore")
+    at.checkbox(key="w_causal").check().run()
+    at.number_input(key="w_window").set_value(512).run()
+    ok(at)
+    shown = table(at, "Schedule").set_index("Schedule")
+    w = sim.Workload(batch=1, heads=16, seq_len_q=4096, head_dim=64, dtype="fp16", causal=True,
+                     window_size=(512, 0))
+    band = sim.predict(w, sim.Schedule("flash2"), "h100", l2="analytic")
+    full = sim.predict(dataclasses.replace(w, window_size=None), sim.Schedule("flash2"), "h100",
+                       l2="analytic")
+    assert shown.loc["FlashAttention-2", "Global read"] == fmt.bytes_(band.hbm_read_bytes)
+    assert band.hbm_read_bytes < full.hbm_read_bytes
+    assert data.window_size(512, True) == (512, 0) and data.window_size(512, False) == (512, 512)
+    assert data.window_size(0, True) is None
