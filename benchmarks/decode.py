@@ -199,14 +199,13 @@ def _ncu_child(cases_path) -> int:
 def ncu_counters(cases: list[dict]) -> list[dict]:
     """DRAM bytes of our decode kernels per case: the child under ncu, launches grouped two by
     two (the split-KV kernel and its merge)."""
-    from .ncu import parse_ncu_csv
+    from .ncu import PROFILER_OPTIONS, parse_ncu_csv
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "cases.json")
         log = os.path.join(tmp, "ncu.csv")
         with open(path, "w") as f:
             json.dump(cases, f)
-        cmd = ["ncu", "--clock-control", "none", "--cache-control", "all",
-               "--profile-from-start", "off", "--kernel-name", "regex:decode_",
+        cmd = ["ncu", *PROFILER_OPTIONS, "--kernel-name", "regex:decode_",
                "--csv", "--page", "raw", "--print-units", "base",
                "--metrics", ",".join(NCU_METRICS), "--log-file", log,
                sys.executable, "-m", "benchmarks", "decode", "--ncu-child", path]

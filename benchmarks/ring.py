@@ -301,12 +301,14 @@ def _ring(a, torch, dist, prov):
         del q, k, v, dout, shards, outputs
 
 
-def _time_ring(a, torch, dist, ring_attention, q, k, v, dout, causal, pass_):
+def _time_pass(a, torch, dist, attend, q, k, v, dout, pass_):
+    """``(timing, out)`` of ``attend(q, k, v)``: the forward under no_grad (``out`` kept), or
+    forward and backward from ``dout`` on fresh leaves (``out`` None)."""
     out_holder = {}
     if pass_ == "fwd":
         def fn():
             with torch.no_grad():
-                out_holder["out"] = ring_attention(q, k, v, causal=causal, layout=a.layout)
+                out_holder["out"] = attend(q, k, v)
         return _timed(torch, dist, fn, a.repeats, a.warmup), out_holder["out"]
     leaves = [x.detach().requires_grad_() for x in (q, k, v)]
 
@@ -315,28 +317,19 @@ def _time_ring(a, torch, dist, ring_attention, q, k, v, dout, causal, pass_):
             x.grad = None
 
     def fn():
-        ring_attention(*leaves, causal=causal, layout=a.layout).backward(dout)
+        attend(*leaves).backward(dout)
     return _timed(torch, dist, fn, a.repeats, a.warmup, prepare), None
+
+
+def _time_ring(a, torch, dist, ring_attention, q, k, v, dout, causal, pass_):
+    return _time_pass(a, torch, dist, lambda *x: ring_attention(*x, causal=causal, layout=a.layout),
+                      q, k, v, dout, pass_)
 
 
 def _time_single(a, torch, dist, attention, q, k, v, dout, causal, pass_):
     """Our kernel on one GPU at the whole N: every rank runs it on its own GPU at the same time
     (no collective inside), so the slowest rank's time is one GPU's."""
-    out_holder = {}
-    if pass_ == "fwd":
-        def fn():
-            with torch.no_grad():
-                out_holder["out"] = attention(q, k, v, causal=causal)
-        return _timed(torch, dist, fn, a.repeats, a.warmup), out_holder["out"]
-    leaves = [x.detach().requires_grad_() for x in (q, k, v)]
-
-    def prepare():
-        for x in leaves:
-            x.grad = None
-
-    def fn():
-        attention(*leaves, causal=causal).backward(dout)
-    return _timed(torch, dist, fn, a.repeats, a.warmup, prepare), None
+    return _time_pass(a, torch, dist, lambda *x: attention(*x, causal=causal), q, k, v, dout, pass_)
 
 
 _CP_MESH: dict = {}     # one device mesh per run
@@ -355,23 +348,11 @@ def _time_torch_cp(a, torch, dist, F, q, k, v, dout, causal, pass_):
     mesh = _CP_MESH["mesh"]
     set_rotate_method(a.cp_rotate)
     cq, ck, cv, cdo = (x.clone() for x in (q, k, v, dout))
-    out_holder = {}
     with context_parallel(mesh, buffers=[cq, ck, cv, cdo], buffer_seq_dims=[2, 2, 2, 2],
                           no_restore_buffers={cq, ck, cv, cdo}), sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-        if pass_ == "fwd":
-            def fn():
-                with torch.no_grad():
-                    out_holder["out"] = F.scaled_dot_product_attention(cq, ck, cv, is_causal=causal)
-            return _timed(torch, dist, fn, a.repeats, a.warmup), out_holder["out"]
-        leaves = [x.detach().requires_grad_() for x in (cq, ck, cv)]
-
-        def prepare():
-            for x in leaves:
-                x.grad = None
-
-        def fn():
-            F.scaled_dot_product_attention(*leaves, is_causal=causal).backward(cdo)
-        return _timed(torch, dist, fn, a.repeats, a.warmup, prepare), None
+        return _time_pass(a, torch, dist,
+                          lambda *x: F.scaled_dot_product_attention(*x, is_causal=causal),
+                          cq, ck, cv, cdo, pass_)
 
 
 def _summary(n, world, layout, measured, outputs, predicted, torch, dist) -> dict:

@@ -32,9 +32,10 @@ import numpy as np
 from numba import cuda, float32, int64, uint32, uint64
 
 from ioaware.block_info import band_offsets
-from sim.decode import MAX_SEQLEN_Q, SplitKVPlan, split_kv_plan
+from sim.decode import MAX_SEQLEN_Q, WARPS, SplitKVPlan, split_kv_plan
 
 from . import host, ptx
+from .mask import UNBOUNDED
 
 __all__ = ["forward", "supports", "plan", "TAKES_WINDOW", "TAKES_CACHE_SEQLENS",
            "make_decode_kernel", "make_merge_kernel", "MIN_SEQLEN_K"]
@@ -50,7 +51,6 @@ LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 NEG_INF = float32(-np.inf)
 #: An absent band bound (no col - row comes near it).
-UNBOUNDED = 2**62  # as kernels.mask.UNBOUNDED
 
 
 def _unpack_f16_twin(word):
@@ -406,7 +406,6 @@ def _kernel(kind, *key):
 
 def _warps() -> int:
     """Warps per program: `sim.decode.WARPS` on a GPU, 2 under the simulator (shorter tests)."""
-    from sim.decode import WARPS
     return 2 if host.simulator() else WARPS
 
 
@@ -450,9 +449,6 @@ def supports(problem, config=None):
             return f"{what} (the decoding kernel takes causal, window and cache lengths only)"
     if pb.dropout_p > 0:
         return "dropout (the decoding kernel is for inference)"
-    if pb.causal and pb.causal_alignment == "top_left" and pb.seqlen_q != pb.seqlen_k \
-            and getattr(pb, "cache_seqlens", None) is None and pb.window_size is not None:
-        return "a window with top-left causal alignment and seqlen_q != seqlen_k"
     if config is None or getattr(config, "family", None) != "split_kv":
         if pb.seqlen_k < MIN_SEQLEN_K and getattr(pb, "cache_seqlens", None) is None:
             return f"seqlen_k={pb.seqlen_k} < {MIN_SEQLEN_K} (the tiled forwards take short caches)"
@@ -476,7 +472,7 @@ def forward(problem, config=None):
     p = plan(pb, config)
     call = host.Call(pb)
     words = pb.dtype_name != "float32"
-    q, k, v = (_operand(call, x, words) for x in (pb.q, pb.k, pb.v))
+    q, k, v = (call.input(x, words=words, aligned=True, word_bytes=4) for x in (pb.q, pb.k, pb.v))
     B, Hq, Nq, D = pb.batch, pb.heads_q, pb.seqlen_q, pb.head_dim
     o_part = call.output((p.splits, B, Hq, Nq, D), float32=True)
     lse_part = call.output((p.splits, B, Hq, Nq), float32=True)
@@ -498,20 +494,6 @@ def forward(problem, config=None):
     if call.torch:
         return out.value(pb.q.dtype), lse.value()
     return out.value().astype(pb.dtype, copy=False), lse.value()
-
-
-def _operand(call, x, words):
-    """q, k or v as the kernel reads it: float32 as is; 16-bit inputs as uint32 words (the
-    last dimension halved; rows made contiguous)."""
-    if call.torch:
-        t = x.detach()
-        if words:
-            t = t.contiguous() if t.stride(-1) != 1 or t.data_ptr() % 4 or any(
-                s % 2 for s in t.stride()[:-1]) else t
-            return t.view(call._torch.int32)
-        return t
-    a = np.ascontiguousarray(x)
-    return cuda.to_device(a.view(np.uint32) if words else a)
 
 
 def _seqlens(call, pb):

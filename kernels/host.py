@@ -32,6 +32,8 @@ import sys
 import numpy as np
 from numba import config as numba_config
 
+from .mask import UNBOUNDED
+
 __all__ = ["Call", "simulator", "real_gpu", "compute_capability", "current_device_id",
            "device_const", "tensor_core_refusal", "tensor_core_backward_refusal",
            "tensor_core_forward", "tensor_core_backward", "launch", "launch_stream",
@@ -342,7 +344,7 @@ def _dropout_args(drop):
 
 
 def tensor_core_forward(problem, config, kern, block_q, schedule, drop, words,
-                        band=(-2**62, 2**62)):
+                        band=(-UNBOUNDED, UNBOUNDED)):
     """Run a tensor-core forward kernel (the mma and tf32 families share its arguments) on
     ``problem``: operands as 16-bit words (``words``) or float32, rows 16-byte aligned, the
     ``"kv"`` CSR ``schedule`` of its tiles, dropout constants ``drop``, the sliding window's
@@ -363,7 +365,8 @@ def tensor_core_forward(problem, config, kern, block_q, schedule, drop, words,
 
 
 def tensor_core_backward(problem, out, lse, dout, config, dq_kernel, dq_tile, kv_schedule,
-                         dkdv_kernel, kv_tile, q_schedule, drop, words, band=(-2**62, 2**62)):
+                         dkdv_kernel, kv_tile, q_schedule, drop, words,
+                         band=(-UNBOUNDED, UNBOUNDED)):
     """Run a tensor-core backward (the mma and tf32 families share its two kernels' arguments):
     the dQ kernel (which also writes delta) on its ``dq_tile`` = (rows, keys) with the ``"kv"``
     schedule, then the dK/dV kernel on ``kv_tile`` = (queries, keys) with the ``"q"`` schedule;
@@ -451,10 +454,11 @@ class Call:
         else:
             self.stream = launch_stream() if real_gpu() else 0
 
-    def input(self, x, words=False, aligned=False):
+    def input(self, x, words=False, aligned=False, word_bytes=2):
         """``x`` (an operand of the problem: q, k, v, out, dout, lse) as a kernel argument:
-        ``words``: viewed as int16 (half-precision tensor-core kernels); ``aligned``: rows
-        contiguous and 16-byte aligned (copied where they are not; what ``cp.async`` needs)."""
+        ``words``: viewed as ``word_bytes``-byte integers (int16: the half-precision tensor-core
+        kernels; int32, two elements each: the decoding kernel); ``aligned``: rows contiguous
+        and 16-byte aligned (copied where they are not; what ``cp.async`` needs)."""
         if self.torch:
             torch = self._torch
             t = x.detach()
@@ -463,10 +467,10 @@ class Call:
             if aligned and (t.stride(-1) != 1 or t.data_ptr() % 16
                             or any(s * t.element_size() % 16 for s in t.stride()[:-1])):
                 t = t.contiguous()
-            return t.view(torch.int16) if words else t
+            return t.view(torch.int16 if word_bytes == 2 else torch.int32) if words else t
         from numba import cuda
         a = np.ascontiguousarray(x)
-        return cuda.to_device(a.view(np.int16) if words else a)
+        return cuda.to_device(a.view(np.int16 if word_bytes == 2 else np.int32) if words else a)
 
     def mask(self):
         """The problem's boolean mask [1|B, 1|H, 1|Nq, Nk] as uint8 on the device with its

@@ -64,19 +64,14 @@ def score_mask(block_q, block_k, nt_s, causal, has_mask, window=False):
     tiles that need it. Shared by the tensor-core forwards and dQ kernels; without ``window``
     the band arguments are not read."""
     from numba import cuda, float32
-    BQ, BK, NT_S, CAUSAL, HAS_MASK, WINDOW = block_q, block_k, nt_s, causal, has_mask, window
+    BK, NT_S, CAUSAL, HAS_MASK, WINDOW = block_k, nt_s, causal, has_mask, window
     NEG_INF = float32(-math.inf)
+    tile_needs = tile_needs_mask(block_q, block_k, causal, has_mask, window)
 
     @cuda.jit(device=True, inline=True)
     def mask_scores(s_reg, off, row0, n_blk, m_blk, col_base, b, h, n_q, n_k, mask, mask_b,
                     mask_h, mask_q, band_lo, band_hi):
-        needs_mask = HAS_MASK or (n_blk * BK + BK > n_k)
-        if CAUSAL:
-            needs_mask = needs_mask or (n_blk * BK + BK - 1 > m_blk * BQ)
-        if WINDOW:      # a tile the band cuts: its corners' col - row leave [band_lo, band_hi]
-            needs_mask = needs_mask or (n_blk * BK - (m_blk * BQ + BQ - 1) < band_lo) or (
-                n_blk * BK + BK - 1 - m_blk * BQ > band_hi)
-        if needs_mask:
+        if (n_blk * BK + BK > n_k) or tile_needs(m_blk, n_blk, band_lo, band_hi):
             for nt in range(NT_S):
                 for i in range(4):
                     col = col_base + nt * 8 + (i & 1)

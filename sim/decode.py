@@ -183,10 +183,11 @@ def split_kv_costs(plan: SplitKVPlan, gpu, keys_read: int | None = None) -> dict
     rows = p.batch * p.heads_q * p.seqlen_q
     partial_bytes = p.splits * rows * (p.head_dim + 1) * 4
     out_f32 = rows * (p.head_dim + 1) * 4
-    cast_bytes = 0 if e == 4 else rows * p.head_dim * (4 + e)
+    cast_read = 0 if e == 4 else rows * p.head_dim * 4       # the float32 output, cast to e bytes
+    cast_write = 0 if e == 4 else rows * p.head_dim * e
     main_global_read = kv_dram * p.row_chunks + q_bytes * p.splits
     main_dram = kv_dram + q_bytes + partial_bytes
-    merge_bytes = partial_bytes + out_f32 + cast_bytes
+    merge_bytes = partial_bytes + out_f32 + cast_read + cast_write
     flops = 4 * rows * keys * p.head_dim
     wave = gpu.num_sms * RESIDENT_PROGRAMS_PER_SM
     waves = p.programs * p.splits / wave
@@ -200,10 +201,10 @@ def split_kv_costs(plan: SplitKVPlan, gpu, keys_read: int | None = None) -> dict
         "row_chunks": p.row_chunks,
         "grid": list(p.grid),
         "kv_bytes": kv_dram,
-        "global_read_bytes": main_global_read + partial_bytes + (rows * p.head_dim * 4 if e != 4 else 0),
-        "global_write_bytes": partial_bytes + out_f32 + (rows * p.head_dim * e if e != 4 else 0),
-        "dram_read_bytes": kv_dram + q_bytes + partial_bytes + (rows * p.head_dim * 4 if e != 4 else 0),
-        "dram_write_bytes": partial_bytes + out_f32 + (rows * p.head_dim * e if e != 4 else 0),
+        "global_read_bytes": main_global_read + partial_bytes + cast_read,
+        "global_write_bytes": partial_bytes + out_f32 + cast_write,
+        "dram_read_bytes": kv_dram + q_bytes + partial_bytes + cast_read,
+        "dram_write_bytes": partial_bytes + out_f32 + cast_write,
         "flops": flops,
         "wave_efficiency": wave_efficiency,
         "time_main_s": main_time,
