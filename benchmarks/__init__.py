@@ -22,7 +22,9 @@ options); each command is one module with a ``main(argv)``:
   ``torchrun --nproc-per-node 2 -m benchmarks ring``;
 * ``decode`` (`benchmarks.decode`): decoding with a KV cache (the split-KV forward) against
   SDPA's backends, with the model's prediction and Nsight Compute DRAM bytes, and
-  sliding-window attention.
+  sliding-window attention;
+* ``first-call`` (`benchmarks.first_call`): the first call of a configuration in a fresh
+  process, compiling (empty kernel cache) and loading (`kernels.compile_cache`).
 
 `benchmarks.common` holds what several commands share (timing by CUDA events, provenance,
 compiling for sm_90). ``bash benchmarks/gpu_job.sh MODE ...`` runs the usual sets on a GPU

@@ -9,7 +9,8 @@ import sys
 #: command -> module (in `benchmarks`); each module's docstring starts "Command ``name``: ...".
 COMMANDS = {"bench": "bench", "measure": "measure", "ncu": "ncu", "tune": "tune",
             "resources": "resources", "check": "check", "sanitize": "sanitize",
-            "host-cost": "host_cost", "ring": "ring", "decode": "decode"}
+            "host-cost": "host_cost", "ring": "ring", "decode": "decode",
+            "first-call": "first_call"}
 #: Commands that only compile (PTX, ptxas) and need Numba's real CUDA target, not its simulator.
 COMPILE_ONLY = ("resources", "check")
 

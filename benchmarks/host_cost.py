@@ -52,7 +52,7 @@ def launch_split(torch, fn, reps=30) -> dict:
     launch_only()
     plan = host.plan_for(k["kern"], k["args"])
     cfg = plan.config(k["grid"], k["block"], k["sharedmem"])
-    handle = plan.handle(host.current_device_id())
+    handle = plan.function(host.current_device_id()).kernel
     marshalled = plan.marshal(k["args"], k["stream"])
     out = {"pre_launch": pre, "launch": host_call_ms(torch, launch_only, reps=reps),
            "driver_call": host_call_ms(torch, lambda: core_launch(k["stream"], cfg, handle,

@@ -20,6 +20,7 @@ import functools
 
 import numpy as np
 
+from . import kernel_cache
 from ._inputs import (BlockMask, Problem, check_cache_seqlens, check_inputs, check_values, is_torch, lse_dtype,
                       parse_causal, torch_or_none)
 from .block_info import BlockInfo
@@ -128,7 +129,7 @@ def _run_forward_with_cache(pb: Problem, lengths, backend):
     the split-KV decoding kernel where it takes the problem (backend ``"numba"``), otherwise
     batch row by batch row on the keys that exist (any backend), which is the definition."""
     if backend == "numba" and not pb.trivial:
-        import kernels
+        kernels = kernel_cache.kernels()
         kp = _kernel_problem(pb)
         if kp is not pb:
             kp = dataclasses.replace(kp, cache_seqlens=np.asarray(lengths, dtype=np.int32))
@@ -217,7 +218,7 @@ def _forward(pb: Problem, backend):
     if backend == "numba":
         if pb.bias is not None:
             raise NotImplementedError("the numba backend takes boolean masks, not an additive bias")
-        import kernels
+        kernels = kernel_cache.kernels()
         out, lse = kernels.forward(_kernel_problem(pb))
         return _from_device(pb, out), _from_device(pb, lse, lse=True)
     q, k, v = (_host(x) for x in (pb.q, pb.k, pb.v))
@@ -243,7 +244,7 @@ def _backward(pb: Problem, out, lse, dout, backend):
     shape4, shape3 = tuple(pb.q.shape), tuple(pb.q.shape[:-1])
     shape_out = shape3 + (pb.value_dim,)
     if backend == "numba":
-        import kernels
+        kernels = kernel_cache.kernels()
         o, l_, do = (_device_input(pb, x.reshape(s)) for x, s in ((out, shape4), (lse, shape3), (dout, shape4)))
         dq, dk, dv = kernels.backward(_kernel_problem(pb), o, l_, do)
         dq, dk, dv = (_from_device(pb, x) for x in (dq, dk, dv))

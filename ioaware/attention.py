@@ -234,6 +234,11 @@ def _torch_attention(q, k, v, *, causal, window_size, mask, bias, block_mask, sc
         scale = _scalar("scale", scale)
     dropout_p = _scalar("dropout_p", dropout_p, "a float in [0, 1]")
     if seed is None and dropout_p > 0.0:
+        if q.is_cuda and torch.cuda.is_current_stream_capturing():
+            raise ValueError("dropout_p > 0 with seed=None while a CUDA graph is being captured: the seed "
+                             "is drawn when the graph is captured, so every replay would drop the same "
+                             "elements; capture with dropout_p=0, or pass seed= explicitly (then every "
+                             "replay uses that seed)")
         seed_t = torch.randint(0, 2**62, (), dtype=torch.int64)
     else:
         seed_int = _check_seed(seed, dropout_p, "torch", torch) if seed is not None else 0

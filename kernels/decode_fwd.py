@@ -34,7 +34,7 @@ from numba import cuda, float32, int64, uint32, uint64
 from ioaware.block_info import band_offsets
 from sim.decode import MAX_SEQLEN_Q, WARPS, SplitKVPlan, split_kv_plan
 
-from . import host, ptx
+from . import compile_cache, host, ptx
 from .mask import UNBOUNDED
 
 __all__ = ["forward", "supports", "plan", "TAKES_WINDOW", "TAKES_CACHE_SEQLENS",
@@ -393,15 +393,9 @@ def make_merge_kernel(head_dim: int, threads: int):
 
 
 # -- host side -----------------------------------------------------------------------------------
-_KERNELS: dict = {}
-
 
 def _kernel(kind, *key):
-    kern = _KERNELS.get((kind,) + key)
-    if kern is None:
-        make = make_decode_kernel if kind == "main" else make_merge_kernel
-        kern = _KERNELS[(kind,) + key] = make(*key)
-    return kern
+    return compile_cache.built(make_decode_kernel if kind == "main" else make_merge_kernel, *key)
 
 
 def _warps() -> int:

@@ -14,9 +14,10 @@
   overload up and builds a `DeviceNDArray` for each torch tensor through
   ``__cuda_array_interface__`` on every call; for the tensor-core kernels' ~20 arguments that
   host work is a large part of a short kernel's time. `launch` pays it once per *argument
-  signature* (each array's dtype, rank and layout, each scalar's type): the first call compiles
-  (or finds) the overload as Numba would and launches through it; later calls with the same
-  signature reuse that overload and hand each tensor's pointer, shape and strides straight to
+  signature* (each array's dtype, rank and layout, each scalar's type): the first call finds
+  the kernel's cubin in the on-disk cache (`kernels.compile_cache`, for kernels built through
+  `kernels.compile_cache.built`) or has Numba compile the overload (and stores its cubin);
+  every call, the first included, hands each tensor's pointer, shape and strides straight to
   the driver, in the order Numba itself marshals an array (meminfo, parent, size, itemsize,
   data, shape..., strides...). ``fast=False`` sends a call through Numba's own launch (for
   measuring what the fast path saves). A kernel that declares ``cuda.shared.array(0, dtype)``
@@ -32,6 +33,7 @@ import sys
 import numpy as np
 from numba import config as numba_config
 
+from . import compile_cache
 from .mask import UNBOUNDED
 
 __all__ = ["Call", "simulator", "real_gpu", "compute_capability", "current_device_id",
@@ -43,7 +45,7 @@ __all__ = ["Call", "simulator", "real_gpu", "compute_capability", "current_devic
 DEFAULT_DYNAMIC_SMEM_BYTES = 48 * 1024
 
 _OVERLOADS: dict = {}      # (dispatcher id, signature key) -> _Plan
-_OPTED_IN: dict = {}       # (compiled id, device id) -> bytes allowed
+_OPTED_IN: dict = {}       # (kernel function, device id) -> bytes allowed
 _STREAMS: dict = {}        # torch stream handle -> Numba external stream
 
 
@@ -189,13 +191,15 @@ def launch_stream(on=None):
     return s
 
 
-def _opt_in(compiled, sharedmem, device_id=None):
-    """Allow ``sharedmem`` bytes of dynamic shared memory for ``compiled`` on this device (a
-    dictionary lookup once done for this kernel, device and size); ``device_id`` is
-    `current_device_id` when the caller has it."""
+def _opt_in(plan, sharedmem, device_id=None):
+    """Allow ``sharedmem`` bytes of dynamic shared memory for ``plan``'s kernel on this device
+    (a dictionary lookup once done for this kernel function, device and size); ``device_id``
+    is `current_device_id` when the caller has it."""
     if sharedmem <= DEFAULT_DYNAMIC_SMEM_BYTES:
         return
-    key = (id(compiled), current_device_id() if device_id is None else device_id)
+    dev_id = current_device_id() if device_id is None else device_id
+    fn = plan.function(dev_id)
+    key = (fn, dev_id)          # the function itself: kept alive here, so no id is reused
     if _OPTED_IN.get(key, 0) >= sharedmem:
         return
     from numba import cuda
@@ -205,26 +209,37 @@ def _opt_in(compiled, sharedmem, device_id=None):
     if sharedmem > limit:
         raise ValueError(f"{sharedmem} bytes of dynamic shared memory exceed this device's "
                          f"per-block limit of {limit} bytes")
-    cufunc = compiled._codelibrary.get_cufunc()
     attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-    driver.cuKernelSetAttribute(attr, int(sharedmem), cufunc.handle, dev.id)
+    driver.cuKernelSetAttribute(attr, int(sharedmem), fn.handle, dev.id)
     _OPTED_IN[key] = int(sharedmem)
 
 
+def _array_values(a):
+    """What Numba's launch passes for a Numba device array: meminfo, parent, size, itemsize,
+    data, shape..., strides... (as `_Kernel._prepare_args` does)."""
+    from numba.cuda.cudadrv.driver import device_pointer
+    return [0, 0, a.size, a.dtype.itemsize, device_pointer(a) or 0, *a.shape, *a.strides]
+
+
 class _Plan:
-    """How to marshal one argument signature of one compiled overload: per argument, 't' (a torch
+    """How to launch one argument signature of one compiled kernel: per argument, 't' (a torch
     tensor: pointer, shape, strides), 'n' (a Numba device array; the last one's marshalled
     values are kept, so a constant array costs nothing) or a ctypes constructor for a scalar
-    (None: Numba's own `_prepare_args`)."""
-    __slots__ = ("kern", "compiled", "kinds", "last", "configs", "handles")
+    (None: Numba's own `_prepare_args`, which needs ``compiled``). The kernel function comes
+    from Numba's ``compiled`` overload or from a cached cubin (`kernels.compile_cache.Entry`),
+    loaded once per device."""
+    __slots__ = ("kern", "compiled", "entry", "argument_types", "kinds", "last", "configs",
+                 "functions")
 
-    def __init__(self, kern, compiled, args):
+    def __init__(self, kern, argument_types, args, compiled=None, entry=None):
         import ctypes
 
         from numba.cuda import types
-        self.kern, self.compiled, self.configs, self.handles = kern, compiled, {}, {}
+        self.kern, self.compiled, self.entry = kern, compiled, entry
+        self.argument_types = tuple(argument_types)
+        self.configs, self.functions = {}, {}
         kinds = []
-        for ty, a in zip(compiled.argument_types, args):
+        for ty, a in zip(self.argument_types, args):
             if _is_torch(a):
                 kinds.append("t")
             elif isinstance(ty, types.Array):
@@ -240,8 +255,14 @@ class _Plan:
         self.kinds = tuple(kinds)
         self.last = [None] * len(kinds)
 
+    @property
+    def marshals_itself(self) -> bool:
+        """Whether every argument is marshalled here, without Numba's ``_prepare_args`` (what a
+        kernel loaded from a cubin needs)."""
+        return None not in self.kinds
+
     def marshal(self, args, stream):
-        out, compiled, last = [], self.compiled, self.last
+        out, last = [], self.last
         for i, (kind, a) in enumerate(zip(self.kinds, args)):
             if kind == "t":
                 item = a.element_size()
@@ -251,22 +272,29 @@ class _Plan:
             elif kind == "n":
                 hit = last[i]
                 if hit is None or hit[0] is not a:
-                    vals = []
-                    compiled._prepare_args(compiled.argument_types[i], a, stream, [], vals)
-                    hit = last[i] = (a, vals)
+                    hit = last[i] = (a, _array_values(a))
                 out += hit[1]
             elif kind is None:
-                compiled._prepare_args(compiled.argument_types[i], a, stream, [], out)
+                self.compiled._prepare_args(self.argument_types[i], a, stream, [], out)
             else:
                 out.append(kind(a))
         return out
 
-    def handle(self, dev):
-        """The loaded kernel on device ``dev`` (the current one; cached per device ordinal)."""
-        h = self.handles.get(dev)
-        if h is None:
-            h = self.handles[dev] = self.compiled._codelibrary.get_cufunc().kernel
-        return h
+    def function(self, dev):
+        """The loaded kernel function on device ``dev`` (the current one; cached per device
+        ordinal): ``.kernel`` is what cuda.core launches, ``.handle`` the driver's handle."""
+        fn = self.functions.get(dev)
+        if fn is None:
+            if self.compiled is not None:
+                fn = self.compiled._codelibrary.get_cufunc()
+            else:
+                from cuda.core import ObjectCode
+                from numba.cuda.cudadrv import devices
+                image = ObjectCode.from_cubin(self.entry.cubin)
+                module = devices.get_context().create_module_image(image)   # kept by the context
+                fn = module.get_function(self.entry.entry_name)
+            self.functions[dev] = fn
+        return fn
 
     def config(self, grid, block, sharedmem):
         key = (grid, block, sharedmem)
@@ -278,21 +306,87 @@ class _Plan:
             cfg = self.configs[key] = LaunchConfig(grid=grid, block=block, shmem_size=sharedmem)
         return cfg
 
+    def launch(self, grid, block, stream, args, sharedmem, dev):
+        _opt_in(self, sharedmem, dev)
+        from cuda.core import launch as core_launch
+        core_launch(stream, self.config(grid, block, sharedmem), self.function(dev).kernel,
+                    *self.marshal(args, stream))
 
-def _slow(kern, key, grid, block, stream, args, sharedmem):
-    """Numba's own typing and compilation, then a launch through the overload; caches a `_Plan`
-    for the signature."""
-    from numba.cuda.errors import normalize_kernel_dimensions
-    grid, block = normalize_kernel_dimensions(grid, block)
+
+def _compile(kern, args):
+    """Numba's typing and compilation of ``kern`` for ``args``: the overload (logged with its
+    seconds on the ``ioaware.kernels`` logger when the kernel is one of ours)."""
+    import time
     nargs = [_to_numba(a) for a in args]
     argtypes = tuple(kern.typeof_pyval(a) for a in nargs)
-    compiled = kern.compile(argtypes)
-    _opt_in(compiled, sharedmem)
-    compiled.launch(nargs, grid, block, stream, sharedmem)
-    if key is not None:
-        if len(_OVERLOADS) > 512:
-            _OVERLOADS.clear()
-        _OVERLOADS[key] = _Plan(kern, compiled, args)
+    label = _label(kern)
+    if label and argtypes not in kern.overloads:
+        t0 = time.perf_counter()
+        compiled = kern.compile(argtypes)
+        compile_cache.log.info("compiled %s for sm_%d%d in %.1f s", label,
+                               *compute_capability(current_device_id()),
+                               time.perf_counter() - t0)
+        return compiled, nargs
+    return kern.compile(argtypes), nargs
+
+
+def _label(kern) -> str:
+    """``module.builder(args)`` of a kernel built through `kernels.compile_cache.built`, else
+    ''."""
+    ident = getattr(kern, "build_key", None)
+    if ident is None:
+        return ""
+    module, name, args = ident
+    return f"{module.rsplit('.', 1)[-1]}.{name}{args!r}"
+
+
+def _disk_key(kern, key):
+    """The on-disk cache key of this launch signature, or None (no cache directory, or a kernel
+    not built through `kernels.compile_cache.built`)."""
+    ident = getattr(kern, "build_key", None)
+    if ident is None or compile_cache.directory() is None:
+        return None
+    return compile_cache.entry_key(ident, key[1:], compute_capability(current_device_id()))
+
+
+def _first_launch(kern, key, grid, block, stream, args, sharedmem):
+    """The first launch of a signature in this process: the kernel from the on-disk cache, or
+    compiled by Numba (and stored there); caches its `_Plan` under ``key`` and launches through
+    it (through Numba's launch when some argument needs Numba's marshalling)."""
+    from numba.cuda.errors import normalize_kernel_dimensions
+    grid, block = normalize_kernel_dimensions(grid, block)
+    disk = _disk_key(kern, key)
+    entry = compile_cache.load(disk) if disk is not None else None
+    plan = _Plan(kern, entry.argument_types, args, entry=entry) if entry is not None else None
+    if plan is None:
+        compiled, nargs = _compile(kern, args)
+        plan = _Plan(kern, compiled.argument_types, args, compiled=compiled)
+        if disk is not None and plan.marshals_itself and _storable(compiled):
+            image = compiled._codelibrary.get_cubin()       # a cuda.core ObjectCode
+            compile_cache.store(disk, compile_cache.Entry(
+                cubin=bytes(getattr(image, "code", image)), entry_name=compiled.entry_name,
+                argument_types=plan.argument_types, label=_label(kern)))
+        if not plan.marshals_itself:
+            _opt_in(plan, sharedmem)
+            compiled.launch(nargs, grid, block, stream, sharedmem)
+            _remember(key, plan)
+            return
+    _remember(key, plan)
+    plan.launch(grid, block, stream, args, sharedmem, current_device_id())
+
+
+def _storable(compiled) -> bool:
+    """Whether the linked cubin is the whole kernel (no setup callbacks, linked files or
+    referenced device arrays that loading the cubin alone would miss)."""
+    lib = compiled._codelibrary
+    return not (lib._setup_functions or lib._teardown_functions or lib._linking_files
+                or getattr(lib, "referenced_objects", None))
+
+
+def _remember(key, plan):
+    if len(_OVERLOADS) > 512:
+        _OVERLOADS.clear()
+    _OVERLOADS[key] = plan
 
 
 def signature_key(kern, args) -> tuple:
@@ -319,19 +413,18 @@ def launch(kern, grid, block, stream, args, sharedmem=0, fast=True):
         kern[grid, block, stream, sharedmem](*args)
         return
     if not fast:
-        _slow(kern, None, grid, block, stream, args, sharedmem)
+        from numba.cuda.errors import normalize_kernel_dimensions
+        grid, block = normalize_kernel_dimensions(grid, block)
+        compiled, nargs = _compile(kern, args)
+        _opt_in(_Plan(kern, compiled.argument_types, args, compiled=compiled), sharedmem)
+        compiled.launch(nargs, grid, block, stream, sharedmem)
         return
     key = signature_key(kern, args)
     plan = _OVERLOADS.get(key)
     if plan is None or plan.kern is not kern:
-        _slow(kern, key, grid, block, stream, args, sharedmem)
+        _first_launch(kern, key, grid, block, stream, args, sharedmem)
         return
-    compiled = plan.compiled
-    dev = current_device_id()
-    _opt_in(compiled, sharedmem, dev)
-    from cuda.core import launch as core_launch
-    core_launch(stream, plan.config(grid, block, sharedmem), plan.handle(dev),
-                *plan.marshal(args, stream))
+    plan.launch(grid, block, stream, args, sharedmem, current_device_id())
 
 
 # -- the tensor-core families' launches ----------------------------------------------------------

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from ioaware.block_info import cdiv
 
-from . import host, softmax, tile_scheduler
+from . import compile_cache, host, softmax, tile_scheduler
 from .config import backward_tiles
 from .dropout import dropout_constants, fmix_device
 from .mask import band_arguments, score_mask, tile_needs_mask, transposed_score_mask
@@ -81,8 +81,6 @@ def dkdv_smem_bytes(head_dim: int, block_q: int, block_k: int = 64) -> int:
     return rows * (head_dim + 8) * 2 + 16 * block_q
 
 
-_KERNELS: dict = {}
-
 
 def get_dq_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_dropout,
                   head_group, window=False):
@@ -91,9 +89,7 @@ def get_dq_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_dro
     (`kernels.mask.band_arguments`)."""
     key = ("dq", head_dim, block_q, block_k, bool(is_bf16), bool(causal), bool(has_mask),
            bool(has_dropout), int(head_group), bool(window))
-    if key not in _KERNELS:
-        _KERNELS[key] = _build_dq_kernel(*key[1:])
-    return _KERNELS[key]
+    return compile_cache.built(_build_dq_kernel, *key[1:])
 
 
 def get_dkdv_kernel(head_dim, block_k, block_q, is_bf16, causal, has_mask, has_dropout,
@@ -102,9 +98,7 @@ def get_dkdv_kernel(head_dim, block_k, block_q, is_bf16, causal, has_mask, has_d
     queries per stage) for one configuration (cached); as `get_dq_kernel`."""
     key = ("dkdv", head_dim, block_k, block_q, bool(is_bf16), bool(causal), bool(has_mask),
            bool(has_dropout), int(head_group), bool(window))
-    if key not in _KERNELS:
-        _KERNELS[key] = _build_dkdv_kernel(*key[1:])
-    return _KERNELS[key]
+    return compile_cache.built(_build_dkdv_kernel, *key[1:])
 
 
 def _build_dq_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_dropout,

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 
-from . import host, tile_scheduler
+from . import compile_cache, host, tile_scheduler
 from .config import requested_tiles
 from .dropout import dropout_constants, fmix_device
 from .mask import band_arguments, score_mask
@@ -65,8 +65,6 @@ def smem_bytes(head_dim: int, block_k: int) -> int:
     return 4 * block_k * (head_dim + 8) * 2
 
 
-_KERNELS: dict = {}
-
 
 def warp_m_tiles(head_dim: int, block_q: int) -> int:
     """16-row m-tiles per warp: 2 for d=64 with block_q=128 (each K/V fragment feeds two
@@ -81,9 +79,7 @@ def get_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_dropou
     (`kernels.mask.band_arguments`)."""
     key = (head_dim, block_q, block_k, bool(is_bf16), bool(causal), bool(has_mask),
            bool(has_dropout), int(head_group), bool(window))
-    if key not in _KERNELS:
-        _KERNELS[key] = _build_kernel(*key)
-    return _KERNELS[key]
+    return compile_cache.built(_build_kernel, *key)
 
 
 def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_dropout,

@@ -24,7 +24,7 @@ from numba import cuda, float32
 
 from ioaware.block_info import cdiv
 
-from . import host, tile_scheduler
+from . import compile_cache, host, tile_scheduler
 from .config import TileConfig, choose_tiles, default_blocks, dkdv_smem_bytes, requested_tiles
 from .dropout import dropout_constants, keep_bit, row_hash
 from .simt_fwd import band_arguments
@@ -351,14 +351,9 @@ def make_cast_kernel():
 
 
 # -- host side -----------------------------------------------------------------------------------
-_KERNELS: dict = {}
-
 
 def _kernel(make, *key):
-    fn = _KERNELS.get((make, key))
-    if fn is None:
-        fn = _KERNELS[(make, key)] = make(*key)
-    return fn
+    return compile_cache.built(make, *key)
 
 
 def tiles(problem, config) -> TileConfig:

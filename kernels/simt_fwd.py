@@ -27,7 +27,7 @@ from numba import cuda, float32
 
 from ioaware.block_info import cdiv
 
-from . import host, tile_scheduler
+from . import compile_cache, host, tile_scheduler
 from .config import (FWD_TILES, STATIC_SMEM_LIMIT_BYTES, TileConfig, choose_tiles,
                      default_blocks, fwd_smem_bytes, requested_tiles)
 from .dropout import dropout_constants, keep_bit, row_hash
@@ -297,18 +297,12 @@ def make_forward_kernel(cfg: TileConfig, head_dim: int, causal: bool, has_mask: 
 
 
 # -- host side -----------------------------------------------------------------------------------
-_KERNELS: dict = {}
-
 
 def get_kernel(cfg: TileConfig, head_dim, causal, has_mask, dropout, use_shfl, window=False):
     """The compiled-on-first-launch forward kernel for one configuration (cached)."""
     key = (cfg, head_dim, bool(causal), bool(has_mask), bool(dropout), bool(use_shfl),
            bool(window))
-    kern = _KERNELS.get(key)
-    if kern is None:
-        kern = _KERNELS[key] = make_forward_kernel(cfg, head_dim, causal, has_mask, dropout,
-                                                   use_shfl, window)
-    return kern
+    return compile_cache.built(make_forward_kernel, *key)
 
 
 def target_threads() -> int:

@@ -60,7 +60,7 @@ from __future__ import annotations
 
 import functools
 
-from . import host, softmax, tile_scheduler
+from . import compile_cache, host, softmax, tile_scheduler
 from .config import backward_tiles
 from .dropout import dropout_constants, fmix_device
 from .mask import band_arguments, score_mask, tile_needs_mask, transposed_score_mask
@@ -134,8 +134,6 @@ def dkdv_dropout_config(head_dim: int, block_q: int, has_dropout: bool) -> dict:
     return {}
 
 
-_KERNELS: dict = {}
-
 
 def get_dq_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, head_group,
                   window=False, unroll=None):
@@ -146,9 +144,7 @@ def get_dq_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, hea
     unroll = default_config(head_dim)["unroll"] if unroll is None else int(unroll)
     key = ("dq", head_dim, block_q, block_k, bool(causal), bool(has_mask), bool(has_dropout),
            unroll, int(head_group), bool(window))
-    if key not in _KERNELS:
-        _KERNELS[key] = _build_dq_kernel(*key[1:])
-    return _KERNELS[key]
+    return compile_cache.built(_build_dq_kernel, *key[1:])
 
 
 def get_dkdv_kernel(head_dim, block_k, block_q, causal, has_mask, has_dropout, head_group,
@@ -158,9 +154,7 @@ def get_dkdv_kernel(head_dim, block_k, block_q, causal, has_mask, has_dropout, h
     unroll = default_config(head_dim)["unroll"] if unroll is None else int(unroll)
     key = ("dkdv", head_dim, block_k, block_q, bool(causal), bool(has_mask), bool(has_dropout),
            unroll, int(head_group), bool(window))
-    if key not in _KERNELS:
-        _KERNELS[key] = _build_dkdv_kernel(*key[1:])
-    return _KERNELS[key]
+    return compile_cache.built(_build_dkdv_kernel, *key[1:])
 
 
 def _tf32_helpers(threads, chunks, rows):

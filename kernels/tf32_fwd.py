@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import math
 
-from . import host, tile_scheduler
+from . import compile_cache, host, tile_scheduler
 from .config import requested_tiles
 from .dropout import dropout_constants, fmix_device
 from .mask import band_arguments, score_mask
@@ -89,8 +89,6 @@ def presplit_ok(head_dim: int, block_q: int, block_k: int) -> bool:
             and smem_bytes(head_dim, block_k, block_q) <= SMEM_LIMIT_BYTES)
 
 
-_KERNELS: dict = {}
-
 
 def get_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, head_group,
                window=False):
@@ -99,9 +97,7 @@ def get_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, head_g
     memory."""
     key = (head_dim, block_q, block_k, bool(causal), bool(has_mask), bool(has_dropout),
            int(head_group), bool(window))
-    if key not in _KERNELS:
-        _KERNELS[key] = _build_kernel(*key)
-    return _KERNELS[key]
+    return compile_cache.built(_build_kernel, *key)
 
 
 def _build_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, head_group,

@@ -156,16 +156,27 @@ def test_dynamic_shared_memory_above_48k(cuda_torch):
 
 
 def test_dynamic_shared_memory_opt_in_is_a_lookup_once_done(monkeypatch):
-    """On the launch path the opt-in costs a dictionary lookup once made for this kernel,
-    device and size (nothing is asked of the compiled kernel or the driver), and nothing at
-    all at or below the 48 KiB default."""
+    """On the launch path the opt-in costs a dictionary lookup once made for this kernel
+    function, device and size (nothing is asked of the function or the driver), and nothing
+    at all at or below the 48 KiB default."""
     class Untouchable:
         def __getattr__(self, name):
-            raise AssertionError(f"the opt-in touched the kernel ({name})")
+            raise AssertionError(f"the opt-in touched the kernel function ({name})")
 
-    compiled = Untouchable()
+    class Plan:                      # what `_opt_in` reads of a `_Plan`: its loaded function
+        fn = Untouchable()
+
+        def function(self, dev):
+            return self.fn
+
     monkeypatch.setattr(host, "current_device_id", lambda: 0)
-    monkeypatch.setitem(host._OPTED_IN, (id(compiled), 0), 96 * 1024)
-    host._opt_in(compiled, 48 * 1024)
-    host._opt_in(compiled, 96 * 1024)
-    host._opt_in(compiled, 64 * 1024)
+    monkeypatch.setitem(host._OPTED_IN, (Plan.fn, 0), 96 * 1024)
+    host._opt_in(Plan(), 48 * 1024)
+    host._opt_in(Plan(), 96 * 1024)
+    host._opt_in(Plan(), 64 * 1024)
+
+    class NoFunction:
+        def function(self, dev):
+            raise AssertionError("asked for the function at or below 48 KiB")
+
+    host._opt_in(NoFunction(), 48 * 1024)

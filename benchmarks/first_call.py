@@ -1,0 +1,115 @@
+"""Command ``first-call``: the first call of a configuration in a fresh process, compiling and from the kernel cache.
+
+    python -m benchmarks first-call [--configs fp16:64:causal,bf16:128:full,fp32:64:full]
+                                    [--out FILE.json]
+
+For each configuration (dtype, head dim, causal or full; B=2, H=8, N=1024, torch CUDA tensors)
+it starts a new Python process twice on one new, empty kernel-cache directory
+(``IOAWARE_CACHE_DIR``): *cold* (nothing stored: Numba compiles every kernel and the cache
+keeps it) and *warm* (the kernels are loaded from the cache). Each process first initialises
+torch's CUDA context (not counted), then times, wall clock with a device synchronisation:
+``import_s`` (``import ioaware``), ``forward_s`` (the first ``ioaware.attention`` forward,
+``backend="numba"``: checks, kernel load or compile, launch), ``backward_s`` (the first
+``out.backward``), and ``second_forward_s`` (the same forward again: what a call costs once
+loaded). The number of kernels compiled (the ``ioaware.kernels`` log) and whether the cold and
+warm outputs are bitwise equal are recorded too. Writes a JSON file with provenance.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+from .common import command_line, first_sentence, provenance, write_json
+
+DEFAULT_CONFIGS = "fp16:64:causal,fp16:128:full,bf16:128:causal,fp32:64:full"
+SHAPE = (2, 8, 1024)          # B, H, N
+
+
+def parse_configs(text: str) -> list[dict]:
+    """``dtype:head_dim:causal|full`` items, comma-separated."""
+    out = []
+    for item in text.split(","):
+        try:
+            dtype, d, mode = item.split(":")
+            if dtype not in ("fp16", "bf16", "fp32") or mode not in ("causal", "full"):
+                raise ValueError
+            out.append({"dtype": dtype, "head_dim": int(d), "causal": mode == "causal"})
+        except ValueError:
+            raise SystemExit(f"--configs: {item!r} is not dtype:head_dim:causal|full "
+                             f"(dtype fp16, bf16 or fp32)") from None
+    return out
+
+
+# The child process: run as ``python -c CHILD CONFIG_JSON``; prints one JSON line.
+CHILD = r"""
+import json, logging, sys, time
+import torch
+c = json.loads(sys.argv[1])
+torch.zeros(1, device="cuda"); torch.cuda.synchronize()
+compiled = []
+class H(logging.Handler):
+    def emit(self, r):
+        if r.getMessage().startswith("compiled "): compiled.append(r.getMessage())
+log = logging.getLogger("ioaware.kernels"); log.addHandler(H(level=logging.INFO)); log.setLevel(logging.INFO)
+t = time.perf_counter(); import ioaware; import_s = time.perf_counter() - t
+dt = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[c["dtype"]]
+g = torch.Generator(device="cuda").manual_seed(0)
+B, H, N = c["shape"]
+q, k, v, do = (torch.randn(B, H, N, c["head_dim"], device="cuda", dtype=dt, generator=g) for _ in range(4))
+for x in (q, k, v): x.requires_grad_(True)
+torch.cuda.synchronize()
+def timed(fn):
+    t = time.perf_counter(); r = fn(); torch.cuda.synchronize(); return r, time.perf_counter() - t
+out, fwd = timed(lambda: ioaware.attention(q, k, v, causal=c["causal"], backend="numba"))
+_, bwd = timed(lambda: out.backward(do))
+_, again = timed(lambda: ioaware.attention(q, k, v, causal=c["causal"], backend="numba"))
+digest = float(out.double().sum() + q.grad.double().sum() + k.grad.double().sum() + v.grad.double().sum())
+print(json.dumps({"import_s": import_s, "forward_s": fwd, "backward_s": bwd,
+                  "second_forward_s": again, "kernels_compiled": len(compiled), "digest": digest}))
+"""
+
+
+def run_child(config: dict, cache_dir: str) -> dict:
+    env = dict(os.environ, IOAWARE_CACHE_DIR=cache_dir)
+    proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(config)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"first-call child failed ({config}):\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None) -> int:
+    argv = list(argv or [])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks first-call",
+                                 description=first_sentence(__doc__))
+    ap.add_argument("--configs", default=DEFAULT_CONFIGS,
+                    help="comma-separated dtype:head_dim:causal|full")
+    ap.add_argument("--out", default=None, help="JSON file to write (with provenance)")
+    args = ap.parse_args(argv)
+    configs = parse_configs(args.configs)
+    prov = provenance(command_line("first-call", argv))
+    rows = []
+    for i, c in enumerate(configs, 1):
+        c = dict(c, shape=list(SHAPE))
+        with tempfile.TemporaryDirectory(prefix="ioaware-first-call-") as cache_dir:
+            cold = run_child(c, cache_dir)
+            warm = run_child(c, cache_dir)
+        row = dict(c, **{f"cold_{k}": v for k, v in cold.items() if k != "digest"},
+                   **{f"warm_{k}": v for k, v in warm.items() if k != "digest"},
+                   bitwise_equal=cold["digest"] == warm["digest"])
+        rows.append(row)
+        print(f"[{i}/{len(configs)}] {c['dtype']} d={c['head_dim']} "
+              f"{'causal' if c['causal'] else 'full'}: cold fwd {row['cold_forward_s']:.2f} s + "
+              f"bwd {row['cold_backward_s']:.2f} s ({row['cold_kernels_compiled']} compiled); "
+              f"warm fwd {row['warm_forward_s']:.3f} s + bwd {row['warm_backward_s']:.3f} s "
+              f"({row['warm_kernels_compiled']} compiled); import {row['warm_import_s']:.2f} s; "
+              f"equal {row['bitwise_equal']}", flush=True)
+    doc = {"schema": "ioaware.first_call/1", "provenance": prov, "records": rows}
+    if args.out:
+        write_json(doc, args.out)
+        print(f"wrote {args.out}")
+    return 0
