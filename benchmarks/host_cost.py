@@ -31,9 +31,7 @@ def launch_split(torch, fn, reps=30) -> dict:
     (medians of ``reps`` calls): ``pre_launch`` (everything before `kernels.host.launch`, which
     is replaced by a no-op that keeps its arguments), ``launch`` (`kernels.host.launch` alone on
     those arguments: signature key, marshalling, the driver call) and ``driver_call`` (the
-    driver call alone, its arguments marshalled beforehand)."""
-    from cuda.core import launch as core_launch
-
+    driver call alone, its arguments packed beforehand: `kernels.host._Plan.enqueue`)."""
     from kernels import host
     seen, orig = {}, host.launch
 
@@ -51,12 +49,13 @@ def launch_split(torch, fn, reps=30) -> dict:
         orig(k["kern"], k["grid"], k["block"], k["stream"], k["args"], k["sharedmem"])
     launch_only()
     plan = host.plan_for(k["kern"], k["args"])
-    cfg = plan.config(k["grid"], k["block"], k["sharedmem"])
-    handle = plan.function(host.current_device_id()).kernel
-    marshalled = plan.marshal(k["args"], k["stream"])
+    dev = host.current_device_id()
+    plan.pack(k["args"])
+    marshalled = plan.values(k["args"])
     out = {"pre_launch": pre, "launch": host_call_ms(torch, launch_only, reps=reps),
-           "driver_call": host_call_ms(torch, lambda: core_launch(k["stream"], cfg, handle,
-                                                                  *marshalled), reps=reps),
+           "driver_call": host_call_ms(torch, lambda: plan.enqueue(k["grid"], k["block"],
+                                                                   k["stream"], k["sharedmem"],
+                                                                   dev), reps=reps),
            "launch_values": len(marshalled)}
     torch.cuda.synchronize()
     return out

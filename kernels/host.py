@@ -17,9 +17,10 @@
   signature* (each array's dtype, rank and layout, each scalar's type): the first call finds
   the kernel's cubin in the on-disk cache (`kernels.compile_cache`, for kernels built through
   `kernels.compile_cache.built`) or has Numba compile the overload (and stores its cubin);
-  every call, the first included, hands each tensor's pointer, shape and strides straight to
-  the driver, in the order Numba itself marshals an array (meminfo, parent, size, itemsize,
-  data, shape..., strides...). ``fast=False`` sends a call through Numba's own launch (for
+  every call, the first included, packs each tensor's pointer, shape and strides, in the order
+  Numba itself marshals an array (meminfo, parent, size, itemsize, data, shape..., strides...),
+  and each scalar into one parameter buffer per signature (one ``struct.pack_into``) and calls
+  ``cuLaunchKernel`` on it. ``fast=False`` sends a call through Numba's own launch (for
   measuring what the fast path saves). A kernel that declares ``cuda.shared.array(0, dtype)``
   gets ``sharedmem`` bytes; above the 48 KiB default, `launch` first raises the kernel's
   ``CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`` (the opt-in that ``kern[...]`` has no
@@ -214,6 +215,12 @@ def _opt_in(plan, sharedmem, device_id=None):
     _OPTED_IN[key] = int(sharedmem)
 
 
+def _tensor_values(a):
+    """What Numba's launch passes for a torch tensor (as for a device array viewing it)."""
+    item = a.element_size()
+    return [0, 0, a.numel(), item, a.data_ptr(), *a.shape, *[s * item for s in a.stride()]]
+
+
 def _array_values(a):
     """What Numba's launch passes for a Numba device array: meminfo, parent, size, itemsize,
     data, shape..., strides... (as `_Kernel._prepare_args` does)."""
@@ -221,63 +228,101 @@ def _array_values(a):
     return [0, 0, a.size, a.dtype.itemsize, device_pointer(a) or 0, *a.shape, *a.strides]
 
 
+#: struct codes of the scalar parameters a kernel can take, by Numba type name (8-byte slots).
+_SCALAR_CODES = {"int64": "q", "uint64": "Q", "int32": "i", "uint32": "I", "float32": "f",
+                 "float64": "d"}
+#: struct codes of one array parameter before its shape and strides: meminfo, parent, size,
+#: itemsize, data (as Numba's ``_prepare_args`` lays an array out).
+_ARRAY_HEAD = "QQqqQ"
+
+
+class _Packed:
+    """A kernel's parameters in one buffer, one 8-byte slot each (4-byte values padded), and the
+    ``void*`` array of the slots' addresses that ``cuLaunchKernel`` reads them through. Packing
+    is one ``struct.pack_into`` call; the lock keeps two threads from packing one buffer at once
+    (the driver copies the parameters before ``cuLaunchKernel`` returns)."""
+    __slots__ = ("struct", "buffer", "pointers", "address", "lock")
+
+    def __init__(self, codes):
+        import ctypes
+        import struct
+        import threading
+        self.struct = struct.Struct("<" + "".join(c + ("4x" if c in "iIf" else "") for c in codes))
+        self.buffer = ctypes.create_string_buffer(max(self.struct.size, 8))
+        base = ctypes.addressof(self.buffer)
+        self.pointers = (ctypes.c_void_p * max(len(codes), 1))(*(base + 8 * i
+                                                                 for i in range(len(codes))))
+        self.address = ctypes.addressof(self.pointers)
+        self.lock = threading.Lock()
+
+
 class _Plan:
     """How to launch one argument signature of one compiled kernel: per argument, 't' (a torch
-    tensor: pointer, shape, strides), 'n' (a Numba device array; the last one's marshalled
-    values are kept, so a constant array costs nothing) or a ctypes constructor for a scalar
-    (None: Numba's own `_prepare_args`, which needs ``compiled``). The kernel function comes
-    from Numba's ``compiled`` overload or from a cached cubin (`kernels.compile_cache.Entry`),
-    loaded once per device."""
+    tensor: pointer, shape, strides), 'n' (a Numba device array; the last one's values are kept,
+    so a constant array costs nothing), 's' (a scalar, packed by its Numba type) or None (Numba's
+    own ``_prepare_args``, which needs ``compiled``, and a launch through cuda.core). The kernel
+    function comes from Numba's ``compiled`` overload or from a cached cubin
+    (`kernels.compile_cache.Entry`), loaded once per device. Where every argument is marshalled
+    here (`marshals_itself`) the parameters are packed into a `_Packed` buffer and launched with
+    ``cuLaunchKernel``."""
     __slots__ = ("kern", "compiled", "entry", "argument_types", "kinds", "last", "configs",
-                 "functions")
+                 "dims", "functions", "packed")
 
     def __init__(self, kern, argument_types, args, compiled=None, entry=None):
-        import ctypes
-
         from numba.cuda import types
         self.kern, self.compiled, self.entry = kern, compiled, entry
         self.argument_types = tuple(argument_types)
-        self.configs, self.functions = {}, {}
-        kinds = []
+        self.configs, self.dims, self.functions = {}, {}, {}
+        kinds, codes = [], []
         for ty, a in zip(self.argument_types, args):
-            if _is_torch(a):
-                kinds.append("t")
-            elif isinstance(ty, types.Array):
-                kinds.append("n")
-            elif isinstance(ty, types.Integer):
-                kinds.append(getattr(ctypes, "c_%s" % ty))
-            elif ty == types.float32:
-                kinds.append(ctypes.c_float)
-            elif ty == types.float64:
-                kinds.append(ctypes.c_double)
+            if isinstance(ty, types.Array) and (_is_torch(a) or hasattr(a, "_numba_type_")):
+                kinds.append("t" if _is_torch(a) else "n")
+                codes.append(_ARRAY_HEAD + "q" * (2 * ty.ndim))
+            elif str(ty) in _SCALAR_CODES:
+                kinds.append("s")
+                codes.append(_SCALAR_CODES[str(ty)])
             else:
                 kinds.append(None)
         self.kinds = tuple(kinds)
         self.last = [None] * len(kinds)
+        self.packed = _Packed("".join(codes)) if None not in kinds else None
 
     @property
     def marshals_itself(self) -> bool:
         """Whether every argument is marshalled here, without Numba's ``_prepare_args`` (what a
         kernel loaded from a cubin needs)."""
-        return None not in self.kinds
+        return self.packed is not None
 
-    def marshal(self, args, stream):
+    def values(self, args):
+        """The parameter values of ``args`` in launch order (plain numbers)."""
         out, last = [], self.last
         for i, (kind, a) in enumerate(zip(self.kinds, args)):
             if kind == "t":
-                item = a.element_size()
-                out += (0, 0, a.numel(), item, a.data_ptr())
-                out += a.shape
-                out += (s * item for s in a.stride())
+                out += _tensor_values(a)
             elif kind == "n":
                 hit = last[i]
                 if hit is None or hit[0] is not a:
                     hit = last[i] = (a, _array_values(a))
                 out += hit[1]
-            elif kind is None:
-                self.compiled._prepare_args(self.argument_types[i], a, stream, [], out)
             else:
-                out.append(kind(a))
+                out.append(a)
+        return out
+
+    def marshal(self, args, stream):
+        """The parameters as cuda.core's launch takes them (the path of a plan with an argument
+        only Numba marshals)."""
+        import ctypes
+        out, compiled = [], self.compiled
+        for i, (kind, a) in enumerate(zip(self.kinds, args)):
+            if kind is None:
+                compiled._prepare_args(self.argument_types[i], a, stream, [], out)
+            elif kind == "s":
+                code = _SCALAR_CODES[str(self.argument_types[i])]
+                out.append({"q": ctypes.c_int64, "Q": ctypes.c_uint64, "i": ctypes.c_int32,
+                            "I": ctypes.c_uint32, "f": ctypes.c_float,
+                            "d": ctypes.c_double}[code](a))
+            else:
+                out += _array_values(a) if kind == "n" else _tensor_values(a)
         return out
 
     def function(self, dev):
@@ -297,6 +342,7 @@ class _Plan:
         return fn
 
     def config(self, grid, block, sharedmem):
+        """cuda.core's launch configuration (the path of a plan that is not packed)."""
         key = (grid, block, sharedmem)
         cfg = self.configs.get(key)
         if cfg is None:
@@ -306,8 +352,39 @@ class _Plan:
             cfg = self.configs[key] = LaunchConfig(grid=grid, block=block, shmem_size=sharedmem)
         return cfg
 
+    def grid_block(self, grid, block):
+        """``(gx, gy, gz, bx, by, bz)`` of a launch's grid and block (cached)."""
+        key = (grid, block)
+        dims = self.dims.get(key)
+        if dims is None:
+            from numba.cuda.errors import normalize_kernel_dimensions
+            g, b = normalize_kernel_dimensions(grid, block)
+            if len(self.dims) > 256:
+                self.dims.clear()
+            dims = self.dims[key] = (*g, *b)
+        return dims
+
+    def pack(self, args):
+        """Pack ``args`` into the parameter buffer (hold ``self.packed.lock`` around this and
+        `enqueue`)."""
+        p = self.packed
+        p.struct.pack_into(p.buffer, 0, *self.values(args))
+
+    def enqueue(self, grid, block, stream, sharedmem, dev):
+        """``cuLaunchKernel`` on the packed buffer."""
+        from numba.cuda.cudadrv.driver import CudaAPIError, binding
+        err, = binding.cuLaunchKernel(self.function(dev).handle, *self.grid_block(grid, block),
+                                      sharedmem, stream.handle, self.packed.address, 0)
+        if err != binding.CUresult.CUDA_SUCCESS:
+            raise CudaAPIError(err, f"cuLaunchKernel of {_label(self.kern) or self.kern}")
+
     def launch(self, grid, block, stream, args, sharedmem, dev):
         _opt_in(self, sharedmem, dev)
+        if self.packed is not None:
+            with self.packed.lock:
+                self.pack(args)
+                self.enqueue(grid, block, stream, sharedmem, dev)
+            return
         from cuda.core import launch as core_launch
         core_launch(stream, self.config(grid, block, sharedmem), self.function(dev).kernel,
                     *self.marshal(args, stream))
