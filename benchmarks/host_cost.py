@@ -8,7 +8,10 @@ host side of `kernels.forward` and `kernels.backward` on a validated problem, an
 ``ioaware.attention(backend="numba")`` (validation included): the median of 30 calls, each made
 while the GPU sleeps, so that a call returns as soon as its launches are enqueued
 (`benchmarks.common.host_call_ms`), with ``KernelConfig(fast_launch=False)`` (Numba's launch)
-and ``fast_launch=True`` in the same process; the forward's GPU time (CUDA events behind a
+and ``fast_launch=True`` in the same process; of ``ioaware.attention`` prepared (its checks and
+choices made on the first call of a key) and unprepared (`attention_host_ms`), also for a
+decoding case (B=8, 32/8 heads, d=128, 4096 keys, bfloat16), with PyTorch's SDPA on the same
+tensors; the forward's GPU time (CUDA events behind a
 device-side sleep); and the split of the fast forward's host time (`launch_split`) into the code
 before the launch, the launch, and the driver call alone. It also prints the 25 most expensive
 functions of a fast forward (cProfile), by own and by cumulative time, and writes a JSON file
@@ -79,6 +82,31 @@ def _profile(torch, fn, calls=20) -> str:
     return s.getvalue()
 
 
+def attention_host_ms(torch, attention, q, k, v, reps=100) -> dict:
+    """Host ms of one ``ioaware.attention(q, k, v, backend="numba")`` under inference mode:
+    ``fwd_host_ms_attention`` (the prepared forward: the call's checks and choices made once,
+    `ioaware._backends.prepared_key`) and ``fwd_host_ms_attention_unprepared`` (every call
+    checked and dispatched in full: ``prepared_key`` replaced by one that prepares nothing), and
+    ``fwd_host_ms_sdpa``, PyTorch's SDPA (its default backend choice) on the same tensors."""
+    from ioaware import _backends
+    out = {}
+    with torch.inference_mode():
+        fn = lambda: attention(q, k, v, backend="numba")      # noqa: E731
+        fn()
+        out["fwd_host_ms_attention"] = host_call_ms(torch, fn, reps=reps)
+        real = _backends.prepared_key
+        _backends.prepared_key = lambda *a, **kw: None
+        try:
+            out["fwd_host_ms_attention_unprepared"] = host_call_ms(torch, fn, reps=reps)
+        finally:
+            _backends.prepared_key = real
+        import torch.nn.functional as F
+        sdpa = lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)   # noqa: E731
+        sdpa()
+        out["fwd_host_ms_sdpa"] = host_call_ms(torch, sdpa, reps=reps)
+    return out
+
+
 def main(argv=None) -> int:
     argv = list(argv or [])
     ap = argparse.ArgumentParser(prog="python -m benchmarks host-cost",
@@ -115,8 +143,7 @@ def main(argv=None) -> int:
                 tag = "fast" if fast else "numba"
                 row[f"fwd_host_ms_{tag}"] = host_call_ms(torch, fwd, reps=30)
                 row[f"bwd_host_ms_{tag}"] = host_call_ms(torch, bwd, reps=30)
-            row["fwd_host_ms_attention"] = host_call_ms(
-                torch, lambda: attention(q, k, v, backend="numba"), reps=30)
+            row.update(attention_host_ms(torch, attention, q, k, v))
             # fwd, bwd: the fast launch's (the loop's last)
             row["fwd_gpu_ms"] = time_cuda(torch, fwd, timing="device")[0]
             row.update({f"fwd_host_ms_{key}": val for key, val in launch_split(torch, fwd).items()})
@@ -125,6 +152,18 @@ def main(argv=None) -> int:
             if dt_name == "fp16" and d == 64:
                 profile_text = _profile(torch, fwd)
                 print(profile_text)
+    # decoding: one query per sequence against a 4096-key cache, GQA 32/8, d=128 (split_kv)
+    for dt_name, dt in (("bf16", torch.bfloat16),):
+        g = torch.Generator(device="cuda").manual_seed(1)
+        q = torch.randn(8, 32, 1, 128, device="cuda", dtype=dt, generator=g)
+        k, v = (torch.randn(8, 8, 4096, 128, device="cuda", dtype=dt, generator=g)
+                for _ in range(2))
+        row = {"dtype": dt_name, "head_dim": 128, "batch": 8, "heads": 32, "heads_kv": 8,
+               "seq_len": 1, "seq_len_k": 4096,
+               "family": kernels.family_for(attention_problem(q, k, v), None, "fwd")}
+        row.update(attention_host_ms(torch, attention, q, k, v))
+        rows.append(row)
+        print(json.dumps(row), flush=True)
     if args.out:
         write_json({"schema": "ioaware.host_cost/1", "provenance": prov, "records": rows,
                     "profile_fp16_d64_fast_fwd": profile_text}, args.out)

@@ -21,8 +21,8 @@ import functools
 import numpy as np
 
 from . import kernel_cache
-from ._inputs import (BlockMask, Problem, check_cache_seqlens, check_inputs, check_values, is_torch, lse_dtype,
-                      parse_causal, torch_or_none)
+from ._inputs import (BlockMask, Problem, _canonical, check_cache_seqlens, check_inputs, check_values, is_torch,
+                      lse_dtype, parse_causal, torch_or_none)
 from .block_info import BlockInfo
 from .reference import reference_backward, reference_forward
 from .tiled import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, compute_dtype, tiled_backward, tiled_forward
@@ -183,6 +183,47 @@ def _run_forward(pb: Problem, backend):
         _, lse = _forward(dataclasses.replace(pb, dropout_p=0.0), backend)
         return _zeros(pb, _canonical_shape(pb, pb.value_dim)), lse
     return _forward(pb, backend)
+
+
+#: Prepared forwards of torch CUDA calls: `prepared_key` -> run(q, k, v) -> (out, lse) in the
+#: caller's shapes, or None where the kernels prepare nothing (the call then takes the full path).
+_PREPARED: dict = {}
+#: How many prepared forwards are kept (the dictionary is emptied when it would hold more).
+MAX_PREPARED = 256
+
+
+def prepared_key(q, k, v, mask, bias, block_mask, dropout_p, flags):
+    """The key under which a forward of torch CUDA tensors is prepared once and then repeated
+    without its checks: everything the checks and the kernels' choices read (shapes, strides,
+    dtypes, devices, the current device, and ``flags``: scale, causal rule, window, tiles,
+    backend). None for calls with a mask, bias, block mask or dropout, which always take the
+    full path."""
+    if mask is not None or bias is not None or block_mask is not None or dropout_p != 0.0:
+        return None
+    if not (is_torch(q) and q.is_cuda and is_torch(k) and is_torch(v)):
+        return None
+    torch = torch_or_none()
+    return (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype,
+            v.dtype, q.device, k.device, v.device, torch.cuda.current_device(), flags)
+
+
+def prepare_forward(key, pb: Problem, backend):
+    """After a checked forward of ``pb`` ran in full: keep, under ``key``, the kernels' prepared
+    forward of that problem (`kernels.prepare_forward`) wrapped to take and return the caller's
+    shapes, so that the next call with the same key skips the checks and the choices."""
+    run = None
+    if backend == "numba" and pb.kind == "torch" and pb.device.startswith("cuda") \
+            and not pb.trivial and pb.dropout_p == 0.0 and pb.bias is None and pb.mask is None:
+        kernel_run = kernel_cache.kernels().prepare_forward(pb)
+        if kernel_run is not None:
+            out_shape, lse_shape = tuple(pb.q_shape[:-1]) + (pb.value_dim,), tuple(pb.q_shape[:-1])
+
+            def run(q, k, v):
+                out, lse = kernel_run(_canonical(q), _canonical(k), _canonical(v))
+                return out.reshape(out_shape), lse.reshape(lse_shape)
+    if len(_PREPARED) >= MAX_PREPARED:
+        _PREPARED.clear()
+    _PREPARED[key] = run
 
 
 def _run_backward(pb: Problem, out, lse, dout, backend):

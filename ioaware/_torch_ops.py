@@ -65,13 +65,25 @@ def attention_fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: 
                   scale: Optional[float], causal: bool, causal_alignment: str, window_left: int,
                   window_right: int, dropout_p: float, block_q: Optional[int], block_k: Optional[int],
                   backend: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention forward: ``(out [..., Hq, Nq, Ev], lse [..., Hq, Nq])``."""
+    """Attention forward: ``(out [..., Hq, Nq, Ev], lse [..., Hq, Nq])``. A torch CUDA call
+    without mask, bias, block mask or dropout is checked and prepared once per key
+    (`ioaware._backends.prepared_key`: shapes, strides, dtypes, devices, flags); later calls
+    with that key run the prepared kernels directly."""
+    key = _backends.prepared_key(q, k, v, mask, bias, block_mask, dropout_p,
+                                 (scale, causal, causal_alignment, window_left, window_right,
+                                  block_q, block_k, backend))
+    if key is not None:
+        run = _backends._PREPARED.get(key)
+        if run is not None:
+            return run(q, k, v)
     backend = _backends._resolve_backend(backend, q)
     mask, bias = _numba_mask(backend, mask, bias)
     pb = _backends._problem(q, k, v, backend, cost=True, values=True, seed=_seed(seed),
                              **_kwargs(mask, bias, block_mask, scale, causal, causal_alignment, window_left,
                                        window_right, dropout_p, block_q, block_k))
     out4, lse3 = _backends._run_forward(pb, backend)
+    if key is not None and key not in _backends._PREPARED:
+        _backends.prepare_forward(key, pb, backend)
     return pb.restore_q(out4), pb.restore_lse(lse3)
 
 

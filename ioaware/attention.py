@@ -18,6 +18,8 @@ graph breaks.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ._backends import (BACKENDS, _cache_problem, _problem, _resolve_backend, _run_backward, _run_forward,
@@ -216,6 +218,12 @@ def _check_like(name, x, q, shape, dtype):
         raise ValueError(f"{name} is on {x.device} but q is on {q.device}")
 
 
+@functools.cache
+def _zero_seed(torch):
+    """The seed tensor of calls without dropout (never written: the operators only read it)."""
+    return torch.tensor(0, dtype=torch.int64)
+
+
 def _torch_attention(q, k, v, *, causal, window_size, mask, bias, block_mask, scale, dropout_p, seed, block_q,
                      block_k, backend):
     """Torch tensors: through the ``ioaware::attention_fwd`` operator (autograd and torch.compile).
@@ -240,8 +248,10 @@ def _torch_attention(q, k, v, *, causal, window_size, mask, bias, block_mask, sc
                              "elements; capture with dropout_p=0, or pass seed= explicitly (then every "
                              "replay uses that seed)")
         seed_t = torch.randint(0, 2**62, (), dtype=torch.int64)
+    elif seed is None:                              # unused without dropout: one shared tensor
+        seed_t = torch.tensor(0, dtype=torch.int64) if torch.compiler.is_compiling() else _zero_seed(torch)
     else:
-        seed_int = _check_seed(seed, dropout_p, "torch", torch) if seed is not None else 0
+        seed_int = _check_seed(seed, dropout_p, "torch", torch)
         seed_t = torch.tensor(seed_int - 2**64 if seed_int >= 2**63 else seed_int, dtype=torch.int64)
     bm = None
     if block_mask is not None:

@@ -40,7 +40,7 @@ from __future__ import annotations
 from . import decode_fwd, mma_bwd, mma_fwd, simt_bwd, simt_fwd, tf32_bwd, tf32_fwd
 from .config import FAMILY_NAMES, FORWARD_ONLY_NAMES, KernelConfig
 
-__all__ = ["forward", "backward", "family_for", "KernelConfig", "FAMILIES", "FAMILY_NAMES",
+__all__ = ["forward", "backward", "prepare_forward", "family_for", "KernelConfig", "FAMILIES", "FAMILY_NAMES",
            "FORWARD_ONLY"]
 
 #: name -> (forward module, backward module), in the order the registry tries them.
@@ -131,6 +131,18 @@ def forward(problem, config=None):
     name = family_for(problem, config, "fwd")
     module = FORWARD_ONLY[name] if name in FORWARD_ONLY else FAMILIES[name][0]
     return module.forward(problem, config)
+
+
+def prepare_forward(problem, config=None):
+    """``run(q, k, v) -> (out, lse)``: ``problem``'s forward on new operands of the same shapes,
+    strides, dtype and device, with every per-problem choice (family, tiles, kernel, tile
+    schedule, constants) made here, once; None when the family that runs it prepares nothing
+    (``simt``). The problem's mask and cache lengths, if any, are kept."""
+    config = config or KernelConfig()
+    name = family_for(problem, config, "fwd")
+    module = FORWARD_ONLY[name] if name in FORWARD_ONLY else FAMILIES[name][0]
+    prepare = getattr(module, "prepare", None)
+    return None if prepare is None else prepare(problem, config)
 
 
 def backward(problem, out, lse, dout, config=None):

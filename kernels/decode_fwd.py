@@ -462,32 +462,45 @@ def _band(pb):
 
 def forward(problem, config=None):
     """``(out, lse)`` of a decoding problem (see `kernels.forward`), in the problem's kind."""
+    return prepare(problem, config)(problem.q, problem.k, problem.v)
+
+
+def prepare(problem, config=None):
+    """The decoding forward of ``problem`` with its plan, kernels and constants chosen once:
+    ``run(q, k, v) -> (out, lse)`` for operands of its shapes, dtype and device (its cache
+    lengths, if any, are kept)."""
     pb = problem
     p = plan(pb, config)
-    call = host.Call(pb)
+    template = host._without_operands(pb)
     words = pb.dtype_name != "float32"
-    q, k, v = (call.input(x, words=words, aligned=True, word_bytes=4) for x in (pb.q, pb.k, pb.v))
     B, Hq, Nq, D = pb.batch, pb.heads_q, pb.seqlen_q, pb.head_dim
-    o_part = call.output((p.splits, B, Hq, Nq, D), float32=True)
-    lse_part = call.output((p.splits, B, Hq, Nq), float32=True)
-    out = call.output((B, Hq, Nq, D), float32=True)
-    lse = call.output((B, Hq, Nq), float32=True)
-    seqlens = _seqlens(call, pb)
     banded, lo, hi, shift = _band(pb)
     use_shfl = host.real_gpu()
     kern = _kernel("main", D, p.rows_per_program, Nq, pb.group, pb.dtype_name, banded, p.warps,
                    p.keys_per_step, p.lanes_per_key, use_shfl)
-    host.launch(kern, p.grid, p.threads, call.stream, (
-        q, k, v, o_part.arg, lse_part.arg, seqlens, np.float32(pb.scale * LOG2E), np.int64(lo),
-        np.int64(hi), np.int64(shift), np.int64(pb.seqlen_k), np.int64(pb.heads_kv),
-        np.int64(p.row_chunks)), fast=getattr(config, "fast_launch", True))
     merge = _kernel("merge", D, p.merge_threads)
-    host.launch(merge, (B * Hq * Nq,), p.merge_threads, call.stream, (
-        o_part.arg, lse_part.arg, out.arg, lse.arg, np.int64(Hq), np.int64(Nq)),
-        fast=getattr(config, "fast_launch", True))
-    if call.torch:
-        return out.value(pb.q.dtype), lse.value()
-    return out.value().astype(pb.dtype, copy=False), lse.value()
+    fast = getattr(config, "fast_launch", True)
+    consts = (np.float32(pb.scale * LOG2E), np.int64(lo), np.int64(hi), np.int64(shift),
+              np.int64(pb.seqlen_k), np.int64(pb.heads_kv), np.int64(p.row_chunks))
+    merge_consts = (np.int64(Hq), np.int64(Nq))
+    plans, merge_plans = {}, {}
+
+    def run(q, k, v):
+        call = host.Call(template, q=q)
+        qi, ki, vi = (call.input(x, words=words, aligned=True, word_bytes=4) for x in (q, k, v))
+        o_part = call.output((p.splits, B, Hq, Nq, D), float32=True)
+        lse_part = call.output((p.splits, B, Hq, Nq), float32=True)
+        out = call.output((B, Hq, Nq, D), float32=True)
+        lse = call.output((B, Hq, Nq), float32=True)
+        seqlens = _seqlens(call, template)
+        host.relaunch(plans, (qi, ki, vi, seqlens), kern, p.grid, p.threads, call.stream,
+                      (qi, ki, vi, o_part.arg, lse_part.arg, seqlens, *consts), fast=fast)
+        host.relaunch(merge_plans, (), merge, (B * Hq * Nq,), p.merge_threads, call.stream,
+                      (o_part.arg, lse_part.arg, out.arg, lse.arg, *merge_consts), fast=fast)
+        if call.torch:
+            return out.value(template.dtype), lse.value()
+        return out.value().astype(template.dtype, copy=False), lse.value()
+    return run
 
 
 def _seqlens(call, pb):
@@ -497,5 +510,5 @@ def _seqlens(call, pb):
         return host.device_const(("decode-seqlens", pb.batch, pb.seqlen_k),
                                  lambda: np.full(pb.batch, pb.seqlen_k, dtype=np.int32))
     if call.torch:
-        return call._torch.as_tensor(lengths).to(device=pb.q.device, dtype=call._torch.int32)
+        return call._torch.as_tensor(lengths).to(device=call.q.device, dtype=call._torch.int32)
     return cuda.to_device(np.ascontiguousarray(lengths, dtype=np.int32))

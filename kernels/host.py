@@ -40,7 +40,7 @@ from .mask import UNBOUNDED
 __all__ = ["Call", "simulator", "real_gpu", "compute_capability", "current_device_id",
            "device_const", "tensor_core_refusal", "tensor_core_backward_refusal",
            "tensor_core_forward", "tensor_core_backward", "launch", "launch_stream",
-           "signature_key", "plan_for"]
+           "signature_key", "plan_for", "relaunch"]
 
 #: Dynamic shared memory a block gets without the opt-in, bytes.
 DEFAULT_DYNAMIC_SMEM_BYTES = 48 * 1024
@@ -504,6 +504,22 @@ def launch(kern, grid, block, stream, args, sharedmem=0, fast=True):
     plan.launch(grid, block, stream, args, sharedmem, current_device_id())
 
 
+def relaunch(plans, varying, kern, grid, block, stream, args, sharedmem=0, fast=True):
+    """`launch`, for a caller whose arguments keep their signature call after call except those
+    in ``varying`` (e.g. the operands, whose layout may change with their alignment): the
+    plan is looked up in ``plans`` (the caller's dict) by their `_arg_key` alone."""
+    if simulator() or not fast:
+        launch(kern, grid, block, stream, args, sharedmem, fast)
+        return
+    sig = tuple(_arg_key(a) for a in varying)
+    plan = plans.get(sig)
+    if plan is None:
+        launch(kern, grid, block, stream, args, sharedmem, fast)
+        plans[sig] = plan_for(kern, args)
+        return
+    plan.launch(grid, block, stream, args, sharedmem, current_device_id())
+
+
 # -- the tensor-core families' launches ----------------------------------------------------------
 LOG2E = 1.4426950408889634
 
@@ -515,23 +531,37 @@ def _dropout_args(drop):
 
 def tensor_core_forward(problem, config, kern, block_q, schedule, drop, words,
                         band=(-UNBOUNDED, UNBOUNDED)):
-    """Run a tensor-core forward kernel (the mma and tf32 families share its arguments) on
+    """Prepare a tensor-core forward kernel (the mma and tf32 families share its arguments) for
     ``problem``: operands as 16-bit words (``words``) or float32, rows 16-byte aligned, the
     ``"kv"`` CSR ``schedule`` of its tiles, dropout constants ``drop``, the sliding window's
     ``band`` (lo, hi: `kernels.mask.band_arguments`; read only by a windowed kernel); grid
-    (query tiles, B * Hq). Returns ``(out, lse)`` in the problem's kind of array."""
+    (query tiles, B * Hq). Returns ``run(q, k, v) -> (out, lse)`` in the problem's kind of
+    array, for q, k, v of the problem's shapes, dtype and device (the problem's mask, if any, is
+    kept); everything that depends only on those is done here, once."""
     pb = problem
     B, H, Nq, D, Nk = pb.batch, pb.heads_q, pb.seqlen_q, pb.head_dim, pb.seqlen_k
-    call = Call(pb)
-    q, k, v = (call.input(x, words=words, aligned=True) for x in (pb.q, pb.k, pb.v))
-    out = call.output((B, H, Nq, D), words=words)
-    lse = call.output((B, H, Nq), float32=True)
-    offs, idx, sb, sh = schedule
-    launch(kern, (-(-Nq // block_q), B * H), kern.threads, call.stream, (
-        q, k, v, out.arg, lse.arg, offs, idx, sb, sh, H // pb.heads_kv, Nq, Nk, *call.mask(),
-        np.float32(pb.scale * LOG2E), *_dropout_args(drop), np.int64(band[0]), np.int64(band[1])),
-        sharedmem=kern.smem_bytes, fast=config.fast_launch)
-    return out.value(), lse.value()
+    template = _without_operands(pb)
+    grid, head = (-(-Nq // block_q), B * H), (*schedule, H // pb.heads_kv, Nq, Nk)
+    tail = (np.float32(pb.scale * LOG2E), *_dropout_args(drop), np.int64(band[0]),
+            np.int64(band[1]))
+    plans: dict = {}
+
+    def run(q, k, v):
+        call = Call(template, q=q)
+        qi, ki, vi = (call.input(x, words=words, aligned=True) for x in (q, k, v))
+        out = call.output((B, H, Nq, D), words=words)
+        lse = call.output((B, H, Nq), float32=True)
+        relaunch(plans, (qi, ki, vi), kern, grid, kern.threads, call.stream,
+                 (qi, ki, vi, out.arg, lse.arg, *head, *call.mask(), *tail),
+                 sharedmem=kern.smem_bytes, fast=config.fast_launch)
+        return out.value(), lse.value()
+    return run
+
+
+def _without_operands(problem):
+    """``problem`` without q, k and v (a template a prepared forward keeps; its mask stays)."""
+    import dataclasses
+    return dataclasses.replace(problem, q=None, k=None, v=None)
 
 
 def tensor_core_backward(problem, out, lse, dout, config, dq_kernel, dq_tile, kv_schedule,
@@ -607,12 +637,14 @@ class Call:
     """The host side of one kernel call on a validated `ioaware` problem (see the module
     docstring). ``stage_bfloat16``: bfloat16 operands are copied to float32 and float outputs
     computed in float32, cast back in `Output.value` (the CUDA-core kernels: Numba has no
-    bfloat16 arrays)."""
+    bfloat16 arrays). ``q``: this call's q when the problem is a template without tensors (a
+    prepared forward, `tensor_core_forward`); its device and stream are the call's."""
 
-    __slots__ = ("problem", "torch", "stream", "staged", "_torch")
+    __slots__ = ("problem", "torch", "stream", "staged", "_torch", "q")
 
-    def __init__(self, problem, stage_bfloat16=False):
+    def __init__(self, problem, stage_bfloat16=False, q=None):
         self.problem = problem
+        self.q = problem.q if q is None else q        # the call's q: its device and stream
         self.torch = problem.kind == "torch"
         self._torch = None
         self.staged = False
@@ -620,7 +652,7 @@ class Call:
             import torch
             self._torch = torch
             self.staged = stage_bfloat16 and problem.dtype == torch.bfloat16
-            self.stream = launch_stream(problem.q) if real_gpu() else 0
+            self.stream = launch_stream(self.q) if real_gpu() else 0
         else:
             self.stream = launch_stream() if real_gpu() else 0
 
@@ -665,7 +697,7 @@ class Call:
             torch = self._torch
             dt = torch.float32 if (float32 or self.staged) else dtype
             make = torch.zeros if zeros else torch.empty
-            t = make(shape, dtype=dt, device=self.problem.q.device)
+            t = make(shape, dtype=dt, device=self.q.device)
             return Output(self, t, t.view(torch.int16) if words else t, float32)
         from numba import cuda
         dt = np.float32 if float32 else np.dtype(dtype)

@@ -414,6 +414,13 @@ def supports(problem, config):
 def forward(problem, config):
     """Float32 3xTF32 tensor-core forward: ``(out, lse)`` in the problem's kind of array (see
     `kernels.forward`)."""
+    return prepare(problem, config)(problem.q, problem.k, problem.v)
+
+
+def prepare(problem, config):
+    """The forward of ``problem`` with its per-problem choices made once (tiles, kernel, tile
+    schedule, constants): ``run(q, k, v) -> (out, lse)`` for operands of its shapes, dtype and
+    device (`kernels.host.tensor_core_forward`)."""
     pb = problem
     block_q, block_k = tiles(pb, config)
     drop = dropout_constants(pb.seed, pb.dropout_p)
