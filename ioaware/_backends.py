@@ -185,19 +185,19 @@ def _run_forward(pb: Problem, backend):
     return _forward(pb, backend)
 
 
-#: Prepared forwards of torch CUDA calls: `prepared_key` -> run(q, k, v) -> (out, lse) in the
-#: caller's shapes, or None where the kernels prepare nothing (the call then takes the full path).
+#: Prepared calls of torch CUDA tensors: `prepared_key` -> `Prepared`, or None where the kernels
+#: prepare nothing (such calls take the full path every time).
 _PREPARED: dict = {}
-#: How many prepared forwards are kept (the dictionary is emptied when it would hold more).
+#: How many prepared calls are kept (the dictionary is emptied when it would hold more).
 MAX_PREPARED = 256
 
 
 def prepared_key(q, k, v, mask, bias, block_mask, dropout_p, flags):
-    """The key under which a forward of torch CUDA tensors is prepared once and then repeated
-    without its checks: everything the checks and the kernels' choices read (shapes, strides,
-    dtypes, devices, the current device, and ``flags``: scale, causal rule, window, tiles,
-    backend). None for calls with a mask, bias, block mask or dropout, which always take the
-    full path."""
+    """The key under which a call on torch CUDA tensors is checked and prepared once and then
+    repeated without its checks: everything the checks and the kernels' choices read (shapes,
+    strides, dtypes, devices, the current device, and ``flags``: scale, causal rule, window,
+    tiles, backend). None for calls with a mask, bias, block mask or dropout, which always take
+    the full path."""
     if mask is not None or bias is not None or block_mask is not None or dropout_p != 0.0:
         return None
     if not (is_torch(q) and q.is_cuda and is_torch(k) and is_torch(v)):
@@ -207,23 +207,50 @@ def prepared_key(q, k, v, mask, bias, block_mask, dropout_p, flags):
             v.dtype, q.device, k.device, v.device, torch.cuda.current_device(), flags)
 
 
-def prepare_forward(key, pb: Problem, backend):
-    """After a checked forward of ``pb`` ran in full: keep, under ``key``, the kernels' prepared
-    forward of that problem (`kernels.prepare_forward`) wrapped to take and return the caller's
-    shapes, so that the next call with the same key skips the checks and the choices."""
-    run = None
+class Prepared:
+    """What the first checked call of a key leaves for the next ones: the kernels' prepared
+    forward (`kernels.prepare_forward`), the checked problem without its tensors, and its
+    prepared backward (`kernels.prepare_backward`, made on the first backward). Inputs and
+    outputs are in the caller's shapes."""
+    __slots__ = ("problem", "_forward", "_backward")
+
+    def __init__(self, problem, forward):
+        self.problem, self._forward, self._backward = problem, forward, None
+
+    def forward(self, q, k, v):
+        """``(out, lse)`` of new operands with this key."""
+        pb = self.problem
+        out, lse = self._forward(_canonical(q), _canonical(k), _canonical(v))
+        return pb.restore_q(out), pb.restore_lse(lse)
+
+    def backward(self, q, k, v, out, lse, dout):
+        """``(dq, dk, dv)``, or None when the kernels prepare no backward for this problem."""
+        if self._backward is None:
+            run = kernel_cache.kernels().prepare_backward(self.problem)
+            self._backward = False if run is None else run
+        if self._backward is False:
+            return None
+        pb = self.problem
+        shape4 = (pb.batch, pb.heads_q, pb.seqlen_q, pb.head_dim)
+        dq, dk, dv = self._backward(_canonical(q), _canonical(k), _canonical(v),
+                                    out.reshape(shape4), lse.reshape(shape4[:3]),
+                                    dout.reshape(shape4))
+        return pb.restore_q(dq), pb.restore_kv(dk), pb.restore_v(dv)
+
+
+def prepare(key, pb: Problem, backend):
+    """After a checked call of ``pb`` ran in full, keep a `Prepared` for ``key`` (or None where
+    the kernels prepare no forward), so that the next call with the same key skips the checks
+    and the choices."""
+    entry = None
     if backend == "numba" and pb.kind == "torch" and pb.device.startswith("cuda") \
             and not pb.trivial and pb.dropout_p == 0.0 and pb.bias is None and pb.mask is None:
-        kernel_run = kernel_cache.kernels().prepare_forward(pb)
-        if kernel_run is not None:
-            out_shape, lse_shape = tuple(pb.q_shape[:-1]) + (pb.value_dim,), tuple(pb.q_shape[:-1])
-
-            def run(q, k, v):
-                out, lse = kernel_run(_canonical(q), _canonical(k), _canonical(v))
-                return out.reshape(out_shape), lse.reshape(lse_shape)
+        forward = kernel_cache.kernels().prepare_forward(pb)
+        if forward is not None:
+            entry = Prepared(dataclasses.replace(pb, q=None, k=None, v=None), forward)
     if len(_PREPARED) >= MAX_PREPARED:
         _PREPARED.clear()
-    _PREPARED[key] = run
+    _PREPARED[key] = entry
 
 
 def _run_backward(pb: Problem, out, lse, dout, backend):

@@ -73,9 +73,9 @@ def attention_fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: 
                                  (scale, causal, causal_alignment, window_left, window_right,
                                   block_q, block_k, backend))
     if key is not None:
-        run = _backends._PREPARED.get(key)
-        if run is not None:
-            return run(q, k, v)
+        entry = _backends._PREPARED.get(key)
+        if entry is not None:
+            return entry.forward(q, k, v)
     backend = _backends._resolve_backend(backend, q)
     mask, bias = _numba_mask(backend, mask, bias)
     pb = _backends._problem(q, k, v, backend, cost=True, values=True, seed=_seed(seed),
@@ -83,7 +83,7 @@ def attention_fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: 
                                        window_right, dropout_p, block_q, block_k))
     out4, lse3 = _backends._run_forward(pb, backend)
     if key is not None and key not in _backends._PREPARED:
-        _backends.prepare_forward(key, pb, backend)
+        _backends.prepare(key, pb, backend)
     return pb.restore_q(out4), pb.restore_lse(lse3)
 
 
@@ -171,12 +171,23 @@ class EagerAttention(torch.autograd.Function):
     """The operators' autograd formula for eager calls: ``apply(q, k, v, args)`` with ``args``
     the operator's other arguments (mask, bias, block mask, seed, scale, causal, alignment,
     window_left, window_right, dropout_p, block_q, block_k, backend). The forward checks the problem once and keeps it
-    (without its tensors) for the backward, which saves the dispatcher and the second check."""
+    (without its tensors) for the backward, which saves the dispatcher and the second check; a call whose key
+    (`ioaware._backends.prepared_key`) an earlier call prepared runs the prepared forward and backward instead."""
 
     @staticmethod
     def forward(ctx, q, k, v, args):
         (mask, bias, block_mask, seed, scale, causal, alignment, window_left, window_right, dropout_p, block_q,
          block_k, backend) = args
+        ctx.set_materialize_grads(False)     # an unused output's gradient arrives as None
+        key = _backends.prepared_key(q, k, v, mask, bias, block_mask, dropout_p,
+                                     (scale, causal, alignment, window_left, window_right, block_q, block_k,
+                                      backend))
+        entry = _backends._PREPARED.get(key) if key is not None else None
+        if entry is not None:                # checked and prepared by an earlier call with this key
+            out, lse = entry.forward(q, k, v)
+            ctx.save_for_backward(q, k, v, out, lse, mask, bias, block_mask, seed)
+            ctx.problem, ctx.prepared, ctx.backend, ctx.rest = None, entry, "numba", args[4:]
+            return out, lse
         backend = _backends._resolve_backend(backend, q)
         mask_k, bias_k = _numba_mask(backend, mask, bias)
         pb = _backends._problem(q, k, v, backend, cost=True, values=True, seed=_seed(seed),
@@ -187,8 +198,9 @@ class EagerAttention(torch.autograd.Function):
         # the caller's tensors, out and lse (what the operator's formula saves); the checked
         # problem keeps views of them, whose versions the saved tensors guard
         ctx.save_for_backward(q, k, v, out, lse, mask, bias, block_mask, seed)
-        ctx.problem, ctx.backend, ctx.rest = pb, backend, args[4:]
-        ctx.set_materialize_grads(False)     # an unused output's gradient arrives as None
+        ctx.problem, ctx.prepared, ctx.backend, ctx.rest = pb, None, backend, args[4:]
+        if key is not None and key not in _backends._PREPARED:
+            _backends.prepare(key, pb, backend)
         return out, lse
 
     @staticmethod
@@ -196,7 +208,16 @@ class EagerAttention(torch.autograd.Function):
         q, k, v, out, lse, mask, bias, block_mask, seed = ctx.saved_tensors
         if dout is None:
             dout = torch.zeros_like(out)
-        dq, dk, dv = _backends._run_backward(ctx.problem, out, lse, dout.contiguous(), ctx.backend)
+        grads = None
+        if ctx.prepared is not None:
+            grads = ctx.prepared.backward(q, k, v, out, lse, dout.contiguous())
+        if grads is None:
+            pb = ctx.problem
+            if pb is None:                   # a prepared forward whose backward is not prepared
+                pb = _backends._problem(q, k, v, ctx.backend, cost=False, values=False, seed=0,
+                                        **_kwargs(None, None, None, *ctx.rest[:8]))
+            grads = _backends._run_backward(pb, out, lse, dout.contiguous(), ctx.backend)
+        dq, dk, dv = grads
         if dlse is not None:
             dq_lse, dk_lse = _lse_gradients(q.detach(), k.detach(), lse, dlse, mask, bias,
                                             block_mask, seed, tuple(ctx.rest))

@@ -220,8 +220,10 @@ def _check_like(name, x, q, shape, dtype):
 
 @functools.cache
 def _zero_seed(torch):
-    """The seed tensor of calls without dropout (never written: the operators only read it)."""
-    return torch.tensor(0, dtype=torch.int64)
+    """The seed tensor of calls without dropout (never written: the operators only read it);
+    made outside inference mode, so that autograd may save it whichever call made it first."""
+    with torch.inference_mode(False):
+        return torch.tensor(0, dtype=torch.int64)
 
 
 def _torch_attention(q, k, v, *, causal, window_size, mask, bias, block_mask, scale, dropout_p, seed, block_q,

@@ -40,8 +40,8 @@ from __future__ import annotations
 from . import decode_fwd, mma_bwd, mma_fwd, simt_bwd, simt_fwd, tf32_bwd, tf32_fwd
 from .config import FAMILY_NAMES, FORWARD_ONLY_NAMES, KernelConfig
 
-__all__ = ["forward", "backward", "prepare_forward", "family_for", "KernelConfig", "FAMILIES", "FAMILY_NAMES",
-           "FORWARD_ONLY"]
+__all__ = ["forward", "backward", "prepare_forward", "prepare_backward", "family_for",
+           "KernelConfig", "FAMILIES", "FAMILY_NAMES", "FORWARD_ONLY"]
 
 #: name -> (forward module, backward module), in the order the registry tries them.
 FAMILIES = {"mma": (mma_fwd, mma_bwd), "tf32": (tf32_fwd, tf32_bwd), "simt": (simt_fwd, simt_bwd)}
@@ -142,6 +142,16 @@ def prepare_forward(problem, config=None):
     name = family_for(problem, config, "fwd")
     module = FORWARD_ONLY[name] if name in FORWARD_ONLY else FAMILIES[name][0]
     prepare = getattr(module, "prepare", None)
+    return None if prepare is None else prepare(problem, config)
+
+
+def prepare_backward(problem, config=None):
+    """``run(q, k, v, out, lse, dout) -> (dq, dk, dv)``: ``problem``'s backward on new operands
+    of the same shapes, strides, dtype and device (canonical, as `backward` takes them), with
+    every per-problem choice made here, once; None when the family that runs it prepares
+    nothing (``simt``)."""
+    config = config or KernelConfig()
+    prepare = getattr(FAMILIES[family_for(problem, config, "bwd")][1], "prepare", None)
     return None if prepare is None else prepare(problem, config)
 
 

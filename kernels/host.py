@@ -564,34 +564,45 @@ def _without_operands(problem):
     return dataclasses.replace(problem, q=None, k=None, v=None)
 
 
-def tensor_core_backward(problem, out, lse, dout, config, dq_kernel, dq_tile, kv_schedule,
-                         dkdv_kernel, kv_tile, q_schedule, drop, words,
-                         band=(-UNBOUNDED, UNBOUNDED)):
-    """Run a tensor-core backward (the mma and tf32 families share its two kernels' arguments):
-    the dQ kernel (which also writes delta) on its ``dq_tile`` = (rows, keys) with the ``"kv"``
-    schedule, then the dK/dV kernel on ``kv_tile`` = (queries, keys) with the ``"q"`` schedule;
-    ``band``: the sliding window's (lo, hi), read only by windowed kernels.
-    Returns ``(dq, dk, dv)`` in the problem's kind of array and dtype."""
+def tensor_core_backward(problem, config, dq_kernel, dq_tile, kv_schedule, dkdv_kernel, kv_tile,
+                         q_schedule, drop, words, band=(-UNBOUNDED, UNBOUNDED)):
+    """Prepare a tensor-core backward (the mma and tf32 families share its two kernels'
+    arguments) for ``problem``: the dQ kernel (which also writes delta) on its ``dq_tile`` =
+    (rows, keys) with the ``"kv"`` schedule, then the dK/dV kernel on ``kv_tile`` = (queries,
+    keys) with the ``"q"`` schedule; ``band``: the sliding window's (lo, hi), read only by
+    windowed kernels. Returns ``run(q, k, v, out, lse, dout) -> (dq, dk, dv)`` in the problem's
+    kind of array and dtype, for operands of its shapes, dtype and device (canonical ``[B, H,
+    N, d]``, lse ``[B, H, N]``; the problem's mask, if any, is kept)."""
     pb = problem
     B, H, Nq, D, Hkv, Nk = pb.batch, pb.heads_q, pb.seqlen_q, pb.head_dim, pb.heads_kv, pb.seqlen_k
-    call = Call(pb)
-    q, k, v, o, do = (call.input(x, words=words, aligned=True)
-                      for x in (pb.q, pb.k, pb.v, out, dout))
-    l_ = call.input(lse)
-    dq = call.output((B, H, Nq, D), words=words)
-    dk = call.output((B, Hkv, Nk, D), words=words)
-    dv = call.output((B, Hkv, Nk, D), words=words)
-    delta = call.output((B, H, Nq), float32=True)
-    consts = (*call.mask(), np.float32(pb.scale * LOG2E), np.float32(pb.scale),
-              *_dropout_args(drop), np.int64(band[0]), np.int64(band[1]))
-    # -- dQ (and delta) first, then dK/dV, which reads delta --
-    launch(dq_kernel, (-(-Nq // dq_tile[0]), B * H), dq_kernel.threads, call.stream, (
-        q, k, v, o, do, l_, delta.arg, dq.arg, *kv_schedule, H // Hkv, Nq, Nk, *consts),
-        sharedmem=dq_kernel.smem_bytes, fast=config.fast_launch)
-    launch(dkdv_kernel, (-(-Nk // kv_tile[1]), B * Hkv), dkdv_kernel.threads, call.stream, (
-        q, k, v, do, l_, delta.arg, dk.arg, dv.arg, *q_schedule, H // Hkv, Nq, Nk, *consts),
-        sharedmem=dkdv_kernel.smem_bytes, fast=config.fast_launch)
-    return dq.value(), dk.value(), dv.value()
+    template = _without_operands(pb)
+    tail = (np.float32(pb.scale * LOG2E), np.float32(pb.scale), *_dropout_args(drop),
+            np.int64(band[0]), np.int64(band[1]))
+    dq_grid, kv_grid = (-(-Nq // dq_tile[0]), B * H), (-(-Nk // kv_tile[1]), B * Hkv)
+    sizes = (H // Hkv, Nq, Nk)
+    dq_plans, kv_plans = {}, {}
+
+    def run(q, k, v, out, lse, dout):
+        call = Call(template, q=q)
+        qi, ki, vi, oi, doi = (call.input(x, words=words, aligned=True)
+                               for x in (q, k, v, out, dout))
+        li = call.input(lse)
+        dq = call.output((B, H, Nq, D), words=words)
+        dk = call.output((B, Hkv, Nk, D), words=words)
+        dv = call.output((B, Hkv, Nk, D), words=words)
+        delta = call.output((B, H, Nq), float32=True)
+        consts = (*call.mask(), *tail)
+        # -- dQ (and delta) first, then dK/dV, which reads delta --
+        relaunch(dq_plans, (qi, ki, vi, oi, doi, li), dq_kernel, dq_grid, dq_kernel.threads,
+                 call.stream, (qi, ki, vi, oi, doi, li, delta.arg, dq.arg, *kv_schedule, *sizes,
+                               *consts),
+                 sharedmem=dq_kernel.smem_bytes, fast=config.fast_launch)
+        relaunch(kv_plans, (qi, ki, vi, doi, li), dkdv_kernel, kv_grid, dkdv_kernel.threads,
+                 call.stream, (qi, ki, vi, doi, li, delta.arg, dk.arg, dv.arg, *q_schedule,
+                               *sizes, *consts),
+                 sharedmem=dkdv_kernel.smem_bytes, fast=config.fast_launch)
+        return dq.value(), dk.value(), dv.value()
+    return run
 
 
 def tensor_core_backward_refusal(problem, config, family, dtypes, head_dims, tiles):

@@ -575,6 +575,13 @@ def supports(problem, config):
 def backward(problem, out, lse, dout, config):
     """Half-precision tensor-core backward: ``(dq, dk, dv)`` in the problem's kind of array and
     dtype (see `kernels.backward`)."""
+    return prepare(problem, config)(problem.q, problem.k, problem.v, out, lse, dout)
+
+
+def prepare(problem, config):
+    """The backward of ``problem`` with its tiles, kernels, tile schedules and constants chosen
+    once: ``run(q, k, v, out, lse, dout) -> (dq, dk, dv)``
+    (`kernels.host.tensor_core_backward`)."""
     pb = problem
     (dq_bq, dq_bk), (kv_bk, kv_bq) = tiles(pb)
     drop = dropout_constants(pb.seed, pb.dropout_p)
@@ -583,7 +590,7 @@ def backward(problem, out, lse, dout, config):
     features = (str(pb.dtype).endswith("bfloat16"), causal, pb.mask is not None,
                 drop.enabled, group, window)
     return host.tensor_core_backward(
-        pb, out, lse, dout, config,
+        pb, config,
         get_dq_kernel(pb.head_dim, dq_bq, dq_bk, *features), (dq_bq, dq_bk),
         tile_scheduler.device_schedule(pb, dq_bq, dq_bk, "kv"),
         get_dkdv_kernel(pb.head_dim, kv_bk, kv_bq, *features), (kv_bq, kv_bk),

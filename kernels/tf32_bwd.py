@@ -677,8 +677,15 @@ def supports(problem, config):
 
 
 def backward(problem, out, lse, dout, config):
-    """Float32 3xTF32 tensor-core backward: ``(dq, dk, dv)`` in the problem's kind of array (see
-    `kernels.backward`)."""
+    """Float32 3xTF32 tensor-core backward: ``(dq, dk, dv)`` in the problem's kind of array
+    (see `kernels.backward`)."""
+    return prepare(problem, config)(problem.q, problem.k, problem.v, out, lse, dout)
+
+
+def prepare(problem, config):
+    """The backward of ``problem`` with its tiles, kernels, tile schedules and constants chosen
+    once: ``run(q, k, v, out, lse, dout) -> (dq, dk, dv)``
+    (`kernels.host.tensor_core_backward`)."""
     pb = problem
     (dq_bq, dq_bk), (kv_bk, kv_bq) = tiles(pb)
     drop = dropout_constants(pb.seed, pb.dropout_p)
@@ -688,7 +695,7 @@ def backward(problem, out, lse, dout, config):
     causal, window, band_lo, band_hi = band_arguments(pb)
     features = (causal, pb.mask is not None, drop.enabled, group, window)
     return host.tensor_core_backward(
-        pb, out, lse, dout, config,
+        pb, config,
         get_dq_kernel(pb.head_dim, dq_bq, dq_bk, *features), (dq_bq, dq_bk),
         tile_scheduler.device_schedule(pb, dq_bq, dq_bk, "kv"),
         get_dkdv_kernel(pb.head_dim, kv_bk, kv_bq, *features, unroll=kv_cfg.get("unroll")),

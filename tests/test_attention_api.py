@@ -174,3 +174,17 @@ def test_public_names():
     assert ioaware.attention is attention
     for name in ("attention", "attention_backward", "scaled_dot_product_attention", "BlockMask", "BlockInfo"):
         assert getattr(ioaware, name).__doc__
+
+
+def test_autograd_after_an_inference_mode_call():
+    """Calls without dropout share one seed tensor; made by a call under inference mode, it must
+    still be one autograd can save."""
+    torch = pytest.importorskip("torch")
+    import sys
+    sys.modules["ioaware.attention"]._zero_seed.cache_clear()
+    q, k, v = (torch.randn(1, 2, 16, 8) for _ in range(3))
+    with torch.inference_mode():
+        attention(q, k, v)
+    q.requires_grad_(True)
+    attention(q, k, v).sum().backward()
+    assert q.grad is not None and torch.isfinite(q.grad).all()

@@ -1,11 +1,14 @@
-"""The prepared forward (`ioaware._backends.prepared_key`, `kernels.prepare_forward`): a torch
-CUDA call without mask, bias, block mask or dropout is checked and prepared once per key
-(shapes, strides, dtypes, devices, flags), and later calls run the prepared kernels directly.
+"""Prepared calls (`ioaware._backends.prepared_key`, `kernels.prepare_forward`,
+`kernels.prepare_backward`): a torch CUDA call without mask, bias, block mask or dropout is
+checked and prepared once per key (shapes, strides, dtypes, devices, flags), and later calls
+run the prepared kernels directly.
 
 CPU: which calls have a key. GPU (``-m gpu``): a repeated call skips the checks (they are made
 to fail) and computes bitwise what the full path computes, for each family that prepares
-(``mma``, ``tf32``, ``split_kv``), strided inputs included; a family that prepares nothing
-(``simt``) takes the full path every time; keys differ where the call differs.
+(``mma``, ``tf32``, ``split_kv``), strided inputs included, in inference and through autograd
+(forward and backward); a family that prepares nothing (``simt``) takes the full path every
+time, and a prepared forward whose backward is not prepared checks the problem for it; keys
+differ where the call differs.
 """
 from __future__ import annotations
 
@@ -103,3 +106,52 @@ def test_keys_differ_where_calls_differ(cuda):
               _backends.prepared_key(q, q, q, None, None, None, 0.0, FLAGS[:1] + (False,) + FLAGS[2:]),
               _backends.prepared_key(q, q, q, None, None, None, 0.0, (0.5,) + FLAGS[1:])]
     assert len({base, *others}) == 6
+
+
+def _fwd_bwd(q, k, v, dout, **kw):
+    q, k, v = (x.detach().requires_grad_(True) for x in (q, k, v))
+    out = attention(q, k, v, backend="numba", **kw)
+    out.backward(dout)
+    return out.detach(), q.grad, k.grad, v.grad
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", [n for n in CASES if not n.startswith("split_kv")])
+def test_repeated_training_call_skips_the_checks_and_matches_the_full_path(cuda, name,
+                                                                           monkeypatch):
+    """Forward and backward through autograd: the second call of a key runs the prepared
+    forward and backward (the checks fail if called) and computes bitwise what the full path
+    computes."""
+    dtype, sq, skv, kw, transposed = CASES[name]
+    g = torch.Generator(device="cuda").manual_seed(1)
+    _backends._PREPARED.clear()
+    q, k, v = _inputs(g, sq, skv, dtype, transposed)
+    dout = torch.randn(q.shape, device="cuda", dtype=dtype, generator=g)
+    _fwd_bwd(q, k, v, dout, **kw)                                  # full path, then prepared
+    q2, k2, v2 = _inputs(g, sq, skv, dtype, transposed)
+
+    def no_checks(*a, **k):
+        raise AssertionError("the prepared call ran the checks")
+    monkeypatch.setattr(_backends, "check_inputs", no_checks)
+    got = _fwd_bwd(q2, k2, v2, dout, **kw)
+    monkeypatch.undo()
+    _backends._PREPARED.clear()
+    want = _fwd_bwd(q2, k2, v2, dout, **kw)
+    for name_, a, b in zip(("out", "dq", "dk", "dv"), got, want):
+        assert a.shape == b.shape and torch.equal(a, b), name_
+
+
+@pytest.mark.gpu
+def test_prepared_forward_with_a_backward_that_is_not_prepared(cuda):
+    """Pinned tiles: the tensor-core forward takes them and is prepared, the backward family
+    that takes the problem may prepare nothing; the second call's gradients still match."""
+    g = torch.Generator(device="cuda").manual_seed(2)
+    q, k, v, dout = (torch.randn(1, 2, 256, 64, device="cuda", dtype=torch.float16, generator=g)
+                     for _ in range(4))
+    _backends._PREPARED.clear()
+    _fwd_bwd(q, k, v, dout, block_q=64, block_k=64)
+    got = _fwd_bwd(q, k, v, dout, block_q=64, block_k=64)
+    _backends._PREPARED.clear()
+    want = _fwd_bwd(q, k, v, dout, block_q=64, block_k=64)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
