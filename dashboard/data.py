@@ -1248,6 +1248,19 @@ def measure_configs(seq_lens, head_dims, dtypes, batch, heads, causal, passes) -
             for n in seq_lens for d in head_dims for dt in dtypes for c in causal for p in passes]
 
 
+def sweep_progress(done: int, total: int, elapsed_s: float) -> str:
+    """The Measure page's progress line: configurations done, time so far and, from the rate so
+    far, about how long is left."""
+    from dashboard import fmt
+
+    head = f"{done:,} / {total:,} configurations, {fmt.duration(elapsed_s)} so far"
+    if done >= total:
+        return f"{total:,} configurations measured in {fmt.duration(elapsed_s)}"
+    if done == 0:
+        return head + "; the time left is estimated after the first configuration"
+    return head + f", about {fmt.duration(elapsed_s / done * (total - done))} left"
+
+
 def new_results_path(gpu: str) -> Path:
     """A new, dated results file name in ``results/`` for a sweep on ``gpu``."""
     import datetime as _dt

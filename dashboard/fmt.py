@@ -8,8 +8,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["bytes_", "ms", "ratio", "count", "flops", "pct", "signed_pct", "num", "Col",
-           "BYTE_UNITS", "byte_unit"]
+__all__ = ["bytes_", "ms", "ratio", "count", "flops", "pct", "signed_pct", "num", "duration",
+           "Col", "BYTE_UNITS", "byte_unit"]
 
 #: Byte units in powers of 1000 (bandwidths are quoted that way).
 BYTE_UNITS = (("B", 1.0), ("kB", 1e3), ("MB", 1e6), ("GB", 1e9), ("TB", 1e12), ("PB", 1e15))
@@ -99,6 +99,19 @@ def signed_pct(x, digits: int = 1) -> str:
         return "—"
     v = float(x) * 100
     return f"{'+' if v > 0 else '−' if v < 0 else ''}{abs(v):,.{digits}f} %"
+
+
+def duration(seconds) -> str:
+    """A wall-clock duration, rounded to what a reader waits by: ``"45 s"``, ``"3 min 20 s"``,
+    ``"1 h 05 min"``."""
+    if _bad(seconds):
+        return "—"
+    s = max(0, int(round(float(seconds))))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min"
 
 
 @dataclass(frozen=True)

@@ -190,12 +190,17 @@ _RIGHT = ({"alignment": "right"} if "alignment" in inspect.signature(
     st.column_config.TextColumn).parameters else {})
 
 
-def formatted(df: pd.DataFrame, columns: dict[str, Col] | None) -> tuple[pd.DataFrame, dict, pd.DataFrame]:
+def formatted(df: pd.DataFrame, columns: dict[str, Col] | None, *, static: bool = False
+              ) -> tuple[pd.DataFrame, dict, pd.DataFrame]:
     """``(display frame, column_config, CSV frame)`` of ``df`` under ``columns`` (``{column:
     Col}``, in display order; None: every column as it is). Bytes and FLOPs are shown with a
     unit per cell, times, ratios and percentages with theirs in the header (as text in tables of
     at most ``SMALL_TABLE`` rows, as sortable numbers in longer ones); the CSV keeps the raw
-    numbers, headers with their units."""
+    numbers, headers with their units.
+
+    ``static``: the frame is drawn whole by ``st.table``, which ignores ``column_config`` and
+    prints integers bare (``65536``), so counts become text with separators (``"65,536"``)
+    there; in the grid they stay numbers, formatted by their column."""
     if columns is None:
         return df, {}, df
     cols = [c for c in columns if c in df]
@@ -228,8 +233,13 @@ def formatted(df: pd.DataFrame, columns: dict[str, Col] | None) -> tuple[pd.Data
             csv[label] = v * scale
         elif spec.kind == "count":
             label = spec.label
-            disp[label] = pd.to_numeric(s, errors="coerce")
-            config[label] = st.column_config.NumberColumn(label, help=spec.help, format="localized")
+            if static:
+                disp[label] = [fmt.count(x) for x in pd.to_numeric(s, errors="coerce")]
+                config[label] = st.column_config.TextColumn(label, help=spec.help, **_RIGHT)
+            else:
+                disp[label] = pd.to_numeric(s, errors="coerce")
+                config[label] = st.column_config.NumberColumn(label, help=spec.help,
+                                                              format="localized")
             csv[label] = s
         elif spec.kind == "num":
             label = spec.label
@@ -262,8 +272,9 @@ def table(df: pd.DataFrame, name: str, *, columns: dict[str, Col] | None = None,
     """Show a table formatted by ``columns`` (see :func:`formatted`) with a CSV download of the
     raw numbers (``csv``: another frame to download instead, e.g. with every column)."""
     key = key or slug(name)
-    disp, config, raw = formatted(df, columns)
-    if len(disp) <= STATIC_TABLE and columns is not None and len(disp.columns):
+    static = len(df) <= STATIC_TABLE and columns is not None and any(c in df for c in columns)
+    disp, config, raw = formatted(df, columns, static=static)
+    if static:
         if _TABLE_HIDES_INDEX:
             st.table(disp, hide_index=True)
         else:

@@ -386,17 +386,22 @@ def row_forward(walk: Walk, x: dict, row: int) -> dict:
     """One query row's online softmax over the K/V tiles in the order the walk visits them.
 
     Returns ``{"tiles": DataFrame (one row per tile of this row: step, k_tile, keys, tile_max,
-    m_old, m, alpha, l, err), "o": [tiles, d] array of the output after each tile,
-    "exact": _exact(...)}``. ``alpha`` is exp(m_old − m): NaN for the first tile (nothing was
-    summed before it).
+    m_old, m, alpha, l_old, tile_sum, l, acc1_old, pv1, acc1, err), "acc": [tiles, d] array of
+    the output accumulator after each tile, "pv": [tiles, d] array of what each tile adds to it,
+    "o": [tiles, d] array of the output after each tile (accumulator / l), "exact":
+    _exact(...)}``. ``alpha`` is exp(m_old − m): NaN for the first tile (nothing was summed
+    before it). Each tile updates ``l = alpha · l_old + tile_sum`` (``tile_sum``: Σ exp(s − m)
+    over the tile's visible keys) and ``acc = alpha · acc_old + pv`` (``pv``: Σ exp(s − m) · v);
+    ``acc1_old``, ``pv1``, ``acc1`` are the first components of those vectors.
     """
     ex = _exact(x, row, walk.causal)
     s, vis, v = ex["s"], ex["visible"], x["v"]
     tiles = row_tiles(walk, row, "fwd") if walk.schedule != "naive" else pd.DataFrame(
         columns=["step", "k_tile"])
     m_run, l_run = -np.inf, 0.0
-    acc = np.zeros(v.shape[1])
-    rows, outs = [], []
+    d = v.shape[1]
+    acc = np.zeros(d)
+    rows, outs, accs, pvs = [], [], [], []
     for step, n in zip(tiles["step"], tiles["k_tile"]):
         k0, k1 = (int(n) - 1) * walk.block_k, min(int(n) * walk.block_k, walk.seq_len)
         keys = np.arange(k0, k1)
@@ -405,17 +410,26 @@ def row_forward(walk: Walk, x: dict, row: int) -> dict:
         m_new = max(m_run, tile_max)
         alpha = float(np.exp(m_run - m_new)) if np.isfinite(m_run) else np.nan
         p = np.exp(s[keys] - m_new)
+        pv = p @ v[keys]
+        l_old, acc_old = l_run, acc
         l_run = (l_run * alpha if np.isfinite(m_run) else 0.0) + float(p.sum())
-        acc = (acc * alpha if np.isfinite(m_run) else acc) + p @ v[keys]
+        acc = (acc * alpha if np.isfinite(m_run) else acc) + pv
         o = acc / l_run if l_run > 0 else np.zeros_like(acc)
         rows.append({"step": int(step), "k_tile": int(n), "keys": _rows(k0, k1),
                      "tile_max": tile_max, "m_old": m_run, "m": m_new, "alpha": alpha,
-                     "l": l_run, "err": float(np.abs(o - ex["o"]).max())})
+                     "l_old": l_old, "tile_sum": float(p.sum()), "l": l_run,
+                     "acc1_old": float(acc_old[0]), "pv1": float(pv[0]), "acc1": float(acc[0]),
+                     "err": float(np.abs(o - ex["o"]).max())})
         outs.append(o)
+        accs.append(acc)
+        pvs.append(pv)
         m_run = m_new
     return {"tiles": pd.DataFrame(rows, columns=["step", "k_tile", "keys", "tile_max", "m_old",
-                                                 "m", "alpha", "l", "err"]),
-            "o": np.array(outs).reshape(len(outs), v.shape[1]), "exact": ex}
+                                                 "m", "alpha", "l_old", "tile_sum", "l",
+                                                 "acc1_old", "pv1", "acc1", "err"]),
+            "acc": np.array(accs).reshape(len(accs), d),
+            "pv": np.array(pvs).reshape(len(pvs), d),
+            "o": np.array(outs).reshape(len(outs), d), "exact": ex}
 
 
 def row_backward(walk: Walk, x: dict, row: int) -> dict:

@@ -35,9 +35,10 @@ ROOFLINE_MS = data.ROOFLINE + " (ms)"
 READS = "Times read (×)"
 
 #: Words of the code that must not reach the screen: kernel and field names, the cost model's
-#: package name, "-1" sentinels, issue numbers.
+#: package name and its trace's phase names (``bwd.main``), "-1" sentinels, issue numbers.
 INTERNAL = re.compile(r"ioaware-numba|\bsim\b|flash_(fwd|bwd)|_v2\b|kernels_sha|\bq_block\b|"
-                      r"\bk_block\b|(?<![\w.\d])-1(?![\d.])|\bissue\b|#\d{2,}", re.IGNORECASE)
+                      r"\bk_block\b|(?<![\w.\d])-1(?![\d.])|\bissue\b|#\d{2,}|"
+                      r"\b(fwd|bwd)\.[a-z]", re.IGNORECASE)
 
 
 @pytest.fixture
@@ -95,11 +96,21 @@ def _shown(node):
             yield child
 
 
-def screen_text(at) -> str:
-    """What a page shows outside expanders: titles, text, captions, alerts, metric labels and
-    values, widget labels and options, table headers and cells."""
+def _all(node):
+    """Every element of an AppTest tree, expanders opened."""
+    for child in getattr(node, "children", {}).values():
+        if getattr(child, "children", None):
+            yield from _all(child)
+        else:
+            yield child
+
+
+def screen_text(at, expanders: bool = False) -> str:
+    """What a page shows outside expanders (``expanders``: inside them too): titles, text,
+    captions, alerts, metric labels and values, widget labels and options, table headers and
+    cells."""
     parts = []
-    for e in _shown(at._tree):
+    for e in (_all if expanders else _shown)(at._tree):
         kind = getattr(e, "type", "")
         if kind == "metric":
             parts.append(f"{e.label} {e.value}")
@@ -122,6 +133,16 @@ def test_every_page_runs_clean_and_speaks_plainly(page, offer):
     assert at.title[0].value == PAGES[page]
     hits = sorted({m.group(0) for m in INTERNAL.finditer(screen_text(at))})
     assert not hits, f"{page}: internal words on screen: {hits}"
+    assert_tables_drawn_whole_are_text(at)
+
+
+def assert_tables_drawn_whole_are_text(at) -> None:
+    """``st.table`` ignores column formats and prints an integer bare (``65536``, or ten digits
+    for a byte count): every number in a table drawn whole must arrive as formatted text."""
+    for t in at.table:
+        df = t.value.reset_index() if t.value.index.name is not None else t.value
+        bare = [c for c in df.columns if pd.api.types.is_numeric_dtype(df[c])]
+        assert not bare, f"columns shown as bare numbers: {bare}"
 
 
 def test_root_opens_explore():
@@ -140,6 +161,19 @@ def test_numbers_read_with_units():
     assert fmt.signed_pct(-0.05) == "−5.0 %" and fmt.pct(0.123) == "12.3 %"
     assert fmt.num(float("-inf")) == "−∞" and fmt.bytes_(None) == "—"
     assert fmt.num(0.06921) == "0.0692" and fmt.num(3.3e-16, 2) == "3.3e-16"
+
+
+def test_counts_in_tables_drawn_whole_have_separators():
+    from dashboard import ui
+
+    df = pd.DataFrame({"n": [65536, 1_234_567_890], "b": [512, 1_640_000_000]})
+    cols = {"n": fmt.Col("N", "count"), "b": fmt.Col("Bytes", "bytes")}
+    whole, _, csv = ui.formatted(df, cols, static=True)
+    assert list(whole["N"]) == ["65,536", "1,234,567,890"]
+    assert list(whole["Bytes"]) == ["512 B", "1.64 GB"]
+    assert list(csv["N"]) == [65536, 1_234_567_890]          # the download keeps raw numbers
+    grid, config, _ = ui.formatted(df, cols, static=False)    # the grid formats by its column
+    assert pd.api.types.is_numeric_dtype(grid["N"]) and "N" in config
 
 
 # -- Explore --------------------------------------------------------------------------------------
@@ -266,7 +300,7 @@ def test_scaling_ranges_and_the_n_slider():
     assert [m.value for m in at.metric] != before
     at.select_slider(key="sc_range").set_value((128, 256)).run()
     ok(at)
-    assert sorted(table(at, "N")["N"].unique()) == [128, 256]
+    assert sorted(table(at, "N")["N"].unique()) == ["128", "256"]   # drawn whole: as text
     assert "outside the range" in texts(at.info)
     at.select_slider(key="sc_range").set_value((512, 512)).run()
     assert "at least two" in texts(ok(at).info)
@@ -287,7 +321,7 @@ def test_measured_with_fixture(offer):
     n_records = len(json.loads(FIXTURE.read_text())["records"])
     assert len(table(at, "Measured time (ms)")) == n_records
     summary = table(at, "Records of").set_index("Metric")
-    assert summary.loc["Global-memory bytes", "Records"] > 0
+    assert int(summary.loc["Global-memory bytes", "Records"].replace(",", "")) > 0
     assert len(at.radio(key="pm_metric").options) == len(data.compared_metrics())
     for metric in data.compared_metrics():  # one scatter per metric, chosen by the radio
         at.radio(key="pm_metric").set_value(metric).run()
@@ -414,8 +448,38 @@ def test_step_defaults_play_and_rescale():
     tiles = table(at, "α = exp(m before − m after)")
     alphas = pd.to_numeric(tiles["α = exp(m before − m after)"], errors="coerce").dropna()
     assert (alphas < 1).sum() >= 2                  # the default row's max rises at several tiles
-    assert list(tiles["K/V tile"]) == list(range(1, len(tiles) + 1))
+    assert list(tiles["K/V tile"]) == [str(n) for n in range(1, len(tiles) + 1)]
+    assert "Accumulator after, dim 1" in tiles.columns
     assert "equals the materialised softmax(S)·V" in texts(at.success)
+
+
+def test_step_row_panel_follows_the_slider():
+    """At a step where the followed row's max rises, the panel shows that tile's α, l and
+    output accumulator with the update in numbers, and the row's table ends at the slider's
+    step (both counted from 1)."""
+    at = ok(open_page("step"))
+    row = int(at.number_input(key="st_row").value) - 1
+    w = data.step_walk("flash2", 64, 16, 16, 16, False, "forward")
+    rf = walk.row_forward(w, walk.inputs(64, 16, "drift"), row)
+    tiles = rf["tiles"]
+    i = int(np.flatnonzero(tiles["alpha"] < 1)[0])          # the first tile that rescales
+    t = tiles.iloc[i]
+    at.slider(key="st_step").set_value(int(t["step"])).run()
+    ok(at)
+    assert f"Step {int(t['step'])} of {w.n_steps}" in texts(at.markdown)
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Rescale α, last tile"] == fmt.num(t["alpha"], 3)
+    assert float(metrics["Rescale α, last tile"]) < 1
+    assert metrics["Running max m"] == fmt.num(t["m"], 4)
+    assert metrics["Running sum l"] == fmt.num(t["l"], 4)
+    assert metrics["Accumulator, dim 1"] == fmt.num(rf["acc"][i, 0], 4)
+    assert (f"{fmt.num(t['alpha'], 3)} × {fmt.num(t['l_old'], 4)} + {fmt.num(t['tile_sum'], 4)}"
+            f" = **{fmt.num(t['l'], 4)}**") in texts(at.markdown)
+    shown = table(at, "α = exp(m before − m after)")
+    assert list(shown["Step"]) == [str(s) for s in tiles["step"].iloc[:i + 1]]
+    assert shown["Step"].iloc[-1] == str(step_of(at))
+    events = table(at, "Action")
+    assert all(b.endswith(" B") or b.endswith("kB") for b in events["Bytes"])
 
 
 def test_step_counts_rereads_and_speaks_plainly():
@@ -460,6 +524,23 @@ def test_step_other_schedules_and_edges(schedule):
     assert len(charts(ok(at))) >= 3
 
 
+@pytest.mark.parametrize("schedule,direction", [("flash2", "backward"), ("flash1", "forward"),
+                                                ("flash1", "backward"), ("naive", "backward")])
+def test_step_speaks_plainly_at_every_step_kind(schedule, direction):
+    """Every kind of step (a program's start, a tile, its end; each phase of the backward),
+    expanders opened: no internal names, no -1 sentinels."""
+    at = open_page("step")
+    at.selectbox(key="st_schedule").set_value(schedule)
+    at.radio(key="st_direction").set_value(direction).run()
+    w = data.step_walk(schedule, 64, 16, 16, 16, False, direction)
+    firsts = w.steps.groupby(["phase", "kind"])["step"].min()
+    for step in sorted({1, w.n_steps, *map(int, firsts)}):
+        at.slider(key="st_step").set_value(step).run()
+        hits = sorted({m.group(0) for m in INTERNAL.finditer(screen_text(ok(at), True))})
+        assert not hits, f"step {step}: internal words on screen: {hits}"
+        assert_tables_drawn_whole_are_text(at)
+
+
 # -- the step-through's arithmetic --------------------------------------------------------------
 @pytest.mark.parametrize("causal", [False, True])
 def test_walk_row_matches_exact_attention(causal):
@@ -476,6 +557,20 @@ def test_walk_row_matches_exact_attention(causal):
     rb = walk.row_backward(wb, x, 20)
     assert rb["tiles"]["dq_err"].iloc[-1] < 1e-12
     assert rb["tiles"]["p_err"].max() < 1e-12
+
+
+def test_walk_online_softmax_updates_add_up():
+    """Each tile: l = α·l_old + Σexp(s − m), accumulator = α·accumulator_old + Σexp(s − m)·v,
+    output = accumulator / l."""
+    w = data.step_walk("flash2", 64, 16, 16, 16, False, "forward")
+    rf = walk.row_forward(w, walk.inputs(64, 16, "drift"), 4)
+    tiles, acc, pv = rf["tiles"], rf["acc"], rf["pv"]
+    alpha = tiles["alpha"].fillna(0.0).to_numpy()          # nothing to rescale before tile 1
+    assert np.allclose(tiles["l"], alpha * tiles["l_old"] + tiles["tile_sum"], rtol=1e-13)
+    before = np.vstack([np.zeros(acc.shape[1]), acc[:-1]])
+    assert np.allclose(acc, alpha[:, None] * before + pv, rtol=1e-13)
+    assert np.allclose(rf["o"], acc / tiles["l"].to_numpy()[:, None], rtol=1e-13)
+    assert np.allclose(tiles["acc1"], acc[:, 0]) and np.allclose(tiles["acc1_old"], before[:, 0])
 
 
 def test_walk_default_inputs_rescale_every_row():
@@ -544,8 +639,20 @@ def test_measure_runs_a_sweep_with_progress(monkeypatch, tmp_path):
     at.button[0].click().run()
     ok(at)
     assert calls and len(calls[0]) == 3 * 2 * 1 * 2 * 2  # N x d x dtype x causal x pass
+    assert "takes minutes" in texts(at.caption)           # announced before it is started
+    assert [p.proto.text for p in at.get("progress")] == [
+        data.sweep_progress(len(calls[0]), len(calls[0]), 0.0)]
     assert "saved.json" in texts(at.success)
     assert json.loads((tmp_path / "saved.json").read_text())["schema"] == "ioaware.results/1"
+
+
+def test_sweep_progress_says_how_long_is_left():
+    assert fmt.duration(42.4) == "42 s" and fmt.duration(200) == "3 min 20 s"
+    assert fmt.duration(3900) == "1 h 05 min" and fmt.duration(None) == "—"
+    assert data.sweep_progress(6, 24, 120.0) == \
+        "6 / 24 configurations, 2 min 00 s so far, about 6 min 00 s left"
+    assert "estimated after the first" in data.sweep_progress(0, 24, 3.0)
+    assert data.sweep_progress(24, 24, 480.0) == "24 configurations measured in 8 min 00 s"
 
 
 def test_measure_configs_are_accepted_by_the_harness():

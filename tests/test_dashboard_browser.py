@@ -10,7 +10,8 @@ What is measured, and against which budget:
   tests);
 * **page by URL** (< 3 s each): a full page load of ``/<page>`` into a running server, every
   page including the default one, with no error box, no "page not found" dialog, the right
-  title, and no internal vocabulary in the visible text;
+  title, no internal vocabulary in the visible text, and no number of five digits or more
+  without thousands separators in a table;
 * **a widget change** (< 1 s): the step-through's *Next* button, click to the next step drawn;
 * **play**: the step-through advances on its own after *Play*.
 
@@ -39,7 +40,8 @@ PAGE_LOAD_S = 3.0
 WIDGET_S = 1.0
 # Words of the code that must not reach the screen (as tests/test_dashboard.py checks).
 INTERNAL = re.compile(r"ioaware-numba|\bsim\b|flash_(fwd|bwd)|_v2\b|kernels_sha|\bq_block\b|"
-                      r"\bk_block\b|(?<![\w.\d])-1(?![\d.])|\bissue\b|#\d{2,}", re.IGNORECASE)
+                      r"\bk_block\b|(?<![\w.\d])-1(?![\d.])|\bissue\b|#\d{2,}|"
+                      r"\b(fwd|bwd)\.[a-z]", re.IGNORECASE)
 STEP_HEADING = ("(Array.from(document.querySelectorAll('h4')).map(h => h.innerText)"
                 ".find(t => t.startsWith('Step ')) || '')")
 
@@ -95,6 +97,8 @@ def test_page_by_url(app, br, page):
     assert load.seconds < PAGE_LOAD_S, f"/{page} drawn in {load.seconds:.2f} s"
     hits = sorted({m.group(0) for m in INTERNAL.finditer(br.visible_text())})
     assert not hits, f"/{page}: internal words on screen: {hits}"
+    bare = [c for c in br.text('[data-testid="stTable"] td') if re.fullmatch(r"−?-?\d{5,}", c)]
+    assert not bare, f"/{page}: numbers without separators in a table: {bare}"
 
 
 def test_step_through_next_and_play(app, br):

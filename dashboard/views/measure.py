@@ -1,6 +1,7 @@
 """Page 6 — Measure: run a measurement sweep on this machine's GPU and add it to the results.
 
-Without a CUDA GPU the page says so and shows how to measure elsewhere.
+The sweep is announced as taking minutes and runs with a progress bar that says about how long
+is left. Without a CUDA GPU the page says so and shows how to measure elsewhere.
 """
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import time
 
 import streamlit as st
 
-from dashboard import data, ui
+from dashboard import data, fmt, ui
 
 st.title("Measure")
 st.caption("Time this project's kernels and PyTorch's SDPA backends on this machine's GPU, "
@@ -55,6 +56,10 @@ with st.form("measure"):
     heads = c2.number_input("Heads", 1, 128, 16)
     causal = c3.multiselect("Causal", [False, True], default=[False, True])
     passes = st.multiselect("Passes", ui.PASSES[:2], default=["fwd", "bwd"])
+    st.caption("A sweep takes minutes: every configuration (one of each combination chosen "
+               "above) times each kernel with warm-up and repeats. While it runs, a progress bar "
+               "shows the configurations done and about how long is left; the file is rewritten "
+               "after every configuration, so an interrupted sweep keeps what it measured.")
     submitted = st.form_submit_button("Run sweep", type="primary")
 
 if submitted:
@@ -63,14 +68,15 @@ if submitted:
     if not configs:
         st.warning("Pick at least one value of each option.")
         st.stop()
-    bar = st.progress(0.0, text=f"0 / {len(configs)} configurations")
+    t0 = time.perf_counter()
+    bar = st.progress(0.0, text=data.sweep_progress(0, len(configs), 0.0))
 
     def progress(done, total=len(configs), *_, **__):
         frac = min(1.0, float(done) / max(1, total))
-        bar.progress(frac, text=f"{done} / {total} configurations")
+        bar.progress(frac, text=data.sweep_progress(int(done), int(total),
+                                                    time.perf_counter() - t0))
 
     path = data.new_results_path(gpu)
-    t0 = time.perf_counter()
     try:  # the harness rewrites `path` after every configuration (an interrupted sweep resumes)
         results = harness.run_sweep(configs, progress=progress, out_path=path)
     except Exception as exc:  # noqa: BLE001 - a failed sweep is reported, not raised
@@ -84,7 +90,8 @@ if submitted:
         st.stop()
     if not path.exists():
         path.write_bytes(content)
-    st.success(f"Measured {len(loaded['records'])} records in {time.perf_counter() - t0:.0f} s; "
+    st.success(f"Measured {len(loaded['records']):,} records in "
+               f"{fmt.duration(time.perf_counter() - t0)}; "
                f"saved to `{path}`. Open *Predicted vs measured* to compare; add hardware "
                f"counters with `python -m benchmarks ncu`.")
     st.download_button("Results (JSON)", content, file_name=path.name, mime="application/json",

@@ -127,21 +127,26 @@ def _row_panel(step: int) -> None:
         st.subheader(f"Query row {row + 1}: the online softmax")
         _row_status(tiles, done, m_tile, step)
         last = tiles.iloc[done - 1] if done else None
-        m = st.columns(4)
+        m = st.columns(5)
         m[0].metric("Running max m", fmt.num(last["m"], 4) if done else "−∞")
         m[1].metric("Running sum l", fmt.num(last["l"], 4) if done else "0")
-        m[2].metric("Rescale α of the last tile",
+        m[2].metric("Rescale α, last tile",
                     "—" if not done or pd.isna(last["alpha"]) else fmt.num(last["alpha"], 3),
                     help="α = exp(m_old − m_new): what the sum and the output accumulator "
                          "computed so far are multiplied by when a tile raises the row's max.")
+        m[3].metric("Accumulator, dim 1", fmt.num(last["acc1"], 4) if done else "0",
+                    help="The accumulator is Σ exp(s − m)·v over the keys seen, a vector of d "
+                         "numbers, not yet divided by l; its first component is shown. The "
+                         "output so far is accumulator / l.")
         seen = np.zeros(len(ex["s"]), dtype=bool)
         for n in tiles["k_tile"].iloc[:done]:
             seen[(int(n) - 1) * walk.block_k:min(int(n) * walk.block_k, walk.seq_len)] = True
         seen &= ex["visible"]
         seen_keys = int(seen.sum())
-        m[3].metric("Keys seen", f"{seen_keys:,} of {int(ex['visible'].sum()):,}")
+        m[4].metric("Keys seen", f"{seen_keys:,} of {int(ex['visible'].sum()):,}")
         if done:
             st.markdown(_explain_forward(last, done))
+            st.markdown(_update_in_numbers(last))
         c1, c2 = st.columns(2)
         with c1:
             ui.chart(figures.row_scores(ex["s"], ex["visible"], seen, walk.block_k, tiles, done),
@@ -160,6 +165,7 @@ def _row_panel(step: int) -> None:
             "m_old": Col("m before", "num", digits=4), "m": Col("m after", "num", digits=4),
             "alpha": Col("α = exp(m before − m after)", "num", digits=3),
             "l": Col("l after", "num", digits=4),
+            "acc1": Col("Accumulator after, dim 1", "num", digits=4),
             "err": Col("max |output so far − exact|", "num", digits=2)}, download=False)
         if done == len(tiles) and len(tiles):
             err = data.tiled_row_error(x, row, walk.block_q, walk.block_k, causal, ex["o"])
@@ -215,6 +221,20 @@ def _row_status(tiles: pd.DataFrame, done: int, m_tile: int, step: int) -> None:
     else:
         st.caption(f"All {len(tiles)} tiles of this row done (steps {at}): the numbers below "
                    "are final.")
+
+
+def _update_in_numbers(last) -> str:
+    """The tile's update of l and of the accumulator's first component, with its numbers."""
+    n, tile_sum, pv1 = int(last["k_tile"]), fmt.num(last["tile_sum"], 4), fmt.num(last["pv1"], 4)
+    if pd.isna(last["alpha"]):
+        return (f"In numbers, tile {n}: l = Σ exp(s − m) = **{fmt.num(last['l'], 4)}**; "
+                f"accumulator (dim 1) = Σ exp(s − m)·v = **{fmt.num(last['acc1'], 4)}**.")
+    alpha = fmt.num(last["alpha"], 3)
+    return (f"In numbers, tile {n}: l = α × l before + Σ exp(s − m) = {alpha} × "
+            f"{fmt.num(last['l_old'], 4)} + {tile_sum} = **{fmt.num(last['l'], 4)}**; "
+            f"accumulator (dim 1) = α × accumulator before + Σ exp(s − m)·v = {alpha} × "
+            f"{fmt.num(last['acc1_old'], 4)} + {pv1} = **{fmt.num(last['acc1'], 4)}**; "
+            f"output (dim 1) = accumulator / l = **{fmt.num(last['acc1'] / last['l'], 4)}**.")
 
 
 def _explain_forward(last, done: int) -> str:
@@ -291,7 +311,7 @@ def walk_view():
     with st.expander("Memory events of this step"):
         ui.table(wk.step_events(walk, step), "step-events", columns={
             "action": Col("Action"), "tensor": Col("Tensor"), "rows": Col("Rows"),
-            "bytes": Col("Bytes", "count")})
+            "bytes": Col("Bytes", "bytes")})
     _row_panel(step)
 
 
