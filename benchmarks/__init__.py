@@ -24,7 +24,9 @@ options); each command is one module with a ``main(argv)``:
   SDPA's backends, with the model's prediction and Nsight Compute DRAM bytes, and
   sliding-window attention;
 * ``first-call`` (`benchmarks.first_call`): the first call of a configuration in a fresh
-  process, compiling (empty kernel cache) and loading (`kernels.compile_cache`).
+  process, compiling (empty kernel cache) and loading (`kernels.compile_cache`);
+* ``train-step`` (`benchmarks.train_step`): a training step of a small Hugging Face Llama
+  (grouped-query attention) with our attention against SDPA's.
 
 `benchmarks.common` holds what several commands share (timing by CUDA events, provenance,
 compiling for sm_90). ``bash benchmarks/gpu_job.sh MODE ...`` runs the usual sets on a GPU

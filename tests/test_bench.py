@@ -4,6 +4,7 @@ and the summary the README embeds."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -260,3 +261,17 @@ def test_sanitize_cases_are_run_by_the_family_they_name(family, monkeypatch):
         assert pb.seqlen_q % 64 and pb.seqlen_k % 32 and pb.heads_q > pb.heads_kv
         for pass_ in ("fwd", "bwd"):
             assert kernels.family_for(pb, config, pass_) == family
+
+
+def test_train_step_pair_computes_the_same_first_loss():
+    """The training-step benchmark's two models (CPU, one layer, 8 tokens): same weights, so the
+    same first loss under "sdpa" and "ioaware", and a step that changes the weights."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from benchmarks.train_step import build_pair, train_step
+    pair = build_pair(torch, transformers, torch.float32, layers=1, seq_len=8, device="cpu")
+    ids = torch.randint(0, 32000, (1, 8), generator=torch.Generator().manual_seed(0))
+    before = pair[1][1].model.layers[0].self_attn.q_proj.weight.detach().clone()
+    losses = [float(train_step(model, opt, ids).detach()) for _, model, opt in pair]
+    assert all(math.isfinite(x) for x in losses) and abs(losses[0] - losses[1]) < 1e-4 * abs(losses[0])
+    assert not torch.equal(before, pair[1][1].model.layers[0].self_attn.q_proj.weight)
