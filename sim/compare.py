@@ -1,6 +1,7 @@
 """Predicted versus measured: joins results records with `sim.predict` and reports the error.
 
-``python -m sim.compare [RESULTS.json ...]`` (default: the shipped ``results/*.json``) predicts
+``python -m sim.compare [RESULTS.json ...] [--fit-on OTHER.json ...] [--csv OUT]`` (default: the
+shipped ``results/*.json``) predicts
 every record with the workload, schedule and block sizes it was measured with, on the profile of
 the GPU it was measured on (``provenance.gpu``; ``--profile`` overrides), and prints
 
@@ -45,7 +46,8 @@ from `sim.predict`):
   on the records of the same kernel program in the compared results (``calibration_group``:
   kernel family, pass, and whether its matmuls run on CUDA or tensor cores) — in-sample: it says
   how well one set of factors per kernel explains all of its configurations, not how well it
-  extrapolates;
+  extrapolates; with ``--fit-on OTHER`` (``compare(..., fit_on=...)``) the factors are fitted on
+  OTHER's records of the same group instead (another GPU, another grid): out of sample;
 * ``time_heldout`` — the same, with the factors for a record fitted on the kernel's records at
   the *other* sequence lengths (leave-one-N-out): how well the calibration extrapolates.
 
@@ -415,14 +417,19 @@ def _predict_all(records, profile, l2, max_trace_events, workers, progress, regi
 
 def compare(records: list[dict], profile=None, *, l2: str = "auto",
             max_trace_events: int = DEFAULT_MAX_TRACE_EVENTS, calibrate_time: bool = True,
-            progress=None, workers: int | None = None, registers: bool = True):
+            progress=None, workers: int | None = None, registers: bool = True,
+            fit_on: list[dict] | None = None):
     """Join measured records with the model's predictions; returns a pandas DataFrame (one row per
     record; columns in the module docstring). ``profile``: a profile name/path/object for every
     record, or None to match each record's ``provenance.gpu``. Records the model cannot predict
     get a ``model_error`` and NaN predictions. ``workers``: processes predicting in parallel
     (default: the CPU count for 32 records or more, else 1). ``registers``: model our kernels'
     registers per thread from `kernel_resources` (column ``registers_status``: found, missing,
-    n/a, off; ``registers_per_thread`` / ``registers_per_thread_kv``)."""
+    n/a, off; ``registers_per_thread`` / ``registers_per_thread_kv``). ``fit_on``: other records
+    (another results file) on which the efficiency factors of ``time_calibrated`` are fitted,
+    per calibration group, instead of on ``records`` themselves: an out-of-sample calibrated
+    time (NaN for a record whose group ``fit_on`` has no record of); ``df.attrs["calibrated_on"]``
+    says which ("the compared records" or "other records")."""
     import pandas as pd
 
     results = _predict_all(records, profile, l2, max_trace_events, workers, progress, registers)
@@ -476,11 +483,35 @@ def compare(records: list[dict], profile=None, *, l2: str = "auto",
                 for i in members:
                     rows[i]["predicted_time_heldout"] = (_calibrated_ms(records[i], preds[i], eff_o, profile)
                                                          if eff_o else math.nan)
+    if calibrate_time and fit_on is not None:
+        _calibrate_on_other(rows, records, preds, fit_on, profile, l2, max_trace_events, workers,
+                            registers)
     df = pd.DataFrame(rows)
+    df.attrs["calibrated_on"] = "other records" if fit_on is not None else "the compared records"
     for m in METRICS:
         meas, pred = df[f"measured_{m}"].astype(float), df[f"predicted_{m}"].astype(float)
         df[f"rel_error_{m}"] = (pred - meas) / meas
     return df
+
+
+def _calibrate_on_other(rows, records, preds, fit_on, profile, l2, max_trace_events, workers,
+                        registers):
+    """``predicted_time_calibrated`` of each row from efficiency factors fitted on ``fit_on``'s
+    records of the row's calibration group (family, pass, matmul path; any GPU: the factors are
+    fractions of each profile's peaks)."""
+    fit_preds = _predict_all(fit_on, profile, l2, max_trace_events, workers, None, registers)
+    groups: dict = {}
+    for rec, (p, _, _) in zip(fit_on, fit_preds):
+        if p is not None and rec.get("time_ms"):
+            groups.setdefault(f"{_family(rec)} {rec.get('pass')} {p.matmul_path}", []).append(
+                (rec, p))
+    effs = {g: _fit([r for r, _ in members], "other records", [p for _, p in members])
+            for g, members in groups.items()}
+    for i, row in enumerate(rows):
+        eff = effs.get(row.get("calibration_group")) if preds[i] is not None else None
+        row["predicted_time_calibrated"] = (_calibrated_ms(records[i], preds[i], eff, profile)
+                                            if eff else math.nan)
+        row["efficiency"] = eff.to_dict() if eff else None
 
 
 def _fit(records, profile, predictions):
@@ -596,6 +627,9 @@ def format_report(df, *, by_kernel: bool = True, n_worst: int = 5) -> str:
     lines.append("== Error per metric against the targets (relative error = (predicted - measured) / measured) ==")
     s = summary(df)
     lines.append(_fmt_table(s.drop(columns=["what"])))
+    on = df.attrs.get("calibrated_on", "the compared records")
+    lines.append(f"(time_calibrated: efficiency factors fitted on {on}, "
+                 f"{'in sample' if on == 'the compared records' else 'out of sample'})")
     if by_kernel:
         lines.append("")
         lines.append("== Per kernel ==")
@@ -682,6 +716,9 @@ def main(argv=None) -> int:
                     help="above this, the L2 model uses its analytic estimate")
     ap.add_argument("--kernels", help="comma list of kernels to compare")
     ap.add_argument("--csv", help="also write the joined table here")
+    ap.add_argument("--fit-on", nargs="+", metavar="OTHER",
+                    help="fit the calibrated time's efficiency factors on these results files "
+                         "(out of sample) instead of on the compared records")
     ap.add_argument("--dq-mode", choices=["atomic", "kernel"],
                     help="model our kernel's backward records with this dQ mode instead of the one "
                          "each record names (its dq_mode field or ncu kernel list) — for files whose "
@@ -702,8 +739,13 @@ def main(argv=None) -> int:
         if sys.stderr.isatty() or done == total:
             print(f"\rpredicting {done}/{total}", end="\n" if done == total else "",
                   file=sys.stderr, flush=True)
+    fit_on = None
+    if args.fit_on:
+        fit_on = load_records(args.fit_on)
+        if args.kernels:
+            fit_on = [r for r in fit_on if r["kernel"] in keep]
     df = compare(recs, args.profile, l2=args.l2, max_trace_events=args.max_trace_events, progress=prog,
-                 registers=not args.no_registers)
+                 registers=not args.no_registers, fit_on=fit_on)
     print(format_report(df))
     if args.csv:
         df.drop(columns=["efficiency"], errors="ignore").to_csv(args.csv, index=False)

@@ -288,3 +288,32 @@ def test_shipped_counter_split_gives_18_sectors_per_cp_async():
         bd = mma_fwd_breakdown(r, r["counters"])
         assert 17.99 < bd["sectors_per_cp_async"] < 18.05
         assert 0.01 < bd["other_ldg_share"] < 0.03
+
+
+def test_fit_on_other_records_calibrates_out_of_sample(records, joined):
+    """``fit_on``: the factors come from the other records. Fitted on the compared records
+    themselves it is the in-sample figure; fitted on copies measured twice as slow, no
+    calibrated prediction gets faster and most get slower (the factors fall, each level's from
+    its own samples, clipped to [0.01, 1]); a group the other records lack is NaN."""
+    same = C.compare(records, l2="analytic", fit_on=records)
+    assert same.attrs["calibrated_on"] == "other records"
+    assert joined.attrs["calibrated_on"] == "the compared records"
+    pd.testing.assert_series_equal(same["predicted_time_calibrated"],
+                                   joined["predicted_time_calibrated"])
+    slower = [dict(r, time_ms=2 * r["time_ms"]) for r in records]
+    two = C.compare(records, l2="analytic", fit_on=slower)
+    ok = joined["predicted_time_calibrated"].notna()
+    ratio = two.loc[ok, "predicted_time_calibrated"] / joined.loc[ok, "predicted_time_calibrated"]
+    assert (ratio >= 1 - 1e-9).all() and (ratio > 1.2).mean() > 0.5
+    only_eager = [r for r in records if r["kernel"] == "eager"]
+    part = C.compare(records, l2="analytic", fit_on=only_eager)
+    assert part.loc[part["kernel"] == "eager", "predicted_time_calibrated"].notna().all()
+    assert part.loc[part["kernel"] != "eager", "predicted_time_calibrated"].isna().all()
+
+
+def test_command_fit_on(tmp_path, capsys):
+    assert C.main([str(FIXTURE), "--fit-on", str(FIXTURE), "--l2", "analytic",
+                   "--csv", str(tmp_path / "out.csv")]) == 0
+    out = capsys.readouterr().out
+    assert "fitted on other records, out of sample" in out
+    assert (tmp_path / "out.csv").read_text().count("\n") > 1
