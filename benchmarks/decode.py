@@ -1,7 +1,7 @@
 """Command ``decode``: decoding with a KV cache against PyTorch SDPA, and sliding-window attention.
 
     python -m benchmarks decode [--batch 1,8,64] [--seq-len-k 4k,32k,128k] [--dtypes bf16,fp16]
-                                [--splits] [--window] [--ncu] [--out FILE.json]
+                                [--splits] [--window] [--graph] [--ncu] [--out FILE.json]
 
 Decode cases (Hq=32, Hkv=8, d=128, one query per sequence, every cache length Nk): in one run,
 CUDA-event medians (`benchmarks.common.time_cuda`) of
@@ -20,7 +20,10 @@ bandwidth measured in the same run (``peak_copy``: a 2 GiB device-to-device copy
 bytes / time), and the model's prediction for our plan (`sim.decode.split_kv_costs` on the
 GPU's profile: time, DRAM bytes, the splits it chooses). ``--splits`` also times the split-KV
 kernel alone at every split count 1, 2, 4, ... 64 (``KernelConfig(num_splits=...)``) and
-reports the model's choice against the measured best. ``--window`` adds sliding-window cases
+reports the model's choice against the measured best. ``--graph`` also times each contender
+(ours, SDPA FLASH / EFFICIENT / cuDNN) captured in a CUDA graph and replayed
+(``graph_ms``, ``graph_ratio_vs_fastest_sdpa``): a call with no host work, as a decoding loop
+captured with ``torch.cuda.graph`` (or ``torch.compile(mode="reduce-overhead")``) runs it. ``--window`` adds sliding-window cases
 (B=1, H=16, d=128, N=32k, window (4096, 0), causal, fp16/bf16): ours with the window, ours full
 causal, and SDPA with the equivalent boolean band mask and with ``is_causal=True``. ``--ncu``
 profiles our decode kernels once per case under Nsight Compute (``dram__bytes_read.sum``,
@@ -85,7 +88,28 @@ def _time_or_error(torch, fn):
         return {"error": f"{type(exc).__name__}: {' '.join(str(exc).split())[:160]}"}
 
 
-def decode_case(torch, gpu, batch, seq_len_k, dtype, peak, splits_sweep=False) -> dict:
+def _graph_time_or_error(torch, fn):
+    """``{"ms": ...}`` of replaying a CUDA graph that captured one call of ``fn`` (under
+    inference mode, after a warm-up call): the call's GPU time with no host work, as a captured
+    decoding loop runs it; or ``{"error": ...}``."""
+    try:
+        with torch.inference_mode():
+            fn()
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                fn()
+            graph.replay()
+            torch.cuda.synchronize()
+            return {"ms": time_cuda(torch, graph.replay)[0]}
+    except Exception as exc:  # noqa: BLE001 - a backend that cannot be captured is a result
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        return {"error": f"{type(exc).__name__}: {' '.join(str(exc).split())[:160]}"}
+
+
+def decode_case(torch, gpu, batch, seq_len_k, dtype, peak, splits_sweep=False,
+                graphs=False) -> dict:
     import kernels
     from ioaware import attention
     from ioaware._inputs import check_inputs
@@ -118,6 +142,19 @@ def decode_case(torch, gpu, batch, seq_len_k, dtype, peak, splits_sweep=False) -
     sdpa = [e["ms"] for n, e in rec["times_ms"].items() if n != "ioaware" and "ms" in e]
     if ours and sdpa:
         rec["ratio_vs_fastest_sdpa"] = min(sdpa) / ours
+    if graphs:
+        g = rec["graph_ms"] = {"ioaware": _graph_time_or_error(
+            torch, lambda: attention(q, k, v, backend="numba"))}
+        for name in SDPA_BACKENDS:
+            if name != "sdpa-math":
+                g[name] = _graph_time_or_error(torch, lambda n=name: _sdpa(torch, q, k, v, n))
+        for entry in g.values():
+            if "ms" in entry:
+                entry["kv_bandwidth_fraction"] = kv_bytes / (entry["ms"] * 1e-3) / peak
+        ours_g = g["ioaware"].get("ms")
+        sdpa_g = [e["ms"] for n, e in g.items() if n != "ioaware" and "ms" in e]
+        if ours_g and sdpa_g:
+            rec["graph_ratio_vs_fastest_sdpa"] = min(sdpa_g) / ours_g
     if splits_sweep:
         sweep = {}
         for s in (1, 2, 4, 8, 16, 32, 64):
@@ -229,6 +266,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dtypes", default="bf16,fp16")
     ap.add_argument("--splits", action="store_true", help="time every split count too")
     ap.add_argument("--window", action="store_true", help="add the sliding-window cases")
+    ap.add_argument("--graph", action="store_true",
+                    help="also time each contender replayed from a CUDA graph (no host work)")
     ap.add_argument("--ncu", action="store_true", help="DRAM bytes of our kernels by Nsight Compute")
     ap.add_argument("--out", default=None, help="JSON file to write")
     ap.add_argument("--ncu-child", default=None, help=argparse.SUPPRESS)
@@ -249,7 +288,7 @@ def main(argv=None) -> int:
     for dtype in args.dtypes.split(","):
         for batch in (int(b) for b in args.batch.split(",")):
             for n in args.seq_len_k:
-                rec = decode_case(torch, gpu, batch, n, dtype, peak, args.splits)
+                rec = decode_case(torch, gpu, batch, n, dtype, peak, args.splits, args.graph)
                 records.append(rec)
                 cases.append({"batch": batch, "seq_len_k": n, "dtype": dtype})
                 t = rec["times_ms"]
@@ -260,6 +299,13 @@ def main(argv=None) -> int:
                       f"vs fastest SDPA {rec.get('ratio_vs_fastest_sdpa', 0):.2f}x  model "
                       f"{rec['model']['time_s'] * 1e3:.3f} ms (splits {rec['model']['splits']}"
                       f", best measured {rec.get('splits_best', '—')})", flush=True)
+                if "graph_ms" in rec:
+                    print("    CUDA graph replay: " + "  ".join(
+                        f"{k_}={e['ms']:.3f}" if "ms" in e else f"{k_}=—"
+                        for k_, e in rec["graph_ms"].items())
+                        + f"  ours {rec['graph_ms']['ioaware'].get('kv_bandwidth_fraction', 0):.0%}"
+                        f" of copy bw  vs fastest SDPA "
+                        f"{rec.get('graph_ratio_vs_fastest_sdpa', 0):.2f}x", flush=True)
     if args.ncu:
         for rec, counters in zip(records, ncu_counters(cases)):
             rec["ncu"] = counters
