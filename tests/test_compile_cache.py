@@ -244,3 +244,23 @@ def test_corrupt_file_is_recompiled(tmp_path):
     assert again["kernels_compiled"] == cold["kernels_compiled"]
     assert again["digest"] == cold["digest"]
     assert run_child(c, str(tmp_path))["kernels_compiled"] == 0
+
+
+@pytest.mark.gpu
+def test_precompile_compiles_then_loads(tmp_path):
+    """``python -m ioaware precompile`` on an empty directory compiles each configuration and
+    stores it; run again, it loads every one."""
+    if not host.real_gpu():
+        pytest.skip("needs a real CUDA GPU")
+    env = {kernel_cache.ENV_VAR: str(tmp_path)}
+    args = ("precompile", "--dtype", "float32", "--head-dim", "64", "--forward-only")
+    first = _ioaware(*args, env=env)
+    assert first.returncode == 0, first.stderr
+    lines = [ln for ln in first.stdout.splitlines() if ln.startswith("[")]
+    assert len(lines) == 4 and all("compiled" in ln for ln in lines), first.stdout
+    assert len(list(tmp_path.glob("*.kernel"))) >= 2          # causal and not, two layouts
+    second = _ioaware(*args, env=env)
+    assert second.returncode == 0, second.stderr
+    lines = [ln for ln in second.stdout.splitlines() if ln.startswith("[")]
+    assert len(lines) == 4 and all("loaded" in ln for ln in lines), second.stdout
+    assert "0 kernels compiled" in second.stdout
