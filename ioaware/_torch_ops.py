@@ -60,6 +60,15 @@ def _numba_mask(backend, mask, bias):
     return mask, bias
 
 
+def _prepared_key(q, k, v, mask, bias, block_mask, seed, scale, causal, causal_alignment, window_left,
+                  window_right, dropout_p, block_q, block_k, backend):
+    """`ioaware._backends.prepared_key` of a call with the operators' arguments (the seed is
+    not part of it: a call with a key has no dropout)."""
+    return _backends.prepared_key(q, k, v, mask, bias, block_mask, dropout_p,
+                                  (scale, causal, causal_alignment, window_left, window_right, block_q,
+                                   block_k, backend))
+
+
 def attention_fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
                   bias: Optional[torch.Tensor], block_mask: Optional[torch.Tensor], seed: torch.Tensor,
                   scale: Optional[float], causal: bool, causal_alignment: str, window_left: int,
@@ -69,9 +78,8 @@ def attention_fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: 
     without mask, bias, block mask or dropout is checked and prepared once per key
     (`ioaware._backends.prepared_key`: shapes, strides, dtypes, devices, flags); later calls
     with that key run the prepared kernels directly."""
-    key = _backends.prepared_key(q, k, v, mask, bias, block_mask, dropout_p,
-                                 (scale, causal, causal_alignment, window_left, window_right,
-                                  block_q, block_k, backend))
+    key = _prepared_key(q, k, v, mask, bias, block_mask, seed, scale, causal, causal_alignment, window_left,
+                        window_right, dropout_p, block_q, block_k, backend)
     if key is not None:
         entry = _backends._PREPARED.get(key)
         if entry is not None:
@@ -179,9 +187,7 @@ class EagerAttention(torch.autograd.Function):
         (mask, bias, block_mask, seed, scale, causal, alignment, window_left, window_right, dropout_p, block_q,
          block_k, backend) = args
         ctx.set_materialize_grads(False)     # an unused output's gradient arrives as None
-        key = _backends.prepared_key(q, k, v, mask, bias, block_mask, dropout_p,
-                                     (scale, causal, alignment, window_left, window_right, block_q, block_k,
-                                      backend))
+        key = _prepared_key(q, k, v, *args)
         entry = _backends._PREPARED.get(key) if key is not None else None
         if entry is not None:                # checked and prepared by an earlier call with this key
             out, lse = entry.forward(q, k, v)

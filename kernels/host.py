@@ -39,7 +39,8 @@ from .mask import UNBOUNDED
 
 __all__ = ["Call", "simulator", "real_gpu", "compute_capability", "current_device_id",
            "device_const", "tensor_core_refusal", "tensor_core_backward_refusal",
-           "tensor_core_forward", "tensor_core_backward", "launch", "launch_stream",
+           "prepare_tensor_core_forward", "prepare_tensor_core_backward", "launch",
+           "launch_stream",
            "signature_key", "plan_for", "relaunch"]
 
 #: Dynamic shared memory a block gets without the opt-in, bytes.
@@ -228,9 +229,12 @@ def _array_values(a):
     return [0, 0, a.size, a.dtype.itemsize, device_pointer(a) or 0, *a.shape, *a.strides]
 
 
-#: struct codes of the scalar parameters a kernel can take, by Numba type name (8-byte slots).
-_SCALAR_CODES = {"int64": "q", "uint64": "Q", "int32": "i", "uint32": "I", "float32": "f",
-                 "float64": "d"}
+#: The scalar parameters a kernel can take, by Numba type name: (struct code in an 8-byte slot,
+#: the ctypes type cuda.core's launch takes).
+_SCALARS = {"int64": ("q", "c_int64"), "uint64": ("Q", "c_uint64"), "int32": ("i", "c_int32"),
+            "uint32": ("I", "c_uint32"), "float32": ("f", "c_float"), "float64": ("d", "c_double")}
+_SCALAR_CODES = {name: code for name, (code, _) in _SCALARS.items()}
+_SCALAR_CTYPES = {name: ctype for name, (_, ctype) in _SCALARS.items()}
 #: struct codes of one array parameter before its shape and strides: meminfo, parent, size,
 #: itemsize, data (as Numba's ``_prepare_args`` lays an array out).
 _ARRAY_HEAD = "QQqqQ"
@@ -317,10 +321,7 @@ class _Plan:
             if kind is None:
                 compiled._prepare_args(self.argument_types[i], a, stream, [], out)
             elif kind == "s":
-                code = _SCALAR_CODES[str(self.argument_types[i])]
-                out.append({"q": ctypes.c_int64, "Q": ctypes.c_uint64, "i": ctypes.c_int32,
-                            "I": ctypes.c_uint32, "f": ctypes.c_float,
-                            "d": ctypes.c_double}[code](a))
+                out.append(getattr(ctypes, _SCALAR_CTYPES[str(self.argument_types[i])])(a))
             else:
                 out += _array_values(a) if kind == "n" else _tensor_values(a)
         return out
@@ -392,19 +393,20 @@ class _Plan:
 
 def _compile(kern, args):
     """Numba's typing and compilation of ``kern`` for ``args``: the overload (logged with its
-    seconds on the ``ioaware.kernels`` logger when the kernel is one of ours)."""
+    seconds on the ``ioaware.kernels`` logger when the kernel is one of ours and Numba had not
+    compiled it yet)."""
     import time
     nargs = [_to_numba(a) for a in args]
     argtypes = tuple(kern.typeof_pyval(a) for a in nargs)
     label = _label(kern)
-    if label and argtypes not in kern.overloads:
-        t0 = time.perf_counter()
-        compiled = kern.compile(argtypes)
+    fresh = bool(label) and argtypes not in kern.overloads
+    t0 = time.perf_counter()
+    compiled = kern.compile(argtypes)
+    if fresh:
         compile_cache.log.info("compiled %s for sm_%d%d in %.1f s", label,
                                *compute_capability(current_device_id()),
                                time.perf_counter() - t0)
-        return compiled, nargs
-    return kern.compile(argtypes), nargs
+    return compiled, nargs
 
 
 def _label(kern) -> str:
@@ -529,8 +531,8 @@ def _dropout_args(drop):
     return np.uint32(drop.seed_hash), np.uint32(drop.threshold), np.float32(drop.inv_keep)
 
 
-def tensor_core_forward(problem, config, kern, block_q, schedule, drop, words,
-                        band=(-UNBOUNDED, UNBOUNDED)):
+def prepare_tensor_core_forward(problem, config, kern, block_q, schedule, drop, words,
+                                band=(-UNBOUNDED, UNBOUNDED)):
     """Prepare a tensor-core forward kernel (the mma and tf32 families share its arguments) for
     ``problem``: operands as 16-bit words (``words``) or float32, rows 16-byte aligned, the
     ``"kv"`` CSR ``schedule`` of its tiles, dropout constants ``drop``, the sliding window's
@@ -564,8 +566,9 @@ def _without_operands(problem):
     return dataclasses.replace(problem, q=None, k=None, v=None)
 
 
-def tensor_core_backward(problem, config, dq_kernel, dq_tile, kv_schedule, dkdv_kernel, kv_tile,
-                         q_schedule, drop, words, band=(-UNBOUNDED, UNBOUNDED)):
+def prepare_tensor_core_backward(problem, config, dq_kernel, dq_tile, kv_schedule, dkdv_kernel,
+                                 kv_tile, q_schedule, drop, words,
+                                 band=(-UNBOUNDED, UNBOUNDED)):
     """Prepare a tensor-core backward (the mma and tf32 families share its two kernels'
     arguments) for ``problem``: the dQ kernel (which also writes delta) on its ``dq_tile`` =
     (rows, keys) with the ``"kv"`` schedule, then the dK/dV kernel on ``kv_tile`` = (queries,
@@ -649,7 +652,7 @@ class Call:
     docstring). ``stage_bfloat16``: bfloat16 operands are copied to float32 and float outputs
     computed in float32, cast back in `Output.value` (the CUDA-core kernels: Numba has no
     bfloat16 arrays). ``q``: this call's q when the problem is a template without tensors (a
-    prepared forward, `tensor_core_forward`); its device and stream are the call's."""
+    prepared forward, `prepare_tensor_core_forward`); its device and stream are the call's."""
 
     __slots__ = ("problem", "torch", "stream", "staged", "_torch", "q")
 

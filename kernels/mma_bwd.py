@@ -581,7 +581,7 @@ def backward(problem, out, lse, dout, config):
 def prepare(problem, config):
     """The backward of ``problem`` with its tiles, kernels, tile schedules and constants chosen
     once: ``run(q, k, v, out, lse, dout) -> (dq, dk, dv)``
-    (`kernels.host.tensor_core_backward`)."""
+    (`kernels.host.prepare_tensor_core_backward`)."""
     pb = problem
     (dq_bq, dq_bk), (kv_bk, kv_bq) = tiles(pb)
     drop = dropout_constants(pb.seed, pb.dropout_p)
@@ -589,7 +589,7 @@ def prepare(problem, config):
     causal, window, band_lo, band_hi = band_arguments(pb)
     features = (str(pb.dtype).endswith("bfloat16"), causal, pb.mask is not None,
                 drop.enabled, group, window)
-    return host.tensor_core_backward(
+    return host.prepare_tensor_core_backward(
         pb, config,
         get_dq_kernel(pb.head_dim, dq_bq, dq_bk, *features), (dq_bq, dq_bk),
         tile_scheduler.device_schedule(pb, dq_bq, dq_bk, "kv"),

@@ -420,7 +420,7 @@ def forward(problem, config):
 def prepare(problem, config):
     """The forward of ``problem`` with its per-problem choices made once (tiles, kernel, tile
     schedule, constants): ``run(q, k, v) -> (out, lse)`` for operands of its shapes, dtype and
-    device (`kernels.host.tensor_core_forward`)."""
+    device (`kernels.host.prepare_tensor_core_forward`)."""
     pb = problem
     block_q, block_k = tiles(pb, config)
     drop = dropout_constants(pb.seed, pb.dropout_p)
@@ -429,5 +429,5 @@ def prepare(problem, config):
     kern = get_kernel(pb.head_dim, block_q, block_k, causal, pb.mask is not None,
                       drop.enabled, group, window)
     schedule = tile_scheduler.device_schedule(pb, block_q, block_k, "kv")
-    return host.tensor_core_forward(pb, config, kern, block_q, schedule, drop, words=False,
-                                    band=(band_lo, band_hi))
+    return host.prepare_tensor_core_forward(pb, config, kern, block_q, schedule, drop,
+                                            words=False, band=(band_lo, band_hi))
