@@ -37,7 +37,8 @@ from numba import config as numba_config
 from . import compile_cache
 from .mask import UNBOUNDED
 
-__all__ = ["Call", "simulator", "real_gpu", "compute_capability", "current_device_id",
+__all__ = ["plan_workload", "check_launch",
+           "Call", "simulator", "real_gpu", "compute_capability", "current_device_id",
            "device_const", "tensor_core_refusal", "tensor_core_backward_refusal",
            "prepare_tensor_core_forward", "prepare_tensor_core_backward", "launch",
            "launch_stream",
@@ -531,19 +532,21 @@ def _dropout_args(drop):
     return np.uint32(drop.seed_hash), np.uint32(drop.threshold), np.float32(drop.inv_keep)
 
 
-def prepare_tensor_core_forward(problem, config, kern, block_q, schedule, drop, words,
+def prepare_tensor_core_forward(problem, config, kern, launch, schedule, drop, words,
                                 band=(-UNBOUNDED, UNBOUNDED)):
     """Prepare a tensor-core forward kernel (the mma and tf32 families share its arguments) for
     ``problem``: operands as 16-bit words (``words``) or float32, rows 16-byte aligned, the
     ``"kv"`` CSR ``schedule`` of its tiles, dropout constants ``drop``, the sliding window's
-    ``band`` (lo, hi: `kernels.mask.band_arguments`; read only by a windowed kernel); grid
-    (query tiles, B * Hq). Returns ``run(q, k, v) -> (out, lse)`` in the problem's kind of
+    ``band`` (lo, hi: `kernels.mask.band_arguments`; read only by a windowed kernel); grid,
+    threads and shared memory from ``launch``, the plan's `sim.plan.KernelPlan` (checked
+    against the compiled kernel's own). Returns ``run(q, k, v) -> (out, lse)`` in the problem's kind of
     array, for q, k, v of the problem's shapes, dtype and device (the problem's mask, if any, is
     kept); everything that depends only on those is done here, once."""
     pb = problem
     B, H, Nq, D, Nk = pb.batch, pb.heads_q, pb.seqlen_q, pb.head_dim, pb.seqlen_k
     template = _without_operands(pb)
-    grid, head = (-(-Nq // block_q), B * H), (*schedule, H // pb.heads_kv, Nq, Nk)
+    check_launch(kern, launch)
+    grid, head = launch.grid, (*schedule, H // pb.heads_kv, Nq, Nk)
     tail = (np.float32(pb.scale * LOG2E), *_dropout_args(drop), np.int64(band[0]),
             np.int64(band[1]))
     plans: dict = {}
@@ -553,11 +556,22 @@ def prepare_tensor_core_forward(problem, config, kern, block_q, schedule, drop, 
         qi, ki, vi = (call.input(x, words=words, aligned=True) for x in (q, k, v))
         out = call.output((B, H, Nq, D), words=words)
         lse = call.output((B, H, Nq), float32=True)
-        relaunch(plans, (qi, ki, vi), kern, grid, kern.threads, call.stream,
+        relaunch(plans, (qi, ki, vi), kern, grid, launch.threads, call.stream,
                  (qi, ki, vi, out.arg, lse.arg, *head, *call.mask(), *tail),
-                 sharedmem=kern.smem_bytes, fast=config.fast_launch)
+                 sharedmem=launch.shared_bytes, fast=config.fast_launch)
         return out.value(), lse.value()
     return run
+
+
+def check_launch(kern, launch) -> None:
+    """Raise if a compiled kernel's threads or shared memory differ from its plan's (a kernel
+    and its plan out of step: a bug, never the caller's)."""
+    threads, smem = getattr(kern, "threads", None), getattr(kern, "smem_bytes", None)
+    if (threads is not None and threads != launch.threads) or (
+            smem is not None and smem != launch.shared_bytes):
+        raise RuntimeError(f"kernel {launch.name}: compiled for {threads} threads and {smem} bytes "
+                           f"of shared memory, its plan says {launch.threads} and "
+                           f"{launch.shared_bytes}")
 
 
 def _without_operands(problem):
@@ -744,3 +758,35 @@ class Output:
             return t
         a = self.handle.copy_to_host()
         return a.view(self.view_as) if self.view_as is not None else a
+
+
+_PLAN_DTYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
+
+
+def plan_workload(problem, pass_: str):
+    """``(workload, exact)``: the `sim.workload.Workload` a family's plan (`sim.plans`) is built
+    for, from a kernel problem. The launch shape (grid, threads, shared memory) depends only on
+    the sizes, dtype and flags, which it always carries. ``exact`` is False where the problem has
+    what the workload cannot describe (a boolean mask or bias, a block mask, per-sequence cache
+    lengths, bottom-right causal alignment with ``seqlen_q != seqlen_k``): the plan's counts then
+    leave it out."""
+    from sim.workload import Workload
+    pb = problem
+    bottom_right = pb.causal and pb.causal_alignment == "bottom_right" and pb.seqlen_q != pb.seqlen_k
+    exact = not (bottom_right or pb.mask is not None or pb.bias is not None
+                 or pb.block_mask is not None or getattr(pb, "cache_seqlens", None) is not None)
+    window = pb.window_size
+    if window is not None and tuple(window) == (-1, -1):
+        window = None
+    try:
+        w = Workload(batch=pb.batch, heads=pb.heads_q, seq_len_q=pb.seqlen_q, head_dim=pb.head_dim,
+                     dtype=_PLAN_DTYPES.get(pb.dtype_name, "fp32"),
+                     causal=pb.causal and not bottom_right, seq_len_k=pb.seqlen_k,
+                     heads_kv=pb.heads_kv, dropout=pb.dropout_p > 0, pass_=pass_,
+                     window_size=None if bottom_right else window)
+    except ValueError:      # a band the workload cannot hold: the sizes alone
+        exact = False
+        w = Workload(batch=pb.batch, heads=pb.heads_q, seq_len_q=pb.seqlen_q, head_dim=pb.head_dim,
+                     dtype=_PLAN_DTYPES.get(pb.dtype_name, "fp32"), seq_len_k=pb.seqlen_k,
+                     heads_kv=pb.heads_kv, dropout=pb.dropout_p > 0, pass_=pass_)
+    return w, exact

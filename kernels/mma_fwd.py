@@ -33,43 +33,28 @@ from .config import requested_tiles
 from .dropout import dropout_constants, fmix_device
 from .mask import band_arguments, score_mask
 
-__all__ = ["forward", "supports", "tiles", "default_blocks", "smem_bytes", "get_kernel",
+__all__ = ["forward", "prepare", "plan", "supports", "tiles", "default_blocks", "smem_bytes",
+           "get_kernel",
            "SUPPORTED_HEAD_DIMS", "BLOCK_Q_CHOICES", "BLOCK_K_CHOICES"]
 
-SUPPORTED_HEAD_DIMS = (64, 128)
+from sim.plans.tensor_core_fwd import MMA_BLOCK_K_CHOICES as BLOCK_K_CHOICES
+from sim.plans.tensor_core_fwd import MMA_BLOCK_Q_CHOICES as BLOCK_Q_CHOICES
+from sim.plans.tensor_core_fwd import MMA_HEAD_DIMS as SUPPORTED_HEAD_DIMS
+from sim.plans.tensor_core_fwd import SMEM_LIMIT_BYTES, mma_forward_plan
+from sim.plans.tensor_core_fwd import mma_default_blocks as default_blocks
+from sim.plans.tensor_core_fwd import mma_smem_bytes as smem_bytes
+from sim.plans.tensor_core_fwd import mma_warp_m_tiles as warp_m_tiles
+
+#: The layout facts above (tiles, shared memory, warps) are the plan's (`sim.plans`): the
+#: launcher and the cost model read the same ones. The K/V buffers are dynamic shared memory,
+#: opted in above the 48 KiB default by `kernels.host.launch` (a device with less than
+#: ``SMEM_LIMIT_BYTES`` is refused at launch with an error naming its limit).
 DTYPES = ("float16", "bfloat16")
-BLOCK_Q_CHOICES = (128, 64)          # 8 or 4 warps (d=64 with 128 rows: 4 warps of 2 m-tiles)
-BLOCK_K_CHOICES = (64, 32)
-#: Shared memory a block may use: the K/V buffers are dynamic shared memory, opted in above the
-#: 48 KiB default by `kernels.host.launch` (227 KiB per block on sm_90; a device with less is
-#: refused at launch with an error naming its limit).
-SMEM_LIMIT_BYTES = 227 * 1024
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 
 #: This forward takes a sliding window (the band test in `kernels.mask.score_mask`).
 TAKES_WINDOW = True
-
-def default_blocks(head_dim: int, causal: bool = False) -> tuple[int, int]:
-    """Default (block_q, block_k), the fastest H100 tiling without local memory in the inner
-    loop (``python -m benchmarks tune --family mma``; docs/kernels.md): d=64 128 x 64 (4 warps
-    of 2 m-tiles), but 128 x 32 when causal (128 x 64 causal needs 255 registers and spills
-    inside the K/V loop); d=128 64 x 64 (69,632 bytes of dynamic shared memory)."""
-    if head_dim <= 64:
-        return (128, 32) if causal else (128, 64)
-    return (64, 64)
-
-
-def smem_bytes(head_dim: int, block_k: int) -> int:
-    """Shared memory of one block in bytes: K and V, two buffers each, rows padded by 8 halves."""
-    return 4 * block_k * (head_dim + 8) * 2
-
-
-
-def warp_m_tiles(head_dim: int, block_q: int) -> int:
-    """16-row m-tiles per warp: 2 for d=64 with block_q=128 (each K/V fragment feeds two
-    mma, halving shared-memory reads per flop), else 1 (d=128 has no registers to spare)."""
-    return 2 if head_dim <= 64 and block_q == 128 else 1
 
 
 def get_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_dropout, head_group,
@@ -338,12 +323,24 @@ def forward(problem, config):
     return prepare(problem, config)(problem.q, problem.k, problem.v)
 
 
+def plan(problem, config):
+    """The `sim.plan.Plan` this forward launches for ``problem`` (`sim.plans.tensor_core_fwd`):
+    its grid, threads and shared memory are what `prepare` launches; its counts are what
+    `sim.plan.price` prices."""
+    block_q, block_k = tiles(problem, config)
+    workload, _exact = host.plan_workload(problem, "fwd")
+    return mma_forward_plan(workload, block_q=block_q, block_k=block_k,
+                            launch_order=config.launch_order)
+
+
 def prepare(problem, config):
-    """The forward of ``problem`` with its per-problem choices made once (tiles, kernel, tile
+    """The forward of ``problem`` with its per-problem choices made once (plan, kernel, tile
     schedule, constants): ``run(q, k, v) -> (out, lse)`` for operands of its shapes, dtype and
-    device (`kernels.host.prepare_tensor_core_forward`)."""
+    device (`kernels.host.prepare_tensor_core_forward`), launched as `plan` says."""
     pb = problem
-    block_q, block_k = tiles(pb, config)
+    the_plan = plan(pb, config)
+    launch = the_plan.kernels[0]
+    block_q, block_k = the_plan.config["block_q"], the_plan.config["block_k"]
     drop = dropout_constants(pb.seed, pb.dropout_p)
     group = tile_scheduler.head_group(config.launch_order, pb.causal, "fwd")
     is_bf16 = str(pb.dtype).endswith("bfloat16")
@@ -351,5 +348,5 @@ def prepare(problem, config):
     kern = get_kernel(pb.head_dim, block_q, block_k, is_bf16, causal, pb.mask is not None,
                       drop.enabled, group, window)
     schedule = tile_scheduler.device_schedule(pb, block_q, block_k, "kv")
-    return host.prepare_tensor_core_forward(pb, config, kern, block_q, schedule, drop, words=True,
+    return host.prepare_tensor_core_forward(pb, config, kern, launch, schedule, drop, words=True,
                                             band=(band_lo, band_hi))

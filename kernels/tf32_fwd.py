@@ -47,47 +47,33 @@ from .config import requested_tiles
 from .dropout import dropout_constants, fmix_device
 from .mask import band_arguments, score_mask
 
-__all__ = ["forward", "supports", "tiles", "default_blocks", "smem_bytes", "presplit_ok",
+__all__ = ["forward", "prepare", "plan", "supports", "tiles", "default_blocks", "smem_bytes", "presplit_ok",
            "get_kernel", "SUPPORTED_HEAD_DIMS", "BLOCK_Q_CHOICES", "BLOCK_K_CHOICES"]
 
-SUPPORTED_HEAD_DIMS = (64, 128)
+from sim.plans.tensor_core_fwd import SMEM_LIMIT_BYTES
+from sim.plans.tensor_core_fwd import TF32_BLOCK_K_CHOICES as BLOCK_K_CHOICES
+from sim.plans.tensor_core_fwd import TF32_BLOCK_Q_CHOICES as BLOCK_Q_CHOICES
+from sim.plans.tensor_core_fwd import TF32_DEFAULT_BLOCKS as DEFAULT_BLOCKS
+from sim.plans.tensor_core_fwd import TF32_HEAD_DIMS as SUPPORTED_HEAD_DIMS
+from sim.plans.tensor_core_fwd import tf32_forward_plan
+from sim.plans.tensor_core_fwd import tf32_presplit_ok as presplit_ok
+from sim.plans.tensor_core_fwd import tf32_smem_bytes as smem_bytes
+
+#: The layout facts above (tiles, shared memory, the split layout's rule) are the plan's
+#: (`sim.plans`): the launcher and the cost model read the same ones.
 DTYPES = ("float32",)
-BLOCK_Q_CHOICES = (128, 64, 32)      # 8, 4 or 2 warps of 16 query rows
-BLOCK_K_CHOICES = (32, 16)
-SMEM_LIMIT_BYTES = 227 * 1024        # dynamic shared memory per block with the opt-in (sm_90)
 S_UNROLL = 2                         # k-steps of S = Q K^T per iteration of its loop as written
-DEFAULT_BLOCKS = (128, 32)
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 
 #: This forward takes a sliding window (the band test in `kernels.mask.score_mask`).
 TAKES_WINDOW = True
 
+
 def default_blocks(head_dim: int) -> tuple[int, int]:
     """Default (block_q, block_k): 128 x 32 for d=64 and d=128, the fastest measured on an
     H100 (docs/kernels.md)."""
     return DEFAULT_BLOCKS
-
-
-def smem_bytes(head_dim: int, block_k: int, block_q: int = DEFAULT_BLOCKS[0]) -> int:
-    """Dynamic shared memory of one block in bytes: one raw K/V stage (the cp.async
-    destination), one or two split stages (big/small pairs, twice the raw size) and Q's big and
-    small halves (block_q rows)."""
-    d = head_dim
-    nsplit = 2 if block_k <= 16 else 1
-    return d * (2 * block_k + nsplit * 4 * block_k + 2 * block_q) * 4
-
-
-def presplit_ok(head_dim: int, block_q: int, block_k: int) -> bool:
-    """Whether the split layout works for these tiles: the copy assignment must give a thread
-    keys of one parity (K swizzle) and key pairs of one residue mod 4 (V swizzle), i.e. rows
-    between a thread's chunks (threads / (d / 4)) a multiple of 4, and an even number of chunks
-    per thread and tile; and the shared memory must fit."""
-    row_step = 32 * (block_q // 16) // (head_dim // 4)
-    loads = block_k // row_step if row_step else 0
-    return (row_step >= 4 and row_step % 4 == 0 and block_k % row_step == 0 and loads % 2 == 0
-            and smem_bytes(head_dim, block_k, block_q) <= SMEM_LIMIT_BYTES)
-
 
 
 def get_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, head_group,
@@ -417,17 +403,29 @@ def forward(problem, config):
     return prepare(problem, config)(problem.q, problem.k, problem.v)
 
 
+def plan(problem, config):
+    """The `sim.plan.Plan` this forward launches for ``problem`` (`sim.plans.tensor_core_fwd`):
+    its grid, threads and shared memory are what `prepare` launches; its counts are what
+    `sim.plan.price` prices."""
+    block_q, block_k = tiles(problem, config)
+    workload, _exact = host.plan_workload(problem, "fwd")
+    return tf32_forward_plan(workload, block_q=block_q, block_k=block_k,
+                             launch_order=config.launch_order)
+
+
 def prepare(problem, config):
-    """The forward of ``problem`` with its per-problem choices made once (tiles, kernel, tile
+    """The forward of ``problem`` with its per-problem choices made once (plan, kernel, tile
     schedule, constants): ``run(q, k, v) -> (out, lse)`` for operands of its shapes, dtype and
-    device (`kernels.host.prepare_tensor_core_forward`)."""
+    device (`kernels.host.prepare_tensor_core_forward`), launched as `plan` says."""
     pb = problem
-    block_q, block_k = tiles(pb, config)
+    the_plan = plan(pb, config)
+    launch = the_plan.kernels[0]
+    block_q, block_k = the_plan.config["block_q"], the_plan.config["block_k"]
     drop = dropout_constants(pb.seed, pb.dropout_p)
     group = tile_scheduler.head_group(config.launch_order, pb.causal, "fwd")
     causal, window, band_lo, band_hi = band_arguments(pb)
     kern = get_kernel(pb.head_dim, block_q, block_k, causal, pb.mask is not None,
                       drop.enabled, group, window)
     schedule = tile_scheduler.device_schedule(pb, block_q, block_k, "kv")
-    return host.prepare_tensor_core_forward(pb, config, kern, block_q, schedule, drop,
+    return host.prepare_tensor_core_forward(pb, config, kern, launch, schedule, drop,
                                             words=False, band=(band_lo, band_hi))

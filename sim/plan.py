@@ -1,0 +1,338 @@
+"""Plans: what a family of kernels does for one problem, as data, and the one function that prices it.
+
+Three descriptions, as in Timeloop: the *workload* (:class:`sim.workload.Workload`: the
+problem), the *hardware* (:class:`sim.profiles.GPUProfile`) and the *mapping*, a :class:`Plan`:
+the kernels a family launches, in launch order, each a :class:`KernelPlan` with its grid,
+threads, shared memory, registers and, summed over its programs, what it moves
+(:class:`Access`: tensor, load/store/atomic, bytes, and how: plain loads, mma fragments,
+``cp.async``) and what it computes (:class:`Matmul` products per unit, element-wise FP32
+FLOPs, MUFU operations). A kernel family builds its plan from the same tile choices and
+`ioaware.block_info.BlockInfo` its launcher uses (`sim.plans`), and its launcher reads its
+grid, threads and shared memory from that plan: one description, two readers.
+
+:func:`price` is small and pure: ``price(plan, profile) -> PlanCost``: per kernel the global
+(L1 <-> L2) bytes as the hardware counters count them, DRAM bytes after the analytic L2 model
+(`sim.l2.l2_analytic`), executed FLOPs, and a time from the profile's rates:
+
+    t_kernel = launch_s + max(dram_bytes / dram_rate, global_bytes / l2_rate,
+                              shared_bytes_moved / smem_rate,
+                              executed_matmul_flops / unit_rate, fp32_flops / ffma_rate,
+                              mufu_ops / mufu_rate) / wave_utilisation
+
+(the levels of a ``KernelPlan.serial`` group add instead of overlapping)
+
+with ``wave_utilisation = programs / (waves * resident_slots)``, resident programs per SM from
+threads, shared memory and registers (`sim.workload.occupancy`). The rates are the profile's
+measured ones (``GPUProfile.measured_rates``, written by ``python -m benchmarks rates``) where it
+has them, else its datasheet figures; :attr:`PlanCost.rate_sources` says which each level used.
+Nothing is fitted on measured records here.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from .l2 import l2_analytic
+from .profiles import GPUProfile, load_profile
+from .workload import SECTOR_BYTES, Workload, occupancy
+
+__all__ = ["Access", "Matmul", "KernelPlan", "Plan", "KernelCost", "PlanCost", "price", "ACCESS_HOWS",
+           "MATMUL_UNITS", "RATE_NAMES", "rates_of"]
+
+#: How an access reaches global memory: "ld"/"st" whole rows (coalesced, counted as moved);
+#: "fragment": a warp instruction touches ``segment_bytes`` of a row (an mma fragment), so the
+#: L1 counters count whole 32-byte sectors per request; "cp.async": 16-byte asynchronous copies
+#: to shared memory (counted per the profile's ``async_copy_counted_sectors_per_512b``);
+#: "atomic": float32 reductions in L2 (``red.global.add``).
+ACCESS_HOWS = ("ld", "st", "fragment", "cp.async", "atomic")
+
+#: Matmul units and the rate each is priced at (:data:`RATE_NAMES`).
+MATMUL_UNITS = {"mma.f16": "mma_f16_flops_per_s", "mma.bf16": "mma_bf16_flops_per_s",
+                "mma.tf32": "mma_tf32_flops_per_s", "ffma": "ffma_flops_per_s"}
+
+#: The rates :func:`price` reads, and the datasheet figure each falls back to when the profile
+#: has no measurement of it (a profile attribute, or a function of the profile).
+RATE_NAMES = {
+    "dram_bytes_per_s": lambda p: p.hbm_bandwidth_bytes_per_s,
+    "l2_bytes_per_s": lambda p: p.l2_bandwidth_bytes_per_s,
+    "mma_f16_flops_per_s": lambda p: p.tensor_flops_per_s.get("fp16"),
+    "mma_bf16_flops_per_s": lambda p: p.tensor_flops_per_s.get("bf16"),
+    "mma_tf32_flops_per_s": lambda p: p.tensor_flops_per_s.get("tf32"),
+    "ffma_flops_per_s": lambda p: p.fp32_flops_per_s,
+    # CUDA Programming Guide, arithmetic instruction throughput, cc 8.x/9.0: 16 results per clock
+    # per SM for exp2/log2/reciprocal (MUFU)
+    "mufu_ops_per_s": lambda p: (16 * p.num_sms * p.sm_clock_hz) if p.sm_clock_hz else None,
+    "smem_bytes_per_s": lambda p: p.smem_bandwidth_bytes_per_s,
+    "launch_s": lambda p: 0.0,
+}
+
+
+@dataclass(frozen=True)
+class Access:
+    """One tensor's traffic of one kernel, summed over its programs.
+
+    ``bytes``: bytes the programs move (each element once per time it is loaded or stored).
+    ``how``: one of :data:`ACCESS_HOWS`; ``segment_bytes``: for "fragment", the bytes of one row
+    one warp instruction touches (below a 32-byte sector the L1 counters count the sector).
+    """
+
+    tensor: str
+    op: str            # "load", "store" or "atomic"
+    bytes: int
+    how: str = "ld"
+    segment_bytes: int | None = None
+
+    def __post_init__(self):
+        if self.op not in ("load", "store", "atomic"):
+            raise ValueError(f"Access.op must be 'load', 'store' or 'atomic', got {self.op!r}")
+        if self.how not in ACCESS_HOWS:
+            raise ValueError(f"Access.how must be one of {ACCESS_HOWS}, got {self.how!r}")
+        if self.how == "fragment" and not self.segment_bytes:
+            raise ValueError("a 'fragment' Access needs segment_bytes")
+
+    def counted_bytes(self, profile: GPUProfile) -> float:
+        """Bytes as Nsight Compute's L1 global load/store/atomic counters count them."""
+        if self.how == "fragment" and self.segment_bytes < SECTOR_BYTES:
+            return self.bytes * (SECTOR_BYTES / self.segment_bytes)
+        if self.how == "cp.async" and profile.async_copy_counted_sectors_per_512b:
+            return self.bytes * profile.async_copy_counted_sectors_per_512b * SECTOR_BYTES / 512
+        return float(self.bytes)
+
+
+@dataclass(frozen=True)
+class Matmul:
+    """Matrix products of one kernel on one unit (a key of :data:`MATMUL_UNITS`).
+
+    ``flops``: the FLOPs of the products as the kernel issues them (2 m n k each, on whole
+    tiles: padding included); ``passes``: products executed per product of the algorithm (3 for
+    3xTF32: big x big, big x small, small x big).
+    """
+
+    unit: str
+    flops: int
+    passes: int = 1
+
+    def __post_init__(self):
+        if self.unit not in MATMUL_UNITS:
+            raise ValueError(f"Matmul.unit must be one of {tuple(MATMUL_UNITS)}, got {self.unit!r}")
+
+    @property
+    def executed_flops(self) -> int:
+        return self.flops * self.passes
+
+
+@dataclass(frozen=True)
+class KernelPlan:
+    """One kernel launch: ``name`` (as the family's launcher calls it), ``phase`` (the phase of
+    `sim`'s reports: ``fwd``, ``bwd.pre``, ``bwd.dq``, ``bwd.main``, ...), ``grid`` (x, y[, z]),
+    ``threads`` per program, dynamic + static ``shared_bytes`` per program, ``registers`` per
+    thread (None: not known), ``programs_per_slice`` (programs that share one (batch, head)
+    slice's K/V or Q/dO: the L2 model's reuse), what it moves and computes (summed over all
+    programs), and ``lockstep``: whether the programs of a slice walk its tiles in the same
+    order (False for the causal or windowed sweeps that start at each program's first visited
+    tile; the L2 model's reuse).
+
+    ``shared_bytes_moved``: bytes read from and written to shared memory by all programs
+    (``ldmatrix``, ``ld.shared``/``st.shared``, the ``cp.async`` destinations), priced at the
+    shared-memory bandwidth ("smem" level).
+
+    ``serial``: groups of levels (names of :attr:`KernelCost.level_s`: "dram", "l2", "smem",
+    "matmul", "fp32", "mufu") whose times add up because the kernel does not overlap them (e.g.
+    ``(("matmul", "fp32", "mufu"),)`` for a warp that waits for its products before its
+    softmax, with too few warps resident to hide it); every other level overlaps, and the
+    kernel's time is the largest of the groups' sums and the remaining levels. Default: all
+    levels overlap."""
+
+    name: str
+    phase: str
+    grid: tuple
+    threads: int
+    shared_bytes: int
+    accesses: tuple
+    matmuls: tuple = ()
+    fp32_flops: int = 0
+    mufu_ops: int = 0
+    shared_bytes_moved: int = 0
+    registers: int | None = None
+    programs_per_slice: int = 1
+    lockstep: bool = True
+    serial: tuple = ()
+
+    @property
+    def programs(self) -> int:
+        return math.prod(self.grid)
+
+    @property
+    def warps(self) -> int:
+        return -(-self.threads // 32)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a kernel family launches for one workload: ``kernels`` in launch order, the family
+    and pass, the configuration it chose (``config``: tiles, warps, launch order ...), and
+    ``tensor_bytes``: the size of each tensor it touches (the L2 model's footprints)."""
+
+    family: str
+    pass_: str
+    workload: Workload
+    kernels: tuple
+    config: dict = field(default_factory=dict)
+    tensor_bytes: dict = field(default_factory=dict)
+
+    def kernel(self, name: str) -> KernelPlan:
+        for k in self.kernels:
+            if k.name == name:
+                return k
+        raise KeyError(f"{self.family} {self.pass_} plan has no kernel {name!r} "
+                       f"(it has {[k.name for k in self.kernels]})")
+
+
+@dataclass(frozen=True)
+class KernelCost:
+    """What :func:`price` says of one kernel (bytes, FLOPs, seconds)."""
+
+    name: str
+    phase: str
+    programs: int
+    resident_per_sm: int
+    wave_utilisation: float
+    global_bytes: float
+    dram_bytes: float
+    matmul_flops: int
+    fp32_flops: int
+    mufu_ops: int
+    level_s: dict
+    time_s: float
+
+    @property
+    def bound(self) -> str:
+        return max(self.level_s, key=self.level_s.get)
+
+
+@dataclass(frozen=True)
+class PlanCost:
+    """The priced plan: totals, per kernel (:class:`KernelCost`), and the rate each level used
+    (``rate_sources``: "measured" or "datasheet")."""
+
+    plan: Plan
+    profile: str
+    kernels: tuple
+    rate_sources: dict
+
+    @property
+    def global_bytes(self) -> float:
+        return sum(k.global_bytes for k in self.kernels)
+
+    @property
+    def dram_bytes(self) -> float:
+        return sum(k.dram_bytes for k in self.kernels)
+
+    @property
+    def flops(self) -> int:
+        return sum(k.matmul_flops + k.fp32_flops for k in self.kernels)
+
+    @property
+    def time_s(self) -> float:
+        return sum(k.time_s for k in self.kernels)
+
+    @property
+    def time_ms(self) -> float:
+        return self.time_s * 1e3
+
+    def to_dict(self) -> dict:
+        return {"family": self.plan.family, "pass": self.plan.pass_, "profile": self.profile,
+                "config": dict(self.plan.config), "global_bytes": self.global_bytes,
+                "dram_bytes": self.dram_bytes, "flops": self.flops, "time_ms": self.time_ms,
+                "rate_sources": dict(self.rate_sources),
+                "kernels": [{"name": k.name, "phase": k.phase, "programs": k.programs,
+                             "resident_per_sm": k.resident_per_sm,
+                             "wave_utilisation": k.wave_utilisation,
+                             "global_bytes": k.global_bytes, "dram_bytes": k.dram_bytes,
+                             "matmul_flops": k.matmul_flops, "fp32_flops": k.fp32_flops,
+                             "mufu_ops": k.mufu_ops, "bound": k.bound,
+                             "time_ms": k.time_s * 1e3} for k in self.kernels]}
+
+
+def rates_of(profile: GPUProfile) -> tuple[dict, dict]:
+    """``(rates, sources)``: each of :data:`RATE_NAMES` from the profile's measured rates where
+    it has one, else its datasheet figure (None where neither exists)."""
+    measured = getattr(profile, "measured_rates", None) or {}
+    rates, sources = {}, {}
+    for name, datasheet in RATE_NAMES.items():
+        m = measured.get(name)
+        value = m.get("value") if isinstance(m, dict) else m
+        if value is not None:
+            rates[name], sources[name] = float(value), "measured"
+        else:
+            rates[name], sources[name] = datasheet(profile), "datasheet"
+    return rates, sources
+
+
+def _critical(levels: dict, serial: tuple) -> float:
+    """The longest of the serial groups' summed times and the other levels' times."""
+    grouped = {name for group in serial for name in group}
+    for name in grouped:
+        if name not in levels:
+            raise ValueError(f"KernelPlan.serial names unknown level {name!r} (levels: {tuple(levels)})")
+    parts = [sum(levels[n] for n in group) for group in serial]
+    parts += [v for n, v in levels.items() if n not in grouped]
+    return max(parts) if parts else 0.0
+
+
+def _l2(plan: Plan, profile: GPUProfile, slots: dict) -> dict:
+    """DRAM bytes per kernel from the analytic L2 model over the plan's accesses."""
+    by_key: dict = {}
+    for k in plan.kernels:
+        for a in k.accesses:
+            key = (k.name, a.tensor, "load" if a.op == "load" else a.op)
+            by_key[key] = by_key.get(key, 0) + a.bytes
+    w = plan.workload
+    pps = {k.name: k.programs_per_slice for k in plan.kernels}
+    lockstep = {k.name: k.lockstep for k in plan.kernels}
+    res = l2_analytic(by_key, plan.tensor_bytes, pps, w.batch * w.heads, slots, profile.l2_bytes,
+                      None, lockstep)
+    return {name: v["dram_read_bytes"] + v["dram_write_bytes"] for name, v in res.phases.items()}
+
+
+def price(plan: Plan, profile="h100", *, l2: str = "analytic") -> PlanCost:
+    """Price ``plan`` on ``profile`` (a `GPUProfile` or a name): see the module docstring.
+    ``l2``: "analytic" (DRAM bytes from `sim.l2.l2_analytic`) or "none" (DRAM = global bytes)."""
+    if not isinstance(plan, Plan):
+        raise TypeError(f"plan must be a sim.plan.Plan, got {type(plan).__name__}")
+    if l2 not in ("analytic", "none"):
+        raise ValueError(f"l2 must be 'analytic' or 'none', got {l2!r}")
+    prof = load_profile(profile)
+    rates, sources = rates_of(prof)
+    resident = {k.name: occupancy(prof, k.shared_bytes, k.warps, k.registers) for k in plan.kernels}
+    for k in plan.kernels:
+        if resident[k.name] == 0:
+            raise ValueError(f"{plan.family} {k.name}: {k.shared_bytes} bytes of shared memory, "
+                             f"{k.threads} threads, {k.registers} registers do not fit one SM "
+                             f"of {prof.name}")
+    slots = {name: prof.num_sms * r for name, r in resident.items()}
+    dram = (_l2(plan, prof, slots) if l2 == "analytic"
+            else {k.name: sum(a.bytes for a in k.accesses) for k in plan.kernels})
+    costs = []
+    for k in plan.kernels:
+        counted = sum(a.counted_bytes(prof) for a in k.accesses)
+        executed = {}
+        for m in k.matmuls:
+            executed[m.unit] = executed.get(m.unit, 0) + m.executed_flops
+        ffma = executed.get("ffma", 0)     # CUDA-core products share the FP32 pipe
+        levels = {"dram": dram.get(k.name, 0.0) / rates["dram_bytes_per_s"],
+                  "l2": counted / rates["l2_bytes_per_s"] if rates["l2_bytes_per_s"] else 0.0,
+                  "smem": (k.shared_bytes_moved / rates["smem_bytes_per_s"]
+                           if rates["smem_bytes_per_s"] else 0.0),
+                  "matmul": sum(f / rates[MATMUL_UNITS[u]] for u, f in executed.items()
+                                if u != "ffma"),
+                  "fp32": (k.fp32_flops + ffma) / rates["ffma_flops_per_s"],
+                  "mufu": k.mufu_ops / rates["mufu_ops_per_s"] if rates["mufu_ops_per_s"] else 0.0}
+        s = slots[k.name]
+        waves = max(1, math.ceil(k.programs / s))
+        util = k.programs / (waves * s)
+        time_s = rates["launch_s"] + _critical(levels, k.serial) / util
+        costs.append(KernelCost(k.name, k.phase, k.programs, resident[k.name], util, counted,
+                                float(dram.get(k.name, 0.0)), sum(executed.values()), k.fp32_flops,
+                                k.mufu_ops, {n: v / util for n, v in levels.items()}, time_s))
+    return PlanCost(plan, prof.name, tuple(costs), sources)

@@ -1,0 +1,155 @@
+"""Plans (`sim.plan`, `sim.plans`): what the tensor-core forwards launch, as data, priced by one
+pure function; checked against the kernels' own launch shapes, closed forms, and the hardware
+counters of the shipped sweeps (which the plans are not fitted on: their constants come from
+the kernels' code)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ioaware.block_info import cdiv
+from sim.plan import Access, KernelPlan, Matmul, Plan, price
+from sim.plans import plan_for
+from sim.plans.tensor_core_fwd import (MMA_BLOCK_K_CHOICES, MMA_BLOCK_Q_CHOICES, TF32_BLOCK_K_CHOICES,
+                                       TF32_BLOCK_Q_CHOICES, mma_threads, tf32_presplit_ok)
+from sim.workload import Workload
+
+ROOT = Path(__file__).resolve().parents[1]
+SWEEPS = [ROOT / "results" / "h100_sweep_20261122.json", ROOT / "results" / "h200_sweep_20261122.json"]
+
+
+def _mma_records():
+    out = []
+    for path in SWEEPS:
+        for rec in json.loads(path.read_text())["records"]:
+            if rec["kernel"] == "ioaware-numba" and rec.get("variant") == "mma" and rec["pass"] == "fwd" \
+                    and rec.get("global_load_bytes") is not None:
+                out.append((path.name, rec))
+    return out
+
+
+@pytest.mark.parametrize("family,dtype,choices", [
+    ("mma", "fp16", [(q, k) for q in MMA_BLOCK_Q_CHOICES for k in MMA_BLOCK_K_CHOICES]),
+    ("tf32", "fp32", [(q, k) for q in TF32_BLOCK_Q_CHOICES for k in TF32_BLOCK_K_CHOICES]),
+])
+@pytest.mark.parametrize("d", [64, 128])
+def test_forward_plan_bytes_equal_closed_forms(family, dtype, choices, d):
+    """Dense problem, lengths no multiple of a tile, GQA: Q and O once per row, K and V once per
+    Q tile of the slice, lse once; grid one program per (Q tile, batch * head)."""
+    B, H, Hkv, Nq, Nk = 2, 4, 2, 300, 200
+    w = Workload(batch=B, heads=H, heads_kv=Hkv, seq_len_q=Nq, seq_len_k=Nk, head_dim=d, dtype=dtype)
+    e = w.dtype_bytes
+    for bq, bk in choices:
+        if family == "tf32" and not tf32_presplit_ok(d, bq, bk):
+            continue
+        plan = plan_for(family, "fwd", w, block_q=bq, block_k=bk)
+        (kern,) = plan.kernels
+        nq = cdiv(Nq, bq)
+        assert kern.grid == (nq, B * H)
+        got = {(a.tensor, a.op): a.bytes for a in kern.accesses}
+        q_rows = B * H * (nq * bq if family == "tf32" else Nq)   # tf32 loads its tail rows clamped
+        assert got == {("Q", "load"): q_rows * d * e, ("K", "load"): B * H * nq * Nk * d * e,
+                       ("V", "load"): B * H * nq * Nk * d * e, ("O", "store"): B * H * Nq * d * e,
+                       ("lse", "store"): B * H * Nq * 4}
+        (mm,) = kern.matmuls
+        assert mm.flops == 4 * d * bq * bk * nq * cdiv(Nk, bk) * B * H
+        assert mm.passes == (3 if family == "tf32" else 1)
+        assert plan.config["block_q"] == bq and plan.config["block_k"] == bk
+
+
+def test_causal_plan_visits_fewer_tiles_and_its_programs_do_not_walk_in_step():
+    w = Workload(batch=1, heads=2, seq_len_q=1024, head_dim=64, dtype="fp16")
+    dense = plan_for("mma", "fwd", w, block_q=128, block_k=64)
+    causal = plan_for("mma", "fwd", w.replace(causal=True), block_q=128, block_k=64)
+    k_dense = next(a.bytes for a in dense.kernels[0].accesses if a.tensor == "K")
+    k_causal = next(a.bytes for a in causal.kernels[0].accesses if a.tensor == "K")
+    # causal 1024 x 1024 at 128 x 64: Q tile m visits 2 (m + 1) K tiles of 64 keys
+    assert k_causal == 2 * sum(2 * (m + 1) * 64 for m in range(8)) * 64 * 2
+    assert k_dense == 2 * 8 * 1024 * 64 * 2
+    assert dense.kernels[0].lockstep and causal.kernels[0].lockstep   # same start tile (0)
+    windowed = plan_for("mma", "fwd", w.replace(window_size=(128, 0)), block_q=128, block_k=64)
+    assert not windowed.kernels[0].lockstep
+
+
+@pytest.mark.parametrize("name,rec", _mma_records(), ids=lambda x: x if isinstance(x, str) else "")
+def test_mma_forward_plan_against_the_sweeps_counters(name, rec):
+    """The mma forward's plan against Nsight Compute's counters of the shipped sweeps: global
+    bytes within 5 %, FP32 FLOPs (all FLOPs less the tensor ones) within 1 %, tensor FLOPs
+    exact. Nothing in the plan is read from these records."""
+    w = Workload.from_record(rec)
+    cost = price(plan_for("mma", "fwd", w, block_q=rec["block_q"], block_k=rec["block_k"]), "h100")
+    (k,) = cost.kernels
+    measured = rec["global_load_bytes"] + rec["global_store_bytes"] + (rec.get("global_atomic_bytes") or 0)
+    assert abs(cost.global_bytes / measured - 1) < 0.05
+    tensor = 2 * 16 * 8 * 16 * rec["ncu_tensor_inst"]          # m16n8k16 per HMMA instruction
+    assert k.matmul_flops == tensor
+    assert abs(k.fp32_flops / (rec["flops_executed"] - tensor) - 1) < 0.01
+
+
+def test_kernel_families_plan_what_they_launch():
+    """`kernels.mma_fwd.plan` / `kernels.tf32_fwd.plan` build the plan from the same tiles and
+    problem their launcher uses (the launcher then reads its grid, threads, shared memory)."""
+    from ioaware._inputs import check_inputs
+    from kernels import mma_fwd, tf32_fwd
+    from kernels.config import KernelConfig
+
+    rng = np.random.default_rng(0)
+    for module, dtype, d in ((mma_fwd, np.float16, 64), (tf32_fwd, np.float32, 128)):
+        q = rng.standard_normal((2, 4, 333, d)).astype(dtype)
+        kv = rng.standard_normal((2, 2, 333, d)).astype(dtype)
+        pb = check_inputs(q, kv, kv, causal=True)
+        plan = module.plan(pb, KernelConfig())
+        bq, bk = module.tiles(pb, KernelConfig())
+        (kern,) = plan.kernels
+        assert kern.grid == (cdiv(333, bq), 8)
+        assert (plan.config["block_q"], plan.config["block_k"]) == (bq, bk)
+        assert plan.workload.heads_kv == 2 and plan.workload.causal
+        smem = module.smem_bytes(d, bk) if module is mma_fwd else module.smem_bytes(d, bk, bq)
+        assert kern.shared_bytes == smem
+    assert mma_threads(64, 128) == 128 and mma_threads(128, 64) == 128
+
+
+def test_price_reads_the_profile_rates_and_the_serial_groups():
+    w = Workload(batch=4, heads=8, seq_len_q=2048, head_dim=128, dtype="fp16")
+    plan = plan_for("mma", "fwd", w)
+    cost = price(plan, "h100")
+    (k,) = cost.kernels
+    assert cost.time_s > 0 and set(k.level_s) == {"dram", "l2", "smem", "matmul", "fp32", "mufu"}
+    assert k.time_s == pytest.approx(max(k.level_s.values()))
+    assert set(cost.rate_sources.values()) == {"datasheet"}
+    serial = Plan(plan.family, plan.pass_, w, (_replace(plan.kernels[0], serial=(("matmul", "fp32", "mufu"),)),),
+                  plan.config, plan.tensor_bytes)
+    (ks,) = price(serial, "h100").kernels
+    compute = ks.level_s["matmul"] + ks.level_s["fp32"] + ks.level_s["mufu"]
+    assert ks.time_s == pytest.approx(max(compute, ks.level_s["smem"], ks.level_s["l2"], ks.level_s["dram"]))
+    tf32 = price(plan_for("tf32", "fwd", w.replace(dtype="fp32")), "h100").kernels[0]
+    assert tf32.matmul_flops == 3 * k.matmul_flops   # three TF32 products per float32 one
+
+
+def _replace(kernel, **changes):
+    import dataclasses
+    return dataclasses.replace(kernel, **changes)
+
+
+def test_bad_arguments_name_themselves():
+    w = Workload(batch=1, heads=1, seq_len_q=128, head_dim=64, dtype="fp16")
+    with pytest.raises(ValueError, match="family="):
+        plan_for("nope", "fwd", w)
+    with pytest.raises(ValueError, match="block_q"):
+        plan_for("mma", "fwd", w, block_q=96)
+    with pytest.raises(ValueError, match="workload.dtype"):
+        plan_for("mma", "fwd", w.replace(dtype="fp32"))
+    with pytest.raises(ValueError, match="head_dim"):
+        plan_for("tf32", "fwd", w.replace(dtype="fp32", head_dim=32))
+    with pytest.raises(ValueError, match="Access.how"):
+        Access("Q", "load", 1, "texture")
+    with pytest.raises(ValueError, match="Matmul.unit"):
+        Matmul("wgmma", 1)
+    bad = KernelPlan("k", "fwd", (1,), 128, 10 ** 7, ())
+    with pytest.raises(ValueError, match="do not fit"):
+        price(Plan("x", "fwd", w, (bad,)), "h100")
+    with pytest.raises(ValueError, match="unknown level"):
+        price(Plan("x", "fwd", w, (_replace(bad, shared_bytes=0, serial=(("tensor",),)),)), "h100")
