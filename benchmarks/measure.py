@@ -26,7 +26,9 @@ How a configuration is timed (`time_config`):
   is timed computes attention).
 
 Hardware counters (DRAM, L2, global load/store bytes, executed FLOPs) are added afterwards by
-``python -m benchmarks ncu RESULTS``; until then they are null. The sweep is resumable: with
+``python -m benchmarks ncu RESULTS``, for the records of every kernel alike (ours, each SDPA
+backend, eager: all launches of the record's call, `benchmarks.ncu.profiled_call`); until then
+they are null. The sweep is resumable: with
 ``resume=True`` the configurations already in the output file are skipped, and the file is
 rewritten after every configuration.
 """

@@ -31,6 +31,25 @@ child launches at the start of each configuration's profiled region; the launche
 markers belong to the first one's configuration. Warm-up runs happen outside the profiled
 region (``cudaProfilerStart``/``Stop``).
 
+Which launches a record gets (`profiled_call`): the profiled region holds the marker and exactly
+one call of the measured pass, the same ``run(0)`` that ``measure`` timed, and nothing else;
+ncu profiles every kernel launched inside it, from any thread of the process (the autograd
+engine launches a backward from its own thread), and no kernel outside it. There is no
+kernel-name filter (no ``--kernel-name``, no ``--launch-skip``): the region is the selection,
+as an NVTX range with ``--nvtx-include`` would be, so every kernel of every record is selected
+the same way. That gives our kernels' records their forward, delta pre-pass, dQ fill and
+dK/dV launches, and PyTorch's their whole call: SDPA FLASH ``pytorch_flash::flash_fwd_kernel``
+(or the split-KV forward and its combine kernel), and in the backward
+``flash_bwd_dot_do_o_kernel``, the zeroing of the float32 dQ accumulator,
+``flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel`` and ``flash_bwd_convert_dq_kernel``; EFFICIENT
+``fmha_cutlassF_*`` / ``fmha_cutlassB_*`` with their helper launches; cuDNN
+``cudnn_generated_fort_native_sdpa_*`` fprop / bprop kernels with theirs; MATH and eager their
+GEMMs and elementwise kernels. Copies made outside the call (the inputs, the forward that a
+backward record differentiates) are outside the region. Memsets (``cudaMemsetAsync``) are not
+kernels and are not profiled. `records_to_profile` picks the records (every record without
+counters, optionally of the ``--kernels`` given); `backend_kernel_missing` warns when an SDPA
+record's launches do not name its backend's kernel.
+
 ``--loads`` replays the selected records (``--variant``, ``--pass``; the same child, so the same
 inputs and launches) with the global loads split into plain loads (``op_ld``: LDG) and
 asynchronous global-to-shared copies (``op_ldgsts``: ``cp.async``), each as executed warp
@@ -53,9 +72,18 @@ import time
 from pathlib import Path
 
 from . import measure
-from .common import code_version, command_line, kernels_fingerprint, provenance, write_json
+from .common import (code_version, command_line, kernels_fingerprint, package_version, provenance,
+                     write_json)
 
 MARKER_NAME = "ioaware_ncu_marker"
+#: Substrings of the names Nsight Compute lists for each SDPA backend's fused kernels (forward
+#: or backward). Not a filter: `backend_kernel_missing` warns when none of a record's launches
+#: carries one (e.g. a PyTorch build that dispatched to other kernels).
+SDPA_KERNEL_NAMES = {
+    "sdpa-flash": ("pytorch_flash::", "flash_fwd", "flash_bwd"),
+    "sdpa-efficient": ("fmha_cutlassF", "fmha_cutlassB", "fmha_cutlass"),
+    "sdpa-cudnn": ("cudnn_generated_fort_native_sdpa", "cudnn", "_sdpa_"),
+}
 
 #: Counters and how they map to results fields.
 BYTE_METRICS = {
@@ -228,28 +256,74 @@ def aggregate(rows: list[dict], tensor_flops_per_op: float | None = None) -> dic
         {"name": r["name"][:160],
          **{f: r["metrics"].get(BYTE_METRICS[f]) for f in ("global_load_bytes", "global_store_bytes",
                                                            "dram_read_bytes", "dram_write_bytes")},
+         "global_atomic_bytes": _launch_atomic_bytes(r),
          "time_ns": r["metrics"].get("gpu__time_duration.sum")}
         for r in rows]
     return out
+
+
+def _launch_atomic_bytes(row: dict) -> float | None:
+    """Global reduction and atomic bytes of one launch (None when ncu gave neither counter)."""
+    vals = [row["metrics"].get(m) for m in ATOMIC_METRICS]
+    vals = [v for v in vals if v is not None]
+    return sum(vals) if vals else None
+
+
+def backend_kernel_missing(kernel: str, rows: list[dict]) -> bool:
+    """Whether the launches ``rows`` of an SDPA record of ``kernel`` (FLASH, EFFICIENT, cuDNN)
+    lack every name of `SDPA_KERNEL_NAMES` for its backend; False for other kernels."""
+    marks = SDPA_KERNEL_NAMES.get(kernel)
+    if not marks:
+        return False
+    return not any(m in r["name"] for r in rows for m in marks)
 
 
 def needs_counters(rec: dict) -> bool:
     return rec.get("global_load_bytes") is None and not rec.get("ncu_error")
 
 
+def records_to_profile(records: list[dict], kernels: list[str] | None = None,
+                       limit: int | None = None) -> list[dict]:
+    """The records a run profiles, in file order: those without counters (`needs_counters`),
+    of every kernel — ours, the SDPA backends, eager — or only of ``kernels`` (names of
+    `benchmarks.measure.KERNELS`; an unknown name raises ValueError rather than selecting
+    nothing), at most ``limit``."""
+    if kernels is not None:
+        unknown = [k for k in kernels if k not in measure.KERNELS]
+        if unknown:
+            raise ValueError(f"unknown kernel(s) {unknown}; choose from {', '.join(measure.KERNELS)}")
+    todo = [r for r in records if needs_counters(r)
+            and (kernels is None or r["kernel"] in kernels)]
+    return todo[:limit]
+
+
 def merge_counters(records: list[dict], configs: list[dict], groups: list[list[dict]],
-                   tensor_flops_per_op: float | None = None, kernels_sha: str | None = None) -> int:
+                   tensor_flops_per_op: float | None = None, kernels_sha: str | None = None,
+                   torch_version: str | None = None) -> int:
     """Write the aggregated counters of each group into the record with the same key (with the
-    fingerprint of the kernel code profiled, ``ncu_kernels_sha``); returns how many."""
+    fingerprint of the kernel code profiled, ``ncu_kernels_sha``, and the torch version the
+    call ran under, ``ncu_torch``: PyTorch's kernels are the baselines' code); returns how many.
+    A group with no launch marks its record with ``ncu_error`` instead (nothing was profiled
+    between its marker and the next). An SDPA record whose launches do not name its backend's
+    kernel is merged, with a warning."""
     by_key = {measure.config_key(r): r for r in records}
     n = 0
     for cfg, rows in zip(configs, groups):
         rec = by_key.get(measure.config_key(cfg))
         if rec is None:
             continue
+        if not rows:
+            rec["ncu_error"] = "no kernel launch profiled in the configuration's region"
+            continue
+        if backend_kernel_missing(rec["kernel"], rows):
+            print(f"[ncu] WARNING: {measure.describe(rec)}: none of its {len(rows)} launches names "
+                  f"a {rec['kernel']} kernel ({', '.join(SDPA_KERNEL_NAMES[rec['kernel']])}): "
+                  f"{', '.join(r['name'][:60] for r in rows)}", file=sys.stderr, flush=True)
         rec.update(aggregate(rows, tensor_flops_per_op))
         if kernels_sha is not None:
             rec["ncu_kernels_sha"] = kernels_sha
+        if torch_version is not None:
+            rec["ncu_torch"] = torch_version
         n += 1
     return n
 
@@ -271,6 +345,22 @@ def _calibrate_child() -> int:
     torch.cuda.synchronize()
     torch.cuda.profiler.stop()
     return 0
+
+
+def profiled_call(run, marker, synchronize, start, stop):
+    """One configuration's profiled region: a warm-up call outside it (compilation, cuDNN
+    plans, allocator growth), then inside ``start()``/``stop()`` (``cudaProfilerStart`` /
+    ``Stop``) the marker launch and exactly one call ``run(0)``, synchronised before the region
+    closes so that every launch of the call, from any thread, falls inside it. Returns the
+    call's result."""
+    run(0)
+    synchronize()
+    start()
+    marker()
+    res = run(0)
+    synchronize()
+    stop()
+    return res
 
 
 def _child(config_path: str) -> int:
@@ -296,13 +386,8 @@ def _child(config_path: str) -> int:
         sets = [measure.make_input_set(torch, cfg, torch.device("cuda"), gen)]
         with sdpa_context(cfg["kernel"]):
             run = measure.build_runner(cfg, sets)
-            run(0)                       # compile / plan outside the profiled region
-            torch.cuda.synchronize()
-            torch.cuda.profiler.start()
-            ioaware_ncu_marker[1, 1](flag)
-            res = run(0)
-            torch.cuda.synchronize()
-            torch.cuda.profiler.stop()
+            res = profiled_call(run, lambda: ioaware_ncu_marker[1, 1](flag), torch.cuda.synchronize,
+                                torch.cuda.profiler.start, torch.cuda.profiler.stop)
         del res, run, sets
         torch.cuda.empty_cache()
         print(f"[ncu child {i + 1}/{len(configs)} {time.perf_counter() - t0:5.0f}s] "
@@ -367,12 +452,15 @@ def profile_results(path: str, *, out_path: str | None = None, chunk: int = 40,
                     time_budget_s: float | None = None, ncu: str = "ncu",
                     keep_logs: str | None = None, command: str = "") -> dict:
     """Add ncu counters to the records of the results file ``path`` (written to ``out_path``,
-    default in place) that do not have them yet; returns the results object."""
+    default in place) that do not have them yet (`records_to_profile`: every kernel, or those
+    of ``kernels``); returns the results object. ``provenance.ncu`` describes this run; the
+    runs before it on the same file are kept in ``provenance.ncu_earlier``."""
     if shutil.which(ncu) is None:
         raise RuntimeError(f"{ncu!r} (Nsight Compute) is not on PATH")
     results = measure.load_existing(path)
     if results is None:
         raise FileNotFoundError(path)
+    todo = records_to_profile(results["records"], kernels, limit)
     out_path = out_path or path
     metrics = query_available(ncu)
     prov = results["provenance"]
@@ -380,15 +468,21 @@ def profile_results(path: str, *, out_path: str | None = None, chunk: int = 40,
     if factor is None:
         factor = calibrate_tensor_ops(metrics, ncu)
     sha = kernels_fingerprint()
+    torch_version = package_version("torch")
+    if prov.get("ncu"):
+        prov.setdefault("ncu_earlier", []).append(prov["ncu"])
     prov["ncu"] = {"version": ncu_version(ncu), "metrics": metrics, "tensor_flops_per_op": factor,
                    "command": command, "options": " ".join(PROFILER_OPTIONS),
-                   "code_version": code_version(), "kernels_sha": sha}
+                   "code_version": code_version(), "kernels_sha": sha, "torch": torch_version}
     if prov.get("kernels_sha") and prov["kernels_sha"] != sha:
         print(f"[ncu] WARNING: kernels/ changed since the timings were taken (timed "
               f"{prov['kernels_sha']}, now {sha}); records get ncu_kernels_sha so the comparison "
               f"can tell", file=sys.stderr)
-    todo = [r for r in results["records"] if needs_counters(r)
-            and (kernels is None or r["kernel"] in kernels)][:limit]
+    if (prov.get("torch") and prov["torch"] != torch_version
+            and any(r["kernel"] != "ioaware-numba" for r in todo)):
+        print(f"[ncu] WARNING: the baselines were timed under torch {prov['torch']} and are "
+              f"profiled under torch {torch_version}, whose SDPA may run other kernels; each "
+              f"record names its own in ncu_torch", file=sys.stderr)
     print(f"[ncu] {len(todo)} records to profile, metrics: {', '.join(metrics)}", file=sys.stderr,
           flush=True)
     t0 = time.perf_counter()
@@ -410,11 +504,25 @@ def profile_results(path: str, *, out_path: str | None = None, chunk: int = 40,
             groups = split_by_marker(rows, n_markers)[:complete] if n_markers else []
             if complete < len(part):
                 part[complete]["ncu_error"] = f"child failed (rc={rc})"
-        merge_counters(results["records"], cfgs[:len(groups)], groups, factor, sha)
+        merge_counters(results["records"], cfgs[:len(groups)], groups, factor, sha, torch_version)
         write_json(results, out_path)
         print(f"[ncu] {min(start + chunk, len(todo))}/{len(todo)} records "
               f"({time.perf_counter() - t0:.0f}s)", file=sys.stderr, flush=True)
+    print(f"[ncu] {counters_summary(results['records'])}", file=sys.stderr, flush=True)
     return results
+
+
+def counters_summary(records: list[dict]) -> str:
+    """Per kernel, how many records carry counters (and how many were marked ``ncu_error``)."""
+    per: dict = {}
+    for r in records:
+        c = per.setdefault(r["kernel"], [0, 0, 0])
+        c[0] += 1
+        c[1] += r.get("global_load_bytes") is not None
+        c[2] += bool(r.get("ncu_error"))
+    return "records with counters: " + ", ".join(
+        f"{k} {have}/{n}" + (f" ({err} ncu_error)" if err else "")
+        for k, (n, have, err) in per.items())
 
 
 # ------------------------------------------------------------------------------------------------
@@ -517,7 +625,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", help="counters: write here instead of in place; --loads: the file "
                                   "to write")
     ap.add_argument("--chunk", type=int, default=40, help="configurations per ncu process")
-    ap.add_argument("--kernels", help="comma list: only these kernels")
+    ap.add_argument("--kernels", help="comma list: only these kernels' records (default: every "
+                                      "record without counters; names: %s)" % ", ".join(measure.KERNELS))
     ap.add_argument("--limit", type=int, help="profile at most this many records")
     ap.add_argument("--time-budget", type=float, help="stop starting chunks after this many seconds")
     ap.add_argument("--keep-logs", help="append ncu's raw CSV here")
@@ -539,12 +648,17 @@ def main(argv=None) -> int:
     if not args.results:
         ap.error("give the results file")
     command = command_line("ncu", argv)
+    kernels = [k for k in args.kernels.split(",") if k] if args.kernels else None
+    unknown = [k for k in kernels or () if k not in measure.KERNELS]
+    if unknown:
+        ap.error(f"--kernels: unknown kernel(s) {', '.join(unknown)}; choose from "
+                 f"{', '.join(measure.KERNELS)}")
     if args.loads:
         profile_loads(args.results, variant=args.variant, pass_=args.pass_, out=args.out,
                       ncu=args.ncu, command=command)
         return 0
     profile_results(args.results, out_path=args.out, chunk=args.chunk,
-                    kernels=args.kernels.split(",") if args.kernels else None, limit=args.limit,
+                    kernels=kernels, limit=args.limit,
                     time_budget_s=args.time_budget, ncu=args.ncu, keep_logs=args.keep_logs,
                     command=command)
     return 0
