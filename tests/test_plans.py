@@ -153,3 +153,15 @@ def test_bad_arguments_name_themselves():
         price(Plan("x", "fwd", w, (bad,)), "h100")
     with pytest.raises(ValueError, match="unknown level"):
         price(Plan("x", "fwd", w, (_replace(bad, shared_bytes=0, serial=(("tensor",),)),)), "h100")
+
+
+def test_choose_prices_every_legal_configuration():
+    from sim.plans import choose
+    w = Workload(batch=2, heads=8, seq_len_q=2048, head_dim=128, dtype="fp32", causal=True)
+    cfg, cost, ranked = choose("tf32", "fwd", w, "h100")
+    assert ranked[0][1] == cfg and cost.time_s == ranked[0][0]
+    assert [t for t, _c in ranked] == sorted(t for t, _c in ranked)
+    assert len(ranked) == sum(tf32_presplit_ok(128, q, k) for q in TF32_BLOCK_Q_CHOICES
+                              for k in TF32_BLOCK_K_CHOICES)
+    with pytest.raises(ValueError, match="family="):
+        choose("simt", "fwd", w)

@@ -31,7 +31,7 @@ from ..counts import workload_tile_stats
 from ..plan import Access, KernelPlan, Matmul, Plan
 from ..workload import STAT_BYTES, Workload
 
-__all__ = ["mma_forward_plan", "tf32_forward_plan", "MMA_HEAD_DIMS", "MMA_BLOCK_Q_CHOICES",
+__all__ = ["mma_forward_plan", "tf32_forward_plan", "mma_forward_configs", "tf32_forward_configs", "MMA_HEAD_DIMS", "MMA_BLOCK_Q_CHOICES",
            "MMA_BLOCK_K_CHOICES", "mma_default_blocks", "mma_smem_bytes", "mma_warp_m_tiles",
            "mma_threads", "TF32_HEAD_DIMS", "TF32_BLOCK_Q_CHOICES", "TF32_BLOCK_K_CHOICES",
            "TF32_DEFAULT_BLOCKS", "tf32_smem_bytes", "tf32_presplit_ok", "tf32_threads",
@@ -250,3 +250,15 @@ def tf32_forward_plan(workload: Workload, *, block_q: int | None = None, block_k
     return _forward("tf32", w, bq, bk, kernel_name="flash_tf32_fwd", threads=tf32_threads(bq),
                     shared_bytes=tf32_smem_bytes(w.head_dim, bk, bq), unit="mma.tf32", passes=3,
                     registers=registers, split=True, config={"launch_order": launch_order})
+
+
+def mma_forward_configs(workload: Workload) -> list:
+    """Every legal configuration of the mma forward for ``workload``: ``[{block_q, block_k}]``."""
+    return [{"block_q": q, "block_k": k} for q in MMA_BLOCK_Q_CHOICES for k in MMA_BLOCK_K_CHOICES
+            if mma_smem_bytes(workload.head_dim, k) <= SMEM_LIMIT_BYTES]
+
+
+def tf32_forward_configs(workload: Workload) -> list:
+    """Every legal configuration of the tf32 forward for ``workload`` (its split layout's rule)."""
+    return [{"block_q": q, "block_k": k} for q in TF32_BLOCK_Q_CHOICES for k in TF32_BLOCK_K_CHOICES
+            if tf32_presplit_ok(workload.head_dim, q, k)]
