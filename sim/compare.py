@@ -17,7 +17,10 @@ The Python API (the dashboard's *Predicted vs measured* page uses it):
 * `compare(records, profile=None, ...)` -> pandas DataFrame, one row per record: the record's
   key fields, ``measured_<metric>``, ``predicted_<metric>`` and ``rel_error_<metric>`` (signed,
   (predicted - measured) / measured) for each metric of `METRICS`, plus ``model_note`` (how the
-  record was modelled) and ``profile``;
+  record was modelled), ``model_source`` ("plan": a record of a kernel family with a plan,
+  `sim.plans.plans_for_record`, whose global bytes, DRAM bytes, FLOPs and raw time come from
+  its priced plans, `sim.plan.price`; "schedule": `sim.predict` on the record's schedule) and
+  ``profile``;
 * `summary(df)` -> DataFrame of the per-metric table; `block_size_check(df)` -> DataFrame;
 * `METRICS`: metric -> (label, target relative error or None, share of records that must meet
   it, which records the target applies to).
@@ -355,6 +358,29 @@ def async_copy_counter_extra(rec: dict, counts_bytes: dict, profile) -> float:
     return moved * (sectors / 16.0 - 1.0)
 
 
+def _plan_predictions(row: dict, rec: dict, profile) -> None:
+    """For a record of a family with a plan (`sim.plans.plans_for_record`): its global bytes,
+    DRAM bytes, FLOPs and time come from the priced plans (`sim.plan.price`) instead of the
+    schedule model; ``model_source`` "plan". The calibrated times stay the schedule model's."""
+    from .plan import price
+    from .plans import plans_for_record
+    plans = plans_for_record(rec)
+    if not plans:
+        return
+    costs = [price(plan, profile) for plan in plans]
+    atomic = 0.0
+    if rec.get("global_atomic_bytes") is None:   # atomics not counted on the measured side
+        atomic = sum(a.bytes for plan in plans for k in plan.kernels for a in k.accesses
+                     if a.op == "atomic")
+    row["predicted_global_bytes"] = sum(c.global_bytes for c in costs) - atomic
+    row["predicted_dram_bytes"] = sum(c.dram_bytes for c in costs)
+    row["predicted_flops"] = float(sum(c.flops for c in costs))
+    row["predicted_time_raw"] = sum(c.time_ms for c in costs)
+    row["model_source"] = "plan"
+    row["model_note"] = "plan: " + " + ".join(f"{pl.family} {pl.pass_} ({len(pl.kernels)} kernels)"
+                                              for pl in plans)
+
+
 def _predicted_raw(p, metric: str, rec: dict | None = None):
     if metric == "global_bytes":
         total = float(p.hbm_read_bytes + p.hbm_write_bytes) + getattr(p, "async_copy_extra", 0.0)
@@ -486,6 +512,9 @@ def compare(records: list[dict], profile=None, *, l2: str = "auto",
         for m in METRICS:
             row[f"measured_{m}"] = _measured(rec, m)
             row[f"predicted_{m}"] = _predicted_raw(p, m, rec) if (p is not None and m not in _CALIBRATED) else math.nan
+        row["model_source"] = "schedule" if p is not None else None
+        if p is not None:
+            _plan_predictions(row, rec, p.profile_name)
         row["measured_time_ms_p10"] = rec.get("time_ms_p10")
         row["measured_time_ms_p90"] = rec.get("time_ms_p90")
         rows.append(row)

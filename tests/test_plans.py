@@ -165,3 +165,20 @@ def test_choose_prices_every_legal_configuration():
                               for k in TF32_BLOCK_K_CHOICES)
     with pytest.raises(ValueError, match="family="):
         choose("simt", "fwd", w)
+
+
+def test_compare_prices_records_of_families_with_plans_from_their_plans():
+    """`sim.compare` takes a tensor-core forward record's counts and raw time from the plan the
+    record names (family, problem, tiles), and says so in ``model_source``."""
+    from sim.compare import compare
+    from sim.plans import plans_for_record
+    recs = [rec for _name, rec in _mma_records()[:2]]
+    df = compare(recs, "h100", l2="analytic", workers=1)
+    assert list(df["model_source"]) == ["plan", "plan"]
+    for (_i, row), rec in zip(df.iterrows(), recs):
+        (plan,) = plans_for_record(rec)
+        cost = price(plan, "h100")
+        assert row["predicted_flops"] == pytest.approx(cost.flops)
+        assert row["predicted_global_bytes"] == pytest.approx(cost.global_bytes)
+        assert row["predicted_time_raw"] == pytest.approx(cost.time_ms)
+    assert plans_for_record(dict(recs[0], kernel="sdpa-flash")) is None

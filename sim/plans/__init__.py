@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import importlib
 
-__all__ = ["plan_for", "choose", "PLANNERS", "CONFIGS"]
+__all__ = ["plan_for", "plans_for_record", "choose", "PLANNERS", "CONFIGS"]
 
 #: (family, pass) -> "module:function" building its plan (workload, **config) -> Plan.
 PLANNERS = {
@@ -62,3 +62,24 @@ def choose(family: str, pass_: str, workload, profile="h100", **fixed):
         raise ValueError(f"family={family!r} has no legal configuration for this workload")
     ranked.sort(key=lambda r: r[:2])
     return ranked[0][2], ranked[0][3], [(t, c) for t, _k, c, _p in ranked]
+
+
+def plans_for_record(rec: dict) -> list | None:
+    """The plans a results record of our kernels ran (one per pass of its ``pass``: "fwd",
+    "bwd" or "fwd+bwd"), from what it names: ``kernel`` "ioaware-numba", its ``variant`` (the
+    family), the problem, and the forward's ``block_q`` / ``block_k`` (the backwards choose
+    their own tiles). None for a record of another kernel or of a family/pass without a plan.
+    Nothing is read from the record's measurements."""
+    from ..workload import Workload
+    family = rec.get("variant")
+    if rec.get("kernel") != "ioaware-numba" or family is None:
+        return None
+    passes = ("fwd", "bwd") if rec.get("pass") == "fwd+bwd" else (rec.get("pass"),)
+    if any((family, p) not in PLANNERS for p in passes):
+        return None
+    plans = []
+    for p in passes:
+        w = Workload.from_record(dict(rec, **{"pass": p}))
+        tiles = {"block_q": rec.get("block_q"), "block_k": rec.get("block_k")} if p == "fwd" else {}
+        plans.append(plan_for(family, p, w, **tiles))
+    return plans
