@@ -1,0 +1,616 @@
+"""Hopper (sm_90a) instructions as Numba intrinsics, with their layouts as plain Python.
+
+The instructions a FlashAttention-3-style kernel is built from, each emitted as inline PTX
+through llvmlite's ``ir.InlineAsm`` in the style of `kernels.ptx`:
+
+* **mbarrier** (a 64-bit barrier in shared memory that also counts transaction bytes):
+  ``mbarrier_init(bar, count)``, ``mbarrier_arrive(bar)``,
+  ``mbarrier_arrive_expect_tx(bar, nbytes)``, ``mbarrier_try_wait_parity(bar, parity)`` (1 when
+  the phase of that parity has completed, else 0) and the device function
+  ``mbarrier_wait_parity(bar, parity)`` that loops on it; ``fence_mbarrier_init()``
+  (``fence.mbarrier_init.release.cluster``: make an initialised barrier visible to the async
+  proxy before a copy completes on it).
+* **proxy fences**: ``fence_proxy_async()`` (``fence.proxy.async.shared::cta``: shared memory
+  written by ordinary stores becomes visible to ``wgmma`` / bulk copies) and
+  ``fence_proxy_tensormap_acquire(tmap)`` (a tensor map written to global memory by the host
+  becomes visible to the tensor-map proxy).
+* **bulk copies** (the TMA unit): ``cp_async_bulk_g2s(dst, src, nbytes, bar)``, a 1-D copy of
+  ``nbytes`` (a multiple of 16; both addresses 16-byte aligned) from global to shared memory
+  that completes ``nbytes`` transactions on ``bar``; ``cp_async_bulk_tensor_2d_g2s(dst, tmap,
+  c0, c1, bar)``, one box of a 2-D tensor map at element coordinates (c0 innermost, c1) into
+  shared memory, swizzled as the map says. The tensor map is made on the host
+  (`encode_tensor_map_2d`, ``cuTensorMapEncodeTiled`` through ``cuda.bindings.driver``) and
+  passed in global memory (a 16-word uint64 device array, `array_addr` gives its address).
+* **wgmma** (one warpgroup = four consecutive warps, 128 threads, all executing it):
+  ``wgmma_fence()``, ``wgmma_commit_group()``, ``wgmma_wait_group(n)`` (``n`` a compile-time
+  constant, 0..7) and ``wgmma_m64n64k16_f32_f16(desc_a, desc_b, acc, scale_d)``:
+  ``wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16``, D = A B (+ D when ``scale_d`` is
+  non-zero), A (64 x 16) and B (16 x 64) both read from shared memory through 64-bit matrix
+  descriptors, both K-major (no transpose), ``acc`` a 32-tuple of float32 (the accumulator
+  fragment, `wgmma_d_elem`); ``f32_zeros(32)`` makes a zero accumulator. Start it with
+  ``wgmma_fence()``, close the group with ``wgmma_commit_group()`` and read the result only
+  after ``wgmma_wait_group(0)``.
+* **register reallocation**: ``setmaxnreg_inc(n)`` / ``setmaxnreg_dec(n)`` (``n`` a compile-time
+  constant, 24..256, a multiple of 8; every thread of the warpgroup executes it). ptxas only
+  honours it in a kernel whose launch bounds name a minimum of blocks per SM
+  (``@cuda.jit(launch_bounds=(threads, 1))``: ``.maxntid`` and ``.minnctapersm``); with the
+  thread count alone it drops the instruction ("(C7508) 'setmaxnreg' ignored").
+* utilities: ``array_addr(arr)`` (64-bit address of an array's first element),
+  ``smem_descriptor(template, saddr)`` (a descriptor template from `encode_wgmma_descriptor`
+  with start address 0, completed with a 32-bit shared-window address from
+  `kernels.ptx.shared_addr`).
+
+wgmma and setmaxnreg need the arch-specific target ``sm_90a`` (ptxas refuses them for
+``sm_90``); the rest is sm_90. ``cuda.compile_ptx(..., cc=(9, 0, "a"))`` gives ``.target sm_90a``
+on the CPU (then ``ptxas -arch=sm_90a``); on an H100, numba-cuda picks ``compute_90a`` itself
+for devices of compute capability 9.0 and above. The CUDA simulator runs none of them; the
+module imports under it, and the intrinsics are tested by compiling on the CPU and on a GPU
+(``tests/test_hopper_intrinsics.py``).
+
+Plain Python (no GPU, no compile), checked on the CPU:
+
+* `encode_wgmma_descriptor` / `decode_wgmma_descriptor`: the 64-bit shared-memory matrix
+  descriptor of ``wgmma`` (PTX ISA, "Matrix Descriptor Format"): bits 0-13 the start address,
+  16-29 the leading-dimension byte offset (LBO), 32-45 the stride-dimension byte offset (SBO),
+  each stored as ``(x & 0x3FFFF) >> 4``; bits 49-51 the matrix base offset; bits 62-63 the
+  swizzle mode (0 none, 1 128-byte, 2 64-byte, 3 32-byte). Values that the encoding would
+  truncate are refused (ValueError naming the argument).
+* `wgmma_d_elem` / `wgmma_d_owner`: the m64nNk16 accumulator layout (PTX ISA, "Matrix Fragments
+  for wgmma.mma_async.m64nNk16", accumulator D). Thread ``t`` of the warpgroup is lane
+  ``t % 32`` of warp ``t // 32``; with ``group = lane // 4`` and ``tig = lane % 4``, register
+  ``i`` (0 <= i < N/2) holds::
+
+      row = 16 * warp + group + 8 * ((i >> 1) & 1)
+      col = 8 * (i >> 2) + 2 * tig + (i & 1)
+
+* `kmajor_offset` / `kmajor_strides` / `swizzle_offset`: where element (row, k) of a K-major
+  16-bit operand tile lies in shared memory, in the canonical layouts a descriptor describes
+  (8 x 16-byte "core matrices"; no swizzle, or 32/64/128-byte swizzle, the pattern TMA writes
+  with ``CU_TENSOR_MAP_SWIZZLE_*``), and the LBO, SBO and per-k16-step advance that go with it.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from llvmlite import ir
+from numba import cuda, types
+from numba.cuda.extending import intrinsic
+
+__all__ = [
+    # layouts (plain Python)
+    "WARPGROUP", "SWIZZLE_MODES", "WgmmaDescriptor", "encode_wgmma_descriptor",
+    "decode_wgmma_descriptor", "wgmma_d_elem", "wgmma_d_owner", "swizzle_offset",
+    "kmajor_offset", "kmajor_strides", "check_maxnreg", "encode_tensor_map_2d",
+    "TENSOR_MAP_WORDS",
+    # intrinsics
+    "mbarrier_init", "mbarrier_arrive", "mbarrier_arrive_expect_tx", "mbarrier_try_wait_parity",
+    "mbarrier_wait_parity", "fence_mbarrier_init", "fence_proxy_async",
+    "fence_proxy_tensormap_acquire", "cp_async_bulk_g2s", "cp_async_bulk_tensor_2d_g2s",
+    "wgmma_fence", "wgmma_commit_group", "wgmma_wait_group", "wgmma_m64n64k16_f32_f16",
+    "WGMMA_M64N64K16_F16_PTX", "f32_zeros", "setmaxnreg_inc", "setmaxnreg_dec", "array_addr",
+    "smem_descriptor",
+]
+
+WARPGROUP = 128
+
+# -- the wgmma shared-memory matrix descriptor ---------------------------------------------------
+#: Swizzle mode name -> the 2-bit field value (bits 62-63).
+SWIZZLE_MODES = {"none": 0, "128B": 1, "64B": 2, "32B": 3}
+_SWIZZLE_NAMES = {v: k for k, v in SWIZZLE_MODES.items()}
+_ADDR_LIMIT = 1 << 18          # (x & 0x3FFFF) >> 4 keeps 14 bits of x / 16
+_FIELD_MASK = 0x3FFF
+_USED_BITS = (_FIELD_MASK | _FIELD_MASK << 16 | _FIELD_MASK << 32 | 0x7 << 49 | 0x3 << 62)
+
+
+class WgmmaDescriptor(NamedTuple):
+    """The fields of a wgmma matrix descriptor, in bytes (offsets) and by name (swizzle)."""
+    start_address: int
+    leading_byte_offset: int
+    stride_byte_offset: int
+    swizzle: str = "none"
+    base_offset: int = 0
+
+
+def _check_int(name, value):
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+
+
+def _check_byte_field(name, value):
+    _check_int(name, value)
+    if not 0 <= value < _ADDR_LIMIT:
+        raise ValueError(f"{name} must be in [0, {_ADDR_LIMIT}) bytes (14 bits of bytes / 16), "
+                         f"got {value}")
+    if value % 16:
+        raise ValueError(f"{name} must be a multiple of 16 bytes, got {value}")
+
+
+def encode_wgmma_descriptor(start_address: int, leading_byte_offset: int,
+                            stride_byte_offset: int, swizzle: str = "none",
+                            base_offset: int = 0) -> int:
+    """The 64-bit wgmma matrix descriptor (an int in [0, 2**64)) of a shared-memory operand.
+
+    ``start_address``: shared-window byte address (`kernels.ptx.shared_addr`; 0 for a template
+    completed in the kernel by `smem_descriptor`); ``leading_byte_offset`` (LBO) and
+    ``stride_byte_offset`` (SBO): bytes, see `kmajor_strides`; ``swizzle``: a key of
+    `SWIZZLE_MODES`; ``base_offset``: 0..7, the matrix base offset for a swizzled operand whose
+    start is not aligned to the swizzle pattern's repeat (0 when it is).
+    """
+    _check_byte_field("start_address", start_address)
+    _check_byte_field("leading_byte_offset", leading_byte_offset)
+    _check_byte_field("stride_byte_offset", stride_byte_offset)
+    if swizzle not in SWIZZLE_MODES:
+        raise ValueError(f"swizzle must be one of {sorted(SWIZZLE_MODES)}, got {swizzle!r}")
+    _check_int("base_offset", base_offset)
+    if not 0 <= base_offset < 8:
+        raise ValueError(f"base_offset must be in [0, 8), got {base_offset}")
+    return ((start_address >> 4) | (leading_byte_offset >> 4) << 16
+            | (stride_byte_offset >> 4) << 32 | base_offset << 49
+            | SWIZZLE_MODES[swizzle] << 62)
+
+
+def decode_wgmma_descriptor(desc: int) -> WgmmaDescriptor:
+    """The fields of a descriptor from `encode_wgmma_descriptor` (its inverse)."""
+    _check_int("desc", desc)
+    if not 0 <= desc < 1 << 64:
+        raise ValueError(f"desc must be a 64-bit unsigned value, got {desc}")
+    if desc & ~_USED_BITS:
+        raise ValueError(f"desc has reserved bits set: {desc & ~_USED_BITS:#x}")
+    return WgmmaDescriptor(start_address=(desc & _FIELD_MASK) << 4,
+                           leading_byte_offset=(desc >> 16 & _FIELD_MASK) << 4,
+                           stride_byte_offset=(desc >> 32 & _FIELD_MASK) << 4,
+                           swizzle=_SWIZZLE_NAMES[desc >> 62 & 0x3],
+                           base_offset=desc >> 49 & 0x7)
+
+
+# -- shared-memory operand layouts (K-major, 16-bit elements) -------------------------------------
+_SWIZZLE_BYTES = {"none": 16, "32B": 32, "64B": 64, "128B": 128}
+
+
+def swizzle_offset(offset: int, swizzle: str) -> int:
+    """Byte ``offset`` (from a base aligned to 8 x the swizzle width) after the swizzle: the
+    16-byte chunk index (bits 4..) is XORed with the row within the 8-row pattern (bits 7..);
+    ``Swizzle<b, 4, 3>`` of CuTe with b = 1, 2, 3 for 32, 64, 128 bytes; the identity for
+    "none". An involution, and a bijection on each 8 x width block."""
+    if swizzle not in _SWIZZLE_BYTES:
+        raise ValueError(f"swizzle must be one of {sorted(_SWIZZLE_BYTES)}, got {swizzle!r}")
+    _check_int("offset", offset)
+    if offset < 0:
+        raise ValueError(f"offset must be >= 0, got {offset}")
+    mask = _SWIZZLE_BYTES[swizzle] // 16 - 1
+    return offset ^ (((offset >> 7) & mask) << 4)
+
+
+def kmajor_strides(swizzle: str, k_elems: int) -> tuple[int, int, int]:
+    """``(lbo, sbo, k_step)`` in bytes for a compact K-major tile of 16-bit elements, ``k_elems``
+    wide, in the layout `kmajor_offset` gives: the descriptor's LBO and SBO, and how far the
+    start address moves for the next 16 columns of K (one wgmma k16 step).
+
+    * "none": core matrices (8 rows x 16 bytes, 128 contiguous bytes) side by side along K
+      (LBO = 128), 8-row groups one after another (SBO = 16 * k_elems); ``k_elems`` a multiple
+      of 16; the k16 step is two core matrices (256 bytes).
+    * "32B" / "64B" / "128B": rows of exactly the swizzle width (``k_elems`` = 16, 32, 64),
+      8-row groups 8 rows apart (SBO = 8 x width); LBO is unused for K-major swizzled operands
+      (16 by convention); the k16 step is 32 bytes.
+    """
+    if swizzle not in _SWIZZLE_BYTES:
+        raise ValueError(f"swizzle must be one of {sorted(_SWIZZLE_BYTES)}, got {swizzle!r}")
+    _check_int("k_elems", k_elems)
+    if swizzle == "none":
+        if k_elems <= 0 or k_elems % 16:
+            raise ValueError(f"k_elems must be a positive multiple of 16, got {k_elems}")
+        return 128, 16 * k_elems, 256
+    width = _SWIZZLE_BYTES[swizzle]
+    if k_elems != width // 2:
+        raise ValueError(f"k_elems must be {width // 2} (one {swizzle} row of 16-bit elements), "
+                         f"got {k_elems}")
+    return 16, 8 * width, 32
+
+
+def kmajor_offset(row: int, k: int, swizzle: str, k_elems: int) -> int:
+    """Byte offset of element (row, k) of a K-major tile of 16-bit elements (row = M for A, N
+    for B; ``k_elems`` columns of K) in the layout of `kmajor_strides`, from a base aligned to
+    the swizzle pattern (1024 bytes for 128B). "none": ``(row // 8) * SBO + (k // 8) * 128 +
+    (row % 8) * 16 + (k % 8) * 2``; swizzled: `swizzle_offset` of ``(row // 8) * SBO + (row % 8)
+    * width + 2 * k`` (what TMA writes for a box of ``width`` bytes a row)."""
+    lbo, sbo, _ = kmajor_strides(swizzle, k_elems)
+    _check_int("row", row)
+    _check_int("k", k)
+    if row < 0:
+        raise ValueError(f"row must be >= 0, got {row}")
+    if not 0 <= k < k_elems:
+        raise ValueError(f"k must be in [0, {k_elems}), got {k}")
+    if swizzle == "none":
+        return (row // 8) * sbo + (k // 8) * lbo + (row % 8) * 16 + (k % 8) * 2
+    width = _SWIZZLE_BYTES[swizzle]
+    return swizzle_offset((row // 8) * sbo + (row % 8) * width + 2 * k, swizzle)
+
+
+# -- the m64nNk16 accumulator fragment -----------------------------------------------------------
+def _check_n(n):
+    _check_int("n", n)
+    if not (8 <= n <= 256 and n % 8 == 0):
+        raise ValueError(f"n must be a multiple of 8 in [8, 256], got {n}")
+
+
+def wgmma_d_elem(thread: int, reg: int, n: int = 64) -> tuple[int, int]:
+    """(row, col) of the 64 x ``n`` accumulator element in float32 register ``reg`` of
+    ``thread`` (0..127 within the warpgroup) of ``wgmma.mma_async.m64nNk16`` (.f32 D)."""
+    _check_n(n)
+    _check_int("thread", thread)
+    _check_int("reg", reg)
+    if not 0 <= thread < WARPGROUP:
+        raise ValueError(f"thread must be in [0, {WARPGROUP}), got {thread}")
+    if not 0 <= reg < n // 2:
+        raise ValueError(f"reg must be in [0, {n // 2}) for n={n}, got {reg}")
+    warp, lane = divmod(thread, 32)
+    group, tig = divmod(lane, 4)
+    return 16 * warp + group + 8 * ((reg >> 1) & 1), 8 * (reg >> 2) + 2 * tig + (reg & 1)
+
+
+def wgmma_d_owner(row: int, col: int, n: int = 64) -> tuple[int, int]:
+    """(thread, reg) holding accumulator element (row, col) of the 64 x ``n`` tile (inverse of
+    `wgmma_d_elem`)."""
+    _check_n(n)
+    _check_int("row", row)
+    _check_int("col", col)
+    if not (0 <= row < 64 and 0 <= col < n):
+        raise ValueError(f"(row, col) must lie in the 64 x {n} tile, got ({row}, {col})")
+    thread = 32 * (row // 16) + 4 * (row % 8) + (col % 8) // 2
+    reg = 4 * (col // 8) + 2 * ((row % 16) // 8) + col % 2
+    return thread, reg
+
+
+def check_maxnreg(n: int) -> int:
+    """``n`` if it is a valid ``setmaxnreg`` register count (24..256, a multiple of 8)."""
+    _check_int("n", n)
+    if not (24 <= n <= 256 and n % 8 == 0):
+        raise ValueError(f"setmaxnreg count must be a multiple of 8 in [24, 256], got {n}")
+    return n
+
+
+# -- the host-side tensor map (TMA) --------------------------------------------------------------
+#: A CUtensorMap is 128 bytes: 16 uint64 words, to be stored 64-byte aligned.
+TENSOR_MAP_WORDS = 16
+_TMAP_DTYPES = {"float16": ("CU_TENSOR_MAP_DATA_TYPE_FLOAT16", 2),
+                "bfloat16": ("CU_TENSOR_MAP_DATA_TYPE_BFLOAT16", 2),
+                "float32": ("CU_TENSOR_MAP_DATA_TYPE_FLOAT32", 4),
+                "uint16": ("CU_TENSOR_MAP_DATA_TYPE_UINT16", 2)}
+
+
+def _tensor_map_args(address, shape, row_stride_bytes, box, dtype, swizzle):
+    """The checked arguments of `encode_tensor_map_2d` (plain Python; what the driver would
+    refuse, refused first with the argument named)."""
+    if dtype not in _TMAP_DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(_TMAP_DTYPES)}, got {dtype!r}")
+    elem = _TMAP_DTYPES[dtype][1]
+    _check_int("address", address)
+    if address <= 0 or address % 16:
+        raise ValueError(f"address must be a non-zero multiple of 16, got {address:#x}")
+    if len(shape) != 2 or any(isinstance(s, bool) or not isinstance(s, int) or not 0 < s <= 1 << 32
+                              for s in shape):
+        raise ValueError(f"shape must be two ints in [1, 2**32] (rows, cols), got {shape}")
+    _check_int("row_stride_bytes", row_stride_bytes)
+    if row_stride_bytes % 16 or not 0 < row_stride_bytes < 1 << 40:
+        raise ValueError(f"row_stride_bytes must be a positive multiple of 16 below 2**40, "
+                         f"got {row_stride_bytes}")
+    if row_stride_bytes < shape[1] * elem:
+        raise ValueError(f"row_stride_bytes ({row_stride_bytes}) is less than a row "
+                         f"({shape[1]} x {elem} bytes)")
+    if len(box) != 2 or any(isinstance(b, bool) or not isinstance(b, int) or not 0 < b <= 256
+                            for b in box):
+        raise ValueError(f"box must be two ints in [1, 256] (rows, cols), got {box}")
+    if box[1] * elem % 16:
+        raise ValueError(f"box must be a multiple of 16 bytes wide, got {box[1]} x {elem} bytes")
+    if swizzle not in _SWIZZLE_BYTES:
+        raise ValueError(f"swizzle must be one of {sorted(_SWIZZLE_BYTES)}, got {swizzle!r}")
+    if swizzle != "none" and box[1] * elem > _SWIZZLE_BYTES[swizzle]:
+        raise ValueError(f"a {swizzle} swizzle takes boxes at most {_SWIZZLE_BYTES[swizzle]} "
+                         f"bytes wide, got {box[1] * elem}")
+    return elem
+
+
+def encode_tensor_map_2d(address: int, shape, row_stride_bytes: int, box, dtype: str = "float16",
+                         swizzle: str = "none"):
+    """A 2-D tiled tensor map (``cuTensorMapEncodeTiled``) as a NumPy array of
+    `TENSOR_MAP_WORDS` uint64, to be copied to the device and read by
+    `cp_async_bulk_tensor_2d_g2s`.
+
+    ``address``: device address of element (0, 0) of a row-major matrix (16-byte aligned);
+    ``shape`` (rows, cols) in elements; ``row_stride_bytes``: bytes between rows (a multiple of
+    16); ``box`` (rows, cols): the tile one copy moves (each at most 256; ``cols`` x element
+    size a multiple of 16, and at most the swizzle width when swizzled); ``swizzle``: "none",
+    "32B", "64B" or "128B" (the shared-memory layout `kmajor_offset` describes). Out-of-bounds
+    elements of a box are filled with zeros. Needs the CUDA driver (``cuda.bindings``)."""
+    _tensor_map_args(address, shape, row_stride_bytes, box, dtype, swizzle)
+    import numpy as np
+    from cuda.bindings import driver as drv
+
+    swz = {"none": "CU_TENSOR_MAP_SWIZZLE_NONE", "32B": "CU_TENSOR_MAP_SWIZZLE_32B",
+           "64B": "CU_TENSOR_MAP_SWIZZLE_64B", "128B": "CU_TENSOR_MAP_SWIZZLE_128B"}[swizzle]
+    (err,) = drv.cuInit(0)
+    if err != drv.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuInit failed: {err!r}")
+    u64, u32 = drv.cuuint64_t, drv.cuuint32_t
+    err, tmap = drv.cuTensorMapEncodeTiled(
+        getattr(drv.CUtensorMapDataType, _TMAP_DTYPES[dtype][0]), 2, address,
+        [u64(shape[1]), u64(shape[0])], [u64(row_stride_bytes)], [u32(box[1]), u32(box[0])],
+        [u32(1), u32(1)], drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+        getattr(drv.CUtensorMapSwizzle, swz),
+        drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+        drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+    if err != drv.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuTensorMapEncodeTiled failed: {err!r}")
+    return np.array([int(w) for w in tmap.opaque], dtype=np.uint64)
+
+
+# -- intrinsics ----------------------------------------------------------------------------------
+_I32 = ir.IntType(32)
+_I64 = ir.IntType(64)
+_F32 = ir.FloatType()
+_VOID = ir.VoidType()
+
+
+def _asm(builder, ret_ty, arg_tys, text, constraints, args, side_effect=True):
+    fnty = ir.FunctionType(ret_ty, arg_tys)
+    return builder.call(ir.InlineAsm(fnty, text, constraints, side_effect=side_effect), args)
+
+
+def _cast_all(context, builder, sig, args, tys):
+    return [context.cast(builder, v, t, s) for v, t, s in zip(args, sig.args, tys)]
+
+
+def _make_void(name, ptx, arg_types, doc):
+    """An intrinsic ``f(*args) -> None`` that emits ``ptx`` (operands $0.. in order) with a
+    memory clobber; ``arg_types`` are Numba types (uint32 -> "r", uint64 -> "l")."""
+    reg = {types.uint32: ("r", _I32), types.uint64: ("l", _I64)}
+    constraints = ",".join([reg[t][0] for t in arg_types] + ["~{memory}"])
+    ir_tys = [reg[t][1] for t in arg_types]
+
+    def typer(typingctx, *args):
+        if len(args) != len(arg_types) or not all(isinstance(a, types.Integer) for a in args):
+            return None
+        sig = types.void(*arg_types)
+
+        def codegen(context, builder, sig, args):
+            _asm(builder, _VOID, ir_tys, ptx, constraints,
+                 _cast_all(context, builder, sig, args, arg_types))
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    # @intrinsic reads the typer's positional parameters: one per operand
+    arity = len(arg_types)
+    if arity == 0:
+        def f(typingctx):
+            return typer(typingctx)
+    elif arity == 1:
+        def f(typingctx, a0):
+            return typer(typingctx, a0)
+    elif arity == 2:
+        def f(typingctx, a0, a1):
+            return typer(typingctx, a0, a1)
+    elif arity == 4:
+        def f(typingctx, a0, a1, a2, a3):
+            return typer(typingctx, a0, a1, a2, a3)
+    elif arity == 5:
+        def f(typingctx, a0, a1, a2, a3, a4):
+            return typer(typingctx, a0, a1, a2, a3, a4)
+    else:
+        raise ValueError(f"no intrinsic shape for {arity} operands")
+    f.__name__ = f.__qualname__ = name
+    f.__doc__ = doc
+    return intrinsic(f)
+
+
+_U32, _U64 = types.uint32, types.uint64
+
+mbarrier_init = _make_void(
+    "mbarrier_init", "mbarrier.init.shared::cta.b64 [$0], $1;", (_U32, _U32),
+    "mbarrier_init(bar, count): initialise the barrier at shared address ``bar`` to expect "
+    "``count`` arrivals per phase (one thread, before anyone uses it).")
+mbarrier_arrive = _make_void(
+    "mbarrier_arrive", "mbarrier.arrive.shared::cta.b64 _, [$0];", (_U32,),
+    "mbarrier_arrive(bar): one arrival on the barrier (release, CTA scope).")
+mbarrier_arrive_expect_tx = _make_void(
+    "mbarrier_arrive_expect_tx", "mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;",
+    (_U32, _U32),
+    "mbarrier_arrive_expect_tx(bar, nbytes): one arrival, and ``nbytes`` more transaction bytes "
+    "for the current phase to wait for (the bytes of the copies that complete on ``bar``).")
+fence_mbarrier_init = _make_void(
+    "fence_mbarrier_init", "fence.mbarrier_init.release.cluster;", (),
+    "Order earlier mbarrier.init before later operations of the async proxy (bulk copies).")
+fence_proxy_async = _make_void(
+    "fence_proxy_async", "fence.proxy.async.shared::cta;", (),
+    "Make this thread's ordinary shared-memory writes visible to the async proxy (wgmma, bulk "
+    "copies) and the reverse.")
+fence_proxy_tensormap_acquire = _make_void(
+    "fence_proxy_tensormap_acquire",
+    "fence.proxy.tensormap::generic.acquire.gpu [$0], 128;", (_U64,),
+    "fence_proxy_tensormap_acquire(tmap): acquire the 128-byte tensor map at global address "
+    "``tmap`` (written through the generic proxy, e.g. by a host copy) for the tensor-map proxy.")
+cp_async_bulk_g2s = _make_void(
+    "cp_async_bulk_g2s",
+    "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$0], [$1], $2, [$3];",
+    (_U32, _U64, _U32, _U32),
+    "cp_async_bulk_g2s(dst, src, nbytes, bar): copy ``nbytes`` (a multiple of 16) from global "
+    "address ``src`` to shared address ``dst`` (both 16-byte aligned); completes ``nbytes`` "
+    "transaction bytes on the barrier at shared address ``bar``. One thread issues it.")
+cp_async_bulk_tensor_2d_g2s = _make_void(
+    "cp_async_bulk_tensor_2d_g2s",
+    "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
+    "[$0], [$1, {$2, $3}], [$4];", (_U32, _U64, _U32, _U32, _U32),
+    "cp_async_bulk_tensor_2d_g2s(dst, tmap, c0, c1, bar): one box of the 2-D tensor map at "
+    "global address ``tmap``, starting at element column ``c0`` and row ``c1``, to shared "
+    "address ``dst`` (128-byte aligned; 1024 for the 128-byte swizzle's pattern to line up); "
+    "completes the box's bytes on ``bar``. One thread issues it.")
+wgmma_fence = _make_void(
+    "wgmma_fence", "wgmma.fence.sync.aligned;", (),
+    "Order register and shared-memory accesses before the next wgmma.mma_async (all threads of "
+    "the warpgroup).")
+wgmma_commit_group = _make_void(
+    "wgmma_commit_group", "wgmma.commit_group.sync.aligned;", (),
+    "Close the wgmma.mma_async operations issued so far into one group.")
+
+
+@intrinsic
+def wgmma_wait_group(typingctx, n):
+    """Wait until at most ``n`` (a constant 0..7) wgmma groups are pending."""
+    if not isinstance(n, types.IntegerLiteral) or not 0 <= n.literal_value <= 7:
+        return None
+    ptx = f"wgmma.wait_group.sync.aligned {n.literal_value};"
+    sig = types.void(n)
+
+    def codegen(context, builder, sig, args):
+        _asm(builder, _VOID, [], ptx, "~{memory}", [])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+def _make_setmaxnreg(kind):
+    def _setmaxnreg(typingctx, n):
+        if not isinstance(n, types.IntegerLiteral):
+            return None
+        count = check_maxnreg(n.literal_value)
+        ptx = f"setmaxnreg.{kind}.sync.aligned.u32 {count};"
+        sig = types.void(n)
+
+        def codegen(context, builder, sig, args):
+            _asm(builder, _VOID, [], ptx, "~{memory}", [])
+            return context.get_dummy_value()
+
+        return sig, codegen
+    _setmaxnreg.__name__ = _setmaxnreg.__qualname__ = f"setmaxnreg_{kind}"
+    return intrinsic(_setmaxnreg)
+
+
+setmaxnreg_inc = _make_setmaxnreg("inc")
+setmaxnreg_inc.__doc__ = ("Raise this warpgroup's per-thread register limit to ``n`` (a constant, "
+                          "24..256, multiple of 8); waits until the registers are free.")
+setmaxnreg_dec = _make_setmaxnreg("dec")
+setmaxnreg_dec.__doc__ = ("Lower this warpgroup's per-thread register limit to ``n`` (a constant, "
+                          "24..256, multiple of 8), releasing the rest to the CTA's pool.")
+
+
+@intrinsic
+def f32_zeros(typingctx, n):
+    """A tuple of ``n`` (a constant) float32 zeros: a fresh wgmma accumulator."""
+    if not isinstance(n, types.IntegerLiteral) or not 0 < n.literal_value <= 128:
+        return None
+    count = n.literal_value
+    sig = types.UniTuple(types.float32, count)(n)
+
+    def codegen(context, builder, sig, args):
+        zero = context.get_constant(types.float32, 0.0)
+        return context.make_tuple(builder, sig.return_type, [zero] * count)
+
+    return sig, codegen
+
+
+def _wgmma_ptx(n, dtype):
+    regs = ",".join(f"${i}" for i in range(n // 2))
+    a, b, s = n // 2, n // 2 + 1, n // 2 + 2
+    # scale-d is a predicate; imm-scale-a, imm-scale-b = 1 (no negation); imm-trans-a,
+    # imm-trans-b = 0 (both operands K-major)
+    return ("{ .reg .pred p; "
+            f"setp.ne.b32 p, ${s}, 0; "
+            f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{dtype}.{dtype} "
+            f"{{{regs}}}, ${a}, ${b}, p, 1, 1, 0, 0; }}")
+
+
+WGMMA_M64N64K16_F16_PTX = _wgmma_ptx(64, "f16")
+
+
+def _make_wgmma(n, dtype):
+    nreg = n // 2
+    ptx = _wgmma_ptx(n, dtype)
+    constraints = ",".join(["=f"] * nreg + ["l", "l", "r"] + [str(i) for i in range(nreg)])
+    acc_ty = types.UniTuple(types.float32, nreg)
+
+    def _wgmma(typingctx, desc_a, desc_b, acc, scale_d):
+        if not (isinstance(desc_a, types.Integer) and isinstance(desc_b, types.Integer)
+                and isinstance(scale_d, types.Integer) and acc == acc_ty):
+            return None
+        sig = acc_ty(types.uint64, types.uint64, acc_ty, types.uint32)
+
+        def codegen(context, builder, sig, args):
+            da = context.cast(builder, args[0], sig.args[0], types.uint64)
+            db = context.cast(builder, args[1], sig.args[1], types.uint64)
+            sd = context.cast(builder, args[3], sig.args[3], types.uint32)
+            c = [builder.extract_value(args[2], i) for i in range(nreg)]
+            res = _asm(builder, ir.LiteralStructType([_F32] * nreg),
+                       [_I64, _I64, _I32] + [_F32] * nreg, ptx, constraints + ",~{memory}",
+                       [da, db, sd] + c)
+            return context.make_tuple(builder, sig.return_type,
+                                      [builder.extract_value(res, i) for i in range(nreg)])
+
+        return sig, codegen
+    _wgmma.__name__ = _wgmma.__qualname__ = f"wgmma_m64n{n}k16_f32_{dtype}"
+    return intrinsic(_wgmma)
+
+
+wgmma_m64n64k16_f32_f16 = _make_wgmma(64, "f16")
+wgmma_m64n64k16_f32_f16.__doc__ = (
+    "wgmma_m64n64k16_f32_f16(desc_a, desc_b, acc, scale_d) -> acc: D = A B (+ acc if scale_d), "
+    "A 64x16 and B 16x64 float16 in shared memory (K-major descriptors), acc a 32-tuple of "
+    "float32 in the `wgmma_d_elem` layout; asynchronous: read the result after "
+    "wgmma_commit_group() and wgmma_wait_group(0). All 128 threads of the warpgroup.")
+
+
+@intrinsic
+def mbarrier_try_wait_parity(typingctx, bar, parity):
+    """1 if the phase with parity ``parity`` (0 or 1) of the barrier at shared address ``bar``
+    has completed, else 0 (after a bounded, hardware-chosen wait)."""
+    if not (isinstance(bar, types.Integer) and isinstance(parity, types.Integer)):
+        return None
+    sig = types.uint32(types.uint32, types.uint32)
+
+    def codegen(context, builder, sig, args):
+        vals = _cast_all(context, builder, sig, args, (types.uint32, types.uint32))
+        return _asm(builder, _I32, [_I32, _I32],
+                    "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [$1], $2; "
+                    "selp.u32 $0, 1, 0, p; }", "=r,r,r,~{memory}", vals)
+
+    return sig, codegen
+
+
+@cuda.jit(device=True, inline=True)
+def mbarrier_wait_parity(bar, parity):
+    """Wait until the phase with parity ``parity`` of the barrier at shared address ``bar`` has
+    completed (acquire, CTA scope)."""
+    while mbarrier_try_wait_parity(bar, parity) == 0:
+        pass
+
+
+@intrinsic
+def array_addr(typingctx, arr):
+    """64-bit address of the first element of ``arr`` (any array; a global address for a
+    device array)."""
+    if not isinstance(arr, types.Array):
+        return None
+    sig = types.uint64(arr)
+
+    def codegen(context, builder, sig, args):
+        ary = context.make_array(sig.args[0])(context, builder, value=args[0])
+        return builder.ptrtoint(ary.data, _I64)
+
+    return sig, codegen
+
+
+@intrinsic
+def smem_descriptor(typingctx, template, saddr):
+    """``template | ((saddr & 0x3FFFF) >> 4)``: a descriptor from a template with start address
+    0 (`encode_wgmma_descriptor`) and a 32-bit shared-window address (16-byte aligned)."""
+    if not (isinstance(template, types.Integer) and isinstance(saddr, types.Integer)):
+        return None
+    sig = types.uint64(types.uint64, types.uint32)
+
+    def codegen(context, builder, sig, args):
+        tmpl, addr = _cast_all(context, builder, sig, args, (types.uint64, types.uint32))
+        field = builder.lshr(builder.and_(builder.zext(addr, _I64), ir.Constant(_I64, 0x3FFFF)),
+                             ir.Constant(_I64, 4))
+        return builder.or_(tmpl, field)
+
+    return sig, codegen
+
