@@ -27,6 +27,9 @@ options); each command is one module with a ``main(argv)``:
   process, compiling (empty kernel cache) and loading (`kernels.compile_cache`);
 * ``train-step`` (`benchmarks.train_step`): a training step of a small Hugging Face Llama
   (grouped-query attention) with our attention against SDPA's.
+* ``rates`` (`benchmarks.rates`): the GPU's achievable rates (DRAM, L2, shared memory,
+  ``mma.sync``, FFMA, ex2, ``cp.async``, launch) by microbenchmarks, the file a profile takes
+  with ``sim.load_profile(name, rates=FILE)``.
 
 `benchmarks.common` holds what several commands share (timing by CUDA events, provenance,
 compiling for sm_90). ``bash benchmarks/gpu_job.sh MODE ...`` runs the usual sets on a GPU

@@ -4,21 +4,56 @@ Profiles live in ``sim/profiles/*.json`` (one object per GPU, every figure with 
 ``sources``). :data:`PROFILES` maps a short name (``a100-40gb``, ``a100-80gb``, ``h100``,
 ``h200``, ``t4``) to a :class:`GPUProfile`; :func:`load_profile` also reads a user's JSON file,
 and a custom profile can be built directly from keyword arguments.
+
+Measured rates (a file of ``python -m benchmarks rates``, schema ``ioaware.rates/1``) join a
+profile only when asked: ``load_profile("h100", rates="rates.json")`` or
+``profile.with_rates("rates.json")`` return a new profile whose ``measured_rates`` holds them
+(:data:`RATE_UNITS` names each rate and its unit); nothing is read from a folder by itself.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-__all__ = ["GPUProfile", "PROFILES", "PROFILE_DIR", "load_profile", "profile_for_gpu_name"]
+__all__ = ["GPUProfile", "PROFILES", "PROFILE_DIR", "RATES_SCHEMA", "RATE_UNITS", "load_profile",
+           "profile_for_gpu_name"]
 
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
 
 # Aliases accepted by the CLI's --device and by load_profile.
 _ALIASES = {"a100": "a100-80gb", "a100-40": "a100-40gb", "a100-80": "a100-80gb",
             "h100-sxm": "h100", "h200-sxm": "h200"}
+
+#: The format of a measured rates file (``python -m benchmarks rates``).
+RATES_SCHEMA = "ioaware.rates/1"
+
+#: The measured rates a profile can carry (`GPUProfile.measured_rates`), each with its unit; the
+#: microbenchmark behind each is described in docs/measuring.md and in the file's ``how``.
+RATE_UNITS = {
+    "sm_clock_hz": "Hz",
+    "dram_read_bytes_per_s": "bytes/s",
+    "dram_write_bytes_per_s": "bytes/s",
+    "dram_copy_bytes_per_s": "bytes/s",
+    "l2_read_bytes_per_s": "bytes/s",
+    "l2_hit_latency_s": "s",
+    "smem_read_bytes_per_s_per_sm": "bytes/s",
+    "smem_read_bytes_per_clk_per_sm": "bytes/clk",
+    "smem_read_conflict32_bytes_per_s_per_sm": "bytes/s",
+    "mma_fp16_flops_per_s": "flop/s",
+    "mma_bf16_flops_per_s": "flop/s",
+    "mma_tf32_flops_per_s": "flop/s",
+    "ffma_flops_per_s": "flop/s",
+    "ex2_ops_per_s": "op/s",
+    "cp_async_depth1_bytes_per_s": "bytes/s",
+    "cp_async_depth2_bytes_per_s": "bytes/s",
+    "cp_async_depth3_bytes_per_s": "bytes/s",
+    "kernel_launch_s": "s",
+    "kernel_launch_numba_s": "s",
+}
 
 
 @dataclass(frozen=True)
@@ -42,6 +77,33 @@ class GPUProfile:
     ``interconnect_bandwidth_bytes_per_s`` (one direction, GPU to GPU) and
     ``interconnect_latency_s`` price a transfer to a neighbouring GPU as ``latency + bytes /
     bandwidth`` (:mod:`sim.ring`); None: not known (the ring model then needs them given).
+
+    ``measured_rates`` (None unless asked for: :meth:`with_rates`, ``load_profile(...,
+    rates=PATH)``) maps a rate's name to its value measured on a GPU by ``python -m benchmarks
+    rates``; :meth:`rate` reads one with a default. The names, with their units
+    (:data:`RATE_UNITS`):
+
+    * ``sm_clock_hz`` (Hz): SM clock while a spin kernel runs (cycles counted / event time);
+    * ``dram_read_bytes_per_s``, ``dram_write_bytes_per_s``, ``dram_copy_bytes_per_s``
+      (bytes/s): 16-byte vector loads, stores, load + store (read + write bytes counted) over
+      buffers of at least 4x L2, many waves of blocks;
+    * ``l2_read_bytes_per_s`` (bytes/s): 16-byte loads that bypass L1, repeated over a buffer
+      of about L2 / 4; ``l2_hit_latency_s`` (s): one dependent load (pointer chase) that hits L2;
+    * ``smem_read_bytes_per_s_per_sm`` (bytes/s) and ``smem_read_bytes_per_clk_per_sm``
+      (bytes/clk, with the measured clock): one SM's conflict-free 4-byte shared loads;
+      ``smem_read_conflict32_bytes_per_s_per_sm`` (bytes/s): the same with every warp's load
+      32-way bank-conflicted (useful bytes counted);
+    * ``mma_fp16_flops_per_s``, ``mma_bf16_flops_per_s`` (``mma.sync`` m16n8k16, f32
+      accumulate), ``mma_tf32_flops_per_s`` (m16n8k8) (flop/s, 2 per multiply-add);
+    * ``ffma_flops_per_s`` (flop/s, 2 per FMA): float32 FMA chains on CUDA cores;
+    * ``ex2_ops_per_s`` (op/s): ``ex2.approx.ftz.f32`` (the MUFU unit) results per second;
+    * ``cp_async_depth{1,2,3}_bytes_per_s`` (bytes/s): DRAM -> shared copies by ``cp.async``
+      with 1, 2 or 3 tiles in flight per block;
+    * ``kernel_launch_s``, ``kernel_launch_numba_s`` (s): host time per launch of an empty
+      kernel, back to back, through `kernels.host.launch` and through Numba's own launch.
+
+    The datasheet fields above stay as they are; a rate's presence changes no prediction by
+    itself (the time model reads what it chooses through :meth:`rate`).
     """
 
     name: str
@@ -68,6 +130,7 @@ class GPUProfile:
     description: str = ""
     match: tuple = ()
     sources: dict = field(default_factory=dict)
+    measured_rates: dict | None = None
 
     def __post_init__(self) -> None:
         for name in ("hbm_bandwidth_bytes_per_s", "fp32_flops_per_s"):
@@ -104,6 +167,13 @@ class GPUProfile:
             raise ValueError("GPUProfile.smem_bytes_per_block must be <= smem_bytes_per_sm")
         if not isinstance(self.tensor_flops_per_s, dict):
             raise TypeError("GPUProfile.tensor_flops_per_s must be a dict dtype -> FLOP/s")
+        if self.measured_rates is not None:
+            if not isinstance(self.measured_rates, dict):
+                raise TypeError("GPUProfile.measured_rates must be a dict name -> value or None")
+            for k, v in self.measured_rates.items():
+                if not _positive(v):
+                    raise ValueError(f"GPUProfile.measured_rates[{k!r}] must be a positive "
+                                     f"finite number, got {v!r}")
         object.__setattr__(self, "match", tuple(self.match))
 
     @property
@@ -132,6 +202,44 @@ class GPUProfile:
             return self.fp32_flops_per_s
         return float(self.tensor_flops_per_s.get(key, self.fp32_flops_per_s))
 
+    def rate(self, name: str, default=None):
+        """The measured rate ``name`` (a key of :data:`RATE_UNITS`, in its unit), or
+        ``default`` where the profile carries no measured value of it."""
+        if name not in RATE_UNITS:
+            raise ValueError(f"unknown rate {name!r}: expected one of {sorted(RATE_UNITS)}")
+        if not self.measured_rates or name not in self.measured_rates:
+            return default
+        return float(self.measured_rates[name])
+
+    def with_rates(self, rates, *, check_gpu: bool = True) -> "GPUProfile":
+        """A copy of this profile carrying the measured rates of ``rates`` (a path to a file of
+        ``python -m benchmarks rates``, or its parsed JSON object) as ``measured_rates``; the
+        file is named in ``sources["measured_rates"]``. With ``check_gpu`` the GPU the file was
+        measured on must match one of the profile's ``match`` strings (when it has any).
+        Raises FileNotFoundError / ValueError naming ``rates``."""
+        doc, origin = _read_rates(rates)
+        prov = doc.get("provenance") if isinstance(doc.get("provenance"), dict) else {}
+        gpu = str(prov.get("gpu", "unknown GPU"))
+        if check_gpu and self.match and not any(m.lower() in gpu.lower() for m in self.match):
+            raise ValueError(f"rates: {origin} was measured on {gpu!r}, which profile "
+                             f"{self.name!r} does not match (match strings {list(self.match)}); "
+                             f"pass check_gpu=False to use it anyway")
+        values = {}
+        for name, entry in doc["rates"].items():
+            if not isinstance(entry, dict) or not _positive(entry.get("value")):
+                raise ValueError(f"rates: {origin}: rate {name!r} needs a positive finite "
+                                 f"'value', got {entry!r}")
+            unit = RATE_UNITS.get(name)
+            if unit is not None and entry.get("unit") != unit:
+                raise ValueError(f"rates: {origin}: rate {name!r} must be in {unit!r}, the file "
+                                 f"says {entry.get('unit')!r}")
+            values[name] = float(entry["value"])
+        code = prov.get("code_version") if isinstance(prov.get("code_version"), dict) else {}
+        note = (f"MEASURED by python -m benchmarks rates: {origin} ({gpu}, {prov.get('date')}, "
+                f"code {code.get('commit', 'unknown')}, command: {prov.get('command')})")
+        return dataclasses.replace(self, measured_rates=values,
+                                   sources=dict(self.sources, measured_rates=note))
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d["match"] = list(self.match)
@@ -155,6 +263,37 @@ def _from_dict(data: dict, origin: str) -> GPUProfile:
         raise ValueError(f"profile {origin}: {exc}") from None
 
 
+def _positive(v) -> bool:
+    return (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            and v > 0)
+
+
+def _read_rates(rates) -> tuple[dict, str]:
+    """(the rates document, where it came from) of a path or a parsed JSON object; raises
+    FileNotFoundError / ValueError naming the ``rates`` argument."""
+    if isinstance(rates, dict):
+        doc, origin = rates, "<dict>"
+    elif isinstance(rates, (str, os.PathLike)):
+        path = Path(rates)
+        if not path.is_file():
+            raise FileNotFoundError(f"rates: no such file {str(rates)!r} (a file written by "
+                                    f"python -m benchmarks rates)")
+        origin = str(path)
+        try:
+            doc = json.loads(path.read_text())
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"rates: {origin} is not JSON ({exc})") from None
+    else:
+        raise TypeError(f"rates must be a path or a dict, got {type(rates).__name__}")
+    if not isinstance(doc, dict) or doc.get("schema") != RATES_SCHEMA:
+        got = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
+        raise ValueError(f"rates: {origin} is not a rates file (schema {RATES_SCHEMA!r} "
+                         f"expected, got {got!r})")
+    if not isinstance(doc.get("rates"), dict):
+        raise ValueError(f"rates: {origin} has no 'rates' object")
+    return doc, origin
+
+
 def _load_shipped() -> dict[str, GPUProfile]:
     out = {}
     for path in sorted(PROFILE_DIR.glob("*.json")):
@@ -167,11 +306,18 @@ def _load_shipped() -> dict[str, GPUProfile]:
 PROFILES: dict[str, GPUProfile] = _load_shipped()
 
 
-def load_profile(name_or_path) -> GPUProfile:
+def load_profile(name_or_path, rates=None, *, check_gpu: bool = True) -> GPUProfile:
     """A profile by shipped name (``h100``, ``a100`` = ``a100-80gb``, ...), by JSON path, or as is.
 
+    With ``rates`` (a rates file's path or parsed object), a copy carrying its measured rates
+    (:meth:`GPUProfile.with_rates`, ``check_gpu`` as there); without, the profile unchanged.
     Raises ValueError naming the known profiles when the name is unknown.
     """
+    prof = _load_profile(name_or_path)
+    return prof if rates is None else prof.with_rates(rates, check_gpu=check_gpu)
+
+
+def _load_profile(name_or_path) -> GPUProfile:
     if isinstance(name_or_path, GPUProfile):
         return name_or_path
     if isinstance(name_or_path, dict):

@@ -1,0 +1,1047 @@
+"""Command ``rates``: the hardware rates of this GPU (memory bandwidths, latencies, instruction throughputs, launch cost) measured by microbenchmarks.
+
+    python -m benchmarks rates [--only dram,l2,smem,clock,mma,ffma,ex2,cp-async,launch]
+                               [--quick] [--repeats 10] [--out FILE.json]
+
+The time model's profiles (`sim.profiles`) carry datasheet peaks; this command measures what
+the GPU achieves, once per GPU, and writes a rates file (schema ``ioaware.rates/1``) that a
+profile takes only when asked: ``sim.load_profile("h100", rates=FILE)``. Each rate is the
+median over ``--repeats`` timed launches (at least; more while under 0.4 s of timed work)
+after a warm-up launch, timed by CUDA events behind a device-side sleep
+(`benchmarks.common.time_cuda` ``timing="device"``: the GPU's time only), with the rates at
+the 90th and 10th percentile times as ``range``. The groups (``--only``):
+
+* ``dram``: ``dram_read_bytes_per_s``, ``dram_write_bytes_per_s``, ``dram_copy_bytes_per_s``:
+  16-byte vector loads (``ld.global.cg.v4``) / stores (``st.global.v4``) over buffers of
+  max(1 GiB, 8x L2), 256 threads a block, 4 vectors a thread, a grid of many waves; copy counts
+  the bytes read and written;
+* ``l2``: ``l2_read_bytes_per_s``, the read kernel over a buffer of about L2 / 4 (the largest
+  power of two under it) read again and again (the grid wraps around it), L1 bypassed;
+  ``l2_hit_latency_s``, one thread chasing pointers through that buffer (a random cycle of
+  128-byte lines, ``ld.global.cg``): time / loads;
+* ``smem``: ``smem_read_bytes_per_s_per_sm`` (and ``smem_read_bytes_per_clk_per_sm`` with the
+  measured clock): conflict-free 4-byte ``ld.shared`` (lane i reads word i of a 128-byte row),
+  8 blocks of 256 threads per SM; ``smem_read_conflict32_bytes_per_s_per_sm``: lane i reads
+  word 32 i + c, every load 32-way bank-conflicted (useful bytes counted);
+* ``clock``: ``sm_clock_hz``, cycles of a spin kernel (``torch.cuda._sleep``) over its time,
+  measured after the memory groups (the GPU busy for seconds: the clock it runs kernels at);
+* ``mma``: ``mma_fp16_flops_per_s``, ``mma_bf16_flops_per_s`` (``mma.sync`` m16n8k16, f32
+  accumulate), ``mma_tf32_flops_per_s`` (m16n8k8), 4 independent accumulators per warp,
+  4 blocks of 8 warps per SM (2 m n k FLOPs per instruction);
+* ``ffma``: ``ffma_flops_per_s``, 8 independent float32 FMA chains per thread (2 FLOPs each);
+* ``ex2``: ``ex2_ops_per_s``, 8 independent chains ``x = ex2(-x)`` (``ex2.approx.ftz.f32``);
+* ``cp-async``: ``cp_async_depth{1,2,3}_bytes_per_s``, a DRAM -> shared copy loop of
+  ``cp.async.cg`` 16-byte copies (128 threads, 8 KiB tiles, 2 blocks per SM) with 1, 2 or 3
+  tiles in flight per block, each tile read from shared memory once it lands;
+* ``launch``: ``kernel_launch_s``, host seconds per launch of an empty kernel launched back to
+  back through `kernels.host.launch` (the product's launch path), and ``kernel_launch_numba_s``
+  through Numba's ``kernel[grid, block, stream]()``.
+
+Rate names and units are `sim.profiles.RATE_UNITS`. ``--quick`` uses smaller sizes (for a
+smoke test; less accurate). Needs a CUDA GPU and torch; under Numba's CUDA simulator
+(``NUMBA_ENABLE_CUDASIM=1``) it runs every kernel at tiny sizes with wall-clock times (the
+values are not hardware rates; the file says ``"simulator": true``), which is how the tests run
+it. Rates that need compute capability 8.0 (``mma.sync``, ``cp.async``) or a clock are listed
+under ``skipped`` with the reason where they cannot be measured.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import re
+import sys
+import time
+from dataclasses import asdict, dataclass
+from types import SimpleNamespace
+
+from numba import cuda      # a module global: the CUDA simulator swaps it in kernels' globals
+
+from .common import command_line, first_sentence, provenance, time_cuda, write_json
+
+SCHEMA = "ioaware.rates/1"
+#: The groups, in the order they run (the clock after seconds of load: at the clock the other
+#: kernels run at).
+GROUPS = ("dram", "l2", "smem", "clock", "mma", "ffma", "ex2", "cp-async", "launch")
+#: Accumulator chains (registers) per thread in the FFMA and ex2 kernels, and how many steps of
+#: each chain one trip of the loop makes (a constant trip count: the loop is unrolled).
+CHAINS, UNROLL = 8, 16
+#: Independent mma accumulators per warp.
+MMA_CHAINS = 4
+#: Shared-memory kernel: float32 words per block (two halves, alternated per iteration), loads
+#: per iteration per thread.
+SMEM_WORDS, SMEM_LOADS = 2048, 8
+#: The fixed point of x = 2**-x (what every ex2 chain converges to).
+EX2_FIXED_POINT = 0.6411857445049859
+#: K of the mma shapes: m16n8k16 (fp16, bf16) and m16n8k8 (tf32).
+MMA_K = {"fp16": 16, "bf16": 16, "tf32": 8}
+#: One in every element of A and B, as the packed registers hold it.
+MMA_ONES = {"fp16": 0x3C003C00, "bf16": 0x3F803F80, "tf32": 0x3F800000}
+_MAGIC = 0x9E3779B9       # a value the read kernels' XOR is never expected to equal
+
+
+# ------------------------------------------------------------------------------------------------
+# sizes
+# ------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Sizes:
+    """How much work each microbenchmark does (``preset``: "full", "quick" or "tiny", the
+    simulator's). Bytes are per buffer; ``*_per_sm`` counts blocks per SM."""
+    preset: str
+    threads: int            # threads per block (DRAM, L2, smem, mma, FFMA, ex2)
+    per_thread: int         # 16-byte vectors per thread (DRAM, L2)
+    dram_bytes: int
+    l2_buffer_bytes: int
+    l2_read_bytes: int      # bytes read by one launch of the L2 kernel
+    chase_bytes: int
+    chase_stride: int       # bytes between two nodes of the pointer chase
+    chase_steps: int
+    smem_per_sm: int
+    smem_iters: int
+    mma_per_sm: int
+    mma_iters: int
+    flop_per_sm: int        # FFMA and ex2
+    ffma_iters: int
+    ex2_iters: int
+    cp_threads: int
+    cp_per_thread: int      # 16-byte copies per thread per tile
+    cp_per_sm: int
+    cp_bytes: int
+    launches: int
+    repeats: int
+
+
+def _pow2_floor(x: int) -> int:
+    return 1 << (max(int(x), 1).bit_length() - 1)
+
+
+def sizes_for(preset: str, num_sms: int, l2_bytes: int, repeats: int | None = None) -> Sizes:
+    """The sizes of ``preset`` for a GPU of ``num_sms`` SMs and ``l2_bytes`` of L2."""
+    if preset == "tiny":
+        s = Sizes("tiny", threads=32, per_thread=2, dram_bytes=4096, l2_buffer_bytes=1024,
+                  l2_read_bytes=4096, chase_bytes=512, chase_stride=32, chase_steps=40,
+                  smem_per_sm=1, smem_iters=2, mma_per_sm=1, mma_iters=2, flop_per_sm=1,
+                  ffma_iters=2, ex2_iters=2, cp_threads=32, cp_per_thread=1, cp_per_sm=2,
+                  cp_bytes=3 * 2 * 32 * 16, launches=3, repeats=1)
+    elif preset in ("full", "quick"):
+        quick = preset == "quick"
+        l2_buf = _pow2_floor(l2_bytes // 4)
+        s = Sizes(preset, threads=256, per_thread=4,
+                  dram_bytes=(2**28 if quick else max(2**30, 1 << (8 * l2_bytes - 1).bit_length())),
+                  l2_buffer_bytes=l2_buf, l2_read_bytes=2**29 if quick else 2**32,
+                  chase_bytes=min(l2_buf, 4 * 2**20), chase_stride=128,
+                  chase_steps=5_000 if quick else 100_000,
+                  smem_per_sm=8, smem_iters=256 if quick else 4096,
+                  mma_per_sm=4, mma_iters=512 if quick else 8192,
+                  flop_per_sm=8, ffma_iters=64 if quick else 1024, ex2_iters=8 if quick else 128,
+                  cp_threads=128, cp_per_thread=4, cp_per_sm=2,
+                  cp_bytes=2**28 if quick else 2**30,
+                  launches=200 if quick else 2000, repeats=3 if quick else 10)
+    else:
+        raise ValueError(f"preset must be full, quick or tiny, got {preset!r}")
+    if repeats is not None:
+        s = Sizes(**dict(asdict(s), repeats=int(repeats)))
+    return s
+
+
+# ------------------------------------------------------------------------------------------------
+# the operations the kernels are made of: PTX on a GPU, Python stand-ins in the simulator
+# ------------------------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def _ptx_intrinsics():
+    """The PTX this module adds to `kernels.ptx`, through the same mechanism (llvmlite inline
+    assembly in a Numba intrinsic): ``elem_addr`` (64-bit address of an element of a 1-D
+    array), ``ld_cg_v4`` (``ld.global.cg.v4.u32``: 16 bytes, cached in L2 only), ``st_v4``
+    (``st.global.v4.u32``), ``ld_cg_u32`` (``ld.global.cg.u32``) and ``cp_async_wait_2``
+    (``cp.async.wait_group 2``)."""
+    from llvmlite import ir
+    from numba import types
+    from numba.cuda import cgutils
+    from numba.cuda.extending import intrinsic
+
+    i32, i64 = ir.IntType(32), ir.IntType(64)
+
+    def asm(builder, ret, args_ir, text, constraints, args):
+        fnty = ir.FunctionType(ret, args_ir)
+        return builder.call(ir.InlineAsm(fnty, text, constraints, side_effect=True), args)
+
+    @intrinsic
+    def elem_addr(typingctx, arr, index):
+        if not (isinstance(arr, types.Array) and arr.ndim == 1
+                and isinstance(index, types.Integer)):
+            return None
+        sig = types.uint64(arr, index)
+
+        def codegen(context, builder, sig, args):
+            aryty, idxty = sig.args
+            ary = context.make_array(aryty)(context, builder, value=args[0])
+            idx = context.cast(builder, args[1], idxty, types.intp)
+            ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [idx], wraparound=False)
+            return builder.ptrtoint(ptr, i64)
+        return sig, codegen
+
+    @intrinsic
+    def ld_cg_v4(typingctx, addr):
+        sig = types.UniTuple(types.uint32, 4)(types.uint64)
+
+        def codegen(context, builder, sig, args):
+            res = asm(builder, ir.LiteralStructType([i32] * 4), [i64],
+                      "ld.global.cg.v4.u32 {$0,$1,$2,$3}, [$4];", "=r,=r,=r,=r,l,~{memory}",
+                      [args[0]])
+            return context.make_tuple(builder, sig.return_type,
+                                      [builder.extract_value(res, i) for i in range(4)])
+        return sig, codegen
+
+    @intrinsic
+    def st_v4(typingctx, addr, x0, x1, x2, x3):
+        sig = types.void(types.uint64, types.uint32, types.uint32, types.uint32, types.uint32)
+
+        def codegen(context, builder, sig, args):
+            vals = [context.cast(builder, a, t, s) for a, t, s in zip(args, sig.args, sig.args)]
+            asm(builder, ir.VoidType(), [i64] + [i32] * 4, "st.global.v4.u32 [$0], {$1,$2,$3,$4};",
+                "l,r,r,r,r,~{memory}", vals)
+            return context.get_dummy_value()
+        return sig, codegen
+
+    @intrinsic
+    def ld_cg_u32(typingctx, addr):
+        sig = types.uint32(types.uint64)
+
+        def codegen(context, builder, sig, args):
+            return asm(builder, i32, [i64], "ld.global.cg.u32 $0, [$1];", "=r,l,~{memory}",
+                       [args[0]])
+        return sig, codegen
+
+    @intrinsic
+    def cp_async_wait_2(typingctx):
+        sig = types.void()
+
+        def codegen(context, builder, sig, args):
+            asm(builder, ir.VoidType(), [], "cp.async.wait_group 2;", "~{memory}", [])
+            return context.get_dummy_value()
+        return sig, codegen
+
+    return SimpleNamespace(elem_addr=elem_addr, ld_cg_v4=ld_cg_v4, st_v4=st_v4,
+                           ld_cg_u32=ld_cg_u32, cp_async_wait_2=cp_async_wait_2)
+
+
+@functools.lru_cache(maxsize=None)
+def _gpu_ops():
+
+    from kernels import ptx
+    x = _ptx_intrinsics()
+    elem_addr, ld_cg_v4, st_v4, ld_cg_u32 = x.elem_addr, x.ld_cg_v4, x.st_v4, x.ld_cg_u32
+    wait2 = x.cp_async_wait_2
+    shared_addr, ld_shared_f32, cp_async_16 = ptx.shared_addr, ptx.ld_shared_f32, ptx.cp_async_16
+    commit, wait_all, wait_1 = ptx.cp_async_commit, ptx.cp_async_wait_all, ptx.cp_async_wait_1
+    dev = cuda.jit(device=True, inline=True)
+
+    @dev
+    def ld4(buf, i):
+        return ld_cg_v4(elem_addr(buf, i))
+
+    @dev
+    def st4(buf, i, a, b, c, d):
+        st_v4(elem_addr(buf, i), a, b, c, d)
+
+    @dev
+    def ld1(buf, i):
+        return ld_cg_u32(elem_addr(buf, i))
+
+    @dev
+    def smem_base(sm):
+        return shared_addr(sm, 0)
+
+    @dev
+    def lds(sm, addr):
+        return ld_shared_f32(addr)
+
+    @dev
+    def cp16(sm, sidx, src, gidx):
+        cp_async_16(shared_addr(sm, sidx), elem_addr(src, gidx), 16)
+
+    @dev
+    def wait0():
+        wait_all()
+
+    @dev
+    def wait1():
+        wait_1()
+
+    @dev
+    def wait2_():
+        wait2()
+
+    return SimpleNamespace(ld4=ld4, st4=st4, ld1=ld1, smem_base=smem_base, lds=lds, cp16=cp16,
+                           commit=commit, wait0=wait0, wait1=wait1, wait2=wait2_,
+                           mma={"fp16": ptx.mma_f16, "bf16": ptx.mma_bf16, "tf32": ptx.mma_tf32},
+                           ex2=ptx.ex2)
+
+
+def _operand_value(word, dtype):
+    """The number in the low element of a packed mma operand register (simulator stand-in)."""
+    import numpy as np
+    w = int(word) & 0xFFFFFFFF
+    if dtype == "fp16":
+        return float(np.array([w & 0xFFFF], np.uint16).view(np.float16)[0])
+    if dtype == "bf16":
+        return float(np.array([(w & 0xFFFF) << 16], np.uint32).view(np.float32)[0])
+    return float(np.array([w], np.uint32).view(np.float32)[0])
+
+
+@functools.lru_cache(maxsize=None)
+def _simulator_ops():
+    """Python stand-ins of the PTX operations (the simulator runs no inline PTX): the same
+    results for what the kernels here do with them. The mma stand-in is exact for operands
+    whose elements are all equal (what the kernel uses): D = C + K a b."""
+    import numpy as np
+    dev = cuda.jit(device=True, inline=True)
+
+    @dev
+    def ld4(buf, i):
+        return buf[i], buf[i + 1], buf[i + 2], buf[i + 3]
+
+    @dev
+    def st4(buf, i, a, b, c, d):
+        buf[i], buf[i + 1], buf[i + 2], buf[i + 3] = a, b, c, d
+
+    @dev
+    def ld1(buf, i):
+        return buf[i]
+
+    @dev
+    def smem_base(sm):
+        return 0
+
+    @dev
+    def lds(sm, addr):
+        return sm[addr // 4]
+
+    @dev
+    def cp16(sm, sidx, src, gidx):
+        for j in range(4):
+            sm[sidx + j] = src[gidx + j]
+
+    @dev
+    def nothing():
+        pass
+
+    def make_mma(dtype):
+        k = MMA_K[dtype]
+
+        @dev
+        def mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+            ab = np.float32(k * _operand_value(a0, dtype) * _operand_value(b0, dtype))
+            return c0 + ab, c1 + ab, c2 + ab, c3 + ab
+        return mma
+
+    @dev
+    def ex2(x):
+        return np.float32(2.0) ** x
+
+    return SimpleNamespace(ld4=ld4, st4=st4, ld1=ld1, smem_base=smem_base, lds=lds, cp16=cp16,
+                           commit=nothing, wait0=nothing, wait1=nothing, wait2=nothing,
+                           mma={d: make_mma(d) for d in MMA_K}, ex2=ex2)
+
+
+def simulator() -> bool:
+    """Whether Numba's CUDA simulator runs the kernels."""
+    from kernels import host
+    return host.simulator()
+
+
+def ops():
+    """The operations of the current target (`_gpu_ops` on a GPU, `_simulator_ops`)."""
+    return _simulator_ops() if simulator() else _gpu_ops()
+
+
+# ------------------------------------------------------------------------------------------------
+# the kernels
+# ------------------------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def dram_kernels(threads: int, per_thread: int):
+    """``(read, write, copy)`` over uint32 (int32) word buffers in 16-byte vectors. Block b,
+    thread t touches vectors ``(b * per_thread + k) * threads + t`` (k < per_thread), wrapped
+    by ``mask`` (number of vectors - 1, a power of two): coalesced, each vector once where the
+    grid covers the buffer exactly, again and again where the buffer is smaller (L2).
+
+    * ``read(buf, mask, sink, keep)``: XOR of the words read; ``keep``: written to
+      ``sink[global thread]``, else only where it equals a magic value (never, in practice);
+    * ``write(buf, mask)``: vector v gets the words ``v, v + 1, v + 2, v + 3``;
+    * ``copy(src, dst, mask)``: dst = src."""
+    from numba import uint32
+    o = ops()
+    ld4, st4 = o.ld4, o.st4
+    span = threads * per_thread
+
+    @cuda.jit
+    def read(buf, mask, sink, keep):
+        first = cuda.blockIdx.x * span + cuda.threadIdx.x
+        acc = uint32(0)
+        for k in range(per_thread):
+            v = (first + k * threads) & mask
+            w = ld4(buf, v * 4)
+            acc ^= w[0] ^ w[1] ^ w[2] ^ w[3]
+        if keep:
+            sink[cuda.grid(1)] = acc
+        elif acc == _MAGIC:
+            sink[0] = acc
+
+    @cuda.jit
+    def write(buf, mask):
+        first = cuda.blockIdx.x * span + cuda.threadIdx.x
+        for k in range(per_thread):
+            v = (first + k * threads) & mask
+            st4(buf, v * 4, v, v + 1, v + 2, v + 3)
+
+    @cuda.jit
+    def copy(src, dst, mask):
+        first = cuda.blockIdx.x * span + cuda.threadIdx.x
+        for k in range(per_thread):
+            v = (first + k * threads) & mask
+            w = ld4(src, v * 4)
+            st4(dst, v * 4, w[0], w[1], w[2], w[3])
+
+    return read, write, copy
+
+
+@functools.lru_cache(maxsize=None)
+def chase_kernel():
+    """``chase(nxt, start, steps, out)``: one thread follows ``j = nxt[j]`` ``steps`` times
+    from ``start`` (``ld.global.cg``: L1 bypassed) and writes the last ``j`` to ``out[0]``."""
+    from numba import uint32
+    ld1 = ops().ld1
+
+    @cuda.jit
+    def chase(nxt, start, steps, out):
+        j = uint32(start)
+        for _ in range(steps):
+            j = ld1(nxt, j)
+        out[0] = j
+
+    return chase
+
+
+def chase_buffer(n_bytes: int, stride: int, seed: int = 0):
+    """``(nxt, start)``: uint32 words where node ``i`` (at word ``i * stride / 4``) holds the
+    word index of the next node of one random cycle through every node."""
+    import numpy as np
+    words, step = n_bytes // 4, stride // 4
+    nodes = words // step
+    order = np.random.default_rng(seed).permutation(nodes) * step
+    nxt = np.zeros(words, np.uint32)
+    nxt[order] = np.roll(order, -1)
+    return nxt, int(order[0])
+
+
+@functools.lru_cache(maxsize=None)
+def smem_kernel(threads: int, conflicted: bool):
+    """``smem(out, iters)``: each block fills ``SMEM_WORDS`` float32 shared words with ``j % 8``,
+    then every thread makes ``iters x SMEM_LOADS`` 4-byte shared loads (``ld.shared.f32``, which
+    the compiler cannot hoist out of the loop) and writes their sum to ``out[global thread]``.
+    Conflict-free: lane l's load c reads word ``l + 32 c`` (one 128-byte row per load, every
+    bank once); ``conflicted``: word ``32 l + c`` (all 32 lanes in one bank: 32-way conflict)."""
+    from numba import float32
+    o = ops()
+    smem_base, lds = o.smem_base, o.lds
+    lane_bytes, step_bytes = (128, 4) if conflicted else (4, 128)
+
+    @cuda.jit
+    def smem(out, iters):
+        sm = cuda.shared.array(SMEM_WORDS, float32)
+        tid = cuda.threadIdx.x
+        for j in range(tid, SMEM_WORDS, threads):
+            sm[j] = float32(j % 8)
+        cuda.syncthreads()
+        row = smem_base(sm) + (tid % 32) * lane_bytes
+        acc = float32(0)
+        for _ in range(iters):
+            for c in range(SMEM_LOADS):
+                acc += lds(sm, row + c * step_bytes)
+        out[cuda.grid(1)] = acc
+
+    return smem
+
+
+def smem_expected(threads: int, conflicted: bool, iters: int):
+    """What `smem_kernel` writes for each thread of a block (float64)."""
+    import numpy as np
+    lane = np.arange(threads) % 32
+    words = [(32 * lane + c if conflicted else lane + 32 * c) for c in range(SMEM_LOADS)]
+    return iters * sum(w % 8 for w in words).astype(float)
+
+
+@functools.lru_cache(maxsize=None)
+def mma_kernel(dtype: str):
+    """``mma(operands, out, iters)``: every warp runs ``MMA_CHAINS`` independent accumulator
+    chains of ``iters`` ``mma.sync`` each (m16n8k16 for fp16/bf16, m16n8k8 for tf32, f32
+    accumulate) on the operand registers ``operands[0:4]`` (A) and ``operands[4:6]`` (B), from
+    C = 0, and writes the sum of its 16 accumulator registers to ``out[global thread]``. With
+    every element of A and B equal to 1 each register ends at ``iters * K``."""
+    from numba import float32
+    op = ops().mma[dtype]
+
+    @cuda.jit
+    def mma(operands, out, iters):
+        a0, a1, a2, a3 = operands[0], operands[1], operands[2], operands[3]
+        b0, b1 = operands[4], operands[5]
+        z = float32(0)
+        c00, c01, c02, c03, c10, c11, c12, c13 = z, z, z, z, z, z, z, z
+        c20, c21, c22, c23, c30, c31, c32, c33 = z, z, z, z, z, z, z, z
+        for _ in range(iters):
+            c00, c01, c02, c03 = op(a0, a1, a2, a3, b0, b1, c00, c01, c02, c03)
+            c10, c11, c12, c13 = op(a0, a1, a2, a3, b0, b1, c10, c11, c12, c13)
+            c20, c21, c22, c23 = op(a0, a1, a2, a3, b0, b1, c20, c21, c22, c23)
+            c30, c31, c32, c33 = op(a0, a1, a2, a3, b0, b1, c30, c31, c32, c33)
+        out[cuda.grid(1)] = (((c00 + c01) + (c02 + c03)) + ((c10 + c11) + (c12 + c13))
+                             + ((c20 + c21) + (c22 + c23)) + ((c30 + c31) + (c32 + c33)))
+
+    return mma
+
+
+@functools.lru_cache(maxsize=None)
+def ffma_kernel():
+    """``ffma(x0, a, b, iters, out)``: ``CHAINS`` independent chains per thread, chain c from
+    ``x0 + c``, each step ``x = x * a + b`` (one FFMA), ``iters x UNROLL`` steps; writes the sum
+    of the chains to ``out[global thread]``. With a = b = 1: ``CHAINS x0 + 28 + CHAINS x iters x
+    UNROLL``."""
+    from numba import float32
+
+    @cuda.jit
+    def ffma(x0, a, b, iters, out):
+        x_0, x_1, x_2, x_3 = x0, x0 + float32(1), x0 + float32(2), x0 + float32(3)
+        x_4, x_5, x_6, x_7 = x0 + float32(4), x0 + float32(5), x0 + float32(6), x0 + float32(7)
+        for _ in range(iters):
+            for _ in range(UNROLL):
+                x_0 = x_0 * a + b
+                x_1 = x_1 * a + b
+                x_2 = x_2 * a + b
+                x_3 = x_3 * a + b
+                x_4 = x_4 * a + b
+                x_5 = x_5 * a + b
+                x_6 = x_6 * a + b
+                x_7 = x_7 * a + b
+        out[cuda.grid(1)] = ((x_0 + x_1) + (x_2 + x_3)) + ((x_4 + x_5) + (x_6 + x_7))
+
+    return ffma
+
+
+@functools.lru_cache(maxsize=None)
+def ex2_kernel():
+    """``ex2k(x0, iters, out)``: ``CHAINS`` independent chains per thread, chain c from
+    ``x0 + c / 8``, each step ``x = ex2(-x)`` (one ``ex2.approx.ftz.f32``), ``iters x UNROLL``
+    steps; writes the sum of the chains to ``out[global thread]`` (each chain converges to
+    `EX2_FIXED_POINT`)."""
+    from numba import float32
+    ex2 = ops().ex2
+
+    @cuda.jit
+    def ex2k(x0, iters, out):
+        e = float32(0.125)
+        x_0, x_1, x_2, x_3 = x0, x0 + e, x0 + float32(2) * e, x0 + float32(3) * e
+        x_4, x_5 = x0 + float32(4) * e, x0 + float32(5) * e
+        x_6, x_7 = x0 + float32(6) * e, x0 + float32(7) * e
+        for _ in range(iters):
+            for _ in range(UNROLL):
+                x_0 = ex2(-x_0)
+                x_1 = ex2(-x_1)
+                x_2 = ex2(-x_2)
+                x_3 = ex2(-x_3)
+                x_4 = ex2(-x_4)
+                x_5 = ex2(-x_5)
+                x_6 = ex2(-x_6)
+                x_7 = ex2(-x_7)
+        out[cuda.grid(1)] = ((x_0 + x_1) + (x_2 + x_3)) + ((x_4 + x_5) + (x_6 + x_7))
+
+    return ex2k
+
+
+@functools.lru_cache(maxsize=None)
+def cp_async_kernel(depth: int, threads: int, per_thread: int):
+    """``cp(src, tiles, out)``: block b copies tiles ``b, b + grid, b + 2 grid, ...`` (``tiles``
+    of them, ``threads x per_thread`` 16-byte chunks each) of the uint32 buffer ``src`` into
+    shared memory with ``cp.async`` and ``depth`` tiles in flight (``depth`` shared stages;
+    after issuing tile t + depth - 1 it waits until tile t has landed:
+    ``cp.async.wait_group depth - 1``), then every thread XORs the chunks its neighbour
+    (``t + 1``) copied into ``out[global thread]``; the XOR of ``out`` is the XOR of the words
+    copied."""
+    if depth not in (1, 2, 3):
+        raise ValueError(f"depth must be 1, 2 or 3, got {depth!r}")
+    from numba import uint32
+    o = ops()
+    cp16, commit, wait0, wait1, wait2 = o.cp16, o.commit, o.wait0, o.wait1, o.wait2
+    stage = threads * per_thread * 4        # words of one tile
+    words = depth * stage                   # shared words (a constant of the kernel)
+
+    @cuda.jit(device=True, inline=True)
+    def issue(sm, src, tile, nblk, blk, tid):
+        g = (tile * nblk + blk) * stage
+        s = (tile % depth) * stage
+        for k in range(per_thread):
+            w = (k * threads + tid) * 4
+            cp16(sm, s + w, src, g + w)
+
+    @cuda.jit
+    def cp(src, tiles, out):
+        sm = cuda.shared.array(words, uint32)
+        tid = cuda.threadIdx.x
+        nblk = cuda.gridDim.x
+        blk = cuda.blockIdx.x
+        peer = (tid + 1) % threads
+        acc = uint32(0)
+        for t in range(depth - 1):
+            if t < tiles:
+                issue(sm, src, t, nblk, blk, tid)
+            commit()
+        for t in range(tiles):
+            if t + depth - 1 < tiles:
+                issue(sm, src, t + depth - 1, nblk, blk, tid)
+            commit()
+            if depth == 1:
+                wait0()
+            elif depth == 2:
+                wait1()
+            else:
+                wait2()
+            cuda.syncthreads()
+            s = (t % depth) * stage
+            for k in range(per_thread):
+                w = s + (k * threads + peer) * 4
+                acc ^= sm[w] ^ sm[w + 1] ^ sm[w + 2] ^ sm[w + 3]
+            cuda.syncthreads()
+        out[cuda.grid(1)] = acc
+
+    return cp
+
+
+@functools.lru_cache(maxsize=None)
+def empty_kernel():
+    """A kernel that does nothing (the launch cost alone)."""
+
+    @cuda.jit
+    def empty():
+        return
+
+    return empty
+
+
+# ------------------------------------------------------------------------------------------------
+# where the kernels run: a GPU through torch and kernels.host, or the simulator
+# ------------------------------------------------------------------------------------------------
+
+class Device:
+    """The target the microbenchmarks run on: a CUDA GPU (torch tensors, launches through
+    `kernels.host.launch` on torch's current stream, CUDA-event times behind a device-side
+    sleep) or, where ``torch`` is None, Numba's CUDA simulator (NumPy arrays, wall-clock times)."""
+
+    def __init__(self, torch=None, repeats=10):
+        self.torch, self.repeats = torch, int(repeats)
+        self.simulator = torch is None
+        if self.simulator:
+            self.name, self.num_sms, self.l2_bytes, self.cc = "Numba CUDA simulator", 1, 4096, None
+            self._stream = 0
+            return
+        from kernels import host
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        self.name = torch.cuda.get_device_name()
+        self.num_sms = int(props.multi_processor_count)
+        self.l2_bytes = int(getattr(props, "L2_cache_size", 0) or 50 * 2**20)
+        self.cc = (int(props.major), int(props.minor))
+        self._stream = host.launch_stream(torch.empty(1, device="cuda"))
+
+    def array(self, n, kind="u32", fill=None):
+        """A device array of ``n`` 32-bit words (``kind`` "u32": int32 words, "f32": float32),
+        ``fill`` "random" (random bits), a NumPy array, or None (zeros)."""
+        import numpy as np
+        if self.simulator:
+            dt = np.uint32 if kind == "u32" else np.float32
+            if isinstance(fill, np.ndarray):
+                return fill.astype(dt)
+            if fill == "random":
+                return np.random.default_rng(0).integers(0, 2**32, n, dtype=np.uint64).astype(dt)
+            return np.zeros(n, dt)
+        torch = self.torch
+        dt = torch.int32 if kind == "u32" else torch.float32
+        if isinstance(fill, np.ndarray):
+            return torch.from_numpy(fill.astype(np.uint32 if kind == "u32" else np.float32)
+                                    .view(np.int32 if kind == "u32" else np.float32)).cuda()
+        if fill == "random":
+            return torch.randint(-2**31, 2**31 - 1, (n,), dtype=dt, device="cuda")
+        return torch.zeros(n, dtype=dt, device="cuda")
+
+    def launch(self, kern, grid, block, args):
+        from kernels import host
+        host.launch(kern, grid, block, self._stream, tuple(args))
+
+    def seconds(self, fn):
+        """(median, 10th, 90th percentile) seconds of ``fn`` after one warm-up call: CUDA events
+        behind a device-side sleep (`benchmarks.common.time_cuda`), or the wall clock."""
+        if self.simulator:
+            fn()
+            times = []
+            for _ in range(max(self.repeats, 1)):
+                t0 = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - t0)
+            times.sort()
+            mid = times[len(times) // 2]
+            return mid, times[0], times[-1]
+        fn()
+        self.torch.cuda.synchronize()
+        med, p10, p90 = time_cuda(self.torch, fn, warmup=2, min_reps=self.repeats,
+                                  max_reps=max(self.repeats, 30), timing="device")
+        return med * 1e-3, p10 * 1e-3, p90 * 1e-3
+
+    def synchronize(self):
+        if not self.simulator:
+            self.torch.cuda.synchronize()
+
+
+def _rate(amount, secs, unit, how):
+    """A rate entry: ``amount`` per second at the median time, ``range`` at the 90th and 10th
+    percentile times."""
+    med, lo, hi = secs
+    return {"value": float(amount / med), "unit": unit, "how": how,
+            "range": [float(amount / hi), float(amount / lo)]}
+
+
+def _latency(steps, secs, how):
+    med, lo, hi = secs
+    return {"value": med / steps, "unit": "s", "how": how, "range": [lo / steps, hi / steps]}
+
+
+# ------------------------------------------------------------------------------------------------
+# the measurements, one function per group: (rates, skipped)
+# ------------------------------------------------------------------------------------------------
+
+def measure_clock(dev, sz):
+    if dev.simulator:
+        return {}, {"sm_clock_hz": "the simulator has no clock"}
+    torch = dev.torch
+    cycles = 2_000_000 if sz.preset == "quick" else 20_000_000
+    secs = dev.seconds(lambda: torch.cuda._sleep(cycles))
+    return {"sm_clock_hz": _rate(cycles, secs, "Hz",
+                                 f"torch.cuda._sleep({cycles}) (a clock64 spin of one thread) "
+                                 f"timed by CUDA events: cycles / time")}, {}
+
+
+def measure_dram(dev, sz):
+    read, write, copy = dram_kernels(sz.threads, sz.per_thread)
+    n_vec = sz.dram_bytes // 16
+    span = sz.threads * sz.per_thread
+    blocks, mask = n_vec // span, n_vec - 1
+    a = dev.array(n_vec * 4, fill="random")
+    b = dev.array(n_vec * 4)
+    sink = dev.array(span)
+    geo = (f"{sz.threads} threads x {sz.per_thread} vectors a block, {blocks} blocks "
+           f"({blocks / dev.num_sms:.0f} per SM) over {_bytes(sz.dram_bytes)}")
+    out = {
+        "dram_read_bytes_per_s": _rate(
+            sz.dram_bytes, dev.seconds(lambda: dev.launch(read, blocks, sz.threads,
+                                                          (a, mask, sink, 0))),
+            "bytes/s", f"16-byte ld.global.cg.v4 loads, XOR-reduced; {geo}; bytes read / time"),
+        "dram_write_bytes_per_s": _rate(
+            sz.dram_bytes, dev.seconds(lambda: dev.launch(write, blocks, sz.threads, (b, mask))),
+            "bytes/s", f"16-byte st.global.v4 stores; {geo}; bytes written / time"),
+        "dram_copy_bytes_per_s": _rate(
+            2 * sz.dram_bytes, dev.seconds(lambda: dev.launch(copy, blocks, sz.threads,
+                                                              (a, b, mask))),
+            "bytes/s", f"16-byte loads then stores to a second buffer; {geo}; (bytes read + "
+                       f"bytes written) / time"),
+    }
+    return out, {}
+
+
+def measure_l2(dev, sz):
+    read = dram_kernels(sz.threads, sz.per_thread)[0]
+    n_vec = sz.l2_buffer_bytes // 16
+    span = sz.threads * sz.per_thread
+    blocks = sz.l2_read_bytes // 16 // span
+    buf = dev.array(n_vec * 4, fill="random")
+    sink = dev.array(span)
+    out = {"l2_read_bytes_per_s": _rate(
+        sz.l2_read_bytes,
+        dev.seconds(lambda: dev.launch(read, blocks, sz.threads, (buf, n_vec - 1, sink, 0))),
+        "bytes/s", f"16-byte ld.global.cg.v4 loads (L1 bypassed) of a {_bytes(sz.l2_buffer_bytes)} "
+                   f"buffer (L2 {_bytes(dev.l2_bytes)}), read {sz.l2_read_bytes // sz.l2_buffer_bytes}"
+                   f" times over by {blocks} blocks of {sz.threads} threads x {sz.per_thread} "
+                   f"vectors; bytes read / time")}
+    nxt, start = chase_buffer(sz.chase_bytes, sz.chase_stride)
+    nxt_d, res = dev.array(nxt.size, fill=nxt), dev.array(1)
+    chase = chase_kernel()
+    secs = dev.seconds(lambda: dev.launch(chase, 1, 1, (nxt_d, start, sz.chase_steps, res)))
+    out["l2_hit_latency_s"] = _latency(
+        sz.chase_steps, secs,
+        f"one thread, {sz.chase_steps} dependent ld.global.cg.u32 loads through a random cycle of "
+        f"{sz.chase_bytes // sz.chase_stride} lines {sz.chase_stride} bytes apart "
+        f"({_bytes(sz.chase_bytes)}, in L2 after the warm-up launch); time / loads")
+    return out, {}
+
+
+def measure_smem(dev, sz):
+    blocks = dev.num_sms * sz.smem_per_sm
+    out, rates = dev.array(blocks * sz.threads, "f32"), {}
+    for conflicted, name in ((False, "smem_read_bytes_per_s_per_sm"),
+                             (True, "smem_read_conflict32_bytes_per_s_per_sm")):
+        iters = max(sz.smem_iters // (32 if conflicted else 1), 2)
+        kern = smem_kernel(sz.threads, conflicted)
+        nbytes = blocks * sz.threads * iters * SMEM_LOADS * 4
+        secs = dev.seconds(lambda k=kern, it=iters: dev.launch(k, blocks, sz.threads, (out, it)))
+        pattern = ("lane l reads word 32 l + c: every load 32-way bank-conflicted"
+                   if conflicted else "lane l reads word l + 32 c: conflict-free")
+        rates[name] = _rate(nbytes / dev.num_sms, secs, "bytes/s",
+                            f"4-byte ld.shared.f32 loads, {pattern}; {sz.smem_per_sm} blocks of "
+                            f"{sz.threads} threads per SM, {iters} x {SMEM_LOADS} loads a thread; "
+                            f"bytes loaded / time / SMs")
+    return rates, {}
+
+
+def measure_mma(dev, sz):
+    if dev.cc is not None and dev.cc < (8, 0):
+        why = f"mma.sync needs compute capability 8.0; this GPU has {dev.cc[0]}.{dev.cc[1]}"
+        return {}, {f"mma_{d}_flops_per_s": why for d in MMA_K}
+    blocks = dev.num_sms * sz.mma_per_sm
+    warps = blocks * sz.threads // 32
+    out, rates = dev.array(blocks * sz.threads, "f32"), {}
+    import numpy as np
+    for dtype in MMA_K:
+        kern = mma_kernel(dtype)
+        operands = dev.array(6, fill=np.full(6, MMA_ONES[dtype], np.uint32))
+        k = MMA_K[dtype]
+        flops = warps * MMA_CHAINS * sz.mma_iters * 2 * 16 * 8 * k
+        secs = dev.seconds(lambda kern=kern, ops_=operands: dev.launch(
+            kern, blocks, sz.threads, (ops_, out, sz.mma_iters)))
+        ty = {"fp16": "f16"}.get(dtype, dtype)
+        rates[f"mma_{dtype}_flops_per_s"] = _rate(
+            flops, secs, "flop/s",
+            f"mma.sync.aligned.m16n8k{k}.row.col.f32.{ty}.{ty}.f32, {MMA_CHAINS} independent "
+            f"accumulators per warp, {sz.mma_iters} each; {sz.mma_per_sm} blocks of "
+            f"{sz.threads // 32} warps per SM; 2 x 16 x 8 x {k} FLOPs per instruction / time")
+    return rates, {}
+
+
+def measure_ffma(dev, sz):
+    import numpy as np
+    blocks = dev.num_sms * sz.flop_per_sm
+    out = dev.array(blocks * sz.threads, "f32")
+    one = np.float32(1)
+    kern = ffma_kernel()
+    flops = 2 * blocks * sz.threads * CHAINS * UNROLL * sz.ffma_iters
+    secs = dev.seconds(lambda: dev.launch(kern, blocks, sz.threads,
+                                          (np.float32(0), one, one, sz.ffma_iters, out)))
+    return {"ffma_flops_per_s": _rate(
+        flops, secs, "flop/s",
+        f"float32 x = x * a + b (FFMA), {CHAINS} independent chains a thread, "
+        f"{sz.ffma_iters} x {UNROLL} steps each; {sz.flop_per_sm} blocks of {sz.threads} threads "
+        f"per SM; 2 FLOPs per FMA / time")}, {}
+
+
+def measure_ex2(dev, sz):
+    import numpy as np
+    blocks = dev.num_sms * sz.flop_per_sm
+    out = dev.array(blocks * sz.threads, "f32")
+    kern = ex2_kernel()
+    n = blocks * sz.threads * CHAINS * UNROLL * sz.ex2_iters
+    secs = dev.seconds(lambda: dev.launch(kern, blocks, sz.threads,
+                                          (np.float32(0), sz.ex2_iters, out)))
+    return {"ex2_ops_per_s": _rate(
+        n, secs, "op/s",
+        f"x = ex2.approx.ftz.f32(-x) (MUFU), {CHAINS} independent chains a thread, "
+        f"{sz.ex2_iters} x {UNROLL} steps each; {sz.flop_per_sm} blocks of {sz.threads} threads "
+        f"per SM; results / time")}, {}
+
+
+def measure_cp_async(dev, sz):
+    if dev.cc is not None and dev.cc < (8, 0):
+        why = f"cp.async needs compute capability 8.0; this GPU has {dev.cc[0]}.{dev.cc[1]}"
+        return {}, {f"cp_async_depth{d}_bytes_per_s": why for d in (1, 2, 3)}
+    blocks = dev.num_sms * sz.cp_per_sm
+    tile_bytes = sz.cp_threads * sz.cp_per_thread * 16
+    tiles = sz.cp_bytes // tile_bytes // blocks
+    nbytes = tiles * blocks * tile_bytes
+    src = dev.array(sz.cp_bytes // 4, fill="random")
+    out, rates = dev.array(blocks * sz.cp_threads), {}
+    for depth in (1, 2, 3):
+        kern = cp_async_kernel(depth, sz.cp_threads, sz.cp_per_thread)
+        secs = dev.seconds(lambda k=kern: dev.launch(k, blocks, sz.cp_threads, (src, tiles, out)))
+        rates[f"cp_async_depth{depth}_bytes_per_s"] = _rate(
+            nbytes, secs, "bytes/s",
+            f"cp.async.cg 16-byte global->shared copies of {_bytes(tile_bytes)} tiles, "
+            f"{depth} tile(s) in flight per block (cp.async.wait_group {depth - 1}), each tile "
+            f"read from shared memory once landed; {sz.cp_per_sm} blocks of {sz.cp_threads} "
+            f"threads per SM, {tiles} tiles a block, {_bytes(nbytes)} in all; bytes copied / time")
+    return rates, {}
+
+
+def measure_launch(dev, sz):
+    kern = empty_kernel()
+    n = sz.launches
+
+    def per_launch(fn):
+        fn()
+        dev.synchronize()
+        times = []
+        for _ in range(max(dev.repeats, 1)):
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            dev.synchronize()
+            times.append((time.perf_counter() - t0) / n)
+        times.sort()
+        return times[len(times) // 2], times[0], times[-1]
+
+    stream = 0 if dev.simulator else _numba_stream(dev)
+    how = (f"{n} launches of an empty kernel (1 block of 32 threads) back to back, then one "
+           f"synchronisation; wall-clock time / launches (median of {dev.repeats})")
+    return {
+        "kernel_launch_s": _latency(1, per_launch(lambda: dev.launch(kern, 1, 32, ())),
+                                    "kernels.host.launch: " + how),
+        "kernel_launch_numba_s": _latency(1, per_launch(lambda: kern[1, 32, stream]()),
+                                          "Numba's kernel[grid, block, stream](): " + how),
+    }, {}
+
+
+def _numba_stream(dev):
+    """torch's current stream as Numba's launch takes it (0: the default stream)."""
+    handle = dev.torch.cuda.current_stream().cuda_stream
+    return cuda.external_stream(handle) if handle else 0
+
+
+def _bytes(n) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:g} {unit}"
+    return f"{n} bytes"
+
+
+MEASURES = {"clock": measure_clock, "dram": measure_dram, "l2": measure_l2,
+            "smem": measure_smem, "mma": measure_mma, "ffma": measure_ffma, "ex2": measure_ex2,
+            "cp-async": measure_cp_async, "launch": measure_launch}
+
+
+def derived(rates: dict, skipped: dict) -> None:
+    """Rates computed from others: ``smem_read_bytes_per_clk_per_sm`` (shared bytes per SM per
+    second / the measured clock)."""
+    smem, clock = rates.get("smem_read_bytes_per_s_per_sm"), rates.get("sm_clock_hz")
+    if smem and clock:
+        rates["smem_read_bytes_per_clk_per_sm"] = {
+            "value": smem["value"] / clock["value"], "unit": "bytes/clk",
+            "how": "smem_read_bytes_per_s_per_sm / sm_clock_hz (same run)", "range": None}
+    elif smem:
+        skipped["smem_read_bytes_per_clk_per_sm"] = "needs sm_clock_hz (group clock)"
+
+
+def measure(dev, sizes, groups=GROUPS, progress=print) -> tuple[dict, dict]:
+    """``(rates, skipped)`` of the ``groups`` on ``dev`` with ``sizes``; rates as the file
+    holds them (`sim.profiles.RATE_UNITS` names and units), skipped rates with the reason."""
+    from sim.profiles import RATE_UNITS
+    rates, skipped = {}, {}
+    for i, g in enumerate(groups, 1):
+        t0 = time.perf_counter()
+        got, skip = MEASURES[g](dev, sizes)
+        rates.update(got)
+        skipped.update(skip)
+        text = "; ".join([f"{k} {_fmt(v['value'], v['unit'])}" for k, v in got.items()]
+                         + [f"{k} skipped ({why})" for k, why in skip.items()])
+        progress(f"[{i}/{len(groups)}] {g}: {text} ({time.perf_counter() - t0:.1f} s)")
+    derived(rates, skipped)
+    for name, entry in rates.items():
+        if RATE_UNITS.get(name) != entry["unit"]:
+            raise AssertionError(f"rate {name}: unit {entry['unit']!r}, sim.profiles.RATE_UNITS "
+                                 f"says {RATE_UNITS.get(name)!r}")
+    return rates, skipped
+
+
+def _fmt(v, unit) -> str:
+    if unit == "s":
+        return f"{v * 1e6:.3g} us"
+    if unit == "bytes/clk":
+        return f"{v:.3g} bytes/clk"
+    for prefix, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6)):
+        if v >= scale:
+            return f"{v / scale:.4g} {prefix}{unit.replace('bytes', 'B').replace('flop', 'FLOP')}"
+    return f"{v:.4g} {unit}"
+
+
+# ------------------------------------------------------------------------------------------------
+# the command
+# ------------------------------------------------------------------------------------------------
+
+def parse_groups(text: str) -> tuple:
+    items = tuple(x.strip() for x in text.split(",") if x.strip())
+    bad = [x for x in items if x not in GROUPS]
+    if bad or not items:
+        raise ValueError(f"--only: unknown group(s) {bad or [text]}; groups: {', '.join(GROUPS)}")
+    return tuple(g for g in GROUPS if g in items)
+
+
+def _open_device(repeats):
+    """The `Device`, or ``(None, message)`` when there is no CUDA GPU to measure."""
+    try:
+        from kernels import host
+    except ImportError as exc:
+        return None, f"needs Numba with CUDA ({exc})"
+    if host.simulator():
+        return Device(None, repeats), None
+    try:
+        import torch
+    except ImportError:
+        return None, "needs torch with CUDA"
+    if not torch.cuda.is_available():
+        return None, ("needs a CUDA GPU (torch sees none); NUMBA_ENABLE_CUDASIM=1 runs the "
+                      "kernels at tiny sizes in Numba's simulator instead")
+    return Device(torch, repeats), None
+
+
+def default_out(gpu: str, date: str) -> str:
+    return "rates_" + re.sub(r"[^A-Za-z0-9]+", "-", gpu).strip("-").lower() + f"_{date[:10]}.json"
+
+
+def main(argv=None) -> int:
+    argv = list(argv or [])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks rates",
+                                 description=first_sentence(__doc__))
+    ap.add_argument("--only", default=",".join(GROUPS),
+                    help=f"comma-separated groups to measure (default all: {','.join(GROUPS)})")
+    ap.add_argument("--quick", action="store_true",
+                    help="smaller sizes and fewer repeats (a smoke test; less accurate)")
+    ap.add_argument("--repeats", type=int, default=None,
+                    help="timed launches per rate, at least (default 10; --quick 3)")
+    ap.add_argument("--out", default=None,
+                    help="JSON file to write (default ./rates_<gpu>_<date>.json)")
+    args = ap.parse_args(argv)
+    try:
+        groups = parse_groups(args.only)
+    except ValueError as exc:
+        print(f"python -m benchmarks rates: {exc}", file=sys.stderr)
+        return 2
+    if args.repeats is not None and args.repeats < 1:
+        print("python -m benchmarks rates: --repeats must be >= 1", file=sys.stderr)
+        return 2
+    dev, why = _open_device(args.repeats or 1)
+    if dev is None:
+        print(f"python -m benchmarks rates: {why}", file=sys.stderr)
+        return 2
+    preset = "tiny" if dev.simulator else ("quick" if args.quick else "full")
+    sizes = sizes_for(preset, dev.num_sms, dev.l2_bytes, args.repeats)
+    dev.repeats = sizes.repeats
+    extra = {"num_sms": dev.num_sms, "l2_bytes": dev.l2_bytes, "simulator": dev.simulator,
+             "compute_capability": None if dev.cc is None else f"{dev.cc[0]}.{dev.cc[1]}"}
+    if dev.simulator:
+        prov = provenance(command_line("rates", argv), gpu=dev.name, cuda="none (simulator)",
+                          extra=extra)
+        print("Numba's CUDA simulator: tiny sizes, wall-clock times; the values are not "
+              "hardware rates", flush=True)
+    else:
+        prov = provenance(command_line("rates", argv), extra=extra)
+    print(f"{dev.name}: {dev.num_sms} SMs, L2 {_bytes(dev.l2_bytes)}; sizes {preset}, "
+          f"{sizes.repeats} repeats", flush=True)
+    rates, skipped = measure(dev, sizes, groups, progress=lambda s: print(s, flush=True))
+    doc = {"schema": SCHEMA, "provenance": prov, "sizes": asdict(sizes), "rates": rates,
+           "skipped": skipped}
+    out = args.out or default_out(prov["gpu"], prov["date"])
+    write_json(doc, out)
+    print(f"wrote {out}")
+    return 0

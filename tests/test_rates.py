@@ -1,0 +1,286 @@
+"""``python -m benchmarks rates`` and measured rates in a profile.
+
+* Each microbenchmark kernel computes what it is said to, at tiny sizes: in Numba's CUDA
+  simulator here (the PTX operations replaced by Python stand-ins with the same results), with
+  the PTX itself in the ``gpu`` test: the DRAM/L2 read, write and copy kernels touch the
+  vectors of their index map, the pointer chase follows its cycle, the shared-memory loads
+  sum to the closed form, every ``mma`` chain ends at ``iters * K``, the FFMA chains at
+  ``x0 + c + steps``, the ex2 chains at the fixed point of ``x = 2**-x``, and the ``cp.async``
+  pipeline (depths 1, 2, 3) consumes every copied word exactly once.
+* The command (in the simulator) writes a ``ioaware.rates/1`` file with provenance, every rate
+  of `sim.profiles.RATE_UNITS` measured or skipped with a reason; bad ``--only`` and no GPU
+  are one-line errors with exit code 2.
+* ``load_profile(name, rates=FILE)`` gives a copy carrying the measured values (predictions
+  unchanged); without ``rates`` the profile is the shipped one; a missing file, a wrong schema,
+  a wrong unit, a bad value, another GPU's file are refused naming ``rates``.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from functools import reduce
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import sim
+from benchmarks import rates as R
+from sim.profiles import RATE_UNITS, RATES_SCHEMA, load_profile
+
+from .conftest import REAL_GPU
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _xor(a) -> int:
+    return int(reduce(np.bitwise_xor, np.asarray(a, np.uint32).ravel(), np.uint32(0)))
+
+
+# -- the kernels ---------------------------------------------------------------------------------
+
+def check_dram_kernels(threads=32, per_thread=2):
+    read, write, copy = R.dram_kernels(threads, per_thread)
+    span, blocks = threads * per_thread, 2
+    rng = np.random.default_rng(1)
+    for n_vec in (blocks * span, span // 2):          # exactly covered; wrapped (the L2 case)
+        buf = rng.integers(0, 2**32, n_vec * 4, dtype=np.uint64).astype(np.uint32)
+        sink = np.zeros(blocks * threads, np.uint32)
+        read[blocks, threads](buf, n_vec - 1, sink, 1)
+        vecs = buf.reshape(-1, 4)
+        for b in range(blocks):
+            for t in range(threads):
+                idx = [((b * per_thread + k) * threads + t) & (n_vec - 1) for k in range(per_thread)]
+                assert sink[b * threads + t] == _xor(vecs[idx]), (n_vec, b, t)
+    n_vec = blocks * span
+    out = np.zeros(n_vec * 4, np.uint32)
+    write[blocks, threads](out, n_vec - 1)
+    assert (out.reshape(-1, 4) == np.arange(n_vec)[:, None] + np.arange(4)).all()
+    src = rng.integers(0, 2**32, n_vec * 4, dtype=np.uint64).astype(np.uint32)
+    dst = np.zeros_like(src)
+    copy[blocks, threads](src, dst, n_vec - 1)
+    assert (dst == src).all()
+
+
+def check_chase():
+    nxt, start = R.chase_buffer(1024, 64, seed=3)
+    step = 64 // 4
+    seen, j = [], start
+    for _ in range(1024 // 64):
+        seen.append(j)
+        j = int(nxt[j])
+    assert j == start and sorted(seen) == list(range(0, 1024 // 4, step))   # one cycle, all nodes
+    out = np.zeros(1, np.uint32)
+    R.chase_kernel()[1, 1](nxt, start, 21, out)
+    assert out[0] == seen[21 % len(seen)]
+
+
+def check_smem(threads=64, iters=3):
+    for conflicted in (False, True):
+        out = np.zeros(2 * threads, np.float32)
+        R.smem_kernel(threads, conflicted)[2, threads](out, iters)
+        expected = R.smem_expected(threads, conflicted, iters)
+        assert (out == np.tile(expected, 2)).all(), conflicted
+
+
+def check_mma(iters=3):
+    for dtype, k in R.MMA_K.items():
+        operands = np.full(6, R.MMA_ONES[dtype], np.uint32)
+        out = np.zeros(64, np.float32)
+        R.mma_kernel(dtype)[2, 32](operands, out, iters)
+        assert (out == 4 * R.MMA_CHAINS * iters * k).all(), dtype     # 16 registers a thread
+
+
+def check_ffma(iters=2):
+    out = np.zeros(64, np.float32)
+    one = np.float32(1)
+    R.ffma_kernel()[2, 32](np.float32(0.5), one, one, iters, out)
+    steps = iters * R.UNROLL
+    assert (out == sum(0.5 + c + steps for c in range(R.CHAINS))).all()
+
+
+def check_ex2(iters=3):
+    out = np.zeros(32, np.float32)
+    R.ex2_kernel()[1, 32](np.float32(0), iters, out)
+    np.testing.assert_allclose(out, R.CHAINS * R.EX2_FIXED_POINT, rtol=2e-6)
+
+
+def check_cp_async(threads=32, per_thread=2, blocks=2, tiles=4):
+    words = tiles * blocks * threads * per_thread * 4
+    src = np.random.default_rng(2).integers(0, 2**32, words + 64, dtype=np.uint64).astype(np.uint32)
+    for depth in (1, 2, 3):
+        out = np.zeros(blocks * threads, np.uint32)
+        R.cp_async_kernel(depth, threads, per_thread)[blocks, threads](src, tiles, out)
+        assert _xor(out) == _xor(src[:words]), depth        # every copied word consumed once
+
+
+CHECKS = (check_dram_kernels, check_chase, check_smem, check_mma, check_ffma, check_ex2,
+          check_cp_async)
+
+
+@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__[6:])
+def test_kernel_computes_its_closed_form(check):
+    check()
+
+
+def test_cp_async_depth_is_checked():
+    with pytest.raises(ValueError, match="depth"):
+        R.cp_async_kernel(4, 32, 1)
+
+
+def test_full_sizes_fit_the_gpu():
+    """On an H100's figures: DRAM buffers >= 4x L2, many waves of blocks; the L2 buffer about
+    L2 / 4; every size a whole number of blocks."""
+    sz = R.sizes_for("full", 132, 50 * 2**20)
+    assert sz.dram_bytes >= 4 * 50 * 2**20 and sz.dram_bytes % (sz.threads * sz.per_thread * 16) == 0
+    assert sz.dram_bytes // 16 // (sz.threads * sz.per_thread) >= 100 * 132
+    assert 50 * 2**20 / 8 < sz.l2_buffer_bytes <= 50 * 2**20 / 4
+    assert sz.chase_bytes <= sz.l2_buffer_bytes and sz.repeats >= 5
+    with pytest.raises(ValueError, match="preset"):
+        R.sizes_for("huge", 132, 2**20)
+
+
+# -- the command ---------------------------------------------------------------------------------
+
+def _check_doc(doc, path):
+    assert doc["schema"] == RATES_SCHEMA == R.SCHEMA
+    prov = doc["provenance"]
+    for key in ("gpu", "driver", "cuda", "torch", "numba", "numba_cuda", "date", "command",
+                "code_version", "kernels_sha", "num_sms", "l2_bytes", "simulator"):
+        assert key in prov, key
+    assert prov["command"].startswith("python -m benchmarks rates") and str(path) in prov["command"]
+    for name, entry in doc["rates"].items():
+        assert entry["unit"] == RATE_UNITS[name], name
+        assert isinstance(entry["value"], float) and math.isfinite(entry["value"]) \
+            and entry["value"] > 0, name
+        assert isinstance(entry["how"], str) and entry["how"] and "\n" not in entry["how"]
+    assert all(isinstance(why, str) and why for why in doc["skipped"].values())
+
+
+@pytest.mark.skipif(REAL_GPU, reason="the tiny run is the simulator's")
+def test_command_writes_a_rates_file_with_provenance(tmp_path, capsys):
+    path = tmp_path / "rates.json"
+    assert R.main(["--out", str(path)]) == 0
+    doc = json.loads(path.read_text())
+    _check_doc(doc, path)
+    assert doc["provenance"]["simulator"] is True and doc["sizes"]["preset"] == "tiny"
+    assert set(doc["rates"]) | set(doc["skipped"]) == set(RATE_UNITS)   # each one, or why not
+    assert "sm_clock_hz" in doc["skipped"]
+    out = capsys.readouterr().out
+    assert "[9/9] launch" in out and f"wrote {path}" in out
+    prof = load_profile("h100", rates=path, check_gpu=False)       # the file loads
+    assert prof.rate("ffma_flops_per_s") == doc["rates"]["ffma_flops_per_s"]["value"]
+    path2 = tmp_path / "some.json"
+    assert R.main(["--only", "launch,ffma", "--out", str(path2)]) == 0
+    assert set(json.loads(path2.read_text())["rates"]) == {
+        "ffma_flops_per_s", "kernel_launch_s", "kernel_launch_numba_s"}
+
+
+def test_bad_groups_are_refused_before_work(capsys):
+    assert R.main(["--only", "dram,hbm"]) == 2
+    err = capsys.readouterr().err
+    assert "--only" in err and "hbm" in err and "cp-async" in err and len(err.splitlines()) == 1
+    assert R.main(["--repeats", "0"]) == 2
+
+
+@pytest.mark.skipif(REAL_GPU, reason="needs a machine without a GPU")
+def test_no_gpu_is_a_one_line_error():
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
+    r = subprocess.run([sys.executable, "-m", "benchmarks", "rates", "--out", os.devnull],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "needs a CUDA GPU" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+# -- measured rates in a profile -----------------------------------------------------------------
+
+def _doc(gpu="NVIDIA H100 80GB HBM3", **rates):
+    rates = rates or {"dram_read_bytes_per_s": 3.0e12, "l2_hit_latency_s": 1.4e-7,
+                      "mma_fp16_flops_per_s": 6.5e14}
+    return {"schema": RATES_SCHEMA,
+            "provenance": {"gpu": gpu, "date": "2026-11-24T00:00:00+00:00",
+                           "command": "python -m benchmarks rates",
+                           "code_version": {"commit": "abc1234", "dirty": False}},
+            "rates": {k: {"value": v, "unit": RATE_UNITS[k], "how": "test"}
+                      for k, v in rates.items()}}
+
+
+def test_profile_takes_measured_rates_only_when_asked(tmp_path):
+    path = tmp_path / "rates.json"
+    path.write_text(json.dumps(_doc()))
+    h100 = sim.PROFILES["h100"]
+    assert load_profile("h100") is h100 and h100.measured_rates is None
+    assert h100.rate("dram_read_bytes_per_s") is None and h100.rate("dram_read_bytes_per_s", 7) == 7
+    prof = load_profile("h100", rates=str(path))
+    assert prof.measured_rates == {"dram_read_bytes_per_s": 3.0e12, "l2_hit_latency_s": 1.4e-7,
+                                   "mma_fp16_flops_per_s": 6.5e14}
+    assert prof.rate("mma_fp16_flops_per_s") == 6.5e14 and prof.rate("ffma_flops_per_s", 1.0) == 1.0
+    assert "rates.json" in prof.sources["measured_rates"]
+    assert h100.measured_rates is None and "measured_rates" not in h100.sources   # a copy
+    same = {f: getattr(prof, f) for f in h100.__dataclass_fields__
+            if f not in ("measured_rates", "sources")}
+    assert same == {f: getattr(h100, f) for f in same}
+    assert h100.with_rates(_doc()).measured_rates == prof.measured_rates       # a parsed object
+    w = sim.Workload(batch=2, heads=8, seq_len_q=2048, head_dim=64, dtype="fp16")
+    assert sim.predict(w, "flash2", prof).predicted_ms == sim.predict(w, "flash2", "h100").predicted_ms
+    with pytest.raises(ValueError, match="unknown rate"):
+        prof.rate("dram_bandwidth")
+
+
+def test_bad_rates_are_refused_naming_the_argument(tmp_path):
+    with pytest.raises(FileNotFoundError, match="rates: no such file"):
+        load_profile("h100", rates=str(tmp_path / "missing.json"))
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(dict(_doc(), schema="ioaware.results/1")))
+    with pytest.raises(ValueError, match=r"rates: .*schema 'ioaware.rates/1' expected"):
+        load_profile("h100", rates=bad)
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match="rates: .* not JSON"):
+        load_profile("h100", rates=bad)
+    doc = _doc()
+    doc["rates"]["l2_hit_latency_s"]["unit"] = "ms"
+    with pytest.raises(ValueError, match="rates: .*'l2_hit_latency_s' must be in 's'"):
+        load_profile("h100", rates=doc)
+    for value in (0.0, -1.0, float("nan"), "fast", None):
+        doc = _doc()
+        doc["rates"]["dram_read_bytes_per_s"]["value"] = value
+        with pytest.raises(ValueError, match="rates: .*positive finite"):
+            load_profile("h100", rates=doc)
+    with pytest.raises(ValueError, match="rates: .*no 'rates'"):
+        load_profile("h100", rates={"schema": RATES_SCHEMA})
+    with pytest.raises(TypeError, match="rates must be"):
+        load_profile("h100", rates=3)
+    h200 = _doc(gpu="NVIDIA H200")
+    with pytest.raises(ValueError, match="rates: .*'NVIDIA H200'.*check_gpu=False"):
+        load_profile("h100", rates=h200)
+    assert load_profile("h100", rates=h200, check_gpu=False).rate("l2_hit_latency_s") == 1.4e-7
+    assert load_profile("h200", rates=h200).rate("l2_hit_latency_s") == 1.4e-7
+    with pytest.raises(ValueError, match="measured_rates"):
+        sim.GPUProfile(name="x", hbm_bandwidth_bytes_per_s=1e12, l2_bytes=2**22, num_sms=10,
+                       smem_bytes_per_sm=65536, smem_bytes_per_block=49152, fp32_flops_per_s=1e13,
+                       measured_rates={"ffma_flops_per_s": -1.0})
+
+
+# -- on a GPU ------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_ptx_kernels_and_a_quick_run(tmp_path):
+    """The kernels with their PTX (ld/st.global v4, ld.shared, mma.sync, FFMA, ex2.approx,
+    cp.async) against the same closed forms, then ``rates --quick``: every rate measured (an
+    sm_80+ GPU), positive, within sight of the GPU's profile where there is one."""
+    for check in CHECKS:
+        check()
+    path = tmp_path / "rates.json"
+    assert R.main(["--quick", "--out", str(path)]) == 0
+    doc = json.loads(path.read_text())
+    _check_doc(doc, path)
+    assert set(doc["rates"]) == set(RATE_UNITS) and not doc["skipped"]
+    prof = sim.profile_for_gpu_name(doc["provenance"]["gpu"])
+    if prof is not None:
+        r = load_profile(prof, rates=path)
+        assert 0.3 < r.rate("dram_copy_bytes_per_s") / prof.hbm_bandwidth_bytes_per_s < 1.2
+        assert 0.3 < r.rate("ffma_flops_per_s") / prof.fp32_flops_per_s < 1.2
+        assert 0.1 < r.rate("mma_fp16_flops_per_s") / prof.tensor_flops_per_s["fp16"] < 1.2
