@@ -1,11 +1,14 @@
 """Command line: ``python -m sim predict ...``, ``python -m sim sweep ...``, ``python -m sim search ...``,
-``python -m sim ring ...``.
+``python -m sim ring ...``, ``python -m sim flash3-ablation ...``.
 
 ``predict`` prints one JSON object (``--json``) or a readable table, with a calibrated time
 only when ``--calibrate-on RESULTS.json [...]`` names the measurements to fit it on; ``sweep``
 prints a table or writes CSV (``--csv PATH``), with a progress bar on stderr for large sweeps;
 ``search`` lists the feasible block sizes, the predicted best and the frontier; ``ring`` prices
-context-parallel ring attention over P GPUs step by step (:mod:`sim.ring`).
+context-parallel ring attention over P GPUs step by step (:mod:`sim.ring`). ``predict --schedule
+flash3`` prices FlashAttention-3's forward plan (`sim.plans.flash3`) with its overlap model;
+``flash3-ablation`` tabulates what each of its ideas buys and compares the model with the
+FlashAttention-3 paper's figures and, given ``--measured FILE``, with measured records.
 """
 from __future__ import annotations
 
@@ -57,7 +60,7 @@ def _device(text: str):
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _common(p: argparse.ArgumentParser, multi: bool):
+def _common(p: argparse.ArgumentParser, multi: bool, dtypes=("fp16", "bf16", "fp32")):
     conv = _int_list if multi else int
     p.add_argument("--batch", type=conv, default=[1] if multi else 1)
     p.add_argument("--heads", type=conv, default=[16] if multi else 16)
@@ -66,7 +69,7 @@ def _common(p: argparse.ArgumentParser, multi: bool):
                    help="sequence length N (Nq = Nk unless --seq-len-k)")
     p.add_argument("--seq-len-k", type=int, default=None)
     p.add_argument("--head-dim", type=conv, default=[64] if multi else 64)
-    p.add_argument("--dtype", choices=("fp16", "bf16", "fp32"), default="fp16")
+    p.add_argument("--dtype", choices=dtypes, default="fp16")
     p.add_argument("--device", type=_device, default=load_profile("h100"),
                    help=f"profile name ({', '.join(sorted(PROFILES))}, a100=a100-80gb) or a profile .json")
     p.add_argument("--causal", action="store_true")
@@ -126,6 +129,13 @@ def _split_kv_cmd(a) -> int:
 
 
 def _predict_cmd(a) -> int:
+    if a.schedule == "flash3":
+        return _flash3_cmd(a)
+    for flag, value in (("--dtype fp8", a.dtype == "fp8"), ("--no-warp-specialise", a.no_warp_specialise),
+                        ("--no-pingpong", a.no_pingpong), ("--no-intra-overlap", a.no_intra_overlap),
+                        ("--stages", a.stages is not None), ("--cluster-m", a.cluster_m is not None)):
+        if value:
+            raise SystemExit(f"error: {flag} applies to --schedule flash3 only")
     if a.schedule == "split-kv":
         return _split_kv_cmd(a)
     if a.splits is not None:
@@ -163,6 +173,124 @@ def _predict_cmd(a) -> int:
     width = max(len(r[0]) for r in rows)
     for k, v in rows:
         print(f"{k:<{width}}  {v}")
+    return 0
+
+
+def _flash3_cmd(a) -> int:
+    """``predict --schedule flash3``: FlashAttention-3's forward plan (`sim.plans.flash3`) priced
+    by `sim.plan.price`, with what hides under what."""
+    from .plan import price
+    from .plans import plan_for
+    from .plans.flash3 import overlap_report, tflops
+    for flag, value in (("--dropout", a.dropout), ("--density", a.density), ("--splits", a.splits),
+                        ("--fused-softmax", a.fused_softmax), ("--variant", a.variant),
+                        ("--micro-tile", a.micro_tile), ("--micro-tile-kv", a.micro_tile_kv),
+                        ("--calibrate-on", a.calibrate_on)):
+        if value:
+            raise SystemExit(f"error: {flag} does not apply to --schedule flash3")
+    if a.pass_ != "fwd":
+        raise SystemExit("error: --schedule flash3 is a forward (--pass fwd)")
+    if a.dtype == "fp32":
+        raise SystemExit("error: --dtype fp32: FlashAttention-3 has no float32 forward (fp16, bf16 or fp8)")
+    if a.l2 == "trace":
+        raise SystemExit("error: --l2 trace: flash3 plans are priced with the analytic L2 model (auto, "
+                         "analytic or none)")
+    w = Workload(batch=a.batch, heads=a.heads, heads_kv=a.heads_kv, seq_len_q=a.seq_len,
+                 seq_len_k=a.seq_len_k, head_dim=a.head_dim, dtype="bf16" if a.dtype == "fp8" else a.dtype,
+                 causal=a.causal, window_size=a.window)
+    plan = plan_for("flash3", "fwd", w, block_q=a.block_q, block_k=a.block_k,
+                    stages=2 if a.stages is None else a.stages, warp_specialised=not a.no_warp_specialise,
+                    pingpong=not a.no_pingpong, intra_overlap=not a.no_intra_overlap, dtype=a.dtype,
+                    cluster_m=a.cluster_m)
+    cost = price(plan, a.device, l2="none" if a.l2 == "none" else "analytic")
+    rep = overlap_report(cost)
+    k = cost.kernels[0]
+    d = {"schedule": "flash3", "pass": "fwd", "profile": cost.profile, "workload": w.to_dict(),
+         "config": dict(plan.config), "predicted_ms": cost.time_ms, "tflops": tflops(w, cost.time_s),
+         "bound": rep["critical_path"], "global_bytes": cost.global_bytes, "dram_bytes": cost.dram_bytes,
+         "flops": cost.flops, "matmul_flops": k.matmul_flops, "mufu_ops": k.mufu_ops,
+         "resident_per_sm": k.resident_per_sm, "wave_utilisation": k.wave_utilisation,
+         "overlap": rep, "rate_sources": dict(cost.rate_sources), "kernels": cost.to_dict()["kernels"]}
+    d["workload"]["dtype"] = a.dtype
+    if a.json:
+        print(json.dumps(d, indent=None if a.compact else 2))
+        return 0
+    cfg = plan.config
+    ideas = [n for n, on in (("warp specialisation", cfg["warp_specialised"]), ("ping-pong", cfg["pingpong"]),
+                             ("intra-warpgroup overlap", cfg["intra_overlap"])) if on]
+    rows = [("schedule", f"flash3 (fwd, {a.dtype}) on {cost.profile}"),
+            ("ideas on", ", ".join(ideas) or "none (the FlashAttention-2-style baseline)"),
+            ("block_q x block_k", f"{cfg['block_q']} x {cfg['block_k']} ({cfg['consumer_warpgroups']} consumer "
+                                  f"warpgroups, {cfg['stages']} stages, cluster {cfg['cluster_m']})"),
+            ("programs, resident / SM", f"{k.programs:,}, {k.resident_per_sm} (wave utilisation "
+                                        f"{k.wave_utilisation:.3f})"),
+            ("global bytes", _fmt(round(cost.global_bytes))), ("DRAM bytes", _fmt(round(cost.dram_bytes))),
+            ("FLOPs (matmul)", _fmt(k.matmul_flops)), ("MUFU ops", _fmt(k.mufu_ops)),
+            ("predicted time (raw)", f"{cost.time_ms:.4f} ms, {d['tflops']:.0f} TFLOP/s ({rep['critical_path']})")]
+    for name, ms in rep["levels_ms"].items():
+        if ms:
+            rows.append((f"  {name}", f"{ms:.4f} ms" + ("  hidden" if name in rep["hidden"] else "")))
+    for label, ms in rep["chains_ms"].items():
+        rows.append((f"  chain {label}", f"{ms:.4f} ms"))
+    width = max(len(r[0]) for r in rows)
+    for name, v in rows:
+        print(f"{name:<{width}}  {v}")
+    return 0
+
+
+def _percent(v) -> str:
+    return "" if v is None else f"{100 * v:+.0f}%"
+
+
+def _number(v) -> str:
+    return "" if v is None else f"{v:.0f}"
+
+
+def _flash3_ablation_cmd(a) -> int:
+    """``flash3-ablation``: what each of FlashAttention-3's ideas buys (`sim.plans.flash3`), the
+    comparison with the paper's figures and, with ``--measured``, with measured records."""
+    from .plans.flash3 import ablation, compare_with_paper, compare_with_records
+    causals = {"full": (False,), "causal": (True,), "both": (False, True)}[a.mask]
+    rows = ablation(a.device, tuple(a.head_dim), tuple(a.seq_len), causals, tuple(a.dtype))
+    paper = compare_with_paper(a.device)
+    measured = compare_with_records(a.measured, a.device) if a.measured else None
+    if a.json:
+        print(json.dumps({"profile": a.device.name, "ablation": rows, "paper": paper,
+                          "measured": measured}, indent=2))
+        return 0
+    print(f"FlashAttention-3 forward ablation on {a.device.name}: predicted TFLOP/s (4 N^2 d H B / time, "
+          f"halved when causal), B N = 16k tokens, H d = 2048")
+    cols = ("base", "+ws", "ws+intra", "ws+pp", "fa3")
+    keys = ("baseline", "+warp_specialisation", "intra_only", "+pingpong", "+intra_overlap")
+    print(f"{'dtype':>5} {'d':>4} {'mask':>6} {'N':>6} {'tiles':>8} " + " ".join(f"{c:>8}" for c in cols)
+          + f"  {'mufu/mm':>7}  critical path")
+    for r in rows:
+        print(f"{r['dtype']:>5} {r['head_dim']:>4} {'causal' if r['causal'] else 'full':>6} {r['seq_len']:>6} "
+              f"{str(r['block_q']) + 'x' + str(r['block_k']):>8} "
+              + " ".join(f"{r['tflops'][k]:8.0f}" for k in keys)
+              + f"  {r['mufu_over_matmul']:7.2f}  {r['critical_path']}")
+    print("\nFP16 against the FlashAttention-3 paper (TFLOP/s; error of the predicted time vs the paper's)")
+    print(f"{'d':>4} {'mask':>6} {'N':>6} {'FA2':>5} {'base':>5} {'err':>6}  {'FA3':>5} {'fa3':>5} {'err':>6}  "
+          f"{'serial':>6} {'err':>6}  {'cuDNN':>5}  {'speedup paper':>13} {'model':>5}")
+    for f in paper["figure"]:
+        print(f"{f['head_dim']:>4} {'causal' if f['causal'] else 'full':>6} {f['seq_len']:>6} "
+              f"{f['paper_fa2']:>5} {f['predicted_baseline']:5.0f} {_percent(f['baseline_error_vs_fa2']):>6}  "
+              f"{_number(f['paper_fa3']):>5} {f['predicted_flash3']:5.0f} {_percent(f['fa3_error']):>6}  "
+              f"{f['predicted_serial_softmax']:6.0f} {_percent(f['serial_softmax_error']):>6}  {f['paper_cudnn']:>5}  "
+              f"{'' if f['paper_speedup'] is None else format(f['paper_speedup'], '.2f'):>13} "
+              f"{f['predicted_speedup']:5.2f}")
+    print("\nThe paper's Table 2 (FP16, B 4, N 8448, H 16, d 128, full mask)")
+    for t in paper["table2"]:
+        print(f"  {t['configuration']:<50} paper {t['paper_ms']:.3f} ms {t['paper_tflops']:>4} TFLOP/s   "
+              f"model {t['predicted_ms']:.3f} ms {t['predicted_tflops']:4.0f} TFLOP/s ({t['critical_path']})")
+    if measured is not None:
+        print(f"\nMeasured ({a.measured}) against the model: error = (predicted - measured) / measured")
+        print(f"{'kernel':>10} {'model':>8} {'d':>4} {'mask':>6} {'N':>6} {'measured ms':>11} {'predicted':>9} "
+              f"{'error':>6}  {'serial softmax':>14}")
+        for r in measured:
+            print(f"{r['kernel']:>10} {r['model']:>8} {r['head_dim']:>4} {'causal' if r['causal'] else 'full':>6} "
+                  f"{r['seq_len']:>6} {r['measured_ms']:11.4f} {r['predicted_ms']:9.4f} {100 * r['error']:+5.0f}%  "
+                  f"{100 * r['error_by_model']['serial_softmax']:+13.0f}%")
     return 0
 
 
@@ -325,6 +453,15 @@ def _ring_cmd(a) -> int:
     return 0
 
 
+def _dtype_list(text: str) -> list[str]:
+    """"fp16" or "fp16,fp8": FlashAttention-3's input dtypes (an argparse type)."""
+    out = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [t for t in out if t not in ("fp16", "bf16", "fp8")]
+    if not out or bad:
+        raise argparse.ArgumentTypeError(f"expected fp16, bf16 or fp8 (comma-separated), got {text!r}")
+    return out
+
+
 def _pair(text):
     try:
         a, b = (int(x) for x in text.lower().split("x"))
@@ -337,9 +474,19 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m sim", description="IO cost model of attention schedules")
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("predict", help="counts and predicted time of one configuration")
-    p.add_argument("--schedule", choices=("naive", "flash1", "flash2", "split-kv"), required=True,
-                   help="split-kv: the decoding forward of sim.decode (few queries, a long KV cache)")
-    _common(p, multi=False)
+    p.add_argument("--schedule", choices=("naive", "flash1", "flash2", "split-kv", "flash3"), required=True,
+                   help="split-kv: the decoding forward of sim.decode (few queries, a long KV cache); "
+                        "flash3: FlashAttention-3's forward on Hopper (sim.plans.flash3)")
+    _common(p, multi=False, dtypes=("fp16", "bf16", "fp32", "fp8"))
+    p.add_argument("--no-warp-specialise", action="store_true",
+                   help="flash3: no producer warp: the compute warps load each tile and wait for it")
+    p.add_argument("--no-pingpong", action="store_true",
+                   help="flash3: no ping-pong between the consumer warpgroups")
+    p.add_argument("--no-intra-overlap", action="store_true",
+                   help="flash3: no softmax/GEMM overlap inside a warpgroup")
+    p.add_argument("--stages", type=int, default=None, help="flash3: K/V buffers in shared memory (default 2)")
+    p.add_argument("--cluster-m", type=int, choices=(1, 2), default=None,
+                   help="flash3: CTAs sharing K/V loads by TMA multicast (default FlashAttention-3's choice)")
     p.add_argument("--splits", type=int, default=None,
                    help="split-kv: key splits (default: the model's choice, sim.decode.choose_splits)")
     p.add_argument("--block-q", type=int, default=None)
@@ -418,6 +565,21 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--l2", choices=("auto", "trace", "analytic", "none"), default="analytic")
     r.add_argument("--json", action="store_true", help="print one JSON object")
     r.set_defaults(func=_ring_cmd)
+
+    f = sub.add_parser("flash3-ablation", help="FlashAttention-3's forward: what each idea buys, against "
+                                               "the paper and measurements")
+    f.add_argument("--device", type=_device, default=load_profile("h100"),
+                   help=f"profile name ({', '.join(sorted(PROFILES))}) or a profile .json")
+    f.add_argument("--head-dim", type=_int_list, default=[64, 128, 256])
+    f.add_argument("--seq-len", type=_int_list, default=[512, 1024, 2048, 4096, 8192, 16384],
+                   help="lengths N; batch = 16384 / N, heads = 2048 / d (the paper's setting)")
+    f.add_argument("--mask", choices=("full", "causal", "both"), default="both")
+    f.add_argument("--dtype", type=_dtype_list, default=["fp16", "fp8"], help="fp16, bf16, fp8 (comma-separated)")
+    f.add_argument("--measured", default=None, metavar="FILE",
+                   help="a results file: compare its FlashAttention-2 (sdpa-flash) and cuDNN (sdpa-cudnn) "
+                        "forward records with the model")
+    f.add_argument("--json", action="store_true", help="print one JSON object")
+    f.set_defaults(func=_flash3_ablation_cmd)
     return ap
 
 

@@ -37,7 +37,7 @@ from .profiles import GPUProfile, load_profile
 from .workload import SECTOR_BYTES, Workload, occupancy
 
 __all__ = ["Access", "Matmul", "KernelPlan", "Plan", "KernelCost", "PlanCost", "price", "ACCESS_HOWS",
-           "MATMUL_UNITS", "RATE_NAMES", "rates_of"]
+           "MATMUL_UNITS", "RATE_NAMES", "rates_of", "serial_parts"]
 
 #: How an access reaches global memory: "ld"/"st" whole rows (coalesced, counted as moved);
 #: "fragment": a warp instruction touches ``segment_bytes`` of a row (an mma fragment), so the
@@ -48,7 +48,12 @@ ACCESS_HOWS = ("ld", "st", "fragment", "cp.async", "atomic")
 
 #: Matmul units and the rate each is priced at (:data:`RATE_NAMES`).
 MATMUL_UNITS = {"mma.f16": "mma_f16_flops_per_s", "mma.bf16": "mma_bf16_flops_per_s",
-                "mma.tf32": "mma_tf32_flops_per_s", "ffma": "ffma_flops_per_s"}
+                "mma.tf32": "mma_tf32_flops_per_s", "ffma": "ffma_flops_per_s",
+                # float8 (e4m3) products of ``mma.sync``, and Hopper's warpgroup ``wgmma``
+                # (FlashAttention-3): priced apart, as a measured rate of one instruction does
+                # not carry to the other
+                "mma.fp8": "mma_fp8_flops_per_s", "wgmma.f16": "wgmma_f16_flops_per_s",
+                "wgmma.bf16": "wgmma_bf16_flops_per_s", "wgmma.fp8": "wgmma_fp8_flops_per_s"}
 
 #: The rates :func:`price` reads, and the datasheet figure each falls back to when the profile
 #: has no measurement of it (a profile attribute, or a function of the profile).
@@ -58,6 +63,11 @@ RATE_NAMES = {
     "mma_f16_flops_per_s": lambda p: p.tensor_flops_per_s.get("fp16"),
     "mma_bf16_flops_per_s": lambda p: p.tensor_flops_per_s.get("bf16"),
     "mma_tf32_flops_per_s": lambda p: p.tensor_flops_per_s.get("tf32"),
+    # float8 and wgmma products: no microbenchmark measures them yet (datasheet figures)
+    "mma_fp8_flops_per_s": lambda p: p.tensor_flops_per_s.get("fp8"),
+    "wgmma_f16_flops_per_s": lambda p: p.tensor_flops_per_s.get("fp16"),
+    "wgmma_bf16_flops_per_s": lambda p: p.tensor_flops_per_s.get("bf16"),
+    "wgmma_fp8_flops_per_s": lambda p: p.tensor_flops_per_s.get("fp8"),
     "ffma_flops_per_s": lambda p: p.fp32_flops_per_s,
     # CUDA Programming Guide, arithmetic instruction throughput, cc 8.x/9.0: 16 results per clock
     # per SM for exp2/log2/reciprocal (MUFU)
@@ -141,7 +151,10 @@ class KernelPlan:
     ``(("matmul", "fp32", "mufu"),)`` for a warp that waits for its products before its
     softmax, with too few warps resident to hide it); every other level overlaps, and the
     kernel's time is the largest of the groups' sums and the remaining levels. Default: all
-    levels overlap."""
+    levels overlap. A group's member may also be a pair ``(level, weight)``: that share of the
+    level's time is on the group's chain (e.g. ``(("matmul", 0.5), "mufu")`` for a softmax that
+    hides under one of a tile's two products but not the other); every level's own time stays a
+    lower bound of the kernel's (:func:`serial_parts`)."""
 
     name: str
     phase: str
@@ -269,15 +282,39 @@ def rates_of(profile: GPUProfile) -> tuple[dict, dict]:
     return rates, sources
 
 
+def _member(member, levels: dict) -> tuple[str, float]:
+    """``(level, weight)`` of one member of a ``KernelPlan.serial`` group."""
+    if isinstance(member, str):
+        name, weight = member, 1.0
+    elif (isinstance(member, (tuple, list)) and len(member) == 2 and isinstance(member[0], str)
+          and isinstance(member[1], (int, float)) and not isinstance(member[1], bool)
+          and math.isfinite(member[1]) and member[1] >= 0):
+        name, weight = member[0], float(member[1])
+    else:
+        raise ValueError(f"KernelPlan.serial members are level names or (level, weight >= 0) pairs, "
+                         f"got {member!r}")
+    if name not in levels:
+        raise ValueError(f"KernelPlan.serial names unknown level {name!r} (levels: {tuple(levels)})")
+    return name, weight
+
+
+def serial_parts(levels: dict, serial: tuple) -> list[tuple[str, float]]:
+    """``[(label, seconds)]``: every level's own time, then each ``serial`` group's weighted sum
+    (labelled as ``"0.5 matmul + mufu"``); the kernel's critical path is the largest of them.
+    For groups of plain names this is the same maximum as the groups' sums and the levels
+    outside every group (a level's time never exceeds the sum of a group that holds it)."""
+    parts = [(name, float(v)) for name, v in levels.items()]
+    for group in serial:
+        members = [_member(m, levels) for m in group]
+        label = " + ".join(n if w == 1 else f"{w:g} {n}" for n, w in members)
+        parts.append((label, sum(w * levels[n] for n, w in members)))
+    return parts
+
+
 def _critical(levels: dict, serial: tuple) -> float:
-    """The longest of the serial groups' summed times and the other levels' times."""
-    grouped = {name for group in serial for name in group}
-    for name in grouped:
-        if name not in levels:
-            raise ValueError(f"KernelPlan.serial names unknown level {name!r} (levels: {tuple(levels)})")
-    parts = [sum(levels[n] for n in group) for group in serial]
-    parts += [v for n, v in levels.items() if n not in grouped]
-    return max(parts) if parts else 0.0
+    """The longest of the serial groups' (weighted) sums and the levels' own times."""
+    parts = serial_parts(levels, serial)
+    return max(v for _label, v in parts) if parts else 0.0
 
 
 def _l2(plan: Plan, profile: GPUProfile, slots: dict) -> dict:
@@ -293,6 +330,15 @@ def _l2(plan: Plan, profile: GPUProfile, slots: dict) -> dict:
     res = l2_analytic(by_key, plan.tensor_bytes, pps, w.batch * w.heads, slots, profile.l2_bytes,
                       None, lockstep)
     return {name: v["dram_read_bytes"] + v["dram_write_bytes"] for name, v in res.phases.items()}
+
+
+def _rate(rates: dict, name: str, unit: str, profile: GPUProfile) -> float:
+    """The rate ``name`` of a matmul ``unit``; ValueError when the profile has neither a
+    measurement nor a datasheet figure of it (float8 on a GPU without float8 tensor cores)."""
+    if not rates.get(name):
+        raise ValueError(f"profile {profile.name} has no rate {name!r} for matmul unit {unit!r} "
+                         f"(neither measured nor in its tensor_flops_per_s)")
+    return rates[name]
 
 
 def price(plan: Plan, profile="h100", *, l2: str = "analytic") -> PlanCost:
@@ -324,7 +370,7 @@ def price(plan: Plan, profile="h100", *, l2: str = "analytic") -> PlanCost:
                   "l2": counted / rates["l2_bytes_per_s"] if rates["l2_bytes_per_s"] else 0.0,
                   "smem": (k.shared_bytes_moved / rates["smem_bytes_per_s"]
                            if rates["smem_bytes_per_s"] else 0.0),
-                  "matmul": sum(f / rates[MATMUL_UNITS[u]] for u, f in executed.items()
+                  "matmul": sum(f / _rate(rates, MATMUL_UNITS[u], u, prof) for u, f in executed.items()
                                 if u != "ffma"),
                   "fp32": (k.fp32_flops + ffma) / rates["ffma_flops_per_s"],
                   "mufu": k.mufu_ops / rates["mufu_ops_per_s"] if rates["mufu_ops_per_s"] else 0.0}

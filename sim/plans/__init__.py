@@ -7,6 +7,9 @@ plan; `sim` prices it (:func:`sim.plan.price`). :func:`plan_for` is the one entr
     plan_for("mma", "fwd", workload, block_q=128, block_k=64) -> sim.plan.Plan
 
 Families: ``mma`` (tensor-core float16/bfloat16), ``tf32`` (3xTF32 tensor-core float32).
+``flash3`` is FlashAttention-3's forward on Hopper (`sim.plans.flash3`: no launcher here, a
+model of another library's kernel) and ``flash3-baseline`` the same kernel with its three
+asynchrony ideas off.
 """
 from __future__ import annotations
 
@@ -18,6 +21,8 @@ __all__ = ["plan_for", "plans_for_record", "choose", "PLANNERS", "CONFIGS"]
 PLANNERS = {
     ("mma", "fwd"): "sim.plans.tensor_core_fwd:mma_forward_plan",
     ("tf32", "fwd"): "sim.plans.tensor_core_fwd:tf32_forward_plan",
+    ("flash3", "fwd"): "sim.plans.flash3:flash3_forward_plan",
+    ("flash3-baseline", "fwd"): "sim.plans.flash3:flash2_hopper_baseline_plan",
 }
 
 #: (family, pass) -> "module:function" listing its legal configurations for a workload.
