@@ -55,25 +55,34 @@ MATMUL_UNITS = {"mma.f16": "mma_f16_flops_per_s", "mma.bf16": "mma_bf16_flops_pe
                 "mma.fp8": "mma_fp8_flops_per_s", "wgmma.f16": "wgmma_f16_flops_per_s",
                 "wgmma.bf16": "wgmma_bf16_flops_per_s", "wgmma.fp8": "wgmma_fp8_flops_per_s"}
 
-#: The rates :func:`price` reads, and the datasheet figure each falls back to when the profile
-#: has no measurement of it (a profile attribute, or a function of the profile).
+#: The rates :func:`price` reads: name -> (the measured rate of ``python -m benchmarks rates``
+#: that gives it (`GPUProfile.measured_rates`), its factor to this unit, and the datasheet figure
+#: it falls back to (a function of the profile; None where there is none)).
 RATE_NAMES = {
-    "dram_bytes_per_s": lambda p: p.hbm_bandwidth_bytes_per_s,
-    "l2_bytes_per_s": lambda p: p.l2_bandwidth_bytes_per_s,
-    "mma_f16_flops_per_s": lambda p: p.tensor_flops_per_s.get("fp16"),
-    "mma_bf16_flops_per_s": lambda p: p.tensor_flops_per_s.get("bf16"),
-    "mma_tf32_flops_per_s": lambda p: p.tensor_flops_per_s.get("tf32"),
+    "dram_bytes_per_s": ("dram_copy_bytes_per_s", lambda p: 1.0, lambda p: p.hbm_bandwidth_bytes_per_s),
+    "l2_bytes_per_s": ("l2_read_bytes_per_s", lambda p: 1.0, lambda p: p.l2_bandwidth_bytes_per_s),
+    "smem_bytes_per_s": ("smem_read_bytes_per_s_per_sm", lambda p: p.num_sms,
+                         lambda p: p.smem_bandwidth_bytes_per_s),
+    "mma_f16_flops_per_s": ("mma_fp16_flops_per_s", lambda p: 1.0,
+                            lambda p: p.tensor_flops_per_s.get("fp16")),
+    "mma_bf16_flops_per_s": ("mma_bf16_flops_per_s", lambda p: 1.0,
+                             lambda p: p.tensor_flops_per_s.get("bf16")),
+    "mma_tf32_flops_per_s": ("mma_tf32_flops_per_s", lambda p: 1.0,
+                             lambda p: p.tensor_flops_per_s.get("tf32")),
+    "ffma_flops_per_s": ("ffma_flops_per_s", lambda p: 1.0, lambda p: p.fp32_flops_per_s),
     # float8 and wgmma products: no microbenchmark measures them yet (datasheet figures)
-    "mma_fp8_flops_per_s": lambda p: p.tensor_flops_per_s.get("fp8"),
-    "wgmma_f16_flops_per_s": lambda p: p.tensor_flops_per_s.get("fp16"),
-    "wgmma_bf16_flops_per_s": lambda p: p.tensor_flops_per_s.get("bf16"),
-    "wgmma_fp8_flops_per_s": lambda p: p.tensor_flops_per_s.get("fp8"),
-    "ffma_flops_per_s": lambda p: p.fp32_flops_per_s,
+    "mma_fp8_flops_per_s": ("mma_fp8_flops_per_s", lambda p: 1.0, lambda p: p.tensor_flops_per_s.get("fp8")),
+    "wgmma_f16_flops_per_s": ("wgmma_fp16_flops_per_s", lambda p: 1.0,
+                              lambda p: p.tensor_flops_per_s.get("fp16")),
+    "wgmma_bf16_flops_per_s": ("wgmma_bf16_flops_per_s", lambda p: 1.0,
+                               lambda p: p.tensor_flops_per_s.get("bf16")),
+    "wgmma_fp8_flops_per_s": ("wgmma_fp8_flops_per_s", lambda p: 1.0,
+                              lambda p: p.tensor_flops_per_s.get("fp8")),
     # CUDA Programming Guide, arithmetic instruction throughput, cc 8.x/9.0: 16 results per clock
     # per SM for exp2/log2/reciprocal (MUFU)
-    "mufu_ops_per_s": lambda p: (16 * p.num_sms * p.sm_clock_hz) if p.sm_clock_hz else None,
-    "smem_bytes_per_s": lambda p: p.smem_bandwidth_bytes_per_s,
-    "launch_s": lambda p: 0.0,
+    "mufu_ops_per_s": ("ex2_ops_per_s", lambda p: 1.0,
+                       lambda p: (16 * p.num_sms * p.sm_clock_hz) if p.sm_clock_hz else None),
+    "launch_s": ("kernel_launch_s", lambda p: 1.0, lambda p: 0.0),
 }
 
 
@@ -268,15 +277,17 @@ class PlanCost:
 
 
 def rates_of(profile: GPUProfile) -> tuple[dict, dict]:
-    """``(rates, sources)``: each of :data:`RATE_NAMES` from the profile's measured rates where
-    it has one, else its datasheet figure (None where neither exists)."""
+    """``(rates, sources)``: each of :data:`RATE_NAMES` from the profile's measured rates
+    (`GPUProfile.measured_rates`, loaded explicitly: ``sim.load_profile(name, rates=FILE)``)
+    where it has the one it comes from, else its datasheet figure (None where neither exists);
+    ``sources[name]`` is "measured" or "datasheet"."""
     measured = getattr(profile, "measured_rates", None) or {}
     rates, sources = {}, {}
-    for name, datasheet in RATE_NAMES.items():
-        m = measured.get(name)
+    for name, (measured_name, factor, datasheet) in RATE_NAMES.items():
+        m = measured.get(measured_name)
         value = m.get("value") if isinstance(m, dict) else m
         if value is not None:
-            rates[name], sources[name] = float(value), "measured"
+            rates[name], sources[name] = float(value) * factor(profile), "measured"
         else:
             rates[name], sources[name] = datasheet(profile), "datasheet"
     return rates, sources

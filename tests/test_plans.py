@@ -182,3 +182,23 @@ def test_compare_prices_records_of_families_with_plans_from_their_plans():
         assert row["predicted_global_bytes"] == pytest.approx(cost.global_bytes)
         assert row["predicted_time_raw"] == pytest.approx(cost.time_ms)
     assert plans_for_record(dict(recs[0], kernel="sdpa-flash")) is None
+
+
+def test_measured_rates_replace_the_datasheet_ones():
+    """A profile given measured rates (explicitly) prices with them; without, the datasheet."""
+    import dataclasses
+    from sim.plan import rates_of
+    from sim.profiles import load_profile
+    prof = load_profile("h100")
+    w = Workload(batch=2, heads=8, seq_len_q=2048, head_dim=64, dtype="fp16")
+    plan = plan_for("mma", "fwd", w)
+    base = price(plan, prof)
+    slow = dataclasses.replace(prof, measured_rates={"smem_read_bytes_per_s_per_sm": 1e9,
+                                                     "kernel_launch_s": 5e-6})
+    rates, sources = rates_of(slow)
+    assert rates["smem_bytes_per_s"] == 1e9 * prof.num_sms and sources["smem_bytes_per_s"] == "measured"
+    assert sources["dram_bytes_per_s"] == "datasheet"
+    cost = price(plan, slow)
+    (k,) = cost.kernels
+    assert k.bound == "smem" and cost.time_s > base.time_s
+    assert k.time_s == pytest.approx(5e-6 + k.level_s["smem"])
