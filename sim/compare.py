@@ -1,7 +1,7 @@
 """Predicted versus measured: joins results records with `sim.predict` and reports the error.
 
-``python -m sim.compare [RESULTS.json ...] [--fit-on OTHER.json ...] [--csv OUT]`` (default: the
-shipped ``results/*.json``) predicts
+``python -m sim.compare [RESULTS.json ...] [--fit-on OTHER.json ...] [--rates RATES.json ...]
+[--csv OUT]`` (default: the shipped ``results/*.json``) predicts
 every record with the workload, schedule and block sizes it was measured with, on the profile of
 the GPU it was measured on (``provenance.gpu``; ``--profile`` overrides), and prints
 
@@ -358,16 +358,41 @@ def async_copy_counter_extra(rec: dict, counts_bytes: dict, profile) -> float:
     return moved * (sectors / 16.0 - 1.0)
 
 
-def _plan_predictions(row: dict, rec: dict, profile) -> None:
+_RATED_PROFILES: dict = {}
+
+
+def profile_with_rates(name: str, rates) -> "object":
+    """The profile ``name`` carrying the measured rates of the one file of ``rates`` (paths)
+    measured on its GPU, or the profile alone when none is (cached per name and files)."""
+    from .profiles import load_profile
+    files = tuple(str(r) for r in ([rates] if isinstance(rates, (str, os.PathLike)) else rates or ()))
+    key = (name, files)
+    if key not in _RATED_PROFILES:
+        prof = load_profile(name)
+        for path in files:
+            try:
+                prof = prof.with_rates(path)
+                break
+            except ValueError as e:
+                if "does not match" not in str(e):
+                    raise
+        _RATED_PROFILES[key] = prof
+    return _RATED_PROFILES[key]
+
+
+def _plan_predictions(row: dict, rec: dict, profile, rates=None) -> None:
     """For a record of a family with a plan (`sim.plans.plans_for_record`): its global bytes,
-    DRAM bytes, FLOPs and time come from the priced plans (`sim.plan.price`) instead of the
-    schedule model; ``model_source`` "plan". The calibrated times stay the schedule model's."""
+    DRAM bytes, FLOPs and time come from the priced plans (`sim.plan.price`, with the measured
+    ``rates`` of its GPU when given) instead of the schedule model; ``model_source`` "plan".
+    The calibrated times stay the schedule model's."""
     from .plan import price
     from .plans import plans_for_record
     plans = plans_for_record(rec)
     if not plans:
         return
-    costs = [price(plan, profile) for plan in plans]
+    prof = profile_with_rates(profile, rates)
+    row["rates"] = "measured" if prof.measured_rates else "datasheet"
+    costs = [price(plan, prof) for plan in plans]
     atomic = 0.0
     if rec.get("global_atomic_bytes") is None:   # atomics not counted on the measured side
         atomic = sum(a.bytes for plan in plans for k in plan.kernels for a in k.accesses
@@ -476,7 +501,7 @@ def _predict_all(records, profile, l2, max_trace_events, workers, progress, regi
 def compare(records: list[dict], profile=None, *, l2: str = "auto",
             max_trace_events: int = DEFAULT_MAX_TRACE_EVENTS, calibrate_time: bool = True,
             progress=None, workers: int | None = None, registers: bool = True,
-            fit_on: list[dict] | None = None):
+            fit_on: list[dict] | None = None, rates=None):
     """Join measured records with the model's predictions; returns a pandas DataFrame (one row per
     record; columns in the module docstring). ``profile``: a profile name/path/object for every
     record, or None to match each record's ``provenance.gpu``. Records the model cannot predict
@@ -487,7 +512,11 @@ def compare(records: list[dict], profile=None, *, l2: str = "auto",
     (another results file) on which the efficiency factors of ``time_calibrated`` are fitted,
     per calibration group, instead of on ``records`` themselves: an out-of-sample calibrated
     time (NaN for a record whose group ``fit_on`` has no record of); ``df.attrs["calibrated_on"]``
-    says which ("the compared records" or "other records")."""
+    says which ("the compared records" or "other records"). ``rates``: files of ``python -m
+    benchmarks rates`` (a path or a list): a record priced from its plan uses the measured rates
+    of the file measured on its profile's GPU (datasheet rates where none is); the column
+    ``rates`` says "measured" or "datasheet". ``rel_error_time`` is the plan's time from those
+    rates (nothing fitted on ``records``), where a plan prices the record; else the raw time."""
     import pandas as pd
 
     results = _predict_all(records, profile, l2, max_trace_events, workers, progress, registers)
@@ -514,7 +543,9 @@ def compare(records: list[dict], profile=None, *, l2: str = "auto",
             row[f"predicted_{m}"] = _predicted_raw(p, m, rec) if (p is not None and m not in _CALIBRATED) else math.nan
         row["model_source"] = "schedule" if p is not None else None
         if p is not None:
-            _plan_predictions(row, rec, p.profile_name)
+            _plan_predictions(row, rec, p.profile_name, rates)
+        row["measured_time"] = row["measured_time_raw"]
+        row["predicted_time"] = row["predicted_time_raw"]
         row["measured_time_ms_p10"] = rec.get("time_ms_p10")
         row["measured_time_ms_p90"] = rec.get("time_ms_p90")
         rows.append(row)
@@ -549,7 +580,7 @@ def compare(records: list[dict], profile=None, *, l2: str = "auto",
                             registers)
     df = pd.DataFrame(rows)
     df.attrs["calibrated_on"] = "other records" if fit_on is not None else "the compared records"
-    for m in METRICS:
+    for m in (*METRICS, "time"):
         meas, pred = df[f"measured_{m}"].astype(float), df[f"predicted_{m}"].astype(float)
         df[f"rel_error_{m}"] = (pred - meas) / meas
     return df
@@ -778,6 +809,9 @@ def main(argv=None) -> int:
                     help="above this, the L2 model uses its analytic estimate")
     ap.add_argument("--kernels", help="comma list of kernels to compare")
     ap.add_argument("--csv", help="also write the joined table here")
+    ap.add_argument("--rates", nargs="+", metavar="RATES",
+                    help="files of `python -m benchmarks rates`: records priced from their plans "
+                         "use the measured rates of their GPU (default: datasheet rates)")
     ap.add_argument("--fit-on", nargs="+", metavar="OTHER",
                     help="fit the calibrated time's efficiency factors on these results files "
                          "(out of sample) instead of on the compared records")
@@ -807,7 +841,7 @@ def main(argv=None) -> int:
         if args.kernels:
             fit_on = [r for r in fit_on if r["kernel"] in keep]
     df = compare(recs, args.profile, l2=args.l2, max_trace_events=args.max_trace_events, progress=prog,
-                 registers=not args.no_registers, fit_on=fit_on)
+                 registers=not args.no_registers, fit_on=fit_on, rates=args.rates)
     print(format_report(df))
     if args.csv:
         df.drop(columns=["efficiency"], errors="ignore").to_csv(args.csv, index=False)

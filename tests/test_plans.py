@@ -202,3 +202,25 @@ def test_measured_rates_replace_the_datasheet_ones():
     (k,) = cost.kernels
     assert k.bound == "smem" and cost.time_s > base.time_s
     assert k.time_s == pytest.approx(5e-6 + k.level_s["smem"])
+
+
+def test_compare_takes_measured_rates_from_the_file_of_the_records_gpu(tmp_path):
+    """``compare(..., rates=FILES)``: a plan-priced record uses the rates measured on its GPU;
+    ``rel_error_time`` is that time's error; a file of another GPU is not used."""
+    from sim.compare import compare
+    recs = [rec for name, rec in _mma_records() if name.startswith("h100")][:1]
+    prov = {"gpu": "NVIDIA H100 80GB HBM3", "date": "2026-11-24", "command": "test"}
+    fast = {"schema": "ioaware.rates/1", "provenance": prov,
+            "rates": {"smem_read_bytes_per_s_per_sm": {"value": 1e15, "unit": "bytes/s"}}}
+    path = tmp_path / "rates.json"
+    path.write_text(json.dumps(fast))
+    other = tmp_path / "rates_h200.json"
+    other.write_text(json.dumps(dict(fast, provenance=dict(prov, gpu="NVIDIA H200"))))
+    base = compare(recs, "h100", l2="analytic", workers=1)
+    rated = compare(recs, "h100", l2="analytic", workers=1, rates=[str(other), str(path)])
+    assert base["rates"].iloc[0] == "datasheet" and rated["rates"].iloc[0] == "measured"
+    assert rated["predicted_time"].iloc[0] != base["predicted_time"].iloc[0]
+    assert rated["rel_error_time"].iloc[0] == pytest.approx(
+        rated["predicted_time"].iloc[0] / rated["measured_time"].iloc[0] - 1)
+    h200_only = compare(recs, "h100", l2="analytic", workers=1, rates=[str(other)])
+    assert h200_only["rates"].iloc[0] == "datasheet"
