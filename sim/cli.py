@@ -238,6 +238,62 @@ def _flash3_cmd(a) -> int:
     return 0
 
 
+def _plan_cmd(a) -> int:
+    """``plan``: what one of our kernel families launches for a workload (`sim.plans`), priced
+    by `sim.plan.price`; ``--choose``: every legal configuration ranked by the model."""
+    from .plan import price
+    from .plans import CONFIGS, PLANNERS, choose, plan_for
+    families = sorted({f for f, _p in PLANNERS})
+    if a.family not in families:
+        raise SystemExit(f"error: --family: expected one of {families}, got {a.family!r}")
+    if a.pass_ == "fwd+bwd":
+        raise SystemExit("error: --pass: a plan is of one pass (fwd or bwd)")
+    w = Workload(batch=a.batch, heads=a.heads, heads_kv=a.heads_kv, seq_len_q=a.seq_len,
+                 seq_len_k=a.seq_len_k, head_dim=a.head_dim, dtype=a.dtype, causal=a.causal,
+                 dropout=a.dropout, pass_=a.pass_, window_size=a.window)
+    prof = a.device if a.rates is None else a.device.with_rates(a.rates)
+    tiles = {k: v for k, v in (("block_q", a.block_q), ("block_k", a.block_k)) if v is not None}
+    ranked = None
+    if a.choose:
+        if (a.family, a.pass_) not in CONFIGS:
+            raise SystemExit(f"error: --choose: no configurations listed for {a.family} {a.pass_}")
+        if tiles:
+            raise SystemExit("error: --choose ranks every configuration: leave out --block-q/--block-k")
+        cfg, cost, ranked = choose(a.family, a.pass_, w, prof)
+        plan = cost.plan
+    else:
+        plan = plan_for(a.family, a.pass_, w, **tiles)
+        cost = price(plan, prof)
+    d = cost.to_dict()
+    d["kernels_plan"] = [{"name": k.name, "grid": list(k.grid), "threads": k.threads,
+                          "shared_bytes": k.shared_bytes, "registers": k.registers,
+                          "accesses": [{"tensor": x.tensor, "op": x.op, "bytes": x.bytes, "how": x.how}
+                                       for x in k.accesses],
+                          "matmuls": [{"unit": m.unit, "flops": m.flops, "passes": m.passes}
+                                      for m in k.matmuls],
+                          "fp32_flops": k.fp32_flops, "mufu_ops": k.mufu_ops,
+                          "shared_bytes_moved": k.shared_bytes_moved} for k in plan.kernels]
+    if ranked is not None:
+        d["ranked"] = [{"time_ms": t * 1e3, "config": c} for t, c in ranked]
+    if a.json:
+        print(json.dumps(d, indent=None if a.compact else 2, default=str))
+        return 0
+    print(f"{a.family} {a.pass_} plan on {cost.profile} ({', '.join(sorted(set(cost.rate_sources.values())))} "
+          f"rates): {_fmt(round(cost.global_bytes))} global bytes, {_fmt(round(cost.dram_bytes))} DRAM "
+          f"bytes, {_fmt(cost.flops)} FLOPs, {cost.time_ms:.4f} ms")
+    for k, kc in zip(plan.kernels, cost.kernels):
+        print(f"  {k.name}: grid {k.grid}, {k.threads} threads, {_fmt(k.shared_bytes)} B shared, "
+              f"{k.registers or '?'} registers, {kc.resident_per_sm} resident / SM, "
+              f"{kc.time_s * 1e3:.4f} ms ({kc.bound}-bound)")
+        for x in k.accesses:
+            print(f"    {x.op:<6} {x.tensor:<6} {_fmt(x.bytes):>16} B  {x.how}")
+    if ranked is not None:
+        print("configurations, fastest first (the model's ranking):")
+        for t, c in ranked:
+            print(f"  {' '.join(f'{k}={v}' for k, v in c.items()):<28} {t * 1e3:.4f} ms")
+    return 0
+
+
 def _percent(v) -> str:
     return "" if v is None else f"{100 * v:+.0f}%"
 
@@ -517,6 +573,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--compact", action="store_true", help="with --json: one line")
     p.set_defaults(func=_predict_cmd)
+
+    pl = sub.add_parser("plan", help="what one of our kernel families launches (sim.plans), priced")
+    pl.add_argument("--family", required=True, help="a kernel family with a plan (mma, tf32, ...)")
+    _common(pl, multi=False)
+    pl.add_argument("--block-q", type=int, default=None)
+    pl.add_argument("--block-k", type=int, default=None)
+    pl.add_argument("--window", type=_window, default=None, metavar="LEFT,RIGHT",
+                    help="sliding window (as predict --window)")
+    pl.add_argument("--rates", default=None, metavar="RATES.json",
+                    help="measured rates of `python -m benchmarks rates` (default: datasheet rates)")
+    pl.add_argument("--choose", action="store_true", help="rank every legal configuration")
+    pl.add_argument("--json", action="store_true", help="print one JSON object")
+    pl.add_argument("--compact", action="store_true", help="with --json: one line")
+    pl.set_defaults(func=_plan_cmd)
 
     s = sub.add_parser("sweep", help="closed-form sweep over ranges (table or CSV)")
     s.add_argument("--schedule", type=lambda t: t.split(","), default=["flash2"],

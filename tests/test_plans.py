@@ -224,3 +224,21 @@ def test_compare_takes_measured_rates_from_the_file_of_the_records_gpu(tmp_path)
         rated["predicted_time"].iloc[0] / rated["measured_time"].iloc[0] - 1)
     h200_only = compare(recs, "h100", l2="analytic", workers=1, rates=[str(other)])
     assert h200_only["rates"].iloc[0] == "datasheet"
+
+
+def test_plan_command(capsys):
+    """``python -m sim plan``: the plan and its price as JSON; ``--choose`` ranks every legal
+    configuration; a family without a plan is refused by name."""
+    from sim.cli import main
+    assert main(["plan", "--family", "mma", "--seq-len", "1000", "--head-dim", "128", "--json",
+                 "--compact"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    w = Workload(batch=1, heads=16, seq_len_q=1000, head_dim=128, dtype="fp16")
+    assert d["global_bytes"] == pytest.approx(price(plan_for("mma", "fwd", w), "h100").global_bytes)
+    assert d["kernels_plan"][0]["grid"] == [cdiv(1000, 64), 16]
+    assert main(["plan", "--family", "tf32", "--dtype", "fp32", "--seq-len", "512", "--choose",
+                 "--json"]) == 0
+    ranked = json.loads(capsys.readouterr().out)["ranked"]
+    assert [r["time_ms"] for r in ranked] == sorted(r["time_ms"] for r in ranked)
+    with pytest.raises(SystemExit, match="--family"):
+        main(["plan", "--family", "nope", "--seq-len", "64"])
