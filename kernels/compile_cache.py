@@ -42,7 +42,8 @@ FORMAT = 1
 #: Modules outside ``kernels/`` whose code the kernels compile in (device helpers, constants,
 #: tile rules); their sources are part of every key.
 CODE_DEPENDENCIES = ("ioaware.block_info", "ioaware.dropout", "ioaware.launch_order",
-                     "sim.tiles", "sim.decode", "sim.plans.tensor_core_fwd", "sim.workload")
+                     "sim.tiles", "sim.decode", "sim.plans.tensor_core_fwd", "sim.workload",
+                     "sim.plans.tensor_core_bwd")
 
 log = logging.getLogger("ioaware.kernels")
 

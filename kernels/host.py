@@ -580,22 +580,29 @@ def _without_operands(problem):
     return dataclasses.replace(problem, q=None, k=None, v=None)
 
 
-def prepare_tensor_core_backward(problem, config, dq_kernel, dq_tile, kv_schedule, dkdv_kernel,
-                                 kv_tile, q_schedule, drop, words,
+def prepare_tensor_core_backward(problem, config, dq_kernel, dq_launch, kv_schedule, dkdv_kernel,
+                                 kv_launch, q_schedule, drop, words,
                                  band=(-UNBOUNDED, UNBOUNDED)):
     """Prepare a tensor-core backward (the mma and tf32 families share its two kernels'
-    arguments) for ``problem``: the dQ kernel (which also writes delta) on its ``dq_tile`` =
-    (rows, keys) with the ``"kv"`` schedule, then the dK/dV kernel on ``kv_tile`` = (queries,
-    keys) with the ``"q"`` schedule; ``band``: the sliding window's (lo, hi), read only by
-    windowed kernels. Returns ``run(q, k, v, out, lse, dout) -> (dq, dk, dv)`` in the problem's
-    kind of array and dtype, for operands of its shapes, dtype and device (canonical ``[B, H,
-    N, d]``, lse ``[B, H, N]``; the problem's mask, if any, is kept)."""
+    arguments) for ``problem``: the dQ kernel (which also writes delta) with the ``"kv"``
+    schedule, then the dK/dV kernel with the ``"q"`` schedule, each launched as its plan says:
+    ``dq_launch`` / ``kv_launch`` = (grid, threads, dynamic shared bytes) of
+    `sim.plans.tensor_core_bwd.launch_of` (checked against the compiled kernel's own threads and
+    dynamic shared memory); ``band``: the sliding window's (lo, hi), read only by windowed
+    kernels. Returns ``run(q, k, v, out, lse, dout) -> (dq, dk, dv)`` in the problem's kind of
+    array and dtype, for operands of its shapes, dtype and device (canonical ``[B, H, N, d]``,
+    lse ``[B, H, N]``; the problem's mask, if any, is kept)."""
     pb = problem
     B, H, Nq, D, Hkv, Nk = pb.batch, pb.heads_q, pb.seqlen_q, pb.head_dim, pb.heads_kv, pb.seqlen_k
     template = _without_operands(pb)
     tail = (np.float32(pb.scale * LOG2E), np.float32(pb.scale), *_dropout_args(drop),
             np.int64(band[0]), np.int64(band[1]))
-    dq_grid, kv_grid = (-(-Nq // dq_tile[0]), B * H), (-(-Nk // kv_tile[1]), B * Hkv)
+    for kern, (_grid, threads, smem) in ((dq_kernel, dq_launch), (dkdv_kernel, kv_launch)):
+        if (kern.threads, kern.smem_bytes) != (threads, smem):
+            raise RuntimeError(f"a backward kernel compiled for {kern.threads} threads and "
+                               f"{kern.smem_bytes} bytes of dynamic shared memory, its plan says "
+                               f"{threads} and {smem}")
+    (dq_grid, dq_threads, dq_smem), (kv_grid, kv_threads, kv_smem) = dq_launch, kv_launch
     sizes = (H // Hkv, Nq, Nk)
     dq_plans, kv_plans = {}, {}
 
@@ -610,14 +617,14 @@ def prepare_tensor_core_backward(problem, config, dq_kernel, dq_tile, kv_schedul
         delta = call.output((B, H, Nq), float32=True)
         consts = (*call.mask(), *tail)
         # -- dQ (and delta) first, then dK/dV, which reads delta --
-        relaunch(dq_plans, (qi, ki, vi, oi, doi, li), dq_kernel, dq_grid, dq_kernel.threads,
+        relaunch(dq_plans, (qi, ki, vi, oi, doi, li), dq_kernel, dq_grid, dq_threads,
                  call.stream, (qi, ki, vi, oi, doi, li, delta.arg, dq.arg, *kv_schedule, *sizes,
                                *consts),
-                 sharedmem=dq_kernel.smem_bytes, fast=config.fast_launch)
-        relaunch(kv_plans, (qi, ki, vi, doi, li), dkdv_kernel, kv_grid, dkdv_kernel.threads,
+                 sharedmem=dq_smem, fast=config.fast_launch)
+        relaunch(kv_plans, (qi, ki, vi, doi, li), dkdv_kernel, kv_grid, kv_threads,
                  call.stream, (qi, ki, vi, doi, li, delta.arg, dk.arg, dv.arg, *q_schedule,
                                *sizes, *consts),
-                 sharedmem=dkdv_kernel.smem_bytes, fast=config.fast_launch)
+                 sharedmem=kv_smem, fast=config.fast_launch)
         return dq.value(), dk.value(), dv.value()
     return run
 

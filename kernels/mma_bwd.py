@@ -37,49 +37,31 @@ simulator, which runs no inline PTX), and the registry then runs the CUDA-core f
 from __future__ import annotations
 
 from ioaware.block_info import cdiv
+from sim.plans.tensor_core_bwd import MMA_HEAD_DIMS as SUPPORTED_HEAD_DIMS
+from sim.plans.tensor_core_bwd import STATIC_SMEM_LIMIT_BYTES as SMEM_LIMIT_BYTES
+from sim.plans.tensor_core_bwd import launch_of, mma_backward_plan
+from sim.plans.tensor_core_bwd import mma_default_tiles as default_tiles
+from sim.plans.tensor_core_bwd import mma_dkdv_smem_bytes as dkdv_smem_bytes
+from sim.plans.tensor_core_bwd import mma_dq_smem_bytes as dq_smem_bytes
+from sim.plans.tensor_core_bwd import mma_k_in_shared as k_in_shared
 
 from . import compile_cache, host, softmax, tile_scheduler
 from .config import backward_tiles
 from .dropout import dropout_constants, fmix_device
 from .mask import band_arguments, score_mask, tile_needs_mask, transposed_score_mask
 
-__all__ = ["backward", "supports", "tiles", "default_tiles", "dq_smem_bytes", "dkdv_smem_bytes",
-           "get_dq_kernel", "get_dkdv_kernel", "SUPPORTED_HEAD_DIMS"]
+__all__ = ["backward", "prepare", "plan", "plan_inputs", "supports", "tiles", "default_tiles",
+           "dq_smem_bytes", "dkdv_smem_bytes", "k_in_shared", "get_dq_kernel", "get_dkdv_kernel",
+           "SUPPORTED_HEAD_DIMS", "SMEM_LIMIT_BYTES"]
 
-SUPPORTED_HEAD_DIMS = (64, 128)
+#: The layout facts imported above (default tiles, shared memory, K in shared memory at d=128)
+#: are the plan's (`sim.plans.tensor_core_bwd`): the launcher and the cost model read the same
+#: ones. Both kernels declare static shared memory only (at most ``SMEM_LIMIT_BYTES``).
 DTYPES = ("float16", "bfloat16")
-SMEM_LIMIT_BYTES = 48 * 1024  # static shared memory per block without opt-in
 LOG2E = softmax.LOG2E
 
 #: These kernels take a sliding window (the band in `kernels.mask`).
 TAKES_WINDOW = True
-
-def default_tiles(head_dim: int) -> dict:
-    """Default kernel tiles: ``dq`` = (query rows per block, keys per stage) of the dQ kernel,
-    ``dkdv`` = (key rows per block, queries per stage) of the dK/dV kernel. 16 rows per warp;
-    the stage sizes keep two buffers of two tiles within 48 KiB of static shared memory."""
-    if head_dim <= 64:
-        return {"dq": (64, 64), "dkdv": (64, 64)}
-    return {"dq": (64, 32), "dkdv": (64, 16)}
-
-
-def dq_smem_bytes(head_dim: int, block_k: int) -> int:
-    """Shared memory of one dQ block: K and V, two buffers each, rows padded by 8 halves."""
-    return 4 * block_k * (head_dim + 8) * 2
-
-
-def k_in_shared(head_dim: int) -> bool:
-    """Whether the dK/dV kernel reads K from shared memory (d=128: K and V fragments plus the
-    dK and dV accumulators in registers would spill) instead of holding its fragments."""
-    return head_dim > 64
-
-
-def dkdv_smem_bytes(head_dim: int, block_q: int, block_k: int = 64) -> int:
-    """Shared memory of one dK/dV block: Q and dO, two buffers each (and the K tile where
-    `k_in_shared`), rows padded by 8 halves, plus lse / delta of two stages."""
-    rows = 4 * block_q + (block_k if k_in_shared(head_dim) else 0)
-    return rows * (head_dim + 8) * 2 + 16 * block_q
-
 
 
 def get_dq_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_dropout,
@@ -578,12 +560,41 @@ def backward(problem, out, lse, dout, config):
     return prepare(problem, config)(problem.q, problem.k, problem.v, out, lse, dout)
 
 
+def plan(problem, config):
+    """The `sim.plan.Plan` this backward launches for ``problem`` (`sim.plans.tensor_core_bwd`):
+    its grids, threads and shared memory are what `prepare` launches; its counts are what
+    `sim.plan.price` prices."""
+    tiles_ = tiles(problem)
+    if tiles_ is None:
+        raise ValueError(f"the block mask's tiles ({problem.block_q}, {problem.block_k}) admit no "
+                         f"tiles of the mma family's backward")
+    (dq_bq, dq_bk), (kv_bk, kv_bq) = tiles_
+    workload, masks = plan_inputs(problem)
+    return mma_backward_plan(workload, dq_tile=(dq_bq, dq_bk), kv_tile=(kv_bq, kv_bk),
+                             launch_order=config.launch_order, **masks)
+
+
+def plan_inputs(problem):
+    """``(workload, masks)``: what a tensor-core backward's plan is built from for a kernel
+    problem (both families): the `sim.workload.Workload` of `kernels.host.plan_workload` with the
+    problem's block mask, and ``masks`` = the plan's ``mask_shape`` (the boolean mask's shape)
+    and ``block_mask_tiles`` (the tiles the block mask is laid out on)."""
+    workload, _exact = host.plan_workload(problem, "bwd")
+    masks = {"mask_shape": None if problem.mask is None else tuple(problem.mask.shape),
+             "block_mask_tiles": None}
+    if problem.block_mask is not None:
+        workload = workload.replace(block_mask=problem.block_mask)
+        masks["block_mask_tiles"] = (problem.block_q, problem.block_k)
+    return workload, masks
+
+
 def prepare(problem, config):
-    """The backward of ``problem`` with its tiles, kernels, tile schedules and constants chosen
+    """The backward of ``problem`` with its plan, kernels, tile schedules and constants chosen
     once: ``run(q, k, v, out, lse, dout) -> (dq, dk, dv)``
-    (`kernels.host.prepare_tensor_core_backward`)."""
+    (`kernels.host.prepare_tensor_core_backward`), launched as `plan` says."""
     pb = problem
-    (dq_bq, dq_bk), (kv_bk, kv_bq) = tiles(pb)
+    the_plan = plan(pb, config)
+    (dq_bq, dq_bk), (kv_bq, kv_bk) = the_plan.config["dq_tile"], the_plan.config["kv_tile"]
     drop = dropout_constants(pb.seed, pb.dropout_p)
     group = tile_scheduler.head_group(config.launch_order, pb.causal, "bwd")
     causal, window, band_lo, band_hi = band_arguments(pb)
@@ -591,8 +602,8 @@ def prepare(problem, config):
                 drop.enabled, group, window)
     return host.prepare_tensor_core_backward(
         pb, config,
-        get_dq_kernel(pb.head_dim, dq_bq, dq_bk, *features), (dq_bq, dq_bk),
+        get_dq_kernel(pb.head_dim, dq_bq, dq_bk, *features), launch_of(the_plan, "dq"),
         tile_scheduler.device_schedule(pb, dq_bq, dq_bk, "kv"),
-        get_dkdv_kernel(pb.head_dim, kv_bk, kv_bq, *features), (kv_bq, kv_bk),
+        get_dkdv_kernel(pb.head_dim, kv_bk, kv_bq, *features), launch_of(the_plan, "dkdv"),
         tile_scheduler.device_schedule(pb, kv_bq, kv_bk, "q"), drop, words=True,
         band=(band_lo, band_hi))

@@ -60,79 +60,37 @@ from __future__ import annotations
 
 import functools
 
+from sim.plans.tensor_core_bwd import STATIC_SMEM_LIMIT_BYTES as SMEM_LIMIT_BYTES
+from sim.plans.tensor_core_bwd import TF32_HEAD_DIMS as SUPPORTED_HEAD_DIMS
+from sim.plans.tensor_core_bwd import TF32_PAD_FLOATS as PAD_FLOATS
+from sim.plans.tensor_core_bwd import launch_of, tf32_backward_plan
+from sim.plans.tensor_core_bwd import tf32_default_config as default_config
+from sim.plans.tensor_core_bwd import tf32_default_tiles as default_tiles
+from sim.plans.tensor_core_bwd import tf32_dkdv_dropout_config as dkdv_dropout_config
+from sim.plans.tensor_core_bwd import tf32_dkdv_smem_bytes as dkdv_smem_bytes
+from sim.plans.tensor_core_bwd import tf32_dq_smem_bytes as dq_smem_bytes
+from sim.plans.tensor_core_bwd import tf32_operands_in_registers as operands_in_registers
+
 from . import compile_cache, host, softmax, tile_scheduler
 from .config import backward_tiles
 from .dropout import dropout_constants, fmix_device
 from .mask import band_arguments, score_mask, tile_needs_mask, transposed_score_mask
+from .mma_bwd import plan_inputs
 
-__all__ = ["backward", "supports", "tiles", "default_config", "default_tiles", "dq_smem_bytes",
-           "dkdv_smem_bytes", "operands_in_registers", "dkdv_dropout_config", "get_dq_kernel",
-           "get_dkdv_kernel", "SUPPORTED_HEAD_DIMS"]
+__all__ = ["backward", "prepare", "plan", "supports", "tiles", "default_config", "default_tiles",
+           "dq_smem_bytes", "dkdv_smem_bytes", "operands_in_registers", "dkdv_dropout_config",
+           "get_dq_kernel", "get_dkdv_kernel", "SUPPORTED_HEAD_DIMS", "SMEM_LIMIT_BYTES",
+           "PAD_FLOATS"]
 
-SUPPORTED_HEAD_DIMS = (64, 128)
+#: The layout facts imported above (default configuration, shared memory, which operands stay
+#: in registers, the dropout override) are the plan's (`sim.plans.tensor_core_bwd`): the
+#: launcher and the cost model read the same ones. ``SMEM_LIMIT_BYTES`` is the static shared
+#: memory a block declares without the opt-in; above it the K/V (Q/dO) buffers are dynamic.
 DTYPES = ("float32",)
-SMEM_LIMIT_BYTES = 48 * 1024         # static shared memory per block without opt-in
-PAD_FLOATS = 4                       # per shared row: both access patterns conflict-free
 LOG2E = softmax.LOG2E
-
-#: Per head dim: ``dq`` = (query rows per block, keys per stage) of the dQ kernel, ``dkdv`` =
-#: (key rows per block, queries per stage) of the dK/dV kernel, and ``unroll`` (k-steps per
-#: iteration of the S / dP k-loops as written).
-_DEFAULT_CONFIG = {
-    64: {"dq": (64, 32), "dkdv": (64, 32), "unroll": 1},
-    128: {"dq": (64, 32), "dkdv": (64, 32), "unroll": 2},
-}
 
 #: These kernels take a sliding window (the band in `kernels.mask`).
 TAKES_WINDOW = True
-
-def default_config(head_dim: int) -> dict:
-    """The kernel configuration for ``head_dim`` (a copy): ``dq`` / ``dkdv`` tiles (16 rows
-    per warp, four warps) and ``unroll``: the S = Q K^T and dP = dO V^T k-loops (and their
-    transposes) are written as an outer loop over ``head_dim / 8 / unroll`` iterations of
-    ``unroll`` k-steps each."""
-    return dict(_DEFAULT_CONFIG[64 if head_dim <= 64 else 128])
-
-
-def default_tiles(head_dim: int) -> dict:
-    """Default kernel tiles (`default_config`): ``dq`` = (query rows per block, keys per
-    stage) of the dQ kernel, ``dkdv`` = (key rows per block, queries per stage) of the dK/dV
-    kernel. 16 rows per warp, four warps; 32-row stages (d=64: static shared memory, 34816 /
-    35328 bytes; d=128: dynamic shared memory, 67584 / 68096 bytes)."""
-    cfg = default_config(head_dim)
-    return {"dq": cfg["dq"], "dkdv": cfg["dkdv"]}
-
-
-def dq_smem_bytes(head_dim: int, block_k: int) -> int:
-    """Shared memory of one dQ block: K and V, two buffers each, rows padded by 4 floats."""
-    return 4 * block_k * (head_dim + PAD_FLOATS) * 4
-
-
-def dkdv_smem_bytes(head_dim: int, block_q: int) -> int:
-    """Shared memory of one dK/dV block: Q and dO as `dq_smem_bytes` lays out K and V, plus
-    lse / delta of two stages (static)."""
-    return dq_smem_bytes(head_dim, block_q) + 16 * block_q
-
-
-def operands_in_registers(kernel: str, head_dim: int) -> tuple[bool, bool]:
-    """Which of a kernel's two A operands (Q and dO for ``kernel="dq"``, K and V for
-    ``"dkdv"``) it keeps in registers as float32 fragments; the others are re-read from global
-    memory, where the block's rows stay in L1, at every k-step. Chosen so that ptxas needs no
-    local memory (``python -m benchmarks check``): the dQ kernel at d=64 holds both
-    (accumulator 32 registers), the dK/dV kernel (dK and dV accumulators, 64 registers at d=64)
-    and the dQ kernel at d=128 neither."""
-    return (head_dim <= 64 and kernel == "dq",) * 2
-
-
-def dkdv_dropout_config(head_dim: int, block_q: int, has_dropout: bool) -> dict:
-    """Overrides of the dK/dV kernel's configuration for a call: with dropout at d=128 the
-    default 32-query stages spilled when measured (the per-column dropout hashes, 16 more
-    registers: 20-44 bytes of spill loads from ``ptxas -v``), so 16-query stages without
-    unrolling (spill-free) are used; {} otherwise."""
-    if has_dropout and head_dim == 128 and block_q > 16:
-        return {"block_q": 16, "unroll": 1}
-    return {}
-
 
 
 def get_dq_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, head_group,
@@ -682,22 +640,37 @@ def backward(problem, out, lse, dout, config):
     return prepare(problem, config)(problem.q, problem.k, problem.v, out, lse, dout)
 
 
+def plan(problem, config):
+    """The `sim.plan.Plan` this backward launches for ``problem`` (`sim.plans.tensor_core_bwd`):
+    its grids, threads, shared memory and k-loop unrolling are what `prepare` launches (the
+    16-query dK/dV stages of `dkdv_dropout_config` included); its counts are what
+    `sim.plan.price` prices."""
+    tiles_ = tiles(problem)
+    if tiles_ is None:
+        raise ValueError(f"the block mask's tiles ({problem.block_q}, {problem.block_k}) admit no "
+                         f"tiles of the tf32 family's backward")
+    (dq_bq, dq_bk), (kv_bk, kv_bq) = tiles_
+    workload, masks = plan_inputs(problem)
+    return tf32_backward_plan(workload, dq_tile=(dq_bq, dq_bk), kv_tile=(kv_bq, kv_bk),
+                              launch_order=config.launch_order, **masks)
+
+
 def prepare(problem, config):
-    """The backward of ``problem`` with its tiles, kernels, tile schedules and constants chosen
+    """The backward of ``problem`` with its plan, kernels, tile schedules and constants chosen
     once: ``run(q, k, v, out, lse, dout) -> (dq, dk, dv)``
-    (`kernels.host.prepare_tensor_core_backward`)."""
+    (`kernels.host.prepare_tensor_core_backward`), launched as `plan` says."""
     pb = problem
-    (dq_bq, dq_bk), (kv_bk, kv_bq) = tiles(pb)
+    the_plan = plan(pb, config)
+    (dq_bq, dq_bk), (kv_bq, kv_bk) = the_plan.config["dq_tile"], the_plan.config["kv_tile"]
     drop = dropout_constants(pb.seed, pb.dropout_p)
-    kv_cfg = dkdv_dropout_config(pb.head_dim, kv_bq, drop.enabled)
-    kv_bq = kv_cfg.get("block_q", kv_bq)
     group = tile_scheduler.head_group(config.launch_order, pb.causal, "bwd")
     causal, window, band_lo, band_hi = band_arguments(pb)
     features = (causal, pb.mask is not None, drop.enabled, group, window)
+    unroll = the_plan.config["unroll"]
     return host.prepare_tensor_core_backward(
         pb, config,
-        get_dq_kernel(pb.head_dim, dq_bq, dq_bk, *features), (dq_bq, dq_bk),
-        tile_scheduler.device_schedule(pb, dq_bq, dq_bk, "kv"),
-        get_dkdv_kernel(pb.head_dim, kv_bk, kv_bq, *features, unroll=kv_cfg.get("unroll")),
-        (kv_bq, kv_bk), tile_scheduler.device_schedule(pb, kv_bq, kv_bk, "q"), drop, words=False,
-        band=(band_lo, band_hi))
+        get_dq_kernel(pb.head_dim, dq_bq, dq_bk, *features, unroll=unroll["dq"]),
+        launch_of(the_plan, "dq"), tile_scheduler.device_schedule(pb, dq_bq, dq_bk, "kv"),
+        get_dkdv_kernel(pb.head_dim, kv_bk, kv_bq, *features, unroll=unroll["dkdv"]),
+        launch_of(the_plan, "dkdv"), tile_scheduler.device_schedule(pb, kv_bq, kv_bk, "q"), drop,
+        words=False, band=(band_lo, band_hi))

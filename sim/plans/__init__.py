@@ -21,6 +21,8 @@ __all__ = ["plan_for", "plans_for_record", "choose", "PLANNERS", "CONFIGS"]
 PLANNERS = {
     ("mma", "fwd"): "sim.plans.tensor_core_fwd:mma_forward_plan",
     ("tf32", "fwd"): "sim.plans.tensor_core_fwd:tf32_forward_plan",
+    ("mma", "bwd"): "sim.plans.tensor_core_bwd:mma_backward_plan",
+    ("tf32", "bwd"): "sim.plans.tensor_core_bwd:tf32_backward_plan",
     ("flash3", "fwd"): "sim.plans.flash3:flash3_forward_plan",
     ("flash3-baseline", "fwd"): "sim.plans.flash3:flash2_hopper_baseline_plan",
 }
