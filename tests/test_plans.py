@@ -49,7 +49,9 @@ def test_forward_plan_bytes_equal_closed_forms(family, dtype, choices, d):
         (kern,) = plan.kernels
         nq = cdiv(Nq, bq)
         assert kern.grid == (nq, B * H)
-        got = {(a.tensor, a.op): a.bytes for a in kern.accesses}
+        got = {(a.tensor, a.op): a.bytes for a in kern.accesses if a.tensor != "schedule"}
+        (sched,) = [a for a in kern.accesses if a.tensor == "schedule"]
+        assert sched.bytes == 4 * kern.warps * (2 * nq * B * H + 2 * nq * cdiv(Nk, bk) * B * H)
         q_rows = B * H * (nq * bq if family == "tf32" else Nq)   # tf32 loads its tail rows clamped
         assert got == {("Q", "load"): q_rows * d * e, ("K", "load"): B * H * nq * Nk * d * e,
                        ("V", "load"): B * H * nq * Nk * d * e, ("O", "store"): B * H * Nq * d * e,
@@ -77,13 +79,14 @@ def test_causal_plan_visits_fewer_tiles_and_its_programs_do_not_walk_in_step():
 @pytest.mark.parametrize("name,rec", _mma_records(), ids=lambda x: x if isinstance(x, str) else "")
 def test_mma_forward_plan_against_the_sweeps_counters(name, rec):
     """The mma forward's plan against Nsight Compute's counters of the shipped sweeps: global
-    bytes within 5 %, FP32 FLOPs (all FLOPs less the tensor ones) within 1 %, tensor FLOPs
-    exact. Nothing in the plan is read from these records."""
+    bytes within 0.1 % (the tile schedule's warp-uniform loads included), FP32 FLOPs (all
+    FLOPs less the tensor ones) within 1 %, tensor FLOPs exact. Nothing in the plan is read
+    from these records."""
     w = Workload.from_record(rec)
     cost = price(plan_for("mma", "fwd", w, block_q=rec["block_q"], block_k=rec["block_k"]), "h100")
     (k,) = cost.kernels
     measured = rec["global_load_bytes"] + rec["global_store_bytes"] + (rec.get("global_atomic_bytes") or 0)
-    assert abs(cost.global_bytes / measured - 1) < 0.05
+    assert abs(cost.global_bytes / measured - 1) < 0.001
     tensor = 2 * 16 * 8 * 16 * rec["ncu_tensor_inst"]          # m16n8k16 per HMMA instruction
     assert k.matmul_flops == tensor
     assert abs(k.fp32_flops / (rec["flops_executed"] - tensor) - 1) < 0.01

@@ -18,7 +18,8 @@ What the plans count, from the kernels' code (line references are to the kernel 
   is held by the 4 threads of a quad, which all do its bookkeeping) and per row at the end.
 * **Shared memory**: the ``cp.async`` destinations, and what every warp reads of each tile
   (``ldmatrix`` of K and V; the tf32 forward's split stages and Q's split fragments).
-* **Bytes**: Q loaded once per row and O stored once per row as 4-byte words of mma fragments
+* **Bytes**: the tile schedule's CSR entries, read by every warp (4 bytes each, a sector per
+  load as the counters count it); Q loaded once per row and O stored once per row as 4-byte words of mma fragments
   (a warp instruction touches 16 bytes of a row: 4 threads x 4 bytes, so the L1 counters count
   a 32-byte sector per 16 bytes); K and V by 16-byte ``cp.async`` per visited tile (keys past the
   end are zero-filled with no global read); the float32 logsumexp once per row.
@@ -41,6 +42,9 @@ __all__ = ["mma_forward_plan", "tf32_forward_plan", "mma_forward_configs", "tf32
 SMEM_LIMIT_BYTES = 227 * 1024
 #: Bytes of a Q or O row one warp instruction touches: 4 threads of a quad x 4 bytes.
 FRAGMENT_ROW_BYTES = 16
+#: Bytes of one entry of the tile schedule's CSR arrays (int32), read by a warp-uniform load
+#: (one 32-byte sector counted per warp and load).
+SCHEDULE_ENTRY_BYTES = 4
 
 # -- the mma forward (float16 / bfloat16) ---------------------------------------------------------
 MMA_HEAD_DIMS = (64, 128)
@@ -180,7 +184,15 @@ def _forward(family: str, w: Workload, block_q: int, block_k: int, *, kernel_nam
     scores = tiles * block_q * block_k                             # scores on whole tiles
     tile_rows = tiles * block_q
     q_rows = padded_rows if split else rows    # the tf32 forward clamps tail rows and loads them
+    programs = n_blocks_q * slices
+    warps = threads // 32
+    # the tile schedule (CSR of `kernels.tile_scheduler.device_schedule`), read warp-uniformly by
+    # every warp: offsets[s, m], offsets[s, m + 1] and kv_index[start] once, kv_index[it] and
+    # kv_index[it + 1] per visited tile but the last: 2 programs + 2 tiles 4-byte loads a warp
+    schedule_loads = warps * (2 * programs + 2 * tiles)
     accesses = (
+        Access("schedule", "load", schedule_loads * SCHEDULE_ENTRY_BYTES, "fragment",
+               SCHEDULE_ENTRY_BYTES),
         Access("Q", "load", q_rows * d * e, "fragment", FRAGMENT_ROW_BYTES),
         Access("K", "load", keys * d * e, "cp.async"),
         Access("V", "load", keys * d * e, "cp.async"),
@@ -193,7 +205,6 @@ def _forward(family: str, w: Workload, block_q: int, block_k: int, *, kernel_nam
             + rows * (d + LSE_FLOPS_PER_ROW))
     mufu = (scores * MUFU_PER_SCORE + tile_rows * THREADS_PER_ROW * MUFU_PER_ROW_THREAD_TILE
             + padded_rows * THREADS_PER_ROW * MUFU_PER_ROW_THREAD_END + rows * LSE_MUFU_PER_ROW)
-    warps = threads // 32
     kv_tile = block_k * d * e
     if split:   # Q once per program, K and V per visited tile (whole tiles), P per score
         fp32 += padded_rows * d + tiles * 2 * block_k * d + scores * TF32_SPLIT_FLOPS_PER_SCORE
@@ -211,7 +222,8 @@ def _forward(family: str, w: Workload, block_q: int, block_k: int, *, kernel_nam
         fp32_flops=int(fp32), mufu_ops=int(mufu), shared_bytes_moved=int(shared),
         registers=_registers(kernel_name, w, block_q, block_k, registers),
         programs_per_slice=n_blocks_q, lockstep=not (windowed or w.block_sparse))
-    tensor_bytes = {"Q": rows * d * e, "O": rows * d * e, "lse": rows * STAT_BYTES,
+    tensor_bytes = {"schedule": (programs + slices + tiles) * SCHEDULE_ENTRY_BYTES,
+                    "Q": rows * d * e, "O": rows * d * e, "lse": rows * STAT_BYTES,
                     "K": w.batch * w.heads_kv * w.seq_len_k * d * e,
                     "V": w.batch * w.heads_kv * w.seq_len_k * d * e}
     return Plan(family, "fwd", w, (kernel,), dict(config, block_q=block_q, block_k=block_k),
