@@ -30,6 +30,7 @@ options); each command is one module with a ``main(argv)``:
 * ``rates`` (`benchmarks.rates`): the GPU's achievable rates (DRAM, L2, shared memory,
   ``mma.sync``, FFMA, ex2, ``cp.async``, launch) by microbenchmarks, the file a profile takes
   with ``sim.load_profile(name, rates=FILE)``.
+* ``pick`` (`benchmarks.pick`): every legal tile configuration timed against the model's pick.
 
 `benchmarks.common` holds what several commands share (timing by CUDA events, provenance,
 compiling for sm_90). ``bash benchmarks/gpu_job.sh MODE ...`` runs the usual sets on a GPU
