@@ -13,11 +13,15 @@
 #              counters by python -m benchmarks ncu where ncu is on PATH        -> sweep.json, measure.log, ncu.log
 #   resources  python -m benchmarks resources (ptxas registers per kernel)       -> kernel_resources_sm90.json
 #   check      python -m benchmarks check (PTX, ptxas, SASS of the tensor-core kernels) -> check.log
+#   rates      python -m benchmarks rates (the hardware rates the model prices with) -> rates_<gpu>.json, rates.log
+#   pick       python -m benchmarks pick (every legal tile configuration of 16 groups per family,
+#              and the model's picks priced with the rates file of a rates step before it)
+#                                                                                 -> pick.json, pick.log
 #
 # Logs and results go to $OUT (default ./gpu_logs). Every step runs under `timeout`; its limit in
 # seconds can be changed by the environment variable named in brackets: tests [T_TESTS], bench
 # [T_BENCH], each sanitizer process [T_SANITIZE], measure [T_MEASURE], ncu [T_NCU], resources
-# [T_RESOURCES], check [T_CHECK]; ncu stops starting new chunks after 3/4 of its limit (the sweep
+# [T_RESOURCES], check [T_CHECK], rates [T_RATES], pick [T_PICK]; ncu stops starting new chunks after 3/4 of its limit (the sweep
 # file keeps what was profiled, and a rerun resumes). A step's exit status is printed after it;
 # the script goes on with the next.
 #
@@ -30,8 +34,8 @@ if [ $# -eq 0 ]; then
 fi
 for mode in "$@"; do
   case $mode in
-    env|tests|bench|sanitize|measure|resources|check) ;;
-    *) echo "unknown mode '$mode' (modes: env tests bench sanitize measure resources check)" >&2
+    env|tests|bench|sanitize|measure|resources|check|rates|pick) ;;
+    *) echo "unknown mode '$mode' (modes: env tests bench sanitize measure resources check rates pick)" >&2
        exit 2 ;;
   esac
 done
@@ -96,6 +100,14 @@ for mode in "$@"; do
       ;;
     check)
       step check "${T_CHECK:-1800}" "$OUT/check.log" python3 -m benchmarks check --out "$OUT/check"
+      ;;
+    rates)
+      step rates "${T_RATES:-600}" "$OUT/rates.log" python3 -m benchmarks rates --out "$OUT/rates.json"
+      ;;
+    pick)
+      rates=()
+      [ -f "$OUT/rates.json" ] && rates=(--rates "$OUT/rates.json")
+      step pick "${T_PICK:-900}" "$OUT/pick.log" python3 -m benchmarks pick --out "$OUT/pick.json" "${rates[@]}"
       ;;
   esac
 done
