@@ -5,7 +5,7 @@
 
 For each page the benchmark opens the app (``AppTest``), then replays a fixed list of user
 interactions (the controls a user touches on that page: N, d, causal, dtype, GPU profile, the
-heatmap's metric, the step slider, ...) ``--rounds`` times. Each interaction's time is the
+kernel on Block sizes, the step slider, ...) ``--rounds`` times. Each interaction's time is the
 wall time of ``AppTest.run()`` — the whole script rerun, model calls and figure building
 included (the browser's drawing is not). The first round meets cold caches; later rounds hit
 ``st.cache_data``, as a user going back and forth does. The table reports p50 / p95 / max per
@@ -45,11 +45,11 @@ INTERACTIONS = {
                 ("slider", "w_density", 0.5), ("selectbox", "w_pass", "fwd+bwd"),
                 ("selectbox", "w_profile", "h100"), ("checkbox", "w_causal", False),
                 ("select_slider", "w_head_dim", 64), ("select_slider", "w_seq_len", 4096)],
-    "block_sizes": [("selectbox", "bs_metric", "global_bytes"), ("selectbox", "bs_metric", "dram_bytes"),
-                    ("select_slider", "w_seq_len", 2048), ("selectbox", "bs_schedule", "flash1"),
-                    ("checkbox", "w_causal", True), ("selectbox", "bs_schedule", "flash2"),
-                    ("checkbox", "w_causal", False), ("select_slider", "w_seq_len", 4096),
-                    ("selectbox", "bs_metric", "predicted_ms")],
+    "block_sizes": [("selectbox", "bs_group", "1"), ("selectbox", "bs_group", "2"),
+                    ("selectbox", "w_profile", "h200"), ("selectbox", "w_profile", "h100"),
+                    ("selectbox", "bs_family", "tf32/fwd"), ("selectbox", "w_dtype", "fp32"),
+                    ("select_slider", "w_seq_len", 16384), ("selectbox", "bs_family", "mma/fwd"),
+                    ("selectbox", "w_dtype", "fp16"), ("selectbox", "bs_group", "0")],
     "scaling": [("select_slider", "w_head_dim", 128), ("checkbox", "w_causal", True),
                 ("selectbox", "w_dtype", "fp32"), ("select_slider", "sc_range", (512, 8192)),
                 ("select_slider", "sc_range", (128, 65536)), ("checkbox", "w_causal", False),

@@ -41,3 +41,13 @@ def measured_scatter(digest: str, profile: str, l2: str, filters: tuple, metric:
                      _view):
     """The predicted-against-measured scatter of one metric (cached like `measured_view`)."""
     return figures.predicted_vs_measured(_view, metric, label, data.FAMILY_LABELS)
+
+
+@st.cache_resource(max_entries=256, show_spinner=False)
+def tile_figure(key: tuple, _cells, _measured, pick, best, predicted_title: str,
+                measured_title: str | None, title: str):
+    """The block-size page's heatmaps (`figures.tile_heatmaps`) for one view, identified by
+    ``key`` (the kernel, workload, profile, rates and measured file it shows)."""
+    return figures.tile_heatmaps(_cells, _measured, pick=pick, best=best,
+                                 predicted_title=predicted_title, measured_title=measured_title,
+                                 title=title)

@@ -1,7 +1,10 @@
 """Everything the dashboard computes, kept apart from its layout: the one place that calls the
 cost model (``sim``), so that a change of the model's interface touches this file only.
 
-* model tables: the three schedules side by side, the (block_q, block_k) grid, the N sweep;
+* model tables: the three schedules side by side, the N sweep;
+* block sizes: every legal tile configuration of a kernel family priced by the model that picks
+  the kernels' tiles (``sim.plans``, ``sim.plan.price``), beside the tile times a sweep measured
+  (``tile_plane``, ``load_tile_sweep``, ``measured_tiles``, ``tile_verdict``);
 * the step-through: the cost model's event trace of a small problem (``trace_events``), grouped
   into steps by ``dashboard.walk``;
 * results files: listing, validating (every problem listed, not just the first), loading,
@@ -315,63 +318,6 @@ def model_notes() -> str:
             "times are longer; a calibrated time (choose a results file under *Calibrate time "
             "on*) scales each level by efficiencies fitted on that file's measurements of the "
             "same GPU and kernel.")
-
-
-GRID_METRICS = {
-    "predicted_ms": ROOFLINE + " (ms)",
-    "global_bytes": "Global-memory bytes",
-    "dram_bytes": "DRAM bytes",
-    "sram_bytes_per_block": "On-chip memory per block (bytes)",
-}
-
-
-def fmt_metric(metric: str, value: float) -> str:
-    """A grid metric's value with its unit."""
-    from dashboard import fmt
-    return fmt.ms(value) if metric == "predicted_ms" else fmt.bytes_(value)
-
-
-BLOCK_SIZES = (16, 32, 64, 128, 256)
-
-
-@st.cache_data(show_spinner=False, max_entries=128)
-def block_grid(schedule: str, seq_len: int, head_dim: int, batch: int, heads: int, dtype: str,
-               pass_: str, causal: bool, profile: str, custom: tuple | None = None,
-               density: float = 1.0, window: int = 0) -> pd.DataFrame:
-    """Every (block_q, block_k) in ``BLOCK_SIZES``² from ``sim.search_blocks`` (analytic L2).
-
-    Columns: block_q, block_k, the ``GRID_METRICS`` (NaN where infeasible, except the on-chip
-    footprint), blocks_per_sm, ``feasible`` and ``why`` (why a block size does not fit).
-    """
-    from dashboard import fmt
-
-    sim = _sim()
-    prof = _profile(profile, custom)
-    wl = _workload(seq_len, head_dim, batch, heads, dtype, pass_, causal, density, window)
-    res = sim.search_blocks(wl, prof, schedule, blocks=BLOCK_SIZES, l2="analytic")
-    rows = []
-    for r in res.grid:
-        row = _row(schedule, {k: v for k, v in r.items() if not isinstance(v, (dict, list))})
-        rows.append({"block_q": r["block_q"], "block_k": r["block_k"],
-                     **{m: row[m] for m in GRID_METRICS}, "blocks_per_sm": r["blocks_per_sm"],
-                     "feasible": True, "why": ""})
-    for bq, bk, sram in res.infeasible:
-        why = (f"needs {fmt.bytes_(sram)} of shared memory per block; the GPU has "
-               f"{fmt.bytes_(prof.smem_bytes_per_block)}" if sram > prof.smem_bytes_per_block else
-               "no thread block fits on an SM")
-        rows.append({"block_q": bq, "block_k": bk, **{m: np.nan for m in GRID_METRICS},
-                     "sram_bytes_per_block": sram, "blocks_per_sm": 0, "feasible": False, "why": why})
-    return pd.DataFrame(rows).sort_values(["block_q", "block_k"]).reset_index(drop=True)
-
-
-def grid_columns() -> dict:
-    from dashboard.fmt import Col
-    return {"block_q": Col("Queries per tile", "count"), "block_k": Col("Keys per tile", "count"),
-            "predicted_ms": Col(ROOFLINE, "ms"), "global_bytes": Col("Global memory", "bytes"),
-            "dram_bytes": Col("DRAM", "bytes"),
-            "sram_bytes_per_block": Col("On-chip memory per block", "bytes"),
-            "blocks_per_sm": Col("Blocks per SM", "count"), "feasible": Col("Fits", "bool"),
-            "why": Col("Why not")}
 
 
 @st.cache_data(show_spinner=False, max_entries=128)
@@ -1133,55 +1079,470 @@ def start_replay(digest: str, profile: str, records: list, estimate_s: float) ->
 
 
 # ------------------------------------------------------------------------------------------------
-# Block sizes: measured runs of the same workload
+# Block sizes: the kernels' tile configurations, priced by the model that picks their tiles, and
+# the tile times a sweep measured
 # ------------------------------------------------------------------------------------------------
-def measured_blocks(results_name: str, schedule: str, seq_len: int, head_dim: int, batch: int,
-                    heads: int, dtype: str, pass_: str, causal: bool, profile: str,
-                    custom: tuple | None = None, density: float = 1.0,
-                    window: int = 0) -> pd.DataFrame:
-    """Measured runs of our CUDA-core kernel of ``schedule`` on exactly the given workload (N,
-    d, dtype, causal, pass, batch·heads): columns block_q, block_k and the median time_ms over
-    repeated records."""
-    df = load_results_choice(results_name)["records"]
-    if df.empty or window > 0:      # no shipped record measured a sliding window
-        return pd.DataFrame(columns=["block_q", "block_k", "time_ms"])
-    df = df[df["variant"].fillna("simt") == "simt"]   # the tensor-core kernels are other programs
-    sel = df[(df["kernel"] == "ioaware-numba") & (df["schedule"] == schedule)
-             & (df["seq_len_q"] == seq_len) & (df["seq_len_k"] == seq_len)
-             & (df["head_dim"] == head_dim) & (df["dtype"] == dtype)
-             & (df["causal"].astype(bool) == causal) & (df["pass"] == pass_)
-             & (df["batch"] * df["heads"] == batch * heads)
-             & df["block_q"].notna() & df["block_k"].notna()]
-    out = sel[["block_q", "block_k", "time_ms"]].copy()
-    out[["block_q", "block_k"]] = out[["block_q", "block_k"]].astype(int)
-    return out.groupby(["block_q", "block_k"], as_index=False)["time_ms"].median()
+#: What the pages call the kernel families of the model's configuration registry
+#: (``sim.plans.CONFIGS``); a family not named here is called by its name.
+TILE_FAMILY_LABELS = {"mma": "Tensor cores, fp16/bf16", "tf32": "Tensor cores, fp32 (3xTF32)",
+                      "simt": "CUDA cores"}
+#: What limits a configuration's predicted time (the level `sim.plan.KernelCost.bound` names).
+PLAN_BOUND_LABELS = {"dram": "DRAM bandwidth", "l2": "L2 bandwidth",
+                     "smem": "shared-memory bandwidth", "matmul": "tensor-core peak",
+                     "fp32": "CUDA-core FP32 peak", "mufu": "special-function units (exp2)"}
+#: Files of measured tile times the block-size page reads, by their ``schema``: ``python -m
+#: benchmarks pick``'s, ``tune --family``'s, and the shipped tensor-core tile sweep's.
+TILE_SWEEP_SCHEMAS = ("ioaware.pick/1", "ioaware.tune_blocks/1", "ioaware.tune_tc/1")
+#: The dtype of a ``ioaware.tune_tc/1`` row by its ``kernel`` (that sweep timed float16 for the
+#: mma kernel and float32 for the tf32 one).
+TUNE_TC_DTYPE = {"mma": "fp16", "tf32": "fp32"}
+#: The fields that name one measured workload (a group of a tile sweep).
+TILE_GROUP_FIELDS = ("dtype", "head_dim", "causal", "seq_len", "batch", "heads")
+#: Head dims probed for the tile sizes a family takes (the rows and columns of its plane).
+_PROBE_HEAD_DIMS = (32, 64, 96, 128, 256)
+#: Two predicted times closer than this (relative) tie; the model then takes the larger tiles.
+TIE = 1e-9
 
 
-def measured_workloads(results_name: str, schedule: str) -> pd.DataFrame:
-    """The distinct workloads with runs of our CUDA-core kernel of ``schedule`` in a results
-    file, with how many block sizes each has: what the overlay can show."""
-    df = load_results_choice(results_name)["records"]
-    cols = ["seq_len_q", "head_dim", "dtype", "causal", "pass", "batch", "heads"]
-    if df.empty:
-        return pd.DataFrame(columns=cols + ["block_sizes"])
-    sel = df[(df["kernel"] == "ioaware-numba") & (df["schedule"] == schedule)
-             & (df["variant"].fillna("simt") == "simt")
-             & (df["seq_len_q"] == df["seq_len_k"]) & df["block_q"].notna()]
-    return (sel.groupby(cols).size().rename("block_sizes").reset_index()
-            .sort_values(["block_sizes"], ascending=False).reset_index(drop=True))
+def tile_families() -> list[str]:
+    """``"family/pass"`` of every kernel family whose legal configurations the model lists
+    (``sim.plans.CONFIGS``), by family, the forward first: what the block-size page offers."""
+    keys = sorted(importlib.import_module("sim.plans").CONFIGS,
+                  key=lambda k: (k[0], k[1] != "fwd", k[1]))
+    return [f"{f}/{p}" for f, p in keys]
 
 
-def measured_at(measured: pd.DataFrame, best) -> str:
-    """Measured time at the predicted optimum's block size, as text."""
+def tile_family_label(key: str) -> str:
+    """``"mma/fwd"`` -> ``"Tensor cores, fp16/bf16, forward"``."""
+    family, _, pass_ = str(key).partition("/")
+    return f"{TILE_FAMILY_LABELS.get(family, family)}, {PASS_LABELS.get(pass_, pass_)}"
+
+
+def tiles_label(block_q, block_k) -> str:
+    """``"128 × 64"`` (queries × keys per tile)."""
+    return f"{int(block_q)} × {int(block_k)}"
+
+
+def plain_reason(exc) -> str:
+    """An exception of the model as one plain line: the first line of its message, with the
+    workload's field names written as words (``workload.head_dim=96`` -> ``head dim 96``)."""
+    import re as _re
+
+    text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    text = _re.sub(r"workload\.(\w+)=", lambda m: m.group(1) + " ", text)
+    text = _re.sub(r"'([\w.+/-]+)'", r"\1", text)
+    return text.replace("head_dim", "head dim").replace("seq_len", "N")
+
+
+def _legal_configs(family: str, pass_: str, workload) -> list[dict]:
+    plans = importlib.import_module("sim.plans")
+    module, function = plans.CONFIGS[(family, pass_)].split(":")
+    return [dict(c) for c in getattr(importlib.import_module(module), function)(workload)]
+
+
+def _tie_key(cfg: dict) -> tuple:
+    # sim.plans.choose's order: the time, then the larger tiles
+    return tuple(-v if isinstance(v, (int, float)) else 0 for v in cfg.values())
+
+
+def _does_not_fit(plan, prof) -> str:
     from dashboard import fmt
 
-    hit = measured[(measured["block_q"] == int(best["block_q"]))
-                   & (measured["block_k"] == int(best["block_k"]))]
-    if hit.empty:
-        return "not measured"
-    t, tmin = float(hit["time_ms"].iloc[0]), float(measured["time_ms"].min())
-    return f"{fmt.ms(t)}, {fmt.signed_pct(t / tmin - 1)} against the measured fastest"
+    k = max(plan.kernels, key=lambda k: k.shared_bytes)
+    regs = f", {k.registers} registers a thread" if k.registers else ""
+    return (f"does not fit one SM of the {prof.description or prof.name}: "
+            f"{fmt.bytes_(k.shared_bytes)} of shared memory, {k.threads} threads{regs}")
 
+
+def _rates_text(sources: dict) -> str:
+    """"measured rates" when any level's rate was measured, else "datasheet rates"."""
+    return "measured rates" if "measured" in sources.values() else "datasheet rates"
+
+
+@st.cache_data(show_spinner=False, max_entries=256)
+def tile_plane(family: str, pass_: str, seq_len: int, head_dim: int, batch: int, heads: int,
+               dtype: str, causal: bool, profile: str, custom: tuple | None = None,
+               window: int = 0, rates: bytes | None = None, rates_name: str = "") -> dict:
+    """The model's view of every tile configuration of ``family``'s ``pass_`` for one workload.
+
+    Each legal configuration (``sim.plans.CONFIGS``) is priced by ``sim.plan.price`` on the
+    profile (with the measured rates of ``rates``, a rates file's bytes, when given), and the
+    pick is ``sim.plans.choose``'s: the fastest, ties to the larger tiles. Returns a dict:
+
+    * ``refused``: None, or one plain line saying why the family cannot run this workload (then
+      nothing else is filled);
+    * ``cells``: DataFrame, one row per (block_q, block_k) of the family's tile sizes: ``legal``,
+      ``predicted_ms`` (NaN where not legal), ``rank`` (1 = the pick), ``bound`` (what limits
+      its time), ``global_bytes``, ``dram_bytes``, ``options`` (other settings of the
+      configuration, if any) and ``why`` (why it is not legal);
+    * ``pick`` (the chosen configuration), ``pick_ms``, ``ties`` (configurations priced the
+      same as the pick), ``n_legal``;
+    * ``rates``: "datasheet rates" or "measured rates", ``rate_sources`` (level -> source),
+      ``rates_error`` (why a given rates file was not used, or None), ``rates_name``;
+    * ``profile`` (the profile's name) and ``gpu`` (its description); ``partial``: some legal
+      configuration does not fit the GPU (the pick is then among the rest, in the same order).
+    """
+    plans = importlib.import_module("sim.plans")
+    plan_mod = importlib.import_module("sim.plan")
+    out = {"refused": None, "cells": None, "pick": None, "pick_ms": None, "ties": [],
+           "n_legal": 0, "rates": "datasheet rates", "rate_sources": {}, "rates_error": None,
+           "rates_name": rates_name, "profile": profile, "gpu": profile, "partial": False}
+    try:
+        prof = _profile(profile, custom)
+    except (ValueError, TypeError) as exc:
+        out["refused"] = f"The GPU profile is not usable: {plain_reason(exc)}"
+        return out
+    if rates is not None:
+        try:
+            prof = importlib.import_module("sim.profiles").load_profile(
+                prof, rates=json.loads(rates.decode("utf-8")))
+        except (ValueError, TypeError, UnicodeDecodeError, FileNotFoundError) as exc:
+            out["rates_error"] = plain_reason(exc)
+    out["profile"], out["gpu"] = prof.name, prof.description or prof.name
+    try:
+        w = _workload(seq_len, head_dim, batch, heads, dtype, pass_, causal, 1.0, window)
+        legal = _legal_configs(family, pass_, w)
+    except (ValueError, TypeError) as exc:
+        out["refused"] = plain_reason(exc)
+        return out
+    if not legal:
+        out["refused"] = "no tile configuration of this kernel is legal for this workload"
+        return out
+    priced, not_priced, first_refusal, smallest = [], {}, None, None
+    for cfg in legal:
+        try:
+            plan = plans.plan_for(family, pass_, w, **cfg)
+        except (ValueError, TypeError) as exc:
+            first_refusal = first_refusal or plain_reason(exc)
+            not_priced[(cfg.get("block_q"), cfg.get("block_k"))] = plain_reason(exc)
+            continue
+        try:
+            cost = plan_mod.price(plan, prof)
+        except ValueError:
+            why = _does_not_fit(plan, prof)
+            not_priced[(cfg.get("block_q"), cfg.get("block_k"))] = why
+            smallest = min(smallest or (math.inf, ""),
+                           (max(k.shared_bytes for k in plan.kernels), why))
+            continue
+        priced.append((cost.time_s, _tie_key(cfg), cfg, cost))
+    if not priced:
+        out["refused"] = first_refusal or (
+            "no tile configuration of this kernel fits one SM of the "
+            f"{out['gpu']} (the smallest needs {smallest[1].partition(': ')[2]})")
+        return out
+    priced.sort(key=lambda r: r[:2])
+    out["partial"] = bool(not_priced)
+    if not not_priced:   # every legal configuration priced: the model's own pick first
+        pick = plans.choose(family, pass_, w, prof)[0]
+        priced.sort(key=lambda r: r[2] != pick)     # stable: the rest keep their order
+    best_s = priced[0][0]
+    out["pick"], out["pick_ms"] = dict(priced[0][2]), best_s * 1e3
+    out["ties"] = [dict(c) for t, _k, c, _p in priced[1:] if abs(t - best_s) <= TIE * best_s]
+    out["n_legal"] = len(priced)
+    out["rate_sources"] = dict(priced[0][3].rate_sources)
+    out["rates"] = _rates_text(out["rate_sources"])
+    # the plane: every tile size the family takes (probed over head dims), each cell the
+    # fastest of its configurations
+    qs = {c.get("block_q") for c in legal}
+    ks = {c.get("block_k") for c in legal}
+    for d in _PROBE_HEAD_DIMS:
+        try:
+            for c in _legal_configs(family, pass_, _workload(seq_len, d, batch, heads, dtype,
+                                                              pass_, causal, 1.0, window)):
+                qs.add(c.get("block_q"))
+                ks.add(c.get("block_k"))
+        except (ValueError, TypeError):
+            continue
+    qs = sorted(q for q in qs if isinstance(q, int))
+    ks = sorted(k for k in ks if isinstance(k, int))
+    cells = {}
+    for rank, (t, _k, cfg, cost) in enumerate(priced, start=1):
+        key = (cfg.get("block_q"), cfg.get("block_k"))
+        if key in cells:
+            continue
+        slowest = max(cost.kernels, key=lambda k: k.time_s)
+        cells[key] = {"legal": True, "predicted_ms": t * 1e3, "rank": rank,
+                      "bound": PLAN_BOUND_LABELS.get(slowest.bound, slowest.bound),
+                      "global_bytes": cost.global_bytes, "dram_bytes": cost.dram_bytes,
+                      "options": ", ".join(f"{k} {v}" for k, v in cfg.items()
+                                           if k not in ("block_q", "block_k")),
+                      "why": ""}
+    rows = []
+    for q in qs:
+        for k in ks:
+            cell = cells.get((q, k))
+            if cell is None:
+                why = not_priced.get((q, k))
+                if why is None:
+                    try:
+                        plans.plan_for(family, pass_, w, block_q=q, block_k=k)
+                        why = "not among this kernel's legal configurations for this workload"
+                    except (ValueError, TypeError) as exc:
+                        why = plain_reason(exc)
+                cell = {"legal": False, "predicted_ms": np.nan, "rank": np.nan, "bound": "",
+                        "global_bytes": np.nan, "dram_bytes": np.nan, "options": "", "why": why}
+            rows.append({"block_q": q, "block_k": k, **cell})
+    out["cells"] = pd.DataFrame(rows)
+    return out
+
+
+# -- measured tile times -----------------------------------------------------------------------
+def tile_sweep_files() -> list[Path]:
+    """Files of measured tile times the page offers: those of :data:`TILE_SWEEP_SCHEMAS` named
+    in ``$IOAWARE_RESULTS`` (files or directories), then the repository's ``results/``; the
+    newest schema first (``pick`` files, then tile tunes), by name within a schema."""
+    return _files_of_schemas(TILE_SWEEP_SCHEMAS)
+
+
+def rates_files() -> list[Path]:
+    """Measured-rates files (``python -m benchmarks rates``) in ``$IOAWARE_RESULTS`` and
+    ``results/``."""
+    return _files_of_schemas(("ioaware.rates/1",))
+
+
+def rates_choices() -> list[str]:
+    return [_choice_name(p) for p in rates_files()]
+
+
+def rates_choice_bytes(name: str) -> bytes:
+    for path in rates_files():
+        if _choice_name(path) == name:
+            return path.read_bytes()
+    raise FileNotFoundError(f"rates file {name!r} is no longer available")
+
+
+def _files_of_schemas(schemas: tuple) -> list[Path]:
+    """JSON files whose ``schema`` (read from their first kilobyte) is one of ``schemas``, in
+    the order of ``schemas``, then of their names."""
+    import re as _re
+
+    found = []
+    candidates: list[Path] = []
+    for entry in filter(None, os.environ.get("IOAWARE_RESULTS", "").split(os.pathsep)):
+        path = Path(entry).expanduser()
+        candidates += (sorted(path.glob("*.json")) if path.is_dir() else
+                       [path] if path.is_file() else [])
+    candidates += sorted((ROOT / "results").glob("*.json"))
+    seen = set()
+    for path in candidates:
+        if path.resolve() in seen:
+            continue
+        seen.add(path.resolve())
+        try:
+            with open(path, "rb") as fh:
+                head = fh.read(1024)
+        except OSError:
+            continue
+        m = _re.search(rb'"schema"\s*:\s*"([^"]+)"', head)
+        if m and m.group(1).decode("utf-8", "replace") in schemas:
+            found.append((schemas.index(m.group(1).decode()), len(found), path))
+    return [p for _i, _n, p in sorted(found)]
+
+
+def tile_sweep_choices() -> list[str]:
+    """Display names of :func:`tile_sweep_files`."""
+    return [_choice_name(p) for p in tile_sweep_files()]
+
+
+def _read_tune_tc(doc: dict) -> tuple[dict, list[dict]]:
+    """The shipped tile sweep's rows as timing records (used when ``benchmarks.pick``, which
+    reads every schema of :data:`TILE_SWEEP_SCHEMAS`, is not importable)."""
+    if doc.get("schema") != "ioaware.tune_tc/1":
+        raise ValueError(f"schema {doc.get('schema')!r} can be read only with the benchmarks "
+                         f"package installed (this installation reads ioaware.tune_tc/1)")
+    rows = doc.get("rows")
+    if not isinstance(rows, list):
+        raise ValueError("has no list of rows")
+    out = []
+    for i, row in enumerate(rows):
+        need = ("kernel", "head_dim", "causal", "seq_len", "batch", "heads", "block_q", "block_k",
+                "time_ms")
+        if not isinstance(row, dict) or any(k not in row for k in need):
+            raise ValueError(f"row {i} lacks one of {', '.join(need)}")
+        out.append({"family": row["kernel"], "pass": "fwd",
+                    "dtype": TUNE_TC_DTYPE.get(row["kernel"]),
+                    **{k: row[k] for k in ("head_dim", "causal", "seq_len", "batch", "heads")},
+                    "config": {"block_q": row["block_q"], "block_k": row["block_k"]},
+                    "time_ms": float(row["time_ms"]), "why": None})
+    return doc, out
+
+
+def _timings_reader():
+    """``benchmarks.pick.load_timings`` when the benchmarks package is importable (it reads
+    every schema of :data:`TILE_SWEEP_SCHEMAS`), else the shipped sweep's reader."""
+    try:
+        fn = getattr(importlib.import_module("benchmarks.pick"), "load_timings", None)
+    except Exception:  # noqa: BLE001 - the page reads the shipped sweep without it
+        fn = None
+    return fn if callable(fn) else _read_tune_tc
+
+
+_SWEEP_COLUMNS = ["family", "pass", *TILE_GROUP_FIELDS, "block_q", "block_k", "options",
+                  "time_ms", "why"]
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def load_tile_sweep(content: bytes, name: str) -> dict:
+    """A file of measured tile times (:data:`TILE_SWEEP_SCHEMAS`) given as bytes: ``{"name",
+    "schema", "gpu", "date", "profile" (the model's profile of its GPU, or None), "digest",
+    "records": DataFrame}``, one record per timed (or refused) configuration: family, pass, the group's
+    fields, block_q, block_k, ``options`` (other settings, as text), ``time_ms`` (NaN when
+    refused) and ``why``. Raises ValueError with one line when the file cannot be read."""
+    try:
+        obj = json.loads(content.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{name} is not a JSON file ({exc})") from None
+    if not isinstance(obj, dict) or obj.get("schema") not in TILE_SWEEP_SCHEMAS:
+        got = obj.get("schema") if isinstance(obj, dict) else type(obj).__name__
+        raise ValueError(f"{name} is not a file of measured tile times (its schema is {got!r}; "
+                         f"read: {', '.join(TILE_SWEEP_SCHEMAS)})")
+    try:
+        doc, records = _timings_reader()(obj)
+    except ValueError as exc:
+        raise ValueError(f"{name}: {str(exc).removeprefix('file <object>: ')}") from None
+    rows = []
+    for r in records:
+        cfg = dict(r.get("config") or {})
+        bq, bk = cfg.pop("block_q", None), cfg.pop("block_k", None)
+        if not isinstance(bq, int) or not isinstance(bk, int):
+            continue
+        t = r.get("time_ms")
+        rows.append({"family": r["family"], "pass": r["pass"],
+                     **{k: r.get(k) for k in TILE_GROUP_FIELDS}, "block_q": bq, "block_k": bk,
+                     "options": ", ".join(f"{k} {v}" for k, v in sorted(cfg.items())),
+                     "time_ms": float(t) if t is not None else np.nan,
+                     "why": r.get("why") or ""})
+    df = pd.DataFrame(rows, columns=_SWEEP_COLUMNS)
+    if not df.empty:
+        df["causal"] = df["causal"].astype(bool)
+        for c in ("head_dim", "seq_len", "batch", "heads"):
+            df[c] = df[c].astype(int)
+    prov = obj.get("provenance") if isinstance(obj.get("provenance"), dict) else {}
+    gpu = str(prov.get("gpu") or "an unrecorded GPU")
+    return {"name": name, "schema": obj["schema"], "gpu": gpu, "date": str(prov.get("date", "")),
+            "profile": profile_for_gpu(gpu) if prov.get("gpu") else None, "records": df,
+            "digest": hashlib.sha1(content).hexdigest()}
+
+
+def load_tile_sweep_choice(name: str) -> dict:
+    """:func:`load_tile_sweep` of one of :func:`tile_sweep_choices` by its display name."""
+    for path in tile_sweep_files():
+        if _choice_name(path) == name:
+            return load_tile_sweep(path.read_bytes(), _choice_name(path))
+    raise FileNotFoundError(f"tile sweep {name!r} is no longer available")
+
+
+def tile_sweep_groups(sweep: dict, family_key: str) -> pd.DataFrame:
+    """The workloads of ``family_key`` (``"family/pass"``) a sweep timed, in the file's order:
+    the :data:`TILE_GROUP_FIELDS` and ``configs`` (configurations timed)."""
+    family, _, pass_ = family_key.partition("/")
+    df = sweep["records"]
+    sel = df[(df["family"] == family) & (df["pass"] == pass_)]
+    if sel.empty:
+        return pd.DataFrame(columns=[*TILE_GROUP_FIELDS, "configs"])
+    return (sel.groupby(list(TILE_GROUP_FIELDS), sort=False)["time_ms"].count()
+            .rename("configs").reset_index())
+
+
+def group_label(group) -> str:
+    """One measured workload as text: ``"N = 4,096, d = 64, batch 4, 32 heads, fp16, not
+    causal"``."""
+    return (f"N = {int(group['seq_len']):,}, d = {int(group['head_dim'])}, batch "
+            f"{int(group['batch'])}, {int(group['heads'])} heads, {group['dtype']}, "
+            f"{'causal' if bool(group['causal']) else 'not causal'}")
+
+
+def measured_tiles(sweep: dict, family_key: str, seq_len: int, head_dim: int, batch: int,
+                   heads: int, dtype: str, causal: bool, window: int = 0) -> pd.DataFrame:
+    """The sweep's times of ``family_key`` on exactly this workload: block_q, block_k,
+    ``time_ms`` (the median over repeated records; NaN when refused), ``why``, ``options``.
+    Empty with a sliding window (no sweep times one)."""
+    cols = ["block_q", "block_k", "time_ms", "why", "options"]
+    family, _, pass_ = family_key.partition("/")
+    df = sweep["records"]
+    if df.empty or window > 0:
+        return pd.DataFrame(columns=cols)
+    sel = df[(df["family"] == family) & (df["pass"] == pass_) & (df["dtype"] == dtype)
+             & (df["head_dim"] == head_dim) & (df["causal"] == bool(causal))
+             & (df["seq_len"] == seq_len) & (df["batch"] == batch) & (df["heads"] == heads)]
+    if sel.empty:
+        return pd.DataFrame(columns=cols)
+    return (sel.groupby(["block_q", "block_k", "options"], as_index=False, sort=True)
+            .agg(time_ms=("time_ms", "median"), why=("why", "first"))[cols])
+
+
+def tile_verdict(plane: dict, measured: pd.DataFrame) -> dict | None:
+    """The model's pick against the measured times of the same workload (None when nothing was
+    timed): ``pick`` and ``best`` (``(block_q, block_k)``), ``pick_ms`` (measured; None when
+    not timed: ``pick_why``), ``best_ms``, ``loss`` (pick / best - 1, a fraction),
+    ``pick_rank`` among the ``timed`` configurations, ``ratio_lo`` / ``ratio_mid`` /
+    ``ratio_hi`` (predicted / measured over the configurations with both), ``not_legal``
+    (measured tiles the model does not list for this workload), and ``text``: the sentence the
+    page shows."""
+    timed = measured[measured["time_ms"].notna()] if measured is not None else measured
+    if timed is None or timed.empty or plane.get("pick") is None:
+        return None
+    best = timed.loc[timed["time_ms"].idxmin()]
+    pick = (int(plane["pick"]["block_q"]), int(plane["pick"]["block_k"]))
+    best_t = (int(best["block_q"]), int(best["block_k"]))
+    hit = measured[(measured["block_q"] == pick[0]) & (measured["block_k"] == pick[1])]
+    pick_ms = float(hit["time_ms"].min()) if hit["time_ms"].notna().any() else None
+    best_ms = float(best["time_ms"])
+    loss = None if pick_ms is None else pick_ms / best_ms - 1
+    rank = None if pick_ms is None else 1 + int((timed["time_ms"] < pick_ms).sum())
+    cells = plane["cells"].set_index(["block_q", "block_k"])
+    ratios = []
+    not_legal = []
+    for _, r in timed.iterrows():
+        key = (int(r["block_q"]), int(r["block_k"]))
+        if key in cells.index and bool(cells.loc[key, "legal"]):
+            ratios.append(float(cells.loc[key, "predicted_ms"]) / float(r["time_ms"]))
+        else:
+            not_legal.append(tiles_label(*key))
+    p, b = tiles_label(*pick), tiles_label(*best_t)
+    if pick_ms is None:
+        why = "" if hit.empty else str(hit["why"].iloc[0] or "")
+        text = (f"The model picks {p}, which this file did not time"
+                + (f" ({why})" if why else "")
+                + f"; the measured best is {b}: {best_ms:,.3f} ms.")
+    elif pick == best_t or loss <= 0:
+        text = (f"The model picks {p}, the measured best ({pick_ms:,.3f} ms): nothing is lost by "
+                f"following the model.")
+    else:
+        text = (f"The model picks {p}: {pick_ms:,.3f} ms, {loss * 100:,.1f} % slower than the "
+                f"measured best {b}: {best_ms:,.3f} ms.")
+    return {"pick": pick, "best": best_t, "pick_ms": pick_ms, "best_ms": best_ms, "loss": loss,
+            "pick_rank": rank, "timed": len(timed),
+            "pick_why": None if pick_ms is not None or hit.empty else hit["why"].iloc[0],
+            "ratio_lo": min(ratios) if ratios else None,
+            "ratio_mid": float(np.median(ratios)) if ratios else None,
+            "ratio_hi": max(ratios) if ratios else None, "not_legal": not_legal, "text": text}
+
+
+def tile_table(plane: dict, measured: pd.DataFrame | None) -> tuple[pd.DataFrame, dict]:
+    """The page's table: one row per legal configuration, fastest predicted first, with the
+    measured time where there is one: ``(DataFrame, {column: fmt.Col})``."""
+    from dashboard.fmt import Col
+
+    cells = plane["cells"]
+    df = cells[cells["legal"]].sort_values("rank").copy()
+    df["tiles"] = [tiles_label(q, k) for q, k in zip(df["block_q"], df["block_k"])]
+    pred = f"Predicted from {plane['rates']}"
+    cols = {"tiles": Col("Tile (queries × keys)"), "predicted_ms": Col(pred, "ms"),
+            "rank": Col("Model's rank", "count"), "bound": Col("Limited by")}
+    if measured is not None and not measured.empty:
+        m = measured.set_index(["block_q", "block_k"])["time_ms"]
+        df["measured_ms"] = [m.get((q, k), np.nan) for q, k in zip(df["block_q"], df["block_k"])]
+        best = float(measured["time_ms"].min()) if measured["time_ms"].notna().any() else np.nan
+        df["vs_best"] = df["measured_ms"] / best - 1
+        df["measured_rank"] = df["measured_ms"].rank(method="min")
+        cols.update({"measured_ms": Col("Measured", "ms"),
+                     "measured_rank": Col("Measured rank", "count"),
+                     "vs_best": Col("Slower than the measured best", "pct")})
+    cols.update({"global_bytes": Col("Global memory", "bytes"), "dram_bytes": Col("DRAM", "bytes")})
+    if df["options"].astype(bool).any():
+        cols["options"] = Col("Other settings")
+    return df.reset_index(drop=True), cols
 
 # ------------------------------------------------------------------------------------------------
 # Measuring on this machine

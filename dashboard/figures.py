@@ -95,48 +95,108 @@ def roofline(table: pd.DataFrame, ceilings: dict) -> go.Figure:
 # ------------------------------------------------------------------------------------------------
 # Block sizes (page 2)
 # ------------------------------------------------------------------------------------------------
-def block_heatmap(grid: pd.DataFrame, metric: str, label: str,
-                  measured: pd.DataFrame | None = None) -> go.Figure:
-    """Heatmap of ``metric`` over (block_k, block_q); infeasible cells crossed, optimum starred,
-    measured points circled with their time, the measured optimum as a diamond."""
-    bqs = sorted(grid["block_q"].unique())
-    bks = sorted(grid["block_k"].unique())
-    z = grid.pivot(index="block_q", columns="block_k", values=metric).loc[bqs, bks]
-    ok = grid.pivot(index="block_q", columns="block_k", values="feasible").loc[bqs, bks]
-    why = grid.pivot(index="block_q", columns="block_k", values="why").loc[bqs, bks]
-    xs, ys = [str(b) for b in bks], [str(b) for b in bqs]
-    shown = z.where(ok.astype(bool))
-    fig = go.Figure(go.Heatmap(
-        x=xs, y=ys, z=np.log10(shown.to_numpy(dtype=float)), customdata=z.to_numpy(dtype=float),
-        colorscale="Viridis_r", colorbar=dict(title=f"log10<br>{label}"),
-        hovertemplate="block_q %{y}, block_k %{x}<br>" + label + ": %{customdata:.4g}<extra></extra>"))
-    bad = [(x, y, why.loc[int(y), int(x)]) for y in ys for x in xs if not ok.loc[int(y), int(x)]]
-    if bad:
-        fig.add_trace(go.Scatter(x=[b[0] for b in bad], y=[b[1] for b in bad], mode="markers",
-                                 marker=dict(symbol="x-thin", size=26, line=dict(width=2, color="#888")),
-                                 name="infeasible", text=[b[2] for b in bad],
-                                 hovertemplate="infeasible: %{text}<extra></extra>"))
-    feas = grid[grid["feasible"]]
-    if not feas.empty:
-        best = feas.loc[feas[metric].idxmin()]
-        fig.add_trace(go.Scatter(x=[str(int(best["block_k"]))], y=[str(int(best["block_q"]))],
-                                 mode="markers", name="predicted optimum",
-                                 marker=dict(symbol="star", size=24, color="white",
-                                             line=dict(color="black", width=2))))
-    if measured is not None and not measured.empty:
-        fig.add_trace(go.Scatter(
-            x=measured["block_k"].astype(str), y=measured["block_q"].astype(str), mode="markers+text",
-            text=[fmt.ms(t) for t in measured["time_ms"]], textposition="bottom center",
-            textfont=dict(color="white"), name="measured",
-            marker=dict(symbol="circle-open", size=18, color="white", line=dict(width=2))))
-        mbest = measured.loc[measured["time_ms"].idxmin()]
-        fig.add_trace(go.Scatter(x=[str(int(mbest["block_k"]))], y=[str(int(mbest["block_q"]))],
-                                 mode="markers", name="measured optimum",
-                                 marker=dict(symbol="diamond-open", size=28, color="red",
-                                             line=dict(width=3))))
-    fig.update_xaxes(title="keys per tile (block_k)", type="category")
-    fig.update_yaxes(title="queries per tile (block_q)", type="category")
-    return _layout(fig, f"{label} over block sizes", height=480)
+def _cell_ms(t: float) -> str:
+    """A time written in a heatmap cell: 3 decimals from 0.1 ms (``"2.370"``), else 3
+    significant digits (``"0.0123"``)."""
+    return f"{t:,.3f}" if t >= 0.1 else fmt.num(t, 3)
+
+
+#: Outline of the model's pick and of the measured best in the tile heatmaps.
+PICK_LINE = dict(color="black", width=3)
+BEST_LINE = dict(color="#d62728", width=3, dash="dot")
+
+
+def tile_heatmaps(cells: pd.DataFrame, measured: pd.DataFrame | None, *, pick, best=None,
+                  predicted_title: str, measured_title: str | None = None,
+                  title: str = "") -> go.Figure:
+    """The model's predicted ms over (block_q rows, block_k columns) and, when ``measured`` is
+    given, the measured ms beside it on the same linear colour scale. Values are written in the
+    cells; cells that are not legal are blank, their reason on hover. ``pick`` and ``best``
+    (``(block_q, block_k)``) are outlined in both (solid black: the model's pick ★; dotted red:
+    the measured best ◆).
+
+    ``cells``: ``dashboard.data.tile_plane``'s (block_q, block_k, legal, predicted_ms, rank,
+    bound, why); ``measured``: block_q, block_k, time_ms (NaN: refused), why."""
+    from plotly.subplots import make_subplots
+
+    qs = set(int(q) for q in cells["block_q"])
+    ks = set(int(k) for k in cells["block_k"])
+    if measured is not None:
+        qs |= set(int(q) for q in measured["block_q"])
+        ks |= set(int(k) for k in measured["block_k"])
+    qs, ks = sorted(qs), sorted(ks)
+    xs, ys = [str(k) for k in ks], [str(q) for q in qs]
+    by = cells.set_index(["block_q", "block_k"])
+    n_legal = int(cells["legal"].sum())
+    marks = {pick: " ★"} if pick else {}
+    if best:
+        marks[best] = marks.get(best, "") + " ◆"
+
+    def tiles(q, k):
+        return f"{q} queries × {k} keys"
+
+    def predicted(q, k):
+        if (q, k) not in by.index:
+            return np.nan, "", f"{tiles(q, k)}: not a configuration of this kernel"
+        r = by.loc[(q, k)]
+        if not bool(r["legal"]):
+            return np.nan, "", f"{tiles(q, k)}: not legal here: {r['why']}"
+        t = float(r["predicted_ms"])
+        return t, _cell_ms(t) + marks.get((q, k), ""), (
+            f"{tiles(q, k)}<br>predicted {fmt.ms(t, 4)}, rank {int(r['rank'])} of {n_legal}"
+            f"<br>limited by {r['bound']}")
+
+    panels = [[[predicted(q, k) for k in ks] for q in qs]]
+    titles = [predicted_title]
+    if measured is not None:
+        m = measured.groupby(["block_q", "block_k"]).agg(time_ms=("time_ms", "min"),
+                                                          why=("why", "first"))
+
+        def timed(q, k):
+            if (q, k) not in m.index:
+                return np.nan, "", f"{tiles(q, k)}: not measured"
+            t, why = m.loc[(q, k), "time_ms"], m.loc[(q, k), "why"]
+            if pd.isna(t):
+                return np.nan, "", f"{tiles(q, k)}: not timed: {why or 'refused'}"
+            return float(t), _cell_ms(float(t)) + marks.get((q, k), ""), (
+                f"{tiles(q, k)}<br>measured {fmt.ms(float(t), 4)}")
+
+        panels.append([[timed(q, k) for k in ks] for q in qs])
+        titles.append(measured_title or "Measured (ms)")
+    values = [v[0] for p in panels for row in p for v in row if not np.isnan(v[0])]
+    lo, hi = (min(values), max(values)) if values else (0.0, 1.0)
+    if hi <= lo:
+        lo, hi = lo * 0.95, hi * 1.05 + 1e-9
+    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=titles,
+                        horizontal_spacing=0.1)
+    for col, panel in enumerate(panels, start=1):
+        fig.add_trace(go.Heatmap(
+            x=xs, y=ys, z=[[v[0] for v in row] for row in panel],
+            text=[[v[1] for v in row] for row in panel], texttemplate="%{text}",
+            textfont=dict(size=15), customdata=[[v[2] for v in row] for row in panel],
+            hovertemplate="%{customdata}<extra></extra>", hoverongaps=True,
+            coloraxis="coloraxis", xgap=3, ygap=3, name=titles[col - 1]), row=1, col=col)
+        for where, line in ((pick, PICK_LINE), (best, BEST_LINE)):
+            if where and where[0] in qs and where[1] in ks:
+                x, y = ks.index(where[1]), qs.index(where[0])
+                fig.add_shape(type="rect", x0=x - 0.47, x1=x + 0.47, y0=y - 0.47, y1=y + 0.47,
+                              line=line, row=1, col=col)
+        # whole cells even where a row or column is all blank (Plotly trims empty edges)
+        fig.update_xaxes(title="keys per tile (block_k)", type="category",
+                         range=[-0.5, len(ks) - 0.5], showgrid=False, row=1, col=col)
+        fig.update_yaxes(title="queries per tile (block_q)" if col == 1 else None,
+                         type="category", range=[-0.5, len(qs) - 0.5], showgrid=False,
+                         row=1, col=col)
+    fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name="★ the model's pick",
+                             marker=dict(symbol="square-open", size=16, line=PICK_LINE,
+                                         color="black")))
+    if best:
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name="◆ the measured best",
+                                 marker=dict(symbol="square-open", size=16, color="#d62728",
+                                             line=dict(width=3, color="#d62728"))))
+    fig.update_layout(coloraxis=dict(colorscale="Viridis_r", cmin=lo, cmax=hi,
+                                     colorbar=dict(title="ms")), showlegend=True)
+    return _layout(fig, title, height=440)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from dashboard import data, fmt
 from dashboard.fmt import Col
 
 __all__ = ["workload_sidebar", "chart", "table", "require_sim", "slug", "results_format_help",
-           "show_problems"]
+           "show_problems", "set_workload", "sidebar_shows", "sidebar_takes"]
 
 _HAS_KALEIDO = importlib.util.find_spec("kaleido") is not None
 
@@ -69,9 +69,49 @@ def _keep_state(keys) -> None:
             st.session_state[key] = st.session_state[key]
 
 
+#: Choices of a page kept while other pages are open (the block-size page's kernel, measured
+#: file and rates).
+PAGE_KEYS = ("bs_family", "bs_sweep", "bs_rates")
+
+
 def keep_workload_state() -> None:
-    """Keep the sidebar's workload values alive on pages that do not draw the sidebar."""
-    _keep_state(list(WORKLOAD_DEFAULTS) + list(data.CUSTOM_PROFILE_FIELDS_KEYS))
+    """Keep the sidebar's workload values (and the choices of :data:`PAGE_KEYS`) alive on pages
+    that do not draw them."""
+    _keep_state(list(WORKLOAD_DEFAULTS) + list(data.CUSTOM_PROFILE_FIELDS_KEYS) + list(PAGE_KEYS))
+
+
+#: Sidebar keys of the workload fields a measured group names.
+_GROUP_KEYS = {"seq_len": "w_seq_len", "head_dim": "w_head_dim", "batch": "w_batch",
+               "heads": "w_heads", "dtype": "w_dtype", "causal": "w_causal"}
+
+
+def sidebar_takes(group) -> bool:
+    """Whether the sidebar's controls can express a measured workload (``group``: its N, head
+    dim, batch, heads, dtype)."""
+    return (int(group["seq_len"]) in SEQ_LENS and int(group["head_dim"]) in HEAD_DIMS
+            and str(group["dtype"]) in DTYPES and 1 <= int(group["batch"]) <= 512
+            and 1 <= int(group["heads"]) <= 256)
+
+
+def sidebar_shows(group) -> bool:
+    """Whether the sidebar's workload (as set now, defaults where unset) is ``group``, with no
+    sliding window."""
+    state = st.session_state
+    return (int(state.get("w_window", WORKLOAD_DEFAULTS["w_window"])) == 0
+            and all(str(state.get(key, WORKLOAD_DEFAULTS[key])) == str(group[field])
+                    for field, key in _GROUP_KEYS.items()))
+
+
+def set_workload(group, profile: str | None = None) -> None:
+    """Set the sidebar to a measured workload (no sliding window), and to ``profile`` when
+    given; call before the sidebar is drawn in a run, or from a widget's callback."""
+    for field, key in _GROUP_KEYS.items():
+        value = group[field]
+        st.session_state[key] = (bool(value) if field == "causal" else
+                                 str(value) if field == "dtype" else int(value))
+    st.session_state["w_window"] = 0
+    if profile is not None:
+        st.session_state["w_profile"] = profile
 
 
 def workload_sidebar(*, show_pass: bool = True, show_density: bool = True,

@@ -263,26 +263,215 @@ def test_workload_persists_across_pages(offer):
 
 
 # -- Block sizes ----------------------------------------------------------------------------------
-def test_block_sizes_with_measured_overlay(offer):
-    offer([FIXTURE])
+TUNE = ROOT / "results" / "tune_mma_fwd_h100_2026-11-22.json"
+H100_GPU = "NVIDIA H100 80GB HBM3"
+#: The tune file's first group (d=64, not causal) and its causal twin.
+FIRST = dict(seq_len=4096, head_dim=64, batch=4, heads=32, dtype="fp16")
+
+
+def _tune_sweep() -> dict:
+    return data.load_tile_sweep(TUNE.read_bytes(), "tune.json")
+
+
+def test_tile_plane_has_one_cell_per_legal_configuration_priced_by_the_model():
+    from sim import Workload
+    from sim.plan import price
+    from sim.plans import choose, plan_for
+    from sim.plans.tensor_core_fwd import mma_forward_configs
+
+    plane = data.tile_plane("mma", "fwd", causal=True, profile="h100", **FIRST)
+    assert plane["refused"] is None and plane["rates"] == "datasheet rates"
+    w = Workload(batch=4, heads=32, seq_len_q=4096, head_dim=64, dtype="fp16", causal=True)
+    legal = mma_forward_configs(w)
+    cells = plane["cells"]
+    assert len(cells) == len(legal) == plane["n_legal"] and cells["legal"].all()
+    for cfg in legal:
+        cell = cells[(cells["block_q"] == cfg["block_q"]) & (cells["block_k"] == cfg["block_k"])]
+        assert len(cell) == 1
+        want = price(plan_for("mma", "fwd", w, **cfg), "h100").time_ms
+        assert float(cell["predicted_ms"].iloc[0]) == pytest.approx(want, rel=1e-12)
+    pick, cost, ranked = choose("mma", "fwd", w, "h100")
+    assert plane["pick"] == pick and plane["pick_ms"] == pytest.approx(cost.time_ms)
+    assert list(cells.sort_values("rank")["predicted_ms"]) == pytest.approx(
+        [t * 1e3 for t, _c in ranked])
+    # the first group: 128 x 64 and 128 x 32 tie; the model takes the larger tiles
+    first = data.tile_plane("mma", "fwd", causal=False, profile="h100", **FIRST)
+    assert first["pick"] == {"block_q": 128, "block_k": 64}
+    assert first["ties"] == [{"block_q": 128, "block_k": 32}]
+
+
+def test_tile_plane_illegal_cells_are_blank_with_a_reason():
+    from sim import Workload
+    from sim.plans.tensor_core_fwd import tf32_forward_configs
+
+    plane = data.tile_plane("tf32", "fwd", seq_len=4096, head_dim=128, batch=4, heads=8,
+                            dtype="fp32", causal=False, profile="h100")
+    cells = plane["cells"]
+    legal = tf32_forward_configs(Workload(batch=4, heads=8, seq_len_q=4096, head_dim=128,
+                                          dtype="fp32"))
+    assert int(cells["legal"].sum()) == len(legal) < len(cells)
+    bad = cells[~cells["legal"]]
+    assert bad["predicted_ms"].isna().all() and (bad["block_q"] == 32).all()
+    assert all("split layout cannot take" in why for why in bad["why"])
+    fig = data_figure(plane)
+    heat = fig.data[0]
+    row = list(heat.y).index("32")
+    assert all(t == "" for t in heat.text[row])                     # blank cells
+    assert all("not legal here" in h for h in heat.customdata[row])  # the reason on hover
+
+
+def data_figure(plane, measured=None, best=None):
+    from dashboard import figures
+    pick = (plane["pick"]["block_q"], plane["pick"]["block_k"])
+    return figures.tile_heatmaps(plane["cells"], measured, pick=pick, best=best,
+                                 predicted_title="predicted", measured_title="measured")
+
+
+def test_an_illegal_workload_gives_one_line_why():
+    plane = data.tile_plane("mma", "fwd", causal=False, profile="h100",
+                            **dict(FIRST, dtype="fp32"))
+    assert plane["cells"] is None
+    assert plane["refused"] == "the mma forward runs dtype fp16 or bf16, got dtype fp32"
+    why = data.tile_plane("mma", "fwd", causal=False, profile="h100",
+                          **dict(FIRST, head_dim=96))["refused"]
+    assert "\n" not in why and "head dim 96" in why
+    small = data.tile_plane("tf32", "fwd", causal=False, profile="t4", **dict(FIRST, dtype="fp32"))
+    assert small["refused"].startswith("no tile configuration of this kernel fits one SM of the "
+                                       "NVIDIA T4")
+
+
+def test_measured_overlay_joins_the_tune_file_group():
+    raw = json.loads(TUNE.read_text())
+    sweep = _tune_sweep()
+    assert sweep["gpu"] == H100_GPU and sweep["profile"] == "h100"
+    groups = data.tile_sweep_groups(sweep, "mma/fwd")
+    assert len(groups) == 4 and list(groups["configs"]) == [4, 4, 4, 4]
+    assert data.group_label(groups.iloc[0]) == ("N = 4,096, d = 64, batch 4, 32 heads, fp16, "
+                                                "not causal")
+    got = data.measured_tiles(sweep, "mma/fwd", causal=True, **FIRST)
+    want = {(r["block_q"], r["block_k"]): r["time_ms"] for r in raw["rows"]
+            if r["head_dim"] == 64 and r["causal"]}
+    assert {(int(q), int(k)): t for q, k, t in zip(got["block_q"], got["block_k"],
+                                                    got["time_ms"])} == want
+    assert data.measured_tiles(sweep, "tf32/fwd", causal=True, **FIRST).empty
+    assert data.measured_tiles(sweep, "mma/fwd", causal=True, window=512, **FIRST).empty
+
+
+def test_pick_best_and_loss_on_the_tune_file():
+    sweep = _tune_sweep()
+    # d=64 causal: the model picks 128 x 32 (1.265 ms measured), the best is 128 x 64 (1.129 ms)
+    plane = data.tile_plane("mma", "fwd", causal=True, profile="h100", **FIRST)
+    v = data.tile_verdict(plane, data.measured_tiles(sweep, "mma/fwd", causal=True, **FIRST))
+    assert v["pick"] == (128, 32) and v["best"] == (128, 64) and v["pick_rank"] == 2
+    assert v["pick_ms"] == pytest.approx(1.2650400400161743)
+    assert v["best_ms"] == pytest.approx(1.129263997077942)
+    assert v["loss"] == pytest.approx(1.26504004 / 1.12926400 - 1, abs=1e-8)   # 12.02 %
+    assert v["text"] == ("The model picks 128 × 32: 1.265 ms, 12.0 % slower than the measured "
+                         "best 128 × 64: 1.129 ms.")
+    # the first group: the pick is the measured best
+    plane = data.tile_plane("mma", "fwd", causal=False, profile="h100", **FIRST)
+    measured = data.measured_tiles(sweep, "mma/fwd", causal=False, **FIRST)
+    v = data.tile_verdict(plane, measured)
+    assert v["pick"] == v["best"] == (128, 64) and v["loss"] == 0
+    assert "nothing is lost" in v["text"]
+    # had the model taken its tie partner 128 x 32: 2.370 / 2.002 - 1 = 18.4 % lost
+    tie = dict(plane, pick={"block_q": 128, "block_k": 32})
+    v = data.tile_verdict(tie, measured)
+    assert v["loss"] == pytest.approx(2.369871973991394 / 2.00191992521286 - 1)
+    assert v["text"] == ("The model picks 128 × 32: 2.370 ms, 18.4 % slower than the measured "
+                         "best 128 × 64: 2.002 ms.")
+    assert 0.2 < v["ratio_lo"] < v["ratio_hi"] < 1     # datasheet rates: the model's times are low
+
+
+def test_tile_plane_prices_with_a_measured_rates_file():
+    doc = {"schema": "ioaware.rates/1", "provenance": {"gpu": H100_GPU},
+           "rates": {"smem_read_bytes_per_s_per_sm": {"value": 64 * 1.755e9,
+                                                      "unit": "bytes/s"}}}
+    args = dict(causal=False, profile="h100", **FIRST)
+    sheet = data.tile_plane("mma", "fwd", **args)
+    plane = data.tile_plane("mma", "fwd", rates=json.dumps(doc).encode(), rates_name="r.json",
+                            **args)
+    assert plane["rates_error"] is None and plane["rates"] == "measured rates"
+    assert plane["rate_sources"]["smem_bytes_per_s"] == "measured"
+    assert plane["pick_ms"] > sheet["pick_ms"]       # half the datasheet's shared-memory rate
+    doc["provenance"]["gpu"] = "NVIDIA H200"
+    other = data.tile_plane("mma", "fwd", rates=json.dumps(doc).encode(), **args)
+    assert "H200" in other["rates_error"] and other["rates"] == "datasheet rates"
+
+
+def test_tile_sweeps_of_the_pick_command_are_read():
+    pick = pytest.importorskip("benchmarks.pick")
+    group = {"family": "mma", "pass": "fwd", "dtype": "bf16", "head_dim": 128, "causal": False,
+             "seq_len": 2048, "batch": 8, "heads": 8}
+    doc = {"schema": pick.SCHEMA, "provenance": {"gpu": "NVIDIA H200"}, "records": [
+        dict(group, config={"block_q": 64, "block_k": 64}, time_ms=1.0),
+        dict(group, config={"block_q": 128, "block_k": 64}, time_ms=0.8),
+        dict(group, config={"block_q": 64, "block_k": 32}, time_ms=None, refused="too big")]}
+    sweep = data.load_tile_sweep(json.dumps(doc).encode(), "pick.json")
+    assert sweep["profile"] == "h200"
+    got = data.measured_tiles(sweep, "mma/fwd", seq_len=2048, head_dim=128, batch=8, heads=8,
+                              dtype="bf16", causal=False)
+    assert len(got) == 3 and got["time_ms"].isna().sum() == 1
+    assert got.set_index(["block_q", "block_k"]).loc[(64, 32), "why"] == "too big"
+    with pytest.raises(ValueError, match="not a file of measured tile times"):
+        data.load_tile_sweep(FIXTURE.read_bytes(), "fixture.json")
+
+
+def test_every_listed_family_draws_or_says_why():
+    for key in data.tile_families():
+        family, _, pass_ = key.partition("/")
+        for dtype in ("fp16", "fp32"):
+            plane = data.tile_plane(family, pass_, seq_len=1024, head_dim=64, batch=2, heads=8,
+                                    dtype=dtype, causal=True, profile="h100")
+            if plane["refused"] is None:
+                assert plane["cells"]["legal"].sum() == plane["n_legal"] > 0
+                assert data_figure(plane).data
+            else:
+                assert "\n" not in plane["refused"]
+
+
+def test_block_sizes_opens_on_the_first_measured_workload():
     at = ok(open_page("block_sizes"))
+    assert at.select_slider(key="w_seq_len").value == 4096
+    assert at.number_input(key="w_batch").value == 4 and at.number_input(key="w_heads").value == 32
+    assert "first workload measured in" in texts(at.info)
     assert len(charts(at)) == 1
-    grid = table(at, "Fits")
-    assert len(grid) == len(data.BLOCK_SIZES) ** 2 and (grid["Fits"] == "yes").any()
-    assert "Measured fastest" in texts(at.caption)  # the fixture has runs at the default workload
-    for metric in data.GRID_METRICS:
-        at.selectbox(key="bs_metric").set_value(metric).run()
-        ok(at)
-    at.selectbox(key="bs_schedule").set_value("flash1").run()
-    assert len(charts(ok(at))) == 1
+    fig = charts(at)[0].proto.spec
+    assert "Measured on the NVIDIA H100 80GB HBM3" in fig and '"coloraxis"' in fig
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["The model's pick"] == "128 × 64" and metrics["The measured best"] == "128 × 64"
+    assert "Predicted (datasheet rates)" in metrics
+    assert "nothing is lost" in texts(at.markdown)
+    assert "predicted from datasheet rates" in texts(at.caption)
+    shown = table(at, "Tile (queries × keys)")
+    assert len(shown) == 4 and list(shown["Measured (ms)"]) == ["2.00", "2.37", "2.53", "2.64"]
+    # the second measured workload (causal) from the file's list
+    at.selectbox(key="bs_group").set_value("1").run()
+    ok(at)
+    assert at.checkbox(key="w_causal").value is True
+    assert "12.0 % slower than the measured best 128 × 64: 1.129 ms" in texts(at.markdown)
+    assert {m.label: m.value for m in at.metric}["Lost by following the model"] == "12.0 %"
+    hits = sorted({m.group(0) for m in INTERNAL.finditer(screen_text(at))})
+    assert not hits, f"internal words on screen: {hits}"
 
 
-def test_block_sizes_small_gpu():
-    at = open_page("block_sizes")
-    at.selectbox(key="w_profile").set_value("t4").run()
-    at.select_slider(key="w_head_dim").set_value(256).run()
-    grid = table(ok(at), "Fits")
-    assert (grid["Fits"] == "no").any()  # big tiles of d=256 do not fit a T4's shared memory
+def test_block_sizes_other_gpu_or_illegal_workload():
+    at = ok(open_page("block_sizes"))
+    at.selectbox(key="w_profile").set_value("h200").run()
+    ok(at)
+    assert "measured on the NVIDIA H100 80GB HBM3" in texts(at.warning)
+    assert "The measured best" not in [m.label for m in at.metric]      # not overlaid
+    at.checkbox(key="bs_anyway").check().run()
+    assert "The measured best" in [m.label for m in ok(at).metric]
+    at.selectbox(key="w_dtype").set_value("fp32").run()
+    ok(at)
+    assert len(at.warning) >= 1 and not charts(at)
+    assert "does not run this workload: the mma forward runs dtype fp16 or bf16" in texts(at.warning)
+    at.selectbox(key="bs_family").set_value("tf32/fwd").run()
+    ok(at)
+    assert len(charts(at)) == 1 and "has no times of this kernel" in texts(at.info)
+    hits = sorted({m.group(0) for m in INTERNAL.finditer(screen_text(at))})
+    assert not hits, f"internal words on screen: {hits}"
 
 
 # -- Scaling --------------------------------------------------------------------------------------

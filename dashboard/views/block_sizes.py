@@ -1,72 +1,213 @@
-"""Page 2 — Block sizes: the (block_q, block_k) plane of one workload, feasibility and optimum,
-with measured points overlaid where results exist."""
+"""Page 2 — Block sizes: every legal tile configuration of one of our kernel families for the
+sidebar's workload, priced by the model that picks the kernels' tiles (``sim.plans.choose``),
+beside the times a tile sweep measured for the same configurations on a GPU: the model's pick,
+the measured best, and the time lost by following the model."""
 from __future__ import annotations
 
 import streamlit as st
 
-from dashboard import data, figures, fmt, ui
+from dashboard import charts, data, fmt, ui
+
+UPLOAD = "Upload a file of tile times…"
+NO_SWEEP = "(none)"
+DATASHEET = "GPU datasheet"
+UPLOAD_RATES = "Upload a rates file…"
+NOT_MEASURED = "-"   # the measured-workload selector's entry for an unmeasured sidebar workload
 
 st.title("Block sizes")
-st.caption("Every tile shape (queries × keys per tile) the model considers for the workload in "
-           "the sidebar. Crossed-out cells do not fit: their tiles exceed the shared memory of a "
-           "thread block, or no block fits on an SM. ★ marks the model's best; circles are "
-           "measured runs of this project's CUDA-core kernel on the same workload, ◆ the "
-           "fastest of them.")
+st.caption("Every tile shape (queries × keys per tile) the chosen kernel can run for the "
+           "workload in the sidebar, each priced by the model that picks the kernels' tiles, "
+           "beside the times measured for the same tiles on a GPU where a tile sweep has them. "
+           "★ (solid outline) marks the model's pick, ◆ (dotted) the measured best.")
 
 ui.require_sim()
-w = ui.workload_sidebar(show_density=False)
-c1, c2, c3 = st.columns(3)
-schedule = c1.selectbox("Schedule", ["flash2", "flash1"], key="bs_schedule",
-                        format_func=data.schedule_label)
-metric = c2.selectbox("Colour by", list(data.GRID_METRICS), key="bs_metric",
-                      format_func=lambda k: data.GRID_METRICS[k])
-choices = data.results_choices()
-results_name = c3.selectbox("Measured runs from", ["(none)"] + choices,
-                            index=1 if choices else 0, key="bs_results")
+families = data.tile_families()
+if not families:
+    st.info("The model lists no kernel with tile configurations to compare.")
+    st.stop()
+sweeps = data.tile_sweep_choices()
 
-try:
-    grid = data.block_grid(schedule=schedule, **w)
-except ValueError as exc:
-    st.warning(f"The model rejected these inputs: {exc}")
+
+def _load_shipped(name: str):
+    try:
+        return data.load_tile_sweep_choice(name), None
+    except (ValueError, OSError) as exc:
+        return None, str(exc)
+
+
+# -- what the page opens on: the first workload the first tile sweep measured ----------------
+if st.session_state.get("bs_sweep") not in sweeps + [UPLOAD, NO_SWEEP]:
+    st.session_state["bs_sweep"] = sweeps[0] if sweeps else NO_SWEEP
+default_sweep = (_load_shipped(st.session_state["bs_sweep"])[0]
+                 if st.session_state["bs_sweep"] in sweeps else None)
+if st.session_state.get("bs_family") not in families:
+    measured_families = [f for f in families if default_sweep is not None
+                         and not data.tile_sweep_groups(default_sweep, f).empty]
+    st.session_state["bs_family"] = (measured_families or families)[0]
+if not st.session_state.get("bs_opened"):
+    st.session_state["bs_opened"] = True
+    if default_sweep is not None:
+        groups = data.tile_sweep_groups(default_sweep, st.session_state["bs_family"])
+        groups = groups[[ui.sidebar_takes(g) for _, g in groups.iterrows()]]
+        if not groups.empty and not any(ui.sidebar_shows(g) for _, g in groups.iterrows()):
+            ui.set_workload(groups.iloc[0], profile=default_sweep["profile"])
+            st.session_state["bs_opened_on"] = (data.group_label(groups.iloc[0]),
+                                                default_sweep["name"], default_sweep["profile"])
+
+w = ui.workload_sidebar(show_pass=False, show_density=False)
+
+c1, c2, c3 = st.columns(3)
+family_key = c1.selectbox("Kernel", families, key="bs_family", format_func=data.tile_family_label,
+                          help="The kernels whose legal tile configurations the model lists; "
+                               "the model picks their default tiles.")
+source = c2.selectbox("Measured tile times", sweeps + [UPLOAD, NO_SWEEP], key="bs_sweep",
+                      help="A tile sweep: every legal tile configuration timed on a GPU "
+                           "(`python -m benchmarks pick` writes one).")
+rates_list = data.rates_choices()
+rates_choice = c3.selectbox("Rates the model prices with",
+                            [DATASHEET] + rates_list + [UPLOAD_RATES], key="bs_rates",
+                            help="The GPU's datasheet figures, or the rates measured on it by "
+                                 "`python -m benchmarks rates`.")
+
+sweep, sweep_error = None, None
+if source == UPLOAD:
+    up = st.file_uploader(f"File of tile times (JSON, up to {data.MAX_UPLOAD_MB} MB)",
+                          type=["json"], key="bs_upload")
+    if up is not None:
+        if up.size > data.MAX_UPLOAD_MB * 10**6:
+            sweep_error = (f"{up.name} is {up.size / 1e6:,.0f} MB; files up to "
+                           f"{data.MAX_UPLOAD_MB} MB are read")
+        else:
+            try:
+                sweep = data.load_tile_sweep(up.getvalue(), up.name)
+            except ValueError as exc:
+                sweep_error = str(exc)
+elif source != NO_SWEEP:
+    sweep, sweep_error = _load_shipped(source)
+if sweep_error:
+    st.warning(f"The measured tile times could not be read: {sweep_error}")
+
+rates, rates_name = None, ""
+if rates_choice == UPLOAD_RATES:
+    up = st.file_uploader("Rates file (JSON)", type=["json"], key="bs_rates_upload")
+    if up is not None:
+        rates, rates_name = up.getvalue(), up.name
+elif rates_choice != DATASHEET:
+    try:
+        rates, rates_name = data.rates_choice_bytes(rates_choice), rates_choice
+    except OSError as exc:
+        st.warning(f"The rates file could not be read: {exc}")
+
+# -- the measured workloads of the file, to jump to --------------------------------------------
+groups = data.tile_sweep_groups(sweep, family_key) if sweep is not None else None
+if groups is not None and not groups.empty:
+    reachable = groups[[ui.sidebar_takes(g) for _, g in groups.iterrows()]]
+    here = [str(i) for i, g in reachable.iterrows() if ui.sidebar_shows(g)]
+    st.session_state["bs_group"] = here[0] if here else NOT_MEASURED
+
+    def _jump(rows=reachable):
+        chosen = st.session_state.get("bs_group", NOT_MEASURED)
+        if chosen != NOT_MEASURED:
+            ui.set_workload(rows.loc[int(chosen)])
+
+    st.selectbox(f"Workloads measured in this file ({len(reachable)})",
+                 [NOT_MEASURED] + [str(i) for i in reachable.index], key="bs_group",
+                 on_change=_jump,
+                 format_func=lambda i: ("the sidebar's workload (not measured in this file)"
+                                        if i == NOT_MEASURED else
+                                        data.group_label(reachable.loc[int(i)])),
+                 help="Sets the sidebar to a workload the file timed.")
+opened = st.session_state.pop("bs_opened_on", None)
+if opened:
+    on = f" on the {data.profile_label(opened[2])} profile" if opened[2] else ""
+    st.info(f"Opened on {opened[0]}{on}: the first workload measured in `{opened[1]}`. Change "
+            "it in the sidebar or above.")
+
+# -- the model ----------------------------------------------------------------------------------
+family, _, pass_ = family_key.partition("/")
+plane = data.tile_plane(family, pass_, seq_len=w["seq_len"], head_dim=w["head_dim"],
+                        batch=w["batch"], heads=w["heads"], dtype=w["dtype"], causal=w["causal"],
+                        profile=w["profile"], custom=w["custom"], window=w["window"], rates=rates,
+                        rates_name=rates_name)
+if plane["rates_error"]:
+    st.warning(f"The rates file was not used ({plane['rates_error']}); the model prices with the "
+               "datasheet rates.")
+if plane["refused"]:
+    st.warning(f"{data.tile_family_label(family_key)} does not run this workload: "
+               f"{plane['refused']}.")
     st.stop()
 
+# -- the measured times -------------------------------------------------------------------------
 measured = None
-if results_name != "(none)":
-    try:
-        measured = data.measured_blocks(results_name, schedule=schedule, **w)
-    except data.format_error_types() as exc:
-        st.warning(f"Could not read `{results_name}` for the overlay: {exc}")
-if measured is not None and measured.empty:
-    st.info(f"`{results_name}` has no runs of this project's CUDA-core kernel for this workload "
-            f"(N = {w['seq_len']:,}, d = {w['head_dim']}, {w['dtype']}, "
-            f"{'causal' if w['causal'] else 'not causal'}, {data.PASS_LABELS[w['pass_']]}, "
-            f"batch·heads = {w['batch'] * w['heads']:,}); nothing to overlay.")
-    available = data.measured_workloads(results_name, schedule)
-    if not available.empty:
-        with st.expander("Workloads this file has runs for (set them in the sidebar)"):
-            ui.table(available.assign(causal=available["causal"].astype(bool)),
-                     "measured-workloads", columns={
-                         "seq_len_q": fmt.Col("N", "count"), "head_dim": fmt.Col("d", "count"),
-                         "dtype": fmt.Col("dtype"), "causal": fmt.Col("Causal", "bool"),
-                         "pass": fmt.Col("Pass"), "batch": fmt.Col("Batch", "count"),
-                         "heads": fmt.Col("Heads", "count"),
-                         "block_sizes": fmt.Col("Tile shapes measured", "count")})
+if sweep is not None:
+    found = data.measured_tiles(sweep, family_key, seq_len=w["seq_len"], head_dim=w["head_dim"],
+                                batch=w["batch"], heads=w["heads"], dtype=w["dtype"],
+                                causal=w["causal"], window=w["window"])
+    if found.empty:
+        listed = groups is not None and not groups.empty
+        what = ("no sweep times a sliding window" if w["window"] else
+                "pick one of its measured workloads above" if listed else
+                "it times other kernels")
+        st.info(f"`{sweep['name']}` has no times of this kernel for this workload; {what}.")
+    elif sweep["profile"] is not None and sweep["profile"] == plane["profile"]:
+        measured = found
+    else:
+        st.warning(f"These tile times were measured on the {sweep['gpu']}; the model is pricing "
+                   f"the {plane['gpu']}. They are not overlaid unless you ask.")
+        b1, b2 = st.columns(2)
+        if sweep["profile"] is not None:
+            b1.button(f"Price on the {data.profile_label(sweep['profile'])} profile",
+                      key="bs_use_profile",
+                      on_click=lambda p=sweep["profile"]: st.session_state.update(w_profile=p))
+        if b2.checkbox("Compare with the measured times anyway", key="bs_anyway"):
+            measured = found
+verdict = data.tile_verdict(plane, measured) if measured is not None else None
 
-feasible = grid[grid["feasible"]]
-if feasible.empty:
-    st.warning("No tile shape fits this workload on this GPU profile.")
+# -- what the page says -------------------------------------------------------------------------
+pick = (int(plane["pick"]["block_q"]), int(plane["pick"]["block_k"]))
+predicted = f"predicted from {plane['rates']}"
+m = st.columns(4)
+m[0].metric("The model's pick", data.tiles_label(*pick))
+m[1].metric(f"Predicted ({plane['rates']})", fmt.ms(plane["pick_ms"]))
+if verdict is not None:
+    m[2].metric("The measured best", data.tiles_label(*verdict["best"]))
+    m[3].metric("Lost by following the model",
+                "not timed" if verdict["loss"] is None else fmt.pct(verdict["loss"]))
+    st.markdown(f"**{verdict['text']}**")
 else:
-    best = feasible.loc[feasible[metric].idxmin()]
-    m = st.columns(3)
-    m[0].metric("Model's best tile", f"{int(best['block_q'])} × {int(best['block_k'])}")
-    m[1].metric(data.GRID_METRICS[metric].replace(" (ms)", "").replace(" (bytes)", ""),
-                data.fmt_metric(metric, best[metric]))
-    m[2].metric("Tile shapes that fit", f"{len(feasible)} of {len(grid)}")
-    if measured is not None and not measured.empty:
-        mbest = measured.loc[measured["time_ms"].idxmin()]
-        st.caption(f"Measured fastest: {int(mbest['block_q'])} × {int(mbest['block_k'])} at "
-                   f"{fmt.ms(mbest['time_ms'])} (the model's best tile measured at "
-                   + data.measured_at(measured, best) + ").")
+    m[2].metric("Legal tile configurations", f"{plane['n_legal']:,}")
+notes = []
+if plane["ties"]:
+    others = ", ".join(data.tiles_label(c["block_q"], c["block_k"]) for c in plane["ties"])
+    notes.append(f"{data.tiles_label(*pick)} ties with {others} at {fmt.ms(plane['pick_ms'])} "
+                 "predicted; on a tie the model takes the larger tiles.")
+if plane["partial"]:
+    notes.append("Some legal configurations do not fit one SM of this GPU (blank cells); the "
+                 "pick is the fastest of the rest.")
+source_text = (f"the rates measured in `{plane['rates_name']}`, datasheet figures where it has "
+               "none" if plane["rates"] == "measured rates" else
+               "the GPU's published peak bandwidths and throughputs")
+notes.append(f"The model's times are {predicted} ({source_text}), not measured.")
+if verdict is not None and verdict["ratio_mid"] is not None:
+    notes.append(f"Here they are {verdict['ratio_lo']:.2f}–{verdict['ratio_hi']:.2f}× the "
+                 "measured ones: read the left map for its order, which picks the tiles, not "
+                 "for its values.")
+if verdict is not None and verdict["not_legal"]:
+    notes.append(f"Measured but not a legal configuration of the model for this workload: "
+                 f"{', '.join(verdict['not_legal'])}.")
+st.caption(" ".join(notes))
 
-ui.chart(figures.block_heatmap(grid, metric, data.GRID_METRICS[metric], measured), "block-sizes")
-ui.table(grid, "block-sizes-grid", columns=data.grid_columns())
+best = verdict["best"] if verdict is not None else None
+key = (family_key, tuple(sorted((k, v) for k, v in w.items() if k != "custom")), w["custom"],
+       plane["rates"], rates_name, hash(rates) if rates else None,
+       sweep["digest"] if measured is not None else None)
+ui.chart(charts.tile_figure(
+    key, plane["cells"], measured, pick, best,
+    predicted_title=f"Predicted from {plane['rates']} (ms)",
+    measured_title=f"Measured on the {sweep['gpu']} (ms)" if measured is not None else None,
+    title=(f"{data.tile_family_label(family_key)}: {data.group_label(w)}"
+           + (f", window {w['window']:,}" if w["window"] else "")
+           + f"; model: the {plane['gpu']}")),
+    "block-sizes")
+table, columns = data.tile_table(plane, measured)
+ui.table(table, "block-sizes-configurations", columns=columns)
