@@ -384,15 +384,21 @@ def _plan_predictions(row: dict, rec: dict, profile, rates=None) -> None:
     """For a record of a family with a plan (`sim.plans.plans_for_record`): its global bytes,
     DRAM bytes, FLOPs and time come from the priced plans (`sim.plan.price`, with the measured
     ``rates`` of its GPU when given) instead of the schedule model; ``model_source`` "plan".
-    The calibrated times stay the schedule model's."""
+    The calibrated times stay the schedule model's. A record whose configuration the family's
+    plan refuses (a tile today's kernels do not take) keeps the schedule model's figures and
+    says why in ``plan_error``."""
     from .plan import price
     from .plans import plans_for_record
-    plans = plans_for_record(rec)
-    if not plans:
+    try:
+        plans = plans_for_record(rec)
+        if not plans:
+            return
+        prof = profile_with_rates(profile, rates)
+        costs = [price(plan, prof) for plan in plans]
+    except ValueError as exc:   # a configuration today's kernels do not take (an older version's)
+        row["plan_error"] = str(exc)
         return
-    prof = profile_with_rates(profile, rates)
     row["rates"] = "measured" if prof.measured_rates else "datasheet"
-    costs = [price(plan, prof) for plan in plans]
     atomic = 0.0
     if rec.get("global_atomic_bytes") is None:   # atomics not counted on the measured side
         atomic = sum(a.bytes for plan in plans for k in plan.kernels for a in k.accesses

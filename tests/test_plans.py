@@ -167,7 +167,7 @@ def test_choose_prices_every_legal_configuration():
     assert len(ranked) == sum(tf32_presplit_ok(128, q, k) for q in TF32_BLOCK_Q_CHOICES
                               for k in TF32_BLOCK_K_CHOICES)
     with pytest.raises(ValueError, match="family="):
-        choose("simt", "fwd", w)
+        choose("flash3", "fwd", w)
 
 
 def test_compare_prices_records_of_families_with_plans_from_their_plans():
@@ -245,3 +245,10 @@ def test_plan_command(capsys):
     assert [r["time_ms"] for r in ranked] == sorted(r["time_ms"] for r in ranked)
     with pytest.raises(SystemExit, match="--family"):
         main(["plan", "--family", "nope", "--seq-len", "64"])
+
+
+def test_compare_keeps_the_schedule_model_where_the_plan_refuses_the_records_configuration():
+    from sim.compare import compare
+    rec = dict(_mma_records()[0][1], block_q=96)      # a tile today's mma forward does not take
+    df = compare([rec], "h100", l2="analytic", workers=1)
+    assert df["model_source"].iloc[0] == "schedule" and "block_q" in df["plan_error"].iloc[0]
