@@ -37,6 +37,8 @@ def test_one_row_per_record_with_measured_predicted_and_error(records, joined):
 
 def test_predictions_are_sim_predict_of_the_same_configuration(records, joined):
     for rec, (_, row) in zip(records, joined.iterrows()):
+        if row["model_source"] == "plan":     # priced from its plans (tests/test_plans*.py)
+            continue
         w, sched, _ = C.model_for_record(rec)
         p = predict(w, sched, "h100", l2="analytic", calibration=None)
         assert row["predicted_global_bytes"] == p.hbm_read_bytes + p.hbm_write_bytes

@@ -9,7 +9,9 @@ plan; `sim` prices it (:func:`sim.plan.price`). :func:`plan_for` is the one entr
 Families: ``mma`` (tensor-core float16/bfloat16), ``tf32`` (3xTF32 tensor-core float32).
 ``flash3`` is FlashAttention-3's forward on Hopper (`sim.plans.flash3`: no launcher here, a
 model of another library's kernel) and ``flash3-baseline`` the same kernel with its three
-asynchrony ideas off.
+asynchrony ideas off. ``sdpa-flash``, ``sdpa-efficient``, ``sdpa-cudnn`` are PyTorch's SDPA
+backends as the kernels they launch on sm_90 (`sim.plans.sdpa`; cuDNN's forward only, as
+FlashAttention-3's plan).
 """
 from __future__ import annotations
 
@@ -25,6 +27,11 @@ PLANNERS = {
     ("tf32", "bwd"): "sim.plans.tensor_core_bwd:tf32_backward_plan",
     ("flash3", "fwd"): "sim.plans.flash3:flash3_forward_plan",
     ("flash3-baseline", "fwd"): "sim.plans.flash3:flash2_hopper_baseline_plan",
+    ("sdpa-flash", "fwd"): "sim.plans.sdpa:flash_forward_plan",
+    ("sdpa-flash", "bwd"): "sim.plans.sdpa:flash_backward_plan",
+    ("sdpa-efficient", "fwd"): "sim.plans.sdpa:efficient_forward_plan",
+    ("sdpa-efficient", "bwd"): "sim.plans.sdpa:efficient_backward_plan",
+    ("sdpa-cudnn", "fwd"): "sim.plans.sdpa:cudnn_forward_plan",
 }
 
 #: (family, pass) -> "module:function" listing its legal configurations for a workload.
@@ -72,12 +79,16 @@ def choose(family: str, pass_: str, workload, profile="h100", **fixed):
 
 
 def plans_for_record(rec: dict) -> list | None:
-    """The plans a results record of our kernels ran (one per pass of its ``pass``: "fwd",
-    "bwd" or "fwd+bwd"), from what it names: ``kernel`` "ioaware-numba", its ``variant`` (the
-    family), the problem, and the forward's ``block_q`` / ``block_k`` (the backwards choose
-    their own tiles). None for a record of another kernel or of a family/pass without a plan.
+    """The plans a results record ran (one per pass of its ``pass``: "fwd", "bwd" or
+    "fwd+bwd"), from what it names: ``kernel`` "ioaware-numba", its ``variant`` (the family),
+    the problem, and the forward's ``block_q`` / ``block_k`` (the backwards choose their own
+    tiles); or ``kernel`` one of PyTorch's SDPA backends (`sim.plans.sdpa.SDPA_FAMILIES`: the
+    family), measured on sm_90, with the tiles its dispatch picks. None for a record of another
+    kernel, of a family/pass without a plan, or of a problem an SDPA plan does not model.
     Nothing is read from the record's measurements."""
     from ..workload import Workload
+    if rec.get("kernel") in _SDPA_FAMILIES:
+        return _sdpa_plans(rec)
     family = rec.get("variant")
     if rec.get("kernel") != "ioaware-numba" or family is None:
         return None
@@ -89,4 +100,28 @@ def plans_for_record(rec: dict) -> list | None:
         w = Workload.from_record(dict(rec, **{"pass": p}))
         tiles = {"block_q": rec.get("block_q"), "block_k": rec.get("block_k")} if p == "fwd" else {}
         plans.append(plan_for(family, p, w, **tiles))
+    return plans
+
+
+#: The results records' kernel names of PyTorch's SDPA backends (`sim.plans.sdpa.SDPA_FAMILIES`).
+_SDPA_FAMILIES = ("sdpa-flash", "sdpa-efficient", "sdpa-cudnn")
+
+
+def _sdpa_plans(rec: dict) -> list | None:
+    """The plans of an SDPA backend's record (its kernel name is the family; the backend's
+    dispatch picks the tiles), or None where a pass has no plan, the record was not measured on
+    sm_90, or the plan refuses the problem (ValueError: not modelled)."""
+    from ..workload import Workload
+    from .sdpa import record_on_sm90, sdpa_record_config
+    family = rec["kernel"]
+    passes = ("fwd", "bwd") if rec.get("pass") == "fwd+bwd" else (rec.get("pass"),)
+    if any((family, p) not in PLANNERS for p in passes) or not record_on_sm90(rec):
+        return None
+    plans = []
+    for p in passes:
+        try:
+            w = Workload.from_record(dict(rec, **{"pass": p}))
+            plans.append(plan_for(family, p, w, **sdpa_record_config(family, p, rec)))
+        except ValueError:
+            return None
     return plans
