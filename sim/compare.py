@@ -61,7 +61,10 @@ every kernel alike: the SDPA backends' records carry them as ours do, and are sc
 and DRAM bytes in the per-kernel table (``family`` sdpa-flash, sdpa-efficient, sdpa-cudnn);
 the targets' headline rows keep their scopes (global bytes and FLOPs: our kernel).
 
-How records are modelled (`model_for_record`): our kernel (``ioaware-numba``) as ``flash2`` with
+How records are modelled: a record of a kernel family with a plan (`sim.plans.plans_for_record`:
+our tensor-core and CUDA-core families, SDPA FLASH and EFFICIENT, cuDNN's forward) is priced
+from the plans of the kernels it launches (``model_source`` "plan"); the calibrated times, and
+every other record, come from `model_for_record`: our kernel (``ioaware-numba``) as ``flash2`` with
 its block sizes, matmuls on CUDA cores with the register micro-tiles the launch used
 (`sim.model.record_micro_tiles`: the record's ``micro_tile``, else `sim.tiles.
 choose_tiles`; they price the shared-memory level, `sim.smem`) (``variant: mma`` on tensor

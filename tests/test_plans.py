@@ -184,7 +184,7 @@ def test_compare_prices_records_of_families_with_plans_from_their_plans():
         assert row["predicted_flops"] == pytest.approx(cost.flops)
         assert row["predicted_global_bytes"] == pytest.approx(cost.global_bytes)
         assert row["predicted_time_raw"] == pytest.approx(cost.time_ms)
-    assert plans_for_record(dict(recs[0], kernel="sdpa-flash")) is None
+    assert plans_for_record(dict(recs[0], kernel="sdpa-math")) is None
 
 
 def test_measured_rates_replace_the_datasheet_ones():
