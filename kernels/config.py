@@ -15,11 +15,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# The CUDA-core family's layout facts (default tiles and micro-tiles, static shared memory) are
+# its plan's (`sim.plans.simt`); they stay importable from here.
+from sim.plans.simt import (FLOAT32_BYTES, FWD_TILES, STATIC_SMEM_LIMIT_BYTES, default_blocks,
+                            dkdv_smem_bytes, fwd_smem_bytes)
 from sim.tiles import TileConfig, choose_tiles
 
 __all__ = ["KernelConfig", "TileConfig", "choose_tiles", "default_blocks", "fwd_smem_bytes",
            "dkdv_smem_bytes", "tile_dividing", "requested_tiles", "backward_tiles", "FAMILY_NAMES",
-           "FORWARD_ONLY_NAMES"]
+           "FORWARD_ONLY_NAMES", "FWD_TILES", "STATIC_SMEM_LIMIT_BYTES", "FLOAT32_BYTES"]
 
 #: The kernel families, in the order the registry tries them (`kernels.family_for`).
 FAMILY_NAMES = ("mma", "tf32", "simt")
@@ -130,42 +134,3 @@ def backward_tiles(default_tiles: dict, problem):
         return None
     return dq, kv
 
-
-FLOAT32_BYTES = 4
-STATIC_SMEM_LIMIT_BYTES = 48 * 1024   # static shared memory per block (cuda.shared.array)
-
-
-def fwd_smem_bytes(cfg: TileConfig, head_dim: int) -> int:
-    """Static shared memory of the forward kernel: Q, K, V tiles (rows padded to d+1), P, and
-    the row-reduction scratch."""
-    d1 = head_dim + 1
-    floats = (cfg.block_m * d1 + 2 * cfg.block_n * d1 + cfg.block_m * (cfg.block_n + cfg.ntn)
-              + cfg.block_m * cfg.ntn)
-    return FLOAT32_BYTES * floats
-
-
-def dkdv_smem_bytes(cfg: TileConfig, head_dim: int) -> int:
-    """dK/dV kernel (m = K rows, n = Q rows): K, V, Q, dO tiles, P^T, dS^T, lse and delta."""
-    d1 = head_dim + 1
-    return FLOAT32_BYTES * (2 * cfg.block_m * d1 + 2 * cfg.block_n * d1
-                            + 2 * cfg.block_m * (cfg.block_n + cfg.ntn) + 2 * cfg.block_n)
-
-
-# Default (block_q, block_k) of the CUDA-core kernels per head dim, chosen to fit 48 KiB of
-# static shared memory and, for d = 64 and 128, by a block-size sweep (docs/kernels.md).
-_FWD_DEFAULT = ((32, (64, 64)), (64, (64, 32)), (128, (32, 16)), (256, (16, 8)))
-# Per-thread micro-tile (tm, tn) of the forward where the sweep picked one (else choose_tiles).
-FWD_TILES = {(64, 64, 32): (8, 4), (128, 32, 16): (4, 2)}
-_BWD_DEFAULT = ((32, (32, 32)), (64, (32, 32)), (128, (16, 16)), (256, (8, 8)))
-_SIM_DEFAULT = (16, 16)
-
-
-def default_blocks(head_dim: int, backward: bool, simulator: bool) -> tuple[int, int]:
-    """Default (block_q, block_k) of the CUDA-core kernels for a head dim (float32 arithmetic,
-    so independent of the dtype); 16 x 16 under the CUDA simulator."""
-    if simulator:
-        return _SIM_DEFAULT
-    for dmax, blocks in (_BWD_DEFAULT if backward else _FWD_DEFAULT):
-        if head_dim <= dmax:
-            return blocks
-    raise ValueError(f"head_dim must be <= 256, got {head_dim}")

@@ -17,19 +17,21 @@ where delta = rowsum(dO * O) and O is the dropped-out output (so delta = rowsum(
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 from numba import cuda, float32
 
-from ioaware.block_info import cdiv
+from sim.plans.simt import (CAST_KERNEL, CAST_THREADS, DELTA_KERNEL, DELTA_ROWS, DELTA_THREADS,
+                            DKDV_KERNEL, simt_backward_plan)
 
 from . import compile_cache, host, tile_scheduler
 from .config import TileConfig, choose_tiles, default_blocks, dkdv_smem_bytes, requested_tiles
 from .dropout import dropout_constants, keep_bit, row_hash
-from .simt_fwd import band_arguments
+from .simt_fwd import band_arguments, launch_of
 
-__all__ = ["backward", "supports", "tiles", "make_delta_kernel", "make_dkdv_kernel",
+__all__ = ["backward", "plan", "supports", "tiles", "make_delta_kernel", "make_dkdv_kernel",
            "DELTA_ROWS", "TAKES_WINDOW"]
 
 POS_INF = float32(np.inf)
@@ -38,9 +40,6 @@ U64 = np.uint64
 I64 = np.int64
 #: This family's kernels take a sliding window (`kernels.family_for` asks).
 TAKES_WINDOW = True
-
-
-DELTA_ROWS = 8
 
 
 def make_delta_kernel(head_dim: int, use_shfl: bool):
@@ -383,11 +382,33 @@ def supports(problem, config):
     return check_tiles(problem, cfg.block_n, cfg.block_m, dkdv_smem_bytes(cfg, d))
 
 
+def plan(problem, config):
+    """The `sim.plan.Plan` this backward launches for ``problem`` (`sim.plans.simt`): the delta
+    pre-pass, the dK/dV kernel and (NumPy float16) the dQ cast are launched with its grids,
+    threads and shared memory; the torch fill and conversions it lists are what ``torch.zeros``
+    and ``.to`` launch."""
+    return _plan(problem, tiles(problem, config))
+
+
+def _plan(problem, cfg: TileConfig):
+    workload, _exact = host.plan_workload(problem, "bwd")
+    return _cached_plan(workload, cfg, "torch" if problem.kind == "torch" else "numpy")
+
+
+@functools.lru_cache(maxsize=256)
+def _cached_plan(workload, cfg: TileConfig, arrays: str):
+    return simt_backward_plan(workload, block_q=cfg.block_n, block_k=cfg.block_m,
+                              micro_tile_kv=(cfg.tm, cfg.tn), arrays=arrays)
+
+
 def backward(problem, out, lse, dout, config):
     """Backward on the CUDA cores: ``(dq, dk, dv)`` in the problem's kind of array and dtype
-    (see `kernels.backward`)."""
+    (see `kernels.backward`), launched as `plan` says."""
     pb = problem
     cfg = tiles(pb, config)
+    the_plan = _plan(pb, cfg)
+    delta_launch = launch_of(the_plan, DELTA_KERNEL, DELTA_THREADS, 0)
+    dkdv_launch = launch_of(the_plan, DKDV_KERNEL, cfg.threads, dkdv_smem_bytes(cfg, pb.head_dim))
     B, Hq, Nq, D, Hkv, Nk = pb.batch, pb.heads_q, pb.seqlen_q, pb.head_dim, pb.heads_kv, pb.seqlen_k
     call = host.Call(pb, stage_bfloat16=True)
     drop = dropout_constants(pb.seed, pb.dropout_p)
@@ -397,8 +418,8 @@ def backward(problem, out, lse, dout, config):
     sim = host.simulator()
 
     delta = call.output((B, Hq, Nq), float32=True)
-    host.launch(_kernel(make_delta_kernel, D, not sim), (cdiv(Nq, DELTA_ROWS), B * Hq),
-                32 * DELTA_ROWS, call.stream, (o, do, delta.arg), fast=config.fast_launch)
+    host.launch(_kernel(make_delta_kernel, D, not sim), delta_launch.grid, delta_launch.threads,
+                call.stream, (o, do, delta.arg), fast=config.fast_launch)
 
     dk = call.output((B, Hkv, Nk, D))
     dv = call.output((B, Hkv, Nk, D))
@@ -407,7 +428,7 @@ def backward(problem, out, lse, dout, config):
     causal, window, band_lo, band_hi = band_arguments(pb)
     kern = _kernel(make_dkdv_kernel, cfg, D, causal, pb.mask is not None, drop.enabled, True,
                    window)
-    host.launch(kern, (cdiv(Nk, cfg.block_m), B * Hkv), cfg.threads, call.stream, (
+    host.launch(kern, dkdv_launch.grid, dkdv_launch.threads, call.stream, (
         q, k, v, do, l_, delta.arg, dk.arg, dv.arg, dq_acc.arg, maskd, q_off, q_idx, sb, sh,
         Hq // Hkv, np.float32(pb.scale), np.uint64(drop.seed_hash), np.uint64(drop.threshold),
         np.float32(drop.inv_keep), band_lo, band_hi), fast=config.fast_launch)
@@ -418,7 +439,8 @@ def backward(problem, out, lse, dout, config):
         dq = dq_acc.value()
     else:
         dq16 = call.output((B, Hq, Nq, D))
-        host.launch(_kernel(make_cast_kernel), (cdiv(Nq * D, 256), B * Hq), 256, call.stream,
+        cast_launch = launch_of(the_plan, CAST_KERNEL, CAST_THREADS, 0)
+        host.launch(_kernel(make_cast_kernel), cast_launch.grid, cast_launch.threads, call.stream,
                     (dq_acc.arg, dq16.arg), fast=config.fast_launch)
         dq = dq16.value()
     return dq, dk.value(), dv.value()

@@ -20,12 +20,14 @@ runs under Numba's CUDA simulator.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 from numba import cuda, float32
 
-from ioaware.block_info import cdiv
+from sim.plans.simt import (FWD_KERNEL, GPU_TARGET_THREADS, MAX_HEAD_DIM, SIMULATOR_TARGET_THREADS,
+                            fwd_kernel_smem_bytes, simt_forward_plan)
 
 from . import compile_cache, host, tile_scheduler
 from .config import (FWD_TILES, STATIC_SMEM_LIMIT_BYTES, TileConfig, choose_tiles,
@@ -33,13 +35,12 @@ from .config import (FWD_TILES, STATIC_SMEM_LIMIT_BYTES, TileConfig, choose_tile
 from .dropout import dropout_constants, keep_bit, row_hash
 from .mask import band_arguments
 
-__all__ = ["forward", "supports", "tiles", "make_forward_kernel", "get_kernel", "TAKES_WINDOW",
-           "band_arguments"]
+__all__ = ["forward", "plan", "supports", "tiles", "make_forward_kernel", "get_kernel",
+           "TAKES_WINDOW", "band_arguments", "MAX_HEAD_DIM"]
 
 NEG_INF = float32(-np.inf)
 U64 = np.uint64
 I64 = np.int64
-MAX_HEAD_DIM = 256
 #: This family's kernels take a sliding window (`kernels.family_for` asks).
 TAKES_WINDOW = True
 
@@ -306,8 +307,9 @@ def get_kernel(cfg: TileConfig, head_dim, causal, has_mask, dropout, use_shfl, w
 
 
 def target_threads() -> int:
-    """Threads per block the tile split aims at (16 under the simulator, 128 on a GPU)."""
-    return 16 if host.simulator() else 128
+    """Threads per block the tile split aims at (16 under the simulator, 128 on a GPU:
+    `sim.plans.simt`)."""
+    return SIMULATOR_TARGET_THREADS if host.simulator() else GPU_TARGET_THREADS
 
 
 def tiles(problem, config) -> TileConfig:
@@ -357,11 +359,43 @@ def check_tiles(problem, rows, cols, smem_bytes):
     return None
 
 
+def plan(problem, config):
+    """The `sim.plan.Plan` this forward launches for ``problem`` (`sim.plans.simt`): its grid,
+    threads and shared memory are what `forward` launches; its counts are what
+    `sim.plan.price` prices."""
+    return _plan(problem, tiles(problem, config))
+
+
+def _plan(problem, cfg: TileConfig):
+    workload, _exact = host.plan_workload(problem, "fwd")
+    return _cached_plan(workload, cfg, "torch" if problem.kind == "torch" else "numpy")
+
+
+@functools.lru_cache(maxsize=256)
+def _cached_plan(workload, cfg: TileConfig, arrays: str):
+    return simt_forward_plan(workload, block_q=cfg.block_m, block_k=cfg.block_n,
+                             micro_tile=(cfg.tm, cfg.tn), arrays=arrays)
+
+
+def launch_of(the_plan, name: str, threads: int, smem_bytes: int):
+    """The `sim.plan.KernelPlan` ``name`` of ``the_plan``, checked against the threads and
+    static shared memory of the kernel compiled for it (a kernel and its plan out of step: a
+    bug, never the caller's)."""
+    launch = the_plan.kernel(name)
+    if (launch.threads, launch.shared_bytes) != (threads, smem_bytes):
+        raise RuntimeError(f"kernel {name}: compiled for {threads} threads and {smem_bytes} bytes "
+                           f"of shared memory, its plan says {launch.threads} and "
+                           f"{launch.shared_bytes}")
+    return launch
+
+
 def forward(problem, config):
     """Forward on the CUDA cores: ``(out, lse)`` in the problem's kind of array (see
-    `kernels.forward`)."""
+    `kernels.forward`), launched as `plan` says."""
     pb = problem
     cfg = tiles(pb, config)
+    launch = launch_of(_plan(pb, cfg), FWD_KERNEL, cfg.threads,
+                       fwd_kernel_smem_bytes(cfg, pb.head_dim, cfg.threads % 32 == 0))
     B, Hq, Nq, D = pb.batch, pb.heads_q, pb.seqlen_q, pb.head_dim
     call = host.Call(pb, stage_bfloat16=True)
     drop = dropout_constants(pb.seed, pb.dropout_p)
@@ -373,8 +407,8 @@ def forward(problem, config):
     use_shfl = not host.simulator() and cfg.threads % 32 == 0
     causal, window, band_lo, band_hi = band_arguments(pb)
     kern = get_kernel(cfg, D, causal, pb.mask is not None, drop.enabled, use_shfl, window)
-    nbq = cdiv(Nq, cfg.block_m)
-    host.launch(kern, (nbq, B * Hq), cfg.threads, call.stream, (
+    nbq = launch.grid[0]
+    host.launch(kern, launch.grid, launch.threads, call.stream, (
         q, k, v, out.arg, lse.arg, maskd, kv_off, kv_idx, sb, sh, Hq // pb.heads_kv, nbq,
         np.float32(pb.scale), np.uint64(drop.seed_hash), np.uint64(drop.threshold),
         np.float32(drop.inv_keep), band_lo, band_hi), fast=config.fast_launch)

@@ -11,6 +11,8 @@ pd = pytest.importorskip("pandas")
 
 from sim import compare as C  # noqa: E402
 from sim import predict  # noqa: E402
+from sim.plan import price  # noqa: E402
+from sim.plans import plans_for_record  # noqa: E402
 from sim.results import load_results  # noqa: E402
 
 FIXTURE = Path(__file__).parent / "data" / "synthetic_results_fixture.json"
@@ -37,14 +39,18 @@ def test_one_row_per_record_with_measured_predicted_and_error(records, joined):
 
 def test_predictions_are_sim_predict_of_the_same_configuration(records, joined):
     for rec, (_, row) in zip(records, joined.iterrows()):
-        if row["model_source"] == "plan":     # priced from its plans (tests/test_plans*.py)
-            continue
         w, sched, _ = C.model_for_record(rec)
         p = predict(w, sched, "h100", l2="analytic", calibration=None)
-        assert row["predicted_global_bytes"] == p.hbm_read_bytes + p.hbm_write_bytes
-        assert row["predicted_dram_bytes"] == p.dram_read_bytes + p.dram_write_bytes
-        assert row["predicted_flops"] == p.flops
-        assert row["predicted_time_raw"] == pytest.approx(p.predicted_ms)
+        if row["model_source"] == "plan":     # a family with a plan is priced from it (sim.plans)
+            costs = [price(plan, "h100") for plan in plans_for_record(rec)]
+            assert row["predicted_global_bytes"] == pytest.approx(sum(c.global_bytes for c in costs))
+            assert row["predicted_flops"] == pytest.approx(sum(c.flops for c in costs))
+            assert row["predicted_time_raw"] == pytest.approx(sum(c.time_ms for c in costs))
+        else:
+            assert row["predicted_global_bytes"] == p.hbm_read_bytes + p.hbm_write_bytes
+            assert row["predicted_dram_bytes"] == p.dram_read_bytes + p.dram_write_bytes
+            assert row["predicted_flops"] == p.flops
+            assert row["predicted_time_raw"] == pytest.approx(p.predicted_ms)
         if rec["kernel"] == "ioaware-numba":
             assert (p.block_q, p.block_k) == (rec["block_q"], rec["block_k"])
         meas = rec["global_load_bytes"] + rec["global_store_bytes"]
@@ -144,14 +150,14 @@ def test_command_prints_the_table(capsys, tmp_path):
 
 def test_atomics_are_compared_only_when_counted(records):
     rec = dict(records[0], **{"pass": "bwd", "block_q": 32, "block_k": 32})
-    w, sched, _ = C.model_for_record(rec)
-    p = predict(w, sched, "h100", l2="none", calibration=None)
-    atomic = sum(n for k, n in p.counts["bytes"].items() if k[-1] == "atomic")
+    (plan,) = plans_for_record(rec)         # the simt backward: priced from its plan
+    total = price(plan, "h100").global_bytes
+    atomic = sum(a.bytes for k in plan.kernels for a in k.accesses if a.op == "atomic")
     assert atomic > 0
     uncounted = C.compare([rec], l2="none").iloc[0]
-    assert uncounted["predicted_global_bytes"] == p.hbm_read_bytes + p.hbm_write_bytes - atomic
+    assert uncounted["predicted_global_bytes"] == pytest.approx(total - atomic)
     counted = C.compare([dict(rec, global_atomic_bytes=1000)], l2="none").iloc[0]
-    assert counted["predicted_global_bytes"] == p.hbm_read_bytes + p.hbm_write_bytes
+    assert counted["predicted_global_bytes"] == pytest.approx(total)
     assert counted["measured_global_bytes"] == rec["global_load_bytes"] + rec["global_store_bytes"] + 1000
 
 

@@ -160,14 +160,14 @@ def test_report_reads_tune_family_files_and_skips_families_without_configuration
              "micro_tile": None, "time_ms": t}
             for (bq, bk), t in {(128, 64): 1.0, (128, 32): 1.2, (64, 64): 1.5}.items()]
     rows.append(dict(rows[0], block_q=64, block_k=32, refused="refused here"))
-    rows.append({"family": "simt", "pass": "fwd", "dtype": "fp32", "head_dim": 64,
+    rows.append({"family": "flash3", "pass": "fwd", "dtype": "fp32", "head_dim": 64,
                  "causal": False, "seq_len": 4096, "batch": 4, "heads": 32, "block_q": 64,
                  "block_k": 32, "micro_tile": [8, 4], "time_ms": 3.0})
     rep = pick_report({"schema": "ioaware.tune_blocks/1", "provenance": {"gpu": H100},
                        "rows": rows})
     (e,) = rep["groups"]
     assert e["configs_timed"] == 3 and e["best"] == {"block_q": 128, "block_k": 64}
-    assert [s["family"] for s in rep["skipped"]] == ["simt"]
+    assert [s["family"] for s in rep["skipped"]] == ["flash3"]
     assert "no configurations listed" in rep["skipped"][0]["why"]
 
 

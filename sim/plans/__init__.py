@@ -6,7 +6,8 @@ plan; `sim` prices it (:func:`sim.plan.price`). :func:`plan_for` is the one entr
 
     plan_for("mma", "fwd", workload, block_q=128, block_k=64) -> sim.plan.Plan
 
-Families: ``mma`` (tensor-core float16/bfloat16), ``tf32`` (3xTF32 tensor-core float32).
+Families: ``mma`` (tensor-core float16/bfloat16), ``tf32`` (3xTF32 tensor-core float32),
+``simt`` (CUDA-core, every float dtype: `sim.plans.simt`).
 ``flash3`` is FlashAttention-3's forward on Hopper (`sim.plans.flash3`: no launcher here, a
 model of another library's kernel) and ``flash3-baseline`` the same kernel with its three
 asynchrony ideas off. ``sdpa-flash``, ``sdpa-efficient``, ``sdpa-cudnn`` are PyTorch's SDPA
@@ -32,12 +33,16 @@ PLANNERS = {
     ("sdpa-efficient", "fwd"): "sim.plans.sdpa:efficient_forward_plan",
     ("sdpa-efficient", "bwd"): "sim.plans.sdpa:efficient_backward_plan",
     ("sdpa-cudnn", "fwd"): "sim.plans.sdpa:cudnn_forward_plan",
+    ("simt", "fwd"): "sim.plans.simt:simt_forward_plan",
+    ("simt", "bwd"): "sim.plans.simt:simt_backward_plan",
 }
 
 #: (family, pass) -> "module:function" listing its legal configurations for a workload.
 CONFIGS = {
     ("mma", "fwd"): "sim.plans.tensor_core_fwd:mma_forward_configs",
     ("tf32", "fwd"): "sim.plans.tensor_core_fwd:tf32_forward_configs",
+    ("simt", "fwd"): "sim.plans.simt:simt_forward_configs",
+    ("simt", "bwd"): "sim.plans.simt:simt_backward_configs",
 }
 
 
@@ -80,25 +85,38 @@ def choose(family: str, pass_: str, workload, profile="h100", **fixed):
 
 def plans_for_record(rec: dict) -> list | None:
     """The plans a results record ran (one per pass of its ``pass``: "fwd", "bwd" or
-    "fwd+bwd"), from what it names: ``kernel`` "ioaware-numba", its ``variant`` (the family),
-    the problem, and the forward's ``block_q`` / ``block_k`` (the backwards choose their own
-    tiles); or ``kernel`` one of PyTorch's SDPA backends (`sim.plans.sdpa.SDPA_FAMILIES`: the
-    family), measured on sm_90, with the tiles its dispatch picks. None for a record of another
-    kernel, of a family/pass without a plan, or of a problem an SDPA plan does not model.
+    "fwd+bwd"), from what it names: ``kernel`` "ioaware-numba", its ``variant`` (the family;
+    none: ``simt``, or ``mma`` for ``implementation`` ``kernels.flash_mma_fwd``), the problem,
+    and the forward's ``block_q`` / ``block_k`` (the tensor-core backwards choose their own
+    tiles; the simt passes take the record's tiles and micro-tiles,
+    `sim.plans.simt.record_config`); or ``kernel`` one of PyTorch's SDPA backends
+    (`sim.plans.sdpa.SDPA_FAMILIES`: the family), measured on sm_90, with the tiles its dispatch
+    picks. None for a record of another kernel, of a family/pass without a plan, of simt kernels
+    that no longer exist (`sim.plans.simt.record_is_current`), or of a problem an SDPA plan does
+    not model.
     Nothing is read from the record's measurements."""
     from ..workload import Workload
     if rec.get("kernel") in _SDPA_FAMILIES:
         return _sdpa_plans(rec)
-    family = rec.get("variant")
-    if rec.get("kernel") != "ioaware-numba" or family is None:
+    if rec.get("kernel") != "ioaware-numba":
         return None
+    # no variant: the simt family, or mma for kernels.flash_mma_fwd (as sim.compare reads it)
+    family = rec.get("variant") or ("mma" if rec.get("implementation") == "kernels.flash_mma_fwd"
+                                    else "simt")
     passes = ("fwd", "bwd") if rec.get("pass") == "fwd+bwd" else (rec.get("pass"),)
     if any((family, p) not in PLANNERS for p in passes):
         return None
+    if family == "simt":     # tiles and micro-tiles as the record names them; today's kernels only
+        from .simt import record_config, record_is_current
+        if not record_is_current(rec):
+            return None
     plans = []
     for p in passes:
         w = Workload.from_record(dict(rec, **{"pass": p}))
-        tiles = {"block_q": rec.get("block_q"), "block_k": rec.get("block_k")} if p == "fwd" else {}
+        if family == "simt":
+            tiles = record_config(rec, p)
+        else:
+            tiles = {"block_q": rec.get("block_q"), "block_k": rec.get("block_k")} if p == "fwd" else {}
         plans.append(plan_for(family, p, w, **tiles))
     return plans
 
