@@ -15,7 +15,8 @@
 #   check      python -m benchmarks check (PTX, ptxas, SASS of the tensor-core kernels) -> check.log
 #   rates      python -m benchmarks rates (the hardware rates the model prices with) -> rates_<gpu>.json, rates.log
 #   pick       python -m benchmarks pick (every legal tile configuration of 16 groups per family,
-#              and the model's picks priced with the rates file of a rates step before it)
+#              and the model's picks priced with the rates file of a rates step before it);
+#              families from PICK_FAMILIES (default "mma tf32", the tensor-core forwards)
 #                                                                                 -> pick.json, pick.log
 #
 # Logs and results go to $OUT (default ./gpu_logs). Every step runs under `timeout`; its limit in
@@ -107,7 +108,8 @@ for mode in "$@"; do
     pick)
       rates=()
       [ -f "$OUT/rates.json" ] && rates=(--rates "$OUT/rates.json")
-      step pick "${T_PICK:-900}" "$OUT/pick.log" python3 -m benchmarks pick --out "$OUT/pick.json" "${rates[@]}"
+      step pick "${T_PICK:-900}" "$OUT/pick.log" python3 -m benchmarks pick --out "$OUT/pick.json" \
+        --family ${PICK_FAMILIES:-mma tf32} "${rates[@]}"
       ;;
   esac
 done
