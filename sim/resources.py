@@ -9,9 +9,11 @@ kernels or on Numba: :func:`load_resources` -> ``{key: entry}``, :func:`lookup` 
 from __future__ import annotations
 
 import json
+from functools import lru_cache
 from pathlib import Path
 
-__all__ = ["resource_key", "load_resources", "lookup", "RESOURCES_PATH", "DTYPES"]
+__all__ = ["resource_key", "load_resources", "lookup", "shipped_registers", "RESOURCES_PATH",
+           "DTYPES"]
 
 #: The shipped table (configurations of the shipped sweeps, compiled for sm_90).
 RESOURCES_PATH = Path(__file__).resolve().parents[1] / "results" / "kernel_resources_sm90.json"
@@ -71,3 +73,19 @@ def load_resources(path=RESOURCES_PATH) -> dict:
 def lookup(table: dict, kernel: str, head_dim: int, dtype: str, causal: bool, **kw) -> dict | None:
     """The entry of ``table`` (:func:`load_resources`) for one configuration, or None."""
     return table.get(resource_key(kernel, head_dim, dtype, causal, **kw))
+
+
+@lru_cache(maxsize=None)
+def _shipped_table() -> dict:
+    try:
+        return load_resources()
+    except (OSError, ValueError):     # an installed package without the results folder
+        return {}
+
+
+@lru_cache(maxsize=None)
+def shipped_registers(kernel: str, head_dim: int, dtype: str, causal: bool, **key) -> int | None:
+    """Registers per thread of one configuration in the shipped table (:data:`RESOURCES_PATH`;
+    ``key``: :func:`resource_key`'s keywords), or None where the table lacks it (or is absent)."""
+    entry = lookup(_shipped_table(), kernel, head_dim, dtype, causal, **key)
+    return None if entry is None else int(entry["registers_per_thread"])

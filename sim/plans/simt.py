@@ -68,6 +68,7 @@ import numpy as np
 
 from ..counts import workload_tile_stats
 from ..plan import Access, KernelPlan, Matmul, Plan
+from ..resources import shipped_registers
 from ..smem import tile_smem_elems
 from ..tiles import TileConfig, choose_tiles
 from ..workload import SECTOR_BYTES, SMEM_ELEM_BYTES, STAT_BYTES, Workload, block_infos
@@ -323,18 +324,6 @@ def dkdv_tile_config(w: Workload, block_q=None, block_k=None, micro_tile_kv=None
     return cfg
 
 
-@lru_cache(maxsize=None)
-def _table_registers(kernel, head_dim, dtype, causal, block_m, block_n, tile, dq_atomic):
-    from ..resources import load_resources, lookup
-    try:
-        table = load_resources()
-    except (OSError, ValueError):
-        return None
-    entry = lookup(table, kernel, head_dim, dtype, causal, block_m=block_m, block_n=block_n,
-                   tile=tile, dq_atomic=dq_atomic)
-    return None if entry is None else int(entry["registers_per_thread"])
-
-
 def _kernel_dtype(w: Workload) -> str:
     """The dtype the Numba kernels are compiled for: bfloat16 is staged as float32."""
     return "fp16" if w.dtype == "fp16" else "fp32"
@@ -488,8 +477,8 @@ def simt_forward_plan(workload: Workload, *, block_q: int | None = None, block_k
     shared_moved = SMEM_ELEM_BYTES * (tiles * (smem["tile_loads"] + smem["tile_stores"])
                                       + programs * smem["program_stores"])
     if registers is None:
-        registers = _table_registers(FWD_KERNEL, d, _kernel_dtype(w), bool(w.causal), bq, bk,
-                                     (cfg.tm, cfg.tn), None)
+        registers = shipped_registers(FWD_KERNEL, d, _kernel_dtype(w), bool(w.causal),
+                                      block_m=bq, block_n=bk, tile=(cfg.tm, cfg.tn))
     kernel = KernelPlan(
         name=FWD_KERNEL, phase="fwd", grid=(n_blocks_q, slices), threads=threads,
         shared_bytes=fwd_kernel_smem_bytes(cfg, d, use_shfl), accesses=accesses,
@@ -569,7 +558,7 @@ def simt_backward_plan(workload: Workload, *, block_q: int | None = None, block_
                   Access("delta", "store", rows * STAT_BYTES, "fragment", STAT_BYTES)),
         fp32_flops=int(q_elems * DELTA_FLOPS_PER_ELEMENT
                        + delta_programs * slices * DELTA_THREADS * DELTA_SHUFFLE_FADDS_PER_LANE),
-        registers=_table_registers(DELTA_KERNEL, d, kernel_dtype, False, None, None, None, None))
+        registers=shipped_registers(DELTA_KERNEL, d, kernel_dtype, False))
     kernels = [delta]
     # 2. the float32 dQ accumulator, zeroed (torch.zeros: PyTorch's fill kernel)
     if arrays == "torch":
@@ -590,8 +579,8 @@ def simt_backward_plan(workload: Workload, *, block_q: int | None = None, block_
     shared_moved = SMEM_ELEM_BYTES * (tiles * (smem["tile_loads"] + smem["tile_stores"])
                                       + programs * smem["program_stores"])
     if registers is None:
-        registers = _table_registers(DKDV_KERNEL, d, kernel_dtype, bool(w.causal), bk, bq,
-                                     (cfg.tm, cfg.tn), True)
+        registers = shipped_registers(DKDV_KERNEL, d, kernel_dtype, bool(w.causal),
+                                      block_m=bk, block_n=bq, tile=(cfg.tm, cfg.tn), dq_atomic=True)
     dkdv = KernelPlan(
         name=DKDV_KERNEL, phase="bwd.main", grid=(n_blocks_k, kv_slices), threads=threads,
         shared_bytes=dkdv_smem_bytes(cfg, d),

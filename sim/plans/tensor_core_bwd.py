@@ -62,14 +62,13 @@ is read per score that the causal rule and the window allow.
 """
 from __future__ import annotations
 
-from functools import lru_cache
-
 import numpy as np
 
 from ioaware.block_info import BlockInfo, band_offsets, cdiv
 
 from ..counts import tile_stats_blockinfo, tile_stats_closed
 from ..plan import Access, KernelPlan, Matmul, Plan
+from ..resources import shipped_registers
 from ..workload import STAT_BYTES, Workload, density_block_mask
 
 __all__ = ["mma_backward_plan", "tf32_backward_plan", "launch_of", "KERNEL_NAMES",
@@ -389,16 +388,6 @@ def _first_tiles_in_step(w: Workload, tiles, which: str) -> bool:
 
 
 # -- registers ----------------------------------------------------------------------------------
-@lru_cache(maxsize=None)
-def _table_registers(kernel, head_dim, dtype, causal, block_m, block_n, mask, dropout):
-    from ..resources import load_resources, lookup
-    try:
-        table = load_resources()
-    except (OSError, ValueError):
-        return None
-    entry = lookup(table, kernel, head_dim, dtype, causal, block_m=block_m, block_n=block_n,
-                   mask=mask, dropout=dropout)
-    return None if entry is None else int(entry["registers_per_thread"])
 
 
 def _registers(name: str, w: Workload, block_m: int, block_n: int, has_mask: bool):
@@ -411,8 +400,8 @@ def _registers(name: str, w: Workload, block_m: int, block_n: int, has_mask: boo
     if w.window_size is not None:
         return None
     dtype = "fp16" if w.dtype == "bf16" else w.dtype
-    return _table_registers(name, w.head_dim, dtype, bool(w.causal), block_m, block_n,
-                            bool(has_mask), bool(w.dropout))
+    return shipped_registers(name, w.head_dim, dtype, bool(w.causal), block_m=block_m,
+                             block_n=block_n, mask=bool(has_mask), dropout=bool(w.dropout))
 
 
 # -- checks -------------------------------------------------------------------------------------

@@ -26,10 +26,9 @@ What the plans count, from the kernels' code (line references are to the kernel 
 """
 from __future__ import annotations
 
-from functools import lru_cache
-
 from ..counts import workload_tile_stats
 from ..plan import Access, KernelPlan, Matmul, Plan
+from ..resources import shipped_registers
 from ..workload import STAT_BYTES, Workload
 
 __all__ = ["mma_forward_plan", "tf32_forward_plan", "mma_forward_configs", "tf32_forward_configs", "MMA_HEAD_DIMS", "MMA_BLOCK_Q_CHOICES",
@@ -154,19 +153,8 @@ def _registers(kernel: str, w: Workload, block_q: int, block_k: int, registers):
     """Registers per thread: given, else the shipped ptxas table's entry (None if absent)."""
     if registers is not None:
         return int(registers)
-    return _table_registers(kernel, w.head_dim, "fp16" if w.dtype == "bf16" else w.dtype,
-                            bool(w.causal), block_q, block_k)
-
-
-@lru_cache(maxsize=None)
-def _table_registers(kernel, head_dim, dtype, causal, block_q, block_k):
-    from ..resources import load_resources, lookup
-    try:
-        table = load_resources()
-    except (OSError, ValueError):
-        return None
-    entry = lookup(table, kernel, head_dim, dtype, causal, block_m=block_q, block_n=block_k)
-    return None if entry is None else int(entry["registers_per_thread"])
+    return shipped_registers(kernel, w.head_dim, "fp16" if w.dtype == "bf16" else w.dtype,
+                             bool(w.causal), block_m=block_q, block_n=block_k)
 
 
 def _forward(family: str, w: Workload, block_q: int, block_k: int, *, kernel_name: str,
