@@ -89,6 +89,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .model import SIMT_DKDV_KERNEL, SIMT_FWD_KERNEL  # today's CUDA-core kernels' names
+from .model import kernel_version as _kernel_version
 from .resources import RESOURCES_PATH, load_resources, lookup
 
 __all__ = ["METRICS", "compare", "summary", "block_size_check", "model_for_record", "main",
@@ -111,11 +113,6 @@ METRICS = {
 _CALIBRATED = ("time_calibrated", "time_heldout")
 BLOCK_TOLERANCE = 0.10
 DEFAULT_MAX_TRACE_EVENTS = 2_000_000
-#: Today's CUDA-core kernels (the names Nsight Compute lists): the forward and the dK/dV kernel
-#: (dQ by atomics; the delta pre-pass, one warp per row, is ``flash_bwd_delta_v2``). Records
-#: profiled on earlier versions name theirs in ``ncu_kernels`` (`_kernel_version`).
-SIMT_FWD_KERNEL = "flash_fwd_v2"
-SIMT_DKDV_KERNEL = "flash_bwd_dkdv_v2"
 _RESOURCES: dict = {}
 
 
@@ -169,16 +166,6 @@ def kernel_resources(path=None) -> dict:
     if key not in _RESOURCES:
         _RESOURCES[key] = load_resources(path) if path.exists() else {}
     return _RESOURCES[key]
-
-
-def _kernel_version(rec: dict, stem: str, default: str) -> str:
-    """The name of the profiled kernel that starts with ``stem`` (``flash_fwd_v2`` before
-    ``flash_fwd``: records profiled on earlier versions name them), else ``default`` (today's
-    kernel)."""
-    from .model import _ncu_names
-    names = [n.split("::")[-1].split("[")[0] for n in _ncu_names(rec)]
-    hits = sorted({n for n in names if n == stem or n.startswith(stem + "_v")}, reverse=True)
-    return hits[0] if hits else default
 
 
 def record_registers(rec: dict, table: dict | None = None, dq_mode: str | None = None) -> tuple:

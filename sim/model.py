@@ -44,7 +44,8 @@ from .workload import (DTYPE_BYTES, EXP_FLOPS, STAT_BYTES, Schedule, Workload, o
 
 __all__ = ["Efficiency", "Prediction", "predict", "calibrate", "smem_traffic", "phase_programs",
            "MAX_TRACE_EVENTS", "schedule_for_record", "record_dq_mode", "record_delta_kernel",
-           "record_micro_tiles", "fit_efficiency", "program_key"]
+           "record_micro_tiles", "fit_efficiency", "program_key", "kernel_version",
+           "SIMT_FWD_KERNEL", "SIMT_DKDV_KERNEL"]
 
 #: Bytes of a Q or O row one warp instruction of our tensor-core forward touches: an
 #: m16n8k16 fragment gives each row 4 threads x 4 bytes (kernels/mma_fwd.py: Q by
@@ -492,6 +493,22 @@ def record_dq_mode(rec: dict) -> str | None:
 
 def _ncu_names(rec: dict) -> list:
     return [str(k.get("name", "")) for k in rec.get("ncu_kernels") or [] if isinstance(k, dict)]
+
+
+#: Today's CUDA-core kernels (the names Nsight Compute lists): the forward and the dK/dV kernel
+#: (dQ by atomics; the delta pre-pass, one warp per row, is ``flash_bwd_delta_v2``). Records
+#: profiled on earlier versions name theirs in ``ncu_kernels`` (`kernel_version`).
+SIMT_FWD_KERNEL = "flash_fwd_v2"
+SIMT_DKDV_KERNEL = "flash_bwd_dkdv_v2"
+
+
+def kernel_version(rec: dict, stem: str, default: str) -> str:
+    """The name of the profiled kernel that starts with ``stem`` (``flash_fwd_v2`` before
+    ``flash_fwd``: records profiled on earlier versions name them), else ``default`` (today's
+    kernel)."""
+    names = [n.split("::")[-1].split("[")[0] for n in _ncu_names(rec)]
+    hits = sorted({n for n in names if n == stem or n.startswith(stem + "_v")}, reverse=True)
+    return hits[0] if hits else default
 
 
 def record_delta_kernel(rec: dict) -> str | None:

@@ -236,15 +236,15 @@ def record_is_current(rec: dict) -> bool:
     ``ncu_kernels`` name an earlier kernel (forward ``flash_fwd`` before ``flash_fwd_v2``;
     ``flash_bwd_delta``, ``flash_bwd_dkdv`` or a separate ``flash_bwd_dq`` kernel), else True
     (also when it names no kernel: no counters)."""
-    from ..compare import SIMT_DKDV_KERNEL, SIMT_FWD_KERNEL, _kernel_version
-    from ..model import _ncu_names, record_delta_kernel, record_dq_mode
+    from ..model import (SIMT_DKDV_KERNEL, SIMT_FWD_KERNEL, _ncu_names, kernel_version,
+                         record_delta_kernel, record_dq_mode)
     if record_dq_mode(rec) not in (None, "atomic") or record_delta_kernel(rec) not in (None, "warp"):
         return False
     if not _ncu_names(rec):
         return True
     if rec.get("pass") == "fwd":
-        return _kernel_version(rec, "flash_fwd", SIMT_FWD_KERNEL) == SIMT_FWD_KERNEL
-    return _kernel_version(rec, "flash_bwd_dkdv", SIMT_DKDV_KERNEL) == SIMT_DKDV_KERNEL
+        return kernel_version(rec, "flash_fwd", SIMT_FWD_KERNEL) == SIMT_FWD_KERNEL
+    return kernel_version(rec, "flash_bwd_dkdv", SIMT_DKDV_KERNEL) == SIMT_DKDV_KERNEL
 
 
 def record_config(rec: dict, pass_: str) -> dict:
