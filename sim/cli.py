@@ -430,6 +430,14 @@ def _cell(v):
 
 
 def _search_cmd(a) -> int:
+    if a.family is not None:   # one of our kernel families: its legal configurations, by its plans
+        if a.calibrate_on:
+            raise SystemExit("error: --calibrate-on applies to the textbook schedules; a family's "
+                             "plans are priced with the profile's rates (--rates)")
+        a.choose, a.block_q, a.block_k, a.window, a.compact = True, None, None, None, False
+        return _plan_cmd(a)
+    if a.rates is not None:
+        raise SystemExit("error: --rates applies with --family (a kernel family's plans)")
     w = Workload(batch=a.batch, heads=a.heads, heads_kv=a.heads_kv, seq_len_q=a.seq_len,
                  seq_len_k=a.seq_len_k, head_dim=a.head_dim, dtype=a.dtype, causal=a.causal,
                  dropout=a.dropout, pass_=a.pass_)
@@ -601,8 +609,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--progress-threshold", type=int, default=2000, help=argparse.SUPPRESS)
     s.set_defaults(func=_sweep_cmd)
 
-    q = sub.add_parser("search", help="feasible block sizes, best and frontier")
+    q = sub.add_parser("search", help="feasible block sizes, best and frontier; with --family, "
+                                      "one of our kernel families' legal tiles ranked by its plans")
     q.add_argument("--schedule", choices=("flash1", "flash2"), default="flash2")
+    q.add_argument("--family", default=None,
+                   help="rank the legal configurations of this kernel family (mma, tf32, simt, ...) "
+                        "by its plans, the model that picks the kernels' tiles (as `plan --choose`)")
+    q.add_argument("--rates", default=None, metavar="RATES.json",
+                   help="with --family: measured rates of `python -m benchmarks rates`")
     _common(q, multi=False)
     q.add_argument("--blocks", type=_int_list, default=[16, 32, 64, 128, 256])
     q.add_argument("--l2", choices=("auto", "trace", "analytic", "none"), default="none")

@@ -252,3 +252,14 @@ def test_compare_keeps_the_schedule_model_where_the_plan_refuses_the_records_con
     rec = dict(_mma_records()[0][1], block_q=96)      # a tile today's mma forward does not take
     df = compare([rec], "h100", l2="analytic", workers=1)
     assert df["model_source"].iloc[0] == "schedule" and "block_q" in df["plan_error"].iloc[0]
+
+
+def test_search_with_a_family_ranks_its_configurations_by_its_plans(capsys):
+    """``python -m sim search --family F``: the same ranking as `sim.plans.choose`."""
+    from sim.cli import main
+    from sim.plans import choose
+    assert main(["search", "--family", "mma", "--seq-len", "2048", "--head-dim", "64", "--causal",
+                 "--json"]) == 0
+    ranked = json.loads(capsys.readouterr().out)["ranked"]
+    w = Workload(batch=1, heads=16, seq_len_q=2048, head_dim=64, dtype="fp16", causal=True)
+    assert [r["config"] for r in ranked] == [c for _t, c in choose("mma", "fwd", w, "h100")[2]]
