@@ -263,3 +263,28 @@ def test_search_with_a_family_ranks_its_configurations_by_its_plans(capsys):
     ranked = json.loads(capsys.readouterr().out)["ranked"]
     w = Workload(batch=1, heads=16, seq_len_q=2048, head_dim=64, dtype="fp16", causal=True)
     assert [r["config"] for r in ranked] == [c for _t, c in choose("mma", "fwd", w, "h100")[2]]
+
+
+@pytest.mark.parametrize("schedule", ["naive", "flash1", "flash2"])
+@pytest.mark.parametrize("pass_", ["fwd", "bwd"])
+@pytest.mark.parametrize("causal,window,heads_kv", [(False, None, 4), (True, None, 2), (False, (100, 0), 4)])
+def test_textbook_schedules_are_plans_with_the_closed_forms_counts(schedule, pass_, causal, window, heads_kv):
+    """`sim.plans.textbook`: the papers' algorithms as plans built by the model itself; their
+    global bytes and FLOPs equal `sim.predict`'s closed forms, and (half precision, where no two
+    levels share a pipe) so does their time, but for the GQA reduction, which the plan prices
+    as a full wave of programs (`sim.predict` as one program per KV head)."""
+    from sim.model import predict
+    from sim.workload import Schedule
+    if schedule != "flash2" and (window is not None or heads_kv != 4):
+        pytest.skip("the naive and flash1 schedules take no window or GQA")
+    w = Workload(batch=2, heads=4, heads_kv=heads_kv, seq_len_q=700, seq_len_k=900 if not causal else 700,
+                 head_dim=64, dtype="fp16", causal=causal, window_size=window, pass_=pass_)
+    plan = plan_for(schedule, pass_, w)
+    cost = price(plan, "h100", l2="none")
+    ref = predict(w, Schedule(schedule), "h100", l2="none")
+    assert cost.global_bytes == ref.hbm_read_bytes + ref.hbm_write_bytes
+    assert cost.flops == ref.flops
+    if heads_kv == w.heads:
+        assert cost.time_ms == pytest.approx(ref.predicted_ms, rel=1e-9)
+    assert plan.config["block_q"] == ref.block_q and plan.config["block_k"] == ref.block_k
+    assert plan_for(schedule, "fwd", w.replace(pass_="fwd+bwd")).pass_ == "fwd"

@@ -12,7 +12,8 @@ Families: ``mma`` (tensor-core float16/bfloat16), ``tf32`` (3xTF32 tensor-core f
 model of another library's kernel) and ``flash3-baseline`` the same kernel with its three
 asynchrony ideas off. ``sdpa-flash``, ``sdpa-efficient``, ``sdpa-cudnn`` are PyTorch's SDPA
 backends as the kernels they launch on sm_90 (`sim.plans.sdpa`; cuDNN's forward only, as
-FlashAttention-3's plan).
+FlashAttention-3's plan). ``naive``, ``flash1``, ``flash2`` are the papers' algorithms, built by
+the model itself from its closed forms (`sim.plans.textbook`).
 """
 from __future__ import annotations
 
@@ -35,6 +36,13 @@ PLANNERS = {
     ("sdpa-cudnn", "fwd"): "sim.plans.sdpa:cudnn_forward_plan",
     ("simt", "fwd"): "sim.plans.simt:simt_forward_plan",
     ("simt", "bwd"): "sim.plans.simt:simt_backward_plan",
+    # the papers' algorithms, built by the model itself (sim.plans.textbook)
+    ("naive", "fwd"): "sim.plans.textbook:naive_fwd_plan",
+    ("naive", "bwd"): "sim.plans.textbook:naive_bwd_plan",
+    ("flash1", "fwd"): "sim.plans.textbook:flash1_fwd_plan",
+    ("flash1", "bwd"): "sim.plans.textbook:flash1_bwd_plan",
+    ("flash2", "fwd"): "sim.plans.textbook:flash2_fwd_plan",
+    ("flash2", "bwd"): "sim.plans.textbook:flash2_bwd_plan",
 }
 
 #: (family, pass) -> "module:function" listing its legal configurations for a workload.
