@@ -151,6 +151,10 @@ class KernelPlan:
     order (False for the causal or windowed sweeps that start at each program's first visited
     tile; the L2 model's reuse).
 
+    ``steps_per_program`` (one program per slice: the steps over which it reuses what it
+    loaded) and ``stagger`` (``(s, tiles)``: programs of a slice starting ``s`` steps apart)
+    refine the L2 model's reuse (`sim.l2.l2_analytic`).
+
     ``shared_bytes_moved``: bytes read from and written to shared memory by all programs
     (``ldmatrix``, ``ld.shared``/``st.shared``, the ``cp.async`` destinations), priced at the
     shared-memory bandwidth ("smem" level).
@@ -179,6 +183,8 @@ class KernelPlan:
     programs_per_slice: int = 1
     lockstep: bool = True
     serial: tuple = ()
+    steps_per_program: int = 1
+    stagger: tuple | None = None
 
     @property
     def programs(self) -> int:
@@ -338,8 +344,10 @@ def _l2(plan: Plan, profile: GPUProfile, slots: dict) -> dict:
     w = plan.workload
     pps = {k.name: k.programs_per_slice for k in plan.kernels}
     lockstep = {k.name: k.lockstep for k in plan.kernels}
+    steps = {k.name: k.steps_per_program for k in plan.kernels if k.steps_per_program != 1}
+    stagger = {k.name: k.stagger for k in plan.kernels if k.stagger is not None}
     res = l2_analytic(by_key, plan.tensor_bytes, pps, w.batch * w.heads, slots, profile.l2_bytes,
-                      None, lockstep)
+                      steps, lockstep, stagger)
     return {name: v["dram_read_bytes"] + v["dram_write_bytes"] for name, v in res.phases.items()}
 
 

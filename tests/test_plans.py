@@ -288,3 +288,7 @@ def test_textbook_schedules_are_plans_with_the_closed_forms_counts(schedule, pas
         assert cost.time_ms == pytest.approx(ref.predicted_ms, rel=1e-9)
     assert plan.config["block_q"] == ref.block_q and plan.config["block_k"] == ref.block_k
     assert plan_for(schedule, "fwd", w.replace(pass_="fwd+bwd")).pass_ == "fwd"
+    # the analytic L2 model sees the same reuse (programs per slice, lockstep, stagger, steps)
+    analytic = predict(w, Schedule(schedule), "h100", l2="analytic")
+    assert price(plan, "h100").dram_bytes == pytest.approx(
+        analytic.dram_read_bytes + analytic.dram_write_bytes, abs=1)

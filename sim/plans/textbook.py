@@ -37,7 +37,7 @@ def textbook_plan(workload: Workload, schedule: Schedule | str = "flash2", *, pr
     `sim.workload.SCHEDULES`) for ``workload``: every pass its workload asks for (or ``pass_``),
     one kernel per phase. ``block_q`` / ``block_k`` override the schedule's; unset, they are
     `sim.workload.resolve_blocks`' for ``profile`` (its shared memory)."""
-    from ..model import phase_programs
+    from ..model import _tensor_bytes, phase_programs
     if not isinstance(workload, Workload):
         raise TypeError(f"workload must be a sim.Workload, got {type(workload).__name__}")
     if isinstance(schedule, str):
@@ -60,6 +60,17 @@ def textbook_plan(workload: Workload, schedule: Schedule | str = "flash2", *, pr
     for (phase, tensor, op), n in by_key.items():
         how = "atomic" if op == "atomic" else ("ld" if op == "load" else "st")
         phases.setdefault(phase, []).append(Access(tensor, op, int(n), how))
+    # the L2 model's reuse, as sim.predict gives it: FlashAttention-1's one program per slice
+    # reuses from one K block to the next; the causal or windowed FlashAttention-2 programs
+    # start staggered (see sim.predict)
+    windowed = w.window_size is not None
+    stagger: dict = {}
+    if schedule.name == "flash2" and (w.causal or windowed) and not w.block_sparse:
+        from ..counts import workload_tile_stats
+        tiles = sum(mult * int(st.T) for mult, st in workload_tile_stats(w, bq, bk))
+        stagger["bwd.main"] = (bk / bq, tiles)
+        if windowed:
+            stagger["fwd"] = stagger["bwd.dq"] = (bq / bk, tiles)
     kernels = []
     for phase in dict.fromkeys([*phases, *flops]):
         total, per_slice = programs.get(phase, programs.get("*", (1, 1)))
@@ -79,11 +90,14 @@ def textbook_plan(workload: Workload, schedule: Schedule | str = "flash2", *, pr
             shared_bytes=shared, accesses=tuple(phases.get(phase, ())),
             matmuls=(Matmul(unit, int(mm)),) if mm else (), fp32_flops=int(other),
             programs_per_slice=int(per_slice),
-            lockstep=not (w.block_sparse or ((w.causal or w.window_size is not None)
-                                             and phase == "bwd.main"))))
+            lockstep=not (w.block_sparse or ((w.causal or windowed) and phase == "bwd.main")
+                          or (windowed and phase in ("fwd", "bwd.dq"))),
+            steps_per_program=(-(-w.seq_len_k // bk) if schedule.name == "flash1"
+                               and not phase.endswith("reduce") else 1),
+            stagger=stagger.get(phase)))
     return Plan(schedule.name, w.pass_, w, tuple(kernels),
                 {"block_q": bq, "block_k": bk, "num_warps": schedule.num_warps,
-                 "matmul_unit": schedule.matmul_unit})
+                 "matmul_unit": schedule.matmul_unit}, _tensor_bytes(w, schedule))
 
 
 def naive_plan(workload: Workload, **options) -> Plan:
