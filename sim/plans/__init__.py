@@ -43,6 +43,11 @@ PLANNERS = {
     ("flash1", "bwd"): "sim.plans.textbook:flash1_bwd_plan",
     ("flash2", "fwd"): "sim.plans.textbook:flash2_fwd_plan",
     ("flash2", "bwd"): "sim.plans.textbook:flash2_bwd_plan",
+    # PyTorch's unfused attention: the MATH backend and eager (sim.plans.textbook)
+    ("sdpa-math", "fwd"): "sim.plans.textbook:sdpa_math_fwd_plan",
+    ("sdpa-math", "bwd"): "sim.plans.textbook:sdpa_math_bwd_plan",
+    ("eager", "fwd"): "sim.plans.textbook:eager_fwd_plan",
+    ("eager", "bwd"): "sim.plans.textbook:eager_bwd_plan",
 }
 
 #: (family, pass) -> "module:function" listing its legal configurations for a workload.
@@ -101,11 +106,14 @@ def plans_for_record(rec: dict) -> list | None:
     (`sim.plans.sdpa.SDPA_FAMILIES`: the family), measured on sm_90, with the tiles its dispatch
     picks. None for a record of another kernel, of a family/pass without a plan, of simt kernels
     that no longer exist (`sim.plans.simt.record_is_current`), or of a problem an SDPA plan does
-    not model.
+    not model; or ``kernel`` ``sdpa-math`` / ``eager`` (PyTorch's unfused attention, as the
+    kernel sequences `sim.plans.textbook` lays out).
     Nothing is read from the record's measurements."""
     from ..workload import Workload
     if rec.get("kernel") in _SDPA_FAMILIES:
         return _sdpa_plans(rec)
+    if rec.get("kernel") in ("sdpa-math", "eager"):
+        return _unfused_plans(rec)
     if rec.get("kernel") != "ioaware-numba":
         return None
     # no variant: the simt family, or mma for kernels.flash_mma_fwd (as sim.compare reads it)
@@ -148,6 +156,22 @@ def _sdpa_plans(rec: dict) -> list | None:
         try:
             w = Workload.from_record(dict(rec, **{"pass": p}))
             plans.append(plan_for(family, p, w, **sdpa_record_config(family, p, rec)))
+        except ValueError:
+            return None
+    return plans
+
+
+def _unfused_plans(rec: dict) -> list | None:
+    """The plans of a record of PyTorch's unfused attention (``sdpa-math``, ``eager``: their
+    kernel sequences, `sim.plans.textbook.UNFUSED_SCHEDULES`), or None where the sequence is
+    not modelled (masks other than causal, dropout, GQA: `sim.counts.check_naive_variant`)."""
+    from ..workload import Workload
+    passes = ("fwd", "bwd") if rec.get("pass") == "fwd+bwd" else (rec.get("pass"),)
+    plans = []
+    for p in passes:
+        try:
+            w = Workload.from_record(dict(rec, **{"pass": p}))
+            plans.append(plan_for(rec["kernel"], p, w))
         except ValueError:
             return None
     return plans

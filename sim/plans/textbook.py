@@ -18,7 +18,8 @@ from ..plan import Access, KernelPlan, Matmul, Plan
 from ..profiles import load_profile
 from ..workload import SCHEDULES, Schedule, Workload, resolve_blocks, sram_bytes_per_block
 
-__all__ = ["textbook_plan", "naive_plan", "flash1_plan", "flash2_plan", "PASS_PLANNERS"]
+__all__ = ["textbook_plan", "naive_plan", "flash1_plan", "flash2_plan", "PASS_PLANNERS",
+           "UNFUSED_SCHEDULES"]
 
 
 def _matmul_unit(w: Workload, schedule: Schedule) -> str:
@@ -128,3 +129,23 @@ PASS_PLANNERS = {(name, p): _for_pass(name, p) for name in SCHEDULES for p in ("
 naive_fwd_plan, naive_bwd_plan = PASS_PLANNERS["naive", "fwd"], PASS_PLANNERS["naive", "bwd"]
 flash1_fwd_plan, flash1_bwd_plan = PASS_PLANNERS["flash1", "fwd"], PASS_PLANNERS["flash1", "bwd"]
 flash2_fwd_plan, flash2_bwd_plan = PASS_PLANNERS["flash2", "fwd"], PASS_PLANNERS["flash2", "bwd"]
+
+#: PyTorch's unfused attention as the textbook's naive schedule with the kernel sequence it runs
+#: (`sim.counts.naive_variant_kernels`): the MATH SDPA backend (everything in float32 on CUDA
+#: cores) and eager attention (its GEMMs on the tensor cores). Results records name them
+#: ``sdpa-math`` and ``eager``.
+UNFUSED_SCHEDULES = {"sdpa-math": Schedule("naive", matmul_unit="cuda", variant="math"),
+                     "eager": Schedule("naive", matmul_unit="tensor", variant="eager")}
+
+
+def _unfused(name: str, pass_: str):
+    def planner(workload: Workload, **options) -> Plan:
+        plan = textbook_plan(workload, UNFUSED_SCHEDULES[name], pass_=pass_, **options)
+        return Plan(name, plan.pass_, plan.workload, plan.kernels, plan.config, plan.tensor_bytes)
+    planner.__name__ = f"{name.replace('-', '_')}_{pass_}_plan"
+    planner.__doc__ = f"PyTorch's ``{name}`` attention, pass ``{pass_}``, as its kernel sequence."
+    return planner
+
+
+sdpa_math_fwd_plan, sdpa_math_bwd_plan = _unfused("sdpa-math", "fwd"), _unfused("sdpa-math", "bwd")
+eager_fwd_plan, eager_bwd_plan = _unfused("eager", "fwd"), _unfused("eager", "bwd")
