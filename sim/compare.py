@@ -62,7 +62,8 @@ and DRAM bytes in the per-kernel table (``family`` sdpa-flash, sdpa-efficient, s
 the targets' headline rows keep their scopes (global bytes and FLOPs: our kernel).
 
 How records are modelled: a record of a kernel family with a plan (`sim.plans.plans_for_record`:
-our tensor-core and CUDA-core families, SDPA FLASH and EFFICIENT, cuDNN's forward) is priced
+our tensor-core and CUDA-core families, SDPA FLASH and EFFICIENT, cuDNN's forward, MATH and
+eager as their kernel sequences) is priced
 from the plans of the kernels it launches (``model_source`` "plan"); the calibrated times, and
 every other record, come from `model_for_record`: our kernel (``ioaware-numba``) as ``flash2`` with
 its block sizes, matmuls on CUDA cores with the register micro-tiles the launch used
