@@ -51,3 +51,17 @@ def tile_figure(key: tuple, _cells, _measured, pick, best, predicted_title: str,
     return figures.tile_heatmaps(_cells, _measured, pick=pick, best=best,
                                  predicted_title=predicted_title, measured_title=measured_title,
                                  title=title)
+
+
+@st.cache_resource(max_entries=128, show_spinner=False)
+def error_figure(digest: str, profile: str, l2: str, filters: tuple, _points):
+    """The predicted time's error against N (`figures.error_against_n`), cached like
+    `measured_view`."""
+    return figures.error_against_n(_points, data.FAMILY_LABELS)
+
+
+@st.cache_resource(max_entries=128, show_spinner=False)
+def measured_roofline(digest: str, model: str, l2: str, filters: tuple, profile: str, _points):
+    """The measured records' roofline (`figures.measured_roofline`) under ``profile``'s
+    datasheet bound, cached like `measured_view`."""
+    return figures.measured_roofline(_points, data.roofline_ceilings(profile), data.FAMILY_LABELS)

@@ -1,7 +1,13 @@
 """Everything the dashboard computes, kept apart from its layout: the one place that calls the
 cost model (``sim``), so that a change of the model's interface touches this file only.
 
+* the one predicted time: a plan (the kernels a schedule or a measured implementation
+  launches) priced at the chosen rates, datasheet or measured (``rated_profile``,
+  ``schedule_time``, ``rates_label``), the schedule model's roofline at peak rates only where
+  nothing has a plan, and then named as the bound it is;
 * model tables: the three schedules side by side, the N sweep;
+* scaling, measured: each implementation's time and TFLOP/s against N from a results file,
+  beside its priced plan (``scaling_measured``, ``attention_flops``);
 * block sizes: every legal tile configuration of a kernel family priced by the model that picks
   the kernels' tiles (``sim.plans``, ``sim.plan.price``), beside the tile times a sweep measured
   (``tile_plane``, ``load_tile_sweep``, ``measured_tiles``, ``tile_verdict``);
@@ -9,7 +15,8 @@ cost model (``sim``), so that a change of the model's interface touches this fil
   into steps by ``dashboard.walk``;
 * results files: listing, validating (every problem listed, not just the first), loading,
   provenance, the format description and an example file; the join of measured records with the
-  model's predictions, and the trace replay of that join in the background with progress;
+  model's predictions (per kernel, against N, as roofline points), and the trace replay of that
+  join in the background with progress;
 * measuring on this machine: the GPU probe and the sweep's configurations.
 
 Functions take plain values (ints, strings, tuples) so that they are cheap to hash for
@@ -209,6 +216,69 @@ def _predict(workload, schedule, profile, l2: str = "analytic", calibration=None
     return {k: v for k, v in d.items() if not isinstance(v, (dict, list, tuple))}
 
 
+# -- the one predicted time: a plan priced with the chosen rates ---------------------------------
+#: How a predicted time was obtained: a plan (the kernels a schedule or kernel launches) priced by
+#: `sim.plan.price` at the chosen rates, or, where nothing has a plan, the schedule model's
+#: roofline at the GPU's peak rates (a bound, not a forecast).
+PRICED_BY_PLAN = "plan"
+PRICED_BY_ROOFLINE = "roofline"
+
+
+def rated_profile(profile: str, custom: tuple | None = None, rates: bytes | None = None):
+    """``(GPUProfile, error)``: the profile carrying the measured rates of ``rates`` (a rates
+    file's bytes, ``python -m benchmarks rates``) when given and usable; ``error``: one line
+    saying why a given rates file was not used (then the datasheet profile), else None."""
+    prof = _profile(profile, custom)
+    if rates is None:
+        return prof, None
+    try:
+        return importlib.import_module("sim.profiles").load_profile(
+            prof, rates=json.loads(rates.decode("utf-8"))), None
+    except (ValueError, TypeError, KeyError, UnicodeDecodeError, FileNotFoundError) as exc:
+        return prof, plain_reason(exc)
+
+
+def rates_label(rates: str) -> str:
+    """``"datasheet rates"`` -> ``"Predicted from datasheet rates"``: what every predicted time
+    is called on the pages."""
+    return f"Predicted from {rates}"
+
+
+def rates_metric_label(rates: str) -> str:
+    """The short form of :func:`rates_label` for a metric's label: ``"Predicted (datasheet
+    rates)"``."""
+    return f"Predicted ({rates})"
+
+
+def priced_by_text(time_from: str, rates: str) -> str:
+    """How one predicted time was obtained, as a table cell."""
+    if time_from == PRICED_BY_PLAN:
+        return f"plan, {rates}"
+    return "roofline at peak rates (a bound)"
+
+
+def schedule_time(workload, schedule: str, prof) -> dict | None:
+    """A textbook schedule's plan (`sim.plans.plan_for`, every pass of ``workload``) priced on
+    ``prof`` (`sim.plan.price`): ``{"time_ms", "rates" ("datasheet rates" or "measured rates"),
+    "bound" (what limits its slowest kernel), "global_bytes", "dram_bytes", "flops"}``, or None
+    where the model has no plan for it (then the schedule model's roofline stands in)."""
+    plans = importlib.import_module("sim.plans")
+    plan_mod = importlib.import_module("sim.plan")
+    costs = []
+    try:
+        for p in workload.passes:
+            plan = plans.plan_for(schedule, p, workload.replace(pass_=p), profile=prof)
+            costs.append(plan_mod.price(plan, prof))
+    except (ValueError, TypeError, KeyError):
+        return None
+    slowest = max((k for c in costs for k in c.kernels), key=lambda k: k.time_s)
+    return {"time_ms": sum(c.time_ms for c in costs), "rates": _costs_rates(costs),
+            "bound": PLAN_BOUND_LABELS.get(slowest.bound, slowest.bound),
+            "global_bytes": sum(c.global_bytes for c in costs),
+            "dram_bytes": sum(c.dram_bytes for c in costs),
+            "flops": sum(c.flops for c in costs)}
+
+
 NO_CALIBRATION = "(none)"
 
 
@@ -233,14 +303,23 @@ def _ceilings(profile, dtype: str) -> dict:
             "fp32_peak": float(profile.fp32_flops_per_s)}
 
 
-def _row(schedule: str, pred: dict) -> dict:
-    """One schedule's prediction with the derived presentation columns."""
+def _row(schedule: str, pred: dict, priced: dict | None = None) -> dict:
+    """One schedule's prediction with the derived presentation columns. ``priced``: the
+    schedule's plan priced (:func:`schedule_time`), or None: then the predicted time is the
+    schedule model's roofline at peak rates."""
     row = {"schedule": schedule, **pred}
     row["global_bytes"] = pred["hbm_read_bytes"] + pred["hbm_write_bytes"]
     row["dram_bytes"] = pred["dram_read_bytes"] + pred["dram_write_bytes"]
     row["intensity_global"] = pred["flops"] / max(1, row["global_bytes"])    # FLOP / byte
     row["intensity_dram"] = pred["flops"] / max(1, row["dram_bytes"])
-    row["achieved_flops"] = pred["flops"] / (pred["predicted_ms"] * 1e-3)   # FLOP / s
+    if priced is not None:
+        row.update(time_ms=priced["time_ms"], time_from=PRICED_BY_PLAN, rates=priced["rates"],
+                   plan_bound=priced["bound"])
+    else:
+        row.update(time_ms=pred["predicted_ms"], time_from=PRICED_BY_ROOFLINE,
+                   rates="datasheet rates",
+                   plan_bound=BOUND_LABELS.get(pred.get("bound"), pred.get("bound")))
+    row["achieved_flops"] = pred["flops"] / (row["time_ms"] * 1e-3)   # FLOP / s, predicted
     return row
 
 
@@ -255,20 +334,33 @@ def estimated_trace_seconds(seq_len: int, batch: int, heads: int, passes: int = 
 def compare_schedules(seq_len: int, head_dim: int, batch: int, heads: int, dtype: str,
                       pass_: str, causal: bool, density: float, profile: str,
                       custom: tuple | None = None, l2: str = "analytic",
-                      calibrate_on: str | None = None, window: int = 0) -> tuple[pd.DataFrame, dict]:
+                      calibrate_on: str | None = None, window: int = 0,
+                      rates: bytes | None = None) -> tuple[pd.DataFrame, dict]:
     """naive, flash1 and flash2 (default block sizes) for one workload on one profile.
 
     Returns ``(table, ceilings)``: one row per schedule with the model's prediction
-    (``to_dict()`` keys) plus ``global_bytes``, ``dram_bytes``, arithmetic intensities
-    (FLOP/byte) and the roofline-implied FLOP/s; ``ceilings`` for the roofline chart.
-    ``calibrate_on``: the results file (a name of :func:`results_choices`) the calibrated time
-    is fitted on, passed to sim.predict as its ``calibration``; None: no calibrated time.
+    (``to_dict()`` keys: ``predicted_ms`` is the schedule model's roofline at peak rates) plus
+    ``global_bytes``, ``dram_bytes``, arithmetic intensities (FLOP/byte), the one predicted
+    time ``time_ms`` (the schedule's plan priced at the chosen rates, :func:`schedule_time`;
+    the roofline where there is no plan), ``time_from`` (:data:`PRICED_BY_PLAN` or
+    :data:`PRICED_BY_ROOFLINE`), ``rates``, ``plan_bound`` (what limits it) and the FLOP/s
+    ``time_ms`` implies; ``ceilings``: the profile's datasheet ceilings for the roofline chart,
+    with ``rates`` (how the times were priced) and ``rates_error`` (why a rates file given as
+    ``rates``, its bytes, was not used). ``calibrate_on``: the results file (a name of
+    :func:`results_choices`) the calibrated time is fitted on, passed to sim.predict as its
+    ``calibration``; None: no calibrated time.
     """
-    prof = _profile(profile, custom)
+    prof, rates_error = rated_profile(profile, custom, rates)
     wl = _workload(seq_len, head_dim, batch, heads, dtype, pass_, causal, density, window)
     cal = calibration_path(calibrate_on)
-    rows = [_row(name, _predict(wl, _schedule(name), prof, l2, cal)) for name in SCHEDULES]
-    return pd.DataFrame(rows), _ceilings(prof, dtype)
+    rows = [_row(name, _predict(wl, _schedule(name), prof, l2, cal),
+                 schedule_time(wl, name, prof)) for name in SCHEDULES]
+    table = pd.DataFrame(rows)
+    priced = table[table["time_from"] == PRICED_BY_PLAN]
+    ceilings = _ceilings(prof, dtype)
+    ceilings.update(rates=priced["rates"].iloc[0] if not priced.empty else "datasheet rates",
+                    rates_error=rates_error, all_planned=len(priced) == len(table))
+    return table, ceilings
 
 
 def schedule_table(table: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
@@ -296,51 +388,75 @@ def schedule_table(table: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
         "sram_bytes_per_block": Col("On-chip memory per block", "bytes",
                                     "Shared memory one thread block needs for its tiles."),
         "blocks_per_sm": Col("Blocks per SM", "count"),
-        "predicted_ms": Col(ROOFLINE, "ms", "The slowest of DRAM, L2, shared-memory and compute "
-                                            "time at the GPU's peak rates: a lower bound, not a "
-                                            "forecast of the measured time."),
+        "time_ms": Col(time_label(table), "ms", "The model's time: each kernel of the schedule's "
+                       "plan priced at these rates (the slowest of its DRAM, L2, shared-memory "
+                       "and compute times, stretched by how evenly its thread blocks fill the "
+                       "SMs). Datasheet rates are peaks real kernels do not reach: a measured "
+                       "time is longer."),
         "predicted_ms_calibrated": Col("Calibrated time", "ms", "The roofline with efficiency "
                                        "factors fitted on the chosen results file."),
-        "bound": Col("Bound by"),
+        "plan_bound": Col("Limited by"),
+        "time_from": Col("Time from"),
         "l2_model": Col("DRAM bytes from"),
     }
+    df["time_from"] = [priced_by_text(f, r) for f, r in zip(df["time_from"], df["rates"])]
     if "predicted_ms_calibrated" not in df or df["predicted_ms_calibrated"].isna().all():
         cols.pop("predicted_ms_calibrated")
+    if df["time_from"].nunique() == 1:      # the header says it
+        cols.pop("time_from")
     return df, cols
+
+
+def time_label(table: pd.DataFrame) -> str:
+    """The header of a column of predicted times: ``"Predicted from datasheet rates"`` when
+    every row is a priced plan, else one that names the roofline too."""
+    if (table["time_from"] == PRICED_BY_PLAN).all():
+        return rates_label(str(table["rates"].iloc[0]))
+    if (table["time_from"] == PRICED_BY_ROOFLINE).all():
+        return ROOFLINE
+    return "Predicted time"
 
 
 def model_notes() -> str:
     """How the model prices time, in one paragraph."""
-    return ("The roofline bound at peak rates is, per kernel, the slowest of: DRAM bytes / DRAM "
-            "bandwidth, global bytes / L2 bandwidth, shared-memory bytes / its bandwidth, matmul "
-            "FLOPs / matmul peak and other FLOPs / CUDA-core peak, stretched by how evenly the "
-            "thread blocks fill the SMs. Real kernels reach a fraction of peak, so measured "
-            "times are longer; a calibrated time (choose a results file under *Calibrate time "
-            "on*) scales each level by efficiencies fitted on that file's measurements of the "
-            "same GPU and kernel.")
+    return ("The predicted time prices each kernel of the schedule's plan: per kernel the "
+            "slowest of DRAM bytes / DRAM rate, global bytes / L2 rate, shared-memory bytes / "
+            "its rate, matmul FLOPs / matmul rate and other FLOPs / CUDA-core rate, stretched by "
+            "how evenly the thread blocks fill the SMs. With datasheet rates it is the roofline "
+            "at the GPU's peaks, a lower bound: real kernels reach a fraction of them, so "
+            "measured times are longer. A rates file measured on the GPU prices it at the rates "
+            "it reaches; a calibrated time (choose a results file under *Calibrate time on*) "
+            "scales each level by efficiencies fitted on that file's measurements of the same "
+            "GPU and kernel.")
 
 
 @st.cache_data(show_spinner=False, max_entries=128)
 def scaling(seq_lens: tuple[int, ...], head_dim: int, batch: int, heads: int, dtype: str,
             pass_: str, causal: bool, density: float, profile: str,
-            custom: tuple | None = None, window: int = 0) -> tuple[pd.DataFrame, pd.DataFrame]:
+            custom: tuple | None = None, window: int = 0,
+            rates: bytes | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The three schedules over ``seq_lens``; returns ``(table, bounds)``.
 
-    ``table``: one row per (N, schedule) with global/DRAM bytes, the roofline time and the extra
-    memory the schedule allocates beyond Q, K, V and O (``extra_memory_bytes``).
+    ``table``: one row per (N, schedule) with global/DRAM bytes, the predicted time (``time_ms``,
+    ``time_from``, ``rates``: as :func:`compare_schedules`, ``rates`` a rates file's bytes),
+    the roofline at peak rates (``predicted_ms``) and the extra memory the schedule allocates
+    beyond Q, K, V and O (``extra_memory_bytes``).
     ``bounds``: per N, the papers' Θ(Nd + N²) (standard attention) and Θ(N²d²/M) (FlashAttention,
     M = shared memory per block in elements) curves, each scaled to equal the model's naive /
     flash1 global bytes at the smallest N (only the shape is the papers'; the constant is not).
     """
-    prof = _profile(profile, custom)
+    prof, _error = rated_profile(profile, custom, rates)
     rows = []
     for n in seq_lens:
         wl = _workload(n, head_dim, batch, heads, dtype, pass_, causal, density,
                        window if window < n else 0)
         for name in SCHEDULES:
-            row = _row(name, _predict(wl, _schedule(name), prof, "analytic"))
+            row = _row(name, _predict(wl, _schedule(name), prof, "analytic"),
+                       schedule_time(wl, name, prof))
             rows.append({"seq_len": n, "schedule": name, "global_bytes": row["global_bytes"],
-                         "dram_bytes": row["dram_bytes"], "predicted_ms": row["predicted_ms"],
+                         "dram_bytes": row["dram_bytes"], "time_ms": row["time_ms"],
+                         "time_from": row["time_from"], "rates": row["rates"],
+                         "predicted_ms": row["predicted_ms"],
                          "extra_memory_bytes": _extra_memory(row, wl)})
     table = pd.DataFrame(rows)
     n = np.asarray(seq_lens, dtype=float)
@@ -357,11 +473,12 @@ def scaling(seq_lens: tuple[int, ...], head_dim: int, batch: int, heads: int, dt
     return table, bounds
 
 
-def scaling_columns() -> dict:
+def scaling_columns(table: pd.DataFrame | None = None) -> dict:
     from dashboard.fmt import Col
+    label = time_label(table) if table is not None and not table.empty else "Predicted time"
     return {"seq_len": Col("N", "count"), "schedule": Col("Schedule"),
             "global_bytes": Col("Global memory", "bytes"), "dram_bytes": Col("DRAM", "bytes"),
-            "predicted_ms": Col(ROOFLINE, "ms"),
+            "time_ms": Col(label, "ms"),
             "extra_memory_bytes": Col("Memory beyond Q, K, V, O", "bytes")}
 
 
@@ -374,6 +491,225 @@ def _extra_memory(row: dict, w) -> float:
     if row["schedule"] == "naive":
         return float(2 * rows * w.seq_len_k * w.dtype_bytes)
     return float(rows * 4 * (2 if row["schedule"] == "flash1" else 1))
+
+
+# ------------------------------------------------------------------------------------------------
+# Scaling, measured: each implementation's time and TFLOP/s against N, beside its priced plan
+# ------------------------------------------------------------------------------------------------
+#: The implementations a benchmark file times, in the order the pages list them.
+IMPLEMENTATIONS = ("ioaware-numba/mma", "ioaware-numba/tf32", "ioaware-numba", "sdpa-flash",
+                   "sdpa-cudnn", "sdpa-efficient", "sdpa-math", "eager")
+
+
+def _bench_flops(batch, heads, seq_len_q, seq_len_k, head_dim, causal, pass_) -> float:
+    # the benchmarks' convention, for installations without the benchmarks package
+    f = 4.0 * batch * heads * seq_len_q * seq_len_k * head_dim * (0.5 if causal else 1.0)
+    return f * {"fwd": 1.0, "bwd": 2.5, "fwd+bwd": 3.5}[pass_]
+
+
+def attention_flops(batch: int, heads: int, seq_len_q: int, seq_len_k: int, head_dim: int,
+                    causal: bool, pass_: str) -> float:
+    """The FLOPs a benchmark file's TFLOP/s counts (``benchmarks.common.attention_flops``: 4 B H
+    Nq Nk d per forward, halved when causal, the backward 2.5 forwards, forward + backward
+    3.5): the useful work of the problem, the same for every implementation, so that TFLOP/s
+    compare as 1 / time does."""
+    try:
+        fn = importlib.import_module("benchmarks.common").attention_flops
+    except Exception:  # noqa: BLE001 - the same count without the benchmarks package
+        fn = _bench_flops
+    return float(fn(batch, heads, seq_len_q, seq_len_k, head_dim, bool(causal), pass_))
+
+
+def record_family(rec) -> str:
+    """A results record's implementation: its ``kernel``, with our kernels' variant
+    (``ioaware-numba/mma``, ``ioaware-numba/tf32``; the CUDA-core kernels are plain
+    ``ioaware-numba``), as :data:`FAMILY_LABELS` names them."""
+    kernel = str(rec.get("kernel"))
+    if kernel != "ioaware-numba":
+        return kernel
+    variant = rec.get("variant") or ("mma" if rec.get("implementation") == "kernels.flash_mma_fwd"
+                                     else "simt")
+    return kernel if variant == "simt" else f"{kernel}/{variant}"
+
+
+def _impl_order(key: str) -> tuple:
+    return (IMPLEMENTATIONS.index(key) if key in IMPLEMENTATIONS else len(IMPLEMENTATIONS), key)
+
+
+def _combo_text(head_dim, dtype, causal, pass_) -> str:
+    return (f"d = {head_dim}, {dtype}, {'causal' if causal else 'not causal'}, "
+            f"{PASS_LABELS.get(pass_, pass_)}")
+
+
+def _file_combos(records: list) -> str:
+    """What a results file measures, in one line: its head dims, dtypes, masks and passes."""
+    def listed(values, show=str):
+        order = sorted(values, key=lambda v: (0, v, "") if isinstance(v, (int, float))
+                       else (1, 0, str(v)))
+        return ", ".join(show(v) for v in order)
+    ds = {r.get("head_dim") for r in records}
+    dts = {r.get("dtype") for r in records}
+    cs = {bool(r.get("causal")) for r in records}
+    ps = {r.get("pass") for r in records}
+    return (f"d {listed(ds)} · {listed(dts)} · "
+            f"{listed(cs, lambda c: 'causal' if c else 'not causal')} · "
+            f"{listed(ps, lambda p: PASS_LABELS.get(p, p))}")
+
+
+def _plan_cost(rec: dict, prof) -> tuple[float, str] | None:
+    """``(time_ms, rates text)`` of a record's plans (`sim.plans.plans_for_record`) priced on
+    ``prof``, or None where no plan prices it."""
+    plans_mod = importlib.import_module("sim.plans")
+    plan_mod = importlib.import_module("sim.plan")
+    try:
+        plans = plans_mod.plans_for_record(rec)
+        if not plans:
+            return None
+        costs = [plan_mod.price(pl, prof) for pl in plans]
+    except (ValueError, TypeError, KeyError):
+        return None
+    return sum(c.time_ms for c in costs), _costs_rates(costs)
+
+
+_SHAPE_FIELDS = ("batch", "heads", "heads_kv", "seq_len_q", "seq_len_k")
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def scaling_measured(digest: str, head_dim: int, dtype: str, causal: bool, pass_: str,
+                     profile: str | None = None, rates: bytes | None = None,
+                     _records: list | None = None) -> dict:
+    """A results file's times against N for one (head dim, dtype, mask, pass), one series per
+    implementation, beside the model's prediction for each (``digest`` identifies ``_records``,
+    the file's records with their provenance, for the cache). Returns a dict:
+
+    * ``measured``: one row per (implementation, N): ``impl`` (:func:`record_family`),
+      ``seq_len``, ``batch``, ``heads``, ``time_ms`` (the fastest where the file times several
+      configurations of it: ``configs`` says how many), ``tflops`` (:func:`attention_flops` /
+      time, as the file's benchmark counts them);
+    * ``predicted``: one row per (implementation, N) a plan prices: the same key and shape,
+      ``time_ms`` (`sim.plans.plans_for_record` of a record of that implementation at that N,
+      priced by `sim.plan.price` on the profile, with the rates file's measured rates where it
+      is usable) and ``tflops`` (the same FLOPs / that time);
+    * ``no_plan``: implementations measured here that no plan prices;
+    * ``profile`` / ``gpu``: what the model priced (the profile of the file's GPU; ``profile``,
+      the sidebar's, where none matches: ``profile_guessed``), ``rates`` ("datasheet rates" /
+      "measured rates"), ``rates_error``;
+    * ``empty``: None, or the one line that says the file has no such records and what it has.
+
+    The record priced at each N is the implementation's own measured record there (the fastest
+    configuration) or, at an N where it was not measured, its record at the nearest N with the
+    shape (batch, heads) the file used at that N: what "this implementation at N" means."""
+    records = [r for r in (_records or []) if r.get("kernel")]
+    out = {"measured": pd.DataFrame(columns=["impl", "seq_len", "batch", "heads", "time_ms",
+                                             "tflops", "configs"]),
+           "predicted": pd.DataFrame(columns=["impl", "seq_len", "batch", "heads", "time_ms",
+                                              "tflops", "rates"]),
+           "no_plan": [], "profile": profile, "gpu": "", "rates": "datasheet rates",
+           "rates_error": None, "profile_guessed": False, "empty": None}
+    gpu = str(((records[0].get("provenance") or {}) if records else {}).get("gpu") or "")
+    out["gpu"] = gpu
+    sel = [r for r in records
+           if r.get("head_dim") == head_dim and r.get("dtype") == dtype
+           and bool(r.get("causal")) == bool(causal) and r.get("pass") == pass_
+           and isinstance(r.get("time_ms"), (int, float)) and r["time_ms"] > 0
+           and (r.get("seq_len_k") in (None, r.get("seq_len_q")))]
+    if not sel:
+        out["empty"] = (f"has no records of {_combo_text(head_dim, dtype, causal, pass_)}; it "
+                        f"measures {_file_combos(records)}." if records else "holds no records.")
+        return out
+    # the measured series: the fastest record per (implementation, N)
+    best: dict = {}
+    counts: dict = {}
+    for r in sel:
+        key = (record_family(r), int(r["seq_len_q"]))
+        counts[key] = counts.get(key, 0) + 1
+        if key not in best or r["time_ms"] < best[key]["time_ms"]:
+            best[key] = r
+    rows = []
+    for (impl, n), r in sorted(best.items(), key=lambda kv: (_impl_order(kv[0][0]), kv[0][1])):
+        fl = attention_flops(r["batch"], r["heads"], n, r.get("seq_len_k") or n, head_dim,
+                             causal, pass_)
+        rows.append({"impl": impl, "seq_len": n, "batch": int(r["batch"]),
+                     "heads": int(r["heads"]), "time_ms": float(r["time_ms"]),
+                     "tflops": fl / (float(r["time_ms"]) * 1e-3) / 1e12,
+                     "configs": counts[(impl, n)]})
+    out["measured"] = pd.DataFrame(rows)
+    # the model: each implementation's plan at every N of the file, on its GPU's profile
+    name = profile_for_gpu(gpu) if gpu else None
+    if name is None:
+        name, out["profile_guessed"] = profile or default_profile_name(), True
+    out["profile"] = name
+    prof, out["rates_error"] = rated_profile(name, None, rates)
+    shape = {}
+    for r in sel:
+        shape.setdefault(int(r["seq_len_q"]), {k: r.get(k) for k in _SHAPE_FIELDS})
+    preds, rates_seen = [], set()
+    for impl in sorted({k[0] for k in best}, key=_impl_order):
+        own = {n: r for (i, n), r in best.items() if i == impl}
+        for n in sorted(shape):
+            near = own.get(n) or own[min(own, key=lambda m: (abs(math.log(m / n)), m))]
+            rec = {**near, **shape[n]} if n not in own else dict(near)
+            priced = _plan_cost(rec, prof)
+            if priced is None:
+                continue
+            t, how = priced
+            rates_seen.add(how)
+            fl = attention_flops(rec["batch"], rec["heads"], n, rec.get("seq_len_k") or n,
+                                 head_dim, causal, pass_)
+            preds.append({"impl": impl, "seq_len": n, "batch": int(rec["batch"]),
+                          "heads": int(rec["heads"]), "time_ms": t,
+                          "tflops": fl / (t * 1e-3) / 1e12, "rates": how})
+    if preds:
+        out["predicted"] = pd.DataFrame(preds)
+    out["rates"] = "measured rates" if "measured rates" in rates_seen else "datasheet rates"
+    planned = set(out["predicted"]["impl"])
+    out["no_plan"] = [i for i in sorted({k[0] for k in best}, key=_impl_order) if i not in planned]
+    return out
+
+
+def scaling_at(result: dict, seq_len: int) -> pd.DataFrame:
+    """The measured and predicted time and TFLOP/s of every implementation at one N (the
+    sidebar's): ``impl``, ``measured_ms``, ``predicted_ms``, ``measured_tflops``,
+    ``predicted_tflops``, ``ratio`` (predicted / measured time); empty where the file measured
+    nothing at that N."""
+    m = result["measured"]
+    m = m[m["seq_len"] == seq_len]
+    if m.empty:
+        return pd.DataFrame(columns=["impl", "measured_ms", "predicted_ms", "measured_tflops",
+                                     "predicted_tflops", "ratio"])
+    p = result["predicted"]
+    p = p[p["seq_len"] == seq_len].set_index("impl")
+    rows = []
+    for _, r in m.iterrows():
+        pm = float(p.loc[r["impl"], "time_ms"]) if r["impl"] in p.index else np.nan
+        pt = float(p.loc[r["impl"], "tflops"]) if r["impl"] in p.index else np.nan
+        rows.append({"impl": r["impl"], "measured_ms": r["time_ms"], "predicted_ms": pm,
+                     "measured_tflops": r["tflops"], "predicted_tflops": pt,
+                     "ratio": pm / r["time_ms"]})
+    return pd.DataFrame(rows)
+
+
+def scaling_measured_table(result: dict) -> tuple[pd.DataFrame, dict]:
+    """The measured and predicted series side by side, one row per (implementation, N):
+    ``(DataFrame, {column: fmt.Col})``."""
+    from dashboard.fmt import Col
+
+    m = result["measured"].rename(columns={"time_ms": "measured_ms", "tflops": "measured_tflops"})
+    p = result["predicted"][["impl", "seq_len", "time_ms", "tflops"]].rename(
+        columns={"time_ms": "predicted_ms", "tflops": "predicted_tflops"})
+    df = m.merge(p, on=["impl", "seq_len"], how="left")
+    df["impl"] = df["impl"].map(family_label)
+    pred = rates_label(result["rates"])
+    cols = {"impl": Col("Implementation"), "seq_len": Col("N", "count"),
+            "batch": Col("Batch", "count"), "heads": Col("Heads", "count"),
+            "measured_ms": Col("Measured", "ms"), "predicted_ms": Col(pred, "ms"),
+            "measured_tflops": Col("Measured TFLOP/s", "num"),
+            "predicted_tflops": Col(f"TFLOP/s {pred[0].lower()}{pred[1:]}", "num")}
+    if (df["configs"] > 1).any():
+        cols["configs"] = Col("Configurations timed", "count",
+                              "The file times several configurations (tiles) of this "
+                              "implementation here; the fastest is shown.")
+    return df, cols
 
 
 # ------------------------------------------------------------------------------------------------
@@ -785,7 +1121,10 @@ METRIC_LABELS = {
                      "Compute's load + store bytes"),
     "dram_bytes": ("DRAM bytes", "DRAM bytes read + written against Nsight Compute's"),
     "flops": ("FLOPs", "FLOPs against the executed floating-point instructions"),
-    "time_raw": (ROOFLINE, "time: the roofline bound at peak rates against the median time"),
+    "time_raw": ("Predicted time", "time: the plan of the kernels the record ran, priced at the "
+                 "chosen rates (datasheet peaks unless a rates file is chosen), where a plan "
+                 "prices it, else the roofline at peak rates (a bound), against the median "
+                 "measured time"),
     "time_calibrated": ("Calibrated time", "time: the roofline with efficiencies fitted per "
                         "kernel on these records (in-sample)"),
     "time_heldout": ("Calibrated time, held out", "time: efficiencies fitted on the kernel's "
@@ -799,22 +1138,156 @@ def compared_metrics() -> dict:
             for m, spec in importlib.import_module("sim.compare").METRICS.items()}
 
 
-def _join(records: list, profile: str, l2: str, progress=None, workers=None) -> dict:
+def _join(records: list, profile: str, l2: str, progress=None, workers=None,
+          rates_path: str | None = None) -> dict:
     cmp = importlib.import_module("sim.compare")
-    df = cmp.compare(list(records), profile, l2=l2, progress=progress, workers=workers)
+    df = cmp.compare(list(records), profile, l2=l2, progress=progress, workers=workers,
+                     rates=[rates_path] if rates_path else None)
     df = df.drop(columns=[c for c in ("efficiency",) if c in df])
     return {"records": df, "summary": cmp.summary(df), "blocks": cmp.block_size_check(df),
             "l2": l2}
 
 
 @st.cache_resource(show_spinner=False, max_entries=16)
-def compare_measured(digest: str, profile: str, _records: list) -> dict:
+def compare_measured(digest: str, profile: str, _records: list, rates_path: str | None = None
+                     ) -> dict:
     """Join measured records with the model's predictions on ``profile``, DRAM bytes from the
-    analytic L2 estimate. ``digest`` identifies the records for the cache. Returns
-    ``{"records": DataFrame (one row per record: key fields, measured_/predicted_/rel_error_
-    per metric), "summary", "blocks", "l2"}`` (shared: do not mutate). In this process: the
-    analytic estimate takes about a millisecond a record, less than starting worker processes."""
-    return _join(_records, profile, "analytic", workers=1)
+    analytic L2 estimate; records priced from a plan use the measured rates of ``rates_path``
+    (:func:`rates_file_path`) when it was measured on their GPU. ``digest`` identifies the
+    records for the cache. Returns ``{"records": DataFrame (one row per record: key fields,
+    measured_/predicted_/rel_error_ per metric, ``model_source``, ``rates``), "summary",
+    "blocks", "l2"}`` (shared: do not mutate). In this process: the analytic estimate takes
+    about a millisecond a record, less than starting worker processes."""
+    return _join(_records, profile, "analytic", workers=1, rates_path=rates_path)
+
+
+def rates_file_path(rates: bytes | None) -> str | None:
+    """A path holding a rates file's bytes (for `sim.compare`, which reads rates files by
+    path): one file per content in the temporary directory; None without rates."""
+    if rates is None:
+        return None
+    import tempfile
+
+    folder = Path(tempfile.gettempdir()) / "ioaware-dashboard-rates"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{hashlib.sha1(rates).hexdigest()}.json"
+    if not path.exists():
+        path.write_bytes(rates)
+    return str(path)
+
+
+def priced_by(view: pd.DataFrame) -> list[str]:
+    """How each joined record's predicted time was obtained (:func:`priced_by_text`)."""
+    src = view.get("model_source", pd.Series(index=view.index, dtype=object))
+    rates = view.get("rates", pd.Series(index=view.index, dtype=object))
+    return [("—" if not isinstance(s_, str) else
+             priced_by_text(PRICED_BY_PLAN if s_ == "plan" else PRICED_BY_ROOFLINE,
+                            f"{r} rates" if isinstance(r, str) else "datasheet rates"))
+            for s_, r in zip(src, rates)]
+
+
+def plan_priced(view: pd.DataFrame) -> tuple[int, int]:
+    """``(records priced from a plan, of which at measured rates)`` among joined records."""
+    if view.empty or "model_source" not in view:
+        return 0, 0
+    planned = view["model_source"].eq("plan")
+    rated = planned & view["rates"].eq("measured") if "rates" in view else planned & False
+    return int(planned.sum()), int(rated.sum())
+
+
+def error_against_n(view: pd.DataFrame) -> pd.DataFrame:
+    """The predicted time's relative error against N, one row per record of ``view`` (the
+    joined records, filtered): ``family``, ``pass``, ``dtype``, ``head_dim``, ``causal``,
+    ``seq_len`` (the record's N), ``rel_error_time`` ((predicted − measured) / measured; NaN
+    where nothing predicts it), ``priced_by``."""
+    cols = ["family", "pass", "dtype", "head_dim", "causal", "seq_len", "rel_error_time",
+            "priced_by"]
+    if view.empty:
+        return pd.DataFrame(columns=cols)
+    out = pd.DataFrame({"family": view["family"].astype(str), "pass": view["pass"],
+                        "dtype": view["dtype"], "head_dim": view["head_dim"],
+                        "causal": view["causal"].astype(bool),
+                        "seq_len": pd.to_numeric(view["seq_len_q"]).astype(int),
+                        "rel_error_time": pd.to_numeric(view["rel_error_time"], errors="coerce"),
+                        "priced_by": priced_by(view)})
+    return out.reset_index(drop=True)[cols]
+
+
+#: The metrics of the per-family summary, in its column order, with their short names.
+FAMILY_METRICS = {"time_raw": "Predicted time", "global_bytes": "Global bytes",
+                  "dram_bytes": "DRAM bytes", "flops": "FLOPs"}
+
+
+def family_summary(view: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
+    """Per kernel family: how many records, how their time was predicted, and the median and
+    worst |relative error| of each metric of :data:`FAMILY_METRICS` (`sim.compare.summary` per
+    family): ``(DataFrame, {column: fmt.Col})``, metrics without any value left out."""
+    from dashboard.fmt import Col
+
+    cols = {"family": Col("Kernel"), "records": Col("Records", "count"),
+            "priced_by": Col("Time from")}
+    if view.empty:
+        return pd.DataFrame(columns=list(cols)), cols
+    cmp = importlib.import_module("sim.compare")
+    long = cmp.summary(view, by_kernel=True)
+    by = {}
+    for fam, g in view.groupby("family", sort=False):
+        kinds = sorted(set(priced_by(g)) - {"—"})
+        by[fam] = {"family": fam, "records": len(g), "priced_by": "; ".join(kinds) or "—"}
+    for metric in FAMILY_METRICS:
+        part = long[long["metric"] == metric] if not long.empty else long
+        if part.empty:
+            continue
+        label = FAMILY_METRICS[metric]
+        for _, r in part.iterrows():
+            if r["records"] in by:
+                by[r["records"]][f"{metric}_median"] = r["median_abs_err_pct"] / 100.0
+                by[r["records"]][f"{metric}_worst"] = r["max_abs_err_pct"] / 100.0
+        cols[f"{metric}_median"] = Col(f"{label}: median", "pct",
+                                       f"Median |relative error| of {label.lower()}.")
+        cols[f"{metric}_worst"] = Col(f"{label}: worst", "pct",
+                                      f"Largest |relative error| of {label.lower()}.")
+    order = sorted(by, key=_impl_order)
+    df = pd.DataFrame([by[f] for f in order])
+    df["family"] = df["family"].map(family_label)
+    return df, {k: v for k, v in cols.items() if k in df}
+
+
+def roofline_points(view: pd.DataFrame) -> pd.DataFrame:
+    """Each record with measured DRAM bytes, FLOPs and time as a roofline point, measured
+    (achieved, as Nsight Compute draws it: measured FLOPs / measured time against measured FLOPs
+    / measured DRAM bytes) and predicted (the model's FLOPs / its time against its FLOPs / its
+    DRAM bytes): ``record`` (its index in ``view``), ``family``, ``seq_len``, ``pass``,
+    ``dtype``, ``head_dim``, ``causal``, ``measured_intensity``, ``measured_tflops``,
+    ``predicted_intensity``, ``predicted_tflops`` (NaN where the model has no figure)."""
+    cols = ["record", "family", "seq_len", "pass", "dtype", "head_dim", "causal",
+            "measured_intensity", "measured_tflops", "predicted_intensity", "predicted_tflops"]
+    need = ["measured_dram_bytes", "measured_flops", "measured_time_raw"]
+    if view.empty or any(c not in view for c in need):
+        return pd.DataFrame(columns=cols)
+    sel = view[view[need].notna().all(axis=1) & (view["measured_dram_bytes"] > 0)]
+    if sel.empty:
+        return pd.DataFrame(columns=cols)
+
+    def num(c):
+        return pd.to_numeric(sel[c], errors="coerce").astype(float)
+
+    out = pd.DataFrame({
+        "record": sel.index, "family": sel["family"].astype(str),
+        "seq_len": pd.to_numeric(sel["seq_len_q"]).astype(int),
+        "pass": sel["pass"], "dtype": sel["dtype"], "head_dim": sel["head_dim"],
+        "causal": sel["causal"].astype(bool),
+        "measured_intensity": num("measured_flops") / num("measured_dram_bytes"),
+        "measured_tflops": num("measured_flops") / (num("measured_time_raw") * 1e-3) / 1e12,
+        "predicted_intensity": num("predicted_flops") / num("predicted_dram_bytes"),
+        "predicted_tflops": num("predicted_flops") / (num("predicted_time_raw") * 1e-3) / 1e12})
+    return out.reset_index(drop=True)[cols]
+
+
+def roofline_ceilings(profile: str) -> dict:
+    """The datasheet ceilings of ``profile`` for the measured roofline: DRAM bandwidth, the
+    half-precision tensor-core peak and the FP32 peak."""
+    return _ceilings(_profile(profile, None), "fp16")
 
 
 def filter_records(df: pd.DataFrame, filters: dict) -> pd.DataFrame:
@@ -902,12 +1375,15 @@ def records_view(view: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
                    for q, k in zip(df["block_q"], df["block_k"])]
     df["l2_model"] = df.get("l2_model", pd.Series(index=df.index, dtype=object)).map(
         lambda m: L2_LABELS.get(m, m))
+    df["priced_by"] = priced_by(view)
     cols = {"family": Col("Kernel"), "pass": Col("Pass"), "dtype": Col("dtype"),
             "batch": Col("Batch", "count"), "heads": Col("Heads", "count"),
             "seq_len_q": Col("N", "count"), "head_dim": Col("d", "count"),
             "causal": Col("Causal", "bool"), "tiles": Col("Tile"),
             "measured_time_raw": Col("Measured time", "ms"),
-            "predicted_time_raw": Col(ROOFLINE, "ms"),
+            "predicted_time_raw": Col("Predicted time", "ms"),
+            "rel_error_time": Col("Predicted time error", "signed_pct"),
+            "priced_by": Col("Time from"),
             "predicted_time_calibrated": Col("Calibrated time", "ms"),
             "rel_error_time_calibrated": Col("Calibrated time error", "signed_pct"),
             "measured_global_bytes": Col("Global bytes, measured", "bytes"),
@@ -1044,16 +1520,18 @@ def _replay_jobs() -> dict:
     return {"lock": threading.Lock(), "jobs": {}}
 
 
-def replay_job(digest: str, profile: str) -> ReplayJob | None:
-    """The replay job of a results file on a profile, running or finished, or None."""
-    return _replay_jobs()["jobs"].get((digest, profile))
+def replay_job(digest: str, profile: str, rates_path: str | None = None) -> ReplayJob | None:
+    """The replay job of a results file on a profile (and rates), running or finished, or
+    None."""
+    return _replay_jobs()["jobs"].get((digest, profile, rates_path))
 
 
-def start_replay(digest: str, profile: str, records: list, estimate_s: float) -> ReplayJob:
+def start_replay(digest: str, profile: str, records: list, estimate_s: float,
+                 rates_path: str | None = None) -> ReplayJob:
     """Start (or return the running) trace replay of ``records`` on ``profile`` in a background
     thread; the page polls ``replay_job``."""
     reg = _replay_jobs()
-    key = (digest, profile)
+    key = (digest, profile, rates_path)
     with reg["lock"]:
         job = reg["jobs"].get(key)
         if job is not None and job.error is None:
@@ -1068,7 +1546,8 @@ def start_replay(digest: str, profile: str, records: list, estimate_s: float) ->
 
     def run():
         try:
-            job.result = _join(records, profile, "auto", progress=progress)
+            job.result = _join(records, profile, "auto", progress=progress,
+                               rates_path=rates_path)
         except Exception as exc:  # noqa: BLE001 - reported on the page
             job.error = f"{type(exc).__name__}: {exc}"
         finally:
@@ -1159,6 +1638,12 @@ def _rates_text(sources: dict) -> str:
     return "measured rates" if "measured" in sources.values() else "datasheet rates"
 
 
+def _costs_rates(costs) -> str:
+    """:func:`_rates_text` over several priced plans (`sim.plan.PlanCost`)."""
+    return ("measured rates" if any("measured" in c.rate_sources.values() for c in costs)
+            else "datasheet rates")
+
+
 @st.cache_data(show_spinner=False, max_entries=256)
 def tile_plane(family: str, pass_: str, seq_len: int, head_dim: int, batch: int, heads: int,
                dtype: str, causal: bool, profile: str, custom: tuple | None = None,
@@ -1188,16 +1673,10 @@ def tile_plane(family: str, pass_: str, seq_len: int, head_dim: int, batch: int,
            "n_legal": 0, "rates": "datasheet rates", "rate_sources": {}, "rates_error": None,
            "rates_name": rates_name, "profile": profile, "gpu": profile, "partial": False}
     try:
-        prof = _profile(profile, custom)
+        prof, out["rates_error"] = rated_profile(profile, custom, rates)
     except (ValueError, TypeError) as exc:
         out["refused"] = f"The GPU profile is not usable: {plain_reason(exc)}"
         return out
-    if rates is not None:
-        try:
-            prof = importlib.import_module("sim.profiles").load_profile(
-                prof, rates=json.loads(rates.decode("utf-8")))
-        except (ValueError, TypeError, UnicodeDecodeError, FileNotFoundError) as exc:
-            out["rates_error"] = plain_reason(exc)
     out["profile"], out["gpu"] = prof.name, prof.description or prof.name
     try:
         w = _workload(seq_len, head_dim, batch, heads, dtype, pass_, causal, 1.0, window)

@@ -15,6 +15,8 @@ SCHEDULE_COLORS = {"naive": "#d62728", "flash1": "#ff7f0e", "flash2": "#1f77b4"}
 SCHEDULE_LABELS = {"naive": "Standard attention", "flash1": "FlashAttention",
                    "flash2": "FlashAttention-2"}
 ROOFLINE = "roofline bound at peak rates"
+#: The datasheet ceilings of a roofline chart: a bound, not the prediction.
+PEAK_BOUND = "peak-rate bound (datasheet)"
 # No per-figure template: applying one deep-copies it on every figure (~50 ms each); in the app
 # Streamlit's own chart theme styles the figures, and downloads use Plotly's default look.
 
@@ -54,26 +56,35 @@ def schedule_bytes(table: pd.DataFrame) -> go.Figure:
     return _layout(fig, "Bytes moved: global memory and DRAM")
 
 
-def roofline(table: pd.DataFrame, ceilings: dict) -> go.Figure:
-    """Each schedule at (FLOP per DRAM byte, FLOP/s implied by its predicted time) against the
-    profile's DRAM-bandwidth and compute ceilings; hollow markers use global-memory bytes."""
+def _peak_bound(fig: go.Figure, ceilings: dict, xs) -> None:
+    """The datasheet's peak-rate roofline (DRAM bandwidth under the matmul and FP32 peaks, and
+    the L2 estimate), drawn as the bound it is, over the intensities ``xs``."""
     bw, peak, fp32 = ceilings["dram_bandwidth"], ceilings["matmul_peak"], ceilings["fp32_peak"]
-    xs = np.concatenate([table["intensity_dram"], table["intensity_global"]])
+    xs = np.asarray([v for v in xs if np.isfinite(v) and v > 0] or [1.0], dtype=float)
     lo = max(1e-3, min(xs.min() / 4, peak / bw / 100))
     hi = max(xs.max() * 4, peak / bw * 10)
     x = np.geomspace(lo, hi, 200)
-    fig = go.Figure()
     fig.add_trace(go.Scatter(x=x, y=np.minimum(peak, x * bw) / 1e12, mode="lines",
-                             name=f"matmul {peak / 1e12:.0f} TFLOP/s",
-                             line=dict(color="#444")))
+                             name=f"{PEAK_BOUND}: matmul {peak / 1e12:,.0f} TFLOP/s, DRAM "
+                                  f"{bw / 1e12:,.2f} TB/s",
+                             line=dict(color="#444"), hoverinfo="skip"))
     fig.add_trace(go.Scatter(x=x, y=np.minimum(fp32, x * bw) / 1e12, mode="lines",
-                             name=f"fp32 {fp32 / 1e12:.0f} TFLOP/s",
-                             line=dict(color="#999", dash="dash")))
+                             name=f"{PEAK_BOUND}: FP32 {fp32 / 1e12:,.0f} TFLOP/s",
+                             line=dict(color="#999", dash="dash"), hoverinfo="skip"))
     l2 = ceilings.get("l2_bandwidth") or 0.0
     if l2 > 0:
         fig.add_trace(go.Scatter(x=x, y=np.minimum(peak, x * l2) / 1e12, mode="lines",
-                                 name=f"L2 {l2 / 1e12:.0f} TB/s (est.)",
-                                 line=dict(color="#444", dash="dot")))
+                                 name=f"{PEAK_BOUND}: L2 {l2 / 1e12:,.0f} TB/s (an estimate)",
+                                 line=dict(color="#444", dash="dot"), hoverinfo="skip"))
+
+
+def roofline(table: pd.DataFrame, ceilings: dict) -> go.Figure:
+    """Each schedule at (FLOP per DRAM byte, FLOP/s implied by its predicted time ``time_ms``)
+    under the profile's peak-rate bound (datasheet DRAM bandwidth and compute peaks); hollow
+    markers use global-memory bytes."""
+    fig = go.Figure()
+    _peak_bound(fig, ceilings, np.concatenate([table["intensity_dram"],
+                                               table["intensity_global"]]))
     for _, r in table.iterrows():
         color = SCHEDULE_COLORS.get(r["schedule"], "#333")
         y = r["achieved_flops"] / 1e12
@@ -87,9 +98,17 @@ def roofline(table: pd.DataFrame, ceilings: dict) -> go.Figure:
                                  hovertemplate="%{x:.3g} FLOP/B, %{y:.3g} TFLOP/s"))
     fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name="hollow: per global byte",
                              marker=dict(size=11, color="white", line=dict(color="#333", width=2))))
+    rates = ceilings.get("rates", "datasheet rates")
     fig.update_xaxes(type="log", title="arithmetic intensity (FLOP / byte)")
-    fig.update_yaxes(type="log", title="TFLOP/s at the roofline bound")
-    return _layout(fig, f"Roofline: {ceilings['name']}, DRAM {bw / 1e9:,.0f} GB/s", height=420)
+    fig.update_yaxes(type="log", title=f"TFLOP/s predicted ({rates})")
+    return _roofline_layout(fig, f"Roofline: {ceilings['name']}")
+
+
+def _roofline_layout(fig: go.Figure, title: str) -> go.Figure:
+    fig = _layout(fig, title, height=540)
+    fig.update_layout(legend=dict(orientation="h", y=-0.22, yanchor="top"),
+                      margin=dict(b=190))
+    return fig
 
 
 # ------------------------------------------------------------------------------------------------
@@ -232,12 +251,13 @@ def scaling_bytes(table: pd.DataFrame, bounds: pd.DataFrame, mark_n=None) -> go.
     return _layout(fig, "Global-memory traffic against N")
 
 
-def scaling_time(table: pd.DataFrame, mark_n=None) -> go.Figure:
-    """The roofline bound at peak rates against N."""
+def scaling_time(table: pd.DataFrame, mark_n=None, label: str = "predicted time") -> go.Figure:
+    """The model's predicted time against N (``label``: what it is, e.g. "predicted from
+    datasheet rates")."""
     fig = go.Figure()
-    _per_schedule(fig, table, "predicted_ms", ".3g", " ms")
-    _loglog(fig, ROOFLINE + " (ms)", mark_n)
-    return _layout(fig, "Time against N: " + ROOFLINE)
+    _per_schedule(fig, table, "time_ms", ".3g", " ms")
+    _loglog(fig, "time (ms)", mark_n)
+    return _layout(fig, f"Time against N, {label[0].lower()}{label[1:]}")
 
 
 def scaling_memory(table: pd.DataFrame, mark_n=None) -> go.Figure:
@@ -248,6 +268,58 @@ def scaling_memory(table: pd.DataFrame, mark_n=None) -> go.Figure:
     _loglog(fig, "extra memory (bytes)", mark_n)
     return _layout(fig, "Memory beyond Q, K, V and O: standard attention holds N×N, the tiled "
                         "schedules do not", height=340)
+
+
+#: One colour per implementation of a benchmark file (measured: solid, predicted: dashed).
+IMPL_COLORS = {"ioaware-numba/mma": "#1f77b4", "ioaware-numba/tf32": "#17becf",
+               "ioaware-numba": "#9467bd", "sdpa-flash": "#ff7f0e", "sdpa-cudnn": "#2ca02c",
+               "sdpa-efficient": "#d62728", "sdpa-math": "#8c564b", "eager": "#7f7f7f"}
+_MORE_COLORS = ("#e377c2", "#bcbd22", "#393b79", "#637939")
+
+
+def impl_color(impl: str) -> str:
+    return IMPL_COLORS.get(impl, _MORE_COLORS[hash(impl) % len(_MORE_COLORS)])
+
+
+def scaling_measured(result: dict, metric: str, labels: dict, predicted_name: str,
+                     mark_n=None, title: str = "") -> go.Figure:
+    """Measured ``metric`` ("tflops" or "time_ms") against N, one solid line per implementation,
+    and the model's prediction for it dashed in the same colour where a plan prices it
+    (``result``: `dashboard.data.scaling_measured`). Log-log for time, log N for TFLOP/s."""
+    fig = go.Figure()
+    measured, predicted = result["measured"], result["predicted"]
+    unit, hover = ("TFLOP/s", ".3g") if metric == "tflops" else ("ms", ".3g")
+    no_plan = set(result.get("no_plan", ()))
+    for impl, sel in measured.groupby("impl", sort=False):
+        label = labels.get(impl, impl)
+        color = impl_color(impl)
+        name = label + (" (no prediction)" if impl in no_plan else "")
+        fig.add_trace(go.Scatter(
+            x=sel["seq_len"], y=sel[metric], mode="lines+markers", name=name,
+            legendgroup=impl, line=dict(color=color), marker=dict(size=7),
+            hovertemplate="N = %{x:,}: %{y:" + hover + "} " + unit + "<extra>" + label
+                          + ", measured</extra>"))
+        pred = predicted[predicted["impl"] == impl] if not predicted.empty else predicted
+        if not pred.empty:
+            fig.add_trace(go.Scatter(
+                x=pred["seq_len"], y=pred[metric], mode="lines", name=f"{label}, {predicted_name}",
+                legendgroup=impl, showlegend=False, line=dict(color=color, dash="dash", width=1.5),
+                hovertemplate="N = %{x:,}: %{y:" + hover + "} " + unit + "<extra>" + label
+                              + ", " + predicted_name + "</extra>"))
+    if not predicted.empty:
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", name=f"dashed: {predicted_name}",
+                                 line=dict(color="#444", dash="dash", width=1.5)))
+    fig.update_xaxes(type="log", title="sequence length N", dtick=np.log10(2), tickformat=",d")
+    if metric == "tflops":
+        fig.update_yaxes(title="TFLOP/s (useful FLOPs / time)", rangemode="tozero")
+    else:
+        fig.update_yaxes(type="log", title="time (ms)")
+    if mark_n:
+        fig.add_vline(x=mark_n, line=dict(color="#555", dash="dot", width=1),
+                      annotation_text=f"N = {mark_n:,}", annotation_position="top left")
+    fig = _layout(fig, title, height=460)
+    fig.update_layout(legend=dict(orientation="h", y=-0.25), margin=dict(b=110))
+    return fig
 
 
 # ------------------------------------------------------------------------------------------------
@@ -289,6 +361,86 @@ def predicted_vs_measured(df: pd.DataFrame, metric: str, label: str,
     return _layout(fig, label, height=420)
 
 
+
+
+def error_against_n(points: pd.DataFrame, labels: dict | None = None) -> go.Figure:
+    """The predicted time's relative error against N (``points``: `dashboard.data.
+    error_against_n`), one series per kernel family: every record a marker, the family's
+    median at each N a line."""
+    labels = labels or {}
+    sel = points[points["rel_error_time"].notna()]
+    fig = go.Figure()
+    fig.add_hline(y=0, line=dict(color="black", width=1))
+    for fam, part in sel.groupby("family", sort=False):
+        color = impl_color(fam)
+        label = labels.get(fam, fam)
+        text = [f"{PASS_WORDS.get(r['pass'], r['pass'])}, {r['dtype']}, d = {r['head_dim']}"
+                f"{', causal' if r['causal'] else ''}; {r['priced_by']}"
+                for _, r in part.iterrows()]
+        fig.add_trace(go.Scatter(
+            x=part["seq_len"], y=part["rel_error_time"] * 100, mode="markers", name=label,
+            legendgroup=fam, marker=dict(color=color, size=7, opacity=0.55), text=text,
+            hovertemplate="N = %{x:,}: %{y:+.1f} %<br>%{text}<extra>" + label + "</extra>"))
+        med = part.groupby("seq_len")["rel_error_time"].median().sort_index()
+        if len(med) > 1:
+            fig.add_trace(go.Scatter(
+                x=med.index, y=med.values * 100, mode="lines", name=f"{label}, median",
+                legendgroup=fam, showlegend=False, line=dict(color=color, width=2),
+                hovertemplate="N = %{x:,}: median %{y:+.1f} %<extra>" + label + "</extra>"))
+    fig.update_xaxes(type="log", title="sequence length N", dtick=np.log10(2), tickformat=",d")
+    fig.update_yaxes(title="predicted time error (%)", ticksuffix=" %", zeroline=False)
+    fig = _layout(fig, "Predicted time error against N (markers: records; lines: the median)",
+                  height=440)
+    fig.update_layout(legend=dict(orientation="h", y=-0.22, yanchor="top"), margin=dict(b=120))
+    return fig
+
+
+PASS_WORDS = {"fwd": "forward", "bwd": "backward", "fwd+bwd": "forward + backward"}
+
+
+def measured_roofline(points: pd.DataFrame, ceilings: dict, labels: dict | None = None
+                      ) -> go.Figure:
+    """Each record as Nsight Compute draws it, at its achieved point (measured FLOPs / time
+    against measured FLOPs / DRAM byte: filled), beside the model's point for it (hollow),
+    joined by a thin line, under the peak-rate bound of the datasheet (``points``:
+    `dashboard.data.roofline_points`)."""
+    labels = labels or {}
+    fig = go.Figure()
+    _peak_bound(fig, ceilings, np.concatenate([points["measured_intensity"],
+                                               points["predicted_intensity"]]))
+    for fam, part in points.groupby("family", sort=False):
+        color = impl_color(fam)
+        label = labels.get(fam, fam)
+        text = [f"N = {int(r['seq_len']):,}, {PASS_WORDS.get(r['pass'], r['pass'])}, "
+                f"{r['dtype']}, d = {r['head_dim']}{', causal' if r['causal'] else ''}"
+                for _, r in part.iterrows()]
+        xs, ys = [], []
+        for _, r in part.iterrows():
+            if np.isfinite(r["predicted_intensity"]) and np.isfinite(r["predicted_tflops"]):
+                xs += [r["measured_intensity"], r["predicted_intensity"], None]
+                ys += [r["measured_tflops"], r["predicted_tflops"], None]
+        if xs:
+            fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", legendgroup=fam,
+                                     showlegend=False, hoverinfo="skip",
+                                     line=dict(color=color, width=0.7)))
+        fig.add_trace(go.Scatter(
+            x=part["measured_intensity"], y=part["measured_tflops"], mode="markers",
+            name=f"{label}, measured", legendgroup=fam, text=text,
+            marker=dict(color=color, size=8),
+            hovertemplate="measured: %{x:.3g} FLOP/B, %{y:.3g} TFLOP/s<br>%{text}<extra>"
+                          + label + "</extra>"))
+        fig.add_trace(go.Scatter(
+            x=part["predicted_intensity"], y=part["predicted_tflops"], mode="markers",
+            name=f"{label}, predicted", legendgroup=fam, text=text, showlegend=False,
+            marker=dict(color="white", size=8, line=dict(color=color, width=1.5)),
+            hovertemplate="predicted: %{x:.3g} FLOP/B, %{y:.3g} TFLOP/s<br>%{text}<extra>"
+                          + label + "</extra>"))
+    fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name="hollow: the model's point",
+                             marker=dict(size=8, color="white", line=dict(color="#333", width=1.5))))
+    fig.update_xaxes(type="log", title="arithmetic intensity (FLOP / DRAM byte)")
+    fig.update_yaxes(type="log", title="TFLOP/s")
+    return _roofline_layout(fig, f"Roofline: measured (filled) and predicted (hollow), under "
+                                 f"the {PEAK_BOUND} of the {ceilings['name']}")
 
 
 # ------------------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from dashboard import data, fmt
 from dashboard.fmt import Col
 
 __all__ = ["workload_sidebar", "chart", "table", "require_sim", "slug", "results_format_help",
-           "show_problems", "set_workload", "sidebar_shows", "sidebar_takes"]
+           "show_problems", "set_workload", "sidebar_shows", "sidebar_takes", "rates_picker"]
 
 _HAS_KALEIDO = importlib.util.find_spec("kaleido") is not None
 
@@ -70,8 +70,8 @@ def _keep_state(keys) -> None:
 
 
 #: Choices of a page kept while other pages are open (the block-size page's kernel, measured
-#: file and rates).
-PAGE_KEYS = ("bs_family", "bs_sweep", "bs_rates")
+#: file and rates: the rates are every page's, :func:`rates_picker`; the scaling page's file).
+PAGE_KEYS = ("bs_family", "bs_sweep", "bs_rates", "sc_source")
 
 
 def keep_workload_state() -> None:
@@ -169,6 +169,46 @@ def workload_sidebar(*, show_pass: bool = True, show_density: bool = True,
         "profile": st.session_state["w_profile"],
         "custom": custom,
     }
+
+
+DATASHEET = "GPU datasheet"
+UPLOAD_RATES = "Upload a rates file…"
+#: The widget key of the rates every page prices with (one choice, shared by the pages).
+RATES_KEY = "bs_rates"
+
+
+def rates_picker(container, *, upload_key: str) -> tuple[bytes | None, str]:
+    """The "Rates the model prices with" choice, drawn in ``container``: the GPU's datasheet
+    figures, a rates file of ``results/`` (``python -m benchmarks rates``) or an uploaded one.
+    Returns ``(rates file bytes or None, its name)``; the choice is shared by every page."""
+    choices = [DATASHEET] + data.rates_choices() + [UPLOAD_RATES]
+    if st.session_state.get(RATES_KEY) not in choices:
+        st.session_state[RATES_KEY] = DATASHEET
+    choice = container.selectbox(
+        "Rates the model prices with", choices, key=RATES_KEY,
+        help="The GPU's datasheet figures (peak rates, which real kernels do not reach), or the "
+             "rates measured on it by `python -m benchmarks rates`.")
+    if choice == UPLOAD_RATES:
+        up = container.file_uploader("Rates file (JSON)", type=["json"], key=upload_key)
+        return (up.getvalue(), up.name) if up is not None else (None, "")
+    if choice != DATASHEET:
+        try:
+            return data.rates_choice_bytes(choice), choice
+        except OSError as exc:
+            st.warning(f"The rates file could not be read: {exc}")
+    return None, ""
+
+
+def rates_note(rates: str, rates_name: str, error: str | None) -> str:
+    """One sentence on the rates a page's predicted times come from."""
+    if error:
+        return (f"The rates file was not used ({error}): the times are predicted from the "
+                "datasheet rates, peaks real kernels do not reach.")
+    if rates == "measured rates":
+        return (f"Predicted times come from the rates measured in `{rates_name}` (datasheet "
+                "figures where it has none).")
+    return ("Predicted times come from the GPU's datasheet rates: peaks real kernels do not "
+            "reach, so measured times are longer.")
 
 
 def _custom_profile_inputs(container) -> tuple:

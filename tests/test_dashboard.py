@@ -23,7 +23,7 @@ pytest.importorskip("streamlit")
 pytest.importorskip("plotly")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-from dashboard import data, fmt, walk  # noqa: E402
+from dashboard import data, figures, fmt, walk  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = ROOT / "dashboard" / "app.py"
@@ -32,6 +32,11 @@ TIMEOUT = 120
 PAGES = {"explore": "Explore", "block_sizes": "Block sizes", "scaling": "Scaling",
          "measured": "Predicted vs measured", "step": "Step through", "measure": "Measure"}
 ROOFLINE_MS = data.ROOFLINE + " (ms)"
+#: The header of the one predicted time at the GPU's datasheet rates.
+PREDICTED = data.rates_label("datasheet rates")
+PREDICTED_MS = PREDICTED + " (ms)"
+BENCH = ROOT / "results" / "bench_nvidia-h100-80gb-hbm3_2026-11-24.json"
+SWEEP = ROOT / "results" / "h100_sweep_20261122.json"
 READS = "Times read (×)"
 
 #: Words of the code that must not reach the screen: kernel and field names, the cost model's
@@ -177,6 +182,14 @@ def test_counts_in_tables_drawn_whole_have_separators():
 
 
 # -- Explore --------------------------------------------------------------------------------------
+def _plan_ms(name: str, w, profile="h100") -> float:
+    """The textbook schedule's plan priced as the pages price it (every pass)."""
+    from sim.plan import price
+    from sim.plans import plan_for
+    return sum(price(plan_for(name, p, w.replace(pass_=p), profile=profile), profile).time_ms
+               for p in w.passes)
+
+
 def test_explore_defaults_show_what_the_model_predicts():
     import sim
 
@@ -189,10 +202,30 @@ def test_explore_defaults_show_what_the_model_predicts():
         p = sim.predict(w, sim.Schedule(name), "h100", l2="analytic")
         assert shown.loc[label, "Global read"] == fmt.bytes_(p.hbm_read_bytes)
         assert shown.loc[label, "DRAM write"] == fmt.bytes_(p.dram_write_bytes)
-        assert shown.loc[label, ROOFLINE_MS] == fmt.num(p.predicted_ms)
-    flash2 = sim.predict(w, sim.Schedule("flash2"), "h100", l2="analytic")
-    assert at.metric[2].label == data.ROOFLINE
-    assert at.metric[2].value == fmt.ms(flash2.predicted_ms)
+        # one predicted time: the schedule's plan priced at the datasheet rates, so labelled
+        assert shown.loc[label, PREDICTED_MS] == fmt.num(_plan_ms(name, w))
+    assert ROOFLINE_MS not in shown.columns
+    assert "Time from" not in shown.columns        # every row a plan: the header says it
+    assert at.metric[2].label == "Predicted (datasheet rates)"
+    assert at.metric[2].value == fmt.ms(_plan_ms("flash2", w))
+    # the roofline draws the datasheet's peaks as a bound, named so
+    table_, ceilings = data.compare_schedules(4096, 64, 1, 16, "fp16", "fwd", False, 1.0, "h100")
+    names = [t.name for t in figures.roofline(table_, ceilings).data]
+    assert sum(n.startswith("peak-rate bound (datasheet)") for n in names) == 3
+
+
+def test_a_schedule_without_a_plan_keeps_the_roofline_named_as_a_bound(monkeypatch):
+    priced = data.schedule_time
+    monkeypatch.setattr(data, "schedule_time",
+                        lambda w, name, prof: None if name == "naive" else priced(w, name, prof))
+    table_, ceilings = data.compare_schedules(2048, 64, 1, 3, "fp16", "fwd", False, 1.0, "h100")
+    by = table_.set_index("schedule")
+    assert by.loc["naive", "time_ms"] == by.loc["naive", "predicted_ms"]
+    assert not ceilings["all_planned"]
+    shown, cols = data.schedule_table(table_)
+    assert cols["time_ms"].label == "Predicted time"
+    assert list(shown["time_from"]) == ["roofline at peak rates (a bound)",
+                                        "plan, datasheet rates", "plan, datasheet rates"]
 
 
 @pytest.mark.parametrize("seq_len", [128, 65536])
@@ -211,12 +244,12 @@ def test_explore_custom_gpu_profile():
     at.selectbox(key="w_profile").set_value(data.CUSTOM).run()
     ok(at)
     assert at.number_input(key="w_custom_num_sms").value == 132
-    before = float(table(at, ROOFLINE_MS).set_index("Schedule").loc["Standard attention",
-                                                                    ROOFLINE_MS])
+    before = float(table(at, PREDICTED_MS).set_index("Schedule").loc["Standard attention",
+                                                                     PREDICTED_MS])
     at.number_input(key="w_custom_hbm_bandwidth_bytes_per_s").set_value(500.0).run()
     ok(at)
-    after = float(table(at, ROOFLINE_MS).set_index("Schedule").loc["Standard attention",
-                                                                   ROOFLINE_MS])
+    after = float(table(at, PREDICTED_MS).set_index("Schedule").loc["Standard attention",
+                                                                    PREDICTED_MS])
     assert after > before  # standard attention is bandwidth-bound: a slower DRAM slows it
     # an impossible GPU (more shared memory per block than per SM) is explained, not raised
     at.number_input(key="w_custom_smem_bytes_per_block").set_value(512.0).run()
@@ -475,24 +508,141 @@ def test_block_sizes_other_gpu_or_illegal_workload():
 
 
 # -- Scaling --------------------------------------------------------------------------------------
-def test_scaling_ranges_and_the_n_slider():
+def test_scaling_ranges_and_the_n_slider(offer):
+    offer([BENCH])
     at = ok(open_page("scaling"))
-    assert len(charts(at)) == 3
-    shown = table(at, "N")
+    assert len(charts(at)) == 5      # measured TFLOP/s and time; the schedules' bytes, time, memory
+    shown = table(at, "Schedule")
     assert shown["N"].min() == 128 and shown["N"].max() == 65536
     assert "N = 4,096" in texts(at.markdown)
-    # the sidebar's N is what the metrics are about
+    # the sidebar's N is what the metrics and the measured table at N are about
     before = [m.value for m in at.metric]
+    assert at.metric[1].label == PREDICTED
+    at_n = table(at, "Implementation").set_index("Implementation")
     at.select_slider(key="w_seq_len").set_value(1024).run()
     ok(at)
     assert "N = 1,024" in texts(at.markdown)
     assert [m.value for m in at.metric] != before
+    assert not table(at, "Implementation").set_index("Implementation").equals(at_n)
     at.select_slider(key="sc_range").set_value((128, 256)).run()
     ok(at)
-    assert sorted(table(at, "N")["N"].unique()) == ["128", "256"]   # drawn whole: as text
+    assert sorted(table(at, "Schedule")["N"].unique()) == ["128", "256"]   # drawn whole: as text
     assert "outside the range" in texts(at.info)
+    at.select_slider(key="w_seq_len").set_value(65536).run()
+    assert "N = 65,536 is not among them" in texts(ok(at).info)
     at.select_slider(key="sc_range").set_value((512, 512)).run()
     assert "at least two" in texts(ok(at).info)
+
+
+def _bench_records(path=BENCH) -> list[dict]:
+    doc = json.loads(path.read_text())
+    return [dict(r, provenance=doc["provenance"]) for r in doc["records"]]
+
+
+def test_tflops_are_counted_as_the_benchmark_file_counts_them():
+    """The pages' TFLOP/s use the benchmarks' FLOP count (causal halves, the backward 2.5
+    forwards): every record of the shipped benchmark file gives back its own ``tflops``."""
+    recs = _bench_records()
+    for r in recs:
+        fl = data.attention_flops(r["batch"], r["heads"], r["seq_len_q"], r["seq_len_k"],
+                                  r["head_dim"], r["causal"], r["pass"])
+        assert fl / (r["time_ms"] * 1e-3) / 1e12 == pytest.approx(r["tflops"], rel=1e-12)
+        assert data._bench_flops(r["batch"], r["heads"], r["seq_len_q"], r["seq_len_k"],
+                                 r["head_dim"], r["causal"], r["pass"]) == fl
+    assert data.attention_flops(1, 1, 8, 8, 4, True, "fwd+bwd") == 4 * 64 * 4 * 0.5 * 3.5
+
+
+def test_scaling_measured_series_are_the_file_s_records_and_the_plans_prices():
+    import sim
+    from sim.plan import price
+    from sim.plans import plans_for_record
+
+    recs = _bench_records()
+    res = data.scaling_measured("bench", 64, "fp16", False, "fwd", "h100", _records=recs)
+    assert res["empty"] is None and res["profile"] == "h100" and not res["profile_guessed"]
+    mine = [r for r in recs if (r["head_dim"], r["dtype"], r["causal"], r["pass"])
+            == (64, "fp16", False, "fwd")]
+    measured = res["measured"]
+    assert len(measured) == len(mine)                  # one record per implementation and N
+    assert set(measured["impl"]) == {"ioaware-numba/mma", "sdpa-flash", "sdpa-cudnn",
+                                     "sdpa-efficient", "sdpa-math"}
+    for r in mine:
+        row = measured[(measured["impl"] == data.record_family(r))
+                       & (measured["seq_len"] == r["seq_len_q"])].iloc[0]
+        assert row["time_ms"] == r["time_ms"] and row["tflops"] == pytest.approx(r["tflops"])
+        assert (row["batch"], row["heads"]) == (r["batch"], r["heads"])
+    # by hand: SDPA FLASH at N = 4096 is 4 sequences of 32 heads, 1.862 ms, 295 TFLOP/s
+    flash = measured[(measured["impl"] == "sdpa-flash") & (measured["seq_len"] == 4096)].iloc[0]
+    assert (flash["batch"], flash["heads"]) == (4, 32)
+    assert flash["time_ms"] == pytest.approx(1.86176, rel=1e-5)
+    assert flash["tflops"] == pytest.approx(4 * 4 * 32 * 4096**2 * 64 / 1.86176e-3 / 1e12,
+                                            rel=1e-5)
+    # the dashed line at one point: the record's plans priced on the H100 at datasheet rates
+    rec = next(r for r in mine if r["kernel"] == "ioaware-numba" and r["seq_len_q"] == 2048)
+    want = sum(price(pl, sim.load_profile("h100")).time_ms for pl in plans_for_record(rec))
+    pred = res["predicted"]
+    got = pred[(pred["impl"] == "ioaware-numba/mma") & (pred["seq_len"] == 2048)].iloc[0]
+    assert got["time_ms"] == pytest.approx(want, rel=1e-12)
+    assert got["rates"] == "datasheet rates" and res["rates"] == "datasheet rates"
+    assert got["tflops"] == pytest.approx(data.attention_flops(8, 32, 2048, 2048, 64, False, "fwd")
+                                          / (want * 1e-3) / 1e12)
+    # cuDNN's backward has no plan: no dashed line, said so
+    both = data.scaling_measured("bench", 128, "fp16", True, "fwd+bwd", "h100", _records=recs)
+    assert "sdpa-cudnn" in both["no_plan"]
+    assert "sdpa-cudnn" not in set(both["predicted"]["impl"])
+    assert "sdpa-cudnn" in set(both["measured"]["impl"])
+    # a combination the file does not hold: one line saying what it holds
+    none = data.scaling_measured("bench", 96, "fp16", False, "fwd", "h100", _records=recs)
+    assert none["measured"].empty and none["predicted"].empty
+    assert none["empty"] == ("has no records of d = 96, fp16, not causal, forward; it measures "
+                             "d 64, 128 · fp16, fp32 · not causal, causal · forward, forward + "
+                             "backward.")
+
+
+def test_scaling_page_draws_measured_beside_predicted(offer, tmp_path):
+    offer([SWEEP, BENCH])
+    at = ok(open_page("scaling"))
+    assert at.selectbox(key="sc_source").value == data._choice_name(BENCH)   # the benchmark file
+    figs = charts(at)
+    tflops = json.loads(figs[0].proto.spec)
+    names = [t.get("name", "") for t in tflops["data"]]
+    assert "dashed: predicted from datasheet rates" in names
+    assert data.family_label("sdpa-flash") in names
+    caption = texts(at.caption)
+    assert "predicted from datasheet rates" in caption and "measured" in caption
+    at.checkbox(key="w_causal").check()
+    at.selectbox(key="w_pass").set_value("fwd+bwd").run()
+    assert "No prediction for PyTorch SDPA: cuDNN" in texts(ok(at).caption)
+    at.select_slider(key="w_head_dim").set_value(96).run()
+    assert "has no records of d = 96" in texts(ok(at).info)
+    assert len(charts(at)) == 3                    # the model's schedules are still drawn
+    hits = sorted({m.group(0) for m in INTERNAL.finditer(screen_text(at, expanders=True))})
+    assert not hits, hits
+
+
+def test_scaling_and_explore_price_with_a_measured_rates_file():
+    doc = {"schema": "ioaware.rates/1", "provenance": {"gpu": H100_GPU},
+           "rates": {"dram_copy_bytes_per_s": {"value": 2.0e12, "unit": "bytes/s"}}}
+    rates = json.dumps(doc).encode()
+    sheet, _ = data.compare_schedules(4096, 64, 1, 16, "fp16", "fwd", False, 1.0, "h100")
+    rated, ceilings = data.compare_schedules(4096, 64, 1, 16, "fp16", "fwd", False, 1.0, "h100",
+                                             rates=rates)
+    assert ceilings["rates"] == "measured rates" and ceilings["rates_error"] is None
+    assert set(rated["rates"]) == {"measured rates"}
+    naive = rated.set_index("schedule").loc["naive"]
+    assert naive["time_ms"] > sheet.set_index("schedule").loc["naive", "time_ms"]   # DRAM-bound
+    assert data.time_label(rated) == "Predicted from measured rates"
+    assert ceilings["dram_bandwidth"] == 3.35e12      # the bound stays the datasheet's
+    res = data.scaling_measured("bench", 64, "fp16", False, "fwd", "h100", rates=rates,
+                                _records=_bench_records())
+    assert res["rates"] == "measured rates"
+    plain = data.scaling_measured("bench", 64, "fp16", False, "fwd", "h100",
+                                  _records=_bench_records())
+    assert (res["predicted"]["time_ms"].to_numpy() >= plain["predicted"]["time_ms"].to_numpy()).all()
+    doc["provenance"]["gpu"] = "NVIDIA H200"
+    other, ceilings = data.compare_schedules(4096, 64, 1, 16, "fp16", "fwd", False, 1.0, "h100",
+                                             rates=json.dumps(doc).encode())
+    assert "H200" in ceilings["rates_error"] and set(other["rates"]) == {"datasheet rates"}
 
 
 # -- Predicted vs measured ------------------------------------------------------------------------
@@ -506,7 +656,10 @@ def test_measured_with_fixture(offer):
     offer([FIXTURE])
     at = ok(open_page("measured"))
     assert "SYNTHETIC" in table(at, "Value").to_string()  # provenance
-    assert len(charts(at)) == 1
+    # the error against N, the roofline of the records with DRAM counters, the scatter
+    fixture = json.loads(FIXTURE.read_text())["records"]
+    with_counters = any(r.get("dram_read_bytes") is not None for r in fixture)
+    assert len(charts(at)) == 2 + with_counters
     n_records = len(json.loads(FIXTURE.read_text())["records"])
     assert len(table(at, "Measured time (ms)")) == n_records
     summary = table(at, "Records of").set_index("Metric")
@@ -514,11 +667,101 @@ def test_measured_with_fixture(offer):
     assert len(at.radio(key="pm_metric").options) == len(data.compared_metrics())
     for metric in data.compared_metrics():  # one scatter per metric, chosen by the radio
         at.radio(key="pm_metric").set_value(metric).run()
-        assert len(charts(ok(at))) == 1
+        assert len(charts(ok(at))) == 2 + with_counters
     at.multiselect(key="pm_family").set_value(["eager"]).run()
     assert set(table(ok(at), "Measured time (ms)")["Kernel"]) == {data.family_label("eager")}
     at.multiselect(key="pm_family").set_value([]).run()
     assert "No records match" in texts(ok(at).info)
+
+
+def _joined(path) -> pd.DataFrame:
+    return data.compare_measured(path.name, "h100", _records=_bench_records(path))["records"]
+
+
+def test_error_against_n_has_one_row_per_record_with_its_n_and_kernel():
+    view = _joined(BENCH)
+    err = data.error_against_n(view)
+    assert len(err) == len(view) == len(json.loads(BENCH.read_text())["records"])
+    assert list(err["seq_len"]) == list(view["seq_len_q"])
+    assert list(err["family"]) == list(view["family"])
+    assert list(err["rel_error_time"]) == pytest.approx(list(view["rel_error_time"]),
+                                                        nan_ok=True)
+    assert set(err["family"]) >= {"ioaware-numba/mma", "ioaware-numba/tf32", "sdpa-flash"}
+    # the plan's time where a plan prices the record, and the page says which
+    flash = err[err["family"] == "sdpa-flash"]
+    assert set(flash["priced_by"]) == {"plan, datasheet rates"}
+    cudnn = err[(err["family"] == "sdpa-cudnn")]
+    assert set(cudnn["priced_by"]) == {"plan, datasheet rates", "roofline at peak rates (a bound)"}
+    fig = figures.error_against_n(err, data.FAMILY_LABELS)
+    assert {t.name for t in fig.data if t.showlegend is not False} >= {"PyTorch SDPA: FLASH"}
+
+
+def test_measured_records_are_priced_with_a_rates_file_and_say_so():
+    doc = {"schema": "ioaware.rates/1", "provenance": {"gpu": H100_GPU},
+           "rates": {"dram_copy_bytes_per_s": {"value": 2.0e12, "unit": "bytes/s"}}}
+    path = data.rates_file_path(json.dumps(doc).encode())
+    assert path == data.rates_file_path(json.dumps(doc).encode())      # one file per content
+    rated = data.compare_measured("bench", "h100", _records=_bench_records(),
+                                  rates_path=path)["records"]
+    planned, at_measured = data.plan_priced(rated)
+    assert planned == at_measured > 0
+    assert "plan, measured rates" in set(data.error_against_n(rated)["priced_by"])
+    sheet = _joined(BENCH)
+    assert data.plan_priced(sheet)[1] == 0
+    assert (rated["predicted_time"] >= sheet["predicted_time"] - 1e-12).all()
+
+
+def test_error_per_kernel_is_the_median_and_worst_of_its_records():
+    view = _joined(BENCH)
+    fam, cols = data.family_summary(view)
+    assert len(fam) == view["family"].nunique()
+    row = fam.set_index("family").loc[data.family_label("sdpa-flash")]
+    errs = view[view["family"] == "sdpa-flash"]["rel_error_time"].abs()
+    assert row["records"] == len(errs)
+    assert row["time_raw_median"] == pytest.approx(errs.median())
+    assert row["time_raw_worst"] == pytest.approx(errs.max())
+    assert row["priced_by"] == "plan, datasheet rates"
+    assert cols["time_raw_median"].label == "Predicted time: median"
+    assert "global_bytes_median" not in fam      # the benchmark file carries no byte counters
+
+
+def test_roofline_points_are_achieved_as_nsight_compute_draws_them():
+    view = _joined(SWEEP)
+    pts = data.roofline_points(view)
+    assert len(pts) == int(view["measured_dram_bytes"].notna().sum())
+    i, rec = next((i, r) for i, r in enumerate(_bench_records(SWEEP))
+                  if r.get("variant") == "mma")
+    got = pts.set_index("record").loc[i]
+    assert got["family"] == "ioaware-numba/mma" and got["seq_len"] == rec["seq_len_q"]
+    flops, dram = rec["flops_executed"], rec["dram_read_bytes"] + rec["dram_write_bytes"]
+    assert got["measured_intensity"] == pytest.approx(flops / dram)
+    assert got["measured_tflops"] == pytest.approx(flops / (rec["time_ms"] * 1e-3) / 1e12)
+    row = view.iloc[i]
+    assert got["predicted_tflops"] == pytest.approx(
+        row["predicted_flops"] / (row["predicted_time_raw"] * 1e-3) / 1e12)
+    assert got["predicted_intensity"] == pytest.approx(row["predicted_flops"]
+                                                       / row["predicted_dram_bytes"])
+    fig = figures.measured_roofline(pts, data.roofline_ceilings("h100"), data.FAMILY_LABELS)
+    names = [t.name for t in fig.data]
+    assert "peak-rate bound (datasheet): matmul 989 TFLOP/s, DRAM 3.35 TB/s" in names
+    assert data.roofline_points(_joined(BENCH)).empty          # no counters: no achieved point
+
+
+def test_measured_page_labels_its_times_and_draws_error_and_roofline(offer):
+    offer([SWEEP])
+    at = ok(open_page("measured"))
+    assert len(charts(at)) == 3
+    records = table(at, "Predicted time (ms)")
+    assert "Time from" in records.columns and ROOFLINE_MS not in records.columns
+    assert set(records["Time from"]) <= {"plan, datasheet rates", "roofline at peak rates (a bound)"}
+    assert "Predicted time" in set(table(at, "Records of")["Metric"])
+    per_kernel = table(at, "Predicted time: median (%)")
+    assert len(per_kernel) == len(set(records["Kernel"]))
+    shown = screen_text(at)
+    assert "datasheet rates, peaks real kernels do not reach" in shown
+    assert "Roofline: achieved and predicted" in texts(at.subheader)
+    hits = sorted({m.group(0) for m in INTERNAL.finditer(shown)})
+    assert not hits, hits
 
 
 def _write(tmp_path, name, content) -> Path:
@@ -569,7 +812,8 @@ def test_measured_malformed_empty_and_provenance_only(offer, tmp_path):
             assert not at.error and "holds no records" in texts(at.info)
         elif name == "provenance_only.json":
             assert not at.error and "provenance.driver" in texts(at.warning)
-            assert len(charts(at)) == 1          # the records are compared anyway
+            # the records are compared anyway: the scatter, error against N and roofline
+            assert any(c.key.startswith("chart-predicted-vs-measured") for c in charts(at))
         else:
             assert "not a valid results file" in texts(at.error), name
             assert len(charts(at)) == 0

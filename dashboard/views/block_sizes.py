@@ -10,8 +10,6 @@ from dashboard import charts, data, fmt, ui
 
 UPLOAD = "Upload a file of tile times…"
 NO_SWEEP = "(none)"
-DATASHEET = "GPU datasheet"
-UPLOAD_RATES = "Upload a rates file…"
 NOT_MEASURED = "-"   # the measured-workload selector's entry for an unmeasured sidebar workload
 
 st.title("Block sizes")
@@ -63,11 +61,7 @@ family_key = c1.selectbox("Kernel", families, key="bs_family", format_func=data.
 source = c2.selectbox("Measured tile times", sweeps + [UPLOAD, NO_SWEEP], key="bs_sweep",
                       help="A tile sweep: every legal tile configuration timed on a GPU "
                            "(`python -m benchmarks pick` writes one).")
-rates_list = data.rates_choices()
-rates_choice = c3.selectbox("Rates the model prices with",
-                            [DATASHEET] + rates_list + [UPLOAD_RATES], key="bs_rates",
-                            help="The GPU's datasheet figures, or the rates measured on it by "
-                                 "`python -m benchmarks rates`.")
+rates, rates_name = ui.rates_picker(c3, upload_key="bs_rates_upload")
 
 sweep, sweep_error = None, None
 if source == UPLOAD:
@@ -86,17 +80,6 @@ elif source != NO_SWEEP:
     sweep, sweep_error = _load_shipped(source)
 if sweep_error:
     st.warning(f"The measured tile times could not be read: {sweep_error}")
-
-rates, rates_name = None, ""
-if rates_choice == UPLOAD_RATES:
-    up = st.file_uploader("Rates file (JSON)", type=["json"], key="bs_rates_upload")
-    if up is not None:
-        rates, rates_name = up.getvalue(), up.name
-elif rates_choice != DATASHEET:
-    try:
-        rates, rates_name = data.rates_choice_bytes(rates_choice), rates_choice
-    except OSError as exc:
-        st.warning(f"The rates file could not be read: {exc}")
 
 # -- the measured workloads of the file, to jump to --------------------------------------------
 groups = data.tile_sweep_groups(sweep, family_key) if sweep is not None else None

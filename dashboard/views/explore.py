@@ -13,6 +13,7 @@ st.caption("One workload (sidebar), three schedules: standard attention (S and P
 
 ui.require_sim()
 w = ui.workload_sidebar()
+rates, rates_name = ui.rates_picker(st.sidebar, upload_key="ex_rates_upload")
 l2 = st.sidebar.selectbox("DRAM bytes from", list(data.L2_MODES), key="w_l2",
                           format_func=data.L2_MODES.get,
                           help="How DRAM bytes are predicted from the global-memory traffic: the "
@@ -31,12 +32,12 @@ calibrate_on = st.sidebar.selectbox(
 
 def _compare(**kwargs):
     if l2 != "trace":
-        return data.compare_schedules(**w, l2=l2, **kwargs)
+        return data.compare_schedules(**w, l2=l2, rates=rates, **kwargs)
     passes = 2 if w["pass_"] == "fwd+bwd" else 1
     eta = data.estimated_trace_seconds(w["seq_len"], w["batch"], w["heads"], passes)
     with st.spinner(f"Replaying every memory access through the L2 model (about "
                     f"{max(1, round(eta))} s)…"):
-        return data.compare_schedules(**w, l2=l2, **kwargs)
+        return data.compare_schedules(**w, l2=l2, rates=rates, **kwargs)
 
 
 try:
@@ -57,16 +58,26 @@ m[0].metric("Global memory", fmt.bytes_(flash2["global_bytes"]),
             delta_color="off")
 m[1].metric("DRAM", fmt.bytes_(flash2["dram_bytes"]),
             delta=f"{fmt.ratio(naive['dram_bytes'] / flash2['dram_bytes'])} less", delta_color="off")
-m[2].metric(data.ROOFLINE, fmt.ms(flash2["predicted_ms"]),
-            delta=f"{fmt.ratio(naive['predicted_ms'] / flash2['predicted_ms'])} faster",
+planned = flash2["time_from"] == data.PRICED_BY_PLAN
+m[2].metric(data.rates_metric_label(flash2["rates"]) if planned else data.ROOFLINE,
+            fmt.ms(flash2["time_ms"]),
+            delta=f"{fmt.ratio(naive['time_ms'] / flash2['time_ms'])} faster",
             delta_color="off",
-            help="The slowest of memory and compute time at the GPU's peak rates: a lower bound "
-                 "on the run time, not a forecast of it.")
+            help=("FlashAttention-2's plan priced at the rates measured on the GPU: the model's "
+                  "forecast of its run time." if flash2["rates"] == "measured rates" and planned
+                  else "At the GPU's datasheet peaks: a lower bound on the run time, not a "
+                       "forecast of it (real kernels reach a fraction of the peaks)."))
 m[3].metric("On-chip memory per block", fmt.bytes_(flash2["sram_bytes_per_block"]),
             delta=f"tile {int(flash2['block_q'])} × {int(flash2['block_k'])}", delta_color="off")
 
+if ceilings["rates_error"]:
+    st.warning(f"The rates file was not used ({ceilings['rates_error']}); the model prices with "
+               "the datasheet rates.")
 shown, columns = data.schedule_table(table)
 ui.table(shown, "explore-schedules", columns=columns)
+st.caption(ui.rates_note(ceilings["rates"], rates_name, ceilings["rates_error"])
+           + " On the roofline the datasheet's peaks are drawn as what they are, a bound; the "
+             "measured points of a results file are on *Predicted vs measured*.")
 
 c1, c2 = st.columns(2)
 with c1:

@@ -1,5 +1,6 @@
 """Page 4 — Predicted vs measured: a results file joined with the model's predictions for the same
-configurations; scatter per metric, error table, filters, provenance."""
+configurations; error per metric and per kernel, the predicted time's error against N, achieved
+and predicted points on a roofline, scatter per metric, filters, provenance."""
 from __future__ import annotations
 
 import streamlit as st
@@ -24,7 +25,16 @@ if wanted in choices and "pm_source" not in st.session_state:
     st.session_state["pm_source"] = wanted
 sb = st.sidebar
 sb.header("Measurements")
-source = sb.selectbox("Results file", choices + [UPLOAD], key="pm_source")
+FILTERS = ("gpu", "family", "dtype", "pass")
+
+
+def _new_file():
+    # another file has other GPUs, kernels, dtypes and passes: show all of its records
+    for f in FILTERS:
+        st.session_state.pop(f"pm_{f}", None)
+
+
+source = sb.selectbox("Results file", choices + [UPLOAD], key="pm_source", on_change=_new_file)
 
 loaded, name = None, source
 try:
@@ -82,17 +92,21 @@ l2 = sb.selectbox("DRAM bytes from", ["analytic", "auto"], key="pm_l2",
 if guess is None:
     sb.caption(f"No built-in profile matches the GPU `{prov.get('gpu', '?')}`; choose the one "
                "to predict with.")
+rates, rates_name = ui.rates_picker(sb, upload_key="pm_rates_upload")
+rates_path = data.rates_file_path(rates)
+model_key = f"{profile} {rates_path or ''}"
 
 try:
     with st.spinner(f"Predicting {len(loaded['raw']):,} records with the cost model…"):
-        joined = data.compare_measured(loaded["digest"], profile, _records=loaded["raw"])
+        joined = data.compare_measured(loaded["digest"], profile, _records=loaded["raw"],
+                                       rates_path=rates_path)
 except (ValueError, KeyError, TypeError) as exc:
     st.error(f"Could not predict the records of this file: {exc}")
     st.stop()
 
 l2_shown = "analytic"
 if l2 == "auto":
-    job = data.replay_job(loaded["digest"], profile)
+    job = data.replay_job(loaded["digest"], profile, rates_path)
     if job is None or job.error:
         with st.spinner("Timing the replay of one record…"):
             plan = data.cached_replay_plan(loaded["digest"], profile, _joined=joined["records"],
@@ -106,12 +120,13 @@ if l2 == "auto":
                 f"machine: **about {fmt.num(max(1, plan['seconds']), 2)} s**. It runs in the "
                 "background; the analytic estimate is shown until it has finished.")
         if st.button("Start the replay", key="pm_replay_start", type="primary"):
-            data.start_replay(loaded["digest"], profile, loaded["raw"], plan["seconds"])
+            data.start_replay(loaded["digest"], profile, loaded["raw"], plan["seconds"],
+                              rates_path)
             st.rerun()
     elif job.result is None:
         @st.fragment(run_every=1.0)
         def _replay_progress():
-            j = data.replay_job(loaded["digest"], profile)
+            j = data.replay_job(loaded["digest"], profile, rates_path)
             if j is None or j.finished:
                 st.rerun(scope="app")
             st.progress(min(1.0, j.done / max(1, j.total)),
@@ -135,24 +150,64 @@ for col, (field, label, fmt_func) in zip([sb] * 4, (
     filters[field] = col.multiselect(label, options, default=options, key=f"pm_{field}",
                                      format_func=fmt_func)
 key = tuple((field, tuple(values)) for field, values in filters.items())
-view, cmp_summary, metrics = charts.measured_view(loaded["digest"], profile, l2_shown, key,
+view, cmp_summary, metrics = charts.measured_view(loaded["digest"], model_key, l2_shown, key,
                                                   _joined=joined)
 if view.empty:
     st.info("No records match the filters.")
     st.stop()
 
+planned, rated = data.plan_priced(view)
+if rates is not None and planned and not rated:
+    st.warning(f"`{rates_name}` was not measured on this file's GPU: the records are priced "
+               "with the datasheet rates.")
+how = (f"the rates measured in `{rates_name}`" if rated else
+       "the GPU's datasheet rates, peaks real kernels do not reach, so its error is expected "
+       "to be negative")
+rest = len(view) - planned
 st.subheader("Error by metric")
 st.caption("Relative error = (predicted − measured) / measured, over the records shown. The "
            "model's targets: global bytes and FLOPs of this project's kernels within 5 % and "
            "2 %, DRAM bytes within 20 % on 90 % of records, calibrated time within 25 %. The "
-           "roofline bound at peak rates is a lower bound, so its error is expected to be "
-           "negative; the calibrated time uses efficiency factors fitted per kernel on these "
-           "records (in-sample).")
+           f"predicted time of {planned:,} of these {len(view):,} records prices the plan of the "
+           f"kernels they ran, from {how}"
+           + (f"; {rest:,} have no plan and keep the roofline at peak rates, a bound. "
+              if rest else ". ")
+           + "The calibrated time uses efficiency factors fitted per kernel on these records "
+             "(in-sample).")
 shown, columns = data.display_summary(cmp_summary)
 ui.table(shown, "prediction-error-summary", columns=columns, csv=cmp_summary)
 st.caption(" ".join(f"*{label}*: {what}." for label, what in
                     (data.METRIC_LABELS[m] for m in cmp_summary["metric"]
                      if m in data.METRIC_LABELS)))
+
+st.subheader("Error per kernel")
+st.caption("For each kernel, the median and the worst |relative error| of each metric over its "
+           "records shown, and how its time was predicted.")
+fam, fam_cols = data.family_summary(view)
+ui.table(fam, "prediction-error-per-kernel", columns=fam_cols)
+
+st.subheader("Error against N")
+err_n = data.error_against_n(view)
+if err_n["rel_error_time"].notna().any():
+    st.caption("The predicted time's error for every record shown, against its sequence length "
+               "N; one colour per kernel, its median at each N joined by a line.")
+    ui.chart(charts.error_figure(loaded["digest"], model_key, l2_shown, key, _points=err_n),
+             "prediction-error-against-n")
+else:
+    st.info("No record shown has both a measured and a predicted time.")
+
+st.subheader("Roofline: achieved and predicted")
+points = data.roofline_points(view)
+if points.empty:
+    st.info("No record shown carries measured DRAM bytes and FLOPs (Nsight Compute counters): "
+            "there is no achieved point to draw.")
+else:
+    st.caption(f"{len(points):,} records with Nsight Compute's DRAM bytes and FLOPs, each at the "
+               "point it achieved (measured FLOPs / measured time against measured FLOPs per "
+               "DRAM byte) and, hollow, at the model's point for it. The lines are the "
+               "datasheet's peaks: a bound, not a prediction.")
+    ui.chart(charts.measured_roofline(loaded["digest"], model_key, l2_shown, key, profile,
+                                      _points=points), "prediction-roofline")
 if not joined["blocks"].empty:
     st.subheader("Does the model pick a good tile shape?")
     st.caption("For each workload of this project's CUDA-core kernel measured at several tile "
@@ -169,7 +224,7 @@ else:
                       key="pm_metric")
     if metric not in metrics:
         metric = next(iter(metrics))
-    fig = charts.measured_scatter(loaded["digest"], profile, l2_shown, key, metric,
+    fig = charts.measured_scatter(loaded["digest"], model_key, l2_shown, key, metric,
                                   metrics[metric], _view=view)
     ui.chart(fig, f"predicted-vs-measured-{metric}")
 
