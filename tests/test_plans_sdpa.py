@@ -188,7 +188,9 @@ def test_plans_for_record_gives_the_backends_plans():
     assert plans_for_record(_record("sdpa-flash", head_dim=96)) is None         # head dim not modelled
     assert plans_for_record(_record("sdpa-flash", gpu="NVIDIA A100-SXM4-80GB")) is None   # not sm_90
     assert plans_for_record(_record("sdpa-flash", compute_capability="9.0", gpu="?")) is not None
-    assert plans_for_record(_record("sdpa-math")) is None
+    (math_plan,) = plans_for_record(_record("sdpa-math"))           # its kernel sequence
+    assert math_plan.family == "sdpa-math"
+    assert plans_for_record(_record("triton")) is None
 
 
 def test_compare_prices_sdpa_records_from_their_plans():
