@@ -37,7 +37,7 @@ from numba import config as numba_config
 from . import compile_cache
 from .mask import UNBOUNDED
 
-__all__ = ["plan_workload", "check_launch",
+__all__ = ["plan_workload", "family_plan", "check_launch",
            "Call", "simulator", "real_gpu", "compute_capability", "current_device_id",
            "device_const", "tensor_core_refusal", "tensor_core_backward_refusal",
            "prepare_tensor_core_forward", "prepare_tensor_core_backward", "launch",
@@ -545,7 +545,7 @@ def prepare_tensor_core_forward(problem, config, kern, launch, schedule, drop, w
     pb = problem
     B, H, Nq, D, Nk = pb.batch, pb.heads_q, pb.seqlen_q, pb.head_dim, pb.seqlen_k
     template = _without_operands(pb)
-    check_launch(kern, launch)
+    check_launch(launch.name, (launch.threads, launch.shared_bytes), (kern.threads, kern.smem_bytes))
     grid, head = launch.grid, (*schedule, H // pb.heads_kv, Nq, Nk)
     tail = (np.float32(pb.scale * LOG2E), *_dropout_args(drop), np.int64(band[0]),
             np.int64(band[1]))
@@ -563,15 +563,12 @@ def prepare_tensor_core_forward(problem, config, kern, launch, schedule, drop, w
     return run
 
 
-def check_launch(kern, launch) -> None:
-    """Raise if a compiled kernel's threads or shared memory differ from its plan's (a kernel
-    and its plan out of step: a bug, never the caller's)."""
-    threads, smem = getattr(kern, "threads", None), getattr(kern, "smem_bytes", None)
-    if (threads is not None and threads != launch.threads) or (
-            smem is not None and smem != launch.shared_bytes):
-        raise RuntimeError(f"kernel {launch.name}: compiled for {threads} threads and {smem} bytes "
-                           f"of shared memory, its plan says {launch.threads} and "
-                           f"{launch.shared_bytes}")
+def check_launch(name: str, planned, compiled) -> None:
+    """Raise if kernel ``name`` was compiled for other ``(threads, shared bytes)`` than its plan
+    says (``planned``): a kernel and its plan out of step is a bug, never the caller's."""
+    if tuple(planned) != tuple(compiled):
+        raise RuntimeError(f"kernel {name}: compiled for {compiled[0]} threads and {compiled[1]} "
+                           f"bytes of shared memory, its plan says {planned[0]} and {planned[1]}")
 
 
 def _without_operands(problem):
@@ -597,11 +594,9 @@ def prepare_tensor_core_backward(problem, config, dq_kernel, dq_launch, kv_sched
     template = _without_operands(pb)
     tail = (np.float32(pb.scale * LOG2E), np.float32(pb.scale), *_dropout_args(drop),
             np.int64(band[0]), np.int64(band[1]))
-    for kern, (_grid, threads, smem) in ((dq_kernel, dq_launch), (dkdv_kernel, kv_launch)):
-        if (kern.threads, kern.smem_bytes) != (threads, smem):
-            raise RuntimeError(f"a backward kernel compiled for {kern.threads} threads and "
-                               f"{kern.smem_bytes} bytes of dynamic shared memory, its plan says "
-                               f"{threads} and {smem}")
+    for name, kern, (_grid, threads, smem) in (("dQ", dq_kernel, dq_launch),
+                                               ("dK/dV", dkdv_kernel, kv_launch)):
+        check_launch(name, (threads, smem), (kern.threads, kern.smem_bytes))
     (dq_grid, dq_threads, dq_smem), (kv_grid, kv_threads, kv_smem) = dq_launch, kv_launch
     sizes = (H // Hkv, Nq, Nk)
     dq_plans, kv_plans = {}, {}
@@ -771,29 +766,30 @@ _PLAN_DTYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
 
 
 def plan_workload(problem, pass_: str):
-    """``(workload, exact)``: the `sim.workload.Workload` a family's plan (`sim.plans`) is built
-    for, from a kernel problem. The launch shape (grid, threads, shared memory) depends only on
-    the sizes, dtype and flags, which it always carries. ``exact`` is False where the problem has
-    what the workload cannot describe (a boolean mask or bias, a block mask, per-sequence cache
-    lengths, bottom-right causal alignment with ``seqlen_q != seqlen_k``): the plan's counts then
-    leave it out."""
+    """The `sim.workload.Workload` a family's plan (`sim.plans`) is built for, from a kernel
+    problem. The launch shape (grid, threads, shared memory) depends only on the sizes, dtype
+    and flags, which it always carries; what a workload cannot describe (a boolean mask or bias,
+    a block mask, per-sequence cache lengths, bottom-right causal alignment with ``seqlen_q !=
+    seqlen_k``) is left out of the plan's counts."""
     from sim.workload import Workload
     pb = problem
     bottom_right = pb.causal and pb.causal_alignment == "bottom_right" and pb.seqlen_q != pb.seqlen_k
-    exact = not (bottom_right or pb.mask is not None or pb.bias is not None
-                 or pb.block_mask is not None or getattr(pb, "cache_seqlens", None) is not None)
     window = pb.window_size
     if window is not None and tuple(window) == (-1, -1):
         window = None
+    sizes = dict(batch=pb.batch, heads=pb.heads_q, seq_len_q=pb.seqlen_q, head_dim=pb.head_dim,
+                 dtype=_PLAN_DTYPES.get(pb.dtype_name, "fp32"), seq_len_k=pb.seqlen_k,
+                 heads_kv=pb.heads_kv, dropout=pb.dropout_p > 0, pass_=pass_)
     try:
-        w = Workload(batch=pb.batch, heads=pb.heads_q, seq_len_q=pb.seqlen_q, head_dim=pb.head_dim,
-                     dtype=_PLAN_DTYPES.get(pb.dtype_name, "fp32"),
-                     causal=pb.causal and not bottom_right, seq_len_k=pb.seqlen_k,
-                     heads_kv=pb.heads_kv, dropout=pb.dropout_p > 0, pass_=pass_,
-                     window_size=None if bottom_right else window)
+        return Workload(**sizes, causal=pb.causal and not bottom_right,
+                        window_size=None if bottom_right else window)
     except ValueError:      # a band the workload cannot hold: the sizes alone
-        exact = False
-        w = Workload(batch=pb.batch, heads=pb.heads_q, seq_len_q=pb.seqlen_q, head_dim=pb.head_dim,
-                     dtype=_PLAN_DTYPES.get(pb.dtype_name, "fp32"), seq_len_k=pb.seqlen_k,
-                     heads_kv=pb.heads_kv, dropout=pb.dropout_p > 0, pass_=pass_)
-    return w, exact
+        return Workload(**sizes)
+
+
+def family_plan(family: str, pass_: str, problem, **config):
+    """`sim.plans.plan_for` of a kernel problem's workload (:func:`plan_workload`): the plan
+    family ``family`` launches for its pass ``pass_`` with ``config`` (built once per workload
+    and config)."""
+    from sim.plans import plan_for
+    return plan_for(family, pass_, plan_workload(problem, pass_), **config)

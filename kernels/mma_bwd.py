@@ -39,7 +39,8 @@ from __future__ import annotations
 from ioaware.block_info import cdiv
 from sim.plans.tensor_core_bwd import MMA_HEAD_DIMS as SUPPORTED_HEAD_DIMS
 from sim.plans.tensor_core_bwd import STATIC_SMEM_LIMIT_BYTES as SMEM_LIMIT_BYTES
-from sim.plans.tensor_core_bwd import launch_of, mma_backward_plan
+from sim.plans import plan_for
+from sim.plans.tensor_core_bwd import launch_of
 from sim.plans.tensor_core_bwd import mma_default_tiles as default_tiles
 from sim.plans.tensor_core_bwd import mma_dkdv_smem_bytes as dkdv_smem_bytes
 from sim.plans.tensor_core_bwd import mma_dq_smem_bytes as dq_smem_bytes
@@ -570,8 +571,8 @@ def plan(problem, config):
                          f"tiles of the mma family's backward")
     (dq_bq, dq_bk), (kv_bk, kv_bq) = tiles_
     workload, masks = plan_inputs(problem)
-    return mma_backward_plan(workload, dq_tile=(dq_bq, dq_bk), kv_tile=(kv_bq, kv_bk),
-                             launch_order=config.launch_order, **masks)
+    return plan_for("mma", "bwd", workload, dq_tile=(dq_bq, dq_bk), kv_tile=(kv_bq, kv_bk),
+                    launch_order=config.launch_order, **masks)
 
 
 def plan_inputs(problem):
@@ -579,7 +580,7 @@ def plan_inputs(problem):
     problem (both families): the `sim.workload.Workload` of `kernels.host.plan_workload` with the
     problem's block mask, and ``masks`` = the plan's ``mask_shape`` (the boolean mask's shape)
     and ``block_mask_tiles`` (the tiles the block mask is laid out on)."""
-    workload, _exact = host.plan_workload(problem, "bwd")
+    workload = host.plan_workload(problem, "bwd")
     masks = {"mask_shape": None if problem.mask is None else tuple(problem.mask.shape),
              "block_mask_tiles": None}
     if problem.block_mask is not None:

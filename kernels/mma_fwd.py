@@ -40,7 +40,7 @@ __all__ = ["forward", "prepare", "plan", "supports", "tiles", "default_blocks", 
 from sim.plans.tensor_core_fwd import MMA_BLOCK_K_CHOICES as BLOCK_K_CHOICES
 from sim.plans.tensor_core_fwd import MMA_BLOCK_Q_CHOICES as BLOCK_Q_CHOICES
 from sim.plans.tensor_core_fwd import MMA_HEAD_DIMS as SUPPORTED_HEAD_DIMS
-from sim.plans.tensor_core_fwd import SMEM_LIMIT_BYTES, mma_forward_plan
+from sim.plans.tensor_core_fwd import SMEM_LIMIT_BYTES
 from sim.plans.tensor_core_fwd import mma_default_blocks as default_blocks
 from sim.plans.tensor_core_fwd import mma_smem_bytes as smem_bytes
 from sim.plans.tensor_core_fwd import mma_warp_m_tiles as warp_m_tiles
@@ -328,8 +328,7 @@ def plan(problem, config):
     its grid, threads and shared memory are what `prepare` launches; its counts are what
     `sim.plan.price` prices."""
     block_q, block_k = tiles(problem, config)
-    workload, _exact = host.plan_workload(problem, "fwd")
-    return mma_forward_plan(workload, block_q=block_q, block_k=block_k,
+    return host.family_plan("mma", "fwd", problem, block_q=block_q, block_k=block_k,
                             launch_order=config.launch_order)
 
 

@@ -17,14 +17,13 @@ where delta = rowsum(dO * O) and O is the dropped-out output (so delta = rowsum(
 """
 from __future__ import annotations
 
-import functools
 import math
 
 import numpy as np
 from numba import cuda, float32
 
 from sim.plans.simt import (CAST_KERNEL, CAST_THREADS, DELTA_KERNEL, DELTA_ROWS, DELTA_THREADS,
-                            DKDV_KERNEL, simt_backward_plan)
+                            DKDV_KERNEL)
 
 from . import compile_cache, host, tile_scheduler
 from .config import TileConfig, choose_tiles, default_blocks, dkdv_smem_bytes, requested_tiles
@@ -391,14 +390,9 @@ def plan(problem, config):
 
 
 def _plan(problem, cfg: TileConfig):
-    workload, _exact = host.plan_workload(problem, "bwd")
-    return _cached_plan(workload, cfg, "torch" if problem.kind == "torch" else "numpy")
-
-
-@functools.lru_cache(maxsize=256)
-def _cached_plan(workload, cfg: TileConfig, arrays: str):
-    return simt_backward_plan(workload, block_q=cfg.block_n, block_k=cfg.block_m,
-                              micro_tile_kv=(cfg.tm, cfg.tn), arrays=arrays)
+    return host.family_plan("simt", "bwd", problem, block_q=cfg.block_n, block_k=cfg.block_m,
+                            micro_tile_kv=(cfg.tm, cfg.tn),
+                            arrays="torch" if problem.kind == "torch" else "numpy")
 
 
 def backward(problem, out, lse, dout, config):

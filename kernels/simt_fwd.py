@@ -20,14 +20,13 @@ runs under Numba's CUDA simulator.
 """
 from __future__ import annotations
 
-import functools
 import math
 
 import numpy as np
 from numba import cuda, float32
 
 from sim.plans.simt import (FWD_KERNEL, GPU_TARGET_THREADS, MAX_HEAD_DIM, SIMULATOR_TARGET_THREADS,
-                            fwd_kernel_smem_bytes, simt_forward_plan)
+                            fwd_kernel_smem_bytes)
 
 from . import compile_cache, host, tile_scheduler
 from .config import (FWD_TILES, STATIC_SMEM_LIMIT_BYTES, TileConfig, choose_tiles,
@@ -367,14 +366,9 @@ def plan(problem, config):
 
 
 def _plan(problem, cfg: TileConfig):
-    workload, _exact = host.plan_workload(problem, "fwd")
-    return _cached_plan(workload, cfg, "torch" if problem.kind == "torch" else "numpy")
-
-
-@functools.lru_cache(maxsize=256)
-def _cached_plan(workload, cfg: TileConfig, arrays: str):
-    return simt_forward_plan(workload, block_q=cfg.block_m, block_k=cfg.block_n,
-                             micro_tile=(cfg.tm, cfg.tn), arrays=arrays)
+    return host.family_plan("simt", "fwd", problem, block_q=cfg.block_m, block_k=cfg.block_n,
+                            micro_tile=(cfg.tm, cfg.tn),
+                            arrays="torch" if problem.kind == "torch" else "numpy")
 
 
 def launch_of(the_plan, name: str, threads: int, smem_bytes: int):
@@ -382,10 +376,7 @@ def launch_of(the_plan, name: str, threads: int, smem_bytes: int):
     static shared memory of the kernel compiled for it (a kernel and its plan out of step: a
     bug, never the caller's)."""
     launch = the_plan.kernel(name)
-    if (launch.threads, launch.shared_bytes) != (threads, smem_bytes):
-        raise RuntimeError(f"kernel {name}: compiled for {threads} threads and {smem_bytes} bytes "
-                           f"of shared memory, its plan says {launch.threads} and "
-                           f"{launch.shared_bytes}")
+    host.check_launch(name, (launch.threads, launch.shared_bytes), (threads, smem_bytes))
     return launch
 
 

@@ -63,7 +63,8 @@ import functools
 from sim.plans.tensor_core_bwd import STATIC_SMEM_LIMIT_BYTES as SMEM_LIMIT_BYTES
 from sim.plans.tensor_core_bwd import TF32_HEAD_DIMS as SUPPORTED_HEAD_DIMS
 from sim.plans.tensor_core_bwd import TF32_PAD_FLOATS as PAD_FLOATS
-from sim.plans.tensor_core_bwd import launch_of, tf32_backward_plan
+from sim.plans import plan_for
+from sim.plans.tensor_core_bwd import launch_of
 from sim.plans.tensor_core_bwd import tf32_default_config as default_config
 from sim.plans.tensor_core_bwd import tf32_default_tiles as default_tiles
 from sim.plans.tensor_core_bwd import tf32_dkdv_dropout_config as dkdv_dropout_config
@@ -651,8 +652,8 @@ def plan(problem, config):
                          f"tiles of the tf32 family's backward")
     (dq_bq, dq_bk), (kv_bk, kv_bq) = tiles_
     workload, masks = plan_inputs(problem)
-    return tf32_backward_plan(workload, dq_tile=(dq_bq, dq_bk), kv_tile=(kv_bq, kv_bk),
-                              launch_order=config.launch_order, **masks)
+    return plan_for("tf32", "bwd", workload, dq_tile=(dq_bq, dq_bk), kv_tile=(kv_bq, kv_bk),
+                    launch_order=config.launch_order, **masks)
 
 
 def prepare(problem, config):

@@ -55,7 +55,6 @@ from sim.plans.tensor_core_fwd import TF32_BLOCK_K_CHOICES as BLOCK_K_CHOICES
 from sim.plans.tensor_core_fwd import TF32_BLOCK_Q_CHOICES as BLOCK_Q_CHOICES
 from sim.plans.tensor_core_fwd import TF32_DEFAULT_BLOCKS as DEFAULT_BLOCKS
 from sim.plans.tensor_core_fwd import TF32_HEAD_DIMS as SUPPORTED_HEAD_DIMS
-from sim.plans.tensor_core_fwd import tf32_forward_plan
 from sim.plans.tensor_core_fwd import tf32_presplit_ok as presplit_ok
 from sim.plans.tensor_core_fwd import tf32_smem_bytes as smem_bytes
 
@@ -408,9 +407,8 @@ def plan(problem, config):
     its grid, threads and shared memory are what `prepare` launches; its counts are what
     `sim.plan.price` prices."""
     block_q, block_k = tiles(problem, config)
-    workload, _exact = host.plan_workload(problem, "fwd")
-    return tf32_forward_plan(workload, block_q=block_q, block_k=block_k,
-                             launch_order=config.launch_order)
+    return host.family_plan("tf32", "fwd", problem, block_q=block_q, block_k=block_k,
+                            launch_order=config.launch_order)
 
 
 def prepare(problem, config):

@@ -110,7 +110,10 @@ def test_kernel_families_plan_what_they_launch():
         assert kern.grid == (cdiv(333, bq), 8)
         assert (plan.config["block_q"], plan.config["block_k"]) == (bq, bk)
         assert plan.workload.heads_kv == 2 and plan.workload.causal
-        smem = module.smem_bytes(d, bk) if module is mma_fwd else module.smem_bytes(d, bk, bq)
+        # K and V double-buffered, rows padded by 8 halves (mma); one raw K/V stage, one split
+        # stage at 32 keys (two at 16) and Q's big and small halves (tf32)
+        smem = (4 * bk * (d + 8) * 2 if module is mma_fwd
+                else d * (2 * bk + (2 if bk <= 16 else 1) * 4 * bk + 2 * bq) * 4)
         assert kern.shared_bytes == smem
     assert mma_threads(64, 128) == 128 and mma_threads(128, 64) == 128
 
@@ -308,3 +311,15 @@ def test_unfused_pytorch_attention_records_are_priced_from_their_kernel_sequence
         ref = predict(Workload.from_record(rec), UNFUSED_SCHEDULES[rec["kernel"]], "h100", l2="none")
         cost = price(plan, "h100", l2="none")
         assert cost.global_bytes == ref.hbm_read_bytes + ref.hbm_write_bytes and cost.flops == ref.flops
+
+
+def test_plan_for_builds_a_plan_once_per_workload_value_and_config():
+    """Launchers ask for the same plan at every call: equal workloads (built apart) and configs
+    give the same plan object; another config, another plan; a block-mask workload (an array)
+    is built each time."""
+    w1 = Workload(batch=2, heads=4, seq_len_q=512, head_dim=64, dtype="fp16", causal=True)
+    w2 = Workload(batch=2, heads=4, seq_len_q=512, head_dim=64, dtype="fp16", causal=True)
+    assert plan_for("mma", "fwd", w1, block_q=64) is plan_for("mma", "fwd", w2, block_q=64)
+    assert plan_for("mma", "fwd", w1, block_q=128) is not plan_for("mma", "fwd", w1, block_q=64)
+    sparse = w1.replace(causal=False, block_mask=np.ones((4, 4), bool))
+    assert plan_for("flash2", "fwd", sparse) is not plan_for("flash2", "fwd", sparse)

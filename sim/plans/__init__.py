@@ -17,6 +17,7 @@ the model itself from its closed forms (`sim.plans.textbook`).
 """
 from __future__ import annotations
 
+import functools
 import importlib
 
 __all__ = ["plan_for", "plans_for_record", "choose", "PLANNERS", "CONFIGS"]
@@ -73,7 +74,40 @@ def plan_for(family: str, pass_: str, workload, **config):
         known = sorted({f for f, _p in PLANNERS})
         raise ValueError(f"no plan for family={family!r}, pass_={pass_!r} (families with plans: "
                          f"{known}; passes 'fwd', 'bwd')")
-    return _resolve(PLANNERS, key)(workload, **config)
+    items = tuple(sorted(config.items()))
+    try:
+        by_value = _ByValue(workload, items)
+    except TypeError:   # an array in the workload (a block mask) or the config: built each time
+        return _resolve(PLANNERS, key)(workload, **config)
+    return _cached_plan(family, pass_, by_value)
+
+
+class _ByValue:
+    """A workload and a config compared and hashed by their values (`sim.Workload` compares by
+    identity, as it may hold a block-mask array); TypeError where a value is unhashable."""
+
+    __slots__ = ("workload", "items", "_key")
+
+    def __init__(self, workload, items: tuple):
+        fields = getattr(workload, "__dataclass_fields__", None)
+        if fields is None or getattr(workload, "block_mask", None) is not None:
+            raise TypeError("not hashable by value")
+        self.workload, self.items = workload, items
+        self._key = (type(workload), tuple(getattr(workload, f) for f in fields), items)
+        hash(self._key)
+
+    def __hash__(self):
+        return hash(self._key)
+
+    def __eq__(self, other):
+        return isinstance(other, _ByValue) and self._key == other._key
+
+
+@functools.lru_cache(maxsize=1024)
+def _cached_plan(family: str, pass_: str, by_value: _ByValue):
+    """:func:`plan_for`'s plans, built once per (family, pass, workload values, config): a plan
+    is frozen data, and a launcher asks for the same one at every call."""
+    return _resolve(PLANNERS, (family, pass_))(by_value.workload, **dict(by_value.items))
 
 
 def choose(family: str, pass_: str, workload, profile="h100", **fixed):

@@ -56,8 +56,8 @@ What the plans count, read from the kernels' code (``kernels/simt_fwd.py``,
 Which tiles are visited is `ioaware.block_info.BlockInfo`'s answer (`sim.counts.workload_tile_stats`);
 the dK/dV kernel's ``exp`` runs only on the scores its mask allows (the bounds, the causal
 rule, the band of a window: `BlockInfo.band`), counted per row by interval arithmetic.
-Not modelled: a boolean mask's loads (`kernels.host.plan_workload` marks such problems
-inexact), and dropout's FLOPs are counted as if every score were kept (the kernels scale only
+Not modelled: a boolean mask's loads (`kernels.host.plan_workload` leaves the mask out of
+the workload), and dropout's FLOPs are counted as if every score were kept (the kernels scale only
 the kept ones).
 """
 from __future__ import annotations
