@@ -153,8 +153,11 @@ def _ptx_intrinsics():
     """The PTX this module adds to `kernels.ptx`, through the same mechanism (llvmlite inline
     assembly in a Numba intrinsic): ``elem_addr`` (64-bit address of an element of a 1-D
     array), ``ld_cg_v4`` (``ld.global.cg.v4.u32``: 16 bytes, cached in L2 only), ``st_v4``
-    (``st.global.v4.u32``), ``ld_cg_u32`` (``ld.global.cg.u32``) and ``cp_async_wait_2``
-    (``cp.async.wait_group 2``)."""
+    (``st.global.v4.u32``), ``ld_cg_u32`` (``ld.global.cg.u32``), ``ld_volatile_shared_f32``
+    (``ld.volatile.shared.f32``: a shared load ``ptxas`` must issue every time; a plain
+    ``ld.shared`` of an address read before, with no store between, is merged by ``ptxas``, which
+    made the shared-memory rate read 2.3x the hardware's 128 bytes per clock) and
+    ``cp_async_wait_2`` (``cp.async.wait_group 2``)."""
     from llvmlite import ir
     from numba import types
     from numba.cuda import cgutils
@@ -214,6 +217,15 @@ def _ptx_intrinsics():
         return sig, codegen
 
     @intrinsic
+    def ld_volatile_shared_f32(typingctx, saddr):
+        sig = types.float32(types.uint32)
+
+        def codegen(context, builder, sig, args):
+            return asm(builder, ir.FloatType(), [i32], "ld.volatile.shared.f32 $0, [$1];",
+                       "=f,r,~{memory}", [args[0]])
+        return sig, codegen
+
+    @intrinsic
     def cp_async_wait_2(typingctx):
         sig = types.void()
 
@@ -223,7 +235,8 @@ def _ptx_intrinsics():
         return sig, codegen
 
     return SimpleNamespace(elem_addr=elem_addr, ld_cg_v4=ld_cg_v4, st_v4=st_v4,
-                           ld_cg_u32=ld_cg_u32, cp_async_wait_2=cp_async_wait_2)
+                           ld_cg_u32=ld_cg_u32, ld_volatile_shared_f32=ld_volatile_shared_f32,
+                           cp_async_wait_2=cp_async_wait_2)
 
 
 @functools.lru_cache(maxsize=None)
@@ -233,7 +246,8 @@ def _gpu_ops():
     x = _ptx_intrinsics()
     elem_addr, ld_cg_v4, st_v4, ld_cg_u32 = x.elem_addr, x.ld_cg_v4, x.st_v4, x.ld_cg_u32
     wait2 = x.cp_async_wait_2
-    shared_addr, ld_shared_f32, cp_async_16 = ptx.shared_addr, ptx.ld_shared_f32, ptx.cp_async_16
+    shared_addr, cp_async_16 = ptx.shared_addr, ptx.cp_async_16
+    ld_shared_f32 = x.ld_volatile_shared_f32
     commit, wait_all, wait_1 = ptx.cp_async_commit, ptx.cp_async_wait_all, ptx.cp_async_wait_1
     dev = cuda.jit(device=True, inline=True)
 
@@ -439,8 +453,8 @@ def chase_buffer(n_bytes: int, stride: int, seed: int = 0):
 @functools.lru_cache(maxsize=None)
 def smem_kernel(threads: int, conflicted: bool):
     """``smem(out, iters)``: each block fills ``SMEM_WORDS`` float32 shared words with ``j % 8``,
-    then every thread makes ``iters x SMEM_LOADS`` 4-byte shared loads (``ld.shared.f32``, which
-    the compiler cannot hoist out of the loop) and writes their sum to ``out[global thread]``.
+    then every thread makes ``iters x SMEM_LOADS`` 4-byte shared loads (``ld.volatile.shared.f32``,
+    which neither LLVM nor ``ptxas`` may hoist out of the loop or merge) and writes their sum to ``out[global thread]``.
     Conflict-free: lane l's load c reads word ``l + 32 c`` (one 128-byte row per load, every
     bank once); ``conflicted``: word ``32 l + c`` (all 32 lanes in one bank: 32-way conflict)."""
     from numba import float32
@@ -792,7 +806,7 @@ def measure_smem(dev, sz):
         pattern = ("lane l reads word 32 l + c: every load 32-way bank-conflicted"
                    if conflicted else "lane l reads word l + 32 c: conflict-free")
         rates[name] = _rate(nbytes / dev.num_sms, secs, "bytes/s",
-                            f"4-byte ld.shared.f32 loads, {pattern}; {sz.smem_per_sm} blocks of "
+                            f"4-byte ld.volatile.shared.f32 loads, {pattern}; {sz.smem_per_sm} blocks of "
                             f"{sz.threads} threads per SM, {iters} x {SMEM_LOADS} loads a thread; "
                             f"bytes loaded / time / SMs")
     return rates, {}

@@ -29,7 +29,7 @@ import pytest
 
 import sim
 from benchmarks import rates as R
-from sim.profiles import RATE_UNITS, RATES_SCHEMA, load_profile
+from sim.profiles import RATE_UNITS, RATES_SCHEMA, load_profile, profile_for_gpu_name
 
 from .conftest import REAL_GPU
 
@@ -278,9 +278,16 @@ def test_on_a_gpu_the_ptx_kernels_and_a_quick_run(tmp_path):
     doc = json.loads(path.read_text())
     _check_doc(doc, path)
     assert set(doc["rates"]) == set(RATE_UNITS) and not doc["skipped"]
-    prof = sim.profile_for_gpu_name(doc["provenance"]["gpu"])
+    rates = {name: entry["value"] for name, entry in doc["rates"].items()}
+    # what no GPU can exceed: 32 banks x 4 bytes per SM per clock; a 32-way conflict serialises
+    # a warp's load into 32 wavefronts (at least 8x slower, whatever the bank count)
+    assert rates["smem_read_bytes_per_clk_per_sm"] <= 128 * 1.05
+    assert rates["smem_read_conflict32_bytes_per_s_per_sm"] < rates["smem_read_bytes_per_s_per_sm"] / 8
+    assert rates["cp_async_depth1_bytes_per_s"] <= rates["cp_async_depth3_bytes_per_s"] * 1.05
+    prof = profile_for_gpu_name(doc["provenance"]["gpu"])
     if prof is not None:
         r = load_profile(prof, rates=path)
         assert 0.3 < r.rate("dram_copy_bytes_per_s") / prof.hbm_bandwidth_bytes_per_s < 1.2
         assert 0.3 < r.rate("ffma_flops_per_s") / prof.fp32_flops_per_s < 1.2
         assert 0.1 < r.rate("mma_fp16_flops_per_s") / prof.tensor_flops_per_s["fp16"] < 1.2
+        assert r.rate("dram_read_bytes_per_s") <= prof.hbm_bandwidth_bytes_per_s * 1.02
