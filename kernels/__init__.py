@@ -20,12 +20,16 @@ problem on the first family, in this order, that takes it (`family_for`):
 Every family takes a sliding window (``window_size``), forward and backward: the band of
 `kernels.mask.band_arguments`.
 
-One forward-only kernel comes before the families for a forward:
+Two forward-only kernels come before the families for a forward:
 
 * ``split_kv`` (`kernels.decode_fwd`): split-KV decoding ("flash-decoding") for 1 to 16 query
   rows against a long KV cache, every float dtype but float64, GQA read once per KV head,
   causal and window bands, per-sequence cache lengths (``problem.cache_seqlens``); its plan is
   `sim.decode.SplitKVPlan`. It takes a problem by itself from 256 keys on.
+* ``wgmma`` (`kernels.wgmma_fwd`): the Hopper forward (sm_90a: TMA loads into a two-stage ring
+  with mbarriers, a producer warp, ``wgmma`` products), float16/bfloat16, head dims 64 and 128,
+  causal or not, no masks or dropout; its plan is `sim.plans.wgmma_fwd`. Never chosen by
+  itself (not yet measured faster than ``mma``): only under ``KernelConfig(family="wgmma")``.
 
 A family takes a windowed problem only if its modules say so (``TAKES_WINDOW = True``), and a
 problem with cache lengths only if they say ``TAKES_CACHE_SEQLENS = True``; the registry
@@ -37,7 +41,7 @@ micro-tile, launch order, launch path): the variants the benchmarks measure.
 """
 from __future__ import annotations
 
-from . import decode_fwd, mma_bwd, mma_fwd, simt_bwd, simt_fwd, tf32_bwd, tf32_fwd
+from . import decode_fwd, mma_bwd, mma_fwd, simt_bwd, simt_fwd, tf32_bwd, tf32_fwd, wgmma_fwd
 from .config import FAMILY_NAMES, FORWARD_ONLY_NAMES, KernelConfig
 
 __all__ = ["forward", "backward", "prepare_forward", "prepare_backward", "family_for",
@@ -47,7 +51,7 @@ __all__ = ["forward", "backward", "prepare_forward", "prepare_backward", "family
 FAMILIES = {"mma": (mma_fwd, mma_bwd), "tf32": (tf32_fwd, tf32_bwd), "simt": (simt_fwd, simt_bwd)}
 assert tuple(FAMILIES) == FAMILY_NAMES
 #: name -> forward module of the forward-only kernels, tried first for a forward.
-FORWARD_ONLY = {"split_kv": decode_fwd}
+FORWARD_ONLY = {"split_kv": decode_fwd, "wgmma": wgmma_fwd}
 assert tuple(FORWARD_ONLY) == FORWARD_ONLY_NAMES
 
 

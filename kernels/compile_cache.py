@@ -43,7 +43,8 @@ FORMAT = 1
 #: tile rules); their sources are part of every key.
 CODE_DEPENDENCIES = ("ioaware.block_info", "ioaware.dropout", "ioaware.launch_order",
                      "sim.tiles", "sim.decode", "sim.plans.tensor_core_fwd", "sim.workload",
-                     "sim.plans.tensor_core_bwd", "sim.plans.simt", "sim.plans")
+                     "sim.plans.tensor_core_bwd", "sim.plans.simt", "sim.plans",
+                     "sim.plans.wgmma_fwd")
 
 log = logging.getLogger("ioaware.kernels")
 

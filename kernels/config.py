@@ -28,7 +28,7 @@ __all__ = ["KernelConfig", "TileConfig", "choose_tiles", "default_blocks", "fwd_
 #: The kernel families, in the order the registry tries them (`kernels.family_for`).
 FAMILY_NAMES = ("mma", "tf32", "simt")
 #: Forward-only kernels, tried before the families for a forward (`kernels.family_for`).
-FORWARD_ONLY_NAMES = ("split_kv",)
+FORWARD_ONLY_NAMES = ("split_kv", "wgmma")
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,8 @@ class KernelConfig:
     """Choices a call may pin instead of leaving them to the registry and the families.
 
     * ``family``: "mma" (tensor-core float16/bfloat16), "tf32" (3xTF32 tensor-core float32) or
-      "simt" (CUDA-core, any float dtype); None = the first family that takes the problem.
+      "simt" (CUDA-core, any float dtype); the forward-only "split_kv" or "wgmma"; None = the
+      first family that takes the problem (never "wgmma", which runs only when named).
     * ``block_q``, ``block_k``: the kernel's tiles (query rows and keys per tile; for the
       CUDA-core backward the dK/dV kernel's tile is (block_k, block_q)); None = the family's
       default (with a block mask: the largest legal tiles that divide the mask's tiles). The
@@ -49,7 +50,9 @@ class KernelConfig:
     * ``num_splits``: key splits of the split-KV decoding forward (``family="split_kv"``,
       `kernels.decode_fwd`); None = `sim.decode.choose_splits`.
 
-    ``family="split_kv"`` is a forward only (decoding: few queries, a long KV cache).
+    ``family="split_kv"`` is a forward only (decoding: few queries, a long KV cache);
+    ``family="wgmma"`` is a forward only too (Hopper: TMA and ``wgmma``, `kernels.wgmma_fwd`),
+    run only when asked for by name.
     """
 
     family: str | None = None

@@ -29,7 +29,20 @@ through llvmlite's ``ir.InlineAsm`` in the style of `kernels.ptx`:
   descriptors, both K-major (no transpose), ``acc`` a 32-tuple of float32 (the accumulator
   fragment, `wgmma_d_elem`); ``f32_zeros(32)`` makes a zero accumulator. Start it with
   ``wgmma_fence()``, close the group with ``wgmma_commit_group()`` and read the result only
-  after ``wgmma_wait_group(0)``.
+  after ``wgmma_wait_group(0)``. ``wgmma_m64n64k16_f32_bf16``: the same for bfloat16.
+* **wgmma in place** (what `kernels.wgmma_fwd` uses): the accumulator is 32 float32 of a 1-D
+  local array from ``base`` on (registers once the kernel's loops are unrolled), updated in
+  place: ``wgmma_ss_f16/bf16(acc, base, desc_a, desc_b, scale_d)`` (A and B from shared memory,
+  both K-major) and ``wgmma_rs_mn_f16/bf16(acc, base, a0, a1, a2, a3, desc_b, scale_d)`` (A
+  from four .b32 registers of packed 16-bit values, `wgmma_a_elem`; B MN-major, i.e.
+  ``imm-trans-b = 1``, `mnmajor_offset`: V [keys, d] as TMA lands it).
+  ``wgmma_fence_operands(acc, base, n)`` after ``wgmma_wait_group`` keeps every later use of
+  the accumulator below the wait (an empty ``asm volatile`` with ``+f`` operands, as CUTLASS's
+  ``warpgroup_fence_operand``): without it LLVM may hoist register arithmetic on the results
+  above the wait, which orders only memory.
+* ``cp_async_bulk_tensor_4d_g2s(dst, tmap, c0, c1, c2, c3, bar)``: one box of a 4-D tensor map
+  (`encode_tensor_map_4d`: [B, H, N, d] with any 16-byte-multiple strides; boxes never cross a
+  head, out-of-bounds rows are zero-filled).
 * **register reallocation**: ``setmaxnreg_inc(n)`` / ``setmaxnreg_dec(n)`` (``n`` a compile-time
   constant, 24..256, a multiple of 8; every thread of the warpgroup executes it). ptxas only
   honours it in a kernel whose launch bounds name a minimum of blocks per SM
@@ -67,6 +80,12 @@ Plain Python (no GPU, no compile), checked on the CPU:
   16-bit operand tile lies in shared memory, in the canonical layouts a descriptor describes
   (8 x 16-byte "core matrices"; no swizzle, or 32/64/128-byte swizzle, the pattern TMA writes
   with ``CU_TENSOR_MAP_SWIZZLE_*``), and the LBO, SBO and per-k16-step advance that go with it.
+* `mnmajor_offset` / `mnmajor_strides`: the same for an MN-major (transposed) B operand, K x N
+  with N contiguous, as TMA lands a box of rows x one swizzle width (LBO between 64-element N
+  blocks, SBO between 8-row groups of K: PTX ISA canonical MN-major layouts).
+* `wgmma_a_elem` / `wgmma_a_owner`: the A-in-registers fragment of m64nNk16 (four .b32 of two
+  16-bit values); `wgmma_p_from_d`: which accumulator registers of a score tile form the A
+  registers of its k16 slice (P feeds O += P V without leaving registers).
 """
 from __future__ import annotations
 
@@ -74,6 +93,7 @@ from typing import NamedTuple
 
 from llvmlite import ir
 from numba import cuda, types
+from numba.cuda import cgutils
 from numba.cuda.extending import intrinsic
 
 __all__ = [
@@ -81,14 +101,17 @@ __all__ = [
     "WARPGROUP", "SWIZZLE_MODES", "WgmmaDescriptor", "encode_wgmma_descriptor",
     "decode_wgmma_descriptor", "wgmma_d_elem", "wgmma_d_owner", "swizzle_offset",
     "kmajor_offset", "kmajor_strides", "check_maxnreg", "encode_tensor_map_2d",
-    "TENSOR_MAP_WORDS",
+    "TENSOR_MAP_WORDS", "mnmajor_offset", "mnmajor_strides", "wgmma_a_elem", "wgmma_a_owner",
+    "wgmma_p_from_d", "encode_tensor_map_4d",
     # intrinsics
     "mbarrier_init", "mbarrier_arrive", "mbarrier_arrive_expect_tx", "mbarrier_try_wait_parity",
     "mbarrier_wait_parity", "fence_mbarrier_init", "fence_proxy_async",
     "fence_proxy_tensormap_acquire", "cp_async_bulk_g2s", "cp_async_bulk_tensor_2d_g2s",
     "wgmma_fence", "wgmma_commit_group", "wgmma_wait_group", "wgmma_m64n64k16_f32_f16",
     "WGMMA_M64N64K16_F16_PTX", "f32_zeros", "setmaxnreg_inc", "setmaxnreg_dec", "array_addr",
-    "smem_descriptor",
+    "smem_descriptor", "wgmma_m64n64k16_f32_bf16", "WGMMA_M64N64K16_BF16_PTX",
+    "cp_async_bulk_tensor_4d_g2s", "wgmma_ss_f16", "wgmma_ss_bf16", "wgmma_rs_mn_f16",
+    "wgmma_rs_mn_bf16", "WGMMA_RS_MN_F16_PTX", "WGMMA_RS_MN_BF16_PTX", "wgmma_fence_operands",
 ]
 
 WARPGROUP = 128
@@ -226,6 +249,50 @@ def kmajor_offset(row: int, k: int, swizzle: str, k_elems: int) -> int:
     return swizzle_offset((row // 8) * sbo + (row % 8) * width + 2 * k, swizzle)
 
 
+
+def mnmajor_strides(swizzle: str, k_rows: int) -> tuple[int, int, int]:
+    """``(lbo, sbo, k_step)`` in bytes for a swizzled MN-major operand of 16-bit elements (B
+    with ``imm-trans-b = 1``: a K x N tile whose N elements are contiguous, e.g. V [keys, d]) in
+    the layout `mnmajor_offset` gives: N cut into blocks of one swizzle width (64 elements for
+    "128B", 32 for "64B", 16 for "32B"), each block ``k_rows`` rows of K, one row per swizzle
+    width, as TMA writes a box of ``k_rows`` rows x one swizzle width; blocks one after another.
+
+    PTX ISA, "Shared Memory Matrix Layout", canonical MN-major swizzled layouts
+    ``((T, W/T, m), (8, k)) : ((1, T, LBO), (W, SBO))`` (in elements; T = 8 elements of 16 bits,
+    W the swizzle width in elements): LBO is the distance between the N blocks (here
+    ``k_rows`` x width bytes), SBO between groups of 8 rows of K (8 x width bytes, the rows
+    being packed), and a k16 step moves the start address by 16 rows (16 x width bytes, a
+    multiple of the pattern's repeat, so the base offset stays 0). Without swizzle the
+    MN-major layout is not what a TMA box holds: refused."""
+    if swizzle not in _SWIZZLE_BYTES:
+        raise ValueError(f"swizzle must be one of {sorted(_SWIZZLE_BYTES)}, got {swizzle!r}")
+    if swizzle == "none":
+        raise ValueError("swizzle must be '32B', '64B' or '128B' for an MN-major operand (the "
+                         "interleaved layout is not one a TMA box holds)")
+    _check_int("k_rows", k_rows)
+    if k_rows <= 0 or k_rows % 16:
+        raise ValueError(f"k_rows must be a positive multiple of 16, got {k_rows}")
+    width = _SWIZZLE_BYTES[swizzle]
+    return k_rows * width, 8 * width, 16 * width
+
+
+def mnmajor_offset(k: int, n: int, swizzle: str, k_rows: int) -> int:
+    """Byte offset of element (k, n) of a K x N MN-major tile of 16-bit elements (``k_rows``
+    rows of K, any N) in the layout of `mnmajor_strides`, from a base aligned to the swizzle
+    pattern (1024 bytes for 128B): ``(n // W) * LBO`` plus the swizzled offset ``k * width +
+    2 * (n % W)`` inside the block (what TMA writes for a box of ``k_rows`` rows x ``width``
+    bytes), W = width / 2 elements."""
+    lbo, _sbo, _ = mnmajor_strides(swizzle, k_rows)
+    _check_int("k", k)
+    _check_int("n", n)
+    if not 0 <= k < k_rows:
+        raise ValueError(f"k must be in [0, {k_rows}), got {k}")
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    width = _SWIZZLE_BYTES[swizzle]
+    w_elems = width // 2
+    return (n // w_elems) * lbo + swizzle_offset(k * width + 2 * (n % w_elems), swizzle)
+
 # -- the m64nNk16 accumulator fragment -----------------------------------------------------------
 def _check_n(n):
     _check_int("n", n)
@@ -260,6 +327,54 @@ def wgmma_d_owner(row: int, col: int, n: int = 64) -> tuple[int, int]:
     reg = 4 * (col // 8) + 2 * ((row % 16) // 8) + col % 2
     return thread, reg
 
+
+
+def wgmma_a_elem(thread: int, reg: int, half: int) -> tuple[int, int]:
+    """(row, k) of the element of the 64 x 16 A operand held in half ``half`` (0: low 16 bits)
+    of .b32 register ``reg`` (0..3) of ``thread`` (0..127) of ``wgmma.mma_async.m64nNk16``
+    with A in registers (PTX ISA, "Matrix Fragments for wgmma.mma_async.m64nNk16", A; .f16 and
+    .bf16): warp ``w`` holds rows 16w..16w+15 in ``mma.m16n8k16``'s A layout
+    (`kernels.fragments.a_elem`). With ``e = 2 * reg + half``::
+
+        row = 16 * warp + group + 8 * ((e >> 1) & 1)
+        k   = 2 * tig + (e & 1) + 8 * (e >> 2)
+    """
+    _check_int("thread", thread)
+    _check_int("reg", reg)
+    _check_int("half", half)
+    if not 0 <= thread < WARPGROUP:
+        raise ValueError(f"thread must be in [0, {WARPGROUP}), got {thread}")
+    if not (0 <= reg < 4 and half in (0, 1)):
+        raise ValueError(f"A has registers 0..3 and halves 0..1, got reg={reg}, half={half}")
+    warp, lane = divmod(thread, 32)
+    group, tig = divmod(lane, 4)
+    e = 2 * reg + half
+    return 16 * warp + group + 8 * ((e >> 1) & 1), 2 * tig + (e & 1) + 8 * (e >> 2)
+
+
+def wgmma_a_owner(row: int, k: int) -> tuple[int, int, int]:
+    """(thread, reg, half) holding element (row, k) of the 64 x 16 A operand (inverse of
+    `wgmma_a_elem`)."""
+    _check_int("row", row)
+    _check_int("k", k)
+    if not (0 <= row < 64 and 0 <= k < 16):
+        raise ValueError(f"(row, k) must lie in the 64 x 16 tile, got ({row}, {k})")
+    thread = 32 * (row // 16) + 4 * (row % 8) + (k % 8) // 2
+    e = (k & 1) + 2 * ((row % 16) // 8) + 4 * (k // 8)
+    return thread, e // 2, e % 2
+
+
+def wgmma_p_from_d(kc: int, reg: int, half: int) -> int:
+    """The accumulator register (`wgmma_d_elem`, any N) whose value, rounded to 16 bits, is
+    half ``half`` of A register ``reg`` for the k16 slice ``kc`` (columns 16 kc .. 16 kc + 15)
+    of a score tile: ``8 * kc + 2 * reg + half``. The same thread holds both, so P = softmax(S)
+    becomes the A operand of O += P V without leaving registers (as ``mma.sync``'s C -> A,
+    `kernels.fragments.c_pair_to_a`)."""
+    for name, v in (("kc", kc), ("reg", reg), ("half", half)):
+        _check_int(name, v)
+    if kc < 0 or not 0 <= reg < 4 or half not in (0, 1):
+        raise ValueError(f"need kc >= 0, reg in 0..3, half in 0..1; got {kc}, {reg}, {half}")
+    return 8 * kc + 2 * reg + half
 
 def check_maxnreg(n: int) -> int:
     """``n`` if it is a valid ``setmaxnreg`` register count (24..256, a multiple of 8)."""
@@ -344,6 +459,75 @@ def encode_tensor_map_2d(address: int, shape, row_stride_bytes: int, box, dtype:
     return np.array([int(w) for w in tmap.opaque], dtype=np.uint64)
 
 
+
+def _tensor_map_4d_args(address, shape, strides_bytes, box, dtype, swizzle):
+    """The checked arguments of `encode_tensor_map_4d` (plain Python); returns the element
+    size in bytes."""
+    if dtype not in _TMAP_DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(_TMAP_DTYPES)}, got {dtype!r}")
+    elem = _TMAP_DTYPES[dtype][1]
+    _check_int("address", address)
+    if address <= 0 or address % 16:
+        raise ValueError(f"address must be a non-zero multiple of 16, got {address:#x}")
+    if len(shape) != 4 or any(isinstance(s, bool) or not isinstance(s, int) or not 0 < s <= 1 << 32
+                              for s in shape):
+        raise ValueError(f"shape must be four ints in [1, 2**32] (outermost first), got {shape}")
+    if len(strides_bytes) != 3 or any(isinstance(s, bool) or not isinstance(s, int)
+                                      or s % 16 or not 0 < s < 1 << 40 for s in strides_bytes):
+        raise ValueError(f"strides_bytes must be three positive multiples of 16 below 2**40 (the "
+                         f"outer three dimensions, outermost first), got {strides_bytes}")
+    if strides_bytes[2] < shape[3] * elem:
+        raise ValueError(f"strides_bytes[2] ({strides_bytes[2]}) is less than a row "
+                         f"({shape[3]} x {elem} bytes)")
+    if len(box) != 4 or any(isinstance(b, bool) or not isinstance(b, int) or not 0 < b <= 256
+                            for b in box):
+        raise ValueError(f"box must be four ints in [1, 256] (outermost first), got {box}")
+    if box[3] * elem % 16:
+        raise ValueError(f"box must be a multiple of 16 bytes wide, got {box[3]} x {elem} bytes")
+    if swizzle not in _SWIZZLE_BYTES:
+        raise ValueError(f"swizzle must be one of {sorted(_SWIZZLE_BYTES)}, got {swizzle!r}")
+    if swizzle != "none" and box[3] * elem > _SWIZZLE_BYTES[swizzle]:
+        raise ValueError(f"a {swizzle} swizzle takes boxes at most {_SWIZZLE_BYTES[swizzle]} "
+                         f"bytes wide, got {box[3] * elem}")
+    return elem
+
+
+def encode_tensor_map_4d(address: int, shape, strides_bytes, box, dtype: str = "uint16",
+                         swizzle: str = "none"):
+    """A 4-D tiled tensor map (``cuTensorMapEncodeTiled``) as a NumPy array of
+    `TENSOR_MAP_WORDS` uint64, read by `cp_async_bulk_tensor_4d_g2s`.
+
+    ``address``: device address of element (0, 0, 0, 0) (16-byte aligned); ``shape``: four
+    extents, outermost first as NumPy orders them (e.g. [B, H, N, d]; the last is contiguous);
+    ``strides_bytes``: the byte strides of the outer three dimensions, outermost first
+    (multiples of 16; give any valid value for a dimension of extent 1); ``box``: the extents
+    one copy moves, outermost first (each at most 256; the innermost times the element size a
+    multiple of 16, and at most the swizzle width when swizzled). The copy's coordinates are
+    innermost first: (c0, c1, c2, c3) = (column, row, dim 1, dim 0). Out-of-bounds elements of
+    a box are filled with zeros (and counted in the transaction bytes). Needs the CUDA driver
+    (``cuda.bindings``)."""
+    _tensor_map_4d_args(address, shape, strides_bytes, box, dtype, swizzle)
+    import numpy as np
+    from cuda.bindings import driver as drv
+
+    swz = {"none": "CU_TENSOR_MAP_SWIZZLE_NONE", "32B": "CU_TENSOR_MAP_SWIZZLE_32B",
+           "64B": "CU_TENSOR_MAP_SWIZZLE_64B", "128B": "CU_TENSOR_MAP_SWIZZLE_128B"}[swizzle]
+    (err,) = drv.cuInit(0)
+    if err != drv.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuInit failed: {err!r}")
+    u64, u32 = drv.cuuint64_t, drv.cuuint32_t
+    err, tmap = drv.cuTensorMapEncodeTiled(
+        getattr(drv.CUtensorMapDataType, _TMAP_DTYPES[dtype][0]), 4, address,
+        [u64(x) for x in reversed(shape)], [u64(x) for x in reversed(strides_bytes)],
+        [u32(x) for x in reversed(box)], [u32(1)] * 4,
+        drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+        getattr(drv.CUtensorMapSwizzle, swz),
+        drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+        drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+    if err != drv.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuTensorMapEncodeTiled failed: {err!r}")
+    return np.array([int(w) for w in tmap.opaque], dtype=np.uint64)
+
 # -- intrinsics ----------------------------------------------------------------------------------
 _I32 = ir.IntType(32)
 _I64 = ir.IntType(64)
@@ -396,6 +580,9 @@ def _make_void(name, ptx, arg_types, doc):
     elif arity == 5:
         def f(typingctx, a0, a1, a2, a3, a4):
             return typer(typingctx, a0, a1, a2, a3, a4)
+    elif arity == 7:
+        def f(typingctx, a0, a1, a2, a3, a4, a5, a6):
+            return typer(typingctx, a0, a1, a2, a3, a4, a5, a6)
     else:
         raise ValueError(f"no intrinsic shape for {arity} operands")
     f.__name__ = f.__qualname__ = name
@@ -444,6 +631,15 @@ cp_async_bulk_tensor_2d_g2s = _make_void(
     "global address ``tmap``, starting at element column ``c0`` and row ``c1``, to shared "
     "address ``dst`` (128-byte aligned; 1024 for the 128-byte swizzle's pattern to line up); "
     "completes the box's bytes on ``bar``. One thread issues it.")
+cp_async_bulk_tensor_4d_g2s = _make_void(
+    "cp_async_bulk_tensor_4d_g2s",
+    "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
+    "[$0], [$1, {$2, $3, $4, $5}], [$6];", (_U32, _U64, _U32, _U32, _U32, _U32, _U32),
+    "cp_async_bulk_tensor_4d_g2s(dst, tmap, c0, c1, c2, c3, bar): one box of the 4-D tensor map "
+    "at global address ``tmap`` (`encode_tensor_map_4d`) at element coordinates innermost "
+    "first (column ``c0``, row ``c1``, then the two outer dimensions) to shared address "
+    "``dst`` (1024-byte aligned for the 128-byte swizzle); completes the box's bytes (the "
+    "zero-filled out-of-bounds part included) on ``bar``. One thread issues it.")
 wgmma_fence = _make_void(
     "wgmma_fence", "wgmma.fence.sync.aligned;", (),
     "Order register and shared-memory accesses before the next wgmma.mma_async (all threads of "
@@ -556,6 +752,152 @@ wgmma_m64n64k16_f32_f16.__doc__ = (
     "A 64x16 and B 16x64 float16 in shared memory (K-major descriptors), acc a 32-tuple of "
     "float32 in the `wgmma_d_elem` layout; asynchronous: read the result after "
     "wgmma_commit_group() and wgmma_wait_group(0). All 128 threads of the warpgroup.")
+
+wgmma_m64n64k16_f32_bf16 = _make_wgmma(64, "bf16")
+wgmma_m64n64k16_f32_bf16.__doc__ = (
+    "wgmma_m64n64k16_f32_bf16(desc_a, desc_b, acc, scale_d) -> acc: as "
+    "`wgmma_m64n64k16_f32_f16`, A and B bfloat16.")
+WGMMA_M64N64K16_BF16_PTX = _wgmma_ptx(64, "bf16")
+
+
+# -- in-place forms on a float32 array (the kernels' accumulators) -------------------------------
+def _wgmma_rs_ptx(n, dtype, trans_b):
+    regs = ",".join(f"${i}" for i in range(n // 2))
+    a = ",".join(f"${n // 2 + i}" for i in range(4))
+    b, s = n // 2 + 4, n // 2 + 5
+    # A from four .b32 registers (no imm-trans-a); imm-scale-a, imm-scale-b = 1; imm-trans-b
+    return ("{ .reg .pred p; "
+            f"setp.ne.b32 p, ${s}, 0; "
+            f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{dtype}.{dtype} "
+            f"{{{regs}}}, {{{a}}}, ${b}, p, 1, 1, {trans_b}; }}")
+
+
+WGMMA_RS_MN_F16_PTX = _wgmma_rs_ptx(64, "f16", 1)
+WGMMA_RS_MN_BF16_PTX = _wgmma_rs_ptx(64, "bf16", 1)
+
+
+def _acc_pointers(context, builder, aryty, ary_value, base_value, base_type, count):
+    """Pointers to ``acc[base + i]``, i < count (a 1-D float32 array)."""
+    ary = context.make_array(aryty)(context, builder, value=ary_value)
+    base = context.cast(builder, base_value, base_type, types.intp)
+    return [cgutils.get_item_pointer(context, builder, aryty, ary,
+                                     [builder.add(base, ir.Constant(base.type, i))],
+                                     wraparound=False)
+            for i in range(count)]
+
+
+def _is_acc(acc):
+    return isinstance(acc, types.Array) and acc.ndim == 1 and acc.dtype == types.float32
+
+
+def _make_wgmma_ss_inplace(dtype):
+    nreg = 32
+    ptx = _wgmma_ptx(64, dtype)
+    constraints = ",".join(["=f"] * nreg + ["l", "l", "r"] + [str(i) for i in range(nreg)])
+
+    def _wgmma(typingctx, acc, base, desc_a, desc_b, scale_d):
+        if not (_is_acc(acc) and all(isinstance(x, types.Integer)
+                                     for x in (base, desc_a, desc_b, scale_d))):
+            return None
+        sig = types.void(acc, base, types.uint64, types.uint64, types.uint32)
+
+        def codegen(context, builder, sig, args):
+            ptrs = _acc_pointers(context, builder, sig.args[0], args[0], args[1], sig.args[1],
+                                 nreg)
+            da = context.cast(builder, args[2], sig.args[2], types.uint64)
+            db = context.cast(builder, args[3], sig.args[3], types.uint64)
+            sd = context.cast(builder, args[4], sig.args[4], types.uint32)
+            res = _asm(builder, ir.LiteralStructType([_F32] * nreg),
+                       [_I64, _I64, _I32] + [_F32] * nreg, ptx, constraints + ",~{memory}",
+                       [da, db, sd] + [builder.load(p) for p in ptrs])
+            for i, p in enumerate(ptrs):
+                builder.store(builder.extract_value(res, i), p)
+            return context.get_dummy_value()
+
+        return sig, codegen
+    _wgmma.__name__ = _wgmma.__qualname__ = f"wgmma_ss_{dtype}"
+    return intrinsic(_wgmma)
+
+
+def _make_wgmma_rs_inplace(dtype, trans_b):
+    nreg = 32
+    ptx = _wgmma_rs_ptx(64, dtype, trans_b)
+    constraints = ",".join(["=f"] * nreg + ["r"] * 4 + ["l", "r"]
+                           + [str(i) for i in range(nreg)])
+
+    def _wgmma(typingctx, acc, base, a0, a1, a2, a3, desc_b, scale_d):
+        if not (_is_acc(acc) and all(isinstance(x, types.Integer)
+                                     for x in (base, a0, a1, a2, a3, desc_b, scale_d))):
+            return None
+        sig = types.void(acc, base, types.uint32, types.uint32, types.uint32, types.uint32,
+                         types.uint64, types.uint32)
+
+        def codegen(context, builder, sig, args):
+            ptrs = _acc_pointers(context, builder, sig.args[0], args[0], args[1], sig.args[1],
+                                 nreg)
+            a = [context.cast(builder, args[2 + i], sig.args[2 + i], types.uint32)
+                 for i in range(4)]
+            db = context.cast(builder, args[6], sig.args[6], types.uint64)
+            sd = context.cast(builder, args[7], sig.args[7], types.uint32)
+            res = _asm(builder, ir.LiteralStructType([_F32] * nreg),
+                       [_I32] * 4 + [_I64, _I32] + [_F32] * nreg, ptx,
+                       constraints + ",~{memory}", a + [db, sd] + [builder.load(p) for p in ptrs])
+            for i, p in enumerate(ptrs):
+                builder.store(builder.extract_value(res, i), p)
+            return context.get_dummy_value()
+
+        return sig, codegen
+    _wgmma.__name__ = _wgmma.__qualname__ = f"wgmma_rs_mn_{dtype}"
+    return intrinsic(_wgmma)
+
+
+wgmma_ss_f16 = _make_wgmma_ss_inplace("f16")
+wgmma_ss_f16.__doc__ = (
+    "wgmma_ss_f16(acc, base, desc_a, desc_b, scale_d): m64n64k16 float16, A and B from shared "
+    "memory (K-major descriptors), D in place in ``acc[base:base + 32]`` (a 1-D float32 local "
+    "array in the `wgmma_d_elem` layout; + D when ``scale_d`` is non-zero). Asynchronous: "
+    "`wgmma_fence` before, then `wgmma_commit_group`, `wgmma_wait_group` and "
+    "`wgmma_fence_operands` before the registers are read. All 128 threads of the warpgroup.")
+wgmma_ss_bf16 = _make_wgmma_ss_inplace("bf16")
+wgmma_ss_bf16.__doc__ = "As `wgmma_ss_f16`, A and B bfloat16."
+wgmma_rs_mn_f16 = _make_wgmma_rs_inplace("f16", 1)
+wgmma_rs_mn_f16.__doc__ = (
+    "wgmma_rs_mn_f16(acc, base, a0, a1, a2, a3, desc_b, scale_d): m64n64k16 float16 with A "
+    "(64 x 16) from four .b32 registers of packed halves (`wgmma_a_elem`) and B (16 x 64) from "
+    "shared memory MN-major (``imm-trans-b = 1``: N contiguous, `mnmajor_offset`), D in place in "
+    "``acc[base:base + 32]``; as `wgmma_ss_f16` otherwise. The A registers must not change "
+    "until the wait.")
+wgmma_rs_mn_bf16 = _make_wgmma_rs_inplace("bf16", 1)
+wgmma_rs_mn_bf16.__doc__ = "As `wgmma_rs_mn_f16`, A and B bfloat16."
+
+
+@intrinsic
+def wgmma_fence_operands(typingctx, acc, base, n):
+    """``acc[base:base + n]`` (``n`` a constant, 1..128) passed through an empty ``asm
+    volatile`` with read-write register operands (CUTLASS's ``warpgroup_fence_operand``): placed
+    after `wgmma_wait_group`, no use of the accumulator can be moved above the wait (nor a
+    write to it below a later `wgmma_fence`), since the volatile statements keep their order."""
+    if not (_is_acc(acc) and isinstance(base, types.Integer)
+            and isinstance(n, types.IntegerLiteral) and 0 < n.literal_value <= 128):
+        return None
+    count = n.literal_value
+    sig = types.void(acc, base, n)
+    constraints = ",".join(["=f"] * count + [str(i) for i in range(count)])
+
+    def codegen(context, builder, sig, args):
+        ptrs = _acc_pointers(context, builder, sig.args[0], args[0], args[1], sig.args[1], count)
+        vals = [builder.load(p) for p in ptrs]
+        if count == 1:
+            res = _asm(builder, _F32, [_F32], "", constraints + ",~{memory}", vals)
+            builder.store(res, ptrs[0])
+        else:
+            res = _asm(builder, ir.LiteralStructType([_F32] * count), [_F32] * count, "",
+                       constraints + ",~{memory}", vals)
+            for i, p in enumerate(ptrs):
+                builder.store(builder.extract_value(res, i), p)
+        return context.get_dummy_value()
+
+    return sig, codegen
 
 
 @intrinsic

@@ -1,0 +1,190 @@
+"""The plan of the Hopper forward (`kernels.wgmma_fwd`, family ``wgmma``), and the layout facts its
+launcher reads: tile choices and defaults, threads, dynamic shared memory, the registers ptxas
+gives each configuration.
+
+Owns :func:`wgmma_forward_plan`, :func:`wgmma_forward_configs` and the layout functions
+(:func:`wgmma_default_blocks`, :func:`wgmma_threads`, :func:`wgmma_smem_bytes`,
+:func:`wgmma_consumer_warpgroups`). The kernel is FlashAttention-3's structure, kept simple: one
+program per (Q tile of ``block_q`` = 64 or 128 rows, batch * head); one consumer warpgroup (128
+threads) per 64 query rows and one producer warp; the producer loads Q once and streams K and V
+tiles of ``block_k`` keys through two shared-memory stages by TMA (full/empty mbarriers); each
+consumer warpgroup computes S = Q K^T with ``wgmma`` from shared memory, the online softmax in
+registers, and O += P V with P from registers and V from shared memory (MN-major).
+
+What the plan counts, from the kernel's code (`kernels.wgmma_fwd`):
+
+* **Products** on whole tiles, ``4 d block_q block_k`` FLOPs per visited tile (rows past the
+  problem and zero-filled keys are multiplied too), on the unit ``wgmma.f16`` / ``wgmma.bf16``.
+* **Element-wise FP32 and MUFU**: the same softmax as the ``mma`` forward (the constants of
+  `sim.plans.tensor_core_fwd`): per score one FFMA, one ``ex2`` and one FADD; per row per
+  visited tile, on each of the 4 threads of a quad, FMUL + FADD + FFMA and one ``ex2``, and
+  ``d`` FMUL to rescale O; per row at the end the quad's two FADD shuffles and ``1 / l``
+  (each of its 4 threads), then ``d`` FMUL and the logsumexp for rows inside the problem.
+* **Bytes**, all by TMA boxes (whole rows, counted as moved, ``Access.how = "ld"``) except
+  the output: Q once per program (boxes of 64 rows; a box starting past the last query is not
+  issued, rows past it inside a box are zero-filled without a read); K and V once per visited
+  tile, the keys of the tile inside the problem; O stored once per row as 4-byte words of the
+  accumulator fragment (a warp instruction touches 16 bytes of a row: ``"fragment"``, as the
+  ``mma`` forward); the float32 logsumexp once per row; the tile schedule's CSR entries, read
+  warp-uniformly by every warp (start and stop once, the tile index once per visited tile).
+  The three 128-byte tensor maps, read by the TMA unit, are not counted.
+* **Shared memory moved**: the TMA destinations (Q boxes, K and V tiles). The ``wgmma``
+  operand reads are not priced, as in `sim.plans.flash3` (the "smem" level prices load/store
+  traffic).
+"""
+from __future__ import annotations
+
+from ..counts import workload_tile_stats
+from ..plan import Access, KernelPlan, Matmul, Plan
+from ..workload import STAT_BYTES, Workload
+from .tensor_core_fwd import (FLOPS_PER_ROW_THREAD_END, FLOPS_PER_ROW_THREAD_TILE,
+                              FLOPS_PER_SCORE, FRAGMENT_ROW_BYTES, LSE_FLOPS_PER_ROW,
+                              LSE_MUFU_PER_ROW, MUFU_PER_ROW_THREAD_END,
+                              MUFU_PER_ROW_THREAD_TILE, MUFU_PER_SCORE, SCHEDULE_ENTRY_BYTES,
+                              SMEM_LIMIT_BYTES, THREADS_PER_ROW)
+
+__all__ = ["wgmma_forward_plan", "wgmma_forward_configs", "wgmma_default_blocks",
+           "wgmma_threads", "wgmma_smem_bytes", "wgmma_consumer_warpgroups", "WGMMA_HEAD_DIMS",
+           "WGMMA_BLOCK_Q_CHOICES", "WGMMA_BLOCK_K_CHOICES", "WGMMA_REGISTERS",
+           "ROWS_PER_WARPGROUP", "WARPGROUP_THREADS", "PRODUCER_THREADS", "ALIGN_SLACK_BYTES",
+           "BARRIER_BYTES", "BOX_COLUMNS", "KERNEL_NAME"]
+
+KERNEL_NAME = "flash_wgmma_fwd"
+WGMMA_HEAD_DIMS = (64, 128)
+WGMMA_BLOCK_Q_CHOICES = (128, 64)     # two or one consumer warpgroups
+WGMMA_BLOCK_K_CHOICES = (128, 64)     # keys per K/V stage: two or one n64 score blocks
+#: Query rows of one consumer warpgroup (the M of ``wgmma.m64nNk16``), its threads.
+ROWS_PER_WARPGROUP = 64
+WARPGROUP_THREADS = 128
+#: The producer: one warp (its lane 0 issues every TMA copy).
+PRODUCER_THREADS = 32
+#: Dynamic shared memory is re-aligned in the kernel to 1024 bytes (the 128-byte swizzle's
+#: repeat), which may skip up to this many bytes; then Q, two K/V stages and the mbarriers.
+ALIGN_SLACK_BYTES = 1024
+BARRIER_BYTES = 64                    # q_full, full[2], empty[2]: 8 bytes each, rounded up
+#: Columns of one TMA box (64 16-bit elements = the 128-byte swizzle width): a d = 128 row is
+#: two boxes.
+BOX_COLUMNS = 64
+#: Registers per thread that ptxas 13.0 (``-arch=sm_90a``) gives each configuration
+#: (head_dim, block_q, block_k) of the kernel (float16; bfloat16 within a few), with
+#: ``launch_bounds=(threads, 1)``; checked against ptxas by tests/test_wgmma_fwd.py where
+#: ptxas is found. None: not measured.
+WGMMA_REGISTERS: dict = {}
+
+
+def wgmma_default_blocks(head_dim: int, causal: bool = False) -> tuple[int, int]:
+    """Default (block_q, block_k): 128 x 128 at d = 64, 128 x 64 at d = 128 (two consumer
+    warpgroups; the largest K/V stages that leave ptxas room without spills). Not tuned on a
+    GPU yet."""
+    return (128, 128) if head_dim <= 64 else (128, 64)
+
+
+def wgmma_consumer_warpgroups(block_q: int) -> int:
+    """Consumer warpgroups of one program: one per 64 query rows."""
+    return block_q // ROWS_PER_WARPGROUP
+
+
+def wgmma_threads(block_q: int) -> int:
+    """Threads of one program: the consumer warpgroups, then the producer warp."""
+    return WARPGROUP_THREADS * wgmma_consumer_warpgroups(block_q) + PRODUCER_THREADS
+
+
+def wgmma_smem_bytes(head_dim: int, block_q: int, block_k: int, dtype_bytes: int = 2) -> int:
+    """Dynamic shared memory of one program in bytes: the alignment slack, Q (block_q x d), two
+    stages of K and V (block_k x d each) and the mbarriers."""
+    return (ALIGN_SLACK_BYTES + block_q * head_dim * dtype_bytes
+            + 4 * block_k * head_dim * dtype_bytes + BARRIER_BYTES)
+
+
+def _check(w: Workload, block_q, block_k):
+    if not isinstance(w, Workload):
+        raise TypeError(f"workload must be a sim.Workload, got {type(w).__name__}")
+    if w.dtype not in ("fp16", "bf16"):
+        raise ValueError(f"the wgmma forward runs dtype fp16 or bf16, got workload.dtype={w.dtype!r}")
+    if w.head_dim not in WGMMA_HEAD_DIMS:
+        raise ValueError(f"the wgmma forward runs head_dim in {WGMMA_HEAD_DIMS}, got "
+                         f"workload.head_dim={w.head_dim}")
+    if w.dropout:
+        raise ValueError("the wgmma forward has no dropout (workload.dropout=True)")
+    if w.window_size is not None:
+        raise ValueError(f"the wgmma forward has no sliding window (workload.window_size="
+                         f"{w.window_size})")
+    if w.block_sparse:
+        raise ValueError("the wgmma forward takes no block mask (workload.block_sparse)")
+    if block_q not in WGMMA_BLOCK_Q_CHOICES:
+        raise ValueError(f"the wgmma forward takes block_q in {WGMMA_BLOCK_Q_CHOICES}, got "
+                         f"block_q={block_q!r}")
+    if block_k not in WGMMA_BLOCK_K_CHOICES:
+        raise ValueError(f"the wgmma forward takes block_k in {WGMMA_BLOCK_K_CHOICES}, got "
+                         f"block_k={block_k!r}")
+
+
+def wgmma_forward_plan(workload: Workload, *, block_q: int | None = None,
+                       block_k: int | None = None, registers: int | None = None,
+                       launch_order=None) -> Plan:
+    """The plan of `kernels.wgmma_fwd` for ``workload`` (float16 or bfloat16, d 64 or 128, no
+    dropout, window or block mask) at ``block_q x block_k`` (None: :func:`wgmma_default_blocks`).
+    ``registers``: per thread (None: :data:`WGMMA_REGISTERS`' figure, if measured).
+    ``launch_order`` is recorded in the config (it orders the programs, not what they do)."""
+    w = workload
+    dq, dk = wgmma_default_blocks(w.head_dim, w.causal)
+    bq, bk = block_q or dq, block_k or dk
+    _check(w, bq, bk)
+    e, d = w.dtype_bytes, w.head_dim
+    groups = workload_tile_stats(w, bq, bk)
+    tiles = sum(m * int(st.T) for m, st in groups)                 # visited tiles, all slices
+    keys = sum(m * int(st.C) for m, st in groups)                  # keys of those tiles
+    n_blocks_q = -(-w.seq_len_q // bq)
+    slices = w.batch * w.heads
+    programs = n_blocks_q * slices
+    rows = slices * w.seq_len_q
+    padded_rows = programs * bq
+    scores = tiles * bq * bk
+    tile_rows = tiles * bq
+    threads = wgmma_threads(bq)
+    warps = threads // 32
+    # every warp reads offsets[s, m] and offsets[s, m + 1] once, and kv_index[it] per tile
+    schedule_loads = warps * (2 * programs + tiles)
+    q_boxes = slices * -(-w.seq_len_q // ROWS_PER_WARPGROUP) * (d // BOX_COLUMNS)
+    box_bytes = ROWS_PER_WARPGROUP * BOX_COLUMNS * e
+    accesses = (
+        Access("schedule", "load", schedule_loads * SCHEDULE_ENTRY_BYTES, "fragment",
+               SCHEDULE_ENTRY_BYTES),
+        Access("Q", "load", rows * d * e, "ld"),
+        Access("K", "load", keys * d * e, "ld"),
+        Access("V", "load", keys * d * e, "ld"),
+        Access("O", "store", rows * d * e, "fragment", FRAGMENT_ROW_BYTES),
+        Access("lse", "store", rows * STAT_BYTES, "st"),
+    )
+    fp32 = (scores * FLOPS_PER_SCORE
+            + tile_rows * (THREADS_PER_ROW * FLOPS_PER_ROW_THREAD_TILE + d)
+            + padded_rows * THREADS_PER_ROW * FLOPS_PER_ROW_THREAD_END
+            + rows * (d + LSE_FLOPS_PER_ROW))
+    mufu = (scores * MUFU_PER_SCORE + tile_rows * THREADS_PER_ROW * MUFU_PER_ROW_THREAD_TILE
+            + padded_rows * THREADS_PER_ROW * MUFU_PER_ROW_THREAD_END + rows * LSE_MUFU_PER_ROW)
+    kv_tile = bk * d * e
+    shared = tiles * 2 * kv_tile + q_boxes * box_bytes
+    if registers is None:
+        registers = WGMMA_REGISTERS.get((d, bq, bk))
+    unit = "wgmma.bf16" if w.dtype == "bf16" else "wgmma.f16"
+    kernel = KernelPlan(
+        name=KERNEL_NAME, phase="fwd", grid=(n_blocks_q, slices), threads=threads,
+        shared_bytes=wgmma_smem_bytes(d, bq, bk, e), accesses=accesses,
+        matmuls=(Matmul(unit, tiles * 4 * d * bq * bk),),
+        fp32_flops=int(fp32), mufu_ops=int(mufu), shared_bytes_moved=int(shared),
+        registers=registers, programs_per_slice=n_blocks_q, lockstep=True)
+    tensor_bytes = {"schedule": (programs + slices + tiles) * SCHEDULE_ENTRY_BYTES,
+                    "Q": rows * d * e, "O": rows * d * e, "lse": rows * STAT_BYTES,
+                    "K": w.batch * w.heads_kv * w.seq_len_k * d * e,
+                    "V": w.batch * w.heads_kv * w.seq_len_k * d * e}
+    config = {"block_q": bq, "block_k": bk, "launch_order": launch_order,
+              "consumer_warpgroups": wgmma_consumer_warpgroups(bq), "stages": 2}
+    return Plan("wgmma", "fwd", w, (kernel,), config, tensor_bytes)
+
+
+def wgmma_forward_configs(workload: Workload) -> list:
+    """Every legal configuration of the wgmma forward for ``workload``: ``[{block_q, block_k}]``
+    whose shared memory fits."""
+    return [{"block_q": q, "block_k": k} for q in WGMMA_BLOCK_Q_CHOICES
+            for k in WGMMA_BLOCK_K_CHOICES
+            if wgmma_smem_bytes(workload.head_dim, q, k) <= SMEM_LIMIT_BYTES]
