@@ -47,6 +47,7 @@ from . import compile_cache, host, tile_scheduler
 from .config import requested_tiles
 
 __all__ = ["forward", "prepare", "plan", "supports", "tiles", "get_kernel", "tensor_maps",
+           "stage_of", "full_parity", "empty_parity",
            "DTYPES", "SUPPORTED_HEAD_DIMS", "BLOCK_Q_CHOICES", "BLOCK_K_CHOICES", "ASK",
            "kernel_constants"]
 
@@ -84,6 +85,23 @@ def kernel_constants(head_dim: int, block_q: int, block_k: int) -> dict:
                 v_template=encode_wgmma_descriptor(0, lbo_v, sbo_v, "128B"), v_step=step_v,
                 s_regs=32 * (block_k // 64), o_regs=32 * chunks, p_regs=4 * (block_k // 16),
                 consumers=block_q // ROWS_PER_WARPGROUP)
+
+
+def stage_of(tile: int) -> int:
+    """The shared-memory stage (0 or 1) of the ``tile``-th K/V tile a program visits."""
+    return tile & 1
+
+
+def full_parity(tile: int) -> int:
+    """The parity consumers wait for on the *full* barrier of `stage_of` (``tile``): the
+    ``tile // 2``-th phase of that stage's barrier."""
+    return (tile >> 1) & 1
+
+
+def empty_parity(tile: int) -> int:
+    """The parity the producer waits for on the *empty* barrier of `stage_of` (``tile``) before
+    loading ``tile`` (>= 2) into it: the phase the consumers completed releasing ``tile - 2``."""
+    return ((tile >> 1) - 1) & 1
 
 
 def get_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group):
@@ -131,6 +149,9 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group):
     mma_rs = hp.wgmma_rs_mn_bf16 if is_bf16 else hp.wgmma_rs_mn_f16
     pack = ptx.pack_bf16x2 if is_bf16 else ptx.pack_f16x2
     tile_and_head = tile_scheduler.device_tile_and_head(head_group)
+    stage = cuda.jit(device=True, inline=True)(stage_of)
+    full_phase = cuda.jit(device=True, inline=True)(full_parity)
+    empty_phase = cuda.jit(device=True, inline=True)(empty_parity)
     assert BAR + BARRIER_BYTES + 1024 == SMEM
 
     @cuda.jit(launch_bounds=(THREADS, 1), lineinfo=False)
@@ -190,9 +211,9 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group):
                                                            q_full)
                 for it in range(start, stop):
                     i = it - start
-                    st = i & 1
+                    st = stage(i)
                     if i >= 2:      # stage st was last used by tile i - 2: wait until released
-                        hp.mbarrier_wait_parity(empty0 + 8 * st, ((i >> 1) - 1) & 1)
+                        hp.mbarrier_wait_parity(empty0 + 8 * st, empty_phase(i))
                     key0 = kv_index[it] * BK
                     k_st = kv_s + st * 2 * KV_BYTES
                     hp.mbarrier_arrive_expect_tx(full0 + 8 * st, 2 * KV_BYTES)
@@ -226,11 +247,11 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group):
 
         for it in range(start, stop):
             i = it - start
-            st = i & 1
+            st = stage(i)
             key0 = kv_index[it] * BK
             k_st = kv_s + st * 2 * KV_BYTES
             v_st = k_st + KV_BYTES
-            hp.mbarrier_wait_parity(full0 + 8 * st, (i >> 1) & 1)
+            hp.mbarrier_wait_parity(full0 + 8 * st, full_phase(i))
 
             # -- compute qk: S = Q K^T, d / 16 k-steps x block_k / 64 n-blocks --
             hp.wgmma_fence()

@@ -45,7 +45,7 @@ from .tensor_core_fwd import (FLOPS_PER_ROW_THREAD_END, FLOPS_PER_ROW_THREAD_TIL
 
 __all__ = ["wgmma_forward_plan", "wgmma_forward_configs", "wgmma_default_blocks",
            "wgmma_threads", "wgmma_smem_bytes", "wgmma_consumer_warpgroups", "WGMMA_HEAD_DIMS",
-           "WGMMA_BLOCK_Q_CHOICES", "WGMMA_BLOCK_K_CHOICES", "WGMMA_REGISTERS",
+           "WGMMA_BLOCK_Q_CHOICES", "WGMMA_BLOCK_K_CHOICES", "WGMMA_REGISTERS", "WGMMA_SPILLING",
            "ROWS_PER_WARPGROUP", "WARPGROUP_THREADS", "PRODUCER_THREADS", "ALIGN_SLACK_BYTES",
            "BARRIER_BYTES", "BOX_COLUMNS", "KERNEL_NAME"]
 
@@ -69,7 +69,13 @@ BOX_COLUMNS = 64
 #: (head_dim, block_q, block_k) of the kernel (float16; bfloat16 within a few), with
 #: ``launch_bounds=(threads, 1)``; checked against ptxas by tests/test_wgmma_fwd.py where
 #: ptxas is found. None: not measured.
-WGMMA_REGISTERS: dict = {}
+WGMMA_REGISTERS: dict = {(64, 128, 128): 163, (64, 128, 64): 114, (64, 64, 128): 165,
+                         (64, 64, 64): 114, (128, 128, 128): 168, (128, 128, 64): 152,
+                         (128, 64, 128): 210, (128, 64, 64): 154}
+#: Configurations ptxas makes spill: 288 threads with ``launch_bounds=(288, 1)`` are held to
+#: 168 registers (the allocation ptxas plans for as for 384 threads), and d = 128 with 128 x 128
+#: tiles needs more (88-byte stack, ~108 bytes of spill stores). Legal, never the default.
+WGMMA_SPILLING = ((128, 128, 128),)
 
 
 def wgmma_default_blocks(head_dim: int, causal: bool = False) -> tuple[int, int]:

@@ -1,0 +1,667 @@
+"""The Hopper forward (`kernels.wgmma_fwd`, family ``wgmma``): CPU checks of what can be checked
+without a GPU, and GPU exactness tests.
+
+* CPU, every run: `supports` refuses what the kernel does not do and names it (the family must
+  be asked for; masks, dropout, windows, cache lengths, head dims, dtypes, tiles; then the
+  hardware); the registry never picks it by itself; the plan's fields against their formulas;
+  the data path of one program emulated in NumPy from the kernel's own constants (shared-memory
+  offsets, descriptor templates, k-step advances) with operands read through the PTX ISA's
+  canonical layouts and the TMA swizzle, the P registers rebuilt from the accumulator layout;
+  the full/empty barrier protocol stepped in random interleavings against a model of mbarrier
+  phases.
+* CPU, compile only (skipped without ptxas or NVVM): kernels of every tile configuration compile
+  for ``sm_90a`` and assemble with ``ptxas -v -arch=sm_90a``: instruction counts, launch bounds,
+  threads and shared memory equal to the plan's, registers equal to the plan's table, no spills
+  at d = 64 nor in the d = 128 default.
+* GPU (``gpu``, compute capability 9.0): O and the logsumexp against float64 for float16 and
+  bfloat16, d 64 and 128, causal or not, N in {1, 63, 200, 1000}, Nq != Nk with GQA, large
+  logits, every tile configuration, launch orders, NumPy and strided torch operands, a smoke run.
+  Tolerances as tests/test_mma_fwd.py; a failure names the worst element.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import kernels
+from kernels import KernelConfig
+from kernels import hopper as hp
+from kernels import wgmma_fwd as wf
+from sim.plans import plan_for
+from sim.plans.wgmma_fwd import (WGMMA_REGISTERS, WGMMA_SPILLING, wgmma_default_blocks,
+                                 wgmma_forward_configs, wgmma_smem_bytes, wgmma_threads)
+from sim.workload import Workload
+
+from .helpers import kernel_problem
+
+ROOT = Path(__file__).resolve().parents[1]
+WGMMA = KernelConfig(family="wgmma")
+
+
+def _np_problem(nq=64, nk=64, d=64, dtype=np.float16, hq=2, hkv=2, **kw):
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((1, hq, nq, d)).astype(dtype)
+    k = rng.standard_normal((1, hkv, nk, d)).astype(dtype)
+    v = rng.standard_normal((1, hkv, nk, d)).astype(dtype)
+    return kernel_problem(q, k, v, **kw)
+
+
+# ------------------------------------------------------------------------------------------------
+# CPU: refusals and the registry
+# ------------------------------------------------------------------------------------------------
+def test_refuses_unless_asked():
+    pb = _np_problem()
+    assert wf.supports(pb, KernelConfig()) == wf.ASK
+    assert wf.supports(pb, KernelConfig(family="mma")) == wf.ASK
+    assert "KernelConfig(family='wgmma')" in wf.ASK
+    # the registry never picks it by itself (split_kv is tried first, then the families)
+    assert kernels.family_for(pb) != "wgmma"
+    assert "wgmma" in kernels.FORWARD_ONLY and "wgmma" in kernels.config.FORWARD_ONLY_NAMES
+
+
+@pytest.mark.parametrize("change, word", [
+    (dict(mask=np.ones((1, 1, 64, 64), bool)), "mask"),
+    (dict(block_mask=np.ones((1, 1, 1, 1), bool), block_q=64, block_k=64), "block_mask"),
+    (dict(dropout_p=0.1, seed=1), "dropout"),
+    (dict(window_size=(8, 0), causal=True), "window_size"),
+    (dict(d=96), "head_dim"),
+    (dict(d=32), "head_dim"),
+    (dict(dtype=np.float32), "dtype"),
+    (dict(block_k=32), "block_k"),
+    (dict(block_q=32), "block_q"),
+])
+def test_refusals_name_what_is_refused(change, word):
+    pb = _np_problem(**change)
+    why = wf.supports(pb, WGMMA)
+    assert why is not None and word in why, why
+
+
+def test_refusals_of_fields_the_helpers_do_not_set():
+    pb = _np_problem()
+    why = wf.supports(dataclasses.replace(pb, cache_seqlens=np.array([10], np.int32)), WGMMA)
+    assert "cache_seqlens" in why
+    pb2 = _np_problem(nq=40, nk=64, causal=True)
+    why = wf.supports(dataclasses.replace(pb2, causal_alignment="bottom_right"), WGMMA)
+    assert "causal_alignment" in why
+    why = wf.supports(dataclasses.replace(pb, value_dim=32), WGMMA)
+    assert "value_dim" in why
+
+
+def test_the_hardware_is_checked_last():
+    # a problem the kernel takes is refused on this machine only for want of a Hopper GPU
+    from kernels import host
+    pb = _np_problem(nq=200, nk=333, d=128, causal=True, hq=4, hkv=2)
+    why = wf.supports(pb, WGMMA)
+    if not host.real_gpu():
+        assert "real CUDA GPU" in why
+        with pytest.raises(ValueError, match="wgmma"):
+            kernels.family_for(pb, WGMMA)
+    elif host.compute_capability(host.current_device_id()) < (9, 0):
+        assert "compute capability 9.0" in why
+    else:
+        assert why is None
+        assert kernels.family_for(pb, WGMMA) == "wgmma"
+    with pytest.raises(ValueError, match="forward only"):
+        kernels.family_for(pb, WGMMA, "bwd")
+
+
+# ------------------------------------------------------------------------------------------------
+# CPU: the plan
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_plan_fields_equal_the_formulas(d, dtype):
+    B, H, Hkv = 2, 4, 2
+    for bq, bk in itertools.product((128, 64), (128, 64)):
+        # whole tiles, not causal: every tile visited
+        nq, nk = 4 * bq, 2 * bk * (128 // bk)
+        w = Workload(batch=B, heads=H, heads_kv=Hkv, seq_len_q=nq, seq_len_k=nk, head_dim=d,
+                     dtype=dtype)
+        plan = plan_for("wgmma", "fwd", w, block_q=bq, block_k=bk)
+        (k,) = plan.kernels
+        assert plan.family == "wgmma" and plan.pass_ == "fwd"
+        assert k.grid == (nq // bq, B * H)
+        assert k.threads == 128 * (bq // 64) + 32 == wgmma_threads(bq)
+        assert k.shared_bytes == 1024 + bq * d * 2 + 2 * 2 * bk * d * 2 + 64
+        (mm,) = k.matmuls
+        assert mm.unit == ("wgmma.bf16" if dtype == "bf16" else "wgmma.f16")
+        assert mm.flops == 4 * B * H * nq * nk * d
+        by = {a.tensor: a for a in k.accesses}
+        assert by["Q"].bytes == by["O"].bytes == B * H * nq * d * 2
+        assert by["K"].bytes == by["V"].bytes == B * H * (nq // bq) * nk * d * 2
+        assert by["lse"].bytes == B * H * nq * 4
+        assert by["K"].how == "ld" and by["O"].how == "fragment"
+        assert k.mufu_ops >= B * H * nq * nk            # one ex2 per score at least
+        assert k.registers == WGMMA_REGISTERS[(d, bq, bk)]
+        assert plan.config["block_q"] == bq and plan.config["block_k"] == bk
+
+
+def test_plan_causal_and_tails():
+    # causal top-left, Nq != Nk, lengths not multiples of the tiles: tiles as BlockInfo says
+    from ioaware.block_info import BlockInfo
+    w = Workload(batch=1, heads=2, seq_len_q=200, seq_len_k=333, head_dim=64, dtype="fp16",
+                 causal=True)
+    plan = plan_for("wgmma", "fwd", w, block_q=128, block_k=64)
+    tiles = len(BlockInfo(200, 333, 128, 64, True).tiles())
+    (k,) = plan.kernels
+    assert k.grid == (2, 2)
+    assert k.matmuls[0].flops == 2 * tiles * 4 * 64 * 128 * 64
+    assert {a.tensor for a in k.accesses} == {"schedule", "Q", "K", "V", "O", "lse"}
+
+
+def test_plan_defaults_refusals_and_configs():
+    w = Workload(batch=1, heads=1, seq_len_q=256, head_dim=128, dtype="bf16")
+    plan = plan_for("wgmma", "fwd", w)
+    assert (plan.config["block_q"], plan.config["block_k"]) == wgmma_default_blocks(128)
+    assert wgmma_default_blocks(128) not in WGMMA_SPILLING
+    sizes = dict(batch=1, heads=1, seq_len_q=256, head_dim=128, dtype="bf16")
+    for bad, word in ((dict(dtype="fp32"), "dtype"), (dict(head_dim=96), "head_dim"),
+                      (dict(dropout=True), "dropout")):
+        with pytest.raises(ValueError, match=word):
+            plan_for("wgmma", "fwd", Workload(**{**sizes, **bad}))
+    with pytest.raises(ValueError, match="block_k"):
+        plan_for("wgmma", "fwd", w, block_k=32)
+    cfgs = wgmma_forward_configs(w)
+    assert {(c["block_q"], c["block_k"]) for c in cfgs} == set(itertools.product((128, 64),
+                                                                                  (128, 64)))
+    assert all(wgmma_smem_bytes(128, c["block_q"], c["block_k"]) <= 227 * 1024 for c in cfgs)
+
+
+def test_the_module_plan_is_the_registered_plan():
+    pb = _np_problem(nq=300, nk=200, d=128, causal=True)
+    plan = wf.plan(pb, WGMMA)
+    from kernels.host import plan_workload
+    assert plan == plan_for("wgmma", "fwd", plan_workload(pb, "fwd"), block_q=128, block_k=64,
+                            launch_order=None)
+
+
+def test_sim_plan_command(capsys):
+    from sim.cli import main
+    assert main(["plan", "--family", "wgmma", "--seq-len", "1000", "--head-dim", "128",
+                 "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["family"] == "wgmma" and d["kernels_plan"][0]["threads"] == 288
+    assert main(["plan", "--family", "wgmma", "--seq-len", "2048", "--causal", "--choose"]) == 0
+
+
+# ------------------------------------------------------------------------------------------------
+# CPU: one program's data path, emulated from the kernel's constants
+# ------------------------------------------------------------------------------------------------
+def _swizzled(byte_addr):
+    return hp.swizzle_offset(int(byte_addr), "128B")
+
+
+def _tma_box(img, dst, box):
+    """What a TMA copy of ``box`` (rows x 64 16-bit values) with the 128-byte swizzle writes at
+    shared byte address ``dst`` (1024-aligned): row r, column c at swizzle(dst + 128 r + 2 c)."""
+    for r, c in itertools.product(range(box.shape[0]), range(box.shape[1])):
+        img[_swizzled(dst + 128 * r + 2 * c) // 2] = box[r, c]
+
+
+def _fields(desc):
+    f = hp.decode_wgmma_descriptor(int(desc))
+    assert f.swizzle == "128B" and f.base_offset == 0
+    return f
+
+
+def _read_kmajor(img, desc):
+    """The 64 x 16 operand (rows M or N, columns K) a K-major 128B-swizzled descriptor names:
+    PTX ISA canonical layout ((8, m), (T, 2k)) : ((8T, SBO), (1, T)), T = 8 elements."""
+    f = _fields(desc)
+    out = np.zeros((64, 16), img.dtype)
+    for mn, k in itertools.product(range(64), range(16)):
+        elems = (mn % 8) * 64 + (k % 8) + (k // 8) * 8
+        addr = f.start_address + 2 * elems + (mn // 8) * f.stride_byte_offset
+        out[mn, k] = img[_swizzled(addr) // 2]
+    return out
+
+
+def _read_mnmajor(img, desc):
+    """The 16 x 64 operand (rows K, columns N) an MN-major 128B-swizzled descriptor names:
+    canonical layout ((T, 8, m), (8, k)) : ((1, T, LBO), (8T, SBO))."""
+    f = _fields(desc)
+    out = np.zeros((16, 64), img.dtype)
+    for k, n in itertools.product(range(16), range(64)):
+        elems = (n % 8) + 8 * ((n // 8) % 8) + 64 * (k % 8)
+        addr = (f.start_address + 2 * elems + (n // 64) * f.leading_byte_offset
+                + (k // 8) * f.stride_byte_offset)
+        out[k, n] = img[_swizzled(addr) // 2]
+    return out
+
+
+def _desc(template, addr):
+    return template | ((addr & 0x3FFFF) >> 4)          # hopper.smem_descriptor
+
+
+@pytest.mark.parametrize("d, bq, bk", [(64, 128, 128), (64, 64, 64), (128, 128, 64),
+                                       (128, 64, 128)])
+def test_one_program_emulated_from_the_kernels_constants(d, bq, bk):
+    """S = Q K^T and O = P V of one K/V tile, each warpgroup's operands read the way the
+    kernel's descriptors name them (templates, chunk offsets and k-steps of
+    `kernels.wgmma_fwd.kernel_constants`, addresses as the kernel computes them), from a shared
+    memory image laid out as the kernel's TMA copies write it; P handed to the second product
+    as the kernel packs it (accumulator registers -> A registers), checked element by element
+    against the ISA's A layout. Equal to NumPy's products (float64 of the same values)."""
+    c = wf.kernel_constants(d, bq, bk)
+    rng = np.random.default_rng(d + bq + bk)
+    q = rng.standard_normal((bq, d))
+    kt = rng.standard_normal((bk, d))
+    v = rng.standard_normal((bk, d))
+    img = np.zeros(wgmma_smem_bytes(d, bq, bk) // 2)
+    dc_n, kv, q_bytes = c["chunks"], c["kv_bytes"], c["q_bytes"]
+    for wg, cc in itertools.product(range(c["consumers"]), range(dc_n)):
+        _tma_box(img, (wg * dc_n + cc) * 8192, q[64 * wg:64 * wg + 64, 64 * cc:64 * cc + 64])
+    stage = 1                                  # the second stage: the offsets of both count
+    k_st = q_bytes + stage * 2 * kv
+    v_st = k_st + kv
+    for cc in range(dc_n):
+        _tma_box(img, k_st + cc * bk * 128, kt[:, 64 * cc:64 * cc + 64])
+        _tma_box(img, v_st + cc * bk * 128, v[:, 64 * cc:64 * cc + 64])
+    for wg in range(c["consumers"]):
+        q_wg = wg * dc_n * 8192
+        # -- compute qk --
+        s = np.zeros((64, bk))
+        for kk in range(d // 16):
+            cc = kk // 4
+            a = _read_kmajor(img, _desc(c["k_template"], q_wg + cc * 8192 + (kk % 4) * c["k_step"]))
+            for nb in range(bk // 64):
+                b = _read_kmajor(img, _desc(c["k_template"], k_st + cc * bk * 128 + nb * 8192
+                                            + (kk % 4) * c["k_step"]))
+                s[:, 64 * nb:64 * nb + 64] += a @ b.T
+        np.testing.assert_allclose(s, q[64 * wg:64 * wg + 64] @ kt.T, rtol=1e-12, atol=1e-12)
+        # the accumulator as registers: s_reg[t][32 nb + i] = S[wgmma_d_elem(t, i)] (+ 64 nb)
+        p = rng.standard_normal((64, bk))
+        regs = np.zeros((128, c["s_regs"]))
+        for t, r in itertools.product(range(128), range(c["s_regs"])):
+            row, col = hp.wgmma_d_elem(t, r % 32)
+            regs[t, r] = p[row, col + 64 * (r // 32)]
+        # -- O += P V, P packed as the kernel packs it --
+        o = np.zeros((64, d))
+        for kc in range(bk // 16):
+            a = np.zeros((64, 16))
+            for t, qq, half in itertools.product(range(128), range(4), range(2)):
+                r = 32 * (kc // 4) + 8 * (kc % 4) + 2 * qq          # the kernel's packing
+                assert r % 32 + half == hp.wgmma_p_from_d(kc % 4, qq, half)
+                row, k = hp.wgmma_a_elem(t, qq, half)
+                a[row, k] = regs[t, r + half]
+            np.testing.assert_array_equal(a, p[:, 16 * kc:16 * kc + 16])
+            for dcc in range(dc_n):
+                b = _read_mnmajor(img, _desc(c["v_template"], v_st + dcc * bk * 128
+                                             + kc * c["v_step"]))
+                o[:, 64 * dcc:64 * dcc + 64] += a @ b
+        np.testing.assert_allclose(o, p @ v, rtol=1e-12, atol=1e-12)
+
+
+def test_epilogue_and_mask_indices_follow_the_accumulator_layout():
+    # the kernel's register index 32 blk + 4 j + 2 hr + e is (row 16 w + gid + 8 hr,
+    # column 64 blk + 8 j + 2 tig + e) for thread 32 w + 4 gid + tig
+    for t, j, hr, e in itertools.product(range(128), range(8), range(2), range(2)):
+        w, lane = divmod(t, 32)
+        gid, tig = divmod(lane, 4)
+        assert hp.wgmma_d_elem(t, 4 * j + 2 * hr + e) == (16 * w + gid + 8 * hr, 8 * j + 2 * tig + e)
+
+
+# ------------------------------------------------------------------------------------------------
+# CPU: the barrier protocol
+# ------------------------------------------------------------------------------------------------
+class _MBarrier:
+    """An mbarrier as the PTX ISA describes it: a phase completes when its pending arrivals and
+    transaction bytes reach zero; ``try_wait.parity(p)`` is true when the phase of parity p has
+    completed, i.e. when the current (incomplete) phase's parity is not p."""
+
+    def __init__(self, count):
+        self.count, self.pending, self.tx, self.phase = count, count, 0, 0
+
+    def arrive(self, expect_tx=0):
+        self.tx += expect_tx
+        self.pending -= 1
+        self._maybe_complete()
+
+    def complete_tx(self, nbytes):
+        self.tx -= nbytes
+        self._maybe_complete()
+
+    def _maybe_complete(self):
+        assert self.pending >= 0
+        if self.pending == 0 and self.tx == 0:
+            self.phase += 1
+            self.pending = self.count
+
+    def try_wait(self, parity):
+        return (self.phase & 1) != parity
+
+
+@pytest.mark.parametrize("n_tiles, consumers", [(1, 1), (2, 2), (3, 1), (7, 2), (16, 2)])
+def test_full_empty_protocol_in_random_interleavings(n_tiles, consumers):
+    """The producer and the consumer warpgroups (one actor each: a warpgroup's threads arrive
+    together; the empty barrier counts warpgroups here instead of threads) stepped in random
+    order, copies completing at random later times: every consumer reads each tile from its
+    stage exactly once and in order, no copy lands in a stage a consumer is still reading, and
+    everything finishes. The parities are the kernel's (`stage_of`, `full_parity`,
+    `empty_parity`)."""
+    for seed in range(200):
+        rnd = random.Random(seed)
+        full = [_MBarrier(1), _MBarrier(1)]
+        empty = [_MBarrier(consumers), _MBarrier(consumers)]
+        content = [None, None]             # which tile each stage holds
+        reading = [set(), set()]           # consumers inside a stage (between wait and arrive)
+        inflight = []                      # (stage, tile) copies not landed yet
+        prod_i = 0
+        cons_i = [0] * consumers
+        seen = [[] for _ in range(consumers)]
+        for _step in range(100000):
+            actions = []
+            if prod_i < n_tiles:
+                st = wf.stage_of(prod_i)
+                if prod_i < 2 or empty[st].try_wait(wf.empty_parity(prod_i)):
+                    actions.append("produce")
+            if inflight:
+                actions.append("land")
+            for ci in range(consumers):
+                if cons_i[ci] < n_tiles:
+                    st = wf.stage_of(cons_i[ci])
+                    if ci in reading[st] or full[st].try_wait(wf.full_parity(cons_i[ci])):
+                        actions.append(("consume", ci))
+            if not actions:
+                break
+            act = rnd.choice(actions)
+            if act == "produce":
+                st = wf.stage_of(prod_i)
+                assert not reading[st], f"tile {prod_i} refills stage {st} while it is read"
+                full[st].arrive(expect_tx=2)
+                inflight.append((st, prod_i))
+                prod_i += 1
+            elif act == "land":
+                st, tile = inflight.pop(rnd.randrange(len(inflight)))
+                assert not reading[st]
+                content[st] = tile
+                full[st].complete_tx(2)
+            else:
+                ci = act[1]
+                st = wf.stage_of(cons_i[ci])
+                if ci not in reading[st]:
+                    reading[st].add(ci)        # passed the full wait: reads the stage
+                    seen[ci].append(content[st])
+                else:
+                    reading[st].discard(ci)    # done: the empty arrival
+                    empty[st].arrive()
+                    cons_i[ci] += 1
+        assert prod_i == n_tiles and all(i == n_tiles for i in cons_i), seed
+        assert all(s == list(range(n_tiles)) for s in seen), (seed, seen)
+
+
+# ------------------------------------------------------------------------------------------------
+# CPU, compile only: sm_90a PTX and ptxas
+# ------------------------------------------------------------------------------------------------
+SIGNATURE = ("void(uint64[:, ::1], int16[:, :, :, ::1], float32[:, :, ::1], int32[:, ::1], "
+             "int32[::1], int64, int64, int64, int64, int64, float32)")
+#: (head_dim, block_q, block_k, bfloat16, causal)
+COMPILED = [(64, 128, 128, False, True), (64, 128, 128, True, False), (64, 64, 64, False, False),
+            (64, 128, 64, True, True), (128, 128, 64, False, True), (128, 128, 64, True, False),
+            (128, 64, 128, False, False), (128, 128, 128, False, False)]
+
+
+def compile_configs(outdir) -> dict:
+    """Compile the `COMPILED` kernels for ``sm_90a`` into ``outdir`` (run in a process without
+    the CUDA simulator); returns name -> the built kernel's (threads, smem_bytes)."""
+    from numba import cuda
+
+    from benchmarks.common import allow_offline_compile
+    allow_offline_compile()
+    launch = {}
+    for cfg in COMPILED:
+        d, bq, bk, bf16, causal = cfg
+        kern = wf._build_kernel(d, bq, bk, bf16, causal, 1)
+        text, _ = cuda.compile_ptx(kern.py_func, SIGNATURE, cc=(9, 0, "a"),
+                                   launch_bounds=(kern.threads, 1))
+        name = "wgmma_fwd_{}_{}_{}_{}_{}".format(d, bq, bk, "bf16" if bf16 else "f16",
+                                                 "causal" if causal else "full")
+        Path(outdir, name + ".ptx").write_text(text)
+        launch[name] = (kern.threads, kern.smem_bytes)
+    return launch
+
+
+def _name(cfg):
+    d, bq, bk, bf16, causal = cfg
+    return "wgmma_fwd_{}_{}_{}_{}_{}".format(d, bq, bk, "bf16" if bf16 else "f16",
+                                             "causal" if causal else "full")
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    from benchmarks.common import find_ptxas
+    ptxas = find_ptxas()
+    if ptxas is None:
+        pytest.skip("ptxas (CUDA toolkit) not available")
+    from .test_hopper_intrinsics import _nvvm_missing
+    why = _nvvm_missing()
+    if why:
+        pytest.skip(f"NVVM not available to Numba: {why}")
+    out = tmp_path_factory.mktemp("wgmma_fwd")
+    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0"}
+    code = ("import json, sys; from tests.test_wgmma_fwd import compile_configs; "
+            "print(json.dumps(compile_configs(sys.argv[1])))")
+    r = subprocess.run([sys.executable, "-c", code, str(out)], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=1200)
+    assert r.returncode == 0, r.stderr[-4000:]
+    return out, ptxas, json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("cfg", COMPILED, ids=_name)
+def test_compiles_and_assembles_for_sm90a(compiled, cfg):
+    from benchmarks.common import parse_ptxas
+    outdir, ptxas, launch = compiled
+    d, bq, bk, bf16, causal = cfg
+    name = _name(cfg)
+    text = (outdir / f"{name}.ptx").read_text()
+    assert ".target sm_90a" in text
+    threads = wgmma_threads(bq)
+    assert f".maxntid {threads}, 1, 1" in text and ".minnctapersm 1" in text
+    ty = "bf16" if bf16 else "f16"
+    ss = f"wgmma.mma_async.sync.aligned.m64n64k16.f32.{ty}.{ty}"
+    # S: d/16 k-steps x bk/64 n-blocks (A, B descriptors, both K-major); PV: bk/16 x d/64 with
+    # A from four registers and B MN-major (imm-trans-b = 1)
+    n_s, n_pv = (d // 16) * (bk // 64), (bk // 16) * (d // 64)
+    assert text.count(ss) == n_s + n_pv
+    assert text.count(", p, 1, 1, 0, 0;") == n_s
+    assert text.count(", p, 1, 1, 1;") == n_pv
+    assert text.count("cp.async.bulk.tensor.4d") >= 3          # Q, K, V (loops may unroll)
+    for instr in ("mbarrier.init.shared::cta.b64", "mbarrier.arrive.expect_tx",
+                  "mbarrier.try_wait.parity", "mbarrier.arrive.shared::cta.b64",
+                  "fence.proxy.tensormap::generic.acquire.gpu", "wgmma.fence.sync.aligned",
+                  "wgmma.commit_group.sync.aligned", "wgmma.wait_group.sync.aligned 0",
+                  "shfl.sync.bfly", "ex2.approx.ftz.f32"):
+        assert instr in text, instr
+    assert "ld.local" not in text and "st.local" not in text     # arrays kept in registers
+    # the launch the plan makes is the kernel's own
+    w = Workload(batch=1, heads=1, seq_len_q=4 * bq, seq_len_k=4 * bk, head_dim=d,
+                 dtype="bf16" if bf16 else "fp16", causal=causal)
+    k = plan_for("wgmma", "fwd", w, block_q=bq, block_k=bk).kernels[0]
+    assert (k.threads, k.shared_bytes) == tuple(launch[name])
+    cubin = outdir / f"{name}.cubin"
+    r = subprocess.run([ptxas, "-v", "-arch=sm_90a", str(outdir / f"{name}.ptx"), "-o",
+                        str(cubin)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-4000:]
+    (entry,) = parse_ptxas(r.stderr)
+    print(name, entry)
+    assert "serializ" not in r.stderr.lower(), r.stderr
+    assert abs(entry["registers_per_thread"] - WGMMA_REGISTERS[(d, bq, bk)]) <= 8, entry
+    if (d, bq, bk) in WGMMA_SPILLING:
+        assert entry["spill_store_bytes"] > 0, entry      # the table says so; still true?
+    else:
+        assert entry["spill_store_bytes"] == 0 and entry["stack_frame_bytes"] == 0, entry
+
+
+# ------------------------------------------------------------------------------------------------
+# GPU
+# ------------------------------------------------------------------------------------------------
+def _need_hopper():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA here")
+    from numba import cuda
+    cc = tuple(cuda.get_current_device().compute_capability)
+    if cc < (9, 0):
+        pytest.skip(f"needs compute capability 9.0 (wgmma, TMA); this GPU is {cc}")
+    return torch
+
+
+def _inputs(torch, shape_q, shape_kv, dtype, seed, q_scale=1.0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = (torch.randn(shape_q, device="cuda", generator=g) * q_scale).to(dtype)
+    k = torch.randn(shape_kv, device="cuda", generator=g).to(dtype)
+    v = torch.randn(shape_kv, device="cuda", generator=g).to(dtype)
+    return q, k, v
+
+
+def _forward(q, k, v, config=WGMMA, **kw):
+    pb = kernel_problem(q, k, v, **kw)
+    assert kernels.family_for(pb, config) == "wgmma"
+    return kernels.forward(pb, config)
+
+
+def _worst(got, want):
+    err = np.abs(got - want)
+    err = np.where(np.isnan(err), np.inf, err)
+    idx = np.unravel_index(int(np.argmax(err)), err.shape)
+    return float(err[idx]), idx
+
+
+def _check(q, k, v, out, lse, **ref_kw):
+    """O and lse against float64 (tests/test_mma_fwd.py's tolerances), naming the worst
+    element (batch, head, row, column) and its values when they differ."""
+    from .helpers import dense_attention_reference
+    torch = sys.modules["torch"]
+    unit = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}[q.dtype]
+    ref = dense_attention_reference(q, k, v, **ref_kw)
+    want_out, want_lse = ref["out"], ref["lse"]
+    got_out = out.double().cpu().numpy() if hasattr(out, "double") else out.astype(np.float64)
+    got_lse = (lse.cpu().numpy() if hasattr(lse, "cpu") else lse).astype(np.float64)
+    atol = 4 * unit * float(v.abs().max())
+    assert np.isfinite(got_out).all(), f"non-finite outputs at {np.argwhere(~np.isfinite(got_out))[:5]}"
+    e, idx = _worst(got_out, want_out)
+    assert e <= atol, (f"O: max |error| {e:.3g} > {atol:.3g} at (b, h, row, col) {idx}: got "
+                       f"{got_out[idx]:.6g}, want {want_out[idx]:.6g}")
+    fin = np.isfinite(want_lse)
+    bad = np.argwhere(np.isfinite(got_lse) != fin)
+    assert not len(bad), f"lse finiteness differs at (b, h, row) {bad[:5].tolist()}"
+    tol = 1e-4 * (1 + np.abs(want_lse[fin]).max()) if fin.any() else 0
+    diff = np.where(fin, np.abs(got_lse - np.where(fin, want_lse, 0)), 0)
+    e, idx = _worst(diff, np.zeros_like(diff))
+    assert e <= tol, (f"lse: max |error| {e:.3g} > {tol:.3g} at (b, h, row) {idx}: got "
+                      f"{got_lse[idx]:.7g}, want {want_lse[idx]:.7g}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [1, 63, 200, 1000])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_forward_matches_float64(dtype, head_dim, causal, n):
+    torch = _need_hopper()
+    dt = getattr(torch, dtype)
+    q, k, v = _inputs(torch, (2, 4, n, head_dim), (2, 2, n, head_dim), dt, seed=n + head_dim)
+    scale = 1 / math.sqrt(head_dim)
+    out, lse = _forward(q, k, v, scale=scale, causal=causal)
+    assert out.dtype == dt and out.shape == q.shape and lse.dtype == torch.float32
+    _check(q, k, v, out, lse, scale=scale, causal=causal)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n_q, n_k", [(200, 333), (333, 200), (1, 500), (1000, 63), (64, 1)])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_nq_differs_from_nk(dtype, head_dim, causal, n_q, n_k):
+    # top-left causal alignment as kernels.mma_fwd: row i sees keys j <= i; GQA 4 / 2
+    torch = _need_hopper()
+    q, k, v = _inputs(torch, (1, 4, n_q, head_dim), (1, 2, n_k, head_dim),
+                      getattr(torch, dtype), seed=n_q * 7 + n_k)
+    out, lse = _forward(q, k, v, scale=0.1, causal=causal)
+    _check(q, k, v, out, lse, scale=0.1, causal=causal)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_large_logits_and_long_rows(dtype, head_dim):
+    # logits up to ~+-100: the running max must rescale O and l correctly
+    torch = _need_hopper()
+    q, k, v = _inputs(torch, (1, 2, 130, head_dim), (1, 2, 1100, head_dim),
+                      getattr(torch, dtype), seed=7, q_scale=12.0)
+    out, lse = _forward(q, k, v, scale=0.125)
+    _check(q, k, v, out, lse, scale=0.125)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("block_q, block_k", list(itertools.product((128, 64), (128, 64))))
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_every_tile_configuration(block_q, block_k, head_dim, causal):
+    torch = _need_hopper()
+    q, k, v = _inputs(torch, (2, 2, 333, head_dim), (2, 2, 290, head_dim), torch.float16,
+                      seed=block_q + block_k + causal)
+    cfg = KernelConfig(family="wgmma", block_q=block_q, block_k=block_k)
+    out, lse = _forward(q, k, v, config=cfg, scale=0.09, causal=causal)
+    _check(q, k, v, out, lse, scale=0.09, causal=causal)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("order", ["heads", "tiles", 4])
+def test_launch_orders_give_the_same_bits(order):
+    torch = _need_hopper()
+    q, k, v = _inputs(torch, (3, 6, 261, 64), (3, 2, 397, 64), torch.bfloat16, seed=5)
+    a = _forward(q, k, v, config=KernelConfig(family="wgmma", launch_order=order), scale=0.125,
+                 causal=True)
+    b = _forward(q, k, v, scale=0.125, causal=True)
+    _check(q, k, v, *a, scale=0.125, causal=True)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+@pytest.mark.gpu
+def test_strided_torch_and_numpy_operands():
+    """Operands as [B, N, H, d] transposed views (the tensor maps take their strides as they
+    are) and as NumPy arrays (copied to the device); the same bits as contiguous tensors."""
+    torch = _need_hopper()
+    g = torch.Generator(device="cuda").manual_seed(3)
+    base = [torch.randn((2, 150, 4, 128), device="cuda", generator=g).half() for _ in range(3)]
+    q, k, v = (x.transpose(1, 2) for x in base)
+    assert not q.is_contiguous()
+    out, lse = _forward(q, k, v, scale=0.08, causal=True)
+    _check(q, k, v, out, lse, scale=0.08, causal=True)
+    out_c, lse_c = _forward(*(x.contiguous() for x in (q, k, v)), scale=0.08, causal=True)
+    assert torch.equal(out, out_c) and torch.equal(lse, lse_c)
+    out_n, lse_n = _forward(*(x.contiguous().cpu().numpy() for x in (q, k, v)), scale=0.08,
+                            causal=True)
+    assert isinstance(out_n, np.ndarray) and out_n.dtype == np.float16
+    np.testing.assert_array_equal(out_n, out_c.cpu().numpy())
+    np.testing.assert_array_equal(lse_n, lse_c.cpu().numpy())
+
+
+@pytest.mark.gpu
+def test_smoke_prepared_and_repeated():
+    """Runs, twice through one prepared forward (tensor maps cached by address), on new
+    operands of the same shapes; shapes, dtypes, finiteness, equal bits for equal inputs. No
+    timing."""
+    torch = _need_hopper()
+    q, k, v = _inputs(torch, (1, 8, 512, 128), (1, 8, 512, 128), torch.bfloat16, seed=1)
+    pb = kernel_problem(q, k, v, scale=0.1, causal=True)
+    run = kernels.prepare_forward(pb, WGMMA)
+    o1, l1 = run(q, k, v)
+    o2, l2 = run(q.clone(), k.clone(), v.clone())
+    torch.cuda.synchronize()
+    assert o1.shape == q.shape and o1.dtype == torch.bfloat16 and l1.shape == (1, 8, 512)
+    assert torch.isfinite(o1).all() and torch.isfinite(l1).all()
+    assert torch.equal(o1, o2) and torch.equal(l1, l2)
+    # the registry still runs the mma family by default on this problem
+    assert kernels.family_for(pb) == "mma"
