@@ -13,7 +13,12 @@
   K = 64 from shared memory filled by a 1-D bulk copy (no swizzle and 128-byte swizzle), by
   ordinary stores + ``fence.proxy.async``, and by 2-D TMA copies from host-made tensor maps
   (128-byte swizzle), each against float64 ``A @ B``; an mbarrier with 128 arrivals over two
-  phases; ``setmaxnreg`` in a two-warpgroup kernel.
+  phases; ``setmaxnreg`` in a two-warpgroup kernel. What `kernels.wgmma_fwd` adds: the bf16
+  form; the in-place forms from 4-D tensor maps (a head coordinate, a zero-filled edge); A from
+  registers with an MN-major B (O += P V's instruction), float16 and bfloat16.
+* CPU, plain Python, for those: the MN-major layout against the ISA's canonical form, the
+  A-register fragment, the accumulator registers that form the next A fragment, the 4-D
+  tensor-map argument checks.
 """
 from __future__ import annotations
 
@@ -200,6 +205,91 @@ def test_kmajor_layout_fills_the_tile_and_matches_the_descriptor(swizzle, k_elem
         hp.kmajor_offset(0, k_elems, swizzle, k_elems)
 
 
+
+@pytest.mark.parametrize("swizzle", ["32B", "64B", "128B"])
+@pytest.mark.parametrize("k_rows", [16, 64, 128])
+def test_mnmajor_layout_is_the_isa_canonical_form(swizzle, k_rows):
+    """`mnmajor_offset` (what TMA writes for boxes of k_rows x one swizzle width, side by side)
+    equals the PTX ISA's canonical MN-major layout ((T, W/T, m), (8, k)) : ((1, T, LBO),
+    (W, SBO)) (elements; T = 8, W the swizzle width in elements) with `mnmajor_strides`' LBO
+    and SBO, swizzled; the k16 step moves by whole 8-row groups, so descriptors of every
+    k-step see the same form; the layout is compact."""
+    lbo, sbo, k_step = hp.mnmajor_strides(swizzle, k_rows)
+    width = {"32B": 32, "64B": 64, "128B": 128}[swizzle]
+    w_elems = width // 2
+    n_total = 2 * w_elems                                     # two N blocks: LBO is used
+    offs = {}
+    for k, n in itertools.product(range(k_rows), range(n_total)):
+        off = hp.mnmajor_offset(k, n, swizzle, k_rows)
+        n0, n1, n2 = n % 8, (n // 8) % (w_elems // 8), n // w_elems
+        k0, k1 = k % 8, k // 8
+        canon = 2 * (n0 + 8 * n1 + w_elems * k0) + n2 * lbo + k1 * sbo
+        assert off == hp.swizzle_offset(canon, swizzle), (k, n)
+        offs[k, n] = off
+    assert sorted(offs.values()) == list(range(0, 2 * k_rows * n_total, 2))
+    assert k_step == 2 * sbo and sbo == 8 * width and lbo == k_rows * width
+    for k, n in itertools.product(range(16, k_rows), range(n_total)):
+        # element (k, n) is element (k % 16, n) of the operand whose start is k // 16 steps on
+        assert offs[k, n] == hp.swizzle_offset(
+            (k // 16) * k_step + hp.swizzle_offset(offs[k % 16, n], swizzle), swizzle)
+
+
+def test_mnmajor_refusals():
+    with pytest.raises(ValueError, match="swizzle"):
+        hp.mnmajor_strides("none", 64)
+    with pytest.raises(ValueError, match="k_rows"):
+        hp.mnmajor_strides("128B", 24)
+    with pytest.raises(ValueError, match="k must"):
+        hp.mnmajor_offset(64, 0, "128B", 64)
+
+
+def test_a_register_fragment_layout():
+    """wgmma's A from registers: a bijection onto the 64 x 16 tile; warp w holds rows
+    16w..16w+15 in mma.m16n8k16's A layout (`kernels.fragments.a_elem`); owner is the
+    inverse."""
+    from kernels import fragments as fr
+    seen = set()
+    for t, reg, half in itertools.product(range(128), range(4), range(2)):
+        row, k = hp.wgmma_a_elem(t, reg, half)
+        assert 0 <= row < 64 and 0 <= k < 16 and (row, k) not in seen
+        seen.add((row, k))
+        assert hp.wgmma_a_owner(row, k) == (t, reg, half)
+        r16, c16 = fr.a_elem(t % 32, reg, half)
+        assert (row, k) == (16 * (t // 32) + r16, c16)
+    assert len(seen) == 64 * 16
+    with pytest.raises(ValueError, match="reg"):
+        hp.wgmma_a_elem(0, 4, 0)
+    with pytest.raises(ValueError, match="tile"):
+        hp.wgmma_a_owner(0, 16)
+
+
+@pytest.mark.parametrize("n", [64, 128])
+def test_accumulator_registers_are_the_next_a_fragment(n):
+    """P = softmax(S) needs no shuffle: for every k16 slice kc of an m64nNk16 accumulator, the
+    registers `wgmma_p_from_d` names hold, in the same thread, exactly the A fragment of
+    columns 16 kc .. 16 kc + 15."""
+    for kc, t, reg, half in itertools.product(range(n // 16), range(128), range(4), range(2)):
+        row, k = hp.wgmma_a_elem(t, reg, half)
+        assert hp.wgmma_d_elem(t, hp.wgmma_p_from_d(kc, reg, half), n) == (row, 16 * kc + k)
+
+
+def test_tensor_map_4d_arguments_are_checked_before_the_driver():
+    ok = dict(address=0x7F0000000000, shape=(2, 4, 100, 128), strides_bytes=(4 * 100 * 256,
+              100 * 256, 256), box=(1, 1, 64, 64), dtype="uint16", swizzle="128B")
+    assert hp._tensor_map_4d_args(**ok) == 2
+    for change, name in [(dict(address=0x7F0000000008), "address"),
+                         (dict(shape=(2, 4, 100)), "shape"),
+                         (dict(strides_bytes=(0, 100 * 256, 256)), "strides_bytes"),
+                         (dict(strides_bytes=(4 * 100 * 256, 100 * 256, 200)), "strides_bytes"),
+                         (dict(strides_bytes=(4 * 100 * 256, 100 * 256, 128)), "strides_bytes"),
+                         (dict(box=(1, 1, 300, 64)), "box"),
+                         (dict(box=(1, 1, 64, 4)), "box"),
+                         (dict(box=(1, 1, 64, 128)), "128B"),
+                         (dict(dtype="int8"), "dtype"),
+                         (dict(swizzle="16B"), "swizzle")]:
+        with pytest.raises(ValueError, match=name):
+            hp._tensor_map_4d_args(**{**ok, **change})
+
 def test_setmaxnreg_counts():
     assert hp.check_maxnreg(24) == 24 and hp.check_maxnreg(256) == 256
     for bad in (16, 20, 100, 264):
@@ -373,8 +463,124 @@ def _build():
         hp.wgmma_wait_group(7)
         out[cuda.threadIdx.x] = 1.0
 
+    @cuda.jit
+    def wgmma_bulk_bf16(a_img, b_img, out, tmpl_a, tmpl_b, k_step):
+        # wgmma_bulk with bfloat16 operands (the tuple-form bf16 intrinsic)
+        smem = cuda.shared.array(8192, uint16, alignment=1024)
+        bar = cuda.shared.array(1, uint64)
+        sbar = ptx.shared_addr(bar, 0)
+        if cuda.threadIdx.x == 0:
+            hp.mbarrier_init(sbar, 1)
+            hp.fence_mbarrier_init()
+        cuda.syncthreads()
+        if cuda.threadIdx.x == 0:
+            hp.mbarrier_arrive_expect_tx(sbar, 16384)
+            hp.cp_async_bulk_g2s(ptx.shared_addr(smem, 0), hp.array_addr(a_img), 8192, sbar)
+            hp.cp_async_bulk_g2s(ptx.shared_addr(smem, 4096), hp.array_addr(b_img), 8192, sbar)
+        hp.mbarrier_wait_parity(sbar, 0)
+        sa = ptx.shared_addr(smem, 0)
+        sb = ptx.shared_addr(smem, 4096)
+        acc = hp.f32_zeros(32)
+        hp.wgmma_fence()
+        for s in range(4):
+            da = hp.smem_descriptor(tmpl_a, sa + uint32(s) * k_step)
+            db = hp.smem_descriptor(tmpl_b, sb + uint32(s) * k_step)
+            acc = hp.wgmma_m64n64k16_f32_bf16(da, db, acc, uint32(1 if s > 0 else 0))
+        hp.wgmma_commit_group()
+        hp.wgmma_wait_group(0)
+        t = cuda.threadIdx.x
+        for i in range(32):
+            out[t, i] = acc[i]
+
+    def make_ss_tma4d(bf16):
+        mma = hp.wgmma_ss_bf16 if bf16 else hp.wgmma_ss_f16
+
+        @cuda.jit
+        def ss_tma4d(tmap_a, tmap_b, head_a, out, tmpl, k_step):
+            # A: box (64 rows x 64) of head ``head_a`` of a [1, H, 64, 64] 4-D map; B^T: the
+            # first 64 rows of a [1, 1, Nb, 64] map (rows past Nb zero-filled); the in-place
+            # product into acc[32:64] (acc[0:32] untouched), then the operand fence
+            smem = cuda.shared.array(8192, uint16, alignment=1024)
+            bar = cuda.shared.array(1, uint64)
+            sbar = ptx.shared_addr(bar, 0)
+            ga = hp.array_addr(tmap_a)
+            gb = hp.array_addr(tmap_b)
+            t = cuda.threadIdx.x
+            if t == 0:
+                hp.fence_proxy_tensormap_acquire(ga)
+                hp.fence_proxy_tensormap_acquire(gb)
+                hp.mbarrier_init(sbar, 1)
+                hp.fence_mbarrier_init()
+            cuda.syncthreads()
+            if t == 0:
+                hp.mbarrier_arrive_expect_tx(sbar, 16384)
+                hp.cp_async_bulk_tensor_4d_g2s(ptx.shared_addr(smem, 0), ga, 0, 0, head_a, 0,
+                                               sbar)
+                hp.cp_async_bulk_tensor_4d_g2s(ptx.shared_addr(smem, 4096), gb, 0, 0, 0, 0,
+                                               sbar)
+            hp.mbarrier_wait_parity(sbar, 0)
+            acc = cuda.local.array(64, float32)
+            for i in range(64):
+                acc[i] = float32(-1.0)
+            sa = ptx.shared_addr(smem, 0)
+            sb = ptx.shared_addr(smem, 4096)
+            hp.wgmma_fence()
+            for s in range(4):
+                da = hp.smem_descriptor(tmpl, sa + uint32(s) * k_step)
+                db = hp.smem_descriptor(tmpl, sb + uint32(s) * k_step)
+                mma(acc, 32, da, db, uint32(1 if s > 0 else 0))
+            hp.wgmma_commit_group()
+            hp.wgmma_wait_group(0)
+            hp.wgmma_fence_operands(acc, 32, 32)
+            for i in range(64):
+                out[t, i] = acc[i]
+        return ss_tma4d
+
+    def make_rs_mn(bf16):
+        mma = hp.wgmma_rs_mn_bf16 if bf16 else hp.wgmma_rs_mn_f16
+
+        @cuda.jit
+        def rs_mn(tmap_b, a_words, out, tmpl_b):
+            # A (64 x 64) from registers: a_words[t, 4 s + r] is thread t's register r of k-step
+            # s (packed on the host by wgmma_a_elem); B (K = 64 x N = 128, N contiguous: as V
+            # [keys, d]) by two 64-column boxes of a 4-D map into 64 x 128-byte swizzled rows,
+            # box c at 8192 c; D = A B in acc[0:64] (two n64 halves), B MN-major
+            smem = cuda.shared.array(8192, uint16, alignment=1024)
+            bar = cuda.shared.array(1, uint64)
+            sbar = ptx.shared_addr(bar, 0)
+            g = hp.array_addr(tmap_b)
+            t = cuda.threadIdx.x
+            if t == 0:
+                hp.fence_proxy_tensormap_acquire(g)
+                hp.mbarrier_init(sbar, 1)
+                hp.fence_mbarrier_init()
+            cuda.syncthreads()
+            if t == 0:
+                hp.mbarrier_arrive_expect_tx(sbar, 16384)
+                hp.cp_async_bulk_tensor_4d_g2s(ptx.shared_addr(smem, 0), g, 0, 0, 0, 0, sbar)
+                hp.cp_async_bulk_tensor_4d_g2s(ptx.shared_addr(smem, 4096), g, 64, 0, 0, 0,
+                                               sbar)
+            hp.mbarrier_wait_parity(sbar, 0)
+            acc = cuda.local.array(64, float32)
+            sb = ptx.shared_addr(smem, 0)
+            hp.wgmma_fence()
+            for s in range(4):
+                for c in range(2):
+                    db = hp.smem_descriptor(tmpl_b, sb + uint32(8192 * c + 2048 * s))
+                    mma(acc, 32 * c, a_words[t, 4 * s], a_words[t, 4 * s + 1],
+                        a_words[t, 4 * s + 2], a_words[t, 4 * s + 3], db,
+                        uint32(1 if s > 0 else 0))
+            hp.wgmma_commit_group()
+            hp.wgmma_wait_group(0)
+            hp.wgmma_fence_operands(acc, 0, 64)
+            for i in range(64):
+                out[t, i] = acc[i]
+        return rs_mn
+
     img = "void(uint16[::1], uint16[::1], float32[:, ::1], uint64, uint64, uint32)"
     tma = "void(uint64[::1], uint64[::1], float32[:, ::1], uint64, uint64, uint32)"
+    ss4 = "void(uint64[::1], uint64[::1], int32, float32[:, ::1], uint64, uint32)"
+    rs = "void(uint64[::1], uint32[:, ::1], float32[:, ::1], uint64)"
     return {"wgmma_bulk": (wgmma_bulk, img, None), "wgmma_stores": (wgmma_stores, img, None),
             "wgmma_tma": (wgmma_tma, tma, None),
             "barrier_phases": (barrier_phases, "void(int32[::1])", None),
@@ -383,7 +589,12 @@ def _build():
             "maxnreg_maxntid_only": (maxnreg, "void(float32[::1])", (384,)),
             "copies": (copies, "void(uint16[::1], uint64[::1], int32, int32, uint16[::1], "
                                "uint16[::1])", None),
-            "wait_groups": (wait_groups, "void(float32[::1])", None)}
+            "wait_groups": (wait_groups, "void(float32[::1])", None),
+            "wgmma_bulk_bf16": (wgmma_bulk_bf16, img, None),
+            "wgmma_ss_tma4d_f16": (make_ss_tma4d(False), ss4, None),
+            "wgmma_ss_tma4d_bf16": (make_ss_tma4d(True), ss4, None),
+            "rs_mn_f16": (make_rs_mn(False), rs, None),
+            "rs_mn_bf16": (make_rs_mn(True), rs, None)}
 
 
 def compile_all_sm90a(outdir) -> dict:
@@ -436,7 +647,12 @@ def sm90a_ptx(tmp_path_factory):
 
 
 KERNELS = ("wgmma_bulk", "wgmma_stores", "wgmma_tma", "barrier_phases", "maxnreg", "copies",
-           "wait_groups")
+           "wait_groups", "wgmma_bulk_bf16", "wgmma_ss_tma4d_f16", "wgmma_ss_tma4d_bf16",
+           "rs_mn_f16", "rs_mn_bf16")
+#: wgmma.mma_async instructions each kernel's PTX holds (its loops unrolled)
+WGMMA_COUNT = {"wgmma_bulk": 4, "wgmma_stores": 4, "wgmma_tma": 4, "wgmma_bulk_bf16": 4,
+               "wgmma_ss_tma4d_f16": 4, "wgmma_ss_tma4d_bf16": 4, "rs_mn_f16": 8,
+               "rs_mn_bf16": 8}
 #: what each kernel's PTX must contain (the intrinsics it uses, as emitted)
 EXPECTED_PTX = {
     "wgmma_bulk": ["mbarrier.init.shared::cta.b64", "fence.mbarrier_init.release.cluster",
@@ -456,6 +672,16 @@ EXPECTED_PTX = {
                 ".maxntid 384, 1, 1", ".minnctapersm 1"],
     "copies": ["cp.async.bulk.shared::cluster.global", "cp.async.bulk.tensor.2d"],
     "wait_groups": ["wgmma.wait_group.sync.aligned 1", "wgmma.wait_group.sync.aligned 7"],
+    "wgmma_bulk_bf16": ["wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16"],
+    "wgmma_ss_tma4d_f16": ["cp.async.bulk.tensor.4d.shared::cluster.global.tile"
+                           ".mbarrier::complete_tx::bytes",
+                           "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16",
+                           ", p, 1, 1, 0, 0;"],
+    "wgmma_ss_tma4d_bf16": ["cp.async.bulk.tensor.4d", "m64n64k16.f32.bf16.bf16"],
+    # A from four registers ({...} after the accumulator), B transposed: imm-trans-b = 1
+    "rs_mn_f16": ["cp.async.bulk.tensor.4d", "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16",
+                  ", p, 1, 1, 1;"],
+    "rs_mn_bf16": ["m64n64k16.f32.bf16.bf16", ", p, 1, 1, 1;"],
 }
 
 
@@ -473,15 +699,15 @@ def test_compiles_and_assembles_for_sm90a(sm90a_ptx, name):
     ptx_text = (outdir / f"{name}.ptx").read_text()
     for text in EXPECTED_PTX[name]:
         assert text in ptx_text, text
-    if name.startswith("wgmma_"):
-        assert ptx_text.count("wgmma.mma_async") == 4          # the k loop, unrolled
+    if name in WGMMA_COUNT:
+        assert ptx_text.count("wgmma.mma_async") == WGMMA_COUNT[name]   # the loops, unrolled
     r, cubin = _assemble(ptxas, outdir / f"{name}.ptx", "sm_90a")
     assert r.returncode == 0, r.stderr[-4000:]
     assert cubin.stat().st_size > 0
     from benchmarks.common import parse_ptxas
     (entry,) = parse_ptxas(r.stderr)
     assert entry["spill_store_bytes"] == 0 and entry["stack_frame_bytes"] == 0, r.stderr
-    if name.startswith("wgmma_"):
+    if name in WGMMA_COUNT:
         # no serialisation of the wgmma pipeline (ptxas says so when it inserts waits)
         assert "serializ" not in r.stderr.lower(), r.stderr
     if name == "maxnreg":
@@ -600,6 +826,114 @@ def test_wgmma_from_tma_tensor_maps_matches_float64():
     kern[1, 128](cuda.to_device(maps[0]), cuda.to_device(maps[1]), out, *_templates("128B"))
     _check(out.copy_to_host(), a, b)
 
+
+def _bf16_round(x):
+    """float32 values rounded to bfloat16 (nearest even): (the bits as uint16, the values as
+    float64)."""
+    bits = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    top = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    vals = (top.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    return top, vals
+
+
+def _half_bits(x, bf16):
+    """(uint16 bits, float64 values) of ``x`` in float16 or bfloat16."""
+    if bf16:
+        return _bf16_round(x)
+    h = np.asarray(x, np.float16)
+    return h.view(np.uint16), h.astype(np.float64)
+
+
+def _assert_product(got, want, what):
+    err = np.abs(got - want)
+    idx = np.unravel_index(int(np.argmax(err)), err.shape)
+    tol = 64 * 8 * 2.0**-23
+    assert err[idx] <= tol, (f"{what}: max |error| {err[idx]:.3g} at (row, col) {idx}: got "
+                             f"{got[idx]:.6g}, want {want[idx]:.6g}")
+
+
+@pytest.mark.gpu
+def test_wgmma_bf16_from_shared_memory_matches_float64():
+    _need_sm90()
+    from numba import cuda
+    kern = _build()["wgmma_bulk_bf16"][0]
+    rng = np.random.default_rng(11)
+    a_bits, a = _bf16_round(rng.standard_normal((64, K_TOTAL)))
+    b_bits, b = _bf16_round(rng.standard_normal((K_TOTAL, 64)))
+    out = cuda.to_device(np.zeros((128, 32), np.float32))
+    kern[1, 128](cuda.to_device(_image(a_bits.view(np.float16), "128B")),
+                 cuda.to_device(_image(np.ascontiguousarray(b_bits.T).view(np.float16), "128B")),
+                 out, *_templates("128B"))
+    got = np.zeros((64, 64))
+    host_out = out.copy_to_host()
+    for t, i in itertools.product(range(128), range(32)):
+        got[hp.wgmma_d_elem(t, i)] = host_out[t, i]
+    _assert_product(got, a @ b, "bf16 wgmma")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bf16", [False, True])
+def test_wgmma_in_place_from_4d_tensor_maps(bf16):
+    """`wgmma_ss_*` in place on acc[32:64] (acc[0:32] left alone), A = head 1 of a [1, 2, 64,
+    64] tensor by a 4-D map (the head coordinate), B^T = a [1, 1, 40, 64] tensor read as a
+    64-row box (rows 40..63 zero-filled: those output columns are 0), both 128-byte swizzled."""
+    _need_sm90()
+    from numba import cuda
+    kern = _build()["wgmma_ss_tma4d_bf16" if bf16 else "wgmma_ss_tma4d_f16"][0]
+    rng = np.random.default_rng(12 + bf16)
+    a_bits, a = _half_bits(rng.standard_normal((1, 2, 64, 64)), bf16)
+    bt_bits, bt = _half_bits(rng.standard_normal((1, 1, 40, 64)), bf16)
+    d_a, d_bt = cuda.to_device(a_bits), cuda.to_device(bt_bits)
+    map_a = hp.encode_tensor_map_4d(_device_address(d_a), (1, 2, 64, 64),
+                                    (2 * 64 * 128, 64 * 128, 128), (1, 1, 64, 64), "uint16",
+                                    "128B")
+    map_b = hp.encode_tensor_map_4d(_device_address(d_bt), (1, 1, 40, 64),
+                                    (40 * 128, 40 * 128, 128), (1, 1, 64, 64), "uint16", "128B")
+    tmpl, _, k_step = _templates("128B")
+    out = cuda.to_device(np.zeros((128, 64), np.float32))
+    kern[1, 128](cuda.to_device(map_a), cuda.to_device(map_b), np.int32(1), out, tmpl, k_step)
+    host_out = out.copy_to_host()
+    assert (host_out[:, :32] == -1).all(), "the in-place product wrote outside acc[32:64]"
+    got = np.zeros((64, 64))
+    for t, i in itertools.product(range(128), range(32)):
+        got[hp.wgmma_d_elem(t, i)] = host_out[t, 32 + i]
+    want = np.zeros((64, 64))
+    want[:, :40] = a[0, 1] @ bt[0, 0].T
+    _assert_product(got, want, "in-place SS wgmma from 4-D maps")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bf16", [False, True])
+def test_wgmma_a_from_registers_b_mn_major_matches_float64(bf16):
+    """O += P V's instruction: A (64 x 64) from registers in `wgmma_a_elem`'s layout, B (64 x
+    128, N contiguous, as V [keys, d]) landed by two 64-column TMA boxes with the 128-byte
+    swizzle and read MN-major (``imm-trans-b = 1``, `mnmajor_strides`: LBO between the boxes,
+    SBO = 1024 between 8-row groups, k-steps of 2048 bytes), D in place in two n64 halves."""
+    _need_sm90()
+    from numba import cuda
+    kern = _build()["rs_mn_bf16" if bf16 else "rs_mn_f16"][0]
+    rng = np.random.default_rng(21 + bf16)
+    a_bits, a = _half_bits(rng.standard_normal((64, 64)), bf16)
+    b_bits, b = _half_bits(rng.standard_normal((64, 128)), bf16)
+    words = np.zeros((128, 16), np.uint32)
+    for t, s, reg in itertools.product(range(128), range(4), range(2 * 2)):
+        lo = a_bits[hp.wgmma_a_elem(t, reg, 0)[0], 16 * s + hp.wgmma_a_elem(t, reg, 0)[1]]
+        hi = a_bits[hp.wgmma_a_elem(t, reg, 1)[0], 16 * s + hp.wgmma_a_elem(t, reg, 1)[1]]
+        words[t, 4 * s + reg] = int(lo) | int(hi) << 16
+    d_b = cuda.to_device(np.ascontiguousarray(b_bits))
+    map_b = hp.encode_tensor_map_4d(_device_address(d_b), (1, 1, 64, 128),
+                                    (64 * 256, 64 * 256, 256), (1, 1, 64, 64), "uint16", "128B")
+    lbo, sbo, k_step = hp.mnmajor_strides("128B", 64)
+    assert (lbo, sbo, k_step) == (8192, 1024, 2048)     # what the kernel adds by hand
+    tmpl = np.uint64(hp.encode_wgmma_descriptor(0, lbo, sbo, "128B"))
+    out = cuda.to_device(np.zeros((128, 64), np.float32))
+    kern[1, 128](cuda.to_device(map_b), cuda.to_device(words), out, tmpl)
+    host_out = out.copy_to_host()
+    got = np.zeros((64, 128))
+    for t, i in itertools.product(range(128), range(64)):
+        row, col = hp.wgmma_d_elem(t, i % 32)
+        got[row, col + 64 * (i // 32)] = host_out[t, i]
+    _assert_product(got, a @ b, "wgmma A from registers, B MN-major")
 
 @pytest.mark.gpu
 def test_bulk_copies_move_the_bytes():
