@@ -438,8 +438,7 @@ def _operand_layout(x, itemsize=2):
 def _needs_copy(x, itemsize=2) -> bool:
     """Whether an operand must be made contiguous for a tensor map: a zero or non-16-byte
     stride on a dimension of extent > 1, an unaligned start, or a strided last dimension."""
-    _, shape, strides = _operand_layout(x, itemsize)
-    addr = _operand_layout(x, itemsize)[0]
+    addr, shape, strides = _operand_layout(x, itemsize)
     return (addr % 16 != 0 or strides[3] != itemsize
             or any(n > 1 and (s == 0 or s % 16) for n, s in zip(shape[:3], strides[:3])))
 
