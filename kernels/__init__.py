@@ -28,8 +28,9 @@ Two forward-only kernels come before the families for a forward:
   `sim.decode.SplitKVPlan`. It takes a problem by itself from 256 keys on.
 * ``wgmma`` (`kernels.wgmma_fwd`): the Hopper forward (sm_90a: TMA loads into a two-stage ring
   with mbarriers, a producer warp, ``wgmma`` products), float16/bfloat16, head dims 64 and 128,
-  causal or not, no masks or dropout; its plan is `sim.plans.wgmma_fwd`. Never chosen by
-  itself (not yet measured faster than ``mma``): only under ``KernelConfig(family="wgmma")``.
+  causal or not, no masks or dropout; its plan is `sim.plans.wgmma_fwd`. Tried after
+  ``split_kv`` and before the families: on Hopper it is the forward of every problem it takes
+  (faster than ``mma`` in every measured case: docs/kernels.md).
 
 A family takes a windowed problem only if its modules say so (``TAKES_WINDOW = True``), and a
 problem with cache lengths only if they say ``TAKES_CACHE_SEQLENS = True``; the registry

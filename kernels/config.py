@@ -37,7 +37,8 @@ class KernelConfig:
 
     * ``family``: "mma" (tensor-core float16/bfloat16), "tf32" (3xTF32 tensor-core float32) or
       "simt" (CUDA-core, any float dtype); the forward-only "split_kv" or "wgmma"; None = the
-      first family that takes the problem (never "wgmma", which runs only when named).
+      first family that takes the problem (for a forward: "split_kv", "wgmma", then the
+      families).
     * ``block_q``, ``block_k``: the kernel's tiles (query rows and keys per tile; for the
       CUDA-core backward the dK/dV kernel's tile is (block_k, block_q)); None = the family's
       default (with a block mask: the largest legal tiles that divide the mask's tiles). The
@@ -52,7 +53,7 @@ class KernelConfig:
 
     ``family="split_kv"`` is a forward only (decoding: few queries, a long KV cache);
     ``family="wgmma"`` is a forward only too (Hopper: TMA and ``wgmma``, `kernels.wgmma_fwd`),
-    run only when asked for by name.
+    the default forward on compute capability 9.0 where it takes the problem.
     """
 
     family: str | None = None

@@ -1,9 +1,9 @@
 """The Hopper forward (`kernels.wgmma_fwd`, family ``wgmma``): CPU checks of what can be checked
 without a GPU, and GPU exactness tests.
 
-* CPU, every run: `supports` refuses what the kernel does not do and names it (the family must
-  be asked for; masks, dropout, windows, cache lengths, head dims, dtypes, tiles; then the
-  hardware); the registry never picks it by itself; the plan's fields against their formulas;
+* CPU, every run: `supports` refuses what the kernel does not do and names it (masks,
+  dropout, windows, cache lengths, head dims, dtypes, tiles; then the hardware); the registry
+  tries it after ``split_kv`` and before the families, whatever the config asks; the plan's fields against their formulas;
   the data path of one program emulated in NumPy from the kernel's own constants (shared-memory
   offsets, descriptor templates, k-step advances) with operands read through the PTX ISA's
   canonical layouts and the TMA swizzle, the P registers rebuilt from the accumulator layout;
@@ -59,14 +59,17 @@ def _np_problem(nq=64, nk=64, d=64, dtype=np.float16, hq=2, hkv=2, **kw):
 # ------------------------------------------------------------------------------------------------
 # CPU: refusals and the registry
 # ------------------------------------------------------------------------------------------------
-def test_refuses_unless_asked():
+def test_the_registry_tries_it_after_split_kv_and_before_the_families():
     pb = _np_problem()
-    assert wf.supports(pb, KernelConfig()) == wf.ASK
-    assert wf.supports(pb, KernelConfig(family="mma")) == wf.ASK
-    assert "KernelConfig(family='wgmma')" in wf.ASK
-    # the registry never picks it by itself (split_kv is tried first, then the families)
-    assert kernels.family_for(pb) != "wgmma"
-    assert "wgmma" in kernels.FORWARD_ONLY and "wgmma" in kernels.config.FORWARD_ONLY_NAMES
+    assert list(kernels.FORWARD_ONLY) == ["split_kv", "wgmma"] == list(kernels.config.FORWARD_ONLY_NAMES)
+    # unpinned, the answer depends only on the problem and the hardware, never on the config
+    assert wf.supports(pb, KernelConfig()) == wf.supports(pb, WGMMA)
+    from kernels import host
+    on_hopper = host.real_gpu() and host.compute_capability(host.current_device_id()) >= (9, 0)
+    assert (kernels.family_for(pb) == "wgmma") == on_hopper
+    # pinning another family runs that family
+    if host.real_gpu():
+        assert kernels.family_for(pb, KernelConfig(family="mma")) == "mma"
 
 
 @pytest.mark.parametrize("change, word", [
@@ -663,5 +666,5 @@ def test_smoke_prepared_and_repeated():
     assert o1.shape == q.shape and o1.dtype == torch.bfloat16 and l1.shape == (1, 8, 512)
     assert torch.isfinite(o1).all() and torch.isfinite(l1).all()
     assert torch.equal(o1, o2) and torch.equal(l1, l2)
-    # the registry still runs the mma family by default on this problem
-    assert kernels.family_for(pb) == "mma"
+    # the registry runs this family by default on this problem
+    assert kernels.family_for(pb) == "wgmma"
