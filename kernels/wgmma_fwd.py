@@ -37,7 +37,10 @@ sliding windows, cache lengths, other head dims and GPUs below compute capabilit
 """
 from __future__ import annotations
 
+import functools
 import math
+
+from numba import cuda
 
 from sim.plans.wgmma_fwd import (BARRIER_BYTES, BOX_COLUMNS, ROWS_PER_WARPGROUP,
                                  WARPGROUP_THREADS, WGMMA_BLOCK_K_CHOICES,
@@ -442,13 +445,42 @@ def _needs_copy(x, itemsize=2) -> bool:
 
 
 _MAPS: dict = {}        # (device, layouts, boxes) -> device uint64 [3, 16]
+#: Maps written while a CUDA graph was being captured: a captured kernel reads them at every
+#: replay, so they are kept for the life of the process (384 bytes each), never evicted.
+_CAPTURED_MAPS: list = []
+MAP_WORDS = 3 * 16
 
 
-def tensor_maps(q, k, v, block_k):
+@functools.lru_cache(maxsize=None)
+def map_writer():
+    """``store_words(dst, words)``: one thread stores the 48 uint64 ``words`` (a tuple, passed
+    by value as kernel parameters) into ``dst`` (uint64 [48]). How tensor maps reach the
+    device during CUDA graph capture, where no memory may be allocated and no host buffer
+    copied: the words become part of the captured launch."""
+    @cuda.jit
+    def store_words(dst, words):
+        if cuda.grid(1) == 0:
+            for i in range(MAP_WORDS):
+                dst[i] = words[i]
+    return store_words
+
+
+def _capturing(x) -> bool:
+    """Whether ``x`` is a torch CUDA tensor and torch's current stream is capturing a graph."""
+    if not host._is_torch(x):
+        return False
+    import torch
+    return torch.cuda.is_current_stream_capturing()
+
+
+def tensor_maps(q, k, v, block_k, stream=0):
     """The tensor maps of Q (boxes of 64 rows x 64 columns), K and V (``block_k`` rows x 64
     columns), 128-byte swizzle, 16-bit elements, as one device array uint64 [3, 16] (built and
     copied once per device, layouts and tiles; operands as `kernels.host.Call.input` gives
-    them, 16-bit words)."""
+    them, 16-bit words). Under CUDA graph capture (torch operands, ``stream`` the capturing
+    stream as `kernels.host.launch_stream` gives it), a new map goes to memory from torch's
+    allocator (the graph's pool) by a one-thread launch of `map_writer` on ``stream``, the
+    words as its parameters, and is kept for good (`_CAPTURED_MAPS`)."""
     layouts = tuple(_operand_layout(x) for x in (q, k, v))
     key = (host.current_device_id(), layouts, block_k)
     hit = _MAPS.get(key)
@@ -462,10 +494,36 @@ def tensor_maps(q, k, v, block_k):
                                                           block_k)):
             words.append(encode_tensor_map_4d(addr, shape, strides[:3],
                                               (1, 1, rows, BOX_COLUMNS), "uint16", "128B"))
-        if len(_MAPS) > 64:
-            _MAPS.clear()
-        hit = _MAPS[key] = cuda.to_device(np.stack(words))
+        words = np.stack(words).astype(np.uint64)
+        if _capturing(q):
+            import torch
+            buf = torch.empty(MAP_WORDS, dtype=torch.int64, device=q.device)
+            flat = cuda.as_cuda_array(buf, sync=False).view(np.uint64)
+            map_writer()[1, 32, stream](flat, tuple(np.uint64(w) for w in words.ravel()))
+            _CAPTURED_MAPS.append(buf)
+            hit = flat.reshape(3, 16)
+        else:
+            if len(_MAPS) > 64:
+                _MAPS.clear()
+            hit = cuda.to_device(words)
+        _MAPS[key] = hit
+    elif _capturing(q):
+        _CAPTURED_MAPS.append(hit)          # a captured launch reads it: never to be freed
     return hit
+
+
+def warm_map_writer(device_index: int) -> None:
+    """Compile and load `map_writer` now, outside any graph capture (a launch on a scratch
+    buffer), so that a capture later only launches it."""
+    import numpy as np
+    import torch
+    from numba import cuda
+    if torch.cuda.is_current_stream_capturing():
+        return
+    buf = torch.empty(MAP_WORDS, dtype=torch.int64, device=f"cuda:{device_index}")
+    stream = host.launch_stream(buf)
+    map_writer()[1, 32, stream](cuda.as_cuda_array(buf, sync=False).view(np.uint64),
+                                tuple(np.uint64(i) for i in range(MAP_WORDS)))
 
 
 def prepare(problem, config):
@@ -489,12 +547,14 @@ def prepare(problem, config):
     tail = (offsets, index, sched_b, sched_h, H // pb.heads_kv, Nq, Nk,
             np.float32(pb.scale * LOG2E))
     plans: dict = {}
+    if pb.kind == "torch" and host.real_gpu():
+        warm_map_writer(host.current_device_id())
 
     def run(q, k, v):
         call = host.Call(template, q=q)
         ops = [call.input(x, words=True, aligned=True) for x in (q, k, v)]
         ops = [x.contiguous() if hasattr(x, "contiguous") and _needs_copy(x) else x for x in ops]
-        maps = tensor_maps(*ops, block_k)
+        maps = tensor_maps(*ops, block_k, call.stream)
         out = call.output((B, H, Nq, D), words=True)
         lse = call.output((B, H, Nq), float32=True)
         host.relaunch(plans, (out.arg, lse.arg), kern, launch.grid, launch.threads, call.stream,

@@ -137,3 +137,11 @@ def kernels_backward(q, k, v, out, lse, dout, *, config=None, **kw):
     """``kernels.backward`` on `kernel_problem` (``config``: a `kernels.KernelConfig`)."""
     import kernels
     return kernels.backward(kernel_problem(q, k, v, **kw), out, lse, dout, config)
+
+
+def default_half_forward() -> str:
+    """The family the registry runs a plain float16/bfloat16 forward (d 64 or 128, no mask) on
+    this GPU: ``wgmma`` on compute capability 9.0 and above, else ``mma``."""
+    from kernels import host
+    hopper = host.real_gpu() and host.compute_capability(host.current_device_id()) >= (9, 0)
+    return "wgmma" if hopper else "mma"

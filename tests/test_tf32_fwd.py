@@ -29,7 +29,8 @@ if not torch.cuda.is_available():  # pragma: no cover - CPU-only torch
 import kernels  # noqa: E402
 from kernels import KernelConfig, tf32_fwd, tile_scheduler  # noqa: E402
 
-from .helpers import dense_attention_reference, kernel_problem, kernels_forward  # noqa: E402
+from .helpers import (default_half_forward, dense_attention_reference, kernel_problem,  # noqa: E402
+                      kernels_forward)
 
 TOL = 2e-4
 
@@ -191,7 +192,7 @@ def test_problems_the_family_refuses():
     assert tf32_fwd.supports(kernel_problem(q, k, v), KernelConfig()) is None
     half = kernel_problem(q.half(), k.half(), v.half())
     assert "float32" in tf32_fwd.supports(half, KernelConfig())
-    assert kernels.family_for(half) == "mma"
+    assert kernels.family_for(half) == default_half_forward()
     with pytest.raises(ValueError, match="float32"):
         forward(q.half(), k.half(), v.half(), scale=0.1)
     with pytest.raises(ValueError, match="block_q"):

@@ -668,3 +668,13 @@ def test_smoke_prepared_and_repeated():
     assert torch.equal(o1, o2) and torch.equal(l1, l2)
     # the registry runs this family by default on this problem
     assert kernels.family_for(pb) == "wgmma"
+
+
+def test_map_writer_stores_the_words_it_is_given():
+    """The launch that carries tensor maps to the device under CUDA graph capture: 48 uint64
+    words passed by value land in order (here in Numba's CUDA simulator, or on the GPU)."""
+    from numba import cuda
+    words = tuple(np.uint64((0x9E3779B97F4A7C15 * (i + 1)) % 2**64) for i in range(wf.MAP_WORDS))
+    dst = cuda.to_device(np.zeros(wf.MAP_WORDS, np.uint64))
+    wf.map_writer()[1, 32](dst, words)
+    np.testing.assert_array_equal(dst.copy_to_host(), np.array(words, np.uint64))
