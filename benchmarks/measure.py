@@ -4,7 +4,8 @@ a CUDA GPU and writes a results file (``ioaware.results/1``, validated by
 `sim.results.load_results`, with provenance).
 
 Our kernels (``kernel: "ioaware-numba"``) run one family per record (``variant``: "simt", the
-CUDA-core kernels; "mma", tensor-core float16/bfloat16; "tf32", 3xTF32 tensor-core float32),
+CUDA-core kernels; "mma", tensor-core float16/bfloat16; "tf32", 3xTF32 tensor-core float32;
+"wgmma", the Hopper float16/bfloat16 forward),
 pinned by a `kernels.KernelConfig` (`kernel_config`) with the record's tiles; the baselines are
 SDPA's FLASH, EFFICIENT, CUDNN and MATH backends and eager attention (matmul, scale, mask,
 softmax, matmul).
@@ -61,9 +62,11 @@ PASSES = ("fwd", "bwd", "fwd+bwd")
 DTYPES = ("fp32", "fp16", "bf16")
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 #: Our kernel families (`kernels.FAMILY_NAMES`), as a record's ``variant``.
-VARIANTS = ("simt", "mma", "tf32")
+VARIANTS = ("simt", "mma", "tf32", "wgmma")
 #: Input dtypes of each tensor-core family, and the head dims they run.
-VARIANT_DTYPES = {"mma": ("fp16", "bf16"), "tf32": ("fp32",)}
+VARIANT_DTYPES = {"mma": ("fp16", "bf16"), "tf32": ("fp32",), "wgmma": ("fp16", "bf16")}
+#: Passes of each tensor-core family (the Hopper ``wgmma`` family is a forward only).
+VARIANT_PASSES = {"mma": ("fwd", "bwd"), "tf32": ("fwd", "bwd"), "wgmma": ("fwd",)}
 VARIANT_HEAD_DIMS = (64, 128)
 #: Threads per block the CUDA-core kernels aim their micro-tiles at on a GPU
 #: (`kernels.simt_fwd.target_threads`).
@@ -111,6 +114,9 @@ def default_blocks(cfg: dict) -> tuple[int, int] | tuple[None, None]:
     if cfg["kernel"] != "ioaware-numba":
         return None, None
     variant, d = cfg.get("variant"), cfg["head_dim"]
+    if variant == "wgmma":
+        from sim.plans.wgmma_fwd import wgmma_default_blocks
+        return tuple(int(x) for x in wgmma_default_blocks(d, bool(cfg.get("causal"))))
     if variant == "mma" or variant == "tf32":
         from kernels import mma_bwd, mma_fwd, tf32_bwd, tf32_fwd
         if cfg["pass"] == "fwd":
@@ -159,10 +165,11 @@ def normalize_config(cfg: dict) -> dict:
         var = out["variant"] = out.get("variant") or "simt"
         if var not in VARIANTS:
             raise ValueError(f"config field 'variant' must be one of {VARIANTS}, got {var!r}")
-        if var in VARIANT_DTYPES and (out["pass"] not in ("fwd", "bwd")
+        if var in VARIANT_DTYPES and (out["pass"] not in VARIANT_PASSES[var]
                                       or out["dtype"] not in VARIANT_DTYPES[var]
                                       or out["head_dim"] not in VARIANT_HEAD_DIMS):
-            raise ValueError(f"variant {var!r} (tensor cores) runs pass 'fwd' or 'bwd' with dtype "
+            raise ValueError(f"variant {var!r} (tensor cores) runs pass "
+                             f"{' or '.join(map(repr, VARIANT_PASSES[var]))} with dtype "
                              f"{' or '.join(VARIANT_DTYPES[var])} and head_dim "
                              f"{' or '.join(map(str, VARIANT_HEAD_DIMS))}, got pass={out['pass']!r}, "
                              f"dtype={out['dtype']!r}, head_dim={out['head_dim']}")
@@ -252,7 +259,7 @@ def expand_grid(*, kernels: Iterable[str], seq_lens: Iterable[int], head_dims: I
                             if k == "ioaware-numba":
                                 for var in variants:
                                     if var in VARIANT_DTYPES and (
-                                            p not in ("fwd", "bwd") or dt not in VARIANT_DTYPES[var]
+                                            p not in VARIANT_PASSES[var] or dt not in VARIANT_DTYPES[var]
                                             or int(d) not in VARIANT_HEAD_DIMS):
                                         continue
                                     bl = (blocks or {}).get((int(d), p)) if var == "simt" else None
@@ -688,8 +695,9 @@ def build_arg_parser() -> argparse.ArgumentParser:
                          "--families are ignored")
     ap.add_argument("--kernels", default=",".join(KERNELS), help="comma list of %s" % ", ".join(KERNELS))
     ap.add_argument("--families", default="simt",
-                    help="comma list of our kernel families to time: simt, mma, tf32 "
-                         "(a tensor-core family where it runs: forward and backward, d 64/128)")
+                    help="comma list of our kernel families to time: simt, mma, tf32, wgmma "
+                         "(a tensor-core family where it runs: forward and backward, d 64/128; "
+                         "wgmma: the Hopper forward)")
     ap.add_argument("--seq-lens", default="1024,4096", help="comma list of N (Nq = Nk)")
     ap.add_argument("--head-dims", default="64,128")
     ap.add_argument("--dtypes", default="fp32,fp16", help="comma list of fp32, fp16, bf16")

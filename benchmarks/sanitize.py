@@ -3,8 +3,10 @@ compute-sanitizer.
 
     compute-sanitizer --tool memcheck --report-api-errors no python -m benchmarks sanitize [FAMILY ...]
 
-FAMILY is any of ``simt``, ``mma``, ``tf32`` (default: all three), so that the families can run
-as separate sanitizer processes side by side. Each family (pinned by `kernels.KernelConfig`)
+FAMILY is any of ``simt``, ``mma``, ``tf32``, ``wgmma`` (default: all four on compute
+capability 9.0, the first three elsewhere), so that the
+families can run as separate sanitizer processes side by side. ``wgmma`` (the Hopper forward,
+compute capability 9.0) runs `WGMMA_CASES`, forward only: it takes no masks or dropout. Each family (pinned by `kernels.KernelConfig`)
 runs `CASES`: GQA (two query heads per key/value head) and lengths that are not multiples of
 any tile (150 queries, 97 keys) throughout; causal at d=64; a boolean mask and dropout at
 d=128; a block mask on 64 x 32 tiles, which the kernels read at finer tiles (the tensor-core
@@ -21,13 +23,17 @@ import numpy as np
 
 from .common import attention_problem, first_sentence
 
-FAMILIES = ("simt", "mma", "tf32")
-FAMILY_DTYPE = {"simt": np.float32, "mma": np.float16, "tf32": np.float32}
+FAMILIES = ("simt", "mma", "tf32", "wgmma")
+FAMILY_DTYPE = {"simt": np.float32, "mma": np.float16, "tf32": np.float32, "wgmma": np.float16}
+#: Families that are forwards only (their cases run no backward).
+FORWARD_ONLY = ("wgmma",)
 BATCH, HEADS_Q, HEADS_KV, SEQ_Q, SEQ_K = 2, 2, 1, 150, 97
 #: (head dim, problem options) of each case; masks are drawn per case (`_case_inputs`).
 CASES = ((64, {"causal": True}),
          (128, {"mask": 0.7, "dropout_p": 0.25, "seed": 3}),
          (128, {"block_mask": (64, 32, 0.6)}))
+#: The wgmma forward's cases: causal at d=64, not causal at d=128 (both with tails).
+WGMMA_CASES = ((64, {"causal": True}), (128, {}))
 
 
 def _case_inputs(rng, family, d, options, torch=None):
@@ -56,11 +62,12 @@ def run_family(family: str, torch=None, seed: int = 0) -> None:
     import kernels
     config = kernels.KernelConfig(family=family)
     rng = np.random.default_rng(seed)
-    for d, options in CASES:
+    for d, options in (WGMMA_CASES if family == "wgmma" else CASES):
         q, k, v, dout, kw = _case_inputs(rng, family, d, options, torch)
         pb = attention_problem(q, k, v, **kw)
         out, lse = kernels.forward(pb, config)
-        grads = kernels.backward(pb, out, lse, dout, config)
+        grads = (() if family in FORWARD_ONLY
+                 else kernels.backward(pb, out, lse, dout, config))
         if torch is not None:
             torch.cuda.synchronize()
             finite = all(bool(torch.isfinite(x).all()) for x in (out, *grads))
@@ -70,15 +77,21 @@ def run_family(family: str, torch=None, seed: int = 0) -> None:
             raise RuntimeError(f"{family} d={d} {sorted(options)}: an output is not finite")
 
 
+def _on_hopper() -> bool:
+    """Whether this machine's current GPU has compute capability 9.0 or more (wgmma's)."""
+    from kernels import host
+    return host.real_gpu() and host.compute_capability(host.current_device_id()) >= (9, 0)
+
+
 def main(argv=None) -> int:
     argv = list(argv or [])
     ap = argparse.ArgumentParser(prog="python -m benchmarks sanitize",
                                  description=first_sentence(__doc__))
-    ap.add_argument("families", nargs="*", metavar="FAMILY", help="simt, mma, tf32 (default: all)")
+    ap.add_argument("families", nargs="*", metavar="FAMILY", help="simt, mma, tf32, wgmma (default: all)")
     ap.add_argument("--arrays", choices=("torch", "numpy"), default=None,
                     help="input arrays (default: torch CUDA tensors when torch has CUDA)")
     args = ap.parse_args(argv)
-    families = args.families or list(FAMILIES)
+    families = args.families or [f for f in FAMILIES if f not in FORWARD_ONLY or _on_hopper()]
     if set(families) - set(FAMILIES):
         ap.error(f"unknown families {sorted(set(families) - set(FAMILIES))}; choose from "
                  f"{', '.join(FAMILIES)}")

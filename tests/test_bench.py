@@ -241,7 +241,7 @@ def test_readme_option_rewrites_only_the_marked_block(tmp_path, capsys):
 
 # -- the sanitizer's cases -----------------------------------------------------------------------
 
-@pytest.mark.parametrize("family", ["simt", "mma", "tf32"])
+@pytest.mark.parametrize("family", ["simt", "mma", "tf32", "wgmma"])
 def test_sanitize_cases_are_run_by_the_family_they_name(family, monkeypatch):
     """Each case of ``python -m benchmarks sanitize`` is one its family takes, forward and
     backward (the tensor-core families' checks as on a compute capability 9.0 GPU)."""
@@ -255,11 +255,12 @@ def test_sanitize_cases_are_run_by_the_family_they_name(family, monkeypatch):
     monkeypatch.setattr(host, "current_device_id", lambda: 0)
     rng = np.random.default_rng(0)
     config = kernels.KernelConfig(family=family)
-    for d, options in sanitize.CASES:
+    cases = sanitize.WGMMA_CASES if family == "wgmma" else sanitize.CASES
+    for d, options in cases:
         q, k, v, _, kw = sanitize._case_inputs(rng, family, d, options)
         pb = common.attention_problem(q, k, v, **kw)
         assert pb.seqlen_q % 64 and pb.seqlen_k % 32 and pb.heads_q > pb.heads_kv
-        for pass_ in ("fwd", "bwd"):
+        for pass_ in ("fwd",) if family in sanitize.FORWARD_ONLY else ("fwd", "bwd"):
             assert kernels.family_for(pb, config, pass_) == family
 
 

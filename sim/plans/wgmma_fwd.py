@@ -79,10 +79,11 @@ WGMMA_SPILLING = ((128, 128, 128),)
 
 
 def wgmma_default_blocks(head_dim: int, causal: bool = False) -> tuple[int, int]:
-    """Default (block_q, block_k): 128 x 128 at d = 64, 128 x 64 at d = 128 (two consumer
-    warpgroups; the largest K/V stages that leave ptxas room without spills). Not tuned on a
-    GPU yet."""
-    return (128, 128) if head_dim <= 64 else (128, 64)
+    """Default (block_q, block_k), the fastest H100 tiling over the 16 groups of ``python -m
+    benchmarks pick --family wgmma`` (results/pick_wgmma_h100_2026-11-24.json): d = 64 64 x 128
+    (one consumer warpgroup, two programs per SM; 128 x 128 is 3-18 % slower), d = 128 128 x 64
+    (two consumer warpgroups; 128 x 128 is 1-5 % slower and spills, 64 x 128 20-37 %)."""
+    return (64, 128) if head_dim <= 64 else (128, 64)
 
 
 def wgmma_consumer_warpgroups(block_q: int) -> int:
