@@ -79,11 +79,17 @@ WGMMA_SPILLING = ((128, 128, 128),)
 
 
 def wgmma_default_blocks(head_dim: int, causal: bool = False) -> tuple[int, int]:
-    """Default (block_q, block_k), the fastest H100 tiling over the 16 groups of ``python -m
-    benchmarks pick --family wgmma`` (results/pick_wgmma_h100_2026-11-24.json): d = 64 64 x 128
-    (one consumer warpgroup, two programs per SM; 128 x 128 is 3-18 % slower), d = 128 128 x 64
-    (two consumer warpgroups; 128 x 128 is 1-5 % slower and spills, 64 x 128 20-37 %)."""
-    return (64, 128) if head_dim <= 64 else (128, 64)
+    """Default (block_q, block_k), from the H100 measurements of ``python -m benchmarks pick
+    --family wgmma`` (results/pick_wgmma_h100_2026-11-24.json, 16 groups) and ``python -m
+    benchmarks bench``: d = 128: 128 x 64 (two consumer warpgroups; 128 x 128 is 1-5 % slower
+    and spills, 64 x 128 20-37 %); d = 64 not causal: 64 x 128 (one consumer warpgroup, two
+    programs per SM; 128 x 128 is 11-18 % slower from N = 2048); d = 64 causal: 128 x 128 (at
+    the benchmark's 32 heads, 64 x 128 was 20-25 % slower from N = 2048, while at pick's 16
+    heads it was 0-9 % faster: not explained yet, so the tiling measured good where users
+    see it)."""
+    if head_dim <= 64:
+        return (128, 128) if causal else (64, 128)
+    return (128, 64)
 
 
 def wgmma_consumer_warpgroups(block_q: int) -> int:
