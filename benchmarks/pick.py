@@ -38,8 +38,9 @@ following the model (pick / best - 1, %), whether it is within 5 %, and the same
 family's default tiles today (the plan's defaults); per family and pass, the share of groups
 within 5 % (target at least 90 %) and the time lost in total (the sum over groups of pick -
 best, ms and % of the best's sum). Nothing is fitted on the measured times. It reads the files
-of this command, of ``python -m benchmarks tune --family`` (``ioaware.tune_blocks/1``) and the
-shipped ``ioaware.tune_tc/1`` tile sweep (float16 forward: ``results/tune_mma_fwd_h100_*``).
+of this command (shipped: ``results/pick_h100_*`` for mma and tf32, ``results/pick_wgmma_h100_*``),
+of ``python -m benchmarks tune --family`` (``ioaware.tune_blocks/1``) and of the older float16
+forward tile sweep (``ioaware.tune_tc/1``).
 ``--profile``: the model's profile (default: the one matching the file's GPU, else h100).
 """
 from __future__ import annotations

@@ -17,7 +17,8 @@ from sim.profiles import RATE_UNITS, RATES_SCHEMA
 from tests.conftest import REAL_GPU
 
 ROOT = Path(__file__).resolve().parents[1]
-SHIPPED_TUNE = ROOT / "results" / "tune_mma_fwd_h100_2026-11-22.json"
+SHIPPED_PICKS = (ROOT / "results" / "pick_h100_2026-11-24.json",
+                 ROOT / "results" / "pick_wgmma_h100_2026-11-24.json")
 H100 = "NVIDIA H100 80GB HBM3"
 
 
@@ -135,23 +136,41 @@ def test_report_takes_measured_rates_and_the_profile_of_the_files_gpu():
     assert pick_report(_doc(recs, gpu="NVIDIA H200"), profile=None)["profile"] == "h200"
 
 
-def test_report_of_the_shipped_tile_sweep_recomputes_from_its_rows():
-    doc = json.loads(SHIPPED_TUNE.read_text())
-    rep = pick_report(SHIPPED_TUNE)
-    assert rep["schema"] == "ioaware.tune_tc/1" and len(rep["groups"]) == 4
-    assert not rep["skipped"]
+@pytest.mark.parametrize("path", SHIPPED_PICKS, ids=lambda p: p.name)
+def test_report_of_the_shipped_pick_files_recomputes_from_their_records(path):
+    doc = json.loads(path.read_text())
+    rep = pick_report(path)
+    assert rep["schema"] == pick.SCHEMA and not rep["skipped"]
+    fields = ("family", "pass", "dtype", "head_dim", "causal", "seq_len", "batch", "heads")
     for e in rep["groups"]:
-        rows = {(r["block_q"], r["block_k"]): r["time_ms"] for r in doc["rows"]
-                if (r["head_dim"], r["causal"]) == (e["head_dim"], e["causal"])}
+        times = {(r["config"]["block_q"], r["config"]["block_k"]): r["time_ms"]
+                 for r in doc["records"] if all(r[f] == e[f] for f in fields) and "time_ms" in r}
         pick_tiles = (e["pick"]["block_q"], e["pick"]["block_k"])
-        assert e["best_ms"] == min(rows.values())
-        assert e["loss_pct"] == pytest.approx(100 * (rows[pick_tiles] / min(rows.values()) - 1))
-        assert e["dtype"] == "fp16" and e["configs_timed"] == e["configs_legal"] == 4
-    fam = rep["families"]["mma fwd"]
-    assert fam["groups"] == 4 and fam["within_5pct"] == sum(e["within_5pct"] for e in rep["groups"])
-    r = _run("--report", str(SHIPPED_TUNE))
+        assert e["best_ms"] == min(times.values()) and e["configs_timed"] == len(times)
+        assert e["loss_pct"] == pytest.approx(100 * (times[pick_tiles] / min(times.values()) - 1))
+        assert e["within_5pct"] == (e["loss_pct"] <= 5.0 + 1e-9)
+    for name, fam in rep["families"].items():
+        groups = [e for e in rep["groups"] if f"{e['family']} {e['pass']}" == name]
+        assert fam["groups"] == len(groups) == 16
+        assert fam["within_5pct"] == sum(e["within_5pct"] for e in groups)
+    r = _run("--report", str(path))
     assert r.returncode == 0, r.stderr
-    assert "mma fwd: model's pick within 5 %" in r.stdout
+    assert "model's pick within 5 %" in r.stdout
+
+
+def test_report_reads_the_tile_sweep_format():
+    """``ioaware.tune_tc/1`` (the float16 forward's tile sweep of ``benchmarks tune``): rows of
+    kernel, head dim, causal, N, tiles and time; one group per (d, causal, N)."""
+    rows = [{"kernel": "mma", "head_dim": 64, "causal": False, "seq_len": 4096, "batch": 4,
+             "heads": 32, "block_q": bq, "block_k": bk, "time_ms": t}
+            for (bq, bk), t in {(128, 64): 1.0, (128, 32): 1.3, (64, 64): 1.5, (64, 32): 2.0}.items()]
+    rep = pick_report({"schema": "ioaware.tune_tc/1", "provenance": {"gpu": H100}, "rows": rows})
+    (e,) = rep["groups"]
+    assert e["dtype"] == "fp16" and e["configs_timed"] == e["configs_legal"] == 4
+    assert e["best"] == {"block_q": 128, "block_k": 64} and e["best_ms"] == 1.0
+    pick_tiles = (e["pick"]["block_q"], e["pick"]["block_k"])
+    want = {(128, 64): 1.0, (128, 32): 1.3, (64, 64): 1.5, (64, 32): 2.0}[pick_tiles]
+    assert e["loss_pct"] == pytest.approx(100 * (want - 1.0))
 
 
 def test_report_reads_tune_family_files_and_skips_families_without_configurations():
