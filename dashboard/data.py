@@ -53,6 +53,7 @@ FAMILY_LABELS = {
     "ioaware-numba": "ioaware, CUDA cores",
     "ioaware-numba/mma": "ioaware, tensor cores (fp16/bf16)",
     "ioaware-numba/tf32": "ioaware, tensor cores (3xTF32)",
+    "ioaware-numba/wgmma": "ioaware, Hopper tensor cores (warpgroup MMA)",
     "sdpa-flash": "PyTorch SDPA: FLASH",
     "sdpa-efficient": "PyTorch SDPA: EFFICIENT",
     "sdpa-cudnn": "PyTorch SDPA: cuDNN",
@@ -497,8 +498,9 @@ def _extra_memory(row: dict, w) -> float:
 # Scaling, measured: each implementation's time and TFLOP/s against N, beside its priced plan
 # ------------------------------------------------------------------------------------------------
 #: The implementations a benchmark file times, in the order the pages list them.
-IMPLEMENTATIONS = ("ioaware-numba/mma", "ioaware-numba/tf32", "ioaware-numba", "sdpa-flash",
-                   "sdpa-cudnn", "sdpa-efficient", "sdpa-math", "eager")
+IMPLEMENTATIONS = ("ioaware-numba/wgmma", "ioaware-numba/mma", "ioaware-numba/tf32",
+                   "ioaware-numba", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-math",
+                   "eager")
 
 
 def _bench_flops(batch, heads, seq_len_q, seq_len_k, head_dim, causal, pass_) -> float:
@@ -1122,7 +1124,8 @@ METRIC_LABELS = {
     "dram_bytes": ("DRAM bytes", "DRAM bytes read + written against Nsight Compute's"),
     "flops": ("FLOPs", "FLOPs against the executed floating-point instructions"),
     "time_raw": ("Predicted time", "time: the plan of the kernels the record ran, priced at the "
-                 "chosen rates (datasheet peaks unless a rates file is chosen), where a plan "
+                 "chosen rates (by default those measured on the GPU where a rates file has "
+                 "them, else its datasheet peaks), where a plan "
                  "prices it, else the roofline at peak rates (a bound), against the median "
                  "measured time"),
     "time_calibrated": ("Calibrated time", "time: the roofline with efficiencies fitted per "
@@ -1564,17 +1567,16 @@ def start_replay(digest: str, profile: str, records: list, estimate_s: float,
 #: What the pages call the kernel families of the model's configuration registry
 #: (``sim.plans.CONFIGS``); a family not named here is called by its name.
 TILE_FAMILY_LABELS = {"mma": "Tensor cores, fp16/bf16", "tf32": "Tensor cores, fp32 (3xTF32)",
+                      "wgmma": "Hopper tensor cores (warpgroup MMA), fp16/bf16",
                       "simt": "CUDA cores"}
 #: What limits a configuration's predicted time (the level `sim.plan.KernelCost.bound` names).
 PLAN_BOUND_LABELS = {"dram": "DRAM bandwidth", "l2": "L2 bandwidth",
                      "smem": "shared-memory bandwidth", "matmul": "tensor-core peak",
                      "fp32": "CUDA-core FP32 peak", "mufu": "special-function units (exp2)"}
 #: Files of measured tile times the block-size page reads, by their ``schema``: ``python -m
-#: benchmarks pick``'s, ``tune --family``'s, and the shipped tensor-core tile sweep's.
+#: benchmarks pick``'s (the shipped ones), ``tune --family``'s, and the older tensor-core tile
+#: sweep's (the last two read through ``benchmarks.pick.load_timings``).
 TILE_SWEEP_SCHEMAS = ("ioaware.pick/1", "ioaware.tune_blocks/1", "ioaware.tune_tc/1")
-#: The dtype of a ``ioaware.tune_tc/1`` row by its ``kernel`` (that sweep timed float16 for the
-#: mma kernel and float32 for the tf32 one).
-TUNE_TC_DTYPE = {"mma": "fp16", "tf32": "fp32"}
 #: The fields that name one measured workload (a group of a tile sweep).
 TILE_GROUP_FIELDS = ("dtype", "head_dim", "causal", "seq_len", "batch", "heads")
 #: Head dims probed for the tile sizes a family takes (the rows and columns of its plane).
@@ -1790,6 +1792,47 @@ def rates_choice_bytes(name: str) -> bytes:
     raise FileNotFoundError(f"rates file {name!r} is no longer available")
 
 
+def rates_provenance(content: bytes | None) -> dict:
+    """``{"gpu", "date"}`` (``date``: the day, ``YYYY-MM-DD``) a rates file's provenance names;
+    empty strings where it names none or cannot be read."""
+    try:
+        prov = json.loads(content.decode("utf-8")).get("provenance") or {}
+    except (AttributeError, UnicodeDecodeError, json.JSONDecodeError):
+        prov = {}
+    if not isinstance(prov, dict):
+        prov = {}
+    return {"gpu": str(prov.get("gpu") or ""), "date": str(prov.get("date") or "")[:10]}
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def _rates_by_profile(files: tuple) -> dict:
+    out: dict = {}
+    for name, _mtime in files:
+        try:
+            prov = rates_provenance(rates_choice_bytes(name))
+        except OSError:
+            continue
+        profile = profile_for_gpu(prov["gpu"]) if prov["gpu"] else None
+        if profile is not None and prov["date"] >= out.get(profile, ("", ""))[1]:
+            out[profile] = (name, prov["date"])
+    return {p: name for p, (name, _d) in out.items()}
+
+
+def rates_for_profile(profile: str | None) -> str | None:
+    """The rates file (a name of :func:`rates_choices`) measured on ``profile``'s GPU, the
+    newest by its provenance's date; None where none was (a custom GPU, or a GPU nobody
+    measured)."""
+    if not profile or profile == CUSTOM:
+        return None
+    files = []
+    for path in rates_files():
+        try:
+            files.append((_choice_name(path), path.stat().st_mtime_ns))
+        except OSError:
+            continue
+    return _rates_by_profile(tuple(files)).get(profile)
+
+
 def _files_of_schemas(schemas: tuple) -> list[Path]:
     """JSON files whose ``schema`` (read from their first kilobyte) is one of ``schemas``, in
     the order of ``schemas``, then of their names."""
@@ -1823,41 +1866,46 @@ def tile_sweep_choices() -> list[str]:
     return [_choice_name(p) for p in tile_sweep_files()]
 
 
-def _read_tune_tc(doc: dict) -> tuple[dict, list[dict]]:
-    """The shipped tile sweep's rows as timing records (used when ``benchmarks.pick``, which
-    reads every schema of :data:`TILE_SWEEP_SCHEMAS`, is not importable)."""
-    if doc.get("schema") != "ioaware.tune_tc/1":
+_PICK_GROUP_KEYS = ("family", "pass", "dtype", "head_dim", "causal", "seq_len", "batch", "heads")
+
+
+def _read_pick(doc: dict) -> tuple[dict, list[dict]]:
+    """The records of a ``python -m benchmarks pick`` file as timing records (used when
+    ``benchmarks.pick``, which reads every schema of :data:`TILE_SWEEP_SCHEMAS`, is not
+    importable)."""
+    if doc.get("schema") != "ioaware.pick/1":
         raise ValueError(f"schema {doc.get('schema')!r} can be read only with the benchmarks "
-                         f"package installed (this installation reads ioaware.tune_tc/1)")
-    rows = doc.get("rows")
+                         f"package installed (this installation reads ioaware.pick/1)")
+    rows = doc.get("records")
     if not isinstance(rows, list):
-        raise ValueError("has no list of rows")
+        raise ValueError("has no list of records")
     out = []
     for i, row in enumerate(rows):
-        need = ("kernel", "head_dim", "causal", "seq_len", "batch", "heads", "block_q", "block_k",
-                "time_ms")
-        if not isinstance(row, dict) or any(k not in row for k in need):
-            raise ValueError(f"row {i} lacks one of {', '.join(need)}")
-        out.append({"family": row["kernel"], "pass": "fwd",
-                    "dtype": TUNE_TC_DTYPE.get(row["kernel"]),
-                    **{k: row[k] for k in ("head_dim", "causal", "seq_len", "batch", "heads")},
-                    "config": {"block_q": row["block_q"], "block_k": row["block_k"]},
-                    "time_ms": float(row["time_ms"]), "why": None})
+        if not isinstance(row, dict) or any(k not in row for k in _PICK_GROUP_KEYS + ("config",)):
+            raise ValueError(f"record {i} lacks one of {', '.join(_PICK_GROUP_KEYS)}, config")
+        why = row.get("refused") or row.get("failed")
+        t = row.get("time_ms")
+        if why is None and (isinstance(t, bool) or not isinstance(t, (int, float)) or t <= 0):
+            raise ValueError(f"record {i}: time_ms must be a positive number, got {t!r}")
+        out.append({**{k: row[k] for k in _PICK_GROUP_KEYS}, "config": row["config"],
+                    "time_ms": None if why is not None else float(t), "why": why})
     return doc, out
 
 
 def _timings_reader():
     """``benchmarks.pick.load_timings`` when the benchmarks package is importable (it reads
-    every schema of :data:`TILE_SWEEP_SCHEMAS`), else the shipped sweep's reader."""
+    every schema of :data:`TILE_SWEEP_SCHEMAS`), else a reader of ``pick`` files."""
     try:
         fn = getattr(importlib.import_module("benchmarks.pick"), "load_timings", None)
-    except Exception:  # noqa: BLE001 - the page reads the shipped sweep without it
+    except Exception:  # noqa: BLE001 - the page reads pick files without it
         fn = None
-    return fn if callable(fn) else _read_tune_tc
+    return fn if callable(fn) else _read_pick
 
 
 _SWEEP_COLUMNS = ["family", "pass", *TILE_GROUP_FIELDS, "block_q", "block_k", "options",
                   "time_ms", "why"]
+#: The records of a file of tile times that timed nothing.
+EMPTY_SWEEP = pd.DataFrame(columns=_SWEEP_COLUMNS)
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
@@ -1901,6 +1949,25 @@ def load_tile_sweep(content: bytes, name: str) -> dict:
     return {"name": name, "schema": obj["schema"], "gpu": gpu, "date": str(prov.get("date", "")),
             "profile": profile_for_gpu(gpu) if prov.get("gpu") else None, "records": df,
             "digest": hashlib.sha1(content).hexdigest()}
+
+
+def example_tile_sweep_json() -> str | None:
+    """A small file of measured tile times, as an upload's template: the provenance and the
+    records of the first workload of the first shipped ``pick`` file (measured times); None
+    when no such file is shipped."""
+    for path in tile_sweep_files():
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        records = doc.get("records") if doc.get("schema") == "ioaware.pick/1" else None
+        if not isinstance(records, list) or not records:
+            continue
+        first = {k: records[0].get(k) for k in _PICK_GROUP_KEYS}
+        keep = [r for r in records if {k: r.get(k) for k in _PICK_GROUP_KEYS} == first]
+        return json.dumps({"schema": doc["schema"], "provenance": doc.get("provenance", {}),
+                           "records": keep}, indent=1)
+    return None
 
 
 def load_tile_sweep_choice(name: str) -> dict:

@@ -5,6 +5,8 @@ Each function returns a ``plotly.graph_objects.Figure``; the pages show them wit
 """
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
@@ -272,13 +274,16 @@ def scaling_memory(table: pd.DataFrame, mark_n=None) -> go.Figure:
 
 #: One colour per implementation of a benchmark file (measured: solid, predicted: dashed).
 IMPL_COLORS = {"ioaware-numba/mma": "#1f77b4", "ioaware-numba/tf32": "#17becf",
-               "ioaware-numba": "#9467bd", "sdpa-flash": "#ff7f0e", "sdpa-cudnn": "#2ca02c",
+               "ioaware-numba/wgmma": "#e377c2", "ioaware-numba": "#9467bd", "sdpa-flash": "#ff7f0e", "sdpa-cudnn": "#2ca02c",
                "sdpa-efficient": "#d62728", "sdpa-math": "#8c564b", "eager": "#7f7f7f"}
-_MORE_COLORS = ("#e377c2", "#bcbd22", "#393b79", "#637939")
+_MORE_COLORS = ("#bcbd22", "#393b79", "#637939", "#e7ba52")
 
 
 def impl_color(impl: str) -> str:
-    return IMPL_COLORS.get(impl, _MORE_COLORS[hash(impl) % len(_MORE_COLORS)])
+    """The implementation's colour: its own, else one of the spare colours chosen from its name
+    (the same in every process: ``hash`` of a string is not)."""
+    spare = int(hashlib.sha1(str(impl).encode()).hexdigest(), 16) % len(_MORE_COLORS)
+    return IMPL_COLORS.get(impl, _MORE_COLORS[spare])
 
 
 def scaling_measured(result: dict, metric: str, labels: dict, predicted_name: str,

@@ -172,41 +172,87 @@ def workload_sidebar(*, show_pass: bool = True, show_density: bool = True,
 
 
 DATASHEET = "GPU datasheet"
+#: The rates choice that follows the GPU profile: the newest rates file measured on that GPU
+#: (``data.rates_for_profile``), the datasheet where there is none. Every page's default.
+MEASURED_HERE = "Measured on this GPU"
 UPLOAD_RATES = "Upload a rates file…"
 #: The widget key of the rates every page prices with (one choice, shared by the pages).
 RATES_KEY = "bs_rates"
 
 
-def rates_picker(container, *, upload_key: str) -> tuple[bytes | None, str]:
-    """The "Rates the model prices with" choice, drawn in ``container``: the GPU's datasheet
-    figures, a rates file of ``results/`` (``python -m benchmarks rates``) or an uploaded one.
-    Returns ``(rates file bytes or None, its name)``; the choice is shared by every page."""
-    choices = [DATASHEET] + data.rates_choices() + [UPLOAD_RATES]
+def rates_source(content: bytes | None, name: str) -> str:
+    """A rates file as the pages name it: ``"rates_h100_2026-11-24.json, 2026-11-24"`` (the
+    file and the day its provenance gives)."""
+    date = data.rates_provenance(content)["date"]
+    base = name.replace("\\", "/").rsplit("/", 1)[-1] or "uploaded file"
+    return f"{base}, {date}" if date else base
+
+
+def rates_picker(container, *, upload_key: str, profile: str | None = None
+                 ) -> tuple[bytes | None, str]:
+    """The "Rates the model prices with" choice, drawn in ``container`` with a caption saying
+    what the predicted times come from: the rates measured on the chosen GPU (``profile``) by
+    ``python -m benchmarks rates`` where a file in ``results/`` has them (the default), the
+    GPU's datasheet figures, a named rates file or an uploaded one. Returns ``(rates file bytes
+    or None, its name)``; the choice is shared by every page."""
+    here = data.rates_for_profile(profile)
+    choices = [MEASURED_HERE, DATASHEET] + data.rates_choices() + [UPLOAD_RATES]
     if st.session_state.get(RATES_KEY) not in choices:
-        st.session_state[RATES_KEY] = DATASHEET
+        st.session_state[RATES_KEY] = MEASURED_HERE
+
+    def label(choice: str) -> str:
+        if choice == MEASURED_HERE:
+            return (f"{MEASURED_HERE} ({here.rsplit('/', 1)[-1]})" if here else
+                    f"{MEASURED_HERE} (none here: datasheet)")
+        return choice
+
     choice = container.selectbox(
-        "Rates the model prices with", choices, key=RATES_KEY,
-        help="The GPU's datasheet figures (peak rates, which real kernels do not reach), or the "
-             "rates measured on it by `python -m benchmarks rates`.")
+        "Rates the model prices with", choices, key=RATES_KEY, format_func=label,
+        help="The rates `python -m benchmarks rates` measured on the chosen GPU (the newest such "
+             "file in results/; the datasheet where there is none), the GPU's datasheet figures "
+             "(peak rates, which real kernels do not reach), a given rates file, or your own.")
+    content, name, why = None, "", ""
     if choice == UPLOAD_RATES:
         up = container.file_uploader("Rates file (JSON)", type=["json"], key=upload_key)
-        return (up.getvalue(), up.name) if up is not None else (None, "")
-    if choice != DATASHEET:
+        if up is not None:
+            if up.size > data.MAX_UPLOAD_MB * 10**6:
+                why = f"{up.name} is over {data.MAX_UPLOAD_MB} MB"
+            else:
+                content, name = up.getvalue(), up.name
+        else:
+            why = "no file uploaded yet"
+    elif choice == MEASURED_HERE and here is None:
+        why = "no rates file was measured on this GPU"
+    elif choice != DATASHEET:
+        name = here if choice == MEASURED_HERE else choice
         try:
-            return data.rates_choice_bytes(choice), choice
+            content = data.rates_choice_bytes(name)
         except OSError as exc:
             st.warning(f"The rates file could not be read: {exc}")
-    return None, ""
+            content, name = None, ""
+    if content is not None:
+        gpu = data.rates_provenance(content)["gpu"]
+        other = (profile and profile != data.CUSTOM and gpu
+                 and data.profile_for_gpu(gpu) not in (None, profile))
+        container.caption(
+            f"Predicted from measured rates ({rates_source(content, name)})"
+            + (f", measured on the {gpu}, not this GPU: the datasheet rates are used" if other
+               else ""))
+    else:
+        container.caption("Predicted from datasheet rates" + (f" ({why})" if why else ""))
+    return content, name
 
 
-def rates_note(rates: str, rates_name: str, error: str | None) -> str:
-    """One sentence on the rates a page's predicted times come from."""
+def rates_note(rates: str, rates_name: str, error: str | None,
+               content: bytes | None = None) -> str:
+    """One sentence on the rates a page's predicted times come from (``content``: the rates
+    file's bytes, for its date)."""
     if error:
         return (f"The rates file was not used ({error}): the times are predicted from the "
                 "datasheet rates, peaks real kernels do not reach.")
     if rates == "measured rates":
-        return (f"Predicted times come from the rates measured in `{rates_name}` (datasheet "
-                "figures where it has none).")
+        return (f"Predicted times come from measured rates ({rates_source(content, rates_name)};"
+                " datasheet figures where it has none).")
     return ("Predicted times come from the GPU's datasheet rates: peaks real kernels do not "
             "reach, so measured times are longer.")
 

@@ -35,6 +35,10 @@ ROOFLINE_MS = data.ROOFLINE + " (ms)"
 #: The header of the one predicted time at the GPU's datasheet rates.
 PREDICTED = data.rates_label("datasheet rates")
 PREDICTED_MS = PREDICTED + " (ms)"
+#: ... and at the rates measured on the GPU (the pages' default where a rates file has them).
+MEASURED_RATES = data.rates_label("measured rates")
+RATES_H100 = ROOT / "results" / "rates_h100_2026-11-24.json"
+RATES_H200 = ROOT / "results" / "rates_h200_2026-11-24.json"
 BENCH = ROOT / "results" / "bench_nvidia-h100-80gb-hbm3_2026-11-24.json"
 SWEEP = ROOT / "results" / "h100_sweep_20261122.json"
 READS = "Times read (×)"
@@ -190,22 +194,68 @@ def _plan_ms(name: str, w, profile="h100") -> float:
                for p in w.passes)
 
 
+def _measured_h100():
+    """The H100 profile with the rates the shipped rates file measured (what the pages price
+    with by default)."""
+    from sim.profiles import load_profile
+    return load_profile("h100", rates=json.loads(RATES_H100.read_text()))
+
+
+def test_rates_default_to_the_file_measured_on_the_profile_s_gpu():
+    from dashboard import ui
+
+    assert data.rates_for_profile("h100") == data._choice_name(RATES_H100)
+    assert data.rates_for_profile("h200") == data._choice_name(RATES_H200)
+    assert data.rates_for_profile("t4") is None and data.rates_for_profile(data.CUSTOM) is None
+    assert data.rates_provenance(RATES_H100.read_bytes())["date"] == "2026-11-24"
+    assert ui.rates_source(RATES_H100.read_bytes(), "results/rates_h100_2026-11-24.json") == (
+        "rates_h100_2026-11-24.json, 2026-11-24")
+    at = ok(open_page("explore"))
+    assert at.selectbox(key="bs_rates").value == ui.MEASURED_HERE
+    assert "Predicted from measured rates (rates_h100_2026-11-24.json, 2026-11-24)" in texts(
+        at.caption)
+    assert at.metric[2].label == "Predicted (measured rates)"
+    at.selectbox(key="w_profile").set_value("h200").run()        # follows the GPU
+    assert "(rates_h200_2026-11-24.json, 2026-11-24)" in texts(ok(at).caption)
+    at.selectbox(key="w_profile").set_value("t4").run()          # none measured: the datasheet
+    assert "Predicted from datasheet rates (no rates file was measured on this GPU)" in texts(
+        ok(at).caption)
+    assert at.metric[2].label == "Predicted (datasheet rates)"
+    at.selectbox(key="w_profile").set_value("h100").run()
+    at.selectbox(key="bs_rates").set_value(ui.DATASHEET).run()    # the user's explicit choice
+    assert "Predicted from datasheet rates" in texts(ok(at).caption)
+    assert at.metric[2].label == "Predicted (datasheet rates)"
+    at.selectbox(key="bs_rates").set_value(data._choice_name(RATES_H200)).run()
+    assert "measured on the NVIDIA H200, not this GPU" in texts(ok(at).caption)
+    assert "was not used" in texts(at.warning)
+
+
 def test_explore_defaults_show_what_the_model_predicts():
     import sim
+
+    from dashboard import ui
 
     at = ok(open_page("explore"))
     assert len(at.metric) == 4 and len(charts(at)) == 2
     shown = table(at, "Schedule").set_index("Schedule")
     assert list(shown.index) == ["Standard attention", "FlashAttention", "FlashAttention-2"]
     w = sim.Workload(batch=1, heads=16, seq_len_q=4096, head_dim=64, dtype="fp16")
+    rated = _measured_h100()
     for name, label in data.SCHEDULE_LABELS.items():
         p = sim.predict(w, sim.Schedule(name), "h100", l2="analytic")
         assert shown.loc[label, "Global read"] == fmt.bytes_(p.hbm_read_bytes)
         assert shown.loc[label, "DRAM write"] == fmt.bytes_(p.dram_write_bytes)
-        # one predicted time: the schedule's plan priced at the datasheet rates, so labelled
-        assert shown.loc[label, PREDICTED_MS] == fmt.num(_plan_ms(name, w))
+        # one predicted time: the schedule's plan priced at the rates measured on the H100
+        assert shown.loc[label, MEASURED_RATES + " (ms)"] == fmt.num(_plan_ms(name, w, rated))
     assert ROOFLINE_MS not in shown.columns
     assert "Time from" not in shown.columns        # every row a plan: the header says it
+    assert at.metric[2].label == "Predicted (measured rates)"
+    assert at.metric[2].value == fmt.ms(_plan_ms("flash2", w, rated))
+    # at the datasheet's rates when asked, so labelled
+    at.selectbox(key="bs_rates").set_value(ui.DATASHEET).run()
+    shown = table(ok(at), "Schedule").set_index("Schedule")
+    for name, label in data.SCHEDULE_LABELS.items():
+        assert shown.loc[label, PREDICTED_MS] == fmt.num(_plan_ms(name, w))
     assert at.metric[2].label == "Predicted (datasheet rates)"
     assert at.metric[2].value == fmt.ms(_plan_ms("flash2", w))
     # the roofline draws the datasheet's peaks as a bound, named so
@@ -296,14 +346,19 @@ def test_workload_persists_across_pages(offer):
 
 
 # -- Block sizes ----------------------------------------------------------------------------------
-TUNE = ROOT / "results" / "tune_mma_fwd_h100_2026-11-22.json"
+#: The shipped tile sweeps (``python -m benchmarks pick``): the mma and tf32 forwards, and the
+#: Hopper (wgmma) forward, every legal tile configuration timed on an H100.
+PICK = ROOT / "results" / "pick_h100_2026-11-24.json"
+PICK_WGMMA = ROOT / "results" / "pick_wgmma_h100_2026-11-24.json"
 H100_GPU = "NVIDIA H100 80GB HBM3"
-#: The tune file's first group (d=64, not causal) and its causal twin.
+#: A workload of the model alone (not measured): its causal twin, and the tie below.
 FIRST = dict(seq_len=4096, head_dim=64, batch=4, heads=32, dtype="fp16")
+#: The workload the block-size page opens on: the pick file's first at N = 8192.
+OPENED = dict(seq_len=8192, head_dim=64, batch=2, heads=16, dtype="fp16")
 
 
-def _tune_sweep() -> dict:
-    return data.load_tile_sweep(TUNE.read_bytes(), "tune.json")
+def _pick_sweep(path=PICK) -> dict:
+    return data.load_tile_sweep(path.read_bytes(), path.name)
 
 
 def test_tile_plane_has_one_cell_per_legal_configuration_priced_by_the_model():
@@ -373,47 +428,102 @@ def test_an_illegal_workload_gives_one_line_why():
                                        "NVIDIA T4")
 
 
-def test_measured_overlay_joins_the_tune_file_group():
-    raw = json.loads(TUNE.read_text())
-    sweep = _tune_sweep()
+def test_measured_overlay_joins_the_pick_file_group():
+    raw = json.loads(PICK.read_text())
+    sweep = _pick_sweep()
     assert sweep["gpu"] == H100_GPU and sweep["profile"] == "h100"
+    assert sweep["schema"] == "ioaware.pick/1"
     groups = data.tile_sweep_groups(sweep, "mma/fwd")
-    assert len(groups) == 4 and list(groups["configs"]) == [4, 4, 4, 4]
-    assert data.group_label(groups.iloc[0]) == ("N = 4,096, d = 64, batch 4, 32 heads, fp16, "
+    assert len(groups) == 16 and set(groups["configs"]) == {4}
+    assert len(data.tile_sweep_groups(sweep, "tf32/fwd")) == 16
+    assert data.tile_sweep_groups(sweep, "wgmma/fwd").empty
+    assert len(data.tile_sweep_groups(_pick_sweep(PICK_WGMMA), "wgmma/fwd")) == 16
+    assert data.group_label(groups.iloc[0]) == ("N = 512, d = 64, batch 32, 16 heads, fp16, "
                                                 "not causal")
-    got = data.measured_tiles(sweep, "mma/fwd", causal=True, **FIRST)
-    want = {(r["block_q"], r["block_k"]): r["time_ms"] for r in raw["rows"]
-            if r["head_dim"] == 64 and r["causal"]}
+    got = data.measured_tiles(sweep, "mma/fwd", causal=True, **OPENED)
+    want = {(r["config"]["block_q"], r["config"]["block_k"]): r["time_ms"]
+            for r in raw["records"] if r["family"] == "mma" and r["head_dim"] == 64
+            and r["causal"] and r["seq_len"] == 8192}
+    assert len(want) == 4
     assert {(int(q), int(k)): t for q, k, t in zip(got["block_q"], got["block_k"],
                                                     got["time_ms"])} == want
-    assert data.measured_tiles(sweep, "tf32/fwd", causal=True, **FIRST).empty
-    assert data.measured_tiles(sweep, "mma/fwd", causal=True, window=512, **FIRST).empty
+    assert data.measured_tiles(sweep, "tf32/fwd", causal=True, **OPENED).empty
+    assert data.measured_tiles(sweep, "mma/fwd", causal=True, window=512, **OPENED).empty
 
 
-def test_pick_best_and_loss_on_the_tune_file():
-    sweep = _tune_sweep()
-    # d=64 causal: the model picks 128 x 32 (1.265 ms measured), the best is 128 x 64 (1.129 ms)
-    plane = data.tile_plane("mma", "fwd", causal=True, profile="h100", **FIRST)
-    v = data.tile_verdict(plane, data.measured_tiles(sweep, "mma/fwd", causal=True, **FIRST))
+def test_pick_files_are_read_without_the_benchmarks_package(monkeypatch):
+    want = _pick_sweep()["records"]
+    monkeypatch.setattr(data, "_timings_reader", lambda: data._read_pick)
+    data.load_tile_sweep.clear()
+    got = data.load_tile_sweep(PICK.read_bytes(), PICK.name)["records"]
+    data.load_tile_sweep.clear()
+    pd.testing.assert_frame_equal(got, want)
+
+
+def test_an_older_tile_sweep_is_still_read(tmp_path):
+    """A ``tune_tc`` file (the tile sweep before ``benchmarks pick``): its rows are the float16
+    forward of the mma kernel."""
+    pytest.importorskip("benchmarks.pick")
+    row = dict(kernel="mma", head_dim=64, causal=False, seq_len=4096, batch=4, heads=32)
+    doc = {"schema": "ioaware.tune_tc/1", "provenance": {"gpu": H100_GPU}, "rows": [
+        dict(row, block_q=128, block_k=64, time_ms=2.0),
+        dict(row, block_q=64, block_k=64, time_ms=2.5)]}
+    path = tmp_path / "tune_tc.json"
+    path.write_text(json.dumps(doc))
+    sweep = data.load_tile_sweep(path.read_bytes(), path.name)
+    got = data.measured_tiles(sweep, "mma/fwd", causal=False, **FIRST)
+    assert list(got["time_ms"]) == [2.5, 2.0] and sweep["profile"] == "h100"
+
+
+@pytest.mark.parametrize("path", [PICK, PICK_WGMMA], ids=lambda p: p.stem)
+def test_the_page_s_verdict_is_the_pick_report_s(path):
+    """Every measured group of the shipped tile sweeps: the page's pick, measured best and loss
+    are those of ``benchmarks.pick.pick_report`` (the model of `sim.plans.choose`, at the rates
+    measured on the H100)."""
+    pick = pytest.importorskip("benchmarks.pick")
+    report = pick.pick_report(str(path), profile="h100", rates=str(RATES_H100))
+    sweep, rates = _pick_sweep(path), RATES_H100.read_bytes()
+    assert report["groups"]
+    for g in report["groups"]:
+        key = f"{g['family']}/{g['pass']}"
+        w = {k: g[k] for k in ("seq_len", "head_dim", "batch", "heads", "dtype", "causal")}
+        plane = data.tile_plane(g["family"], g["pass"], profile="h100", rates=rates,
+                                rates_name="rates.json", **w)
+        assert plane["rates"] == "measured rates"
+        v = data.tile_verdict(plane, data.measured_tiles(sweep, key, **w))
+        assert v["pick"] == (g["pick"]["block_q"], g["pick"]["block_k"]), g
+        assert v["best"] == (g["best"]["block_q"], g["best"]["block_k"]), g
+        assert v["best_ms"] == pytest.approx(g["best_ms"])
+        assert v["pick_ms"] == pytest.approx(g["pick_ms"])
+        assert v["loss"] * 100 == pytest.approx(g["loss_pct"], abs=1e-9)
+        assert plane["pick_ms"] == pytest.approx(g["model_pick_ms"])
+
+
+def test_pick_best_and_loss_on_the_pick_file():
+    sweep, rates = _pick_sweep(), RATES_H100.read_bytes()
+    # d=64 causal, N = 8192: the model picks 128 x 32 (1.132 ms measured), the best is 128 x 64
+    plane = data.tile_plane("mma", "fwd", causal=True, profile="h100", rates=rates, **OPENED)
+    v = data.tile_verdict(plane, data.measured_tiles(sweep, "mma/fwd", causal=True, **OPENED))
     assert v["pick"] == (128, 32) and v["best"] == (128, 64) and v["pick_rank"] == 2
-    assert v["pick_ms"] == pytest.approx(1.2650400400161743)
-    assert v["best_ms"] == pytest.approx(1.129263997077942)
-    assert v["loss"] == pytest.approx(1.26504004 / 1.12926400 - 1, abs=1e-8)   # 12.02 %
-    assert v["text"] == ("The model picks 128 × 32: 1.265 ms, 12.0 % slower than the measured "
-                         "best 128 × 64: 1.129 ms.")
-    # the first group: the pick is the measured best
-    plane = data.tile_plane("mma", "fwd", causal=False, profile="h100", **FIRST)
-    measured = data.measured_tiles(sweep, "mma/fwd", causal=False, **FIRST)
+    assert v["pick_ms"] == pytest.approx(1.1315200328826904)
+    assert v["best_ms"] == pytest.approx(0.9939360022544861)
+    assert v["text"] == ("The model picks 128 × 32: 1.132 ms, 13.8 % slower than the measured "
+                         "best 128 × 64: 0.994 ms.")
+    # not causal: the pick is the measured best
+    plane = data.tile_plane("mma", "fwd", causal=False, profile="h100", rates=rates, **OPENED)
+    measured = data.measured_tiles(sweep, "mma/fwd", causal=False, **OPENED)
     v = data.tile_verdict(plane, measured)
     assert v["pick"] == v["best"] == (128, 64) and v["loss"] == 0
     assert "nothing is lost" in v["text"]
-    # had the model taken its tie partner 128 x 32: 2.370 / 2.002 - 1 = 18.4 % lost
+    # had the model taken 128 x 32: 2.330 / 2.003 - 1 = 16.3 % lost
     tie = dict(plane, pick={"block_q": 128, "block_k": 32})
     v = data.tile_verdict(tie, measured)
-    assert v["loss"] == pytest.approx(2.369871973991394 / 2.00191992521286 - 1)
-    assert v["text"] == ("The model picks 128 × 32: 2.370 ms, 18.4 % slower than the measured "
-                         "best 128 × 64: 2.002 ms.")
-    assert 0.2 < v["ratio_lo"] < v["ratio_hi"] < 1     # datasheet rates: the model's times are low
+    assert v["loss"] == pytest.approx(2.3304638862609863 / 2.0031039714813232 - 1)
+    assert v["text"] == ("The model picks 128 × 32: 2.330 ms, 16.3 % slower than the measured "
+                         "best 128 × 64: 2.003 ms.")
+    assert 0.2 < v["ratio_lo"] < v["ratio_hi"] < 1     # the model's times are low even so
+    sheet = data.tile_plane("mma", "fwd", causal=False, profile="h100", **OPENED)
+    assert sheet["rates"] == "datasheet rates" and sheet["pick_ms"] < plane["pick_ms"]
 
 
 def test_tile_plane_prices_with_a_measured_rates_file():
@@ -463,29 +573,75 @@ def test_every_listed_family_draws_or_says_why():
                 assert "\n" not in plane["refused"]
 
 
-def test_block_sizes_opens_on_the_first_measured_workload():
+def test_block_sizes_opens_on_a_measured_workload():
     at = ok(open_page("block_sizes"))
-    assert at.select_slider(key="w_seq_len").value == 4096
-    assert at.number_input(key="w_batch").value == 4 and at.number_input(key="w_heads").value == 32
-    assert "first workload measured in" in texts(at.info)
+    assert at.selectbox(key="bs_sweep").value == data._choice_name(PICK)
+    assert at.selectbox(key="bs_family").value == "mma/fwd"
+    assert at.select_slider(key="w_seq_len").value == 8192
+    assert at.number_input(key="w_batch").value == 2 and at.number_input(key="w_heads").value == 16
+    assert at.selectbox(key="w_profile").value == "h100"
+    assert "a workload measured in `results/pick_h100_2026-11-24.json`" in texts(at.caption)
     assert len(charts(at)) == 1
     fig = charts(at)[0].proto.spec
     assert "Measured on the NVIDIA H100 80GB HBM3" in fig and '"coloraxis"' in fig
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["The model's pick"] == "128 × 64" and metrics["The measured best"] == "128 × 64"
-    assert "Predicted (datasheet rates)" in metrics
+    assert metrics["Lost by following the model"] == "0.0 %"
+    assert "Predicted (measured rates)" in metrics                 # the H100's measured rates
     assert "nothing is lost" in texts(at.markdown)
-    assert "predicted from datasheet rates" in texts(at.caption)
+    assert ("predicted from measured rates (rates_h100_2026-11-24.json, 2026-11-24"
+            in texts(at.caption))
     shown = table(at, "Tile (queries × keys)")
-    assert len(shown) == 4 and list(shown["Measured (ms)"]) == ["2.00", "2.37", "2.53", "2.64"]
-    # the second measured workload (causal) from the file's list
-    at.selectbox(key="bs_group").set_value("1").run()
+    assert len(shown) == 4 and list(shown["Measured (ms)"]) == ["2.00", "2.33", "2.51", "2.63"]
+    # the causal twin from the file's list of measured workloads
+    options = at.selectbox(key="bs_group").options
+    at.selectbox(key="bs_group").set_value(
+        str(options.index("N = 8,192, d = 64, batch 2, 16 heads, fp16, causal") - 1)).run()
     ok(at)
     assert at.checkbox(key="w_causal").value is True
-    assert "12.0 % slower than the measured best 128 × 64: 1.129 ms" in texts(at.markdown)
-    assert {m.label: m.value for m in at.metric}["Lost by following the model"] == "12.0 %"
+    assert "13.8 % slower than the measured best 128 × 64: 0.994 ms" in texts(at.markdown)
+    assert {m.label: m.value for m in at.metric}["Lost by following the model"] == "13.8 %"
     hits = sorted({m.group(0) for m in INTERNAL.finditer(screen_text(at))})
     assert not hits, f"internal words on screen: {hits}"
+    # at the datasheet's rates when asked: another predicted time, the same measured times
+    from dashboard import ui
+    before = {m.label: m.value for m in at.metric}
+    at.selectbox(key="bs_rates").set_value(ui.DATASHEET).run()
+    metrics = {m.label: m.value for m in ok(at).metric}
+    assert "Predicted (datasheet rates)" in metrics
+    assert metrics["Predicted (datasheet rates)"] != before["Predicted (measured rates)"]
+    assert "predicted from datasheet rates" in texts(at.caption)
+
+
+def test_block_sizes_each_measured_kernel_opens_on_its_file():
+    at = ok(open_page("block_sizes"))
+    at.selectbox(key="bs_family").set_value("wgmma/fwd").run()
+    ok(at)
+    assert at.selectbox(key="bs_sweep").value == data._choice_name(PICK_WGMMA)
+    assert ("Measured tile times from `results/pick_wgmma_h100_2026-11-24.json`"
+            in texts(at.caption))
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["The model's pick"] == "128 × 128" and metrics["The measured best"] == "64 × 128"
+    assert metrics["Lost by following the model"] == "12.5 %"
+    at.selectbox(key="bs_family").set_value("tf32/fwd").run()
+    ok(at)
+    assert at.selectbox(key="bs_sweep").value == data._choice_name(PICK)
+    assert at.selectbox(key="w_dtype").value == "fp32" and at.number_input(key="w_heads").value == 4
+    assert "The measured best" in [m.label for m in at.metric]
+    assert "Opened on N = 8,192, d = 64, batch 2, 4 heads, fp32" in texts(at.caption)
+    hits = sorted({m.group(0) for m in INTERNAL.finditer(screen_text(at))})
+    assert not hits, f"internal words on screen: {hits}"
+
+
+def test_block_sizes_upload_describes_its_format_with_an_example():
+    example = data.example_tile_sweep_json()
+    sweep = data.load_tile_sweep(example.encode(), "example.json")
+    assert sweep["profile"] == "h100" and len(data.tile_sweep_groups(sweep, "mma/fwd")) == 1
+    at = ok(open_page("block_sizes"))
+    at.selectbox(key="bs_sweep").set_value("Upload a file of tile times…").run()
+    shown = screen_text(ok(at), expanders=True)
+    assert '"ioaware.pick/1"' in shown and "Files up to 50 MB are read" in shown
+    assert "Download an example file (JSON)" in shown
 
 
 def test_block_sizes_other_gpu_or_illegal_workload():
@@ -494,13 +650,14 @@ def test_block_sizes_other_gpu_or_illegal_workload():
     ok(at)
     assert "measured on the NVIDIA H100 80GB HBM3" in texts(at.warning)
     assert "The measured best" not in [m.label for m in at.metric]      # not overlaid
+    assert "(rates_h200_2026-11-24.json, 2026-11-24)" in texts(at.caption)   # the H200's rates
     at.checkbox(key="bs_anyway").check().run()
     assert "The measured best" in [m.label for m in ok(at).metric]
     at.selectbox(key="w_dtype").set_value("fp32").run()
     ok(at)
     assert len(at.warning) >= 1 and not charts(at)
     assert "does not run this workload: the mma forward runs dtype fp16 or bf16" in texts(at.warning)
-    at.selectbox(key="bs_family").set_value("tf32/fwd").run()
+    at.selectbox(key="bs_family").set_value("simt/fwd").run()        # a kernel no file timed
     ok(at)
     assert len(charts(at)) == 1 and "has no times of this kernel" in texts(at.info)
     hits = sorted({m.group(0) for m in INTERNAL.finditer(screen_text(at))})
@@ -517,7 +674,7 @@ def test_scaling_ranges_and_the_n_slider(offer):
     assert "N = 4,096" in texts(at.markdown)
     # the sidebar's N is what the metrics and the measured table at N are about
     before = [m.value for m in at.metric]
-    assert at.metric[1].label == PREDICTED
+    assert at.metric[1].label == MEASURED_RATES          # the rates measured on the H100
     at_n = table(at, "Implementation").set_index("Implementation")
     at.select_slider(key="w_seq_len").set_value(1024).run()
     ok(at)
@@ -606,10 +763,17 @@ def test_scaling_page_draws_measured_beside_predicted(offer, tmp_path):
     figs = charts(at)
     tflops = json.loads(figs[0].proto.spec)
     names = [t.get("name", "") for t in tflops["data"]]
-    assert "dashed: predicted from datasheet rates" in names
+    assert "dashed: predicted from measured rates" in names
     assert data.family_label("sdpa-flash") in names
     caption = texts(at.caption)
-    assert "predicted from datasheet rates" in caption and "measured" in caption
+    assert "predicted from measured rates" in caption
+    assert "Predicted times come from measured rates (rates_h100_2026-11-24.json, 2026-11-24" in (
+        caption)
+    from dashboard import ui
+    at.selectbox(key="bs_rates").set_value(ui.DATASHEET).run()
+    names = [t.get("name", "") for t in json.loads(charts(ok(at))[0].proto.spec)["data"]]
+    assert "dashed: predicted from datasheet rates" in names
+    assert "predicted from datasheet rates" in texts(at.caption)
     at.checkbox(key="w_causal").check()
     at.selectbox(key="w_pass").set_value("fwd+bwd").run()
     assert "No prediction for PyTorch SDPA: cuDNN" in texts(ok(at).caption)
@@ -753,10 +917,18 @@ def test_measured_page_labels_its_times_and_draws_error_and_roofline(offer):
     assert len(charts(at)) == 3
     records = table(at, "Predicted time (ms)")
     assert "Time from" in records.columns and ROOFLINE_MS not in records.columns
-    assert set(records["Time from"]) <= {"plan, datasheet rates", "roofline at peak rates (a bound)"}
+    assert set(records["Time from"]) <= {"plan, measured rates",
+                                         "roofline at peak rates (a bound)"}
     assert "Predicted time" in set(table(at, "Records of")["Metric"])
     per_kernel = table(at, "Predicted time: median (%)")
     assert len(per_kernel) == len(set(records["Kernel"]))
+    shown = screen_text(at)
+    assert "from measured rates (rates_h100_2026-11-24.json, 2026-11-24)" in shown
+    from dashboard import ui
+    at.selectbox(key="bs_rates").set_value(ui.DATASHEET).run()
+    records = table(ok(at), "Predicted time (ms)")
+    assert set(records["Time from"]) <= {"plan, datasheet rates",
+                                         "roofline at peak rates (a bound)"}
     shown = screen_text(at)
     assert "datasheet rates, peaks real kernels do not reach" in shown
     assert "Roofline: achieved and predicted" in texts(at.subheader)

@@ -24,6 +24,8 @@ if not families:
     st.info("The model lists no kernel with tile configurations to compare.")
     st.stop()
 sweeps = data.tile_sweep_choices()
+#: The sequence length the page opens on when the file measured it (else its first workload).
+OPEN_SEQ_LEN = 8192
 
 
 def _load_shipped(name: str):
@@ -33,38 +35,89 @@ def _load_shipped(name: str):
         return None, str(exc)
 
 
-# -- what the page opens on: the first workload the first tile sweep measured ----------------
+def _measured_groups(name: str, family_key: str):
+    """The workloads of ``family_key`` the shipped file ``name`` timed that the sidebar can
+    show (empty when none, or when the file cannot be read)."""
+    sweep = _load_shipped(name)[0] if name in sweeps else None
+    if sweep is None:
+        return None, data.tile_sweep_groups({"records": data.EMPTY_SWEEP}, family_key)
+    groups = data.tile_sweep_groups(sweep, family_key)
+    return sweep, groups[[ui.sidebar_takes(g) for _, g in groups.iterrows()]]
+
+
+def _open_on_measured(name: str, family_key: str) -> None:
+    """Set the sidebar to a workload ``name`` timed for ``family_key`` (the first at
+    :data:`OPEN_SEQ_LEN`, else the first), and the GPU profile to the file's, unless the sidebar
+    already shows one of its workloads. Runs before the sidebar is drawn (or in a callback)."""
+    sweep, groups = _measured_groups(name, family_key)
+    if groups is None or groups.empty or any(ui.sidebar_shows(g) for _, g in groups.iterrows()):
+        return
+    at = groups[groups["seq_len"] == OPEN_SEQ_LEN]
+    group = (at if not at.empty else groups).iloc[0]
+    ui.set_workload(group, profile=sweep["profile"])
+    st.session_state["bs_opened_on"] = (data.group_label(group), sweep["name"], sweep["profile"])
+
+
+def _family_changed() -> None:
+    # another kernel: the shipped file that timed it, on one of its measured workloads
+    family_key, name = st.session_state["bs_family"], st.session_state.get("bs_sweep")
+    if name not in sweeps or _measured_groups(name, family_key)[1].empty:
+        other = next((n for n in sweeps if not _measured_groups(n, family_key)[1].empty), None)
+        if other is not None:
+            st.session_state["bs_sweep"] = name = other
+            st.session_state["bs_switched_to"] = other
+    _open_on_measured(name, family_key)
+
+
+def _sweep_changed() -> None:
+    _open_on_measured(st.session_state["bs_sweep"], st.session_state["bs_family"])
+
+
+# -- what the page opens on: the first kernel a shipped tile sweep measured, on a workload of it --
 if st.session_state.get("bs_sweep") not in sweeps + [UPLOAD, NO_SWEEP]:
     st.session_state["bs_sweep"] = sweeps[0] if sweeps else NO_SWEEP
-default_sweep = (_load_shipped(st.session_state["bs_sweep"])[0]
-                 if st.session_state["bs_sweep"] in sweeps else None)
 if st.session_state.get("bs_family") not in families:
-    measured_families = [f for f in families if default_sweep is not None
-                         and not data.tile_sweep_groups(default_sweep, f).empty]
+    measured_families = [f for f in families if st.session_state["bs_sweep"] in sweeps
+                         and not _measured_groups(st.session_state["bs_sweep"], f)[1].empty]
     st.session_state["bs_family"] = (measured_families or families)[0]
 if not st.session_state.get("bs_opened"):
     st.session_state["bs_opened"] = True
-    if default_sweep is not None:
-        groups = data.tile_sweep_groups(default_sweep, st.session_state["bs_family"])
-        groups = groups[[ui.sidebar_takes(g) for _, g in groups.iterrows()]]
-        if not groups.empty and not any(ui.sidebar_shows(g) for _, g in groups.iterrows()):
-            ui.set_workload(groups.iloc[0], profile=default_sweep["profile"])
-            st.session_state["bs_opened_on"] = (data.group_label(groups.iloc[0]),
-                                                default_sweep["name"], default_sweep["profile"])
+    _open_on_measured(st.session_state["bs_sweep"], st.session_state["bs_family"])
 
 w = ui.workload_sidebar(show_pass=False, show_density=False)
 
 c1, c2, c3 = st.columns(3)
 family_key = c1.selectbox("Kernel", families, key="bs_family", format_func=data.tile_family_label,
+                          on_change=_family_changed,
                           help="The kernels whose legal tile configurations the model lists; "
-                               "the model picks their default tiles.")
+                               "the model picks their default tiles. A kernel a shipped file "
+                               "timed opens on that file and one of its workloads.")
 source = c2.selectbox("Measured tile times", sweeps + [UPLOAD, NO_SWEEP], key="bs_sweep",
+                      on_change=_sweep_changed,
                       help="A tile sweep: every legal tile configuration timed on a GPU "
                            "(`python -m benchmarks pick` writes one).")
-rates, rates_name = ui.rates_picker(c3, upload_key="bs_rates_upload")
+rates, rates_name = ui.rates_picker(c3, upload_key="bs_rates_upload",
+                                    profile=w["profile"])
 
 sweep, sweep_error = None, None
 if source == UPLOAD:
+    with st.expander("Tile times file format"):
+        st.markdown(
+            "One JSON object, as `python -m benchmarks pick` writes it: `\"schema\": "
+            "\"ioaware.pick/1\"`, a `\"provenance\"` object whose `\"gpu\"` names the GPU (it "
+            "picks the model's profile) and `\"records\"`, one object per timed configuration: "
+            "the workload (`family` (`mma`, `tf32`, `wgmma`, `simt`), `pass` (`fwd`, `bwd`), "
+            "`dtype`, `head_dim`, `causal`, `seq_len`, `batch`, `heads`), `config` "
+            "(`{\"block_q\": 128, \"block_k\": 64}`) and `time_ms` (milliseconds), or, for a "
+            "configuration that did not run, `time_ms: null` with `refused` or `failed` "
+            f"giving the reason. Files up to {data.MAX_UPLOAD_MB} MB are read.")
+        example = data.example_tile_sweep_json()
+        if example:
+            st.download_button("Download an example file (JSON)", example,
+                               file_name="tile-times-example.json", mime="application/json",
+                               key="dl-example-tiles", on_click="ignore",
+                               help="One workload of a shipped file of tile times, its times "
+                                    "measured on the GPU it names.")
     up = st.file_uploader(f"File of tile times (JSON, up to {data.MAX_UPLOAD_MB} MB)",
                           type=["json"], key="bs_upload")
     if up is not None:
@@ -100,11 +153,14 @@ if groups is not None and not groups.empty:
                                         if i == NOT_MEASURED else
                                         data.group_label(reachable.loc[int(i)])),
                  help="Sets the sidebar to a workload the file timed.")
+switched = st.session_state.pop("bs_switched_to", None)
 opened = st.session_state.pop("bs_opened_on", None)
+if switched and not opened:
+    st.caption(f"Measured tile times from `{switched}`, which times this kernel.")
 if opened:
     on = f" on the {data.profile_label(opened[2])} profile" if opened[2] else ""
-    st.info(f"Opened on {opened[0]}{on}: the first workload measured in `{opened[1]}`. Change "
-            "it in the sidebar or above.")
+    st.caption(f"Opened on {opened[0]}{on}, a workload measured in `{opened[1]}`: change it "
+               "here or in the sidebar.")
 
 # -- the model ----------------------------------------------------------------------------------
 family, _, pass_ = family_key.partition("/")
@@ -167,7 +223,7 @@ if plane["ties"]:
 if plane["partial"]:
     notes.append("Some legal configurations do not fit one SM of this GPU (blank cells); the "
                  "pick is the fastest of the rest.")
-source_text = (f"the rates measured in `{plane['rates_name']}`, datasheet figures where it has "
+source_text = (f"{ui.rates_source(rates, plane['rates_name'])}, datasheet figures where it has "
                "none" if plane["rates"] == "measured rates" else
                "the GPU's published peak bandwidths and throughputs")
 notes.append(f"The model's times are {predicted} ({source_text}), not measured.")
@@ -178,7 +234,6 @@ if verdict is not None and verdict["ratio_mid"] is not None:
 if verdict is not None and verdict["not_legal"]:
     notes.append(f"Measured but not a legal configuration of the model for this workload: "
                  f"{', '.join(verdict['not_legal'])}.")
-st.caption(" ".join(notes))
 
 best = verdict["best"] if verdict is not None else None
 key = (family_key, tuple(sorted((k, v) for k, v in w.items() if k != "custom")), w["custom"],
@@ -189,8 +244,8 @@ ui.chart(charts.tile_figure(
     predicted_title=f"Predicted from {plane['rates']} (ms)",
     measured_title=f"Measured on the {sweep['gpu']} (ms)" if measured is not None else None,
     title=(f"{data.tile_family_label(family_key)}: {data.group_label(w)}"
-           + (f", window {w['window']:,}" if w["window"] else "")
-           + f"; model: the {plane['gpu']}")),
+           + (f", window {w['window']:,}" if w["window"] else ""))),
     "block-sizes")
+st.caption(" ".join(notes))
 table, columns = data.tile_table(plane, measured)
 ui.table(table, "block-sizes-configurations", columns=columns)

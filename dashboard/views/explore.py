@@ -13,7 +13,8 @@ st.caption("One workload (sidebar), three schedules: standard attention (S and P
 
 ui.require_sim()
 w = ui.workload_sidebar()
-rates, rates_name = ui.rates_picker(st.sidebar, upload_key="ex_rates_upload")
+rates, rates_name = ui.rates_picker(st.sidebar, upload_key="ex_rates_upload",
+                                    profile=w["profile"])
 l2 = st.sidebar.selectbox("DRAM bytes from", list(data.L2_MODES), key="w_l2",
                           format_func=data.L2_MODES.get,
                           help="How DRAM bytes are predicted from the global-memory traffic: the "
@@ -75,7 +76,7 @@ if ceilings["rates_error"]:
                "the datasheet rates.")
 shown, columns = data.schedule_table(table)
 ui.table(shown, "explore-schedules", columns=columns)
-st.caption(ui.rates_note(ceilings["rates"], rates_name, ceilings["rates_error"])
+st.caption(ui.rates_note(ceilings["rates"], rates_name, ceilings["rates_error"], rates)
            + " On the roofline the datasheet's peaks are drawn as what they are, a bound; the "
              "measured points of a results file are on *Predicted vs measured*.")
 

@@ -92,7 +92,7 @@ l2 = sb.selectbox("DRAM bytes from", ["analytic", "auto"], key="pm_l2",
 if guess is None:
     sb.caption(f"No built-in profile matches the GPU `{prov.get('gpu', '?')}`; choose the one "
                "to predict with.")
-rates, rates_name = ui.rates_picker(sb, upload_key="pm_rates_upload")
+rates, rates_name = ui.rates_picker(sb, upload_key="pm_rates_upload", profile=profile)
 rates_path = data.rates_file_path(rates)
 model_key = f"{profile} {rates_path or ''}"
 
@@ -160,7 +160,7 @@ planned, rated = data.plan_priced(view)
 if rates is not None and planned and not rated:
     st.warning(f"`{rates_name}` was not measured on this file's GPU: the records are priced "
                "with the datasheet rates.")
-how = (f"the rates measured in `{rates_name}`" if rated else
+how = (f"measured rates ({ui.rates_source(rates, rates_name)})" if rated else
        "the GPU's datasheet rates, peaks real kernels do not reach, so its error is expected "
        "to be negative")
 rest = len(view) - planned

@@ -22,7 +22,7 @@ w = ui.workload_sidebar(seq_len_help="Marked on every chart; the measured and pr
                                      "at this N are listed under the measured charts, the "
                                      "model's schedules at this N under theirs.")
 sb = st.sidebar
-rates, rates_name = ui.rates_picker(sb, upload_key="sc_rates_upload")
+rates, rates_name = ui.rates_picker(sb, upload_key="sc_rates_upload", profile=w["profile"])
 sb.header("Measurements")
 choices = data.results_choices()
 if st.session_state.get("sc_source") not in choices + [UPLOAD]:
@@ -78,7 +78,7 @@ elif loaded is not None:
             notes.append("No prediction for " + ", ".join(data.family_label(i)
                                                          for i in res["no_plan"])
                          + ": the model has no plan of the kernels it launches here.")
-        notes.append(ui.rates_note(res["rates"], rates_name, res["rates_error"]))
+        notes.append(ui.rates_note(res["rates"], rates_name, res["rates_error"], rates))
         if w["window"] or w["density"] < 1:
             notes.append("The measured records are dense, without a sliding window; the window "
                          "and block mask apply to the model's schedules below.")
