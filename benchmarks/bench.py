@@ -3,7 +3,7 @@
     python -m benchmarks bench [--dtype fp32 fp16] [--d 64 128] [--n ...] [--causal false true]
                                [--pass fwd fwd+bwd] [--quick] [--out FILE_OR_DIR]
     python -m benchmarks bench --show FILE          (the table of a results file; no GPU)
-    python -m benchmarks bench --summary FILE [--readme README.md]     (no GPU)
+    python -m benchmarks bench --summary FILE [FILE ...] [--readme README.md]     (no GPU)
 
 For every (N, d, causal, dtype, pass) it times our kernels (``ioaware-numba``:
 ``ioaware.attention(..., backend="numba")``, forward + backward through autograd, so the family
@@ -23,8 +23,9 @@ transformer encoder layer (d_model 512, 8 heads, forward + backward) whose atten
 Writes ``results/bench_<gpu>_<date>.json`` (schema ``ioaware.results/1``, with provenance; a
 directory given as ``--out`` gets that name inside it), after every configuration.
 
-``--summary FILE`` prints, from a results file, one Markdown table: per dtype, head dim and
-causal mask, the lowest and highest ratio over N of the forward and of the forward + backward
+``--summary FILE [FILE ...]`` prints, from results files, one Markdown table (with several
+files, each row comes whole from the last file that timed it): per dtype, head dim and causal
+mask, the lowest and highest ratio over N of the forward and of the forward + backward
 against the peers that matter (FLASH and CUDNN for float16/bfloat16, EFFICIENT for float32),
 with the GPU and the date in a caption line. ``--readme README.md`` writes that table into the
 README between its marker lines (`README_BEGIN`, `README_END`) instead of printing it.
@@ -265,12 +266,28 @@ def ratio_ranges(records) -> dict:
             for key, row in out.items()}
 
 
-def summary_table(doc: dict, name: str) -> str:
+def summary_table(doc, name) -> str:
     """The Markdown summary of a benchmark results object (module docstring); ``name`` is the
-    file named in the caption line."""
-    prov = doc["provenance"]
-    ranges = ratio_ranges(doc["records"])
+    file named in the caption line. ``doc`` and ``name`` may also be lists (several runs): a
+    row (dtype, head dim, causal) comes whole from the last run that timed it, ratios are never
+    mixed across runs, and a column says which run."""
+    if isinstance(doc, dict):
+        return _summary_table([doc], [name])
+    return _summary_table(list(doc), list(name))
+
+
+def _summary_table(docs: list, names: list) -> str:
+    ranges, source = {}, {}
+    for i, doc in enumerate(docs):
+        for key, row in ratio_ranges(doc["records"]).items():
+            ranges[key], source[key] = row, i
     order = {dt: i for i, dt in enumerate(SUMMARY_PEERS)}
+    several = len(docs) > 1
+
+    def caption(doc, name):
+        prov = doc["provenance"]
+        return (f"`{name}` ({prov['gpu']}, {prov['date'][:10]}, "
+                f"{prov.get('timing', 'sync')} timing)")
 
     def span(lo, hi, fmt):
         return fmt(lo) if lo == hi else f"{fmt(lo)}–{fmt(hi)}"
@@ -279,16 +296,21 @@ def summary_table(doc: dict, name: str) -> str:
         parts = [f"{PEER_LABELS[peer]} {span(*row[(pass_, peer)], lambda x: f'{x:.2f}')}"
                  for peer in SUMMARY_PEERS[dt] if (pass_, peer) in row]
         return ", ".join(parts) or "–"
+    if several:
+        runs = "; ".join(f"[{i + 1}] {caption(d, n)}" for i, (d, n) in enumerate(zip(docs, names)))
+        where = f"each row from one run: {runs}"
+    else:
+        where = f"from {caption(docs[0], names[0])}"
     lines = [f"Speed of our kernels relative to PyTorch SDPA: t_SDPA / t_ours (above 1: ours "
-             f"faster), lowest–highest over N, from `{name}` ({prov['gpu']}, "
-             f"{prov['date'][:10]}, {prov.get('timing', 'sync')} timing).", "",
-             "| dtype | d | causal | N | forward | forward + backward |",
-             "| --- | --- | --- | --- | --- | --- |"]
+             f"faster), lowest–highest over N, {where}.", "",
+             "| dtype | d | causal | N | forward | forward + backward |" + (" run |" if several else ""),
+             "| --- | --- | --- | --- | --- | --- |" + (" --- |" if several else "")]
     for dt, d, causal in sorted(ranges, key=lambda k: (order.get(k[0], 99), k[1], k[2])):
         row = ranges[(dt, d, causal)]
         lines.append(f"| {dt} | {d} | {'yes' if causal else 'no'} | "
                      f"{span(row['N'][0], row['N'][-1], str)} | {cell(dt, row, 'fwd')} | "
-                     f"{cell(dt, row, 'fwd+bwd')} |")
+                     f"{cell(dt, row, 'fwd+bwd')} |"
+                     + (f" [{source[(dt, d, causal)] + 1}] |" if several else ""))
     return "\n".join(lines)
 
 
@@ -350,15 +372,17 @@ def main(argv=None) -> int:
                          "(default); device: a device-side sleep first, GPU time only")
     ap.add_argument("--show", metavar="FILE", default=None,
                     help="print the table of a results file (within --n/--d/... ) and exit")
-    ap.add_argument("--summary", metavar="FILE", default=None,
-                    help="print the Markdown summary table of a results file and exit")
+    ap.add_argument("--summary", metavar="FILE", nargs="+", default=None,
+                    help="print the Markdown summary table of results files and exit (several: "
+                         "each row from the last file that has it)")
     ap.add_argument("--readme", metavar="README", default=None,
                     help="with --summary: write the table between the README's markers")
     args = ap.parse_args(argv)
     if args.readme and not args.summary:
         ap.error("--readme needs --summary FILE")
     if args.summary:
-        table = summary_table(json.loads(Path(args.summary).read_text()), Path(args.summary).name)
+        paths = [Path(f) for f in args.summary]
+        table = summary_table([json.loads(p.read_text()) for p in paths], [p.name for p in paths])
         if not args.readme:
             print(table)
             return 0
@@ -368,7 +392,7 @@ def main(argv=None) -> int:
         except ValueError as exc:
             print(f"{readme}: {exc}", file=sys.stderr)
             return 1
-        print(f"wrote the summary of {args.summary} into {readme}")
+        print(f"wrote the summary of {' '.join(args.summary)} into {readme}")
         return 0
     if args.show:
         doc = json.loads(Path(args.show).read_text())

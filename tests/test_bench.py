@@ -16,7 +16,10 @@ from benchmarks.__main__ import COMMANDS
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The shipped benchmark results file (one per GPU: the newest by name).
-SHIPPED_BENCH = sorted((ROOT / "results").glob("bench_*.json"))[-1]
+#: The README's summary reads these, in this order (a later file's rows replace an earlier's).
+README_BENCHES = (ROOT / "results" / "bench_nvidia-h100-80gb-hbm3_2026-11-24.json",
+                  ROOT / "results" / "bench_half_h100_2026-11-24.json")
+SHIPPED_BENCH = README_BENCHES[0]
 
 
 def _run(*args):
@@ -182,13 +185,14 @@ def _cell_ranges(cell):
     return out
 
 
-def test_summary_of_the_shipped_benchmark_recomputes_from_its_records():
-    doc = json.loads(SHIPPED_BENCH.read_text())
-    text = bench.summary_table(doc, SHIPPED_BENCH.name)
+@pytest.mark.parametrize("path", README_BENCHES, ids=lambda p: p.name)
+def test_summary_of_the_shipped_benchmark_recomputes_from_its_records(path):
+    doc = json.loads(path.read_text())
+    text = bench.summary_table(doc, path.name)
     times = {(r["kernel"], r["dtype"], r["head_dim"], r["causal"], r["pass"], r["seq_len_q"]):
              r["time_ms"] for r in doc["records"]}
     ours = {k[1:4] for k in times if k[0] == "ioaware-numba"}
-    rows = [ln for ln in text.splitlines() if ln.startswith("| fp")]
+    rows = [ln for ln in text.splitlines() if ln.startswith(("| fp", "| bf"))]
     assert len(rows) == len(ours) >= 8
     labels = {"sdpa-flash": "FLASH", "sdpa-cudnn": "CUDNN", "sdpa-efficient": "EFFICIENT"}
     for row in rows:
@@ -214,8 +218,23 @@ def test_readme_embeds_the_summary_of_the_shipped_benchmark():
     block = bench.readme_block(text)
     if block is None:
         pytest.skip("the README has no summary-table markers")
-    assert block == bench.summary_table(json.loads(SHIPPED_BENCH.read_text()),
-                                        SHIPPED_BENCH.name).strip()
+    assert block == bench.summary_table([json.loads(p.read_text()) for p in README_BENCHES],
+                                        [p.name for p in README_BENCHES]).strip()
+
+
+def test_summary_of_several_runs_takes_each_row_whole_from_the_last_run_that_has_it():
+    old = [_rec("ioaware-numba", "fp16", 64, False, "fwd", 1024, 2.0),
+           _rec("sdpa-flash", "fp16", 64, False, "fwd", 1024, 1.0),
+           _rec("ioaware-numba", "fp32", 64, False, "fwd", 1024, 2.0),
+           _rec("sdpa-efficient", "fp32", 64, False, "fwd", 1024, 3.0)]
+    new = [_rec("ioaware-numba", "fp16", 64, False, "fwd", 2048, 1.0),
+           _rec("sdpa-flash", "fp16", 64, False, "fwd", 2048, 1.2)]
+    text = bench.summary_table([_doc(old), _doc(new)], ["old.json", "new.json"])
+    lines = text.splitlines()
+    assert "[1] `old.json`" in lines[0] and "[2] `new.json`" in lines[0]
+    assert lines[2].endswith("| run |")
+    assert lines[4:] == ["| fp16 | 64 | no | 2048 | FLASH 1.20 | – | [2] |",
+                         "| fp32 | 64 | no | 1024 | EFFICIENT 1.50 | – | [1] |"]
 
 
 def test_readme_option_rewrites_only_the_marked_block(tmp_path, capsys):
