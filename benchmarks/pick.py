@@ -7,8 +7,9 @@
 The families' default tiles are to come from `sim`: for a problem, list the family's legal
 configurations (`sim.plans.CONFIGS`), price each one's plan and take the cheapest
 (`sim.plans.choose`, as ``python -m sim plan --choose`` does). This command checks that choice
-against the GPU. (``python -m sim search`` and the dashboard's block-size page rank tiles with
-`sim.search_blocks`, the schedule model over a generic tile grid: not what is checked here.)
+against the GPU; the dashboard's block-size page draws the same choice beside a pick file's
+times. (``python -m sim search`` ranks tiles with `sim.search_blocks`, the schedule model over a
+generic tile grid: not what is checked here.)
 
 **Measuring** (a GPU): for every family and pass of `sim.plans.CONFIGS` (``--family`` narrows
 them; a family whose configurations are not `kernels.KernelConfig` fields is skipped with the

@@ -1804,33 +1804,34 @@ def rates_provenance(content: bytes | None) -> dict:
     return {"gpu": str(prov.get("gpu") or ""), "date": str(prov.get("date") or "")[:10]}
 
 
+#: The rates file each shipped profile is priced with by default (named here, so that a file
+#: added to ``results/`` changes no prediction until this table names it; re-measuring a GPU
+#: replaces its file and the name here).
+DEFAULT_RATES_FILES = {"h100": "rates_h100_2026-11-24.json", "h200": "rates_h200_2026-11-24.json"}
+
+
 @st.cache_data(show_spinner=False, max_entries=8)
-def _rates_by_profile(files: tuple) -> dict:
-    out: dict = {}
-    for name, _mtime in files:
-        try:
-            prov = rates_provenance(rates_choice_bytes(name))
-        except OSError:
-            continue
-        profile = profile_for_gpu(prov["gpu"]) if prov["gpu"] else None
-        if profile is not None and prov["date"] >= out.get(profile, ("", ""))[1]:
-            out[profile] = (name, prov["date"])
-    return {p: name for p, (name, _d) in out.items()}
+def _checked_default(profile: str, name: str) -> bool:
+    """Whether the named default rates file is there and was measured on ``profile``'s GPU."""
+    try:
+        prov = rates_provenance(rates_choice_bytes(name))
+    except OSError:
+        return False
+    return bool(prov["gpu"]) and profile_for_gpu(prov["gpu"]) == profile
 
 
 def rates_for_profile(profile: str | None) -> str | None:
-    """The rates file (a name of :func:`rates_choices`) measured on ``profile``'s GPU, the
-    newest by its provenance's date; None where none was (a custom GPU, or a GPU nobody
-    measured)."""
+    """The rates file (a name of :func:`rates_choices`) the pages price ``profile`` with by
+    default: the one `DEFAULT_RATES_FILES` names, if it is in ``results/`` and was measured on
+    that GPU; None otherwise (a custom GPU, or a GPU without a measured file)."""
     if not profile or profile == CUSTOM:
         return None
-    files = []
-    for path in rates_files():
-        try:
-            files.append((_choice_name(path), path.stat().st_mtime_ns))
-        except OSError:
-            continue
-    return _rates_by_profile(tuple(files)).get(profile)
+    name = DEFAULT_RATES_FILES.get(profile)
+    if name is None:
+        return None
+    choices = {c.replace("\\", "/").rsplit("/", 1)[-1]: c for c in rates_choices()}
+    choice = choices.get(name)
+    return choice if choice is not None and _checked_default(profile, choice) else None
 
 
 def _files_of_schemas(schemas: tuple) -> list[Path]:

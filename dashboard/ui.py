@@ -172,8 +172,9 @@ def workload_sidebar(*, show_pass: bool = True, show_density: bool = True,
 
 
 DATASHEET = "GPU datasheet"
-#: The rates choice that follows the GPU profile: the newest rates file measured on that GPU
-#: (``data.rates_for_profile``), the datasheet where there is none. Every page's default.
+#: The rates choice that follows the GPU profile: the rates file named for that GPU
+#: (``data.DEFAULT_RATES_FILES``, ``data.rates_for_profile``), the datasheet where there is
+#: none. Every page's default.
 MEASURED_HERE = "Measured on this GPU"
 UPLOAD_RATES = "Upload a rates file…"
 #: The widget key of the rates every page prices with (one choice, shared by the pages).
