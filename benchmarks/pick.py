@@ -362,7 +362,9 @@ def load_timings(file) -> tuple[dict, list[dict]]:
     """``(doc, records)`` of a timings file (a path or a parsed object) of one of
     `READABLE_SCHEMAS`, each record with the group's fields (`_GROUP_KEYS`), ``config`` and
     ``time_ms`` (None for a refused or failed configuration, with ``why``). Raises ValueError
-    starting "file ...: " for a file that cannot be read or is malformed."""
+    starting "file ...: " for a file that cannot be read or is malformed; a file whose records
+    are malformed gets one error listing each bad record's problem with its index (the first
+    `MAX_PROBLEMS`, then how many more)."""
     where = "<object>" if isinstance(file, dict) else str(file)
     if isinstance(file, dict):
         doc = file
@@ -382,42 +384,60 @@ def load_timings(file) -> tuple[dict, list[dict]]:
     rows = doc.get("records" if schema == SCHEMA else "rows")
     if not isinstance(rows, list):
         _fail(where, f"has no list of {'records' if schema == SCHEMA else 'rows'}")
-    out = []
+    out, problems = [], []
     for i, row in enumerate(rows):
-        if not isinstance(row, dict):
-            _fail(where, f"record {i} is a {type(row).__name__}, expected an object")
-        if schema == SCHEMA:
-            need, rec = _GROUP_KEYS + ("config",), dict(row)
-        elif schema == "ioaware.tune_blocks/1":
-            need = ("family", "pass", "dtype", "head_dim", "causal", "seq_len", "batch", "heads",
-                    "block_q", "block_k")
-            rec = dict(row)
-        else:
-            need = ("kernel", "head_dim", "causal", "seq_len", "batch", "heads", "block_q",
-                    "block_k")
-            rec = dict(row, family=row.get("kernel"), dtype=TUNE_TC_DTYPE.get(row.get("kernel")),
-                       **{"pass": "fwd"})
-        missing = [k for k in need if k not in row]
-        if missing:
-            _fail(where, f"record {i} lacks {missing[0]!r}")
-        if schema != SCHEMA:
-            rec["config"] = {"block_q": row["block_q"], "block_k": row["block_k"]}
-            if row.get("micro_tile"):
-                rec["config"]["micro_tile"] = tuple(row["micro_tile"])
-        if not isinstance(rec["config"], dict) or not rec["config"]:
-            _fail(where, f"record {i}: config must be a non-empty object, got {rec['config']!r}")
-        why = rec.get("refused") or rec.get("failed")
-        t = rec.get("time_ms")
-        if why is None:
-            if isinstance(t, bool) or not isinstance(t, (int, float)) or not (
-                    math.isfinite(t) and t > 0):
-                _fail(where, f"record {i}: time_ms must be a positive number, got {t!r}")
-            t = float(t)
-        else:
-            t = None
-        out.append({**{k: rec[k] for k in _GROUP_KEYS}, "config": rec["config"], "time_ms": t,
-                    "why": why})
+        why = _record_problem(schema, i, row, out)
+        if why is not None:
+            problems.append(why)
+    if problems:
+        shown = "; ".join(problems[:MAX_PROBLEMS])
+        more = f"; and {len(problems) - MAX_PROBLEMS} more" if len(problems) > MAX_PROBLEMS else ""
+        _fail(where, f"{len(problems)} malformed record{'s' * (len(problems) != 1)}: "
+                     f"{shown}{more}")
     return doc, out
+
+
+#: Malformed records one error lists before it says how many more there are.
+MAX_PROBLEMS = 20
+
+
+def _record_problem(schema: str, i: int, row, out: list) -> str | None:
+    """Record ``i`` of a timings file appended to ``out`` in `load_timings`' form, or what is
+    wrong with it ("record i ...")."""
+    if not isinstance(row, dict):
+        return f"record {i} is a {type(row).__name__}, expected an object"
+    if schema == SCHEMA:
+        need, rec = _GROUP_KEYS + ("config",), dict(row)
+    elif schema == "ioaware.tune_blocks/1":
+        need = ("family", "pass", "dtype", "head_dim", "causal", "seq_len", "batch", "heads",
+                "block_q", "block_k")
+        rec = dict(row)
+    else:
+        need = ("kernel", "head_dim", "causal", "seq_len", "batch", "heads", "block_q",
+                "block_k")
+        rec = dict(row, family=row.get("kernel"), dtype=TUNE_TC_DTYPE.get(row.get("kernel")),
+                   **{"pass": "fwd"})
+    missing = [k for k in need if k not in row]
+    if missing:
+        return f"record {i} lacks {missing[0]!r}"
+    if schema != SCHEMA:
+        rec["config"] = {"block_q": row["block_q"], "block_k": row["block_k"]}
+        if row.get("micro_tile"):
+            rec["config"]["micro_tile"] = tuple(row["micro_tile"])
+    if not isinstance(rec["config"], dict) or not rec["config"]:
+        return f"record {i}: config must be a non-empty object, got {rec['config']!r}"
+    why = rec.get("refused") or rec.get("failed")
+    t = rec.get("time_ms")
+    if why is None:
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not (
+                math.isfinite(t) and t > 0):
+            return f"record {i}: time_ms must be a positive number, got {t!r}"
+        t = float(t)
+    else:
+        t = None
+    out.append({**{k: rec[k] for k in _GROUP_KEYS}, "config": rec["config"], "time_ms": t,
+                "why": why})
+    return None
 
 
 def _config_key(cfg: dict) -> tuple:

@@ -287,3 +287,21 @@ def test_measuring_loop_records_every_configuration_and_its_file_reads_back(tmp_
     assert len(lines) == 1 and lines[0].startswith("[1/1 ") and "refused" in lines[0]
     rep = pick_report(out)
     assert rep["groups"][0]["configs_timed"] == len(cfgs) - 2
+
+
+def test_malformed_records_are_listed_together_with_their_index():
+    """Every bad record of a timings file in one error (up to `MAX_PROBLEMS`, then a count),
+    each with its index, so a user fixes the file once."""
+    good = dict(Group("mma", "fwd", "fp16", 64, False, 512, 32, 16).fields(),
+                config={"block_q": 64, "block_k": 64}, time_ms=1.0)
+    recs = [good, {"family": "mma"}, dict(good, time_ms=-1), "x", dict(good, config={})]
+    with pytest.raises(ValueError) as err:
+        pick.load_timings(_doc(recs))
+    msg = str(err.value)
+    assert msg.startswith("file <object>: 4 malformed records: ")
+    for part in ("record 1 lacks 'pass'", "record 2: time_ms must be a positive number",
+                 "record 3 is a str", "record 4: config must be a non-empty object"):
+        assert part in msg
+    many = [dict(good, time_ms=0)] * (pick.MAX_PROBLEMS + 5)
+    with pytest.raises(ValueError, match=r"25 malformed records: .*; and 5 more$"):
+        pick.load_timings(_doc(many))
