@@ -209,11 +209,24 @@ def rates_picker(container, *, upload_key: str, profile: str | None = None
 
     choice = container.selectbox(
         "Rates the model prices with", choices, key=RATES_KEY, format_func=label,
-        help="The rates `python -m benchmarks rates` measured on the chosen GPU (the newest such "
-             "file in results/; the datasheet where there is none), the GPU's datasheet figures "
+        help="The rates `python -m benchmarks rates` measured on the chosen GPU (the file named "
+             "for it in results/; the datasheet where there is none), the GPU's datasheet figures "
              "(peak rates, which real kernels do not reach), a given rates file, or your own.")
     content, name, why = None, "", ""
     if choice == UPLOAD_RATES:
+        container.caption(
+            "A rates file is what `python -m benchmarks rates --out FILE` writes on a GPU: "
+            "JSON with `schema` \"ioaware.rates/1\", `provenance` (at least `gpu`, `date`) "
+            "and `rates`: {name: {`value`, `unit`, `how`}} for any of the names the model "
+            "prices with (`dram_copy_bytes_per_s`, `l2_read_bytes_per_s`, "
+            "`smem_read_bytes_per_s_per_sm`, `mma_fp16_flops_per_s`, `ffma_flops_per_s`, "
+            "`ex2_ops_per_s`, `kernel_launch_s`, ...); a rate it lacks comes from the datasheet.")
+        example = data.rates_for_profile("h100")
+        if example is not None:
+            container.download_button("Example: the H100's rates file",
+                                      data.rates_choice_bytes(example),
+                                      file_name=example.rsplit("/", 1)[-1],
+                                      mime="application/json", key=f"{upload_key}_example")
         up = container.file_uploader("Rates file (JSON)", type=["json"], key=upload_key)
         if up is not None:
             if up.size > data.MAX_UPLOAD_MB * 10**6:

@@ -228,6 +228,22 @@ def test_rates_default_to_the_file_measured_on_the_profile_s_gpu():
     at.selectbox(key="bs_rates").set_value(data._choice_name(RATES_H200)).run()
     assert "measured on the NVIDIA H200, not this GPU" in texts(ok(at).caption)
     assert "was not used" in texts(at.warning)
+    at.selectbox(key="bs_rates").set_value(ui.UPLOAD_RATES).run()  # the format, with an example
+    assert '"ioaware.rates/1"' in texts(ok(at).caption)
+    assert data.DEFAULT_RATES_FILES["h100"] == RATES_H100.name
+
+
+def test_a_rates_file_added_to_results_changes_no_default(tmp_path, monkeypatch):
+    """Only the file `DEFAULT_RATES_FILES` names is a profile's default: another H100 rates
+    file in results/ (newer, say) is offered as a choice but priced with only when chosen."""
+    newer = json.loads(RATES_H100.read_text())
+    newer["provenance"]["date"] = "2030-01-01T00:00:00+00:00"
+    extra = tmp_path / "rates_h100_2030-01-01.json"
+    extra.write_text(json.dumps(newer))
+    files = data.rates_files()
+    monkeypatch.setattr(data, "rates_files", lambda: files + [extra])
+    assert data._choice_name(extra) in data.rates_choices()
+    assert data.rates_for_profile("h100") == data._choice_name(RATES_H100)
 
 
 def test_explore_defaults_show_what_the_model_predicts():
