@@ -7,6 +7,9 @@ the GPU it was measured on (``provenance.gpu``; ``--profile`` overrides), and pr
 
 * a per-metric error table over the records (median and worst relative error, the share within
   the target, the target (`METRICS`) and whether it holds), per kernel;
+* per kernel family and pass (`family_pass_summary`): global (or LSU) bytes, DRAM bytes, FLOPs
+  and the plans' time at the rates given (``rel_error_time``, nothing fitted), and the time
+  against its targets (`time_summary`: median <= 15 %, >= 90 % of records within 25 %);
 * the block-size check: for each (pass, causal, N, d, dtype) of our kernel measured at several
   block sizes, whether the block size the model ranks fastest runs within 10% of the measured
   fastest;
@@ -31,9 +34,12 @@ from `sim.predict`):
 * ``global_bytes`` — ``global_load_bytes + global_store_bytes`` (ncu ``l1tex__t_bytes_pipe_lsu_
   mem_global_op_ld/st``) vs ``hbm_read_bytes + hbm_write_bytes``, the schedule's global-memory
   traffic. Kernels that move data with the Hopper tensor memory accelerator (cuDNN, cuBLAS's
-  ``nvjet`` GEMMs) bypass the LSU pipe, so their counter reads 0; a record with such a launch
-  among its ``ncu_kernels`` (`tma_launches`), or with no LSU bytes at all, is left out (NaN)
-  rather than compared with the bytes of its other launches. Global atomics and reductions
+  ``nvjet`` GEMMs; our ``wgmma`` forward) bypass the LSU pipe, so their counter reads 0 or
+  only the few loads beside TMA; a record with such a launch among its ``ncu_kernels``
+  (`tma_launches`), or with no LSU bytes at all, is left out (NaN, and ``global_bytes_note``
+  says why) rather than compared with the bytes of its other launches. Where the record's
+  plan names the tensors it loads by TMA (``Plan.config["tma_tensors"]``), ``lsu_bytes``
+  compares the LSU counters with the plan's other accesses. Global atomics and reductions
   (float32 dQ accumulation) are neither loads nor stores to ncu: they are added on the
   measured side when the record has ``global_atomic_bytes`` and left out of the predicted side
   when it has not;
@@ -96,7 +102,8 @@ from .resources import RESOURCES_PATH, load_resources, lookup
 
 __all__ = ["METRICS", "compare", "summary", "block_size_check", "model_for_record", "main",
            "format_report", "record_registers", "kernel_resources", "RESOURCES_PATH",
-           "SIMT_FWD_KERNEL", "SIMT_DKDV_KERNEL", "tma_launches"]
+           "SIMT_FWD_KERNEL", "SIMT_DKDV_KERNEL", "tma_launches", "global_bytes_note",
+           "family_pass_summary", "time_summary", "FAMILY_PASS_TARGETS"]
 
 KEY_COLUMNS = ("kernel", "variant", "pass", "dtype", "batch", "heads", "heads_kv", "seq_len_q",
                "seq_len_k", "head_dim", "causal", "block_q", "block_k")
@@ -224,7 +231,7 @@ def model_for_record(rec: dict, registers: bool = True):
     kernel, variant = rec["kernel"], _variant(rec)
     note = ""
     if kernel == "ioaware-numba":
-        unit = {"mma": "tensor", "tf32": "tf32"}.get(variant, "cuda")
+        unit = {"mma": "tensor", "wgmma": "tensor", "tf32": "tf32"}.get(variant, "cuda")
         dq_mode = (record_dq_mode(rec) or "atomic") if rec["pass"] != "fwd" else "atomic"
         if variant in ("mma", "tf32") and rec["pass"] != "fwd":
             dq_mode = "kernel"    # the tensor-core backwards: a dQ kernel and a dK/dV kernel
@@ -233,7 +240,7 @@ def model_for_record(rec: dict, registers: bool = True):
         delta = (record_delta_kernel(rec) or "warp") if rec["pass"] != "fwd" else "warp"
         tiles = record_micro_tiles(dict(rec, variant="simt")) if variant == "simt" else (None, None)
         # the tensor-core forward takes exp as ex2.approx (the MUFU unit, no FP32 arithmetic)
-        exp_flops = 0 if variant in ("mma", "tf32") else EXP_FLOPS
+        exp_flops = 0 if variant in ("mma", "wgmma", "tf32") else EXP_FLOPS
         # ... and moves Q and O in mma fragments: 4 threads x 4 bytes of a row per warp access
         regs, regs_kv, reg_status = (record_registers(rec, dq_mode=dq_mode) if registers
                                      else (None, None, "off"))
@@ -276,35 +283,66 @@ def model_for_record(rec: dict, registers: bool = True):
 #: DRAM bytes a launch must move, in a direction its LSU counter shows nothing of, to count as
 #: moving them by TMA (a fill kernel reads about 4 KiB and loads nothing).
 TMA_MIN_DRAM_BYTES = 64 * 1024
+#: A launch reading more than this many times its LSU load (and atomic) bytes from DRAM loads
+#: most of its data past the LSU pipe, by TMA. Every DRAM byte read is fetched for an L2
+#: client; without TMA that client is the LSU pipe (or spilled local memory), so DRAM reads stay
+#: at or below the LSU loads: at most 1.01 times them in every launch of the shipped results
+#: without TMA, at least 7.2 times in those with it (cuDNN's backward, our wgmma forward: a
+#: few LSU loads beside TMA).
+TMA_DRAM_OVER_LSU_READS = 2.0
 
 
 def tma_launches(rec: dict) -> list[str]:
     """Names of the record's profiled launches (``ncu_kernels``) that moved data past the LSU
     counters, by the Hopper tensor memory accelerator: DRAM reads of at least
-    `TMA_MIN_DRAM_BYTES` with no global load bytes (cuDNN's SDPA kernels, cuBLAS ``nvjet``
-    GEMMs), or as many DRAM writes with no store bytes and atomic bytes recorded as 0 (launches
-    profiled before per-launch atomics were kept are judged by their loads only). A record with
-    one has incomplete global bytes."""
+    `TMA_MIN_DRAM_BYTES` and more than `TMA_DRAM_OVER_LSU_READS` times the launch's global load
+    and atomic bytes (none at all: cuDNN's SDPA forward, cuBLAS ``nvjet`` GEMMs; a few:
+    cuDNN's backward, our ``wgmma`` forward, whose tile-schedule loads are LSU loads), or as
+    many DRAM writes with no store bytes and atomic bytes recorded as 0 (launches profiled
+    before per-launch atomics were kept are judged by their loads only). A record with one has
+    incomplete global bytes."""
     out = []
     for k in rec.get("ncu_kernels") or ():
         if not isinstance(k, dict):
             continue
         ld, st = k.get("global_load_bytes"), k.get("global_store_bytes")
         dr, dw = k.get("dram_read_bytes") or 0, k.get("dram_write_bytes") or 0
-        tma_load = ld == 0 and dr >= TMA_MIN_DRAM_BYTES
+        tma_load = (ld is not None and dr >= TMA_MIN_DRAM_BYTES
+                    and dr > TMA_DRAM_OVER_LSU_READS * (ld + (k.get("global_atomic_bytes") or 0)))
         tma_store = st == 0 and k.get("global_atomic_bytes") == 0 and dw >= TMA_MIN_DRAM_BYTES
         if tma_load or tma_store:
             out.append(str(k.get("name", "")))
     return out
 
 
+def _lsu_bytes(rec: dict) -> float:
+    """The record's LSU global load + store (+ atomic, where counted) bytes; NaN without them."""
+    ld, st = rec.get("global_load_bytes"), rec.get("global_store_bytes")
+    if ld is None or st is None or ld + st == 0:
+        return math.nan
+    return float(ld + st + (rec.get("global_atomic_bytes") or 0))
+
+
+def global_bytes_note(rec: dict) -> str | None:
+    """Why a record's measured global bytes are not scored (None where they are): launches that
+    moved data by TMA (`tma_launches`), or no LSU counters."""
+    if rec.get("global_load_bytes") is None or rec.get("global_store_bytes") is None:
+        return None
+    names = tma_launches(rec)
+    if names:
+        short = ", ".join(sorted({n.split("(")[0].split("[")[0][:48] for n in names}))
+        return f"not scored: {short} moved data by TMA, which the LSU counters do not count"
+    if rec["global_load_bytes"] + rec["global_store_bytes"] == 0:
+        return "not scored: no LSU global bytes counted"
+    return None
+
+
 def _measured(rec: dict, metric: str):
     g = rec.get
     if metric == "global_bytes":
-        ld, st = g("global_load_bytes"), g("global_store_bytes")
-        if ld is None or st is None or ld + st == 0 or tma_launches(rec):
+        if tma_launches(rec):
             return math.nan
-        return float(ld + st + (g("global_atomic_bytes") or 0))
+        return _lsu_bytes(rec)
     if metric == "dram_bytes":
         r, w = g("dram_read_bytes"), g("dram_write_bytes")
         return math.nan if r is None or w is None else float(r + w)
@@ -395,6 +433,15 @@ def _plan_predictions(row: dict, rec: dict, profile, rates=None) -> None:
         atomic = sum(a.bytes for plan in plans for k in plan.kernels for a in k.accesses
                      if a.op == "atomic")
     row["predicted_global_bytes"] = sum(c.global_bytes for c in costs) - atomic
+    tma = sorted({t for plan in plans for t in plan.config.get("tma_tensors", ())})
+    if tma:   # loads the LSU counters do not see: score what they do see, say what is left out
+        row["measured_global_bytes"] = math.nan
+        row["global_bytes_note"] = (f"not scored: the plan loads {', '.join(tma)} by TMA, which "
+                                    f"the LSU counters do not count; lsu_bytes scores the rest")
+        row["predicted_lsu_bytes"] = (sum(a.counted_bytes(prof) for plan in plans
+                                          for k in plan.kernels for a in k.accesses
+                                          if not (a.op == "load" and a.tensor in tma)) - atomic)
+        row["measured_lsu_bytes"] = _lsu_bytes(rec)
     row["predicted_dram_bytes"] = sum(c.dram_bytes for c in costs)
     row["predicted_flops"] = float(sum(c.flops for c in costs))
     row["predicted_time_raw"] = sum(c.time_ms for c in costs)
@@ -539,6 +586,7 @@ def compare(records: list[dict], profile=None, *, l2: str = "auto",
             row[f"measured_{m}"] = _measured(rec, m)
             row[f"predicted_{m}"] = _predicted_raw(p, m, rec) if (p is not None and m not in _CALIBRATED) else math.nan
         row["model_source"] = "schedule" if p is not None else None
+        row["global_bytes_note"] = global_bytes_note(rec)
         if p is not None:
             _plan_predictions(row, rec, p.profile_name, rates)
         row["measured_time"] = row["measured_time_raw"]
@@ -577,7 +625,9 @@ def compare(records: list[dict], profile=None, *, l2: str = "auto",
                             registers)
     df = pd.DataFrame(rows)
     df.attrs["calibrated_on"] = "other records" if fit_on is not None else "the compared records"
-    for m in (*METRICS, "time"):
+    for m in (*METRICS, "time", "lsu_bytes"):
+        if f"measured_{m}" not in df:
+            continue
         meas, pred = df[f"measured_{m}"].astype(float), df[f"predicted_{m}"].astype(float)
         df[f"rel_error_{m}"] = (pred - meas) / meas
     return df
@@ -616,6 +666,54 @@ def _scope_mask(df, scope):
     if scope == "ours":
         return df["kernel"] == "ioaware-numba"
     return df["kernel"].notna()
+
+
+#: The targets of the per family and pass table (`family_pass_summary`): metric -> |relative
+#: error| a record must be within. ``time`` is the plans' time at the given rates
+#: (``rel_error_time``: nothing fitted), whose targets are also a median (`TIME_MEDIAN_TARGET`)
+#: and a share (`TIME_SHARE_TARGET`).
+FAMILY_PASS_TARGETS = {"global_bytes": 0.05, "lsu_bytes": 0.05, "dram_bytes": 0.20,
+                       "flops": 0.02, "time": 0.25}
+TIME_MEDIAN_TARGET = 0.15
+TIME_SHARE_TARGET = 0.90
+
+
+def family_pass_summary(df):
+    """One row per (family, pass): records, how many a plan prices (``plan``), and per metric of
+    `FAMILY_PASS_TARGETS` the records scored (``<m>_n``), the median and worst |relative error|
+    (``<m>_med``, ``<m>_max``, percent), the median signed error (``time_signed``) and the share
+    within the metric's target (``<m>_in``, percent). A metric no record of the group has is NaN."""
+    import pandas as pd
+    rows = []
+    for (fam, pass_), g in df.groupby(["family", "pass"], sort=True):
+        row = {"family": fam, "pass": pass_, "n": int(len(g)),
+               "plan": int((g["model_source"] == "plan").sum()) if "model_source" in g else 0}
+        for m, target in FAMILY_PASS_TARGETS.items():
+            col = f"rel_error_{m}"
+            err = g[col].astype(float).dropna() if col in g else pd.Series(dtype=float)
+            a = err.abs()
+            row[f"{m}_n"] = int(len(a))
+            row[f"{m}_med"] = 100 * float(a.median()) if len(a) else math.nan
+            row[f"{m}_max"] = 100 * float(a.max()) if len(a) else math.nan
+            row[f"{m}_in"] = 100 * float((a <= target).mean()) if len(a) else math.nan
+            if m == "time":
+                row["time_signed"] = 100 * float(err.median()) if len(a) else math.nan
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def time_summary(df) -> dict:
+    """The plans' time at the given rates against its targets, over the records a plan prices:
+    ``{"n", "rates", "median_abs_err_pct", "within_25_pct", "median_met", "share_met"}``."""
+    plan = df[df.get("model_source") == "plan"] if "model_source" in df else df.iloc[0:0]
+    err = plan["rel_error_time"].astype(float).dropna().abs() if "rel_error_time" in plan else []
+    if len(err) == 0:
+        return {"n": 0}
+    rates = ", ".join(sorted(map(str, plan["rates"].dropna().unique()))) if "rates" in plan else ""
+    med, within = float(err.median()), float((err <= FAMILY_PASS_TARGETS["time"]).mean())
+    return {"n": int(len(err)), "rates": rates, "median_abs_err_pct": 100 * med,
+            "within_25_pct": 100 * within, "median_met": med <= TIME_MEDIAN_TARGET,
+            "share_met": within >= TIME_SHARE_TARGET}
 
 
 def summary(df, by_kernel: bool = False, by: str | None = None):
@@ -740,6 +838,31 @@ def format_report(df, *, by_kernel: bool = True, n_worst: int = 5) -> str:
         sl = sl[sl["metric"] == "dram_bytes"]
         lines.append(_fmt_table(sl[["records", "n", "median_abs_err_pct", "max_abs_err_pct",
                                     "mean_signed_err_pct", "within_target_pct"]]))
+    fp = family_pass_summary(df)
+    if not fp.empty:
+        lines.append("")
+        lines.append("== Per family and pass: |relative error| median / worst, % of records within "
+                     "(global and LSU bytes 5 %, DRAM 20 %, FLOPs 2 %, time 25 %; time: the plans' "
+                     "at the rates of column `rates`, nothing fitted) ==")
+        cols = ["family", "pass", "n", "plan"]
+        for m in FAMILY_PASS_TARGETS:
+            if fp[f"{m}_n"].sum() == 0:
+                continue
+            cols += [f"{m}_n", f"{m}_med", f"{m}_max", f"{m}_in"] + (["time_signed"] if m == "time" else [])
+        lines.append(_fmt_table(fp[cols]))
+        ts = time_summary(df)
+        if ts["n"]:
+            lines.append(f"time of the {ts['n']} plan-priced records ({ts['rates']} rates): median "
+                         f"|error| {ts['median_abs_err_pct']:.1f} % (target <= "
+                         f"{100 * TIME_MEDIAN_TARGET:.0f} %: {'met' if ts['median_met'] else 'missed'}), "
+                         f"{ts['within_25_pct']:.1f} % within 25 % (target >= "
+                         f"{100 * TIME_SHARE_TARGET:.0f} %: {'met' if ts['share_met'] else 'missed'})")
+    if "global_bytes_note" in df and df["global_bytes_note"].notna().any():
+        lines.append("")
+        lines.append("== Global bytes not scored (column global_bytes_note) ==")
+        notes = df[df["global_bytes_note"].notna()]
+        for (fam, pass_, note), g in notes.groupby(["family", "pass", "global_bytes_note"], sort=True):
+            lines.append(f"{fam} {pass_}: {len(g)} records, {note}")
     if "registers_status" in df:
         st = df.loc[df["kernel"] == "ioaware-numba", "registers_status"].value_counts()
         lines.append("")
