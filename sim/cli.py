@@ -305,14 +305,16 @@ def _number(v) -> str:
 def _flash3_ablation_cmd(a) -> int:
     """``flash3-ablation``: what each of FlashAttention-3's ideas buys (`sim.plans.flash3`), the
     comparison with the paper's figures and, with ``--measured``, with measured records."""
-    from .plans.flash3 import ablation, compare_with_paper, compare_with_records
+    from .plans.flash3 import (SPEEDUP_TOLERANCE, ablation, compare_with_paper,
+                               compare_with_records, speedups_from_rows)
     causals = {"full": (False,), "causal": (True,), "both": (False, True)}[a.mask]
     rows = ablation(a.device, tuple(a.head_dim), tuple(a.seq_len), causals, tuple(a.dtype))
     paper = compare_with_paper(a.device)
     measured = compare_with_records(a.measured, a.device) if a.measured else None
+    speedups = speedups_from_rows(measured) if measured is not None else None
     if a.json:
         print(json.dumps({"profile": a.device.name, "ablation": rows, "paper": paper,
-                          "measured": measured}, indent=2))
+                          "measured": measured, "speedups": speedups}, indent=2))
         return 0
     print(f"FlashAttention-3 forward ablation on {a.device.name}: predicted TFLOP/s (4 N^2 d H B / time, "
           f"halved when causal), B N = 16k tokens, H d = 2048")
@@ -347,6 +349,18 @@ def _flash3_ablation_cmd(a) -> int:
             print(f"{r['kernel']:>10} {r['model']:>8} {r['head_dim']:>4} {'causal' if r['causal'] else 'full':>6} "
                   f"{r['seq_len']:>6} {r['measured_ms']:11.4f} {r['predicted_ms']:9.4f} {100 * r['error']:+5.0f}%  "
                   f"{100 * r['error_by_model']['serial_softmax']:+13.0f}%")
+        if speedups["pairs"]:
+            print(f"\nFlashAttention-3 over FlashAttention-2, forward: measured t_flash / t_cudnn "
+                  f"(one run) against the model's t_baseline / t_flash3")
+            print(f"{'dtype':>5} {'d':>4} {'mask':>6} {'N':>6} {'measured':>8} {'predicted':>9} {'error':>6}")
+            for p in speedups["pairs"]:
+                print(f"{p['dtype']:>5} {p['head_dim']:>4} {'causal' if p['causal'] else 'full':>6} "
+                      f"{p['seq_len']:>6} {p['measured']:8.2f} {p['predicted']:9.2f} "
+                      f"{100 * p['error']:+5.0f}%")
+            n = len(speedups["pairs"])
+            print(f"within {100 * SPEEDUP_TOLERANCE:.0f} %: {round(speedups['within'] * n)} of {n} "
+                  f"({100 * speedups['within']:.0f} %); median |error| "
+                  f"{100 * speedups['median_abs_error']:.0f} %")
     return 0
 
 

@@ -279,3 +279,23 @@ def test_cli_flash3_ablation_json_and_table():
     rc, out = _run(["flash3-ablation", "--head-dim", "128", "--seq-len", "8192", "--mask", "causal",
                     "--dtype", "fp16"])
     assert rc == 0 and "Table 2" in out and "critical path" in out
+
+
+def test_speedups_pair_flash_and_cudnn_records_of_one_workload():
+    """FA3/FA2 predicted against measured: a workload counts only with both backends' forward
+    records; measured = t_flash / t_cudnn, predicted = the models' t_baseline / t_flash3."""
+    from sim.plans.flash3 import SPEEDUP_TOLERANCE, compare_with_records, speedups_from_rows
+    base = {"pass": "fwd", "dtype": "fp16", "batch": 2, "heads": 16, "heads_kv": 16,
+            "seq_len_q": 4096, "seq_len_k": 4096, "head_dim": 128, "causal": False}
+    recs = [dict(base, kernel="sdpa-flash", time_ms=2.0), dict(base, kernel="sdpa-cudnn", time_ms=1.0),
+            dict(base, kernel="sdpa-flash", head_dim=64, time_ms=1.0)]       # no cuDNN partner
+    rows = compare_with_records(recs, "h100")
+    out = speedups_from_rows(rows)
+    (p,) = out["pairs"]
+    assert p["measured"] == 2.0 and p["head_dim"] == 128
+    flash = next(r for r in rows if r["kernel"] == "sdpa-flash" and r["head_dim"] == 128)
+    cudnn = next(r for r in rows if r["kernel"] == "sdpa-cudnn")
+    want = flash["predicted_ms_by_model"]["baseline"] / cudnn["predicted_ms_by_model"]["flash3"]
+    assert p["predicted"] == pytest.approx(want) and p["error"] == pytest.approx(want / 2.0 - 1)
+    assert out["within"] == (1.0 if abs(want / 2.0 - 1) <= SPEEDUP_TOLERANCE else 0.0)
+    assert speedups_from_rows([]) == {"pairs": [], "within": None, "median_abs_error": None}

@@ -454,6 +454,39 @@ def compare_with_paper(profile="h100") -> dict:
 RECORD_MODELS = {"sdpa-flash": "baseline", "sdpa-cudnn": "flash3"}
 
 
+#: Agreement the speedup comparison counts: predicted FA3/FA2 within this of measured cuDNN/FA2.
+SPEEDUP_TOLERANCE = 0.20
+
+
+def speedups_from_rows(rows: list[dict]) -> dict:
+    """FlashAttention-3's forward speedup over FlashAttention-2, predicted against measured:
+    for every workload (dtype, batch, heads, N, d, mask) with both an ``sdpa-flash`` and an
+    ``sdpa-cudnn`` row of :func:`compare_with_records` (one run's records),
+    ``measured`` = t_flash / t_cudnn, ``predicted`` = t_baseline / t_flash3 (the models of
+    :data:`RECORD_MODELS`) and ``error`` = predicted / measured - 1. Returns ``{"pairs": [...],
+    "within": share of pairs within `SPEEDUP_TOLERANCE`, "median_abs_error": ...}`` (None for
+    both without pairs)."""
+    import statistics
+    by = {}
+    for r in rows:
+        key = (r["dtype"], r["batch"], r["heads"], r["seq_len"], r["head_dim"], r["causal"])
+        by.setdefault(key, {})[r["kernel"]] = r
+    pairs = []
+    for (dtype, b, h, n, d, causal), k in sorted(by.items()):
+        if "sdpa-flash" not in k or "sdpa-cudnn" not in k:
+            continue
+        fl, cu = k["sdpa-flash"], k["sdpa-cudnn"]
+        measured = fl["measured_ms"] / cu["measured_ms"]
+        predicted = fl["predicted_ms_by_model"]["baseline"] / cu["predicted_ms_by_model"]["flash3"]
+        pairs.append({"dtype": dtype, "batch": b, "heads": h, "seq_len": n, "head_dim": d,
+                      "causal": causal, "measured": measured, "predicted": predicted,
+                      "error": predicted / measured - 1})
+    errs = [abs(p["error"]) for p in pairs]
+    return {"pairs": pairs,
+            "within": (sum(e <= SPEEDUP_TOLERANCE for e in errs) / len(errs)) if errs else None,
+            "median_abs_error": statistics.median(errs) if errs else None}
+
+
 def compare_with_records(records, profile="h100") -> list[dict]:
     """Predicted against measured time for the forward records of ``records`` (a list of
     results records, or a results file path) whose kernel is in :data:`RECORD_MODELS`;
