@@ -295,8 +295,9 @@ TMA_DRAM_OVER_LSU_READS = 2.0
 def tma_launches(rec: dict) -> list[str]:
     """Names of the record's profiled launches (``ncu_kernels``) that moved data past the LSU
     counters, by the Hopper tensor memory accelerator: DRAM reads of at least
-    `TMA_MIN_DRAM_BYTES` and more than `TMA_DRAM_OVER_LSU_READS` times the launch's global load
-    and atomic bytes (none at all: cuDNN's SDPA forward, cuBLAS ``nvjet`` GEMMs; a few:
+    `TMA_MIN_DRAM_BYTES` and either no global load bytes at all (cuDNN's SDPA forward, cuBLAS
+    ``nvjet`` GEMMs, whatever their atomics) or more than `TMA_DRAM_OVER_LSU_READS` times the
+    launch's global load and atomic bytes (a few:
     cuDNN's backward, our ``wgmma`` forward, whose tile-schedule loads are LSU loads), or as
     many DRAM writes with no store bytes and atomic bytes recorded as 0 (launches profiled
     before per-launch atomics were kept are judged by their loads only). A record with one has
@@ -308,7 +309,8 @@ def tma_launches(rec: dict) -> list[str]:
         ld, st = k.get("global_load_bytes"), k.get("global_store_bytes")
         dr, dw = k.get("dram_read_bytes") or 0, k.get("dram_write_bytes") or 0
         tma_load = (ld is not None and dr >= TMA_MIN_DRAM_BYTES
-                    and dr > TMA_DRAM_OVER_LSU_READS * (ld + (k.get("global_atomic_bytes") or 0)))
+                    and (ld == 0 or dr > TMA_DRAM_OVER_LSU_READS
+                         * (ld + (k.get("global_atomic_bytes") or 0))))
         tma_store = st == 0 and k.get("global_atomic_bytes") == 0 and dw >= TMA_MIN_DRAM_BYTES
         if tma_load or tma_store:
             out.append(str(k.get("name", "")))
