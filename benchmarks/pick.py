@@ -384,11 +384,9 @@ def load_timings(file) -> tuple[dict, list[dict]]:
     rows = doc.get("records" if schema == SCHEMA else "rows")
     if not isinstance(rows, list):
         _fail(where, f"has no list of {'records' if schema == SCHEMA else 'rows'}")
-    out, problems = [], []
-    for i, row in enumerate(rows):
-        why = _record_problem(schema, i, row, out)
-        if why is not None:
-            problems.append(why)
+    parsed = [_parse_record(schema, i, row) for i, row in enumerate(rows)]
+    out = [r for r in parsed if isinstance(r, dict)]
+    problems = [r for r in parsed if isinstance(r, str)]
     if problems:
         shown = "; ".join(problems[:MAX_PROBLEMS])
         more = f"; and {len(problems) - MAX_PROBLEMS} more" if len(problems) > MAX_PROBLEMS else ""
@@ -401,9 +399,9 @@ def load_timings(file) -> tuple[dict, list[dict]]:
 MAX_PROBLEMS = 20
 
 
-def _record_problem(schema: str, i: int, row, out: list) -> str | None:
-    """Record ``i`` of a timings file appended to ``out`` in `load_timings`' form, or what is
-    wrong with it ("record i ...")."""
+def _parse_record(schema: str, i: int, row) -> dict | str:
+    """Record ``i`` of a timings file in `load_timings`' form, or what is wrong with it (a
+    string "record i ...")."""
     if not isinstance(row, dict):
         return f"record {i} is a {type(row).__name__}, expected an object"
     if schema == SCHEMA:
@@ -435,9 +433,8 @@ def _record_problem(schema: str, i: int, row, out: list) -> str | None:
         t = float(t)
     else:
         t = None
-    out.append({**{k: rec[k] for k in _GROUP_KEYS}, "config": rec["config"], "time_ms": t,
-                "why": why})
-    return None
+    return {**{k: rec[k] for k in _GROUP_KEYS}, "config": rec["config"], "time_ms": t,
+            "why": why}
 
 
 def _config_key(cfg: dict) -> tuple:

@@ -393,18 +393,37 @@ _TMAP_DTYPES = {"float16": ("CU_TENSOR_MAP_DATA_TYPE_FLOAT16", 2),
                 "uint16": ("CU_TENSOR_MAP_DATA_TYPE_UINT16", 2)}
 
 
-def _tensor_map_args(address, shape, row_stride_bytes, box, dtype, swizzle):
-    """The checked arguments of `encode_tensor_map_2d` (plain Python; what the driver would
-    refuse, refused first with the argument named)."""
+def _tensor_map_common(address, dtype, shape, box, swizzle, count: str, order: str) -> int:
+    """The checks every tensor map shares (dtype, address, ``shape`` and ``box`` as ``count``
+    ints listed ``order``, the innermost box extent against 16 bytes and the swizzle width);
+    returns the element size in bytes."""
     if dtype not in _TMAP_DTYPES:
         raise ValueError(f"dtype must be one of {sorted(_TMAP_DTYPES)}, got {dtype!r}")
     elem = _TMAP_DTYPES[dtype][1]
     _check_int("address", address)
     if address <= 0 or address % 16:
         raise ValueError(f"address must be a non-zero multiple of 16, got {address:#x}")
-    if len(shape) != 2 or any(isinstance(s, bool) or not isinstance(s, int) or not 0 < s <= 1 << 32
-                              for s in shape):
-        raise ValueError(f"shape must be two ints in [1, 2**32] (rows, cols), got {shape}")
+    rank = {"two": 2, "four": 4}[count]
+    if len(shape) != rank or any(isinstance(s, bool) or not isinstance(s, int)
+                                 or not 0 < s <= 1 << 32 for s in shape):
+        raise ValueError(f"shape must be {count} ints in [1, 2**32] ({order}), got {shape}")
+    if len(box) != rank or any(isinstance(b, bool) or not isinstance(b, int) or not 0 < b <= 256
+                               for b in box):
+        raise ValueError(f"box must be {count} ints in [1, 256] ({order}), got {box}")
+    if box[-1] * elem % 16:
+        raise ValueError(f"box must be a multiple of 16 bytes wide, got {box[-1]} x {elem} bytes")
+    if swizzle not in _SWIZZLE_BYTES:
+        raise ValueError(f"swizzle must be one of {sorted(_SWIZZLE_BYTES)}, got {swizzle!r}")
+    if swizzle != "none" and box[-1] * elem > _SWIZZLE_BYTES[swizzle]:
+        raise ValueError(f"a {swizzle} swizzle takes boxes at most {_SWIZZLE_BYTES[swizzle]} "
+                         f"bytes wide, got {box[-1] * elem}")
+    return elem
+
+
+def _tensor_map_args(address, shape, row_stride_bytes, box, dtype, swizzle):
+    """The checked arguments of `encode_tensor_map_2d` (plain Python; what the driver would
+    refuse, refused first with the argument named); returns the element size in bytes."""
+    elem = _tensor_map_common(address, dtype, shape, box, swizzle, "two", "rows, cols")
     _check_int("row_stride_bytes", row_stride_bytes)
     if row_stride_bytes % 16 or not 0 < row_stride_bytes < 1 << 40:
         raise ValueError(f"row_stride_bytes must be a positive multiple of 16 below 2**40, "
@@ -412,17 +431,32 @@ def _tensor_map_args(address, shape, row_stride_bytes, box, dtype, swizzle):
     if row_stride_bytes < shape[1] * elem:
         raise ValueError(f"row_stride_bytes ({row_stride_bytes}) is less than a row "
                          f"({shape[1]} x {elem} bytes)")
-    if len(box) != 2 or any(isinstance(b, bool) or not isinstance(b, int) or not 0 < b <= 256
-                            for b in box):
-        raise ValueError(f"box must be two ints in [1, 256] (rows, cols), got {box}")
-    if box[1] * elem % 16:
-        raise ValueError(f"box must be a multiple of 16 bytes wide, got {box[1]} x {elem} bytes")
-    if swizzle not in _SWIZZLE_BYTES:
-        raise ValueError(f"swizzle must be one of {sorted(_SWIZZLE_BYTES)}, got {swizzle!r}")
-    if swizzle != "none" and box[1] * elem > _SWIZZLE_BYTES[swizzle]:
-        raise ValueError(f"a {swizzle} swizzle takes boxes at most {_SWIZZLE_BYTES[swizzle]} "
-                         f"bytes wide, got {box[1] * elem}")
     return elem
+
+
+def _encode_tiled(dtype: str, address: int, dims, strides_bytes, box, swizzle: str):
+    """``cuTensorMapEncodeTiled`` on arguments already checked, every list innermost first
+    (``strides_bytes`` without the innermost, contiguous dimension's); the map as a NumPy array
+    of `TENSOR_MAP_WORDS` uint64. Zero fill out of bounds, 128-byte L2 promotion."""
+    import numpy as np
+    from cuda.bindings import driver as drv
+
+    swz = {"none": "CU_TENSOR_MAP_SWIZZLE_NONE", "32B": "CU_TENSOR_MAP_SWIZZLE_32B",
+           "64B": "CU_TENSOR_MAP_SWIZZLE_64B", "128B": "CU_TENSOR_MAP_SWIZZLE_128B"}[swizzle]
+    (err,) = drv.cuInit(0)
+    if err != drv.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuInit failed: {err!r}")
+    u64, u32 = drv.cuuint64_t, drv.cuuint32_t
+    err, tmap = drv.cuTensorMapEncodeTiled(
+        getattr(drv.CUtensorMapDataType, _TMAP_DTYPES[dtype][0]), len(dims), address,
+        [u64(x) for x in dims], [u64(x) for x in strides_bytes], [u32(x) for x in box],
+        [u32(1)] * len(dims), drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+        getattr(drv.CUtensorMapSwizzle, swz),
+        drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+        drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+    if err != drv.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuTensorMapEncodeTiled failed: {err!r}")
+    return np.array([int(w) for w in tmap.opaque], dtype=np.uint64)
 
 
 def encode_tensor_map_2d(address: int, shape, row_stride_bytes: int, box, dtype: str = "float16",
@@ -438,40 +472,14 @@ def encode_tensor_map_2d(address: int, shape, row_stride_bytes: int, box, dtype:
     "32B", "64B" or "128B" (the shared-memory layout `kmajor_offset` describes). Out-of-bounds
     elements of a box are filled with zeros. Needs the CUDA driver (``cuda.bindings``)."""
     _tensor_map_args(address, shape, row_stride_bytes, box, dtype, swizzle)
-    import numpy as np
-    from cuda.bindings import driver as drv
-
-    swz = {"none": "CU_TENSOR_MAP_SWIZZLE_NONE", "32B": "CU_TENSOR_MAP_SWIZZLE_32B",
-           "64B": "CU_TENSOR_MAP_SWIZZLE_64B", "128B": "CU_TENSOR_MAP_SWIZZLE_128B"}[swizzle]
-    (err,) = drv.cuInit(0)
-    if err != drv.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"cuInit failed: {err!r}")
-    u64, u32 = drv.cuuint64_t, drv.cuuint32_t
-    err, tmap = drv.cuTensorMapEncodeTiled(
-        getattr(drv.CUtensorMapDataType, _TMAP_DTYPES[dtype][0]), 2, address,
-        [u64(shape[1]), u64(shape[0])], [u64(row_stride_bytes)], [u32(box[1]), u32(box[0])],
-        [u32(1), u32(1)], drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-        getattr(drv.CUtensorMapSwizzle, swz),
-        drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-        drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
-    if err != drv.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"cuTensorMapEncodeTiled failed: {err!r}")
-    return np.array([int(w) for w in tmap.opaque], dtype=np.uint64)
-
+    return _encode_tiled(dtype, address, (shape[1], shape[0]), (row_stride_bytes,),
+                         (box[1], box[0]), swizzle)
 
 
 def _tensor_map_4d_args(address, shape, strides_bytes, box, dtype, swizzle):
     """The checked arguments of `encode_tensor_map_4d` (plain Python); returns the element
     size in bytes."""
-    if dtype not in _TMAP_DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(_TMAP_DTYPES)}, got {dtype!r}")
-    elem = _TMAP_DTYPES[dtype][1]
-    _check_int("address", address)
-    if address <= 0 or address % 16:
-        raise ValueError(f"address must be a non-zero multiple of 16, got {address:#x}")
-    if len(shape) != 4 or any(isinstance(s, bool) or not isinstance(s, int) or not 0 < s <= 1 << 32
-                              for s in shape):
-        raise ValueError(f"shape must be four ints in [1, 2**32] (outermost first), got {shape}")
+    elem = _tensor_map_common(address, dtype, shape, box, swizzle, "four", "outermost first")
     if len(strides_bytes) != 3 or any(isinstance(s, bool) or not isinstance(s, int)
                                       or s % 16 or not 0 < s < 1 << 40 for s in strides_bytes):
         raise ValueError(f"strides_bytes must be three positive multiples of 16 below 2**40 (the "
@@ -479,16 +487,6 @@ def _tensor_map_4d_args(address, shape, strides_bytes, box, dtype, swizzle):
     if strides_bytes[2] < shape[3] * elem:
         raise ValueError(f"strides_bytes[2] ({strides_bytes[2]}) is less than a row "
                          f"({shape[3]} x {elem} bytes)")
-    if len(box) != 4 or any(isinstance(b, bool) or not isinstance(b, int) or not 0 < b <= 256
-                            for b in box):
-        raise ValueError(f"box must be four ints in [1, 256] (outermost first), got {box}")
-    if box[3] * elem % 16:
-        raise ValueError(f"box must be a multiple of 16 bytes wide, got {box[3]} x {elem} bytes")
-    if swizzle not in _SWIZZLE_BYTES:
-        raise ValueError(f"swizzle must be one of {sorted(_SWIZZLE_BYTES)}, got {swizzle!r}")
-    if swizzle != "none" and box[3] * elem > _SWIZZLE_BYTES[swizzle]:
-        raise ValueError(f"a {swizzle} swizzle takes boxes at most {_SWIZZLE_BYTES[swizzle]} "
-                         f"bytes wide, got {box[3] * elem}")
     return elem
 
 
@@ -507,26 +505,9 @@ def encode_tensor_map_4d(address: int, shape, strides_bytes, box, dtype: str = "
     a box are filled with zeros (and counted in the transaction bytes). Needs the CUDA driver
     (``cuda.bindings``)."""
     _tensor_map_4d_args(address, shape, strides_bytes, box, dtype, swizzle)
-    import numpy as np
-    from cuda.bindings import driver as drv
+    return _encode_tiled(dtype, address, tuple(reversed(shape)), tuple(reversed(strides_bytes)),
+                         tuple(reversed(box)), swizzle)
 
-    swz = {"none": "CU_TENSOR_MAP_SWIZZLE_NONE", "32B": "CU_TENSOR_MAP_SWIZZLE_32B",
-           "64B": "CU_TENSOR_MAP_SWIZZLE_64B", "128B": "CU_TENSOR_MAP_SWIZZLE_128B"}[swizzle]
-    (err,) = drv.cuInit(0)
-    if err != drv.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"cuInit failed: {err!r}")
-    u64, u32 = drv.cuuint64_t, drv.cuuint32_t
-    err, tmap = drv.cuTensorMapEncodeTiled(
-        getattr(drv.CUtensorMapDataType, _TMAP_DTYPES[dtype][0]), 4, address,
-        [u64(x) for x in reversed(shape)], [u64(x) for x in reversed(strides_bytes)],
-        [u32(x) for x in reversed(box)], [u32(1)] * 4,
-        drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-        getattr(drv.CUtensorMapSwizzle, swz),
-        drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-        drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
-    if err != drv.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"cuTensorMapEncodeTiled failed: {err!r}")
-    return np.array([int(w) for w in tmap.opaque], dtype=np.uint64)
 
 # -- intrinsics ----------------------------------------------------------------------------------
 _I32 = ir.IntType(32)

@@ -51,7 +51,7 @@ from .config import backward_tiles
 from .dropout import dropout_constants, fmix_device
 from .mask import band_arguments, score_mask, tile_needs_mask, transposed_score_mask
 
-__all__ = ["backward", "prepare", "plan", "plan_inputs", "supports", "tiles", "default_tiles",
+__all__ = ["backward", "prepare", "plan", "backward_plan", "supports", "tiles", "default_tiles",
            "dq_smem_bytes", "dkdv_smem_bytes", "k_in_shared", "get_dq_kernel", "get_dkdv_kernel",
            "SUPPORTED_HEAD_DIMS", "SMEM_LIMIT_BYTES"]
 
@@ -565,28 +565,28 @@ def plan(problem, config):
     """The `sim.plan.Plan` this backward launches for ``problem`` (`sim.plans.tensor_core_bwd`):
     its grids, threads and shared memory are what `prepare` launches; its counts are what
     `sim.plan.price` prices."""
-    tiles_ = tiles(problem)
+    return backward_plan("mma", problem, config, tiles(problem))
+
+
+def backward_plan(family: str, problem, config, tiles_):
+    """The plan of a tensor-core backward (``family`` "mma" or "tf32") for a kernel problem at
+    the family's ``tiles_`` (``((dq_bq, dq_bk), (kv_bk, kv_bq))``, None: the block mask admits
+    none, a ValueError): `sim.plans.plan_for` on the `sim.workload.Workload` of
+    `kernels.host.plan_workload` with the problem's block mask, the boolean mask's shape
+    (``mask_shape``) and the tiles the block mask is laid out on (``block_mask_tiles``)."""
     if tiles_ is None:
         raise ValueError(f"the block mask's tiles ({problem.block_q}, {problem.block_k}) admit no "
-                         f"tiles of the mma family's backward")
+                         f"tiles of the {family} family's backward")
     (dq_bq, dq_bk), (kv_bk, kv_bq) = tiles_
-    workload, masks = plan_inputs(problem)
-    return plan_for("mma", "bwd", workload, dq_tile=(dq_bq, dq_bk), kv_tile=(kv_bq, kv_bk),
-                    launch_order=config.launch_order, **masks)
-
-
-def plan_inputs(problem):
-    """``(workload, masks)``: what a tensor-core backward's plan is built from for a kernel
-    problem (both families): the `sim.workload.Workload` of `kernels.host.plan_workload` with the
-    problem's block mask, and ``masks`` = the plan's ``mask_shape`` (the boolean mask's shape)
-    and ``block_mask_tiles`` (the tiles the block mask is laid out on)."""
     workload = host.plan_workload(problem, "bwd")
-    masks = {"mask_shape": None if problem.mask is None else tuple(problem.mask.shape),
-             "block_mask_tiles": None}
+    block_mask_tiles = None
     if problem.block_mask is not None:
         workload = workload.replace(block_mask=problem.block_mask)
-        masks["block_mask_tiles"] = (problem.block_q, problem.block_k)
-    return workload, masks
+        block_mask_tiles = (problem.block_q, problem.block_k)
+    return plan_for(family, "bwd", workload, dq_tile=(dq_bq, dq_bk), kv_tile=(kv_bq, kv_bk),
+                    launch_order=config.launch_order,
+                    mask_shape=None if problem.mask is None else tuple(problem.mask.shape),
+                    block_mask_tiles=block_mask_tiles)
 
 
 def prepare(problem, config):

@@ -63,7 +63,6 @@ import functools
 from sim.plans.tensor_core_bwd import STATIC_SMEM_LIMIT_BYTES as SMEM_LIMIT_BYTES
 from sim.plans.tensor_core_bwd import TF32_HEAD_DIMS as SUPPORTED_HEAD_DIMS
 from sim.plans.tensor_core_bwd import TF32_PAD_FLOATS as PAD_FLOATS
-from sim.plans import plan_for
 from sim.plans.tensor_core_bwd import launch_of
 from sim.plans.tensor_core_bwd import tf32_default_config as default_config
 from sim.plans.tensor_core_bwd import tf32_default_tiles as default_tiles
@@ -76,7 +75,7 @@ from . import compile_cache, host, softmax, tile_scheduler
 from .config import backward_tiles
 from .dropout import dropout_constants, fmix_device
 from .mask import band_arguments, score_mask, tile_needs_mask, transposed_score_mask
-from .mma_bwd import plan_inputs
+from .mma_bwd import backward_plan
 
 __all__ = ["backward", "prepare", "plan", "supports", "tiles", "default_config", "default_tiles",
            "dq_smem_bytes", "dkdv_smem_bytes", "operands_in_registers", "dkdv_dropout_config",
@@ -646,14 +645,7 @@ def plan(problem, config):
     its grids, threads, shared memory and k-loop unrolling are what `prepare` launches (the
     16-query dK/dV stages of `dkdv_dropout_config` included); its counts are what
     `sim.plan.price` prices."""
-    tiles_ = tiles(problem)
-    if tiles_ is None:
-        raise ValueError(f"the block mask's tiles ({problem.block_q}, {problem.block_k}) admit no "
-                         f"tiles of the tf32 family's backward")
-    (dq_bq, dq_bk), (kv_bk, kv_bq) = tiles_
-    workload, masks = plan_inputs(problem)
-    return plan_for("tf32", "bwd", workload, dq_tile=(dq_bq, dq_bk), kv_tile=(kv_bq, kv_bk),
-                    launch_order=config.launch_order, **masks)
+    return backward_plan("tf32", problem, config, tiles(problem))
 
 
 def prepare(problem, config):

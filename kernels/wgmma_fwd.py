@@ -512,14 +512,21 @@ def tensor_maps(q, k, v, block_k, stream=0):
     return hit
 
 
+_WARMED: set = set()     # devices where `map_writer` has run once
+
+
 def warm_map_writer(device_index: int) -> None:
     """Compile and load `map_writer` now, outside any graph capture (a launch on a scratch
-    buffer), so that a capture later only launches it."""
+    buffer), so that a capture later only launches it; once per device (not during a
+    capture, which is tried again at the next prepare)."""
+    if device_index in _WARMED:
+        return
     import numpy as np
     import torch
     from numba import cuda
     if torch.cuda.is_current_stream_capturing():
         return
+    _WARMED.add(device_index)
     buf = torch.empty(MAP_WORDS, dtype=torch.int64, device=f"cuda:{device_index}")
     stream = host.launch_stream(buf)
     map_writer()[1, 32, stream](cuda.as_cuda_array(buf, sync=False).view(np.uint64),

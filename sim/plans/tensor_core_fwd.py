@@ -26,6 +26,8 @@ What the plans count, from the kernels' code (line references are to the kernel 
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from ..counts import workload_tile_stats
 from ..plan import Access, KernelPlan, Matmul, Plan
 from ..resources import shipped_registers
@@ -35,7 +37,8 @@ __all__ = ["mma_forward_plan", "tf32_forward_plan", "mma_forward_configs", "tf32
            "MMA_BLOCK_K_CHOICES", "mma_default_blocks", "mma_smem_bytes", "mma_warp_m_tiles",
            "mma_threads", "TF32_HEAD_DIMS", "TF32_BLOCK_Q_CHOICES", "TF32_BLOCK_K_CHOICES",
            "TF32_DEFAULT_BLOCKS", "tf32_smem_bytes", "tf32_presplit_ok", "tf32_threads",
-           "SMEM_LIMIT_BYTES", "FRAGMENT_ROW_BYTES"]
+           "SMEM_LIMIT_BYTES", "FRAGMENT_ROW_BYTES", "TileCounts", "tile_counts",
+           "softmax_work", "forward_tensor_bytes"]
 
 #: Dynamic shared memory a block may use with the opt-in on sm_90 (227 KiB).
 SMEM_LIMIT_BYTES = 227 * 1024
@@ -157,22 +160,66 @@ def _registers(kernel: str, w: Workload, block_q: int, block_k: int, registers):
                              bool(w.causal), block_m=block_q, block_n=block_k)
 
 
+class TileCounts(NamedTuple):
+    """What a one-kernel forward over ``block_q x block_k`` tiles visits, all slices together:
+    ``tiles`` (visited), ``keys`` (of those tiles, inside the problem), ``n_blocks_q`` (Q tiles
+    per slice), ``slices`` (batch x heads), ``programs``, ``rows`` (query rows of the problem),
+    ``padded_rows`` (rows the programs hold), ``scores`` (on whole tiles), ``tile_rows``
+    (query rows over visited tiles)."""
+    tiles: int
+    keys: int
+    n_blocks_q: int
+    slices: int
+    programs: int
+    rows: int
+    padded_rows: int
+    scores: int
+    tile_rows: int
+
+
+def tile_counts(w: Workload, block_q: int, block_k: int) -> TileCounts:
+    """`TileCounts` of ``w`` at ``block_q x block_k`` (the tiles `BlockInfo` visits)."""
+    groups = workload_tile_stats(w, block_q, block_k)
+    tiles = sum(m * int(st.T) for m, st in groups)
+    keys = sum(m * int(st.C) for m, st in groups)
+    n_blocks_q = -(-w.seq_len_q // block_q)
+    slices = w.batch * w.heads
+    return TileCounts(tiles, keys, n_blocks_q, slices, n_blocks_q * slices, slices * w.seq_len_q,
+                      slices * n_blocks_q * block_q, tiles * block_q * block_k, tiles * block_q)
+
+
+def softmax_work(c: TileCounts, head_dim: int, dropout: bool = False) -> tuple[int, int]:
+    """``(fp32_flops, mufu_ops)`` of the online softmax on the accumulator fragment (a quad of
+    `THREADS_PER_ROW` threads per row): per score, per row and visited tile (with the ``d``
+    rescale of O), per held row at the end, and per problem row (``d`` to normalise O and the
+    logsumexp); ``dropout`` adds its per-score work."""
+    fp32 = (c.scores * (FLOPS_PER_SCORE + (DROPOUT_FLOPS_PER_SCORE if dropout else 0))
+            + c.tile_rows * (THREADS_PER_ROW * FLOPS_PER_ROW_THREAD_TILE + head_dim)
+            + c.padded_rows * THREADS_PER_ROW * FLOPS_PER_ROW_THREAD_END
+            + c.rows * (head_dim + LSE_FLOPS_PER_ROW))
+    mufu = (c.scores * MUFU_PER_SCORE + c.tile_rows * THREADS_PER_ROW * MUFU_PER_ROW_THREAD_TILE
+            + c.padded_rows * THREADS_PER_ROW * MUFU_PER_ROW_THREAD_END
+            + c.rows * LSE_MUFU_PER_ROW)
+    return fp32, mufu
+
+
+def forward_tensor_bytes(w: Workload, c: TileCounts) -> dict:
+    """Bytes of each tensor a forward reads or writes once (the plan's ``tensor_bytes``)."""
+    e, d = w.dtype_bytes, w.head_dim
+    kv = w.batch * w.heads_kv * w.seq_len_k * d * e
+    return {"schedule": (c.programs + c.slices + c.tiles) * SCHEDULE_ENTRY_BYTES,
+            "Q": c.rows * d * e, "O": c.rows * d * e, "lse": c.rows * STAT_BYTES, "K": kv, "V": kv}
+
+
 def _forward(family: str, w: Workload, block_q: int, block_k: int, *, kernel_name: str,
              threads: int, shared_bytes: int, unit: str, passes: int, registers, split: bool,
              config: dict) -> Plan:
     """The one-kernel plan both forwards share; ``split``: the tf32 forward's operand splits."""
     e, d = w.dtype_bytes, w.head_dim
-    groups = workload_tile_stats(w, block_q, block_k)
-    tiles = sum(m * int(st.T) for m, st in groups)                 # visited tiles, all slices
-    keys = sum(m * int(st.C) for m, st in groups)                  # keys of those tiles
-    n_blocks_q = -(-w.seq_len_q // block_q)
-    slices = w.batch * w.heads
-    rows = slices * w.seq_len_q                                    # query rows in the problem
-    padded_rows = slices * n_blocks_q * block_q                    # rows the programs hold
-    scores = tiles * block_q * block_k                             # scores on whole tiles
-    tile_rows = tiles * block_q
+    c = tile_counts(w, block_q, block_k)
+    tiles, keys, n_blocks_q, slices = c.tiles, c.keys, c.n_blocks_q, c.slices
+    programs, rows, padded_rows, scores = c.programs, c.rows, c.padded_rows, c.scores
     q_rows = padded_rows if split else rows    # the tf32 forward clamps tail rows and loads them
-    programs = n_blocks_q * slices
     warps = threads // 32
     # the tile schedule (CSR of `kernels.tile_scheduler.device_schedule`), read warp-uniformly by
     # every warp: offsets[s, m], offsets[s, m + 1] and kv_index[start] once, kv_index[it] and
@@ -187,12 +234,7 @@ def _forward(family: str, w: Workload, block_q: int, block_k: int, *, kernel_nam
         Access("O", "store", rows * d * e, "fragment", FRAGMENT_ROW_BYTES),
         Access("lse", "store", rows * STAT_BYTES, "st"),
     )
-    fp32 = (scores * (FLOPS_PER_SCORE + (DROPOUT_FLOPS_PER_SCORE if w.dropout else 0))
-            + tile_rows * (THREADS_PER_ROW * FLOPS_PER_ROW_THREAD_TILE + d)
-            + padded_rows * THREADS_PER_ROW * FLOPS_PER_ROW_THREAD_END
-            + rows * (d + LSE_FLOPS_PER_ROW))
-    mufu = (scores * MUFU_PER_SCORE + tile_rows * THREADS_PER_ROW * MUFU_PER_ROW_THREAD_TILE
-            + padded_rows * THREADS_PER_ROW * MUFU_PER_ROW_THREAD_END + rows * LSE_MUFU_PER_ROW)
+    fp32, mufu = softmax_work(c, d, bool(w.dropout))
     kv_tile = block_k * d * e
     if split:   # Q once per program, K and V per visited tile (whole tiles), P per score
         fp32 += padded_rows * d + tiles * 2 * block_k * d + scores * TF32_SPLIT_FLOPS_PER_SCORE
@@ -210,12 +252,8 @@ def _forward(family: str, w: Workload, block_q: int, block_k: int, *, kernel_nam
         fp32_flops=int(fp32), mufu_ops=int(mufu), shared_bytes_moved=int(shared),
         registers=_registers(kernel_name, w, block_q, block_k, registers),
         programs_per_slice=n_blocks_q, lockstep=not (windowed or w.block_sparse))
-    tensor_bytes = {"schedule": (programs + slices + tiles) * SCHEDULE_ENTRY_BYTES,
-                    "Q": rows * d * e, "O": rows * d * e, "lse": rows * STAT_BYTES,
-                    "K": w.batch * w.heads_kv * w.seq_len_k * d * e,
-                    "V": w.batch * w.heads_kv * w.seq_len_k * d * e}
     return Plan(family, "fwd", w, (kernel,), dict(config, block_q=block_q, block_k=block_k),
-                tensor_bytes)
+                forward_tensor_bytes(w, c))
 
 
 def mma_forward_plan(workload: Workload, *, block_q: int | None = None, block_k: int | None = None,

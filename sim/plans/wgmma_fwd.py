@@ -37,14 +37,10 @@ What the plan counts, from the kernel's code (`kernels.wgmma_fwd`):
 """
 from __future__ import annotations
 
-from ..counts import workload_tile_stats
 from ..plan import Access, KernelPlan, Matmul, Plan
 from ..workload import STAT_BYTES, Workload
-from .tensor_core_fwd import (FLOPS_PER_ROW_THREAD_END, FLOPS_PER_ROW_THREAD_TILE,
-                              FLOPS_PER_SCORE, FRAGMENT_ROW_BYTES, LSE_FLOPS_PER_ROW,
-                              LSE_MUFU_PER_ROW, MUFU_PER_ROW_THREAD_END,
-                              MUFU_PER_ROW_THREAD_TILE, MUFU_PER_SCORE, SCHEDULE_ENTRY_BYTES,
-                              SMEM_LIMIT_BYTES, THREADS_PER_ROW)
+from .tensor_core_fwd import (FRAGMENT_ROW_BYTES, SCHEDULE_ENTRY_BYTES, SMEM_LIMIT_BYTES,
+                              forward_tensor_bytes, softmax_work, tile_counts)
 
 __all__ = ["wgmma_forward_plan", "wgmma_forward_configs", "wgmma_default_blocks",
            "wgmma_threads", "wgmma_smem_bytes", "wgmma_consumer_warpgroups", "WGMMA_HEAD_DIMS",
@@ -88,10 +84,11 @@ def wgmma_default_blocks(head_dim: int, causal: bool = False) -> tuple[int, int]
     --family wgmma`` (results/pick_wgmma_h100_2026-11-24.json, 16 groups) and ``python -m
     benchmarks bench``: d = 128: 128 x 64 (two consumer warpgroups; 128 x 128 is 1-5 % slower
     and spills, 64 x 128 20-37 %); d = 64 not causal: 64 x 128 (one consumer warpgroup, two
-    programs per SM; 128 x 128 is 11-18 % slower from N = 2048); d = 64 causal: 128 x 128 (at
-    the benchmark's 32 heads, 64 x 128 was 20-25 % slower from N = 2048, while at pick's 16
-    heads it was 0-9 % faster: not explained yet, so the tiling measured good where users
-    see it)."""
+    programs per SM; 128 x 128 is 11-18 % slower from N = 2048); d = 64 causal: 128 x 128 (in
+    one run of ``python -m benchmarks bench`` at 32 heads with 64 x 128 causal, at 1a58572 and
+    not kept, the causal forward was slower than with 128 x 128, while at pick's 16 heads
+    64 x 128 is 0-9 % faster: not explained yet, so the tiling that measured good in the
+    benchmark's shapes)."""
     if head_dim <= 64:
         return (128, 128) if causal else (64, 128)
     return (128, 64)
@@ -149,16 +146,9 @@ def wgmma_forward_plan(workload: Workload, *, block_q: int | None = None,
     bq, bk = block_q or dq, block_k or dk
     _check(w, bq, bk)
     e, d = w.dtype_bytes, w.head_dim
-    groups = workload_tile_stats(w, bq, bk)
-    tiles = sum(m * int(st.T) for m, st in groups)                 # visited tiles, all slices
-    keys = sum(m * int(st.C) for m, st in groups)                  # keys of those tiles
-    n_blocks_q = -(-w.seq_len_q // bq)
-    slices = w.batch * w.heads
-    programs = n_blocks_q * slices
-    rows = slices * w.seq_len_q
-    padded_rows = programs * bq
-    scores = tiles * bq * bk
-    tile_rows = tiles * bq
+    c = tile_counts(w, bq, bk)
+    tiles, keys, n_blocks_q, slices = c.tiles, c.keys, c.n_blocks_q, c.slices
+    programs, rows = c.programs, c.rows
     threads = wgmma_threads(bq)
     warps = threads // 32
     # every warp reads offsets[s, m] and offsets[s, m + 1] once, and kv_index[it] per tile
@@ -174,12 +164,7 @@ def wgmma_forward_plan(workload: Workload, *, block_q: int | None = None,
         Access("O", "store", rows * d * e, "fragment", FRAGMENT_ROW_BYTES),
         Access("lse", "store", rows * STAT_BYTES, "st"),
     )
-    fp32 = (scores * FLOPS_PER_SCORE
-            + tile_rows * (THREADS_PER_ROW * FLOPS_PER_ROW_THREAD_TILE + d)
-            + padded_rows * THREADS_PER_ROW * FLOPS_PER_ROW_THREAD_END
-            + rows * (d + LSE_FLOPS_PER_ROW))
-    mufu = (scores * MUFU_PER_SCORE + tile_rows * THREADS_PER_ROW * MUFU_PER_ROW_THREAD_TILE
-            + padded_rows * THREADS_PER_ROW * MUFU_PER_ROW_THREAD_END + rows * LSE_MUFU_PER_ROW)
+    fp32, mufu = softmax_work(c, d)
     kv_tile = bk * d * e
     shared = tiles * 2 * kv_tile + q_boxes * box_bytes
     if registers is None:
@@ -191,14 +176,10 @@ def wgmma_forward_plan(workload: Workload, *, block_q: int | None = None,
         matmuls=(Matmul(unit, tiles * 4 * d * bq * bk),),
         fp32_flops=int(fp32), mufu_ops=int(mufu), shared_bytes_moved=int(shared),
         registers=registers, programs_per_slice=n_blocks_q, lockstep=True)
-    tensor_bytes = {"schedule": (programs + slices + tiles) * SCHEDULE_ENTRY_BYTES,
-                    "Q": rows * d * e, "O": rows * d * e, "lse": rows * STAT_BYTES,
-                    "K": w.batch * w.heads_kv * w.seq_len_k * d * e,
-                    "V": w.batch * w.heads_kv * w.seq_len_k * d * e}
     config = {"block_q": bq, "block_k": bk, "launch_order": launch_order,
               "consumer_warpgroups": wgmma_consumer_warpgroups(bq), "stages": 2,
               "tma_tensors": TMA_TENSORS}
-    return Plan("wgmma", "fwd", w, (kernel,), config, tensor_bytes)
+    return Plan("wgmma", "fwd", w, (kernel,), config, forward_tensor_bytes(w, c))
 
 
 def wgmma_forward_configs(workload: Workload) -> list:
