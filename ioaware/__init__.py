@@ -5,6 +5,7 @@ kernels on a GPU); ``scaled_dot_product_attention`` is a drop-in for PyTorch's (
 and :mod:`ioaware.integrations.transformers` puts it into Hugging Face models;
 :mod:`ioaware.distributed` splits a long sequence over processes (ring attention on
 ``torch.distributed``, planned by :mod:`ioaware.ring_plan`; imported on its own, it needs torch);
+:mod:`ioaware.fp8` runs FlashAttention-3's FP8 forward (e4m3 inputs with descales);
 :mod:`ioaware.block_info` says which tiles a schedule visits; :mod:`ioaware.kernel_cache` keeps
 compiled kernels between processes; the ``sim`` package predicts the
 bytes, FLOPs and time of a schedule on a named GPU.

@@ -102,7 +102,8 @@ __all__ = [
     "decode_wgmma_descriptor", "wgmma_d_elem", "wgmma_d_owner", "swizzle_offset",
     "kmajor_offset", "kmajor_strides", "check_maxnreg", "encode_tensor_map_2d",
     "TENSOR_MAP_WORDS", "mnmajor_offset", "mnmajor_strides", "wgmma_a_elem", "wgmma_a_owner",
-    "wgmma_p_from_d", "encode_tensor_map_4d",
+    "wgmma_p_from_d", "encode_tensor_map_4d", "wgmma_a8_elem", "wgmma_a8_owner",
+    "fp8_key_order", "wgmma_p8_from_d",
     # intrinsics
     "mbarrier_init", "mbarrier_arrive", "mbarrier_arrive_expect_tx", "mbarrier_try_wait_parity",
     "mbarrier_wait_parity", "fence_mbarrier_init", "fence_proxy_async",
@@ -112,6 +113,7 @@ __all__ = [
     "smem_descriptor", "wgmma_m64n64k16_f32_bf16", "WGMMA_M64N64K16_BF16_PTX",
     "cp_async_bulk_tensor_4d_g2s", "wgmma_ss_f16", "wgmma_ss_bf16", "wgmma_rs_mn_f16",
     "wgmma_rs_mn_bf16", "WGMMA_RS_MN_F16_PTX", "WGMMA_RS_MN_BF16_PTX", "wgmma_fence_operands",
+    "wgmma_ss_e4m3", "wgmma_rs_e4m3", "WGMMA_SS_E4M3_PTX", "WGMMA_RS_E4M3_PTX", "pack_e4m3x4",
 ]
 
 WARPGROUP = 128
@@ -376,6 +378,67 @@ def wgmma_p_from_d(kc: int, reg: int, half: int) -> int:
         raise ValueError(f"need kc >= 0, reg in 0..3, half in 0..1; got {kc}, {reg}, {half}")
     return 8 * kc + 2 * reg + half
 
+
+# -- the m64nNk32 float8 (e4m3) A fragment and P's key order ---------------------------------------
+def wgmma_a8_elem(thread: int, reg: int, byte: int) -> tuple[int, int]:
+    """(row, k) of the element of the 64 x 32 A operand held in byte ``byte`` (0: lowest) of
+    .b32 register ``reg`` (0..3) of ``thread`` (0..127) of ``wgmma.mma_async.m64nNk32`` with
+    8-bit A (.e4m3/.e5m2) in registers (PTX ISA, "Matrix Fragments for wgmma.mma_async.m64nNk32";
+    CUTLASS's ``ALayout_64x32``)::
+
+        row = 16 * warp + group + 8 * (reg & 1)
+        k   = 4 * tig + byte + 16 * (reg >> 1)
+    """
+    _check_int("thread", thread)
+    _check_int("reg", reg)
+    _check_int("byte", byte)
+    if not 0 <= thread < WARPGROUP:
+        raise ValueError(f"thread must be in [0, {WARPGROUP}), got {thread}")
+    if not (0 <= reg < 4 and 0 <= byte < 4):
+        raise ValueError(f"A has registers 0..3 and bytes 0..3, got reg={reg}, byte={byte}")
+    warp, lane = divmod(thread, 32)
+    group, tig = divmod(lane, 4)
+    return 16 * warp + group + 8 * (reg & 1), 4 * tig + byte + 16 * (reg >> 1)
+
+
+def wgmma_a8_owner(row: int, k: int) -> tuple[int, int, int]:
+    """(thread, reg, byte) holding element (row, k) of the 64 x 32 8-bit A operand (inverse of
+    `wgmma_a8_elem`)."""
+    _check_int("row", row)
+    _check_int("k", k)
+    if not (0 <= row < 64 and 0 <= k < 32):
+        raise ValueError(f"(row, k) must lie in the 64 x 32 tile, got ({row}, {k})")
+    thread = 32 * (row // 16) + 4 * (row % 8) + (k % 16) // 4
+    return thread, ((row % 16) // 8) + 2 * (k // 16), k % 4
+
+
+def fp8_key_order(position: int) -> int:
+    """The key (0..31, within a 32-key slice of a score tile) whose probability sits at K
+    position ``position`` of the 8-bit A operand when P is built in place from the accumulator
+    (`wgmma_p8_from_d`): ``16 * (p >> 4) + 8 * ((p & 3) >> 1) + 2 * ((p >> 2) & 3) + (p & 1)``.
+
+    The accumulator gives each thread the columns ``8 j + 2 tig + {0, 1}`` of a row; the 8-bit
+    A fragment wants ``4 tig + {0..3}`` and ``16 + 4 tig + {0..3}``. Rather than exchange values
+    between threads, the keys of P V are taken in this order: V's rows (the B operand, K-major,
+    i.e. V transposed) are stored permuted the same way, and the sum over keys is unchanged."""
+    _check_int("position", position)
+    if not 0 <= position < 32:
+        raise ValueError(f"position must be in [0, 32), got {position}")
+    p = position
+    return 16 * (p >> 4) + 8 * ((p & 3) >> 1) + 2 * ((p >> 2) & 3) + (p & 1)
+
+
+def wgmma_p8_from_d(kc: int, reg: int, byte: int) -> int:
+    """The accumulator register (`wgmma_d_elem`, any N) whose value, rounded to e4m3, is byte
+    ``byte`` of 8-bit A register ``reg`` for the k32 slice ``kc`` (score columns 32 kc ..
+    32 kc + 31) when the keys follow `fp8_key_order`: ``16 kc + 8 (reg >> 1) + 4 (byte >> 1)
+    + 2 (reg & 1) + (byte & 1)`` (the same thread holds both)."""
+    for name, v in (("kc", kc), ("reg", reg), ("byte", byte)):
+        _check_int(name, v)
+    if kc < 0 or not 0 <= reg < 4 or not 0 <= byte < 4:
+        raise ValueError(f"need kc >= 0, reg in 0..3, byte in 0..3; got {kc}, {reg}, {byte}")
+    return 16 * kc + 8 * (reg >> 1) + 4 * (byte >> 1) + 2 * (reg & 1) + (byte & 1)
+
 def check_maxnreg(n: int) -> int:
     """``n`` if it is a valid ``setmaxnreg`` register count (24..256, a multiple of 8)."""
     _check_int("n", n)
@@ -390,7 +453,8 @@ TENSOR_MAP_WORDS = 16
 _TMAP_DTYPES = {"float16": ("CU_TENSOR_MAP_DATA_TYPE_FLOAT16", 2),
                 "bfloat16": ("CU_TENSOR_MAP_DATA_TYPE_BFLOAT16", 2),
                 "float32": ("CU_TENSOR_MAP_DATA_TYPE_FLOAT32", 4),
-                "uint16": ("CU_TENSOR_MAP_DATA_TYPE_UINT16", 2)}
+                "uint16": ("CU_TENSOR_MAP_DATA_TYPE_UINT16", 2),
+                "uint8": ("CU_TENSOR_MAP_DATA_TYPE_UINT8", 1)}
 
 
 def _tensor_map_common(address, dtype, shape, box, swizzle, count: str, order: str) -> int:
@@ -690,6 +754,11 @@ def _wgmma_ptx(n, dtype):
     a, b, s = n // 2, n // 2 + 1, n // 2 + 2
     # scale-d is a predicate; imm-scale-a, imm-scale-b = 1 (no negation); imm-trans-a,
     # imm-trans-b = 0 (both operands K-major)
+    if dtype == "e4m3":     # 8-bit: k32, both operands K-major, no transpose arguments
+        return ("{ .reg .pred p; "
+                f"setp.ne.b32 p, ${s}, 0; "
+                f"wgmma.mma_async.sync.aligned.m64n{n}k32.f32.e4m3.e4m3 "
+                f"{{{regs}}}, ${a}, ${b}, p, 1, 1; }}")
     return ("{ .reg .pred p; "
             f"setp.ne.b32 p, ${s}, 0; "
             f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{dtype}.{dtype} "
@@ -746,6 +815,11 @@ def _wgmma_rs_ptx(n, dtype, trans_b):
     regs = ",".join(f"${i}" for i in range(n // 2))
     a = ",".join(f"${n // 2 + i}" for i in range(4))
     b, s = n // 2 + 4, n // 2 + 5
+    if dtype == "e4m3":     # 8-bit: k32, B K-major, no transpose argument
+        return ("{ .reg .pred p; "
+                f"setp.ne.b32 p, ${s}, 0; "
+                f"wgmma.mma_async.sync.aligned.m64n{n}k32.f32.e4m3.e4m3 "
+                f"{{{regs}}}, {{{a}}}, ${b}, p, 1, 1; }}")
     # A from four .b32 registers (no imm-trans-a); imm-scale-a, imm-scale-b = 1; imm-trans-b
     return ("{ .reg .pred p; "
             f"setp.ne.b32 p, ${s}, 0; "
@@ -850,6 +924,40 @@ wgmma_rs_mn_f16.__doc__ = (
     "until the wait.")
 wgmma_rs_mn_bf16 = _make_wgmma_rs_inplace("bf16", 1)
 wgmma_rs_mn_bf16.__doc__ = "As `wgmma_rs_mn_f16`, A and B bfloat16."
+wgmma_ss_e4m3 = _make_wgmma_ss_inplace("e4m3")
+wgmma_ss_e4m3.__doc__ = (
+    "wgmma_ss_e4m3(acc, base, desc_a, desc_b, scale_d): m64n64k32 float8 e4m3 (float32 "
+    "accumulation), A (64 x 32) and B (32 x 64) from shared memory, both K-major (8-bit "
+    "operands have no transposed form; a 128-byte swizzled row holds 128 elements, one k32 "
+    "step is 32 bytes as for 16-bit k16), D in place as `wgmma_ss_f16`.")
+wgmma_rs_e4m3 = _make_wgmma_rs_inplace("e4m3", 0)
+wgmma_rs_e4m3.__doc__ = (
+    "wgmma_rs_e4m3(acc, base, a0, a1, a2, a3, desc_b, scale_d): m64n64k32 float8 e4m3 with A "
+    "(64 x 32) from four .b32 registers of four e4m3 bytes each (`wgmma_a8_elem`, "
+    "`pack_e4m3x4`) and B (32 x 64) K-major from shared memory; D in place as `wgmma_ss_f16`. "
+    "The A registers must not change until the wait.")
+WGMMA_SS_E4M3_PTX = _wgmma_ptx(64, "e4m3")
+WGMMA_RS_E4M3_PTX = _wgmma_rs_ptx(64, "e4m3", 0)
+
+
+@intrinsic
+def pack_e4m3x4(typingctx, x0, x1, x2, x3):
+    """Four float32 -> one .b32 of four float8 e4m3 (``x0`` in the lowest byte), round to
+    nearest even, saturating to +-448 (``cvt.rn.satfinite.e4m3x2.f32``, sm_89 and later)."""
+    if not all(isinstance(x, types.Float) for x in (x0, x1, x2, x3)):
+        return None
+    sig = types.uint32(types.float32, types.float32, types.float32, types.float32)
+
+    def codegen(context, builder, sig, args):
+        vals = [context.cast(builder, a, t, types.float32) for a, t in zip(args, sig.args)]
+        # cvt.rn.satfinite.e4m3x2.f32 d, a, b puts a in the upper byte, b in the lower byte
+        text = ("{ .reg .b16 lo, hi; "
+                "cvt.rn.satfinite.e4m3x2.f32 lo, $2, $1; "
+                "cvt.rn.satfinite.e4m3x2.f32 hi, $4, $3; "
+                "mov.b32 $0, {lo, hi}; }")
+        return _asm(builder, _I32, [_F32] * 4, text, "=r,f,f,f,f", vals)
+
+    return sig, codegen
 
 
 @intrinsic

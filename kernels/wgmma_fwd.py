@@ -51,7 +51,9 @@ from . import compile_cache, host, tile_scheduler
 from .config import requested_tiles
 
 __all__ = ["forward", "prepare", "plan", "supports", "tiles", "get_kernel", "tensor_maps",
-           "stage_of", "full_parity", "empty_parity",
+           "stage_of", "full_parity", "empty_parity", "forward_fp8", "fp8_supports", "fp8_plan",
+           "v_transpose", "v_transpose_kernel", "v_transpose_keys", "FP8_HEAD_DIMS",
+           "FP8_BLOCK_Q_CHOICES", "FP8_BLOCK_K", "P_SCALE_LOG2",
            "DTYPES", "SUPPORTED_HEAD_DIMS", "BLOCK_Q_CHOICES", "BLOCK_K_CHOICES",
            "kernel_constants"]
 
@@ -63,29 +65,43 @@ LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 BOX_BYTES = ROWS_PER_WARPGROUP * BOX_COLUMNS * 2      # one 64 x 64 16-bit box: 8,192 bytes
 SWIZZLE_ROW_BYTES = BOX_COLUMNS * 2                   # 128
+#: The FP8 forward scales P by 2**8 = 256 before rounding it to e4m3 (largest value 448), so
+#: that probabilities down to 2**-17 stay above e4m3's smallest subnormal (2**-9); the row
+#: sum carries the same factor, which cancels in O / l.
+P_SCALE_LOG2 = 8.0
 
 
-def kernel_constants(head_dim: int, block_q: int, block_k: int) -> dict:
+def kernel_constants(head_dim: int, block_q: int, block_k: int, fp8: bool = False) -> dict:
     """The layout of one configuration, in bytes from the 1024-aligned base of dynamic shared
     memory, and the register counts (plain Python; the kernel is built from these):
+    ``chunks`` (128-byte column chunks of a Q or K row: 64 16-bit or 128 e4m3 elements),
     ``q_bytes`` (Q: box (warpgroup w, column chunk c) at ``(w * chunks + c) * 8192``),
     ``kv_bytes`` (one K or V tile; chunk c at ``c * block_k * 128``; stage s holds K at
     ``q_bytes + 2 s kv_bytes`` and V ``kv_bytes`` further), ``bar_offset`` (q_full, full[0],
     full[1], empty[0], empty[1], 8 bytes each), the descriptor templates ``k_template``
-    (K-major, Q and K) and ``v_template`` (MN-major, V), and the per-thread register arrays:
+    (K-major, Q and K; with ``fp8`` also V, held transposed: d rows of ``block_k`` keys) and
+    ``v_template`` (16-bit: MN-major, V as loaded), and the per-thread register arrays:
     ``s_regs`` (S: 32 per 64 keys), ``o_regs`` (O: 32 per 64 columns), ``p_regs`` (P: 4 per
-    16 keys)."""
+    16 keys, or with ``fp8`` 4 per 32 keys)."""
     from .hopper import encode_wgmma_descriptor, kmajor_strides, mnmajor_strides
-    chunks = head_dim // BOX_COLUMNS
-    q_bytes = block_q * head_dim * 2
-    kv_bytes = block_k * head_dim * 2
+    elem = 1 if fp8 else 2
+    chunks = head_dim * elem // SWIZZLE_ROW_BYTES
+    q_bytes = block_q * head_dim * elem
+    kv_bytes = block_k * head_dim * elem
+    # a 128-byte swizzled K-major row: 64 16-bit elements (one k16 step = 32 bytes), or 128
+    # e4m3 elements (one k32 step = 32 bytes): the same strides
     lbo_k, sbo_k, step_k = kmajor_strides("128B", BOX_COLUMNS)
-    lbo_v, sbo_v, step_v = mnmajor_strides("128B", block_k)
+    k_template = encode_wgmma_descriptor(0, lbo_k, sbo_k, "128B")
+    if fp8:
+        v_template, step_v = k_template, step_k
+    else:
+        lbo_v, sbo_v, step_v = mnmajor_strides("128B", block_k)
+        v_template = encode_wgmma_descriptor(0, lbo_v, sbo_v, "128B")
     return dict(chunks=chunks, q_bytes=q_bytes, kv_bytes=kv_bytes,
                 bar_offset=q_bytes + 4 * kv_bytes,
-                k_template=encode_wgmma_descriptor(0, lbo_k, sbo_k, "128B"), k_step=step_k,
-                v_template=encode_wgmma_descriptor(0, lbo_v, sbo_v, "128B"), v_step=step_v,
-                s_regs=32 * (block_k // 64), o_regs=32 * chunks, p_regs=4 * (block_k // 16),
+                k_template=k_template, k_step=step_k, v_template=v_template, v_step=step_v,
+                s_regs=32 * (block_k // 64), o_regs=32 * (head_dim // 64),
+                p_regs=4 * (block_k // (32 if fp8 else 16)),
                 consumers=block_q // ROWS_PER_WARPGROUP)
 
 
@@ -106,50 +122,64 @@ def empty_parity(tile: int) -> int:
     return ((tile >> 1) - 1) & 1
 
 
-def get_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group):
+def get_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=False):
     """The compiled-on-first-launch kernel for one configuration (cached per process and on
     disk by `kernels.compile_cache`); ``head_group``: the launch order
-    (`kernels.tile_scheduler`)."""
-    key = (int(head_dim), int(block_q), int(block_k), bool(is_bf16), bool(causal),
-           int(head_group))
+    (`kernels.tile_scheduler`); ``fp8``: e4m3 Q, K, V with descales, O in bfloat16
+    (``is_bf16`` is then ignored)."""
+    key = (int(head_dim), int(block_q), int(block_k), bool(is_bf16) or bool(fp8), bool(causal),
+           int(head_group), bool(fp8))
     return compile_cache.built(_build_kernel, *key)
 
 
-def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group):
+def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=False):
     """The kernel for one configuration. Signature::
 
         kernel(maps, out, lse, offsets, kv_index, sched_b, sched_h, group, n_q, n_k,
-               scale_log2)
+               scale_log2, descale_q, descale_k, descale_v)
 
     ``maps``: uint64 [3, 16], the tensor maps of Q, K and V (`tensor_maps`); ``out``: int16
     [B, H, Nq, d] (16-bit words); ``lse``: float32 [B, H, Nq]; the ``"kv"`` CSR schedule of
-    `kernels.tile_scheduler.device_schedule`; ``group`` = Hq / Hkv."""
+    `kernels.tile_scheduler.device_schedule`; ``group`` = Hq / Hkv; the descales (float32
+    [B, Hq], [B, Hkv], [B, Hkv]) are read only with ``fp8``: then Q and K are e4m3 [B, H, N, d],
+    V is e4m3 transposed and key-permuted (`v_transpose_kernel`), the scores are scaled by
+    ``descale_q[b, h] * descale_k[b, hk]``, P is rounded to e4m3 after a scaling by 256
+    (`P_SCALE_LOG2`, divided out by the row sum, which carries it too), O is multiplied by
+    ``descale_v[b, hk]`` and written in bfloat16."""
     from numba import cuda, float32, int64, uint8, uint32, uint64
 
     from . import hopper as hp
     from . import ptx
 
     D, BQ, BK = head_dim, block_q, block_k
-    c = kernel_constants(D, BQ, BK)
-    DC = c["chunks"]                      # 64-column chunks of a row of Q, K, V, O
+    FP8 = bool(fp8)
+    c = kernel_constants(D, BQ, BK, FP8)
+    DC = c["chunks"]                      # 128-byte column chunks of a row of Q and K (and V)
+    OB = D // 64                          # n64 blocks of O
     W = c["consumers"]                    # consumer warpgroups
     THREADS = wgmma_threads(BQ)
     PRODUCER_WARP = 4 * W
     CONSUMER_THREADS = WARPGROUP_THREADS * W
-    KS = D // 16                          # k16 steps of S = Q K^T
+    KS = DC * 4                           # k steps of S = Q K^T (32 bytes of a row each)
     NB = BK // 64                         # n64 blocks of S
-    PS = BK // 16                         # k16 steps of O += P V
+    PS = BK // 32 if FP8 else BK // 16    # k32 (e4m3) or k16 steps of O += P V
+    BOX_ELEMS = BOX_COLUMNS * 2 if FP8 else BOX_COLUMNS   # elements of a 128-byte box row
+    P_SHIFT = float32(P_SCALE_LOG2)
     S_REGS, O_REGS, P_REGS = c["s_regs"], c["o_regs"], c["p_regs"]
     Q_BYTES, KV_BYTES, BAR = c["q_bytes"], c["kv_bytes"], c["bar_offset"]
     K_TMPL, V_TMPL = c["k_template"], c["v_template"]
     K_STEP, V_STEP = c["k_step"], c["v_step"]
     CHUNK_BYTES = BK * SWIZZLE_ROW_BYTES  # one 64-column chunk of a K or V tile
-    SMEM = wgmma_smem_bytes(D, BQ, BK)
+    SMEM = wgmma_smem_bytes(D, BQ, BK, 1 if FP8 else 2)
     CAUSAL = causal
     NEG_INF = float32(-math.inf)
-    mma_ss = hp.wgmma_ss_bf16 if is_bf16 else hp.wgmma_ss_f16
-    mma_rs = hp.wgmma_rs_mn_bf16 if is_bf16 else hp.wgmma_rs_mn_f16
-    pack = ptx.pack_bf16x2 if is_bf16 else ptx.pack_f16x2
+    if FP8:
+        mma_ss, mma_rs, pack = hp.wgmma_ss_e4m3, hp.wgmma_rs_e4m3, ptx.pack_bf16x2
+    else:
+        mma_ss = hp.wgmma_ss_bf16 if is_bf16 else hp.wgmma_ss_f16
+        mma_rs = hp.wgmma_rs_mn_bf16 if is_bf16 else hp.wgmma_rs_mn_f16
+        pack = ptx.pack_bf16x2 if is_bf16 else ptx.pack_f16x2
+    pack8 = hp.pack_e4m3x4
     tile_and_head = tile_scheduler.device_tile_and_head(head_group)
     stage = cuda.jit(device=True, inline=True)(stage_of)
     full_phase = cuda.jit(device=True, inline=True)(full_parity)
@@ -158,7 +188,7 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group):
 
     @cuda.jit(launch_bounds=(THREADS, 1), lineinfo=False)
     def kernel(maps, out, lse, offsets, kv_index, sched_b, sched_h, group, n_q, n_k,
-               scale_log2):
+               scale_log2, descale_q, descale_k, descale_v):
         smem = cuda.shared.array(0, dtype=uint8)         # dynamic: kernel.smem_bytes
         tid = cuda.threadIdx.x
         warp = tid // 32
@@ -208,7 +238,7 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group):
                     if row0 + ROWS_PER_WARPGROUP * wg < n_q:
                         for cc in range(DC):
                             hp.cp_async_bulk_tensor_4d_g2s(q_s + (wg * DC + cc) * BOX_BYTES, g,
-                                                           BOX_COLUMNS * cc,
+                                                           BOX_ELEMS * cc,
                                                            row0 + ROWS_PER_WARPGROUP * wg, h, b,
                                                            q_full)
                 for it in range(start, stop):
@@ -221,10 +251,14 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group):
                     hp.mbarrier_arrive_expect_tx(full0 + 8 * st, 2 * KV_BYTES)
                     for cc in range(DC):
                         hp.cp_async_bulk_tensor_4d_g2s(k_st + cc * CHUNK_BYTES, g_k,
-                                                       BOX_COLUMNS * cc, key0, hk, b,
+                                                       BOX_ELEMS * cc, key0, hk, b,
                                                        full0 + 8 * st)
-                        hp.cp_async_bulk_tensor_4d_g2s(k_st + KV_BYTES + cc * CHUNK_BYTES,
-                                                       g_v, BOX_COLUMNS * cc, key0, hk, b,
+                        if not FP8:
+                            hp.cp_async_bulk_tensor_4d_g2s(k_st + KV_BYTES + cc * CHUNK_BYTES,
+                                                           g_v, BOX_COLUMNS * cc, key0, hk, b,
+                                                           full0 + 8 * st)
+                    if FP8:         # V^T: one box of d rows x block_k keys
+                        hp.cp_async_bulk_tensor_4d_g2s(k_st + KV_BYTES, g_v, key0, 0, hk, b,
                                                        full0 + 8 * st)
             return
 
@@ -245,6 +279,9 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group):
         for hr in range(2):
             m_i[hr] = NEG_INF
             l_i[hr] = float32(0.0)
+        sl = scale_log2
+        if FP8:
+            sl = scale_log2 * descale_q[b, h] * descale_k[b, hk]
         hp.mbarrier_wait_parity(q_full, 0)
 
         for it in range(start, stop):
@@ -293,35 +330,51 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group):
                         mx = max(mx, max(s_reg[r], s_reg[r + 1]))
                 mx = max(mx, cuda.shfl_xor_sync(0xFFFFFFFF, mx, 1))
                 mx = max(mx, cuda.shfl_xor_sync(0xFFFFFFFF, mx, 2))
-                m_new = max(m_i[hr], mx * scale_log2)
+                m_new = max(m_i[hr], mx * sl)
                 m_use = m_new if m_new != NEG_INF else float32(0.0)
                 alpha = ptx.ex2(m_i[hr] - m_use)
+                m_sub = m_use
+                if FP8:
+                    m_sub = m_use - P_SHIFT     # P (and the row sum) scaled by 2**P_SHIFT
                 row_sum = float32(0.0)
                 for nb in range(NB):
                     for j in range(8):
                         for e in range(2):
                             r = 32 * nb + 4 * j + 2 * hr + e
-                            p = ptx.ex2(s_reg[r] * scale_log2 - m_use)
+                            p = ptx.ex2(s_reg[r] * sl - m_sub)
                             row_sum += p
                             s_reg[r] = p
                 l_i[hr] = l_i[hr] * alpha + row_sum
                 m_i[hr] = m_new
-                for dc in range(DC):
+                for dc in range(OB):
                     for j in range(8):
                         for e in range(2):
                             o_reg[32 * dc + 4 * j + 2 * hr + e] *= alpha
 
-            # -- P to 16 bits in registers: the accumulator of k16 slice kc is its A fragment --
-            for kc in range(PS):
-                for q in range(4):
-                    r = 32 * (kc // 4) + 8 * (kc % 4) + 2 * q
-                    pa[4 * kc + q] = pack(s_reg[r], s_reg[r + 1])
+            if FP8:
+                # -- P to e4m3 in registers, keys of each k32 slice in `fp8_key_order` --
+                for kc in range(PS):
+                    for q in range(4):
+                        r = 16 * kc + 8 * (q >> 1) + 2 * (q & 1)
+                        pa[4 * kc + q] = pack8(s_reg[r], s_reg[r + 1], s_reg[r + 4],
+                                               s_reg[r + 5])
+            else:
+                # -- P to 16 bits in registers: the accumulator of k16 slice kc is its A
+                # fragment --
+                for kc in range(PS):
+                    for q in range(4):
+                        r = 32 * (kc // 4) + 8 * (kc % 4) + 2 * q
+                        pa[4 * kc + q] = pack(s_reg[r], s_reg[r + 1])
 
-            # -- O += P V: A = P from registers, B = V (keys x d, d contiguous: MN-major) --
+            # -- O += P V: A = P from registers, B = V (keys x d, d contiguous: MN-major; with
+            # FP8 V^T, d rows of permuted keys: K-major) --
             hp.wgmma_fence()
             for kc in range(PS):
-                for dc in range(DC):
-                    db = hp.smem_descriptor(V_TMPL, v_st + dc * CHUNK_BYTES + kc * V_STEP)
+                for dc in range(OB):
+                    if FP8:
+                        db = hp.smem_descriptor(V_TMPL, v_st + dc * 64 * BK + kc * V_STEP)
+                    else:
+                        db = hp.smem_descriptor(V_TMPL, v_st + dc * CHUNK_BYTES + kc * V_STEP)
                     mma_rs(o_reg, 32 * dc, pa[4 * kc], pa[4 * kc + 1], pa[4 * kc + 2],
                            pa[4 * kc + 3], db, uint32(1))
             hp.wgmma_commit_group()
@@ -336,8 +389,10 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group):
             l_tot += cuda.shfl_xor_sync(0xFFFFFFFF, l_tot, 2)
             row = row_a + 8 * hr
             inv = float32(1.0) / l_tot if l_tot > float32(0.0) else float32(0.0)
+            if FP8:
+                inv *= descale_v[b, hk]
             if row < n_q:
-                for dc in range(DC):
+                for dc in range(OB):
                     for j in range(8):
                         r = 32 * dc + 4 * j + 2 * hr
                         word = pack(o_reg[r] * inv, o_reg[r + 1] * inv)
@@ -345,7 +400,10 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group):
                                                           + 2 * tig), word)
                 if tig == 0:
                     if l_tot > float32(0.0):
-                        lse[b, h, row] = m_i[hr] * float32(LN2) + math.log(l_tot)
+                        m_row = m_i[hr]
+                        if FP8:
+                            m_row -= P_SHIFT
+                        lse[b, h, row] = m_row * float32(LN2) + math.log(l_tot)
                     else:
                         lse[b, h, row] = NEG_INF
 
@@ -473,16 +531,27 @@ def _capturing(x) -> bool:
     return torch.cuda.is_current_stream_capturing()
 
 
-def tensor_maps(q, k, v, block_k, stream=0):
+def tensor_maps(q, k, v, block_k, stream=0, fp8=False):
     """The tensor maps of Q (boxes of 64 rows x 64 columns), K and V (``block_k`` rows x 64
     columns), 128-byte swizzle, 16-bit elements, as one device array uint64 [3, 16] (built and
     copied once per device, layouts and tiles; operands as `kernels.host.Call.input` gives
-    them, 16-bit words). Under CUDA graph capture (torch operands, ``stream`` the capturing
-    stream as `kernels.host.launch_stream` gives it), a new map goes to memory from torch's
-    allocator (the graph's pool) by a one-thread launch of `map_writer` on ``stream``, the
-    words as its parameters, and is kept for good (`_CAPTURED_MAPS`)."""
-    layouts = tuple(_operand_layout(x) for x in (q, k, v))
-    key = (host.current_device_id(), layouts, block_k)
+    them, 16-bit words). With ``fp8``: bytes, Q in boxes of 64 rows x 128 columns, K of
+    ``block_k`` rows x 128 columns and ``v`` the transposed V [B, Hkv, d, keys] of
+    `v_transpose` in boxes of d rows x ``block_k`` keys. Under CUDA graph capture (torch
+    operands, ``stream`` the capturing stream as `kernels.host.launch_stream` gives it), a new
+    map goes to memory from torch's allocator (the graph's pool) by a one-thread launch of
+    `map_writer` on ``stream``, the words as its parameters, and is kept for good
+    (`_CAPTURED_MAPS`)."""
+    itemsize = 1 if fp8 else 2
+    layouts = tuple(_operand_layout(x, itemsize) for x in (q, k, v))
+    if fp8:
+        cols = 2 * BOX_COLUMNS
+        boxes = ((1, 1, ROWS_PER_WARPGROUP, cols), (1, 1, block_k, cols),
+                 (1, 1, layouts[2][1][2], block_k))
+    else:
+        boxes = ((1, 1, ROWS_PER_WARPGROUP, BOX_COLUMNS), (1, 1, block_k, BOX_COLUMNS),
+                 (1, 1, block_k, BOX_COLUMNS))
+    key = (host.current_device_id(), layouts, boxes)
     hit = _MAPS.get(key)
     if hit is None:
         import numpy as np
@@ -490,10 +559,9 @@ def tensor_maps(q, k, v, block_k, stream=0):
 
         from .hopper import encode_tensor_map_4d
         words = []
-        for (addr, shape, strides), rows in zip(layouts, (ROWS_PER_WARPGROUP, block_k,
-                                                          block_k)):
-            words.append(encode_tensor_map_4d(addr, shape, strides[:3],
-                                              (1, 1, rows, BOX_COLUMNS), "uint16", "128B"))
+        for (addr, shape, strides), box in zip(layouts, boxes):
+            words.append(encode_tensor_map_4d(addr, shape, strides[:3], box,
+                                              "uint8" if fp8 else "uint16", "128B"))
         words = np.stack(words).astype(np.uint64)
         if _capturing(q):
             import torch
@@ -551,8 +619,9 @@ def prepare(problem, config):
     offsets, index, sched_b, sched_h = tile_scheduler.device_schedule(pb, block_q, block_k, "kv")
     B, H, Nq, D, Nk = pb.batch, pb.heads_q, pb.seqlen_q, pb.head_dim, pb.seqlen_k
     template = host._without_operands(pb)
+    ones = _unit_descales()
     tail = (offsets, index, sched_b, sched_h, H // pb.heads_kv, Nq, Nk,
-            np.float32(pb.scale * LOG2E))
+            np.float32(pb.scale * LOG2E), ones, ones, ones)
     plans: dict = {}
     if pb.kind == "torch" and host.real_gpu():
         warm_map_writer(host.current_device_id())
@@ -571,3 +640,174 @@ def prepare(problem, config):
         del ops
         return result
     return run
+
+
+def _unit_descales():
+    """The descale arguments of a 16-bit launch (never read: float32 [1, 1] ones, one per
+    device)."""
+    import numpy as np
+    return host.device_const(("wgmma_unit_descales",), lambda: np.ones((1, 1), np.float32))
+
+
+# -- the FP8 (e4m3) forward ----------------------------------------------------------------------
+#: Head dims of the FP8 forward: a 128-byte swizzled row is 128 e4m3 elements.
+FP8_HEAD_DIMS = (128,)
+FP8_BLOCK_Q_CHOICES = (128, 64)
+FP8_BLOCK_K = 128            # a V^T row of block_k keys is one 128-byte swizzle row
+#: V^T is padded to a multiple of this many keys (whole K/V tiles; zeros past the last key).
+V_TRANSPOSE_TILE = 32
+
+
+def fp8_default_block_q() -> int:
+    """The FP8 forward's default query tile (two consumer warpgroups)."""
+    return 128
+
+
+def fp8_supports(batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, causal,
+                 block_q=None):
+    """Why the FP8 forward cannot run this problem (a string naming the argument), or None.
+    Top-left causal or none, GQA, any lengths; head_dim 128; a GPU of compute capability 9.0
+    or more."""
+    for name, v in (("batch", batch), ("heads_q", heads_q), ("heads_kv", heads_kv),
+                    ("seqlen_q", seqlen_q), ("seqlen_k", seqlen_k)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            return f"the FP8 forward needs {name} >= 1, got {v!r}"
+    if heads_q % heads_kv:
+        return f"the FP8 forward needs heads_q ({heads_q}) a multiple of heads_kv ({heads_kv})"
+    if head_dim not in FP8_HEAD_DIMS:
+        return f"the FP8 forward takes head_dim in {FP8_HEAD_DIMS}, got {head_dim}"
+    if block_q is not None and block_q not in FP8_BLOCK_Q_CHOICES:
+        return f"the FP8 forward takes block_q in {FP8_BLOCK_Q_CHOICES}, got {block_q}"
+    if not host.real_gpu():
+        return "the FP8 forward needs a GPU (wgmma, TMA): the CUDA simulator runs neither"
+    cc = host.compute_capability(host.current_device_id())
+    if cc < (9, 0):
+        return (f"the FP8 forward needs compute capability 9.0 (sm_90a: wgmma, TMA), this GPU "
+                f"has {cc[0]}.{cc[1]}")
+    return None
+
+
+def v_transpose_keys(n_k: int) -> int:
+    """Keys of the transposed V (`v_transpose_kernel`): ``n_k`` rounded up to whole tiles of
+    `FP8_BLOCK_K`."""
+    return -(-n_k // FP8_BLOCK_K) * FP8_BLOCK_K
+
+
+@functools.lru_cache(maxsize=None)
+def v_transpose_kernel():
+    """``transpose(v, vt, n_k)``: V (the e4m3 bytes of [B, Hkv, Nk, 128] seen as int32 words
+    [B, Hkv, Nk, 32], rows contiguous) into ``vt`` (int32 words of the bytes [B, Hkv, 128,
+    Nk_pad], contiguous): byte ``vt[b, h, c, 32 t + p] = v[b, h, 32 t + fp8_key_order(p), c]``,
+    zero for keys >= ``n_k``. Launched on the grid (Nk_pad / 32, B * Hkv) of 256 threads; each
+    program moves 32 keys x 128 columns through shared memory as 4-byte words (loads along a
+    key's row, stores along a column's keys). The FP8 forward's B operand of P V must be
+    K-major (8-bit ``wgmma`` has no transposed form), and its keys follow the order in which P
+    leaves the accumulator (`kernels.hopper.fp8_key_order`)."""
+    import numpy as np
+    from numba import int32, int64
+
+    from .hopper import fp8_key_order
+    order_array = np.array([fp8_key_order(p) for p in range(32)], dtype=np.int32)
+    T = V_TRANSPOSE_TILE
+    D = FP8_HEAD_DIMS[0]
+    DW = D // 4                  # words of a key's row
+    KW = T // 4                  # words of a column's 32 keys
+    TILE = (T, DW + 1)           # a padded row: column c's words of 32 keys in 32 banks
+
+    @cuda.jit
+    def transpose(v, vt, n_k):
+        tile = cuda.shared.array(TILE, dtype=int32)
+        perm = cuda.const.array_like(order_array)
+        tid = cuda.threadIdx.x
+        key0 = cuda.blockIdx.x * T
+        bh = cuda.blockIdx.y
+        heads = v.shape[1]
+        b = bh // heads
+        h = bh % heads
+        for idx in range(tid, T * DW, 256):     # -- load: 32 keys x 32 words, along the rows
+            kk = idx // DW
+            w = idx % DW
+            tile[kk, w] = v[b, h, key0 + kk, w] if key0 + kk < n_k else int32(0)
+        cuda.syncthreads()
+        for idx in range(tid, D * KW, 256):     # -- store: 128 columns x 8 words of 4 keys
+            c = idx // KW
+            kw = idx % KW
+            word = int64(0)
+            for i in range(4):
+                byte = (int64(tile[perm[4 * kw + i], c >> 2]) >> (8 * (c & 3))) & 0xFF
+                word |= byte << (8 * i)
+            vt[b, h, c, key0 // 4 + kw] = int32(word if word < 0x80000000 else word - 0x100000000)
+
+    return transpose
+
+
+def v_transpose(v8, stream=None):
+    """The transposed, key-permuted V of the FP8 forward (`v_transpose_kernel`) for a torch
+    e4m3 V [B, Hkv, Nk, 128] on the GPU: a new uint8 tensor [B, Hkv, 128, `v_transpose_keys`]
+    (V is copied first if its rows are not contiguous)."""
+    import torch
+    B, Hkv, Nk, D = (int(n) for n in v8.shape)
+    if D not in FP8_HEAD_DIMS:
+        raise ValueError(f"v_transpose takes head dim {FP8_HEAD_DIMS}, got {D}")
+    v = v8.view(torch.uint8)
+    if v.stride(3) != 1 or any(s % 4 for s in v.stride()[:3]) or v.data_ptr() % 4:
+        v = v.contiguous()
+    vt = torch.empty((B, Hkv, D, v_transpose_keys(Nk)), dtype=torch.uint8, device=v8.device)
+    stream = host.launch_stream(v8) if stream is None else stream
+    grid = (vt.shape[3] // V_TRANSPOSE_TILE, B * Hkv)
+    host.launch(v_transpose_kernel(), grid, 256, stream,
+                (v.view(torch.int32), vt.view(torch.int32), Nk))
+    return vt
+
+
+def fp8_plan(batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, causal, block_q=None,
+             launch_order=None):
+    """The `sim.plan.Plan` `forward_fp8` launches (`sim.plans.wgmma_fwd.wgmma_fp8_forward_plan`:
+    the V transpose, then the attention kernel)."""
+    from sim.plans import plan_for
+    from sim.workload import Workload
+    w = Workload(batch=batch, heads=heads_q, heads_kv=heads_kv, seq_len_q=seqlen_q,
+                 seq_len_k=seqlen_k, head_dim=head_dim, dtype="bf16", causal=bool(causal))
+    return plan_for("wgmma_fp8", "fwd", w, block_q=block_q or fp8_default_block_q(),
+                    block_k=FP8_BLOCK_K, launch_order=launch_order)
+
+
+def forward_fp8(q, k, v, descale_q, descale_k, descale_v, *, causal=False, scale=None,
+                block_q=None, launch_order=None):
+    """FlashAttention-3's FP8 forward: ``(out, lse)`` for torch float8_e4m3fn Q [B, Hq, Nq, d],
+    K and V [B, Hkv, Nk, d] on a GPU of compute capability 9.0 (`fp8_supports`), with float32
+    descales [B, Hq], [B, Hkv], [B, Hkv] (the scores are ``scale * (q descale_q) (k
+    descale_k)^T``, V is ``v descale_v``): O in bfloat16, the float32 natural-log logsumexp
+    (-inf and a zero row where no key is allowed). Top-left causal. The user-facing entry,
+    with its checks, is `ioaware.fp8.attention`."""
+    import numpy as np
+    import torch
+    B, H, Nq, D = (int(n) for n in q.shape)
+    Hkv, Nk = int(k.shape[1]), int(k.shape[2])
+    why = fp8_supports(B, H, Hkv, Nq, Nk, D, causal, block_q)
+    if why:
+        raise ValueError(why)
+    the_plan = fp8_plan(B, H, Hkv, Nq, Nk, D, causal, block_q, launch_order)
+    transpose_launch, launch = the_plan.kernels
+    bq, bk = the_plan.config["block_q"], the_plan.config["block_k"]
+    group = tile_scheduler.head_group(launch_order, causal, "fwd")
+    kern = get_kernel(D, bq, bk, True, causal, group, fp8=True)
+    host.check_launch(launch.name, (launch.threads, launch.shared_bytes),
+                      (kern.threads, kern.smem_bytes))
+    from types import SimpleNamespace
+    shape = SimpleNamespace(seqlen_q=Nq, seqlen_k=Nk, causal=bool(causal), block_mask=None,
+                            block_q=None, block_k=None)
+    offsets, index, sched_b, sched_h = tile_scheduler.device_schedule(shape, bq, bk, "kv")
+    stream = host.launch_stream(q)
+    ops = [x.view(torch.uint8) for x in (q, k)]
+    ops = [x.contiguous() if _needs_copy(x, 1) else x for x in ops]
+    vt = v_transpose(v, stream)
+    maps = tensor_maps(ops[0], ops[1], vt, bk, stream, fp8=True)
+    out = torch.empty((B, H, Nq, D), dtype=torch.bfloat16, device=q.device)
+    lse = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    args = (maps, out.view(torch.int16), lse, offsets, index, sched_b, sched_h, H // Hkv, Nq, Nk,
+            np.float32(scale * LOG2E), descale_q, descale_k, descale_v)
+    host.launch(kern, launch.grid, launch.threads, stream, args, sharedmem=launch.shared_bytes)
+    del ops
+    return out, lse

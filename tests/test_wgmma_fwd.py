@@ -407,7 +407,8 @@ def test_full_empty_protocol_in_random_interleavings(n_tiles, consumers):
 # CPU, compile only: sm_90a PTX and ptxas
 # ------------------------------------------------------------------------------------------------
 SIGNATURE = ("void(uint64[:, ::1], int16[:, :, :, ::1], float32[:, :, ::1], int32[:, ::1], "
-             "int32[::1], int64, int64, int64, int64, int64, float32)")
+             "int32[::1], int64, int64, int64, int64, int64, float32, float32[:, ::1], "
+             "float32[:, ::1], float32[:, ::1])")
 #: (head_dim, block_q, block_k, bfloat16, causal)
 COMPILED = [(64, 128, 128, False, True), (64, 128, 128, True, False), (64, 64, 64, False, False),
             (64, 128, 64, True, True), (128, 128, 64, False, True), (128, 128, 64, True, False),

@@ -28,6 +28,7 @@ PLANNERS = {
     ("mma", "fwd"): "sim.plans.tensor_core_fwd:mma_forward_plan",
     ("tf32", "fwd"): "sim.plans.tensor_core_fwd:tf32_forward_plan",
     ("wgmma", "fwd"): "sim.plans.wgmma_fwd:wgmma_forward_plan",
+    ("wgmma_fp8", "fwd"): "sim.plans.wgmma_fwd:wgmma_fp8_forward_plan",
     ("mma", "bwd"): "sim.plans.tensor_core_bwd:mma_backward_plan",
     ("tf32", "bwd"): "sim.plans.tensor_core_bwd:tf32_backward_plan",
     ("flash3", "fwd"): "sim.plans.flash3:flash3_forward_plan",

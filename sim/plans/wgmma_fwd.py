@@ -42,13 +42,21 @@ from ..workload import STAT_BYTES, Workload
 from .tensor_core_fwd import (FRAGMENT_ROW_BYTES, SCHEDULE_ENTRY_BYTES, SMEM_LIMIT_BYTES,
                               forward_tensor_bytes, softmax_work, tile_counts)
 
-__all__ = ["wgmma_forward_plan", "wgmma_forward_configs", "wgmma_default_blocks",
+__all__ = ["wgmma_forward_plan", "wgmma_forward_configs", "wgmma_fp8_forward_plan",
+           "FP8_KERNEL_NAME", "FP8_TRANSPOSE_NAME", "FP8_HEAD_DIM", "FP8_BLOCK_K", "wgmma_default_blocks",
            "wgmma_threads", "wgmma_smem_bytes", "wgmma_consumer_warpgroups", "WGMMA_HEAD_DIMS",
            "WGMMA_BLOCK_Q_CHOICES", "WGMMA_BLOCK_K_CHOICES", "WGMMA_REGISTERS", "WGMMA_SPILLING",
            "ROWS_PER_WARPGROUP", "WARPGROUP_THREADS", "PRODUCER_THREADS", "ALIGN_SLACK_BYTES",
            "BARRIER_BYTES", "BOX_COLUMNS", "KERNEL_NAME", "TMA_TENSORS"]
 
 KERNEL_NAME = "flash_wgmma_fwd"
+#: The FP8 forward (`kernels.wgmma_fwd.forward_fp8`): V transposed and key-permuted first, then
+#: the attention kernel on e4m3 operands.
+FP8_KERNEL_NAME = "flash_wgmma_fp8_fwd"
+FP8_TRANSPOSE_NAME = "fp8_v_transpose"
+FP8_HEAD_DIM = 128          # a 128-byte swizzled row is 128 e4m3 elements
+FP8_BLOCK_K = 128           # a V^T row of block_k keys is one 128-byte swizzle row
+FP8_TRANSPOSE_TILE = 32     # the transpose moves 32 keys x 32 columns per program
 WGMMA_HEAD_DIMS = (64, 128)
 WGMMA_BLOCK_Q_CHOICES = (128, 64)     # two or one consumer warpgroups
 WGMMA_BLOCK_K_CHOICES = (128, 64)     # keys per K/V stage: two or one n64 score blocks
@@ -188,3 +196,82 @@ def wgmma_forward_configs(workload: Workload) -> list:
     return [{"block_q": q, "block_k": k} for q in WGMMA_BLOCK_Q_CHOICES
             for k in WGMMA_BLOCK_K_CHOICES
             if wgmma_smem_bytes(workload.head_dim, q, k) <= SMEM_LIMIT_BYTES]
+
+
+def wgmma_fp8_forward_plan(workload: Workload, *, block_q: int | None = None,
+                           block_k: int | None = None, registers: int | None = None,
+                           launch_order=None) -> Plan:
+    """The plan of the FP8 forward (`kernels.wgmma_fwd.forward_fp8`, family ``wgmma_fp8``) for
+    ``workload``, whose dtype ("bf16") is the output's: Q, K and V are float8 e4m3 (1 byte),
+    O is bfloat16. Two launches:
+
+    * ``fp8_v_transpose``: V [B, Hkv, Nk, d] into V^T [B, Hkv, d, Nk_pad] (Nk rounded up to
+      whole ``block_k`` tiles, zeros past the last key), keys permuted within each 32
+      (`kernels.hopper.fp8_key_order`); one program of 256 threads per 32 keys x 32 columns,
+      one byte load per key in the problem and one byte store per padded key;
+    * the attention kernel, as `wgmma_forward_plan` with 1-byte Q, K and V (V^T loaded as
+      whole tiles of ``block_k`` padded keys), products on the unit ``wgmma.fp8`` (k32), P
+      rounded to e4m3 in registers (one ``cvt`` per two scores, counted with the FP32 work).
+
+    ``block_q`` 128 or 64 (None: 128); ``block_k`` must be 128; d must be 128."""
+    w = workload
+    bq = block_q or 128
+    bk = block_k or FP8_BLOCK_K
+    if not isinstance(w, Workload):
+        raise TypeError(f"workload must be a sim.Workload, got {type(w).__name__}")
+    if w.dtype != "bf16":
+        raise ValueError(f"the FP8 forward writes O in bfloat16: workload.dtype must be 'bf16', "
+                         f"got {w.dtype!r}")
+    if w.head_dim != FP8_HEAD_DIM:
+        raise ValueError(f"the FP8 forward runs head_dim {FP8_HEAD_DIM}, got "
+                         f"workload.head_dim={w.head_dim}")
+    if bk != FP8_BLOCK_K:
+        raise ValueError(f"the FP8 forward takes block_k={FP8_BLOCK_K}, got block_k={bk!r}")
+    _check(w, bq, bk)
+    d = w.head_dim
+    c = tile_counts(w, bq, bk)
+    tiles, n_blocks_q, slices, programs, rows = (c.tiles, c.n_blocks_q, c.slices, c.programs,
+                                                 c.rows)
+    # -- the V transpose --
+    kv_slices = w.batch * w.heads_kv
+    keys_pad = -(-w.seq_len_k // bk) * bk
+    t = FP8_TRANSPOSE_TILE
+    transpose = KernelPlan(
+        name=FP8_TRANSPOSE_NAME, phase="fwd.pre", grid=(keys_pad // t, d // t, kv_slices),
+        threads=256, shared_bytes=0,
+        accesses=(Access("V", "load", kv_slices * w.seq_len_k * d, "ld"),
+                  Access("V^T", "store", kv_slices * keys_pad * d, "st")),
+        shared_bytes_moved=2 * kv_slices * keys_pad * d)
+    # -- the attention kernel --
+    threads = wgmma_threads(bq)
+    warps = threads // 32
+    schedule_loads = warps * (2 * programs + tiles)
+    q_boxes = slices * -(-w.seq_len_q // ROWS_PER_WARPGROUP)
+    box_bytes = ROWS_PER_WARPGROUP * d                 # 64 rows x 128 bytes
+    kv_tile = bk * d
+    accesses = (
+        Access("schedule", "load", schedule_loads * SCHEDULE_ENTRY_BYTES, "fragment",
+               SCHEDULE_ENTRY_BYTES),
+        Access("Q", "load", rows * d, "ld"),
+        Access("K", "load", c.keys * d, "ld"),
+        Access("V^T", "load", tiles * kv_tile, "ld"),
+        Access("O", "store", rows * d * 2, "fragment", FRAGMENT_ROW_BYTES),
+        Access("lse", "store", rows * STAT_BYTES, "st"),
+    )
+    fp32, mufu = softmax_work(c, d)
+    fp32 += c.scores // 2          # one cvt.rn.satfinite.e4m3x2 per two probabilities
+    kernel = KernelPlan(
+        name=FP8_KERNEL_NAME, phase="fwd", grid=(n_blocks_q, slices), threads=threads,
+        shared_bytes=wgmma_smem_bytes(d, bq, bk, 1), accesses=accesses,
+        matmuls=(Matmul("wgmma.fp8", tiles * 4 * d * bq * bk),),
+        fp32_flops=int(fp32), mufu_ops=int(mufu),
+        shared_bytes_moved=int(tiles * 2 * kv_tile + q_boxes * box_bytes),
+        registers=registers, programs_per_slice=n_blocks_q, lockstep=True)
+    config = {"block_q": bq, "block_k": bk, "launch_order": launch_order,
+              "consumer_warpgroups": wgmma_consumer_warpgroups(bq), "stages": 2,
+              "tma_tensors": ("Q", "K", "V^T"), "input_dtype": "e4m3"}
+    kv = kv_slices * w.seq_len_k * d
+    tensor_bytes = {"schedule": (programs + slices + tiles) * SCHEDULE_ENTRY_BYTES,
+                    "Q": rows * d, "O": rows * d * 2, "lse": rows * STAT_BYTES, "K": kv, "V": kv,
+                    "V^T": kv_slices * keys_pad * d}
+    return Plan("wgmma_fp8", "fwd", w, (transpose, kernel), config, tensor_bytes)
