@@ -3,10 +3,12 @@ compute-sanitizer.
 
     compute-sanitizer --tool memcheck --report-api-errors no python -m benchmarks sanitize [FAMILY ...]
 
-FAMILY is any of ``simt``, ``mma``, ``tf32``, ``wgmma`` (default: all four on compute
-capability 9.0, the first three elsewhere), so that the
+FAMILY is any of ``simt``, ``mma``, ``tf32``, ``wgmma``, ``wgmma_fp8`` (default: all five on
+compute capability 9.0, the first three elsewhere), so that the
 families can run as separate sanitizer processes side by side. ``wgmma`` (the Hopper forward,
-compute capability 9.0) runs `WGMMA_CASES`, forward only: it takes no masks or dropout. Each family (pinned by `kernels.KernelConfig`)
+compute capability 9.0) runs `WGMMA_CASES`, forward only: it takes no masks or dropout.
+``wgmma_fp8`` (the FP8 forward, `kernels.wgmma_fwd.forward_fp8`: V's transpose and the kernel)
+runs d=128 with the same lengths and GQA, causal and not, on e4m3 inputs with descales. Each family (pinned by `kernels.KernelConfig`)
 runs `CASES`: GQA (two query heads per key/value head) and lengths that are not multiples of
 any tile (150 queries, 97 keys) throughout; causal at d=64; a boolean mask and dropout at
 d=128; a block mask on 64 x 32 tiles, which the kernels read at finer tiles (the tensor-core
@@ -23,10 +25,10 @@ import numpy as np
 
 from .common import attention_problem, first_sentence
 
-FAMILIES = ("simt", "mma", "tf32", "wgmma")
+FAMILIES = ("simt", "mma", "tf32", "wgmma", "wgmma_fp8")
 FAMILY_DTYPE = {"simt": np.float32, "mma": np.float16, "tf32": np.float32, "wgmma": np.float16}
 #: Families that are forwards only (their cases run no backward).
-FORWARD_ONLY = ("wgmma",)
+FORWARD_ONLY = ("wgmma", "wgmma_fp8")
 BATCH, HEADS_Q, HEADS_KV, SEQ_Q, SEQ_K = 2, 2, 1, 150, 97
 #: (head dim, problem options) of each case; masks are drawn per case (`_case_inputs`).
 CASES = ((64, {"causal": True}),
@@ -56,9 +58,31 @@ def _case_inputs(rng, family, d, options, torch=None):
     return (*arrays, kw)
 
 
+def run_fp8(torch, seed: int = 0) -> None:
+    """The FP8 forward at d=128, causal and not, on the sanitizer's lengths (torch CUDA tensors);
+    raises when an output is not finite."""
+    if torch is None:
+        raise SystemExit("wgmma_fp8 needs torch with CUDA (its inputs are float8_e4m3fn tensors)")
+    from kernels.wgmma_fwd import forward_fp8
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    shapes = ((BATCH, HEADS_Q, SEQ_Q, 128), (BATCH, HEADS_KV, SEQ_K, 128),
+              (BATCH, HEADS_KV, SEQ_K, 128))
+    x8 = [torch.randn(s, device="cuda", generator=g).to(torch.float8_e4m3fn) for s in shapes]
+    dq = torch.full((BATCH, HEADS_Q), 0.5, device="cuda")
+    dkv = torch.full((BATCH, HEADS_KV), 0.5, device="cuda")
+    for causal in (False, True):
+        out, lse = forward_fp8(*x8, dq, dkv, dkv, causal=causal)
+        torch.cuda.synchronize()
+        if not bool(torch.isfinite(out).all()):
+            raise RuntimeError(f"wgmma_fp8 causal={causal}: an output is not finite")
+
+
 def run_family(family: str, torch=None, seed: int = 0) -> None:
     """`CASES` forward and backward on ``family`` (torch CUDA tensors when ``torch`` is given,
     else NumPy arrays); raises when an output is not finite."""
+    if family == "wgmma_fp8":
+        run_fp8(torch, seed)
+        return
     import kernels
     config = kernels.KernelConfig(family=family)
     rng = np.random.default_rng(seed)
@@ -87,7 +111,7 @@ def main(argv=None) -> int:
     argv = list(argv or [])
     ap = argparse.ArgumentParser(prog="python -m benchmarks sanitize",
                                  description=first_sentence(__doc__))
-    ap.add_argument("families", nargs="*", metavar="FAMILY", help="simt, mma, tf32, wgmma (default: all)")
+    ap.add_argument("families", nargs="*", metavar="FAMILY", help="simt, mma, tf32, wgmma, wgmma_fp8 (default: all)")
     ap.add_argument("--arrays", choices=("torch", "numpy"), default=None,
                     help="input arrays (default: torch CUDA tensors when torch has CUDA)")
     args = ap.parse_args(argv)

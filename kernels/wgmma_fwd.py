@@ -772,42 +772,82 @@ def fp8_plan(batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, causal, blo
                     block_k=FP8_BLOCK_K, launch_order=launch_order)
 
 
+_FP8_PREPARED: dict = {}    # (shapes, causal, scale, block_q, launch order, device) -> _Fp8Launch
+
+
+class _Fp8Launch:
+    """What `forward_fp8` decides once per configuration: the plan's two launches, the
+    compiled kernel, the tile schedule and the constant arguments; ``plans``: the launch
+    plans `kernels.host.relaunch` keeps per argument layout."""
+
+    def __init__(self, B, H, Hkv, Nq, Nk, D, causal, scale, block_q, launch_order):
+        import numpy as np
+        from types import SimpleNamespace
+        the_plan = fp8_plan(B, H, Hkv, Nq, Nk, D, causal, block_q, launch_order)
+        self.transpose, self.launch = the_plan.kernels
+        bq, bk = the_plan.config["block_q"], the_plan.config["block_k"]
+        group = tile_scheduler.head_group(launch_order, causal, "fwd")
+        self.kern = get_kernel(D, bq, bk, True, causal, group, fp8=True)
+        host.check_launch(self.launch.name, (self.launch.threads, self.launch.shared_bytes),
+                          (self.kern.threads, self.kern.smem_bytes))
+        shape = SimpleNamespace(seqlen_q=Nq, seqlen_k=Nk, causal=bool(causal), block_mask=None,
+                                block_q=None, block_k=None)
+        offsets, index, sched_b, sched_h = tile_scheduler.device_schedule(shape, bq, bk, "kv")
+        self.tail = (offsets, index, sched_b, sched_h, H // Hkv, Nq, Nk,
+                     np.float32(scale * LOG2E))
+        self.block_k = bk
+        self.out_shape, self.lse_shape = (B, H, Nq, D), (B, H, Nq)
+        self.vt_shape = (B, Hkv, D, v_transpose_keys(Nk))
+        self.plans: dict = {}
+        self.transpose_plans: dict = {}
+
+
 def forward_fp8(q, k, v, descale_q, descale_k, descale_v, *, causal=False, scale=None,
                 block_q=None, launch_order=None):
     """FlashAttention-3's FP8 forward: ``(out, lse)`` for torch float8_e4m3fn Q [B, Hq, Nq, d],
     K and V [B, Hkv, Nk, d] on a GPU of compute capability 9.0 (`fp8_supports`), with float32
-    descales [B, Hq], [B, Hkv], [B, Hkv] (the scores are ``scale * (q descale_q) (k
-    descale_k)^T``, V is ``v descale_v``): O in bfloat16, the float32 natural-log logsumexp
-    (-inf and a zero row where no key is allowed). Top-left causal. The user-facing entry,
-    with its checks, is `ioaware.fp8.attention`."""
-    import numpy as np
+    descales [B, Hq], [B, Hkv], [B, Hkv] (contiguous; the scores are ``scale * (q descale_q)
+    (k descale_k)^T``, V is ``v descale_v``): O in bfloat16, the float32 natural-log
+    logsumexp (-inf and a zero row where no key is allowed). Top-left causal. The plan, kernel
+    and schedule are chosen once per configuration (`_Fp8Launch`); a call allocates V^T, O and
+    the logsumexp and makes two launches. The user-facing entry, with its checks, is
+    `ioaware.fp8.attention`."""
     import torch
     B, H, Nq, D = (int(n) for n in q.shape)
     Hkv, Nk = int(k.shape[1]), int(k.shape[2])
-    why = fp8_supports(B, H, Hkv, Nq, Nk, D, causal, block_q)
-    if why:
-        raise ValueError(why)
-    the_plan = fp8_plan(B, H, Hkv, Nq, Nk, D, causal, block_q, launch_order)
-    transpose_launch, launch = the_plan.kernels
-    bq, bk = the_plan.config["block_q"], the_plan.config["block_k"]
-    group = tile_scheduler.head_group(launch_order, causal, "fwd")
-    kern = get_kernel(D, bq, bk, True, causal, group, fp8=True)
-    host.check_launch(launch.name, (launch.threads, launch.shared_bytes),
-                      (kern.threads, kern.smem_bytes))
-    from types import SimpleNamespace
-    shape = SimpleNamespace(seqlen_q=Nq, seqlen_k=Nk, causal=bool(causal), block_mask=None,
-                            block_q=None, block_k=None)
-    offsets, index, sched_b, sched_h = tile_scheduler.device_schedule(shape, bq, bk, "kv")
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    key = (B, H, Hkv, Nq, Nk, D, bool(causal), scale, block_q, launch_order,
+           q.device.index)
+    prep = _FP8_PREPARED.get(key)
+    if prep is None:
+        why = fp8_supports(B, H, Hkv, Nq, Nk, D, causal, block_q)
+        if why:
+            raise ValueError(why)
+        if len(_FP8_PREPARED) > 64:
+            _FP8_PREPARED.clear()
+        prep = _FP8_PREPARED[key] = _Fp8Launch(B, H, Hkv, Nq, Nk, D, causal, scale, block_q,
+                                               launch_order)
     stream = host.launch_stream(q)
     ops = [x.view(torch.uint8) for x in (q, k)]
     ops = [x.contiguous() if _needs_copy(x, 1) else x for x in ops]
-    vt = v_transpose(v, stream)
-    maps = tensor_maps(ops[0], ops[1], vt, bk, stream, fp8=True)
-    out = torch.empty((B, H, Nq, D), dtype=torch.bfloat16, device=q.device)
-    lse = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)
-    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    args = (maps, out.view(torch.int16), lse, offsets, index, sched_b, sched_h, H // Hkv, Nq, Nk,
-            np.float32(scale * LOG2E), descale_q, descale_k, descale_v)
-    host.launch(kern, launch.grid, launch.threads, stream, args, sharedmem=launch.shared_bytes)
-    del ops
+    # -- V^T: transposed, keys permuted as P leaves the accumulator --
+    vsrc = v.view(torch.uint8)
+    if vsrc.stride(3) != 1 or any(st % 4 for st in vsrc.stride()[:3]) or vsrc.data_ptr() % 4:
+        vsrc = vsrc.contiguous()
+    vt = torch.empty(prep.vt_shape, dtype=torch.uint8, device=q.device)
+    tr = prep.transpose
+    vsrc32, vt32 = vsrc.view(torch.int32), vt.view(torch.int32)
+    host.relaunch(prep.transpose_plans, (vsrc32, vt32), v_transpose_kernel(), tr.grid,
+                  tr.threads, stream, (vsrc32, vt32, Nk))
+    # -- the attention kernel --
+    maps = tensor_maps(ops[0], ops[1], vt, prep.block_k, stream, fp8=True)
+    out = torch.empty(prep.out_shape, dtype=torch.bfloat16, device=q.device)
+    lse = torch.empty(prep.lse_shape, dtype=torch.float32, device=q.device)
+    out16 = out.view(torch.int16)
+    launch = prep.launch
+    host.relaunch(prep.plans, (maps, out16, lse, descale_q, descale_k, descale_v), prep.kern,
+                  launch.grid, launch.threads, stream,
+                  (maps, out16, lse, *prep.tail, descale_q, descale_k, descale_v),
+                  sharedmem=launch.shared_bytes)
+    del ops, vsrc
     return out, lse

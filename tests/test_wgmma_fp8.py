@@ -142,7 +142,7 @@ def test_plan_fields_equal_the_formulas(causal, block_q):
     tr, k = p.kernels
     keys = wf.v_transpose_keys(Nk)
     assert keys == 896
-    assert tr.grid == (keys // 32, D // 32, B * Hkv) and tr.threads == 256
+    assert tr.grid == (keys // 32, B * Hkv) and tr.threads == 256
     acc = {(a.tensor, a.op): a.bytes for a in tr.accesses}
     assert acc == {("V", "load"): B * Hkv * Nk * D, ("V^T", "store"): B * Hkv * keys * D}
     n_blocks = -(-Nq // block_q)

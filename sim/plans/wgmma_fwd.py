@@ -207,8 +207,9 @@ def wgmma_fp8_forward_plan(workload: Workload, *, block_q: int | None = None,
 
     * ``fp8_v_transpose``: V [B, Hkv, Nk, d] into V^T [B, Hkv, d, Nk_pad] (Nk rounded up to
       whole ``block_k`` tiles, zeros past the last key), keys permuted within each 32
-      (`kernels.hopper.fp8_key_order`); one program of 256 threads per 32 keys x 32 columns,
-      one byte load per key in the problem and one byte store per padded key;
+      (`kernels.hopper.fp8_key_order`); one program of 256 threads per 32 keys (all d
+      columns, as 4-byte words), V's bytes loaded once for the keys in the problem and V^T's
+      stored once for every padded key;
     * the attention kernel, as `wgmma_forward_plan` with 1-byte Q, K and V (V^T loaded as
       whole tiles of ``block_k`` padded keys), products on the unit ``wgmma.fp8`` (k32), P
       rounded to e4m3 in registers (one ``cvt`` per two scores, counted with the FP32 work).
@@ -237,7 +238,7 @@ def wgmma_fp8_forward_plan(workload: Workload, *, block_q: int | None = None,
     keys_pad = -(-w.seq_len_k // bk) * bk
     t = FP8_TRANSPOSE_TILE
     transpose = KernelPlan(
-        name=FP8_TRANSPOSE_NAME, phase="fwd.pre", grid=(keys_pad // t, d // t, kv_slices),
+        name=FP8_TRANSPOSE_NAME, phase="fwd.pre", grid=(keys_pad // t, kv_slices),
         threads=256, shared_bytes=0,
         accesses=(Access("V", "load", kv_slices * w.seq_len_k * d, "ld"),
                   Access("V^T", "store", kv_slices * keys_pad * d, "st")),
