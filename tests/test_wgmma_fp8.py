@@ -255,6 +255,7 @@ def test_fp8_kernels_compile_and_assemble(tmp_path):
         out = subprocess.run([ptxas, "-v", "-arch=sm_90a", str(tmp_path / f"{name}.ptx"), "-o",
                               str(tmp_path / f"{name}.cubin")], capture_output=True, text=True)
         assert out.returncode == 0, out.stderr[-3000:]
+        assert "serialized" not in out.stderr, out.stderr[-2000:]     # no wgmma serialised
         (entry,) = parse_ptxas(out.stderr)
         assert entry["spill_store_bytes"] == 0 and entry["stack_frame_bytes"] == 0, entry
 
