@@ -17,9 +17,11 @@ FP8 attention in FlashAttention-3 (Shah et al., arXiv 2407.08608, §3.3 and §4.
   ``descale = amax|x[b, h]| / 448`` so each slice uses e4m3's whole range; rounding then costs
   at most half a unit in the last place, ``2**-4`` of an element's magnitude (``2**-10 *
   descale`` below e4m3's smallest normal, ``2**-6``). FP8 ``wgmma`` (m64nNk32) doubles the
-  tensor-core rate of 16-bit inputs; it takes both operands K-major, so V is transposed in
-  shared memory and P's accumulator registers are permuted to form the next product's A
-  operand (§3.3).
+  tensor-core rate of 16-bit inputs; it takes both operands K-major, so FlashAttention-3
+  transposes V in shared memory and permutes P's accumulator registers to form the next
+  product's A operand (§3.3). The kernel here instead transposes V once per call, by a small
+  kernel that also permutes its keys into the order in which P leaves the accumulator, so P
+  needs no exchange between threads (docs/kernels.md, the FP8 forward).
 * **P in FP8.** The second product, ``O += P V``, also runs in e4m3, so the probabilities P
   are rounded to e4m3 inside the kernel. P lies in ``[0, 1]``, where e4m3 resolves little:
   the kernel multiplies P by 256 before the cast (so small probabilities stay normal numbers
