@@ -503,6 +503,7 @@ def _needs_copy(x, itemsize=2) -> bool:
 
 
 _MAPS: dict = {}        # (device, layouts, boxes) -> device uint64 [3, 16]
+_MAP_BUFFERS: dict = {}  # the same keys -> the torch buffer holding a map (torch operands)
 #: Maps written while a CUDA graph was being captured: a captured kernel reads them at every
 #: replay, so they are kept for the life of the process (384 bytes each), never evicted.
 _CAPTURED_MAPS: list = []
@@ -535,7 +536,8 @@ def tensor_maps(q, k, v, block_k, stream=0, fp8=False):
     """The tensor maps of Q (boxes of 64 rows x 64 columns), K and V (``block_k`` rows x 64
     columns), 128-byte swizzle, 16-bit elements, as one device array uint64 [3, 16] (built and
     copied once per device, layouts and tiles; operands as `kernels.host.Call.input` gives
-    them, 16-bit words). With ``fp8``: bytes, Q in boxes of 64 rows x 128 columns, K of
+    them, 16-bit words; for torch operands into torch memory by an asynchronous copy on
+    ``stream``, so that a call never waits for the device). With ``fp8``: bytes, Q in boxes of 64 rows x 128 columns, K of
     ``block_k`` rows x 128 columns and ``v`` the transposed V [B, Hkv, d, keys] of
     `v_transpose` in boxes of d rows x ``block_k`` keys. Under CUDA graph capture (torch
     operands, ``stream`` the capturing stream as `kernels.host.launch_stream` gives it), a new
@@ -563,16 +565,24 @@ def tensor_maps(q, k, v, block_k, stream=0, fp8=False):
             words.append(encode_tensor_map_4d(addr, shape, strides[:3], box,
                                               "uint8" if fp8 else "uint16", "128B"))
         words = np.stack(words).astype(np.uint64)
-        if _capturing(q):
+        if len(_MAPS) > 64:
+            _MAPS.clear()
+            _MAP_BUFFERS.clear()
+        if host._is_torch(q):
+            # in torch memory, written in stream order: a synchronous copy would make the host
+            # wait for every kernel queued before it (each call with new operands in a training
+            # step), and freeing Numba's memory synchronises the device
             import torch
             buf = torch.empty(MAP_WORDS, dtype=torch.int64, device=q.device)
             flat = cuda.as_cuda_array(buf, sync=False).view(np.uint64)
-            map_writer()[1, 32, stream](flat, tuple(np.uint64(w) for w in words.ravel()))
-            _CAPTURED_MAPS.append(buf)
+            if _capturing(q):
+                map_writer()[1, 32, stream](flat, tuple(np.uint64(w) for w in words.ravel()))
+                _CAPTURED_MAPS.append(buf)
+            else:       # from pageable memory: staged at once, no wait for the device
+                flat.copy_to_device(words.ravel(), stream=stream)
+            _MAP_BUFFERS[key] = buf
             hit = flat.reshape(3, 16)
         else:
-            if len(_MAPS) > 64:
-                _MAPS.clear()
             hit = cuda.to_device(words)
         _MAPS[key] = hit
     elif _capturing(q):
