@@ -100,6 +100,25 @@ def time_cuda(torch, fn, warmup=3, min_reps=5, max_reps=30, budget_s=0.4, timing
     return summarize_times(times)
 
 
+def error_text(exc) -> str:
+    """An exception as a results file records it: its type and first 160 characters."""
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())[:160]}"
+
+
+def time_or_error(torch, fn) -> dict:
+    """``{"ms": ...}``: `time_cuda`'s median of ``fn`` under ``torch.inference_mode`` after one
+    warm-up call, or ``{"error": ...}`` when it raises (a backend that refuses the case, or runs
+    out of memory, is a result; the cache is emptied for the next)."""
+    try:
+        with torch.inference_mode():
+            fn()
+            torch.cuda.synchronize()
+            return {"ms": time_cuda(torch, fn)[0]}
+    except Exception as exc:  # noqa: BLE001 - a contender that refuses is a result
+        torch.cuda.empty_cache()
+        return {"error": error_text(exc)}
+
+
 def host_call_ms(torch, fn, reps=10) -> float:
     """Median milliseconds the host spends in one call of ``fn`` (its Python code and launches,
     not the GPU's work): each call is made while the GPU sleeps, so it returns once enqueued."""

@@ -39,8 +39,8 @@ import subprocess
 import sys
 import tempfile
 
-from .common import (SDPA_BACKENDS, command_line, first_sentence, provenance, sdpa_context,
-                     time_cuda, torch_dtype, write_json)
+from .common import (SDPA_BACKENDS, command_line, error_text, first_sentence, provenance,
+                     sdpa_context, time_cuda, time_or_error, torch_dtype, write_json)
 
 HEADS_Q, HEADS_KV, HEAD_DIM = 32, 8, 128
 NCU_METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum")
@@ -77,17 +77,6 @@ def _sdpa(torch, q, k, v, backend, **kw):
         return F.scaled_dot_product_attention(q, k, v, enable_gqa=True, **kw)
 
 
-def _time_or_error(torch, fn):
-    try:
-        with torch.inference_mode():
-            fn()
-            torch.cuda.synchronize()
-            return {"ms": time_cuda(torch, fn)[0]}
-    except Exception as exc:  # noqa: BLE001 - a backend that refuses is a result
-        torch.cuda.empty_cache()
-        return {"error": f"{type(exc).__name__}: {' '.join(str(exc).split())[:160]}"}
-
-
 def _graph_time_or_error(torch, fn):
     """``{"ms": ...}`` of replaying a CUDA graph that captured one call of ``fn`` (under
     inference mode, after a warm-up call): the call's GPU time with no host work, as a captured
@@ -105,7 +94,7 @@ def _graph_time_or_error(torch, fn):
     except Exception as exc:  # noqa: BLE001 - a backend that cannot be captured is a result
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
-        return {"error": f"{type(exc).__name__}: {' '.join(str(exc).split())[:160]}"}
+        return {"error": error_text(exc)}
 
 
 def decode_case(torch, gpu, batch, seq_len_k, dtype, peak, splits_sweep=False,
@@ -119,7 +108,7 @@ def decode_case(torch, gpu, batch, seq_len_k, dtype, peak, splits_sweep=False,
     rec = {"batch": batch, "heads_q": HEADS_Q, "heads_kv": HEADS_KV, "head_dim": HEAD_DIM,
            "seq_len_q": 1, "seq_len_k": seq_len_k, "dtype": dtype, "kv_bytes": kv_bytes,
            "times_ms": {}}
-    rec["times_ms"]["ioaware"] = _time_or_error(torch, lambda: attention(q, k, v, backend="numba"))
+    rec["times_ms"]["ioaware"] = time_or_error(torch, lambda: attention(q, k, v, backend="numba"))
     with torch.inference_mode():     # the GPU's time alone: the host enqueues behind a sleep
         rec["ioaware_device_ms"] = time_cuda(torch, lambda: attention(q, k, v, backend="numba"),
                                              timing="device")[0]
@@ -127,7 +116,7 @@ def decode_case(torch, gpu, batch, seq_len_k, dtype, peak, splits_sweep=False,
         if name == "sdpa-math" and 4 * kv_bytes > 16 * 2**30:
             rec["times_ms"][name] = {"error": "skipped: expanded K/V would not fit"}
             continue
-        rec["times_ms"][name] = _time_or_error(torch, lambda n=name: _sdpa(torch, q, k, v, n))
+        rec["times_ms"][name] = time_or_error(torch, lambda n=name: _sdpa(torch, q, k, v, n))
     for entry in rec["times_ms"].values():
         if "ms" in entry:
             entry["kv_bandwidth_fraction"] = kv_bytes / (entry["ms"] * 1e-3) / peak
@@ -159,7 +148,7 @@ def decode_case(torch, gpu, batch, seq_len_k, dtype, peak, splits_sweep=False,
         sweep = {}
         for s in (1, 2, 4, 8, 16, 32, 64):
             cfg = kernels.KernelConfig(family="split_kv", num_splits=s)
-            sweep[s] = _time_or_error(torch, lambda c=cfg: kernels.forward(pb, c)).get("ms")
+            sweep[s] = time_or_error(torch, lambda c=cfg: kernels.forward(pb, c)).get("ms")
         rec["splits_ms"] = sweep
         done = {s: t for s, t in sweep.items() if t}
         if done:
@@ -174,7 +163,7 @@ def decode_case(torch, gpu, batch, seq_len_k, dtype, peak, splits_sweep=False,
 
 def kernels_time(torch, kernels, pb, splits):
     cfg = kernels.KernelConfig(family="split_kv", num_splits=splits)
-    return _time_or_error(torch, lambda: kernels.forward(pb, cfg)).get("ms")
+    return time_or_error(torch, lambda: kernels.forward(pb, cfg)).get("ms")
 
 
 def window_case(torch, dtype, seq_len=32768, window=4096, heads=16) -> dict:
@@ -186,20 +175,20 @@ def window_case(torch, dtype, seq_len=32768, window=4096, heads=16) -> dict:
     rec = {"batch": 1, "heads": heads, "head_dim": HEAD_DIM, "seq_len": seq_len,
            "window": [window, 0], "causal": True, "dtype": dtype, "times_ms": {}}
     t = rec["times_ms"]
-    t["ioaware-window"] = _time_or_error(torch, lambda: attention(
+    t["ioaware-window"] = time_or_error(torch, lambda: attention(
         q, k, v, causal=True, window_size=(window, 0), backend="numba"))
-    t["ioaware-causal"] = _time_or_error(torch, lambda: attention(q, k, v, causal=True,
+    t["ioaware-causal"] = time_or_error(torch, lambda: attention(q, k, v, causal=True,
                                                                     backend="numba"))
     i = torch.arange(seq_len, device="cuda")
     band = (i[None, :] <= i[:, None]) & (i[None, :] >= i[:, None] - window)
     import torch.nn.functional as F
     for name in ("sdpa-efficient", "sdpa-math"):
         with sdpa_context(name):
-            t[f"{name}-band-mask"] = _time_or_error(
+            t[f"{name}-band-mask"] = time_or_error(
                 torch, lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=band))
     for name in ("sdpa-flash", "sdpa-cudnn"):
         with sdpa_context(name):
-            t[f"{name}-causal"] = _time_or_error(
+            t[f"{name}-causal"] = time_or_error(
                 torch, lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
     ours = t["ioaware-window"].get("ms")
     if ours and t["ioaware-causal"].get("ms"):

@@ -31,7 +31,7 @@ import math
 import sys
 
 from .common import (attention_flops, command_line, first_sentence, provenance, sdpa_context,
-                     time_cuda, write_json)
+                     time_or_error, write_json)
 
 HEAD_DIM = 128
 #: FlashAttention-3's Table 3 (RMSE against FP64, inputs with outliers): its figures.
@@ -42,18 +42,6 @@ PAPER_RMSE = {"baseline-fp16": 3.2e-4, "flash3-fp16": 1.9e-4, "baseline-fp8": 2.
 
 def _sizes(text: str) -> list[int]:
     return [int(t[:-1]) * 1024 if t.endswith("k") else int(t) for t in text.split(",") if t]
-
-
-def _time_or_error(torch, fn) -> dict:
-    try:
-        with torch.inference_mode():
-            fn()
-            torch.cuda.synchronize()
-            return {"ms": time_cuda(torch, fn)[0]}
-    except Exception as exc:  # noqa: BLE001 - a contender that refuses is a result
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
-        return {"error": f"{type(exc).__name__}: {' '.join(str(exc).split())[:160]}"}
 
 
 def _model_ms(batch, heads, n, causal, profile) -> dict:
@@ -78,15 +66,15 @@ def speed_case(torch, n, causal, profile) -> dict:
     (q8, dq), (k8, dk), (v8, dv) = (fp8.quantize(x) for x in (q, k, v))
     qb, kb, vb = (x.to(torch.bfloat16) for x in (q, k, v))
     times = {
-        "ioaware-fp8": _time_or_error(torch, lambda: fp8.attention(
+        "ioaware-fp8": time_or_error(torch, lambda: fp8.attention(
             q8, k8, v8, descale_q=dq, descale_k=dk, descale_v=dv, causal=causal)),
-        "ioaware-fp16": _time_or_error(torch, lambda: ioaware.attention(q, k, v, causal=causal)),
+        "ioaware-fp16": time_or_error(torch, lambda: ioaware.attention(q, k, v, causal=causal)),
     }
     for name, backend in (("sdpa-flash", "sdpa-flash"), ("sdpa-cudnn", "sdpa-cudnn")):
         def run(backend=backend):
             with sdpa_context(backend):
                 return F.scaled_dot_product_attention(qb, kb, vb, is_causal=causal)
-        times[name] = _time_or_error(torch, run)
+        times[name] = time_or_error(torch, run)
     flops = attention_flops(batch, heads, n, n, HEAD_DIM, causal, "fwd")
     for entry in times.values():
         if "ms" in entry:

@@ -331,6 +331,22 @@ def wgmma_d_owner(row: int, col: int, n: int = 64) -> tuple[int, int]:
 
 
 
+def _a_fragment_thread(thread, reg, part_name, part, parts, plural) -> tuple[int, int, int]:
+    """``(warp, group, tig)`` of ``thread`` (0..127) after checking it, ``reg`` (0..3) and the
+    ``part`` (0..parts - 1) of the register: an A-in-registers fragment's arguments."""
+    _check_int("thread", thread)
+    _check_int("reg", reg)
+    _check_int(part_name, part)
+    if not 0 <= thread < WARPGROUP:
+        raise ValueError(f"thread must be in [0, {WARPGROUP}), got {thread}")
+    if not (0 <= reg < 4 and 0 <= part < parts):
+        raise ValueError(f"A has registers 0..3 and {plural} 0..{parts - 1}, got reg={reg}, "
+                         f"{part_name}={part}")
+    warp, lane = divmod(thread, 32)
+    group, tig = divmod(lane, 4)
+    return warp, group, tig
+
+
 def wgmma_a_elem(thread: int, reg: int, half: int) -> tuple[int, int]:
     """(row, k) of the element of the 64 x 16 A operand held in half ``half`` (0: low 16 bits)
     of .b32 register ``reg`` (0..3) of ``thread`` (0..127) of ``wgmma.mma_async.m64nNk16``
@@ -341,15 +357,7 @@ def wgmma_a_elem(thread: int, reg: int, half: int) -> tuple[int, int]:
         row = 16 * warp + group + 8 * ((e >> 1) & 1)
         k   = 2 * tig + (e & 1) + 8 * (e >> 2)
     """
-    _check_int("thread", thread)
-    _check_int("reg", reg)
-    _check_int("half", half)
-    if not 0 <= thread < WARPGROUP:
-        raise ValueError(f"thread must be in [0, {WARPGROUP}), got {thread}")
-    if not (0 <= reg < 4 and half in (0, 1)):
-        raise ValueError(f"A has registers 0..3 and halves 0..1, got reg={reg}, half={half}")
-    warp, lane = divmod(thread, 32)
-    group, tig = divmod(lane, 4)
+    warp, group, tig = _a_fragment_thread(thread, reg, "half", half, 2, "halves")
     e = 2 * reg + half
     return 16 * warp + group + 8 * ((e >> 1) & 1), 2 * tig + (e & 1) + 8 * (e >> 2)
 
@@ -389,15 +397,7 @@ def wgmma_a8_elem(thread: int, reg: int, byte: int) -> tuple[int, int]:
         row = 16 * warp + group + 8 * (reg & 1)
         k   = 4 * tig + byte + 16 * (reg >> 1)
     """
-    _check_int("thread", thread)
-    _check_int("reg", reg)
-    _check_int("byte", byte)
-    if not 0 <= thread < WARPGROUP:
-        raise ValueError(f"thread must be in [0, {WARPGROUP}), got {thread}")
-    if not (0 <= reg < 4 and 0 <= byte < 4):
-        raise ValueError(f"A has registers 0..3 and bytes 0..3, got reg={reg}, byte={byte}")
-    warp, lane = divmod(thread, 32)
-    group, tig = divmod(lane, 4)
+    warp, group, tig = _a_fragment_thread(thread, reg, "byte", byte, 4, "bytes")
     return 16 * warp + group + 8 * (reg & 1), 4 * tig + byte + 16 * (reg >> 1)
 
 

@@ -42,7 +42,9 @@ import math
 
 from numba import cuda
 
-from sim.plans.wgmma_fwd import (BARRIER_BYTES, BOX_COLUMNS, ROWS_PER_WARPGROUP,
+from sim.plans.wgmma_fwd import (BARRIER_BYTES, BOX_COLUMNS, FP8_BLOCK_K, FP8_DEFAULT_BLOCK_Q,
+                                 FP8_HEAD_DIM, FP8_TRANSPOSE_THREADS, FP8_TRANSPOSE_TILE,
+                                 ROWS_PER_WARPGROUP, fp8_transpose_grid, fp8_transpose_keys,
                                  WARPGROUP_THREADS, WGMMA_BLOCK_K_CHOICES,
                                  WGMMA_BLOCK_Q_CHOICES, WGMMA_HEAD_DIMS, wgmma_default_blocks,
                                  wgmma_smem_bytes, wgmma_threads)
@@ -454,11 +456,17 @@ def supports(problem, config):
         return (f"the wgmma forward takes block_q in {BLOCK_Q_CHOICES} and block_k in "
                 f"{BLOCK_K_CHOICES}, got block_q={bq}, block_k={bk}")
     why = host.tensor_core_refusal(pb, "the wgmma family", DTYPES, SUPPORTED_HEAD_DIMS)
-    if why:
-        return why
+    return why or _hopper_refusal("the wgmma family")
+
+
+def _hopper_refusal(what: str) -> str | None:
+    """Why ``what`` cannot run on this machine's current device (no real GPU, or compute
+    capability below 9.0: sm_90a's wgmma and TMA), or None."""
+    if not host.real_gpu():
+        return f"{what} needs a GPU (wgmma, TMA): the CUDA simulator runs neither"
     cc = host.compute_capability(host.current_device_id())
     if cc < (9, 0):
-        return (f"the wgmma family needs compute capability 9.0 (sm_90a: wgmma, TMA), this GPU "
+        return (f"{what} needs compute capability 9.0 (sm_90a: wgmma, TMA), this GPU "
                 f"has {cc[0]}.{cc[1]}")
     return None
 
@@ -660,17 +668,10 @@ def _unit_descales():
 
 
 # -- the FP8 (e4m3) forward ----------------------------------------------------------------------
-#: Head dims of the FP8 forward: a 128-byte swizzled row is 128 e4m3 elements.
-FP8_HEAD_DIMS = (128,)
-FP8_BLOCK_Q_CHOICES = (128, 64)
-FP8_BLOCK_K = 128            # a V^T row of block_k keys is one 128-byte swizzle row
-#: V^T is padded to a multiple of this many keys (whole K/V tiles; zeros past the last key).
-V_TRANSPOSE_TILE = 32
-
-
-def fp8_default_block_q() -> int:
-    """The FP8 forward's default query tile (two consumer warpgroups)."""
-    return 128
+#: Head dims of the FP8 forward (`sim.plans.wgmma_fwd`: a 128-byte swizzled row is 128 e4m3
+#: elements); its query tiles are the wgmma forward's, its key tile `FP8_BLOCK_K`.
+FP8_HEAD_DIMS = (FP8_HEAD_DIM,)
+FP8_BLOCK_Q_CHOICES = BLOCK_Q_CHOICES
 
 
 def fp8_supports(batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, causal,
@@ -688,19 +689,13 @@ def fp8_supports(batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, causal,
         return f"the FP8 forward takes head_dim in {FP8_HEAD_DIMS}, got {head_dim}"
     if block_q is not None and block_q not in FP8_BLOCK_Q_CHOICES:
         return f"the FP8 forward takes block_q in {FP8_BLOCK_Q_CHOICES}, got {block_q}"
-    if not host.real_gpu():
-        return "the FP8 forward needs a GPU (wgmma, TMA): the CUDA simulator runs neither"
-    cc = host.compute_capability(host.current_device_id())
-    if cc < (9, 0):
-        return (f"the FP8 forward needs compute capability 9.0 (sm_90a: wgmma, TMA), this GPU "
-                f"has {cc[0]}.{cc[1]}")
-    return None
+    return _hopper_refusal("the FP8 forward")
 
 
-def v_transpose_keys(n_k: int) -> int:
-    """Keys of the transposed V (`v_transpose_kernel`): ``n_k`` rounded up to whole tiles of
-    `FP8_BLOCK_K`."""
-    return -(-n_k // FP8_BLOCK_K) * FP8_BLOCK_K
+#: Keys of the transposed V (`v_transpose_kernel`): ``n_k`` rounded up to whole key tiles.
+v_transpose_keys = fp8_transpose_keys
+#: Keys per program of the transpose.
+V_TRANSPOSE_TILE = FP8_TRANSPOSE_TILE
 
 
 @functools.lru_cache(maxsize=None)
@@ -718,8 +713,9 @@ def v_transpose_kernel():
 
     from .hopper import fp8_key_order
     order_array = np.array([fp8_key_order(p) for p in range(32)], dtype=np.int32)
-    T = V_TRANSPOSE_TILE
-    D = FP8_HEAD_DIMS[0]
+    T = FP8_TRANSPOSE_TILE
+    THREADS = FP8_TRANSPOSE_THREADS
+    D = FP8_HEAD_DIM
     DW = D // 4                  # words of a key's row
     KW = T // 4                  # words of a column's 32 keys
     TILE = (T, DW + 1)           # a padded row: column c's words of 32 keys in 32 banks
@@ -734,12 +730,12 @@ def v_transpose_kernel():
         heads = v.shape[1]
         b = bh // heads
         h = bh % heads
-        for idx in range(tid, T * DW, 256):     # -- load: 32 keys x 32 words, along the rows
+        for idx in range(tid, T * DW, THREADS):     # -- load: 32 keys x 32 words, along the rows
             kk = idx // DW
             w = idx % DW
             tile[kk, w] = v[b, h, key0 + kk, w] if key0 + kk < n_k else int32(0)
         cuda.syncthreads()
-        for idx in range(tid, D * KW, 256):     # -- store: 128 columns x 8 words of 4 keys
+        for idx in range(tid, D * KW, THREADS):     # -- store: 128 columns x 8 words of 4 keys
             c = idx // KW
             kw = idx % KW
             word = int64(0)
@@ -751,10 +747,12 @@ def v_transpose_kernel():
     return transpose
 
 
-def v_transpose(v8, stream=None):
+def v_transpose(v8, stream=None, plans=None):
     """The transposed, key-permuted V of the FP8 forward (`v_transpose_kernel`) for a torch
     e4m3 V [B, Hkv, Nk, 128] on the GPU: a new uint8 tensor [B, Hkv, 128, `v_transpose_keys`]
-    (V is copied first if its rows are not contiguous)."""
+    (V is copied first if its rows are not 4-byte words), launched on the plan's grid
+    (`sim.plans.wgmma_fwd.fp8_transpose_grid`) on ``stream`` (None: torch's current one);
+    ``plans``: a caller's `kernels.host.relaunch` plans (None: `kernels.host.launch`)."""
     import torch
     B, Hkv, Nk, D = (int(n) for n in v8.shape)
     if D not in FP8_HEAD_DIMS:
@@ -764,9 +762,13 @@ def v_transpose(v8, stream=None):
         v = v.contiguous()
     vt = torch.empty((B, Hkv, D, v_transpose_keys(Nk)), dtype=torch.uint8, device=v8.device)
     stream = host.launch_stream(v8) if stream is None else stream
-    grid = (vt.shape[3] // V_TRANSPOSE_TILE, B * Hkv)
-    host.launch(v_transpose_kernel(), grid, 256, stream,
-                (v.view(torch.int32), vt.view(torch.int32), Nk))
+    args = (v.view(torch.int32), vt.view(torch.int32), Nk)
+    grid = fp8_transpose_grid(B, Hkv, Nk)
+    if plans is None:
+        host.launch(v_transpose_kernel(), grid, FP8_TRANSPOSE_THREADS, stream, args)
+    else:
+        host.relaunch(plans, args[:2], v_transpose_kernel(), grid, FP8_TRANSPOSE_THREADS,
+                      stream, args)
     return vt
 
 
@@ -778,7 +780,7 @@ def fp8_plan(batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, causal, blo
     from sim.workload import Workload
     w = Workload(batch=batch, heads=heads_q, heads_kv=heads_kv, seq_len_q=seqlen_q,
                  seq_len_k=seqlen_k, head_dim=head_dim, dtype="bf16", causal=bool(causal))
-    return plan_for("wgmma_fp8", "fwd", w, block_q=block_q or fp8_default_block_q(),
+    return plan_for("wgmma_fp8", "fwd", w, block_q=block_q or FP8_DEFAULT_BLOCK_Q,
                     block_k=FP8_BLOCK_K, launch_order=launch_order)
 
 
@@ -786,15 +788,16 @@ _FP8_PREPARED: dict = {}    # (shapes, causal, scale, block_q, launch order, dev
 
 
 class _Fp8Launch:
-    """What `forward_fp8` decides once per configuration: the plan's two launches, the
-    compiled kernel, the tile schedule and the constant arguments; ``plans``: the launch
-    plans `kernels.host.relaunch` keeps per argument layout."""
+    """What `forward_fp8` decides once per configuration: the attention kernel's launch from the
+    plan (the transpose's grid is `v_transpose`'s, from the same `sim` function), the compiled
+    kernel, the tile schedule and the constant arguments; ``plans`` and ``transpose_plans``:
+    the launch plans `kernels.host.relaunch` keeps per argument layout."""
 
     def __init__(self, B, H, Hkv, Nq, Nk, D, causal, scale, block_q, launch_order):
         import numpy as np
         from types import SimpleNamespace
         the_plan = fp8_plan(B, H, Hkv, Nq, Nk, D, causal, block_q, launch_order)
-        self.transpose, self.launch = the_plan.kernels
+        _transpose, self.launch = the_plan.kernels      # the transpose: `v_transpose`
         bq, bk = the_plan.config["block_q"], the_plan.config["block_k"]
         group = tile_scheduler.head_group(launch_order, causal, "fwd")
         self.kern = get_kernel(D, bq, bk, True, causal, group, fp8=True)
@@ -807,7 +810,6 @@ class _Fp8Launch:
                      np.float32(scale * LOG2E))
         self.block_k = bk
         self.out_shape, self.lse_shape = (B, H, Nq, D), (B, H, Nq)
-        self.vt_shape = (B, Hkv, D, v_transpose_keys(Nk))
         self.plans: dict = {}
         self.transpose_plans: dict = {}
 
@@ -841,14 +843,7 @@ def forward_fp8(q, k, v, descale_q, descale_k, descale_v, *, causal=False, scale
     ops = [x.view(torch.uint8) for x in (q, k)]
     ops = [x.contiguous() if _needs_copy(x, 1) else x for x in ops]
     # -- V^T: transposed, keys permuted as P leaves the accumulator --
-    vsrc = v.view(torch.uint8)
-    if vsrc.stride(3) != 1 or any(st % 4 for st in vsrc.stride()[:3]) or vsrc.data_ptr() % 4:
-        vsrc = vsrc.contiguous()
-    vt = torch.empty(prep.vt_shape, dtype=torch.uint8, device=q.device)
-    tr = prep.transpose
-    vsrc32, vt32 = vsrc.view(torch.int32), vt.view(torch.int32)
-    host.relaunch(prep.transpose_plans, (vsrc32, vt32), v_transpose_kernel(), tr.grid,
-                  tr.threads, stream, (vsrc32, vt32, Nk))
+    vt = v_transpose(v, stream, prep.transpose_plans)
     # -- the attention kernel --
     maps = tensor_maps(ops[0], ops[1], vt, prep.block_k, stream, fp8=True)
     out = torch.empty(prep.out_shape, dtype=torch.bfloat16, device=q.device)
@@ -859,5 +854,5 @@ def forward_fp8(q, k, v, descale_q, descale_k, descale_v, *, causal=False, scale
                   launch.grid, launch.threads, stream,
                   (maps, out16, lse, *prep.tail, descale_q, descale_k, descale_v),
                   sharedmem=launch.shared_bytes)
-    del ops, vsrc
+    del ops
     return out, lse

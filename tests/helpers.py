@@ -1,7 +1,11 @@
 """Shared test helpers: random problems, tolerances, a float64 reference in the user's layout."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # Tolerances, by input dtype. The reference is float64 on the same (already rounded) inputs, so
 # the error is the tiled path's own: float32 accumulation over at most a few hundred terms
@@ -145,3 +149,63 @@ def default_half_forward() -> str:
     from kernels import host
     hopper = host.real_gpu() and host.compute_capability(host.current_device_id()) >= (9, 0)
     return "wgmma" if hopper else "mma"
+
+
+# -- Hopper: the GPU check and the sm_90a compile on the CPU ---------------------------------------
+def skip_unless_hopper(what: str = "wgmma, TMA") -> None:
+    """Skip the calling test unless the current GPU has compute capability 9.0 or more."""
+    import pytest
+    from numba import cuda
+    cc = tuple(cuda.get_current_device().compute_capability)
+    if cc < (9, 0):
+        pytest.skip(f"needs compute capability 9.0 ({what}); this GPU is {cc}")
+
+
+def need_hopper_torch():
+    """torch, for a test that needs torch with CUDA on a GPU of compute capability 9.0 (else the
+    test is skipped)."""
+    import pytest
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA here")
+    skip_unless_hopper()
+    return torch
+
+
+def nvvm_missing() -> str | None:
+    """Why Numba cannot reach NVVM in a fresh process, or None when it can."""
+    import os
+    import subprocess
+    import sys
+    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0"}
+    r = subprocess.run([sys.executable, "-c",
+                        "from numba.cuda.cudadrv import nvvm; print(nvvm.NVVM().get_version())"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    return None if r.returncode == 0 else (r.stderr.strip().splitlines() or ["?"])[-1]
+
+
+def compile_sm90a_in_child(module: str, function: str, outdir, timeout: int = 1200):
+    """``(ptxas, result)``: ``module.function(outdir)`` run in a fresh process without the CUDA
+    simulator (it compiles kernels for sm_90a into ``outdir`` and returns a JSON-able value),
+    with the path of ``ptxas`` to assemble them; the test is skipped without ptxas or NVVM."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import pytest
+
+    from benchmarks.common import find_ptxas
+    ptxas = find_ptxas()
+    if ptxas is None:
+        pytest.skip("ptxas (CUDA toolkit) not available")
+    why = nvvm_missing()
+    if why:
+        pytest.skip(f"NVVM not available to Numba: {why}")
+    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0"}
+    code = (f"import json, sys; from {module} import {function}; "
+            f"print(json.dumps({function}(sys.argv[1])))")
+    r = subprocess.run([sys.executable, "-c", code, str(outdir)], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, r.stderr[-4000:]
+    return ptxas, json.loads(r.stdout.strip().splitlines()[-1])

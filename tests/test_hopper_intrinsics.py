@@ -23,7 +23,6 @@
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import subprocess
 import sys
@@ -33,6 +32,8 @@ import numpy as np
 import pytest
 
 from kernels import hopper as hp
+
+from .helpers import compile_sm90a_in_child, skip_unless_hopper
 
 ROOT = Path(__file__).resolve().parents[1]
 K_TOTAL = 64              # the GPU kernels' K: four k16 steps
@@ -614,36 +615,12 @@ def compile_all_sm90a(outdir) -> dict:
     return targets
 
 
-def _ptxas():
-    from benchmarks.common import find_ptxas
-    return find_ptxas()
-
-
-def _nvvm_missing() -> str | None:
-    """Why Numba cannot reach NVVM in a fresh process, or None when it can."""
-    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0"}
-    r = subprocess.run([sys.executable, "-c",
-                        "from numba.cuda.cudadrv import nvvm; print(nvvm.NVVM().get_version())"],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    return None if r.returncode == 0 else (r.stderr.strip().splitlines() or ["?"])[-1]
-
-
 @pytest.fixture(scope="module")
 def sm90a_ptx(tmp_path_factory):
-    ptxas = _ptxas()
-    if ptxas is None:
-        pytest.skip("ptxas (CUDA toolkit) not available")
-    why = _nvvm_missing()
-    if why:
-        pytest.skip(f"NVVM not available to Numba: {why}")
     out = tmp_path_factory.mktemp("sm90a")
-    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0"}
-    code = ("import json, sys; from tests.test_hopper_intrinsics import compile_all_sm90a; "
-            "print(json.dumps(compile_all_sm90a(sys.argv[1])))")
-    r = subprocess.run([sys.executable, "-c", code, str(out)], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-4000:]
-    return out, ptxas, json.loads(r.stdout.strip().splitlines()[-1])
+    ptxas, launch = compile_sm90a_in_child("tests.test_hopper_intrinsics", "compile_all_sm90a",
+                                           out, timeout=600)
+    return out, ptxas, launch
 
 
 KERNELS = ("wgmma_bulk", "wgmma_stores", "wgmma_tma", "barrier_phases", "maxnreg", "copies",
@@ -753,10 +730,7 @@ def test_which_instructions_need_sm90a(sm90a_ptx):
 # GPU
 # ------------------------------------------------------------------------------------------------
 def _need_sm90():
-    from numba import cuda
-    cc = cuda.get_current_device().compute_capability
-    if tuple(cc) < (9, 0):
-        pytest.skip(f"needs compute capability 9.0 (wgmma, TMA, setmaxnreg); this GPU is {cc}")
+    skip_unless_hopper("wgmma, TMA, setmaxnreg")
 
 
 def _problem(seed):

@@ -17,11 +17,8 @@
 """
 from __future__ import annotations
 
-import json
 import math
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -30,10 +27,11 @@ import pytest
 from kernels import hopper as hp
 from kernels import wgmma_fwd as wf
 from sim.plans import plan_for
-from sim.plans.wgmma_fwd import wgmma_smem_bytes, wgmma_threads
+from sim.plans.wgmma_fwd import FP8_TRANSPOSE_THREADS, wgmma_smem_bytes, wgmma_threads
 from sim.workload import Workload
 
-ROOT = Path(__file__).resolve().parents[1]
+from .helpers import compile_sm90a_in_child, need_hopper_torch
+
 
 
 # ------------------------------------------------------------------------------------------------
@@ -115,8 +113,8 @@ def test_transpose_kernel_on_the_simulator():
     v = rng.integers(0, 256, size=(B, H, Nk, D), dtype=np.uint8)
     keys = 64                     # two programs of 32 keys (the forward pads to whole tiles)
     vt = np.full((B, H, D, keys), 7, np.uint8)
-    wf.v_transpose_kernel()[(keys // wf.V_TRANSPOSE_TILE, B * H), 256](
-        v.view(np.int32), vt.view(np.int32), Nk)
+    grid = (keys // wf.V_TRANSPOSE_TILE, B * H)
+    wf.v_transpose_kernel()[grid, FP8_TRANSPOSE_THREADS](v.view(np.int32), vt.view(np.int32), Nk)
     np.testing.assert_array_equal(vt, _transpose_reference(v, keys))
 
 
@@ -225,21 +223,9 @@ def compile_fp8(outdir) -> dict:
 
 
 def test_fp8_kernels_compile_and_assemble(tmp_path):
-    from benchmarks.common import find_ptxas, parse_ptxas
-    ptxas = find_ptxas()
-    if ptxas is None:
-        pytest.skip("ptxas (CUDA toolkit) not available")
-    from .test_hopper_intrinsics import _nvvm_missing
-    why = _nvvm_missing()
-    if why:
-        pytest.skip(f"NVVM not available to Numba: {why}")
-    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0"}
-    code = ("import json, sys; from tests.test_wgmma_fp8 import compile_fp8; "
-            "print(json.dumps(compile_fp8(sys.argv[1])))")
-    r = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, r.stderr[-4000:]
-    launch = json.loads(r.stdout.strip().splitlines()[-1])
+    from benchmarks.common import parse_ptxas
+    ptxas, launch = compile_sm90a_in_child("tests.test_wgmma_fp8", "compile_fp8", tmp_path,
+                                           timeout=900)
     for bq, d, causal in COMPILED:
         name = f"wgmma_fp8_{bq}_{d}_{'causal' if causal else 'full'}"
         text = (tmp_path / f"{name}.ptx").read_text()
@@ -263,15 +249,7 @@ def test_fp8_kernels_compile_and_assemble(tmp_path):
 # ------------------------------------------------------------------------------------------------
 # GPU
 # ------------------------------------------------------------------------------------------------
-def _need_hopper():
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("torch has no CUDA here")
-    from numba import cuda
-    cc = tuple(cuda.get_current_device().compute_capability)
-    if cc < (9, 0):
-        pytest.skip(f"needs compute capability 9.0 (wgmma, TMA); this GPU is {cc}")
-    return torch
+_need_hopper = need_hopper_torch
 
 
 def _quantized(torch, shape, seed, spread=1.0):

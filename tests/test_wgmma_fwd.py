@@ -24,7 +24,6 @@ import dataclasses
 import itertools
 import json
 import math
-import os
 import random
 import subprocess
 import sys
@@ -42,9 +41,8 @@ from sim.plans.wgmma_fwd import (WGMMA_REGISTERS, WGMMA_SPILLING, wgmma_default_
                                  wgmma_forward_configs, wgmma_smem_bytes, wgmma_threads)
 from sim.workload import Workload
 
-from .helpers import kernel_problem
+from .helpers import compile_sm90a_in_child, kernel_problem, need_hopper_torch
 
-ROOT = Path(__file__).resolve().parents[1]
 WGMMA = KernelConfig(family="wgmma")
 
 
@@ -443,22 +441,9 @@ def _name(cfg):
 
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory):
-    from benchmarks.common import find_ptxas
-    ptxas = find_ptxas()
-    if ptxas is None:
-        pytest.skip("ptxas (CUDA toolkit) not available")
-    from .test_hopper_intrinsics import _nvvm_missing
-    why = _nvvm_missing()
-    if why:
-        pytest.skip(f"NVVM not available to Numba: {why}")
     out = tmp_path_factory.mktemp("wgmma_fwd")
-    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0"}
-    code = ("import json, sys; from tests.test_wgmma_fwd import compile_configs; "
-            "print(json.dumps(compile_configs(sys.argv[1])))")
-    r = subprocess.run([sys.executable, "-c", code, str(out)], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=1200)
-    assert r.returncode == 0, r.stderr[-4000:]
-    return out, ptxas, json.loads(r.stdout.strip().splitlines()[-1])
+    ptxas, launch = compile_sm90a_in_child("tests.test_wgmma_fwd", "compile_configs", out)
+    return out, ptxas, launch
 
 
 @pytest.mark.parametrize("cfg", COMPILED, ids=_name)
@@ -511,15 +496,7 @@ def test_compiles_and_assembles_for_sm90a(compiled, cfg):
 # ------------------------------------------------------------------------------------------------
 # GPU
 # ------------------------------------------------------------------------------------------------
-def _need_hopper():
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("torch has no CUDA here")
-    from numba import cuda
-    cc = tuple(cuda.get_current_device().compute_capability)
-    if cc < (9, 0):
-        pytest.skip(f"needs compute capability 9.0 (wgmma, TMA); this GPU is {cc}")
-    return torch
+_need_hopper = need_hopper_torch
 
 
 def _inputs(torch, shape_q, shape_kv, dtype, seed, q_scale=1.0):

@@ -43,7 +43,9 @@ from .tensor_core_fwd import (FRAGMENT_ROW_BYTES, SCHEDULE_ENTRY_BYTES, SMEM_LIM
                               forward_tensor_bytes, softmax_work, tile_counts)
 
 __all__ = ["wgmma_forward_plan", "wgmma_forward_configs", "wgmma_fp8_forward_plan",
-           "FP8_KERNEL_NAME", "FP8_TRANSPOSE_NAME", "FP8_HEAD_DIM", "FP8_BLOCK_K", "wgmma_default_blocks",
+           "FP8_KERNEL_NAME", "FP8_TRANSPOSE_NAME", "FP8_HEAD_DIM", "FP8_BLOCK_K",
+           "FP8_DEFAULT_BLOCK_Q", "FP8_TRANSPOSE_TILE", "FP8_TRANSPOSE_THREADS",
+           "fp8_transpose_keys", "fp8_transpose_grid", "wgmma_default_blocks",
            "wgmma_threads", "wgmma_smem_bytes", "wgmma_consumer_warpgroups", "WGMMA_HEAD_DIMS",
            "WGMMA_BLOCK_Q_CHOICES", "WGMMA_BLOCK_K_CHOICES", "WGMMA_REGISTERS", "WGMMA_SPILLING",
            "ROWS_PER_WARPGROUP", "WARPGROUP_THREADS", "PRODUCER_THREADS", "ALIGN_SLACK_BYTES",
@@ -56,7 +58,9 @@ FP8_KERNEL_NAME = "flash_wgmma_fp8_fwd"
 FP8_TRANSPOSE_NAME = "fp8_v_transpose"
 FP8_HEAD_DIM = 128          # a 128-byte swizzled row is 128 e4m3 elements
 FP8_BLOCK_K = 128           # a V^T row of block_k keys is one 128-byte swizzle row
-FP8_TRANSPOSE_TILE = 32     # the transpose moves 32 keys x 32 columns per program
+FP8_DEFAULT_BLOCK_Q = 128   # two consumer warpgroups
+FP8_TRANSPOSE_TILE = 32     # keys per program of the transpose (all d columns)
+FP8_TRANSPOSE_THREADS = 256
 WGMMA_HEAD_DIMS = (64, 128)
 WGMMA_BLOCK_Q_CHOICES = (128, 64)     # two or one consumer warpgroups
 WGMMA_BLOCK_K_CHOICES = (128, 64)     # keys per K/V stage: two or one n64 score blocks
@@ -74,6 +78,8 @@ TMA_TENSORS = ("Q", "K", "V")
 #: Columns of one TMA box (64 16-bit elements = the 128-byte swizzle width): a d = 128 row is
 #: two boxes.
 BOX_COLUMNS = 64
+#: Bytes of one row of a TMA box: the 128-byte swizzle width.
+SWIZZLE_ROW = 128
 #: Registers per thread that ptxas 13.0 (``-arch=sm_90a``) gives each configuration
 #: (head_dim, block_q, block_k) of the kernel (float16; bfloat16 within a few), with
 #: ``launch_bounds=(threads, 1)``; checked against ptxas by tests/test_wgmma_fwd.py where
@@ -142,6 +148,38 @@ def _check(w: Workload, block_q, block_k):
                          f"block_k={block_k!r}")
 
 
+def _attention_kernel(w: Workload, c, bq: int, bk: int, *, name: str, in_bytes: int,
+                      v_access: Access, unit: str, extra_fp32: int, registers) -> KernelPlan:
+    """The attention kernel's plan, for both forwards (16-bit and e4m3 inputs of ``in_bytes``;
+    O in the workload's dtype): Q boxes of 64 rows x 128 bytes, K (and V as ``v_access``
+    says) per visited tile, the schedule's CSR entries read by every warp (start and stop once,
+    the tile index per visited tile), O from the fragment, the logsumexp; ``extra_fp32`` beside
+    the softmax's FP32 work."""
+    d = w.head_dim
+    threads = wgmma_threads(bq)
+    schedule_loads = threads // 32 * (2 * c.programs + c.tiles)
+    q_boxes = c.slices * -(-w.seq_len_q // ROWS_PER_WARPGROUP) * (d * in_bytes // SWIZZLE_ROW)
+    accesses = (
+        Access("schedule", "load", schedule_loads * SCHEDULE_ENTRY_BYTES, "fragment",
+               SCHEDULE_ENTRY_BYTES),
+        Access("Q", "load", c.rows * d * in_bytes, "ld"),
+        Access("K", "load", c.keys * d * in_bytes, "ld"),
+        v_access,
+        Access("O", "store", c.rows * d * w.dtype_bytes, "fragment", FRAGMENT_ROW_BYTES),
+        Access("lse", "store", c.rows * STAT_BYTES, "st"),
+    )
+    fp32, mufu = softmax_work(c, d)
+    kv_tile = bk * d * in_bytes
+    return KernelPlan(
+        name=name, phase="fwd", grid=(c.n_blocks_q, c.slices), threads=threads,
+        shared_bytes=wgmma_smem_bytes(d, bq, bk, in_bytes), accesses=accesses,
+        matmuls=(Matmul(unit, c.tiles * 4 * d * bq * bk),),
+        fp32_flops=int(fp32 + extra_fp32), mufu_ops=int(mufu),
+        shared_bytes_moved=int(c.tiles * 2 * kv_tile
+                               + q_boxes * ROWS_PER_WARPGROUP * SWIZZLE_ROW),
+        registers=registers, programs_per_slice=c.n_blocks_q, lockstep=True)
+
+
 def wgmma_forward_plan(workload: Workload, *, block_q: int | None = None,
                        block_k: int | None = None, registers: int | None = None,
                        launch_order=None) -> Plan:
@@ -155,35 +193,12 @@ def wgmma_forward_plan(workload: Workload, *, block_q: int | None = None,
     _check(w, bq, bk)
     e, d = w.dtype_bytes, w.head_dim
     c = tile_counts(w, bq, bk)
-    tiles, keys, n_blocks_q, slices = c.tiles, c.keys, c.n_blocks_q, c.slices
-    programs, rows = c.programs, c.rows
-    threads = wgmma_threads(bq)
-    warps = threads // 32
-    # every warp reads offsets[s, m] and offsets[s, m + 1] once, and kv_index[it] per tile
-    schedule_loads = warps * (2 * programs + tiles)
-    q_boxes = slices * -(-w.seq_len_q // ROWS_PER_WARPGROUP) * (d // BOX_COLUMNS)
-    box_bytes = ROWS_PER_WARPGROUP * BOX_COLUMNS * e
-    accesses = (
-        Access("schedule", "load", schedule_loads * SCHEDULE_ENTRY_BYTES, "fragment",
-               SCHEDULE_ENTRY_BYTES),
-        Access("Q", "load", rows * d * e, "ld"),
-        Access("K", "load", keys * d * e, "ld"),
-        Access("V", "load", keys * d * e, "ld"),
-        Access("O", "store", rows * d * e, "fragment", FRAGMENT_ROW_BYTES),
-        Access("lse", "store", rows * STAT_BYTES, "st"),
-    )
-    fp32, mufu = softmax_work(c, d)
-    kv_tile = bk * d * e
-    shared = tiles * 2 * kv_tile + q_boxes * box_bytes
     if registers is None:
         registers = WGMMA_REGISTERS.get((d, bq, bk))
-    unit = "wgmma.bf16" if w.dtype == "bf16" else "wgmma.f16"
-    kernel = KernelPlan(
-        name=KERNEL_NAME, phase="fwd", grid=(n_blocks_q, slices), threads=threads,
-        shared_bytes=wgmma_smem_bytes(d, bq, bk, e), accesses=accesses,
-        matmuls=(Matmul(unit, tiles * 4 * d * bq * bk),),
-        fp32_flops=int(fp32), mufu_ops=int(mufu), shared_bytes_moved=int(shared),
-        registers=registers, programs_per_slice=n_blocks_q, lockstep=True)
+    kernel = _attention_kernel(w, c, bq, bk, name=KERNEL_NAME, in_bytes=e,
+                               v_access=Access("V", "load", c.keys * d * e, "ld"),
+                               unit="wgmma.bf16" if w.dtype == "bf16" else "wgmma.f16",
+                               extra_fp32=0, registers=registers)
     config = {"block_q": bq, "block_k": bk, "launch_order": launch_order,
               "consumer_warpgroups": wgmma_consumer_warpgroups(bq), "stages": 2,
               "tma_tensors": TMA_TENSORS}
@@ -196,6 +211,18 @@ def wgmma_forward_configs(workload: Workload) -> list:
     return [{"block_q": q, "block_k": k} for q in WGMMA_BLOCK_Q_CHOICES
             for k in WGMMA_BLOCK_K_CHOICES
             if wgmma_smem_bytes(workload.head_dim, q, k) <= SMEM_LIMIT_BYTES]
+
+
+def fp8_transpose_keys(seq_len_k: int) -> int:
+    """Keys of the FP8 forward's transposed V: ``seq_len_k`` rounded up to whole tiles of
+    `FP8_BLOCK_K` (zeros past the last key)."""
+    return -(-seq_len_k // FP8_BLOCK_K) * FP8_BLOCK_K
+
+
+def fp8_transpose_grid(batch: int, heads_kv: int, seq_len_k: int) -> tuple[int, int]:
+    """The V transpose's grid: one program per `FP8_TRANSPOSE_TILE` keys of each (batch, KV
+    head)."""
+    return fp8_transpose_keys(seq_len_k) // FP8_TRANSPOSE_TILE, batch * heads_kv
 
 
 def wgmma_fp8_forward_plan(workload: Workload, *, block_q: int | None = None,
@@ -216,7 +243,7 @@ def wgmma_fp8_forward_plan(workload: Workload, *, block_q: int | None = None,
 
     ``block_q`` 128 or 64 (None: 128); ``block_k`` must be 128; d must be 128."""
     w = workload
-    bq = block_q or 128
+    bq = block_q or FP8_DEFAULT_BLOCK_Q
     bk = block_k or FP8_BLOCK_K
     if not isinstance(w, Workload):
         raise TypeError(f"workload must be a sim.Workload, got {type(w).__name__}")
@@ -231,43 +258,21 @@ def wgmma_fp8_forward_plan(workload: Workload, *, block_q: int | None = None,
     _check(w, bq, bk)
     d = w.head_dim
     c = tile_counts(w, bq, bk)
-    tiles, n_blocks_q, slices, programs, rows = (c.tiles, c.n_blocks_q, c.slices, c.programs,
-                                                 c.rows)
     # -- the V transpose --
     kv_slices = w.batch * w.heads_kv
-    keys_pad = -(-w.seq_len_k // bk) * bk
-    t = FP8_TRANSPOSE_TILE
+    keys_pad = fp8_transpose_keys(w.seq_len_k)
     transpose = KernelPlan(
-        name=FP8_TRANSPOSE_NAME, phase="fwd.pre", grid=(keys_pad // t, kv_slices),
-        threads=256, shared_bytes=0,
+        name=FP8_TRANSPOSE_NAME, phase="fwd.pre",
+        grid=fp8_transpose_grid(w.batch, w.heads_kv, w.seq_len_k),
+        threads=FP8_TRANSPOSE_THREADS, shared_bytes=0,
         accesses=(Access("V", "load", kv_slices * w.seq_len_k * d, "ld"),
                   Access("V^T", "store", kv_slices * keys_pad * d, "st")),
         shared_bytes_moved=2 * kv_slices * keys_pad * d)
-    # -- the attention kernel --
-    threads = wgmma_threads(bq)
-    warps = threads // 32
-    schedule_loads = warps * (2 * programs + tiles)
-    q_boxes = slices * -(-w.seq_len_q // ROWS_PER_WARPGROUP)
-    box_bytes = ROWS_PER_WARPGROUP * d                 # 64 rows x 128 bytes
-    kv_tile = bk * d
-    accesses = (
-        Access("schedule", "load", schedule_loads * SCHEDULE_ENTRY_BYTES, "fragment",
-               SCHEDULE_ENTRY_BYTES),
-        Access("Q", "load", rows * d, "ld"),
-        Access("K", "load", c.keys * d, "ld"),
-        Access("V^T", "load", tiles * kv_tile, "ld"),
-        Access("O", "store", rows * d * 2, "fragment", FRAGMENT_ROW_BYTES),
-        Access("lse", "store", rows * STAT_BYTES, "st"),
-    )
-    fp32, mufu = softmax_work(c, d)
-    fp32 += c.scores // 2          # one cvt.rn.satfinite.e4m3x2 per two probabilities
-    kernel = KernelPlan(
-        name=FP8_KERNEL_NAME, phase="fwd", grid=(n_blocks_q, slices), threads=threads,
-        shared_bytes=wgmma_smem_bytes(d, bq, bk, 1), accesses=accesses,
-        matmuls=(Matmul("wgmma.fp8", tiles * 4 * d * bq * bk),),
-        fp32_flops=int(fp32), mufu_ops=int(mufu),
-        shared_bytes_moved=int(tiles * 2 * kv_tile + q_boxes * box_bytes),
-        registers=registers, programs_per_slice=n_blocks_q, lockstep=True)
+    # -- the attention kernel: one cvt.rn.satfinite.e4m3x2 per two probabilities --
+    kernel = _attention_kernel(w, c, bq, bk, name=FP8_KERNEL_NAME, in_bytes=1,
+                               v_access=Access("V^T", "load", c.tiles * bk * d, "ld"),
+                               unit="wgmma.fp8", extra_fp32=c.scores // 2, registers=registers)
+    programs, slices, tiles, rows = c.programs, c.slices, c.tiles, c.rows
     config = {"block_q": bq, "block_k": bk, "launch_order": launch_order,
               "consumer_warpgroups": wgmma_consumer_warpgroups(bq), "stages": 2,
               "tma_tensors": ("Q", "K", "V^T"), "input_dtype": "e4m3"}
