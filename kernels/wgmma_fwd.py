@@ -518,18 +518,31 @@ _CAPTURED_MAPS: list = []
 MAP_WORDS = 3 * 16
 
 
-@functools.lru_cache(maxsize=None)
+def _build_map_writer():
+    """The kernel of `map_writer`: ``store_words(dst, w0, ..., w47)``, one scalar uint64
+    parameter per word (so that `kernels.host.launch` packs them and the kernel goes through
+    the on-disk cache; the source is generated because a kernel's parameters are named)."""
+    from numba import cuda
+    params = ", ".join(f"w{i}" for i in range(MAP_WORDS))
+    body = "".join(f"        dst[{i}] = w{i}\n" for i in range(MAP_WORDS))
+    namespace = {"cuda": cuda}
+    exec(f"def store_words(dst, {params}):\n    if cuda.grid(1) == 0:\n{body}", namespace)
+    return cuda.jit(namespace["store_words"])
+
+
 def map_writer():
-    """``store_words(dst, words)``: one thread stores the 48 uint64 ``words`` (a tuple, passed
-    by value as kernel parameters) into ``dst`` (uint64 [48]). How tensor maps reach the
-    device during CUDA graph capture, where no memory may be allocated and no host buffer
-    copied: the words become part of the captured launch."""
-    @cuda.jit
-    def store_words(dst, words):
-        if cuda.grid(1) == 0:
-            for i in range(MAP_WORDS):
-                dst[i] = words[i]
-    return store_words
+    """``store_words(dst, *words)``: one thread stores the 48 uint64 ``words`` (passed by value
+    as kernel parameters) into ``dst`` (uint64 [48]). How tensor maps reach the device during
+    CUDA graph capture, where no memory may be allocated and no host buffer copied: the words
+    become part of the captured launch. Built once per process and compiled once per machine
+    (`kernels.compile_cache`), so a process that finds it on disk compiles nothing."""
+    return compile_cache.built(_build_map_writer)
+
+
+def _write_words(dst, words, stream) -> None:
+    """Launch `map_writer` on ``stream``: ``words`` (48 integers) into ``dst`` (uint64 [48])."""
+    import numpy as np
+    host.launch(map_writer(), 1, 32, stream, (dst, *(np.uint64(w) for w in words)))
 
 
 def _capturing(x) -> bool:
@@ -584,7 +597,7 @@ def tensor_maps(q, k, v, block_k, stream=0, fp8=False):
             buf = torch.empty(MAP_WORDS, dtype=torch.int64, device=q.device)
             flat = cuda.as_cuda_array(buf, sync=False).view(np.uint64)
             if _capturing(q):
-                map_writer()[1, 32, stream](flat, tuple(np.uint64(w) for w in words.ravel()))
+                _write_words(flat, words.ravel(), stream)
                 _CAPTURED_MAPS.append(buf)
             else:       # from pageable memory: staged at once, no wait for the device
                 flat.copy_to_device(words.ravel(), stream=stream)
@@ -615,8 +628,7 @@ def warm_map_writer(device_index: int) -> None:
     _WARMED.add(device_index)
     buf = torch.empty(MAP_WORDS, dtype=torch.int64, device=f"cuda:{device_index}")
     stream = host.launch_stream(buf)
-    map_writer()[1, 32, stream](cuda.as_cuda_array(buf, sync=False).view(np.uint64),
-                                tuple(np.uint64(i) for i in range(MAP_WORDS)))
+    _write_words(cuda.as_cuda_array(buf, sync=False).view(np.uint64), range(MAP_WORDS), stream)
 
 
 def prepare(problem, config):

@@ -652,9 +652,11 @@ def test_smoke_prepared_and_repeated():
 
 def test_map_writer_stores_the_words_it_is_given():
     """The launch that carries tensor maps to the device under CUDA graph capture: 48 uint64
-    words passed by value land in order (here in Numba's CUDA simulator, or on the GPU)."""
+    words passed by value land in order (here in Numba's CUDA simulator, or on the GPU, through
+    `kernels.host.launch` and the on-disk kernel cache as a call makes it)."""
     from numba import cuda
     words = tuple(np.uint64((0x9E3779B97F4A7C15 * (i + 1)) % 2**64) for i in range(wf.MAP_WORDS))
     dst = cuda.to_device(np.zeros(wf.MAP_WORDS, np.uint64))
-    wf.map_writer()[1, 32](dst, words)
+    wf._write_words(dst, words, 0)
+    cuda.synchronize()
     np.testing.assert_array_equal(dst.copy_to_host(), np.array(words, np.uint64))
