@@ -104,7 +104,8 @@ def _problem(q, k, v, backend, *, cost, values, **kwargs) -> Problem:
 def _cache_problem(q, k, v, backend, cache_seqlens, *, causal, window_size, mask, block_mask, scale,
                    dropout_p, block_q, block_k):
     """Every check of a call with per-sequence cache lengths, before any work: ``(problem,
-    lengths on the host)``. The cache lengths are for decoding (inference): no dropout, no
+    lengths on the host)`` (None for lengths on q's CUDA device, which are not read here: see
+    `check_cache_seqlens`). The cache lengths are for decoding (inference): no dropout, no
     block mask, and a causal rule only aligned to the end of each sequence (bottom-right)."""
     if dropout_p not in (0, 0.0):
         raise ValueError("dropout_p must be 0 with cache_seqlens (decoding with a KV cache is inference)")
@@ -127,7 +128,9 @@ def _cache_problem(q, k, v, backend, cache_seqlens, *, causal, window_size, mask
 def _run_forward_with_cache(pb: Problem, lengths, backend):
     """Canonical forward of a problem whose batch row b sees only its first ``lengths[b]`` keys:
     the split-KV decoding kernel where it takes the problem (backend ``"numba"``), otherwise
-    batch row by batch row on the keys that exist (any backend), which is the definition."""
+    batch row by batch row on the keys that exist (any backend), which is the definition.
+    ``lengths`` is None when they are on q's CUDA device and unread: the kernel checks them,
+    and the other paths read and check them here."""
     if backend == "numba" and not pb.trivial:
         kernels = kernel_cache.kernels()
         kp = _kernel_problem(pb)
@@ -140,6 +143,8 @@ def _run_forward_with_cache(pb: Problem, lengths, backend):
         if family == "split_kv":
             out, lse = kernels.forward(kp)
             return _from_device(pb, out), _from_device(pb, lse, lse=True)
+    if lengths is None:          # on the device and unread so far: the paths below need them
+        lengths, _ = check_cache_seqlens(pb.cache_seqlens.cpu(), pb)
     subs = [_batch_row(pb, b, int(n)) for b, n in enumerate(lengths)]
     if backend == "numba":
         for sub in subs:                                   # refuse before computing any row

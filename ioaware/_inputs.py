@@ -628,7 +628,10 @@ def check_cache_seqlens(cache_seqlens, pb: Problem):
     ``[B]`` with B the product of the query's leading dimensions) as ``(host, lengths)``: the
     lengths as a NumPy int64 array (read once, to check them: a length outside ``[0, Nk]``
     would read past the cache) and as the kernels take them (NumPy int32, or a torch int32
-    tensor on q's device)."""
+    tensor on q's device). A torch tensor already on q's CUDA device is not read (``host`` is
+    None): reading it would make every decoding step wait for the GPU and could not be captured
+    in a CUDA graph; the split-KV kernel checks each length itself (a row whose length lies
+    outside ``[0, Nk]`` comes out NaN), and the paths without it read the lengths then."""
     torch = torch_or_none()
     if isinstance(cache_seqlens, bool):
         raise TypeError("cache_seqlens must be an int or an integer array of one length per batch row, "
@@ -645,6 +648,8 @@ def check_cache_seqlens(cache_seqlens, pb: Problem):
         if is_torch(cache_seqlens):
             if pb.kind == "torch" and cache_seqlens.device != pb.q.device and cache_seqlens.device.type != "cpu":
                 raise ValueError(f"cache_seqlens is on {cache_seqlens.device} but q is on {pb.q.device}")
+            if pb.kind == "torch" and cache_seqlens.device.type == "cuda":
+                return None, cache_seqlens.detach().to(torch.int32).contiguous()
             host = cache_seqlens.detach().cpu().numpy().astype(np.int64)
         else:
             host = cache_seqlens.astype(np.int64)

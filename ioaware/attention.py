@@ -83,8 +83,11 @@ def attention(q, k, v, *, causal=False, window_size=None, mask=None, block_mask=
         Nq positions); top-left ``causal=True`` is refused. Forward only (inputs may not
         require grad), without dropout or ``block_mask``. On CUDA, 1 to 16 queries run the
         split-KV decoding kernel (``kernels.decode_fwd``), which reads each KV head once for
-        all the query heads of its GQA group; the lengths are read once on the host to check
-        them (a device-to-host copy).
+        all the query heads of its GQA group. Lengths given as an int, a NumPy array or a CPU
+        tensor are checked on the host; a tensor on q's CUDA device is never read by the host
+        (no synchronisation: the call can be captured in a CUDA graph and the tensor updated
+        in place between replays): the kernel checks each length, and a batch row whose
+        length lies outside ``[0, Nk]`` comes out NaN (``out`` and ``lse``).
 
     Returns
     -------

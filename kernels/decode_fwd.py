@@ -19,7 +19,9 @@ why); this module launches it. Two kernels:
 Per-sequence cache lengths (``problem.cache_seqlens``, int32 ``[B]``): keys at or beyond a
 row's length are never read; causal and sliding-window bands are bottom-right aligned to that
 length (the queries are the last ``seqlen_q`` positions of the sequence). Without them every
-length is ``seqlen_k``. Inputs: float32 as float32 arrays; float16 and bfloat16 as 32-bit words
+length is ``seqlen_k``. Each length is checked here: a row whose length lies outside
+``[0, seqlen_k]`` reads no key and comes out NaN (output and logsumexp; the merge keeps the NaN),
+so lengths that live on the device need no host read. Inputs: float32 as float32 arrays; float16 and bfloat16 as 32-bit words
 (two elements each, unpacked with ``cvt``; the simulator runs a NumPy twin), so a lane loads
 four bytes per access and bfloat16 is never staged to float32.
 """
@@ -50,6 +52,9 @@ MAX_HEAD_DIM = 256
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 NEG_INF = float32(-np.inf)
+#: What a row whose cache length lies outside [0, seqlen_k] gets (output and logsumexp): lengths
+#: on the device are checked here, not on the host (`ioaware._inputs.check_cache_seqlens`).
+NAN = float32(np.nan)
 #: An absent band bound (no col - row comes near it).
 
 
@@ -148,6 +153,9 @@ def make_decode_kernel(head_dim: int, rows: int, seqlen_q: int, group: int, oper
 
         # -- the program's keys: the rows' bands within the sequence, then this split of them --
         length = int64(seqlens[b])
+        bad_length = length < 0 or length > seqlen_k     # read no key; the rows come out NaN
+        if bad_length:
+            length = int64(0)
         shift = (length - seqlen_k) * shift_to_len
         k_begin = int64(0)
         k_end = length
@@ -349,11 +357,15 @@ def make_decode_kernel(head_dim: int, rows: int, seqlen_q: int, group: int, oper
                 o = float32(0.0)
                 if l_all > float32(0.0):
                     o = sm_acc[r, col] / l_all
+                if bad_length:
+                    o = NAN
                 o_part[split, b, h, i, col] = o
                 if col == 0:
                     lse = NEG_INF
                     if l_all > float32(0.0):
                         lse = (m_all + math.log2(l_all)) * float32(LN2)
+                    if bad_length:
+                        lse = NAN
                     lse_part[split, b, h, i] = lse
 
     return decode_split_kv
@@ -373,21 +385,26 @@ def make_merge_kernel(head_dim: int, threads: int):
         b = bh // heads_q
         splits = o_part.shape[0]
         m = NEG_INF
+        nan = False                 # a row the split kernel refused (its cache length)
         for sp in range(splits):
-            m = max(m, lse_part[sp, b, h, i])
+            x = lse_part[sp, b, h, i]
+            nan = nan or x != x
+            m = max(m, x)
+        if nan:
+            m = NAN
         total = float32(0.0)
-        if m != NEG_INF:
+        if m != NEG_INF and not nan:
             for sp in range(splits):
                 total += math.exp(lse_part[sp, b, h, i] - m)
         for col in range(cuda.threadIdx.x, D, NT):
-            o = float32(0.0)
-            if m != NEG_INF:
+            o = NAN if nan else float32(0.0)
+            if m != NEG_INF and not nan:
                 for sp in range(splits):
                     o += math.exp(lse_part[sp, b, h, i] - m) * o_part[sp, b, h, i, col]
                 o = o / total
             out[b, h, i, col] = o
         if cuda.threadIdx.x == 0:
-            lse[b, h, i] = m + math.log(total) if m != NEG_INF else NEG_INF
+            lse[b, h, i] = m + math.log(total) if m != NEG_INF and not nan else m
 
     return decode_merge
 

@@ -502,10 +502,11 @@ def _operand_layout(x, itemsize=2):
     return addr, shape, tuple(strides)
 
 
-def _needs_copy(x, itemsize=2) -> bool:
+def _needs_copy(x, itemsize=2, layout=None) -> bool:
     """Whether an operand must be made contiguous for a tensor map: a zero or non-16-byte
-    stride on a dimension of extent > 1, an unaligned start, or a strided last dimension."""
-    addr, shape, strides = _operand_layout(x, itemsize)
+    stride on a dimension of extent > 1, an unaligned start, or a strided last dimension
+    (``layout``: its `_operand_layout`, when the caller has it)."""
+    addr, shape, strides = layout or _operand_layout(x, itemsize)
     return (addr % 16 != 0 or strides[3] != itemsize
             or any(n > 1 and (s == 0 or s % 16) for n, s in zip(shape[:3], strides[:3])))
 
@@ -553,7 +554,7 @@ def _capturing(x) -> bool:
     return torch.cuda.is_current_stream_capturing()
 
 
-def tensor_maps(q, k, v, block_k, stream=0, fp8=False):
+def tensor_maps(q, k, v, block_k, stream=0, fp8=False, layouts=None):
     """The tensor maps of Q (boxes of 64 rows x 64 columns), K and V (``block_k`` rows x 64
     columns), 128-byte swizzle, 16-bit elements, as one device array uint64 [3, 16] (built and
     copied once per device, layouts and tiles; operands as `kernels.host.Call.input` gives
@@ -564,9 +565,10 @@ def tensor_maps(q, k, v, block_k, stream=0, fp8=False):
     operands, ``stream`` the capturing stream as `kernels.host.launch_stream` gives it), a new
     map goes to memory from torch's allocator (the graph's pool) by a one-thread launch of
     `map_writer` on ``stream``, the words as its parameters, and is kept for good
-    (`_CAPTURED_MAPS`)."""
+    (`_CAPTURED_MAPS`). ``layouts``: the operands' `_operand_layout`, when the caller has them."""
     itemsize = 1 if fp8 else 2
-    layouts = tuple(_operand_layout(x, itemsize) for x in (q, k, v))
+    if layouts is None:
+        layouts = tuple(_operand_layout(x, itemsize) for x in (q, k, v))
     if fp8:
         cols = 2 * BOX_COLUMNS
         boxes = ((1, 1, ROWS_PER_WARPGROUP, cols), (1, 1, block_k, cols),
@@ -659,8 +661,12 @@ def prepare(problem, config):
     def run(q, k, v):
         call = host.Call(template, q=q)
         ops = [call.input(x, words=True, aligned=True) for x in (q, k, v)]
-        ops = [x.contiguous() if hasattr(x, "contiguous") and _needs_copy(x) else x for x in ops]
-        maps = tensor_maps(*ops, block_k, call.stream)
+        layouts = [_operand_layout(x) for x in ops]
+        for i, (x, layout) in enumerate(zip(ops, layouts)):
+            if hasattr(x, "contiguous") and _needs_copy(x, layout=layout):
+                ops[i] = x.contiguous()
+                layouts[i] = _operand_layout(ops[i])
+        maps = tensor_maps(*ops, block_k, call.stream, layouts=tuple(layouts))
         out = call.output((B, H, Nq, D), words=True)
         lse = call.output((B, H, Nq), float32=True)
         host.relaunch(plans, (out.arg, lse.arg), kern, launch.grid, launch.threads, call.stream,

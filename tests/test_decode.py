@@ -267,3 +267,72 @@ def test_gpu_decoding_matches_sdpa_in_float32(dtype, nq, causal, window):
                                           enable_gqa=True)
     tol = 2e-2 if dtype == "bfloat16" else 4e-3
     torch.testing.assert_close(out.float(), want, atol=tol, rtol=tol)
+
+
+# -- cache lengths the host does not read --------------------------------------------------------
+@pytest.mark.parametrize("bad", [-1, 41, 2**31 - 1])
+def test_the_kernel_turns_an_unchecked_bad_length_into_nan_rows(bad):
+    """Lengths on the device are not read by the host: the split-KV kernel checks them itself.
+    A row whose length lies outside [0, Nk] comes out NaN (never a read past the cache, never a
+    plausible number); the other rows are exact."""
+    import dataclasses
+    import kernels
+    from ioaware._inputs import check_inputs
+    rng = np.random.default_rng(7)
+    q, k, v = make(rng, 3, 4, 2, 2, 40, 8)
+    lengths = np.array([40, bad, 17], np.int32)
+    pb = dataclasses.replace(check_inputs(q, k, v, causal="bottom_right"), cache_seqlens=lengths)
+    out, lse = kernels.forward(pb, kernels.KernelConfig(family="split_kv", num_splits=3))
+    assert np.isnan(out[1]).all() and np.isnan(lse[1]).all()
+    good = np.array([0, 2])
+    want_out, want_lse = reference(q[good], k[good], v[good], lengths[good], None, True)
+    check(out[good], lse[good], want_out, want_lse, np.float32)
+
+
+def test_unread_lengths_are_read_and_checked_where_the_kernel_does_not_run():
+    """The row-by-row path (any backend, or problems the split-KV kernel does not take) reads
+    lengths that were left on the device, and refuses a bad one by name."""
+    import dataclasses
+    from ioaware._backends import _run_forward_with_cache
+    from ioaware._inputs import check_inputs
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(8)
+    q, k, v = (torch.from_numpy(x) for x in make(rng, 2, 2, 1, 1, 30, 8))
+    pb = check_inputs(q, k, v)
+    lengths = torch.tensor([30, 9], dtype=torch.int32)
+    out, lse = _run_forward_with_cache(dataclasses.replace(pb, cache_seqlens=lengths), None, "numpy")
+    want_out, want_lse = reference(*(x.numpy() for x in (q, k, v)), np.array([30, 9]), None, False)
+    check(out.numpy(), lse.numpy(), want_out, want_lse, np.float32)
+    with pytest.raises(ValueError, match="cache_seqlens"):
+        _run_forward_with_cache(dataclasses.replace(pb, cache_seqlens=torch.tensor([31, 0])), None, "numpy")
+
+
+@pytest.mark.gpu
+def test_gpu_decoding_step_with_device_lengths_is_captured_and_replayed():
+    """A decoding step whose cache lengths live on the GPU is captured in a CUDA graph; the
+    lengths are updated in place between replays (as a decoding loop does), and each replay
+    equals a fresh call on the new lengths. The lengths are never read by the host."""
+    import torch
+    g = torch.Generator(device="cuda").manual_seed(0)
+    b, hq, hkv, nk, d = 4, 32, 8, 3000, 128
+    q = torch.randn(b, hq, 1, d, device="cuda", generator=g).to(torch.bfloat16)
+    k = torch.randn(b, hkv, nk, d, device="cuda", generator=g).to(torch.bfloat16)
+    v = torch.randn(b, hkv, nk, d, device="cuda", generator=g).to(torch.bfloat16)
+    lengths = torch.tensor([100, 2999, 1, 1500], dtype=torch.int32, device="cuda")
+    step = lambda: attention(q, k, v, cache_seqlens=lengths, causal="bottom_right", return_lse=True)
+    with torch.inference_mode():
+        step()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out, lse = step()
+        for new in ([100, 2999, 1, 1500], [3000, 0, 7, 2048], [5, 6, 3001, 1]):
+            lengths.copy_(torch.tensor(new, dtype=torch.int32))
+            graph.replay()
+            torch.cuda.synchronize()
+            want_out, want_lse = attention(q, k, v, cache_seqlens=np.array([min(n, nk) for n in new]),
+                                           causal="bottom_right", return_lse=True)
+            ok = torch.tensor([n <= nk for n in new], device="cuda")
+            torch.testing.assert_close(out[ok], want_out[ok], atol=0, rtol=0)
+            torch.testing.assert_close(lse[ok], want_lse[ok], atol=0, rtol=0)
+            assert torch.isnan(out[~ok]).all() and torch.isnan(lse[~ok]).all()
