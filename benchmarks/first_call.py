@@ -15,6 +15,12 @@ imports neither numba nor the kernels), ``forward_s`` (the first ``ioaware.atten
 launch), ``backward_s`` (the first ``out.backward``), and ``second_forward_s`` (the same forward
 again: what a call costs once loaded). The number of kernels compiled (the ``ioaware.kernels`` log) and whether the cold and
 warm outputs are bitwise equal are recorded too. Writes a JSON file with provenance.
+
+Python's bytecode is cached as on an installed package (``pip`` compiles it at install; a
+checkout writes it on first import): the children run with ``PYTHONPYCACHEPREFIX`` set to a new
+temporary directory and without ``PYTHONDONTWRITEBYTECODE``, so the cold process compiles the
+sources and the warm one reads them, wherever the environment would forbid writing them
+(``bytecode_cached`` in each record says what the child saw).
 """
 from __future__ import annotations
 
@@ -73,13 +79,16 @@ out, fwd = timed(lambda: ioaware.attention(q, k, v, causal=c["causal"], backend=
 _, bwd = timed(lambda: out.backward(do))
 _, again = timed(lambda: ioaware.attention(q, k, v, causal=c["causal"], backend="numba"))
 digest = float(out.double().sum() + q.grad.double().sum() + k.grad.double().sum() + v.grad.double().sum())
-print(json.dumps({"torch_first_backward_s": torch_first_backward_s, "import_s": import_s, "forward_s": fwd, "backward_s": bwd,
+print(json.dumps({"bytecode_cached": not sys.dont_write_bytecode, "torch_first_backward_s": torch_first_backward_s, "import_s": import_s, "forward_s": fwd, "backward_s": bwd,
                   "second_forward_s": again, "kernels_compiled": len(compiled), "digest": digest}))
 """
 
 
-def run_child(config: dict, cache_dir: str) -> dict:
-    env = dict(os.environ, IOAWARE_CACHE_DIR=cache_dir)
+def run_child(config: dict, cache_dir: str, pycache_dir: str) -> dict:
+    """One child process on the kernel cache ``cache_dir`` and the bytecode cache
+    ``pycache_dir``: its JSON line."""
+    env = dict(os.environ, IOAWARE_CACHE_DIR=cache_dir, PYTHONPYCACHEPREFIX=pycache_dir)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(config)], env=env,
                           capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
@@ -100,9 +109,10 @@ def main(argv=None) -> int:
     rows = []
     for i, c in enumerate(configs, 1):
         c = dict(c, shape=list(SHAPE))
-        with tempfile.TemporaryDirectory(prefix="ioaware-first-call-") as cache_dir:
-            cold = run_child(c, cache_dir)
-            warm = run_child(c, cache_dir)
+        with tempfile.TemporaryDirectory(prefix="ioaware-first-call-") as cache_dir, \
+                tempfile.TemporaryDirectory(prefix="ioaware-pycache-") as pycache_dir:
+            cold = run_child(c, cache_dir, pycache_dir)
+            warm = run_child(c, cache_dir, pycache_dir)
         row = dict(c, **{f"cold_{k}": v for k, v in cold.items() if k != "digest"},
                    **{f"warm_{k}": v for k, v in warm.items() if k != "digest"},
                    bitwise_equal=cold["digest"] == warm["digest"])

@@ -223,10 +223,10 @@ def test_second_process_loads_what_the_first_compiled(tmp_path):
               {"dtype": "fp32", "head_dim": 128, "causal": False}):
         c = dict(c, shape=[1, 2, 300])
         where = tmp_path / c["dtype"]
-        cold = run_child(c, str(where))
+        cold = run_child(c, str(where), str(tmp_path / "pyc"))
         assert cold["kernels_compiled"] >= 3                 # forward, dQ, dK/dV
         assert len(list(where.glob("*.kernel"))) == cold["kernels_compiled"]
-        warm = run_child(c, str(where))
+        warm = run_child(c, str(where), str(tmp_path / "pyc"))
         assert warm["kernels_compiled"] == 0
         assert warm["digest"] == cold["digest"]
 
@@ -237,13 +237,14 @@ def test_corrupt_file_is_recompiled(tmp_path):
         pytest.skip("needs a real CUDA GPU")
     from benchmarks.first_call import run_child
     c = {"dtype": "bf16", "head_dim": 64, "causal": False, "shape": [1, 2, 200]}
-    cold = run_child(c, str(tmp_path))
+    pyc = str(tmp_path / "pyc")
+    cold = run_child(c, str(tmp_path), pyc)
     for f in tmp_path.glob("*.kernel"):
         f.write_bytes(b"torn")
-    again = run_child(c, str(tmp_path))
+    again = run_child(c, str(tmp_path), pyc)
     assert again["kernels_compiled"] == cold["kernels_compiled"]
     assert again["digest"] == cold["digest"]
-    assert run_child(c, str(tmp_path))["kernels_compiled"] == 0
+    assert run_child(c, str(tmp_path), pyc)["kernels_compiled"] == 0
 
 
 @pytest.mark.gpu
