@@ -78,7 +78,7 @@ for mode in "$@"; do
       ;;
     sanitize)
       for tool in memcheck racecheck; do
-        for family in simt mma tf32 wgmma wgmma_fp8; do
+        for family in simt mma tf32 split_kv wgmma wgmma_fp8; do
           step "sanitize $tool $family" "${T_SANITIZE:-600}" "$OUT/sanitizer_${tool}_${family}.log" \
             compute-sanitizer --tool "$tool" --report-api-errors no --print-limit 20 \
             python3 -m benchmarks sanitize "$family"

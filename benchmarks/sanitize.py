@@ -3,12 +3,16 @@ compute-sanitizer.
 
     compute-sanitizer --tool memcheck --report-api-errors no python -m benchmarks sanitize [FAMILY ...]
 
-FAMILY is any of ``simt``, ``mma``, ``tf32``, ``wgmma``, ``wgmma_fp8`` (default: all five on
-compute capability 9.0, the first three elsewhere), so that the
+FAMILY is any of ``simt``, ``mma``, ``tf32``, ``split_kv``, ``wgmma``, ``wgmma_fp8`` (default:
+all six on compute capability 9.0, the first four elsewhere), so that the
 families can run as separate sanitizer processes side by side. ``wgmma`` (the Hopper forward,
 compute capability 9.0) runs `WGMMA_CASES`, forward only: it takes no masks or dropout.
 ``wgmma_fp8`` (the FP8 forward, `kernels.wgmma_fwd.forward_fp8`: V's transpose and the kernel)
-runs d=128 with the same lengths and GQA, causal and not, on e4m3 inputs with descales. Each family (pinned by `kernels.KernelConfig`)
+runs d=128 with the same lengths and GQA, causal and not, on e4m3 inputs with descales.
+``split_kv`` (the decoding forward, `kernels.decode_fwd`: the split kernel and the merge) runs
+`DECODE_CASES`: 1 and 3 queries against 1000 keys, four query heads per KV head, per-sequence
+cache lengths 1000, 0, 1 and 517 (and, once, a length past the cache: that row must come out
+NaN, the others finite), three splits, full and with a bottom-right causal window. Each family (pinned by `kernels.KernelConfig`)
 runs `CASES`: GQA (two query heads per key/value head) and lengths that are not multiples of
 any tile (150 queries, 97 keys) throughout; causal at d=64; a boolean mask and dropout at
 d=128; a block mask on 64 x 32 tiles, which the kernels read at finer tiles (the tensor-core
@@ -25,10 +29,17 @@ import numpy as np
 
 from .common import attention_problem, first_sentence
 
-FAMILIES = ("simt", "mma", "tf32", "wgmma", "wgmma_fp8")
+FAMILIES = ("simt", "mma", "tf32", "split_kv", "wgmma", "wgmma_fp8")
 FAMILY_DTYPE = {"simt": np.float32, "mma": np.float16, "tf32": np.float32, "wgmma": np.float16}
 #: Families that are forwards only (their cases run no backward).
-FORWARD_ONLY = ("wgmma", "wgmma_fp8")
+FORWARD_ONLY = ("wgmma", "wgmma_fp8", "split_kv")
+#: Families that need compute capability 9.0.
+HOPPER_ONLY = ("wgmma", "wgmma_fp8")
+#: The decoding forward's cases: (head dim, queries, cache lengths, problem options).
+DECODE_SEQ_K = 1000
+DECODE_CASES = ((128, 1, (1000, 0, 1, 517), {}),
+                (64, 3, (1000, 0, 1, 517), {"causal": "bottom_right", "window_size": (100, 0)}),
+                (128, 2, (1000, 1001, 1, 517), {}))
 BATCH, HEADS_Q, HEADS_KV, SEQ_Q, SEQ_K = 2, 2, 1, 150, 97
 #: (head dim, problem options) of each case; masks are drawn per case (`_case_inputs`).
 CASES = ((64, {"causal": True}),
@@ -77,11 +88,43 @@ def run_fp8(torch, seed: int = 0) -> None:
             raise RuntimeError(f"wgmma_fp8 causal={causal}: an output is not finite")
 
 
+def run_split_kv(torch=None, seed: int = 0) -> None:
+    """`DECODE_CASES` on the decoding forward (float16; torch CUDA tensors with the lengths on
+    the device when ``torch`` is given, else NumPy arrays); raises when a row with a valid
+    length is not finite or a row with a length past the cache is not NaN."""
+    import dataclasses
+
+    import kernels
+    config = kernels.KernelConfig(family="split_kv", num_splits=3)
+    rng = np.random.default_rng(seed)
+    heads_q, heads_kv, seq_k = 4, 1, DECODE_SEQ_K
+    for d, nq, lengths, options in DECODE_CASES:
+        arrays = [rng.standard_normal(shape).astype(np.float16) for shape in (
+            (len(lengths), heads_q, nq, d), (len(lengths), heads_kv, seq_k, d),
+            (len(lengths), heads_kv, seq_k, d))]
+        seqlens = np.array(lengths, np.int32)
+        if torch is not None:
+            arrays = [torch.from_numpy(a).cuda() for a in arrays]
+            seqlens = torch.from_numpy(seqlens).cuda()
+        pb = dataclasses.replace(attention_problem(*arrays, **options), cache_seqlens=seqlens)
+        out, _ = kernels.forward(pb, config)
+        if torch is not None:
+            torch.cuda.synchronize()
+            out = out.float().cpu().numpy()
+        bad = np.array(lengths) > seq_k
+        if not (np.isfinite(out[~bad]).all() and np.isnan(out[bad]).all()):
+            raise RuntimeError(f"split_kv d={d} nq={nq} lengths={lengths}: a row with a valid "
+                               f"length is not finite, or one past the cache is not NaN")
+
+
 def run_family(family: str, torch=None, seed: int = 0) -> None:
     """`CASES` forward and backward on ``family`` (torch CUDA tensors when ``torch`` is given,
     else NumPy arrays); raises when an output is not finite."""
     if family == "wgmma_fp8":
         run_fp8(torch, seed)
+        return
+    if family == "split_kv":
+        run_split_kv(torch, seed)
         return
     import kernels
     config = kernels.KernelConfig(family=family)
@@ -111,11 +154,12 @@ def main(argv=None) -> int:
     argv = list(argv or [])
     ap = argparse.ArgumentParser(prog="python -m benchmarks sanitize",
                                  description=first_sentence(__doc__))
-    ap.add_argument("families", nargs="*", metavar="FAMILY", help="simt, mma, tf32, wgmma, wgmma_fp8 (default: all)")
+    ap.add_argument("families", nargs="*", metavar="FAMILY",
+                    help="simt, mma, tf32, split_kv, wgmma, wgmma_fp8 (default: all)")
     ap.add_argument("--arrays", choices=("torch", "numpy"), default=None,
                     help="input arrays (default: torch CUDA tensors when torch has CUDA)")
     args = ap.parse_args(argv)
-    families = args.families or [f for f in FAMILIES if f not in FORWARD_ONLY or _on_hopper()]
+    families = args.families or [f for f in FAMILIES if f not in HOPPER_ONLY or _on_hopper()]
     if set(families) - set(FAMILIES):
         ap.error(f"unknown families {sorted(set(families) - set(FAMILIES))}; choose from "
                  f"{', '.join(FAMILIES)}")

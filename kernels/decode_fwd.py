@@ -14,7 +14,8 @@ why); this module launches it. Two kernels:
   are merged through shared memory and the program writes its split's normalised partial
   output and logsumexp (float32).
 * ``decode_merge`` — one program per query row: ``lse = logsumexp_s(lse_s)``,
-  ``out = sum_s exp(lse_s - lse) out_s`` (float32; the host casts to the input dtype).
+  ``out = sum_s exp(lse_s - lse) out_s`` (in float32, written in the input dtype: the cast is
+  fused here, two 16-bit elements per 32-bit store).
 
 Per-sequence cache lengths (``problem.cache_seqlens``, int32 ``[B]``): keys at or beyond a
 row's length are never read; causal and sliding-window bands are bottom-right aligned to that
@@ -31,7 +32,7 @@ import functools
 import math
 
 import numpy as np
-from numba import cuda, float32, int64, uint32, uint64
+from numba import cuda, float32, int32, int64, uint32, uint64
 
 from ioaware.block_info import band_offsets
 from sim.decode import MAX_SEQLEN_Q, WARPS, SplitKVPlan, split_kv_plan
@@ -371,10 +372,47 @@ def make_decode_kernel(head_dim: int, rows: int, seqlen_q: int, group: int, oper
     return decode_split_kv
 
 
-def make_merge_kernel(head_dim: int, threads: int):
+def _pack_f16_twin(lo, hi):
+    """NumPy twin of `ptx.pack_f16x2` as the int32 word the merge stores (round to nearest)."""
+    h = np.array([lo, hi], np.float32).astype(np.float16)
+    return int(h.view(np.int32)[0])
+
+
+def _pack_bf16_twin(lo, hi):
+    """NumPy twin of `ptx.pack_bf16x2` as the int32 word the merge stores (round to nearest
+    even; NaN stays NaN)."""
+    bits = np.array([lo, hi], np.float32).view(np.uint32).astype(np.uint64)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    nan = np.isnan(np.array([lo, hi], np.float32))
+    rounded[nan] = 0x7FC0
+    return int(np.array([rounded[0] | (rounded[1] << 16)], np.uint64).astype(np.uint32)
+               .view(np.int32)[0])
+
+
+def make_merge_kernel(head_dim: int, threads: int, output: str = "float32"):
     """The merge of the splits' partial outputs: grid = (B * Hq * Nq,), block = ``threads``.
-    ``kernel(o_part, lse_part, out, lse, heads_q, seqlen_q)``, all float32."""
+    ``kernel(o_part, lse_part, out, lse, heads_q, seqlen_q)``: the partials and ``lse`` float32;
+    ``out`` float32 [B, Hq, Nq, d] for ``output="float32"``, else the output in that dtype
+    ("float16", "bfloat16") as int32 words [B, Hq, Nq, d / 2] of two elements each (the cast
+    fused here: rounded to nearest as torch's cast rounds)."""
     D, NT = head_dim, threads
+    WORDS = output != "float32"
+    if not WORDS:
+        pack = None
+    elif host.simulator():
+        pack = _pack_f16_twin if output == "float16" else _pack_bf16_twin
+    else:
+        pack = ptx.pack_f16x2 if output == "float16" else ptx.pack_bf16x2
+
+    @cuda.jit(device=True)
+    def merged(o_part, lse_part, b, h, i, col, m, total, nan, splits):
+        """Column ``col`` of the merged output row (NaN for a refused row)."""
+        o = NAN if nan else float32(0.0)
+        if m != NEG_INF and not nan:
+            for sp in range(splits):
+                o += math.exp(lse_part[sp, b, h, i] - m) * o_part[sp, b, h, i, col]
+            o = o / total
+        return o
 
     @cuda.jit
     def decode_merge(o_part, lse_part, out, lse, heads_q, seqlen_q):
@@ -396,13 +434,15 @@ def make_merge_kernel(head_dim: int, threads: int):
         if m != NEG_INF and not nan:
             for sp in range(splits):
                 total += math.exp(lse_part[sp, b, h, i] - m)
-        for col in range(cuda.threadIdx.x, D, NT):
-            o = NAN if nan else float32(0.0)
-            if m != NEG_INF and not nan:
-                for sp in range(splits):
-                    o += math.exp(lse_part[sp, b, h, i] - m) * o_part[sp, b, h, i, col]
-                o = o / total
-            out[b, h, i, col] = o
+        if WORDS:
+            for w in range(cuda.threadIdx.x, D // 2, NT):
+                lo = merged(o_part, lse_part, b, h, i, 2 * w, m, total, nan, splits)
+                hi = merged(o_part, lse_part, b, h, i, 2 * w + 1, m, total, nan, splits)
+                out[b, h, i, w] = int32(pack(lo, hi))
+        else:
+            for col in range(cuda.threadIdx.x, D, NT):
+                out[b, h, i, col] = merged(o_part, lse_part, b, h, i, col, m, total, nan,
+                                           splits)
         if cuda.threadIdx.x == 0:
             lse[b, h, i] = m + math.log(total) if m != NEG_INF and not nan else m
 
@@ -495,7 +535,7 @@ def prepare(problem, config=None):
     use_shfl = host.real_gpu()
     kern = _kernel("main", D, p.rows_per_program, Nq, pb.group, pb.dtype_name, banded, p.warps,
                    p.keys_per_step, p.lanes_per_key, use_shfl)
-    merge = _kernel("merge", D, p.merge_threads)
+    merge = _kernel("merge", D, p.merge_threads, pb.dtype_name)
     fast = getattr(config, "fast_launch", True)
     consts = (np.float32(pb.scale * LOG2E), np.int64(lo), np.int64(hi), np.int64(shift),
               np.int64(pb.seqlen_k), np.int64(pb.heads_kv), np.int64(p.row_chunks))
@@ -507,16 +547,17 @@ def prepare(problem, config=None):
         qi, ki, vi = (call.input(x, words=words, aligned=True, word_bytes=4) for x in (q, k, v))
         o_part = call.output((p.splits, B, Hq, Nq, D), float32=True)
         lse_part = call.output((p.splits, B, Hq, Nq), float32=True)
-        out = call.output((B, Hq, Nq, D), float32=True)
+        out = call.output((B, Hq, Nq, D), words=words)     # the merge writes the dtype
+        out_arg = out.arg
+        if words:       # two elements per int32 word
+            out_arg = out_arg.view(call._torch.int32 if call.torch else np.int32)
         lse = call.output((B, Hq, Nq), float32=True)
         seqlens = _seqlens(call, template)
         host.relaunch(plans, (qi, ki, vi, seqlens), kern, p.grid, p.threads, call.stream,
                       (qi, ki, vi, o_part.arg, lse_part.arg, seqlens, *consts), fast=fast)
         host.relaunch(merge_plans, (), merge, (B * Hq * Nq,), p.merge_threads, call.stream,
-                      (o_part.arg, lse_part.arg, out.arg, lse.arg, *merge_consts), fast=fast)
-        if call.torch:
-            return out.value(template.dtype), lse.value()
-        return out.value().astype(template.dtype, copy=False), lse.value()
+                      (o_part.arg, lse_part.arg, out_arg, lse.arg, *merge_consts), fast=fast)
+        return out.value(), lse.value()
     return run
 
 

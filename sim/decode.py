@@ -166,13 +166,13 @@ def split_kv_costs(plan: SplitKVPlan, gpu, keys_read: int | None = None) -> dict
     * main kernel: K and V of each (batch, KV head) once per row chunk (``global``), once from
       DRAM (row chunks of one KV head run next to each other, so L2 serves the repeats); Q of
       each program's rows once per split; partial outputs and logsumexps written (float32);
-    * merge: the partials read, the float32 output and logsumexp written; the cast of the output
-      to the input dtype (read float32, write ``element_bytes``) when that is not float32.
+    * merge: the partials read, the output (in the input dtype: the cast is fused) and the
+      float32 logsumexp written.
 
     Time: the main kernel streams its DRAM bytes at ``hbm_bandwidth_bytes_per_s`` stretched by
     the last wave's idle SMs (``waves / ceil(waves)`` efficiency, one wave = ``num_sms *``
     `RESIDENT_PROGRAMS_PER_SM` programs) or runs its FLOPs at ``fp32_flops_per_s`` (CUDA cores),
-    whichever is longer; the merge and the cast stream their bytes. Launch overheads are not
+    whichever is longer; the merge streams its bytes. Launch overheads are not
     included (``launches`` says how many kernels run).
     """
     p = plan
@@ -182,12 +182,10 @@ def split_kv_costs(plan: SplitKVPlan, gpu, keys_read: int | None = None) -> dict
     q_bytes = p.batch * p.heads_q * p.seqlen_q * p.head_dim * e
     rows = p.batch * p.heads_q * p.seqlen_q
     partial_bytes = p.splits * rows * (p.head_dim + 1) * 4
-    out_f32 = rows * (p.head_dim + 1) * 4
-    cast_read = 0 if e == 4 else rows * p.head_dim * 4       # the float32 output, cast to e bytes
-    cast_write = 0 if e == 4 else rows * p.head_dim * e
+    out_bytes = rows * (p.head_dim * e + 4)                  # the output and its logsumexp
     main_global_read = kv_dram * p.row_chunks + q_bytes * p.splits
     main_dram = kv_dram + q_bytes + partial_bytes
-    merge_bytes = partial_bytes + out_f32 + cast_read + cast_write
+    merge_bytes = partial_bytes + out_bytes
     flops = 4 * rows * keys * p.head_dim
     wave = gpu.num_sms * RESIDENT_PROGRAMS_PER_SM
     waves = p.programs * p.splits / wave
@@ -201,14 +199,14 @@ def split_kv_costs(plan: SplitKVPlan, gpu, keys_read: int | None = None) -> dict
         "row_chunks": p.row_chunks,
         "grid": list(p.grid),
         "kv_bytes": kv_dram,
-        "global_read_bytes": main_global_read + partial_bytes + cast_read,
-        "global_write_bytes": partial_bytes + out_f32 + cast_write,
-        "dram_read_bytes": kv_dram + q_bytes + partial_bytes + cast_read,
-        "dram_write_bytes": partial_bytes + out_f32 + cast_write,
+        "global_read_bytes": main_global_read + partial_bytes,
+        "global_write_bytes": partial_bytes + out_bytes,
+        "dram_read_bytes": kv_dram + q_bytes + partial_bytes,
+        "dram_write_bytes": partial_bytes + out_bytes,
         "flops": flops,
         "wave_efficiency": wave_efficiency,
         "time_main_s": main_time,
         "time_merge_s": merge_time,
         "time_s": main_time + merge_time,
-        "launches": 2 + (1 if e != 4 else 0),
+        "launches": 2,
     }

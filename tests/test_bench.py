@@ -283,6 +283,29 @@ def test_sanitize_cases_are_run_by_the_family_they_name(family, monkeypatch):
             assert kernels.family_for(pb, config, pass_) == family
 
 
+def test_sanitize_split_kv_checks_valid_rows_and_nan_rows(monkeypatch):
+    """The decoding cases of ``python -m benchmarks sanitize split_kv`` run (here at 40 keys in
+    Numba's CUDA simulator): rows with a valid length finite, a length past the cache NaN; and
+    a kernel that let such a row through would be caught."""
+    import numpy as np
+
+    import kernels
+    from benchmarks import sanitize
+    monkeypatch.setattr(sanitize, "DECODE_SEQ_K", 40)
+    monkeypatch.setattr(sanitize, "DECODE_CASES", (
+        (8, 1, (40, 0, 1, 17), {}),
+        (8, 2, (40, 41, 1, 17), {"causal": "bottom_right", "window_size": (5, 0)})))
+    sanitize.run_split_kv()
+    real_forward = kernels.forward
+
+    def forgets_the_nan(pb, config=None):
+        out, lse = real_forward(pb, config)
+        return np.nan_to_num(out), lse
+    monkeypatch.setattr(kernels, "forward", forgets_the_nan)
+    with pytest.raises(RuntimeError, match="past the cache is not NaN"):
+        sanitize.run_split_kv()
+
+
 def test_train_step_pair_computes_the_same_first_loss():
     """The training-step benchmark's two models (CPU, one layer, 8 tokens): same weights, so the
     same first loss under "sdpa" and "ioaware", and a step that changes the weights."""
