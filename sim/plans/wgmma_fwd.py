@@ -34,11 +34,17 @@ What the plan counts, from the kernel's code (`kernels.wgmma_fwd`):
 * **Shared memory moved**: the TMA destinations (Q boxes, K and V tiles). The ``wgmma``
   operand reads are not priced, as in `sim.plans.flash3` (the "smem" level prices load/store
   traffic).
+* **Overlap** (``KernelPlan.serial``): the overlap model of `sim.plans.flash3`
+  (:func:`~sim.plans.flash3.overlap_serial`) for this kernel's structure: a producer warp
+  loading ahead through two stages (the loads overlap the compute), and consumer warpgroups
+  that each run S = Q K^T, the softmax and O += P V in turn, with neither ping-pong nor
+  intra-warpgroup overlap: the products and the softmax add, ``t = M + S``.
 """
 from __future__ import annotations
 
 from ..plan import Access, KernelPlan, Matmul, Plan
 from ..workload import STAT_BYTES, Workload
+from .flash3 import overlap_serial
 from .tensor_core_fwd import (FRAGMENT_ROW_BYTES, SCHEDULE_ENTRY_BYTES, SMEM_LIMIT_BYTES,
                               forward_tensor_bytes, softmax_work, tile_counts)
 
@@ -177,7 +183,10 @@ def _attention_kernel(w: Workload, c, bq: int, bk: int, *, name: str, in_bytes: 
         fp32_flops=int(fp32 + extra_fp32), mufu_ops=int(mufu),
         shared_bytes_moved=int(c.tiles * 2 * kv_tile
                                + q_boxes * ROWS_PER_WARPGROUP * SWIZZLE_ROW),
-        registers=registers, programs_per_slice=c.n_blocks_q, lockstep=True)
+        registers=registers, programs_per_slice=c.n_blocks_q, lockstep=True,
+        serial=overlap_serial(warp_specialised=True, stages=2, pingpong=False,
+                              intra_overlap=False,
+                              consumer_warpgroups=wgmma_consumer_warpgroups(bq)))
 
 
 def wgmma_forward_plan(workload: Workload, *, block_q: int | None = None,
