@@ -167,7 +167,13 @@ class KernelPlan:
     levels overlap. A group's member may also be a pair ``(level, weight)``: that share of the
     level's time is on the group's chain (e.g. ``(("matmul", 0.5), "mufu")`` for a softmax that
     hides under one of a tile's two products but not the other); every level's own time stays a
-    lower bound of the kernel's (:func:`serial_parts`)."""
+    lower bound of the kernel's (:func:`serial_parts`).
+
+    ``serial_per_program``: the ``serial`` groups are the chain of one program (its warps in
+    step), and the programs resident on an SM run their chains independently, so a group's sum
+    is divided by the resident programs per SM (`sim.resources.occupancy`): ``max(M, S,
+    (M + S) / R)`` for a chain ``M + S`` and ``R`` resident programs. Default False: the groups
+    are the SM's (programs in step, or one per SM)."""
 
     name: str
     phase: str
@@ -183,6 +189,7 @@ class KernelPlan:
     programs_per_slice: int = 1
     lockstep: bool = True
     serial: tuple = ()
+    serial_per_program: bool = False
     steps_per_program: int = 1
     stagger: tuple | None = None
 
@@ -315,22 +322,29 @@ def _member(member, levels: dict) -> tuple[str, float]:
     return name, weight
 
 
-def serial_parts(levels: dict, serial: tuple) -> list[tuple[str, float]]:
+def serial_parts(levels: dict, serial: tuple, programs: int = 1) -> list[tuple[str, float]]:
     """``[(label, seconds)]``: every level's own time, then each ``serial`` group's weighted sum
-    (labelled as ``"0.5 matmul + mufu"``); the kernel's critical path is the largest of them.
-    For groups of plain names this is the same maximum as the groups' sums and the levels
-    outside every group (a level's time never exceeds the sum of a group that holds it)."""
+    (labelled as ``"0.5 matmul + mufu"``), divided by ``programs`` (the resident programs per SM
+    that run such chains independently, `KernelPlan.serial_per_program`; labelled ``"(...) /
+    2"``); the kernel's critical path is the largest of them. For groups of plain names and one
+    program this is the same maximum as the groups' sums and the levels outside every group (a
+    level's time never exceeds the sum of a group that holds it)."""
+    if isinstance(programs, bool) or not isinstance(programs, int) or programs < 1:
+        raise ValueError(f"programs must be a positive integer, got {programs!r}")
     parts = [(name, float(v)) for name, v in levels.items()]
     for group in serial:
         members = [_member(m, levels) for m in group]
         label = " + ".join(n if w == 1 else f"{w:g} {n}" for n, w in members)
-        parts.append((label, sum(w * levels[n] for n, w in members)))
+        if programs > 1:
+            label = f"({label}) / {programs}"
+        parts.append((label, sum(w * levels[n] for n, w in members) / programs))
     return parts
 
 
-def _critical(levels: dict, serial: tuple) -> float:
-    """The longest of the serial groups' (weighted) sums and the levels' own times."""
-    parts = serial_parts(levels, serial)
+def _critical(levels: dict, serial: tuple, programs: int = 1) -> float:
+    """The longest of the serial groups' (weighted) sums, each divided by ``programs``, and the
+    levels' own times."""
+    parts = serial_parts(levels, serial, programs)
     return max(v for _label, v in parts) if parts else 0.0
 
 
@@ -396,7 +410,8 @@ def price(plan: Plan, profile="h100", *, l2: str = "analytic") -> PlanCost:
         s = slots[k.name]
         waves = max(1, math.ceil(k.programs / s))
         util = k.programs / (waves * s)
-        time_s = rates["launch_s"] + _critical(levels, k.serial) / util
+        chains = resident[k.name] if k.serial_per_program else 1
+        time_s = rates["launch_s"] + _critical(levels, k.serial, chains) / util
         costs.append(KernelCost(k.name, k.phase, k.programs, resident[k.name], util, counted,
                                 float(dram.get(k.name, 0.0)), sum(executed.values()), k.fp32_flops,
                                 k.mufu_ops, {n: v / util for n, v in levels.items()}, time_s))

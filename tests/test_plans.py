@@ -135,6 +135,32 @@ def test_price_reads_the_profile_rates_and_the_serial_groups():
     assert tf32.matmul_flops == 3 * k.matmul_flops   # three TF32 products per float32 one
 
 
+def test_serial_chains_of_resident_programs_overlap():
+    """``serial_per_program``: each resident program runs its own chain, so a group's sum is
+    divided by the programs resident per SM (every level alone still bounds the time); the
+    wgmma forward declares its S-softmax-PV chain that way."""
+    from sim.plan import serial_parts
+    levels = {"matmul": 2.0, "mufu": 1.5, "l2": 0.5}
+    assert serial_parts(levels, (("matmul", "mufu"),), 2)[-1] == ("(matmul + mufu) / 2", 1.75)
+    assert max(v for _, v in serial_parts(levels, (("matmul", "mufu"),), 3)) == 2.0
+    with pytest.raises(ValueError, match="programs"):
+        serial_parts(levels, (), 0)
+    w = Workload(batch=2, heads=16, seq_len_q=8192, head_dim=64, dtype="fp16")
+    plan = plan_for("wgmma", "fwd", w, block_q=64, block_k=128)
+    (k,) = plan.kernels
+    assert k.serial and k.serial_per_program
+    (c,) = price(plan, "h100").kernels
+    assert c.resident_per_sm == 2
+    lv = c.level_s
+    chain = max(lv["matmul"] + lv["mufu"], lv["matmul"] + lv["fp32"]) / c.resident_per_sm
+    launch = c.time_s - max(max(lv.values()), chain)
+    assert 0 <= launch < 1e-5
+    one = Plan(plan.family, plan.pass_, w, (_replace(k, serial_per_program=False),), plan.config,
+               plan.tensor_bytes)
+    (c1,) = price(one, "h100").kernels
+    assert c1.time_s - launch == pytest.approx(max(max(lv.values()), chain * c.resident_per_sm))
+
+
 def _replace(kernel, **changes):
     import dataclasses
     return dataclasses.replace(kernel, **changes)

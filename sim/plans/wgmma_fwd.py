@@ -38,7 +38,9 @@ What the plan counts, from the kernel's code (`kernels.wgmma_fwd`):
   (:func:`~sim.plans.flash3.overlap_serial`) for this kernel's structure: a producer warp
   loading ahead through two stages (the loads overlap the compute), and consumer warpgroups
   that each run S = Q K^T, the softmax and O += P V in turn, with neither ping-pong nor
-  intra-warpgroup overlap: the products and the softmax add, ``t = M + S``.
+  intra-warpgroup overlap: the products and the softmax add, ``t = M + S`` per program; the
+  programs resident on an SM (when shared memory and registers let more than one in) run their
+  chains independently (``serial_per_program``: ``max(M, S, (M + S) / R)``).
 """
 from __future__ import annotations
 
@@ -186,7 +188,8 @@ def _attention_kernel(w: Workload, c, bq: int, bk: int, *, name: str, in_bytes: 
         registers=registers, programs_per_slice=c.n_blocks_q, lockstep=True,
         serial=overlap_serial(warp_specialised=True, stages=2, pingpong=False,
                               intra_overlap=False,
-                              consumer_warpgroups=wgmma_consumer_warpgroups(bq)))
+                              consumer_warpgroups=wgmma_consumer_warpgroups(bq)),
+        serial_per_program=True)
 
 
 def wgmma_forward_plan(workload: Workload, *, block_q: int | None = None,
