@@ -616,6 +616,105 @@ def profile_loads(path, *, variant="mma", pass_="fwd", out=None, ncu="ncu", comm
     return doc
 
 
+# ------------------------------------------------------------------------------------------------
+# --stalls: where a kernel's time goes (pipes, occupancy, warp stalls), per launch
+# ------------------------------------------------------------------------------------------------
+
+#: Per launch: duration, tensor-pipe activity (``mma.sync`` is HMMA, ``wgmma`` GMMA), issue-slot
+#: use, achieved occupancy, registers, DRAM throughput, and the warp stall reasons (warps stalled
+#: per issued instruction, by reason: their sum is the cycles between a warp's instructions).
+STALL_REASONS = ("long_scoreboard", "short_scoreboard", "barrier", "mio_throttle",
+                 "math_pipe_throttle", "wait", "not_selected", "selected", "lg_throttle",
+                 "dispatch_stall", "no_instruction", "membar", "branch_resolving", "drain",
+                 "sleeping", "tex_throttle", "imc_miss", "misc")
+STALL_METRICS = {
+    "duration_ns": "gpu__time_duration.sum",
+    "hmma_pipe_pct": "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
+    "gmma_pipe_pct": "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active",
+    "issue_active_pct": "smsp__issue_active.avg.pct_of_peak_sustained_active",
+    "warps_active_pct": "sm__warps_active.avg.pct_of_peak_sustained_active",
+    "registers": "launch__registers_per_thread",
+    "dram_pct": "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+    **{f"stall_{r}": f"smsp__average_warps_issue_stalled_{r}_per_issue_active.ratio"
+       for r in STALL_REASONS},
+}
+STALLS_HEADER = (f"{'kernel':<34} {'us':>8} {'tensor%':>7} {'issue%':>6} {'occ%':>5} {'regs':>4}"
+                 f"  top stalls (warps per issued instruction)")
+
+
+def _short_name(name: str) -> str:
+    """A kernel's name without its template arguments, parameters and Numba's ABI tags."""
+    base = name.split("(")[0].split("<")[0].split("[")[0].split()
+    return base[-1].rsplit("::", 1)[-1][:34] if base else name[:34]
+
+
+def stall_row(k: dict) -> str:
+    """One launch of a ``--stalls`` record as a table row."""
+    m = k["metrics"]
+    tensor = max((m.get(x) or 0.0) for x in ("hmma_pipe_pct", "gmma_pipe_pct"))
+    stalls = sorted(((v, r[len("stall_"):]) for r, v in m.items()
+                     if r.startswith("stall_") and v), reverse=True)[:4]
+    return (f"{_short_name(k['name']):<34} {(m.get('duration_ns') or 0) / 1e3:>8.1f} "
+            f"{tensor:>7.1f} {m.get('issue_active_pct') or 0:>6.1f} "
+            f"{m.get('warps_active_pct') or 0:>5.1f} {m.get('registers') or 0:>4.0f}  "
+            + ", ".join(f"{r} {v:.2f}" for v, r in stalls))
+
+
+def show_stalls(path) -> int:
+    """Print a ``--stalls`` file: per record, a row per launch."""
+    doc = json.loads(Path(path).read_text())
+    p = doc["provenance"]
+    print(f"# {p.get('gpu')}  {p.get('date')}  ({p.get('command')})")
+    for r in doc["records"]:
+        print(f"\n{r['kernel']} {r.get('variant') or ''} {r['pass']} {r['dtype']} d={r['head_dim']} "
+              f"N={r['seq_len_q']} B={r['batch']} H={r['heads']} causal={r['causal']}")
+        print(STALLS_HEADER)
+        for k in r["launches"]:
+            print(stall_row(k))
+    return 0
+
+
+def profile_stalls(path, *, kernels=None, pass_=None, dtype=None, out=None, ncu="ncu",
+                   command="") -> dict:
+    """Replay the records of ``path`` (those of ``kernels``, ``pass_`` and ``dtype`` where given)
+    under Nsight Compute with `STALL_METRICS`, one row per launch (not summed); prints them and
+    writes the file to ``out``."""
+    recs = [r for r in json.loads(Path(path).read_text())["records"]
+            if (not kernels or r.get("kernel") in kernels) and (not pass_ or r.get("pass") == pass_)
+            and (not dtype or r.get("dtype") == dtype)]
+    if not recs:
+        raise SystemExit(f"no records of kernels={kernels} pass={pass_} dtype={dtype} in {path}")
+    configs = [{k: r[k] for k in measure.KEY_FIELDS if k in r} for r in recs]
+    have = filter_available(list(STALL_METRICS.values()), query_metrics(ncu))
+    missing = [m for m in STALL_METRICS.values() if m not in have]
+    if missing:
+        print("not on this GPU:", ", ".join(missing), flush=True)
+    rows, rc = replay(configs, have, ncu, timeout=3000)
+    if rc:
+        raise SystemExit(f"the profiled child failed (rc={rc})")
+    short = {v: k for k, v in STALL_METRICS.items()}
+    out_recs = []
+    for cfg, grp in zip(configs, split_by_marker(rows, len(configs))):
+        launches = [{"name": row["name"],
+                     "metrics": {short[m]: v for m, v in row["metrics"].items() if m in short}}
+                    for row in grp]
+        out_recs.append(dict(cfg, launches=launches))
+        print(f"\n{cfg['kernel']} {cfg.get('variant') or ''} {cfg['pass']} {cfg['dtype']} "
+              f"d={cfg['head_dim']} N={cfg['seq_len_q']} causal={cfg['causal']}")
+        print(STALLS_HEADER)
+        for k in launches:
+            print(stall_row(k), flush=True)
+    doc = {"schema": "ioaware.ncu_stalls/1",
+           "provenance": provenance(command, extra={"ncu": ncu_version(ncu),
+                                                    "metrics": STALL_METRICS,
+                                                    "missing_metrics": missing}),
+           "records": out_recs}
+    if out:
+        write_json(doc, out)
+        print("wrote", out)
+    return doc
+
+
 def main(argv=None) -> int:
     argv = list(argv or [])
     ap = argparse.ArgumentParser(prog="python -m benchmarks ncu",
@@ -636,6 +735,12 @@ def main(argv=None) -> int:
     ap.add_argument("--variant", default="mma", help="--loads: our kernel family (default mma)")
     ap.add_argument("--pass", dest="pass_", default="fwd", help="--loads: pass (default fwd)")
     ap.add_argument("--show-loads", metavar="FILE", help="print a --loads file and exit (no GPU)")
+    ap.add_argument("--stalls", action="store_true",
+                    help="per launch of the --kernels / --pass / --dtype records: duration, "
+                         "tensor-pipe and issue activity, occupancy, warp stall reasons "
+                         "(written to --out)")
+    ap.add_argument("--dtype", help="--stalls: only records of this dtype (fp16, bf16, fp32)")
+    ap.add_argument("--show-stalls", metavar="FILE", help="print a --stalls file and exit (no GPU)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--calibrate", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -645,6 +750,8 @@ def main(argv=None) -> int:
         return _child(args.child)
     if args.show_loads:
         return show_loads(args.show_loads)
+    if args.show_stalls:
+        return show_stalls(args.show_stalls)
     if not args.results:
         ap.error("give the results file")
     command = command_line("ncu", argv)
@@ -653,6 +760,10 @@ def main(argv=None) -> int:
     if unknown:
         ap.error(f"--kernels: unknown kernel(s) {', '.join(unknown)}; choose from "
                  f"{', '.join(measure.KERNELS)}")
+    if args.stalls:
+        profile_stalls(args.results, kernels=kernels, pass_=args.pass_ if "--pass" in argv else None,
+                       dtype=args.dtype, out=args.out, ncu=args.ncu, command=command)
+        return 0
     if args.loads:
         profile_loads(args.results, variant=args.variant, pass_=args.pass_, out=args.out,
                       ncu=args.ncu, command=command)

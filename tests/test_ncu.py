@@ -383,3 +383,29 @@ def test_shipped_sweeps_tma_rule_leaves_ours_and_math_as_they_were():
                     r["global_load_bytes"] + r["global_store_bytes"]
                     + (r.get("global_atomic_bytes") or 0))
     assert hits == {("eager", "fp16")}
+
+
+def test_stalls_file_prints_each_launch_with_its_largest_stalls(tmp_path, capsys):
+    """``python -m benchmarks ncu --show-stalls FILE``: a row per launch, the tensor pipe as the
+    larger of HMMA and GMMA, and the stall reasons largest first."""
+    import json
+
+    from benchmarks import ncu
+    launch = {"name": "void flash_bwd_dq_dk_dv_loop_kernel<Flash_bwd_kernel_traits<128> >(Params)",
+              "metrics": {"duration_ns": 2500.0, "hmma_pipe_pct": 41.5, "gmma_pipe_pct": 0.0,
+                          "issue_active_pct": 30.0, "warps_active_pct": 12.4, "registers": 255,
+                          "stall_barrier": 0.5, "stall_long_scoreboard": 2.25,
+                          "stall_math_pipe_throttle": 1.0, "stall_wait": 0.25, "stall_misc": 0.0}}
+    doc = {"provenance": {"gpu": "H100", "date": "d", "command": "c"},
+           "records": [{"kernel": "sdpa-flash", "variant": None, "pass": "bwd", "dtype": "fp16",
+                        "head_dim": 128, "seq_len_q": 3000, "batch": 4, "heads": 8,
+                        "causal": False, "launches": [launch]}]}
+    path = tmp_path / "stalls.json"
+    path.write_text(json.dumps(doc))
+    assert ncu.main(["--show-stalls", str(path)]) == 0
+    row = capsys.readouterr().out.splitlines()[-1]
+    assert row.startswith("flash_bwd_dq_dk_dv_loop_kernel ")
+    assert "2.5" in row and "41.5" in row and "255" in row
+    assert row.index("long_scoreboard 2.25") < row.index("math_pipe_throttle 1.00") \
+        < row.index("barrier 0.50") < row.index("wait 0.25")
+    assert "misc" not in row
