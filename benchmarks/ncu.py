@@ -146,9 +146,10 @@ def wanted_metrics() -> list[str]:
 
 
 def filter_available(metrics: list[str], query_output: str) -> list[str]:
-    """The metrics whose base name (before ``.sum``) appears in ``ncu --query-metrics`` output."""
+    """The metrics whose base name (before the first ``.``: ``.sum``, ``.avg.pct_of_peak_...``)
+    appears in ``ncu --query-metrics`` output."""
     names = {line.split()[0] for line in query_output.splitlines() if line.split()}
-    return [m for m in metrics if m.rsplit(".", 1)[0] in names]
+    return [m for m in metrics if m.split(".", 1)[0] in names]
 
 
 def query_metrics(ncu: str = "ncu") -> str:

@@ -172,8 +172,10 @@ class KernelPlan:
     ``serial_per_program``: the ``serial`` groups are the chain of one program (its warps in
     step), and the programs resident on an SM run their chains independently, so a group's sum
     is divided by the resident programs per SM (`sim.resources.occupancy`): ``max(M, S,
-    (M + S) / R)`` for a chain ``M + S`` and ``R`` resident programs. Default False: the groups
-    are the SM's (programs in step, or one per SM)."""
+    (M + S) / R)`` for a chain ``M + S`` and ``R`` resident programs. Only where the kernel's
+    ``registers`` are known: without them the resident count ignores the register file and
+    would overstate ``R``, so the chains are not divided. Default False: the groups are the
+    SM's (programs in step, or one per SM)."""
 
     name: str
     phase: str
@@ -410,7 +412,7 @@ def price(plan: Plan, profile="h100", *, l2: str = "analytic") -> PlanCost:
         s = slots[k.name]
         waves = max(1, math.ceil(k.programs / s))
         util = k.programs / (waves * s)
-        chains = resident[k.name] if k.serial_per_program else 1
+        chains = resident[k.name] if k.serial_per_program and k.registers is not None else 1
         time_s = rates["launch_s"] + _critical(levels, k.serial, chains) / util
         costs.append(KernelCost(k.name, k.phase, k.programs, resident[k.name], util, counted,
                                 float(dram.get(k.name, 0.0)), sum(executed.values()), k.fp32_flops,

@@ -159,6 +159,13 @@ def test_serial_chains_of_resident_programs_overlap():
                plan.tensor_bytes)
     (c1,) = price(one, "h100").kernels
     assert c1.time_s - launch == pytest.approx(max(max(lv.values()), chain * c.resident_per_sm))
+    # registers unknown: the resident count would ignore the register file, so no division
+    unknown = Plan(plan.family, plan.pass_, w, (_replace(k, registers=None),), plan.config,
+                   plan.tensor_bytes)
+    (cu,) = price(unknown, "h100").kernels
+    lu = cu.level_s
+    assert cu.time_s - launch == pytest.approx(max(max(lu.values()), lu["matmul"] + lu["mufu"],
+                                                   lu["matmul"] + lu["fp32"]))
 
 
 def _replace(kernel, **changes):
