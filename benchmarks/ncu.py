@@ -579,6 +579,41 @@ def show_loads(path) -> int:
     return 0
 
 
+def _replay_records(recs: list[dict], metrics: dict, ncu: str, timeout: float):
+    """Replay ``recs`` (records of a results file) under Nsight Compute with ``metrics`` (short
+    name -> ncu metric; those this GPU lacks are printed and left out): ``(configs, groups,
+    missing)``, ``groups`` holding per configuration its launches as ``{"name", "metrics"}``
+    with the short names."""
+    configs = [{k: r[k] for k in measure.KEY_FIELDS if k in r} for r in recs]
+    have = filter_available(list(metrics.values()), query_metrics(ncu))
+    missing = [m for m in metrics.values() if m not in have]
+    if missing:
+        print("not on this GPU:", ", ".join(missing), flush=True)
+    rows, rc = replay(configs, have, ncu, timeout=timeout)
+    if rc:
+        raise SystemExit(f"the profiled child failed (rc={rc})")
+    short = {v: k for k, v in metrics.items()}
+    groups = [[{"name": row["name"],
+                "metrics": {short[m]: v for m, v in row["metrics"].items() if m in short}}
+               for row in grp]
+              for grp in split_by_marker(rows, len(configs))]
+    return configs, groups, missing
+
+
+def _write_profile(schema: str, records: list, metrics: dict, missing: list, ncu: str,
+                   command: str, out) -> dict:
+    """The document of a ``--loads`` / ``--stalls`` profile, with provenance (written to
+    ``out`` when given)."""
+    doc = {"schema": schema,
+           "provenance": provenance(command, extra={"ncu": ncu_version(ncu), "metrics": metrics,
+                                                    "missing_metrics": missing}),
+           "records": records}
+    if out:
+        write_json(doc, out)
+        print("wrote", out)
+    return doc
+
+
 def profile_loads(path, *, variant="mma", pass_="fwd", out=None, ncu="ncu", command="") -> dict:
     """Replay the records of ``path`` of our kernel's ``variant`` and ``pass_`` with the
     `LOAD_METRICS` counters; prints a row per record, writes the file to ``out``."""
@@ -586,35 +621,20 @@ def profile_loads(path, *, variant="mma", pass_="fwd", out=None, ncu="ncu", comm
     recs = [r for r in source if r.get("variant") == variant and r.get("pass") == pass_]
     if not recs:
         raise SystemExit(f"no records with variant={variant!r} pass={pass_!r} in {path}")
-    configs = [{k: r[k] for k in measure.KEY_FIELDS if k in r} for r in recs]
-    have = filter_available(list(LOAD_METRICS.values()), query_metrics(ncu))
-    missing = [m for m in LOAD_METRICS.values() if m not in have]
-    if missing:
-        print("not on this GPU:", ", ".join(missing), flush=True)
-    rows, rc = replay(configs, have, ncu, timeout=1800)
-    if rc:
-        raise SystemExit(f"the profiled child failed (rc={rc})")
-    short = {v: k for k, v in LOAD_METRICS.items()}
+    configs, groups, missing = _replay_records(recs, LOAD_METRICS, ncu, timeout=1800)
     out_recs = []
     print(LOADS_HEADER)
-    for cfg, rec, grp in zip(configs, recs, split_by_marker(rows, len(configs))):
+    for cfg, rec, grp in zip(configs, recs, groups):
         sums = {k: 0.0 for k in LOAD_METRICS}
         for row in grp:
             for m, val in row["metrics"].items():
-                if m in short and val is not None:
-                    sums[short[m]] += val
+                if val is not None:
+                    sums[m] += val
         out_recs.append(dict(cfg, kernels=[r["name"] for r in grp], counters=sums,
                              global_load_bytes_recorded=rec.get("global_load_bytes")))
         print(_loads_row(out_recs[-1]), flush=True)
-    doc = {"schema": "ioaware.ncu_loads/1",
-           "provenance": provenance(command, extra={"ncu": ncu_version(ncu),
-                                                    "metrics": LOAD_METRICS,
-                                                    "missing_metrics": missing}),
-           "records": out_recs}
-    if out:
-        write_json(doc, out)
-        print("wrote", out)
-    return doc
+    return _write_profile("ioaware.ncu_loads/1", out_recs, LOAD_METRICS, missing, ncu, command,
+                          out)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -685,35 +705,17 @@ def profile_stalls(path, *, kernels=None, pass_=None, dtype=None, out=None, ncu=
             and (not dtype or r.get("dtype") == dtype)]
     if not recs:
         raise SystemExit(f"no records of kernels={kernels} pass={pass_} dtype={dtype} in {path}")
-    configs = [{k: r[k] for k in measure.KEY_FIELDS if k in r} for r in recs]
-    have = filter_available(list(STALL_METRICS.values()), query_metrics(ncu))
-    missing = [m for m in STALL_METRICS.values() if m not in have]
-    if missing:
-        print("not on this GPU:", ", ".join(missing), flush=True)
-    rows, rc = replay(configs, have, ncu, timeout=3000)
-    if rc:
-        raise SystemExit(f"the profiled child failed (rc={rc})")
-    short = {v: k for k, v in STALL_METRICS.items()}
+    configs, groups, missing = _replay_records(recs, STALL_METRICS, ncu, timeout=3000)
     out_recs = []
-    for cfg, grp in zip(configs, split_by_marker(rows, len(configs))):
-        launches = [{"name": row["name"],
-                     "metrics": {short[m]: v for m, v in row["metrics"].items() if m in short}}
-                    for row in grp]
+    for cfg, launches in zip(configs, groups):
         out_recs.append(dict(cfg, launches=launches))
         print(f"\n{cfg['kernel']} {cfg.get('variant') or ''} {cfg['pass']} {cfg['dtype']} "
               f"d={cfg['head_dim']} N={cfg['seq_len_q']} causal={cfg['causal']}")
         print(STALLS_HEADER)
         for k in launches:
             print(stall_row(k), flush=True)
-    doc = {"schema": "ioaware.ncu_stalls/1",
-           "provenance": provenance(command, extra={"ncu": ncu_version(ncu),
-                                                    "metrics": STALL_METRICS,
-                                                    "missing_metrics": missing}),
-           "records": out_recs}
-    if out:
-        write_json(doc, out)
-        print("wrote", out)
-    return doc
+    return _write_profile("ioaware.ncu_stalls/1", out_recs, STALL_METRICS, missing, ncu, command,
+                          out)
 
 
 def main(argv=None) -> int:
@@ -734,7 +736,8 @@ def main(argv=None) -> int:
     ap.add_argument("--loads", action="store_true",
                     help="split the global loads of the --variant / --pass records instead")
     ap.add_argument("--variant", default="mma", help="--loads: our kernel family (default mma)")
-    ap.add_argument("--pass", dest="pass_", default="fwd", help="--loads: pass (default fwd)")
+    ap.add_argument("--pass", dest="pass_", default=None,
+                    help="--loads: pass (default fwd); --stalls: only this pass (default any)")
     ap.add_argument("--show-loads", metavar="FILE", help="print a --loads file and exit (no GPU)")
     ap.add_argument("--stalls", action="store_true",
                     help="per launch of the --kernels / --pass / --dtype records: duration, "
@@ -762,11 +765,11 @@ def main(argv=None) -> int:
         ap.error(f"--kernels: unknown kernel(s) {', '.join(unknown)}; choose from "
                  f"{', '.join(measure.KERNELS)}")
     if args.stalls:
-        profile_stalls(args.results, kernels=kernels, pass_=args.pass_ if "--pass" in argv else None,
-                       dtype=args.dtype, out=args.out, ncu=args.ncu, command=command)
+        profile_stalls(args.results, kernels=kernels, pass_=args.pass_, dtype=args.dtype,
+                       out=args.out, ncu=args.ncu, command=command)
         return 0
     if args.loads:
-        profile_loads(args.results, variant=args.variant, pass_=args.pass_, out=args.out,
+        profile_loads(args.results, variant=args.variant, pass_=args.pass_ or "fwd", out=args.out,
                       ncu=args.ncu, command=command)
         return 0
     profile_results(args.results, out_path=args.out, chunk=args.chunk,

@@ -106,12 +106,7 @@ def make_decode_kernel(head_dim: int, rows: int, seqlen_q: int, group: int, oper
     BANDED, SHFL = banded, use_shfl
     # the simulator's reductions (no shuffles there) go through shared memory
     RED_SHAPE = (1, 1, 1) if use_shfl else (NW, max(ROWS * KB, ROWS * (NE + 1)), 32)
-    if not WORDS:
-        unpack = None
-    elif host.simulator():
-        unpack = _unpack_f16_twin if operand == "float16" else _unpack_bf16_twin
-    else:
-        unpack = ptx.unpack_f16x2 if operand == "float16" else ptx.unpack_bf16x2
+    unpack = _half_op("unpack", operand)
 
     RAW = uint32 if WORDS else float32
     FULL = U % LPK == 0                      # every lane holds a unit of every row
@@ -389,6 +384,22 @@ def _pack_bf16_twin(lo, hi):
                .view(np.int32)[0])
 
 
+def _half_op(kind: str, dtype: str):
+    """The conversion between float32 and two 16-bit elements in a 32-bit word the kernels call
+    (``kind`` "pack" or "unpack", ``dtype`` "float16" or "bfloat16"): the inline-PTX intrinsic
+    on a GPU, its NumPy twin under the simulator; None for "float32" (no words)."""
+    if dtype == "float32":
+        return None
+    f16 = dtype == "float16"
+    if host.simulator():
+        twins = {"pack": (_pack_f16_twin, _pack_bf16_twin),
+                 "unpack": (_unpack_f16_twin, _unpack_bf16_twin)}[kind]
+    else:
+        twins = {"pack": (ptx.pack_f16x2, ptx.pack_bf16x2),
+                 "unpack": (ptx.unpack_f16x2, ptx.unpack_bf16x2)}[kind]
+    return twins[0] if f16 else twins[1]
+
+
 def make_merge_kernel(head_dim: int, threads: int, output: str = "float32"):
     """The merge of the splits' partial outputs: grid = (B * Hq * Nq,), block = ``threads``.
     ``kernel(o_part, lse_part, out, lse, heads_q, seqlen_q)``: the partials and ``lse`` float32;
@@ -397,12 +408,7 @@ def make_merge_kernel(head_dim: int, threads: int, output: str = "float32"):
     fused here: rounded to nearest as torch's cast rounds)."""
     D, NT = head_dim, threads
     WORDS = output != "float32"
-    if not WORDS:
-        pack = None
-    elif host.simulator():
-        pack = _pack_f16_twin if output == "float16" else _pack_bf16_twin
-    else:
-        pack = ptx.pack_f16x2 if output == "float16" else ptx.pack_bf16x2
+    pack = _half_op("pack", output)
 
     @cuda.jit(device=True)
     def merged(o_part, lse_part, b, h, i, col, m, total, nan, splits):

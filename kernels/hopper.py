@@ -347,6 +347,14 @@ def _a_fragment_thread(thread, reg, part_name, part, parts, plural) -> tuple[int
     return warp, group, tig
 
 
+def _check_a_element(row, k, columns) -> None:
+    """Check ``(row, k)`` of a 64 x ``columns`` A operand: an A fragment owner's arguments."""
+    _check_int("row", row)
+    _check_int("k", k)
+    if not (0 <= row < 64 and 0 <= k < columns):
+        raise ValueError(f"(row, k) must lie in the 64 x {columns} tile, got ({row}, {k})")
+
+
 def wgmma_a_elem(thread: int, reg: int, half: int) -> tuple[int, int]:
     """(row, k) of the element of the 64 x 16 A operand held in half ``half`` (0: low 16 bits)
     of .b32 register ``reg`` (0..3) of ``thread`` (0..127) of ``wgmma.mma_async.m64nNk16``
@@ -365,10 +373,7 @@ def wgmma_a_elem(thread: int, reg: int, half: int) -> tuple[int, int]:
 def wgmma_a_owner(row: int, k: int) -> tuple[int, int, int]:
     """(thread, reg, half) holding element (row, k) of the 64 x 16 A operand (inverse of
     `wgmma_a_elem`)."""
-    _check_int("row", row)
-    _check_int("k", k)
-    if not (0 <= row < 64 and 0 <= k < 16):
-        raise ValueError(f"(row, k) must lie in the 64 x 16 tile, got ({row}, {k})")
+    _check_a_element(row, k, 16)
     thread = 32 * (row // 16) + 4 * (row % 8) + (k % 8) // 2
     e = (k & 1) + 2 * ((row % 16) // 8) + 4 * (k // 8)
     return thread, e // 2, e % 2
@@ -404,10 +409,7 @@ def wgmma_a8_elem(thread: int, reg: int, byte: int) -> tuple[int, int]:
 def wgmma_a8_owner(row: int, k: int) -> tuple[int, int, int]:
     """(thread, reg, byte) holding element (row, k) of the 64 x 32 8-bit A operand (inverse of
     `wgmma_a8_elem`)."""
-    _check_int("row", row)
-    _check_int("k", k)
-    if not (0 <= row < 64 and 0 <= k < 32):
-        raise ValueError(f"(row, k) must lie in the 64 x 32 tile, got ({row}, {k})")
+    _check_a_element(row, k, 32)
     thread = 32 * (row // 16) + 4 * (row % 8) + (k % 16) // 4
     return thread, ((row % 16) // 8) + 2 * (k // 16), k % 4
 

@@ -523,7 +523,6 @@ def _build_map_writer():
     """The kernel of `map_writer`: ``store_words(dst, w0, ..., w47)``, one scalar uint64
     parameter per word (so that `kernels.host.launch` packs them and the kernel goes through
     the on-disk cache; the source is generated because a kernel's parameters are named)."""
-    from numba import cuda
     params = ", ".join(f"w{i}" for i in range(MAP_WORDS))
     body = "".join(f"        dst[{i}] = w{i}\n" for i in range(MAP_WORDS))
     namespace = {"cuda": cuda}
@@ -617,8 +616,8 @@ _WARMED: set = set()     # devices where `map_writer` has run once
 
 
 def warm_map_writer(device_index: int) -> None:
-    """Compile and load `map_writer` now, outside any graph capture (a launch on a scratch
-    buffer), so that a capture later only launches it; once per device (not during a
+    """Load `map_writer` now (from the disk cache, or compiled), outside any graph capture (a
+    launch on a scratch buffer), so that a capture later only launches it; once per device (not during a
     capture, which is tried again at the next prepare)."""
     if device_index in _WARMED:
         return
