@@ -441,8 +441,8 @@ def kernel_signature(family: str, kernel: str, dtype: str) -> tuple:
     tail += (f32, f32, u32, u32, f32, i64, i64)   # ..., inv_keep, band_lo, band_hi
     if kernel == "dq":
         return (x4, x4, x4, x4, x4, f3, f3, x4) + tail
-    if kernel == "dkdv":
-        return (x4, x4, x4, x4, f3, f3, x4, x4) + tail
+    if kernel == "dkdv":      # the mma family's takes the float32 dQ accumulator after dV
+        return (x4, x4, x4, x4, f3, f3, x4, x4) + ((f4,) if family == "mma" else ()) + tail
     raise ValueError(f"the tensor-core kernels are fwd, dq and dkdv, got {kernel!r}")
 
 

@@ -13,8 +13,10 @@ then times, wall clock with a device synchronisation: ``import_s`` (``import ioa
 imports neither numba nor the kernels), ``forward_s`` (the first ``ioaware.attention`` forward,
 ``backend="numba"``: importing numba-cuda and the kernels, checks, kernel load or compile,
 launch), ``backward_s`` (the first ``out.backward``), and ``second_forward_s`` (the same forward
-again: what a call costs once loaded). The number of kernels compiled (the ``ioaware.kernels`` log) and whether the cold and
-warm outputs are bitwise equal are recorded too. Writes a JSON file with provenance.
+again: what a call costs once loaded). The number of kernels compiled (the ``ioaware.kernels``
+log), whether the cold and warm out, dK and dV are bitwise equal (``bitwise_equal``) and how far
+their dQ differ (``dq_rel_diff``: dQ is summed by float32 atomics on sm_90, in an order that
+varies from run to run) are recorded too. Writes a JSON file with provenance.
 
 Python's bytecode is cached as on an installed package (``pip`` compiles it at install; a
 checkout writes it on first import): the children run with ``PYTHONPYCACHEPREFIX`` set to a new
@@ -78,10 +80,24 @@ def timed(fn):
 out, fwd = timed(lambda: ioaware.attention(q, k, v, causal=c["causal"], backend="numba"))
 _, bwd = timed(lambda: out.backward(do))
 _, again = timed(lambda: ioaware.attention(q, k, v, causal=c["causal"], backend="numba"))
-digest = float(out.double().sum() + q.grad.double().sum() + k.grad.double().sum() + v.grad.double().sum())
+digest = float(out.double().sum() + k.grad.double().sum() + v.grad.double().sum())
+dq_sum, dq_abs = float(q.grad.double().sum()), float(q.grad.double().abs().sum())
 print(json.dumps({"bytecode_cached": not sys.dont_write_bytecode, "torch_first_backward_s": torch_first_backward_s, "import_s": import_s, "forward_s": fwd, "backward_s": bwd,
-                  "second_forward_s": again, "kernels_compiled": len(compiled), "digest": digest}))
+                  "second_forward_s": again, "kernels_compiled": len(compiled), "digest": digest, "dq_sum": dq_sum, "dq_abs_sum": dq_abs}))
 """
+
+
+#: The child's result checks (not reported per run): sums of out, dK and dV (``digest``) and of
+#: dQ (``dq_sum``, with the sum of its magnitudes ``dq_abs_sum``).
+CHECKS = ("digest", "dq_sum", "dq_abs_sum")
+
+
+def same_results(cold: dict, warm: dict) -> dict:
+    """``bitwise_equal``: out, dK and dV of the two runs have the same sums; ``dq_rel_diff``:
+    the difference of their dQ sums relative to the sum of |dQ| (the half-precision backward
+    adds dQ with float32 atomics on sm_90, in an order that varies from run to run)."""
+    return {"bitwise_equal": cold["digest"] == warm["digest"],
+            "dq_rel_diff": abs(cold["dq_sum"] - warm["dq_sum"]) / max(cold["dq_abs_sum"], 1e-30)}
 
 
 def run_child(config: dict, cache_dir: str, pycache_dir: str) -> dict:
@@ -113,9 +129,9 @@ def main(argv=None) -> int:
                 tempfile.TemporaryDirectory(prefix="ioaware-pycache-") as pycache_dir:
             cold = run_child(c, cache_dir, pycache_dir)
             warm = run_child(c, cache_dir, pycache_dir)
-        row = dict(c, **{f"cold_{k}": v for k, v in cold.items() if k != "digest"},
-                   **{f"warm_{k}": v for k, v in warm.items() if k != "digest"},
-                   bitwise_equal=cold["digest"] == warm["digest"])
+        row = dict(c, **{f"cold_{k}": v for k, v in cold.items() if k not in CHECKS},
+                   **{f"warm_{k}": v for k, v in warm.items() if k not in CHECKS},
+                   **same_results(cold, warm))
         rows.append(row)
         print(f"[{i}/{len(configs)}] {c['dtype']} d={c['head_dim']} "
               f"{'causal' if c['causal'] else 'full'}: cold fwd {row['cold_forward_s']:.2f} s + "

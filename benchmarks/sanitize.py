@@ -18,8 +18,9 @@ any tile (150 queries, 97 keys) throughout; causal at d=64; a boolean mask and d
 d=128; a block mask on 64 x 32 tiles, which the kernels read at finer tiles (the tensor-core
 backward's 2-warp dK/dV blocks at d=128). Inputs are torch CUDA tensors (``--arrays torch``,
 the default when torch has CUDA: launched in place on torch's stream) or NumPy arrays
-(``--arrays numpy``: copied to the device and back), float16 for ``mma``, float32 otherwise.
-Every output must be finite.
+(``--arrays numpy``: copied to the device and back), float16 for ``mma``, float32 otherwise;
+the ``mma`` backward runs with its dQ kernel and with dQ by atomics
+(``KernelConfig.backward_dq``). Every output must be finite.
 """
 from __future__ import annotations
 
@@ -133,8 +134,11 @@ def run_family(family: str, torch=None, seed: int = 0) -> None:
         q, k, v, dout, kw = _case_inputs(rng, family, d, options, torch)
         pb = attention_problem(q, k, v, **kw)
         out, lse = kernels.forward(pb, config)
-        grads = (() if family in FORWARD_ONLY
-                 else kernels.backward(pb, out, lse, dout, config))
+        grads = ()
+        if family not in FORWARD_ONLY:       # the mma backward under both dQ modes
+            modes = ("kernel", "atomic") if family == "mma" else (None,)
+            grads = tuple(g for m in modes for g in kernels.backward(
+                pb, out, lse, dout, kernels.KernelConfig(family=family, backward_dq=m)))
         if torch is not None:
             torch.cuda.synchronize()
             finite = all(bool(torch.isfinite(x).all()) for x in (out, *grads))

@@ -3,6 +3,7 @@ Both run on the same inputs as PyTorch SDPA, in the same process.
 
     python -m benchmarks tune --family simt|mma|tf32 [--n 4096] [--d 64 128] [--out FILE.json]
     python -m benchmarks tune --orders [--quick] [--out FILE.json]
+    python -m benchmarks tune --backward-dq [--d 64 128] [--out FILE.json]
     ncu --clock-control none --profile-from-start off --csv --page raw --log-file FILE.csv \\
         --metrics METRICS python -m benchmarks tune --orders --profile CASE --out FILE.json
     python -m benchmarks tune --orders --show-ncu FILE.csv | --model-ncu FILE.json   (CPU)
@@ -24,6 +25,14 @@ event after each launch), SDPA's forward and forward + backward, and the forward
 ratio for each backward order. Each order's outputs are compared with the default order's: a
 tile's arithmetic does not depend on which block runs it, so the difference should be exactly 0.
 These runs chose `kernels.tile_scheduler.DEFAULT_HEAD_GROUP`.
+
+``--backward-dq``: the ``mma`` backward's two ways of computing dQ
+(``KernelConfig.backward_dq``, `kernels.mma_bwd`), for float16 and bfloat16, each head dim,
+causal off and on and N in `DQ_SEQ_LENS`: the backward alone under "kernel" (a dQ kernel, then
+the dK/dV kernel) and "atomic" (pre-pass, the dK/dV kernel adding dS K into a float32
+accumulator, conversion), each kernel's time, the largest difference between the two modes'
+gradients, and SDPA FLASH's backward (its forward + backward less its forward). These runs
+chose `kernels.mma_bwd.dq_mode`'s default.
 
 ``--profile DTYPE:D:causal|full:N`` (e.g. ``fp32:128:causal:8192``) runs that case's forward and
 backward once per order of `PROFILE_ORDERS`, each after a warm-up call, between
@@ -253,6 +262,68 @@ def order_case(torch, dt, d, causal, n, progress=print) -> dict:
     return rec
 
 
+#: ``--backward-dq``: sequence lengths (the benchmark's shapes: B * N = 16384, H * d = 2048).
+DQ_SEQ_LENS = (1024, 2048, 4096, 8192)
+DQ_MODES = ("kernel", "atomic")
+
+
+def backward_dq_case(torch, dt, d, causal, n, progress=print) -> dict:
+    """One ``--backward-dq`` case (module docstring)."""
+    import torch.nn.functional as F
+
+    import kernels
+    from kernels import mma_bwd
+    b, h, q, k, v, do = benchmark_inputs(torch, dt, d, n)
+    pb = attention_problem(q, k, v, causal=causal)
+    rec = {"dtype": dt, "head_dim": d, "causal": causal, "seq_len": n, "batch": b, "heads": h,
+           "default": mma_bwd.dq_mode(pb, kernels.KernelConfig()), "bwd_ms": {},
+           "bwd_kernel_ms": {}}
+    out, lse = kernels.forward(pb)
+    grads = {}
+    for mode in DQ_MODES:
+        cfg = kernels.KernelConfig(family="mma", backward_dq=mode)
+        run = kernels.prepare_backward(pb, cfg)
+        grads[mode] = run(q, k, v, out, lse, do)
+        rec["bwd_ms"][mode] = time_cuda(torch, lambda: run(q, k, v, out, lse, do),
+                                        timing="device")[0]
+        rec["bwd_kernel_ms"][mode] = per_kernel_ms(
+            torch, lambda: kernels.backward(pb, out, lse, do, cfg))
+    rec["max_abs_diff_between_modes"] = _max_diff(grads["kernel"], grads["atomic"])
+    qg, kg, vg = (x.detach().requires_grad_(True) for x in (q, k, v))
+
+    def sdpa_run(backward):
+        with sdpa_context("sdpa-flash"):
+            o = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
+            if backward:
+                o.backward(do)
+                qg.grad = kg.grad = vg.grad = None
+    fwd = time_cuda(torch, lambda: sdpa_run(False), timing="device")[0]
+    rec["sdpa_flash_bwd_ms"] = time_cuda(torch, lambda: sdpa_run(True), timing="device")[0] - fwd
+    rec["atomic_speedup"] = rec["bwd_ms"]["kernel"] / rec["bwd_ms"]["atomic"]
+    progress(f"{dt} d={d} causal={causal} N={n}: " + " ".join(
+        f"{m} {rec['bwd_ms'][m]:.3f} ms ({'+'.join(f'{x:.3f}' for x in rec['bwd_kernel_ms'][m])})"
+        for m in DQ_MODES) + f" | atomic {rec['atomic_speedup']:.2f}x faster | FLASH bwd "
+        f"{rec['sdpa_flash_bwd_ms']:.3f} ms | max |diff| {rec['max_abs_diff_between_modes']:.3g}")
+    return rec
+
+
+def show_backward_dq(path) -> None:
+    """The table of a ``--backward-dq`` file: per case the two modes' backward times, the
+    atomic mode's speed-up and FLASH's backward against each mode."""
+    with open(path) as f:
+        data = json.load(f)
+    print(f"# {data['provenance'].get('gpu', '?')}  "
+          f"{data['provenance'].get('date', '?')}  ({data['provenance'].get('command', '?')})")
+    print(f"{'dtype':>5} {'d':>4} {'causal':>6} {'N':>5} {'kernel ms':>10} {'atomic ms':>10} "
+          f"{'speed-up':>8} {'FLASH/kernel':>12} {'FLASH/atomic':>12}")
+    for r in data["rows"]:
+        fl = r["sdpa_flash_bwd_ms"]
+        print(f"{r['dtype']:>5} {r['head_dim']:>4} {str(r['causal']):>6} {r['seq_len']:>5} "
+              f"{r['bwd_ms']['kernel']:10.3f} {r['bwd_ms']['atomic']:10.3f} "
+              f"{r['atomic_speedup']:8.2f} {fl / r['bwd_ms']['kernel']:12.2f} "
+              f"{fl / r['bwd_ms']['atomic']:12.2f}")
+
+
 def profile_case(torch, dt, d, causal, n) -> dict:
     """One forward and one backward per order of `PROFILE_ORDERS`, each inside a profiler range
     (module docstring). Returns the case's shape."""
@@ -366,6 +437,10 @@ def main(argv=None) -> int:
     what = ap.add_mutually_exclusive_group(required=True)
     what.add_argument("--family", choices=tuple(FAMILY_DTYPE), help="time this family's block sizes")
     what.add_argument("--orders", action="store_true", help="time the launch orders")
+    what.add_argument("--backward-dq", action="store_true",
+                      help="time the mma backward's dQ kernel against dQ by atomics")
+    what.add_argument("--show-backward-dq", metavar="FILE.json", default=None,
+                      help="print a --backward-dq file as a table (CPU)")
     ap.add_argument("--n", type=int, default=4096, help="--family: sequence length")
     ap.add_argument("--d", type=int, nargs="+", default=[64, 128], help="--family: head dims")
     ap.add_argument("--causal", choices=("off", "on", "both"), default="both",
@@ -380,6 +455,9 @@ def main(argv=None) -> int:
                     help="--orders: the cost model's DRAM reads against a --profile run's (CPU)")
     ap.add_argument("--out", default=None, help="JSON file to write (with provenance)")
     args = ap.parse_args(argv)
+    if args.show_backward_dq:
+        show_backward_dq(args.show_backward_dq)
+        return 0
     if args.show_ncu:
         show_ncu(args.show_ncu)
         return 0
@@ -410,13 +488,23 @@ def main(argv=None) -> int:
         extra["default_head_group"] = {f"{p}:{'causal' if c else 'full'}": g
                                        for (p, c), g in tile_scheduler.DEFAULT_HEAD_GROUP.items()}
     prov = provenance(command, extra=extra)
-    schema = "ioaware.tune_order/1" if args.orders else "ioaware.tune_blocks/1"
+    schema = ("ioaware.tune_order/1" if args.orders else "ioaware.tune_backward_dq/1"
+              if args.backward_dq else "ioaware.tune_blocks/1")
 
     def save(rows):                 # after every case, so that a cut-off run keeps its rows
         if args.out:
             write_json({"schema": schema, "provenance": prov, "rows": rows}, args.out)
     say = lambda s: print(s, flush=True)  # noqa: E731
-    if args.orders:
+    if args.backward_dq:
+        rows = []
+        for dt in ("fp16", "bf16"):
+            for d in args.d:
+                for causal in (False, True):
+                    for n in DQ_SEQ_LENS:
+                        rows.append(backward_dq_case(torch, dt, d, causal, n, progress=say))
+                        torch.cuda.empty_cache()
+                        save(rows)
+    elif args.orders:
         rows = []
         for case in (QUICK_ORDER_CASES if args.quick else ORDER_CASES):
             rows.append(order_case(torch, *case, progress=say))

@@ -201,15 +201,17 @@ def prepared_key(q, k, v, mask, bias, block_mask, dropout_p, flags):
     """The key under which a call on torch CUDA tensors is checked and prepared once and then
     repeated without its checks: everything the checks and the kernels' choices read (shapes,
     strides, dtypes, devices, the current device, and ``flags``: scale, causal rule, window,
-    tiles, backend). None for calls with a mask, bias, block mask or dropout, which always take
-    the full path."""
+    tiles, backend) and whether torch's deterministic algorithms are on (they choose the
+    backward's deterministic dQ, `kernels.mma_bwd.dq_mode`). None for calls with a mask, bias,
+    block mask or dropout, which always take the full path."""
     if mask is not None or bias is not None or block_mask is not None or dropout_p != 0.0:
         return None
     if not (is_torch(q) and q.is_cuda and is_torch(k) and is_torch(v)):
         return None
     torch = torch_or_none()
     return (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype,
-            v.dtype, q.device, k.device, v.device, torch.cuda.current_device(), flags)
+            v.dtype, q.device, k.device, v.device, torch.cuda.current_device(),
+            torch.are_deterministic_algorithms_enabled(), flags)
 
 
 class Prepared:

@@ -50,6 +50,10 @@ class KernelConfig:
     * ``fast_launch``: launch through `kernels.host.launch`'s cached path (False: Numba's own).
     * ``num_splits``: key splits of the split-KV decoding forward (``family="split_kv"``,
       `kernels.decode_fwd`); None = `sim.decode.choose_splits`.
+    * ``backward_dq``: how the ``mma`` backward computes dQ: "kernel" (a dQ kernel that
+      recomputes S and dP, deterministic) or "atomic" (FlashAttention-2's structure: the dK/dV
+      kernel adds dS K into a float32 accumulator with atomics; the summation order varies from
+      run to run); None = the family's measured default (`kernels.mma_bwd.dq_mode`).
 
     ``family="split_kv"`` is a forward only (decoding: few queries, a long KV cache);
     ``family="wgmma"`` is a forward only too (Hopper: TMA and ``wgmma``, `kernels.wgmma_fwd`),
@@ -63,8 +67,12 @@ class KernelConfig:
     launch_order: str | int | None = None
     fast_launch: bool = True
     num_splits: int | None = None
+    backward_dq: str | None = None
 
     def __post_init__(self):
+        if self.backward_dq not in (None, "kernel", "atomic"):
+            raise ValueError(f"KernelConfig.backward_dq must be 'kernel', 'atomic' or None, got "
+                             f"{self.backward_dq!r}")
         names = FORWARD_ONLY_NAMES + FAMILY_NAMES
         if self.family is not None and self.family not in names:
             raise ValueError(f"KernelConfig.family must be one of {names} or None, got "

@@ -36,6 +36,8 @@ simulator, which runs no inline PTX), and the registry then runs the CUDA-core f
 """
 from __future__ import annotations
 
+import sys
+
 from ioaware.block_info import cdiv
 from sim.plans.tensor_core_bwd import MMA_HEAD_DIMS as SUPPORTED_HEAD_DIMS
 from sim.plans.tensor_core_bwd import STATIC_SMEM_LIMIT_BYTES as SMEM_LIMIT_BYTES
@@ -45,6 +47,7 @@ from sim.plans.tensor_core_bwd import mma_default_tiles as default_tiles
 from sim.plans.tensor_core_bwd import mma_dkdv_smem_bytes as dkdv_smem_bytes
 from sim.plans.tensor_core_bwd import mma_dq_smem_bytes as dq_smem_bytes
 from sim.plans.tensor_core_bwd import mma_k_in_shared as k_in_shared
+from sim.plans.tensor_core_bwd import ROW_KERNEL_WARPS as ROW_WARPS
 
 from . import compile_cache, host, softmax, tile_scheduler
 from .config import backward_tiles
@@ -52,6 +55,7 @@ from .dropout import dropout_constants, fmix_device
 from .mask import band_arguments, score_mask, tile_needs_mask, transposed_score_mask
 
 __all__ = ["backward", "prepare", "plan", "backward_plan", "supports", "tiles", "default_tiles",
+           "dq_mode", "get_prepass_kernel", "get_convert_kernel",
            "dq_smem_bytes", "dkdv_smem_bytes", "k_in_shared", "get_dq_kernel", "get_dkdv_kernel",
            "SUPPORTED_HEAD_DIMS", "SMEM_LIMIT_BYTES"]
 
@@ -76,11 +80,12 @@ def get_dq_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_dro
 
 
 def get_dkdv_kernel(head_dim, block_k, block_q, is_bf16, causal, has_mask, has_dropout,
-                    head_group, window=False):
+                    head_group, window=False, dq_atomic=False):
     """The compiled-on-first-launch dK/dV kernel (``block_k`` key rows per block, ``block_q``
-    queries per stage) for one configuration (cached); as `get_dq_kernel`."""
+    queries per stage) for one configuration (cached); as `get_dq_kernel`; ``dq_atomic``: it
+    also adds dS K into the float32 dQ accumulator."""
     key = ("dkdv", head_dim, block_k, block_q, bool(is_bf16), bool(causal), bool(has_mask),
-           bool(has_dropout), int(head_group), bool(window))
+           bool(has_dropout), int(head_group), bool(window), dq_atomic)
     return compile_cache.built(_build_dkdv_kernel, *key[1:])
 
 
@@ -288,7 +293,7 @@ def _build_dq_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_
 
 
 def _build_dkdv_kernel(head_dim, block_k, block_q, is_bf16, causal, has_mask, has_dropout,
-                       head_group, window=False):
+                       head_group, window=False, dq_atomic=False):
     from numba import cuda, float32, uint16, uint32, uint64
 
     from . import ptx
@@ -301,8 +306,19 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, is_bf16, causal, has_mask, ha
     STRIDE = D + 8
     TILE = BQ * STRIDE                  # halves per Q or dO buffer
     KSMEM = k_in_shared(D)              # K fragments re-read from shared memory
-    K_HALVES = BK * STRIDE if KSMEM else 0
-    SMEM_HALVES = 4 * TILE + K_HALVES   # Q0 | dO0 | Q1 | dO1 (| K)
+    ATOMIC = bool(dq_atomic)            # dQ += dS K here, by float32 atomics
+    RED_V2 = dq_atomic == "v2"          # ... two floats per red instruction (sm_90)
+    KTILE = KSMEM or ATOMIC             # the block's K tile in shared memory
+    K_HALVES = BK * STRIDE if KTILE else 0
+    DS_STRIDE = BK + 8                  # halves per row of dS (queries x keys)
+    DS_TILE = 16 * DS_STRIDE            # one 16-query step of dS
+    DS_BASE = 4 * TILE + K_HALVES
+    SMEM_HALVES = DS_BASE + (2 * DS_TILE if ATOMIC else 0)  # Q0|dO0|Q1|dO1 (|K) (|dS0|dS1)
+    SMEM_DECL = 0 if ATOMIC else SMEM_HALVES                # atomic: dynamic shared memory
+    DW = D // NUM_WARPS                 # dQ columns per warp (atomic)
+    NTP_Q = DW // 16
+    DQ_REGS = 4 * (DW // 8)
+    assert not ATOMIC or DW % 16 == 0
     ROWV = 4 * BQ                       # floats: lse2 | delta, two buffers
     CHUNKS = D // 8
     LOADS = cdiv(BQ * CHUNKS, THREADS)
@@ -340,10 +356,10 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, is_bf16, causal, has_mask, ha
     tile_and_head = tile_scheduler.device_tile_and_head(head_group)
 
     @cuda.jit(lineinfo=False)
-    def kernel(q, k, v, dout, lse, delta, dk, dv, offsets, q_index, sched_b, sched_h, group,
-               n_q, n_k, mask, mask_b, mask_h, mask_q, scale_log2, scale, seed_hash, threshold,
-               inv_keep, band_lo, band_hi):
-        smem = cuda.shared.array(SMEM_HALVES, dtype=uint16)
+    def kernel(q, k, v, dout, lse, delta, dk, dv, dq_acc, offsets, q_index, sched_b, sched_h,
+               group, n_q, n_k, mask, mask_b, mask_h, mask_q, scale_log2, scale, seed_hash,
+               threshold, inv_keep, band_lo, band_hi):
+        smem = cuda.shared.array(SMEM_DECL, dtype=uint16, alignment=16)
         tid = cuda.threadIdx.x
         warp = tid // 32
         lane = tid % 32
@@ -372,7 +388,7 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, is_bf16, causal, has_mask, ha
                 if not KSMEM:
                     kf[kc * 4 + r] = kv_
                 vf[kc * 4 + r] = vv
-        if KSMEM:
+        if KTILE:
             # -- the block's K tile into shared memory (first cp.async group) --
             for i in range(K_LOADS):
                 cidx = tid + i * THREADS
@@ -400,6 +416,10 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, is_bf16, causal, has_mask, ha
         t_lane = (lane % 8 + 8 * ((lane // 8) % 2)) * STRIDE + 8 * (lane // 16)
         # A fragments of this warp's 16 K rows (the Q pattern of kernels.fragments)
         k_addr = ptx.shared_addr(smem, 4 * TILE + warp * 16 * STRIDE + t_lane)
+        # atomic: B fragments of K for this warp's dQ columns, A fragments of dS
+        kq_addr = ptx.shared_addr(smem, 4 * TILE + warp * DW + t_lane)
+        ds_lane = (lane % 8 + 8 * ((lane // 8) % 2)) * DS_STRIDE + 8 * (lane // 16)
+        dq_part = cuda.local.array(DQ_REGS, dtype=float32)
 
         n_items = 0
         for g in range(group):
@@ -512,6 +532,26 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, is_bf16, causal, has_mask, ha
                 a1 = pack(dpt[2], dpt[3])
                 a2 = pack(dpt[4], dpt[5])
                 a3 = pack(dpt[6], dpt[7])
+                dsb = DS_BASE + ((t * STEPS + c) & 1) * DS_TILE    # dS buffer (atomic)
+                if ATOMIC:
+                    # keys past n_k (their K rows are zero-filled) add nothing to dQ
+                    if key0 >= n_k:
+                        a0 = uint32(0)
+                        a2 = uint32(0)
+                    if key0 + 8 >= n_k:
+                        a1 = uint32(0)
+                        a3 = uint32(0)
+                    # -- dS (16 queries x BK keys) to shared memory, queries as rows --
+                    kr = warp * 16 + gid
+                    qr = dsb + 2 * tig * DS_STRIDE + kr
+                    smem[qr] = uint16(a0 & 0xFFFF)
+                    smem[qr + DS_STRIDE] = uint16(a0 >> 16)
+                    smem[qr + 8] = uint16(a1 & 0xFFFF)
+                    smem[qr + DS_STRIDE + 8] = uint16(a1 >> 16)
+                    smem[qr + 8 * DS_STRIDE] = uint16(a2 & 0xFFFF)
+                    smem[qr + 9 * DS_STRIDE] = uint16(a2 >> 16)
+                    smem[qr + 8 * DS_STRIDE + 8] = uint16(a3 & 0xFFFF)
+                    smem[qr + 9 * DS_STRIDE + 8] = uint16(a3 >> 16)
                 for ntp in range(NT_O // 2):
                     bq = ptx.ldmatrix_x4_trans(qt_addr + 2 * (16 * c * STRIDE + 16 * ntp))
                     o = 8 * ntp
@@ -522,6 +562,39 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, is_bf16, causal, has_mask, ha
                     for i in range(4):
                         dk_acc[o + i] = d0[i]
                         dk_acc[o + 4 + i] = d1[i]
+
+                if ATOMIC:
+                    # -- dQ of the step's 16 queries += dS K: this warp's DW columns, the
+                    #    block's BK keys (dS from every warp, hence the barrier) --
+                    cuda.syncthreads()
+                    for i in range(DQ_REGS):
+                        dq_part[i] = float32(0.0)
+                    ds_addr = ptx.shared_addr(smem, dsb + ds_lane)
+                    for kcp in range(BK // 16):
+                        da = ptx.ldmatrix_x4(ds_addr + 2 * 16 * kcp)
+                        for ntp in range(NTP_Q):
+                            bk = ptx.ldmatrix_x4_trans(kq_addr + 2 * (16 * kcp * STRIDE + 16 * ntp))
+                            o = 8 * ntp
+                            d0 = mma_op(da[0], da[1], da[2], da[3], bk[0], bk[1],
+                                        dq_part[o], dq_part[o + 1], dq_part[o + 2], dq_part[o + 3])
+                            d1 = mma_op(da[0], da[1], da[2], da[3], bk[2], bk[3], dq_part[o + 4],
+                                        dq_part[o + 5], dq_part[o + 6], dq_part[o + 7])
+                            for i in range(4):
+                                dq_part[o + i] = d0[i]
+                                dq_part[o + 4 + i] = d1[i]
+                    # -- red.global.add of the float32 partial dQ (scaled in the conversion) --
+                    for r in range(2):
+                        row = m_blk * BQ + 16 * c + gid + 8 * r
+                        if row < n_q:
+                            for nt in range(DQ_REGS // 4):
+                                ga = ptx.global_addr(dq_acc, b, h, row, warp * DW + nt * 8 + 2 * tig)
+                                if RED_V2:
+                                    ptx.red_global_add_v2_f32(ga, dq_part[nt * 4 + 2 * r],
+                                                              dq_part[nt * 4 + 2 * r + 1])
+                                else:
+                                    ptx.red_global_add_f32(ga, dq_part[nt * 4 + 2 * r])
+                                    ptx.red_global_add_f32(ga + uint64(4),
+                                                           dq_part[nt * 4 + 2 * r + 1])
             cuda.syncthreads()   # this buffer is refilled by the next iteration's prefetch
         ptx.cp_async_wait_all()    # (a block with no Q tile to visit still issued its K copy)
 
@@ -538,21 +611,135 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, is_bf16, causal, has_mask, ha
                                     pack(dv_acc[e], dv_acc[e + 1]))
 
     kernel.threads = THREADS
-    kernel.smem_bytes = 0                                # static shared memory only
+    kernel.smem_bytes = 2 * SMEM_HALVES if ATOMIC else 0   # atomic: dynamic shared memory
+    return kernel
+
+
+def get_prepass_kernel(head_dim, is_bf16):
+    """The compiled-on-first-launch pre-pass of the atomic-dQ backward (cached):
+    `_build_prepass_kernel`."""
+    return compile_cache.built(_build_prepass_kernel, head_dim, bool(is_bf16))
+
+
+def get_convert_kernel(head_dim, is_bf16):
+    """The compiled-on-first-launch dQ conversion of the atomic-dQ backward (cached):
+    `_build_convert_kernel`."""
+    return compile_cache.built(_build_convert_kernel, head_dim, bool(is_bf16))
+
+
+def _build_prepass_kernel(head_dim, is_bf16):
+    """delta = rowsum(dO * O) and a zeroed float32 dQ accumulator, grid
+    (cdiv(Nq, ROW_WARPS), B * Hq): a warp per query row, lanes along the head dim (coalesced
+    32-bit loads of packed halves, products in float32)."""
+    return _row_warp_kernel(head_dim, "prepass", is_bf16)
+
+
+def _build_convert_kernel(head_dim, is_bf16):
+    """dQ = scale * dQ_acc in the input dtype (packed halves), grid as the pre-pass."""
+    return _row_warp_kernel(head_dim, "convert", is_bf16)
+
+
+def _row_warp_kernel(head_dim, job, is_bf16=False):
+    from numba import cuda, float32
+
+    from . import ptx
+
+    D = head_dim
+    WORDS = D // 64                     # 32-bit words (two halves) per lane
+    ZEROS = D // 32                     # float32 accumulator elements per lane
+    THREADS = 32 * ROW_WARPS
+    pack = ptx.pack_bf16x2 if is_bf16 else ptx.pack_f16x2
+    unpack = ptx.unpack_bf16x2 if is_bf16 else ptx.unpack_f16x2
+    assert D % 64 == 0
+
+    if job == "prepass":
+        @cuda.jit(lineinfo=False)
+        def kernel(out, dout, delta, dq_acc, n_q):
+            lane = cuda.threadIdx.x % 32
+            row = cuda.blockIdx.x * ROW_WARPS + cuda.threadIdx.x // 32
+            n_heads = dq_acc.shape[1]
+            b = cuda.blockIdx.y // n_heads
+            h = cuda.blockIdx.y % n_heads
+            if row < n_q:
+                # -- delta = rowsum(dO * O): two halves a lane a word, a shuffle reduction --
+                acc = float32(0.0)
+                for j in range(WORDS):
+                    col = 2 * (lane + 32 * j)
+                    ow = ptx.ld_global_u32(ptx.global_addr(out, b, h, row, col))
+                    gw = ptx.ld_global_u32(ptx.global_addr(dout, b, h, row, col))
+                    o2 = unpack(ow)
+                    g2 = unpack(gw)
+                    acc += o2[0] * g2[0] + o2[1] * g2[1]
+                for off in (16, 8, 4, 2, 1):
+                    acc += cuda.shfl_xor_sync(0xFFFFFFFF, acc, off)
+                if lane == 0:
+                    delta[b, h, row] = acc
+                # -- the dQ accumulator's row, zeroed --
+                for j in range(ZEROS):
+                    dq_acc[b, h, row, lane + 32 * j] = float32(0.0)
+    else:
+        @cuda.jit(lineinfo=False)
+        def kernel(dq_acc, dq, n_q, scale):
+            lane = cuda.threadIdx.x % 32
+            row = cuda.blockIdx.x * ROW_WARPS + cuda.threadIdx.x // 32
+            n_heads = dq_acc.shape[1]
+            b = cuda.blockIdx.y // n_heads
+            h = cuda.blockIdx.y % n_heads
+            if row < n_q:
+                # -- dQ = scale * dQ_acc, rounded to the input dtype, two elements a lane --
+                for j in range(WORDS):
+                    col = 2 * (lane + 32 * j)
+                    w = pack(dq_acc[b, h, row, col] * scale, dq_acc[b, h, row, col + 1] * scale)
+                    ptx.st_global_u32(ptx.global_addr(dq, b, h, row, col), w)
+
+    kernel.threads = THREADS
+    kernel.smem_bytes = 0
     return kernel
 
 
 # -- host side -----------------------------------------------------------------------------------
+#: The compute capability from which dQ by atomics is the default (`dq_mode`): where
+#: ``red.global.add.v2.f32`` adds two floats per instruction. With one float per instruction
+#: (before sm_90) it was slower than the dQ kernel (docs/kernels.md).
+ATOMIC_DQ_FROM_CC = (9, 0)
+
+
+def _red_width() -> str:
+    """The dK/dV kernel's atomics: "v2" (two floats a ``red``, sm_90 on) or "scalar"."""
+    return "v2" if host.compute_capability(host.current_device_id()) >= ATOMIC_DQ_FROM_CC \
+        else "scalar"
+
+
+def dq_mode(problem, config) -> str:
+    """How this backward computes dQ for ``problem``: ``config.backward_dq``; else "kernel"
+    (deterministic) while torch's deterministic algorithms are on
+    (``torch.use_deterministic_algorithms(True)``), as PyTorch's own backwards do; else
+    "atomic" on a GPU of compute capability `ATOMIC_DQ_FROM_CC` or later (measured faster in
+    every case of ``python -m benchmarks tune --backward-dq``), "kernel" elsewhere."""
+    if config.backward_dq is not None:
+        return config.backward_dq
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.are_deterministic_algorithms_enabled():
+        return "kernel"
+    if host.real_gpu() and host.compute_capability(host.current_device_id()) >= ATOMIC_DQ_FROM_CC:
+        return "atomic"
+    return "kernel"
+
+
 def tiles(problem, config=None):
     """``(dq, dkdv)`` kernel tiles for a problem (`kernels.config.backward_tiles` of
-    `default_tiles`), or None when the block mask's tiles admit none."""
-    return backward_tiles(default_tiles(problem.head_dim), problem)
+    `default_tiles`; dQ by atomics: its own dK/dV tiles), or None when the block mask's tiles
+    admit none."""
+    defaults = default_tiles(problem.head_dim)
+    if config is not None and dq_mode(problem, config) == "atomic":
+        defaults = dict(defaults, dkdv=defaults["dkdv_atomic"])
+    return backward_tiles(defaults, problem)
 
 
 def supports(problem, config):
     """Why this backward cannot run ``problem`` (a string), or None."""
     return host.tensor_core_backward_refusal(problem, config, "the mma family", DTYPES,
-                                             SUPPORTED_HEAD_DIMS, tiles(problem))
+                                             SUPPORTED_HEAD_DIMS, tiles(problem, config))
 
 
 def backward(problem, out, lse, dout, config):
@@ -565,15 +752,17 @@ def plan(problem, config):
     """The `sim.plan.Plan` this backward launches for ``problem`` (`sim.plans.tensor_core_bwd`):
     its grids, threads and shared memory are what `prepare` launches; its counts are what
     `sim.plan.price` prices."""
-    return backward_plan("mma", problem, config, tiles(problem))
+    return backward_plan("mma", problem, config, tiles(problem, config),
+                         dq_mode=dq_mode(problem, config))
 
 
-def backward_plan(family: str, problem, config, tiles_):
+def backward_plan(family: str, problem, config, tiles_, **options):
     """The plan of a tensor-core backward (``family`` "mma" or "tf32") for a kernel problem at
     the family's ``tiles_`` (``((dq_bq, dq_bk), (kv_bk, kv_bq))``, None: the block mask admits
     none, a ValueError): `sim.plans.plan_for` on the `sim.workload.Workload` of
     `kernels.host.plan_workload` with the problem's block mask, the boolean mask's shape
-    (``mask_shape``) and the tiles the block mask is laid out on (``block_mask_tiles``)."""
+    (``mask_shape``) and the tiles the block mask is laid out on (``block_mask_tiles``);
+    ``options``: the family's own (the mma family's ``dq_mode``)."""
     if tiles_ is None:
         raise ValueError(f"the block mask's tiles ({problem.block_q}, {problem.block_k}) admit no "
                          f"tiles of the {family} family's backward")
@@ -586,7 +775,7 @@ def backward_plan(family: str, problem, config, tiles_):
     return plan_for(family, "bwd", workload, dq_tile=(dq_bq, dq_bk), kv_tile=(kv_bq, kv_bk),
                     launch_order=config.launch_order,
                     mask_shape=None if problem.mask is None else tuple(problem.mask.shape),
-                    block_mask_tiles=block_mask_tiles)
+                    block_mask_tiles=block_mask_tiles, **options)
 
 
 def prepare(problem, config):
@@ -601,10 +790,19 @@ def prepare(problem, config):
     causal, window, band_lo, band_hi = band_arguments(pb)
     features = (str(pb.dtype).endswith("bfloat16"), causal, pb.mask is not None,
                 drop.enabled, group, window)
+    if the_plan.config.get("dq_mode") == "atomic":
+        return host.prepare_tensor_core_backward(
+            pb, config, None, None, None,
+            get_dkdv_kernel(pb.head_dim, kv_bk, kv_bq, *features, dq_atomic=_red_width()),
+            launch_of(the_plan, "dkdv"), tile_scheduler.device_schedule(pb, kv_bq, kv_bk, "q"),
+            drop, words=True, band=(band_lo, band_hi),
+            dq_acc=((get_prepass_kernel(pb.head_dim, features[0]), launch_of(the_plan, "pre")),
+                    (get_convert_kernel(pb.head_dim, features[0]),
+                     launch_of(the_plan, "convert"))))
     return host.prepare_tensor_core_backward(
         pb, config,
         get_dq_kernel(pb.head_dim, dq_bq, dq_bk, *features), launch_of(the_plan, "dq"),
         tile_scheduler.device_schedule(pb, dq_bq, dq_bk, "kv"),
         get_dkdv_kernel(pb.head_dim, kv_bk, kv_bq, *features), launch_of(the_plan, "dkdv"),
         tile_scheduler.device_schedule(pb, kv_bq, kv_bk, "q"), drop, words=True,
-        band=(band_lo, band_hi))
+        band=(band_lo, band_hi), dq_acc="unused")

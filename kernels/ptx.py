@@ -28,6 +28,10 @@ FlashAttention-style kernel needs, each emitted as PTX through llvmlite's ``ir.I
   loads from a 32-bit shared-window address (``shared_addr``); ``ld_shared_v4_f32`` /
   ``ld_shared_v4_b32`` / ``st_shared_v4_b32``: 128-bit shared loads and stores (four float32,
   or four .b32 TF32 words), ``ld_shared_b32``: one .b32 word.
+* ``red_global_add_f32``: ``red.global.add.f32``, a float32 added to global memory atomically
+  with no value back (dQ accumulated by the dK/dV kernel, `kernels.mma_bwd`);
+  ``red_global_add_v2_f32``: two consecutive float32 at an 8-byte aligned address in one
+  instruction (``red.global.add.v2.f32``, sm_90).
 
 None of this runs under the CUDA simulator (it cannot execute PTX); the kernels that use it are
 tested on a real GPU (``pytest -m gpu``), the fragment maps on the CPU.
@@ -46,6 +50,7 @@ __all__ = [
     "ld_global_u8", "MMA_F16_PTX", "MMA_BF16_PTX",
     "mma_tf32", "cvt_tf32", "split_tf32", "ld_shared_f32", "ld_shared_f32x2",
     "ld_shared_v4_f32", "ld_shared_v4_b32", "st_shared_v4_b32", "ld_shared_b32", "MMA_TF32_PTX",
+    "red_global_add_f32", "red_global_add_v2_f32",
 ]
 
 _I32 = ir.IntType(32)
@@ -384,4 +389,35 @@ def st_shared_v4_b32(typingctx, saddr, x0, x1, x2, x3):
              "st.shared.v4.b32 [$0], {$1,$2,$3,$4};", "r,r,r,r,r,~{memory}", vals,
              side_effect=True)
         return context.get_dummy_value()
+    return sig, codegen
+
+
+@intrinsic
+def red_global_add_f32(typingctx, gaddr, value):
+    """``red.global.add.f32``: add a float32 to a global address, atomically, no value back
+    (the FlashAttention-2-structured backward's dQ accumulation)."""
+    sig = types.void(types.uint64, types.float32)
+
+    def codegen(context, builder, sig, args):
+        val = context.cast(builder, args[1], sig.args[1], types.float32)
+        _asm(builder, ir.VoidType(), [_I64, _F32], "red.global.add.f32 [$0], $1;",
+             "l,f,~{memory}", [args[0], val], side_effect=True)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def red_global_add_v2_f32(typingctx, gaddr, x, y):
+    """``red.global.add.v2.f32``: add two float32 to two consecutive floats at an 8-byte aligned
+    global address, atomically (each element), no value back; sm_90 and later."""
+    sig = types.void(types.uint64, types.float32, types.float32)
+
+    def codegen(context, builder, sig, args):
+        xv = context.cast(builder, args[1], sig.args[1], types.float32)
+        yv = context.cast(builder, args[2], sig.args[2], types.float32)
+        _asm(builder, ir.VoidType(), [_I64, _F32, _F32], "red.global.add.v2.f32 [$0], {$1, $2};",
+             "l,f,f,~{memory}", [args[0], xv, yv], side_effect=True)
+        return context.get_dummy_value()
+
     return sig, codegen

@@ -215,7 +215,9 @@ def test_precompile_needs_a_gpu(tmp_path):
 @pytest.mark.gpu
 def test_second_process_loads_what_the_first_compiled(tmp_path):
     """A fresh process on an empty cache compiles (logged) and stores; the next loads every
-    kernel (nothing compiled) and its forward and gradients are bitwise the same."""
+    kernel (nothing compiled); its out, dK and dV are bitwise the same and its dQ (summed by
+    float32 atomics on sm_90, in a varying order) equal to float32 rounding."""
+    from benchmarks.first_call import same_results
     if not host.real_gpu():
         pytest.skip("needs a real CUDA GPU")
     from benchmarks.first_call import run_child
@@ -224,18 +226,19 @@ def test_second_process_loads_what_the_first_compiled(tmp_path):
         c = dict(c, shape=[1, 2, 300])
         where = tmp_path / c["dtype"]
         cold = run_child(c, str(where), str(tmp_path / "pyc"))
-        assert cold["kernels_compiled"] >= 3                 # forward, dQ, dK/dV
+        assert cold["kernels_compiled"] >= 3      # forward, dQ and dK/dV (or pre-pass, conversion)
         assert len(list(where.glob("*.kernel"))) == cold["kernels_compiled"]
         warm = run_child(c, str(where), str(tmp_path / "pyc"))
         assert warm["kernels_compiled"] == 0
-        assert warm["digest"] == cold["digest"]
+        same = same_results(cold, warm)
+        assert same["bitwise_equal"] and same["dq_rel_diff"] < 1e-5, same
 
 
 @pytest.mark.gpu
 def test_corrupt_file_is_recompiled(tmp_path):
     if not host.real_gpu():
         pytest.skip("needs a real CUDA GPU")
-    from benchmarks.first_call import run_child
+    from benchmarks.first_call import run_child, same_results
     c = {"dtype": "bf16", "head_dim": 64, "causal": False, "shape": [1, 2, 200]}
     pyc = str(tmp_path / "pyc")
     cold = run_child(c, str(tmp_path), pyc)
@@ -243,7 +246,8 @@ def test_corrupt_file_is_recompiled(tmp_path):
         f.write_bytes(b"torn")
     again = run_child(c, str(tmp_path), pyc)
     assert again["kernels_compiled"] == cold["kernels_compiled"]
-    assert again["digest"] == cold["digest"]
+    same = same_results(cold, again)
+    assert same["bitwise_equal"] and same["dq_rel_diff"] < 1e-5, same
     assert run_child(c, str(tmp_path), pyc)["kernels_compiled"] == 0
 
 

@@ -4,8 +4,10 @@ GPU tests (marked ``gpu``; the CUDA simulator cannot execute inline PTX) draw fr
 half-precision inputs, run our forward for ``out`` and ``lse`` and our backward, both with the
 family forced (``KernelConfig(family="mma")``: a problem the family cannot run raises instead of
 running on another family), and compare the gradients against float64 gradients computed from
-the same (already rounded) half inputs. The CPU tests at the end cover the host-side tile
-choice (`kernels.mma_bwd.tiles`).
+the same (already rounded) half inputs, under both ways of computing dQ
+(``KernelConfig.backward_dq``: "kernel", a dQ kernel; "atomic", dS K added into a float32
+accumulator by the dK/dV kernel, with two floats per ``red`` on sm_90 and, forced, one). The CPU
+tests at the end cover the host-side tile choice (`kernels.mma_bwd.tiles`) and the default mode.
 
 Tolerances, by dtype, element by element (u = 2**-11 for float16, 2**-8 for bfloat16). The
 kernel rounds four things to the input dtype: P before dV = (P Z)^T dO, dS before dK = dS^T Q
@@ -86,11 +88,12 @@ def _check_grads(got, want, dtype):
 
 def _run_and_check(q, k, v, dout, *, scale, causal=False, mask=None, block_mask=None,
                    block_q=None, block_k=None, dropout_p=0.0, seed=0, block_allowed=None,
-                   float64_forward=False, launch_order=None):
+                   float64_forward=False, launch_order=None, backward_dq=None):
     """Our backward on ``out``/``lse`` from our forward (or, with ``float64_forward``, from the
     float64 reference rounded to the input dtype / float32), checked against float64.
-    ``block_q``/``block_k`` are the block mask's tiles."""
-    config = KernelConfig(family="mma", launch_order=launch_order)
+    ``block_q``/``block_k`` are the block mask's tiles; ``backward_dq``: the dQ mode (None: the
+    default of `kernels.mma_bwd.dq_mode`)."""
+    config = KernelConfig(family="mma", launch_order=launch_order, backward_dq=backward_dq)
     kw = dict(scale=scale, causal=causal, mask=mask, block_mask=block_mask, block_q=block_q,
               block_k=block_k, dropout_p=dropout_p, seed=seed)
     want = reference_grads(q, k, v, dout, scale, causal=causal, mask=mask,
@@ -100,7 +103,7 @@ def _run_and_check(q, k, v, dout, *, scale, causal=False, mask=None, block_mask=
         out = torch.from_numpy(want["out"]).to(device="cuda", dtype=q.dtype)
         lse = torch.from_numpy(want["lse"]).to(device="cuda", dtype=torch.float32)
     else:
-        out, lse = kernels_forward(q, k, v, config=config, **kw)
+        out, lse = kernels_forward(q, k, v, config=MMA, **kw)
     dq, dk, dv = kernels_backward(q, k, v, out, lse, dout, config=config, **kw)
     assert dq.dtype == q.dtype and dk.dtype == q.dtype and dv.dtype == q.dtype
     assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
@@ -112,43 +115,50 @@ def _run_and_check(q, k, v, dout, *, scale, causal=False, mask=None, block_mask=
 @pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
-def test_backward_matches_float64(dtype_name, head_dim, causal):
+@pytest.mark.parametrize("backward_dq", ["kernel", "atomic"])
+def test_backward_matches_float64(dtype_name, head_dim, causal, backward_dq):
     torch = _torch_cuda()
     dtype = getattr(torch, dtype_name)
     # Nq != Nk, neither a multiple of the tiles, GQA 4 query heads on 2 kv heads
     q, k, v, dout = _inputs((2, 4, 200, head_dim), (2, 2, 333, head_dim), dtype,
                             seed=head_dim + causal)
     assert kernels.family_for(kernel_problem(q, k, v, causal=causal), None, "bwd") == "mma"
-    _run_and_check(q, k, v, dout, scale=1 / math.sqrt(head_dim), causal=causal)
+    _run_and_check(q, k, v, dout, scale=1 / math.sqrt(head_dim), causal=causal,
+                   backward_dq=backward_dq)
 
 
 @gpu
 @pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
-def test_large_logits_and_long_rows(dtype_name):
+@pytest.mark.parametrize("backward_dq", ["kernel", "atomic"])
+def test_large_logits_and_long_rows(dtype_name, backward_dq):
     torch = _torch_cuda()
     # logits up to ~+-100, 1100 keys, MQA (one kv head for three query heads)
     q, k, v, dout = _inputs((1, 3, 130, 64), (1, 1, 1100, 64), getattr(torch, dtype_name),
                             seed=7, q_scale=12.0)
-    _run_and_check(q, k, v, dout, scale=0.125)
+    _run_and_check(q, k, v, dout, scale=0.125, backward_dq=backward_dq)
 
 
 @gpu
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_boolean_mask_with_fully_masked_rows_and_columns(head_dim):
+@pytest.mark.parametrize("backward_dq", ["kernel", "atomic"])
+def test_boolean_mask_with_fully_masked_rows_and_columns(head_dim, backward_dq):
     torch = _torch_cuda()
     q, k, v, dout = _inputs((2, 2, 150, head_dim), (2, 2, 170, head_dim), torch.float16, seed=11)
     g = torch.Generator(device="cuda").manual_seed(3)
     mask = torch.rand((2, 1, 150, 170), device="cuda", generator=g) > 0.3
     mask[:, :, 5] = False          # a query row with no allowed key: dq row 0, no NaN
     mask[:, :, :, 9] = False       # a key no query may see: dk, dv rows 0
-    dq, dk, dv = _run_and_check(q, k, v, dout, scale=0.125, causal=True, mask=mask)
+    dq, dk, dv = _run_and_check(q, k, v, dout, scale=0.125, causal=True, mask=mask,
+                                backward_dq=backward_dq)
     assert float(dq[:, :, 5].abs().max()) == 0.0
     assert float(dk[:, :, 9].abs().max()) == 0.0 and float(dv[:, :, 9].abs().max()) == 0.0
 
 
 @gpu
-@pytest.mark.parametrize("head_dim,blocks", [(128, (64, 32)), (64, (128, 64)), (64, (48, 16))])
-def test_block_sparse(head_dim, blocks):
+@pytest.mark.parametrize("head_dim,blocks", [(128, (64, 32)), (64, (128, 64)), (64, (48, 16)),
+                                             (128, (128, 128))])
+@pytest.mark.parametrize("backward_dq", ["kernel", "atomic"])
+def test_block_sparse(head_dim, blocks, backward_dq):
     torch = _torch_cuda()
     q, k, v, dout = _inputs((1, 4, 256, head_dim), (1, 2, 256, head_dim), torch.float16, seed=5)
     bq, bk = blocks
@@ -158,18 +168,20 @@ def test_block_sparse(head_dim, blocks):
     # the forward has no tiles dividing 48 x 16: that case takes out / lse from the float64
     # reference
     _run_and_check(q, k, v, dout, scale=0.09, block_mask=block_mask, block_q=bq, block_k=bk,
-                   block_allowed=allowed, causal=True, float64_forward=blocks == (48, 16))
+                   block_allowed=allowed, causal=True, float64_forward=blocks == (48, 16),
+                   backward_dq=backward_dq)
 
 
 @gpu
 @pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_dropout(dtype_name, head_dim):
+@pytest.mark.parametrize("backward_dq", ["kernel", "atomic"])
+def test_dropout(dtype_name, head_dim, backward_dq):
     torch = _torch_cuda()
     q, k, v, dout = _inputs((2, 4, 190, head_dim), (2, 2, 210, head_dim),
                             getattr(torch, dtype_name), seed=21)
     _run_and_check(q, k, v, dout, scale=1 / math.sqrt(head_dim), causal=head_dim == 64,
-                   dropout_p=0.2, seed=1234)
+                   dropout_p=0.2, seed=1234, backward_dq=backward_dq)
 
 
 @gpu
@@ -185,10 +197,13 @@ def test_numpy_float16_inputs():
     assert isinstance(dq, np.ndarray) and dq.dtype == np.float16 and dk.shape == k.shape
     want = reference_grads(*(torch.from_numpy(x) for x in (q, k, v, dout)), 0.125, causal=True)
     _check_grads((dq, dk, dv), want, torch.float16)
-    # the same kernels on torch CUDA tensors give the same bits
+    # the same kernels on torch CUDA tensors give the same bits (dQ by its own kernel:
+    # deterministic)
+    det = KernelConfig(family="mma", backward_dq="kernel")
+    want_bits = kernels_backward(q, k, v, out, lse, dout, config=det, scale=0.125, causal=True)
     qt, kt, vt, ot, lt, dot = (torch.from_numpy(x).cuda() for x in (q, k, v, out, lse, dout))
-    got = kernels_backward(qt, kt, vt, ot, lt, dot, config=MMA, scale=0.125, causal=True)
-    for a, b in zip(got, (dq, dk, dv)):
+    got = kernels_backward(qt, kt, vt, ot, lt, dot, config=det, scale=0.125, causal=True)
+    for a, b in zip(got, want_bits):
         np.testing.assert_array_equal(a.cpu().numpy(), b)
 
 
@@ -234,6 +249,44 @@ def test_problems_the_family_refuses():
     with pytest.raises(ValueError, match="float16 or bfloat16"):
         kernels_backward(q.float(), k.float(), v.float(), q.float(), lse, dout.float(),
                          config=MMA, scale=0.1)
+
+
+@gpu
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_atomic_dq_one_float_per_red(head_dim, causal, monkeypatch):
+    """dQ by atomics with one float per ``red.global.add.f32`` (what runs before sm_90), forced
+    on this GPU."""
+    torch = _torch_cuda()
+    monkeypatch.setattr(bwd_mod, "_red_width", lambda: "scalar")
+    q, k, v, dout = _inputs((2, 4, 200, head_dim), (2, 2, 333, head_dim), torch.float16,
+                            seed=head_dim + 3)
+    _run_and_check(q, k, v, dout, scale=1 / math.sqrt(head_dim), causal=causal,
+                   backward_dq="atomic")
+
+
+@gpu
+def test_default_dq_mode_and_deterministic_algorithms():
+    """sm_90 and later: dQ by atomics by default; under torch's deterministic algorithms the dQ
+    kernel, whose repeated calls give the same bits."""
+    torch = _torch_cuda()
+    q, k, v, dout = _inputs((1, 4, 300, 64), (1, 4, 300, 64), torch.float16, seed=9)
+    pb = kernel_problem(q, k, v, causal=True)
+    cc = torch.cuda.get_device_capability()
+    want = "atomic" if cc >= bwd_mod.ATOMIC_DQ_FROM_CC else "kernel"
+    assert bwd_mod.dq_mode(pb, KernelConfig()) == want
+    assert bwd_mod.plan(pb, KernelConfig()).config.get("dq_mode", "kernel") == want
+    out, lse = kernels_forward(q, k, v, config=MMA, scale=0.125, causal=True)
+    try:
+        torch.use_deterministic_algorithms(True)
+        assert bwd_mod.dq_mode(pb, KernelConfig()) == "kernel"
+        runs = [kernels_backward(q, k, v, out, lse, dout, config=MMA, scale=0.125, causal=True)
+                for _ in range(3)]
+    finally:
+        torch.use_deterministic_algorithms(False)
+    for run in runs[1:]:
+        for a, b in zip(run, runs[0]):
+            assert torch.equal(a, b)
 
 
 @gpu
@@ -297,6 +350,9 @@ def test_sliding_window_matches_float64(dtype_name, head_dim, n_q, n_k, window, 
     kw = dict(scale=1 / math.sqrt(head_dim), causal=causal, window_size=window)
     assert kernels.family_for(kernel_problem(q, k, v, **kw), None, "bwd") == "mma"
     out, lse = kernels_forward(q, k, v, config=MMA, **kw)
-    got = kernels_backward(q, k, v, out, lse, dout, config=MMA, **kw)
     rule = window_rule(n_q, n_k, window, bool(causal))[None, None]
-    _check_grads(got, reference_grads(q, k, v, dout, kw["scale"], mask=rule), q.dtype)
+    want = reference_grads(q, k, v, dout, kw["scale"], mask=rule)
+    for mode in ("kernel", "atomic"):
+        got = kernels_backward(q, k, v, out, lse, dout,
+                               config=KernelConfig(family="mma", backward_dq=mode), **kw)
+        _check_grads(got, want, q.dtype)

@@ -7,6 +7,8 @@
   in a child process) are the plan's.
 * Counts against closed forms written here independently: dense and GQA byte totals, whole-tile
   matmul FLOPs, tf32 = 3 x the mma-equivalent products, the causal case against `BlockInfo`.
+* The mma backward's dQ by atomics (``dq_mode="atomic"``): pre-pass, dK/dV kernel, conversion,
+  launched as the plan says, with five products per tile and the float32 accumulator's traffic.
 * `sim.plan.price` prices both plans; bad configurations raise ValueError naming the argument.
 """
 from __future__ import annotations
@@ -68,13 +70,17 @@ def _prepared_arguments(monkeypatch, module, pb, config):
 
     monkeypatch.setattr(module, "get_dq_kernel", lambda *a, **kw: Fake("dq", a, kw))
     monkeypatch.setattr(module, "get_dkdv_kernel", lambda *a, **kw: Fake("dkdv", a, kw))
+    if module is mma_bwd:
+        monkeypatch.setattr(module, "get_prepass_kernel", lambda *a, **kw: Fake("pre", a, kw))
+        monkeypatch.setattr(module, "get_convert_kernel", lambda *a, **kw: Fake("convert", a, kw))
     monkeypatch.setattr(tile_scheduler, "device_schedule",
                         lambda pb_, tq, tk, which: (tq, tk, which))
 
     def capture(problem, config, dq_kernel, dq_launch, kv_schedule, dkdv_kernel, kv_launch,
-                q_schedule, drop, words, band):
+                q_schedule, drop, words, band, dq_acc=None):
         seen.update(dq_kernel=dq_kernel, dq_launch=dq_launch, kv_schedule=kv_schedule,
-                    dkdv_kernel=dkdv_kernel, kv_launch=kv_launch, q_schedule=q_schedule)
+                    dkdv_kernel=dkdv_kernel, kv_launch=kv_launch, q_schedule=q_schedule,
+                    dq_acc=dq_acc)
         return "run"
     monkeypatch.setattr(host, "prepare_tensor_core_backward", capture)
     assert module.prepare(pb, config) == "run"
@@ -115,6 +121,34 @@ def test_prepare_launches_the_plan(monkeypatch, family, B, Hq, Hkv, Nq, Nk, d, k
         assert got["dkdv_kernel"].kw == {"unroll": unroll}
         assert got["dq_kernel"].kw == {"unroll": tf32_bwd.default_config(d)["unroll"]}
     assert plan.config["launch_order"] == "heads"
+    assert got["dq_acc"] == ("unused" if family == "mma" else None)
+    assert "dq_mode" not in plan.config      # on the CPU the mma default is the dQ kernel
+
+
+@pytest.mark.parametrize("B, Hq, Hkv, Nq, Nk, d, kw", PROBLEMS)
+def test_atomic_dq_prepare_launches_the_plan(monkeypatch, B, Hq, Hkv, Nq, Nk, d, kw):
+    pb = _problem(np.float16, B, Hq, Hkv, Nq, Nk, d, kw)
+    config = KernelConfig(launch_order="heads", backward_dq="atomic")
+    plan = mma_bwd.plan(pb, config)
+    assert plan.config["dq_mode"] == "atomic"
+    got = _prepared_arguments(monkeypatch, mma_bwd, pb, config)
+    assert got["dq_kernel"] is None and got["dq_launch"] is None
+    assert got["kv_launch"] == P.launch_of(plan, "dkdv")
+    (pre, pre_launch), (convert, convert_launch) = got["dq_acc"]
+    assert pre_launch == P.launch_of(plan, "pre") and convert_launch == P.launch_of(plan, "convert")
+    assert pre.args == (d, False) and convert.args == (d, False)
+    # the dK/dV kernel at the family's atomic tiles (or those dividing the block mask's)
+    (_dq, (kv_k, kv_q)) = mma_bwd.tiles(pb, config)
+    if "block_mask" not in kw:
+        assert (kv_k, kv_q) == mma_bwd.default_tiles(d)["dkdv_atomic"]
+    assert got["dkdv_kernel"].args[1:3] == (kv_k, kv_q)
+    assert got["dkdv_kernel"].kw == {"dq_atomic": "scalar"}       # no sm_90 here
+    assert got["q_schedule"] == (kv_q, kv_k, "q")
+    rows = cdiv(Nq, P.ROW_KERNEL_WARPS)
+    assert pre_launch == convert_launch == ((rows, B * Hq), 32 * P.ROW_KERNEL_WARPS, 0)
+    assert got["kv_launch"] == ((cdiv(Nk, kv_k), B * Hkv), 2 * kv_k,
+                                P.mma_dkdv_atomic_dynamic_smem_bytes(d, kv_q, kv_k))
+    assert [k.phase for k in plan.kernels] == ["bwd.pre", "bwd.main", "bwd.post"]
 
 
 _BUILD_CHILD = """
@@ -129,6 +163,11 @@ for family, d, dq, kv, dropout in json.loads(sys.argv[1]):
         a = tf32_bwd.get_dq_kernel(d, dq[0], dq[1], True, False, dropout, 4, unroll=dq[2])
         b = tf32_bwd.get_dkdv_kernel(d, kv[1], kv[0], True, False, dropout, 4, unroll=kv[2])
     out.append([[a.threads, a.smem_bytes], [b.threads, b.smem_bytes]])
+for d, kv in json.loads(sys.argv[2]):
+    b = mma_bwd.get_dkdv_kernel(d, kv[1], kv[0], False, True, False, False, 4, dq_atomic="v2")
+    pre, cvt = mma_bwd.get_prepass_kernel(d, False), mma_bwd.get_convert_kernel(d, True)
+    out.append([[pre.threads, pre.smem_bytes], [b.threads, b.smem_bytes],
+                [cvt.threads, cvt.smem_bytes]])
 print(json.dumps(out))
 """
 
@@ -149,15 +188,30 @@ def test_compiled_kernels_have_the_plans_threads_and_shared_memory():
                 cases.append([family, d, [*plan.config["dq_tile"], u["dq"]],
                               [*plan.config["kv_tile"], u["dkdv"]], dropout])
                 plans.append(plan)
+    atomic_cases, atomic_plans = [], []
+    for d in (64, 128):
+        for kv in (None, (16, 64), (64, 32)):
+            w = Workload(batch=1, heads=2, seq_len_q=100, head_dim=d, dtype="fp16", causal=True,
+                         pass_="bwd")
+            plan = plan_for("mma", "bwd", w, dq_mode="atomic",
+                            **({} if kv is None else {"kv_tile": kv}))
+            atomic_cases.append([d, list(plan.config["kv_tile"])])
+            atomic_plans.append(plan)
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
-    res = subprocess.run([sys.executable, "-c", _BUILD_CHILD, json.dumps(cases)], cwd=ROOT,
+    res = subprocess.run([sys.executable, "-c", _BUILD_CHILD, json.dumps(cases),
+                          json.dumps(atomic_cases)], cwd=ROOT,
                          env=env, capture_output=True, text=True, timeout=300)
     if res.returncode:
         pytest.skip(f"Numba cannot build CUDA kernels here without the simulator: "
                     f"{res.stderr.strip()[-300:]}")
     built = json.loads(res.stdout.strip().splitlines()[-1])
+    assert len(built) == len(plans) + len(atomic_plans)
     for plan, case, kernels_ in zip(plans, cases, built):
         for which, (threads, smem) in zip(("dq", "dkdv"), kernels_):
+            _grid, plan_threads, plan_smem = P.launch_of(plan, which)
+            assert (threads, smem) == (plan_threads, plan_smem), (case, which)
+    for plan, case, kernels_ in zip(atomic_plans, atomic_cases, built[len(plans):]):
+        for which, (threads, smem) in zip(("pre", "dkdv", "convert"), kernels_):
             _grid, plan_threads, plan_smem = P.launch_of(plan, which)
             assert (threads, smem) == (plan_threads, plan_smem), (case, which)
 
@@ -200,6 +254,52 @@ def test_dense_mma_bytes_and_flops(d):
     assert kv_kernel.matmuls[0].executed_flops == kv_tiles * 4 * 2 * kv_q * kv_k * d
     assert dq_kernel.mufu_ops == B * H * nq * cdiv(N, dq_k) * dq_q * dq_k
     assert kv_kernel.grid == (nk, B * Hkv) and dq_kernel.grid == (nq, B * H)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_atomic_dq_counts(d, causal):
+    """dQ by atomics against the dQ-kernel plan at the same dK/dV tiles: no dQ kernel; the dK/dV
+    kernel does five products per tile (dQ += dS K added), reads K by cp.async (its tile is the
+    B operand of dQ), adds 4 bytes per element of each visited tile's query rows to the float32
+    accumulator; the pre-pass reads O and dO and writes delta and the zeroed accumulator, the
+    conversion reads it and writes dQ."""
+    B, H, Hkv, N, e = 2, 8, 2, 1000, 2
+    w = Workload(batch=B, heads=H, heads_kv=Hkv, seq_len_q=N, head_dim=d, dtype="fp16",
+                 causal=causal, pass_="bwd")
+    kv_tile = P.mma_default_tiles(d)["dkdv_atomic"][::-1]
+    atomic = plan_for("mma", "bwd", w, dq_mode="atomic")
+    assert atomic.config["kv_tile"] == kv_tile and atomic.config["dq_mode"] == "atomic"
+    pre, kv_kernel, convert = atomic.kernels
+    if d == 128:
+        ref = plan_for("mma", "bwd", w, kv_tile=(16, 64))   # static shared memory: 64 keys
+        kv_tile = (16, 64)
+        atomic = plan_for("mma", "bwd", w, dq_mode="atomic", kv_tile=kv_tile)
+        pre, kv_kernel, convert = atomic.kernels
+    else:
+        ref = plan_for("mma", "bwd", w, kv_tile=kv_tile)
+    _dq_ref, kv_ref = ref.kernels
+    assert kv_kernel.matmuls[0].executed_flops * 4 == kv_ref.matmuls[0].executed_flops * 5
+    rows = B * H * N
+    kv_q, kv_k = kv_tile
+    visited_rows = _access(kv_ref, "Q").bytes // (d * e)           # query rows, visited tiles
+    assert _access(kv_kernel, "dQ_acc").bytes == visited_rows * d * 4
+    assert _access(kv_kernel, "dQ_acc").op == "atomic"
+    if not causal:
+        assert visited_rows == B * H * cdiv(N, kv_k) * N
+    k_loads = [a for a in kv_kernel.accesses if a.tensor == "K"]
+    assert {a.how for a in k_loads} == ({"cp.async"} if d == 128 else {"cp.async", "fragment"})
+    assert all(a.bytes == B * Hkv * N * d * e for a in k_loads)
+    for t in ("O", "dO"):
+        assert _access(pre, t).bytes == rows * d * e
+    assert _access(pre, "delta").bytes == rows * 4 and _access(pre, "dQ_acc").bytes == rows * d * 4
+    assert _access(convert, "dQ_acc").bytes == rows * d * 4
+    assert _access(convert, "dQ").bytes == rows * d * e
+    assert atomic.tensor_bytes["dQ_acc"] == rows * d * 4
+    assert [k.name for k in atomic.kernels] == [P.KERNEL_NAMES[("mma", k)]
+                                                for k in ("pre", "dkdv", "convert")]
+    cost = price(atomic, "h100")
+    assert cost.time_s > 0 and [k.name for k in cost.kernels] == [k.name for k in atomic.kernels]
 
 
 def test_causal_counts_follow_block_info():
@@ -308,6 +408,12 @@ def test_bad_configurations_raise_naming_the_argument():
         plan_for("mma", "bwd", w16, mask_shape=(1, 1, 1, 100))
     with pytest.raises(ValueError, match="registers"):
         plan_for("mma", "bwd", w16, registers=(128,))
+    with pytest.raises(ValueError, match="dq_mode"):
+        plan_for("mma", "bwd", w16, dq_mode="atomics")
+    with pytest.raises(ValueError, match="kv_tile"):       # 16 keys per warp x 8 warps: 8 columns
+        plan_for("mma", "bwd", w16.replace(head_dim=64), dq_mode="atomic", kv_tile=(64, 128))
+    with pytest.raises(ValueError, match="KernelConfig.backward_dq"):
+        KernelConfig(backward_dq="atomics")
 
 
 def test_one_tile_counts_equal_the_sass_instruction_counts():

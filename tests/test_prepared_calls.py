@@ -6,7 +6,8 @@ run the prepared kernels directly.
 CPU: which calls have a key. GPU (``-m gpu``): a repeated call skips the checks (they are made
 to fail) and computes bitwise what the full path computes, for each family that prepares
 (``mma``, ``tf32``, ``split_kv``), strided inputs included, in inference and through autograd
-(forward and backward); a family that prepares nothing (``simt``) takes the full path every
+(forward and backward; on sm_90 the half-precision dQ is summed by float32 atomics in a varying
+order, so it is held to the dtype's rounding there, `_same_grad`); a family that prepares nothing (``simt``) takes the full path every
 time, and a prepared forward whose backward is not prepared checks the problem for it; keys
 differ where the call differs.
 """
@@ -138,7 +139,18 @@ def test_repeated_training_call_skips_the_checks_and_matches_the_full_path(cuda,
     _backends._PREPARED.clear()
     want = _fwd_bwd(q2, k2, v2, dout, **kw)
     for name_, a, b in zip(("out", "dq", "dk", "dv"), got, want):
-        assert a.shape == b.shape and torch.equal(a, b), name_
+        assert a.shape == b.shape and _same_grad(name_, a, b), name_
+
+
+def _same_grad(name, a, b) -> bool:
+    """Bitwise equal; dQ of a half-precision backward summed by float32 atomics
+    (`kernels.mma_bwd.dq_mode`), which may round the other way: within one unit of the dtype's
+    last place of the larger."""
+    if name != "dq" or a.dtype not in (torch.float16, torch.bfloat16):
+        return torch.equal(a, b)
+    ulp = torch.finfo(a.dtype).eps
+    return bool(((a.float() - b.float()).abs()
+                 <= ulp * torch.maximum(a.float().abs(), b.float().abs()) + 1e-6).all())
 
 
 @pytest.mark.gpu
@@ -153,5 +165,5 @@ def test_prepared_forward_with_a_backward_that_is_not_prepared(cuda):
     got = _fwd_bwd(q, k, v, dout, block_q=64, block_k=64)
     _backends._PREPARED.clear()
     want = _fwd_bwd(q, k, v, dout, block_q=64, block_k=64)
-    for a, b in zip(got, want):
-        assert torch.equal(a, b)
+    for name_, a, b in zip(("out", "dq", "dk", "dv"), got, want):
+        assert _same_grad(name_, a, b), name_

@@ -83,11 +83,14 @@ __all__ = ["mma_backward_plan", "tf32_backward_plan", "launch_of", "KERNEL_NAMES
 #: Kernel names as Nsight Compute lists them and the ptxas table keys them
 #: (`benchmarks.common.KERNEL_NAMES`): (family, kernel) -> name.
 KERNEL_NAMES = {("mma", "dq"): "flash_mma_bwd_dq", ("mma", "dkdv"): "flash_mma_bwd_dkdv",
+                ("mma", "pre"): "flash_mma_bwd_pre", ("mma", "convert"): "flash_mma_bwd_convert",
                 ("tf32", "dq"): "flash_tf32_bwd_dq", ("tf32", "dkdv"): "flash_tf32_bwd_dkdv"}
 
 #: Tile sizes (rows or keys) the launchers choose from (`kernels.config.backward_tiles`: the
 #: default, or the largest of these that divides a block mask's tile).
 TILE_SIZES = (64, 32, 16)
+#: ... and of the atomic-dQ backward's dK/dV kernel (dynamic shared memory: 128 key rows fit).
+ATOMIC_TILE_SIZES = (128, 64, 32, 16)
 #: Static shared memory a block may declare (``cuda.shared.array``), bytes.
 STATIC_SMEM_LIMIT_BYTES = 48 * 1024
 #: Dynamic shared memory a block may use with the opt-in on sm_90 (227 KiB), bytes.
@@ -98,6 +101,8 @@ FRAGMENT_ROW_BYTES = 16
 THREADS_PER_ROW = 4
 #: Rows (query rows of the dQ kernel, key rows of the dK/dV kernel) per warp.
 ROWS_PER_WARP = 16
+#: Warps (a query row each) per program of the atomic-dQ backward's pre-pass and conversion.
+ROW_KERNEL_WARPS = 8
 
 
 def backward_threads(rows: int) -> int:
@@ -117,8 +122,8 @@ def mma_default_tiles(head_dim: int) -> dict:
     ``dkdv`` = (key rows per block, queries per stage) of the dK/dV kernel. 16 rows per warp;
     the stage sizes keep two buffers of two tiles within 48 KiB of static shared memory."""
     if head_dim <= 64:
-        return {"dq": (64, 64), "dkdv": (64, 64)}
-    return {"dq": (64, 32), "dkdv": (64, 16)}
+        return {"dq": (64, 64), "dkdv": (64, 64), "dkdv_atomic": (64, 64)}
+    return {"dq": (64, 32), "dkdv": (64, 16), "dkdv_atomic": (128, 64)}
 
 
 def mma_dq_smem_bytes(head_dim: int, block_k: int) -> int:
@@ -130,6 +135,14 @@ def mma_k_in_shared(head_dim: int) -> bool:
     """Whether the dK/dV kernel reads K from shared memory (d=128: K and V fragments plus the
     dK and dV accumulators in registers would spill) instead of holding its fragments."""
     return head_dim > 64
+
+
+def mma_dkdv_atomic_dynamic_smem_bytes(head_dim: int, block_q: int, block_k: int) -> int:
+    """Dynamic shared memory of one dK/dV block of the atomic-dQ backward: Q and dO, two buffers
+    each, the block's K tile (the B operand of dQ += dS K), and dS of a 16-query step, two
+    buffers (rows of ``block_k`` + 8 halves); lse / delta of two stages stay static."""
+    rows = 4 * block_q + block_k
+    return (rows * (head_dim + MMA_PAD_HALVES) + 2 * 16 * (block_k + MMA_PAD_HALVES)) * 2
 
 
 def mma_dkdv_smem_bytes(head_dim: int, block_q: int, block_k: int = 64) -> int:
@@ -419,11 +432,11 @@ def _check_workload(family: str, w: Workload, dtypes, head_dims):
                          f"workload.head_dim={w.head_dim}")
 
 
-def _check_tile(name: str, tile) -> tuple[int, int]:
+def _check_tile(name: str, tile, sizes=TILE_SIZES) -> tuple[int, int]:
     ok = (isinstance(tile, (tuple, list)) and len(tile) == 2
           and all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in tile))
-    if not ok or any(int(t) not in TILE_SIZES for t in tile):
-        raise ValueError(f"{name} must be a pair (queries, keys) of sizes in {TILE_SIZES}, got "
+    if not ok or any(int(t) not in sizes for t in tile):
+        raise ValueError(f"{name} must be a pair (queries, keys) of sizes in {sizes}, got "
                          f"{tile!r}")
     return int(tile[0]), int(tile[1])
 
@@ -468,7 +481,8 @@ def _check_mask_tiles(w: Workload, block_mask_tiles, kernel_tiles: dict):
 # -- the plan -----------------------------------------------------------------------------------
 def _backward(family: str, w: Workload, *, dq_tile, kv_tile, names, shared, dynamic, unit: str,
               passes: int, tf32: bool, k_in_shared: bool, operands_in_registers: dict,
-              registers, launch_order, mask_shape, block_mask_tiles, extra_config: dict) -> Plan:
+              registers, launch_order, mask_shape, block_mask_tiles, extra_config: dict,
+              dq_atomic: bool = False) -> Plan:
     """The two-kernel plan both families share (see the module docstring); ``tf32``: float32
     operands (``ld``/``st`` of single floats, re-reads where ``operands_in_registers`` says a
     kernel keeps none, operand splits)."""
@@ -572,12 +586,18 @@ def _backward(family: str, w: Workload, *, dq_tile, kv_tile, names, shared, dyna
                           FRAGMENT_ROW_BYTES)
         v_access = Access("V", "load", kv_elems * e if v_in_regs else kv_reread, "fragment",
                           FRAGMENT_ROW_BYTES)
-    else:      # K fragments once (or its tile by cp.async where K is read from shared), V once
-        k_access = (Access("K", "load", kv_elems * e, "cp.async") if k_in_shared
-                    else Access("K", "load", kv_elems * e, "fragment", FRAGMENT_ROW_BYTES))
+    else:      # K fragments once (and its tile by cp.async where K is read from shared), V once
+        k_tile = (Access("K", "load", kv_elems * e, "cp.async"),)
+        k_frag = (Access("K", "load", kv_elems * e, "fragment", FRAGMENT_ROW_BYTES),)
+        k_access = (k_tile if k_in_shared else k_frag + k_tile if dq_atomic else k_frag)
         v_access = Access("V", "load", kv_elems * e, "fragment", FRAGMENT_ROW_BYTES)
+    if tf32:
+        k_access = (k_access,)
+    # atomic: dQ += dS K of each visited tile's query rows inside the problem (float32)
+    dq_red = ((Access("dQ_acc", "atomic", kv_rows * d * STAT_BYTES, "atomic"),) if dq_atomic
+              else ())
     kv_accesses = (
-        k_access, v_access,
+        *k_access, v_access,
         Access("Q", "load", kv_rows * d * e, "cp.async"),
         Access("dO", "load", kv_rows * d * e, "cp.async"),
         Access("lse", "load", kv_rows * STAT_BYTES, "ld"),
@@ -587,7 +607,9 @@ def _backward(family: str, w: Workload, *, dq_tile, kv_tile, names, shared, dyna
                SCHEDULE_ENTRY_BYTES),
         Access("dK", "store", kv_elems * e, "fragment", FRAGMENT_ROW_BYTES),
         Access("dV", "store", kv_elems * e, "fragment", FRAGMENT_ROW_BYTES),
+        *dq_red,
     )
+    kv_products = DKDV_PRODUCTS_PER_TILE + (1 if dq_atomic else 0)
     kv_fp32 = (kv_scores * (DKDV_FLOPS_PER_SCORE + drop * DKDV_DROPOUT_FLOPS_PER_SCORE)
                + kv_rows * LSE_LOG2_FLOPS_PER_ROW
                + kv_elems * SCALE_FLOPS_PER_ELEMENT)
@@ -598,7 +620,7 @@ def _backward(family: str, w: Workload, *, dq_tile, kv_tile, names, shared, dyna
     kv_kernel = KernelPlan(
         name=names["dkdv"], phase="bwd.main", grid=(n_blocks_k, B * Hkv),
         threads=backward_threads(kv_k), shared_bytes=shared["dkdv"], accesses=kv_accesses,
-        matmuls=(Matmul(unit, kv_visits * DKDV_PRODUCTS_PER_TILE * 2 * kv_q * kv_k * d, passes),),
+        matmuls=(Matmul(unit, kv_visits * kv_products * 2 * kv_q * kv_k * d, passes),),
         fp32_flops=int(kv_fp32), mufu_ops=int(kv_scores * DKDV_MUFU_PER_SCORE),
         registers=(registers[1] if registers is not None
                    else _registers(names["dkdv"], w, kv_k, kv_q, mask_shape is not None)),
@@ -609,6 +631,10 @@ def _backward(family: str, w: Workload, *, dq_tile, kv_tile, names, shared, dyna
     tensor_bytes = {"Q": q_bytes, "O": q_bytes, "dO": q_bytes, "dQ": q_bytes,
                     "lse": q_rows * STAT_BYTES, "delta": q_rows * STAT_BYTES,
                     "K": kv_bytes, "V": kv_bytes, "dK": kv_bytes, "dV": kv_bytes}
+    kernels = (dq_kernel, kv_kernel)
+    if dq_atomic:
+        kernels = _atomic_dq_kernels(w, names, kv_kernel)
+        tensor_bytes["dQ_acc"] = q_elems * STAT_BYTES
     # the CSR schedules of the distinct slices: offsets per program and one index per tile
     tensor_bytes["schedule"] = SCHEDULE_ENTRY_BYTES * sum(
         n_blocks + 1 + int(st.T)
@@ -618,8 +644,46 @@ def _backward(family: str, w: Workload, *, dq_tile, kv_tile, names, shared, dyna
         tensor_bytes["mask"] = int(np.prod(mask_shape))
     config = dict(extra_config, dq_tile=tuple(dq_tile), kv_tile=tuple(kv_tile),
                   launch_order=launch_order, mask_shape=mask_shape, block_mask_tiles=mask_tiles,
-                  dynamic_shared_bytes={names["dq"]: dynamic["dq"], names["dkdv"]: dynamic["dkdv"]})
-    return Plan(family, "bwd", w, (dq_kernel, kv_kernel), config, tensor_bytes)
+                  dynamic_shared_bytes={k.name: dynamic[key] for k, key in
+                                        zip(kernels, ("pre", "dkdv", "convert") if dq_atomic
+                                            else ("dq", "dkdv"))})
+    return Plan(family, "bwd", w, kernels, config, tensor_bytes)
+
+
+#: The atomic-dQ backward's pre-pass, per element of a row inside the problem:
+#: ``acc += o2[0] * g2[0] + o2[1] * g2[1]`` (FMUL + FFMA + FADD per two elements), and per row
+#: per lane of its warp the five-step shuffle reduction (one FADD each).
+PREPASS_FLOPS_PER_ELEMENT = 2
+PREPASS_SHUFFLE_FLOPS_PER_ROW_LANE = 5
+#: The conversion, per element: ``dq_acc[...] * scale`` (one FMUL).
+CONVERT_FLOPS_PER_ELEMENT = 1
+
+
+def _atomic_dq_kernels(w: Workload, names: dict, kv_kernel: KernelPlan) -> tuple:
+    """(pre-pass, dK/dV, conversion) of the atomic-dQ backward: a warp per query row (lanes
+    along the head dim, 32-bit words of packed halves or float32 pairs: whole rows), the
+    pre-pass reading O and dO and writing delta and the zeroed float32 accumulator, the
+    conversion reading the accumulator and writing dQ."""
+    d, e = w.head_dim, w.dtype_bytes
+    q_rows = w.batch * w.heads * w.seq_len_q
+    q_elems = q_rows * d
+    grid = (cdiv(w.seq_len_q, ROW_KERNEL_WARPS), w.batch * w.heads)
+    threads = 32 * ROW_KERNEL_WARPS
+    pre = KernelPlan(
+        name=names["pre"], phase="bwd.pre", grid=grid, threads=threads, shared_bytes=0,
+        accesses=(Access("O", "load", q_elems * e, "ld"), Access("dO", "load", q_elems * e, "ld"),
+                  Access("delta", "store", q_rows * STAT_BYTES, "st"),
+                  Access("dQ_acc", "store", q_elems * STAT_BYTES, "st")),
+        matmuls=(), fp32_flops=int(q_elems * PREPASS_FLOPS_PER_ELEMENT
+                                   + q_rows * 32 * PREPASS_SHUFFLE_FLOPS_PER_ROW_LANE),
+        mufu_ops=0, registers=None, programs_per_slice=grid[0])
+    convert = KernelPlan(
+        name=names["convert"], phase="bwd.post", grid=grid, threads=threads, shared_bytes=0,
+        accesses=(Access("dQ_acc", "load", q_elems * STAT_BYTES, "ld"),
+                  Access("dQ", "store", q_elems * e, "st")),
+        matmuls=(), fp32_flops=int(q_elems * CONVERT_FLOPS_PER_ELEMENT), mufu_ops=0,
+        registers=None, programs_per_slice=grid[0])
+    return pre, kv_kernel, convert
 
 
 def _check_registers(registers):
@@ -631,8 +695,14 @@ def _check_registers(registers):
     return tuple(None if r is None else int(r) for r in registers)
 
 
+#: How the mma backward computes dQ: "kernel" (its own dQ kernel, no atomics) or "atomic"
+#: (FlashAttention-2's structure: the dK/dV kernel adds dS K into a float32 accumulator).
+DQ_MODES = ("kernel", "atomic")
+
+
 def mma_backward_plan(workload: Workload, *, dq_tile=None, kv_tile=None, launch_order=None,
-                      mask_shape=None, block_mask_tiles=None, registers=None) -> Plan:
+                      mask_shape=None, block_mask_tiles=None, registers=None,
+                      dq_mode="kernel") -> Plan:
     """The plan of `kernels.mma_bwd` for ``workload`` (float16 or bfloat16, d 64 or 128).
 
     ``dq_tile`` = (query rows per program, keys per stage) of the dQ kernel, ``kv_tile`` =
@@ -642,27 +712,51 @@ def mma_backward_plan(workload: Workload, *, dq_tile=None, kv_tile=None, launch_
     ``block_mask_tiles``: the (queries, keys) tiles ``workload.block_mask`` / ``block_density``
     is laid out on (None: ``dq_tile``); ``registers``: (dQ, dK/dV) registers per thread (None:
     the shipped ptxas table's, where it has the configuration). ``launch_order`` is recorded in
-    the plan's config (it changes the order programs run, not what they do). Raises ValueError
-    naming the argument for what the family cannot launch."""
+    the plan's config (it changes the order programs run, not what they do). ``dq_mode``: one of
+    `DQ_MODES`; "atomic" launches a pre-pass (delta, zeroed float32 dQ accumulator), the dK/dV
+    kernel with dQ += dS K by ``red.global.add.f32`` (its K tile in shared memory, dynamic
+    shared memory; ``kv_tile`` default `mma_default_tiles`' ``dkdv_atomic``) and a conversion;
+    ``dq_tile`` is then unused. Raises ValueError naming the argument for what the family
+    cannot launch."""
     w = workload
     _check_workload("mma", w, ("fp16", "bf16"), MMA_HEAD_DIMS)
+    if dq_mode not in DQ_MODES:
+        raise ValueError(f"dq_mode must be one of {DQ_MODES}, got {dq_mode!r}")
+    atomic = dq_mode == "atomic"
     d = w.head_dim
     defaults = mma_default_tiles(d)
     dq_tile = _check_tile("dq_tile", defaults["dq"] if dq_tile is None else dq_tile)
-    kv_tile = _check_tile("kv_tile", defaults["dkdv"][::-1] if kv_tile is None else kv_tile)
-    shared = {"dq": mma_dq_smem_bytes(d, dq_tile[1]),
-              "dkdv": mma_dkdv_smem_bytes(d, kv_tile[0], kv_tile[1])}
-    _check_smem("mma", "dq_tile", dq_tile, shared["dq"], STATIC_SMEM_LIMIT_BYTES, d, "static")
-    _check_smem("mma", "kv_tile", kv_tile, shared["dkdv"], STATIC_SMEM_LIMIT_BYTES, d, "static")
-    names = {k: KERNEL_NAMES[("mma", k)] for k in ("dq", "dkdv")}
+    kv_default = defaults["dkdv_atomic" if atomic else "dkdv"][::-1]
+    kv_tile = _check_tile("kv_tile", kv_default if kv_tile is None else kv_tile,
+                          ATOMIC_TILE_SIZES if atomic else TILE_SIZES)
+    if atomic:
+        if (d // (kv_tile[1] // ROWS_PER_WARP)) % 16:
+            raise ValueError(f"kv_tile={kv_tile}: the atomic dK/dV kernel's warps split dQ's "
+                             f"{d} columns in multiples of 16; use at most {d // 4} key rows")
+        dyn = mma_dkdv_atomic_dynamic_smem_bytes(d, *kv_tile)
+        shared = {"dq": 0, "dkdv": dyn + 16 * kv_tile[0]}
+        _check_smem("mma", "kv_tile", kv_tile, shared["dkdv"], DYNAMIC_SMEM_LIMIT_BYTES, d,
+                    "dynamic")
+        dynamic = {"pre": 0, "dkdv": dyn, "convert": 0}
+        k_in_shared = mma_k_in_shared(d)
+    else:
+        shared = {"dq": mma_dq_smem_bytes(d, dq_tile[1]),
+                  "dkdv": mma_dkdv_smem_bytes(d, kv_tile[0], kv_tile[1])}
+        _check_smem("mma", "dq_tile", dq_tile, shared["dq"], STATIC_SMEM_LIMIT_BYTES, d, "static")
+        _check_smem("mma", "kv_tile", kv_tile, shared["dkdv"], STATIC_SMEM_LIMIT_BYTES, d,
+                    "static")
+        dynamic = {"dq": 0, "dkdv": 0}                       # static shared memory only
+        k_in_shared = mma_k_in_shared(d)
+    names = {k: KERNEL_NAMES[("mma", k)] for k in ("dq", "dkdv", "pre", "convert")}
     return _backward("mma", w, dq_tile=dq_tile, kv_tile=kv_tile, names=names, shared=shared,
-                     dynamic={"dq": 0, "dkdv": 0},        # static shared memory only
+                     dynamic=dynamic,
                      unit="mma.bf16" if w.dtype == "bf16" else "mma.f16", passes=1, tf32=False,
-                     k_in_shared=mma_k_in_shared(d),
+                     k_in_shared=k_in_shared,
                      operands_in_registers={"dq": (True, True),
                                             "dkdv": (not mma_k_in_shared(d), True)},
                      registers=_check_registers(registers), launch_order=launch_order,
-                     mask_shape=mask_shape, block_mask_tiles=block_mask_tiles, extra_config={})
+                     mask_shape=mask_shape, block_mask_tiles=block_mask_tiles,
+                     extra_config={"dq_mode": dq_mode} if atomic else {}, dq_atomic=atomic)
 
 
 def tf32_backward_plan(workload: Workload, *, dq_tile=None, kv_tile=None, launch_order=None,
@@ -699,8 +793,9 @@ def tf32_backward_plan(workload: Workload, *, dq_tile=None, kv_tile=None, launch
 
 
 def launch_of(plan: Plan, kernel: str) -> tuple[tuple, int, int]:
-    """``(grid, threads, dynamic shared bytes)`` a launcher passes for kernel ``"dq"`` or
-    ``"dkdv"`` of a backward plan (static shared memory is the kernel's own declaration)."""
+    """``(grid, threads, dynamic shared bytes)`` a launcher passes for kernel ``"dq"``,
+    ``"dkdv"`` (or, dQ by atomics, ``"pre"`` and ``"convert"``) of a backward plan (static
+    shared memory is the kernel's own declaration)."""
     name = KERNEL_NAMES[(plan.family, kernel)]
     k = plan.kernel(name)
     return k.grid, k.threads, plan.config["dynamic_shared_bytes"][name]
