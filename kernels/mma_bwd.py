@@ -1,7 +1,11 @@
 """Tensor-core FlashAttention-2 backward for float16/bfloat16 CUDA inputs (Numba + inline PTX).
 
-This is the ``mma`` family's backward: two kernels, each shaped like the forward of
-`kernels.mma_fwd` (operands in registers, no shared-memory round trip of P or dS, no atomics):
+This is the ``mma`` family's backward, in one of two structures (``KernelConfig.backward_dq``,
+default `dq_mode`: "atomic" on compute capability 9.0 and later unless torch's deterministic
+algorithms are on, else "kernel").
+
+**"kernel"**: two kernels, each shaped like the forward of `kernels.mma_fwd` (operands in
+registers, no shared-memory round trip of P or dS, no atomics):
 
 * **dQ kernel** (runs first), grid (n_blocks_q, B * Hq): each warp owns 16 query rows and keeps
   the Q and dO fragments (A operands) and its dQ accumulator in registers. In its prologue it
@@ -17,6 +21,13 @@ This is the ``mma`` family's backward: two kernels, each shaped like the forward
   `BlockInfo.q_schedule()`; Q and dO tiles (double-buffered, ``cp.async``) are consumed in
   16-query steps: S^T = K Q^T, P^T (as above, lse / delta per query column), dV += (P^T * Z) dO,
   dP^T = V dO^T, dS^T = P^T * (dP^T * Z - delta), dK += dS^T Q; dK = scale * dK at the end.
+
+**"atomic"** (FlashAttention-2's structure, five matmul passes): a pre-pass (`_row_warp_kernel`:
+delta and a zeroed float32 dQ accumulator, a warp per query row), the dK/dV kernel above with
+its K tile in shared memory, which after dK += dS^T Q of each 16-query step writes dS (queries x
+keys, halves) to shared memory and adds dQ = dS K of the step's queries, each warp its D / warps
+columns, with ``red.global.add.v2.f32`` (``red.global.add.f32`` before sm_90), and a conversion
+(dQ = scale * accumulator in the input dtype). dQ's summation order then varies from run to run.
 
 Both grids are (tiles, batch*heads); which block works on which (tile, head) is the launch order
 of `kernels.tile_scheduler`: tiles first, or, under a causal mask, heads first within groups of

@@ -2,7 +2,8 @@
 3xTF32 float32), and the layout facts their launchers read: default tiles, threads, shared
 memory, which operands stay in registers.
 
-Each backward launches two kernels, in this order, and nothing else: delta = rowsum(dO * O) is
+Each backward (the mma one with its default ``dq_mode="kernel"``) launches two kernels, in this
+order, and nothing else: delta = rowsum(dO * O) is
 computed and written by the dQ kernel (no pre-pass), dK and dV of a GQA group are summed inside
 the dK/dV kernel (no per-query-head buffers, no reduction kernel), every gradient is written once
 in the input dtype (no float32 accumulator, no zero fill, no conversion kernel):
@@ -15,6 +16,12 @@ in the input dtype (no float32 accumulator, no zero fill, no conversion kernel):
    (cdiv(Nk, key rows), B * Hkv), a warp per 16 key rows: over the query heads of its GQA group
    and the Q tiles of `BlockInfo.q_schedule()`, Q and dO by ``cp.async``, lse and delta staged;
    per tile S^T = K Q^T, dP^T = V dO^T, dV += (P^T Z) dO, dK += dS^T Q.
+
+The mma backward's ``dq_mode="atomic"`` (FlashAttention-2's structure) launches instead a
+pre-pass (``flash_mma_bwd_pre``, phase ``bwd.pre``: delta and the zeroed float32 dQ
+accumulator), the dK/dV kernel with a fifth product per tile (dQ += dS K, added to the
+accumulator by ``red`` atomics: ``"atomic"`` accesses) and its K tile by ``cp.async``, and a
+conversion (``flash_mma_bwd_convert``, phase ``bwd.post``).
 
 Tiles are given in (queries, keys) order for both kernels: ``dq_tile`` = (query rows per
 program, keys per stage), ``kv_tile`` = (queries per stage, key rows per program). The kernels'
