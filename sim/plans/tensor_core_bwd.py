@@ -664,13 +664,19 @@ PREPASS_FLOPS_PER_ELEMENT = 2
 PREPASS_SHUFFLE_FLOPS_PER_ROW_LANE = 5
 #: The conversion, per element: ``dq_acc[...] * scale`` (one FMUL).
 CONVERT_FLOPS_PER_ELEMENT = 1
+#: ... and the bytes of each 32-byte sector one of its accumulator loads uses (lane l reads the
+#: floats 2 l and 2 l + 1 in two instructions).
+CONVERT_SEGMENT_BYTES = 16
 
 
 def _atomic_dq_kernels(w: Workload, names: dict, kv_kernel: KernelPlan) -> tuple:
-    """(pre-pass, dK/dV, conversion) of the atomic-dQ backward: a warp per query row (lanes
-    along the head dim, 32-bit words of packed halves or float32 pairs: whole rows), the
-    pre-pass reading O and dO and writing delta and the zeroed float32 accumulator, the
-    conversion reading the accumulator and writing dQ."""
+    """(pre-pass, dK/dV, conversion) of the atomic-dQ backward: a warp per query row, lanes
+    along the head dim. The pre-pass reads O and dO (a 32-bit word of two halves a lane: whole
+    rows), writes the zeroed float32 accumulator (one float a lane: whole rows) and delta (lane 0
+    alone: a 4-byte store, a whole sector for the L1 counters); the conversion reads the
+    accumulator as ``dq_acc[..., col]`` and ``dq_acc[..., col + 1]``, two 4-byte loads a lane at
+    an 8-byte stride (16 bytes of each 32-byte sector an instruction touches) and writes dQ (a
+    word of two halves a lane: whole rows)."""
     d, e = w.head_dim, w.dtype_bytes
     q_rows = w.batch * w.heads * w.seq_len_q
     q_elems = q_rows * d
@@ -679,14 +685,14 @@ def _atomic_dq_kernels(w: Workload, names: dict, kv_kernel: KernelPlan) -> tuple
     pre = KernelPlan(
         name=names["pre"], phase="bwd.pre", grid=grid, threads=threads, shared_bytes=0,
         accesses=(Access("O", "load", q_elems * e, "ld"), Access("dO", "load", q_elems * e, "ld"),
-                  Access("delta", "store", q_rows * STAT_BYTES, "st"),
+                  Access("delta", "store", q_rows * STAT_BYTES, "fragment", STAT_BYTES),
                   Access("dQ_acc", "store", q_elems * STAT_BYTES, "st")),
         matmuls=(), fp32_flops=int(q_elems * PREPASS_FLOPS_PER_ELEMENT
                                    + q_rows * 32 * PREPASS_SHUFFLE_FLOPS_PER_ROW_LANE),
         mufu_ops=0, registers=None, programs_per_slice=grid[0])
     convert = KernelPlan(
         name=names["convert"], phase="bwd.post", grid=grid, threads=threads, shared_bytes=0,
-        accesses=(Access("dQ_acc", "load", q_elems * STAT_BYTES, "ld"),
+        accesses=(Access("dQ_acc", "load", q_elems * STAT_BYTES, "fragment", CONVERT_SEGMENT_BYTES),
                   Access("dQ", "store", q_elems * e, "st")),
         matmuls=(), fp32_flops=int(q_elems * CONVERT_FLOPS_PER_ELEMENT), mufu_ops=0,
         registers=None, programs_per_slice=grid[0])
