@@ -253,12 +253,17 @@ def _plan_cmd(a) -> int:
                  dropout=a.dropout, pass_=a.pass_, window_size=a.window)
     prof = a.device if a.rates is None else a.device.with_rates(a.rates)
     tiles = {k: v for k, v in (("block_q", a.block_q), ("block_k", a.block_k)) if v is not None}
+    if a.plan_dq_mode is not None:
+        if (a.family, a.pass_) != ("mma", "bwd"):
+            raise SystemExit("error: --dq-mode: only the mma family's backward has dQ modes")
+        tiles["dq_mode"] = a.plan_dq_mode
     ranked = None
     if a.choose:
         if (a.family, a.pass_) not in CONFIGS:
             raise SystemExit(f"error: --choose: no configurations listed for {a.family} {a.pass_}")
         if tiles:
-            raise SystemExit("error: --choose ranks every configuration: leave out --block-q/--block-k")
+            raise SystemExit("error: --choose ranks every configuration: leave out --block-q/--block-k"
+                             "/--dq-mode")
         cfg, cost, ranked = choose(a.family, a.pass_, w, prof)
         plan = cost.plan
     else:
@@ -605,6 +610,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="sliding window (as predict --window)")
     pl.add_argument("--rates", default=None, metavar="RATES.json",
                     help="measured rates of `python -m benchmarks rates` (default: datasheet rates)")
+    pl.add_argument("--dq-mode", dest="plan_dq_mode", choices=("kernel", "atomic"), default=None,
+                    help="the mma backward's dQ: its own kernel (the plan's default) or float32 "
+                         "atomics from the dK/dV kernel (what runs by default on sm_90)")
     pl.add_argument("--choose", action="store_true", help="rank every legal configuration")
     pl.add_argument("--json", action="store_true", help="print one JSON object")
     pl.add_argument("--compact", action="store_true", help="with --json: one line")

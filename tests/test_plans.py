@@ -281,6 +281,19 @@ def test_plan_command(capsys):
     assert [r["time_ms"] for r in ranked] == sorted(r["time_ms"] for r in ranked)
     with pytest.raises(SystemExit, match="--family"):
         main(["plan", "--family", "nope", "--seq-len", "64"])
+    # the mma backward's dQ by atomics: three kernels, the middle one adding to the accumulator
+    assert main(["plan", "--family", "mma", "--pass", "bwd", "--seq-len", "1000", "--head-dim",
+                 "128", "--dq-mode", "atomic", "--json", "--compact"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    wb = w.replace(pass_="bwd")
+    assert d["global_bytes"] == pytest.approx(
+        price(plan_for("mma", "bwd", wb, dq_mode="atomic"), "h100").global_bytes)
+    assert [k["name"] for k in d["kernels_plan"]] == ["flash_mma_bwd_pre", "flash_mma_bwd_dkdv",
+                                                      "flash_mma_bwd_convert"]
+    assert any(x["op"] == "atomic" for x in d["kernels_plan"][1]["accesses"])
+    with pytest.raises(SystemExit, match="--dq-mode"):
+        main(["plan", "--family", "tf32", "--pass", "bwd", "--dtype", "fp32", "--seq-len", "64",
+              "--dq-mode", "atomic"])
 
 
 def test_compare_keeps_the_schedule_model_where_the_plan_refuses_the_records_configuration():
