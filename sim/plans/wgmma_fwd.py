@@ -106,11 +106,10 @@ def wgmma_default_blocks(head_dim: int, causal: bool = False) -> tuple[int, int]
     --family wgmma`` (results/pick_wgmma_h100_2026-11-24.json, 16 groups) and ``python -m
     benchmarks bench``: d = 128: 128 x 64 (two consumer warpgroups; 128 x 128 is 1-5 % slower
     and spills, 64 x 128 20-37 %); d = 64 not causal: 64 x 128 (one consumer warpgroup, two
-    programs per SM; 128 x 128 is 11-18 % slower from N = 2048); d = 64 causal: 128 x 128 (in
-    one run of ``python -m benchmarks bench`` at 32 heads with 64 x 128 causal, at 1a58572 and
-    not kept, the causal forward was slower than with 128 x 128, while at pick's 16 heads
-    64 x 128 is 0-9 % faster: not explained yet, so the tiling that measured good in the
-    benchmark's shapes)."""
+    programs per SM; 128 x 128 is 11-18 % slower from N = 2048); d = 64 causal: 128 x 128 (at
+    the benchmark's 32 heads, timed in one process against 64 x 128 and 64 x 64, it was the
+    faster up to N = 4096 and level at 8192, while at pick's 16 heads 64 x 128 is 0-9 % faster:
+    the better tile depends on how many programs fill the GPU; docs/kernels.md)."""
     if head_dim <= 64:
         return (128, 128) if causal else (64, 128)
     return (128, 64)
