@@ -448,13 +448,14 @@ def kernel_signature(family: str, kernel: str, dtype: str) -> tuple:
 
 def build_kernel(family: str, kernel: str, head_dim: int, dtype: str, causal: bool, *,
                  block_m=None, block_n=None, tile=None, has_mask=False, dropout=False,
-                 unroll=None, head_group=None):
+                 unroll=None, head_group=None, dq_atomic=None):
     """``(dispatcher, signature, threads per block)`` of one kernel configuration, built as its
     family builds it on a GPU: ``block_m x block_n`` is the kernel's own tile (forward and dQ:
     query rows x keys; dK/dV: key rows x queries), ``tile`` the CUDA-core micro-tile (tm, tn),
     ``head_group`` the tensor-core kernels' launch order (None: the default of the pass,
     `kernels.tile_scheduler.DEFAULT_HEAD_GROUP`), ``unroll`` the 3xTF32 backward's k-loop
-    unrolling (None: its default)."""
+    unrolling (None: its default), ``dq_atomic`` (the mma dK/dV kernel): it adds dQ by atomics,
+    two floats per ``red`` (sm_90)."""
     from kernels import mma_bwd, mma_fwd, simt_bwd, simt_fwd, tf32_bwd, tf32_fwd, tile_scheduler
     from kernels.config import TileConfig
     d = int(head_dim)
@@ -475,8 +476,12 @@ def build_kernel(family: str, kernel: str, head_dim: int, dtype: str, causal: bo
         if kernel == "fwd":
             kern = mma_fwd.get_kernel(d, block_m, block_n, bf16, causal, has_mask, dropout, group)
         else:
-            get = mma_bwd.get_dq_kernel if kernel == "dq" else mma_bwd.get_dkdv_kernel
-            kern = get(d, block_m, block_n, bf16, causal, has_mask, dropout, group)
+            if kernel == "dq":
+                kern = mma_bwd.get_dq_kernel(d, block_m, block_n, bf16, causal, has_mask, dropout,
+                                             group)
+            else:
+                kern = mma_bwd.get_dkdv_kernel(d, block_m, block_n, bf16, causal, has_mask,
+                                               dropout, group, dq_atomic="v2" if dq_atomic else False)
     elif family == "tf32":
         if kernel == "fwd":
             kern = tf32_fwd.get_kernel(d, block_m, block_n, causal, has_mask, dropout, group)

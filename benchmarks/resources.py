@@ -20,8 +20,9 @@ Which configurations (`sweep_configs`): the records of our kernel in
   block_q, d, 128)``;
 * the tensor-core forward (``flash_mma_fwd``) at the sweep's blocks and the launch order the
   shipped sweeps ran (tiles first: `benchmarks.measure.SHIPPED_HEAD_GROUP`), and the default
-  configurations of every tensor-core kernel (``flash_{mma,tf32}_{fwd,bwd_dq,bwd_dkdv}``;
-  d = 64 and 128, causal on and off) at its pass's default launch order
+  configurations of every tensor-core kernel (``flash_{mma,tf32}_{fwd,bwd_dq,bwd_dkdv}``, and
+  the mma dK/dV kernel with dQ by atomics at its own tiles, keyed ``dq_atomic``; d = 64 and
+  128, causal on and off) at its pass's default launch order
   (`kernels.tile_scheduler.DEFAULT_HEAD_GROUP`), except where a sweep configuration has the
   same key (float16 d=64 causal forward, 128 x 32). Each entry names its ``launch_head_group``;
   the key has no part for it, so a configuration is in the table at one launch order only (a
@@ -99,10 +100,14 @@ def sweep_configs(tensor_core_defaults: bool = True) -> list[dict]:
                     add(_cfg(family, "fwd", d, dt, causal, block_m=bq, block_n=bk,
                              head_group=tile_scheduler.head_group(None, causal, "fwd")))
                     tiles = bwd.default_tiles(d)
+                    group = tile_scheduler.head_group(None, causal, "bwd")
                     for kernel in ("dq", "dkdv"):
                         add(_cfg(family, kernel, d, dt, causal, block_m=tiles[kernel][0],
-                                 block_n=tiles[kernel][1],
-                                 head_group=tile_scheduler.head_group(None, causal, "bwd")))
+                                 block_n=tiles[kernel][1], head_group=group))
+                    if family == "mma":     # the dK/dV kernel with dQ by atomics (sm_90)
+                        add(_cfg(family, "dkdv", d, dt, causal, dq_atomic=True,
+                                 block_m=tiles["dkdv_atomic"][0],
+                                 block_n=tiles["dkdv_atomic"][1], head_group=group))
     return list(out.values())
 
 
@@ -111,7 +116,8 @@ def compile_one(c: dict, ptxas: str, workdir: str) -> dict:
     the table: the configuration's fields and the ptxas figures."""
     kern, sig, threads = build_kernel(c["family"], c["pass_kernel"], c["head_dim"], c["dtype"],
                                       c["causal"], block_m=c["block_m"], block_n=c["block_n"],
-                                      tile=c["tile"], head_group=c.get("launch_head_group"))
+                                      tile=c["tile"], head_group=c.get("launch_head_group"),
+                                      dq_atomic=c["dq_atomic"] if c["family"] == "mma" else None)
     res = compile_sm90(kern, sig, c["key"], workdir, ptxas)
     if res["returncode"]:
         raise RuntimeError(f"ptxas failed on {c['key']}: {res['ptxas_log'].strip()[-400:]}")

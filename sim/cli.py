@@ -253,7 +253,7 @@ def _plan_cmd(a) -> int:
                  dropout=a.dropout, pass_=a.pass_, window_size=a.window)
     prof = a.device if a.rates is None else a.device.with_rates(a.rates)
     tiles = {k: v for k, v in (("block_q", a.block_q), ("block_k", a.block_k)) if v is not None}
-    if a.plan_dq_mode is not None:
+    if getattr(a, "plan_dq_mode", None) is not None:     # (`search --family` has no --dq-mode)
         if (a.family, a.pass_) != ("mma", "bwd"):
             raise SystemExit("error: --dq-mode: only the mma family's backward has dQ modes")
         tiles["dq_mode"] = a.plan_dq_mode

@@ -410,18 +410,22 @@ def _first_tiles_in_step(w: Workload, tiles, which: str) -> bool:
 # -- registers ----------------------------------------------------------------------------------
 
 
-def _registers(name: str, w: Workload, block_m: int, block_n: int, has_mask: bool):
+def _registers(name: str, w: Workload, block_m: int, block_n: int, has_mask: bool,
+               dq_atomic: bool = False):
     """Registers per thread of one kernel from the shipped ptxas table
     (`sim.resources.lookup`, keyed as ``python -m benchmarks resources`` writes it: the kernel's
     own tile ``block_m x block_n``, bfloat16 under float16's entry, which differs only in the mma
     and conversion instructions), None where the table has no such configuration (windowed,
     masked or dropout kernels are not in the shipped table). The table holds each
-    configuration at its pass's default launch order."""
+    configuration at its pass's default launch order; ``dq_atomic``: the mma dK/dV kernel that
+    adds dQ by atomics (keyed apart)."""
     if w.window_size is not None:
         return None
     dtype = "fp16" if w.dtype == "bf16" else w.dtype
+    extra = {"dq_atomic": True} if dq_atomic else {}
     return shipped_registers(name, w.head_dim, dtype, bool(w.causal), block_m=block_m,
-                             block_n=block_n, mask=bool(has_mask), dropout=bool(w.dropout))
+                             block_n=block_n, mask=bool(has_mask), dropout=bool(w.dropout),
+                             **extra)
 
 
 # -- checks -------------------------------------------------------------------------------------
@@ -630,7 +634,8 @@ def _backward(family: str, w: Workload, *, dq_tile, kv_tile, names, shared, dyna
         matmuls=(Matmul(unit, kv_visits * kv_products * 2 * kv_q * kv_k * d, passes),),
         fp32_flops=int(kv_fp32), mufu_ops=int(kv_scores * DKDV_MUFU_PER_SCORE),
         registers=(registers[1] if registers is not None
-                   else _registers(names["dkdv"], w, kv_k, kv_q, mask_shape is not None)),
+                   else _registers(names["dkdv"], w, kv_k, kv_q, mask_shape is not None,
+                                   dq_atomic)),
         programs_per_slice=n_blocks_k,
         lockstep=mask_slices is None and _first_tiles_in_step(w, kv_tile, "q"))
 
