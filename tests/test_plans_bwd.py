@@ -303,22 +303,26 @@ def test_atomic_dq_counts(d, causal):
 
 
 @pytest.mark.parametrize("d", [64, 128])
-@pytest.mark.parametrize("dq_mode", ["kernel", "atomic"])
-def test_mma_shared_memory_traffic(d, dq_mode):
+@pytest.mark.parametrize("family, dq_mode", [("mma", "kernel"), ("mma", "atomic"),
+                                             ("tf32", "kernel")])
+def test_shared_memory_traffic(d, family, dq_mode):
     """Shared-memory bytes moved (landed by cp.async, read by every warp), dense, against a
     count per program written out here: the dQ kernel lands K and V and each warp reads K twice
     and V once per tile; the dK/dV kernel lands Q, dO (and lse, delta), each warp reads Q and dO
-    twice, its K rows once more where K is re-read, lse and delta once per score; with atomics,
-    dS stored and read whole by every warp, and K's columns read once per 16-query step."""
-    B, H, N, e = 2, 4, 1024, 2
-    w = Workload(batch=B, heads=H, seq_len_q=N, head_dim=d, dtype="fp16", pass_="bwd")
-    plan = plan_for("mma", "bwd", w, **({"dq_mode": "atomic"} if dq_mode == "atomic" else {}))
+    twice, its K rows once more where the mma kernel re-reads K from shared memory, lse and
+    delta once per score; with atomics, dS stored and read whole by every warp, and K's columns
+    read once per 16-query step. float32 elements for tf32 (its K and V come from L1)."""
+    B, H, N = 2, 4, 1024
+    e = 4 if family == "tf32" else 2
+    w = Workload(batch=B, heads=H, seq_len_q=N, head_dim=d, pass_="bwd",
+                 dtype="fp32" if family == "tf32" else "fp16")
+    plan = plan_for(family, "bwd", w, **({"dq_mode": "atomic"} if dq_mode == "atomic" else {}))
     (dq_q, dq_k), (kv_q, kv_k) = plan.config["dq_tile"], plan.config["kv_tile"]
-    kv = plan.kernel(P.KERNEL_NAMES[("mma", "dkdv")])
+    kv = plan.kernel(P.KERNEL_NAMES[(family, "dkdv")])
     per_q_tile = (N // kv_q)             # Q tiles each K-tile program visits, per query head
     programs = B * H * (N // kv_k)
     warps = kv_k // 16
-    reread = d > 64
+    reread = d > 64 and family == "mma"
     per_tile = (2 * kv_q * d * e + 8 * kv_q
                 + warps * (4 + reread) * kv_q * d * e + 8 * kv_q * kv_k)
     k_landed = B * H * N * d * e if (reread or dq_mode == "atomic") else 0
@@ -326,7 +330,7 @@ def test_mma_shared_memory_traffic(d, dq_mode):
         per_tile += kv_q * kv_k * e * (1 + warps) + (kv_q // 16) * kv_k * d * e
     assert kv.shared_bytes_moved == programs * per_q_tile * per_tile + k_landed
     if dq_mode == "kernel":
-        dq = plan.kernel(P.KERNEL_NAMES[("mma", "dq")])
+        dq = plan.kernel(P.KERNEL_NAMES[(family, "dq")])
         tiles = B * H * (N // dq_q) * (N // dq_k)
         assert dq.shared_bytes_moved == tiles * (2 + 3 * dq_q // 16) * dq_k * d * e
     cost = price(plan, "h100")

@@ -583,7 +583,7 @@ def _backward(family: str, w: Workload, *, dq_tile, kv_tile, names, shared, dyna
                    else _registers(names["dq"], w, dq_q, dq_k, mask_shape is not None)),
         programs_per_slice=n_blocks_q,
         lockstep=mask_slices is None and _first_tiles_in_step(w, dq_tile, "kv"),
-        shared_bytes_moved=0 if tf32 else mma_dq_shared_moved(dq_visits, dq_keys, dq_q, dq_k, d))
+        shared_bytes_moved=dq_shared_moved(dq_visits, dq_keys, dq_q, dq_k, d, e))
 
     # -- the dK/dV kernel ------------------------------------------------------------------------
     k_in_regs, v_in_regs = operands_in_registers["dkdv"]
@@ -639,9 +639,9 @@ def _backward(family: str, w: Workload, *, dq_tile, kv_tile, names, shared, dyna
                                    dq_atomic)),
         programs_per_slice=n_blocks_k,
         lockstep=mask_slices is None and _first_tiles_in_step(w, kv_tile, "q"),
-        shared_bytes_moved=0 if tf32 else mma_dkdv_shared_moved(
-            kv_visits, kv_rows, kv_elems, kv_q, kv_k, d, k_in_shared or dq_atomic, k_in_shared,
-            dq_atomic))
+        shared_bytes_moved=dkdv_shared_moved(
+            kv_visits, kv_rows, kv_elems, kv_q, kv_k, d, e, k_in_shared or dq_atomic,
+            k_in_shared, dq_atomic))
 
     q_bytes, kv_bytes = q_elems * e, kv_elems * e
     tensor_bytes = {"Q": q_bytes, "O": q_bytes, "dO": q_bytes, "dQ": q_bytes,
@@ -708,26 +708,25 @@ def _atomic_dq_kernels(w: Workload, names: dict, kv_kernel: KernelPlan) -> tuple
     return pre, kv_kernel, convert
 
 
-def mma_dq_shared_moved(visits: int, keys: int, block_q: int, block_k: int, d: int) -> int:
-    """Shared-memory bytes the mma dQ kernel moves (the forward's convention: bytes landed by
-    ``cp.async`` and bytes each warp reads): per visited tile K and V land (the ``keys`` copied,
-    summed over tiles), and every warp reads K and V by ``ldmatrix`` for S and dP and K again by
-    ``ldmatrix.trans`` for dQ += dS K, whole tiles."""
+def dq_shared_moved(visits: int, keys: int, block_q: int, block_k: int, d: int, e: int) -> int:
+    """Shared-memory bytes a dQ kernel moves (the forward's convention: bytes landed by
+    ``cp.async`` and bytes each warp reads; ``e`` bytes an element: 2 mma, 4 tf32): per visited
+    tile K and V land (the ``keys`` copied, summed over tiles), and every warp reads K and V
+    whole for S and dP (``ldmatrix``; tf32: 32-bit B-fragment loads) and K again for dQ += dS K."""
     warps = block_q // ROWS_PER_WARP
-    return 2 * 2 * keys * d + visits * warps * 3 * block_k * d * 2
+    return 2 * keys * d * e + visits * warps * 3 * block_k * d * e
 
 
-def mma_dkdv_shared_moved(visits: int, rows: int, kv_elems: int, block_q: int, block_k: int,
-                          d: int, k_tile: bool, k_reread: bool, dq_atomic: bool) -> int:
-    """Shared-memory bytes the mma dK/dV kernel moves: per visited tile Q and dO land (the
-    ``rows`` copied) with their lse and delta (8 bytes a row); every warp reads Q twice (S^T by
-    ``ldmatrix``, dK by ``ldmatrix.trans``) and dO twice (dP^T, dV), whole tiles, its own 16 K
-    rows at every 16-query step where K's fragments are re-read (``k_reread``), and lse and
-    delta once per score (``rowv``); the block's K tile lands once (``k_tile``). With dQ by
-    atomics, per 16-query step each warp stores its dS (16 x 16 halves) and reads the step's
-    whole dS (16 x ``block_k``) and its d / warps columns of K."""
+def dkdv_shared_moved(visits: int, rows: int, kv_elems: int, block_q: int, block_k: int, d: int,
+                      e: int, k_tile: bool, k_reread: bool, dq_atomic: bool) -> int:
+    """Shared-memory bytes a dK/dV kernel moves (``e`` bytes an element): per visited tile Q and
+    dO land (the ``rows`` copied) with their lse and delta (8 bytes a row); every warp reads Q
+    twice (S^T, dK) and dO twice (dP^T, dV), whole tiles, its own 16 K rows at every 16-query
+    step where the mma kernel re-reads K's fragments from shared memory (``k_reread``), and lse
+    and delta once per score (``rowv``); the block's K tile lands once (``k_tile``). With dQ by
+    atomics (mma), per 16-query step each warp stores its dS (16 x 16 halves) and reads the
+    step's whole dS (16 x ``block_k``) and its d / warps columns of K."""
     warps = block_k // ROWS_PER_WARP
-    e = 2
     tile = block_q * d * e
     moved = 2 * rows * d * e + rows * 8 + visits * (warps * (4 * tile + (tile if k_reread else 0))
                                                       + block_q * block_k * 8)
