@@ -4,6 +4,7 @@
                                [--pass fwd fwd+bwd] [--quick] [--out FILE_OR_DIR]
     python -m benchmarks bench --show FILE          (the table of a results file; no GPU)
     python -m benchmarks bench --summary FILE [FILE ...] [--readme README.md]     (no GPU)
+    python -m benchmarks bench --summary FILE [FILE ...] --small-table            (no GPU)
 
 For every (N, d, causal, dtype, pass) it times our kernels (``ioaware-numba``:
 ``ioaware.attention(..., backend="numba")``, forward + backward through autograd, so the family
@@ -14,7 +15,10 @@ span; ``--timing device``: a device-side sleep first, so only the GPU's time cou
 records also carry ``host_ms``, the host time of one call), TFLOP/s (4 B H Nq Nk d per forward,
 halved when causal; forward + backward counts 3.5 forwards), peak extra device memory over the
 inputs (torch allocator), and the speed ratio ``t_backend / t_ours`` (> 1: ours is faster),
-printed from the same run. Shapes keep B * N = 16384 tokens and H * d = 2048. A backend that
+printed from the same run. Shapes keep B * N = 16384 tokens and H * d = 2048; the small shapes
+(`SMALL_SHAPES`: N 512 and 1024 at B * H = 64 and 128, H = 16, where a call's host time and the
+backward's fixed costs show; ``--no-small`` leaves them out, ``--quick`` too) are timed as well,
+their records marked ``"grid": "small"``. A backend that
 refuses a configuration (FLASH on float32) or runs out of memory is listed under "skipped"; MATH
 is skipped where its materialised scores would not fit. The seed experiment times a small
 transformer encoder layer (d_model 512, 8 heads, forward + backward) whose attention is
@@ -27,7 +31,8 @@ directory given as ``--out`` gets that name inside it), after every configuratio
 files, each row comes whole from the last file that timed it): per dtype, head dim and causal
 mask, the lowest and highest ratio over N of the forward and of the forward + backward
 against the peers that matter (FLASH and CUDNN for float16/bfloat16, EFFICIENT for float32),
-with the GPU and the date in a caption line. ``--readme README.md`` writes that table into the
+with the GPU and the date in a caption line. ``--small-table``: instead, the table of the small
+shapes of the last file that has them, one row per (dtype, d, causal, N, B * H). ``--readme README.md`` writes that table into the
 README between its marker lines (`README_BEGIN`, `README_END`) instead of printing it.
 """
 from __future__ import annotations
@@ -44,6 +49,8 @@ from .common import (RESULTS_DIR, SCHEMA, SDPA_BACKENDS, TIMINGS, attention_flop
                      provenance, sdpa_context, time_cuda, torch_dtype, write_json)
 
 OURS = "ioaware-numba"
+#: The small shapes timed besides the benchmark's: (N, batch, heads), B * H = 64 and 128.
+SMALL_SHAPES = ((512, 4, 16), (512, 8, 16), (1024, 4, 16), (1024, 8, 16))
 KERNELS = (OURS,) + tuple(SDPA_BACKENDS)
 #: The peers the summary compares with, per dtype, and their names in it.
 SUMMARY_PEERS = {"fp16": ("sdpa-flash", "sdpa-cudnn"), "bf16": ("sdpa-flash", "sdpa-cudnn"),
@@ -79,20 +86,24 @@ def _make_runner(torch, kernel, q, k, v, dout, causal, pass_):
 
 
 def bench_attention(torch, ns, ds, dtypes, causals, passes, kernel_names, progress=print,
-                    checkpoint=None, timing="sync"):
+                    checkpoint=None, timing="sync", small=()):
     """Time each kernel on each configuration (module docstring); ``timing`` is one of
-    `benchmarks.common.TIMINGS`. Returns (records, skipped)."""
+    `benchmarks.common.TIMINGS`; ``small``: (N, batch, heads) shapes timed too, their records
+    marked ``"grid": "small"``. Returns (records, skipped)."""
     import kernels
     records, skipped = [], []
     free_bytes = torch.cuda.mem_get_info()[0]
-    configs = [(n, d, dt, c, p) for d in ds for dt in dtypes for c in causals for p in passes
-               for n in ns]
-    for ci, (n, d, dt, causal, pass_) in enumerate(configs):
-        b, h, q, k, v, do = benchmark_inputs(torch, dt, d, n)
+    configs = [(n, None, None, d, dt, c, p) for d in ds for dt in dtypes for c in causals
+               for p in passes for n in ns]
+    configs += [(n, b, h, d, dt, c, p) for d in ds for dt in dtypes for c in causals
+                for p in passes for n, b, h in small]
+    for ci, (n, b_small, h_small, d, dt, causal, pass_) in enumerate(configs):
+        b, h, q, k, v, do = benchmark_inputs(torch, dt, d, n, b_small, h_small)
         for kern in kernel_names:
             base = {"kernel": kern, "schedule": "naive" if kern == "sdpa-math" else "flash2",
                     "pass": pass_, "dtype": dt, "batch": b, "heads": h, "heads_kv": h,
-                    "seq_len_q": n, "seq_len_k": n, "head_dim": d, "causal": causal}
+                    "seq_len_q": n, "seq_len_k": n, "head_dim": d, "causal": causal,
+                    **({} if b_small is None else {"grid": "small"})}
             if kern == OURS:
                 pb = attention_problem(q, k, v, causal=causal)
                 base["variant"] = kernels.family_for(pb, None, "fwd")
@@ -123,7 +134,8 @@ def bench_attention(torch, ns, ds, dtypes, causals, passes, kernel_names, progre
                                 dram_write_bytes=None, l2_bytes=None, global_load_bytes=None,
                                 global_store_bytes=None, flops_executed=None,
                                 tflops=fl / (med * 1e-3) / 1e12, timing=timing, **host))
-        progress(f"[{ci + 1}/{len(configs)}] N={n} d={d} {dt} causal={causal} {pass_}")
+        progress(f"[{ci + 1}/{len(configs)}] N={n} B={b} H={h} d={d} {dt} causal={causal} "
+                 f"{pass_}")
         if checkpoint is not None:
             checkpoint(records, skipped)
         del q, k, v, do
@@ -202,13 +214,17 @@ def seed_experiment(torch, seq_lens, dtypes=("fp16",), progress=print):
 # ------------------------------------------------------------------------------------------------
 
 def format_table(records):
-    """Our kernel vs each backend per configuration: times, TFLOP/s, memory, ratios."""
+    """Our kernel vs each backend per configuration: times, TFLOP/s, memory, ratios (small
+    shapes: N followed by their B * H)."""
     by = {}
     for r in records:
-        key = (r["pass"], r["dtype"], r["head_dim"], r["causal"], r["seq_len_q"])
+        n = str(r["seq_len_q"]) + (f"/{r['batch'] * r['heads']}" if r.get("grid") == "small"
+                                   else "")
+        key = (r["pass"], r["dtype"], r["head_dim"], r["causal"], r.get("grid") == "small",
+               r["seq_len_q"], n)
         by.setdefault(key, {})[r["kernel"]] = r
     names = [OURS, "sdpa-efficient", "sdpa-flash", "sdpa-cudnn", "sdpa-math"]
-    head = (f"{'pass':8} {'dtype':5} {'d':>4} {'causal':6} {'N':>6} | "
+    head = (f"{'pass':8} {'dtype':5} {'d':>4} {'causal':6} {'N':>8} | "
             + " ".join(f"{n.replace('sdpa-', ''):>9}" for n in names)
             + " | ours TF/s | x_eff  x_flash x_cudnn x_math | MiB ours/math"
             + (" | host ms" if any("host_ms" in r for r in records) else ""))
@@ -224,7 +240,7 @@ def format_table(records):
             f"{row['sdpa-math']['peak_extra_bytes'] / 2**20:.0f}" if "sdpa-math" in row else "-")
         host = (f" | {ours['host_ms']:7.3f}" if ours and "host_ms" in ours
                 else (" |       -" if "host ms" in head else ""))
-        lines.append(f"{key[0]:8} {key[1]:5} {key[2]:4d} {str(key[3]):6} {key[4]:6d} | {times} | "
+        lines.append(f"{key[0]:8} {key[1]:5} {key[2]:4d} {str(key[3]):6} {key[6]:>8} | {times} | "
                      f"{tf} | {ratios} | {mem}{host}")
     timings = sorted({r["timing"] for r in records if "timing" in r})
     lines.append("times in ms (median); x_<backend> = t_backend / t_ours (> 1: ours faster)"
@@ -250,6 +266,8 @@ def ratio_ranges(records) -> dict:
     (pass, peer) of `SUMMARY_PEERS` the (lowest, highest) ratio t_peer / t_ours over N."""
     times = {}
     for r in records:
+        if r.get("grid") == "small":
+            continue
         times[(r["dtype"], r["head_dim"], r["causal"], r["pass"], r["seq_len_q"], r["kernel"])] = \
             r["time_ms"]
     out: dict = {}
@@ -314,6 +332,37 @@ def _summary_table(docs: list, names: list) -> str:
     return "\n".join(lines)
 
 
+def small_table(docs: list, names: list) -> str:
+    """The small-shape table (records marked ``"grid": "small"``) of the last run that has
+    them: per (dtype, d, causal, N, B * H) the ratio t_peer / t_ours of the forward and of the
+    forward + backward; "" where no run has any."""
+    for doc, name in list(zip(docs, names))[::-1]:
+        recs = [r for r in doc["records"] if r.get("grid") == "small"]
+        if recs:
+            break
+    else:
+        return ""
+    times = {(r["dtype"], r["head_dim"], r["causal"], r["seq_len_q"], r["batch"] * r["heads"],
+              r["pass"], r["kernel"]): r["time_ms"] for r in recs}
+    keys = sorted({k[:5] for k in times if k[6] == OURS},
+                  key=lambda k: (list(SUMMARY_PEERS).index(k[0]) if k[0] in SUMMARY_PEERS else 99,
+                                 k[1], k[2], k[3], k[4]))
+
+    def cell(key, pass_):
+        ours = times.get((*key, pass_, OURS))
+        parts = [f"{PEER_LABELS[p]} {times[(*key, pass_, p)] / ours:.2f}"
+                 for p in SUMMARY_PEERS.get(key[0], ()) if ours and (*key, pass_, p) in times]
+        return ", ".join(parts) or "–"
+    lines = [f"Small shapes (H = 16; N = 512 and 1024 at B · H = 64 and 128), same ratios, from "
+             f"`{name}`:", "", "| dtype | d | causal | N | B · H | forward | forward + backward |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for key in keys:
+        dt, d, causal, n, bh = key
+        lines.append(f"| {dt} | {d} | {'yes' if causal else 'no'} | {n} | {bh} | "
+                     f"{cell(key, 'fwd')} | {cell(key, 'fwd+bwd')} |")
+    return "\n".join(lines)
+
+
 def replace_readme_block(text: str, table: str) -> str:
     """``text`` with the lines between `README_BEGIN` and `README_END` replaced by ``table``
     (a blank line on each side). ValueError when the markers are missing or out of order."""
@@ -363,7 +412,9 @@ def main(argv=None) -> int:
     ap.add_argument("--seed-lens", type=int, nargs="*", default=[128, 256, 512, 1024, 2048, 4096],
                     help="sequence lengths of the seed experiment (none: skip it)")
     ap.add_argument("--quick", action="store_true",
-                    help="N in {1024, 4096}, d=64, no seed experiment")
+                    help="N in {1024, 4096}, d=64, no seed experiment, no small shapes")
+    ap.add_argument("--no-small", dest="small", action="store_false",
+                    help="leave out the small shapes (SMALL_SHAPES)")
     ap.add_argument("--out", default=None,
                     help="results file, or a directory for the default name "
                          "(default results/bench_<gpu>_<date>.json)")
@@ -377,12 +428,20 @@ def main(argv=None) -> int:
                          "each row from the last file that has it)")
     ap.add_argument("--readme", metavar="README", default=None,
                     help="with --summary: write the table between the README's markers")
+    ap.add_argument("--small-table", action="store_true",
+                    help="with --summary: print the small shapes' table instead")
     args = ap.parse_args(argv)
     if args.readme and not args.summary:
         ap.error("--readme needs --summary FILE")
     if args.summary:
         paths = [Path(f) for f in args.summary]
-        table = summary_table([json.loads(p.read_text()) for p in paths], [p.name for p in paths])
+        docs, names = [json.loads(p.read_text()) for p in paths], [p.name for p in paths]
+        if args.small_table:
+            if args.readme:
+                ap.error("--small-table prints its table; it takes no --readme")
+            print(small_table(docs, names) or "no small-shape records in these files")
+            return 0
+        table = summary_table(docs, names)
         if not args.readme:
             print(table)
             return 0
@@ -407,7 +466,7 @@ def main(argv=None) -> int:
                                if r["seq_len"] in (args.seed_lens or [])]))
         return 0
     if args.quick:
-        args.n, args.d, args.seed_lens = [1024, 4096], [64], []
+        args.n, args.d, args.seed_lens, args.small = [1024, 4096], [64], [], False
 
     import torch
     if not torch.cuda.is_available():
@@ -425,7 +484,8 @@ def main(argv=None) -> int:
     records, skipped = bench_attention(torch, args.n, args.d, args.dtype,
                                        [c == "true" for c in args.causal], args.passes,
                                        args.kernels, progress=log, checkpoint=save,
-                                       timing=args.timing)
+                                       timing=args.timing,
+                                       small=SMALL_SHAPES if args.small else ())
     doc["seed_experiment"] = seed_experiment(torch, args.seed_lens, progress=log) \
         if args.seed_lens else []
     doc["complete"] = True

@@ -166,11 +166,12 @@ def torch_dtype(torch, name: str):
     return getattr(torch, TORCH_DTYPES[name])
 
 
-def benchmark_inputs(torch, dtype: str, head_dim: int, seq_len: int):
+def benchmark_inputs(torch, dtype: str, head_dim: int, seq_len: int, batch=None, heads=None):
     """``(batch, heads, q, k, v, dout)`` of the benchmark's shape for (dtype, d, N): B * N =
-    16384 tokens and H * d = 2048 (FlashAttention's benchmark shapes), random normal on the
-    current CUDA device, seeded by N + d."""
-    b, h = max(1, 16384 // seq_len), max(1, 2048 // head_dim)
+    16384 tokens and H * d = 2048 (FlashAttention's benchmark shapes; ``batch`` / ``heads``
+    given: those), random normal on the current CUDA device, seeded by N + d."""
+    b = max(1, 16384 // seq_len) if batch is None else int(batch)
+    h = max(1, 2048 // head_dim) if heads is None else int(heads)
     g = torch.Generator(device="cuda").manual_seed(seq_len + head_dim)
     q, k, v, dout = (torch.randn(b, h, seq_len, head_dim, device="cuda",
                                  dtype=torch_dtype(torch, dtype), generator=g) for _ in range(4))
