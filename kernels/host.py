@@ -595,20 +595,24 @@ def prepare_tensor_core_backward(problem, config, dq_kernel, dq_launch, kv_sched
     dQ kernel); or ``((prepass, launch), (convert, launch))``: dQ by atomics from the dK/dV
     kernel (``dq_kernel`` None): the pre-pass writes delta and zeroes the accumulator, the dK/dV
     kernel adds dS K into it, the conversion writes dQ = scale * accumulator."""
-    if not (dq_acc is None or dq_acc == "unused"):
-        return _prepare_atomic_dq_backward(problem, config, dkdv_kernel, kv_launch, q_schedule,
-                                           drop, band, *dq_acc)
+    atomic = not (dq_acc is None or dq_acc == "unused")
     pb = problem
     B, H, Nq, D, Hkv, Nk = pb.batch, pb.heads_q, pb.seqlen_q, pb.head_dim, pb.heads_kv, pb.seqlen_k
     template = _without_operands(pb)
     tail = (np.float32(pb.scale * LOG2E), np.float32(pb.scale), *_dropout_args(drop),
             np.int64(band[0]), np.int64(band[1]))
-    for name, kern, (_grid, threads, smem) in (("dQ", dq_kernel, dq_launch),
-                                               ("dK/dV", dkdv_kernel, kv_launch)):
+    if atomic:
+        (pre_kernel, pre_launch), (cvt_kernel, cvt_launch) = dq_acc
+        launches = (("pre-pass", pre_kernel, pre_launch), ("dK/dV", dkdv_kernel, kv_launch),
+                    ("dQ conversion", cvt_kernel, cvt_launch))
+    else:
+        launches = (("dQ", dq_kernel, dq_launch), ("dK/dV", dkdv_kernel, kv_launch))
+    for name, kern, (_grid, threads, smem) in launches:
         check_launch(name, (threads, smem), (kern.threads, kern.smem_bytes))
-    (dq_grid, dq_threads, dq_smem), (kv_grid, kv_threads, kv_smem) = dq_launch, kv_launch
+    kv_grid, kv_threads, kv_smem = kv_launch
     sizes = (H // Hkv, Nq, Nk)
-    dq_plans, kv_plans = {}, {}
+    scale, n_q = np.float32(pb.scale), np.int64(Nq)
+    first_plans, kv_plans, cvt_plans = {}, {}, {}
 
     def run(q, k, v, out, lse, dout):
         call = Call(template, q=q)
@@ -620,61 +624,27 @@ def prepare_tensor_core_backward(problem, config, dq_kernel, dq_launch, kv_sched
         dv = call.output((B, Hkv, Nk, D), words=words)
         delta = call.output((B, H, Nq), float32=True)
         consts = (*call.mask(), *tail)
-        # -- dQ (and delta) first, then dK/dV, which reads delta --
-        relaunch(dq_plans, (qi, ki, vi, oi, doi, li), dq_kernel, dq_grid, dq_threads,
-                 call.stream, (qi, ki, vi, oi, doi, li, delta.arg, dq.arg, *kv_schedule, *sizes,
-                               *consts),
-                 sharedmem=dq_smem, fast=config.fast_launch)
-        acc = () if dq_acc is None else (device_const("dq_acc placeholder",
-                                                      lambda: np.zeros((1, 1, 1, 1), np.float32)),)
+        if atomic:
+            # -- delta and the zeroed accumulator, then dK/dV (and dQ += dS K), then dQ --
+            acc = (call.output((B, H, Nq, D), float32=True).arg,)
+            relaunch(first_plans, (oi, doi), pre_kernel, pre_launch[0], pre_launch[1],
+                     call.stream, (oi, doi, delta.arg, acc[0], n_q), fast=config.fast_launch)
+        else:
+            # -- dQ (and delta) first, then dK/dV, which reads delta --
+            dq_grid, dq_threads, dq_smem = dq_launch
+            relaunch(first_plans, (qi, ki, vi, oi, doi, li), dq_kernel, dq_grid, dq_threads,
+                     call.stream, (qi, ki, vi, oi, doi, li, delta.arg, dq.arg, *kv_schedule,
+                                   *sizes, *consts),
+                     sharedmem=dq_smem, fast=config.fast_launch)
+            acc = () if dq_acc is None else (device_const(
+                "dq_acc placeholder", lambda: np.zeros((1, 1, 1, 1), np.float32)),)
         relaunch(kv_plans, (qi, ki, vi, doi, li), dkdv_kernel, kv_grid, kv_threads,
                  call.stream, (qi, ki, vi, doi, li, delta.arg, dk.arg, dv.arg, *acc,
                                *q_schedule, *sizes, *consts),
                  sharedmem=kv_smem, fast=config.fast_launch)
-        return dq.value(), dk.value(), dv.value()
-    return run
-
-
-def _prepare_atomic_dq_backward(problem, config, dkdv_kernel, kv_launch, q_schedule, drop, band,
-                                prepass, convert):
-    """`prepare_tensor_core_backward` with dQ by atomics: pre-pass (delta, zeroed float32
-    accumulator), the dK/dV kernel (dK, dV, and dS K added to the accumulator), conversion."""
-    pb = problem
-    B, H, Nq, D, Hkv, Nk = pb.batch, pb.heads_q, pb.seqlen_q, pb.head_dim, pb.heads_kv, pb.seqlen_k
-    template = _without_operands(pb)
-    tail = (np.float32(pb.scale * LOG2E), np.float32(pb.scale), *_dropout_args(drop),
-            np.int64(band[0]), np.int64(band[1]))
-    (pre_kernel, pre_launch), (cvt_kernel, cvt_launch) = prepass, convert
-    for name, kern, (_grid, threads, smem) in (("pre-pass", pre_kernel, pre_launch),
-                                               ("dK/dV", dkdv_kernel, kv_launch),
-                                               ("dQ conversion", cvt_kernel, cvt_launch)):
-        check_launch(name, (threads, smem), (kern.threads, kern.smem_bytes))
-    kv_grid, kv_threads, kv_smem = kv_launch
-    sizes = (H // Hkv, Nq, Nk)
-    scale = np.float32(pb.scale)
-    n_q = np.int64(Nq)
-    pre_plans, kv_plans, cvt_plans = {}, {}, {}
-
-    def run(q, k, v, out, lse, dout):
-        call = Call(template, q=q)
-        qi, ki, vi, oi, doi = (call.input(x, words=True, aligned=True)
-                               for x in (q, k, v, out, dout))
-        li = call.input(lse)
-        dq = call.output((B, H, Nq, D), words=True)
-        dk = call.output((B, Hkv, Nk, D), words=True)
-        dv = call.output((B, Hkv, Nk, D), words=True)
-        delta = call.output((B, H, Nq), float32=True)
-        acc = call.output((B, H, Nq, D), float32=True)
-        consts = (*call.mask(), *tail)
-        # -- delta and the zeroed accumulator, then dK/dV (and dQ += dS K), then dQ --
-        relaunch(pre_plans, (oi, doi), pre_kernel, pre_launch[0], pre_launch[1], call.stream,
-                 (oi, doi, delta.arg, acc.arg, n_q), fast=config.fast_launch)
-        relaunch(kv_plans, (qi, ki, vi, doi, li), dkdv_kernel, kv_grid, kv_threads,
-                 call.stream, (qi, ki, vi, doi, li, delta.arg, dk.arg, dv.arg, acc.arg,
-                               *q_schedule, *sizes, *consts),
-                 sharedmem=kv_smem, fast=config.fast_launch)
-        relaunch(cvt_plans, (), cvt_kernel, cvt_launch[0], cvt_launch[1], call.stream,
-                 (acc.arg, dq.arg, n_q, scale), fast=config.fast_launch)
+        if atomic:
+            relaunch(cvt_plans, (), cvt_kernel, cvt_launch[0], cvt_launch[1], call.stream,
+                     (acc[0], dq.arg, n_q, scale), fast=config.fast_launch)
         return dq.value(), dk.value(), dv.value()
     return run
 

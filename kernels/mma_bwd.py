@@ -424,12 +424,14 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, is_bf16, causal, has_mask, ha
         rowv = cuda.shared.array(ROWV, dtype=float32)   # buf 0: lse2 | delta, buf 1: same
 
         b_lane = (lane % 8 + 8 * (lane // 16)) * STRIDE + 8 * ((lane // 8) % 2)
-        t_lane = (lane % 8 + 8 * ((lane // 8) % 2)) * STRIDE + 8 * (lane // 16)
+        t_row = lane % 8 + 8 * ((lane // 8) % 2)         # the t_lane pattern's row and column
+        t_col = 8 * (lane // 16)
+        t_lane = t_row * STRIDE + t_col
         # A fragments of this warp's 16 K rows (the Q pattern of kernels.fragments)
         k_addr = ptx.shared_addr(smem, 4 * TILE + warp * 16 * STRIDE + t_lane)
-        # atomic: B fragments of K for this warp's dQ columns, A fragments of dS
+        # atomic: B fragments of K for this warp's dQ columns, A fragments of dS (its stride)
         kq_addr = ptx.shared_addr(smem, 4 * TILE + warp * DW + t_lane)
-        ds_lane = (lane % 8 + 8 * ((lane // 8) % 2)) * DS_STRIDE + 8 * (lane // 16)
+        ds_lane = t_row * DS_STRIDE + t_col
         dq_part = cuda.local.array(DQ_REGS, dtype=float32)
 
         n_items = 0
@@ -663,14 +665,17 @@ def _row_warp_kernel(head_dim, job, is_bf16=False):
     unpack = ptx.unpack_bf16x2 if is_bf16 else ptx.unpack_f16x2
     assert D % 64 == 0
 
+    @cuda.jit(device=True, inline=True)
+    def warp_row(n_heads):
+        # -- this warp's query row and (batch, head), and the thread's lane --
+        bh = cuda.blockIdx.y
+        return (cuda.threadIdx.x % 32, cuda.blockIdx.x * ROW_WARPS + cuda.threadIdx.x // 32,
+                bh // n_heads, bh % n_heads)
+
     if job == "prepass":
         @cuda.jit(lineinfo=False)
         def kernel(out, dout, delta, dq_acc, n_q):
-            lane = cuda.threadIdx.x % 32
-            row = cuda.blockIdx.x * ROW_WARPS + cuda.threadIdx.x // 32
-            n_heads = dq_acc.shape[1]
-            b = cuda.blockIdx.y // n_heads
-            h = cuda.blockIdx.y % n_heads
+            lane, row, b, h = warp_row(dq_acc.shape[1])
             if row < n_q:
                 # -- delta = rowsum(dO * O): two halves a lane a word, a shuffle reduction --
                 acc = float32(0.0)
@@ -691,11 +696,7 @@ def _row_warp_kernel(head_dim, job, is_bf16=False):
     else:
         @cuda.jit(lineinfo=False)
         def kernel(dq_acc, dq, n_q, scale):
-            lane = cuda.threadIdx.x % 32
-            row = cuda.blockIdx.x * ROW_WARPS + cuda.threadIdx.x // 32
-            n_heads = dq_acc.shape[1]
-            b = cuda.blockIdx.y // n_heads
-            h = cuda.blockIdx.y % n_heads
+            lane, row, b, h = warp_row(dq_acc.shape[1])
             if row < n_q:
                 # -- dQ = scale * dQ_acc, rounded to the input dtype, two elements a lane --
                 for j in range(WORDS):
@@ -715,10 +716,15 @@ def _row_warp_kernel(head_dim, job, is_bf16=False):
 ATOMIC_DQ_FROM_CC = (9, 0)
 
 
+def _red_v2_here() -> bool:
+    """Whether this process's current GPU adds two floats per ``red`` (`ATOMIC_DQ_FROM_CC`)."""
+    return host.real_gpu() and \
+        host.compute_capability(host.current_device_id()) >= ATOMIC_DQ_FROM_CC
+
+
 def _red_width() -> str:
     """The dK/dV kernel's atomics: "v2" (two floats a ``red``, sm_90 on) or "scalar"."""
-    return "v2" if host.compute_capability(host.current_device_id()) >= ATOMIC_DQ_FROM_CC \
-        else "scalar"
+    return "v2" if _red_v2_here() else "scalar"
 
 
 def dq_mode(problem, config) -> str:
@@ -732,17 +738,18 @@ def dq_mode(problem, config) -> str:
     torch = sys.modules.get("torch")
     if torch is not None and torch.are_deterministic_algorithms_enabled():
         return "kernel"
-    if host.real_gpu() and host.compute_capability(host.current_device_id()) >= ATOMIC_DQ_FROM_CC:
-        return "atomic"
-    return "kernel"
+    return "atomic" if _red_v2_here() else "kernel"
 
 
-def tiles(problem, config=None):
+def tiles(problem, config=None, mode=None):
     """``(dq, dkdv)`` kernel tiles for a problem (`kernels.config.backward_tiles` of
     `default_tiles`; dQ by atomics: its own dK/dV tiles), or None when the block mask's tiles
-    admit none."""
+    admit none; ``mode``: the dQ mode when the caller has it (else `dq_mode`'s for ``config``;
+    without a config, the dQ kernel's)."""
+    if mode is None and config is not None:
+        mode = dq_mode(problem, config)
     defaults = default_tiles(problem.head_dim)
-    if config is not None and dq_mode(problem, config) == "atomic":
+    if mode == "atomic":
         defaults = dict(defaults, dkdv=defaults["dkdv_atomic"])
     return backward_tiles(defaults, problem)
 
@@ -763,8 +770,8 @@ def plan(problem, config):
     """The `sim.plan.Plan` this backward launches for ``problem`` (`sim.plans.tensor_core_bwd`):
     its grids, threads and shared memory are what `prepare` launches; its counts are what
     `sim.plan.price` prices."""
-    return backward_plan("mma", problem, config, tiles(problem, config),
-                         dq_mode=dq_mode(problem, config))
+    mode = dq_mode(problem, config)
+    return backward_plan("mma", problem, config, tiles(problem, config, mode), dq_mode=mode)
 
 
 def backward_plan(family: str, problem, config, tiles_, **options):

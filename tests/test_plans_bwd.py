@@ -151,6 +151,66 @@ def test_atomic_dq_prepare_launches_the_plan(monkeypatch, B, Hq, Hkv, Nq, Nk, d,
     assert [k.phase for k in plan.kernels] == ["bwd.pre", "bwd.main", "bwd.post"]
 
 
+class _RecordingKernel:
+    """A stand-in for a compiled kernel under the CUDA simulator (`kernels.host.launch` calls
+    ``kern[grid, block, stream, sharedmem](*args)``): records each launch in ``log``."""
+
+    def __init__(self, name, launch, log):
+        self.name, self.log = name, log
+        _grid, self.threads, self.smem_bytes = launch
+
+    def __getitem__(self, config):
+        grid, block, _stream, sharedmem = config
+        return lambda *args: self.log.append((self.name, tuple(grid), block, sharedmem, args))
+
+
+@pytest.mark.parametrize("family, dq_mode", [("mma", "kernel"), ("mma", "atomic"),
+                                             ("tf32", None)])
+def test_prepared_backward_launches_its_kernels_in_order(monkeypatch, family, dq_mode):
+    """`kernels.host.prepare_tensor_core_backward` as the backwards prepare it, run with
+    recording kernels: the plan's kernels in launch order with its grids, threads and shared
+    memory; the mma dK/dV kernel's float32 dQ accumulator argument a placeholder with the dQ
+    kernel, the accumulator the pre-pass zeroes and the conversion reads with atomics; the tf32
+    dK/dV kernel takes none."""
+    if not host.simulator():
+        pytest.skip("the recording kernels stand in for kernels under the CUDA simulator")
+    module, dtype = FAMILIES[family]
+    B, H, Hkv, N, d = 1, 2, 1, 100, 64
+    pb = _problem(dtype, B, H, Hkv, N, N, d, {"causal": True})
+    config = KernelConfig(backward_dq=dq_mode)
+    plan = module.plan(pb, config)
+    log = []
+    names = ("pre", "dkdv", "convert") if dq_mode == "atomic" else ("dq", "dkdv")
+    fakes = {k: _RecordingKernel(k, P.launch_of(plan, k), log) for k in names}
+    monkeypatch.setattr(module, "get_dkdv_kernel", lambda *a, **kw: fakes["dkdv"])
+    if dq_mode == "atomic":
+        monkeypatch.setattr(module, "get_prepass_kernel", lambda *a, **kw: fakes["pre"])
+        monkeypatch.setattr(module, "get_convert_kernel", lambda *a, **kw: fakes["convert"])
+    else:
+        monkeypatch.setattr(module, "get_dq_kernel", lambda *a, **kw: fakes["dq"])
+    run = module.prepare(pb, config)
+    z = lambda *shape: np.zeros(shape, dtype)  # noqa: E731
+    dq, dk, dv = run(z(B, H, N, d), z(B, Hkv, N, d), z(B, Hkv, N, d), z(B, H, N, d),
+                     np.zeros((B, H, N), np.float32), z(B, H, N, d))
+    assert dq.shape == (B, H, N, d) and dk.shape == dv.shape == (B, Hkv, N, d)
+    assert [entry[0] for entry in log] == list(names)
+    for name, grid, block, sharedmem, _args in log:
+        assert (grid, block, sharedmem) == P.launch_of(plan, name), name
+    kv_args = log[names.index("dkdv")][4]
+    acc = kv_args[8]                       # after q, k, v, dO, lse, delta, dK, dV
+    if family == "tf32":                   # no accumulator: the q schedule follows dV
+        assert acc.dtype == np.int32 and acc.ndim == 2
+        assert log[0][4][6] is kv_args[5]
+    elif dq_mode == "atomic":
+        pre_args, cvt_args = log[0][4], log[2][4]
+        assert acc.shape == (B, H, N, d) and acc.dtype == np.float32
+        assert pre_args[3] is acc and cvt_args[0] is acc and pre_args[2] is kv_args[5]
+        assert cvt_args[2:] == (N, np.float32(pb.scale))
+    else:
+        assert acc.shape == (1, 1, 1, 1)
+        assert log[0][4][6] is kv_args[5]   # the dQ kernel writes the delta dK/dV reads
+
+
 _BUILD_CHILD = """
 import json, sys
 from kernels import mma_bwd, tf32_bwd

@@ -594,17 +594,17 @@ def _backward(family: str, w: Workload, *, dq_tile, kv_tile, names, shared, dyna
         + kv_visits * (group * DKDV_SCHEDULE_LOADS_PER_TILE_PER_HEAD
                        + DKDV_SCHEDULE_LOADS_PER_TILE))
     if tf32:
-        k_access = Access("K", "load", kv_elems * e if k_in_regs else kv_reread, "fragment",
-                          FRAGMENT_ROW_BYTES)
+        k_access = (Access("K", "load", kv_elems * e if k_in_regs else kv_reread, "fragment",
+                           FRAGMENT_ROW_BYTES),)
         v_access = Access("V", "load", kv_elems * e if v_in_regs else kv_reread, "fragment",
                           FRAGMENT_ROW_BYTES)
-    else:      # K fragments once (and its tile by cp.async where K is read from shared), V once
-        k_tile = (Access("K", "load", kv_elems * e, "cp.async"),)
-        k_frag = (Access("K", "load", kv_elems * e, "fragment", FRAGMENT_ROW_BYTES),)
-        k_access = (k_tile if k_in_shared else k_frag + k_tile if dq_atomic else k_frag)
+    else:      # K fragments once unless read from shared; its tile by cp.async where it is
+        #        (for dQ += dS K too); V fragments once
+        k_access = (() if k_in_shared
+                    else (Access("K", "load", kv_elems * e, "fragment", FRAGMENT_ROW_BYTES),))
+        if k_in_shared or dq_atomic:
+            k_access += (Access("K", "load", kv_elems * e, "cp.async"),)
         v_access = Access("V", "load", kv_elems * e, "fragment", FRAGMENT_ROW_BYTES)
-    if tf32:
-        k_access = (k_access,)
     # atomic: dQ += dS K of each visited tile's query rows inside the problem (float32)
     dq_red = ((Access("dQ_acc", "atomic", kv_rows * d * STAT_BYTES, "atomic"),) if dq_atomic
               else ())
@@ -790,7 +790,6 @@ def mma_backward_plan(workload: Workload, *, dq_tile=None, kv_tile=None, launch_
         _check_smem("mma", "kv_tile", kv_tile, shared["dkdv"], DYNAMIC_SMEM_LIMIT_BYTES, d,
                     "dynamic")
         dynamic = {"pre": 0, "dkdv": dyn, "convert": 0}
-        k_in_shared = mma_k_in_shared(d)
     else:
         shared = {"dq": mma_dq_smem_bytes(d, dq_tile[1]),
                   "dkdv": mma_dkdv_smem_bytes(d, kv_tile[0], kv_tile[1])}
@@ -798,12 +797,11 @@ def mma_backward_plan(workload: Workload, *, dq_tile=None, kv_tile=None, launch_
         _check_smem("mma", "kv_tile", kv_tile, shared["dkdv"], STATIC_SMEM_LIMIT_BYTES, d,
                     "static")
         dynamic = {"dq": 0, "dkdv": 0}                       # static shared memory only
-        k_in_shared = mma_k_in_shared(d)
     names = {k: KERNEL_NAMES[("mma", k)] for k in ("dq", "dkdv", "pre", "convert")}
     return _backward("mma", w, dq_tile=dq_tile, kv_tile=kv_tile, names=names, shared=shared,
                      dynamic=dynamic,
                      unit="mma.bf16" if w.dtype == "bf16" else "mma.f16", passes=1, tf32=False,
-                     k_in_shared=k_in_shared,
+                     k_in_shared=mma_k_in_shared(d),
                      operands_in_registers={"dq": (True, True),
                                             "dkdv": (not mma_k_in_shared(d), True)},
                      registers=_check_registers(registers), launch_order=launch_order,
