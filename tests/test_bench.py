@@ -195,6 +195,20 @@ def test_small_shapes_get_their_own_table_and_stay_out_of_the_ranges():
     assert bench.small_table([_doc(recs[:2])], ["x.json"]) == ""
 
 
+def test_show_backward_dq_prints_the_shipped_comparison(capsys):
+    """``tune --show-backward-dq`` on the shipped file: a row per case, the speed-up column is
+    the dQ kernel's time over the atomic mode's, as the rows record them."""
+    from benchmarks import tune
+    path = ROOT / "results" / "tune_backward_dq_h100_2026-11-25.json"
+    rows = json.loads(path.read_text())["rows"]
+    tune.show_backward_dq(str(path))
+    lines = capsys.readouterr().out.splitlines()[2:]
+    assert len(lines) == len(rows) == 32
+    for line, r in zip(lines, rows):
+        speedup = float(line.split()[6])
+        assert speedup == pytest.approx(r["bwd_ms"]["kernel"] / r["bwd_ms"]["atomic"], abs=0.006)
+
+
 def _cell_ranges(cell):
     """{"FLASH": (lo, hi), ...} of a summary cell."""
     out = {}
