@@ -25,8 +25,9 @@ registers, no shared-memory round trip of P or dS, no atomics):
 **"atomic"** (FlashAttention-2's structure, five matmul passes): a pre-pass (`_row_warp_kernel`:
 delta and a zeroed float32 dQ accumulator, a warp per query row), the dK/dV kernel above with
 its K tile in shared memory, which after dK += dS^T Q of each 16-query step writes dS (queries x
-keys, halves) to shared memory and adds dQ = dS K of the step's queries, each warp its D / warps
-columns, with ``red.global.add.v2.f32`` (``red.global.add.f32`` before sm_90), and a conversion
+keys, halves) to shared memory and, once per Q tile, adds the tile's dQ = dS K, its warps in the
+grid of `sim.plans.tensor_core_bwd.mma_dq_atomic_layout`, with ``red.global.add.v2.f32``
+(``red.global.add.f32`` before sm_90), and a conversion
 (dQ = scale * accumulator in the input dtype). dQ's summation order then varies from run to run.
 
 Both grids are (tiles, batch*heads); which block works on which (tile, head) is the launch order
@@ -55,6 +56,7 @@ from sim.plans.tensor_core_bwd import STATIC_SMEM_LIMIT_BYTES as SMEM_LIMIT_BYTE
 from sim.plans import plan_for
 from sim.plans.tensor_core_bwd import launch_of
 from sim.plans.tensor_core_bwd import mma_default_tiles as default_tiles
+from sim.plans.tensor_core_bwd import mma_dq_atomic_layout as dq_atomic_layout
 from sim.plans.tensor_core_bwd import mma_dkdv_smem_bytes as dkdv_smem_bytes
 from sim.plans.tensor_core_bwd import mma_dq_smem_bytes as dq_smem_bytes
 from sim.plans.tensor_core_bwd import mma_k_in_shared as k_in_shared
@@ -322,14 +324,20 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, is_bf16, causal, has_mask, ha
     KTILE = KSMEM or ATOMIC             # the block's K tile in shared memory
     K_HALVES = BK * STRIDE if KTILE else 0
     DS_STRIDE = BK + 8                  # halves per row of dS (queries x keys)
-    DS_TILE = 16 * DS_STRIDE            # one 16-query step of dS
+    DS_TILE = BQ * DS_STRIDE            # dS of a visited tile (atomic)
     DS_BASE = 4 * TILE + K_HALVES
-    SMEM_HALVES = DS_BASE + (2 * DS_TILE if ATOMIC else 0)  # Q0|dO0|Q1|dO1 (|K) (|dS0|dS1)
+    SMEM_HALVES = DS_BASE + (DS_TILE if ATOMIC else 0)      # Q0|dO0|Q1|dO1 (|K) (|dS)
     SMEM_DECL = 0 if ATOMIC else SMEM_HALVES                # atomic: dynamic shared memory
-    DW = D // NUM_WARPS                 # dQ columns per warp (atomic)
-    NTP_Q = DW // 16
-    DQ_REGS = 4 * (DW // 8)
-    assert not ATOMIC or DW % 16 == 0
+    # atomic: dQ = dS K once per tile, warps in a WQ x WD grid, each QW rows x DW columns in
+    # DQ_PASSES passes of DC columns (the plan's layout)
+    WQ, WD, DQ_PASSES = dq_atomic_layout(D, BQ, BK) if ATOMIC else (1, 1, 1)
+    QW = BQ // WQ
+    DW = D // WD
+    DC = DW // DQ_PASSES
+    MT_Q = QW // 16                     # 16-row A fragments of dS per warp
+    NT_Q = DC // 8                      # 8-column dQ tiles per pass
+    DQ_REGS = 4 * MT_Q * NT_Q
+    DA_REGS = 4 * MT_Q                  # dS A fragments of one 16-key step
     ROWV = 4 * BQ                       # floats: lse2 | delta, two buffers
     CHUNKS = D // 8
     LOADS = cdiv(BQ * CHUNKS, THREADS)
@@ -429,10 +437,13 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, is_bf16, causal, has_mask, ha
         t_lane = t_row * STRIDE + t_col
         # A fragments of this warp's 16 K rows (the Q pattern of kernels.fragments)
         k_addr = ptx.shared_addr(smem, 4 * TILE + warp * 16 * STRIDE + t_lane)
-        # atomic: B fragments of K for this warp's dQ columns, A fragments of dS (its stride)
-        kq_addr = ptx.shared_addr(smem, 4 * TILE + warp * DW + t_lane)
-        ds_lane = t_row * DS_STRIDE + t_col
+        # atomic: B fragments of K for this warp's dQ columns, A fragments of its dS rows
+        wq = warp // WD
+        wd = warp % WD
+        kq_addr = ptx.shared_addr(smem, 4 * TILE + wd * DW + t_lane)
+        ds_addr = ptx.shared_addr(smem, DS_BASE + wq * QW * DS_STRIDE + t_row * DS_STRIDE + t_col)
         dq_part = cuda.local.array(DQ_REGS, dtype=float32)
+        da = cuda.local.array(DA_REGS, dtype=uint32)
 
         n_items = 0
         for g in range(group):
@@ -545,7 +556,7 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, is_bf16, causal, has_mask, ha
                 a1 = pack(dpt[2], dpt[3])
                 a2 = pack(dpt[4], dpt[5])
                 a3 = pack(dpt[6], dpt[7])
-                dsb = DS_BASE + ((t * STEPS + c) & 1) * DS_TILE    # dS buffer (atomic)
+                dsb = DS_BASE + 16 * c * DS_STRIDE              # the step's dS rows (atomic)
                 if ATOMIC:
                     # keys past n_k (their K rows are zero-filled) add nothing to dQ
                     if key0 >= n_k:
@@ -576,38 +587,48 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, is_bf16, causal, has_mask, ha
                         dk_acc[o + i] = d0[i]
                         dk_acc[o + 4 + i] = d1[i]
 
-                if ATOMIC:
-                    # -- dQ of the step's 16 queries += dS K: this warp's DW columns, the
-                    #    block's BK keys (dS from every warp, hence the barrier) --
-                    cuda.syncthreads()
+            if ATOMIC:
+                # -- dQ of the tile's queries += dS K (dS of every warp, hence the barrier):
+                #    this warp's QW rows x DW columns, DC columns a pass, over the BK keys --
+                cuda.syncthreads()
+                for cp in range(DQ_PASSES):
+                    col0 = wd * DW + cp * DC
                     for i in range(DQ_REGS):
                         dq_part[i] = float32(0.0)
-                    ds_addr = ptx.shared_addr(smem, dsb + ds_lane)
                     for kcp in range(BK // 16):
-                        da = ptx.ldmatrix_x4(ds_addr + 2 * 16 * kcp)
-                        for ntp in range(NTP_Q):
-                            bk = ptx.ldmatrix_x4_trans(kq_addr + 2 * (16 * kcp * STRIDE + 16 * ntp))
-                            o = 8 * ntp
-                            d0 = mma_op(da[0], da[1], da[2], da[3], bk[0], bk[1],
-                                        dq_part[o], dq_part[o + 1], dq_part[o + 2], dq_part[o + 3])
-                            d1 = mma_op(da[0], da[1], da[2], da[3], bk[2], bk[3], dq_part[o + 4],
-                                        dq_part[o + 5], dq_part[o + 6], dq_part[o + 7])
+                        for mt in range(MT_Q):
+                            a4 = ptx.ldmatrix_x4(ds_addr + 2 * (16 * mt * DS_STRIDE + 16 * kcp))
                             for i in range(4):
-                                dq_part[o + i] = d0[i]
-                                dq_part[o + 4 + i] = d1[i]
+                                da[4 * mt + i] = a4[i]
+                        for ntp in range(NT_Q // 2):
+                            bk = ptx.ldmatrix_x4_trans(
+                                kq_addr + 2 * (16 * kcp * STRIDE + cp * DC + 16 * ntp))
+                            for mt in range(MT_Q):
+                                o = (mt * NT_Q + 2 * ntp) * 4
+                                a = 4 * mt
+                                d0 = mma_op(da[a], da[a + 1], da[a + 2], da[a + 3], bk[0], bk[1],
+                                            dq_part[o], dq_part[o + 1], dq_part[o + 2],
+                                            dq_part[o + 3])
+                                d1 = mma_op(da[a], da[a + 1], da[a + 2], da[a + 3], bk[2], bk[3],
+                                            dq_part[o + 4], dq_part[o + 5], dq_part[o + 6],
+                                            dq_part[o + 7])
+                                for i in range(4):
+                                    dq_part[o + i] = d0[i]
+                                    dq_part[o + 4 + i] = d1[i]
                     # -- red.global.add of the float32 partial dQ (scaled in the conversion) --
-                    for r in range(2):
-                        row = m_blk * BQ + 16 * c + gid + 8 * r
-                        if row < n_q:
-                            for nt in range(DQ_REGS // 4):
-                                ga = ptx.global_addr(dq_acc, b, h, row, warp * DW + nt * 8 + 2 * tig)
-                                if RED_V2:
-                                    ptx.red_global_add_v2_f32(ga, dq_part[nt * 4 + 2 * r],
-                                                              dq_part[nt * 4 + 2 * r + 1])
-                                else:
-                                    ptx.red_global_add_f32(ga, dq_part[nt * 4 + 2 * r])
-                                    ptx.red_global_add_f32(ga + uint64(4),
-                                                           dq_part[nt * 4 + 2 * r + 1])
+                    for mt in range(MT_Q):
+                        for r in range(2):
+                            row = m_blk * BQ + wq * QW + 16 * mt + gid + 8 * r
+                            if row < n_q:
+                                for nt in range(NT_Q):
+                                    e = (mt * NT_Q + nt) * 4 + 2 * r
+                                    ga = ptx.global_addr(dq_acc, b, h, row,
+                                                         col0 + nt * 8 + 2 * tig)
+                                    if RED_V2:
+                                        ptx.red_global_add_v2_f32(ga, dq_part[e], dq_part[e + 1])
+                                    else:
+                                        ptx.red_global_add_f32(ga, dq_part[e])
+                                        ptx.red_global_add_f32(ga + uint64(4), dq_part[e + 1])
             cuda.syncthreads()   # this buffer is refilled by the next iteration's prefetch
         ptx.cp_async_wait_all()    # (a block with no Q tile to visit still issued its K copy)
 

@@ -370,8 +370,9 @@ def test_shared_memory_traffic(d, family, dq_mode):
     count per program written out here: the dQ kernel lands K and V and each warp reads K twice
     and V once per tile; the dK/dV kernel lands Q, dO (and lse, delta), each warp reads Q and dO
     twice, its K rows once more where the mma kernel re-reads K from shared memory, lse and
-    delta once per score; with atomics, dS stored and read whole by every warp, and K's columns
-    read once per 16-query step. float32 elements for tf32 (its K and V come from L1)."""
+    delta once per score; with atomics, dS stored once and, once per tile, read by the warps in
+    a 2 x (warps / 2) grid (each row of warps reads all of K, each column of warps all of dS).
+    float32 elements for tf32 (its K and V come from L1)."""
     B, H, N = 2, 4, 1024
     e = 4 if family == "tf32" else 2
     w = Workload(batch=B, heads=H, seq_len_q=N, head_dim=d, pass_="bwd",
@@ -387,7 +388,10 @@ def test_shared_memory_traffic(d, family, dq_mode):
                 + warps * (4 + reread) * kv_q * d * e + 8 * kv_q * kv_k)
     k_landed = B * H * N * d * e if (reread or dq_mode == "atomic") else 0
     if dq_mode == "atomic":
-        per_tile += kv_q * kv_k * e * (1 + warps) + (kv_q // 16) * kv_k * d * e
+        # default tiles: d=64 (64 keys, 64 queries) 4 warps as 2 x 2, each 32 queries x 32
+        # columns; d=128 (128 keys, 64 queries) 8 warps as 2 x 4, each 32 x 32: one pass
+        assert (kv_q, kv_k) == ((64, 64) if d == 64 else (64, 128))
+        per_tile += kv_q * kv_k * e * (1 + warps // 2) + 2 * kv_k * d * e
     assert kv.shared_bytes_moved == programs * per_q_tile * per_tile + k_landed
     if dq_mode == "kernel":
         dq = plan.kernel(P.KERNEL_NAMES[(family, "dq")])
@@ -505,8 +509,10 @@ def test_bad_configurations_raise_naming_the_argument():
         plan_for("mma", "bwd", w16, registers=(128,))
     with pytest.raises(ValueError, match="dq_mode"):
         plan_for("mma", "bwd", w16, dq_mode="atomics")
-    with pytest.raises(ValueError, match="kv_tile"):       # 16 keys per warp x 8 warps: 8 columns
-        plan_for("mma", "bwd", w16.replace(head_dim=64), dq_mode="atomic", kv_tile=(64, 128))
+    # 8 warps over 16 queries: one row of 8 warps, 8 of dQ's 64 columns each (2 x 4 at 64 queries)
+    plan_for("mma", "bwd", w16.replace(head_dim=64), dq_mode="atomic", kv_tile=(64, 128))
+    with pytest.raises(ValueError, match="kv_tile"):
+        plan_for("mma", "bwd", w16.replace(head_dim=64), dq_mode="atomic", kv_tile=(16, 128))
     with pytest.raises(ValueError, match="KernelConfig.backward_dq"):
         KernelConfig(backward_dq="atomics")
 

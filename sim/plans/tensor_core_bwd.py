@@ -81,7 +81,8 @@ from ..workload import STAT_BYTES, Workload, density_block_mask
 __all__ = ["mma_backward_plan", "tf32_backward_plan", "launch_of", "KERNEL_NAMES",
            "TILE_SIZES", "STATIC_SMEM_LIMIT_BYTES", "DYNAMIC_SMEM_LIMIT_BYTES", "backward_threads",
            "MMA_HEAD_DIMS", "MMA_PAD_HALVES", "mma_default_tiles", "mma_dq_smem_bytes",
-           "mma_k_in_shared", "mma_dkdv_smem_bytes",
+           "mma_k_in_shared", "mma_dkdv_smem_bytes", "mma_dq_atomic_layout",
+           "mma_dkdv_atomic_dynamic_smem_bytes", "DQ_ATOMIC_MAX_ACCUMULATORS",
            "TF32_HEAD_DIMS", "TF32_PAD_FLOATS", "TF32_DEFAULT_CONFIG", "tf32_default_config",
            "tf32_default_tiles", "tf32_dq_smem_bytes", "tf32_dkdv_smem_bytes",
            "tf32_operands_in_registers", "tf32_dkdv_dropout_config", "tf32_dq_dynamic_smem_bytes",
@@ -144,12 +145,47 @@ def mma_k_in_shared(head_dim: int) -> bool:
     return head_dim > 64
 
 
+#: Most float32 dQ accumulators a thread of the atomic dK/dV kernel holds at once (beside its
+#: dK and dV accumulators): `mma_dq_atomic_layout` splits a warp's dQ columns into passes so
+#: that each pass holds at most this many.
+DQ_ATOMIC_MAX_ACCUMULATORS = 32
+
+
+def mma_dq_atomic_layout(head_dim: int, block_q: int, block_k: int) -> tuple[int, int, int]:
+    """How the atomic dK/dV kernel's warps share dQ = dS K of one visited tile (``block_q``
+    queries x ``head_dim`` columns, summed over the block's ``block_k`` keys), once per tile
+    after dS of all its queries is in shared memory: ``(warps_q, warps_d, column_passes)``.
+    The block's ``block_k / 16`` warps form a ``warps_q x warps_d`` grid (two rows of warps
+    where the warps and ``block_q / 16`` allow it), each warp owning ``block_q / warps_q``
+    queries and ``head_dim / warps_d`` columns, which it computes in ``column_passes`` passes of
+    at most `DQ_ATOMIC_MAX_ACCUMULATORS` accumulators per thread (each pass re-reads its rows
+    of dS). Raises ValueError naming ``kv_tile`` where a warp's columns are not a multiple of
+    16 (the ``ldmatrix.trans`` B operand)."""
+    warps = block_k // ROWS_PER_WARP
+    warps_q = 2 if warps % 2 == 0 and block_q % (2 * ROWS_PER_WARP) == 0 else 1
+    warps_d = warps // warps_q
+    cols = head_dim // warps_d
+    if head_dim % warps_d or cols % 16:
+        raise ValueError(f"kv_tile=({block_q}, {block_k}): the atomic dK/dV kernel's {warps} "
+                         f"warps split dQ's {head_dim} columns {warps_d} ways, not in multiples "
+                         f"of 16; use fewer key rows")
+    rows = block_q // warps_q
+    passes = 1
+    while rows * (cols // passes) // 32 > DQ_ATOMIC_MAX_ACCUMULATORS or (cols // passes) % 16:
+        passes += 1
+        if passes > cols // 16:
+            raise ValueError(f"kv_tile=({block_q}, {block_k}): a warp's {rows} dQ rows need more "
+                             f"than {DQ_ATOMIC_MAX_ACCUMULATORS} accumulators per thread even "
+                             f"16 columns at a time; use fewer queries per stage")
+    return warps_q, warps_d, passes
+
+
 def mma_dkdv_atomic_dynamic_smem_bytes(head_dim: int, block_q: int, block_k: int) -> int:
     """Dynamic shared memory of one dK/dV block of the atomic-dQ backward: Q and dO, two buffers
-    each, the block's K tile (the B operand of dQ += dS K), and dS of a 16-query step, two
-    buffers (rows of ``block_k`` + 8 halves); lse / delta of two stages stay static."""
+    each, the block's K tile (the B operand of dQ += dS K), and dS of the visited tile
+    (``block_q`` rows of ``block_k`` + 8 halves); lse / delta of two stages stay static."""
     rows = 4 * block_q + block_k
-    return (rows * (head_dim + MMA_PAD_HALVES) + 2 * 16 * (block_k + MMA_PAD_HALVES)) * 2
+    return (rows * (head_dim + MMA_PAD_HALVES) + block_q * (block_k + MMA_PAD_HALVES)) * 2
 
 
 def mma_dkdv_smem_bytes(head_dim: int, block_q: int, block_k: int = 64) -> int:
@@ -724,8 +760,10 @@ def dkdv_shared_moved(visits: int, rows: int, kv_elems: int, block_q: int, block
     twice (S^T, dK) and dO twice (dP^T, dV), whole tiles, its own 16 K rows at every 16-query
     step where the mma kernel re-reads K's fragments from shared memory (``k_reread``), and lse
     and delta once per score (``rowv``); the block's K tile lands once (``k_tile``). With dQ by
-    atomics (mma), per 16-query step each warp stores its dS (16 x 16 halves) and reads the
-    step's whole dS (16 x ``block_k``) and its d / warps columns of K."""
+    atomics (mma), each warp stores its dS (16 x 16 halves a 16-query step) and, once per tile,
+    reads its rows of dS (``block_q`` x ``block_k`` over the block's warps, once per column pass
+    and per column of warps) and its columns of K (once per row of warps:
+    `mma_dq_atomic_layout`)."""
     warps = block_k // ROWS_PER_WARP
     tile = block_q * d * e
     moved = 2 * rows * d * e + rows * 8 + visits * (warps * (4 * tile + (tile if k_reread else 0))
@@ -733,8 +771,9 @@ def dkdv_shared_moved(visits: int, rows: int, kv_elems: int, block_q: int, block
     if k_tile:
         moved += kv_elems * e
     if dq_atomic:
-        moved += visits * (block_q * block_k * e + warps * block_q * block_k * e
-                           + (block_q // ROWS_PER_WARP) * block_k * d * e)
+        warps_q, warps_d, passes = mma_dq_atomic_layout(d, block_q, block_k)
+        moved += visits * (block_q * block_k * e + warps_d * passes * block_q * block_k * e
+                           + warps_q * block_k * d * e)
     return int(moved)
 
 
@@ -782,9 +821,7 @@ def mma_backward_plan(workload: Workload, *, dq_tile=None, kv_tile=None, launch_
     kv_tile = _check_tile("kv_tile", kv_default if kv_tile is None else kv_tile,
                           ATOMIC_TILE_SIZES if atomic else TILE_SIZES)
     if atomic:
-        if (d // (kv_tile[1] // ROWS_PER_WARP)) % 16:
-            raise ValueError(f"kv_tile={kv_tile}: the atomic dK/dV kernel's warps split dQ's "
-                             f"{d} columns in multiples of 16; use at most {d // 4} key rows")
+        mma_dq_atomic_layout(d, *kv_tile)
         dyn = mma_dkdv_atomic_dynamic_smem_bytes(d, *kv_tile)
         shared = {"dq": 0, "dkdv": dyn + 16 * kv_tile[0]}
         _check_smem("mma", "kv_tile", kv_tile, shared["dkdv"], DYNAMIC_SMEM_LIMIT_BYTES, d,
