@@ -442,6 +442,10 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, is_bf16, causal, has_mask, ha
         wd = warp % WD
         kq_addr = ptx.shared_addr(smem, 4 * TILE + wd * DW + t_lane)
         ds_addr = ptx.shared_addr(smem, DS_BASE + wq * QW * DS_STRIDE + t_row * DS_STRIDE + t_col)
+        # this thread's dS^T elements (keys warp*16 + gid (+ 8), queries 2 tig (+ 1)) in dS
+        ds_st_addr = ptx.shared_addr(smem, DS_BASE + 2 * tig * DS_STRIDE + warp * 16 + gid)
+        # lse2 and delta of this thread's query columns 2 tig, 2 tig + 1 (buffer 0, step 0)
+        rowv_addr = ptx.shared_addr(rowv, 2 * tig)
         dq_part = cuda.local.array(DQ_REGS, dtype=float32)
         da = cuda.local.array(DA_REGS, dtype=uint32)
 
@@ -521,19 +525,21 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, is_bf16, causal, has_mask, ha
 
                 # -- P^T = exp2(S^T * scale * log2e - lse2), Z from the dropout hash,
                 #    dS^T = P^T * (dP^T * Z - delta) --
+                rv = rowv_addr + uint32(4 * (rbuf + 16 * c))
                 for nt in range(2):
+                    lse2 = ptx.ld_shared_f32x2(rv + uint32(32 * nt))
+                    dlt = ptx.ld_shared_f32x2(rv + uint32(4 * BQ + 32 * nt))
                     for i in range(4):
                         e = nt * 4 + i
                         u = 2 * nt + (i & 1)
-                        col = rbuf + 16 * c + 8 * nt + 2 * tig + (i & 1)
-                        p = ptx.ex2(st[e] * scale_log2 - rowv[col])
+                        p = ptx.ex2(st[e] * scale_log2 - lse2[i & 1])
                         z = float32(1.0)
                         if HAS_DROPOUT:
                             key = key0 + 8 * (i >> 1)
                             keep = fmix(hash_c[u] ^ uint64(key)) >= uint64(threshold)
                             z = inv_keep if keep else float32(0.0)
                         st[e] = p * z
-                        dpt[e] = p * (dpt[e] * z - rowv[col + BQ])
+                        dpt[e] = p * (dpt[e] * z - dlt[i & 1])
 
                 # -- dV += (P^T Z) dO: A = P^T in registers, B = dO via ldmatrix.trans --
                 a0 = pack(st[0], st[1])
@@ -556,7 +562,6 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, is_bf16, causal, has_mask, ha
                 a1 = pack(dpt[2], dpt[3])
                 a2 = pack(dpt[4], dpt[5])
                 a3 = pack(dpt[6], dpt[7])
-                dsb = DS_BASE + 16 * c * DS_STRIDE              # the step's dS rows (atomic)
                 if ATOMIC:
                     # keys past n_k (their K rows are zero-filled) add nothing to dQ
                     if key0 >= n_k:
@@ -566,16 +571,15 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, is_bf16, causal, has_mask, ha
                         a1 = uint32(0)
                         a3 = uint32(0)
                     # -- dS (16 queries x BK keys) to shared memory, queries as rows --
-                    kr = warp * 16 + gid
-                    qr = dsb + 2 * tig * DS_STRIDE + kr
-                    smem[qr] = uint16(a0 & 0xFFFF)
-                    smem[qr + DS_STRIDE] = uint16(a0 >> 16)
-                    smem[qr + 8] = uint16(a1 & 0xFFFF)
-                    smem[qr + DS_STRIDE + 8] = uint16(a1 >> 16)
-                    smem[qr + 8 * DS_STRIDE] = uint16(a2 & 0xFFFF)
-                    smem[qr + 9 * DS_STRIDE] = uint16(a2 >> 16)
-                    smem[qr + 8 * DS_STRIDE + 8] = uint16(a3 & 0xFFFF)
-                    smem[qr + 9 * DS_STRIDE + 8] = uint16(a3 >> 16)
+                    qa = ds_st_addr + uint32(2 * 16 * DS_STRIDE * c)
+                    ptx.st_shared_b16(qa, a0)
+                    ptx.st_shared_b16(qa + uint32(2 * DS_STRIDE), a0 >> 16)
+                    ptx.st_shared_b16(qa + uint32(2 * 8), a1)
+                    ptx.st_shared_b16(qa + uint32(2 * (DS_STRIDE + 8)), a1 >> 16)
+                    ptx.st_shared_b16(qa + uint32(2 * 8 * DS_STRIDE), a2)
+                    ptx.st_shared_b16(qa + uint32(2 * 9 * DS_STRIDE), a2 >> 16)
+                    ptx.st_shared_b16(qa + uint32(2 * (8 * DS_STRIDE + 8)), a3)
+                    ptx.st_shared_b16(qa + uint32(2 * (9 * DS_STRIDE + 8)), a3 >> 16)
                 for ntp in range(NT_O // 2):
                     bq = ptx.ldmatrix_x4_trans(qt_addr + 2 * (16 * c * STRIDE + 16 * ntp))
                     o = 8 * ntp
@@ -620,10 +624,10 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, is_bf16, causal, has_mask, ha
                         for r in range(2):
                             row = m_blk * BQ + wq * QW + 16 * mt + gid + 8 * r
                             if row < n_q:
+                                g_row = ptx.global_addr(dq_acc, b, h, row, col0 + 2 * tig)
                                 for nt in range(NT_Q):
                                     e = (mt * NT_Q + nt) * 4 + 2 * r
-                                    ga = ptx.global_addr(dq_acc, b, h, row,
-                                                         col0 + nt * 8 + 2 * tig)
+                                    ga = g_row + uint64(4 * 8 * nt)
                                     if RED_V2:
                                         ptx.red_global_add_v2_f32(ga, dq_part[e], dq_part[e + 1])
                                     else:

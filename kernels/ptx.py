@@ -27,7 +27,7 @@ FlashAttention-style kernel needs, each emitted as PTX through llvmlite's ``ir.I
 * ``ld_shared_f32`` / ``ld_shared_f32x2``: 32- and 64-bit (``ld.shared.v2.f32``) shared-memory
   loads from a 32-bit shared-window address (``shared_addr``); ``ld_shared_v4_f32`` /
   ``ld_shared_v4_b32`` / ``st_shared_v4_b32``: 128-bit shared loads and stores (four float32,
-  or four .b32 TF32 words), ``ld_shared_b32``: one .b32 word.
+  or four .b32 TF32 words), ``ld_shared_b32``: one .b32 word; ``st_shared_b16``: one half.
 * ``red_global_add_f32``: ``red.global.add.f32``, a float32 added to global memory atomically
   with no value back (dQ accumulated by the dK/dV kernel, `kernels.mma_bwd`);
   ``red_global_add_v2_f32``: two consecutive float32 at an 8-byte aligned address in one
@@ -49,7 +49,8 @@ __all__ = [
     "pack_bf16x2", "shared_addr", "global_addr", "ld_global_u32", "st_global_u32",
     "ld_global_u8", "MMA_F16_PTX", "MMA_BF16_PTX",
     "mma_tf32", "cvt_tf32", "split_tf32", "ld_shared_f32", "ld_shared_f32x2",
-    "ld_shared_v4_f32", "ld_shared_v4_b32", "st_shared_v4_b32", "ld_shared_b32", "MMA_TF32_PTX",
+    "ld_shared_v4_f32", "ld_shared_v4_b32", "st_shared_v4_b32", "ld_shared_b32", "st_shared_b16",
+    "MMA_TF32_PTX",
     "red_global_add_f32", "red_global_add_v2_f32",
 ]
 
@@ -388,6 +389,20 @@ def st_shared_v4_b32(typingctx, saddr, x0, x1, x2, x3):
         _asm(builder, ir.VoidType(), [_I32] * 5,
              "st.shared.v4.b32 [$0], {$1,$2,$3,$4};", "r,r,r,r,r,~{memory}", vals,
              side_effect=True)
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+@intrinsic
+def st_shared_b16(typingctx, saddr, value):
+    """The low 16 bits of a 32-bit word (one half of a packed pair) to a shared-window address
+    (``st.shared.b16``)."""
+    sig = types.void(types.uint32, types.uint32)
+
+    def codegen(context, builder, sig, args):
+        addr, val = (context.cast(builder, a, t, types.uint32) for a, t in zip(args, sig.args))
+        _asm(builder, ir.VoidType(), [_I32, ir.IntType(16)], "st.shared.b16 [$0], $1;",
+             "r,h,~{memory}", [addr, builder.trunc(val, ir.IntType(16))], side_effect=True)
         return context.get_dummy_value()
     return sig, codegen
 
