@@ -9,12 +9,14 @@ layers; two copies with the same random weights run with ``attn_implementation="
 (PyTorch's choice of backend) and ``"ioaware"`` (`ioaware.integrations.transformers`). A step
 is the forward on ``--batch`` random sequences of ``--seq-len`` tokens (no padding: causal
 attention without a mask), the next-token cross-entropy, the backward and an AdamW update.
-After three warm-up steps each (compiling, or loading from the kernel cache, and preparing),
-steps are timed by CUDA events around synchronous calls (`benchmarks.common.time_cuda`,
-``timing="sync"``: what a training loop sees, host work included). Per dtype it records the
-median, p10 and p90 milliseconds of each, the ratio SDPA / ours (above 1: ours faster), tokens
-per second, the first step's loss of each (same weights, same batch) and the peak memory; it
-writes a JSON file with provenance.
+After three warm-up steps each (compiling, or loading from the kernel cache, and preparing) and
+one step for each one's peak memory, steps are timed by CUDA events around synchronous calls
+(`benchmarks.common.time_cuda`, ``timing="sync"``: what a training loop sees, host work
+included) in `ROUNDS` alternating rounds, each the median of 3 to 10 steps of ours and then of
+SDPA's. Per dtype it records each round's median (``*_ms_rounds``) and their median, p10 and
+p90, the ratio SDPA / ours of each round (``ratio_rounds``) and their median (above 1: ours
+faster), tokens per second, the first step's loss of each (same weights, same batch) and the
+peak memory; it writes a JSON file with provenance.
 """
 from __future__ import annotations
 
@@ -22,9 +24,12 @@ import argparse
 import copy
 import json
 
-from .common import command_line, first_sentence, provenance, time_cuda, torch_dtype, write_json
+from .common import (command_line, first_sentence, provenance, summarize_times, time_cuda,
+                     torch_dtype, write_json)
 
 HIDDEN, HEADS, KV_HEADS, INTERMEDIATE, VOCAB = 1024, 16, 4, 2816, 32000
+#: Alternating timing rounds (each: ours and SDPA, the median of 3 to 10 steps each).
+ROUNDS = 7
 
 
 def build_pair(torch, transformers, dtype, layers, seq_len, device="cuda"):
@@ -83,18 +88,31 @@ def main(argv=None) -> int:
         ids = torch.randint(0, VOCAB, (args.batch, args.seq_len), device="cuda", generator=g)
         row = {"dtype": dt, "batch": args.batch, "seq_len": args.seq_len, "layers": args.layers,
                "hidden": HIDDEN, "heads": HEADS, "heads_kv": KV_HEADS, "head_dim": HIDDEN // HEADS}
+        steps = {}
         for name, model, opt in pair:
             row[f"first_loss_{name}"] = float(train_step(model, opt, ids).detach())
             for _ in range(2):
                 train_step(model, opt, ids)
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
-            med, p10, p90 = time_cuda(torch, lambda m=model, o=opt: train_step(m, o, ids),
-                                      warmup=1, min_reps=5, max_reps=20, budget_s=2.0)
+            train_step(model, opt, ids)
+            torch.cuda.synchronize()
+            row[f"{name}_peak_bytes"] = int(torch.cuda.max_memory_allocated())
+            steps[name] = lambda m=model, o=opt: train_step(m, o, ids)
+        # -- ROUNDS alternating rounds: a drift of the machine's speed during the run moves
+        #    both sides of a round's ratio alike --
+        medians = {name: [] for name in steps}
+        for _ in range(ROUNDS):
+            for name, step in steps.items():
+                medians[name].append(time_cuda(torch, step, warmup=1, min_reps=3, max_reps=10,
+                                               budget_s=0.5)[0])
+        for name, ms in medians.items():
+            med, p10, p90 = summarize_times(ms)
             row.update({f"{name}_ms": med, f"{name}_ms_p10": p10, f"{name}_ms_p90": p90,
-                        f"{name}_tokens_per_s": args.batch * args.seq_len / (med * 1e-3),
-                        f"{name}_peak_bytes": int(torch.cuda.max_memory_allocated())})
-        row["ratio_sdpa_over_ioaware"] = row["sdpa_ms"] / row["ioaware_ms"]
+                        f"{name}_ms_rounds": ms,
+                        f"{name}_tokens_per_s": args.batch * args.seq_len / (med * 1e-3)})
+        row["ratio_rounds"] = [a / b for a, b in zip(medians["sdpa"], medians["ioaware"])]
+        row["ratio_sdpa_over_ioaware"] = summarize_times(row["ratio_rounds"])[0]
         rows.append(row)
         print(f"{dt}: ioaware {row['ioaware_ms']:.2f} ms, sdpa {row['sdpa_ms']:.2f} ms, "
               f"ratio {row['ratio_sdpa_over_ioaware']:.2f}x; first loss "
