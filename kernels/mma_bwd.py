@@ -57,6 +57,8 @@ from sim.plans import plan_for
 from sim.plans.tensor_core_bwd import launch_of
 from sim.plans.tensor_core_bwd import mma_default_tiles as default_tiles
 from sim.plans.tensor_core_bwd import mma_dq_atomic_layout as dq_atomic_layout
+from sim.plans.tensor_core_bwd import mma_default_dq_mode as default_dq_mode
+from sim.plans.tensor_core_bwd import ATOMIC_DQ_FROM_CC
 from sim.plans.tensor_core_bwd import mma_dkdv_smem_bytes as dkdv_smem_bytes
 from sim.plans.tensor_core_bwd import mma_dq_smem_bytes as dq_smem_bytes
 from sim.plans.tensor_core_bwd import mma_k_in_shared as k_in_shared
@@ -735,16 +737,15 @@ def _row_warp_kernel(head_dim, job, is_bf16=False):
 
 
 # -- host side -----------------------------------------------------------------------------------
-#: The compute capability from which dQ by atomics is the default (`dq_mode`): where
-#: ``red.global.add.v2.f32`` adds two floats per instruction. With one float per instruction
-#: (before sm_90) it was slower than the dQ kernel (docs/kernels.md).
-ATOMIC_DQ_FROM_CC = (9, 0)
+def _cc_here():
+    """This process's current GPU's compute capability, None without a real GPU."""
+    return host.compute_capability(host.current_device_id()) if host.real_gpu() else None
 
 
 def _red_v2_here() -> bool:
     """Whether this process's current GPU adds two floats per ``red`` (`ATOMIC_DQ_FROM_CC`)."""
-    return host.real_gpu() and \
-        host.compute_capability(host.current_device_id()) >= ATOMIC_DQ_FROM_CC
+    cc = _cc_here()
+    return cc is not None and tuple(cc) >= ATOMIC_DQ_FROM_CC
 
 
 def _red_width() -> str:
@@ -755,15 +756,14 @@ def _red_width() -> str:
 def dq_mode(problem, config) -> str:
     """How this backward computes dQ for ``problem``: ``config.backward_dq``; else "kernel"
     (deterministic) while torch's deterministic algorithms are on
-    (``torch.use_deterministic_algorithms(True)``), as PyTorch's own backwards do; else
-    "atomic" on a GPU of compute capability `ATOMIC_DQ_FROM_CC` or later (measured faster in
-    every case of ``python -m benchmarks tune --backward-dq``), "kernel" elsewhere."""
+    (``torch.use_deterministic_algorithms(True)``), as PyTorch's own backwards do; else the
+    plan's rule for this GPU (`sim.plans.tensor_core_bwd.mma_default_dq_mode`: "atomic" from
+    compute capability `ATOMIC_DQ_FROM_CC` on, "kernel" before)."""
     if config.backward_dq is not None:
         return config.backward_dq
     torch = sys.modules.get("torch")
-    if torch is not None and torch.are_deterministic_algorithms_enabled():
-        return "kernel"
-    return "atomic" if _red_v2_here() else "kernel"
+    deterministic = torch is not None and torch.are_deterministic_algorithms_enabled()
+    return default_dq_mode(_cc_here(), deterministic)
 
 
 def tiles(problem, config=None, mode=None):

@@ -253,21 +253,24 @@ def _plan_cmd(a) -> int:
                  dropout=a.dropout, pass_=a.pass_, window_size=a.window)
     prof = a.device if a.rates is None else a.device.with_rates(a.rates)
     tiles = {k: v for k, v in (("block_q", a.block_q), ("block_k", a.block_k)) if v is not None}
-    if getattr(a, "plan_dq_mode", None) is not None:     # (`search --family` has no --dq-mode)
-        if (a.family, a.pass_) != ("mma", "bwd"):
-            raise SystemExit("error: --dq-mode: only the mma family's backward has dQ modes")
-        tiles["dq_mode"] = a.plan_dq_mode
+    dq_mode = getattr(a, "plan_dq_mode", None)             # (`search --family` has no --dq-mode)
+    if dq_mode is not None and (a.family, a.pass_) != ("mma", "bwd"):
+        raise SystemExit("error: --dq-mode: only the mma family's backward has dQ modes")
+    fixed = {}
+    if (a.family, a.pass_) == ("mma", "bwd"):
+        # what the launcher runs on this GPU unless asked otherwise
+        from .plans.tensor_core_bwd import mma_default_dq_mode
+        fixed["dq_mode"] = dq_mode or mma_default_dq_mode(prof.compute_capability)
     ranked = None
     if a.choose:
         if (a.family, a.pass_) not in CONFIGS:
             raise SystemExit(f"error: --choose: no configurations listed for {a.family} {a.pass_}")
         if tiles:
-            raise SystemExit("error: --choose ranks every configuration: leave out --block-q/--block-k"
-                             "/--dq-mode")
-        cfg, cost, ranked = choose(a.family, a.pass_, w, prof)
+            raise SystemExit("error: --choose ranks every configuration: leave out --block-q/--block-k")
+        cfg, cost, ranked = choose(a.family, a.pass_, w, prof, **fixed)
         plan = cost.plan
     else:
-        plan = plan_for(a.family, a.pass_, w, **tiles)
+        plan = plan_for(a.family, a.pass_, w, **tiles, **fixed)
         cost = price(plan, prof)
     d = cost.to_dict()
     d["kernels_plan"] = [{"name": k.name, "grid": list(k.grid), "threads": k.threads,
@@ -611,8 +614,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--rates", default=None, metavar="RATES.json",
                     help="measured rates of `python -m benchmarks rates` (default: datasheet rates)")
     pl.add_argument("--dq-mode", dest="plan_dq_mode", choices=("kernel", "atomic"), default=None,
-                    help="the mma backward's dQ: its own kernel (the plan's default) or float32 "
-                         "atomics from the dK/dV kernel (what runs by default on sm_90)")
+                    help="the mma backward's dQ: its own kernel or float32 atomics from the dK/dV "
+                         "kernel (default: what the launcher runs on --device, "
+                         "sim.plans.tensor_core_bwd.mma_default_dq_mode: atomic from sm_90)")
     pl.add_argument("--choose", action="store_true", help="rank every legal configuration")
     pl.add_argument("--json", action="store_true", help="print one JSON object")
     pl.add_argument("--compact", action="store_true", help="with --json: one line")

@@ -77,6 +77,9 @@ class GPUProfile:
     ``interconnect_bandwidth_bytes_per_s`` (one direction, GPU to GPU) and
     ``interconnect_latency_s`` price a transfer to a neighbouring GPU as ``latency + bytes /
     bandwidth`` (:mod:`sim.ring`); None: not known (the ring model then needs them given).
+    ``compute_capability`` (major, minor) decides what our launchers choose on this GPU where
+    that depends on the hardware (the mma backward's dQ mode,
+    `sim.plans.tensor_core_bwd.mma_default_dq_mode`); None: not known.
 
     ``measured_rates`` (None unless asked for: :meth:`with_rates`, ``load_profile(...,
     rates=PATH)``) maps a rate's name to its value measured on a GPU by ``python -m benchmarks
@@ -127,6 +130,7 @@ class GPUProfile:
     async_copy_counted_sectors_per_512b: int | None = None
     interconnect_bandwidth_bytes_per_s: float | None = None
     interconnect_latency_s: float | None = None
+    compute_capability: tuple | None = None
     description: str = ""
     match: tuple = ()
     sources: dict = field(default_factory=dict)
@@ -257,6 +261,8 @@ def _from_dict(data: dict, origin: str) -> GPUProfile:
               "async_copy_counted_sectors_per_512b"):
         if isinstance(kwargs.get(k), float) and float(kwargs[k]).is_integer():
             kwargs[k] = int(kwargs[k])
+    if kwargs.get("compute_capability") is not None:
+        kwargs["compute_capability"] = tuple(int(x) for x in kwargs["compute_capability"])
     try:
         return GPUProfile(**kwargs)
     except TypeError as exc:

@@ -294,6 +294,34 @@ def test_plan_command(capsys):
     with pytest.raises(SystemExit, match="--dq-mode"):
         main(["plan", "--family", "tf32", "--pass", "bwd", "--dtype", "fp32", "--seq-len", "64",
               "--dq-mode", "atomic"])
+    # without --dq-mode: what the launcher runs on --device (atomics from sm_90, the dQ kernel
+    # on an A100); --dq-mode overrides it
+    names = {}
+    for device, extra in (("h100", []), ("a100", []), ("h100", ["--dq-mode", "kernel"])):
+        assert main(["plan", "--family", "mma", "--pass", "bwd", "--seq-len", "1000",
+                     "--head-dim", "128", "--device", device, "--json", "--compact"] + extra) == 0
+        names[(device, bool(extra))] = [k["name"] for k in
+                                        json.loads(capsys.readouterr().out)["kernels_plan"]]
+    assert names[("h100", False)] == ["flash_mma_bwd_pre", "flash_mma_bwd_dkdv",
+                                      "flash_mma_bwd_convert"]
+    assert names[("a100", False)] == names[("h100", True)] == ["flash_mma_bwd_dq",
+                                                               "flash_mma_bwd_dkdv"]
+
+
+def test_default_dq_mode_rule_and_profiles():
+    """The one rule the launcher and ``sim plan`` share: atomics from compute capability 9.0,
+    the dQ kernel before it, where the GPU is unknown and under deterministic algorithms; every
+    shipped profile names its compute capability."""
+    from sim.plans.tensor_core_bwd import ATOMIC_DQ_FROM_CC, mma_default_dq_mode
+    from sim.profiles import PROFILES
+    assert ATOMIC_DQ_FROM_CC == (9, 0)
+    assert [mma_default_dq_mode(cc) for cc in ((7, 5), (8, 0), (8, 9), (9, 0), (10, 0), None)] \
+        == ["kernel", "kernel", "kernel", "atomic", "atomic", "kernel"]
+    assert mma_default_dq_mode((9, 0), deterministic=True) == "kernel"
+    ccs = {name: prof.compute_capability for name, prof in PROFILES.items()}
+    assert ccs == {"h100": (9, 0), "h200": (9, 0), "a100-40gb": (8, 0), "a100-80gb": (8, 0),
+                   "t4": (7, 5)}
+    assert all("compute_capability" in prof.sources for prof in PROFILES.values())
 
 
 def test_compare_keeps_the_schedule_model_where_the_plan_refuses_the_records_configuration():

@@ -83,6 +83,7 @@ __all__ = ["mma_backward_plan", "tf32_backward_plan", "launch_of", "KERNEL_NAMES
            "MMA_HEAD_DIMS", "MMA_PAD_HALVES", "mma_default_tiles", "mma_dq_smem_bytes",
            "mma_k_in_shared", "mma_dkdv_smem_bytes", "mma_dq_atomic_layout",
            "mma_dkdv_atomic_dynamic_smem_bytes", "DQ_ATOMIC_MAX_ACCUMULATORS",
+           "mma_default_dq_mode", "ATOMIC_DQ_FROM_CC", "DQ_MODES",
            "TF32_HEAD_DIMS", "TF32_PAD_FLOATS", "TF32_DEFAULT_CONFIG", "tf32_default_config",
            "tf32_default_tiles", "tf32_dq_smem_bytes", "tf32_dkdv_smem_bytes",
            "tf32_operands_in_registers", "tf32_dkdv_dropout_config", "tf32_dq_dynamic_smem_bytes",
@@ -789,6 +790,21 @@ def _check_registers(registers):
 #: How the mma backward computes dQ: "kernel" (its own dQ kernel, no atomics) or "atomic"
 #: (FlashAttention-2's structure: the dK/dV kernel adds dS K into a float32 accumulator).
 DQ_MODES = ("kernel", "atomic")
+#: The compute capability from which dQ by atomics is the default (`mma_default_dq_mode`):
+#: where ``red.global.add.v2.f32`` adds two floats per instruction. With one float per
+#: instruction (before sm_90) it was slower than the dQ kernel (docs/kernels.md).
+ATOMIC_DQ_FROM_CC = (9, 0)
+
+
+def mma_default_dq_mode(compute_capability, deterministic: bool = False) -> str:
+    """The dQ mode the mma backward runs by default on a GPU of ``compute_capability``
+    ((major, minor); None: unknown): "atomic" from `ATOMIC_DQ_FROM_CC` on (measured faster:
+    ``python -m benchmarks tune --backward-dq``), "kernel" before it, where it is unknown, and
+    under ``deterministic`` algorithms (atomics add in a varying order). The launcher
+    (`kernels.mma_bwd.dq_mode`) and ``python -m sim plan`` both ask this rule."""
+    if deterministic or compute_capability is None:
+        return "kernel"
+    return "atomic" if tuple(compute_capability) >= ATOMIC_DQ_FROM_CC else "kernel"
 
 
 def mma_backward_plan(workload: Workload, *, dq_tile=None, kv_tile=None, launch_order=None,
