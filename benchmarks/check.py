@@ -1,13 +1,16 @@
 """Command ``check``: compile-only PTX, ptxas and SASS checks of the tensor-core kernels (CPU).
 
-``python -m benchmarks check [--families mma tf32] [--kernels fwd dq dkdv] [--out DIR]``
-compiles the forward, dQ and dK/dV kernels of the ``mma`` family (float16 and bfloat16) and the
+``python -m benchmarks check [--families mma tf32] [--kernels fwd dq dkdv dkdv_atomic] [--out DIR]``
+compiles the forward, dQ and dK/dV kernels (``mma``: also the dK/dV kernel that adds dQ by
+atomics, ``dkdv_atomic``) of the ``mma`` family (float16 and bfloat16) and the
 ``tf32`` family (float32) for head dims 64 and 128, causal and not, at the tiles and launch
 order each runs by default, for sm_90 without launching anything (Numba's PTX; no GPU,
 ``NUMBA_ENABLE_CUDASIM=0``), and the same with a boolean mask and dropout. For each
 configuration it reports what the inner loop must and must not contain: ``mma.sync`` count
 (and ``ldmatrix`` / ``cvt.rna.tf32``) in the PTX, ``.local`` declarations and ``ld.local`` /
-``st.local`` (local-memory traffic); where ``ptxas`` is found, registers and stack / spill
+``st.local`` (local-memory traffic), the instructions and ``mma`` of each innermost PTX loop
+that holds an ``mma`` (`ptx_mma_loops`: how much else a step issues per product); where
+``ptxas`` is found, registers and stack / spill
 bytes; where ``cuobjdump`` or ``nvdisasm`` is on PATH, the SASS count of ``HMMA``, ``LDL`` /
 ``STL`` (all, and inside loops: `local_in_loops`), ``LDGSTS`` and shared loads. A line starts
 with ``FAIL`` when a configuration has local memory, spills or no mma (exit status 1), with
@@ -26,7 +29,9 @@ from .common import (allow_offline_compile, build_kernel, compile_sm90, find_ptx
                      first_sentence, parse_ptxas)
 
 FAMILY_DTYPES = {"mma": ("fp16", "bf16"), "tf32": ("fp32",)}
-KERNELS = ("fwd", "dq", "dkdv")
+KERNELS = ("fwd", "dq", "dkdv", "dkdv_atomic")
+#: Kernels only some families have: the mma dK/dV kernel that adds dQ by atomics.
+FAMILY_KERNELS = {"mma": KERNELS, "tf32": ("fwd", "dq", "dkdv")}
 HEAD_DIMS = (64, 128)
 PTX_COUNTS = {"ptx_mma": r"\bmma\.sync", "ptx_local_decl": r"\.local\b",
               "ptx_ld_st_local": r"\b(?:ld|st)\.local"}
@@ -56,6 +61,34 @@ def local_in_loops(sass: str) -> int:
                and any(a < i < b for a, b in spans))
 
 
+def ptx_mma_loops(ptx: str) -> list[tuple[int, int]]:
+    """``[(instructions, mma), ...]`` of each innermost PTX loop that holds ``mma.sync`` (a span
+    from a label to a later branch back to it, with no smaller such span inside it), in listing
+    order: what a loop issues besides its products. Instructions are the lines that are neither
+    labels, comments, braces nor directives (an inline-asm block counts per instruction line)."""
+    lines = [line.strip() for line in ptx.splitlines()]
+    labels = {}
+    for i, line in enumerate(lines):
+        m = re.match(r"(\$L\w+):$", line)
+        if m:
+            labels[m.group(1)] = i
+    spans = []
+    for i, line in enumerate(lines):
+        m = re.search(r"\bbra(?:\.uni)?\s+(\$L\w+);", line)
+        if m and labels.get(m.group(1), i) < i:
+            a = labels[m.group(1)]
+            if any(re.search(r"\bmma\.sync", x) for x in lines[a:i + 1]):
+                spans.append((a, i))
+    inner = [(a, b) for a, b in spans
+             if not any((c, d) != (a, b) and a <= c and d <= b for c, d in spans)]
+    out = []
+    for a, b in sorted(inner):
+        body = [x for x in lines[a:b + 1] if x and not x.startswith(("//", ".", "{", "}", "$"))
+                and not x.endswith(":")]
+        out.append((len(body), sum(1 for x in body if re.search(r"\bmma\.sync", x))))
+    return out
+
+
 def disassemble(cubin: str) -> str | None:
     """SASS of a cubin by cuobjdump or nvdisasm (None when neither is on PATH)."""
     tool = shutil.which("cuobjdump") or shutil.which("nvdisasm")
@@ -75,7 +108,7 @@ def default_tiles(family: str, kernel: str, head_dim: int, causal: bool, dropout
                   else tf32_fwd.default_blocks(head_dim))
         return blocks[0], blocks[1], None
     bwd = mma_bwd if family == "mma" else tf32_bwd
-    bm, bn = bwd.default_tiles(head_dim)[kernel]
+    bm, bn = bwd.default_tiles(head_dim)[kernel]      # (dkdv_atomic: the mma family's own)
     if family == "tf32" and kernel == "dkdv":
         override = tf32_bwd.dkdv_dropout_config(head_dim, bn, dropout)
         return bm, override.get("block_q", bn), override.get("unroll")
@@ -88,8 +121,10 @@ def check_one(family, kernel, head_dim, dtype, causal, *, has_mask=False, dropou
     ``family`` (tiles: its defaults unless given) and count what the module docstring lists."""
     bm, bn, unroll = default_tiles(family, kernel, head_dim, causal, dropout)
     bm, bn = block_m or bm, block_n or bn
-    kern, sig, _ = build_kernel(family, kernel, head_dim, dtype, causal, block_m=bm, block_n=bn,
-                                has_mask=has_mask, dropout=dropout, unroll=unroll)
+    atomic = kernel == "dkdv_atomic"
+    kern, sig, _ = build_kernel(family, "dkdv" if atomic else kernel, head_dim, dtype, causal,
+                                block_m=bm, block_n=bn, has_mask=has_mask, dropout=dropout,
+                                unroll=unroll, dq_atomic=True if atomic else None)
     name = (f"{family}_{kernel}_d{head_dim}_{bm}x{bn}_{dtype}_{'causal' if causal else 'full'}"
             + ("_mask" if has_mask else "") + ("_dropout" if dropout else ""))
     res = compile_sm90(kern, sig, name, workdir or tempfile.mkdtemp(), ptxas)
@@ -97,6 +132,7 @@ def check_one(family, kernel, head_dim, dtype, causal, *, has_mask=False, dropou
     rep = {"family": family, "kernel": kernel, "head_dim": head_dim, "dtype": dtype,
            "causal": causal, "mask": has_mask, "dropout": dropout, "block_m": bm, "block_n": bn}
     rep.update({k: len(re.findall(p, res["ptx"])) for k, p in {**PTX_COUNTS, **ptx_counts}.items()})
+    rep["ptx_mma_loops"] = ptx_mma_loops(res["ptx"])
     if res["returncode"] is None:
         return rep
     if res["returncode"]:
@@ -165,6 +201,8 @@ def main(argv=None) -> int:
 
     for family in args.families:
         for kernel in args.kernels:
+            if kernel not in FAMILY_KERNELS[family]:
+                continue
             for d in HEAD_DIMS:
                 for dtype in FAMILY_DTYPES[family]:
                     for causal in (False, True):

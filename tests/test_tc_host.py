@@ -353,3 +353,35 @@ def test_local_memory_inside_loops_of_a_sass_listing():
     assert local_in_loops(sass) == 1
     # a back edge at the end makes everything after .L_x_1 one loop
     assert local_in_loops(sass.replace("EXIT ;", "BRA `(.L_x_1) ;")) == 3
+
+
+def test_innermost_mma_loops_of_a_ptx_listing():
+    """`benchmarks.check.ptx_mma_loops` reports each innermost loop holding an ``mma.sync``:
+    its instructions (not labels, comments or braces) and its mma; an outer loop around it, a
+    loop without mma and straight-line mma are not reported."""
+    ptx_mma_loops = pytest.importorskip("benchmarks.check").ptx_mma_loops
+    mma = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%f1,%f2,%f3,%f4}, {%r1,%r2,%r3,%r4}, {%r5,%r6}, {%f1,%f2,%f3,%f4};"
+    ptx = "\n".join([
+        "\t" + mma,                                   # straight line: no loop
+        "$L__BB0_1:",                                 # outer loop
+        "\tadd.s32 \t%r7, %r7, 1;",
+        "$L__BB0_2:",                                 # inner loop: 2 mma, 5 instructions
+        "\t// begin inline asm",
+        "\t" + mma,
+        "\t// end inline asm",
+        "\t" + mma,
+        "\tadd.s32 \t%r8, %r8, 1;",
+        "\tsetp.lt.s32 \t%p1, %r8, 4;",
+        "\t@%p1 bra \t$L__BB0_2;",
+        "\tsetp.lt.s32 \t%p2, %r7, 9;",
+        "\t@%p2 bra \t$L__BB0_1;",
+        "$L__BB0_3:",                                 # a loop without mma
+        "\tadd.s32 \t%r9, %r9, 1;",
+        "\t@%p3 bra \t$L__BB0_3;",
+        "$L__BB0_4:",                                 # a second innermost mma loop
+        "\t" + mma,
+        "\tbra.uni \t$L__BB0_4;",
+        "\tret;",
+    ])
+    assert ptx_mma_loops(ptx) == [(5, 2), (2, 1)]
+    assert ptx_mma_loops("\t" + mma + "\n\tret;") == []
