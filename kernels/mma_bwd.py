@@ -431,7 +431,8 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, is_bf16, causal, has_mask, ha
         dpt = cuda.local.array(8, dtype=float32)     # dP^T, then dS^T
         hash_c = cuda.local.array(4, dtype=uint64)   # dropout row hash per query column
         # per stage: lse * log2(e) (+inf where P = 0) and delta of its BQ queries
-        rowv = cuda.shared.array(ROWV, dtype=float32)   # buf 0: lse2 | delta, buf 1: same
+        # buf 0: lse2 | delta, buf 1: same (aligned: read as float pairs, ld.shared.v2.f32)
+        rowv = cuda.shared.array(ROWV, dtype=float32, alignment=16)
 
         b_lane = (lane % 8 + 8 * (lane // 16)) * STRIDE + 8 * ((lane // 8) % 2)
         t_row = lane % 8 + 8 * ((lane // 8) % 2)         # the t_lane pattern's row and column
