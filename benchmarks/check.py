@@ -43,20 +43,28 @@ FAMILY_COUNTS = {"mma": ({"ptx_ldmatrix": r"\bldmatrix"}, {"sass_ldsm": r"\bLDSM
                           {"sass_lds": r"\bLDS\b", "sass_lds64": r"\bLDS\.64\b"})}
 
 
-def local_in_loops(sass: str) -> int:
-    """LDL/STL instructions inside a loop of a SASS listing (nvdisasm or cuobjdump): between a
-    label and a later branch back to it."""
-    lines = sass.splitlines()
+def loop_spans(lines: list[str], label: str, branch: str) -> list[tuple[int, int]]:
+    """``(label line, branch line)`` of every loop of a listing's ``lines``: a label (``label``,
+    a regex whose group 1 is its name) and a later branch back to it (``branch``, group 1 the
+    target's name)."""
     labels = {}
     for i, line in enumerate(lines):
-        m = re.match(r"\s*(\.L_x_\d+):", line)
+        m = re.match(label, line)
         if m:
             labels[m.group(1)] = i
     spans = []
     for i, line in enumerate(lines):
-        m = re.search(r"\bBRA\b.*?(\.L_x_\d+)", line)
+        m = re.search(branch, line)
         if m and labels.get(m.group(1), i) < i:
             spans.append((labels[m.group(1)], i))
+    return spans
+
+
+def local_in_loops(sass: str) -> int:
+    """LDL/STL instructions inside a loop of a SASS listing (nvdisasm or cuobjdump): between a
+    label and a later branch back to it."""
+    lines = sass.splitlines()
+    spans = loop_spans(lines, r"\s*(\.L_x_\d+):", r"\bBRA\b.*?(\.L_x_\d+)")
     return sum(1 for i, line in enumerate(lines) if re.search(r"\b(?:LDL|STL)\b", line)
                and any(a < i < b for a, b in spans))
 
@@ -67,18 +75,8 @@ def ptx_mma_loops(ptx: str) -> list[tuple[int, int]]:
     order: what a loop issues besides its products. Instructions are the lines that are neither
     labels, comments, braces nor directives (an inline-asm block counts per instruction line)."""
     lines = [line.strip() for line in ptx.splitlines()]
-    labels = {}
-    for i, line in enumerate(lines):
-        m = re.match(r"(\$L\w+):$", line)
-        if m:
-            labels[m.group(1)] = i
-    spans = []
-    for i, line in enumerate(lines):
-        m = re.search(r"\bbra(?:\.uni)?\s+(\$L\w+);", line)
-        if m and labels.get(m.group(1), i) < i:
-            a = labels[m.group(1)]
-            if any(re.search(r"\bmma\.sync", x) for x in lines[a:i + 1]):
-                spans.append((a, i))
+    spans = [(a, b) for a, b in loop_spans(lines, r"(\$L\w+):$", r"\bbra(?:\.uni)?\s+(\$L\w+);")
+             if any(re.search(r"\bmma\.sync", x) for x in lines[a:b + 1])]
     inner = [(a, b) for a, b in spans
              if not any((c, d) != (a, b) and a <= c and d <= b for c, d in spans)]
     out = []

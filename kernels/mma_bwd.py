@@ -58,7 +58,7 @@ from sim.plans.tensor_core_bwd import launch_of
 from sim.plans.tensor_core_bwd import mma_default_tiles as default_tiles
 from sim.plans.tensor_core_bwd import mma_dq_atomic_layout as dq_atomic_layout
 from sim.plans.tensor_core_bwd import mma_default_dq_mode as default_dq_mode
-from sim.plans.tensor_core_bwd import ATOMIC_DQ_FROM_CC
+from sim.plans.tensor_core_bwd import ATOMIC_DQ_FROM_CC, red_adds_pairs
 from sim.plans.tensor_core_bwd import mma_dkdv_smem_bytes as dkdv_smem_bytes
 from sim.plans.tensor_core_bwd import mma_dq_smem_bytes as dq_smem_bytes
 from sim.plans.tensor_core_bwd import mma_k_in_shared as k_in_shared
@@ -743,15 +743,9 @@ def _cc_here():
     return host.compute_capability(host.current_device_id()) if host.real_gpu() else None
 
 
-def _red_v2_here() -> bool:
-    """Whether this process's current GPU adds two floats per ``red`` (`ATOMIC_DQ_FROM_CC`)."""
-    cc = _cc_here()
-    return cc is not None and tuple(cc) >= ATOMIC_DQ_FROM_CC
-
-
 def _red_width() -> str:
     """The dK/dV kernel's atomics: "v2" (two floats a ``red``, sm_90 on) or "scalar"."""
-    return "v2" if _red_v2_here() else "scalar"
+    return "v2" if red_adds_pairs(_cc_here()) else "scalar"
 
 
 def dq_mode(problem, config) -> str:

@@ -299,3 +299,17 @@ def test_speedups_pair_flash_and_cudnn_records_of_one_workload():
     assert p["predicted"] == pytest.approx(want) and p["error"] == pytest.approx(want / 2.0 - 1)
     assert out["within"] == (1.0 if abs(want / 2.0 - 1) <= SPEEDUP_TOLERANCE else 0.0)
     assert speedups_from_rows([]) == {"pairs": [], "within": None, "median_abs_error": None}
+
+
+def test_speedup_agreement_at_the_benchmark_shapes():
+    """`in_paper_setting` keeps the pairs at B*N = 16384 and H*d = 2048 (the file's small shapes
+    are not), and `speedup_agreement` counts within the tolerance and takes the median."""
+    from sim.plans.flash3 import SPEEDUP_TOLERANCE, in_paper_setting, speedup_agreement
+    pair = {"batch": 4, "seq_len": 4096, "heads": 16, "head_dim": 128}
+    assert in_paper_setting(pair)
+    assert not in_paper_setting(dict(pair, batch=8))            # B*H = 128 at N = 4096
+    assert not in_paper_setting(dict(pair, heads=8))
+    errs = [0.05, -0.1, SPEEDUP_TOLERANCE + 0.01, -0.5]
+    agree = speedup_agreement([{"error": e} for e in errs])
+    assert agree == {"within": 0.5, "median_abs_error": pytest.approx((0.1 + 0.21) / 2)}
+    assert speedup_agreement([]) == {"within": None, "median_abs_error": None}

@@ -466,7 +466,6 @@ def speedups_from_rows(rows: list[dict]) -> dict:
     :data:`RECORD_MODELS`) and ``error`` = predicted / measured - 1. Returns ``{"pairs": [...],
     "within": share of pairs within `SPEEDUP_TOLERANCE`, "median_abs_error": ...}`` (None for
     both without pairs)."""
-    import statistics
     by = {}
     for r in rows:
         key = (r["dtype"], r["batch"], r["heads"], r["seq_len"], r["head_dim"], r["causal"])
@@ -481,10 +480,22 @@ def speedups_from_rows(rows: list[dict]) -> dict:
         pairs.append({"dtype": dtype, "batch": b, "heads": h, "seq_len": n, "head_dim": d,
                       "causal": causal, "measured": measured, "predicted": predicted,
                       "error": predicted / measured - 1})
+    return {"pairs": pairs, **speedup_agreement(pairs)}
+
+
+def speedup_agreement(pairs: list[dict]) -> dict:
+    """``{"within": share of ``pairs`` within `SPEEDUP_TOLERANCE`, "median_abs_error": ...}``
+    (None for both without pairs)."""
+    import statistics
     errs = [abs(p["error"]) for p in pairs]
-    return {"pairs": pairs,
-            "within": (sum(e <= SPEEDUP_TOLERANCE for e in errs) / len(errs)) if errs else None,
+    return {"within": (sum(e <= SPEEDUP_TOLERANCE for e in errs) / len(errs)) if errs else None,
             "median_abs_error": statistics.median(errs) if errs else None}
+
+
+def in_paper_setting(pair: dict) -> bool:
+    """Whether a speedup pair is at FlashAttention's benchmark shapes (batch x N = 16,384 tokens,
+    heads x d = 2048), as the `--seq-len` sweep of ``python -m sim flash3-ablation`` is."""
+    return (pair["batch"] * pair["seq_len"] == 16384 and pair["heads"] * pair["head_dim"] == 2048)
 
 
 def compare_with_records(records, profile="h100") -> list[dict]:

@@ -83,7 +83,7 @@ __all__ = ["mma_backward_plan", "tf32_backward_plan", "launch_of", "KERNEL_NAMES
            "MMA_HEAD_DIMS", "MMA_PAD_HALVES", "mma_default_tiles", "mma_dq_smem_bytes",
            "mma_k_in_shared", "mma_dkdv_smem_bytes", "mma_dq_atomic_layout",
            "mma_dkdv_atomic_dynamic_smem_bytes", "DQ_ATOMIC_MAX_ACCUMULATORS",
-           "mma_default_dq_mode", "ATOMIC_DQ_FROM_CC", "DQ_MODES",
+           "mma_default_dq_mode", "red_adds_pairs", "ATOMIC_DQ_FROM_CC", "DQ_MODES",
            "TF32_HEAD_DIMS", "TF32_PAD_FLOATS", "TF32_DEFAULT_CONFIG", "tf32_default_config",
            "tf32_default_tiles", "tf32_dq_smem_bytes", "tf32_dkdv_smem_bytes",
            "tf32_operands_in_registers", "tf32_dkdv_dropout_config", "tf32_dq_dynamic_smem_bytes",
@@ -172,7 +172,7 @@ def mma_dq_atomic_layout(head_dim: int, block_q: int, block_k: int) -> tuple[int
                          f"of 16; use fewer key rows")
     rows = block_q // warps_q
     passes = 1
-    while rows * (cols // passes) // 32 > DQ_ATOMIC_MAX_ACCUMULATORS or (cols // passes) % 16:
+    while rows * (cols // passes) // 32 > DQ_ATOMIC_MAX_ACCUMULATORS or cols % (16 * passes):
         passes += 1
         if passes > cols // 16:
             raise ValueError(f"kv_tile=({block_q}, {block_k}): a warp's {rows} dQ rows need more "
@@ -802,9 +802,16 @@ def mma_default_dq_mode(compute_capability, deterministic: bool = False) -> str:
     ``python -m benchmarks tune --backward-dq``), "kernel" before it, where it is unknown, and
     under ``deterministic`` algorithms (atomics add in a varying order). The launcher
     (`kernels.mma_bwd.dq_mode`) and ``python -m sim plan`` both ask this rule."""
-    if deterministic or compute_capability is None:
+    if deterministic:
         return "kernel"
-    return "atomic" if tuple(compute_capability) >= ATOMIC_DQ_FROM_CC else "kernel"
+    return "atomic" if red_adds_pairs(compute_capability) else "kernel"
+
+
+def red_adds_pairs(compute_capability) -> bool:
+    """Whether a GPU of ``compute_capability`` ((major, minor); None: unknown) adds two floats
+    per ``red`` (``red.global.add.v2.f32``: `ATOMIC_DQ_FROM_CC` on), the width the atomic dK/dV
+    kernel's dQ additions take there, and the reason its dQ mode is the default there."""
+    return compute_capability is not None and tuple(compute_capability) >= ATOMIC_DQ_FROM_CC
 
 
 def mma_backward_plan(workload: Workload, *, dq_tile=None, kv_tile=None, launch_order=None,
