@@ -66,6 +66,7 @@ from sim.plans.tensor_core_bwd import ROW_KERNEL_WARPS as ROW_WARPS
 
 from . import compile_cache, host, softmax, tile_scheduler
 from .config import backward_tiles
+from .copy import tile_loader
 from .dropout import dropout_constants, fmix_device
 from .mask import band_arguments, score_mask, tile_needs_mask, transposed_score_mask
 
@@ -119,7 +120,6 @@ def _build_dq_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_
     TILE = BK * STRIDE                  # halves per K or V buffer
     SMEM_HALVES = 4 * TILE              # K0 | V0 | K1 | V1
     CHUNKS = D // 8                     # 16-byte chunks per row
-    LOADS = cdiv(BK * CHUNKS, THREADS)  # cp.async per thread per K (or V) tile
     KC = D // 16                        # k-steps over the head dim
     NT_S = BK // 8                      # 16x8 score tiles per warp
     KC_P = BK // 16                     # k-steps of dQ += dS K
@@ -134,19 +134,7 @@ def _build_dq_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_
     mask_scores = score_mask(BQ, BK, NT_S, CAUSAL, HAS_MASK, window)
     dq_row_stats = softmax.dq_row_stats(HAS_DROPOUT)
 
-    @cuda.jit(device=True, inline=True)
-    def load_tile(src, b, hk, key0, nk, smem, base, tid):
-        # -- cp.async one K or V tile: BK rows x D halves, 16 bytes a thread a step --
-        for i in range(LOADS):
-            c = tid + i * THREADS
-            if c < BK * CHUNKS:
-                r = c // CHUNKS
-                ch = c % CHUNKS
-                key = key0 + r
-                ok = key < nk
-                g = ptx.global_addr(src, b, hk, key if ok else 0, ch * 8)
-                ptx.cp_async_16(ptx.shared_addr(smem, base + r * STRIDE + ch * 8), g,
-                              uint32(16) if ok else uint32(0))
+    load_tile = tile_loader(BK, CHUNKS, THREADS, 2 * STRIDE)   # one K or V tile
 
     tile_and_head = tile_scheduler.device_tile_and_head(head_group)
 
@@ -206,12 +194,22 @@ def _build_dq_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_
         b_lane = (lane % 8 + 8 * (lane // 16)) * STRIDE + 8 * ((lane // 8) % 2)
         t_lane = (lane % 8 + 8 * ((lane // 8) % 2)) * STRIDE + 8 * (lane // 16)
 
+        # this thread's cp.async chunks: rows r_copy + i * (THREADS // CHUNKS), one column chunk
+        r_copy = tid // CHUNKS
+        ch = tid % CHUNKS
+        k_head = ptx.global_addr(k, b, hk, 0, ch * 8)
+        v_head = ptx.global_addr(v, b, hk, 0, ch * 8)
+        k_row_bytes = uint64(k.strides[2])
+        v_row_bytes = uint64(v.strides[2])
+        k_copy = ptx.shared_addr(smem, r_copy * STRIDE + ch * 8)
+        v_copy = k_copy + uint32(2 * TILE)
+
         start = offsets[s, m_blk]
         stop = offsets[s, m_blk + 1]
         if start < stop:
             n0 = kv_index[start]
-            load_tile(k, b, hk, n0 * BK, n_k, smem, 0, tid)
-            load_tile(v, b, hk, n0 * BK, n_k, smem, TILE, tid)
+            load_tile(k_head, k_row_bytes, n0 * BK + r_copy, n_k, k_copy, r_copy)
+            load_tile(v_head, v_row_bytes, n0 * BK + r_copy, n_k, v_copy, r_copy)
             ptx.cp_async_commit()
 
         for it in range(start, stop):
@@ -219,9 +217,9 @@ def _build_dq_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_
             n_blk = kv_index[it]
             if it + 1 < stop:
                 nxt = kv_index[it + 1]
-                nbuf = 2 * TILE - buf
-                load_tile(k, b, hk, nxt * BK, n_k, smem, nbuf, tid)
-                load_tile(v, b, hk, nxt * BK, n_k, smem, nbuf + TILE, tid)
+                nbuf = uint32(2 * (2 * TILE - buf))
+                load_tile(k_head, k_row_bytes, nxt * BK + r_copy, n_k, k_copy + nbuf, r_copy)
+                load_tile(v_head, v_row_bytes, nxt * BK + r_copy, n_k, v_copy + nbuf, r_copy)
                 ptx.cp_async_commit()
                 ptx.cp_async_wait_1()
             else:
@@ -342,35 +340,21 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, is_bf16, causal, has_mask, ha
     DA_REGS = 4 * MT_Q                  # dS A fragments of one 16-key step
     ROWV = 4 * BQ                       # floats: lse2 | delta, two buffers
     CHUNKS = D // 8
-    LOADS = cdiv(BQ * CHUNKS, THREADS)
     KC = D // 16                        # k-steps over the head dim
     STEPS = BQ // 16                    # 16-query steps per stage
     NT_O = D // 8                       # 16x8 dK / dV tiles per warp
     A_REGS, O_REGS = KC * 4, NT_O * 4
     KF_REGS = 4 if KSMEM else A_REGS
-    K_LOADS = cdiv(BK * CHUNKS, THREADS)
     assert BQ % 16 == 0 and BK % 16 == 0 and D % 16 == 0
     mma_op = ptx.mma_bf16 if is_bf16 else ptx.mma_f16
     pack = ptx.pack_bf16x2 if is_bf16 else ptx.pack_f16x2
     CAUSAL, HAS_MASK, HAS_DROPOUT = causal, has_mask, has_dropout
     fmix = fmix_device()
 
-    @cuda.jit(device=True, inline=True)
-    def load_tile(src, b, h, row_start, nq, smem, base, tid):
-        # -- cp.async one Q or dO tile: BQ rows x D halves --
-        for i in range(LOADS):
-            c = tid + i * THREADS
-            if c < BQ * CHUNKS:
-                r = c // CHUNKS
-                ch = c % CHUNKS
-                row = row_start + r
-                ok = row < nq
-                g = ptx.global_addr(src, b, h, row if ok else 0, ch * 8)
-                ptx.cp_async_16(ptx.shared_addr(smem, base + r * STRIDE + ch * 8), g,
-                              uint32(16) if ok else uint32(0))
-
+    load_tile = tile_loader(BQ, CHUNKS, THREADS, 2 * STRIDE)   # one Q or dO tile
+    load_k_tile = tile_loader(BK, CHUNKS, THREADS, 2 * STRIDE)
     stage_rows = softmax.stage_rows(BQ, THREADS)
-    locate = tile_scheduler.gqa_locator()
+    seek = tile_scheduler.gqa_seek()
     mask_scores_t = transposed_score_mask(2, CAUSAL, HAS_MASK, window)
     needs_mask_at = tile_needs_mask(BQ, BK, CAUSAL, HAS_MASK, window)
 
@@ -409,18 +393,17 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, is_bf16, causal, has_mask, ha
                 if not KSMEM:
                     kf[kc * 4 + r] = kv_
                 vf[kc * 4 + r] = vv
+        # this thread's cp.async chunks: rows r_copy + i * (THREADS // CHUNKS), one column chunk
+        r_copy = tid // CHUNKS
+        ch = tid % CHUNKS
+        q_row_bytes = uint64(q.strides[2])
+        do_row_bytes = uint64(dout.strides[2])
+        q_copy = ptx.shared_addr(smem, r_copy * STRIDE + ch * 8)
+        do_copy = q_copy + uint32(2 * TILE)
         if KTILE:
             # -- the block's K tile into shared memory (first cp.async group) --
-            for i in range(K_LOADS):
-                cidx = tid + i * THREADS
-                if cidx < BK * CHUNKS:
-                    r = cidx // CHUNKS
-                    ch = cidx % CHUNKS
-                    key = n_blk * BK + r
-                    ok = key < n_k
-                    g = ptx.global_addr(k, b, hk, key if ok else 0, ch * 8)
-                    ptx.cp_async_16(ptx.shared_addr(smem, 4 * TILE + r * STRIDE + ch * 8), g,
-                                  uint32(16) if ok else uint32(0))
+            load_k_tile(ptx.global_addr(k, b, hk, 0, ch * 8), uint64(k.strides[2]),
+                        n_blk * BK + r_copy, n_k, q_copy + uint32(2 * 4 * TILE), r_copy)
 
         dk_acc = cuda.local.array(O_REGS, dtype=float32)
         dv_acc = cuda.local.array(O_REGS, dtype=float32)
@@ -451,27 +434,46 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, is_bf16, causal, has_mask, ha
         rowv_addr = ptx.shared_addr(rowv, 2 * tig)
         dq_part = cuda.local.array(DQ_REGS, dtype=float32)
         da = cuda.local.array(DA_REGS, dtype=uint32)
+        dq_row_bytes = uint64(dq_acc.strides[2])
 
+        # the sweep over (query head of the group, Q tile): a cursor (head g_c, its schedule
+        # entries lo_c .. lo_c + cnt_c, entry j_c) at the item being prefetched
         n_items = 0
         for g in range(group):
             s = b * sched_b + (hk * group + g) * sched_h
             n_items += offsets[s, n_blk + 1] - offsets[s, n_blk]
+        g_c, lo_c, cnt_c = seek(0, offsets, b, hk, group, sched_b, sched_h, n_blk)
+        j_c = 0
+        h_n = hk * group + g_c
+        m_n = 0
         if n_items > 0:
-            h, m_blk = locate(0, offsets, q_index, b, hk, group, sched_b, sched_h, n_blk)
-            load_tile(q, b, h, m_blk * BQ, n_q, smem, 0, tid)
-            load_tile(dout, b, h, m_blk * BQ, n_q, smem, TILE, tid)
+            m_n = q_index[lo_c]
+            load_tile(ptx.global_addr(q, b, h_n, 0, ch * 8), q_row_bytes, m_n * BQ + r_copy, n_q,
+                      q_copy, r_copy)
+            load_tile(ptx.global_addr(dout, b, h_n, 0, ch * 8), do_row_bytes,
+                      m_n * BQ + r_copy, n_q, do_copy, r_copy)
             ptx.cp_async_commit()
-            stage_rows(lse, delta, b, h, m_blk * BQ, n_q, rowv, 0, tid)
+            stage_rows(lse, delta, b, h_n, m_n * BQ, n_q, rowv, 0, tid)
 
         for t in range(n_items):
             buf = (t & 1) * 2 * TILE
             rbuf = (t & 1) * 2 * BQ
-            h, m_blk = locate(t, offsets, q_index, b, hk, group, sched_b, sched_h, n_blk)
+            h = h_n
+            m_blk = m_n
             if t + 1 < n_items:
-                h_n, m_n = locate(t + 1, offsets, q_index, b, hk, group, sched_b, sched_h, n_blk)
-                nbuf = 2 * TILE - buf
-                load_tile(q, b, h_n, m_n * BQ, n_q, smem, nbuf, tid)
-                load_tile(dout, b, h_n, m_n * BQ, n_q, smem, nbuf + TILE, tid)
+                # -- advance the cursor to item t + 1 and prefetch its Q, dO, lse and delta --
+                j_c += 1
+                if j_c == cnt_c:
+                    g_c, lo_c, cnt_c = seek(g_c + 1, offsets, b, hk, group, sched_b, sched_h,
+                                            n_blk)
+                    j_c = 0
+                h_n = hk * group + g_c
+                m_n = q_index[lo_c + j_c]
+                nbuf = uint32(2 * (2 * TILE - buf))
+                load_tile(ptx.global_addr(q, b, h_n, 0, ch * 8), q_row_bytes, m_n * BQ + r_copy,
+                          n_q, q_copy + nbuf, r_copy)
+                load_tile(ptx.global_addr(dout, b, h_n, 0, ch * 8), do_row_bytes,
+                          m_n * BQ + r_copy, n_q, do_copy + nbuf, r_copy)
                 ptx.cp_async_commit()
                 stage_rows(lse, delta, b, h_n, m_n * BQ, n_q, rowv, 2 * BQ - rbuf, tid)
                 ptx.cp_async_wait_1()
@@ -623,11 +625,13 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, is_bf16, causal, has_mask, ha
                                     dq_part[o + i] = d0[i]
                                     dq_part[o + 4 + i] = d1[i]
                     # -- red.global.add of the float32 partial dQ (scaled in the conversion) --
+                    row_first = m_blk * BQ + wq * QW + gid
+                    g_first = ptx.global_addr(dq_acc, b, h, row_first, col0 + 2 * tig)
                     for mt in range(MT_Q):
                         for r in range(2):
-                            row = m_blk * BQ + wq * QW + 16 * mt + gid + 8 * r
+                            row = row_first + 16 * mt + 8 * r
                             if row < n_q:
-                                g_row = ptx.global_addr(dq_acc, b, h, row, col0 + 2 * tig)
+                                g_row = g_first + uint64(16 * mt + 8 * r) * dq_row_bytes
                                 for nt in range(NT_Q):
                                     e = (mt * NT_Q + nt) * 4 + 2 * r
                                     ga = g_row + uint64(4 * 8 * nt)

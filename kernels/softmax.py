@@ -61,22 +61,25 @@ def stage_rows(block_q, threads):
     memory, ``block_q`` rows by ``threads`` threads."""
     from numba import cuda, float32
     BQ, THREADS = block_q, threads
+    ROUNDS = -(-BQ // THREADS)
     NEG_INF = float32(-math.inf)
     POS_INF = float32(math.inf)
 
     @cuda.jit(device=True, inline=True)
     def stage_rows(lse, delta, b, h, row_start, nq, rowv, base, tid):
         # -- lse2 (+inf outside [0, n_q) and for fully masked rows: P = 0) and delta --
-        for r in range(tid, BQ, THREADS):
-            row = row_start + r
-            l2 = POS_INF
-            dl = float32(0.0)
-            if row < nq:
-                lv = lse[b, h, row]
-                if lv != NEG_INF:
-                    l2 = lv * float32(LOG2E)
-                dl = delta[b, h, row]
-            rowv[base + r] = l2
-            rowv[base + BQ + r] = dl
+        for i in range(ROUNDS):
+            r = tid + i * THREADS
+            if r < BQ:
+                row = row_start + r
+                l2 = POS_INF
+                dl = float32(0.0)
+                if row < nq:
+                    lv = lse[b, h, row]
+                    if lv != NEG_INF:
+                        l2 = lv * float32(LOG2E)
+                    dl = delta[b, h, row]
+                rowv[base + r] = l2
+                rowv[base + BQ + r] = dl
 
     return stage_rows

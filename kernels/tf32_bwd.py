@@ -73,6 +73,7 @@ from sim.plans.tensor_core_bwd import tf32_operands_in_registers as operands_in_
 
 from . import compile_cache, host, softmax, tile_scheduler
 from .config import backward_tiles
+from .copy import tile_loader
 from .dropout import dropout_constants, fmix_device
 from .mask import band_arguments, score_mask, tile_needs_mask, transposed_score_mask
 from .mma_bwd import backward_plan
@@ -115,15 +116,14 @@ def get_dkdv_kernel(head_dim, block_k, block_q, causal, has_mask, has_dropout, h
     return compile_cache.built(_build_dkdv_kernel, *key[1:])
 
 
-def _tf32_helpers(threads, chunks, rows):
-    """Device helpers shared by both kernels: the 3xTF32 product and the cp.async tile copy of
-    ``rows`` float32 rows of ``chunks`` 16-byte chunks by ``threads`` threads."""
-    from numba import cuda, uint32, uint64
+def _tf32_helpers(threads, chunks, rows, stride):
+    """Device helpers shared by both kernels: the 3xTF32 product and the cp.async tile copy
+    (`kernels.copy.tile_loader`) of ``rows`` float32 rows of ``chunks`` 16-byte chunks by
+    ``threads`` threads into shared rows of ``stride`` floats."""
+    from numba import cuda
 
     from . import ptx
 
-    loads = rows * chunks // threads        # cp.async per thread per tile
-    row_step = threads // chunks            # rows between a thread's successive chunks
     assert rows * chunks % threads == 0 and threads % chunks == 0
 
     @cuda.jit(device=True, inline=True)
@@ -133,18 +133,7 @@ def _tf32_helpers(threads, chunks, rows):
         d = ptx.mma_tf32(ab0, ab1, ab2, ab3, bs0, bs1, d[0], d[1], d[2], d[3])
         return ptx.mma_tf32(ab0, ab1, ab2, ab3, bb0, bb1, d[0], d[1], d[2], d[3])
 
-    @cuda.jit(device=True, inline=True)
-    def load_tile(head_addr, row_bytes, row0, n_rows, s_addr, stride):
-        # -- cp.async one tile: this thread's chunks are rows row0 + i * row_step (zero-filled
-        #    past n_rows), one 16-byte column chunk (see the caller) --
-        for i in range(loads):
-            row = row0 + i * row_step
-            ok = row < n_rows
-            g = head_addr + uint64(row if ok else 0) * row_bytes
-            ptx.cp_async_16(s_addr + uint32(4 * i * row_step * stride), g,
-                          uint32(16) if ok else uint32(0))
-
-    return mma3, load_tile
+    return mma3, tile_loader(rows, chunks, threads, 4 * stride)
 
 
 def _rows_times_shared_rows(nt_n, kc_steps, unroll, stride, a_in_registers, mma3):
@@ -264,7 +253,7 @@ def _build_dq_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, 
     fmix = fmix_device()
     mask_scores = score_mask(BQ, BK, NT_S, CAUSAL, HAS_MASK, window)
     dq_row_stats = softmax.dq_row_stats(HAS_DROPOUT)
-    mma3, load_tile = _tf32_helpers(THREADS, CHUNKS, BK)
+    mma3, load_tile = _tf32_helpers(THREADS, CHUNKS, BK, STRIDE)
     acc_c_times_b = _c_times_shared_b(NT_S, NT_O, STRIDE, mma3)
     rows_x_rows = functools.partial(_rows_times_shared_rows, NT_S, KC, SU, STRIDE)
     qk_product = rows_x_rows(Q_REGS, mma3)                # S = Q K^T
@@ -347,8 +336,8 @@ def _build_dq_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, 
         stop = offsets[s, m_blk + 1]
         if start < stop:
             n0 = kv_index[start]
-            load_tile(k_head, k_row_bytes, n0 * BK + r0, n_k, k_copy, STRIDE)
-            load_tile(v_head, v_row_bytes, n0 * BK + r0, n_k, v_copy, STRIDE)
+            load_tile(k_head, k_row_bytes, n0 * BK + r0, n_k, k_copy, r0)
+            load_tile(v_head, v_row_bytes, n0 * BK + r0, n_k, v_copy, r0)
             ptx.cp_async_commit()
 
         for it in range(start, stop):
@@ -357,8 +346,8 @@ def _build_dq_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, 
             if it + 1 < stop:
                 nxt = kv_index[it + 1]
                 nbuf = uint32(4 * (STAGE - buf))
-                load_tile(k_head, k_row_bytes, nxt * BK + r0, n_k, k_copy + nbuf, STRIDE)
-                load_tile(v_head, v_row_bytes, nxt * BK + r0, n_k, v_copy + nbuf, STRIDE)
+                load_tile(k_head, k_row_bytes, nxt * BK + r0, n_k, k_copy + nbuf, r0)
+                load_tile(v_head, v_row_bytes, nxt * BK + r0, n_k, v_copy + nbuf, r0)
                 ptx.cp_async_commit()
                 ptx.cp_async_wait_1()
             else:
@@ -447,14 +436,14 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, causal, has_mask, has_dropout
     assert BQ % 8 == 0 and BK % 16 == 0 and D % 8 == 0
     CAUSAL, HAS_MASK, HAS_DROPOUT = causal, has_mask, has_dropout
     fmix = fmix_device()
-    mma3, load_tile = _tf32_helpers(THREADS, CHUNKS, BQ)
+    mma3, load_tile = _tf32_helpers(THREADS, CHUNKS, BQ, STRIDE)
     acc_c_times_b = _c_times_shared_b(NT_S, NT_O, STRIDE, mma3)
     rows_x_rows = functools.partial(_rows_times_shared_rows, NT_S, KC, SU, STRIDE)
     kq_product = rows_x_rows(K_REGS, mma3)                # S^T = K Q^T
     vdo_product = rows_x_rows(V_REGS, mma3)               # dP^T = V dO^T
 
     stage_rows = softmax.stage_rows(BQ, THREADS)
-    locate = tile_scheduler.gqa_locator()
+    seek = tile_scheduler.gqa_seek()
     mask_scores_t = transposed_score_mask(NT_S, CAUSAL, HAS_MASK, window)
     needs_mask_at = tile_needs_mask(BQ, BK, CAUSAL, HAS_MASK, window)
 
@@ -523,30 +512,44 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, causal, has_mask, has_dropout
         q_copy = smem0 + uint32(4 * (r0 * STRIDE + ch * 4))
         do_copy = smem0 + uint32(4 * (BQ * STRIDE + r0 * STRIDE + ch * 4))
 
+        # the sweep over (query head of the group, Q tile): a cursor (head g_c, its schedule
+        # entries lo_c .. lo_c + cnt_c, entry j_c) at the item being prefetched
         n_items = 0
         for g in range(group):
             s = b * sched_b + (hk * group + g) * sched_h
             n_items += offsets[s, n_blk + 1] - offsets[s, n_blk]
+        g_c, lo_c, cnt_c = seek(0, offsets, b, hk, group, sched_b, sched_h, n_blk)
+        j_c = 0
+        h_n = hk * group + g_c
+        m_n = 0
         if n_items > 0:
-            h, m_blk = locate(0, offsets, q_index, b, hk, group, sched_b, sched_h, n_blk)
-            load_tile(ptx.global_addr(q, b, h, 0, ch * 4), q_row_bytes, m_blk * BQ + r0, n_q,
-                      q_copy, STRIDE)
-            load_tile(ptx.global_addr(dout, b, h, 0, ch * 4), do_row_bytes, m_blk * BQ + r0, n_q,
-                      do_copy, STRIDE)
+            m_n = q_index[lo_c]
+            load_tile(ptx.global_addr(q, b, h_n, 0, ch * 4), q_row_bytes, m_n * BQ + r0, n_q,
+                      q_copy, r0)
+            load_tile(ptx.global_addr(dout, b, h_n, 0, ch * 4), do_row_bytes, m_n * BQ + r0, n_q,
+                      do_copy, r0)
             ptx.cp_async_commit()
-            stage_rows(lse, delta, b, h, m_blk * BQ, n_q, rowv, 0, tid)
+            stage_rows(lse, delta, b, h_n, m_n * BQ, n_q, rowv, 0, tid)
 
         for t in range(n_items):
             buf = (t & 1) * STAGE
             rbuf = (t & 1) * 2 * BQ
-            h, m_blk = locate(t, offsets, q_index, b, hk, group, sched_b, sched_h, n_blk)
+            h = h_n
+            m_blk = m_n
             if t + 1 < n_items:
-                h_n, m_n = locate(t + 1, offsets, q_index, b, hk, group, sched_b, sched_h, n_blk)
+                # -- advance the cursor to item t + 1 and prefetch its Q, dO, lse and delta --
+                j_c += 1
+                if j_c == cnt_c:
+                    g_c, lo_c, cnt_c = seek(g_c + 1, offsets, b, hk, group, sched_b, sched_h,
+                                            n_blk)
+                    j_c = 0
+                h_n = hk * group + g_c
+                m_n = q_index[lo_c + j_c]
                 nbuf = uint32(4 * (STAGE - buf))
                 load_tile(ptx.global_addr(q, b, h_n, 0, ch * 4), q_row_bytes, m_n * BQ + r0, n_q,
-                          q_copy + nbuf, STRIDE)
+                          q_copy + nbuf, r0)
                 load_tile(ptx.global_addr(dout, b, h_n, 0, ch * 4), do_row_bytes, m_n * BQ + r0,
-                          n_q, do_copy + nbuf, STRIDE)
+                          n_q, do_copy + nbuf, r0)
                 ptx.cp_async_commit()
                 stage_rows(lse, delta, b, h_n, m_n * BQ, n_q, rowv, 2 * BQ - rbuf, tid)
                 ptx.cp_async_wait_1()

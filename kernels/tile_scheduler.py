@@ -35,7 +35,7 @@ from ioaware.launch_order import parse_head_group
 
 from .host import device_const
 
-__all__ = ["DEFAULT_HEAD_GROUP", "head_group", "device_tile_and_head", "gqa_locator",
+__all__ = ["DEFAULT_HEAD_GROUP", "head_group", "device_tile_and_head", "gqa_seek",
            "csr_schedule", "device_schedule", "refine_block_mask"]
 
 #: Head group per (pass, causal) (see the module docstring; 0 = all heads, 1 = tiles first).
@@ -82,31 +82,34 @@ def device_tile_and_head(group: int):
     return tile_and_head
 
 
-def gqa_locator():
-    """``locate``: item t of a dK/dV program's sweep over (query head of its GQA group, Q tile
-    of that head's ``"q"`` schedule) -> (h, m_blk); the dK/dV kernels of both tensor-core
-    families walk their K/V tile's work this way."""
+def gqa_seek():
+    """``seek``: the cursor of a dK/dV program's sweep over (query head of its GQA group, Q tile
+    of that head's ``"q"`` schedule): ``seek(g, ...) -> (g', lo, cnt)``, the first head
+    ``g' >= g`` of the group with Q tiles on this K/V tile, its schedule entries ``q_index[lo:lo
+    + cnt]`` (``g' = group``, ``cnt = 0`` when none). The dK/dV kernels of both tensor-core
+    families walk their K/V tile's work with it: entry ``j`` of head ``g'`` is Q tile
+    ``q_index[lo + j]`` of query head ``hk * group + g'``; past its last entry they seek from
+    ``g' + 1``."""
     from numba import int32
 
     @cuda.jit(device=True, inline=True)
-    def locate(t, offsets, q_index, b, hk, group, sched_b, sched_h, n_blk):
-        # -- item t of the sweep over (query head of the group, Q tile) -> (h, m_blk) --
-        h_out = int32(-1)
-        m_out = int32(0)
-        for g in range(group):
-            h = hk * group + g
-            s = b * sched_b + h * sched_h
-            lo = offsets[s, n_blk]
-            cnt = offsets[s, n_blk + 1] - lo
-            if h_out < 0:
-                if t < cnt:
-                    h_out = h
-                    m_out = q_index[lo + t]
-                else:
-                    t -= cnt
-        return h_out, m_out
+    def seek(g, offsets, b, hk, group, sched_b, sched_h, n_blk):
+        # -- the next head of the group (from g on) with work on K/V tile n_blk --
+        g_out = int32(group)
+        lo_out = int32(0)
+        cnt_out = int32(0)
+        for gg in range(g, group):
+            if g_out == group:
+                s = b * sched_b + (hk * group + gg) * sched_h
+                lo = offsets[s, n_blk]
+                cnt = offsets[s, n_blk + 1] - lo
+                if cnt > 0:
+                    g_out = int32(gg)
+                    lo_out = int32(lo)
+                    cnt_out = int32(cnt)
+        return g_out, lo_out, cnt_out
 
-    return locate
+    return seek
 
 
 # -- host side: CSR schedules --------------------------------------------------------------------

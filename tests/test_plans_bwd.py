@@ -331,13 +331,12 @@ def test_atomic_dq_counts(d, causal):
     atomic = plan_for("mma", "bwd", w, dq_mode="atomic")
     assert atomic.config["kv_tile"] == kv_tile and atomic.config["dq_mode"] == "atomic"
     pre, kv_kernel, convert = atomic.kernels
-    if d == 128:
-        ref = plan_for("mma", "bwd", w, kv_tile=(16, 64))   # static shared memory: 64 keys
-        kv_tile = (16, 64)
-        atomic = plan_for("mma", "bwd", w, dq_mode="atomic", kv_tile=kv_tile)
-        pre, kv_kernel, convert = atomic.kernels
-    else:
-        ref = plan_for("mma", "bwd", w, kv_tile=kv_tile)
+    # compared at tiles both structures take (the dQ-kernel structure's dK/dV kernel has static
+    # shared memory: 64 keys, and at d = 128 16 queries, per stage)
+    kv_tile = (16, 64) if d == 128 else (64, 64)
+    ref = plan_for("mma", "bwd", w, kv_tile=kv_tile)
+    atomic = plan_for("mma", "bwd", w, dq_mode="atomic", kv_tile=kv_tile)
+    pre, kv_kernel, convert = atomic.kernels
     _dq_ref, kv_ref = ref.kernels
     assert kv_kernel.matmuls[0].executed_flops * 4 == kv_ref.matmuls[0].executed_flops * 5
     rows = B * H * N
@@ -388,10 +387,13 @@ def test_shared_memory_traffic(d, family, dq_mode):
                 + warps * (4 + reread) * kv_q * d * e + 8 * kv_q * kv_k)
     k_landed = B * H * N * d * e if (reread or dq_mode == "atomic") else 0
     if dq_mode == "atomic":
-        # default tiles: d=64 (64 keys, 64 queries) 4 warps as 2 x 2, each 32 queries x 32
-        # columns; d=128 (128 keys, 64 queries) 8 warps as 2 x 4, each 32 x 32: one pass
-        assert (kv_q, kv_k) == ((64, 64) if d == 64 else (64, 128))
-        per_tile += kv_q * kv_k * e * (1 + warps // 2) + 2 * kv_k * d * e
+        # default tiles: d=64 (64 keys, 128 queries) 4 warps as 2 x 2, each 64 queries x 32
+        # columns in one pass (64 accumulators a thread); d=128 (128 keys, 128 queries) 8 warps
+        # as 2 x 4, each 64 x 32 in two passes of 16 columns (at most 32 accumulators)
+        assert (kv_q, kv_k) == ((128, 64) if d == 64 else (128, 128))
+        passes = P.mma_dq_atomic_layout(d, kv_q, kv_k)[2]
+        assert passes == (1 if d == 64 else 2)
+        per_tile += kv_q * kv_k * e * (1 + passes * warps // 2) + 2 * kv_k * d * e
     assert kv.shared_bytes_moved == programs * per_q_tile * per_tile + k_landed
     if dq_mode == "kernel":
         dq = plan.kernel(P.KERNEL_NAMES[(family, "dq")])

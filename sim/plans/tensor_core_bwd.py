@@ -128,11 +128,14 @@ MMA_PAD_HALVES = 8
 
 def mma_default_tiles(head_dim: int) -> dict:
     """Default kernel tiles: ``dq`` = (query rows per block, keys per stage) of the dQ kernel,
-    ``dkdv`` = (key rows per block, queries per stage) of the dK/dV kernel. 16 rows per warp;
-    the stage sizes keep two buffers of two tiles within 48 KiB of static shared memory."""
+    ``dkdv`` = (key rows per block, queries per stage) of the dK/dV kernel, ``dkdv_atomic``
+    that of the dK/dV kernel that also adds dQ. 16 rows per warp; the stage sizes of the first
+    two keep two buffers of two tiles within 48 KiB of static shared memory; the atomic kernel's
+    shared memory is dynamic, and 128 queries per stage were faster than 64 at every benchmark
+    shape measured (H100, float16, N 2048 and 8192: docs/kernels.md)."""
     if head_dim <= 64:
-        return {"dq": (64, 64), "dkdv": (64, 64), "dkdv_atomic": (64, 64)}
-    return {"dq": (64, 32), "dkdv": (64, 16), "dkdv_atomic": (128, 64)}
+        return {"dq": (64, 64), "dkdv": (64, 64), "dkdv_atomic": (64, 128)}
+    return {"dq": (64, 32), "dkdv": (64, 16), "dkdv_atomic": (128, 128)}
 
 
 def mma_dq_smem_bytes(head_dim: int, block_k: int) -> int:
@@ -147,9 +150,10 @@ def mma_k_in_shared(head_dim: int) -> bool:
 
 
 #: Most float32 dQ accumulators a thread of the atomic dK/dV kernel holds at once (beside its
-#: dK and dV accumulators): `mma_dq_atomic_layout` splits a warp's dQ columns into passes so
-#: that each pass holds at most this many.
-DQ_ATOMIC_MAX_ACCUMULATORS = 32
+#: dK and dV accumulators), per head dim: `mma_dq_atomic_layout` splits a warp's dQ columns into
+#: passes so that each pass holds at most this many. At d = 64, 64 (one pass at the default
+#: tiles) fit without spilling and were 1-2 % faster than 32 (two passes); at d = 128, 64 spill.
+DQ_ATOMIC_MAX_ACCUMULATORS = {64: 64, 128: 32}
 
 
 def mma_dq_atomic_layout(head_dim: int, block_q: int, block_k: int) -> tuple[int, int, int]:
@@ -159,8 +163,8 @@ def mma_dq_atomic_layout(head_dim: int, block_q: int, block_k: int) -> tuple[int
     The block's ``block_k / 16`` warps form a ``warps_q x warps_d`` grid (two rows of warps
     where the warps and ``block_q / 16`` allow it), each warp owning ``block_q / warps_q``
     queries and ``head_dim / warps_d`` columns, which it computes in ``column_passes`` passes of
-    at most `DQ_ATOMIC_MAX_ACCUMULATORS` accumulators per thread (each pass re-reads its rows
-    of dS). Raises ValueError naming ``kv_tile`` where a warp's columns are not a multiple of
+    at most `DQ_ATOMIC_MAX_ACCUMULATORS` (of its head dim) accumulators per thread (each pass
+    re-reads its rows of dS). Raises ValueError naming ``kv_tile`` where a warp's columns are not a multiple of
     16 (the ``ldmatrix.trans`` B operand)."""
     warps = block_k // ROWS_PER_WARP
     warps_q = 2 if warps % 2 == 0 and block_q % (2 * ROWS_PER_WARP) == 0 else 1
@@ -172,11 +176,12 @@ def mma_dq_atomic_layout(head_dim: int, block_q: int, block_k: int) -> tuple[int
                          f"of 16; use fewer key rows")
     rows = block_q // warps_q
     passes = 1
-    while rows * (cols // passes) // 32 > DQ_ATOMIC_MAX_ACCUMULATORS or cols % (16 * passes):
+    most = DQ_ATOMIC_MAX_ACCUMULATORS.get(head_dim, min(DQ_ATOMIC_MAX_ACCUMULATORS.values()))
+    while rows * (cols // passes) // 32 > most or cols % (16 * passes):
         passes += 1
         if passes > cols // 16:
             raise ValueError(f"kv_tile=({block_q}, {block_k}): a warp's {rows} dQ rows need more "
-                             f"than {DQ_ATOMIC_MAX_ACCUMULATORS} accumulators per thread even "
+                             f"than {most} accumulators per thread even "
                              f"16 columns at a time; use fewer queries per stage")
     return warps_q, warps_d, passes
 
