@@ -756,13 +756,13 @@ def dq_mode(problem, config) -> str:
     """How this backward computes dQ for ``problem``: ``config.backward_dq``; else "kernel"
     (deterministic) while torch's deterministic algorithms are on
     (``torch.use_deterministic_algorithms(True)``), as PyTorch's own backwards do; else the
-    plan's rule for this GPU (`sim.plans.tensor_core_bwd.mma_default_dq_mode`: "atomic" from
-    compute capability `ATOMIC_DQ_FROM_CC` on, "kernel" before)."""
+    plan's rule for this GPU and head dim (`sim.plans.tensor_core_bwd.mma_default_dq_mode`:
+    "atomic" from compute capability `ATOMIC_DQ_FROM_CC` on at d = 128, "kernel" otherwise)."""
     if config.backward_dq is not None:
         return config.backward_dq
     torch = sys.modules.get("torch")
     deterministic = torch is not None and torch.are_deterministic_algorithms_enabled()
-    return default_dq_mode(_cc_here(), deterministic)
+    return default_dq_mode(_cc_here(), deterministic, head_dim=problem.head_dim)
 
 
 def tiles(problem, config=None, mode=None):

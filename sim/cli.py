@@ -260,7 +260,8 @@ def _plan_cmd(a) -> int:
     if (a.family, a.pass_) == ("mma", "bwd"):
         # what the launcher runs on this GPU unless asked otherwise
         from .plans.tensor_core_bwd import mma_default_dq_mode
-        fixed["dq_mode"] = dq_mode or mma_default_dq_mode(prof.compute_capability)
+        fixed["dq_mode"] = dq_mode or mma_default_dq_mode(prof.compute_capability,
+                                                           head_dim=w.head_dim)
     ranked = None
     if a.choose:
         if (a.family, a.pass_) not in CONFIGS:
@@ -623,7 +624,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--dq-mode", dest="plan_dq_mode", choices=("kernel", "atomic"), default=None,
                     help="the mma backward's dQ: its own kernel or float32 atomics from the dK/dV "
                          "kernel (default: what the launcher runs on --device, "
-                         "sim.plans.tensor_core_bwd.mma_default_dq_mode: atomic from sm_90)")
+                         "sim.plans.tensor_core_bwd.mma_default_dq_mode: atomic from sm_90 at d "
+                         "128)")
     pl.add_argument("--choose", action="store_true", help="rank every legal configuration")
     pl.add_argument("--json", action="store_true", help="print one JSON object")
     pl.add_argument("--compact", action="store_true", help="with --json: one line")

@@ -267,15 +267,16 @@ def test_atomic_dq_one_float_per_red(head_dim, causal, monkeypatch):
 
 @gpu
 def test_default_dq_mode_and_deterministic_algorithms():
-    """sm_90 and later: dQ by atomics by default; under torch's deterministic algorithms the dQ
-    kernel, whose repeated calls give the same bits."""
+    """sm_90 and later: dQ by atomics by default at d = 128, the dQ kernel at d = 64; under
+    torch's deterministic algorithms the dQ kernel, whose repeated calls give the same bits."""
     torch = _torch_cuda()
-    q, k, v, dout = _inputs((1, 4, 300, 64), (1, 4, 300, 64), torch.float16, seed=9)
-    pb = kernel_problem(q, k, v, causal=True)
     cc = torch.cuda.get_device_capability()
-    want = "atomic" if cc >= bwd_mod.ATOMIC_DQ_FROM_CC else "kernel"
-    assert bwd_mod.dq_mode(pb, KernelConfig()) == want
-    assert bwd_mod.plan(pb, KernelConfig()).config.get("dq_mode", "kernel") == want
+    for d in (64, 128):
+        q, k, v, dout = _inputs((1, 4, 300, d), (1, 4, 300, d), torch.float16, seed=9)
+        pb = kernel_problem(q, k, v, causal=True)
+        want = "atomic" if cc >= bwd_mod.ATOMIC_DQ_FROM_CC and d == 128 else "kernel"
+        assert bwd_mod.dq_mode(pb, KernelConfig()) == want
+        assert bwd_mod.plan(pb, KernelConfig()).config.get("dq_mode", "kernel") == want
     out, lse = kernels_forward(q, k, v, config=MMA, scale=0.125, causal=True)
     try:
         torch.use_deterministic_algorithms(True)

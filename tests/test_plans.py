@@ -309,15 +309,18 @@ def test_plan_command(capsys):
 
 
 def test_default_dq_mode_rule_and_profiles():
-    """The one rule the launcher and ``sim plan`` share: atomics from compute capability 9.0,
-    the dQ kernel before it, where the GPU is unknown and under deterministic algorithms; every
+    """The one rule the launcher and ``sim plan`` share: atomics from compute capability 9.0 at
+    d = 128, the dQ kernel at d = 64, before sm_90, where the GPU is unknown and under
+    deterministic algorithms; every
     shipped profile names its compute capability."""
     from sim.plans.tensor_core_bwd import ATOMIC_DQ_FROM_CC, mma_default_dq_mode
     from sim.profiles import PROFILES
     assert ATOMIC_DQ_FROM_CC == (9, 0)
-    assert [mma_default_dq_mode(cc) for cc in ((7, 5), (8, 0), (8, 9), (9, 0), (10, 0), None)] \
+    ccs = ((7, 5), (8, 0), (8, 9), (9, 0), (10, 0), None)
+    assert [mma_default_dq_mode(cc, head_dim=128) for cc in ccs] \
         == ["kernel", "kernel", "kernel", "atomic", "atomic", "kernel"]
-    assert mma_default_dq_mode((9, 0), deterministic=True) == "kernel"
+    assert [mma_default_dq_mode(cc, head_dim=64) for cc in ccs] == ["kernel"] * len(ccs)
+    assert mma_default_dq_mode((9, 0), deterministic=True, head_dim=128) == "kernel"
     ccs = {name: prof.compute_capability for name, prof in PROFILES.items()}
     assert ccs == {"h100": (9, 0), "h200": (9, 0), "a100-40gb": (8, 0), "a100-80gb": (8, 0),
                    "t4": (7, 5)}

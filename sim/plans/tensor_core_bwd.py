@@ -83,7 +83,8 @@ __all__ = ["mma_backward_plan", "tf32_backward_plan", "launch_of", "KERNEL_NAMES
            "MMA_HEAD_DIMS", "MMA_PAD_HALVES", "mma_default_tiles", "mma_dq_smem_bytes",
            "mma_k_in_shared", "mma_dkdv_smem_bytes", "mma_dq_atomic_layout",
            "mma_dkdv_atomic_dynamic_smem_bytes", "DQ_ATOMIC_MAX_ACCUMULATORS",
-           "mma_default_dq_mode", "red_adds_pairs", "ATOMIC_DQ_FROM_CC", "DQ_MODES",
+           "mma_default_dq_mode", "red_adds_pairs", "ATOMIC_DQ_FROM_CC", "ATOMIC_DQ_HEAD_DIMS",
+           "DQ_MODES",
            "TF32_HEAD_DIMS", "TF32_PAD_FLOATS", "TF32_DEFAULT_CONFIG", "tf32_default_config",
            "tf32_default_tiles", "tf32_dq_smem_bytes", "tf32_dkdv_smem_bytes",
            "tf32_operands_in_registers", "tf32_dkdv_dropout_config", "tf32_dq_dynamic_smem_bytes",
@@ -799,15 +800,22 @@ DQ_MODES = ("kernel", "atomic")
 #: where ``red.global.add.v2.f32`` adds two floats per instruction. With one float per
 #: instruction (before sm_90) it was slower than the dQ kernel (docs/kernels.md).
 ATOMIC_DQ_FROM_CC = (9, 0)
+#: The head dims at which dQ by atomics is the default there. At d = 64 the dQ kernel's structure
+#: was faster at 12 of 16 benchmark shapes on an H100 (its dK/dV kernel holds 168 registers, three
+#: blocks an SM; the atomic one 241-251, two), at d = 128 the atomic one at all 16
+#: (``python -m benchmarks tune --backward-dq``; docs/kernels.md).
+ATOMIC_DQ_HEAD_DIMS = (128,)
 
 
-def mma_default_dq_mode(compute_capability, deterministic: bool = False) -> str:
+def mma_default_dq_mode(compute_capability, deterministic: bool = False, *,
+                        head_dim: int) -> str:
     """The dQ mode the mma backward runs by default on a GPU of ``compute_capability``
-    ((major, minor); None: unknown): "atomic" from `ATOMIC_DQ_FROM_CC` on (measured faster:
-    ``python -m benchmarks tune --backward-dq``), "kernel" before it, where it is unknown, and
-    under ``deterministic`` algorithms (atomics add in a varying order). The launcher
+    ((major, minor); None: unknown) at ``head_dim``: "atomic" from `ATOMIC_DQ_FROM_CC` on at the
+    head dims of `ATOMIC_DQ_HEAD_DIMS` (measured faster: ``python -m benchmarks tune
+    --backward-dq``), "kernel" at other head dims, before it, where it is unknown, and under
+    ``deterministic`` algorithms (atomics add in a varying order). The launcher
     (`kernels.mma_bwd.dq_mode`) and ``python -m sim plan`` both ask this rule."""
-    if deterministic:
+    if deterministic or head_dim not in ATOMIC_DQ_HEAD_DIMS:
         return "kernel"
     return "atomic" if red_adds_pairs(compute_capability) else "kernel"
 
