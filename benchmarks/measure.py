@@ -318,7 +318,8 @@ def empty_record(cfg: dict) -> dict:
             None, cfg["causal"], "fwd" if cfg["pass"] == "fwd" else "bwd")
     if cfg.get("variant") == "mma" and cfg["pass"] != "fwd":
         from kernels import KernelConfig, mma_bwd
-        rec["dq_mode"] = mma_bwd.dq_mode(None, KernelConfig(family="mma"))
+        rec["dq_mode"] = mma_bwd.dq_mode(None, KernelConfig(family="mma"),
+                                          head_dim=cfg["head_dim"])
     return rec
 
 

@@ -752,8 +752,9 @@ def _red_width() -> str:
     return "v2" if red_adds_pairs(_cc_here()) else "scalar"
 
 
-def dq_mode(problem, config) -> str:
-    """How this backward computes dQ for ``problem``: ``config.backward_dq``; else "kernel"
+def dq_mode(problem, config, head_dim=None) -> str:
+    """How this backward computes dQ for ``problem`` (of which only the head dim is read; or
+    None and ``head_dim`` given): ``config.backward_dq``; else "kernel"
     (deterministic) while torch's deterministic algorithms are on
     (``torch.use_deterministic_algorithms(True)``), as PyTorch's own backwards do; else the
     plan's rule for this GPU and head dim (`sim.plans.tensor_core_bwd.mma_default_dq_mode`:
@@ -762,7 +763,8 @@ def dq_mode(problem, config) -> str:
         return config.backward_dq
     torch = sys.modules.get("torch")
     deterministic = torch is not None and torch.are_deterministic_algorithms_enabled()
-    return default_dq_mode(_cc_here(), deterministic, head_dim=problem.head_dim)
+    d = problem.head_dim if head_dim is None else head_dim
+    return default_dq_mode(_cc_here(), deterministic, head_dim=d)
 
 
 def tiles(problem, config=None, mode=None):

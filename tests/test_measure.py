@@ -320,3 +320,16 @@ def test_tensor_core_records_name_their_default_launch_order():
             _cfg(variant="mma", dtype="fp16", causal=causal, **{"pass": pass_})))
         assert rec["launch_head_group"] == tile_scheduler.DEFAULT_HEAD_GROUP[(pass_, causal)]
     assert "launch_head_group" not in measure.empty_record(measure.normalize_config(_cfg()))
+
+
+def test_mma_backward_records_name_the_dq_mode_the_launcher_runs_at_their_head_dim(monkeypatch):
+    """An mma backward record names the dQ mode of `kernels.mma_bwd.dq_mode` for its head dim
+    (on an sm_90 machine: atomics at d = 128, the dQ kernel at d = 64)."""
+    from kernels import mma_bwd
+    monkeypatch.setattr(mma_bwd, "_cc_here", lambda: (9, 0))
+    for d, want in ((64, "kernel"), (128, "atomic")):
+        rec = measure.empty_record(measure.normalize_config(
+            _cfg(variant="mma", dtype="fp16", head_dim=d, **{"pass": "bwd"})))
+        assert rec["dq_mode"] == want
+    fwd = measure.empty_record(measure.normalize_config(_cfg(variant="mma", dtype="fp16")))
+    assert "dq_mode" not in fwd
