@@ -1,8 +1,8 @@
 """Tensor-core FlashAttention-2 backward for float16/bfloat16 CUDA inputs (Numba + inline PTX).
 
 This is the ``mma`` family's backward, in one of two structures (``KernelConfig.backward_dq``,
-default `dq_mode`: "atomic" on compute capability 9.0 and later unless torch's deterministic
-algorithms are on, else "kernel").
+default `dq_mode`: "atomic" at d = 128 on compute capability 9.0 and later unless torch's
+deterministic algorithms are on, else "kernel").
 
 **"kernel"**: two kernels, each shaped like the forward of `kernels.mma_fwd` (operands in
 registers, no shared-memory round trip of P or dS, no atomics):

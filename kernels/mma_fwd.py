@@ -30,7 +30,6 @@ import math
 
 from . import compile_cache, host, tile_scheduler
 from .config import requested_tiles
-from .copy import tile_loader
 from .dropout import dropout_constants, fmix_device
 from .mask import band_arguments, score_mask
 
@@ -85,6 +84,7 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_dro
     TILE = BK * STRIDE                  # halves per K or V buffer
     SMEM_HALVES = 4 * TILE              # K0 | V0 | K1 | V1
     CHUNKS = D // 8                     # 16-byte chunks per row
+    LOADS = BK * CHUNKS // THREADS      # cp.async per thread per K (or V) tile
     KC = D // 16                        # k-steps of S = Q K^T
     NT_S = BK // 8                      # 16x8 score tiles per warp
     KC_P = BK // 16                     # k-steps of O += P V
@@ -102,7 +102,18 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_dro
     fmix = fmix_device()
     mask_scores = score_mask(BQ, BK, NT_S, CAUSAL, HAS_MASK, window)
 
-    load_tile = tile_loader(BK, CHUNKS, THREADS, 2 * STRIDE)   # one K or V tile
+    @cuda.jit(device=True, inline=True)
+    def load_tile(src, b, hk, key0, nk, smem, base, tid):
+        # -- cp.async one K or V tile: BK rows x D halves, 16 bytes a thread a step --
+        for i in range(LOADS):
+            c = tid + i * THREADS
+            r = c // CHUNKS
+            ch = c % CHUNKS
+            key = key0 + r
+            ok = key < nk
+            g = ptx.global_addr(src, b, hk, key if ok else 0, ch * 8)
+            ptx.cp_async_16(ptx.shared_addr(smem, base + r * STRIDE + ch * 8), g,
+                          uint32(16) if ok else uint32(0))
 
     tile_and_head = tile_scheduler.device_tile_and_head(head_group)
 
@@ -158,22 +169,12 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_dro
         k_lane = (lane % 8 + 8 * (lane // 16)) * STRIDE + 8 * ((lane // 8) % 2)
         v_lane = (lane % 8 + 8 * ((lane // 8) % 2)) * STRIDE + 8 * (lane // 16)
 
-        # this thread's cp.async chunks: rows r_copy + i * (THREADS // CHUNKS), one column chunk
-        r_copy = tid // CHUNKS
-        ch = tid % CHUNKS
-        k_head = ptx.global_addr(k, b, hk, 0, ch * 8)
-        v_head = ptx.global_addr(v, b, hk, 0, ch * 8)
-        k_row_bytes = uint64(k.strides[2])
-        v_row_bytes = uint64(v.strides[2])
-        k_copy = ptx.shared_addr(smem, r_copy * STRIDE + ch * 8)
-        v_copy = k_copy + uint32(2 * TILE)
-
         start = offsets[s, m_blk]
         stop = offsets[s, m_blk + 1]
         if start < stop:
             n0 = kv_index[start]
-            load_tile(k_head, k_row_bytes, n0 * BK + r_copy, n_k, k_copy, r_copy)
-            load_tile(v_head, v_row_bytes, n0 * BK + r_copy, n_k, v_copy, r_copy)
+            load_tile(k, b, hk, n0 * BK, n_k, smem, 0, tid)
+            load_tile(v, b, hk, n0 * BK, n_k, smem, TILE, tid)
             ptx.cp_async_commit()
 
         for it in range(start, stop):
@@ -181,9 +182,9 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_dro
             n_blk = kv_index[it]
             if it + 1 < stop:
                 nxt = kv_index[it + 1]
-                nbuf = uint32(2 * (2 * TILE - buf))
-                load_tile(k_head, k_row_bytes, nxt * BK + r_copy, n_k, k_copy + nbuf, r_copy)
-                load_tile(v_head, v_row_bytes, nxt * BK + r_copy, n_k, v_copy + nbuf, r_copy)
+                nbuf = 2 * TILE - buf
+                load_tile(k, b, hk, nxt * BK, n_k, smem, nbuf, tid)
+                load_tile(v, b, hk, nxt * BK, n_k, smem, nbuf + TILE, tid)
                 ptx.cp_async_commit()
                 ptx.cp_async_wait_1()
             else:
