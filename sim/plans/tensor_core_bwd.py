@@ -801,9 +801,10 @@ DQ_MODES = ("kernel", "atomic")
 #: instruction (before sm_90) it was slower than the dQ kernel (docs/kernels.md).
 ATOMIC_DQ_FROM_CC = (9, 0)
 #: The head dims at which dQ by atomics is the default there. At d = 64 the dQ kernel's structure
-#: was faster at 12 of 16 benchmark shapes on an H100 (its dK/dV kernel holds 168 registers, three
-#: blocks an SM; the atomic one 241-251, two), at d = 128 the atomic one at all 16
-#: (``python -m benchmarks tune --backward-dq``; docs/kernels.md).
+#: was faster at 13 of 16 benchmark shapes on an H100 (its dQ kernel holds 164 registers, three
+#: blocks an SM; the atomic dK/dV kernel 241-251, two), at d = 128 the atomic one at all 16
+#: (``python -m benchmarks tune --show-backward-dq results/tune_backward_dq_h100_2026-11-25.json``;
+#: docs/kernels.md).
 ATOMIC_DQ_HEAD_DIMS = (128,)
 
 
