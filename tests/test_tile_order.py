@@ -147,6 +147,60 @@ def test_csr_schedule_of_an_empty_block_mask():
     assert (offs == 0).all() and len(idx) >= 1     # nothing to visit; a non-empty index array
 
 
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("group", [1, 3])
+def test_gqa_seek_walks_every_head_of_the_group_and_its_q_tiles(causal, group):
+    """The dK/dV kernels' sweep over (query head of the GQA group, Q tile) on one K/V tile, walked
+    with `gqa_seek` as they walk it (seek from head 0; past a head's last entry, seek from the
+    next head), is every head of the group with Q tiles on that K/V tile, in order, each with the
+    Q tiles of its ``"q"`` schedule; heads without any (a block mask that leaves a head of the
+    group empty on a K/V tile) are skipped."""
+    rng = np.random.default_rng(group + 2 * causal)
+    B, Hkv, n, tiles = 2, 2, 200, (32, 48)
+    bm = rng.random((B, Hkv * group, cdiv(n, 64), cdiv(n, 96))) > 0.5
+    bm[:, 0] = False                                 # head 0 (the first of KV group 0): no Q tiles
+    offs, idx, sb, sh = tile_scheduler.csr_schedule(n, n, *tiles, causal, "q", bm, (64, 96))
+    n_kv = cdiv(n, tiles[1])
+    seek = tile_scheduler.gqa_seek()
+    most = Hkv * group * cdiv(n, tiles[0])
+
+    @cuda.jit
+    def walk(offsets, q_index, out_h, out_m, count):
+        n_blk = cuda.blockIdx.x
+        b = cuda.blockIdx.y // Hkv
+        hk = cuda.blockIdx.y % Hkv
+        n_items = 0
+        for g in range(group):
+            s = b * sb + (hk * group + g) * sh
+            n_items += offsets[s, n_blk + 1] - offsets[s, n_blk]
+        g_c, lo_c, cnt_c = seek(0, offsets, b, hk, group, sb, sh, n_blk)
+        j_c = 0
+        for t in range(n_items):
+            if t > 0:
+                j_c += 1
+                if j_c == cnt_c:
+                    g_c, lo_c, cnt_c = seek(g_c + 1, offsets, b, hk, group, sb, sh, n_blk)
+                    j_c = 0
+            out_h[cuda.blockIdx.y, n_blk, t] = hk * group + g_c
+            out_m[cuda.blockIdx.y, n_blk, t] = q_index[lo_c + j_c]
+        count[cuda.blockIdx.y, n_blk] = n_items
+
+    out_h = np.full((B * Hkv, n_kv, most), -1, np.int64)
+    out_m = np.full((B * Hkv, n_kv, most), -1, np.int64)
+    count = np.zeros((B * Hkv, n_kv), np.int64)
+    walk[(n_kv, B * Hkv), 1](offs, idx, out_h, out_m, count)
+    for b in range(B):
+        for hk in range(Hkv):
+            for n_blk in range(n_kv):
+                want = [(h, int(m)) for h in range(hk * group, (hk + 1) * group)
+                        for m in idx[offs[b * sb + h * sh, n_blk]:offs[b * sb + h * sh, n_blk + 1]]]
+                got_n = count[b * Hkv + hk, n_blk]
+                got = list(zip(out_h[b * Hkv + hk, n_blk, :got_n].tolist(),
+                               out_m[b * Hkv + hk, n_blk, :got_n].tolist()))
+                assert got == want, (b, hk, n_blk)
+    assert count.sum() > 0
+
 # -- the measured orders against the cost model (benchmarks.tune) ------------------------------
 def test_show_ncu_prints_the_shipped_profile(capsys):
     from benchmarks import tune
