@@ -358,12 +358,12 @@ def tf32_a_splits_per_program(rows: int, head_dim: int, a_in_registers: bool) ->
 DQ_SCHEDULE_LOADS_PER_PROGRAM = 2
 DQ_SCHEDULE_LOADS_PER_TILE = 2
 #: dK/dV kernel: the item count (``offsets[s, n_blk]`` and ``offsets[s, n_blk + 1]`` per query
-#: head of the GQA group), then `kernels.tile_scheduler.gqa_locator`'s ``locate`` for item 0
-#: and, per item but the last, for the next one (two ``offsets`` per group head and one
-#: ``q_index``; the SASS for sm_90 keeps the current item's from the previous call):
-#: 2 g + n (2 g + 1) loads for n items and a group of g query heads.
-DKDV_SCHEDULE_LOADS_PER_PROGRAM_PER_HEAD = 2
-DKDV_SCHEDULE_LOADS_PER_TILE_PER_HEAD = 2
+#: head of the GQA group), the cursor's seeks (`kernels.tile_scheduler.gqa_seek`: the same two
+#: ``offsets`` per head it looks at; over a program's sweep it looks at each head of the group
+#: once, fewer only under a block mask that leaves the group's last heads without work on the
+#: tile) and one ``q_index`` per item: 4 g + n loads for n items and a group of g query heads.
+DKDV_SCHEDULE_LOADS_PER_PROGRAM_PER_HEAD = 4
+DKDV_SCHEDULE_LOADS_PER_TILE_PER_HEAD = 0
 DKDV_SCHEDULE_LOADS_PER_TILE = 1
 #: Bytes of one schedule entry (int32).
 SCHEDULE_ENTRY_BYTES = 4
