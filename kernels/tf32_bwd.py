@@ -443,7 +443,7 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, causal, has_mask, has_dropout
     vdo_product = rows_x_rows(V_REGS, mma3)               # dP^T = V dO^T
 
     stage_rows = softmax.stage_rows(BQ, THREADS)
-    seek = tile_scheduler.gqa_seek()
+    cursor_start, cursor_advance = tile_scheduler.gqa_cursor()
     mask_scores_t = transposed_score_mask(NT_S, CAUSAL, HAS_MASK, window)
     needs_mask_at = tile_needs_mask(BQ, BK, CAUSAL, HAS_MASK, window)
 
@@ -514,11 +514,7 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, causal, has_mask, has_dropout
 
         # the sweep over (query head of the group, Q tile): a cursor (head g_c, its schedule
         # entries lo_c .. lo_c + cnt_c, entry j_c) at the item being prefetched
-        n_items = 0
-        for g in range(group):
-            s = b * sched_b + (hk * group + g) * sched_h
-            n_items += offsets[s, n_blk + 1] - offsets[s, n_blk]
-        g_c, lo_c, cnt_c = seek(0, offsets, b, hk, group, sched_b, sched_h, n_blk)
+        n_items, g_c, lo_c, cnt_c = cursor_start(offsets, b, hk, group, sched_b, sched_h, n_blk)
         j_c = 0
         h_n = hk * group + g_c
         m_n = 0
@@ -538,11 +534,8 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, causal, has_mask, has_dropout
             m_blk = m_n
             if t + 1 < n_items:
                 # -- advance the cursor to item t + 1 and prefetch its Q, dO, lse and delta --
-                j_c += 1
-                if j_c == cnt_c:
-                    g_c, lo_c, cnt_c = seek(g_c + 1, offsets, b, hk, group, sched_b, sched_h,
-                                            n_blk)
-                    j_c = 0
+                g_c, lo_c, cnt_c, j_c = cursor_advance(g_c, lo_c, cnt_c, j_c, offsets, b, hk,
+                                                       group, sched_b, sched_h, n_blk)
                 h_n = hk * group + g_c
                 m_n = q_index[lo_c + j_c]
                 nbuf = uint32(4 * (STAGE - buf))

@@ -35,7 +35,7 @@ from ioaware.launch_order import parse_head_group
 
 from .host import device_const
 
-__all__ = ["DEFAULT_HEAD_GROUP", "head_group", "device_tile_and_head", "gqa_seek",
+__all__ = ["DEFAULT_HEAD_GROUP", "head_group", "device_tile_and_head", "gqa_cursor",
            "csr_schedule", "device_schedule", "refine_block_mask"]
 
 #: Head group per (pass, causal) (see the module docstring; 0 = all heads, 1 = tiles first).
@@ -82,14 +82,20 @@ def device_tile_and_head(group: int):
     return tile_and_head
 
 
-def gqa_seek():
-    """``seek``: the cursor of a dK/dV program's sweep over (query head of its GQA group, Q tile
-    of that head's ``"q"`` schedule): ``seek(g, ...) -> (g', lo, cnt)``, the first head
-    ``g' >= g`` of the group with Q tiles on this K/V tile, its schedule entries ``q_index[lo:lo
-    + cnt]`` (``g' = group``, ``cnt = 0`` when none). The dK/dV kernels of both tensor-core
-    families walk their K/V tile's work with it: entry ``j`` of head ``g'`` is Q tile
-    ``q_index[lo + j]`` of query head ``hk * group + g'``; past its last entry they seek from
-    ``g' + 1``."""
+def gqa_cursor():
+    """``(start, advance)``: the cursor of a dK/dV program's sweep over (query head of its GQA
+    group, Q tile of that head's ``"q"`` schedule) on K/V tile ``n_blk``; the dK/dV kernels of
+    both tensor-core families walk their work with it. The cursor is ``(g, lo, cnt, j)``: head
+    ``g`` of the group (query head ``hk * group + g``), its schedule entries ``q_index[lo:lo +
+    cnt]``, entry ``j``, i.e. Q tile ``q_index[lo + j]``.
+
+    * ``start(offsets, b, hk, group, sched_b, sched_h, n_blk) -> (n_items, g, lo, cnt)``: the
+      number of items over the group, and the cursor at item 0 (``j = 0``; ``g = group``,
+      ``cnt = 0`` when there is none);
+    * ``advance(g, lo, cnt, j, offsets, b, hk, group, sched_b, sched_h, n_blk) -> (g, lo, cnt,
+      j)``: the cursor at the next item (valid while items remain): the next entry, else the
+      first entry of the next head with Q tiles on this K/V tile (heads without any are
+      skipped)."""
     from numba import int32
 
     @cuda.jit(device=True, inline=True)
@@ -109,7 +115,26 @@ def gqa_seek():
                     cnt_out = int32(cnt)
         return g_out, lo_out, cnt_out
 
-    return seek
+    @cuda.jit(device=True, inline=True)
+    def start(offsets, b, hk, group, sched_b, sched_h, n_blk):
+        # -- the item count over the group's heads, and the cursor at item 0 --
+        n_items = 0
+        for g in range(group):
+            s = b * sched_b + (hk * group + g) * sched_h
+            n_items += offsets[s, n_blk + 1] - offsets[s, n_blk]
+        g, lo, cnt = seek(0, offsets, b, hk, group, sched_b, sched_h, n_blk)
+        return n_items, g, lo, cnt
+
+    @cuda.jit(device=True, inline=True)
+    def advance(g, lo, cnt, j, offsets, b, hk, group, sched_b, sched_h, n_blk):
+        # -- the next entry of this head, else the next head with work --
+        j += 1
+        if j == cnt:
+            g, lo, cnt = seek(g + 1, offsets, b, hk, group, sched_b, sched_h, n_blk)
+            j = 0
+        return g, lo, cnt, j
+
+    return start, advance
 
 
 # -- host side: CSR schedules --------------------------------------------------------------------

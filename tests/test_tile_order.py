@@ -150,19 +150,18 @@ def test_csr_schedule_of_an_empty_block_mask():
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("group", [1, 3])
-def test_gqa_seek_walks_every_head_of_the_group_and_its_q_tiles(causal, group):
+def test_gqa_cursor_walks_every_head_of_the_group_and_its_q_tiles(causal, group):
     """The dK/dV kernels' sweep over (query head of the GQA group, Q tile) on one K/V tile, walked
-    with `gqa_seek` as they walk it (seek from head 0; past a head's last entry, seek from the
-    next head), is every head of the group with Q tiles on that K/V tile, in order, each with the
-    Q tiles of its ``"q"`` schedule; heads without any (a block mask that leaves a head of the
-    group empty on a K/V tile) are skipped."""
+    with `gqa_cursor`'s ``start`` and ``advance`` as they walk it, is every head of the group
+    with Q tiles on that K/V tile, in order, each with the Q tiles of its ``"q"`` schedule;
+    heads without any (a block mask that leaves a head empty on a K/V tile) are skipped."""
     rng = np.random.default_rng(group + 2 * causal)
     B, Hkv, n, tiles = 2, 2, 200, (32, 48)
     bm = rng.random((B, Hkv * group, cdiv(n, 64), cdiv(n, 96))) > 0.5
     bm[:, 0] = False                                 # head 0 (the first of KV group 0): no Q tiles
     offs, idx, sb, sh = tile_scheduler.csr_schedule(n, n, *tiles, causal, "q", bm, (64, 96))
     n_kv = cdiv(n, tiles[1])
-    seek = tile_scheduler.gqa_seek()
+    start, advance = tile_scheduler.gqa_cursor()
     most = Hkv * group * cdiv(n, tiles[0])
 
     @cuda.jit
@@ -170,20 +169,13 @@ def test_gqa_seek_walks_every_head_of_the_group_and_its_q_tiles(causal, group):
         n_blk = cuda.blockIdx.x
         b = cuda.blockIdx.y // Hkv
         hk = cuda.blockIdx.y % Hkv
-        n_items = 0
-        for g in range(group):
-            s = b * sb + (hk * group + g) * sh
-            n_items += offsets[s, n_blk + 1] - offsets[s, n_blk]
-        g_c, lo_c, cnt_c = seek(0, offsets, b, hk, group, sb, sh, n_blk)
-        j_c = 0
+        n_items, g, lo, cnt = start(offsets, b, hk, group, sb, sh, n_blk)
+        j = 0
         for t in range(n_items):
             if t > 0:
-                j_c += 1
-                if j_c == cnt_c:
-                    g_c, lo_c, cnt_c = seek(g_c + 1, offsets, b, hk, group, sb, sh, n_blk)
-                    j_c = 0
-            out_h[cuda.blockIdx.y, n_blk, t] = hk * group + g_c
-            out_m[cuda.blockIdx.y, n_blk, t] = q_index[lo_c + j_c]
+                g, lo, cnt, j = advance(g, lo, cnt, j, offsets, b, hk, group, sb, sh, n_blk)
+            out_h[cuda.blockIdx.y, n_blk, t] = hk * group + g
+            out_m[cuda.blockIdx.y, n_blk, t] = q_index[lo + j]
         count[cuda.blockIdx.y, n_blk] = n_items
 
     out_h = np.full((B * Hkv, n_kv, most), -1, np.int64)
@@ -200,6 +192,7 @@ def test_gqa_seek_walks_every_head_of_the_group_and_its_q_tiles(causal, group):
                                out_m[b * Hkv + hk, n_blk, :got_n].tolist()))
                 assert got == want, (b, hk, n_blk)
     assert count.sum() > 0
+
 
 # -- the measured orders against the cost model (benchmarks.tune) ------------------------------
 def test_show_ncu_prints_the_shipped_profile(capsys):

@@ -153,7 +153,8 @@ def mma_k_in_shared(head_dim: int) -> bool:
 #: Most float32 dQ accumulators a thread of the atomic dK/dV kernel holds at once (beside its
 #: dK and dV accumulators), per head dim: `mma_dq_atomic_layout` splits a warp's dQ columns into
 #: passes so that each pass holds at most this many. At d = 64, 64 (one pass at the default
-#: tiles) fit without spilling and were 1-2 % faster than 32 (two passes); at d = 128, 64 spill.
+#: tiles) fit without spilling and were faster than 32 (two passes) in a one-off A/B run
+#: (docs/kernels.md); at d = 128, 64 spill.
 DQ_ATOMIC_MAX_ACCUMULATORS = {64: 64, 128: 32}
 
 
@@ -358,7 +359,7 @@ def tf32_a_splits_per_program(rows: int, head_dim: int, a_in_registers: bool) ->
 DQ_SCHEDULE_LOADS_PER_PROGRAM = 2
 DQ_SCHEDULE_LOADS_PER_TILE = 2
 #: dK/dV kernel: the item count (``offsets[s, n_blk]`` and ``offsets[s, n_blk + 1]`` per query
-#: head of the GQA group), the cursor's seeks (`kernels.tile_scheduler.gqa_seek`: the same two
+#: head of the GQA group), the cursor's seeks (`kernels.tile_scheduler.gqa_cursor`: the same two
 #: ``offsets`` per head it looks at; over a program's sweep it looks at each head of the group
 #: once, fewer only under a block mask that leaves the group's last heads without work on the
 #: tile) and one ``q_index`` per item: 4 g + n loads for n items and a group of g query heads.
