@@ -219,13 +219,17 @@ class Prepared:
     forward (`kernels.prepare_forward`), the checked problem without its tensors, and its
     prepared backward (`kernels.prepare_backward`, made on the first backward). Inputs and
     outputs are in the caller's shapes."""
-    __slots__ = ("problem", "_forward", "_backward")
+    __slots__ = ("problem", "_forward", "_backward", "_four_d")
 
     def __init__(self, problem, forward):
         self.problem, self._forward, self._backward = problem, forward, None
+        # operands given as [B, H, N, d] are already canonical: no reshapes in or out
+        self._four_d = len(problem.q_shape) == len(problem.kv_shape) == len(problem.v_shape) == 4
 
     def forward(self, q, k, v):
         """``(out, lse)`` of new operands with this key."""
+        if self._four_d:
+            return self._forward(q, k, v)
         pb = self.problem
         out, lse = self._forward(_canonical(q), _canonical(k), _canonical(v))
         return pb.restore_q(out), pb.restore_lse(lse)
@@ -237,6 +241,8 @@ class Prepared:
             self._backward = False if run is None else run
         if self._backward is False:
             return None
+        if self._four_d:
+            return self._backward(q, k, v, out, lse, dout)
         pb = self.problem
         shape4 = (pb.batch, pb.heads_q, pb.seqlen_q, pb.head_dim)
         dq, dk, dv = self._backward(_canonical(q), _canonical(k), _canonical(v),

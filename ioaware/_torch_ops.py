@@ -19,7 +19,8 @@ are ``torch.library.custom_op`` operators:
 ``attention_fwd_impl`` is the forward operator's implementation as a plain function: eager calls
 that need no gradient call it directly, without the dispatcher's overhead; eager calls that need
 one go through `EagerAttention`, a plain ``torch.autograd.Function`` with the same formula that
-keeps the checked problem for its backward (no dispatch, no second check). Only a traced call
+keeps the checked problem for its backward (no dispatch, no second check); ``ioaware.attention``
+hands it the prepared entry of a call whose key it already looked up. Only a traced call
 (``torch.compile``) goes through the operators.
 
 ``seed`` is a 0-d int64 tensor (seeds of 2**63 and above wrap to negative values and back), so
@@ -176,19 +177,21 @@ attention_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
 class EagerAttention(torch.autograd.Function):
-    """The operators' autograd formula for eager calls: ``apply(q, k, v, args)`` with ``args``
+    """The operators' autograd formula for eager calls: ``apply(q, k, v, args[, entry])`` with ``args``
     the operator's other arguments (mask, bias, block mask, seed, scale, causal, alignment,
     window_left, window_right, dropout_p, block_q, block_k, backend). The forward checks the problem once and keeps it
     (without its tensors) for the backward, which saves the dispatcher and the second check; a call whose key
     (`ioaware._backends.prepared_key`) an earlier call prepared runs the prepared forward and backward instead."""
 
     @staticmethod
-    def forward(ctx, q, k, v, args):
+    def forward(ctx, q, k, v, args, entry=None):
         (mask, bias, block_mask, seed, scale, causal, alignment, window_left, window_right, dropout_p, block_q,
          block_k, backend) = args
         ctx.set_materialize_grads(False)     # an unused output's gradient arrives as None
-        key = _prepared_key(q, k, v, *args)
-        entry = _backends._PREPARED.get(key) if key is not None else None
+        key = None
+        if entry is None:
+            key = _prepared_key(q, k, v, *args)
+            entry = _backends._PREPARED.get(key) if key is not None else None
         if entry is not None:                # checked and prepared by an earlier call with this key
             out, lse = entry.forward(q, k, v)
             ctx.save_for_backward(q, k, v, out, lse, mask, bias, block_mask, seed)
@@ -228,4 +231,4 @@ class EagerAttention(torch.autograd.Function):
             dq_lse, dk_lse = _lse_gradients(q.detach(), k.detach(), lse, dlse, mask, bias,
                                             block_mask, seed, tuple(ctx.rest))
             dq, dk = dq + dq_lse, dk + dk_lse
-        return dq, dk, dv, None
+        return dq, dk, dv, None, None

@@ -222,9 +222,11 @@ def _check_like(name, x, q, shape, dtype):
 
 
 @functools.cache
+@functools.lru_cache(maxsize=1)
 def _zero_seed(torch):
-    """The seed tensor of calls without dropout (never written: the operators only read it);
-    made outside inference mode, so that autograd may save it whichever call made it first."""
+    """The seed tensor of calls without dropout, one per process (never written: the operators
+    only read it); made outside inference mode, so that autograd may save it whichever call
+    made it first."""
     with torch.inference_mode(False):
         return torch.tensor(0, dtype=torch.int64)
 
@@ -236,7 +238,8 @@ def _torch_attention(q, k, v, *, causal, window_size, mask, bias, block_mask, sc
     Only what the operator's schema needs is prepared here (this code is traced by
     torch.compile); the operator itself checks everything once, in :func:`_problem`.
     """
-    from ._torch_ops import EagerAttention, attention_fwd, attention_fwd_impl
+    from ._backends import _PREPARED
+    from ._torch_ops import EagerAttention, _prepared_key, attention_fwd, attention_fwd_impl
     torch = torch_or_none()
     if not all(is_torch(x) for x in (k, v)) or not all(x is None or is_torch(x) for x in (mask, bias)):
         check_inputs(q, k, v, mask=mask, bias=bias)     # raises the error that names the argument
@@ -246,6 +249,18 @@ def _torch_attention(q, k, v, *, causal, window_size, mask, bias, block_mask, sc
     if scale is not None:
         scale = _scalar("scale", scale)
     dropout_p = _scalar("dropout_p", dropout_p, "a float in [0, 1]")
+    if (seed is None and dropout_p == 0.0 and mask is None and bias is None and block_mask is None
+            and not torch.compiler.is_compiling()):
+        # -- a call whose key an earlier call checked and prepared: straight to its kernels --
+        key = _prepared_key(q, k, v, None, None, None, None, scale, is_causal, alignment, window_left,
+                            window_right, 0.0, block_q, block_k, backend)
+        entry = _PREPARED.get(key) if key is not None else None
+        if entry is not None:
+            if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+                return EagerAttention.apply(q, k, v, (None, None, None, _zero_seed(torch), scale, is_causal,
+                                                      alignment, window_left, window_right, 0.0, block_q,
+                                                      block_k, backend), entry)
+            return entry.forward(q, k, v)
     if seed is None and dropout_p > 0.0:
         if q.is_cuda and torch.cuda.is_current_stream_capturing():
             raise ValueError("dropout_p > 0 with seed=None while a CUDA graph is being captured: the seed "

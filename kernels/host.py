@@ -42,7 +42,8 @@ __all__ = ["plan_workload", "family_plan", "check_launch",
            "device_const", "tensor_core_refusal", "tensor_core_backward_refusal",
            "prepare_tensor_core_forward", "prepare_tensor_core_backward", "launch",
            "launch_stream",
-           "signature_key", "plan_for", "relaunch"]
+           "signature_key", "plan_for", "relaunch", "PointerLaunch", "pointer_launch",
+           "Repeat", "aligned_copy"]
 
 #: Dynamic shared memory a block gets without the opt-in, bytes.
 DEFAULT_DYNAMIC_SMEM_BYTES = 48 * 1024
@@ -271,15 +272,16 @@ class _Plan:
     here (`marshals_itself`) the parameters are packed into a `_Packed` buffer and launched with
     ``cuLaunchKernel``."""
     __slots__ = ("kern", "compiled", "entry", "argument_types", "kinds", "last", "configs",
-                 "dims", "functions", "packed")
+                 "dims", "functions", "packed", "codes", "first_slots")
 
     def __init__(self, kern, argument_types, args, compiled=None, entry=None):
         from numba.cuda import types
         self.kern, self.compiled, self.entry = kern, compiled, entry
         self.argument_types = tuple(argument_types)
         self.configs, self.dims, self.functions = {}, {}, {}
-        kinds, codes = [], []
+        kinds, codes, first_slots, slot = [], [], [], 0
         for ty, a in zip(self.argument_types, args):
+            first_slots.append(slot)
             if isinstance(ty, types.Array) and (_is_torch(a) or hasattr(a, "_numba_type_")):
                 kinds.append("t" if _is_torch(a) else "n")
                 codes.append(_ARRAY_HEAD + "q" * (2 * ty.ndim))
@@ -288,9 +290,21 @@ class _Plan:
                 codes.append(_SCALAR_CODES[str(ty)])
             else:
                 kinds.append(None)
+            slot += len(codes[-1]) if kinds[-1] is not None else 0
         self.kinds = tuple(kinds)
+        self.first_slots = tuple(first_slots)   # each argument's first 8-byte parameter slot
         self.last = [None] * len(kinds)
-        self.packed = _Packed("".join(codes)) if None not in kinds else None
+        self.codes = "".join(codes)
+        self.packed = _Packed(self.codes) if None not in kinds else None
+
+    def data_slots(self, positions) -> tuple:
+        """The 8-byte parameter slots that hold the data pointers of the array arguments at
+        ``positions`` (an array is laid out as meminfo, parent, size, itemsize, data, shape...,
+        strides...)."""
+        for i in positions:
+            if self.kinds[i] not in ("t", "n"):
+                raise ValueError(f"argument {i} is not an array (kind {self.kinds[i]!r})")
+        return tuple(self.first_slots[i] + 4 for i in positions)
 
     @property
     def marshals_itself(self) -> bool:
@@ -390,6 +404,112 @@ class _Plan:
         from cuda.core import launch as core_launch
         core_launch(stream, self.config(grid, block, sharedmem), self.function(dev).kernel,
                     *self.marshal(args, stream))
+
+
+class PointerLaunch:
+    """One launch repeated with new data pointers: a kernel, grid, block, dynamic shared memory
+    and every argument fixed at a first launch, except the data pointers of the array arguments
+    at ``positions`` (the call's operands and outputs, whose shapes and strides stay those of
+    the first launch: the caller checks that). A call writes those pointers into its own copy
+    of the packed parameters (one 8-byte store each) and calls ``cuLaunchKernel``: no argument
+    typing, signature lookup or marshalling. The fixed arguments (tile schedules, constants)
+    are referenced here, so their device memory outlives the launch. Build it with
+    `pointer_launch` after the first launch went through `launch` or `relaunch`."""
+    __slots__ = ("handle", "dims", "sharedmem", "device", "slots", "words", "address", "lock",
+                 "keep", "label")
+
+    def __init__(self, plan, grid, block, sharedmem, args, positions, device):
+        import ctypes
+        import threading
+        if plan.packed is None:
+            raise ValueError("a PointerLaunch needs a plan that packs its own parameters")
+        self.slots = plan.data_slots(positions)
+        packed = _Packed(plan.codes)
+        packed.struct.pack_into(packed.buffer, 0, *plan.values(args))
+        self.words = (ctypes.c_uint64 * (len(packed.buffer) // 8)).from_buffer(packed.buffer)
+        self.address, self.keep = packed.address, (packed, tuple(args))
+        self.handle = plan.function(device).handle
+        self.dims = plan.grid_block(grid, block)
+        self.sharedmem, self.device, self.lock = int(sharedmem), device, threading.Lock()
+        self.label = _label(plan.kern) or str(plan.kern)
+
+    def __call__(self, stream, *pointers):
+        """Launch on ``stream`` (`launch_stream`) with the new data pointers, in the order of
+        ``positions``."""
+        from numba.cuda.cudadrv.driver import CudaAPIError, binding
+        words = self.words
+        with self.lock:
+            for slot, ptr in zip(self.slots, pointers):
+                words[slot] = ptr
+            err, = binding.cuLaunchKernel(self.handle, *self.dims, self.sharedmem, stream.handle,
+                                          self.address, 0)
+        if err != binding.CUresult.CUDA_SUCCESS:
+            raise CudaAPIError(err, f"cuLaunchKernel of {self.label}")
+
+
+class Repeat:
+    """The fast path of a prepared call (`prepare_tensor_core_forward`, ...): once a first call
+    ran in full with operands it used in place (no copy), later calls whose operands have that
+    call's shapes, strides, dtypes and device, and 16-byte aligned starts, only allocate their
+    outputs and repeat that call's launches (`PointerLaunch`) with the new data pointers: none
+    of `Call`'s work, no signature lookup, no marshalling. Recorded only for torch CUDA calls on
+    the fast launch path without a mask or cache lengths (whose device copies are made per
+    call)."""
+    __slots__ = ("enabled", "layout", "launches", "float32", "_empty")
+
+    def __init__(self, template, config):
+        self.enabled = (template.kind == "torch" and template.mask is None
+                        and getattr(template, "cache_seqlens", None) is None
+                        and bool(getattr(config, "fast_launch", True)) and real_gpu())
+        self.layout = self.launches = self.float32 = self._empty = None
+
+    def pointers(self, operands):
+        """The operands' data pointers when they may repeat the recorded call, else None."""
+        if self.launches is None:
+            return None
+        ptrs = []
+        for x, (shape, stride, dtype, device) in zip(operands, self.layout):
+            ptr = x.data_ptr()
+            if (ptr % 16 or x.dtype is not dtype or x.shape != shape or x.stride() != stride
+                    or x.get_device() != device):
+                return None
+            ptrs.append(ptr)
+        return ptrs
+
+    def record(self, operands, kernel_operands, make_launches) -> None:
+        """After a full call: keep ``make_launches()`` (its `pointer_launch` es) and the operands'
+        layout, if the kernels took the operands in place (``kernel_operands``, what `Call.input`
+        gave, start where ``operands`` start) and every launch can be repeated."""
+        if not self.enabled or self.launches is not None:
+            return
+        if any(a.data_ptr() != b.data_ptr() for a, b in zip(operands, kernel_operands)):
+            return
+        launches = make_launches()
+        if any(p is None for p in launches):
+            self.enabled = False
+            return
+        import torch
+        self.float32, self._empty = torch.float32, torch.empty
+        self.layout = tuple((tuple(x.shape), tuple(x.stride()), x.dtype, x.get_device())
+                            for x in operands)
+        self.launches = launches
+
+    def empty(self, like, shape, dtype):
+        """A new torch tensor of ``shape`` and ``dtype`` on ``like``'s device."""
+        return self._empty(shape, dtype=dtype, device=like.device)
+
+
+def pointer_launch(kern, grid, block, sharedmem, args, positions):
+    """A `PointerLaunch` of ``kern`` with ``args`` (launched before with these arguments'
+    signature, so its plan is cached) whose arrays at ``positions`` change call after call; None
+    under the simulator, or where the signature has no cached plan that packs its own
+    parameters."""
+    if simulator():
+        return None
+    plan = plan_for(kern, args)
+    if plan is None or plan.packed is None:
+        return None
+    return PointerLaunch(plan, grid, block, sharedmem, args, positions, current_device_id())
 
 
 def _compile(kern, args):
@@ -550,15 +670,25 @@ def prepare_tensor_core_forward(problem, config, kern, launch, schedule, drop, w
     tail = (np.float32(pb.scale * LOG2E), *_dropout_args(drop), np.int64(band[0]),
             np.int64(band[1]))
     plans: dict = {}
+    repeat = Repeat(template, config)
 
     def run(q, k, v):
+        ptrs = repeat.pointers((q, k, v))
+        if ptrs is not None:            # -- the operands' layout of the recorded call: repeat it --
+            out = repeat.empty(q, (B, H, Nq, D), q.dtype)
+            lse = repeat.empty(q, (B, H, Nq), repeat.float32)
+            repeat.launches[0](launch_stream(q), *ptrs, out.data_ptr(), lse.data_ptr())
+            return out, lse
         call = Call(template, q=q)
         qi, ki, vi = (call.input(x, words=words, aligned=True) for x in (q, k, v))
         out = call.output((B, H, Nq, D), words=words)
         lse = call.output((B, H, Nq), float32=True)
-        relaunch(plans, (qi, ki, vi), kern, grid, launch.threads, call.stream,
-                 (qi, ki, vi, out.arg, lse.arg, *head, *call.mask(), *tail),
+        args = (qi, ki, vi, out.arg, lse.arg, *head, *call.mask(), *tail)
+        relaunch(plans, (qi, ki, vi), kern, grid, launch.threads, call.stream, args,
                  sharedmem=launch.shared_bytes, fast=config.fast_launch)
+        repeat.record((q, k, v), (qi, ki, vi),
+                      lambda: [pointer_launch(kern, grid, launch.threads, launch.shared_bytes, args,
+                                              range(5))])
         return out.value(), lse.value()
     return run
 
@@ -613,8 +743,28 @@ def prepare_tensor_core_backward(problem, config, dq_kernel, dq_launch, kv_sched
     sizes = (H // Hkv, Nq, Nk)
     scale, n_q = np.float32(pb.scale), np.int64(Nq)
     first_plans, kv_plans, cvt_plans = {}, {}, {}
+    repeat = Repeat(template, config)
 
     def run(q, k, v, out, lse, dout):
+        ptrs = repeat.pointers((q, k, v, out, lse, dout))
+        if ptrs is not None:            # -- the operands' layout of the recorded call: repeat it --
+            p_q, p_k, p_v, p_out, p_lse, p_dout = ptrs
+            stream = launch_stream(q)
+            dq = repeat.empty(q, (B, H, Nq, D), q.dtype)
+            dk, dv = (repeat.empty(q, (B, Hkv, Nk, D), q.dtype) for _ in range(2))
+            delta = repeat.empty(q, (B, H, Nq), repeat.float32)
+            p_dq, p_dk, p_dv, p_delta = dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), delta.data_ptr()
+            first, dkdv = repeat.launches[:2]
+            if atomic:
+                acc = repeat.empty(q, (B, H, Nq, D), repeat.float32)
+                p_acc = acc.data_ptr()
+                first(stream, p_out, p_dout, p_delta, p_acc)
+                dkdv(stream, p_q, p_k, p_v, p_dout, p_lse, p_delta, p_dk, p_dv, p_acc)
+                repeat.launches[2](stream, p_acc, p_dq)
+            else:
+                first(stream, p_q, p_k, p_v, p_out, p_dout, p_lse, p_delta, p_dq)
+                dkdv(stream, p_q, p_k, p_v, p_dout, p_lse, p_delta, p_dk, p_dv)
+            return dq, dk, dv
         call = Call(template, q=q)
         qi, ki, vi, oi, doi = (call.input(x, words=words, aligned=True)
                                for x in (q, k, v, out, dout))
@@ -627,24 +777,30 @@ def prepare_tensor_core_backward(problem, config, dq_kernel, dq_launch, kv_sched
         if atomic:
             # -- delta and the zeroed accumulator, then dK/dV (and dQ += dS K), then dQ --
             acc = (call.output((B, H, Nq, D), float32=True).arg,)
-            relaunch(first_plans, (oi, doi), pre_kernel, pre_launch[0], pre_launch[1],
-                     call.stream, (oi, doi, delta.arg, acc[0], n_q), fast=config.fast_launch)
+            first_args = (oi, doi, delta.arg, acc[0], n_q)
+            first = (pre_kernel, pre_launch[0], pre_launch[1], 0, first_args, range(4))
         else:
             # -- dQ (and delta) first, then dK/dV, which reads delta --
-            dq_grid, dq_threads, dq_smem = dq_launch
-            relaunch(first_plans, (qi, ki, vi, oi, doi, li), dq_kernel, dq_grid, dq_threads,
-                     call.stream, (qi, ki, vi, oi, doi, li, delta.arg, dq.arg, *kv_schedule,
-                                   *sizes, *consts),
-                     sharedmem=dq_smem, fast=config.fast_launch)
+            first_args = (qi, ki, vi, oi, doi, li, delta.arg, dq.arg, *kv_schedule, *sizes,
+                          *consts)
+            first = (dq_kernel, dq_launch[0], dq_launch[1], dq_launch[2], first_args, range(8))
             acc = () if dq_acc is None else (device_const(
                 "dq_acc placeholder", lambda: np.zeros((1, 1, 1, 1), np.float32)),)
+        relaunch(first_plans, first_args[:6] if not atomic else (oi, doi), first[0], first[1],
+                 first[2], call.stream, first_args, sharedmem=first[3], fast=config.fast_launch)
+        kv_args = (qi, ki, vi, doi, li, delta.arg, dk.arg, dv.arg, *acc, *q_schedule, *sizes,
+                   *consts)
         relaunch(kv_plans, (qi, ki, vi, doi, li), dkdv_kernel, kv_grid, kv_threads,
-                 call.stream, (qi, ki, vi, doi, li, delta.arg, dk.arg, dv.arg, *acc,
-                               *q_schedule, *sizes, *consts),
-                 sharedmem=kv_smem, fast=config.fast_launch)
+                 call.stream, kv_args, sharedmem=kv_smem, fast=config.fast_launch)
+        launched = [first, (dkdv_kernel, kv_grid, kv_threads, kv_smem, kv_args,
+                            range(9 if atomic else 8))]
         if atomic:
+            cvt_args = (acc[0], dq.arg, n_q, scale)
             relaunch(cvt_plans, (), cvt_kernel, cvt_launch[0], cvt_launch[1], call.stream,
-                     (acc[0], dq.arg, n_q, scale), fast=config.fast_launch)
+                     cvt_args, fast=config.fast_launch)
+            launched.append((cvt_kernel, cvt_launch[0], cvt_launch[1], 0, cvt_args, range(2)))
+        repeat.record((q, k, v, out, lse, dout), (qi, ki, vi, oi, li, doi),
+                      lambda: [pointer_launch(*launch_) for launch_ in launched])
         return dq.value(), dk.value(), dv.value()
     return run
 
@@ -662,6 +818,14 @@ def tensor_core_backward_refusal(problem, config, family, dtypes, head_dims, til
         return (f"the block mask's tiles ({problem.block_q}, {problem.block_k}) must be "
                 f"multiples of 16 for {family}'s backward")
     return None
+
+
+def aligned_copy(t):
+    """A contiguous copy of the torch tensor ``t`` in new memory, whose start the caching
+    allocator aligns (``t.contiguous()`` would return a contiguous tensor unchanged, however
+    its start is aligned)."""
+    import torch
+    return t.clone(memory_format=torch.contiguous_format)
 
 
 # -- device constants ----------------------------------------------------------------------------
@@ -723,7 +887,7 @@ class Call:
                 t = t.float()
             if aligned and (t.stride(-1) != 1 or t.data_ptr() % 16
                             or any(s * t.element_size() % 16 for s in t.stride()[:-1])):
-                t = t.contiguous()
+                t = aligned_copy(t)
             return t.view(torch.int16 if word_bytes == 2 else torch.int32) if words else t
         from numba import cuda
         a = np.ascontiguousarray(x)

@@ -180,3 +180,35 @@ def test_dynamic_shared_memory_opt_in_is_a_lookup_once_done(monkeypatch):
             raise AssertionError("asked for the function at or below 48 KiB")
 
     host._opt_in(NoFunction(), 48 * 1024)
+
+
+def test_data_slots_hold_each_array_arguments_data_pointer():
+    """`kernels.host.PointerLaunch` rewrites only the parameter slots `_Plan.data_slots` names:
+    for a mix of torch tensors (ranks 1-4), Numba-typed scalars of 4 and 8 bytes and a second
+    tensor after them, each named slot of the packed parameters holds that argument's data
+    pointer, and writing new pointers there gives the parameters of the new arguments."""
+    import ctypes
+    import struct
+    torch = pytest.importorskip("torch")
+    from numba.cuda import types
+    a, b = torch.zeros(2, 3, 4, 5), torch.zeros(7, dtype=torch.int16)
+    c = torch.zeros(3, 4)[:, ::2]
+    args = (a, np.float32(1.5), np.int64(-3), b, np.uint32(7), c)
+    argtypes = (types.Array(types.float32, 4, "C"), types.float32, types.int64,
+                types.Array(types.int16, 1, "C"), types.uint32, types.Array(types.float32, 2, "A"))
+    plan = host._Plan(object(), argtypes, args, compiled=object())
+    assert plan.marshals_itself
+    plan.pack(args)
+    words = (ctypes.c_uint64 * (len(plan.packed.buffer) // 8)).from_buffer(plan.packed.buffer)
+    slots = plan.data_slots((0, 3, 5))
+    assert [words[s] for s in slots] == [a.data_ptr(), b.data_ptr(), c.data_ptr()]
+    # a: 5 + 2 * 4 slots, two scalars, b: 5 + 2 * 1 slots, one scalar; data is an array's fifth
+    assert slots == (4, 13 + 2 + 4, 13 + 2 + 7 + 1 + 4)
+    a2, b2, c2 = torch.ones(2, 3, 4, 5), torch.ones(7, dtype=torch.int16), torch.ones(3, 4)[:, ::2]
+    for s, t in zip(slots, (a2, b2, c2)):
+        words[s] = t.data_ptr()
+    repacked = plan.packed.struct.pack(*plan.values((a2, args[1], args[2], b2, args[4], c2)))
+    assert bytes(plan.packed.buffer)[:len(repacked)] == repacked
+    assert struct.unpack_from("<f", plan.packed.buffer, 8 * (plan.first_slots[1]))[0] == 1.5
+    with pytest.raises(ValueError, match="not an array"):
+        plan.data_slots((1,))

@@ -4,7 +4,9 @@ checked and prepared once per key (shapes, strides, dtypes, devices, flags), and
 run the prepared kernels directly.
 
 CPU: which calls have a key. GPU (``-m gpu``): a repeated call skips the checks (they are made
-to fail) and computes bitwise what the full path computes, for each family that prepares
+to fail) and computes bitwise what the full path computes; from its second run a prepared call
+repeats its recorded launches with new data pointers (`kernels.host.Repeat`: `kernels.host.Call`
+is made to fail), except for operands it cannot take (misaligned, other strides); for each family that prepares
 (``mma``, ``tf32``, ``split_kv``), strided inputs included, in inference and through autograd
 (forward and backward; on sm_90 the half-precision dQ is summed by float32 atomics in a varying
 order, so it is held to the dtype's rounding there, `_same_grad`); a family that prepares nothing (``simt``) takes the full path every
@@ -167,3 +169,129 @@ def test_prepared_forward_with_a_backward_that_is_not_prepared(cuda):
     want = _fwd_bwd(q, k, v, dout, block_q=64, block_k=64)
     for name_, a, b in zip(("out", "dq", "dk", "dv"), got, want):
         assert _same_grad(name_, a, b), name_
+
+
+# -- the third call: the recorded launches repeated with new data pointers (kernels.host.Repeat) --
+def _no_call(monkeypatch):
+    """Make `kernels.host.Call` (the full host path of a prepared run) fail if constructed."""
+    from kernels import host
+
+    def boom(*a, **k):
+        raise AssertionError("the repeated call went through kernels.host.Call")
+    monkeypatch.setattr(host, "Call", boom)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(CASES))
+def test_third_call_repeats_the_recorded_launches(cuda, name, monkeypatch):
+    """Call 1 checks and prepares, call 2 runs the prepared kernels in full and records their
+    launches, call 3 (new tensors) only writes its pointers into them: bitwise the full path."""
+    dtype, sq, skv, kw, transposed = CASES[name]
+    g = torch.Generator(device="cuda").manual_seed(3)
+    _backends._PREPARED.clear()
+    with torch.inference_mode():
+        for _ in range(2):
+            attention(*_inputs(g, sq, skv, dtype, transposed), backend="numba", **kw)
+        q, k, v = _inputs(g, sq, skv, dtype, transposed)
+        _no_call(monkeypatch)
+        out, lse = attention(q, k, v, backend="numba", return_lse=True, **kw)
+        monkeypatch.undo()
+        _backends._PREPARED.clear()
+        want, want_lse = attention(q, k, v, backend="numba", return_lse=True, **kw)
+    assert out.shape == want.shape and out.dtype == want.dtype and lse.dtype == want_lse.dtype
+    assert torch.equal(out, want) and torch.equal(lse, want_lse)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", [n for n in CASES if not n.startswith("split_kv")])
+def test_third_training_call_repeats_the_recorded_launches(cuda, name, monkeypatch):
+    dtype, sq, skv, kw, transposed = CASES[name]
+    g = torch.Generator(device="cuda").manual_seed(4)
+    _backends._PREPARED.clear()
+    dout = torch.randn(sq, device="cuda", dtype=dtype, generator=g)
+    for _ in range(2):
+        _fwd_bwd(*_inputs(g, sq, skv, dtype, transposed), dout, **kw)
+    q, k, v = _inputs(g, sq, skv, dtype, transposed)
+    _no_call(monkeypatch)
+    got = _fwd_bwd(q, k, v, dout, **kw)
+    monkeypatch.undo()
+    _backends._PREPARED.clear()
+    want = _fwd_bwd(q, k, v, dout, **kw)
+    for name_, a, b in zip(("out", "dq", "dk", "dv"), got, want):
+        assert a.shape == b.shape and a.dtype == b.dtype and _same_grad(name_, a, b), name_
+
+
+def _misaligned_like(x):
+    """A tensor equal to ``x``, of its shape and strides, whose start is not 16-byte aligned."""
+    flat = torch.empty(x.numel() + 16, device=x.device, dtype=x.dtype)
+    y = flat[1:1 + x.numel()].view(x.shape)
+    y.copy_(x)
+    assert y.data_ptr() % 16 and y.stride() == x.stride()
+    return y
+
+
+@pytest.mark.gpu
+def test_a_call_the_recorded_launches_cannot_take_runs_in_full(cuda, monkeypatch):
+    """Operands of the recorded shapes but a misaligned start, or other strides, are never
+    given to the recorded launches: they take the full path (which copies them)."""
+    from kernels import host
+    g = torch.Generator(device="cuda").manual_seed(5)
+    shape = (2, 4, 256, 64)
+    _backends._PREPARED.clear()
+    with torch.inference_mode():
+        for _ in range(2):
+            attention(*(torch.randn(shape, device="cuda", dtype=torch.float16, generator=g)
+                        for _ in range(3)), backend="numba")
+        q, k, v = (torch.randn(shape, device="cuda", dtype=torch.float16, generator=g)
+                   for _ in range(3))
+        full = []
+        real_call = host.Call
+        monkeypatch.setattr(host, "Call", lambda *a, **kw: full.append(1) or real_call(*a, **kw))
+        got = attention(_misaligned_like(q), k, v, backend="numba")
+        assert full, "a misaligned operand was given to the recorded launch"
+        monkeypatch.undo()
+        _backends._PREPARED.clear()
+        want = attention(q, k, v, backend="numba")
+    assert torch.equal(got, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family,dtype,dq", [("mma", torch.float16, "kernel"),
+                                             ("mma", torch.bfloat16, "atomic"),
+                                             ("tf32", torch.float32, None)])
+def test_prepared_kernels_repeat_bitwise(cuda, family, dtype, dq, monkeypatch):
+    """`kernels.prepare_forward` / `prepare_backward` of each tensor-core family (both dQ modes
+    of the mma backward): the third run (recorded launches) computes bitwise what
+    `kernels.forward` / `kernels.backward` compute on the same operands."""
+    import kernels
+    from ioaware._inputs import check_inputs
+    g = torch.Generator(device="cuda").manual_seed(6)
+
+    def fresh():
+        return [torch.randn(2, 4, 200, 64, device="cuda", dtype=dtype, generator=g)
+                for _ in range(4)]
+    q, k, v, dout = fresh()
+    pb = check_inputs(q, k, v, causal=True)
+    cfg = kernels.KernelConfig(family=family, backward_dq=dq)
+    fwd, bwd = kernels.prepare_forward(pb, cfg), kernels.prepare_backward(pb, cfg)
+    for _ in range(2):
+        q_, k_, v_, do_ = fresh()
+        o_, l_ = fwd(q_, k_, v_)
+        bwd(q_, k_, v_, o_, l_, do_)
+    q, k, v, dout = fresh()
+    _no_call(monkeypatch)
+    out, lse = fwd(q, k, v)
+    grads = bwd(q, k, v, out, lse, dout)
+    monkeypatch.undo()
+    pb = check_inputs(q, k, v, causal=True)
+    want_out, want_lse = kernels.forward(pb, cfg)
+    want = kernels.backward(pb, want_out, want_lse, dout, cfg)
+    assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+    for name_, a, b in zip(("dq", "dk", "dv"), grads, want):
+        assert a.dtype == b.dtype and _same_grad(name_ if dq == "atomic" else "", a, b), name_
+    # a misaligned operand is copied by the full path, never given to the recorded launches
+    out_m, lse_m = fwd(_misaligned_like(q), k, v)
+    grads_m = bwd(q, _misaligned_like(k), v, out, lse, _misaligned_like(dout))
+    assert torch.equal(out_m, want_out) and torch.equal(lse_m, want_lse)
+    for name_, a, b in zip(("dq", "dk", "dv"), grads_m, want):
+        assert _same_grad(name_ if dq == "atomic" else "", a, b), name_
