@@ -448,19 +448,21 @@ class PointerLaunch:
 
 
 class Repeat:
-    """The fast path of a prepared call (`prepare_tensor_core_forward`, ...): once a first call
-    ran in full with operands it used in place (no copy), later calls whose operands have that
-    call's shapes, strides, dtypes and device, and 16-byte aligned starts, only allocate their
-    outputs and repeat that call's launches (`PointerLaunch`) with the new data pointers: none
-    of `Call`'s work, no signature lookup, no marshalling. Recorded only for torch CUDA calls on
-    the fast launch path without a mask or cache lengths (whose device copies are made per
-    call)."""
-    __slots__ = ("enabled", "layout", "launches", "float32", "_empty")
+    """The fast path of a prepared call (`prepare_tensor_core_forward`, ...): once its second
+    call ran in full with operands it used in place (no copy), later calls whose operands have
+    that call's shapes, strides, dtypes and device, and 16-byte aligned starts, only allocate
+    their outputs and repeat that call's launches (`PointerLaunch`) with the new data pointers:
+    none of `Call`'s work, no signature lookup, no marshalling. The second call, not the first:
+    a family's one-shot ``forward`` (prepare, then run once) records nothing. Recorded only for
+    torch CUDA calls on the fast launch path without a mask or cache lengths (whose device
+    copies are made per call)."""
+    __slots__ = ("enabled", "full_runs", "layout", "launches", "float32", "_empty")
 
     def __init__(self, template, config):
         self.enabled = (template.kind == "torch" and template.mask is None
                         and getattr(template, "cache_seqlens", None) is None
                         and bool(getattr(config, "fast_launch", True)) and real_gpu())
+        self.full_runs = 0
         self.layout = self.launches = self.float32 = self._empty = None
 
     def pointers(self, operands):
@@ -477,10 +479,14 @@ class Repeat:
         return ptrs
 
     def record(self, operands, kernel_operands, make_launches) -> None:
-        """After a full call: keep ``make_launches()`` (its `pointer_launch` es) and the operands'
-        layout, if the kernels took the operands in place (``kernel_operands``, what `Call.input`
-        gave, start where ``operands`` start) and every launch can be repeated."""
+        """After a full call (from the second on): keep ``make_launches()`` (its
+        `pointer_launch` es) and the operands' layout, if the kernels took the operands in place
+        (``kernel_operands``, what `Call.input` gave, start where ``operands`` start) and every
+        launch can be repeated."""
         if not self.enabled or self.launches is not None:
+            return
+        self.full_runs += 1
+        if self.full_runs < 2:
             return
         if any(a.data_ptr() != b.data_ptr() for a, b in zip(operands, kernel_operands)):
             return

@@ -4,8 +4,8 @@ checked and prepared once per key (shapes, strides, dtypes, devices, flags), and
 run the prepared kernels directly.
 
 CPU: which calls have a key. GPU (``-m gpu``): a repeated call skips the checks (they are made
-to fail) and computes bitwise what the full path computes; from its second run a prepared call
-repeats its recorded launches with new data pointers (`kernels.host.Repeat`: `kernels.host.Call`
+to fail) and computes bitwise what the full path computes; from its third run a prepared call
+repeats the launches its second run recorded with new data pointers (`kernels.host.Repeat`: `kernels.host.Call`
 is made to fail), except for operands it cannot take (misaligned, other strides); for each family that prepares
 (``mma``, ``tf32``, ``split_kv``), strided inputs included, in inference and through autograd
 (forward and backward; on sm_90 the half-precision dQ is summed by float32 atomics in a varying
@@ -36,6 +36,39 @@ def test_only_plain_cuda_calls_have_a_key():
         assert _backends.prepared_key(c, c, c, None, None, None, 0.1, FLAGS) is None
         assert _backends.prepared_key(c, c, c, torch.ones(8, 8, dtype=torch.bool, device="cuda"),
                                       None, None, 0.0, FLAGS) is None
+
+
+def test_repeat_records_on_the_second_full_run_and_guards_the_layout(monkeypatch):
+    """`kernels.host.Repeat` (CPU tensors stand in for the device's): nothing is recorded by a
+    first full run (a one-shot forward), the second records; recorded launches are offered only
+    to operands of the recorded shapes, strides, dtypes and device with 16-byte aligned starts,
+    and never where the kernels were given copies, a mask, or Numba's launch path."""
+    from types import SimpleNamespace
+
+    from kernels import KernelConfig, host
+    monkeypatch.setattr(host, "real_gpu", lambda: True)
+    template = SimpleNamespace(kind="torch", mask=None, cache_seqlens=None)
+    ops = [torch.zeros(2, 3, 8, 16) for _ in range(2)]
+    repeat = host.Repeat(template, KernelConfig())
+    launches = [object()]
+    repeat.record(ops, ops, lambda: launches)
+    assert repeat.launches is None and repeat.pointers(ops) is None
+    repeat.record(ops, ops, lambda: launches)
+    assert repeat.launches is launches
+    fresh = [torch.ones(2, 3, 8, 16) for _ in range(2)]
+    assert repeat.pointers(fresh) == [x.data_ptr() for x in fresh]
+    flat = torch.zeros(2 * 3 * 8 * 16 + 4)
+    for other in (torch.zeros(2, 3, 8, 16, dtype=torch.float64), torch.zeros(2, 3, 16, 8),
+                  torch.zeros(2, 8, 3, 16).transpose(1, 2), flat[1:1 + 768].view(2, 3, 8, 16)):
+        assert repeat.pointers([other, fresh[1]]) is None
+    copied = host.Repeat(template, KernelConfig())
+    for _ in range(2):
+        copied.record(ops, [ops[0], ops[1].clone()], lambda: launches)
+    assert copied.launches is None
+    for tmpl, cfg in ((SimpleNamespace(kind="torch", mask=ops[0], cache_seqlens=None), KernelConfig()),
+                      (template, KernelConfig(fast_launch=False)),
+                      (SimpleNamespace(kind="numpy", mask=None, cache_seqlens=None), KernelConfig())):
+        assert not host.Repeat(tmpl, cfg).enabled
 
 
 @pytest.fixture
@@ -171,7 +204,7 @@ def test_prepared_forward_with_a_backward_that_is_not_prepared(cuda):
         assert _same_grad(name_, a, b), name_
 
 
-# -- the third call: the recorded launches repeated with new data pointers (kernels.host.Repeat) --
+# -- the recorded launches repeated with new data pointers (kernels.host.Repeat) --
 def _no_call(monkeypatch):
     """Make `kernels.host.Call` (the full host path of a prepared run) fail if constructed."""
     from kernels import host
@@ -183,14 +216,15 @@ def _no_call(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", list(CASES))
-def test_third_call_repeats_the_recorded_launches(cuda, name, monkeypatch):
-    """Call 1 checks and prepares, call 2 runs the prepared kernels in full and records their
-    launches, call 3 (new tensors) only writes its pointers into them: bitwise the full path."""
+def test_a_prepared_call_repeats_the_recorded_launches(cuda, name, monkeypatch):
+    """Call 1 checks and prepares, calls 2 and 3 run the prepared kernels in full (the second
+    of them records their launches), call 4 (new tensors) only writes its pointers into them:
+    bitwise the full path."""
     dtype, sq, skv, kw, transposed = CASES[name]
     g = torch.Generator(device="cuda").manual_seed(3)
     _backends._PREPARED.clear()
     with torch.inference_mode():
-        for _ in range(2):
+        for _ in range(3):
             attention(*_inputs(g, sq, skv, dtype, transposed), backend="numba", **kw)
         q, k, v = _inputs(g, sq, skv, dtype, transposed)
         _no_call(monkeypatch)
@@ -204,12 +238,12 @@ def test_third_call_repeats_the_recorded_launches(cuda, name, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", [n for n in CASES if not n.startswith("split_kv")])
-def test_third_training_call_repeats_the_recorded_launches(cuda, name, monkeypatch):
+def test_a_prepared_training_call_repeats_the_recorded_launches(cuda, name, monkeypatch):
     dtype, sq, skv, kw, transposed = CASES[name]
     g = torch.Generator(device="cuda").manual_seed(4)
     _backends._PREPARED.clear()
     dout = torch.randn(sq, device="cuda", dtype=dtype, generator=g)
-    for _ in range(2):
+    for _ in range(3):
         _fwd_bwd(*_inputs(g, sq, skv, dtype, transposed), dout, **kw)
     q, k, v = _inputs(g, sq, skv, dtype, transposed)
     _no_call(monkeypatch)
@@ -239,7 +273,7 @@ def test_a_call_the_recorded_launches_cannot_take_runs_in_full(cuda, monkeypatch
     shape = (2, 4, 256, 64)
     _backends._PREPARED.clear()
     with torch.inference_mode():
-        for _ in range(2):
+        for _ in range(3):
             attention(*(torch.randn(shape, device="cuda", dtype=torch.float16, generator=g)
                         for _ in range(3)), backend="numba")
         q, k, v = (torch.randn(shape, device="cuda", dtype=torch.float16, generator=g)
@@ -261,7 +295,7 @@ def test_a_call_the_recorded_launches_cannot_take_runs_in_full(cuda, monkeypatch
                                              ("tf32", torch.float32, None)])
 def test_prepared_kernels_repeat_bitwise(cuda, family, dtype, dq, monkeypatch):
     """`kernels.prepare_forward` / `prepare_backward` of each tensor-core family (both dQ modes
-    of the mma backward): the third run (recorded launches) computes bitwise what
+    of the mma backward): the third run (the launches the second recorded) computes bitwise what
     `kernels.forward` / `kernels.backward` compute on the same operands."""
     import kernels
     from ioaware._inputs import check_inputs
