@@ -222,7 +222,6 @@ def _check_like(name, x, q, shape, dtype):
 
 
 @functools.cache
-@functools.lru_cache(maxsize=1)
 def _zero_seed(torch):
     """The seed tensor of calls without dropout, one per process (never written: the operators
     only read it); made outside inference mode, so that autograd may save it whichever call

@@ -413,7 +413,8 @@ class PointerLaunch:
     the first launch: the caller checks that). A call writes those pointers into its own copy
     of the packed parameters (one 8-byte store each) and calls ``cuLaunchKernel``: no argument
     typing, signature lookup or marshalling. The fixed arguments (tile schedules, constants)
-    are referenced here, so their device memory outlives the launch. Build it with
+    are referenced here, so their device memory outlives the launch; the first launch's
+    operands and outputs are not (their memory is the caller's). Build it with
     `pointer_launch` after the first launch went through `launch` or `relaunch`."""
     __slots__ = ("handle", "dims", "sharedmem", "device", "slots", "words", "address", "lock",
                  "keep", "label")
@@ -427,7 +428,10 @@ class PointerLaunch:
         packed = _Packed(plan.codes)
         packed.struct.pack_into(packed.buffer, 0, *plan.values(args))
         self.words = (ctypes.c_uint64 * (len(packed.buffer) // 8)).from_buffer(packed.buffer)
-        self.address, self.keep = packed.address, (packed, tuple(args))
+        # the fixed arguments only: the first call's operands and outputs are not kept alive
+        varying = set(positions)
+        fixed = tuple(a for i, a in enumerate(args) if i not in varying)
+        self.address, self.keep = packed.address, (packed, fixed)
         self.handle = plan.function(device).handle
         self.dims = plan.grid_block(grid, block)
         self.sharedmem, self.device, self.lock = int(sharedmem), device, threading.Lock()

@@ -311,7 +311,14 @@ def test_prepared_kernels_repeat_bitwise(cuda, family, dtype, dq, monkeypatch):
     for _ in range(2):
         q_, k_, v_, do_ = fresh()
         o_, l_ = fwd(q_, k_, v_)
-        bwd(q_, k_, v_, o_, l_, do_)
+        grads_ = bwd(q_, k_, v_, o_, l_, do_)
+    # the recorded launches keep their fixed arguments alive, not the recording run's tensors
+    import gc
+    import weakref
+    recorded = [weakref.ref(t) for t in (q_, k_, v_, do_, o_, l_, *grads_)]
+    del q_, k_, v_, do_, o_, l_, grads_
+    gc.collect()
+    assert all(r() is None for r in recorded)
     q, k, v, dout = fresh()
     _no_call(monkeypatch)
     out, lse = fwd(q, k, v)
