@@ -11,7 +11,7 @@ COMMANDS = {"bench": "bench", "measure": "measure", "ncu": "ncu", "tune": "tune"
             "resources": "resources", "check": "check", "sanitize": "sanitize",
             "host-cost": "host_cost", "ring": "ring", "decode": "decode",
             "first-call": "first_call", "train-step": "train_step", "rates": "rates", "pick": "pick",
-            "fp8": "fp8"}
+            "fp8": "fp8", "replace": "replace"}
 #: Commands that only compile (PTX, ptxas) and need Numba's real CUDA target, not its simulator.
 COMPILE_ONLY = ("resources", "check")
 

@@ -333,3 +333,32 @@ def test_mma_backward_records_name_the_dq_mode_the_launcher_runs_at_their_head_d
         assert rec["dq_mode"] == want
     fwd = measure.empty_record(measure.normalize_config(_cfg(variant="mma", dtype="fp16")))
     assert "dq_mode" not in fwd
+
+
+def test_replace_puts_remeasured_records_in_place():
+    """`benchmarks replace`: each re-measured record takes the place of the one with its
+    configuration, the others stay, the provenance gains an entry (appended after an earlier
+    one); another GPU, or a record that matches none, writes nothing."""
+    import pytest
+
+    from benchmarks.replace import replace_records
+
+    def rec(variant, n, t):
+        return {"kernel": "ioaware-numba", "variant": variant, "pass": "bwd", "dtype": "fp16",
+                "batch": 4, "heads": 8, "heads_kv": 8, "seq_len_q": n, "seq_len_k": n,
+                "head_dim": 64, "causal": False, "time_ms": t}
+    into = {"schema": "s", "provenance": {"gpu": "G", "records_replaced": {"records": "older"}},
+            "records": [rec("mma", 1500, 1.0), rec("tf32", 1500, 2.0), rec("mma", 3000, 3.0)]}
+    new = {"provenance": {"gpu": "G", "command": "measure ...", "ncu": {"command": "ncu ..."},
+                          "date": "D", "sources_sha": "abc"},
+           "records": [rec("mma", 3000, 0.5), rec("mma", 1500, 0.25)]}
+    out = replace_records(into, new, "the mma backward", earlier="git show X:F")
+    assert [r["time_ms"] for r in out["records"]] == [0.25, 2.0, 0.5]
+    assert into["records"][0]["time_ms"] == 1.0                  # the input is not changed
+    entries = out["provenance"]["records_replaced"]
+    assert entries[0] == {"records": "older"} and entries[1]["count"] == 2
+    assert entries[1]["ncu_command"] == "ncu ..." and entries[1]["earlier"] == "git show X:F"
+    with pytest.raises(ValueError, match="measured on"):
+        replace_records(into, {**new, "provenance": {"gpu": "H"}}, "x")
+    with pytest.raises(ValueError, match="0 records"):
+        replace_records(into, {**new, "records": [rec("mma", 999, 1.0)]}, "x")
