@@ -33,6 +33,8 @@ options); each command is one module with a ``main(argv)``:
 * ``pick`` (`benchmarks.pick`): every legal tile configuration timed against the model's pick.
 * ``fp8`` (`benchmarks.fp8`): the FP8 forward (`ioaware.fp8`) against our float16 forward and
   SDPA's FLASH and cuDNN in one run, and its error on FlashAttention-3's outlier inputs.
+* ``replace`` (`benchmarks.replace`): re-measured records put into a shipped results file in
+  place of those of the same configuration, noted in its provenance (CPU).
 
 `benchmarks.common` holds what several commands share (timing by CUDA events, provenance,
 compiling for sm_90). ``bash benchmarks/gpu_job.sh MODE ...`` runs the usual sets on a GPU
