@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import kernels
@@ -327,11 +327,18 @@ def test_window_never_loads_tiles_outside_it():
 @settings(max_examples=6)
 @given(nq=st.integers(1, 24), nk=st.integers(1, 24), left=st.integers(-1, 10),
        right=st.integers(-1, 10), causal=st.booleans(), seed=st.integers(0, 2**31))
+@example(nq=1, nk=2, left=-1, right=-1, causal=True, seed=0)
 def test_window_random_shapes(nq, nk, left, right, causal, seed):
     rng = np.random.default_rng(seed)
     q, k, v, do = make(rng, 1, 2, 1, nq, nk, 8)
-    run_both(q, k, v, do, causal="bottom_right" if causal else False, window_size=(left, right),
-             block_q=8, block_k=8)
+    kw = dict(causal="bottom_right" if causal else False, window_size=(left, right), block_q=8,
+              block_k=8)
+    if causal and nq != nk and (left, right) == (-1, -1):
+        # (-1, -1) is no window: bottom-right alignment with Nq != Nk alone is refused by name
+        with pytest.raises(ValueError, match="bottom-right causal alignment"):
+            run_both(q, k, v, do, **kw)
+        return
+    run_both(q, k, v, do, **kw)
 
 
 def test_window_through_the_public_api_on_backend_numba():
