@@ -1,7 +1,9 @@
 """Command ``decode``: decoding with a KV cache against PyTorch SDPA, and sliding-window attention.
 
     python -m benchmarks decode [--batch 1,8,64] [--seq-len-k 4k,32k,128k] [--dtypes bf16,fp16]
-                                [--splits] [--window] [--graph] [--ncu] [--out FILE.json]
+                                [--splits] [--window] [--graph] [--ncu] [--rates RATES.json]
+                                [--out FILE.json]
+    python -m benchmarks decode --report FILE.json [--rates RATES.json]      (no GPU)
 
 Decode cases (Hq=32, Hkv=8, d=128, one query per sequence, every cache length Nk): in one run,
 CUDA-event medians (`benchmarks.common.time_cuda`) of
@@ -28,7 +30,15 @@ captured with ``torch.cuda.graph`` (or ``torch.compile(mode="reduce-overhead")``
 causal, and SDPA with the equivalent boolean band mask and with ``is_causal=True``. ``--ncu``
 profiles our decode kernels once per case under Nsight Compute (``dram__bytes_read.sum``,
 ``dram__bytes_write.sum``, L2 flushed before each kernel) and records the measured DRAM bytes
-beside the model's. Writes a JSON file with provenance.
+beside the model's. ``--rates`` prices the model at the GPU's measured rates (a file of
+``python -m benchmarks rates``; without it, the datasheet's). Writes a JSON file with provenance.
+
+``--report FILE`` re-prices every decode record of a results file with today's plan
+(`sim.decode.split_kv_plan`, `sim.decode.split_kv_costs` on the file's GPU profile, at the rates
+of ``--rates``) and prints, per record and in all, the model against #17's targets: DRAM bytes
+against Nsight Compute's (within 5 %), time against our GPU time alone (``ioaware_device_ms``;
+within 15 %), and the split count it picks against the best of the ``--splits`` sweep (within
+5 %; where today's pick is the one the file timed). Nothing is fitted on the file.
 """
 from __future__ import annotations
 
@@ -247,6 +257,78 @@ def ncu_counters(cases: list[dict]) -> list[dict]:
     return out
 
 
+#: #17's targets for the decode model: DRAM bytes, time, and the split count's loss.
+REPORT_TARGETS = {"dram": 0.05, "time": 0.15, "splits": 0.05}
+
+
+def decode_report(doc: dict, profile) -> tuple[list[dict], dict]:
+    """``(rows, summary)``: each decode record of a results document re-priced by today's plan on
+    ``profile`` (a `sim.profiles.GPUProfile`, with measured rates if loaded with them): splits,
+    predicted ms, our GPU ms, the relative errors of time and DRAM read bytes (None where the
+    record has no GPU time or counters), and the loss of the split pick (None where the file
+    did not time today's pick); ``summary``: per metric the records scored, the median
+    |error| and how many are within `REPORT_TARGETS`."""
+    from sim.decode import split_kv_costs, split_kv_plan
+    rows = []
+    for r in doc.get("decode", []):
+        element = 4 if r["dtype"] == "fp32" else 2
+        plan = split_kv_plan(r["batch"], r["heads_q"], r["heads_kv"], r["seq_len_q"],
+                             r["seq_len_k"], r["head_dim"], element, profile.num_sms)
+        cost = split_kv_costs(plan, profile)
+        gpu_ms = r.get("ioaware_device_ms")
+        dram = (r.get("ncu") or {}).get("dram__bytes_read.sum")
+        sweep = {int(k): v for k, v in (r.get("splits_ms") or {}).items() if v}
+        loss = None
+        if sweep:
+            best = min(sweep.values())
+            if plan.splits in sweep:
+                loss = sweep[plan.splits] / best - 1
+            elif (r.get("model") or {}).get("splits") == plan.splits:
+                loss = r.get("splits_model_loss")      # the run timed this pick apart
+        rows.append({"batch": r["batch"], "seq_len_k": r["seq_len_k"], "dtype": r["dtype"],
+                     "splits": plan.splits, "splits_best": r.get("splits_best"),
+                     "model_ms": cost["time_s"] * 1e3, "gpu_ms": gpu_ms,
+                     "time_rel_error": cost["time_s"] / (gpu_ms * 1e-3) - 1 if gpu_ms else None,
+                     "dram_rel_error": cost["dram_read_bytes"] / dram - 1 if dram else None,
+                     "splits_loss": loss})
+    summary = {}
+    for metric, key in (("dram", "dram_rel_error"), ("time", "time_rel_error"),
+                        ("splits", "splits_loss")):
+        errs = sorted(abs(row[key]) for row in rows if row[key] is not None)
+        summary[metric] = {
+            "n": len(errs), "target": REPORT_TARGETS[metric],
+            "median_abs": (errs[len(errs) // 2] if len(errs) % 2 else
+                           (errs[len(errs) // 2 - 1] + errs[len(errs) // 2]) / 2) if errs else None,
+            "within": sum(e <= REPORT_TARGETS[metric] for e in errs)}
+    return rows, summary
+
+
+def _print_report(path, profile, rows, summary) -> None:
+    from sim.plan import rates_of
+    _, sources = rates_of(profile)
+    print(f"# {path}: the decode model (today's plan, profile {profile.name}, DRAM and launch at "
+          f"{sources['dram_bytes_per_s']}/{sources['launch_s']} rates) against the file's "
+          f"measurements; nothing fitted on the file")
+    print(f"{'dtype':5} {'B':>3} {'Nk':>7} {'splits':>6} {'best':>4} {'model ms':>9} "
+          f"{'GPU ms':>8} {'time err':>8} {'DRAM err':>8} {'split loss':>10}")
+
+    def pct(v):
+        return "—" if v is None else f"{v:+.1%}"
+    for row in rows:
+        gpu = "—" if row["gpu_ms"] is None else f"{row['gpu_ms']:.4f}"
+        print(f"{row['dtype']:5} {row['batch']:>3} {row['seq_len_k']:>7} {row['splits']:>6} "
+              f"{row['splits_best'] or '—':>4} {row['model_ms']:>9.4f} {gpu:>8} "
+              f"{pct(row['time_rel_error']):>8} {pct(row['dram_rel_error']):>8} "
+              f"{pct(row['splits_loss']):>10}")
+    for metric, what in (("dram", "DRAM read bytes against Nsight Compute's"),
+                         ("time", "time against our GPU time alone"),
+                         ("splits", "the split pick's loss against the best timed")):
+        m = summary[metric]
+        med = "—" if m["median_abs"] is None else f"{m['median_abs']:.1%}"
+        print(f"{what}: {m['n']} records, median |error| {med}, {m['within']} of {m['n']} within "
+              f"{m['target']:.0%}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks decode",
                                  description=first_sentence(__doc__))
@@ -258,19 +340,34 @@ def main(argv=None) -> int:
     ap.add_argument("--graph", action="store_true",
                     help="also time each contender replayed from a CUDA graph (no host work)")
     ap.add_argument("--ncu", action="store_true", help="DRAM bytes of our kernels by Nsight Compute")
+    ap.add_argument("--rates", default=None,
+                    help="price the model at this GPU's measured rates (python -m benchmarks rates)")
+    ap.add_argument("--report", default=None, metavar="FILE",
+                    help="re-price a decode results file's records and score the model (no GPU)")
     ap.add_argument("--out", default=None, help="JSON file to write")
     ap.add_argument("--ncu-child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.ncu_child:
         return _ncu_child(args.ncu_child)
+    from sim.profiles import load_profile, profile_for_gpu_name
+    if args.report:
+        with open(args.report) as fh:
+            doc = json.load(fh)
+        gpu_name = doc.get("provenance", {}).get("gpu", "")
+        name = doc.get("provenance", {}).get("profile") or profile_for_gpu_name(gpu_name).name
+        profile = load_profile(name, rates=args.rates)
+        rows, summary = decode_report(doc, profile)
+        _print_report(args.report, profile, rows, summary)
+        return 0
     import torch
 
-    from sim.profiles import profile_for_gpu_name
     if not torch.cuda.is_available():
         print("python -m benchmarks decode: needs a CUDA GPU", file=sys.stderr)
         return 2
     gpu_name = torch.cuda.get_device_name()
     gpu = profile_for_gpu_name(gpu_name)
+    if args.rates:
+        gpu = load_profile(gpu.name, rates=args.rates)
     peak = peak_copy_bandwidth(torch)
     print(f"# {gpu_name}: device-to-device copy {peak / 1e12:.2f} TB/s; model profile {gpu.name}")
     cases, records = [], []

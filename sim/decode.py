@@ -23,6 +23,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+from .plan import rates_of
+
 __all__ = ["SplitKVPlan", "split_kv_plan", "choose_splits", "split_kv_costs", "WARPS",
            "KEYS_PER_STEP", "MAX_SEQLEN_Q", "rows_per_program", "lanes_per_key", "elements_per_lane"]
 
@@ -169,11 +171,14 @@ def split_kv_costs(plan: SplitKVPlan, gpu, keys_read: int | None = None) -> dict
     * merge: the partials read, the output (in the input dtype: the cast is fused) and the
       float32 logsumexp written.
 
-    Time: the main kernel streams its DRAM bytes at ``hbm_bandwidth_bytes_per_s`` stretched by
-    the last wave's idle SMs (``waves / ceil(waves)`` efficiency, one wave = ``num_sms *``
-    `RESIDENT_PROGRAMS_PER_SM` programs) or runs its FLOPs at ``fp32_flops_per_s`` (CUDA cores),
-    whichever is longer; the merge streams its bytes. Launch overheads are not
-    included (``launches`` says how many kernels run).
+    Time, at the rates `sim.plan.price` prices every plan at (`sim.plan.rates_of`: the GPU's
+    measured rates where its profile was loaded with a rates file, ``sim.load_profile(name,
+    rates=FILE)``, else the datasheet's; ``rates`` says which): the main kernel streams its DRAM
+    bytes at the DRAM rate stretched by the last wave's idle SMs (``waves / ceil(waves)``
+    efficiency, one wave = ``num_sms *`` `RESIDENT_PROGRAMS_PER_SM` programs) or runs its FLOPs
+    at the FFMA rate (CUDA cores), whichever is longer; the merge streams its bytes; each of
+    the ``launches`` kernels adds the launch cost (``kernel_launch_s`` of a rates file, as
+    `sim.plan.price` adds it per kernel; 0 at datasheet rates, which have none).
     """
     p = plan
     keys = p.seqlen_k if keys_read is None else keys_read
@@ -190,9 +195,12 @@ def split_kv_costs(plan: SplitKVPlan, gpu, keys_read: int | None = None) -> dict
     wave = gpu.num_sms * RESIDENT_PROGRAMS_PER_SM
     waves = p.programs * p.splits / wave
     wave_efficiency = waves / math.ceil(waves) if waves > 0 else 1.0
-    bw = gpu.hbm_bandwidth_bytes_per_s
-    main_time = max(main_dram / bw / wave_efficiency, flops / gpu.fp32_flops_per_s)
-    merge_time = merge_bytes / bw
+    rates, sources = rates_of(gpu)
+    bw = rates["dram_bytes_per_s"]
+    launches = 2
+    launch_s = rates["launch_s"] or 0.0
+    main_time = launch_s + max(main_dram / bw / wave_efficiency, flops / rates["ffma_flops_per_s"])
+    merge_time = launch_s + merge_bytes / bw
     return {
         "splits": p.splits,
         "rows_per_program": p.rows_per_program,
@@ -208,5 +216,7 @@ def split_kv_costs(plan: SplitKVPlan, gpu, keys_read: int | None = None) -> dict
         "time_main_s": main_time,
         "time_merge_s": merge_time,
         "time_s": main_time + merge_time,
-        "launches": 2,
+        "launches": launches,
+        "rates": {name: sources[name] for name in ("dram_bytes_per_s", "ffma_flops_per_s",
+                                                   "launch_s")},
     }
