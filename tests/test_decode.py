@@ -230,6 +230,60 @@ def test_kv_is_counted_once_per_kv_head():
     assert costs["time_s"] >= costs["kv_bytes"] / H100.hbm_bandwidth_bytes_per_s
 
 
+def test_costs_take_the_measured_rates_and_a_launch_per_kernel(tmp_path):
+    """At a profile loaded with a rates file, the time is the DRAM bytes at the measured DRAM
+    rate (stretched by the wave) plus the merge, plus one measured launch cost per kernel; at
+    datasheet rates there is no launch cost and the datasheet bandwidth prices the bytes."""
+    import json
+    from pathlib import Path
+    rates_file = Path(__file__).resolve().parent.parent / "results" / "rates_h100_2026-11-24.json"
+    rates = {k: v["value"] for k, v in json.loads(rates_file.read_text())["rates"].items()}
+    measured = load_profile("h100", rates=str(rates_file))
+    plan = split_kv_plan(64, 32, 8, 1, 32768, 128, 2, H100.num_sms)
+    c, d = split_kv_costs(plan, measured), split_kv_costs(plan, H100)
+    assert c["rates"] == {"dram_bytes_per_s": "measured", "ffma_flops_per_s": "measured",
+                          "launch_s": "measured"}
+    assert d["rates"]["launch_s"] == "datasheet"
+    bw = rates["dram_copy_bytes_per_s"]
+    main_dram = c["dram_read_bytes"]        # what the main kernel moves: K/V, Q and the partials
+    assert c["time_main_s"] == pytest.approx(rates["kernel_launch_s"] + main_dram / bw
+                                             / c["wave_efficiency"])
+    assert c["time_s"] == pytest.approx(c["time_main_s"] + c["time_merge_s"])
+    assert c["time_merge_s"] > rates["kernel_launch_s"]
+    assert d["time_main_s"] == pytest.approx(main_dram / H100.hbm_bandwidth_bytes_per_s
+                                             / d["wave_efficiency"])
+    assert c["launches"] == 2 and c["dram_read_bytes"] == d["dram_read_bytes"]
+
+
+def test_decode_report_scores_the_shipped_file_against_its_targets(capsys):
+    """`benchmarks decode --report`: every record of the shipped decode file re-priced by today's
+    plan, the DRAM error against its Nsight Compute bytes, the time error against our GPU time
+    and the split pick's loss, and the summary against #17's targets."""
+    import json
+    from pathlib import Path
+
+    from benchmarks.decode import REPORT_TARGETS, decode_report, main
+    root = Path(__file__).resolve().parent.parent / "results"
+    doc = json.loads((root / "decode_h100_2026-11-25.json").read_text())
+    profile = load_profile("h100", rates=str(root / "rates_h100_2026-11-24.json"))
+    rows, summary = decode_report(doc, profile)
+    assert len(rows) == len(doc["decode"]) == 18
+    r0, row0 = doc["decode"][0], rows[0]
+    assert row0["gpu_ms"] == r0["ioaware_device_ms"]
+    assert row0["dram_rel_error"] == pytest.approx(
+        split_kv_costs(split_kv_plan(r0["batch"], r0["heads_q"], r0["heads_kv"], 1, r0["seq_len_k"],
+                                     r0["head_dim"], 2, profile.num_sms), profile)["dram_read_bytes"]
+        / r0["ncu"]["dram__bytes_read.sum"] - 1)
+    for metric in ("dram", "time", "splits"):
+        m = summary[metric]
+        assert m["target"] == REPORT_TARGETS[metric] and 0 <= m["within"] <= m["n"] <= 18
+    assert summary["dram"]["within"] == 18            # the counters of the shipped file
+    assert main(["--report", str(root / "decode_h100_2026-11-25.json"), "--rates",
+                 str(root / "rates_h100_2026-11-24.json")]) == 0
+    out = capsys.readouterr().out
+    assert "nothing fitted on the file" in out and f"{summary['time']['within']} of 18 within 15%" in out
+
+
 def test_cli_predicts_split_kv_with_the_chosen_or_given_splits(capsys):
     import json
 
