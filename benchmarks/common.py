@@ -105,15 +105,16 @@ def error_text(exc) -> str:
     return f"{type(exc).__name__}: {' '.join(str(exc).split())[:160]}"
 
 
-def time_or_error(torch, fn) -> dict:
-    """``{"ms": ...}``: `time_cuda`'s median of ``fn`` under ``torch.inference_mode`` after one
-    warm-up call, or ``{"error": ...}`` when it raises (a backend that refuses the case, or runs
-    out of memory, is a result; the cache is emptied for the next)."""
+def time_or_error(torch, fn, timing="sync") -> dict:
+    """``{"ms": ...}``: `time_cuda`'s median of ``fn`` (``timing`` as it takes it) under
+    ``torch.inference_mode`` after one warm-up call, or ``{"error": ...}`` when it raises (a
+    backend that refuses the case, or runs out of memory, is a result; the cache is emptied for
+    the next)."""
     try:
         with torch.inference_mode():
             fn()
             torch.cuda.synchronize()
-            return {"ms": time_cuda(torch, fn)[0]}
+            return {"ms": time_cuda(torch, fn, timing=timing)[0]}
     except Exception as exc:  # noqa: BLE001 - a contender that refuses is a result
         torch.cuda.empty_cache()
         return {"error": error_text(exc)}

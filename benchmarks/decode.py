@@ -21,8 +21,9 @@ with the achieved DRAM bandwidth of each (K and V bytes / time), our GPU time al
 bandwidth measured in the same run (``peak_copy``: a 2 GiB device-to-device copy, read + write
 bytes / time), and the model's prediction for our plan (`sim.decode.split_kv_costs` on the
 GPU's profile: time, DRAM bytes, the splits it chooses). ``--splits`` also times the split-KV
-kernel alone at every split count 1, 2, 4, ... 64 (``KernelConfig(num_splits=...)``) and
-reports the model's choice against the measured best. ``--graph`` also times each contender
+kernel alone at every split count 1, 2, 4, ... 64 (``KernelConfig(num_splits=...)``; GPU time
+alone, ``timing="device"``: the split count does not change the host's work) and reports the
+model's choice against the measured best. ``--graph`` also times each contender
 (ours, SDPA FLASH / EFFICIENT / cuDNN) captured in a CUDA graph and replayed
 (``graph_ms``, ``graph_ratio_vs_fastest_sdpa``): a call with no host work, as a decoding loop
 captured with ``torch.cuda.graph`` (or ``torch.compile(mode="reduce-overhead")``) runs it. ``--window`` adds sliding-window cases
@@ -158,7 +159,8 @@ def decode_case(torch, gpu, batch, seq_len_k, dtype, peak, splits_sweep=False,
         sweep = {}
         for s in (1, 2, 4, 8, 16, 32, 64):
             cfg = kernels.KernelConfig(family="split_kv", num_splits=s)
-            sweep[s] = time_or_error(torch, lambda c=cfg: kernels.forward(pb, c)).get("ms")
+            sweep[s] = time_or_error(torch, lambda c=cfg: kernels.forward(pb, c),
+                                     timing="device").get("ms")
         rec["splits_ms"] = sweep
         done = {s: t for s, t in sweep.items() if t}
         if done:
@@ -173,7 +175,7 @@ def decode_case(torch, gpu, batch, seq_len_k, dtype, peak, splits_sweep=False,
 
 def kernels_time(torch, kernels, pb, splits):
     cfg = kernels.KernelConfig(family="split_kv", num_splits=splits)
-    return time_or_error(torch, lambda: kernels.forward(pb, cfg)).get("ms")
+    return time_or_error(torch, lambda: kernels.forward(pb, cfg), timing="device").get("ms")
 
 
 def window_case(torch, dtype, seq_len=32768, window=4096, heads=16) -> dict:
