@@ -106,7 +106,8 @@ def _split_kv_cmd(a) -> int:
     element = {"fp16": 2, "bf16": 2, "fp32": 4}[a.dtype]
     plan = split_kv_plan(a.batch, a.heads, heads_kv, a.seq_len, seq_len_k, a.head_dim, element,
                          a.device.num_sms, splits=a.splits)
-    costs = split_kv_costs(plan, a.device)
+    prof = a.device if a.rates is None else a.device.with_rates(a.rates)
+    costs = split_kv_costs(plan, prof)
     d = {"schedule": "split-kv", "profile": a.device.name, "plan": plan.as_dict(), **costs,
          "predicted_ms": costs["time_s"] * 1e3}
     if a.json:
@@ -121,7 +122,8 @@ def _split_kv_cmd(a) -> int:
             ("DRAM write bytes", _fmt(costs["dram_write_bytes"])),
             ("FLOPs", _fmt(costs["flops"])), ("wave efficiency", f"{costs['wave_efficiency']:.3f}"),
             ("predicted time", f"{costs['time_s'] * 1e3:.4f} ms (main {costs['time_main_s'] * 1e3:.4f}, "
-                               f"merge {costs['time_merge_s'] * 1e3:.4f}; {costs['launches']} launches not included)")]
+                               f"merge {costs['time_merge_s'] * 1e3:.4f}, each with its launch cost; "
+                               f"{costs['rates']['dram_bytes_per_s']} rates)")]
     width = max(len(r[0]) for r in rows)
     for k, v in rows:
         print(f"{k:<{width}}  {v}")
@@ -138,6 +140,10 @@ def _predict_cmd(a) -> int:
             raise SystemExit(f"error: {flag} applies to --schedule flash3 only")
     if a.schedule == "split-kv":
         return _split_kv_cmd(a)
+    if a.rates is not None:
+        raise SystemExit("error: predict --rates applies to --schedule split-kv and flash3 (the "
+                         "textbook schedules' model is the roofline; `python -m sim plan --family F "
+                         "--rates` prices a kernel family's plan)")
     if a.splits is not None:
         raise SystemExit("error: --splits applies to --schedule split-kv only")
     w = Workload(batch=a.batch, heads=a.heads, heads_kv=a.heads_kv, seq_len_q=a.seq_len,
@@ -202,7 +208,8 @@ def _flash3_cmd(a) -> int:
                     stages=2 if a.stages is None else a.stages, warp_specialised=not a.no_warp_specialise,
                     pingpong=not a.no_pingpong, intra_overlap=not a.no_intra_overlap, dtype=a.dtype,
                     cluster_m=a.cluster_m)
-    cost = price(plan, a.device, l2="none" if a.l2 == "none" else "analytic")
+    prof = a.device if a.rates is None else a.device.with_rates(a.rates)
+    cost = price(plan, prof, l2="none" if a.l2 == "none" else "analytic")
     rep = overlap_report(cost)
     k = cost.kernels[0]
     d = {"schedule": "flash3", "pass": "fwd", "profile": cost.profile, "workload": w.to_dict(),
@@ -607,6 +614,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--delta-kernel", choices=DELTA_KERNELS, default="warp",
                    help="flash2 backward's delta pre-pass: one warp or one thread per row")
     p.add_argument("--l2", choices=("auto", "trace", "analytic", "none"), default="auto")
+    p.add_argument("--rates", default=None, metavar="RATES.json",
+                   help="split-kv, flash3: price at the measured rates of `python -m benchmarks "
+                        "rates` (default: the datasheet's)")
     _calibrate_on(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--compact", action="store_true", help="with --json: one line")

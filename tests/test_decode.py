@@ -284,6 +284,27 @@ def test_decode_report_scores_the_shipped_file_against_its_targets(capsys):
     assert "nothing fitted on the file" in out and f"{summary['time']['within']} of 18 within 15%" in out
 
 
+def test_cli_prices_split_kv_at_measured_rates_when_given(capsys):
+    """``sim predict --schedule split-kv --rates FILE``: the measured rates (launch cost included)
+    price the plan; the textbook schedules refuse ``--rates`` by name."""
+    import json
+    from pathlib import Path
+
+    from sim.cli import main
+    rates = str(Path(__file__).resolve().parent.parent / "results" / "rates_h100_2026-11-24.json")
+    args = ["predict", "--schedule", "split-kv", "--seq-len", "1", "--seq-len-k", "4096", "--heads", "32",
+            "--heads-kv", "8", "--head-dim", "128", "--batch", "1", "--dtype", "bf16", "--json"]
+    assert main(args) == 0
+    datasheet = json.loads(capsys.readouterr().out)
+    assert main(args + ["--rates", rates]) == 0
+    measured = json.loads(capsys.readouterr().out)
+    assert measured["rates"]["launch_s"] == "measured" and datasheet["rates"]["launch_s"] == "datasheet"
+    assert measured["dram_read_bytes"] == datasheet["dram_read_bytes"]
+    assert measured["time_s"] > datasheet["time_s"] + 2 * 1e-6     # two launches and a slower DRAM rate
+    with pytest.raises(SystemExit, match="--rates applies to --schedule split-kv and flash3"):
+        main(["predict", "--schedule", "flash2", "--seq-len", "64", "--rates", rates])
+
+
 def test_cli_predicts_split_kv_with_the_chosen_or_given_splits(capsys):
     import json
 
