@@ -37,7 +37,7 @@ from .profiles import GPUProfile, load_profile
 from .workload import SECTOR_BYTES, Workload, occupancy
 
 __all__ = ["Access", "Matmul", "KernelPlan", "Plan", "KernelCost", "PlanCost", "price", "ACCESS_HOWS",
-           "MATMUL_UNITS", "RATE_NAMES", "rates_of", "serial_parts"]
+           "MATMUL_UNITS", "RATE_NAMES", "rates_of", "serial_parts", "SYNC_WARP_CHAIN"]
 
 #: How an access reaches global memory: "ld"/"st" whole rows (coalesced, counted as moved);
 #: "fragment": a warp instruction touches ``segment_bytes`` of a row (an mma fragment), so the
@@ -45,6 +45,14 @@ __all__ = ["Access", "Matmul", "KernelPlan", "Plan", "KernelCost", "PlanCost", "
 #: to shared memory (counted per the profile's ``async_copy_counted_sectors_per_512b``);
 #: "atomic": float32 reductions in L2 (``red.global.add``).
 ACCESS_HOWS = ("ld", "st", "fragment", "cp.async", "atomic")
+
+#: The ``KernelPlan.serial`` chain of a FlashAttention-2-style kernel on ``mma.sync``: each warp
+#: reads its operands from shared memory (``ldmatrix``), multiplies (``mma.sync``, which waits for
+#: its fragments) and runs the softmax or the gradients' element-wise work on the results, in
+#: program order, with no warp specialised to any of it, so within a program these add up; only
+#: the ``cp.async`` loads, issued a tile ahead, stay off the chain. With
+#: ``serial_per_program=True`` the programs resident on an SM overlap their chains.
+SYNC_WARP_CHAIN = (("matmul", "smem", "fp32", "mufu"),)
 
 #: Matmul units and the rate each is priced at (:data:`RATE_NAMES`).
 MATMUL_UNITS = {"mma.f16": "mma_f16_flops_per_s", "mma.bf16": "mma_bf16_flops_per_s",

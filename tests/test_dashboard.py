@@ -398,10 +398,15 @@ def test_tile_plane_has_one_cell_per_legal_configuration_priced_by_the_model():
     assert plane["pick"] == pick and plane["pick_ms"] == pytest.approx(cost.time_ms)
     assert list(cells.sort_values("rank")["predicted_ms"]) == pytest.approx(
         [t * 1e3 for t, _c in ranked])
-    # the first group: 128 x 64 and 128 x 32 tie; the model takes the larger tiles
+    # the first group: the model takes 128 x 64; the ties listed are the configurations priced
+    # within the tie tolerance of the pick, none other
     first = data.tile_plane("mma", "fwd", causal=False, profile="h100", **FIRST)
     assert first["pick"] == {"block_q": 128, "block_k": 64}
-    assert first["ties"] == [{"block_q": 128, "block_k": 32}]
+    c = first["cells"]
+    others = c[~((c["block_q"] == 128) & (c["block_k"] == 64)) & c["legal"]]
+    tied = others[(others["predicted_ms"] - first["pick_ms"]).abs() <= data.TIE * first["pick_ms"]]
+    assert sorted(map(dict, first["ties"]), key=str) == sorted(
+        ({"block_q": int(r.block_q), "block_k": int(r.block_k)} for r in tied.itertuples()), key=str)
 
 
 def test_tile_plane_illegal_cells_are_blank_with_a_reason():
@@ -537,7 +542,8 @@ def test_pick_best_and_loss_on_the_pick_file():
     assert v["loss"] == pytest.approx(2.3304638862609863 / 2.0031039714813232 - 1)
     assert v["text"] == ("The model picks 128 × 32: 2.330 ms, 16.3 % slower than the measured "
                          "best 128 × 64: 2.003 ms.")
-    assert 0.2 < v["ratio_lo"] < v["ratio_hi"] < 1     # the model's times are low even so
+    # predicted / measured over the group's configurations: bracketing 1, within a factor 5
+    assert 0.2 < v["ratio_lo"] < 1 < v["ratio_hi"] < 5
     sheet = data.tile_plane("mma", "fwd", causal=False, profile="h100", **OPENED)
     assert sheet["rates"] == "datasheet rates" and sheet["pick_ms"] < plane["pick_ms"]
 

@@ -54,6 +54,10 @@ What the plans count, read from the kernels' code (the constants below name thei
   tf32 family re-reads the operands it does not keep in registers from global memory (where they
   stay in L1) at every k-step, which the L1 counters count every time; the tile schedules are
   read by every warp, one 4-byte entry (a whole sector) per load (``"schedule"``).
+* **Overlap** (``KernelPlan.serial``): in the dQ and dK/dV kernels each warp's ``ldmatrix``
+  reads, products and element-wise work follow one another (`sim.plan.SYNC_WARP_CHAIN`), and the
+  programs resident on an SM overlap their chains (``serial_per_program``); the pre-pass and the
+  conversion are memory passes, priced as their largest level.
 
 The per-score, per-row and per-tile constants were held against the SASS that ptxas 13.0
 makes for sm_90 of the default configurations (FFMA, FADD, FMUL, MUFU and LDG per loop body,
@@ -74,7 +78,7 @@ import numpy as np
 from ioaware.block_info import BlockInfo, band_offsets, cdiv
 
 from ..counts import tile_stats_blockinfo, tile_stats_closed
-from ..plan import Access, KernelPlan, Matmul, Plan
+from ..plan import SYNC_WARP_CHAIN, Access, KernelPlan, Matmul, Plan
 from ..resources import shipped_registers
 from ..workload import STAT_BYTES, Workload, density_block_mask
 
@@ -625,7 +629,7 @@ def _backward(family: str, w: Workload, *, dq_tile, kv_tile, names, shared, dyna
         fp32_flops=int(dq_fp32), mufu_ops=int(dq_scores * DQ_MUFU_PER_SCORE),
         registers=(registers[0] if registers is not None
                    else _registers(names["dq"], w, dq_q, dq_k, mask_shape is not None)),
-        programs_per_slice=n_blocks_q,
+        programs_per_slice=n_blocks_q, serial=SYNC_WARP_CHAIN, serial_per_program=True,
         lockstep=mask_slices is None and _first_tiles_in_step(w, dq_tile, "kv"),
         shared_bytes_moved=dq_shared_moved(dq_visits, dq_keys, dq_q, dq_k, d, e))
 
@@ -681,7 +685,7 @@ def _backward(family: str, w: Workload, *, dq_tile, kv_tile, names, shared, dyna
         registers=(registers[1] if registers is not None
                    else _registers(names["dkdv"], w, kv_k, kv_q, mask_shape is not None,
                                    dq_atomic)),
-        programs_per_slice=n_blocks_k,
+        programs_per_slice=n_blocks_k, serial=SYNC_WARP_CHAIN, serial_per_program=True,
         lockstep=mask_slices is None and _first_tiles_in_step(w, kv_tile, "q"),
         shared_bytes_moved=dkdv_shared_moved(
             kv_visits, kv_rows, kv_elems, kv_q, kv_k, d, e, k_in_shared or dq_atomic,

@@ -18,6 +18,9 @@ What the plans count, from the kernels' code (line references are to the kernel 
   is held by the 4 threads of a quad, which all do its bookkeeping) and per row at the end.
 * **Shared memory**: the ``cp.async`` destinations, and what every warp reads of each tile
   (``ldmatrix`` of K and V; the tf32 forward's split stages and Q's split fragments).
+* **Overlap** (``KernelPlan.serial``): each warp's ``ldmatrix`` reads, products and softmax
+  follow one another (`sim.plan.SYNC_WARP_CHAIN`), and the programs resident on an SM overlap
+  their chains (``serial_per_program``); the ``cp.async`` loads are issued a tile ahead.
 * **Bytes**: the tile schedule's CSR entries, read by every warp (4 bytes each, a sector per
   load as the counters count it); Q loaded once per row and O stored once per row as 4-byte words of mma fragments
   (a warp instruction touches 16 bytes of a row: 4 threads x 4 bytes, so the L1 counters count
@@ -29,7 +32,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from ..counts import workload_tile_stats
-from ..plan import Access, KernelPlan, Matmul, Plan
+from ..plan import SYNC_WARP_CHAIN, Access, KernelPlan, Matmul, Plan
 from ..resources import shipped_registers
 from ..workload import STAT_BYTES, Workload
 
@@ -251,7 +254,8 @@ def _forward(family: str, w: Workload, block_q: int, block_k: int, *, kernel_nam
         matmuls=(Matmul(unit, tiles * 4 * d * block_q * block_k, passes),),
         fp32_flops=int(fp32), mufu_ops=int(mufu), shared_bytes_moved=int(shared),
         registers=_registers(kernel_name, w, block_q, block_k, registers),
-        programs_per_slice=n_blocks_q, lockstep=not (windowed or w.block_sparse))
+        programs_per_slice=n_blocks_q, lockstep=not (windowed or w.block_sparse),
+        serial=SYNC_WARP_CHAIN, serial_per_program=True)
     return Plan(family, "fwd", w, (kernel,), dict(config, block_q=block_q, block_k=block_k),
                 forward_tensor_bytes(w, c))
 
