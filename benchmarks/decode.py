@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -296,12 +297,10 @@ def decode_report(doc: dict, profile) -> tuple[list[dict], dict]:
     summary = {}
     for metric, key in (("dram", "dram_rel_error"), ("time", "time_rel_error"),
                         ("splits", "splits_loss")):
-        errs = sorted(abs(row[key]) for row in rows if row[key] is not None)
-        summary[metric] = {
-            "n": len(errs), "target": REPORT_TARGETS[metric],
-            "median_abs": (errs[len(errs) // 2] if len(errs) % 2 else
-                           (errs[len(errs) // 2 - 1] + errs[len(errs) // 2]) / 2) if errs else None,
-            "within": sum(e <= REPORT_TARGETS[metric] for e in errs)}
+        errs = [abs(row[key]) for row in rows if row[key] is not None]
+        summary[metric] = {"n": len(errs), "target": REPORT_TARGETS[metric],
+                           "median_abs": statistics.median(errs) if errs else None,
+                           "within": sum(e <= REPORT_TARGETS[metric] for e in errs)}
     return rows, summary
 
 

@@ -22,8 +22,8 @@ import functools
 
 import numpy as np
 
-from ._backends import (BACKENDS, _cache_problem, _problem, _resolve_backend, _run_backward, _run_forward,
-                        _run_forward_with_cache)
+from ._backends import (_PREPARED, BACKENDS, _cache_problem, _problem, _resolve_backend, _run_backward,
+                        _run_forward, _run_forward_with_cache)
 from ._inputs import (BlockMask, _block_mask_parts, _check_seed, _scalar, check_inputs, is_torch,
                       parse_causal, sdpa_arguments, torch_or_none)
 from .block_info import check_window_size
@@ -237,7 +237,6 @@ def _torch_attention(q, k, v, *, causal, window_size, mask, bias, block_mask, sc
     Only what the operator's schema needs is prepared here (this code is traced by
     torch.compile); the operator itself checks everything once, in :func:`_problem`.
     """
-    from ._backends import _PREPARED
     from ._torch_ops import EagerAttention, _prepared_key, attention_fwd, attention_fwd_impl
     torch = torch_or_none()
     if not all(is_torch(x) for x in (k, v)) or not all(x is None or is_torch(x) for x in (mask, bias)):

@@ -784,33 +784,32 @@ def prepare_tensor_core_backward(problem, config, dq_kernel, dq_launch, kv_sched
         dv = call.output((B, Hkv, Nk, D), words=words)
         delta = call.output((B, H, Nq), float32=True)
         consts = (*call.mask(), *tail)
+        # each launch: (its plans, kernel, grid, threads, dynamic shared bytes, arguments, how
+        # many leading arguments its plan is looked up by, how many are this call's arrays)
         if atomic:
             # -- delta and the zeroed accumulator, then dK/dV (and dQ += dS K), then dQ --
             acc = (call.output((B, H, Nq, D), float32=True).arg,)
-            first_args = (oi, doi, delta.arg, acc[0], n_q)
-            first = (pre_kernel, pre_launch[0], pre_launch[1], 0, first_args, range(4))
+            launches = [(first_plans, pre_kernel, pre_launch[0], pre_launch[1], 0,
+                         (oi, doi, delta.arg, acc[0], n_q), 2, 4)]
         else:
             # -- dQ (and delta) first, then dK/dV, which reads delta --
-            first_args = (qi, ki, vi, oi, doi, li, delta.arg, dq.arg, *kv_schedule, *sizes,
-                          *consts)
-            first = (dq_kernel, dq_launch[0], dq_launch[1], dq_launch[2], first_args, range(8))
+            launches = [(first_plans, dq_kernel, *dq_launch,
+                         (qi, ki, vi, oi, doi, li, delta.arg, dq.arg, *kv_schedule, *sizes, *consts),
+                         6, 8)]
             acc = () if dq_acc is None else (device_const(
                 "dq_acc placeholder", lambda: np.zeros((1, 1, 1, 1), np.float32)),)
-        relaunch(first_plans, first_args[:6] if not atomic else (oi, doi), first[0], first[1],
-                 first[2], call.stream, first_args, sharedmem=first[3], fast=config.fast_launch)
-        kv_args = (qi, ki, vi, doi, li, delta.arg, dk.arg, dv.arg, *acc, *q_schedule, *sizes,
-                   *consts)
-        relaunch(kv_plans, (qi, ki, vi, doi, li), dkdv_kernel, kv_grid, kv_threads,
-                 call.stream, kv_args, sharedmem=kv_smem, fast=config.fast_launch)
-        launched = [first, (dkdv_kernel, kv_grid, kv_threads, kv_smem, kv_args,
-                            range(9 if atomic else 8))]
+        launches.append((kv_plans, dkdv_kernel, kv_grid, kv_threads, kv_smem,
+                         (qi, ki, vi, doi, li, delta.arg, dk.arg, dv.arg, *acc, *q_schedule, *sizes,
+                          *consts), 5, 9 if atomic else 8))
         if atomic:
-            cvt_args = (acc[0], dq.arg, n_q, scale)
-            relaunch(cvt_plans, (), cvt_kernel, cvt_launch[0], cvt_launch[1], call.stream,
-                     cvt_args, fast=config.fast_launch)
-            launched.append((cvt_kernel, cvt_launch[0], cvt_launch[1], 0, cvt_args, range(2)))
-        repeat.record((q, k, v, out, lse, dout), (qi, ki, vi, oi, li, doi),
-                      lambda: [pointer_launch(*launch_) for launch_ in launched])
+            launches.append((cvt_plans, cvt_kernel, cvt_launch[0], cvt_launch[1], 0,
+                             (acc[0], dq.arg, n_q, scale), 0, 2))
+        for plans, kern, grid, threads, smem, args, looked_up_by, _arrays in launches:
+            relaunch(plans, args[:looked_up_by], kern, grid, threads, call.stream, args,
+                     sharedmem=smem, fast=config.fast_launch)
+        repeat.record((q, k, v, out, lse, dout), (qi, ki, vi, oi, li, doi), lambda: [
+            pointer_launch(kern, grid, threads, smem, args, range(arrays))
+            for _plans, kern, grid, threads, smem, args, _by, arrays in launches])
         return dq.value(), dk.value(), dv.value()
     return run
 

@@ -41,6 +41,7 @@ import functools
 import math
 
 from numba import cuda
+from numba.cuda.cudadrv import driver    # device_pointer (on a real GPU)
 
 from sim.plans.wgmma_fwd import (BARRIER_BYTES, BOX_COLUMNS, FP8_BLOCK_K, FP8_DEFAULT_BLOCK_Q,
                                  FP8_HEAD_DIM, FP8_TRANSPOSE_THREADS, FP8_TRANSPOSE_TILE,
@@ -667,7 +668,8 @@ def prepare(problem, config):
                 (ptr, *rest) for ptr, rest in zip(ptrs, shapes_strides)))
             out = repeat.empty(q, (B, H, Nq, D), q.dtype)
             lse = repeat.empty(q, (B, H, Nq), repeat.float32)
-            repeat.launches[0](stream, device_pointer(maps), out.data_ptr(), lse.data_ptr())
+            repeat.launches[0](stream, driver.device_pointer(maps), out.data_ptr(),
+                               lse.data_ptr())
             return out, lse
         call = host.Call(template, q=q)
         ops = [call.input(x, words=True, aligned=True) for x in (q, k, v)]
@@ -690,11 +692,6 @@ def prepare(problem, config):
         del ops
         return result
     return run
-
-
-def device_pointer(array) -> int:
-    """The device address of a Numba device array (a tensor map)."""
-    return array.device_ctypes_pointer.value
 
 
 def _unit_descales():
