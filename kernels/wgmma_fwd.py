@@ -32,8 +32,10 @@ The algorithm (FlashAttention-3's structure without its overlaps and ping-pong):
   logsumexp.
 
 Takes float16 and bfloat16, head dims 64 and 128, causal (top-left, as `kernels.mma_fwd`) or
-not, Nq != Nk, any lengths, GQA; refuses (`supports`) masks, biases, block masks, dropout,
-sliding windows, cache lengths, other head dims and GPUs below compute capability 9.0.
+not, a sliding window (the band of `kernels.mask.band_arguments`: tiles outside it are never
+visited, tiles it cuts are masked per element), Nq != Nk, any lengths, GQA; refuses
+(`supports`) masks, biases, block masks, dropout, cache lengths, other head dims and GPUs below
+compute capability 9.0.
 """
 from __future__ import annotations
 
@@ -52,13 +54,14 @@ from sim.plans.wgmma_fwd import (BARRIER_BYTES, BOX_COLUMNS, FP8_BLOCK_K, FP8_DE
 
 from . import compile_cache, host, tile_scheduler
 from .config import requested_tiles
+from .mask import UNBOUNDED, band_arguments
 
 __all__ = ["forward", "prepare", "plan", "supports", "tiles", "get_kernel", "tensor_maps",
            "stage_of", "full_parity", "empty_parity", "forward_fp8", "fp8_supports", "fp8_plan",
            "v_transpose", "v_transpose_kernel", "v_transpose_keys", "FP8_HEAD_DIMS",
            "FP8_BLOCK_Q_CHOICES", "FP8_BLOCK_K", "P_SCALE_LOG2",
            "DTYPES", "SUPPORTED_HEAD_DIMS", "BLOCK_Q_CHOICES", "BLOCK_K_CHOICES",
-           "kernel_constants"]
+           "kernel_constants", "TAKES_WINDOW"]
 
 DTYPES = ("float16", "bfloat16")
 SUPPORTED_HEAD_DIMS = WGMMA_HEAD_DIMS
@@ -72,6 +75,8 @@ SWIZZLE_ROW_BYTES = BOX_COLUMNS * 2                   # 128
 #: that probabilities down to 2**-17 stay above e4m3's smallest subnormal (2**-9); the row
 #: sum carries the same factor, which cancels in O / l.
 P_SCALE_LOG2 = 8.0
+#: This forward takes a sliding window (`kernels.mask.band_arguments`; the FP8 forward does not).
+TAKES_WINDOW = True
 
 
 def kernel_constants(head_dim: int, block_q: int, block_k: int, fp8: bool = False) -> dict:
@@ -125,21 +130,24 @@ def empty_parity(tile: int) -> int:
     return ((tile >> 1) - 1) & 1
 
 
-def get_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=False):
+def get_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=False,
+               window=False):
     """The compiled-on-first-launch kernel for one configuration (cached per process and on
     disk by `kernels.compile_cache`); ``head_group``: the launch order
     (`kernels.tile_scheduler`); ``fp8``: e4m3 Q, K, V with descales, O in bfloat16
-    (``is_bf16`` is then ignored)."""
+    (``is_bf16`` is then ignored); ``window``: the band test of a sliding window (causal then
+    off: the band carries it, `kernels.mask.band_arguments`)."""
     key = (int(head_dim), int(block_q), int(block_k), bool(is_bf16) or bool(fp8), bool(causal),
-           int(head_group), bool(fp8))
+           int(head_group), bool(fp8), bool(window))
     return compile_cache.built(_build_kernel, *key)
 
 
-def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=False):
+def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=False,
+                  window=False):
     """The kernel for one configuration. Signature::
 
         kernel(maps, out, lse, offsets, kv_index, sched_b, sched_h, group, n_q, n_k,
-               scale_log2, descale_q, descale_k, descale_v)
+               scale_log2, descale_q, descale_k, descale_v, band_lo, band_hi)
 
     ``maps``: uint64 [3, 16], the tensor maps of Q, K and V (`tensor_maps`); ``out``: int16
     [B, H, Nq, d] (16-bit words); ``lse``: float32 [B, H, Nq]; the ``"kv"`` CSR schedule of
@@ -148,7 +156,9 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=F
     V is e4m3 transposed and key-permuted (`v_transpose_kernel`), the scores are scaled by
     ``descale_q[b, h] * descale_k[b, hk]``, P is rounded to e4m3 after a scaling by 256
     (`P_SCALE_LOG2`, divided out by the row sum, which carries it too), O is multiplied by
-    ``descale_v[b, hk]`` and written in bfloat16."""
+    ``descale_v[b, hk]`` and written in bfloat16. ``band_lo``, ``band_hi`` (int64) are read
+    only with ``window``: key ``col`` is allowed for query ``row`` iff ``band_lo <= col - row <=
+    band_hi``."""
     from numba import cuda, float32, int64, uint8, uint32, uint64
 
     from . import hopper as hp
@@ -175,6 +185,7 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=F
     CHUNK_BYTES = BK * SWIZZLE_ROW_BYTES  # one 64-column chunk of a K or V tile
     SMEM = wgmma_smem_bytes(D, BQ, BK, 1 if FP8 else 2)
     CAUSAL = causal
+    WINDOW = bool(window)
     NEG_INF = float32(-math.inf)
     if FP8:
         mma_ss, mma_rs, pack = hp.wgmma_ss_e4m3, hp.wgmma_rs_e4m3, ptx.pack_bf16x2
@@ -191,7 +202,7 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=F
 
     @cuda.jit(launch_bounds=(THREADS, 1), lineinfo=False)
     def kernel(maps, out, lse, offsets, kv_index, sched_b, sched_h, group, n_q, n_k,
-               scale_log2, descale_q, descale_k, descale_v):
+               scale_log2, descale_q, descale_k, descale_v, band_lo, band_hi):
         smem = cuda.shared.array(0, dtype=uint8)         # dynamic: kernel.smem_bytes
         tid = cuda.threadIdx.x
         warp = tid // 32
@@ -308,10 +319,14 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=F
             hp.wgmma_wait_group(0)
             hp.wgmma_fence_operands(s_reg, 0, S_REGS)
 
-            # -- masks: keys past the end, the causal diagonal (only tiles that need them) --
+            # -- masks: keys past the end, the causal diagonal, the window's band (only tiles
+            # that need them: the band cuts this warpgroup's 64 x block_k tile) --
             needs = key0 + BK > n_k
             if CAUSAL:
                 needs = needs or key0 + BK - 1 > row_first
+            if WINDOW:
+                needs = needs or (key0 - (row_first + ROWS_PER_WARPGROUP - 1) < band_lo) or (
+                    key0 + BK - 1 - row_first > band_hi)
             if needs:
                 for nb in range(NB):
                     for j in range(8):
@@ -321,6 +336,9 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=F
                                 bad = col >= n_k
                                 if CAUSAL:
                                     bad = bad or col > row_a + 8 * hr
+                                if WINDOW:
+                                    rel = col - (row_a + 8 * hr)
+                                    bad = bad or rel < band_lo or rel > band_hi
                                 if bad:
                                     s_reg[32 * nb + 4 * j + 2 * hr + e] = NEG_INF
 
@@ -426,8 +444,9 @@ def tiles(problem, config):
 def supports(problem, config):
     """Why this forward cannot run ``problem`` under ``config`` (a string naming what it
     refuses), or None. Checked in this order: the problem's
-    features (mask, bias, block mask, dropout, window, cache lengths, value head dim,
-    bottom-right causal with Nq != Nk, dtype, head dim, tiles); then the hardware (a real
+    features (mask, bias, block mask, dropout, cache lengths, value head dim, bottom-right
+    causal with Nq != Nk and no window, dtype, head dim, tiles; a window is taken, bottom-right
+    aligned as `BlockInfo.band` says); then the hardware (a real
     GPU of compute capability 9.0 or more). The registry tries it before the ``mma`` family
     for every forward it takes (measured faster on an H100 and an H200: docs/kernels.md)."""
     pb = problem
@@ -437,14 +456,11 @@ def supports(problem, config):
             return f"the wgmma forward takes no {name} ({what})"
     if pb.dropout_p > 0:
         return f"the wgmma forward has no dropout (dropout_p={pb.dropout_p})"
-    window = getattr(pb, "window_size", None)
-    if window is not None:
-        return f"the wgmma forward has no sliding window (window_size={tuple(window)})"
     if getattr(pb, "cache_seqlens", None) is not None:
         return "the wgmma forward takes no cache_seqlens"
     if getattr(pb, "value_dim", None) not in (None, pb.head_dim):
         return f"the wgmma forward needs value_dim == head_dim, got {pb.value_dim}"
-    if (pb.causal and pb.seqlen_q != pb.seqlen_k
+    if (pb.causal and pb.seqlen_q != pb.seqlen_k and getattr(pb, "window_size", None) is None
             and getattr(pb, "causal_alignment", "top_left") != "top_left"):
         return "the wgmma forward aligns causal masks top-left only (causal_alignment with Nq != Nk)"
     dtype = str(pb.dtype).replace("torch.", "")
@@ -456,7 +472,8 @@ def supports(problem, config):
     if bq not in BLOCK_Q_CHOICES or bk not in BLOCK_K_CHOICES:
         return (f"the wgmma forward takes block_q in {BLOCK_Q_CHOICES} and block_k in "
                 f"{BLOCK_K_CHOICES}, got block_q={bq}, block_k={bk}")
-    why = host.tensor_core_refusal(pb, "the wgmma family", DTYPES, SUPPORTED_HEAD_DIMS)
+    why = host.tensor_core_refusal(pb, "the wgmma family", DTYPES, SUPPORTED_HEAD_DIMS,
+                                   window=True)
     return why or _hopper_refusal("the wgmma family")
 
 
@@ -645,7 +662,8 @@ def prepare(problem, config):
     block_q, block_k = the_plan.config["block_q"], the_plan.config["block_k"]
     group = tile_scheduler.head_group(config.launch_order, pb.causal, "fwd")
     is_bf16 = str(pb.dtype).endswith("bfloat16")
-    kern = get_kernel(pb.head_dim, block_q, block_k, is_bf16, pb.causal, group)
+    causal, window, band_lo, band_hi = band_arguments(pb)
+    kern = get_kernel(pb.head_dim, block_q, block_k, is_bf16, causal, group, window=window)
     host.check_launch(launch.name, (launch.threads, launch.shared_bytes),
                       (kern.threads, kern.smem_bytes))
     offsets, index, sched_b, sched_h = tile_scheduler.device_schedule(pb, block_q, block_k, "kv")
@@ -653,7 +671,7 @@ def prepare(problem, config):
     template = host._without_operands(pb)
     ones = _unit_descales()
     tail = (offsets, index, sched_b, sched_h, H // pb.heads_kv, Nq, Nk,
-            np.float32(pb.scale * LOG2E), ones, ones, ones)
+            np.float32(pb.scale * LOG2E), ones, ones, ones, np.int64(band_lo), np.int64(band_hi))
     plans: dict = {}
     if pb.kind == "torch" and host.real_gpu():
         warm_map_writer(host.current_device_id())
@@ -842,6 +860,7 @@ class _Fp8Launch:
         offsets, index, sched_b, sched_h = tile_scheduler.device_schedule(shape, bq, bk, "kv")
         self.tail = (offsets, index, sched_b, sched_h, H // Hkv, Nq, Nk,
                      np.float32(scale * LOG2E))
+        self.band = (np.int64(-UNBOUNDED), np.int64(UNBOUNDED))    # (no window: not read)
         self.block_k = bk
         self.out_shape, self.lse_shape = (B, H, Nq, D), (B, H, Nq)
         self.plans: dict = {}
@@ -886,7 +905,7 @@ def forward_fp8(q, k, v, descale_q, descale_k, descale_v, *, causal=False, scale
     launch = prep.launch
     host.relaunch(prep.plans, (maps, out16, lse, descale_q, descale_k, descale_v), prep.kern,
                   launch.grid, launch.threads, stream,
-                  (maps, out16, lse, *prep.tail, descale_q, descale_k, descale_v),
+                  (maps, out16, lse, *prep.tail, descale_q, descale_k, descale_v, *prep.band),
                   sharedmem=launch.shared_bytes)
     del ops
     return out, lse

@@ -200,7 +200,7 @@ def test_fp8_supports_checks_the_hardware_last():
 # ------------------------------------------------------------------------------------------------
 SIGNATURE = ("void(uint64[:, ::1], int16[:, :, :, ::1], float32[:, :, ::1], int32[:, ::1], "
              "int32[::1], int64, int64, int64, int64, int64, float32, float32[:, ::1], "
-             "float32[:, ::1], float32[:, ::1])")
+             "float32[:, ::1], float32[:, ::1], int64, int64)")
 COMPILED = [(128, 128, False), (64, 128, True)]    # (block_q, head_dim, causal)
 
 

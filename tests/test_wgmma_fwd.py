@@ -2,7 +2,7 @@
 without a GPU, and GPU exactness tests.
 
 * CPU, every run: `supports` refuses what the kernel does not do and names it (masks,
-  dropout, windows, cache lengths, head dims, dtypes, tiles; then the hardware); the registry
+  dropout, cache lengths, head dims, dtypes, tiles; then the hardware; a window is taken); the registry
   tries it after ``split_kv`` and before the families, whatever the config asks; the plan's fields against their formulas;
   the data path of one program emulated in NumPy from the kernel's own constants (shared-memory
   offsets, descriptor templates, k-step advances) with operands read through the PTX ISA's
@@ -14,8 +14,8 @@ without a GPU, and GPU exactness tests.
   threads and shared memory equal to the plan's, registers equal to the plan's table, no spills
   at d = 64 nor in the d = 128 default.
 * GPU (``gpu``, compute capability 9.0): O and the logsumexp against float64 for float16 and
-  bfloat16, d 64 and 128, causal or not, N in {1, 63, 200, 1000}, Nq != Nk with GQA, large
-  logits, every tile configuration, launch orders, NumPy and strided torch operands, a smoke run.
+  bfloat16, d 64 and 128, causal or not, N in {1, 63, 200, 1000}, Nq != Nk with GQA, sliding
+  windows (the rule written out as a mask, tests/test_window.py), large logits, every tile configuration, launch orders, NumPy and strided torch operands, a smoke run.
   Tolerances as tests/test_mma_fwd.py; a failure names the worst element.
 """
 from __future__ import annotations
@@ -74,7 +74,6 @@ def test_the_registry_tries_it_after_split_kv_and_before_the_families():
     (dict(mask=np.ones((1, 1, 64, 64), bool)), "mask"),
     (dict(block_mask=np.ones((1, 1, 1, 1), bool), block_q=64, block_k=64), "block_mask"),
     (dict(dropout_p=0.1, seed=1), "dropout"),
-    (dict(window_size=(8, 0), causal=True), "window_size"),
     (dict(d=96), "head_dim"),
     (dict(d=32), "head_dim"),
     (dict(dtype=np.float32), "dtype"),
@@ -96,6 +95,37 @@ def test_refusals_of_fields_the_helpers_do_not_set():
     assert "causal_alignment" in why
     why = wf.supports(dataclasses.replace(pb, value_dim=32), WGMMA)
     assert "value_dim" in why
+
+
+def test_a_window_is_taken_bottom_right_aligned_included():
+    # the band (causal rule included, bottom-right aligned with Nq != Nk) is the kernel's; only
+    # the hardware is left to refuse it on this machine
+    from kernels import host
+    for nq, nk, window, causal in ((64, 64, (8, 0), True), (40, 64, (8, 3), "bottom_right"),
+                                   (64, 40, (0, 0), False)):
+        pb = _np_problem(nq=nq, nk=nk, window_size=window, causal=causal)
+        why = wf.supports(pb, WGMMA)
+        if not host.real_gpu():
+            assert "real CUDA GPU" in why and "window" not in why, why
+        w = Workload(batch=1, heads=2, seq_len_q=nq, seq_len_k=nk, head_dim=64, dtype="fp16",
+                     causal=bool(causal) and nq == nk, window_size=window)
+        assert not plan_for("wgmma", "fwd", w).kernels[0].lockstep
+    w = Workload(batch=1, heads=1, seq_len_q=256, head_dim=128, dtype="bf16", window_size=(8, 0))
+    with pytest.raises(ValueError, match="window"):
+        plan_for("wgmma_fp8", "fwd", w)
+
+
+def test_plan_window_visits_the_band_tiles():
+    # only the tiles BlockInfo lists for the band are multiplied and loaded
+    from ioaware.block_info import BlockInfo
+    w = Workload(batch=1, heads=2, seq_len_q=1000, seq_len_k=1000, head_dim=64, dtype="fp16",
+                 causal=True, window_size=(200, 0))
+    (k,) = plan_for("wgmma", "fwd", w, block_q=128, block_k=64).kernels
+    tiles = len(BlockInfo(1000, 1000, 128, 64, True, window_size=(200, 0)).tiles())
+    full = len(BlockInfo(1000, 1000, 128, 64, True).tiles())
+    assert tiles < full
+    assert k.matmuls[0].flops == 2 * tiles * 4 * 64 * 128 * 64
+    assert {a.tensor: a for a in k.accesses}["K"].bytes <= 2 * tiles * 64 * 64 * 2
 
 
 def test_the_hardware_is_checked_last():
@@ -406,11 +436,13 @@ def test_full_empty_protocol_in_random_interleavings(n_tiles, consumers):
 # ------------------------------------------------------------------------------------------------
 SIGNATURE = ("void(uint64[:, ::1], int16[:, :, :, ::1], float32[:, :, ::1], int32[:, ::1], "
              "int32[::1], int64, int64, int64, int64, int64, float32, float32[:, ::1], "
-             "float32[:, ::1], float32[:, ::1])")
-#: (head_dim, block_q, block_k, bfloat16, causal)
-COMPILED = [(64, 128, 128, False, True), (64, 128, 128, True, False), (64, 64, 64, False, False),
-            (64, 128, 64, True, True), (128, 128, 64, False, True), (128, 128, 64, True, False),
-            (128, 64, 128, False, False), (128, 128, 128, False, False)]
+             "float32[:, ::1], float32[:, ::1], int64, int64)")
+#: (head_dim, block_q, block_k, bfloat16, causal, window)
+COMPILED = [(64, 128, 128, False, True, False), (64, 128, 128, True, False, False),
+            (64, 64, 64, False, False, False), (64, 128, 64, True, True, False),
+            (128, 128, 64, False, True, False), (128, 128, 64, True, False, False),
+            (128, 64, 128, False, False, False), (128, 128, 128, False, False, False),
+            (64, 128, 128, False, False, True), (128, 128, 64, True, False, True)]
 
 
 def compile_configs(outdir) -> dict:
@@ -422,20 +454,20 @@ def compile_configs(outdir) -> dict:
     allow_offline_compile()
     launch = {}
     for cfg in COMPILED:
-        d, bq, bk, bf16, causal = cfg
-        kern = wf._build_kernel(d, bq, bk, bf16, causal, 1)
+        d, bq, bk, bf16, causal, window = cfg
+        kern = wf._build_kernel(d, bq, bk, bf16, causal, 1, window=window)
         text, _ = cuda.compile_ptx(kern.py_func, SIGNATURE, cc=(9, 0, "a"),
                                    launch_bounds=(kern.threads, 1))
-        name = "wgmma_fwd_{}_{}_{}_{}_{}".format(d, bq, bk, "bf16" if bf16 else "f16",
-                                                 "causal" if causal else "full")
+        name = _name(cfg)
         Path(outdir, name + ".ptx").write_text(text)
         launch[name] = (kern.threads, kern.smem_bytes)
     return launch
 
 
 def _name(cfg):
-    d, bq, bk, bf16, causal = cfg
+    d, bq, bk, bf16, causal, window = cfg
     return "wgmma_fwd_{}_{}_{}_{}_{}".format(d, bq, bk, "bf16" if bf16 else "f16",
+                                             "window" if window else
                                              "causal" if causal else "full")
 
 
@@ -450,7 +482,7 @@ def compiled(tmp_path_factory):
 def test_compiles_and_assembles_for_sm90a(compiled, cfg):
     from benchmarks.common import parse_ptxas
     outdir, ptxas, launch = compiled
-    d, bq, bk, bf16, causal = cfg
+    d, bq, bk, bf16, causal, window = cfg
     name = _name(cfg)
     text = (outdir / f"{name}.ptx").read_text()
     assert ".target sm_90a" in text
@@ -572,6 +604,40 @@ def test_nq_differs_from_nk(dtype, head_dim, causal, n_q, n_k):
                       getattr(torch, dtype), seed=n_q * 7 + n_k)
     out, lse = _forward(q, k, v, scale=0.1, causal=causal)
     _check(q, k, v, out, lse, scale=0.1, causal=causal)
+
+
+WINDOW_CASES = [  # (Nq, Nk, window_size, causal): bands that skip tiles and cut others
+    (300, 300, (64, 0), True),
+    (1000, 1000, (200, 0), True),        # tiles of the band cut per warpgroup
+    (200, 333, (40, 17), False),
+    (150, 150, (0, 0), False),
+    (90, 400, (10, -1), "bottom_right"),
+    (400, 90, (5, 3), False),            # the first rows see no key: zeros, lse -inf
+    (70, 70, (-1, 500), False),          # wider than N
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("block_q, block_k", [(128, 64), (64, 128), (128, 128)])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("n_q, n_k, window, causal", WINDOW_CASES)
+def test_sliding_window_matches_float64(n_q, n_k, window, causal, head_dim, block_q, block_k):
+    """The band test against float64 with the window written out as a boolean mask
+    (tests/test_window.py's rule); the registry runs this family for it unpinned."""
+    from .test_window import window_rule
+    torch = _need_hopper()
+    dt = torch.bfloat16 if block_k == 128 else torch.float16
+    q, k, v = _inputs(torch, (1, 4, n_q, head_dim), (1, 2, n_k, head_dim), dt,
+                      seed=n_q + n_k + block_q)
+    scale = 1 / math.sqrt(head_dim)
+    pb = kernel_problem(q, k, v, scale=scale, causal=causal, window_size=window)
+    assert kernels.family_for(pb) == "wgmma"
+    cfg = KernelConfig(family="wgmma", block_q=block_q, block_k=block_k)
+    out, lse = _forward(q, k, v, config=cfg, scale=scale, causal=causal, window_size=window)
+    rule = window_rule(n_q, n_k, window, bool(causal))
+    _check(q, k, v, out, lse, scale=scale, mask=rule[None, None])
+    if not rule.any(1).all():
+        assert bool((out[:, :, torch.from_numpy(~rule.any(1)).cuda()] == 0).all())
 
 
 @pytest.mark.gpu

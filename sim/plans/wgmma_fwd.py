@@ -13,6 +13,7 @@ registers, and O += P V with P from registers and V from shared memory (MN-major
 
 What the plan counts, from the kernel's code (`kernels.wgmma_fwd`):
 
+* **Which tiles**: `tile_counts`, i.e. `BlockInfo`'s (causal and sliding-window skipping).
 * **Products** on whole tiles, ``4 d block_q block_k`` FLOPs per visited tile (rows past the
   problem and zero-filled keys are multiplied too), on the unit ``wgmma.f16`` / ``wgmma.bf16``.
 * **Element-wise FP32 and MUFU**: the same softmax as the ``mma`` forward (the constants of
@@ -142,9 +143,6 @@ def _check(w: Workload, block_q, block_k):
                          f"workload.head_dim={w.head_dim}")
     if w.dropout:
         raise ValueError("the wgmma forward has no dropout (workload.dropout=True)")
-    if w.window_size is not None:
-        raise ValueError(f"the wgmma forward has no sliding window (workload.window_size="
-                         f"{w.window_size})")
     if w.block_sparse:
         raise ValueError("the wgmma forward takes no block mask (workload.block_sparse)")
     if block_q not in WGMMA_BLOCK_Q_CHOICES:
@@ -184,7 +182,8 @@ def _attention_kernel(w: Workload, c, bq: int, bk: int, *, name: str, in_bytes: 
         fp32_flops=int(fp32 + extra_fp32), mufu_ops=int(mufu),
         shared_bytes_moved=int(c.tiles * 2 * kv_tile
                                + q_boxes * ROWS_PER_WARPGROUP * SWIZZLE_ROW),
-        registers=registers, programs_per_slice=c.n_blocks_q, lockstep=True,
+        registers=registers, programs_per_slice=c.n_blocks_q,
+        lockstep=w.window_size is None,     # a band: programs of one slice differ in tiles
         serial=overlap_serial(warp_specialised=True, stages=2, pingpong=False,
                               intra_overlap=False,
                               consumer_warpgroups=wgmma_consumer_warpgroups(bq)),
@@ -194,8 +193,8 @@ def _attention_kernel(w: Workload, c, bq: int, bk: int, *, name: str, in_bytes: 
 def wgmma_forward_plan(workload: Workload, *, block_q: int | None = None,
                        block_k: int | None = None, registers: int | None = None,
                        launch_order=None) -> Plan:
-    """The plan of `kernels.wgmma_fwd` for ``workload`` (float16 or bfloat16, d 64 or 128, no
-    dropout, window or block mask) at ``block_q x block_k`` (None: :func:`wgmma_default_blocks`).
+    """The plan of `kernels.wgmma_fwd` for ``workload`` (float16 or bfloat16, d 64 or 128, a
+    sliding window or none, no dropout or block mask) at ``block_q x block_k`` (None: :func:`wgmma_default_blocks`).
     ``registers``: per thread (None: :data:`WGMMA_REGISTERS`' figure, if measured).
     ``launch_order`` is recorded in the config (it orders the programs, not what they do)."""
     w = workload
@@ -266,6 +265,9 @@ def wgmma_fp8_forward_plan(workload: Workload, *, block_q: int | None = None,
                          f"workload.head_dim={w.head_dim}")
     if bk != FP8_BLOCK_K:
         raise ValueError(f"the FP8 forward takes block_k={FP8_BLOCK_K}, got block_k={bk!r}")
+    if w.window_size is not None:
+        raise ValueError(f"the FP8 forward has no sliding window (workload.window_size="
+                         f"{w.window_size})")
     _check(w, bq, bk)
     d = w.head_dim
     c = tile_counts(w, bq, bk)
