@@ -34,7 +34,8 @@ profiles our decode kernels once per case under Nsight Compute (``dram__bytes_re
 beside the model's. ``--rates`` prices the model at the GPU's measured rates (a file of
 ``python -m benchmarks rates``; without it, the datasheet's). Writes a JSON file with provenance.
 
-``--report FILE`` re-prices every decode record of a results file with today's plan
+``--report FILE`` re-prices every decode record (and every window record: `window_report`, the
+windowed and the full-causal forward) of a results file with today's plan
 (`sim.decode.split_kv_plan`, `sim.decode.split_kv_costs` on the file's GPU profile, at the rates
 of ``--rates``) and prints, per record and in all, the model against #17's targets: DRAM bytes
 against Nsight Compute's (within 5 %), time against our GPU time alone (``ioaware_device_ms``;
@@ -304,6 +305,55 @@ def decode_report(doc: dict, profile) -> tuple[list[dict], dict]:
     return rows, summary
 
 
+def window_report(doc: dict, profile) -> list[dict]:
+    """Each sliding-window record of a results document priced by today's plan of the forward
+    our launchers run on ``profile``'s GPU (``wgmma`` from compute capability 9.0, else
+    ``mma``), windowed and full causal: predicted and measured ms (sync-timed calls, host time
+    included), their relative errors, and the window's time over the causal time, predicted
+    and measured."""
+    from sim.plan import price
+    from sim.plans import plan_for
+    from sim.workload import Workload
+    cc = profile.compute_capability
+    family = "wgmma" if cc is not None and tuple(cc) >= (9, 0) else "mma"
+    rows = []
+    for r in doc.get("window", []):
+        times = r.get("times_ms", {})
+        got = {k: (times.get(f"ioaware-{k}") or {}).get("ms") for k in ("window", "causal")}
+        model = {}
+        for kind, window in (("window", tuple(r["window"])), ("causal", None)):
+            w = Workload(batch=r["batch"], heads=r["heads"], seq_len_q=r["seq_len"],
+                         head_dim=r["head_dim"], dtype=r["dtype"], causal=bool(r["causal"]),
+                         window_size=window)
+            model[kind] = price(plan_for(family, "fwd", w), profile).time_s * 1e3
+        rows.append({"dtype": r["dtype"], "family": family, "window": r["window"],
+                     "seq_len": r["seq_len"], **{f"model_{k}_ms": v for k, v in model.items()},
+                     **{f"{k}_ms": v for k, v in got.items()},
+                     **{f"{k}_rel_error": model[k] / got[k] - 1 if got[k] else None
+                        for k in model},
+                     "model_ratio": model["window"] / model["causal"],
+                     "ratio": got["window"] / got["causal"] if all(got.values()) else None})
+    return rows
+
+
+def _print_window_report(rows) -> None:
+    if not rows:
+        return
+
+    def cell(v, fmt):
+        return "—" if v is None else format(v, fmt)
+    print(f"# sliding windows: today's plan of the {rows[0]['family']} forward against the "
+          f"file's sync-timed calls")
+    print(f"{'dtype':5} {'window':>10} {'model ms':>9} {'ms':>7} {'err':>7} {'causal model':>12} "
+          f"{'ms':>7} {'err':>7} {'window/causal model':>19} {'measured':>8}")
+    for row in rows:
+        print(f"{row['dtype']:5} {str(tuple(row['window'])):>10} {row['model_window_ms']:>9.3f} "
+              f"{cell(row['window_ms'], '.3f'):>7} {cell(row['window_rel_error'], '+.1%'):>7} "
+              f"{row['model_causal_ms']:>12.3f} {cell(row['causal_ms'], '.3f'):>7} "
+              f"{cell(row['causal_rel_error'], '+.1%'):>7} {row['model_ratio']:>19.3f} "
+              f"{cell(row['ratio'], '.3f'):>8}")
+
+
 def _print_report(path, profile, rows, summary) -> None:
     from sim.plan import rates_of
     _, sources = rates_of(profile)
@@ -359,6 +409,7 @@ def main(argv=None) -> int:
         profile = load_profile(name, rates=args.rates)
         rows, summary = decode_report(doc, profile)
         _print_report(args.report, profile, rows, summary)
+        _print_window_report(window_report(doc, profile))
         return 0
     import torch
 

@@ -284,6 +284,38 @@ def test_decode_report_scores_the_shipped_file_against_its_targets(capsys):
     assert "nothing fitted on the file" in out and f"{summary['time']['within']} of 18 within 15%" in out
 
 
+def test_window_report_prices_the_forward_the_gpu_runs(capsys):
+    """`decode --report` prices each window record's windowed and full-causal forward with the
+    plan of the family our launchers run on the file's GPU (H100: the Hopper forward), and the
+    window's share of the causal time; a GPU below compute capability 9.0 gets the mma plan."""
+    import dataclasses
+    import json
+    from pathlib import Path
+
+    from benchmarks.decode import main, window_report
+    from sim.plan import price
+    from sim.plans import plan_for
+    from sim.workload import Workload
+    root = Path(__file__).resolve().parent.parent / "results"
+    doc = json.loads((root / "decode_h100_2026-11-25.json").read_text())
+    profile = load_profile("h100", rates=str(root / "rates_h100_2026-11-24.json"))
+    rows = window_report(doc, profile)
+    assert len(rows) == len(doc["window"]) >= 1
+    rec, row = doc["window"][0], rows[0]
+    w = Workload(batch=rec["batch"], heads=rec["heads"], seq_len_q=rec["seq_len"],
+                 head_dim=rec["head_dim"], dtype=rec["dtype"], causal=True,
+                 window_size=tuple(rec["window"]))
+    assert row["family"] == "wgmma"
+    assert row["model_window_ms"] == pytest.approx(price(plan_for("wgmma", "fwd", w), profile).time_s * 1e3)
+    assert row["window_ms"] == rec["times_ms"]["ioaware-window"]["ms"]
+    assert row["window_rel_error"] == pytest.approx(row["model_window_ms"] / row["window_ms"] - 1)
+    assert 0 < row["model_ratio"] < 1 and 0 < row["ratio"] < 1
+    ampere = dataclasses.replace(profile, compute_capability=(8, 0))
+    assert window_report(doc, ampere)[0]["family"] == "mma"
+    assert main(["--report", str(root / "decode_h100_2026-11-25.json")]) == 0
+    assert "sliding windows: today's plan of the wgmma forward" in capsys.readouterr().out
+
+
 def test_cli_prices_split_kv_at_measured_rates_when_given(capsys):
     """``sim predict --schedule split-kv --rates FILE``: the measured rates (launch cost included)
     price the plan; the textbook schedules refuse ``--rates`` by name."""
