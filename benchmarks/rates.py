@@ -1,7 +1,8 @@
 """Command ``rates``: the hardware rates of this GPU (memory bandwidths, latencies, instruction throughputs, launch cost) measured by microbenchmarks.
 
-    python -m benchmarks rates [--only dram,l2,smem,clock,mma,ffma,ex2,cp-async,launch]
+    python -m benchmarks rates [--only dram,l2,smem,clock,mma,wgmma,ffma,ex2,cp-async,launch]
                                [--quick] [--repeats 10] [--out FILE.json]
+    python -m benchmarks rates --only wgmma --add-to results/rates_h100_2026-11-24.json
 
 The time model's profiles (`sim.profiles`) carry datasheet peaks; this command measures what
 the GPU achieves, once per GPU, and writes a rates file (schema ``ioaware.rates/1``) that a
@@ -28,6 +29,13 @@ the 90th and 10th percentile times as ``range``. The groups (``--only``):
 * ``mma``: ``mma_fp16_flops_per_s``, ``mma_bf16_flops_per_s`` (``mma.sync`` m16n8k16, f32
   accumulate), ``mma_tf32_flops_per_s`` (m16n8k8), 4 independent accumulators per warp,
   4 blocks of 8 warps per SM (2 m n k FLOPs per instruction);
+* ``wgmma``: ``wgmma_fp16_flops_per_s``, ``wgmma_bf16_flops_per_s`` (``wgmma.mma_async``
+  m64n64k16, f32 accumulate), ``wgmma_fp8_flops_per_s`` (m64n64k32, e4m3): Hopper's warpgroup
+  products with A and B from shared memory (zeros; K-major, 128-byte swizzle, as
+  `kernels.wgmma_fwd` lays them out), 8 products per commit group alternating 2 accumulators,
+  ``wgmma.wait_group 1`` (a group in flight while the next is issued), 2 warpgroups a block,
+  2 blocks per SM, 8 waves of blocks (2 x 64 x 64 x k FLOPs per instruction per warpgroup);
+  sm_90a only (compute capability 9.0);
 * ``ffma``: ``ffma_flops_per_s``, 8 independent float32 FMA chains per thread (2 FLOPs each);
 * ``ex2``: ``ex2_ops_per_s``, 8 independent chains ``x = ex2(-x)`` (``ex2.approx.ftz.f32``);
 * ``cp-async``: ``cp_async_depth{1,2,3}_bytes_per_s``, a DRAM -> shared copy loop of
@@ -37,21 +45,29 @@ the 90th and 10th percentile times as ``range``. The groups (``--only``):
   back through `kernels.host.launch` (the product's launch path), and ``kernel_launch_numba_s``
   through Numba's ``kernel[grid, block, stream]()``.
 
+``--add-to FILE`` measures the ``--only`` groups and writes FILE, a rates file of this GPU
+(the same GPU name), with their rates added or replaced and its other rates as they were; its
+provenance lists each such run under ``groups_added`` (groups, date, command, code version,
+kernels fingerprint, GPU, sizes): ``--out`` writes the result elsewhere instead.
+
 Rate names and units are `sim.profiles.RATE_UNITS`. ``--quick`` uses smaller sizes (for a
 smoke test; less accurate). Needs a CUDA GPU and torch; under Numba's CUDA simulator
 (``NUMBA_ENABLE_CUDASIM=1``) it runs every kernel at tiny sizes with wall-clock times (the
 values are not hardware rates; the file says ``"simulator": true``), which is how the tests run
-it. Rates that need compute capability 8.0 (``mma.sync``, ``cp.async``) or a clock are listed
-under ``skipped`` with the reason where they cannot be measured.
+it. Rates that need compute capability 8.0 (``mma.sync``, ``cp.async``), 9.0 (``wgmma``, which
+the simulator cannot run either) or a clock are listed under ``skipped`` with the reason where
+they cannot be measured.
 """
 from __future__ import annotations
 
 import argparse
 import functools
+import json
 import re
 import sys
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from types import SimpleNamespace
 
 from numba import cuda      # a module global: the CUDA simulator swaps it in kernels' globals
@@ -61,7 +77,7 @@ from .common import command_line, first_sentence, provenance, time_cuda, write_j
 SCHEMA = "ioaware.rates/1"
 #: The groups, in the order they run (the clock after seconds of load: at the clock the other
 #: kernels run at).
-GROUPS = ("dram", "l2", "smem", "clock", "mma", "ffma", "ex2", "cp-async", "launch")
+GROUPS = ("dram", "l2", "smem", "clock", "mma", "wgmma", "ffma", "ex2", "cp-async", "launch")
 #: Accumulator chains (registers) per thread in the FFMA and ex2 kernels, and how many steps of
 #: each chain one trip of the loop makes (a constant trip count: the loop is unrolled).
 CHAINS, UNROLL = 8, 16
@@ -76,6 +92,11 @@ EX2_FIXED_POINT = 0.6411857445049859
 MMA_K = {"fp16": 16, "bf16": 16, "tf32": 8}
 #: One in every element of A and B, as the packed registers hold it.
 MMA_ONES = {"fp16": 0x3C003C00, "bf16": 0x3F803F80, "tf32": 0x3F800000}
+#: K of the wgmma shapes: m64n64k16 (fp16, bf16) and m64n64k32 (fp8, e4m3).
+WGMMA_K = {"fp16": 16, "bf16": 16, "fp8": 32}
+#: wgmma products per commit group (unrolled), accumulators (32 float32 registers a thread each)
+#: they alternate between, warpgroups (128 threads) per block.
+WGMMA_UNROLL, WGMMA_ACCS, WGMMA_WARPGROUPS = 8, 2, 2
 _MAGIC = 0x9E3779B9       # a value the read kernels' XOR is never expected to equal
 
 
@@ -100,6 +121,9 @@ class Sizes:
     smem_iters: int
     mma_per_sm: int
     mma_iters: int
+    wgmma_per_sm: int       # blocks of WGMMA_WARPGROUPS warpgroups
+    wgmma_waves: int        # grid: num_sms x wgmma_per_sm x wgmma_waves blocks
+    wgmma_iters: int        # commit groups per warpgroup
     flop_per_sm: int        # FFMA and ex2
     ffma_iters: int
     ex2_iters: int
@@ -120,7 +144,8 @@ def sizes_for(preset: str, num_sms: int, l2_bytes: int, repeats: int | None = No
     if preset == "tiny":
         s = Sizes("tiny", threads=32, per_thread=2, dram_bytes=4096, l2_buffer_bytes=1024,
                   l2_read_bytes=4096, chase_bytes=512, chase_stride=32, chase_steps=40,
-                  smem_per_sm=1, smem_iters=2, mma_per_sm=1, mma_iters=2, flop_per_sm=1,
+                  smem_per_sm=1, smem_iters=2, mma_per_sm=1, mma_iters=2, wgmma_per_sm=1,
+                  wgmma_waves=1, wgmma_iters=2, flop_per_sm=1,
                   ffma_iters=2, ex2_iters=2, cp_threads=32, cp_per_thread=1, cp_per_sm=2,
                   cp_bytes=3 * 2 * 32 * 16, launches=3, repeats=1)
     elif preset in ("full", "quick"):
@@ -133,6 +158,7 @@ def sizes_for(preset: str, num_sms: int, l2_bytes: int, repeats: int | None = No
                   chase_steps=5_000 if quick else 100_000,
                   smem_per_sm=8, smem_iters=256 if quick else 4096,
                   mma_per_sm=4, mma_iters=512 if quick else 8192,
+                  wgmma_per_sm=2, wgmma_waves=8, wgmma_iters=256 if quick else 2048,
                   flop_per_sm=8, ffma_iters=64 if quick else 1024, ex2_iters=8 if quick else 128,
                   cp_threads=128, cp_per_thread=4, cp_per_sm=2,
                   cp_bytes=2**28 if quick else 2**30,
@@ -516,6 +542,63 @@ def mma_kernel(dtype: str):
 
 
 @functools.lru_cache(maxsize=None)
+def wgmma_kernel(dtype: str):
+    """``wg(iters, flag, out)``, sm_90a only (no simulator stand-in): the block zeroes a 64 x 64
+    A tile and a 64 x 64 B tile (8 KiB each, K-major rows of 128 bytes, 128-byte swizzle: the
+    layout `kernels.wgmma_fwd` reads) in shared memory; then each of its `WGMMA_WARPGROUPS`
+    warpgroups runs ``iters`` commit groups of `WGMMA_UNROLL` ``wgmma.mma_async`` A B products
+    (m64n64k16 for fp16/bf16, m64n64k32 for fp8 e4m3; product u at k-step u % 4 of the tiles),
+    both operands from shared memory, alternating `WGMMA_ACCS` float32 accumulators, each
+    group followed by ``wgmma.wait_group 1`` (one group left in flight), every product on
+    straight-line code (ptxas serialises wgmma issued on a divergent path). Where ``flag`` is
+    non-zero each thread writes the sum of its accumulator registers (0) to ``out[global
+    thread]``. ``wg.threads``, ``wg.launch_bounds``: its block and launch bounds."""
+    from numba import float32, uint16, uint32
+
+    from kernels import hopper as hp
+    from kernels import ptx
+    mma = {"fp16": hp.wgmma_ss_f16, "bf16": hp.wgmma_ss_bf16, "fp8": hp.wgmma_ss_e4m3}[dtype]
+    lbo, sbo, step = hp.kmajor_strides("128B", 64)   # e4m3: the same bytes (128 a row, k32 = 32)
+    tmpl = hp.encode_wgmma_descriptor(0, lbo, sbo, "128B")
+    threads = hp.WARPGROUP * WGMMA_WARPGROUPS
+    words = 2 * 64 * 64                              # 16-bit words of A and B
+    nacc = 32 * WGMMA_ACCS
+    bounds = (threads, 2)                            # 2 blocks per SM: at most 128 registers
+
+    @cuda.jit(launch_bounds=bounds)
+    def wg(iters, flag, out):
+        sm = cuda.shared.array(words, uint16, alignment=1024)
+        tid = cuda.threadIdx.x
+        for j in range(tid, words, threads):
+            sm[j] = uint16(0)
+        hp.fence_proxy_async()          # ordinary stores -> visible to wgmma
+        cuda.syncthreads()
+        a = ptx.shared_addr(sm, 0)
+        b = ptx.shared_addr(sm, words // 2)
+        acc = cuda.local.array(nacc, float32)
+        for r in range(nacc):
+            acc[r] = float32(0)
+        hp.wgmma_fence_operands(acc, 0, nacc)   # opaque to LLVM: no first trip peeled off
+        for _ in range(iters):
+            hp.wgmma_fence()
+            for u in range(WGMMA_UNROLL):
+                mma(acc, 32 * (u % WGMMA_ACCS), hp.smem_descriptor(tmpl, a + (u % 4) * step),
+                    hp.smem_descriptor(tmpl, b + (u % 4) * step), uint32(1))
+            hp.wgmma_commit_group()
+            hp.wgmma_wait_group(1)
+        hp.wgmma_wait_group(0)
+        hp.wgmma_fence_operands(acc, 0, nacc)
+        if flag:
+            s = float32(0)
+            for r in range(nacc):
+                s += acc[r]
+            out[cuda.grid(1)] = s
+
+    wg.threads, wg.launch_bounds = threads, bounds
+    return wg
+
+
+@functools.lru_cache(maxsize=None)
 def ffma_kernel():
     """``ffma(x0, a, b, iters, out)``: ``CHAINS`` independent chains per thread, chain c from
     ``x0 + c``, each step ``x = x * a + b`` (one FFMA), ``iters x UNROLL`` steps; writes the sum
@@ -836,6 +919,35 @@ def measure_mma(dev, sz):
     return rates, {}
 
 
+def measure_wgmma(dev, sz):
+    names = [f"wgmma_{d}_flops_per_s" for d in WGMMA_K]
+    if dev.simulator:
+        return {}, dict.fromkeys(names, "wgmma needs a GPU of compute capability 9.0 (sm_90a): "
+                                        "the CUDA simulator runs no wgmma")
+    if dev.cc != (9, 0):
+        return {}, dict.fromkeys(names, f"wgmma.mma_async is an sm_90a instruction (compute "
+                                        f"capability 9.0); this GPU has {dev.cc[0]}.{dev.cc[1]}")
+    per_sm = sz.wgmma_per_sm
+    blocks = dev.num_sms * per_sm * sz.wgmma_waves
+    products = blocks * WGMMA_WARPGROUPS * sz.wgmma_iters * WGMMA_UNROLL
+    rates = {}
+    for dtype, k in WGMMA_K.items():
+        kern = wgmma_kernel(dtype)
+        out = dev.array(blocks * kern.threads, "f32")
+        secs = dev.seconds(lambda kern=kern, out=out: dev.launch(
+            kern, blocks, kern.threads, (sz.wgmma_iters, 0, out)))
+        ty = {"fp16": "f16", "fp8": "e4m3"}.get(dtype, dtype)
+        rates[f"wgmma_{dtype}_flops_per_s"] = _rate(
+            products * 2 * 64 * 64 * k, secs, "flop/s",
+            f"wgmma.mma_async.sync.aligned.m64n64k{k}.f32.{ty}.{ty}, A and B from shared "
+            f"memory (K-major, 128-byte swizzle), {WGMMA_UNROLL} products per commit group "
+            f"alternating {WGMMA_ACCS} accumulators, wgmma.wait_group 1, {sz.wgmma_iters} groups "
+            f"per warpgroup; {WGMMA_WARPGROUPS} warpgroups a block, {per_sm} blocks per SM x "
+            f"{sz.wgmma_waves} waves ({blocks} blocks); 2 x 64 x 64 x {k} FLOPs per instruction "
+            f"per warpgroup / time")
+    return rates, {}
+
+
 def measure_ffma(dev, sz):
     import numpy as np
     blocks = dev.num_sms * sz.flop_per_sm
@@ -931,18 +1043,24 @@ def _bytes(n) -> str:
 
 
 MEASURES = {"clock": measure_clock, "dram": measure_dram, "l2": measure_l2,
-            "smem": measure_smem, "mma": measure_mma, "ffma": measure_ffma, "ex2": measure_ex2,
+            "smem": measure_smem, "mma": measure_mma, "wgmma": measure_wgmma,
+            "ffma": measure_ffma, "ex2": measure_ex2,
             "cp-async": measure_cp_async, "launch": measure_launch}
 
 
-def derived(rates: dict, skipped: dict) -> None:
+#: Rates computed from others (`derived`), with the rates they are computed from.
+DERIVED = {"smem_read_bytes_per_clk_per_sm": ("smem_read_bytes_per_s_per_sm", "sm_clock_hz")}
+
+
+def derived(rates: dict, skipped: dict, same_run: bool = True) -> None:
     """Rates computed from others: ``smem_read_bytes_per_clk_per_sm`` (shared bytes per SM per
-    second / the measured clock)."""
+    second / the measured clock); ``same_run``: whether both were measured in one run."""
     smem, clock = rates.get("smem_read_bytes_per_s_per_sm"), rates.get("sm_clock_hz")
     if smem and clock:
+        when = "same run" if same_run else "from different runs: provenance groups_added"
         rates["smem_read_bytes_per_clk_per_sm"] = {
             "value": smem["value"] / clock["value"], "unit": "bytes/clk",
-            "how": "smem_read_bytes_per_s_per_sm / sm_clock_hz (same run)", "range": None}
+            "how": f"smem_read_bytes_per_s_per_sm / sm_clock_hz ({when})", "range": None}
     elif smem:
         skipped["smem_read_bytes_per_clk_per_sm"] = "needs sm_clock_hz (group clock)"
 
@@ -1009,6 +1127,51 @@ def _open_device(repeats):
     return Device(torch, repeats), None
 
 
+def read_rates_file(path, gpu: str) -> dict:
+    """The rates file ``path`` that ``--add-to`` extends, parsed; ValueError naming ``--add-to``
+    where there is no such file, it is not a rates file (JSON of schema `SCHEMA` with ``rates``
+    and ``provenance`` objects) or it was measured on a GPU of another name than ``gpu``."""
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"--add-to: no such file {str(path)!r}")
+    try:
+        doc = json.loads(p.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"--add-to: {path} is not JSON ({exc})") from None
+    if not (isinstance(doc, dict) and doc.get("schema") == SCHEMA
+            and isinstance(doc.get("rates"), dict) and isinstance(doc.get("provenance"), dict)):
+        got = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
+        raise ValueError(f"--add-to: {path} is not a rates file (schema {SCHEMA!r} with 'rates' "
+                         f"and 'provenance' expected, got schema {got!r})")
+    theirs = doc["provenance"].get("gpu")
+    if theirs != gpu:
+        raise ValueError(f"--add-to: {path} was measured on {theirs!r}, this GPU is {gpu!r}; "
+                         f"rates of two GPUs are not merged")
+    return doc
+
+
+def add_groups(doc: dict, rates: dict, skipped: dict, entry: dict) -> dict:
+    """A copy of the rates file ``doc`` with one run's ``rates`` and ``skipped`` (`measure`)
+    in place of the entries of the same names, every other entry as it was, the `DERIVED`
+    rates computed again where one of their inputs was measured again, and ``entry`` (what
+    was measured, when, how) appended to its provenance's ``groups_added``."""
+    new = set(rates) | set(skipped)
+    redo = {name for name, inputs in DERIVED.items() if new & set(inputs)}
+    drop = new | redo
+
+    def merged(old, got):
+        out = {k: v for k, v in (old or {}).items() if k not in drop}
+        out.update({k: v for k, v in got.items() if k not in DERIVED})
+        return out
+    out = dict(doc, rates=merged(doc["rates"], rates), skipped=merged(doc.get("skipped"), skipped))
+    if redo:
+        derived(out["rates"], out["skipped"],
+                same_run=all(set(DERIVED[name]) <= set(rates) for name in redo))
+    prov = doc["provenance"]
+    out["provenance"] = dict(prov, groups_added=list(prov.get("groups_added") or []) + [entry])
+    return out
+
+
 def default_out(gpu: str, date: str) -> str:
     return "rates_" + re.sub(r"[^A-Za-z0-9]+", "-", gpu).strip("-").lower() + f"_{date[:10]}.json"
 
@@ -1024,7 +1187,12 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=None,
                     help="timed launches per rate, at least (default 10; --quick 3)")
     ap.add_argument("--out", default=None,
-                    help="JSON file to write (default ./rates_<gpu>_<date>.json)")
+                    help="JSON file to write (default ./rates_<gpu>_<date>.json; with --add-to, "
+                         "FILE itself)")
+    ap.add_argument("--add-to", default=None, metavar="FILE",
+                    help="a rates file of this GPU: write it with the --only groups' rates added "
+                         "or replaced and its other rates kept; its provenance lists the run "
+                         "under groups_added")
     args = ap.parse_args(argv)
     try:
         groups = parse_groups(args.only)
@@ -1038,6 +1206,13 @@ def main(argv=None) -> int:
     if dev is None:
         print(f"python -m benchmarks rates: {why}", file=sys.stderr)
         return 2
+    base = None
+    if args.add_to:
+        try:
+            base = read_rates_file(args.add_to, dev.name)
+        except ValueError as exc:
+            print(f"python -m benchmarks rates: {exc}", file=sys.stderr)
+            return 2
     preset = "tiny" if dev.simulator else ("quick" if args.quick else "full")
     sizes = sizes_for(preset, dev.num_sms, dev.l2_bytes, args.repeats)
     dev.repeats = sizes.repeats
@@ -1053,9 +1228,16 @@ def main(argv=None) -> int:
     print(f"{dev.name}: {dev.num_sms} SMs, L2 {_bytes(dev.l2_bytes)}; sizes {preset}, "
           f"{sizes.repeats} repeats", flush=True)
     rates, skipped = measure(dev, sizes, groups, progress=lambda s: print(s, flush=True))
-    doc = {"schema": SCHEMA, "provenance": prov, "sizes": asdict(sizes), "rates": rates,
-           "skipped": skipped}
-    out = args.out or default_out(prov["gpu"], prov["date"])
+    if base is None:
+        doc = {"schema": SCHEMA, "provenance": prov, "sizes": asdict(sizes), "rates": rates,
+               "skipped": skipped}
+        out = args.out or default_out(prov["gpu"], prov["date"])
+    else:
+        entry = {k: prov[k] for k in ("date", "command", "code_version", "kernels_sha", "gpu")}
+        doc = add_groups(base, rates, skipped, dict(groups=list(groups), **entry,
+                                                     sizes=asdict(sizes)))
+        out = args.out or args.add_to
     write_json(doc, out)
-    print(f"wrote {out}")
+    added = "" if base is None else f" ({', '.join(groups)} added to {args.add_to})"
+    print(f"wrote {out}{added}")
     return 0

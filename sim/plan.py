@@ -78,8 +78,9 @@ RATE_NAMES = {
     "mma_tf32_flops_per_s": ("mma_tf32_flops_per_s", lambda p: 1.0,
                              lambda p: p.tensor_flops_per_s.get("tf32")),
     "ffma_flops_per_s": ("ffma_flops_per_s", lambda p: 1.0, lambda p: p.fp32_flops_per_s),
-    # float8 and wgmma products: no microbenchmark measures them yet (datasheet figures)
+    # float8 mma.sync products: no microbenchmark measures them yet (datasheet figure)
     "mma_fp8_flops_per_s": ("mma_fp8_flops_per_s", lambda p: 1.0, lambda p: p.tensor_flops_per_s.get("fp8")),
+    # Hopper wgmma products (A and B from shared memory): python -m benchmarks rates --only wgmma
     "wgmma_f16_flops_per_s": ("wgmma_fp16_flops_per_s", lambda p: 1.0,
                               lambda p: p.tensor_flops_per_s.get("fp16")),
     "wgmma_bf16_flops_per_s": ("wgmma_bf16_flops_per_s", lambda p: 1.0,

@@ -46,6 +46,9 @@ RATE_UNITS = {
     "mma_fp16_flops_per_s": "flop/s",
     "mma_bf16_flops_per_s": "flop/s",
     "mma_tf32_flops_per_s": "flop/s",
+    "wgmma_fp16_flops_per_s": "flop/s",
+    "wgmma_bf16_flops_per_s": "flop/s",
+    "wgmma_fp8_flops_per_s": "flop/s",
     "ffma_flops_per_s": "flop/s",
     "ex2_ops_per_s": "op/s",
     "cp_async_depth1_bytes_per_s": "bytes/s",
@@ -98,6 +101,9 @@ class GPUProfile:
       32-way bank-conflicted (useful bytes counted);
     * ``mma_fp16_flops_per_s``, ``mma_bf16_flops_per_s`` (``mma.sync`` m16n8k16, f32
       accumulate), ``mma_tf32_flops_per_s`` (m16n8k8) (flop/s, 2 per multiply-add);
+    * ``wgmma_fp16_flops_per_s``, ``wgmma_bf16_flops_per_s`` (``wgmma.mma_async`` m64n64k16, f32
+      accumulate), ``wgmma_fp8_flops_per_s`` (m64n64k32, e4m3) (flop/s): Hopper's warpgroup
+      products, A and B from shared memory, several warpgroups per SM (sm_90a only);
     * ``ffma_flops_per_s`` (flop/s, 2 per FMA): float32 FMA chains on CUDA cores;
     * ``ex2_ops_per_s`` (op/s): ``ex2.approx.ftz.f32`` (the MUFU unit) results per second;
     * ``cp_async_depth{1,2,3}_bytes_per_s`` (bytes/s): DRAM -> shared copies by ``cp.async``

@@ -7,9 +7,14 @@
   sum to the closed form, every ``mma`` chain ends at ``iters * K``, the FFMA chains at
   ``x0 + c + steps``, the ex2 chains at the fixed point of ``x = 2**-x``, and the ``cp.async``
   pipeline (depths 1, 2, 3) consumes every copied word exactly once.
+* The ``wgmma`` group's kernels compile for sm_90a (CPU, ``ptxas``): the products unrolled in
+  commit groups, no serialisation, no spills; under the simulator its rates are skipped with
+  the reason, and on a compute-capability-9.0 GPU they are measured below 1.2x the datasheet.
 * The command (in the simulator) writes a ``ioaware.rates/1`` file with provenance, every rate
   of `sim.profiles.RATE_UNITS` measured or skipped with a reason; bad ``--only`` and no GPU
-  are one-line errors with exit code 2.
+  are one-line errors with exit code 2. ``--add-to FILE`` replaces the groups it measures and
+  keeps the rest of FILE, recording the run in ``groups_added``; another GPU's file or a file
+  that is not a rates file is refused naming ``--add-to``.
 * ``load_profile(name, rates=FILE)`` gives a copy carrying the measured values (predictions
   unchanged); without ``rates`` the profile is the shipped one; a missing file, a wrong schema,
   a wrong unit, a bad value, another GPU's file are refused naming ``rates``.
@@ -32,6 +37,7 @@ from benchmarks import rates as R
 from sim.profiles import RATE_UNITS, RATES_SCHEMA, load_profile, profile_for_gpu_name
 
 from .conftest import REAL_GPU
+from .helpers import compile_sm90a_in_child
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -139,8 +145,128 @@ def test_full_sizes_fit_the_gpu():
     assert sz.dram_bytes // 16 // (sz.threads * sz.per_thread) >= 100 * 132
     assert 50 * 2**20 / 8 < sz.l2_buffer_bytes <= 50 * 2**20 / 4
     assert sz.chase_bytes <= sz.l2_buffer_bytes and sz.repeats >= 5
+    # wgmma: 4 warpgroups per SM, many waves, each warpgroup about 10 ms of fp16 work or less
+    assert sz.wgmma_per_sm * R.WGMMA_WARPGROUPS >= 4 and sz.wgmma_waves >= 4
+    fp16 = 132 * sz.wgmma_per_sm * sz.wgmma_waves * R.WGMMA_WARPGROUPS * sz.wgmma_iters \
+        * R.WGMMA_UNROLL * 2 * 64 * 64 * 16
+    assert 1e-3 < fp16 / 989e12 < 20e-3
     with pytest.raises(ValueError, match="preset"):
         R.sizes_for("huge", 132, 2**20)
+
+
+# -- the wgmma group ------------------------------------------------------------------------------
+
+WGMMA_NAMES = {f"wgmma_{d}_flops_per_s" for d in R.WGMMA_K}
+
+
+def test_wgmma_is_a_group_of_its_own():
+    assert "wgmma" in R.GROUPS and R.GROUPS.index("mma") < R.GROUPS.index("wgmma")
+    assert R.parse_groups("ffma, wgmma,mma") == ("mma", "wgmma", "ffma")
+    assert WGMMA_NAMES <= set(RATE_UNITS) and {RATE_UNITS[n] for n in WGMMA_NAMES} == {"flop/s"}
+    assert "``wgmma``" in R.__doc__ and all(n in R.__doc__ for n in WGMMA_NAMES)
+
+
+@pytest.mark.parametrize("cc, word", [((8, 0), "8.0"), ((8, 9), "8.9"), ((10, 0), "10.0")])
+def test_wgmma_is_skipped_off_sm90(cc, word):
+    """wgmma is an sm_90a instruction: below 9.0 and on later architectures (which dropped it)
+    the rates are skipped, naming the GPU's compute capability."""
+    dev = type("Dev", (), {"simulator": False, "cc": cc})()
+    rates, skipped = R.measure_wgmma(dev, R.sizes_for("tiny", 1, 4096))
+    assert rates == {} and set(skipped) == WGMMA_NAMES
+    assert all("9.0" in why and word in why for why in skipped.values())
+
+
+@pytest.mark.skipif(REAL_GPU, reason="the simulator's run")
+def test_wgmma_is_skipped_under_the_simulator(tmp_path, capsys):
+    path = tmp_path / "rates.json"
+    assert R.main(["--only", "wgmma", "--out", str(path)]) == 0
+    doc = json.loads(path.read_text())
+    assert doc["rates"] == {} and set(doc["skipped"]) == WGMMA_NAMES
+    assert all("simulator" in why and "9.0" in why for why in doc["skipped"].values())
+    assert "[1/1] wgmma: wgmma_fp16_flops_per_s skipped" in capsys.readouterr().out
+
+
+def compile_wgmma_rates(outdir) -> dict:
+    """The ``wgmma`` group's kernels compiled for ``sm_90a`` into ``outdir/wgmma_<dtype>.ptx``
+    (run in a process without the CUDA simulator), with the argument types `kernels.host.launch`
+    gives them (two int64 and a float32 vector); returns dtype -> launch bounds."""
+    from numba import cuda, types
+
+    from benchmarks.common import allow_offline_compile
+    allow_offline_compile()
+    sig = (types.int64, types.int64, types.Array(types.float32, 1, "C"))
+    bounds = {}
+    for dtype in R.WGMMA_K:
+        kern = R.wgmma_kernel(dtype)
+        text, _ = cuda.compile_ptx(kern.py_func, sig, cc=(9, 0, "a"),
+                                   launch_bounds=kern.launch_bounds)
+        Path(outdir, f"wgmma_{dtype}.ptx").write_text(text)
+        bounds[dtype] = list(kern.launch_bounds)
+    return bounds
+
+
+@pytest.fixture(scope="module")
+def wgmma_ptx(tmp_path_factory):
+    out = tmp_path_factory.mktemp("rates_wgmma")
+    ptxas, bounds = compile_sm90a_in_child("tests.test_rates", "compile_wgmma_rates", out,
+                                           timeout=600)
+    return out, ptxas, bounds
+
+
+@pytest.mark.parametrize("dtype", list(R.WGMMA_K))
+def test_wgmma_kernels_compile_for_sm90a(wgmma_ptx, dtype):
+    from benchmarks.common import parse_ptxas
+    outdir, ptxas, bounds = wgmma_ptx
+    path = outdir / f"wgmma_{dtype}.ptx"
+    text = path.read_text()
+    threads, per_sm = bounds[dtype]
+    assert ".target sm_90a" in text
+    assert f".maxntid {threads}, 1, 1" in text and f".minnctapersm {per_sm}" in text
+    k = R.WGMMA_K[dtype]
+    ty = {"fp16": "f16", "fp8": "e4m3"}.get(dtype, dtype)
+    products = text.count("wgmma.mma_async")
+    groups = text.count("wgmma.commit_group.sync.aligned")
+    assert text.count(f"wgmma.mma_async.sync.aligned.m64n64k{k}.f32.{ty}.{ty} ") == products
+    # every commit group holds WGMMA_UNROLL products and is followed by wait_group 1: the loop
+    # body as written (1 group), or LLVM's unrolling of the runtime loop by two plus the
+    # remainder trip (3 groups; numba-cuda 0.30)
+    assert products == R.WGMMA_UNROLL * groups and groups in (1, 3), (products, groups)
+    assert text.count("wgmma.wait_group.sync.aligned 1;") == groups
+    assert text.count("wgmma.wait_group.sync.aligned 0;") == 1
+    assert "ld.local" not in text and "st.local" not in text      # accumulators in registers
+    r = subprocess.run([ptxas, "-v", "-arch=sm_90a", str(path), "-o",
+                        str(path.with_suffix(".cubin"))], capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-4000:]
+    # no serialised wgmma (C7520: a product on a divergent path), and no warpgroup.arrive /
+    # warpgroup.wait injected between products (C7519 / C7517: other instructions touching
+    # the accumulators while products are in flight)
+    assert "serializ" not in r.stderr.lower(), r.stderr[-2000:]
+    assert "injected" not in r.stderr, r.stderr[-2000:]
+    (entry,) = parse_ptxas(r.stderr)
+    assert entry["spill_store_bytes"] == 0 and entry["stack_frame_bytes"] == 0, entry
+    assert entry["registers_per_thread"] <= 65536 // (threads * per_sm), entry
+    assert entry["static_smem_bytes"] == 2 * 64 * 64 * 2, entry      # A and B, 8 KiB each
+
+
+@pytest.mark.gpu
+def test_on_a_hopper_gpu_the_wgmma_rates():
+    """The group on a compute-capability-9.0 GPU at the quick sizes, 3 repeats: each rate
+    positive, its range around it, below 1.2x the H100's dense datasheet peak (989 TFLOP/s
+    fp16 and bf16, 1979 fp8)."""
+    torch = pytest.importorskip("torch")
+    dev = R.Device(torch, repeats=3)
+    if dev.cc != (9, 0):
+        pytest.skip(f"wgmma needs compute capability 9.0; this GPU is {dev.cc}")
+    sz = R.sizes_for("quick", dev.num_sms, dev.l2_bytes, repeats=3)
+    rates, skipped = R.measure(dev, sz, ("wgmma",))
+    assert not skipped and set(rates) == WGMMA_NAMES
+    peak = load_profile("h100").tensor_flops_per_s
+    for dtype in R.WGMMA_K:
+        entry = rates[f"wgmma_{dtype}_flops_per_s"]
+        assert entry["unit"] == "flop/s" and "wgmma.mma_async" in entry["how"]
+        assert 0 < entry["range"][0] <= entry["value"] <= entry["range"][1], entry
+        assert entry["value"] < 1.2 * peak[dtype], (dtype, entry["value"], peak[dtype])
 
 
 # -- the command ---------------------------------------------------------------------------------
@@ -170,7 +296,8 @@ def test_command_writes_a_rates_file_with_provenance(tmp_path, capsys):
     assert set(doc["rates"]) | set(doc["skipped"]) == set(RATE_UNITS)   # each one, or why not
     assert "sm_clock_hz" in doc["skipped"]
     out = capsys.readouterr().out
-    assert "[9/9] launch" in out and f"wrote {path}" in out
+    n = len(R.GROUPS)
+    assert f"[{n}/{n}] launch" in out and f"wrote {path}" in out
     prof = load_profile("h100", rates=path, check_gpu=False)       # the file loads
     assert prof.rate("ffma_flops_per_s") == doc["rates"]["ffma_flops_per_s"]["value"]
     path2 = tmp_path / "some.json"
@@ -193,6 +320,101 @@ def test_no_gpu_is_a_one_line_error():
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2, r.stderr[-2000:]
     assert "needs a CUDA GPU" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def _shipped_like(gpu):
+    """A small rates file as the command writes one (a few rates, one skipped, sizes)."""
+    doc = _doc(gpu=gpu, dram_read_bytes_per_s=3.0e12, ffma_flops_per_s=1.0,
+               smem_read_bytes_per_s_per_sm=3.6e11, sm_clock_hz=1.8e9)
+    doc["rates"]["smem_read_bytes_per_clk_per_sm"] = {"value": 200.0, "unit": "bytes/clk",
+                                                      "how": "test", "range": None}
+    doc["skipped"] = {"wgmma_fp8_flops_per_s": "not measured then", "ex2_ops_per_s": "test"}
+    doc["sizes"] = {"preset": "full"}
+    return doc
+
+
+@pytest.mark.skipif(REAL_GPU, reason="the simulator's run")
+def test_add_to_replaces_the_groups_measured_and_keeps_the_rest(tmp_path, capsys):
+    path = tmp_path / "rates_sim.json"
+    before = _shipped_like(R.Device(None).name)
+    path.write_text(json.dumps(before))
+    assert R.main(["--only", "wgmma,ffma", "--add-to", str(path)]) == 0
+    assert f"wrote {path} (wgmma, ffma added to {path})" in capsys.readouterr().out
+    doc = json.loads(path.read_text())
+    assert doc["schema"] == RATES_SCHEMA and doc["sizes"] == before["sizes"]
+    # the groups measured: ffma replaced, the wgmma rates skipped with this run's reason
+    ffma = doc["rates"]["ffma_flops_per_s"]
+    assert ffma["value"] != 1.0 and "FFMA" in ffma["how"] and ffma["unit"] == "flop/s"
+    assert set(doc["skipped"]) == WGMMA_NAMES | {"ex2_ops_per_s"}
+    assert all("simulator" in doc["skipped"][n] for n in WGMMA_NAMES)
+    # the rest as it was, the derived rate included (neither of its inputs measured again)
+    for name in ("dram_read_bytes_per_s", "smem_read_bytes_per_s_per_sm", "sm_clock_hz",
+                 "smem_read_bytes_per_clk_per_sm"):
+        assert doc["rates"][name] == before["rates"][name], name
+    assert doc["skipped"]["ex2_ops_per_s"] == "test"
+    prov = doc["provenance"]
+    assert {k: prov[k] for k in before["provenance"]} == before["provenance"]
+    (entry,) = prov["groups_added"]
+    assert set(entry) == {"groups", "date", "command", "code_version", "kernels_sha", "gpu",
+                          "sizes"}
+    assert entry["groups"] == ["wgmma", "ffma"] and entry["gpu"] == before["provenance"]["gpu"]
+    assert entry["command"] == f"python -m benchmarks rates --only wgmma,ffma --add-to {path}"
+    assert entry["sizes"]["preset"] == "tiny" and "commit" in entry["code_version"]
+    prof = load_profile("h100", rates=path, check_gpu=False)         # still a rates file
+    assert prof.rate("ffma_flops_per_s") == ffma["value"]
+    assert prof.rate("dram_read_bytes_per_s") == 3.0e12
+    # a second run appends its entry; --out writes elsewhere and leaves FILE alone
+    assert R.main(["--only", "launch", "--add-to", str(path)]) == 0
+    doc2 = json.loads(path.read_text())
+    assert [e["groups"] for e in doc2["provenance"]["groups_added"]] == [["wgmma", "ffma"],
+                                                                        ["launch"]]
+    assert doc2["rates"]["ffma_flops_per_s"] == ffma and "kernel_launch_s" in doc2["rates"]
+    other = tmp_path / "other.json"
+    assert R.main(["--only", "ex2", "--add-to", str(path), "--out", str(other)]) == 0
+    assert json.loads(path.read_text()) == doc2
+    doc3 = json.loads(other.read_text())
+    assert "ex2_ops_per_s" in doc3["rates"] and "ex2_ops_per_s" not in doc3["skipped"]
+
+
+def test_add_groups_computes_the_derived_rate_again():
+    """A new shared-memory rate with the file's clock: bytes per clock from both, said to come
+    from different runs; a skipped rate that is now measured leaves ``skipped``."""
+    doc = _shipped_like("GPU")
+    smem = {"value": 4.5e11, "unit": "bytes/s", "how": "new", "range": [4e11, 5e11]}
+    out = R.add_groups(doc, {"smem_read_bytes_per_s_per_sm": smem},
+                       {"smem_read_bytes_per_clk_per_sm": "needs sm_clock_hz (group clock)"},
+                       {"groups": ["smem"]})
+    clk = out["rates"]["smem_read_bytes_per_clk_per_sm"]
+    assert clk["value"] == pytest.approx(4.5e11 / 1.8e9) and "different runs" in clk["how"]
+    assert "smem_read_bytes_per_clk_per_sm" not in out["skipped"]
+    assert out["provenance"]["groups_added"] == [{"groups": ["smem"]}]
+    assert doc["rates"]["smem_read_bytes_per_clk_per_sm"]["value"] == 200.0    # doc unchanged
+    assert "groups_added" not in doc["provenance"]
+    wg = {"value": 6e14, "unit": "flop/s", "how": "new", "range": [5e14, 7e14]}
+    out = R.add_groups(doc, {"wgmma_fp8_flops_per_s": wg}, {}, {"groups": ["wgmma"]})
+    assert out["rates"]["wgmma_fp8_flops_per_s"] == wg
+    assert "wgmma_fp8_flops_per_s" not in out["skipped"]
+    assert out["rates"]["smem_read_bytes_per_clk_per_sm"]["value"] == 200.0
+
+
+def test_add_to_refuses_another_gpu_and_other_files(tmp_path, capsys):
+    path = tmp_path / "rates.json"
+    path.write_text(json.dumps(_shipped_like("NVIDIA Imaginary GPU")))
+    before = path.read_text()
+    assert R.main(["--only", "ffma", "--add-to", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "--add-to" in err and "'NVIDIA Imaginary GPU'" in err and len(err.splitlines()) == 1
+    assert path.read_text() == before
+    bad = tmp_path / "bad.json"
+    for text, words in ((json.dumps(dict(_doc(), schema="ioaware.results/1")), "not a rates file"),
+                        (json.dumps({"schema": RATES_SCHEMA, "rates": {}}), "not a rates file"),
+                        ("{not json", "not JSON")):
+        bad.write_text(text)
+        assert R.main(["--only", "ffma", "--add-to", str(bad)]) == 2
+        err = capsys.readouterr().err
+        assert "--add-to" in err and words in err and len(err.splitlines()) == 1, err
+    assert R.main(["--only", "ffma", "--add-to", str(tmp_path / "missing.json")]) == 2
+    assert "--add-to: no such file" in capsys.readouterr().err
 
 
 # -- measured rates in a profile -----------------------------------------------------------------
@@ -270,14 +492,19 @@ def test_bad_rates_are_refused_naming_the_argument(tmp_path):
 def test_on_a_gpu_the_ptx_kernels_and_a_quick_run(tmp_path):
     """The kernels with their PTX (ld/st.global v4, ld.shared, mma.sync, FFMA, ex2.approx,
     cp.async) against the same closed forms, then ``rates --quick``: every rate measured (an
-    sm_80+ GPU), positive, within sight of the GPU's profile where there is one."""
+    sm_80+ GPU; wgmma on 9.0 only), positive, within sight of the GPU's profile where there
+    is one."""
     for check in CHECKS:
         check()
     path = tmp_path / "rates.json"
     assert R.main(["--quick", "--out", str(path)]) == 0
     doc = json.loads(path.read_text())
     _check_doc(doc, path)
-    assert set(doc["rates"]) == set(RATE_UNITS) and not doc["skipped"]
+    if doc["provenance"]["compute_capability"] == "9.0":
+        assert set(doc["rates"]) == set(RATE_UNITS) and not doc["skipped"]
+    else:                                               # wgmma: sm_90a only
+        assert set(doc["rates"]) == set(RATE_UNITS) - WGMMA_NAMES
+        assert set(doc["skipped"]) == WGMMA_NAMES
     rates = {name: entry["value"] for name, entry in doc["rates"].items()}
     # what no GPU can exceed: 32 banks x 4 bytes per SM per clock; a 32-way conflict serialises
     # a warp's load into 32 wavefronts (at least 8x slower, whatever the bank count)
