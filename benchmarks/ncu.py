@@ -641,8 +641,8 @@ def profile_loads(path, *, variant="mma", pass_="fwd", out=None, ncu="ncu", comm
 # --stalls: where a kernel's time goes (pipes, occupancy, warp stalls), per launch
 # ------------------------------------------------------------------------------------------------
 
-#: Per launch: duration, tensor-pipe activity (``mma.sync`` is HMMA, ``wgmma`` GMMA), issue-slot
-#: use, achieved occupancy, registers, DRAM throughput, and the warp stall reasons (warps stalled
+#: Per launch: duration, tensor-pipe activity (``mma.sync`` is HMMA, ``wgmma`` GMMA), the XU
+#: pipe's (the MUFU: ``ex2``, reciprocals, conversions) share of its peak, issue-slot use, achieved occupancy, registers, DRAM throughput, and the warp stall reasons (warps stalled
 #: per issued instruction, by reason: their sum is the cycles between a warp's instructions).
 STALL_REASONS = ("long_scoreboard", "short_scoreboard", "barrier", "mio_throttle",
                  "math_pipe_throttle", "wait", "not_selected", "selected", "lg_throttle",
@@ -652,6 +652,7 @@ STALL_METRICS = {
     "duration_ns": "gpu__time_duration.sum",
     "hmma_pipe_pct": "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
     "gmma_pipe_pct": "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active",
+    "xu_pipe_pct": "sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active",
     "issue_active_pct": "smsp__issue_active.avg.pct_of_peak_sustained_active",
     "warps_active_pct": "sm__warps_active.avg.pct_of_peak_sustained_active",
     "registers": "launch__registers_per_thread",
@@ -659,7 +660,8 @@ STALL_METRICS = {
     **{f"stall_{r}": f"smsp__average_warps_issue_stalled_{r}_per_issue_active.ratio"
        for r in STALL_REASONS},
 }
-STALLS_HEADER = (f"{'kernel':<34} {'us':>8} {'tensor%':>7} {'issue%':>6} {'occ%':>5} {'regs':>4}"
+STALLS_HEADER = (f"{'kernel':<34} {'us':>8} {'tensor%':>7} {'xu%':>5} {'issue%':>6} {'occ%':>5} "
+                 f"{'regs':>4}"
                  f"  top stalls (warps per issued instruction)")
 
 
@@ -676,7 +678,7 @@ def stall_row(k: dict) -> str:
     stalls = sorted(((v, r[len("stall_"):]) for r, v in m.items()
                      if r.startswith("stall_") and v), reverse=True)[:4]
     return (f"{_short_name(k['name']):<34} {(m.get('duration_ns') or 0) / 1e3:>8.1f} "
-            f"{tensor:>7.1f} {m.get('issue_active_pct') or 0:>6.1f} "
+            f"{tensor:>7.1f} {m.get('xu_pipe_pct') or 0:>5.1f} {m.get('issue_active_pct') or 0:>6.1f} "
             f"{m.get('warps_active_pct') or 0:>5.1f} {m.get('registers') or 0:>4.0f}  "
             + ", ".join(f"{r} {v:.2f}" for v, r in stalls))
 
@@ -695,16 +697,18 @@ def show_stalls(path) -> int:
     return 0
 
 
-def profile_stalls(path, *, kernels=None, pass_=None, dtype=None, out=None, ncu="ncu",
+def profile_stalls(paths, *, kernels=None, pass_=None, dtype=None, out=None, ncu="ncu",
                    command="") -> dict:
-    """Replay the records of ``path`` (those of ``kernels``, ``pass_`` and ``dtype`` where given)
-    under Nsight Compute with `STALL_METRICS`, one row per launch (not summed); prints them and
-    writes the file to ``out``."""
-    recs = [r for r in json.loads(Path(path).read_text())["records"]
+    """Replay the records of ``paths`` (a results file or a list of them; those of ``kernels``,
+    ``pass_`` and ``dtype`` where given) under Nsight Compute with `STALL_METRICS`, one row per
+    launch (not summed); prints them and writes the file to ``out``."""
+    paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
+    recs = [r for path in paths for r in json.loads(Path(path).read_text())["records"]
             if (not kernels or r.get("kernel") in kernels) and (not pass_ or r.get("pass") == pass_)
             and (not dtype or r.get("dtype") == dtype)]
     if not recs:
-        raise SystemExit(f"no records of kernels={kernels} pass={pass_} dtype={dtype} in {path}")
+        raise SystemExit(f"no records of kernels={kernels} pass={pass_} dtype={dtype} in "
+                         f"{', '.join(map(str, paths))}")
     configs, groups, missing = _replay_records(recs, STALL_METRICS, ncu, timeout=3000)
     out_recs = []
     for cfg, launches in zip(configs, groups):
@@ -723,7 +727,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks ncu",
                                  description="Add Nsight Compute hardware counters to a results "
                                              "file (or, with --loads, split its global loads).")
-    ap.add_argument("results", nargs="?", help="results file written by python -m benchmarks measure")
+    ap.add_argument("results", nargs="*", help="results file written by python -m benchmarks "
+                    "measure (--stalls: one or more, their records profiled into one file)")
     ap.add_argument("--out", help="counters: write here instead of in place; --loads: the file "
                                   "to write")
     ap.add_argument("--chunk", type=int, default=40, help="configurations per ncu process")
@@ -758,6 +763,9 @@ def main(argv=None) -> int:
         return show_stalls(args.show_stalls)
     if not args.results:
         ap.error("give the results file")
+    if len(args.results) > 1 and not args.stalls:
+        ap.error("several results files: only with --stalls")
+    results = args.results[0]
     command = command_line("ncu", argv)
     kernels = [k for k in args.kernels.split(",") if k] if args.kernels else None
     unknown = [k for k in kernels or () if k not in measure.KERNELS]
@@ -769,10 +777,10 @@ def main(argv=None) -> int:
                        out=args.out, ncu=args.ncu, command=command)
         return 0
     if args.loads:
-        profile_loads(args.results, variant=args.variant, pass_=args.pass_ or "fwd", out=args.out,
+        profile_loads(results, variant=args.variant, pass_=args.pass_ or "fwd", out=args.out,
                       ncu=args.ncu, command=command)
         return 0
-    profile_results(args.results, out_path=args.out, chunk=args.chunk,
+    profile_results(results, out_path=args.out, chunk=args.chunk,
                     kernels=kernels, limit=args.limit,
                     time_budget_s=args.time_budget, ncu=args.ncu, keep_logs=args.keep_logs,
                     command=command)

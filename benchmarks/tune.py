@@ -6,7 +6,8 @@ Both run on the same inputs as PyTorch SDPA, in the same process.
     python -m benchmarks tune --backward-dq [--d 64 128] [--out FILE.json]
     ncu --clock-control none --profile-from-start off --csv --page raw --log-file FILE.csv \\
         --metrics METRICS python -m benchmarks tune --orders --profile CASE --out FILE.json
-    python -m benchmarks tune --orders --show-ncu FILE.csv | --model-ncu FILE.json   (CPU)
+    python -m benchmarks tune --orders --show-ncu FILE.csv|FILE.json | --model-ncu FILE.json   (CPU)
+    python -m benchmarks tune --orders --embed-ncu FILE.json                         (CPU)
 
 Every case uses the benchmark's shapes (batch = 16384 / N, heads = 2048 / d) and times by CUDA
 events behind a device-side sleep (GPU time only: ``"device"`` timing of `benchmarks.common`).
@@ -42,7 +43,10 @@ order (forward, dQ, dK/dV), in the order printed; with ``--out`` it writes the c
 and the provenance (with the profiler's command line from the environment variable
 ``IOAWARE_PROFILER_COMMAND`` when the caller sets it). ``--show-ncu FILE.csv`` prints such a
 profile's CSV as a table, one line per kernel (time, L2 hit rate, L2 read sectors, DRAM bytes
-read). ``--model-ncu FILE.json`` (the ``--out`` of a ``--profile`` run, its CSV beside it) puts
+read). ``--embed-ncu FILE.json`` copies the CSV beside a ``--profile`` run's ``--out`` into it
+(key ``ncu_csv``), so that one file carries the case and its counters; ``--show-ncu`` and
+``--model-ncu`` read the CSV from the JSON where it is there. ``--model-ncu FILE.json`` (the
+``--out`` of a ``--profile`` run, its CSV inside it or beside it) puts
 the cost model's DRAM reads next to the measured ones: `sim.model.predict` with
 ``Schedule.launch_head_group`` set to each order, the L2 model replaying the trace in that
 dispatch order.
@@ -347,12 +351,37 @@ def profile_case(torch, dt, d, causal, n) -> dict:
     return {"dtype": dt, "head_dim": d, "causal": causal, "seq_len": n, "batch": b, "heads": h}
 
 
+def _profile_csv(path) -> str:
+    """The ncu CSV text of a ``--profile`` run: ``path`` itself (a CSV), the ``ncu_csv`` of its
+    JSON (`embed_ncu`), or the CSV beside that JSON."""
+    from pathlib import Path
+    path = Path(path)
+    if path.suffix == ".json":
+        doc = json.loads(path.read_text())
+        if "ncu_csv" in doc:
+            return doc["ncu_csv"]
+        path = path.with_suffix(".csv")
+    return path.read_text()
+
+
+def embed_ncu(profile_json) -> None:
+    """Copy the ncu CSV beside a ``--profile`` run's JSON into it (``ncu_csv``, verbatim; its
+    kernels checked by `profile_rows` first), so that one file carries both."""
+    from pathlib import Path
+    path = Path(profile_json)
+    doc = json.loads(path.read_text())
+    text = path.with_suffix(".csv").read_text()
+    profile_rows(path.with_suffix(".csv"))
+    doc["ncu_csv"] = text
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"{path}: ncu_csv embedded ({len(text)} characters); the CSV beside it can go")
+
+
 def profile_rows(csv_path) -> list[dict]:
-    """The kernels of a ``--profile`` run's ncu CSV (`benchmarks.ncu.parse_ncu_csv`): three per
-    order of `PROFILE_ORDERS`, in launch order."""
+    """The kernels of a ``--profile`` run's ncu CSV (`benchmarks.ncu.parse_ncu_csv`; ``csv_path``
+    as `_profile_csv` takes it): three per order of `PROFILE_ORDERS`, in launch order."""
     from .ncu import parse_ncu_csv
-    with open(csv_path) as f:
-        rows = parse_ncu_csv(f.read())
+    rows = parse_ncu_csv(_profile_csv(csv_path))
     if len(rows) != len(PROFILE_ORDERS) * len(PROFILE_KERNELS):
         raise SystemExit(f"{csv_path}: {len(rows)} kernels, expected "
                          f"{len(PROFILE_ORDERS) * len(PROFILE_KERNELS)}")
@@ -375,17 +404,16 @@ def show_ncu(path) -> None:
 
 def model_vs_ncu(profile_json, profile="h100") -> list[dict]:
     """Measured (ncu) against predicted (sim, L2 model in each launch order) DRAM reads of a
-    ``--profile`` run: ``profile_json`` is its ``--out``, the CSV has the same name ending in
-    ``.csv``. Prints one line per (order, kernel); returns the rows."""
-    from pathlib import Path
-
+    ``--profile`` run: ``profile_json`` is its ``--out``, with the CSV inside it (`embed_ncu`)
+    or beside it (the same name ending in ``.csv``). Prints one line per (order, kernel);
+    returns the rows."""
     from ioaware.launch_order import parse_head_group
     from kernels import mma_fwd, tf32_fwd
     from sim.model import predict
     from sim.workload import Schedule, Workload
     with open(profile_json) as f:
         case = json.load(f)["case"]
-    rows = profile_rows(Path(profile_json).with_suffix(".csv"))
+    rows = profile_rows(profile_json)
     d, dt, causal = case["head_dim"], case["dtype"], case["causal"]
     if dt == "fp32":
         fwd_blocks, unit = tf32_fwd.default_blocks(d), "tf32"
@@ -450,7 +478,10 @@ def main(argv=None) -> int:
                     help="--orders: run one case per order for a profiler (ncu --metrics "
                          + PROFILE_METRICS + ")")
     ap.add_argument("--show-ncu", metavar="FILE.csv", default=None,
-                    help="--orders: print a --profile run's ncu CSV as a table (CPU)")
+                    help="--orders: print a --profile run's ncu CSV (or its JSON with the CSV "
+                         "embedded) as a table (CPU)")
+    ap.add_argument("--embed-ncu", metavar="FILE.json", default=None,
+                    help="--orders: copy the CSV beside a --profile run's JSON into it (CPU)")
     ap.add_argument("--model-ncu", metavar="FILE.json", default=None,
                     help="--orders: the cost model's DRAM reads against a --profile run's (CPU)")
     ap.add_argument("--out", default=None, help="JSON file to write (with provenance)")
@@ -460,6 +491,9 @@ def main(argv=None) -> int:
         return 0
     if args.show_ncu:
         show_ncu(args.show_ncu)
+        return 0
+    if args.embed_ncu:
+        embed_ncu(args.embed_ncu)
         return 0
     if args.model_ncu:
         model_vs_ncu(args.model_ncu)

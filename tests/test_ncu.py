@@ -393,7 +393,7 @@ def test_stalls_file_prints_each_launch_with_its_largest_stalls(tmp_path, capsys
     from benchmarks import ncu
     launch = {"name": "void flash_bwd_dq_dk_dv_loop_kernel<Flash_bwd_kernel_traits<128> >(Params)",
               "metrics": {"duration_ns": 2500.0, "hmma_pipe_pct": 41.5, "gmma_pipe_pct": 0.0,
-                          "issue_active_pct": 30.0, "warps_active_pct": 12.4, "registers": 255,
+                          "xu_pipe_pct": 17.25, "issue_active_pct": 30.0, "warps_active_pct": 12.4, "registers": 255,
                           "stall_barrier": 0.5, "stall_long_scoreboard": 2.25,
                           "stall_math_pipe_throttle": 1.0, "stall_wait": 0.25, "stall_misc": 0.0}}
     doc = {"provenance": {"gpu": "H100", "date": "d", "command": "c"},
@@ -405,7 +405,33 @@ def test_stalls_file_prints_each_launch_with_its_largest_stalls(tmp_path, capsys
     assert ncu.main(["--show-stalls", str(path)]) == 0
     row = capsys.readouterr().out.splitlines()[-1]
     assert row.startswith("flash_bwd_dq_dk_dv_loop_kernel ")
-    assert "2.5" in row and "41.5" in row and "255" in row
+    assert "2.5" in row and "41.5" in row and "17.2" in row and "255" in row
     assert row.index("long_scoreboard 2.25") < row.index("math_pipe_throttle 1.00") \
         < row.index("barrier 0.50") < row.index("wait 0.25")
     assert "misc" not in row
+
+
+def test_stalls_profile_several_results_files_into_one(tmp_path, monkeypatch):
+    """``ncu --stalls A.json B.json``: the selected records of every file are replayed in one
+    profile (here the replay is stubbed: which records reach it, in order)."""
+    import json
+
+    from benchmarks import ncu
+    base = {"pass": "fwd", "dtype": "fp16", "head_dim": 128, "seq_len_q": 1500, "seq_len_k": 1500,
+            "batch": 8, "heads": 8, "causal": False}
+    a = [dict(base, kernel="sdpa-cudnn"), dict(base, kernel="sdpa-efficient"),
+         dict(base, kernel="sdpa-flash", dtype="fp32")]
+    b = [dict(base, kernel="ioaware-numba", variant="wgmma")]
+    for name, recs in (("a.json", a), ("b.json", b)):
+        (tmp_path / name).write_text(json.dumps({"records": recs}))
+    seen = []
+
+    def replay(recs, metrics, ncu_cmd, timeout):
+        seen.extend(recs)
+        return recs, [[{"name": "k", "metrics": {"duration_ns": 1.0}}] for _ in recs], []
+    monkeypatch.setattr(ncu, "_replay_records", replay)
+    monkeypatch.setattr(ncu, "ncu_version", lambda cmd: "test")
+    doc = ncu.profile_stalls([tmp_path / "a.json", tmp_path / "b.json"],
+                             kernels=["sdpa-cudnn", "sdpa-flash", "ioaware-numba"], dtype="fp16")
+    assert [r["kernel"] for r in seen] == ["sdpa-cudnn", "ioaware-numba"]
+    assert [r["kernel"] for r in doc["records"]] == ["sdpa-cudnn", "ioaware-numba"]

@@ -197,7 +197,8 @@ def test_gqa_cursor_walks_every_head_of_the_group_and_its_q_tiles(causal, group)
 # -- the measured orders against the cost model (benchmarks.tune) ------------------------------
 def test_show_ncu_prints_the_shipped_profile(capsys):
     from benchmarks import tune
-    tune.show_ncu(str(RESULTS / "ncu_order_fp32_128_causal_1024_h100_2026-11-23.csv"))
+    # the run's ncu CSV, embedded in its JSON (`tune --embed-ncu`)
+    tune.show_ncu(str(RESULTS / "ncu_order_fp32_128_causal_1024_h100_2026-11-23.json"))
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 1 + 9
     rows = [ln.split() for ln in lines[1:]]
