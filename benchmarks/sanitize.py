@@ -46,8 +46,10 @@ BATCH, HEADS_Q, HEADS_KV, SEQ_Q, SEQ_K = 2, 2, 1, 150, 97
 CASES = ((64, {"causal": True}),
          (128, {"mask": 0.7, "dropout_p": 0.25, "seed": 3}),
          (128, {"block_mask": (64, 32, 0.6)}))
-#: The wgmma forward's cases: causal at d=64, not causal at d=128 (both with tails).
-WGMMA_CASES = ((64, {"causal": True}), (128, {}))
+#: The wgmma forward's cases: causal at d=64, not causal at d=128 (both with tails), a sliding
+#: window (bottom-right causal band, Nq != Nk) at d=128.
+WGMMA_CASES = ((64, {"causal": True}), (128, {}),
+               (128, {"causal": "bottom_right", "window_size": (40, 0)}))
 
 
 def _case_inputs(rng, family, d, options, torch=None):

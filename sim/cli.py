@@ -322,16 +322,21 @@ def _flash3_ablation_cmd(a) -> int:
     """``flash3-ablation``: what each of FlashAttention-3's ideas buys (`sim.plans.flash3`), the
     comparison with the paper's figures and, with ``--measured``, with measured records."""
     from .plans.flash3 import (SPEEDUP_TOLERANCE, ablation, compare_with_paper,
-                               compare_with_records, in_paper_setting, speedup_agreement,
-                               speedups_from_rows)
+                               compare_with_records, in_paper_setting, pipe_shares,
+                               speedup_agreement, speedups_from_rows)
     causals = {"full": (False,), "causal": (True,), "both": (False, True)}[a.mask]
+    if a.rates is not None:
+        a.device = a.device.with_rates(a.rates)
     rows = ablation(a.device, tuple(a.head_dim), tuple(a.seq_len), causals, tuple(a.dtype))
     paper = compare_with_paper(a.device)
     measured = compare_with_records(a.measured, a.device) if a.measured else None
     speedups = speedups_from_rows(measured) if measured is not None else None
+    serial = speedups_from_rows(measured, "serial_softmax") if measured is not None else None
+    pipes = pipe_shares(a.pipes, a.device) if a.pipes else None
     if a.json:
         print(json.dumps({"profile": a.device.name, "ablation": rows, "paper": paper,
-                          "measured": measured, "speedups": speedups}, indent=2))
+                          "measured": measured, "speedups": speedups,
+                          "speedups_serial_softmax": serial, "pipes": pipes}, indent=2))
         return 0
     print(f"FlashAttention-3 forward ablation on {a.device.name}: predicted TFLOP/s (4 N^2 d H B / time, "
           f"halved when causal), B N = 16k tokens, H d = 2048")
@@ -375,15 +380,31 @@ def _flash3_ablation_cmd(a) -> int:
                 print(f"{p['dtype']:>5} {p['head_dim']:>4} {'causal' if p['causal'] else 'full':>6} "
                       f"{p['seq_len']:>6} {p['batch'] * p['heads']:>5} {p['measured']:8.2f} "
                       f"{p['predicted']:9.2f} {100 * p['error']:+5.0f}%")
-            shapes = [p for p in speedups["pairs"] if in_paper_setting(p)]
-            for label, pairs, agree in (("", speedups["pairs"], speedups),
-                                        ("at B*N = 16384, H*d = 2048: ", shapes,
-                                         speedup_agreement(shapes))):
-                if pairs:
-                    n = len(pairs)
-                    print(f"{label}within {100 * SPEEDUP_TOLERANCE:.0f} %: "
-                          f"{round(agree['within'] * n)} of {n} ({100 * agree['within']:.0f} %); "
-                          f"median |error| {100 * agree['median_abs_error']:.0f} %")
+            for title, sp in (("cuDNN read as FlashAttention-3 with every overlap (t_flash3)",
+                               speedups),
+                              ("cuDNN read as the serial-softmax kernel (t_serial_softmax: the "
+                               "pipe counters' reading, --pipes)", serial)):
+                print(title)
+                shapes = [p for p in sp["pairs"] if in_paper_setting(p)]
+                for label, pairs, agree in (("  ", sp["pairs"], sp),
+                                            ("  at B*N = 16384, H*d = 2048: ", shapes,
+                                             speedup_agreement(shapes))):
+                    if pairs:
+                        n = len(pairs)
+                        print(f"{label}within {100 * SPEEDUP_TOLERANCE:.0f} %: "
+                              f"{round(agree['within'] * n)} of {n} ({100 * agree['within']:.0f} %); "
+                              f"median |error| {100 * agree['median_abs_error']:.0f} %")
+    if pipes is not None:
+        print(f"\nPipes of cuDNN's forward ({a.pipes}, Nsight Compute): % of the kernel's time the "
+              f"wgmma (tensor) and XU (MUFU) pipes are busy, against the model's serial (M / (M + S), "
+              f"S / (M + S)) and overlapped (M / max, S / max) kernels")
+        print(f"{'dtype':>5} {'d':>4} {'mask':>6} {'N':>6} {'tensor':>7} {'serial':>7} {'overlap':>7}  "
+              f"{'xu':>5} {'serial':>7} {'overlap':>7}")
+        for p in pipes:
+            print(f"{p['dtype']:>5} {p['head_dim']:>4} {'causal' if p['causal'] else 'full':>6} "
+                  f"{p['seq_len']:>6} {p['tensor_pct']:7.1f} {p['serial_tensor_pct']:7.1f} "
+                  f"{p['overlap_tensor_pct']:7.1f}  {p['xu_pct']:5.1f} {p['serial_xu_pct']:7.1f} "
+                  f"{p['overlap_xu_pct']:7.1f}")
     return 0
 
 
@@ -707,6 +728,12 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--measured", default=None, metavar="FILE",
                    help="a results file: compare its FlashAttention-2 (sdpa-flash) and cuDNN (sdpa-cudnn) "
                         "forward records with the model")
+    f.add_argument("--pipes", default=None, metavar="NCU_STALLS.json",
+                   help="an `ncu --stalls` file: cuDNN's tensor and XU pipe shares against the "
+                        "model's serial and overlapped kernels")
+    f.add_argument("--rates", default=None, metavar="RATES.json",
+                   help="price at this GPU's measured rates (python -m benchmarks rates; wgmma, ex2, "
+                        "DRAM, L2 where the file has them), else the profile's datasheet figures")
     f.add_argument("--json", action="store_true", help="print one JSON object")
     f.set_defaults(func=_flash3_ablation_cmd)
     return ap

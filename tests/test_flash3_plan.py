@@ -281,6 +281,25 @@ def test_cli_flash3_ablation_json_and_table():
     assert rc == 0 and "Table 2" in out and "critical path" in out
 
 
+def test_cli_flash3_ablation_prices_at_measured_rates_when_given(tmp_path):
+    """``--rates FILE``: the ablation prices at the file's rates (here a copy of the shipped H100
+    file with a wgmma rate of half the datasheet's: the matmul-bound rows slow down)."""
+    from pathlib import Path
+    shipped = Path(__file__).resolve().parent.parent / "results" / "rates_h100_2026-11-24.json"
+    doc = json.loads(shipped.read_text())
+    half = sim.load_profile("h100").tensor_flops_per_s["fp16"] / 2
+    doc["rates"]["wgmma_fp16_flops_per_s"] = dict(doc["rates"]["mma_fp16_flops_per_s"], value=half)
+    rates = tmp_path / "rates.json"
+    rates.write_text(json.dumps(doc))
+    argv = ["flash3-ablation", "--head-dim", "128", "--seq-len", "8192", "--mask", "full",
+            "--dtype", "fp16", "--json"]
+    rc, out = _run(argv)
+    rc2, out2 = _run(argv + ["--rates", str(rates)])
+    assert rc == rc2 == 0
+    datasheet, measured = json.loads(out)["ablation"][0], json.loads(out2)["ablation"][0]
+    assert measured["tflops"]["+intra_overlap"] < 0.6 * datasheet["tflops"]["+intra_overlap"]
+
+
 def test_speedups_pair_flash_and_cudnn_records_of_one_workload():
     """FA3/FA2 predicted against measured: a workload counts only with both backends' forward
     records; measured = t_flash / t_cudnn, predicted = the models' t_baseline / t_flash3."""
@@ -313,3 +332,46 @@ def test_speedup_agreement_at_the_benchmark_shapes():
     agree = speedup_agreement([{"error": e} for e in errs])
     assert agree == {"within": 0.5, "median_abs_error": pytest.approx((0.1 + 0.21) / 2)}
     assert speedup_agreement([]) == {"within": None, "median_abs_error": None}
+
+
+def test_pipe_shares_of_the_shipped_profile_read_cudnn_as_serial():
+    """`pipe_shares` on the shipped ``ncu --stalls`` profile (held-out grid, N 1500/3000): one row
+    per cuDNN forward record, the model's shares computed from the plan's level times (serial:
+    M / (M + S); overlapped: M / max(M, S)), and, on every record, cuDNN's measured XU share
+    nearer the serial kernel's than the overlapped one's (the reading docs/model.md states)."""
+    from pathlib import Path
+
+    from sim.plan import price
+    from sim.plans.flash3 import COMPARED_MODELS, flash3_forward_plan, pipe_shares
+    from sim.workload import Workload
+    path = Path(__file__).resolve().parent.parent / "results" / "ncu_pipes_fwd_h100_2026-11-25.json"
+    doc = json.loads(path.read_text())
+    cudnn = [r for r in doc["records"] if r["kernel"] == "sdpa-cudnn"]
+    rows = pipe_shares(path, "h100")
+    assert len(rows) == len(cudnn) >= 4
+    r0, rec = rows[0], cudnn[0]
+    w = Workload(batch=rec["batch"], heads=rec["heads"], seq_len_q=rec["seq_len_q"],
+                 head_dim=rec["head_dim"], dtype=rec["dtype"], causal=rec["causal"])
+    lv = price(flash3_forward_plan(w, **COMPARED_MODELS["flash3"]), "h100").kernels[0].level_s
+    m, s = lv["matmul"], lv["mufu"]
+    assert r0["serial_xu_pct"] == pytest.approx(100 * s / (m + s))
+    assert r0["overlap_tensor_pct"] == pytest.approx(100 * m / max(m, s))
+    for r in rows:
+        assert abs(r["xu_pct"] - r["serial_xu_pct"]) < abs(r["xu_pct"] - r["overlap_xu_pct"]), r
+        assert abs(r["tensor_pct"] - r["serial_tensor_pct"]) < abs(r["tensor_pct"] - r["overlap_tensor_pct"]), r
+    assert pipe_shares(path, "h100", kernel="sdpa-efficient") == []
+
+
+def test_speedups_take_the_serial_softmax_reading_and_refuse_others():
+    from sim.plans.flash3 import compare_with_records, speedups_from_rows
+    base = {"pass": "fwd", "dtype": "fp16", "batch": 2, "heads": 16, "heads_kv": 16,
+            "seq_len_q": 4096, "seq_len_k": 4096, "head_dim": 128, "causal": False}
+    rows = compare_with_records([dict(base, kernel="sdpa-flash", time_ms=2.0),
+                                 dict(base, kernel="sdpa-cudnn", time_ms=1.0)], "h100")
+    (p,) = speedups_from_rows(rows, "serial_softmax")["pairs"]
+    fl = next(r for r in rows if r["kernel"] == "sdpa-flash")
+    cu = next(r for r in rows if r["kernel"] == "sdpa-cudnn")
+    assert p["predicted"] == pytest.approx(fl["predicted_ms_by_model"]["baseline"]
+                                           / cu["predicted_ms_by_model"]["serial_softmax"])
+    with pytest.raises(ValueError, match="fa3_model"):
+        speedups_from_rows(rows, "pingpong")

@@ -79,7 +79,8 @@ __all__ = ["flash3_forward_plan", "flash2_hopper_baseline_plan", "fa3_tiles", "f
            "fa3_smem_bytes", "overlap_serial", "overlap_report", "tflops", "ABLATION_STEPS",
            "ablation", "paper_workload", "compare_with_paper", "compare_with_records",
            "PAPER_FP16_FORWARD_TFLOPS", "PAPER_PIPELINING_ABLATION", "PAPER_SETTING", "FA3_SOURCE",
-           "COMPARED_MODELS", "RECORD_MODELS", "INTRA_ONLY",
+           "COMPARED_MODELS", "RECORD_MODELS", "INTRA_ONLY", "pipe_shares", "PIPE_METRICS",
+           "TENSOR_PIPE_METRICS",
            "FA3_DTYPES", "SOFTMAX_LEVELS", "LOAD_LEVELS"]
 
 #: The FlashAttention-3 source the plan follows.
@@ -458,14 +459,18 @@ RECORD_MODELS = {"sdpa-flash": "baseline", "sdpa-cudnn": "flash3"}
 SPEEDUP_TOLERANCE = 0.20
 
 
-def speedups_from_rows(rows: list[dict]) -> dict:
+def speedups_from_rows(rows: list[dict], fa3_model: str = "flash3") -> dict:
     """FlashAttention-3's forward speedup over FlashAttention-2, predicted against measured:
     for every workload (dtype, batch, heads, N, d, mask) with both an ``sdpa-flash`` and an
     ``sdpa-cudnn`` row of :func:`compare_with_records` (one run's records),
-    ``measured`` = t_flash / t_cudnn, ``predicted`` = t_baseline / t_flash3 (the models of
-    :data:`RECORD_MODELS`) and ``error`` = predicted / measured - 1. Returns ``{"pairs": [...],
-    "within": share of pairs within `SPEEDUP_TOLERANCE`, "median_abs_error": ...}`` (None for
-    both without pairs)."""
+    ``measured`` = t_flash / t_cudnn, ``predicted`` = t_baseline / t_fa3 (``fa3_model``, one of
+    :data:`COMPARED_MODELS`: "flash3", every overlap of the design, as :data:`RECORD_MODELS`
+    reads cuDNN; or "serial_softmax", warp-specialised loads with the softmax between the
+    products, the reading of the pipe counters, :func:`pipe_shares`) and ``error`` = predicted
+    / measured - 1. Returns ``{"pairs": [...], "within": share of pairs within
+    `SPEEDUP_TOLERANCE`, "median_abs_error": ...}`` (None for both without pairs)."""
+    if fa3_model not in COMPARED_MODELS:
+        raise ValueError(f"fa3_model must be one of {sorted(COMPARED_MODELS)}, got {fa3_model!r}")
     by = {}
     for r in rows:
         key = (r["dtype"], r["batch"], r["heads"], r["seq_len"], r["head_dim"], r["causal"])
@@ -476,7 +481,7 @@ def speedups_from_rows(rows: list[dict]) -> dict:
             continue
         fl, cu = k["sdpa-flash"], k["sdpa-cudnn"]
         measured = fl["measured_ms"] / cu["measured_ms"]
-        predicted = fl["predicted_ms_by_model"]["baseline"] / cu["predicted_ms_by_model"]["flash3"]
+        predicted = fl["predicted_ms_by_model"]["baseline"] / cu["predicted_ms_by_model"][fa3_model]
         pairs.append({"dtype": dtype, "batch": b, "heads": h, "seq_len": n, "head_dim": d,
                       "causal": causal, "measured": measured, "predicted": predicted,
                       "error": predicted / measured - 1})
@@ -496,6 +501,52 @@ def in_paper_setting(pair: dict) -> bool:
     """Whether a speedup pair is at FlashAttention's benchmark shapes (batch x N = 16,384 tokens,
     heads x d = 2048), as the `--seq-len` sweep of ``python -m sim flash3-ablation`` is."""
     return (pair["batch"] * pair["seq_len"] == 16384 and pair["heads"] * pair["head_dim"] == 2048)
+
+
+#: Nsight Compute metrics of an ``ncu --stalls`` file (short names) that :func:`pipe_shares`
+#: reads, each in % of its peak over the kernel's active cycles: the tensor pipe's active
+#: cycles (the larger of the HMMA and GMMA counters: on the H100's Nsight Compute 2025 the GMMA
+#: one is absent and ``wgmma`` work shows in the HMMA one) and the XU pipe's (MUFU: ``ex2``)
+#: executed instructions.
+TENSOR_PIPE_METRICS = ("hmma_pipe_pct", "gmma_pipe_pct")
+PIPE_METRICS = TENSOR_PIPE_METRICS + ("xu_pipe_pct",)
+
+
+def pipe_shares(path, profile="h100", kernel: str = "sdpa-cudnn") -> list[dict]:
+    """Which overlap the tensor and MUFU pipes of a FlashAttention-3-style kernel show, per
+    forward record of ``kernel`` in an ``ncu --stalls`` file (``python -m benchmarks ncu ...
+    --stalls``; per launch its pipe metrics, :data:`PIPE_METRICS`): the measured shares of the
+    kernel's time the GMMA pipe and the XU pipe are busy, against the model's for the same
+    workload (:func:`flash3_forward_plan` with every overlap, priced on ``profile``: M the
+    matmul level's time, S the MUFU level's): serial, the softmax between the products, M / (M
+    + S) and S / (M + S); overlapped, max(M, S) the critical path, M / max and S / max. Nothing
+    is fitted; the file's records are of its own workloads."""
+    import json
+    from pathlib import Path
+    doc = json.loads(Path(path).read_text())
+    rows = []
+    for rec in doc.get("records", []):
+        if rec.get("kernel") != kernel or rec.get("pass") != "fwd":
+            continue
+        launches = [k for k in rec.get("launches", [])
+                    if (k.get("metrics") or {}).get("xu_pipe_pct") is not None
+                    and any(k["metrics"].get(m) is not None for m in TENSOR_PIPE_METRICS)]
+        if not launches:
+            continue
+        main = max(launches, key=lambda k: k["metrics"].get("duration_ns") or 0)["metrics"]
+        w = Workload(batch=rec["batch"], heads=rec["heads"], heads_kv=rec.get("heads_kv") or rec["heads"],
+                     seq_len_q=rec["seq_len_q"], seq_len_k=rec.get("seq_len_k") or rec["seq_len_q"],
+                     head_dim=rec["head_dim"], dtype=rec["dtype"], causal=bool(rec.get("causal")))
+        levels = price(flash3_forward_plan(w, **COMPARED_MODELS["flash3"]), profile).kernels[0].level_s
+        m, s = levels["matmul"], levels["mufu"]
+        rows.append({"kernel": kernel, "dtype": w.dtype, "head_dim": w.head_dim,
+                     "seq_len": w.seq_len_q, "causal": w.causal,
+                     "tensor_pct": max(main.get(m) or 0.0 for m in TENSOR_PIPE_METRICS),
+                     "xu_pct": main["xu_pipe_pct"],
+                     "serial_tensor_pct": 100 * m / (m + s), "serial_xu_pct": 100 * s / (m + s),
+                     "overlap_tensor_pct": 100 * m / max(m, s),
+                     "overlap_xu_pct": 100 * s / max(m, s)})
+    return rows
 
 
 def compare_with_records(records, profile="h100") -> list[dict]:
