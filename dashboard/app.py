@@ -1,10 +1,12 @@
 """Entry point of the ioaware dashboard: ``streamlit run dashboard/app.py``.
 
-Registers the six pages (files in ``dashboard/views/``) with ``st.navigation``, each at its own
-URL (``/explore``, ``/block_sizes``, ``/scaling``, ``/measured``, ``/step``, ``/measure``); the
-app's root URL opens *Explore*. The sidebar's workload controls are drawn by the model pages
-themselves (``dashboard.ui.workload_sidebar``); their values persist across pages (Streamlit
-keeps widget values per browser tab).
+Registers the seven pages (files in ``dashboard/views/``) with ``st.navigation``, each at its own
+URL (``/explore``, ``/block_sizes``, ``/scaling``, ``/measured``, ``/decode``, ``/step``,
+``/measure``); the app's root URL opens *Explore*. The sidebar's workload controls are drawn by
+the model pages themselves (``dashboard.ui.workload_sidebar``); their values persist across pages
+(Streamlit keeps widget values per browser tab). *Decoding* draws its own decoding workload
+(batch, query and KV heads, query rows, cache length, splits), kept while it is open; the GPU
+profile and the rates are every page's.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ PAGES = (
     ("block_sizes.py", "Block sizes", "block_sizes"),
     ("scaling.py", "Scaling", "scaling"),
     ("measured.py", "Predicted vs measured", "measured"),
+    ("decode.py", "Decoding", "decode"),
     ("step.py", "Step through", "step"),
     ("measure.py", "Measure", "measure"),
 )

@@ -17,7 +17,11 @@ cost model (``sim``), so that a change of the model's interface touches this fil
   provenance, the format description and an example file; the join of measured records with the
   model's predictions (per kernel, against N, as roofline points), and the trace replay of that
   join in the background with progress;
-* measuring on this machine: the GPU probe and the sweep's configurations.
+* measuring on this machine: the GPU probe and the sweep's configurations;
+* decoding: the split-KV plan (``sim.decode``) of one decoding workload at every split count
+  (``decode_prediction``), and a file of measured decoding (``python -m benchmarks decode``)
+  re-priced by ``benchmarks.decode.decode_report``, ``decode --report``'s code
+  (``load_decode``, ``decode_measured``).
 
 Functions take plain values (ints, strings, tuples) so that they are cheap to hash for
 Streamlit's caches; cached results are shared between reruns and must not be mutated.
@@ -2179,3 +2183,362 @@ def new_results_path(gpu: str) -> Path:
     path = ROOT / "results" / f"{name}-{stamp}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     return path
+
+
+# ------------------------------------------------------------------------------------------------
+# Decoding: the split-KV plan (``sim.decode``) of one decoding workload, and a file of measured
+# decoding (``python -m benchmarks decode``) re-priced as ``python -m benchmarks decode --report``
+# prices it (``benchmarks.decode.decode_report``)
+# ------------------------------------------------------------------------------------------------
+#: The schema of the files ``python -m benchmarks decode`` writes.
+DECODE_SCHEMAS = ("ioaware.decode/1",)
+#: The decode file the Decoding page opens on (named here, as `DEFAULT_RATES_FILES` names the
+#: rates files; the first decode file found where it is absent).
+DEFAULT_DECODE_FILE = "decode_h100_2026-11-25.json"
+#: The fields of a decode record that name its workload (what the plan is built from).
+DECODE_FIELDS = ("batch", "heads_q", "heads_kv", "head_dim", "seq_len_q", "seq_len_k", "dtype")
+#: The three scores of ``decode --report`` (its summary's keys), as the page names them.
+DECODE_SCORE_LABELS = {
+    "dram": "DRAM read bytes against Nsight Compute's",
+    "time": "Predicted time against our GPU time alone",
+    "splits": "Time lost by the split pick against the best split count timed",
+}
+
+
+def decode_limits() -> dict:
+    """The split-KV plan's limits, from ``sim.decode``: ``max_seqlen_q`` (query rows per
+    sequence the decoding kernel takes), ``max_splits`` (the most splits the choice considers)
+    and ``min_keys_per_split`` (the fewest keys a split keeps)."""
+    dec = importlib.import_module("sim.decode")
+    return {"max_seqlen_q": dec.MAX_SEQLEN_Q, "max_splits": dec.MAX_SPLITS,
+            "min_keys_per_split": dec.MIN_KEYS_PER_SPLIT}
+
+
+def _decode_plan_cost(sizes: dict, prof, splits: int | None = None):
+    """``(plan, costs)`` of ``sim.decode`` for a decoding workload (``sizes``: the
+    :data:`DECODE_FIELDS`) on ``prof``: ``split_kv_plan`` (splits by the model's choice unless
+    given) priced by ``split_kv_costs``."""
+    dec = importlib.import_module("sim.decode")
+    element = importlib.import_module("sim.workload").DTYPE_BYTES[sizes["dtype"]]
+    plan = dec.split_kv_plan(int(sizes["batch"]), int(sizes["heads_q"]), int(sizes["heads_kv"]),
+                             int(sizes["seq_len_q"]), int(sizes["seq_len_k"]),
+                             int(sizes["head_dim"]), element, prof.num_sms, splits=splits)
+    return plan, dec.split_kv_costs(plan, prof)
+
+
+def _decode_checked(sizes: dict) -> None:
+    """Raise ValueError (one plain line) where the split-KV plan does not take ``sizes``."""
+    dtypes = importlib.import_module("sim.workload").DTYPE_BYTES
+    for key in DECODE_FIELDS[:-1]:
+        v = sizes.get(key)
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise ValueError(f"{key.replace('_', ' ')} must be a positive whole number, is {v!r}")
+    if sizes.get("dtype") not in dtypes:
+        raise ValueError(f"dtype must be one of {', '.join(sorted(dtypes))}, is "
+                         f"{sizes.get('dtype')!r}")
+    if sizes["heads_q"] % sizes["heads_kv"]:
+        raise ValueError(f"the {sizes['heads_q']} query heads do not divide into groups of "
+                         f"{sizes['heads_kv']} KV heads (query heads must be a multiple of KV "
+                         "heads)")
+
+
+def _rate_of_dram(prof) -> tuple[float, str]:
+    """``(bytes/s, source)``: the DRAM rate the plan's time streams at (``sim.plan.rates_of``:
+    the measured copy bandwidth where the profile carries a rates file, else the datasheet's)."""
+    rates, sources = importlib.import_module("sim.plan").rates_of(prof)
+    return rates["dram_bytes_per_s"], sources["dram_bytes_per_s"]
+
+
+@st.cache_data(show_spinner=False, max_entries=256)
+def decode_prediction(batch: int, heads_q: int, heads_kv: int, seq_len_q: int, seq_len_k: int,
+                      head_dim: int, dtype: str, profile: str, custom: tuple | None = None,
+                      rates: bytes | None = None, splits: int | None = None) -> dict:
+    """The split-KV plan (``sim.decode``) of one decoding workload priced on ``profile`` (with
+    the measured rates of ``rates``, a rates file's bytes, when given): the split count the
+    model picks (or ``splits`` where given), and its cost at every split count the choice
+    considers. Raises ValueError (one line) where the plan does not take the workload. Returns:
+
+    * ``splits`` (the plan's: given or chosen), ``chosen`` (the model's own pick), ``given``;
+      ``plan``: the plan as a dict (grid, threads, rows per program, ...);
+    * ``time_ms``, ``time_main_ms``, ``time_merge_ms``, ``dram_read_bytes``,
+      ``dram_write_bytes``, ``kv_bytes``, ``flops``, ``wave_efficiency``, ``launches`` of the
+      plan; ``dram_rate`` (the bytes/s its DRAM traffic streams at) and ``bandwidth_fraction``
+      (K and V bytes / predicted time / that rate: the fraction of the DRAM rate the prediction
+      implies, as ``python -m benchmarks decode`` reports the measured fraction of the copy
+      bandwidth);
+    * ``one_split_ms`` (one split: one program per (batch, KV head, row chunk) streaming all
+      the keys, a FlashAttention-2-like grid) and ``chosen_ms`` (the model's pick);
+    * ``curve``: DataFrame of ``splits``, ``time_ms``, ``time_main_ms``, ``time_merge_ms``,
+      ``wave_efficiency``, ``dram_bytes`` at every split count from 1 to ``most`` (each split
+      keeping at least ``sim.decode.MIN_KEYS_PER_SPLIT`` keys, at most ``MAX_SPLITS``; the
+      given count too where beyond);
+    * ``rates`` ("measured rates" or "datasheet rates"), ``rate_sources``, ``rates_error``
+      (why a given rates file was not used, or None), ``profile``, ``gpu``.
+    """
+    sizes = {"batch": batch, "heads_q": heads_q, "heads_kv": heads_kv, "seq_len_q": seq_len_q,
+             "seq_len_k": seq_len_k, "head_dim": head_dim, "dtype": dtype}
+    _decode_checked(sizes)
+    if splits is not None and (isinstance(splits, bool) or int(splits) < 1):
+        raise ValueError(f"the number of splits must be at least 1, is {splits!r}")
+    prof, rates_error = rated_profile(profile, custom, rates)
+    limits = decode_limits()
+    chosen_plan, chosen = _decode_plan_cost(sizes, prof)
+    plan, costs = (chosen_plan, chosen) if splits is None else _decode_plan_cost(
+        sizes, prof, int(splits))
+    most = max(1, min(limits["max_splits"], seq_len_k // limits["min_keys_per_split"]))
+    counts = sorted(set(range(1, most + 1)) | {plan.splits, chosen_plan.splits})
+    rows = []
+    for s in counts:
+        c = costs if s == plan.splits else _decode_plan_cost(sizes, prof, s)[1]
+        rows.append({"splits": s, "time_ms": c["time_s"] * 1e3,
+                     "time_main_ms": c["time_main_s"] * 1e3,
+                     "time_merge_ms": c["time_merge_s"] * 1e3,
+                     "wave_efficiency": c["wave_efficiency"],
+                     "dram_bytes": c["dram_read_bytes"] + c["dram_write_bytes"]})
+    curve = pd.DataFrame(rows)
+    rate, _ = _rate_of_dram(prof)
+    time_s = costs["time_s"]
+    return {"splits": plan.splits, "chosen": chosen_plan.splits, "given": splits is not None,
+            "plan": plan.as_dict(), "time_ms": time_s * 1e3,
+            "time_main_ms": costs["time_main_s"] * 1e3,
+            "time_merge_ms": costs["time_merge_s"] * 1e3,
+            "dram_read_bytes": costs["dram_read_bytes"],
+            "dram_write_bytes": costs["dram_write_bytes"], "kv_bytes": costs["kv_bytes"],
+            "flops": costs["flops"], "wave_efficiency": costs["wave_efficiency"],
+            "launches": costs["launches"], "dram_rate": rate,
+            "bandwidth_fraction": costs["kv_bytes"] / time_s / rate if time_s > 0 else None,
+            "one_split_ms": float(curve.loc[curve["splits"] == 1, "time_ms"].iloc[0]),
+            "chosen_ms": chosen["time_s"] * 1e3, "curve": curve, "most": most,
+            "rate_sources": dict(costs["rates"]), "rates": _rates_text(costs["rates"]),
+            "rates_error": rates_error, "profile": prof.name,
+            "gpu": prof.description or prof.name}
+
+
+def decode_files() -> list[Path]:
+    """Files of measured decoding (``python -m benchmarks decode``, :data:`DECODE_SCHEMAS`) in
+    ``$IOAWARE_RESULTS`` and ``results/``, by name."""
+    return _files_of_schemas(DECODE_SCHEMAS)
+
+
+def decode_choices() -> list[str]:
+    """Display names of :func:`decode_files`."""
+    return [_choice_name(p) for p in decode_files()]
+
+
+def default_decode_choice() -> str | None:
+    """The choice the Decoding page opens on: :data:`DEFAULT_DECODE_FILE` where it is found,
+    else the first decode file; None when there is none."""
+    choices = decode_choices()
+    named = [c for c in choices if c.replace("\\", "/").rsplit("/", 1)[-1] == DEFAULT_DECODE_FILE]
+    return (named or choices or [None])[0]
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def load_decode(content: bytes, name: str) -> dict:
+    """A file of measured decoding given as bytes: ``{"name", "doc" (the parsed file), "gpu",
+    "date", "profile" (the model's profile of its GPU: the provenance's ``profile``, else the
+    one matching its ``gpu``; None where neither), "peak_copy" (the copy bandwidth measured in
+    the run, bytes/s, or None), "digest", "n_decode", "n_window", "kinds"}``; ``kinds`` counts
+    the decode records carrying each optional part: ``device`` (our GPU time alone),
+    ``splits`` (a split-count sweep), ``ncu`` (Nsight Compute's DRAM bytes), ``graph`` (CUDA
+    graph replays). Raises ValueError with one line when the file cannot be read."""
+    try:
+        doc = json.loads(content.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{name} is not a JSON file ({exc})") from None
+    if not isinstance(doc, dict) or doc.get("schema") not in DECODE_SCHEMAS:
+        got = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
+        raise ValueError(f"{name} is not a file of measured decoding (its schema is {got!r}; "
+                         f"read: {', '.join(DECODE_SCHEMAS)})")
+    records = doc.get("decode", [])
+    windows = doc.get("window", [])
+    if not isinstance(records, list) or not isinstance(windows, list):
+        raise ValueError(f"{name}: `decode` and `window` must be lists of records")
+    for i, rec in enumerate(records):
+        if not isinstance(rec, dict):
+            raise ValueError(f"{name}: decode record {i} is not an object")
+        missing = [k for k in DECODE_FIELDS if k not in rec]
+        if missing:
+            raise ValueError(f"{name}: decode record {i} lacks {', '.join(missing)}")
+        try:
+            _decode_checked({k: rec[k] for k in DECODE_FIELDS})
+        except ValueError as exc:
+            raise ValueError(f"{name}: decode record {i}: {exc}") from None
+        if not isinstance(rec.get("times_ms", {}), dict):
+            raise ValueError(f"{name}: decode record {i}: `times_ms` must be an object")
+    prov = doc.get("provenance") if isinstance(doc.get("provenance"), dict) else {}
+    gpu = str(prov.get("gpu") or "")
+    profile = prov.get("profile") if prov.get("profile") in profile_names() else None
+    if profile is None and gpu:
+        profile = profile_for_gpu(gpu)
+    peak = prov.get("peak_copy_bytes_per_s")
+    kinds = {"device": sum(bool(r.get("ioaware_device_ms")) for r in records),
+             "splits": sum(any(v for v in (r.get("splits_ms") or {}).values())
+                           for r in records),
+             "ncu": sum(bool((r.get("ncu") or {}).get("dram__bytes_read.sum"))
+                        for r in records),
+             "graph": sum(bool(r.get("graph_ms")) for r in records)}
+    return {"name": name, "doc": doc, "gpu": gpu or "an unrecorded GPU",
+            "date": str(prov.get("date") or "")[:10], "profile": profile,
+            "peak_copy": float(peak) if isinstance(peak, (int, float)) and peak > 0 else None,
+            "digest": hashlib.sha1(content).hexdigest(), "n_decode": len(records),
+            "n_window": len(windows), "kinds": kinds}
+
+
+def load_decode_choice(name: str) -> dict:
+    """:func:`load_decode` of one of :func:`decode_choices` by its display name."""
+    for path in decode_files():
+        if _choice_name(path) == name:
+            return load_decode(path.read_bytes(), _choice_name(path))
+    raise FileNotFoundError(f"decode file {name!r} is no longer available")
+
+
+def decode_case_label(case) -> str:
+    """One decode case as text: ``"bf16, batch 8, Nk = 32,768, 32/8 heads, d = 128"`` (query
+    heads / KV heads; the query rows per sequence where there is more than one)."""
+    return (f"{case['dtype']}, batch {int(case['batch'])}, Nk = {int(case['seq_len_k']):,}, "
+            f"{int(case['heads_q'])}/{int(case['heads_kv'])} heads, d = {int(case['head_dim'])}"
+            + (f", {int(case['seq_len_q'])} query rows" if int(case["seq_len_q"]) != 1 else ""))
+
+
+def _decode_report():
+    try:
+        fn = getattr(importlib.import_module("benchmarks.decode"), "decode_report", None)
+    except Exception as exc:  # noqa: BLE001 - said on the page
+        raise ResultsUnavailable(f"the benchmarks package is not importable "
+                                 f"({type(exc).__name__}: {exc})") from None
+    if not callable(fn):
+        raise ResultsUnavailable("benchmarks.decode has no decode_report")
+    return fn
+
+
+@st.cache_data(show_spinner=False, max_entries=32)
+def decode_measured(digest: str, profile: str, custom: tuple | None = None,
+                    rates: bytes | None = None, _loaded: dict | None = None) -> dict:
+    """The decode records of a loaded decode file (``_loaded``: :func:`load_decode`'s, whose
+    ``digest`` keys the cache) re-priced on ``profile`` (and ``rates``) by ``python -m
+    benchmarks decode --report``'s code (``benchmarks.decode.decode_report``: today's plan,
+    nothing fitted on the file). Returns:
+
+    * ``cases``: DataFrame, one row per decode record, in the file's order: the workload
+      (:data:`DECODE_FIELDS`), ``label``, ``call_ms`` (our public call with its host time),
+      ``gpu_ms`` (our GPU time alone), ``model_ms``, ``time_rel_error`` (against ``gpu_ms``),
+      ``bw_fraction`` (K/V bytes / ``call_ms`` / the copy bandwidth measured in the run, as the
+      file records it), ``gpu_bw_fraction`` (the same for ``gpu_ms``), ``fastest_sdpa`` (the
+      fastest SDPA backend's label), ``fastest_sdpa_ms``, ``sdpa_ratio`` (the fastest SDPA's
+      time / ours per call, as the file records it: above 1, ours is faster), ``splits`` (the
+      model's pick), ``splits_best`` (the best timed), ``splits_loss``, ``dram_rel_error``
+      (against Nsight Compute) and ``has_sweep``;
+    * ``summary``: DataFrame of the report's scores (``metric``, ``label``, ``n``,
+      ``median_abs``, ``within``, ``target``);
+    * ``sweeps``: ``{row index: {"measured": DataFrame(splits, measured_ms), "predicted":
+      DataFrame(splits, time_ms) at every split count from 1 to the largest timed, "pick",
+      "pick_ms", "best", "best_ms", "one_ms" (measured at one split, or None), "loss"}}`` for
+      the records with a split sweep;
+    * ``rates``, ``rate_sources``, ``rates_error``, ``profile``, ``gpu``.
+    """
+    doc = _loaded["doc"]
+    prof, rates_error = rated_profile(profile, custom, rates)
+    rows, summary = _decode_report()(doc, prof)
+    sdpa_names = [n for n in FAMILY_LABELS if n.startswith("sdpa-")]
+    peak = _loaded.get("peak_copy")
+    cases, sweeps = [], {}
+    sources = _rate_sources_of(prof)     # replaced by the plans' own where there are records
+    for i, (rec, row) in enumerate(zip(doc.get("decode", []), rows)):
+        times = rec.get("times_ms") or {}
+        ours = (times.get("ioaware") or {})
+        sdpa = {n: e["ms"] for n, e in times.items()
+                if n != "ioaware" and isinstance(e, dict) and e.get("ms")}
+        fastest = min(sdpa, key=sdpa.get) if sdpa else None
+        gpu_ms = row["gpu_ms"]
+        sizes = {k: rec[k] for k in DECODE_FIELDS}
+        cases.append({**sizes, "label": decode_case_label(sizes), "call_ms": ours.get("ms"),
+                      "gpu_ms": gpu_ms, "model_ms": row["model_ms"],
+                      "time_rel_error": row["time_rel_error"],
+                      "bw_fraction": ours.get("kv_bandwidth_fraction"),
+                      "gpu_bw_fraction": (rec["kv_bytes"] / (gpu_ms * 1e-3) / peak
+                                          if gpu_ms and peak and rec.get("kv_bytes") else None),
+                      "fastest_sdpa": (family_label(fastest) if fastest in sdpa_names
+                                       else fastest),
+                      "fastest_sdpa_ms": sdpa.get(fastest),
+                      "sdpa_ratio": rec.get("ratio_vs_fastest_sdpa"),
+                      "splits": row["splits"], "splits_best": row["splits_best"],
+                      "splits_loss": row["splits_loss"], "dram_rel_error": row["dram_rel_error"],
+                      "has_sweep": False})
+        pick_plan, pick_cost = _decode_plan_cost(sizes, prof)
+        sources = pick_cost["rates"]
+        timed = {int(k): float(v) for k, v in (rec.get("splits_ms") or {}).items() if v}
+        if not timed:
+            continue
+        cases[-1]["has_sweep"] = True
+        predicted = pd.DataFrame(
+            [{"splits": s, "time_ms": _decode_plan_cost(sizes, prof, s)[1]["time_s"] * 1e3}
+             for s in range(1, max(max(timed), pick_plan.splits) + 1)])
+        best = min(timed, key=timed.get)
+        sweeps[i] = {"measured": pd.DataFrame({"splits": list(timed),
+                                               "measured_ms": list(timed.values())}
+                                              ).sort_values("splits", ignore_index=True),
+                     "predicted": predicted, "pick": pick_plan.splits,
+                     "pick_ms": pick_cost["time_s"] * 1e3, "best": best, "best_ms": timed[best],
+                     "one_ms": timed.get(1), "pick_measured_ms": timed.get(pick_plan.splits),
+                     "loss": row["splits_loss"]}
+    score_rows = [{"metric": m, "label": DECODE_SCORE_LABELS.get(m, m), **s}
+                  for m, s in summary.items()]
+    return {"cases": pd.DataFrame(cases), "summary": pd.DataFrame(score_rows), "sweeps": sweeps,
+            "rates": _rates_text(sources), "rate_sources": dict(sources),
+            "rates_error": rates_error, "profile": prof.name,
+            "gpu": prof.description or prof.name}
+
+
+def _rate_sources_of(prof) -> dict:
+    """``{rate name: "measured" or "datasheet"}`` of a profile (``sim.plan.rates_of``)."""
+    return dict(importlib.import_module("sim.plan").rates_of(prof)[1])
+
+
+def decode_cases_columns(rates: str) -> dict:
+    """Columns of the Decoding page's table of measured cases (``rates``: what the predicted
+    times come from, "measured rates" or "datasheet rates")."""
+    from dashboard.fmt import Col
+
+    return {
+        "dtype": Col("dtype"),
+        "batch": Col("Batch", "count"),
+        "seq_len_k": Col("KV length Nk", "count"),
+        "call_ms": Col("Measured per call", "ms",
+                       help="Our public call (checks, the split-KV kernel, its merge), "
+                            "synchronous, with its host time."),
+        "gpu_ms": Col("Measured, GPU time alone", "ms",
+                      help="The same call timed on the GPU alone (the host enqueues while the "
+                           "GPU sleeps): what the model is scored against."),
+        "model_ms": Col(rates_label(rates), "ms",
+                        help="The split-KV plan the model picks, priced on the chosen profile."),
+        "time_rel_error": Col("Time error", "signed_pct",
+                              help="(predicted − GPU time alone) / GPU time alone."),
+        "bw_fraction": Col("K/V bandwidth per call, of the copy bandwidth", "pct",
+                           help="K and V bytes / time per call, as a fraction of the "
+                                "device-to-device copy bandwidth measured in the same run."),
+        "gpu_bw_fraction": Col("K/V bandwidth, GPU time alone", "pct",
+                               help="The same for our GPU time alone."),
+        "fastest_sdpa": Col("Fastest SDPA backend"),
+        "sdpa_ratio": Col("Fastest SDPA time ÷ ours", "ratio",
+                          help="Per call; above 1, ours is faster."),
+        "splits": Col("Splits the model picks", "count"),
+        "splits_best": Col("Best split count timed", "count"),
+        "splits_loss": Col("Time lost by the pick", "signed_pct",
+                           help="Measured time at the model's pick / the best timed − 1 (— "
+                                "where the file did not time the pick)."),
+        "dram_rel_error": Col("DRAM read bytes error", "signed_pct",
+                              help="Predicted DRAM read bytes against Nsight Compute's."),
+    }
+
+
+def decode_summary_table(summary: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
+    """The report's scores as the page shows them: ``(frame, columns)``."""
+    from dashboard.fmt import Col
+
+    df = summary.copy()
+    df["within_text"] = [f"{int(r.within)} of {int(r.n)}" if r.n else "—"
+                         for r in df.itertuples()]
+    return df, {"label": Col("Score"), "n": Col("Records scored", "count"),
+                "median_abs": Col("Median |error|", "pct"),
+                "target": Col("Target", "pct"), "within_text": Col("Within the target")}

@@ -601,3 +601,82 @@ def row_probabilities(p_now: np.ndarray, p_final: np.ndarray, visible: np.ndarra
     fig.update_layout(xaxis_title="key", bargap=0.05)
     fig.update_yaxes(type="log", title="probability (log scale)", exponentformat="power")
     return _layout(fig, "P of the row, recomputed tile by tile", height=330)
+
+
+# ------------------------------------------------------------------------------------------------
+# Decoding
+# ------------------------------------------------------------------------------------------------
+#: Colours of the Decoding page's charts: the model's curve, the measured sweep, their marks.
+DECODE_COLORS = {"predicted": "#1f77b4", "measured": "#2ca02c", "pick": "#ff7f0e",
+                 "one": "#d62728", "given": "#9467bd", "best": "#2ca02c"}
+
+
+def _splits_axis(fig: go.Figure, most: int) -> None:
+    ticks = [2**k for k in range(0, max(1, int(most)).bit_length() + 1)]
+    fig.update_xaxes(type="log", title="splits of the keys", tickvals=ticks,
+                     ticktext=[str(t) for t in ticks])
+
+
+def _mark(fig: go.Figure, x, y, name: str, symbol: str, color: str, size: int = 15) -> None:
+    fig.add_trace(go.Scatter(x=[x], y=[y], mode="markers", name=name,
+                             marker=dict(symbol=symbol, size=size, color=color,
+                                         line=dict(color="#333", width=1)),
+                             hovertemplate="%{x} splits: %{y:.4g} ms<extra>" + name
+                                           + "</extra>"))
+
+
+def decode_splits(curve: pd.DataFrame, *, chosen: int, splits: int, given: bool,
+                  predicted_name: str, title: str = "") -> go.Figure:
+    """The split-KV plan's predicted time against its number of splits (``curve``:
+    ``dashboard.data.decode_prediction``'s), the model's pick marked ★, one split (a
+    FlashAttention-2-like grid) ●, and a given split count ◆; the hover adds the wave
+    efficiency and the main kernel's and the merge's shares."""
+    fig = go.Figure()
+    custom = np.stack([curve["wave_efficiency"] * 100, curve["time_main_ms"],
+                       curve["time_merge_ms"]], axis=-1)
+    fig.add_trace(go.Scatter(
+        x=curve["splits"], y=curve["time_ms"], mode="lines+markers", name=predicted_name,
+        line=dict(color=DECODE_COLORS["predicted"]), marker=dict(size=4), customdata=custom,
+        hovertemplate="%{x} splits: %{y:.4g} ms (main kernel %{customdata[1]:.4g}, merge "
+                      "%{customdata[2]:.4g}; last wave %{customdata[0]:.0f} % busy)"
+                      "<extra></extra>"))
+    at = curve.set_index("splits")["time_ms"]
+    _mark(fig, 1, at.loc[1], "1 split (a FlashAttention-2-like grid)", "circle",
+          DECODE_COLORS["one"], 12)
+    _mark(fig, chosen, at.loc[chosen], f"★ the model's pick: {chosen} splits", "star",
+          DECODE_COLORS["pick"], 18)
+    if given and splits != chosen:
+        _mark(fig, splits, at.loc[splits], f"◆ the given split count: {splits}", "diamond",
+              DECODE_COLORS["given"])
+    _splits_axis(fig, int(curve["splits"].max()))
+    fig.update_yaxes(type="log", title="predicted time (ms)")
+    fig = _layout(fig, title, height=420)
+    fig.update_layout(legend=dict(orientation="h", y=-0.25), margin=dict(b=110))
+    return fig
+
+
+def decode_sweep(measured: pd.DataFrame, predicted: pd.DataFrame, *, pick: int, best: int,
+                 pick_ms: float, predicted_name: str, measured_name: str,
+                 title: str = "") -> go.Figure:
+    """A decode case's split sweep: the measured time at each split count timed (solid), the
+    model's predicted time at every split count (dashed), the model's pick ★ (on the
+    prediction) and the measured best ◆."""
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(
+        x=measured["splits"], y=measured["measured_ms"], mode="lines+markers",
+        name=measured_name, line=dict(color=DECODE_COLORS["measured"]), marker=dict(size=8),
+        hovertemplate="%{x} splits: %{y:.4g} ms<extra>measured</extra>"))
+    fig.add_trace(go.Scatter(
+        x=predicted["splits"], y=predicted["time_ms"], mode="lines", name=predicted_name,
+        line=dict(color=DECODE_COLORS["predicted"], dash="dash", width=1.5),
+        hovertemplate="%{x} splits: %{y:.4g} ms<extra>predicted</extra>"))
+    _mark(fig, pick, pick_ms, f"★ the model's pick: {pick} splits", "star",
+          DECODE_COLORS["pick"], 18)
+    best_ms = float(measured.set_index("splits")["measured_ms"].loc[best])
+    _mark(fig, best, best_ms, f"◆ the measured best: {best} splits", "diamond",
+          DECODE_COLORS["best"])
+    _splits_axis(fig, int(max(measured["splits"].max(), predicted["splits"].max())))
+    fig.update_yaxes(type="log", title="time (ms)")
+    fig = _layout(fig, title, height=420)
+    fig.update_layout(legend=dict(orientation="h", y=-0.25), margin=dict(b=110))
+    return fig

@@ -70,8 +70,11 @@ def _keep_state(keys) -> None:
 
 
 #: Choices of a page kept while other pages are open (the block-size page's kernel, measured
-#: file and rates: the rates are every page's, :func:`rates_picker`; the scaling page's file).
-PAGE_KEYS = ("bs_family", "bs_sweep", "bs_rates", "sc_source")
+#: file and rates: the rates are every page's, :func:`rates_picker`; the scaling page's file;
+#: the decoding page's workload and file).
+PAGE_KEYS = ("bs_family", "bs_sweep", "bs_rates", "sc_source", "dc_batch", "dc_heads_q",
+             "dc_heads_kv", "dc_head_dim", "dc_seq_len_q", "dc_seq_len_k", "dc_dtype", "dc_splits",
+             "dc_source")
 
 
 def keep_workload_state() -> None:

@@ -30,7 +30,8 @@ APP = ROOT / "dashboard" / "app.py"
 FIXTURE = ROOT / "tests" / "data" / "fixture_results_synthetic.json"
 TIMEOUT = 120
 PAGES = {"explore": "Explore", "block_sizes": "Block sizes", "scaling": "Scaling",
-         "measured": "Predicted vs measured", "step": "Step through", "measure": "Measure"}
+         "measured": "Predicted vs measured", "decode": "Decoding", "step": "Step through",
+         "measure": "Measure"}
 ROOFLINE_MS = data.ROOFLINE + " (ms)"
 #: The header of the one predicted time at the GPU's datasheet rates.
 PREDICTED = data.rates_label("datasheet rates")
@@ -1323,3 +1324,242 @@ def test_explore_sliding_window_shows_the_band_s_bytes():
     assert band.hbm_read_bytes < full.hbm_read_bytes
     assert data.window_size(512, True) == (512, 0) and data.window_size(512, False) == (512, 512)
     assert data.window_size(0, True) is None
+
+
+# -- Decoding -------------------------------------------------------------------------------------
+#: The shipped decode measurement (``python -m benchmarks decode --splits --window --ncu``) the
+#: Decoding page opens on, and one without split sweeps or counters (``--graph``).
+DECODE = ROOT / "results" / "decode_h100_2026-11-25.json"
+DECODE_GRAPH = ROOT / "results" / "decode_graph_h100_2026-11-24.json"
+#: The Decoding page's default workload.
+DECODE_W = dict(batch=8, heads_q=32, heads_kv=8, seq_len_q=1, seq_len_k=32768, head_dim=128,
+                dtype="bf16")
+
+
+def metric(at, label: str):
+    """The metric labelled ``label``."""
+    found = [m for m in at.metric if m.label == label]
+    assert found, f"no metric {label!r}: {[m.label for m in at.metric]}"
+    return found[0]
+
+
+def _sim_decode(w: dict, prof, splits=None) -> tuple:
+    """``(plan, costs)`` of sim.decode for the page's workload ``w`` on ``prof``."""
+    from sim.decode import split_kv_costs, split_kv_plan
+    from sim.workload import DTYPE_BYTES
+    plan = split_kv_plan(w["batch"], w["heads_q"], w["heads_kv"], w["seq_len_q"], w["seq_len_k"],
+                         w["head_dim"], DTYPE_BYTES[w["dtype"]], prof.num_sms, splits=splits)
+    return plan, split_kv_costs(plan, prof)
+
+
+def _values(v) -> list:
+    """A figure's array as a list (Plotly writes numeric arrays as ``{"dtype", "bdata"}``)."""
+    if isinstance(v, dict) and "bdata" in v:
+        import base64
+        return np.frombuffer(base64.b64decode(v["bdata"]), dtype=v["dtype"]).tolist()
+    return list(v)
+
+
+def open_decode() -> AppTest:
+    at = ok(open_page("decode"))
+    assert at.title[0].value == "Decoding"
+    return at
+
+
+def test_decode_page_is_registered_at_slash_decode():
+    import ast
+
+    tree = ast.parse(APP.read_text())
+    pages = next(ast.literal_eval(node.value) for node in tree.body
+                 if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "PAGES")
+    assert ("decode.py", "Decoding", "decode") in pages
+    urls = [u for _f, _t, u in pages]
+    assert urls.index("decode") == urls.index("measured") + 1      # after Predicted vs measured
+    assert (APP.parent / "views" / "decode.py").is_file()
+
+
+def test_decode_defaults_show_sim_decode_s_pick_bytes_and_time():
+    at = open_decode()
+    prof = _measured_h100()                  # the default: the H100 at its measured rates
+    plan, costs = _sim_decode(DECODE_W, prof)
+    assert metric(at, "Splits the model picks").value == f"{plan.splits:,}"
+    assert metric(at, "Predicted DRAM bytes").value == fmt.bytes_(
+        costs["dram_read_bytes"] + costs["dram_write_bytes"])
+    assert metric(at, "Predicted (measured rates)").value == fmt.ms(costs["time_s"] * 1e3)
+    from sim.plan import rates_of
+    rate = rates_of(prof)[0]["dram_bytes_per_s"]
+    assert metric(at, "K/V bandwidth it implies").value == fmt.pct(
+        costs["kv_bytes"] / costs["time_s"] / rate)
+    one = _sim_decode(DECODE_W, prof, splits=1)[1]
+    assert metric(at, "1 split (a FlashAttention-2-like grid)").value == fmt.ms(one["time_s"] * 1e3)
+    assert metric(at, f"The model's pick: {plan.splits} splits").delta == (
+        f"{fmt.ratio(one['time_s'] / costs['time_s'])} faster than 1 split")
+    assert len(charts(at)) == 2                    # the model's curve, the measured sweep
+    assert not INTERNAL.search(screen_text(at))
+    assert_tables_drawn_whole_are_text(at)
+
+
+@pytest.mark.parametrize("changes", [dict(batch=1, seq_len_k=131072), dict(batch=64),
+                                     dict(seq_len_q=4, heads_kv=32, dtype="fp32", seq_len_k=5000)],
+                         ids=["B1-128k", "B64", "mha-4rows-fp32"])
+def test_decode_pick_follows_the_inputs_as_sim_decode_does(changes):
+    at = open_decode()
+    for field, value in changes.items():
+        widget = (at.selectbox(key=f"dc_{field}") if field in ("dtype", "head_dim") else
+                  at.number_input(key=f"dc_{field}"))
+        widget.set_value(value)
+    ok(at.run())
+    w = {**DECODE_W, **changes}
+    plan, costs = _sim_decode(w, _measured_h100())
+    assert metric(at, "Splits the model picks").value == f"{plan.splits:,}"
+    assert metric(at, "Predicted (measured rates)").value == fmt.ms(costs["time_s"] * 1e3)
+
+
+def test_decode_datasheet_profile_and_custom_gpu():
+    import sim
+
+    from dashboard import ui
+    at = open_decode()
+    at.selectbox(key="w_profile").set_value("t4").run()          # no rates file: the datasheet
+    plan, costs = _sim_decode(DECODE_W, sim.PROFILES["t4"])
+    assert metric(ok(at), "Splits the model picks").value == f"{plan.splits:,}"
+    assert metric(at, "Predicted (datasheet rates)").value == fmt.ms(costs["time_s"] * 1e3)
+    assert "measured on the NVIDIA H100" in texts(at.warning)     # the file is another GPU's
+    at.button(key="dc_use_profile").click().run()
+    assert ok(at).selectbox(key="w_profile").value == "h100"
+    at.selectbox(key="w_profile").set_value(data.CUSTOM).run()
+    ok(at)
+    assert metric(at, "Predicted (datasheet rates)").value != "—"
+    assert at.selectbox(key="bs_rates").value == ui.MEASURED_HERE
+
+
+def test_decode_split_override_changes_the_shown_prediction():
+    at = open_decode()
+    prof = _measured_h100()
+    plan, costs = _sim_decode(DECODE_W, prof)
+    before = metric(at, "Predicted (measured rates)").value
+    at.number_input(key="dc_splits").set_value(1).run()
+    ok(at)
+    given = _sim_decode(DECODE_W, prof, splits=1)[1]
+    shown = metric(at, "Predicted (measured rates)")
+    assert shown.value == fmt.ms(given["time_s"] * 1e3) != before
+    assert shown.delta == "1 split (given)"
+    pick = metric(at, "Splits the model picks")
+    assert pick.value == f"{plan.splits:,}" and pick.delta == "1 given"   # the pick stays shown
+    assert metric(at, "Given: 1 splits").value == fmt.ms(given["time_s"] * 1e3)
+    at.number_input(key="dc_splits").set_value(0).run()          # back to the model's choice
+    assert metric(ok(at), "Predicted (measured rates)").value == before
+
+
+def test_decode_refused_workload_says_why_and_keeps_the_measured_part():
+    at = open_decode()
+    at.number_input(key="dc_heads_kv").set_value(5).run()
+    ok(at)
+    assert "query heads must be a multiple of KV heads" in texts(at.warning)
+    assert len(table(at, "Measured, GPU time alone (ms)")) == len(
+        json.loads(DECODE.read_text())["decode"])
+
+
+def test_decode_measured_table_has_one_row_per_decode_record():
+    doc = json.loads(DECODE.read_text())
+    at = open_decode()
+    assert at.selectbox(key="dc_source").value == data._choice_name(DECODE)   # the default
+    shown = table(at, "Measured, GPU time alone (ms)")
+    assert len(shown) == len(doc["decode"]) == 18
+    # the predicted column is decode --report's, re-priced at the page's rates
+    from benchmarks.decode import decode_report
+    rows, summary = decode_report(doc, _measured_h100())
+    assert list(shown["Predicted from measured rates (ms)"]) == [
+        fmt.num(r["model_ms"], 3) for r in rows]
+    assert list(shown["Splits the model picks"]) == [r["splits"] for r in rows]
+    scores = table(at, "Within the target")
+    assert list(scores["Within the target"]) == [f"{s['within']} of {s['n']}"
+                                                for s in summary.values()]
+
+
+def test_decode_measured_cases_are_the_file_s_and_the_plan_s():
+    doc = json.loads(DECODE.read_text())
+    loaded = data.load_decode(DECODE.read_bytes(), DECODE.name)
+    assert loaded["n_decode"] == len(doc["decode"]) and loaded["n_window"] == len(doc["window"])
+    assert loaded["profile"] == "h100" and loaded["kinds"]["splits"] == len(doc["decode"])
+    res = data.decode_measured(loaded["digest"], "h100", None, RATES_H100.read_bytes(),
+                               _loaded=loaded)
+    cases = res["cases"]
+    prof = _measured_h100()
+    peak = doc["provenance"]["peak_copy_bytes_per_s"]
+    for (_, case), rec in zip(cases.iterrows(), doc["decode"]):
+        w = {k: rec[k] for k in DECODE_W}
+        plan, costs = _sim_decode(w, prof)
+        assert case["splits"] == plan.splits
+        assert case["model_ms"] == pytest.approx(costs["time_s"] * 1e3)
+        assert case["gpu_ms"] == rec["ioaware_device_ms"]
+        assert case["time_rel_error"] == pytest.approx(
+            costs["time_s"] / (rec["ioaware_device_ms"] * 1e-3) - 1)
+        assert case["bw_fraction"] == rec["times_ms"]["ioaware"]["kv_bandwidth_fraction"]
+        assert case["gpu_bw_fraction"] == pytest.approx(
+            rec["kv_bytes"] / (rec["ioaware_device_ms"] * 1e-3) / peak)
+        assert case["sdpa_ratio"] == rec["ratio_vs_fastest_sdpa"]
+        sdpa = {n: e["ms"] for n, e in rec["times_ms"].items() if n != "ioaware" and "ms" in e}
+        assert case["fastest_sdpa"] == data.family_label(min(sdpa, key=sdpa.get))
+        assert case["splits_best"] == rec["splits_best"]
+        sweep = res["sweeps"][_]
+        timed = {int(k): v for k, v in rec["splits_ms"].items() if v}
+        assert dict(zip(sweep["measured"]["splits"], sweep["measured"]["measured_ms"])) == timed
+        pred = sweep["predicted"].set_index("splits")["time_ms"]
+        assert list(pred.index) == list(range(1, max(max(timed), plan.splits) + 1))
+        for s in (1, max(timed)):
+            assert pred.loc[s] == pytest.approx(_sim_decode(w, prof, splits=s)[1]["time_s"] * 1e3)
+
+
+def test_decode_sweep_chart_follows_the_chosen_case():
+    doc = json.loads(DECODE.read_text())
+    at = open_decode()
+    # opens on the case of the workload above (batch 8, Nk 32k, bf16)
+    i = next(j for j, r in enumerate(doc["decode"])
+             if all(r[k] == v for k, v in DECODE_W.items()))
+    assert at.selectbox(key="dc_case").value == str(i)
+    assert metric(at, "The measured best").value == f"{doc['decode'][i]['splits_best']} splits"
+    first = doc["decode"][0]                                   # batch 1, 4k: pick not timed
+    at.selectbox(key="dc_case").set_value("0").run()
+    ok(at)
+    assert metric(at, "The measured best").value == f"{first['splits_best']} splits"
+    assert metric(at, "The model's pick").delta == "not in the sweep"
+    assert metric(at, "Lost by following the model").value == fmt.signed_pct(
+        first["splits_model_loss"])
+    measured = json.loads(charts(at)[1].proto.spec)["data"][0]
+    assert _values(measured["x"]) == [int(s) for s in first["splits_ms"]]
+    assert _values(measured["y"]) == pytest.approx(list(first["splits_ms"].values()))
+    at.button(key="dc_show_case").click().run()                # the case into the model
+    ok(at)
+    assert at.number_input(key="dc_batch").value == first["batch"]
+    assert at.number_input(key="dc_seq_len_k").value == first["seq_len_k"]
+    plan, _ = _sim_decode({k: first[k] for k in DECODE_W}, _measured_h100())
+    assert metric(at, "Splits the model picks").value == f"{plan.splits:,}"
+
+
+def test_decode_file_without_sweeps_counters_or_records_says_so(tmp_path, monkeypatch):
+    at = open_decode()
+    at.selectbox(key="dc_source").set_value(data._choice_name(DECODE_GRAPH)).run()
+    ok(at)
+    assert len(table(at, "Measured, GPU time alone (ms)")) == len(
+        json.loads(DECODE_GRAPH.read_text())["decode"])
+    assert "has no split-count sweep" in texts(at.info)
+    assert "no Nsight Compute's DRAM bytes" in texts(at.caption)
+    assert len(charts(at)) == 1
+    empty = tmp_path / "decode_empty.json"
+    empty.write_text(json.dumps({"schema": "ioaware.decode/1",
+                                 "provenance": {"gpu": "NVIDIA H100 80GB HBM3"},
+                                 "decode": [], "window": []}))
+    monkeypatch.setenv("IOAWARE_RESULTS", str(empty))
+    at = open_decode()
+    at.selectbox(key="dc_source").set_value(str(empty)).run()
+    ok(at)
+    assert "holds no decode records" in texts(at.info)
+    broken = tmp_path / "decode_broken.json"
+    broken.write_text(json.dumps({"schema": "ioaware.decode/1", "decode": [{"batch": 1}]}))
+    monkeypatch.setenv("IOAWARE_RESULTS", str(broken))
+    at = open_decode()
+    at.selectbox(key="dc_source").set_value(str(broken)).run()
+    ok(at)
+    assert "decode record 0 lacks heads_q" in texts(at.warning)
+    assert metric(at, "Splits the model picks")          # the model's part still stands
