@@ -62,12 +62,10 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import re
 import sys
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from types import SimpleNamespace
 
 from numba import cuda      # a module global: the CUDA simulator swaps it in kernels' globals
@@ -1128,21 +1126,17 @@ def _open_device(repeats):
 
 
 def read_rates_file(path, gpu: str) -> dict:
-    """The rates file ``path`` that ``--add-to`` extends, parsed; ValueError naming ``--add-to``
-    where there is no such file, it is not a rates file (JSON of schema `SCHEMA` with ``rates``
-    and ``provenance`` objects) or it was measured on a GPU of another name than ``gpu``."""
-    p = Path(path)
-    if not p.is_file():
-        raise ValueError(f"--add-to: no such file {str(path)!r}")
+    """The rates file ``path`` that ``--add-to`` extends, parsed (`sim.profiles.read_rates`);
+    ValueError naming ``--add-to`` where there is no such file, it is not a rates file (JSON of
+    schema `SCHEMA` with ``rates`` and ``provenance`` objects) or it was measured on a GPU of
+    another name than ``gpu``."""
+    from sim.profiles import read_rates
     try:
-        doc = json.loads(p.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"--add-to: {path} is not JSON ({exc})") from None
-    if not (isinstance(doc, dict) and doc.get("schema") == SCHEMA
-            and isinstance(doc.get("rates"), dict) and isinstance(doc.get("provenance"), dict)):
-        got = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
-        raise ValueError(f"--add-to: {path} is not a rates file (schema {SCHEMA!r} with 'rates' "
-                         f"and 'provenance' expected, got schema {got!r})")
+        doc, _ = read_rates(str(path))
+    except (FileNotFoundError, ValueError) as exc:
+        raise ValueError(f"--add-to: {str(exc).removeprefix('rates: ')}") from None
+    if not isinstance(doc.get("provenance"), dict):
+        raise ValueError(f"--add-to: {path} is not a rates file (it has no 'provenance' object)")
     theirs = doc["provenance"].get("gpu")
     if theirs != gpu:
         raise ValueError(f"--add-to: {path} was measured on {theirs!r}, this GPU is {gpu!r}; "

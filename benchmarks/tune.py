@@ -371,7 +371,7 @@ def embed_ncu(profile_json) -> None:
     path = Path(profile_json)
     doc = json.loads(path.read_text())
     text = path.with_suffix(".csv").read_text()
-    profile_rows(path.with_suffix(".csv"))
+    _checked_rows(text, path.with_suffix(".csv"))
     doc["ncu_csv"] = text
     path.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"{path}: ncu_csv embedded ({len(text)} characters); the CSV beside it can go")
@@ -380,8 +380,14 @@ def embed_ncu(profile_json) -> None:
 def profile_rows(csv_path) -> list[dict]:
     """The kernels of a ``--profile`` run's ncu CSV (`benchmarks.ncu.parse_ncu_csv`; ``csv_path``
     as `_profile_csv` takes it): three per order of `PROFILE_ORDERS`, in launch order."""
+    return _checked_rows(_profile_csv(csv_path), csv_path)
+
+
+def _checked_rows(text: str, csv_path) -> list[dict]:
+    """The kernels of an ncu CSV's ``text`` (from ``csv_path``), three per order of
+    `PROFILE_ORDERS`; SystemExit naming the file where there are not."""
     from .ncu import parse_ncu_csv
-    rows = parse_ncu_csv(_profile_csv(csv_path))
+    rows = parse_ncu_csv(text)
     if len(rows) != len(PROFILE_ORDERS) * len(PROFILE_KERNELS):
         raise SystemExit(f"{csv_path}: {len(rows)} kernels, expected "
                          f"{len(PROFILE_ORDERS) * len(PROFILE_KERNELS)}")

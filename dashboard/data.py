@@ -1913,6 +1913,20 @@ _SWEEP_COLUMNS = ["family", "pass", *TILE_GROUP_FIELDS, "block_q", "block_k", "o
 EMPTY_SWEEP = pd.DataFrame(columns=_SWEEP_COLUMNS)
 
 
+def _json_of_schema(content: bytes, name: str, schemas, what: str) -> dict:
+    """The JSON object of a file given as bytes whose ``schema`` is one of ``schemas``; raises
+    ValueError with one line (``name`` is not JSON, or not ``what``) otherwise."""
+    try:
+        obj = json.loads(content.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{name} is not a JSON file ({exc})") from None
+    if not isinstance(obj, dict) or obj.get("schema") not in schemas:
+        got = obj.get("schema") if isinstance(obj, dict) else type(obj).__name__
+        raise ValueError(f"{name} is not {what} (its schema is {got!r}; "
+                         f"read: {', '.join(schemas)})")
+    return obj
+
+
 @st.cache_data(show_spinner=False, max_entries=16)
 def load_tile_sweep(content: bytes, name: str) -> dict:
     """A file of measured tile times (:data:`TILE_SWEEP_SCHEMAS`) given as bytes: ``{"name",
@@ -1920,14 +1934,7 @@ def load_tile_sweep(content: bytes, name: str) -> dict:
     "records": DataFrame}``, one record per timed (or refused) configuration: family, pass, the group's
     fields, block_q, block_k, ``options`` (other settings, as text), ``time_ms`` (NaN when
     refused) and ``why``. Raises ValueError with one line when the file cannot be read."""
-    try:
-        obj = json.loads(content.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{name} is not a JSON file ({exc})") from None
-    if not isinstance(obj, dict) or obj.get("schema") not in TILE_SWEEP_SCHEMAS:
-        got = obj.get("schema") if isinstance(obj, dict) else type(obj).__name__
-        raise ValueError(f"{name} is not a file of measured tile times (its schema is {got!r}; "
-                         f"read: {', '.join(TILE_SWEEP_SCHEMAS)})")
+    obj = _json_of_schema(content, name, TILE_SWEEP_SCHEMAS, "a file of measured tile times")
     try:
         doc, records = _timings_reader()(obj)
     except ValueError as exc:
@@ -2288,8 +2295,9 @@ def decode_prediction(batch: int, heads_q: int, heads_kv: int, seq_len_q: int, s
     most = max(1, min(limits["max_splits"], seq_len_k // limits["min_keys_per_split"]))
     counts = sorted(set(range(1, most + 1)) | {plan.splits, chosen_plan.splits})
     rows = []
+    priced = {plan.splits: costs, chosen_plan.splits: chosen}
     for s in counts:
-        c = costs if s == plan.splits else _decode_plan_cost(sizes, prof, s)[1]
+        c = priced[s] if s in priced else _decode_plan_cost(sizes, prof, s)[1]
         rows.append({"splits": s, "time_ms": c["time_s"] * 1e3,
                      "time_main_ms": c["time_main_s"] * 1e3,
                      "time_merge_ms": c["time_merge_s"] * 1e3,
@@ -2342,14 +2350,7 @@ def load_decode(content: bytes, name: str) -> dict:
     the decode records carrying each optional part: ``device`` (our GPU time alone),
     ``splits`` (a split-count sweep), ``ncu`` (Nsight Compute's DRAM bytes), ``graph`` (CUDA
     graph replays). Raises ValueError with one line when the file cannot be read."""
-    try:
-        doc = json.loads(content.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{name} is not a JSON file ({exc})") from None
-    if not isinstance(doc, dict) or doc.get("schema") not in DECODE_SCHEMAS:
-        got = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
-        raise ValueError(f"{name} is not a file of measured decoding (its schema is {got!r}; "
-                         f"read: {', '.join(DECODE_SCHEMAS)})")
+    doc = _json_of_schema(content, name, DECODE_SCHEMAS, "a file of measured decoding")
     records = doc.get("decode", [])
     windows = doc.get("window", [])
     if not isinstance(records, list) or not isinstance(windows, list):
@@ -2443,8 +2444,11 @@ def decode_measured(digest: str, profile: str, custom: tuple | None = None,
     sdpa_names = [n for n in FAMILY_LABELS if n.startswith("sdpa-")]
     peak = _loaded.get("peak_copy")
     cases, sweeps = [], {}
-    sources = _rate_sources_of(prof)     # replaced by the plans' own where there are records
-    for i, (rec, row) in enumerate(zip(doc.get("decode", []), rows)):
+    records = doc.get("decode", [])
+    # the rates the plans price at: the plan's own where there are records
+    sources = (_decode_plan_cost({k: records[0][k] for k in DECODE_FIELDS}, prof)[1]["rates"]
+               if records else _rate_sources_of(prof))
+    for i, (rec, row) in enumerate(zip(records, rows)):
         times = rec.get("times_ms") or {}
         ours = (times.get("ioaware") or {})
         sdpa = {n: e["ms"] for n, e in times.items()
@@ -2465,22 +2469,21 @@ def decode_measured(digest: str, profile: str, custom: tuple | None = None,
                       "splits": row["splits"], "splits_best": row["splits_best"],
                       "splits_loss": row["splits_loss"], "dram_rel_error": row["dram_rel_error"],
                       "has_sweep": False})
-        pick_plan, pick_cost = _decode_plan_cost(sizes, prof)
-        sources = pick_cost["rates"]
+        pick = row["splits"]                 # the report's pick and time: today's plan
         timed = {int(k): float(v) for k, v in (rec.get("splits_ms") or {}).items() if v}
         if not timed:
             continue
         cases[-1]["has_sweep"] = True
         predicted = pd.DataFrame(
             [{"splits": s, "time_ms": _decode_plan_cost(sizes, prof, s)[1]["time_s"] * 1e3}
-             for s in range(1, max(max(timed), pick_plan.splits) + 1)])
+             for s in range(1, max(max(timed), pick) + 1)])
         best = min(timed, key=timed.get)
         sweeps[i] = {"measured": pd.DataFrame({"splits": list(timed),
                                                "measured_ms": list(timed.values())}
                                               ).sort_values("splits", ignore_index=True),
-                     "predicted": predicted, "pick": pick_plan.splits,
-                     "pick_ms": pick_cost["time_s"] * 1e3, "best": best, "best_ms": timed[best],
-                     "one_ms": timed.get(1), "pick_measured_ms": timed.get(pick_plan.splits),
+                     "predicted": predicted, "pick": pick,
+                     "pick_ms": row["model_ms"], "best": best, "best_ms": timed[best],
+                     "one_ms": timed.get(1), "pick_measured_ms": timed.get(pick),
                      "loss": row["splits_loss"]}
     score_rows = [{"metric": m, "label": DECODE_SCORE_LABELS.get(m, m), **s}
                   for m, s in summary.items()]

@@ -17,7 +17,8 @@ from dashboard import data, fmt
 from dashboard.fmt import Col
 
 __all__ = ["workload_sidebar", "chart", "table", "require_sim", "slug", "results_format_help",
-           "show_problems", "set_workload", "sidebar_shows", "sidebar_takes", "rates_picker"]
+           "show_problems", "set_workload", "sidebar_shows", "sidebar_takes", "rates_picker",
+           "profile_sidebar"]
 
 _HAS_KALEIDO = importlib.util.find_spec("kaleido") is not None
 
@@ -124,13 +125,9 @@ def workload_sidebar(*, show_pass: bool = True, show_density: bool = True,
     The returned dict is plain and hashable-friendly (ints, floats, strings, and the custom
     profile as a tuple of ``(field, value)`` pairs) so it can key ``st.cache_data``.
     """
-    profiles = data.profile_names()
     for key, default in WORKLOAD_DEFAULTS.items():
         if key not in st.session_state:
             st.session_state[key] = default
-    if st.session_state["w_profile"] not in profiles + [data.CUSTOM]:
-        st.session_state["w_profile"] = data.default_profile_name()
-
     sb = st.sidebar
     sb.header("Workload")
     sb.select_slider("Sequence length N", options=SEQ_LENS, key="w_seq_len",
@@ -153,12 +150,7 @@ def workload_sidebar(*, show_pass: bool = True, show_density: bool = True,
         sb.slider("Block-mask density", min_value=0.05, max_value=1.0, step=0.05, key="w_density",
                   help="Fraction of (Q tile, K tile) pairs computed (block-sparse attention). "
                        "1.0 = dense.")
-    sb.header("GPU")
-    sb.selectbox("Profile", profiles + [data.CUSTOM], key="w_profile",
-                 format_func=data.profile_label)
-    custom = None
-    if st.session_state["w_profile"] == data.CUSTOM:
-        custom = _custom_profile_inputs(sb)
+    profile, custom = profile_sidebar(sb)
     return {
         "seq_len": int(st.session_state["w_seq_len"]),
         "head_dim": int(st.session_state["w_head_dim"]),
@@ -169,9 +161,23 @@ def workload_sidebar(*, show_pass: bool = True, show_density: bool = True,
         "causal": bool(st.session_state["w_causal"]),
         "density": float(st.session_state["w_density"]) if show_density else 1.0,
         "window": int(st.session_state["w_window"]),
-        "profile": st.session_state["w_profile"],
+        "profile": profile,
         "custom": custom,
     }
+
+
+def profile_sidebar(sb) -> tuple:
+    """Draw the GPU-profile controls (a "GPU" header, the profile, and the custom profile's
+    fields when it is chosen) in ``sb``; return ``(profile, custom)``, ``custom`` the custom
+    profile as a tuple of ``(field, value)`` pairs or None. The choice is every page's
+    (``w_profile``)."""
+    profiles = data.profile_names()
+    if st.session_state.get("w_profile") not in profiles + [data.CUSTOM]:
+        st.session_state["w_profile"] = data.default_profile_name()
+    sb.header("GPU")
+    profile = sb.selectbox("Profile", profiles + [data.CUSTOM], key="w_profile",
+                           format_func=data.profile_label)
+    return profile, (_custom_profile_inputs(sb) if profile == data.CUSTOM else None)
 
 
 DATASHEET = "GPU datasheet"

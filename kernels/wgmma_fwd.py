@@ -54,7 +54,7 @@ from sim.plans.wgmma_fwd import (BARRIER_BYTES, BOX_COLUMNS, FP8_BLOCK_K, FP8_DE
 
 from . import compile_cache, host, tile_scheduler
 from .config import requested_tiles
-from .mask import UNBOUNDED, band_arguments
+from .mask import UNBOUNDED, band_arguments, tile_needs_mask
 
 __all__ = ["forward", "prepare", "plan", "supports", "tiles", "get_kernel", "tensor_maps",
            "stage_of", "full_parity", "empty_parity", "forward_fp8", "fp8_supports", "fp8_plan",
@@ -195,6 +195,7 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=F
         pack = ptx.pack_bf16x2 if is_bf16 else ptx.pack_f16x2
     pack8 = hp.pack_e4m3x4
     tile_and_head = tile_scheduler.device_tile_and_head(head_group)
+    tile_needs = tile_needs_mask(ROWS_PER_WARPGROUP, BK, CAUSAL, False, WINDOW)
     stage = cuda.jit(device=True, inline=True)(stage_of)
     full_phase = cuda.jit(device=True, inline=True)(full_parity)
     empty_phase = cuda.jit(device=True, inline=True)(empty_parity)
@@ -320,14 +321,9 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=F
             hp.wgmma_fence_operands(s_reg, 0, S_REGS)
 
             # -- masks: keys past the end, the causal diagonal, the window's band (only tiles
-            # that need them: the band cuts this warpgroup's 64 x block_k tile) --
-            needs = key0 + BK > n_k
-            if CAUSAL:
-                needs = needs or key0 + BK - 1 > row_first
-            if WINDOW:
-                needs = needs or (key0 - (row_first + ROWS_PER_WARPGROUP - 1) < band_lo) or (
-                    key0 + BK - 1 - row_first > band_hi)
-            if needs:
+            # that need them: this warpgroup's 64 x block_k tile) --
+            if key0 + BK > n_k or tile_needs(row_first // ROWS_PER_WARPGROUP, kv_index[it],
+                                             band_lo, band_hi):
                 for nb in range(NB):
                     for j in range(8):
                         for hr in range(2):

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 __all__ = ["GPUProfile", "PROFILES", "PROFILE_DIR", "RATES_SCHEMA", "RATE_UNITS", "load_profile",
-           "profile_for_gpu_name"]
+           "profile_for_gpu_name", "read_rates"]
 
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
 
@@ -227,7 +227,7 @@ class GPUProfile:
         file is named in ``sources["measured_rates"]``. With ``check_gpu`` the GPU the file was
         measured on must match one of the profile's ``match`` strings (when it has any).
         Raises FileNotFoundError / ValueError naming ``rates``."""
-        doc, origin = _read_rates(rates)
+        doc, origin = read_rates(rates)
         prov = doc.get("provenance") if isinstance(doc.get("provenance"), dict) else {}
         gpu = str(prov.get("gpu", "unknown GPU"))
         if check_gpu and self.match and not any(m.lower() in gpu.lower() for m in self.match):
@@ -280,7 +280,7 @@ def _positive(v) -> bool:
             and v > 0)
 
 
-def _read_rates(rates) -> tuple[dict, str]:
+def read_rates(rates) -> tuple[dict, str]:
     """(the rates document, where it came from) of a path or a parsed JSON object; raises
     FileNotFoundError / ValueError naming the ``rates`` argument."""
     if isinstance(rates, dict):

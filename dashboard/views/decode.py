@@ -55,13 +55,7 @@ sb.number_input("Splits (0 = the model's choice)", min_value=0, max_value=limits
                 step=1, key="dc_splits",
                 help="Set the number of key splits instead of the model's pick, to see what "
                      "another split count would cost.")
-sb.header("GPU")
-profiles = data.profile_names()
-if ss.get("w_profile") not in profiles + [data.CUSTOM]:
-    ss["w_profile"] = data.default_profile_name()
-profile = sb.selectbox("Profile", profiles + [data.CUSTOM], key="w_profile",
-                       format_func=data.profile_label)
-custom = ui._custom_profile_inputs(sb) if profile == data.CUSTOM else None
+profile, custom = ui.profile_sidebar(sb)
 rates, rates_name = ui.rates_picker(sb, upload_key="dc_rates_upload", profile=profile)
 
 workload = {"batch": int(ss["dc_batch"]), "heads_q": int(ss["dc_heads_q"]),
