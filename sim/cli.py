@@ -372,14 +372,16 @@ def _flash3_ablation_cmd(a) -> int:
                   f"{r['seq_len']:>6} {r['measured_ms']:11.4f} {r['predicted_ms']:9.4f} {100 * r['error']:+5.0f}%  "
                   f"{100 * r['error_by_model']['serial_softmax']:+13.0f}%")
         if speedups["pairs"]:
-            print(f"\nFlashAttention-3 over FlashAttention-2, forward: measured t_flash / t_cudnn "
-                  f"(one run) against the model's t_baseline / t_flash3")
+            print("\nFlashAttention-3 over FlashAttention-2, forward: measured t_flash / t_cudnn "
+                  "(one run) against the model's t_baseline / t_flash3 and t_baseline / "
+                  "t_serial_softmax")
             print(f"{'dtype':>5} {'d':>4} {'mask':>6} {'N':>6} {'B*H':>5} {'measured':>8} "
-                  f"{'predicted':>9} {'error':>6}")
-            for p in speedups["pairs"]:
+                  f"{'predicted':>9} {'error':>6}  {'serial':>6} {'error':>6}")
+            for p, q in zip(speedups["pairs"], serial["pairs"]):
                 print(f"{p['dtype']:>5} {p['head_dim']:>4} {'causal' if p['causal'] else 'full':>6} "
                       f"{p['seq_len']:>6} {p['batch'] * p['heads']:>5} {p['measured']:8.2f} "
-                      f"{p['predicted']:9.2f} {100 * p['error']:+5.0f}%")
+                      f"{p['predicted']:9.2f} {100 * p['error']:+5.0f}%  {q['predicted']:6.2f} "
+                      f"{100 * q['error']:+5.0f}%")
             for title, sp in (("cuDNN read as FlashAttention-3 with every overlap (t_flash3)",
                                speedups),
                               ("cuDNN read as the serial-softmax kernel (t_serial_softmax: the "
