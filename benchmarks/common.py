@@ -135,6 +135,22 @@ def host_call_ms(torch, fn, reps=10) -> float:
     return summarize_times(times)[0]
 
 
+def loop_call_us(torch, fn, calls=200) -> float:
+    """Mean microseconds the host spends per call of ``fn`` over ``calls`` calls in a row, made
+    while the GPU sleeps (so every call returns once enqueued): the rate at which a loop of
+    such calls can issue work, steadier than one call's time on a busy host."""
+    import time
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda._sleep(100 * SLEEP_CYCLES)
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    return elapsed / calls * 1e6
+
+
 def peak_extra_bytes(torch, fn) -> int:
     """Peak device memory allocated during ``fn`` above what was allocated before it, bytes."""
     torch.cuda.synchronize()

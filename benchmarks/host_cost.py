@@ -11,7 +11,9 @@ while the GPU sleeps, so that a call returns as soon as its launches are enqueue
 and ``fast_launch=True`` in the same process; of ``ioaware.attention`` prepared (its checks and
 choices made on the first call of a key) and unprepared (`attention_host_ms`), also for a
 decoding case (B=8, 32/8 heads, d=128, 4096 keys, bfloat16), with PyTorch's SDPA on the same
-tensors; the forward's GPU time (CUDA events behind a
+tensors, both as one call's time and as the time per call of a loop of calls (ours and SDPA's
+taken in turn, three rounds: the steadier figure on a host whose speed varies), and for a
+training call (forward and backward through autograd) as a loop; the forward's GPU time (CUDA events behind a
 device-side sleep); and the split of the fast forward's host time (`launch_split`) into the code
 before the launch, the launch, and the driver call alone. It also prints the 25 most expensive
 functions of a fast forward (cProfile), by own and by cumulative time, and writes a JSON file
@@ -25,8 +27,8 @@ import io
 import json
 import pstats
 
-from .common import (attention_problem, command_line, first_sentence, host_call_ms, provenance,
-                     time_cuda, write_json)
+from .common import (attention_problem, command_line, first_sentence, host_call_ms, loop_call_us,
+                     provenance, time_cuda, write_json)
 
 
 def launch_split(torch, fn, reps=30) -> dict:
@@ -82,17 +84,22 @@ def _profile(torch, fn, calls=20) -> str:
     return s.getvalue()
 
 
-def attention_host_ms(torch, attention, q, k, v, reps=100) -> dict:
-    """Host ms of one ``ioaware.attention(q, k, v, backend="numba")`` under inference mode:
-    ``fwd_host_ms_attention`` (the prepared forward: the call's checks and choices made once,
+def attention_host_ms(torch, attention, q, k, v, reps=100, rounds=3, training=True) -> dict:
+    """Host time of ``ioaware.attention(q, k, v, backend="numba")`` under inference mode:
+    ``fwd_host_ms_attention`` (one prepared call, ms: the call's checks and choices made once,
     `ioaware._backends.prepared_key`) and ``fwd_host_ms_attention_unprepared`` (every call
     checked and dispatched in full: ``prepared_key`` replaced by one that prepares nothing), and
-    ``fwd_host_ms_sdpa``, PyTorch's SDPA (its default backend choice) on the same tensors."""
+    ``fwd_host_ms_sdpa``, PyTorch's SDPA (its default backend choice) on the same tensors;
+    ``fwd_loop_us_attention`` / ``fwd_loop_us_sdpa``: microseconds per call in a loop of calls
+    (`benchmarks.common.loop_call_us`), the median of ``rounds`` rounds taken in turn with
+    SDPA's; with ``training``, ``train_loop_us_attention`` / ``train_loop_us_sdpa``: the same
+    for a forward and backward through autograd (operands that require grad)."""
     from ioaware import _backends
     out = {}
     with torch.inference_mode():
         fn = lambda: attention(q, k, v, backend="numba")      # noqa: E731
         fn()
+        fn()                  # (the second full run records the launches a prepared call repeats)
         out["fwd_host_ms_attention"] = host_call_ms(torch, fn, reps=reps)
         real = _backends.prepared_key
         _backends.prepared_key = lambda *a, **kw: None
@@ -104,7 +111,31 @@ def attention_host_ms(torch, attention, q, k, v, reps=100) -> dict:
         sdpa = lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)   # noqa: E731
         sdpa()
         out["fwd_host_ms_sdpa"] = host_call_ms(torch, sdpa, reps=reps)
+        out.update(_loop_rounds(torch, "fwd", fn, sdpa, rounds))
+    if training:
+        qg, kg, vg = (x.detach().clone().requires_grad_() for x in (q, k, v))
+        dout = torch.randn_like(q)
+
+        def step(f):
+            f(qg, kg, vg).backward(dout)
+            qg.grad = kg.grad = vg.grad = None
+        ours = lambda: step(lambda *a: attention(*a, backend="numba"))    # noqa: E731
+        theirs = lambda: step(lambda *a: F.scaled_dot_product_attention(*a, enable_gqa=True))  # noqa: E731
+        ours()
+        out.update(_loop_rounds(torch, "train", ours, theirs, rounds, calls=100))
     return out
+
+
+def _loop_rounds(torch, tag, ours, sdpa, rounds, calls=200) -> dict:
+    """``{tag}_loop_us_attention`` and ``{tag}_loop_us_sdpa``: medians of ``rounds`` loops of
+    ``calls`` calls each (`loop_call_us`), ours and SDPA's taken in turn."""
+    import statistics
+    mine, theirs = [], []
+    for _ in range(rounds):
+        mine.append(loop_call_us(torch, ours, calls))
+        theirs.append(loop_call_us(torch, sdpa, calls))
+    return {f"{tag}_loop_us_attention": statistics.median(mine),
+            f"{tag}_loop_us_sdpa": statistics.median(theirs)}
 
 
 def main(argv=None) -> int:
@@ -161,7 +192,7 @@ def main(argv=None) -> int:
         row = {"dtype": dt_name, "head_dim": 128, "batch": 8, "heads": 32, "heads_kv": 8,
                "seq_len": 1, "seq_len_k": 4096,
                "family": kernels.family_for(attention_problem(q, k, v), None, "fwd")}
-        row.update(attention_host_ms(torch, attention, q, k, v))
+        row.update(attention_host_ms(torch, attention, q, k, v, training=False))
         rows.append(row)
         print(json.dumps(row), flush=True)
     if args.out:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import sys
 
 import numpy as np
 
@@ -206,9 +207,9 @@ def prepared_key(q, k, v, mask, bias, block_mask, dropout_p, flags):
     block mask or dropout, which always take the full path."""
     if mask is not None or bias is not None or block_mask is not None or dropout_p != 0.0:
         return None
-    if not (is_torch(q) and q.is_cuda and is_torch(k) and is_torch(v)):
+    if not (is_torch(q) and is_torch(k) and is_torch(v) and q.is_cuda):
         return None
-    torch = torch_or_none()
+    torch = sys.modules["torch"]
     return (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype,
             v.dtype, q.device, k.device, v.device, torch.cuda.current_device(),
             torch.are_deterministic_algorithms_enabled(), flags)

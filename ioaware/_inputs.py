@@ -20,6 +20,7 @@ arguments (broadcasting, ``enable_gqa``, boolean / float / ``CausalBias`` masks)
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -44,8 +45,15 @@ def torch_or_none():
 
 
 def is_torch(x) -> bool:
+    """Whether ``x`` is a torch tensor (False without torch)."""
+    return isinstance(x, _tensor_type())
+
+
+@functools.cache
+def _tensor_type():
+    """``torch.Tensor``, or ``()`` (which no object is an instance of) without torch."""
     torch = torch_or_none()
-    return torch is not None and isinstance(x, torch.Tensor)
+    return () if torch is None else torch.Tensor
 
 
 @dataclass(frozen=True)

@@ -230,6 +230,13 @@ def _zero_seed(torch):
         return torch.tensor(0, dtype=torch.int64)
 
 
+@functools.cache
+def _torch_ops():
+    """:mod:`ioaware._torch_ops` (imported on the first torch call: it imports torch)."""
+    from . import _torch_ops
+    return _torch_ops
+
+
 def _torch_attention(q, k, v, *, causal, window_size, mask, bias, block_mask, scale, dropout_p, seed, block_q,
                      block_k, backend):
     """Torch tensors: through the ``ioaware::attention_fwd`` operator (autograd and torch.compile).
@@ -237,9 +244,11 @@ def _torch_attention(q, k, v, *, causal, window_size, mask, bias, block_mask, sc
     Only what the operator's schema needs is prepared here (this code is traced by
     torch.compile); the operator itself checks everything once, in :func:`_problem`.
     """
-    from ._torch_ops import EagerAttention, _prepared_key, attention_fwd, attention_fwd_impl
-    torch = torch_or_none()
-    if not all(is_torch(x) for x in (k, v)) or not all(x is None or is_torch(x) for x in (mask, bias)):
+    ops = _torch_ops()
+    torch = ops.torch
+    tensor = torch.Tensor
+    if not (isinstance(k, tensor) and isinstance(v, tensor)) or not (
+            (mask is None or isinstance(mask, tensor)) and (bias is None or isinstance(bias, tensor))):
         check_inputs(q, k, v, mask=mask, bias=bias)     # raises the error that names the argument
         raise TypeError("q, k, v and the masks must all be torch tensors or all NumPy arrays")
     is_causal, alignment = parse_causal(causal)
@@ -250,12 +259,12 @@ def _torch_attention(q, k, v, *, causal, window_size, mask, bias, block_mask, sc
     if (seed is None and dropout_p == 0.0 and mask is None and bias is None and block_mask is None
             and not torch.compiler.is_compiling()):
         # -- a call whose key an earlier call checked and prepared: straight to its kernels --
-        key = _prepared_key(q, k, v, None, None, None, None, scale, is_causal, alignment, window_left,
+        key = ops._prepared_key(q, k, v, None, None, None, None, scale, is_causal, alignment, window_left,
                             window_right, 0.0, block_q, block_k, backend)
         entry = _PREPARED.get(key) if key is not None else None
         if entry is not None:
             if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-                return EagerAttention.apply(q, k, v, (None, None, None, _zero_seed(torch), scale, is_causal,
+                return ops.EagerAttention.apply(q, k, v, (None, None, None, _zero_seed(torch), scale, is_causal,
                                                       alignment, window_left, window_right, 0.0, block_q,
                                                       block_k, backend), entry)
             return entry.forward(q, k, v)
@@ -278,9 +287,9 @@ def _torch_attention(q, k, v, *, causal, window_size, mask, bias, block_mask, sc
     args = (q, k, v, mask, bias, bm, seed_t, scale, is_causal, alignment, window_left, window_right, dropout_p,
             block_q, block_k, backend)
     if torch.compiler.is_compiling():
-        return attention_fwd(*args)             # the operators: opaque to the tracer
+        return ops.attention_fwd(*args)         # the operators: opaque to the tracer
     if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
-        return EagerAttention.apply(q, k, v, args[3:])   # their formula, without dispatch
-    return attention_fwd_impl(*args)            # the operator's own implementation
+        return ops.EagerAttention.apply(q, k, v, args[3:])   # their formula, without dispatch
+    return ops.attention_fwd_impl(*args)        # the operator's own implementation
 
 

@@ -552,15 +552,15 @@ def prepare(problem, config=None):
     def run(q, k, v):
         ptrs = repeat.pointers((q, k, v))
         if ptrs is not None:            # -- the operands' layout of the recorded call: repeat it --
-            o_part = repeat.empty(q, (p.splits, B, Hq, Nq, D), repeat.float32)
-            lse_part = repeat.empty(q, (p.splits, B, Hq, Nq), repeat.float32)
-            out = repeat.empty(q, (B, Hq, Nq, D), q.dtype)
-            lse = repeat.empty(q, (B, Hq, Nq), repeat.float32)
-            stream = host.launch_stream(q)
-            p_o, p_lse = o_part.data_ptr(), lse_part.data_ptr()
+            # the logsumexp and the splits' partial (o, lse) in one float32 allocation
+            rows = B * Hq * Nq
+            work, (p_lse_out, p_o, p_lse) = repeat.scratch(q, rows, p.splits * rows * D,
+                                                           p.splits * rows)
+            out = repeat.like(q)                    # [B, Hq, Nq, D], as q
+            stream = host.stream_handle(q)
             repeat.launches[0](stream, *ptrs, p_o, p_lse)
-            repeat.launches[1](stream, p_o, p_lse, out.data_ptr(), lse.data_ptr())
-            return out, lse
+            repeat.launches[1](stream, p_o, p_lse, out.data_ptr(), p_lse_out)
+            return out, work[:rows].view(B, Hq, Nq)
         call = host.Call(template, q=q)
         qi, ki, vi = (call.input(x, words=words, aligned=True, word_bytes=4) for x in (q, k, v))
         o_part = call.output((p.splits, B, Hq, Nq, D), float32=True)

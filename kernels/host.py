@@ -41,7 +41,7 @@ __all__ = ["plan_workload", "family_plan", "check_launch",
            "Call", "simulator", "real_gpu", "compute_capability", "current_device_id",
            "device_const", "tensor_core_refusal", "tensor_core_backward_refusal",
            "prepare_tensor_core_forward", "prepare_tensor_core_backward", "launch",
-           "launch_stream",
+           "launch_stream", "stream_handle",
            "signature_key", "plan_for", "relaunch", "PointerLaunch", "pointer_launch",
            "Repeat", "aligned_copy"]
 
@@ -193,6 +193,41 @@ def launch_stream(on=None):
             _STREAMS.clear()
         s = _STREAMS[handle] = _to_core_stream(cuda.external_stream(handle) if handle else 0)
     return s
+
+
+def stream_handle(on) -> int:
+    """The raw handle (an int) of torch's current stream on the device of ``on`` (a torch CUDA
+    tensor): what `PointerLaunch` takes on a repeated call, without `launch_stream`'s stream
+    object."""
+    get_raw = _RAW_STREAM[0]
+    if get_raw is None:
+        import torch
+        get_raw = _RAW_STREAM[0] = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
+            lambda dev: torch.cuda.current_stream(dev).cuda_stream)
+    return get_raw(on.get_device())
+
+
+_RAW_STREAM: list = [None]
+
+
+@functools.cache
+def _driver_launch():
+    """``cuLaunchKernel`` of the CUDA driver library through ctypes (integer handles, no
+    argument conversion), or None where the library cannot be loaded that way (the launch then
+    goes through ``cuda.bindings``)."""
+    import ctypes
+    import ctypes.util
+    for name in ("libcuda.so.1", "libcuda.so", "nvcuda.dll", ctypes.util.find_library("cuda")):
+        if not name:
+            continue
+        try:
+            fn = ctypes.CDLL(name).cuLaunchKernel
+        except (OSError, AttributeError):
+            continue
+        fn.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+        fn.restype = ctypes.c_int
+        return fn
+    return None
 
 
 def _opt_in(plan, sharedmem, device_id=None):
@@ -411,13 +446,14 @@ class PointerLaunch:
     and every argument fixed at a first launch, except the data pointers of the array arguments
     at ``positions`` (the call's operands and outputs, whose shapes and strides stay those of
     the first launch: the caller checks that). A call writes those pointers into its own copy
-    of the packed parameters (one 8-byte store each) and calls ``cuLaunchKernel``: no argument
-    typing, signature lookup or marshalling. The fixed arguments (tile schedules, constants)
-    are referenced here, so their device memory outlives the launch; the first launch's
-    operands and outputs are not (their memory is the caller's). Build it with
-    `pointer_launch` after the first launch went through `launch` or `relaunch`."""
-    __slots__ = ("handle", "dims", "sharedmem", "device", "slots", "words", "address", "lock",
-                 "keep", "label")
+    of the packed parameters (one 8-byte store each) and calls the driver's ``cuLaunchKernel``
+    (through ctypes, `_driver_launch`, else ``cuda.bindings``): no argument typing, signature
+    lookup or marshalling. The fixed arguments (tile schedules, constants) are referenced here,
+    so their device memory outlives the launch; the first launch's operands and outputs are
+    not (their memory is the caller's). Build it with `pointer_launch` after the first launch
+    went through `launch` or `relaunch`."""
+    __slots__ = ("handle", "handle_int", "dims", "sharedmem", "device", "slots", "words",
+                 "address", "lock", "keep", "label", "driver")
 
     def __init__(self, plan, grid, block, sharedmem, args, positions, device):
         import ctypes
@@ -433,15 +469,30 @@ class PointerLaunch:
         fixed = tuple(a for i, a in enumerate(args) if i not in varying)
         self.address, self.keep = packed.address, (packed, fixed)
         self.handle = plan.function(device).handle
+        self.handle_int = int(self.handle)
         self.dims = plan.grid_block(grid, block)
         self.sharedmem, self.device, self.lock = int(sharedmem), device, threading.Lock()
         self.label = _label(plan.kern) or str(plan.kern)
+        self.driver = _driver_launch()
 
     def __call__(self, stream, *pointers):
-        """Launch on ``stream`` (`launch_stream`) with the new data pointers, in the order of
-        ``positions``."""
-        from numba.cuda.cudadrv.driver import CudaAPIError, binding
+        """Launch on ``stream`` (a raw stream handle, `stream_handle`, or a `launch_stream`
+        object) with the new data pointers, in the order of ``positions``."""
         words = self.words
+        if self.driver is not None:
+            handle = stream if type(stream) is int else int(stream.handle)
+            with self.lock:
+                for slot, ptr in zip(self.slots, pointers):
+                    words[slot] = ptr
+                err = self.driver(self.handle_int, *self.dims, self.sharedmem, handle,
+                                  self.address, None)
+            if err:
+                from numba.cuda.cudadrv.driver import CudaAPIError
+                raise CudaAPIError(err, f"cuLaunchKernel of {self.label}")
+            return
+        from numba.cuda.cudadrv.driver import CudaAPIError, binding
+        if type(stream) is int:
+            stream = launch_stream(_StreamHandle(stream))
         with self.lock:
             for slot, ptr in zip(self.slots, pointers):
                 words[slot] = ptr
@@ -449,6 +500,14 @@ class PointerLaunch:
                                           self.address, 0)
         if err != binding.CUresult.CUDA_SUCCESS:
             raise CudaAPIError(err, f"cuLaunchKernel of {self.label}")
+
+
+class _StreamHandle:
+    """A raw stream handle as `launch_stream` takes a stream (its ``cuda_stream``)."""
+    __slots__ = ("cuda_stream",)
+
+    def __init__(self, handle):
+        self.cuda_stream = handle
 
 
 class Repeat:
@@ -460,14 +519,14 @@ class Repeat:
     a family's one-shot ``forward`` (prepare, then run once) records nothing. Recorded only for
     torch CUDA calls on the fast launch path without a mask or cache lengths (whose device
     copies are made per call)."""
-    __slots__ = ("enabled", "full_runs", "layout", "launches", "float32", "_empty")
+    __slots__ = ("enabled", "full_runs", "layout", "launches", "float32", "_empty_like")
 
     def __init__(self, template, config):
         self.enabled = (template.kind == "torch" and template.mask is None
                         and getattr(template, "cache_seqlens", None) is None
                         and bool(getattr(config, "fast_launch", True)) and real_gpu())
         self.full_runs = 0
-        self.layout = self.launches = self.float32 = self._empty = None
+        self.layout = self.launches = self.float32 = self._empty_like = None
 
     def pointers(self, operands):
         """The operands' data pointers when they may repeat the recorded call, else None."""
@@ -499,14 +558,30 @@ class Repeat:
             self.enabled = False
             return
         import torch
-        self.float32, self._empty = torch.float32, torch.empty
+        self.float32, self._empty_like = torch.float32, torch.empty_like
         self.layout = tuple((tuple(x.shape), tuple(x.stride()), x.dtype, x.get_device())
                             for x in operands)
         self.launches = launches
 
     def empty(self, like, shape, dtype):
         """A new torch tensor of ``shape`` and ``dtype`` on ``like``'s device."""
-        return self._empty(shape, dtype=dtype, device=like.device)
+        return like.new_empty(shape, dtype=dtype)
+
+    def like(self, x):
+        """A new contiguous torch tensor of ``x``'s shape, dtype and device (``empty_like``,
+        the cheapest allocation, where ``x`` is contiguous and so is its result)."""
+        return self._empty_like(x) if x.is_contiguous() else x.new_empty(x.shape)
+
+    def scratch(self, like, *sizes):
+        """Float32 work space of ``sizes`` elements each, in one allocation on ``like``'s
+        device: ``(tensor, [data pointer of each part])``, every part 16-byte aligned."""
+        offsets, total = [], 0
+        for n in sizes:
+            offsets.append(total)
+            total += -(-int(n) // 4) * 4
+        buf = like.new_empty((max(total, 1),), dtype=self.float32)
+        base = buf.data_ptr()
+        return buf, [base + 4 * o for o in offsets]
 
 
 def pointer_launch(kern, grid, block, sharedmem, args, positions):
@@ -685,9 +760,9 @@ def prepare_tensor_core_forward(problem, config, kern, launch, schedule, drop, w
     def run(q, k, v):
         ptrs = repeat.pointers((q, k, v))
         if ptrs is not None:            # -- the operands' layout of the recorded call: repeat it --
-            out = repeat.empty(q, (B, H, Nq, D), q.dtype)
+            out = repeat.like(q)                    # [B, H, Nq, D], as q
             lse = repeat.empty(q, (B, H, Nq), repeat.float32)
-            repeat.launches[0](launch_stream(q), *ptrs, out.data_ptr(), lse.data_ptr())
+            repeat.launches[0](stream_handle(q), *ptrs, out.data_ptr(), lse.data_ptr())
             return out, lse
         call = Call(template, q=q)
         qi, ki, vi = (call.input(x, words=words, aligned=True) for x in (q, k, v))
@@ -759,19 +834,19 @@ def prepare_tensor_core_backward(problem, config, dq_kernel, dq_launch, kv_sched
         ptrs = repeat.pointers((q, k, v, out, lse, dout))
         if ptrs is not None:            # -- the operands' layout of the recorded call: repeat it --
             p_q, p_k, p_v, p_out, p_lse, p_dout = ptrs
-            stream = launch_stream(q)
-            dq = repeat.empty(q, (B, H, Nq, D), q.dtype)
-            dk, dv = (repeat.empty(q, (B, Hkv, Nk, D), q.dtype) for _ in range(2))
-            delta = repeat.empty(q, (B, H, Nq), repeat.float32)
-            p_dq, p_dk, p_dv, p_delta = dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), delta.data_ptr()
+            stream = stream_handle(q)
+            dq, dk, dv = repeat.like(q), repeat.like(k), repeat.like(v)     # [B, H(kv), N, D]
+            p_dq, p_dk, p_dv = dq.data_ptr(), dk.data_ptr(), dv.data_ptr()
             first, dkdv = repeat.launches[:2]
+            # (work: delta, and the float32 dQ accumulator of the atomic structure, in one
+            # allocation, kept until the launches are enqueued; torch's allocator orders its reuse)
             if atomic:
-                acc = repeat.empty(q, (B, H, Nq, D), repeat.float32)
-                p_acc = acc.data_ptr()
+                work, (p_delta, p_acc) = repeat.scratch(q, B * H * Nq, B * H * Nq * D)
                 first(stream, p_out, p_dout, p_delta, p_acc)
                 dkdv(stream, p_q, p_k, p_v, p_dout, p_lse, p_delta, p_dk, p_dv, p_acc)
                 repeat.launches[2](stream, p_acc, p_dq)
             else:
+                work, (p_delta,) = repeat.scratch(q, B * H * Nq)
                 first(stream, p_q, p_k, p_v, p_out, p_dout, p_lse, p_delta, p_dq)
                 dkdv(stream, p_q, p_k, p_v, p_dout, p_lse, p_delta, p_dk, p_dv)
             return dq, dk, dv

@@ -15,6 +15,8 @@ differ where the call differs.
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -69,6 +71,25 @@ def test_repeat_records_on_the_second_full_run_and_guards_the_layout(monkeypatch
                       (template, KernelConfig(fast_launch=False)),
                       (SimpleNamespace(kind="numpy", mask=None, cache_seqlens=None), KernelConfig())):
         assert not host.Repeat(tmpl, cfg).enabled
+
+
+def test_repeat_allocates_outputs_and_work_space():
+    """`kernels.host.Repeat.like` gives a contiguous tensor of the operand's shape and dtype
+    (also for a strided operand); `Repeat.scratch` one float32 allocation whose parts start
+    16-byte aligned and do not overlap (CPU tensors stand in for the device's)."""
+    from kernels import host
+    repeat = host.Repeat(SimpleNamespace(kind="torch", mask=None, cache_seqlens=None), None)
+    repeat.float32, repeat._empty_like = torch.float32, torch.empty_like
+    for x in (torch.zeros(2, 3, 5, 16, dtype=torch.float16),
+              torch.zeros(2, 5, 3, 16, dtype=torch.bfloat16).transpose(1, 2)):
+        y = repeat.like(x)
+        assert y.shape == x.shape and y.dtype == x.dtype and y.is_contiguous()
+    sizes = (3, 1, 130, 0, 7)
+    buf, ptrs = repeat.scratch(torch.zeros(1), *sizes)
+    assert buf.dtype == torch.float32 and buf.is_contiguous()
+    assert all((p - buf.data_ptr()) % 16 == 0 for p in ptrs)
+    ends = [p + 4 * n for p, n in zip(ptrs, sizes)]
+    assert all(e <= s for e, s in zip(ends, ptrs[1:])) and ends[-1] <= buf.data_ptr() + 4 * buf.numel()
 
 
 @pytest.fixture
@@ -336,3 +357,64 @@ def test_prepared_kernels_repeat_bitwise(cuda, family, dtype, dq, monkeypatch):
     assert torch.equal(out_m, want_out) and torch.equal(lse_m, want_lse)
     for name_, a, b in zip(("dq", "dk", "dv"), grads_m, want):
         assert _same_grad(name_ if dq == "atomic" else "", a, b), name_
+
+
+@pytest.mark.gpu
+def test_repeated_launches_through_either_driver_entry_agree(cuda):
+    """A recorded launch calls ``cuLaunchKernel`` through ctypes (`kernels.host._driver_launch`)
+    where the driver library loads that way, else through ``cuda.bindings``: both give bitwise
+    the same forward and backward."""
+    import kernels
+    from kernels import host
+    from ioaware._inputs import check_inputs
+    g = torch.Generator(device="cuda").manual_seed(8)
+    dtype = torch.float16
+
+    def fresh():
+        return [torch.randn(2, 4, 200, 64, device="cuda", dtype=dtype, generator=g) for _ in range(4)]
+    q, k, v, dout = fresh()
+    pb = check_inputs(q, k, v, causal=True)
+    cfg = kernels.KernelConfig(family="mma", backward_dq="kernel")
+    fwd, bwd = kernels.prepare_forward(pb, cfg), kernels.prepare_backward(pb, cfg)
+    for _ in range(3):
+        o, l_ = fwd(q, k, v)
+        grads = bwd(q, k, v, o, l_, dout)
+    assert host._driver_launch() is not None        # Linux: libcuda.so.1 loads through ctypes
+    recorded = [L for run in (fwd, bwd) for c in run.__closure__
+                if isinstance(c.cell_contents, host.Repeat) for L in c.cell_contents.launches]
+    assert recorded and all(L.driver is not None for L in recorded)
+    for L in recorded:
+        L.driver = None
+    o2, l2 = fwd(q, k, v)
+    grads2 = bwd(q, k, v, o2, l2, dout)
+    assert torch.equal(o, o2) and torch.equal(l_, l2)
+    assert all(torch.equal(a, b) for a, b in zip(grads, grads2))
+
+
+@pytest.mark.gpu
+def test_hopper_forward_repeats_with_its_tensor_maps_kept(cuda):
+    """The Hopper forward's repeated call finds its operands' tensor maps by their data
+    pointers and keeps them alive: operand sets taken in turn, and again after the module's
+    map cache is emptied and the freed memory reused, compute bitwise what the full path does."""
+    from kernels import host, wgmma_fwd
+    if host.compute_capability(host.current_device_id()) != (9, 0):
+        pytest.skip("the Hopper forward needs compute capability 9.0")
+    import gc
+    g = torch.Generator(device="cuda").manual_seed(9)
+    shape = (2, 4, 300, 64)
+    sets = [[torch.randn(shape, device="cuda", dtype=torch.float16, generator=g) for _ in range(3)]
+            for _ in range(2)]
+    _backends._PREPARED.clear()
+    with torch.inference_mode():
+        got = [attention(*sets[i % 2], backend="numba") for i in range(6)]
+        wgmma_fwd._MAPS.clear()
+        wgmma_fwd._MAP_BUFFERS.clear()
+        gc.collect()
+        junk = [torch.full((wgmma_fwd.MAP_WORDS,), -1, dtype=torch.int64, device="cuda")
+                for _ in range(256)]      # what a freed map's memory would now hold
+        got.append(attention(*sets[0], backend="numba"))
+        del junk
+        _backends._PREPARED.clear()
+        want = [attention(*s, backend="numba") for s in sets]
+    for i, out in enumerate(got):
+        assert torch.equal(out, want[i % 2]), i
