@@ -642,8 +642,10 @@ def profile_loads(path, *, variant="mma", pass_="fwd", out=None, ncu="ncu", comm
 # ------------------------------------------------------------------------------------------------
 
 #: Per launch: duration, tensor-pipe activity (``mma.sync`` is HMMA, ``wgmma`` GMMA), the XU
-#: pipe's (the MUFU: ``ex2``, reciprocals, conversions) share of its peak, issue-slot use, achieved occupancy, registers, DRAM throughput, and the warp stall reasons (warps stalled
-#: per issued instruction, by reason: their sum is the cycles between a warp's instructions).
+#: pipe's (the MUFU: ``ex2``, reciprocals) share of its peak, the ALU and FMA pipes' activity,
+#: warp instructions executed (in all and per pipe) and SM cycles, issue-slot use, achieved
+#: occupancy, registers, DRAM throughput, and the warp stall reasons (warps stalled per issued
+#: instruction, by reason: their sum is the cycles between a warp's instructions).
 STALL_REASONS = ("long_scoreboard", "short_scoreboard", "barrier", "mio_throttle",
                  "math_pipe_throttle", "wait", "not_selected", "selected", "lg_throttle",
                  "dispatch_stall", "no_instruction", "membar", "branch_resolving", "drain",
@@ -653,6 +655,17 @@ STALL_METRICS = {
     "hmma_pipe_pct": "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
     "gmma_pipe_pct": "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active",
     "xu_pipe_pct": "sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active",
+    "alu_pipe_pct": "sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active",
+    "fma_pipe_pct": "sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active",
+    # warp instructions executed, in all and per pipe (ALU: integer and logic, conversions
+    # such as cvt.rna.tf32; FMA: float32 arithmetic; XU: ex2 and other transcendentals)
+    "inst_executed": "smsp__inst_executed.sum",
+    "inst_alu": "sm__inst_executed_pipe_alu.sum",
+    "inst_fma": "sm__inst_executed_pipe_fma.sum",
+    "inst_xu": "sm__inst_executed_pipe_xu.sum",
+    "inst_lsu": "sm__inst_executed_pipe_lsu.sum",
+    "inst_hmma": "sm__inst_executed_pipe_tensor_op_hmma.sum",
+    "sm_cycles": "sm__cycles_elapsed.avg",
     "issue_active_pct": "smsp__issue_active.avg.pct_of_peak_sustained_active",
     "warps_active_pct": "sm__warps_active.avg.pct_of_peak_sustained_active",
     "registers": "launch__registers_per_thread",
@@ -660,7 +673,8 @@ STALL_METRICS = {
     **{f"stall_{r}": f"smsp__average_warps_issue_stalled_{r}_per_issue_active.ratio"
        for r in STALL_REASONS},
 }
-STALLS_HEADER = (f"{'kernel':<34} {'us':>8} {'tensor%':>7} {'xu%':>5} {'issue%':>6} {'occ%':>5} "
+STALLS_HEADER = (f"{'kernel':<34} {'us':>8} {'tensor%':>7} {'xu%':>5} {'alu%':>5} {'issue%':>6} "
+                 f"{'occ%':>5} "
                  f"{'regs':>4}"
                  f"  top stalls (warps per issued instruction)")
 
@@ -678,7 +692,8 @@ def stall_row(k: dict) -> str:
     stalls = sorted(((v, r[len("stall_"):]) for r, v in m.items()
                      if r.startswith("stall_") and v), reverse=True)[:4]
     return (f"{_short_name(k['name']):<34} {(m.get('duration_ns') or 0) / 1e3:>8.1f} "
-            f"{tensor:>7.1f} {m.get('xu_pipe_pct') or 0:>5.1f} {m.get('issue_active_pct') or 0:>6.1f} "
+            f"{tensor:>7.1f} {m.get('xu_pipe_pct') or 0:>5.1f} {m.get('alu_pipe_pct') or 0:>5.1f} "
+            f"{m.get('issue_active_pct') or 0:>6.1f} "
             f"{m.get('warps_active_pct') or 0:>5.1f} {m.get('registers') or 0:>4.0f}  "
             + ", ".join(f"{r} {v:.2f}" for v, r in stalls))
 
@@ -698,7 +713,7 @@ def show_stalls(path) -> int:
 
 
 def profile_stalls(paths, *, kernels=None, pass_=None, dtype=None, out=None, ncu="ncu",
-                   command="") -> dict:
+                   command="", add_to=None) -> dict:
     """Replay the records of ``paths`` (a results file or a list of them; those of ``kernels``,
     ``pass_`` and ``dtype`` where given) under Nsight Compute with `STALL_METRICS`, one row per
     launch (not summed); prints them and writes the file to ``out``."""
@@ -718,8 +733,31 @@ def profile_stalls(paths, *, kernels=None, pass_=None, dtype=None, out=None, ncu
         print(STALLS_HEADER)
         for k in launches:
             print(stall_row(k), flush=True)
+    if add_to:
+        return _add_to_profile(add_to, out_recs, missing, ncu, command)
     return _write_profile("ioaware.ncu_stalls/1", out_recs, STALL_METRICS, missing, ncu, command,
                           out)
+
+
+def _add_to_profile(path, records: list, missing: list, ncu: str, command: str) -> dict:
+    """Append ``records`` to the ``--stalls`` file ``path`` (rewritten in place); its
+    provenance keeps the first run's and lists this one under ``added`` (command, date, code
+    version, metrics)."""
+    doc = json.loads(Path(path).read_text())
+    if doc.get("schema") != "ioaware.ncu_stalls/1":
+        raise SystemExit(f"{path} is not an ncu --stalls file (schema {doc.get('schema')!r})")
+    this = provenance(command, extra={"ncu": ncu_version(ncu), "metrics": STALL_METRICS,
+                                      "missing_metrics": missing})
+    if this.get("gpu") != doc["provenance"].get("gpu"):
+        raise SystemExit(f"{path} was measured on {doc['provenance'].get('gpu')}, this run on "
+                         f"{this.get('gpu')}: profile into a file of this GPU")
+    doc["provenance"].setdefault("added", []).append(
+        {k: this[k] for k in ("command", "date", "code_version", "kernels_sha", "sources_sha",
+                              "metrics", "missing_metrics") if k in this})
+    doc["records"] = list(doc["records"]) + records
+    write_json(doc, path)
+    print("added", len(records), "records to", path)
+    return doc
 
 
 def main(argv=None) -> int:
@@ -750,6 +788,9 @@ def main(argv=None) -> int:
                          "(written to --out)")
     ap.add_argument("--dtype", help="--stalls: only records of this dtype (fp16, bf16, fp32)")
     ap.add_argument("--show-stalls", metavar="FILE", help="print a --stalls file and exit (no GPU)")
+    ap.add_argument("--add-to", metavar="FILE", help="--stalls: append the records to this "
+                    "--stalls file of the same GPU (its provenance lists this run) instead of "
+                    "writing --out")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--calibrate", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -774,7 +815,7 @@ def main(argv=None) -> int:
                  f"{', '.join(measure.KERNELS)}")
     if args.stalls:
         profile_stalls(args.results, kernels=kernels, pass_=args.pass_, dtype=args.dtype,
-                       out=args.out, ncu=args.ncu, command=command)
+                       out=args.out, ncu=args.ncu, command=command, add_to=args.add_to)
         return 0
     if args.loads:
         profile_loads(results, variant=args.variant, pass_=args.pass_ or "fwd", out=args.out,

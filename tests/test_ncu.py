@@ -435,3 +435,32 @@ def test_stalls_profile_several_results_files_into_one(tmp_path, monkeypatch):
                              kernels=["sdpa-cudnn", "sdpa-flash", "ioaware-numba"], dtype="fp16")
     assert [r["kernel"] for r in seen] == ["sdpa-cudnn", "ioaware-numba"]
     assert [r["kernel"] for r in doc["records"]] == ["sdpa-cudnn", "ioaware-numba"]
+
+
+def test_stalls_add_to_appends_records_of_the_same_gpu(tmp_path, monkeypatch):
+    """``ncu --stalls ... --add-to FILE``: the new records are appended to FILE, whose
+    provenance keeps the first run's and lists the added run; a file of another GPU is refused."""
+    base = {"kernel": "ioaware-numba", "variant": "tf32", "pass": "bwd", "dtype": "fp32",
+            "head_dim": 64, "seq_len_q": 2500, "seq_len_k": 2500, "batch": 4, "heads": 8,
+            "causal": False}
+    (tmp_path / "r.json").write_text(json.dumps({"records": [base]}))
+    first = {"schema": "ioaware.ncu_stalls/1",
+             "provenance": {"gpu": "GPU A", "command": "first"},
+             "records": [dict(base, kernel="sdpa-cudnn", launches=[])]}
+    target = tmp_path / "stalls.json"
+    target.write_text(json.dumps(first))
+    monkeypatch.setattr(ncu, "_replay_records", lambda recs, metrics, cmd, timeout: (
+        recs, [[{"name": "k", "metrics": {"duration_ns": 1.0}}] for _ in recs], []))
+    monkeypatch.setattr(ncu, "ncu_version", lambda cmd: "test")
+    monkeypatch.setattr(ncu, "provenance", lambda command, extra=None: {
+        "gpu": "GPU A", "command": command, "date": "today", **(extra or {})})
+    ncu.profile_stalls([tmp_path / "r.json"], command="second", add_to=target)
+    doc = json.loads(target.read_text())
+    assert [r["kernel"] for r in doc["records"]] == ["sdpa-cudnn", "ioaware-numba"]
+    assert doc["records"][1]["launches"][0]["metrics"]["duration_ns"] == 1.0
+    assert doc["provenance"]["command"] == "first"
+    assert [a["command"] for a in doc["provenance"]["added"]] == ["second"]
+    monkeypatch.setattr(ncu, "provenance", lambda command, extra=None: {"gpu": "GPU B"})
+    with pytest.raises(SystemExit, match="GPU A"):
+        ncu.profile_stalls([tmp_path / "r.json"], command="third", add_to=target)
+    assert len(json.loads(target.read_text())["records"]) == 2
