@@ -674,7 +674,7 @@ STALL_METRICS = {
        for r in STALL_REASONS},
 }
 STALLS_HEADER = (f"{'kernel':<34} {'us':>8} {'tensor%':>7} {'xu%':>5} {'alu%':>5} {'issue%':>6} "
-                 f"{'occ%':>5} "
+                 f"{'occ%':>5} {'inst/mma':>8} {'alu/mma':>7} "
                  f"{'regs':>4}"
                  f"  top stalls (warps per issued instruction)")
 
@@ -683,6 +683,13 @@ def _short_name(name: str) -> str:
     """A kernel's name without its template arguments, parameters and Numba's ABI tags."""
     base = name.split("(")[0].split("<")[0].split("[")[0].split()
     return base[-1].rsplit("::", 1)[-1][:34] if base else name[:34]
+
+
+def _per_mma(m: dict, name: str) -> str:
+    """Warp instructions ``name`` per tensor-pipe (HMMA) instruction, or "-" where either count
+    is missing or there is no HMMA (files profiled before the instruction counts were)."""
+    n, mma = m.get(name), m.get("inst_hmma")
+    return f"{n / mma:.2f}" if n is not None and mma else "-"
 
 
 def stall_row(k: dict) -> str:
@@ -694,7 +701,8 @@ def stall_row(k: dict) -> str:
     return (f"{_short_name(k['name']):<34} {(m.get('duration_ns') or 0) / 1e3:>8.1f} "
             f"{tensor:>7.1f} {m.get('xu_pipe_pct') or 0:>5.1f} {m.get('alu_pipe_pct') or 0:>5.1f} "
             f"{m.get('issue_active_pct') or 0:>6.1f} "
-            f"{m.get('warps_active_pct') or 0:>5.1f} {m.get('registers') or 0:>4.0f}  "
+            f"{m.get('warps_active_pct') or 0:>5.1f} {_per_mma(m, 'inst_executed'):>8} "
+            f"{_per_mma(m, 'inst_alu'):>7} {m.get('registers') or 0:>4.0f}  "
             + ", ".join(f"{r} {v:.2f}" for v, r in stalls))
 
 

@@ -20,7 +20,6 @@ arguments (broadcasting, ``enable_gqa``, boolean / float / ``CausalBias`` masks)
 """
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -46,14 +45,14 @@ def torch_or_none():
 
 def is_torch(x) -> bool:
     """Whether ``x`` is a torch tensor (False without torch)."""
-    return isinstance(x, _tensor_type())
+    tensor = _TENSOR_TYPE[0]
+    if tensor is None:
+        torch = torch_or_none()
+        tensor = _TENSOR_TYPE[0] = () if torch is None else torch.Tensor   # () matches nothing
+    return isinstance(x, tensor)
 
 
-@functools.cache
-def _tensor_type():
-    """``torch.Tensor``, or ``()`` (which no object is an instance of) without torch."""
-    torch = torch_or_none()
-    return () if torch is None else torch.Tensor
+_TENSOR_TYPE: list = [None]     # torch.Tensor once looked up, () without torch
 
 
 @dataclass(frozen=True)

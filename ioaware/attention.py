@@ -230,13 +230,6 @@ def _zero_seed(torch):
         return torch.tensor(0, dtype=torch.int64)
 
 
-@functools.cache
-def _torch_ops():
-    """:mod:`ioaware._torch_ops` (imported on the first torch call: it imports torch)."""
-    from . import _torch_ops
-    return _torch_ops
-
-
 def _torch_attention(q, k, v, *, causal, window_size, mask, bias, block_mask, scale, dropout_p, seed, block_q,
                      block_k, backend):
     """Torch tensors: through the ``ioaware::attention_fwd`` operator (autograd and torch.compile).
@@ -244,7 +237,7 @@ def _torch_attention(q, k, v, *, causal, window_size, mask, bias, block_mask, sc
     Only what the operator's schema needs is prepared here (this code is traced by
     torch.compile); the operator itself checks everything once, in :func:`_problem`.
     """
-    ops = _torch_ops()
+    from . import _torch_ops as ops     # (imports torch: only on a torch call)
     torch = ops.torch
     tensor = torch.Tensor
     if not (isinstance(k, tensor) and isinstance(v, tensor)) or not (

@@ -344,7 +344,7 @@ def test_pipe_shares_of_the_shipped_profile_read_cudnn_as_serial():
     from sim.plan import price
     from sim.plans.flash3 import COMPARED_MODELS, flash3_forward_plan, pipe_shares
     from sim.workload import Workload
-    path = Path(__file__).resolve().parent.parent / "results" / "ncu_pipes_fwd_h100_2026-11-25.json"
+    path = Path(__file__).resolve().parent.parent / "results" / "ncu_pipes_h100_2026-11-25.json"
     doc = json.loads(path.read_text())
     cudnn = [r for r in doc["records"] if r["kernel"] == "sdpa-cudnn"]
     rows = pipe_shares(path, "h100")
