@@ -14,11 +14,15 @@ that holds an ``mma`` (`ptx_mma_loops`: how much else a step issues per product)
 bytes; where ``cuobjdump`` or ``nvdisasm`` is on PATH, the SASS count of ``HMMA``, ``LDL`` /
 ``STL`` (all, and inside loops: `local_in_loops`), ``LDGSTS`` and shared loads. A line starts
 with ``FAIL`` when a configuration has local memory, spills or no mma (exit status 1), with
-``info`` for the extra tilings of ``--fwd-tiles``.
+``info`` for the extra tilings of ``--fwd-tiles``. ``--opcodes N`` adds each listing's N most
+frequent SASS opcodes and its instructions per ``HMMA``; ``--tf32-split`` prints only the SASS
+of one 3xTF32 split (`kernels.ptx.split_tf32`: ``cvt.rna.tf32`` has no single SASS instruction
+on sm_90, so what a split costs is read here).
 """
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import re
 import shutil
@@ -87,6 +91,40 @@ def ptx_mma_loops(ptx: str) -> list[tuple[int, int]]:
     return out
 
 
+#: The opcode of one SASS instruction line of cuobjdump / nvdisasm (after any predicate).
+SASS_OPCODE = re.compile(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P[T0-9]\s+)?([A-Z][A-Z0-9_]*)")
+
+
+def sass_opcodes(sass: str) -> collections.Counter:
+    """Static count of each SASS opcode (without its modifiers) in a listing, NOPs left out."""
+    return collections.Counter(op for op in SASS_OPCODE.findall(sass) if op != "NOP")
+
+
+def split_probe(workdir, ptxas) -> list[str] | None:
+    """The SASS opcodes, in order, between the load and the store of a one-thread kernel that
+    splits one float32 with `kernels.ptx.split_tf32` (``big = cvt.rna.tf32(x)``, ``small =
+    cvt.rna.tf32(x - big)``): what one split costs on sm_90 (the kernel's address arithmetic
+    is among them). None without ptxas or a disassembler."""
+    from numba import cuda, types
+
+    from kernels import ptx
+
+    @cuda.jit
+    def one_split(x, y):
+        i = cuda.grid(1)
+        big, small = ptx.split_tf32(x[i])
+        y[i] = big ^ small
+    res = compile_sm90(one_split, (types.float32[::1], types.uint32[::1]), "tf32_split_probe",
+                       workdir, ptxas)
+    sass = disassemble(res["cubin"]) if res["cubin"] else None
+    if not sass:
+        return None
+    ops = [op for op in SASS_OPCODE.findall(sass) if op != "NOP"]
+    start = next((i for i, op in enumerate(ops) if op == "LDG"), 0)
+    end = next((i for i, op in enumerate(ops) if op == "STG"), len(ops))
+    return ops[start + 1:end]
+
+
 def disassemble(cubin: str) -> str | None:
     """SASS of a cubin by cuobjdump or nvdisasm (None when neither is on PATH)."""
     tool = shutil.which("cuobjdump") or shutil.which("nvdisasm")
@@ -114,9 +152,11 @@ def default_tiles(family: str, kernel: str, head_dim: int, causal: bool, dropout
 
 
 def check_one(family, kernel, head_dim, dtype, causal, *, has_mask=False, dropout=False,
-              block_m=None, block_n=None, workdir=None, ptxas=None) -> dict:
+              block_m=None, block_n=None, workdir=None, ptxas=None, opcodes=0) -> dict:
     """Compile one configuration of ``kernel`` ("fwd", "dq" or "dkdv") of a tensor-core
-    ``family`` (tiles: its defaults unless given) and count what the module docstring lists."""
+    ``family`` (tiles: its defaults unless given) and count what the module docstring lists;
+    with ``opcodes`` > 0 also the listing's most frequent SASS opcodes (static counts) and its
+    instructions per ``HMMA``."""
     bm, bn, unroll = default_tiles(family, kernel, head_dim, causal, dropout)
     bm, bn = block_m or bm, block_n or bn
     atomic = kernel == "dkdv_atomic"
@@ -146,6 +186,11 @@ def check_one(family, kernel, head_dim, dtype, causal, *, has_mask=False, dropou
             f.write(sass)
         rep.update({k: len(re.findall(p, sass)) for k, p in {**SASS_COUNTS, **sass_counts}.items()})
         rep["sass_ldl_stl_in_loop"] = local_in_loops(sass)
+        if opcodes:
+            counts = sass_opcodes(sass)
+            rep["sass_top_opcodes"] = ",".join(f"{op}:{n}" for op, n in counts.most_common(opcodes))
+            if counts.get("HMMA"):
+                rep["sass_per_hmma"] = round(sum(counts.values()) / counts["HMMA"], 2)
     return rep
 
 
@@ -182,6 +227,11 @@ def main(argv=None) -> int:
                     help="also report these forward tilings, causal and not (e.g. mma:64:128x64)")
     ap.add_argument("--ptxas", default=None, help="ptxas binary (default: PATH, then the CUDA "
                                                   "toolkit's)")
+    ap.add_argument("--opcodes", type=int, default=0, metavar="N",
+                    help="also report each listing's N most frequent SASS opcodes (static "
+                         "counts) and its instructions per HMMA")
+    ap.add_argument("--tf32-split", action="store_true",
+                    help="only print the SASS opcodes of one 3xTF32 split (kernels.ptx.split_tf32)")
     args = ap.parse_args(argv)
     allow_offline_compile()
     out = args.out or tempfile.mkdtemp(prefix="check_")
@@ -189,6 +239,14 @@ def main(argv=None) -> int:
     ptxas = find_ptxas(args.ptxas)
     if ptxas is None:
         print("ptxas not found: PTX counts only", flush=True)
+    if args.tf32_split:
+        ops = split_probe(out, ptxas)
+        if ops is None:
+            print("no SASS: ptxas and cuobjdump or nvdisasm are needed", flush=True)
+            return 1
+        print(f"one split (ptx.split_tf32, with the probe's address arithmetic), {len(ops)} "
+              f"SASS instructions between its load and its store: {' '.join(ops)}", flush=True)
+        return 0
     ok = True
 
     def report(rep, checked=True):
@@ -205,7 +263,7 @@ def main(argv=None) -> int:
                 for dtype in FAMILY_DTYPES[family]:
                     for causal in (False, True):
                         ok &= report(check_one(family, kernel, d, dtype, causal, workdir=out,
-                                               ptxas=ptxas))
+                                               ptxas=ptxas, opcodes=args.opcodes))
                 ok &= report(check_one(family, kernel, d, FAMILY_DTYPES[family][0], True,
                                        has_mask=True, dropout=True, workdir=out, ptxas=ptxas))
     for family, d, bq, bk in args.fwd_tiles:

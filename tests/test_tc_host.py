@@ -359,6 +359,23 @@ def test_local_memory_inside_loops_of_a_sass_listing():
     assert local_in_loops(sass.replace("EXIT ;", "BRA `(.L_x_1) ;")) == 3
 
 
+def test_sass_opcodes_of_a_listing():
+    """`benchmarks.check.sass_opcodes`: the opcode of each instruction line, predicated or not,
+    without modifiers; NOPs and the encoding lines are not instructions."""
+    check = pytest.importorskip("benchmarks.check")
+    sass = "\n".join([
+        "        /*0170*/                   VIADD R7, R4.reuse, 0x1000 ;   /* 0x0000100004077836 */",
+        "                                                                  /* 0x044fe20000000000 */",
+        "        /*0180*/                   FSETP.GEU.AND P0, PT, |R4|, +INF , PT ;",
+        "        /*01f0*/              @!P0 IMAD.IADD.U32 R0, R0, 0x1, R13 ;",
+        "        /*0200*/               @P1 LOP3.LUT R7, R7, 0xffffe000, RZ, 0xc0, !PT ;",
+        "        /*0210*/                   LOP3.LUT R0, R0, 0xffffe000, RZ, 0xc0, !PT ;",
+        "        /*0220*/                   HMMA.1688.F32.TF32 R4, R8, R10, R4 ;",
+        "        /*0230*/                   NOP ;",
+    ])
+    assert check.sass_opcodes(sass) == {"VIADD": 1, "FSETP": 1, "IMAD": 1, "LOP3": 2, "HMMA": 1}
+
+
 def test_innermost_mma_loops_of_a_ptx_listing():
     """`benchmarks.check.ptx_mma_loops` reports each innermost loop holding an ``mma.sync``:
     its instructions (not labels, comments or braces) and its mma; an outer loop around it, a
