@@ -29,7 +29,7 @@ import numpy as np
 __all__ = [
     "WARP", "a_elem", "a_owner", "b_elem", "b_owner", "c_elem", "c_owner", "k_perm",
     "k_perm_inv", "p_a_from_c", "q_a_elem", "k_b_elem", "v_b_elem", "tf32_round",
-    "tf32_split", "dim_a_elem", "dim_b_elem", "bwd_b_offset", "bwd_t_offset", "smem_bank",
+    "tf32_truncate", "tf32_split", "dim_a_elem", "dim_b_elem", "bwd_b_offset", "bwd_t_offset", "smem_bank",
 ]
 
 WARP = 32
@@ -143,10 +143,20 @@ def tf32_round(x):
     return ((bits + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
 
 
+def tf32_truncate(x):
+    """float32 -> float32 with the low 13 bits cleared (truncated to TF32; what the tensor core
+    reads of any float32 operand)."""
+    bits = np.asarray(x, np.float32).view(np.uint32)
+    return (bits & np.uint32(0xFFFFE000)).view(np.float32)
+
+
 def tf32_split(x):
-    """(big, small) with big = tf32(x), small = tf32(x - big), as float32 arrays."""
+    """(big, small) of `kernels.ptx.split_tf32` as the tensor core reads them, float32 arrays:
+    big = x truncated to TF32, small = x - big rounded to TF32 (to nearest, ties away: half a
+    TF32 ulp added to its bits, then truncated). The intrinsic's ``small`` bits carry the
+    added half ulp below bit 13; compare them with `tf32_truncate` applied."""
     x = np.asarray(x, np.float32)
-    big = tf32_round(x)
+    big = tf32_truncate(x)
     return big, tf32_round((x - big).astype(np.float32))
 
 

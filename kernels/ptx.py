@@ -20,10 +20,15 @@ FlashAttention-style kernel needs, each emitted as PTX through llvmlite's ``ir.I
   ``st_global_u32`` (32-bit loads/stores of packed halves), ``ld_global_u8``.
 * ``cvt_tf32`` (``cvt.rna.tf32.f32``: round to nearest, ties away from zero, to a 10-bit
   mantissa; the result is a .b32 whose low 13 bits are zero) and ``split_tf32``: a float32 x
-  as ``big = tf32(x)`` and ``small = tf32(x - big)`` (x - big is exact in float32), the operand
-  split of 3xTF32: ``A B ~= A_small B_big + A_big B_small + A_big B_big`` with float32
-  accumulation has float32-level accuracy (the dropped ``A_small B_small`` and the rounding of
-  ``small`` are ~2**-22 relative to each product).
+  as ``big`` = x truncated to TF32 (its low 13 bits cleared) and ``small`` = x - big (exact in
+  float32) plus half a TF32 ulp in its bits, which the tensor core then truncates: ``small``
+  rounded to nearest, ties away (CUTLASS's ``NumericConverterFastF32`` with
+  ``round_toward_zero`` and ``round_half_ulp_truncate``, as SDPA EFFICIENT's float32 kernels
+  split). The operand split of 3xTF32: ``A B ~= A_small B_big + A_big B_small + A_big B_big``
+  with float32 accumulation; the dropped ``A_small B_small`` and the rounding of ``small`` are
+  at most ~2**-19 of ``|A| |B|`` per product (|small| < 2**-10 |x|). Three instructions (and,
+  sub, add) where ``cvt.rna.tf32`` twice takes eight on sm_90, which has no instruction for
+  it. A NaN keeps NaN in ``big``; an infinity gives an infinite ``big``.
 * ``ld_shared_f32`` / ``ld_shared_f32x2``: 32- and 64-bit (``ld.shared.v2.f32``) shared-memory
   loads from a 32-bit shared-window address (``shared_addr``); ``ld_shared_v4_f32`` /
   ``ld_shared_v4_b32`` / ``st_shared_v4_b32``: 128-bit shared loads and stores (four float32,
@@ -323,14 +328,16 @@ def cvt_tf32(typingctx, x):
 
 @intrinsic
 def split_tf32(typingctx, x):
-    """float32 x -> (big, small) tf32 bits: big = tf32(x), small = tf32(x - big)."""
+    """float32 x -> (big, small) .b32 operands of ``mma_tf32``: big = x with its low 13 bits
+    cleared (truncated to TF32), small = the bits of x - big plus 0x1000 (half a TF32 ulp; the
+    tensor core ignores the low 13 bits, so it reads x - big rounded to nearest, ties away)."""
     sig = types.UniTuple(types.uint32, 2)(types.float32)
 
     def codegen(context, builder, sig, args):
         xv = context.cast(builder, args[0], sig.args[0], types.float32)
         res = _asm(builder, ir.LiteralStructType([_I32, _I32]), [_F32],
-                   "{ .reg .b32 tb; .reg .f32 tr; cvt.rna.tf32.f32 tb, $2; "
-                   "sub.f32 tr, $2, tb; cvt.rna.tf32.f32 $1, tr; mov.b32 $0, tb; }",
+                   "{ .reg .b32 tb, ts; .reg .f32 tr; and.b32 tb, $2, 0xFFFFE000; "
+                   "sub.f32 tr, $2, tb; mov.b32 ts, tr; add.u32 $1, ts, 0x1000; mov.b32 $0, tb; }",
                    "=r,=r,f", [xv])
         vals = [builder.extract_value(res, i) for i in range(2)]
         return context.make_tuple(builder, sig.return_type, vals)

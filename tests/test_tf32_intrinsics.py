@@ -3,10 +3,13 @@ no PTX).
 
 * one warp's ``mma_tf32`` against the float64 product of tf32-exact matrices placed through
   `kernels.fragments_tf32` (exact products, float32 accumulation of 9 terms: a few ulp);
-* ``cvt_tf32`` / ``split_tf32`` bit-exact against the NumPy model (round to nearest, ties away);
+* ``cvt_tf32`` bit-exact against the NumPy model (round to nearest, ties away); ``split_tf32``
+  against it as the tensor core reads the operands (big truncated to TF32, small rounded to
+  nearest, ties away), NaN kept in big and infinities as infinite bigs;
 * 3xTF32 (``split_tf32`` + three ``mma_tf32``) on arbitrary float32 matrices against float64:
-  relative error of float32 order (<= 2**-19 of sum |a| |b|), where one plain TF32 product
-  is ~2**-11;
+  relative error of float32 order (<= 2**-19 of sum |a| |b|: the dropped small * small is
+  < 2**-20 and each rounded small < 2**-21 of |a| |b|), where one plain TF32 product is
+  ~2**-11;
 * ``ld_shared_f32`` / ``ld_shared_f32x2`` bit-exact.
 """
 from __future__ import annotations
@@ -135,12 +138,33 @@ def test_cvt_and_split_match_numpy_rounding():
     n = 4096
     x = (rng.standard_normal(n) * np.exp(rng.uniform(-10, 10, n))).astype(np.float32)
     x[:4] = [1 + 2.0**-11, -(1 + 2.0**-11), 0.0, 3.0]      # ties, zero, exact
+    x[4:8] = [1 + 2.0**-10 - 2.0**-23, -(1 + 2.0**-12 + 2.0**-13), 2.0**-130, -2.0**-149]
     big, big2, small = (cuda.to_device(np.zeros(n, np.uint32)) for _ in range(3))
     conv[n // 128, 128](cuda.to_device(x), big, big2, small)
+    np.testing.assert_array_equal(big.copy_to_host(), fr.tf32_round(x).view(np.uint32))
     want_big, want_small = fr.tf32_split(x)
-    np.testing.assert_array_equal(big.copy_to_host(), want_big.view(np.uint32))
     np.testing.assert_array_equal(big2.copy_to_host(), want_big.view(np.uint32))
-    np.testing.assert_array_equal(small.copy_to_host(), want_small.view(np.uint32))
+    # the tensor core reads small's bits above the low 13: the added half ulp rounds it
+    got_small = fr.tf32_truncate(small.copy_to_host().view(np.float32))
+    np.testing.assert_array_equal(got_small.view(np.uint32), want_small.view(np.uint32))
+    # big + small is x but for the rounding of small (TF32's denormals, below 2**-136, aside)
+    normal = np.abs(x) >= 2.0**-100
+    err = np.abs(want_big.astype(np.float64) + want_small - x)
+    assert normal.sum() > n // 2 and (err <= 2.0**-21 * np.abs(x))[normal].all()
+
+
+def test_split_keeps_nan_and_infinity_in_big():
+    from numba import cuda
+    conv = _build()[2]
+    bits = np.array([0x7FFFFFFF, 0xFFFFFFFF, 0x7FC00000, 0x7F800001, 0x7F800000, 0xFF800000,
+                     0x7F7FFFFF, 0x00000001] * 16, np.uint32)
+    x = bits.view(np.float32)
+    big, big2, small = (cuda.to_device(np.zeros(x.size, np.uint32)) for _ in range(3))
+    conv[1, x.size](cuda.to_device(x), big, big2, small)
+    got = fr.tf32_truncate(big2.copy_to_host().view(np.float32)).reshape(16, 8)
+    assert np.isnan(got[:, :3]).all()                       # a NaN stays a NaN
+    assert not np.isfinite(got[:, 3:6]).any()               # NaN with low bits only, +-inf
+    assert np.isfinite(got[:, 6:]).all() and (got[:, 6] == fr.tf32_truncate(x[6])).all()
 
 
 def test_shared_loads():
