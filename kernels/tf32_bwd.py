@@ -3,7 +3,8 @@
 This is the ``tf32`` family's backward. The structure is that of `kernels.mma_bwd` (two
 kernels, operands in registers or L1, no shared-memory round trip of P or dS, no atomics); the
 arithmetic is that of `kernels.tf32_fwd`: every float32 operand x is
-split into ``big = tf32(x)`` and ``small = tf32(x - big)`` and every product is
+split (`kernels.ptx.split_tf32`) into ``big`` (x truncated to TF32) and ``small`` (x - big, read
+by the tensor core rounded to TF32) and every product is
 ``A_small B_big + A_big B_small + A_big B_big`` with ``mma.sync.m16n8k8`` tf32 and float32
 accumulation, so all five matmuls have float32-level accuracy.
 

@@ -1,10 +1,12 @@
 """Tensor-core FlashAttention-2 forward for float32 CUDA inputs with 3xTF32 (Numba + inline PTX).
 
-This is the ``tf32`` family's forward. Every float32 operand x is split into ``big = tf32(x)``
-and ``small = tf32(x - big)`` and each product is computed as ``A_small B_big + A_big B_small +
-A_big B_big`` on the TF32 tensor cores with float32 accumulation (what CUTLASS calls
-``OpMultiplyAddFastF32``): the dropped ``A_small B_small`` and the rounding of ``small`` are
-~2**-22 of each product, so the result has float32-level accuracy.
+This is the ``tf32`` family's forward. Every float32 operand x is split (`kernels.ptx.split_tf32`)
+into ``big`` (x truncated to TF32) and ``small`` (x - big, read by the tensor core rounded to
+TF32) and each product is computed as ``A_small B_big + A_big B_small + A_big B_big`` on the TF32
+tensor cores with float32 accumulation (CUTLASS's ``OpMultiplyAddFastF32`` with its fast
+rounding, as SDPA EFFICIENT's float32 kernels): the dropped ``A_small B_small`` and the rounding
+of ``small`` are at most ~2**-19 of each product's ``|a| |b|``, so the result has float32-level
+accuracy.
 
 The algorithm is FlashAttention-2, structured as `kernels.mma_fwd`:
 

@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 #: The shipped benchmark results file (one per GPU: the newest by name).
 #: The README's summary reads these, in this order (a later file's rows replace an earlier's).
 README_BENCHES = (ROOT / "results" / "bench_nvidia-h100-80gb-hbm3_2026-11-24.json",
-                  ROOT / "results" / "bench_half_h100_2026-11-25.json")
+                  ROOT / "results" / "bench_half_h100_2026-11-25.json",
+                  ROOT / "results" / "bench_fp32_h100_2026-11-25.json")
 SHIPPED_BENCH = README_BENCHES[0]
 
 
@@ -229,7 +230,7 @@ def test_summary_of_the_shipped_benchmark_recomputes_from_its_records(path):
              r["time_ms"] for r in doc["records"] if r.get("grid") != "small"}
     ours = {k[1:4] for k in times if k[0] == "ioaware-numba"}
     rows = [ln for ln in text.splitlines() if ln.startswith(("| fp", "| bf"))]
-    assert len(rows) == len(ours) >= 8
+    assert len(rows) == len(ours) >= 4       # (a float32-only run has its four rows)
     labels = {"sdpa-flash": "FLASH", "sdpa-cudnn": "CUDNN", "sdpa-efficient": "EFFICIENT"}
     for row in rows:
         dt, d, causal, _, fwd, fwdbwd = (c.strip() for c in row.strip("|").split("|"))

@@ -314,7 +314,8 @@ LSE_LOG2_FLOPS_PER_ROW = 1
 #: Epilogues, per element of a row inside the problem: dQ ``acc[...] * scale`` and dK
 #: ``dk_acc[e] * scale`` (one FMUL each; dV is written unscaled).
 SCALE_FLOPS_PER_ELEMENT = 1
-#: tf32: ``ptx.split_tf32`` (``cvt.rna.tf32.f32``, ``sub.f32``, ``cvt.rna.tf32.f32``): one FADD.
+#: tf32: ``ptx.split_tf32`` (``and.b32``, ``sub.f32``, ``add.u32``): one FADD (the integer and
+#: and add are ALU work, not priced).
 TF32_SPLIT_FLOPS = 1
 #: The products of each kernel per visited tile: dQ kernel S = Q K^T, dP = dO V^T, dQ += dS K;
 #: dK/dV kernel S^T = K Q^T, dP^T = V dO^T, dV += (P^T Z) dO, dK += dS^T Q.
