@@ -26,9 +26,9 @@ FlashAttention-style kernel needs, each emitted as PTX through llvmlite's ``ir.I
   ``round_toward_zero`` and ``round_half_ulp_truncate``, as SDPA EFFICIENT's float32 kernels
   split). The operand split of 3xTF32: ``A B ~= A_small B_big + A_big B_small + A_big B_big``
   with float32 accumulation; the dropped ``A_small B_small`` and the rounding of ``small`` are
-  at most ~2**-19 of ``|A| |B|`` per product (|small| < 2**-10 |x|). Three instructions (and,
-  sub, add) where ``cvt.rna.tf32`` twice takes eight on sm_90, which has no instruction for
-  it. A NaN keeps NaN in ``big``; an infinity gives an infinite ``big``.
+  at most ~2**-19 of ``|A| |B|`` per product (|small| < 2**-10 |x|). Three PTX instructions
+  (and, sub, add), where the two ``cvt.rna.tf32`` of a rounded split took eight SASS
+  instructions on sm_90, which has no instruction for it. A NaN keeps NaN in ``big``; an infinity gives an infinite ``big``.
 * ``ld_shared_f32`` / ``ld_shared_f32x2``: 32- and 64-bit (``ld.shared.v2.f32``) shared-memory
   loads from a 32-bit shared-window address (``shared_addr``); ``ld_shared_v4_f32`` /
   ``ld_shared_v4_b32`` / ``st_shared_v4_b32``: 128-bit shared loads and stores (four float32,
