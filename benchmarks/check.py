@@ -95,9 +95,14 @@ def ptx_mma_loops(ptx: str) -> list[tuple[int, int]]:
 SASS_OPCODE = re.compile(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P[T0-9]\s+)?([A-Z][A-Z0-9_]*)")
 
 
+def sass_opcode_sequence(sass: str) -> list[str]:
+    """The opcodes (without modifiers) of a listing's instructions in order, NOPs left out."""
+    return [op for op in SASS_OPCODE.findall(sass) if op != "NOP"]
+
+
 def sass_opcodes(sass: str) -> collections.Counter:
     """Static count of each SASS opcode (without its modifiers) in a listing, NOPs left out."""
-    return collections.Counter(op for op in SASS_OPCODE.findall(sass) if op != "NOP")
+    return collections.Counter(sass_opcode_sequence(sass))
 
 
 def split_probe(workdir, ptxas) -> list[str] | None:
@@ -119,7 +124,7 @@ def split_probe(workdir, ptxas) -> list[str] | None:
     sass = disassemble(res["cubin"]) if res["cubin"] else None
     if not sass:
         return None
-    ops = [op for op in SASS_OPCODE.findall(sass) if op != "NOP"]
+    ops = sass_opcode_sequence(sass)
     start = next((i for i, op in enumerate(ops) if op == "LDG"), 0)
     end = next((i for i, op in enumerate(ops) if op == "STG"), len(ops))
     return ops[start + 1:end]

@@ -600,13 +600,18 @@ def _replay_records(recs: list[dict], metrics: dict, ncu: str, timeout: float):
     return configs, groups, missing
 
 
+def _profile_provenance(command: str, ncu: str, metrics: dict, missing: list) -> dict:
+    """Provenance of a ``--loads`` / ``--stalls`` run: the machine's, the Nsight Compute
+    version, the metrics asked for and those this Nsight Compute lacks."""
+    return provenance(command, extra={"ncu": ncu_version(ncu), "metrics": metrics,
+                                      "missing_metrics": missing})
+
+
 def _write_profile(schema: str, records: list, metrics: dict, missing: list, ncu: str,
                    command: str, out) -> dict:
     """The document of a ``--loads`` / ``--stalls`` profile, with provenance (written to
     ``out`` when given)."""
-    doc = {"schema": schema,
-           "provenance": provenance(command, extra={"ncu": ncu_version(ncu), "metrics": metrics,
-                                                    "missing_metrics": missing}),
+    doc = {"schema": schema, "provenance": _profile_provenance(command, ncu, metrics, missing),
            "records": records}
     if out:
         write_json(doc, out)
@@ -754,8 +759,7 @@ def _add_to_profile(path, records: list, missing: list, ncu: str, command: str) 
     doc = json.loads(Path(path).read_text())
     if doc.get("schema") != "ioaware.ncu_stalls/1":
         raise SystemExit(f"{path} is not an ncu --stalls file (schema {doc.get('schema')!r})")
-    this = provenance(command, extra={"ncu": ncu_version(ncu), "metrics": STALL_METRICS,
-                                      "missing_metrics": missing})
+    this = _profile_provenance(command, ncu, STALL_METRICS, missing)
     if this.get("gpu") != doc["provenance"].get("gpu"):
         raise SystemExit(f"{path} was measured on {doc['provenance'].get('gpu')}, this run on "
                          f"{this.get('gpu')}: profile into a file of this GPU")

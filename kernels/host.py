@@ -175,9 +175,12 @@ def _to_numba(a):
 
 def launch_stream(on=None):
     """The stream object `launch` takes. ``on`` is a torch CUDA tensor (torch's current stream
-    on its device), a torch stream, or None (the default stream). Cached by stream handle."""
+    on its device), a torch stream, a raw stream handle (an int, `stream_handle`), or None (the
+    default stream). Cached by stream handle."""
     if on is None:
         handle = 0
+    elif type(on) is int:
+        handle = on
     elif hasattr(on, "cuda_stream"):
         handle = int(on.cuda_stream)
     else:
@@ -479,35 +482,23 @@ class PointerLaunch:
         """Launch on ``stream`` (a raw stream handle, `stream_handle`, or a `launch_stream`
         object) with the new data pointers, in the order of ``positions``."""
         words = self.words
-        if self.driver is not None:
-            handle = stream if type(stream) is int else int(stream.handle)
-            with self.lock:
-                for slot, ptr in zip(self.slots, pointers):
-                    words[slot] = ptr
-                err = self.driver(self.handle_int, *self.dims, self.sharedmem, handle,
-                                  self.address, None)
-            if err:
-                from numba.cuda.cudadrv.driver import CudaAPIError
-                raise CudaAPIError(err, f"cuLaunchKernel of {self.label}")
-            return
-        from numba.cuda.cudadrv.driver import CudaAPIError, binding
-        if type(stream) is int:
-            stream = launch_stream(_StreamHandle(stream))
         with self.lock:
             for slot, ptr in zip(self.slots, pointers):
                 words[slot] = ptr
-            err, = binding.cuLaunchKernel(self.handle, *self.dims, self.sharedmem, stream.handle,
-                                          self.address, 0)
-        if err != binding.CUresult.CUDA_SUCCESS:
-            raise CudaAPIError(err, f"cuLaunchKernel of {self.label}")
-
-
-class _StreamHandle:
-    """A raw stream handle as `launch_stream` takes a stream (its ``cuda_stream``)."""
-    __slots__ = ("cuda_stream",)
-
-    def __init__(self, handle):
-        self.cuda_stream = handle
+            if self.driver is not None:
+                handle = stream if type(stream) is int else int(stream.handle)
+                failed = self.driver(self.handle_int, *self.dims, self.sharedmem, handle,
+                                     self.address, None)
+            else:       # through cuda.bindings
+                from numba.cuda.cudadrv.driver import binding
+                if type(stream) is int:
+                    stream = launch_stream(stream)
+                err, = binding.cuLaunchKernel(self.handle, *self.dims, self.sharedmem,
+                                              stream.handle, self.address, 0)
+                failed = 0 if err == binding.CUresult.CUDA_SUCCESS else err
+        if failed:
+            from numba.cuda.cudadrv.driver import CudaAPIError
+            raise CudaAPIError(failed, f"cuLaunchKernel of {self.label}")
 
 
 class Repeat:
