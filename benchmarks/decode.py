@@ -9,7 +9,7 @@ Decode cases (Hq=32, Hkv=8, d=128, one query per sequence, every cache length Nk
 CUDA-event medians (`benchmarks.common.time_cuda`) of
 
 * ``ioaware``: ``ioaware.attention(q, k, v, backend="numba")`` under ``torch.inference_mode``
-  (the public path: checks, the split-KV kernel `kernels.decode_fwd`, its merge and the cast);
+  (the public path: checks, the split-KV kernel `kernels.decode_fwd` with its merge and cast);
 * ``sdpa-flash`` / ``sdpa-efficient`` / ``sdpa-cudnn`` / ``sdpa-math``:
   ``torch.nn.functional.scaled_dot_product_attention(..., enable_gqa=True)`` restricted to that
   backend (a backend that refuses the case, or runs out of memory, is recorded with its error;
@@ -237,8 +237,8 @@ def _ncu_child(cases_path) -> int:
 
 
 def ncu_counters(cases: list[dict]) -> list[dict]:
-    """DRAM bytes of our decode kernels per case: the child under ncu, launches grouped two by
-    two (the split-KV kernel and its merge)."""
+    """DRAM bytes of our decode kernel per case: the child under ncu, one launch per case (the
+    split-KV kernel, which merges its splits in the same launch)."""
     from .ncu import PROFILER_OPTIONS, parse_ncu_csv
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "cases.json")
@@ -251,14 +251,9 @@ def ncu_counters(cases: list[dict]) -> list[dict]:
                sys.executable, "-m", "benchmarks", "decode", "--ncu-child", path]
         subprocess.run(cmd, check=True)
         rows = parse_ncu_csv(open(log).read())
-    if len(rows) != 2 * len(cases):
+    if len(rows) != len(cases):
         raise RuntimeError(f"ncu profiled {len(rows)} decode kernels for {len(cases)} cases")
-    out = []
-    for i in range(len(cases)):
-        pair = rows[2 * i:2 * i + 2]
-        out.append({"kernels": [r["name"] for r in pair],
-                    **{m: sum(r["metrics"][m] for r in pair) for m in NCU_METRICS}})
-    return out
+    return [{"kernels": [r["name"]], **{m: r["metrics"][m] for m in NCU_METRICS}} for r in rows]
 
 
 #: #17's targets for the decode model: DRAM bytes, time, and the split count's loss.

@@ -9,7 +9,7 @@ families can run as separate sanitizer processes side by side. ``wgmma`` (the Ho
 compute capability 9.0) runs `WGMMA_CASES`, forward only: it takes no masks or dropout.
 ``wgmma_fp8`` (the FP8 forward, `kernels.wgmma_fwd.forward_fp8`: V's transpose and the kernel)
 runs d=128 with the same lengths and GQA, causal and not, on e4m3 inputs with descales.
-``split_kv`` (the decoding forward, `kernels.decode_fwd`: the split kernel and the merge) runs
+``split_kv`` (the decoding forward, `kernels.decode_fwd`: the split kernel, whose last program of each group merges the splits) runs
 `DECODE_CASES`: 1 and 3 queries against 1000 keys, four query heads per KV head, per-sequence
 cache lengths 1000, 0, 1 and 517 (and, once, a length past the cache: that row must come out
 NaN, the others finite), three splits, full and with a bottom-right causal window. Each family (pinned by `kernels.KernelConfig`)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 # its plan's (`sim.plans.simt`); they stay importable from here.
 from sim.plans.simt import (FLOAT32_BYTES, FWD_TILES, STATIC_SMEM_LIMIT_BYTES, default_blocks,
                             dkdv_smem_bytes, fwd_smem_bytes)
+from sim.decode import MAX_SPLITS
 from sim.tiles import TileConfig, choose_tiles
 
 __all__ = ["KernelConfig", "TileConfig", "choose_tiles", "default_blocks", "fwd_smem_bytes",
@@ -78,8 +79,9 @@ class KernelConfig:
             raise ValueError(f"KernelConfig.family must be one of {names} or None, got "
                              f"{self.family!r}")
         if self.num_splits is not None and (isinstance(self.num_splits, bool) or not isinstance(
-                self.num_splits, int) or not 1 <= self.num_splits <= 1024):
-            raise ValueError(f"KernelConfig.num_splits must be an int in [1, 1024] or None, got "
+                self.num_splits, int) or not 1 <= self.num_splits <= MAX_SPLITS):
+            raise ValueError(f"KernelConfig.num_splits must be an int in [1, {MAX_SPLITS}] or "
+                             f"None, got "
                              f"{self.num_splits!r}")
         for name in ("block_q", "block_k"):
             value = getattr(self, name)

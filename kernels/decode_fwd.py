@@ -1,21 +1,24 @@
 """Split-KV decoding forward (the ``split_kv`` forward): few query rows, a long KV cache.
 
 The plan is `sim.decode.SplitKVPlan` (grid, threads, rows per program, splits: see there for
-why); this module launches it. Two kernels:
+why); this module launches it. One kernel, ``decode_split_kv`` — program (batch, KV head, row
+chunk, split):
 
-* ``decode_split_kv`` — program (batch, KV head, row chunk, split). Its rows are the KV group's
-  query heads times the ``seqlen_q`` queries, so one load of K and V serves them all. Each warp
-  takes `KEYS_PER_STEP` keys per step (keys interleaved across the warps); the lanes split the
-  head dimension (lane l holds elements ``32 c + l``, or for 16-bit inputs the 32-bit words
-  ``32 c + l`` of two elements each, so a warp's load of a key row is contiguous). Per step:
-  load K and V, partial dot products per lane, a butterfly reduction across the warp (shared
-  memory under Numba's CUDA simulator, which has no shuffles), then the online softmax (running
-  max and sum per row, in base 2 with the scale folded into Q). At the end the warps' states
-  are merged through shared memory and the program writes its split's normalised partial
-  output and logsumexp (float32).
-* ``decode_merge`` — one program per query row: ``lse = logsumexp_s(lse_s)``,
-  ``out = sum_s exp(lse_s - lse) out_s`` (in float32, written in the input dtype: the cast is
-  fused here, two 16-bit elements per 32-bit store).
+* Its rows are the KV group's query heads times the ``seqlen_q`` queries, so one load of K and V
+  serves them all. Each warp takes `KEYS_PER_STEP` keys per step (keys interleaved across the
+  warps); the lanes split the head dimension (lane l holds elements ``32 c + l``, or for 16-bit
+  inputs the 32-bit words ``32 c + l`` of two elements each, so a warp's load of a key row is
+  contiguous). Per step: load K and V, partial dot products per lane, a butterfly reduction
+  across the warp (shared memory under Numba's CUDA simulator, which has no shuffles), then the
+  online softmax (running max and sum per row, in base 2 with the scale folded into Q). At the
+  end the warps' states are merged through shared memory.
+* With one split the program writes the output (in the input dtype: the cast is fused, two
+  16-bit elements per 32-bit store) and its logsumexp. With more, it writes its split's
+  normalised partial output and logsumexp (float32), takes a ticket from its group's arrival
+  counter, and the group's last program merges the splits (`make_merge_rows`): ``lse =
+  logsumexp_s(lse_s)``, ``out = sum_s exp(lse_s - lse) out_s`` — the online-softmax merge the
+  forward does between tiles, with no second kernel launch. The counters (one int32 per
+  group and stream) are zero between calls: the merging program sets its counter back.
 
 Per-sequence cache lengths (``problem.cache_seqlens``, int32 ``[B]``): keys at or beyond a
 row's length are never read; causal and sliding-window bands are bottom-right aligned to that
@@ -35,13 +38,13 @@ import numpy as np
 from numba import cuda, float32, int32, int64, uint32, uint64
 
 from ioaware.block_info import band_offsets
-from sim.decode import MAX_SEQLEN_Q, WARPS, SplitKVPlan, split_kv_plan
+from sim.decode import MAX_SEQLEN_Q, MAX_SPLITS, WARPS, SplitKVPlan, split_kv_plan
 
 from . import compile_cache, host, ptx
 from .mask import UNBOUNDED
 
 __all__ = ["forward", "supports", "plan", "TAKES_WINDOW", "TAKES_CACHE_SEQLENS",
-           "make_decode_kernel", "make_merge_kernel", "MIN_SEQLEN_K"]
+           "make_decode_kernel", "make_merge_rows", "MIN_SEQLEN_K"]
 
 #: This forward takes a sliding window and per-sequence cache lengths (`kernels.family_for`).
 TAKES_WINDOW = True
@@ -50,6 +53,9 @@ TAKES_CACHE_SEQLENS = True
 #: the tiled forwards); a `KernelConfig(family="split_kv")` takes any length.
 MIN_SEQLEN_K = 256
 MAX_HEAD_DIM = 256
+#: Splits whose partial outputs one merge thread loads (for each of its units) before it adds
+#: them.
+MERGE_UNROLL = 8
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 NEG_INF = float32(-np.inf)
@@ -82,8 +88,16 @@ def make_decode_kernel(head_dim: int, rows: int, seqlen_q: int, group: int, oper
     words, two elements each). ``banded``: compile the per-element band test (causal or
     window). Signature::
 
-        kernel(q, k, v, o_part, lse_part, seqlens, scale_log2, band_lo, band_hi, shift_to_len,
-               seqlen_k, heads_kv, row_chunks)
+        kernel(q, k, v, o_part, lse_part, out, lse, counters, seqlens, scale_log2, band_lo,
+               band_hi, shift_to_len, seqlen_k, heads_kv, row_chunks)
+
+    ``out``: float32 [B, Hq, Nq, d], or for 16-bit inputs int32 words [B, Hq, Nq, d / 2] of two
+    elements each (the cast fused: rounded to nearest as torch's cast rounds); ``lse`` float32
+    [B, Hq, Nq]. With one split a program writes them directly. With more, each writes its
+    split's partial output and logsumexp (``o_part``, ``lse_part``, float32), and the last
+    program of each (batch, KV head, row chunk) to finish — counted in ``counters`` (int32,
+    one per ``blockIdx.x``, zero before the call and left zero after it) — merges them
+    (`make_merge_rows`).
 
     ``lanes_per_key`` lanes share one key row (each holds ``head_dim / lanes_per_key``
     elements), so a warp works on ``32 / lanes_per_key`` keys at once, ``keys_per_step`` keys
@@ -107,6 +121,10 @@ def make_decode_kernel(head_dim: int, rows: int, seqlen_q: int, group: int, oper
     # the simulator's reductions (no shuffles there) go through shared memory
     RED_SHAPE = (1, 1, 1) if use_shfl else (NW, max(ROWS * KB, ROWS * (NE + 1)), 32)
     unpack = _half_op("unpack", operand)
+    pack = _half_op("pack", operand)
+    NT = NW * 32
+    merge_rows = make_merge_rows(head_dim, rows, seqlen_q, group, warps, operand, use_shfl)
+    UO = D // EPU                            # output units per row (words or float32)
 
     RAW = uint32 if WORDS else float32
     FULL = U % LPK == 0                      # every lane holds a unit of every row
@@ -128,8 +146,8 @@ def make_decode_kernel(head_dim: int, rows: int, seqlen_q: int, group: int, oper
                     vn[kk, u] = RAW(0)
 
     @cuda.jit
-    def decode_split_kv(q, k, v, o_part, lse_part, seqlens, scale_log2, band_lo, band_hi,
-                        shift_to_len, seqlen_k, heads_kv, row_chunks):
+    def decode_split_kv(q, k, v, o_part, lse_part, out, lse, counters, seqlens, scale_log2,
+                        band_lo, band_hi, shift_to_len, seqlen_k, heads_kv, row_chunks):
         tid = cuda.threadIdx.x
         warp = tid // 32
         lane = tid % 32
@@ -146,6 +164,9 @@ def make_decode_kernel(head_dim: int, rows: int, seqlen_q: int, group: int, oper
         sm_m = cuda.shared.array((NW, ROWS), float32)
         sm_l = cuda.shared.array((NW, ROWS), float32)
         sm_acc = cuda.shared.array((ROWS, D), float32)
+        sm_last = cuda.shared.array(1, int32)
+        sm_w = cuda.shared.array((ROWS, MAX_SPLITS), float32)
+        sm_stat = cuda.shared.array((ROWS, 3), float32)
 
         # -- the program's keys: the rows' bands within the sequence, then this split of them --
         length = int64(seqlens[b])
@@ -337,8 +358,42 @@ def make_decode_kernel(head_dim: int, rows: int, seqlen_q: int, group: int, oper
                                 sm_acc[r, col] = prev + acc[r, u * EPU + c]
             cuda.syncthreads()
 
-        # -- write this split's normalised partial output and logsumexp (natural log) --
-        for flat in range(tid, ROWS * D, NW * 32):
+        # -- one split: the output and logsumexp (natural log), written directly --
+        if splits == 1:
+            for flat in range(tid, ROWS * UO, NT):
+                r = flat // UO
+                u = flat % UO
+                row = chunk * ROWS + r
+                if row < R_TOTAL:
+                    h = hkv * G + row // NQ
+                    i = row % NQ
+                    l_all = float32(0.0)
+                    m_all = NEG_INF
+                    for w in range(NW):
+                        l_all += sm_l[w, r]
+                        m_all = max(m_all, sm_m[w, r])
+                    inv = float32(0.0)
+                    if l_all > float32(0.0):
+                        inv = float32(1.0) / l_all
+                    if WORDS:
+                        o0 = sm_acc[r, 2 * u] * inv
+                        o1 = sm_acc[r, 2 * u + 1] * inv
+                        if bad_length:
+                            o0 = NAN
+                            o1 = NAN
+                        out[b, h, i, u] = int32(pack(o0, o1))
+                    else:
+                        o0 = sm_acc[r, u] * inv
+                        out[b, h, i, u] = NAN if bad_length else o0
+                    if u == 0:
+                        x = NEG_INF
+                        if l_all > float32(0.0):
+                            x = (m_all + math.log2(l_all)) * float32(LN2)
+                        lse[b, h, i] = NAN if bad_length else x
+            return
+
+        # -- more: this split's normalised partial output and logsumexp (natural log) --
+        for flat in range(tid, ROWS * D, NT):
             r = flat // D
             col = flat % D
             row = chunk * ROWS + r
@@ -357,12 +412,25 @@ def make_decode_kernel(head_dim: int, rows: int, seqlen_q: int, group: int, oper
                     o = NAN
                 o_part[split, b, h, i, col] = o
                 if col == 0:
-                    lse = NEG_INF
+                    x = NEG_INF
                     if l_all > float32(0.0):
-                        lse = (m_all + math.log2(l_all)) * float32(LN2)
+                        x = (m_all + math.log2(l_all)) * float32(LN2)
                     if bad_length:
-                        lse = NAN
-                    lse_part[split, b, h, i] = lse
+                        x = NAN
+                    lse_part[split, b, h, i] = x
+
+        # -- the last of the group's programs to finish merges the splits --
+        cuda.threadfence()                  # this program's partials, visible before its ticket
+        cuda.syncthreads()
+        if tid == 0:
+            ticket = cuda.atomic.add(counters, pid, 1)
+            sm_last[0] = int32(1) if ticket == splits - 1 else int32(0)
+        cuda.syncthreads()
+        if sm_last[0] == 1:
+            cuda.threadfence()
+            merge_rows(o_part, lse_part, out, lse, b, hkv, chunk, splits, sm_w, sm_stat)
+            if tid == 0:
+                counters[pid] = 0           # zero again for the next call on this stream
 
     return decode_split_kv
 
@@ -400,66 +468,152 @@ def _half_op(kind: str, dtype: str):
     return twins[0] if f16 else twins[1]
 
 
-def make_merge_kernel(head_dim: int, threads: int, output: str = "float32"):
-    """The merge of the splits' partial outputs: grid = (B * Hq * Nq,), block = ``threads``.
-    ``kernel(o_part, lse_part, out, lse, heads_q, seqlen_q)``: the partials and ``lse`` float32;
-    ``out`` float32 [B, Hq, Nq, d] for ``output="float32"``, else the output in that dtype
-    ("float16", "bfloat16") as int32 words [B, Hq, Nq, d / 2] of two elements each (the cast
-    fused here: rounded to nearest as torch's cast rounds)."""
-    D, NT = head_dim, threads
+def make_merge_rows(head_dim: int, rows: int, seqlen_q: int, group: int, warps: int,
+                    output: str, use_shfl: bool):
+    """The device function with which the last program of a (batch, KV head, row chunk) group
+    merges the group's splits, run by every thread of the program (``warps`` warps)::
+
+        merge_rows(o_part, lse_part, out, lse, b, hkv, chunk, splits, sm_w, sm_stat)
+
+    For each of the chunk's ``rows`` query rows it writes ``lse = logsumexp_s(lse_s)`` and
+    ``out = sum_s exp(lse_s - lse) out_s`` (``out`` as the split-KV kernel takes it: float32,
+    or for ``output`` "float16" / "bfloat16" int32 words of two elements each). ``sm_w``:
+    float32 shared memory ``(rows, MAX_SPLITS)``; ``sm_stat``: ``(rows, 3)``.
+
+    The rows are merged together, with as many loads in flight as the threads can hold: the
+    threads load every (row, split) logsumexp at once into ``sm_w``; warp ``r % warps`` reduces
+    row r's max and sum (its lanes stride the splits, then shuffles; one lane in turn under the
+    simulator); the weights ``exp(lse_s - lse)`` replace the logsumexps; then each thread takes
+    units (32-bit words of two elements, or float32 elements) of the rows and loads
+    `MERGE_UNROLL` splits of each before it adds them. A row whose splits all have a -inf
+    logsumexp (every key masked) gets 0 and -inf; a NaN logsumexp (a refused cache length)
+    makes the row NaN."""
+    D, ROWS, NQ, G, NW = head_dim, rows, seqlen_q, group, warps
+    NT = NW * 32
+    R_TOTAL = G * NQ
     WORDS = output != "float32"
+    EPU = 2 if WORDS else 1                  # output elements per unit
+    UO = D // EPU                            # units per row
+    UNITS = ROWS * UO
+    UPA = -(-UNITS // NT)                    # units per thread
+    UNROLL = MERGE_UNROLL
+    SHFL = use_shfl
     pack = _half_op("pack", output)
 
     @cuda.jit(device=True)
-    def merged(o_part, lse_part, b, h, i, col, m, total, nan, splits):
-        """Column ``col`` of the merged output row (NaN for a refused row)."""
-        o = NAN if nan else float32(0.0)
-        if m != NEG_INF and not nan:
-            for sp in range(splits):
-                o += math.exp(lse_part[sp, b, h, i] - m) * o_part[sp, b, h, i, col]
-            o = o / total
-        return o
+    def merge_rows(o_part, lse_part, out, lse, b, hkv, chunk, splits, sm_w, sm_stat):
+        tid = cuda.threadIdx.x
+        warp = tid // 32
+        lane = tid % 32
+        # -- every (row, split) logsumexp, loaded together --
+        for idx in range(tid, ROWS * splits, NT):
+            r = idx // splits
+            row = chunk * ROWS + r
+            x = NEG_INF
+            if row < R_TOTAL:
+                x = lse_part[idx % splits, b, hkv * G + row // NQ, row % NQ]
+            sm_w[r, idx % splits] = x
+        cuda.syncthreads()
 
-    @cuda.jit
-    def decode_merge(o_part, lse_part, out, lse, heads_q, seqlen_q):
-        row = cuda.blockIdx.x
-        i = row % seqlen_q
-        bh = row // seqlen_q
-        h = bh % heads_q
-        b = bh // heads_q
-        splits = o_part.shape[0]
-        m = NEG_INF
-        nan = False                 # a row the split kernel refused (its cache length)
-        for sp in range(splits):
-            x = lse_part[sp, b, h, i]
-            nan = nan or x != x
-            m = max(m, x)
-        if nan:
-            m = NAN
-        total = float32(0.0)
-        if m != NEG_INF and not nan:
-            for sp in range(splits):
-                total += math.exp(lse_part[sp, b, h, i] - m)
-        if WORDS:
-            for w in range(cuda.threadIdx.x, D // 2, NT):
-                lo = merged(o_part, lse_part, b, h, i, 2 * w, m, total, nan, splits)
-                hi = merged(o_part, lse_part, b, h, i, 2 * w + 1, m, total, nan, splits)
-                out[b, h, i, w] = int32(pack(lo, hi))
-        else:
-            for col in range(cuda.threadIdx.x, D, NT):
-                out[b, h, i, col] = merged(o_part, lse_part, b, h, i, col, m, total, nan,
-                                           splits)
-        if cuda.threadIdx.x == 0:
-            lse[b, h, i] = m + math.log(total) if m != NEG_INF and not nan else m
+        # -- per row: the max, NaN and the sum, by one warp --
+        for r in range(warp, ROWS, NW):
+            if SHFL or lane == 0:
+                first = lane if SHFL else 0
+                step = 32 if SHFL else 1
+                m = NEG_INF
+                bad = float32(0.0)
+                for sp in range(first, splits, step):
+                    x = sm_w[r, sp]
+                    if x != x:
+                        bad = float32(1.0)
+                    else:
+                        m = max(m, x)
+                if SHFL:
+                    for off in (16, 8, 4, 2, 1):
+                        m = max(m, cuda.shfl_xor_sync(0xFFFFFFFF, m, off))
+                        bad = max(bad, cuda.shfl_xor_sync(0xFFFFFFFF, bad, off))
+                total = float32(0.0)
+                if m != NEG_INF:
+                    for sp in range(first, splits, step):
+                        x = sm_w[r, sp]
+                        if x == x:
+                            total += math.exp(x - m)
+                if SHFL:
+                    for off in (16, 8, 4, 2, 1):
+                        total += cuda.shfl_xor_sync(0xFFFFFFFF, total, off)
+                if lane == 0:
+                    sm_stat[r, 0] = m
+                    sm_stat[r, 1] = total
+                    sm_stat[r, 2] = bad
+        cuda.syncthreads()
 
-    return decode_merge
+        # -- each split's weight exp(lse_s - lse) --
+        for idx in range(tid, ROWS * splits, NT):
+            r = idx // splits
+            m = sm_stat[r, 0]
+            w = float32(0.0)
+            if m != NEG_INF and sm_stat[r, 2] == float32(0.0):
+                w = math.exp(sm_w[r, idx % splits] - m) / sm_stat[r, 1]
+            sm_w[r, idx % splits] = w
+        cuda.syncthreads()
+
+        # -- the weighted sum of each unit, MERGE_UNROLL splits of every unit in flight --
+        acc = cuda.local.array((UPA, EPU), float32)
+        x = cuda.local.array((UPA, UNROLL, EPU), float32)
+        for a in range(UPA):
+            for c in range(EPU):
+                acc[a, c] = float32(0.0)
+        for sp in range(0, splits, UNROLL):
+            for a in range(UPA):
+                g = tid + a * NT
+                row = chunk * ROWS + g // UO
+                if g < UNITS and row < R_TOTAL:
+                    h = hkv * G + row // NQ
+                    i = row % NQ
+                    col = (g % UO) * EPU
+                    for s in range(UNROLL):
+                        for c in range(EPU):
+                            x[a, s, c] = float32(0.0)
+                            if sp + s < splits:
+                                x[a, s, c] = o_part[sp + s, b, h, i, col + c]
+            for a in range(UPA):
+                g = tid + a * NT
+                if g < UNITS:
+                    r = g // UO
+                    for s in range(UNROLL):
+                        if sp + s < splits:
+                            w = sm_w[r, sp + s]
+                            for c in range(EPU):
+                                acc[a, c] += w * x[a, s, c]
+
+        # -- the output, cast and stored, and the logsumexp --
+        for a in range(UPA):
+            g = tid + a * NT
+            row = chunk * ROWS + g // UO
+            if g < UNITS and row < R_TOTAL:
+                r = g // UO
+                h = hkv * G + row // NQ
+                i = row % NQ
+                nan = sm_stat[r, 2] != float32(0.0)
+                if WORDS:
+                    o0 = NAN if nan else acc[a, 0]
+                    o1 = NAN if nan else acc[a, 1]
+                    out[b, h, i, g % UO] = int32(pack(o0, o1))
+                else:
+                    out[b, h, i, g % UO] = NAN if nan else acc[a, 0]
+                if g % UO == 0:
+                    m = sm_stat[r, 0]
+                    x0 = m
+                    if nan:
+                        x0 = NAN
+                    elif m != NEG_INF:
+                        x0 = m + math.log(sm_stat[r, 1])
+                    lse[b, h, i] = x0
+
+    return merge_rows
 
 
 # -- host side -----------------------------------------------------------------------------------
-
-def _kernel(kind, *key):
-    return compile_cache.built(make_decode_kernel if kind == "main" else make_merge_kernel, *key)
-
 
 def _warps() -> int:
     """Warps per program: `sim.decode.WARPS` on a GPU, 2 under the simulator (shorter tests)."""
@@ -539,14 +693,13 @@ def prepare(problem, config=None):
     B, Hq, Nq, D = pb.batch, pb.heads_q, pb.seqlen_q, pb.head_dim
     banded, lo, hi, shift = _band(pb)
     use_shfl = host.real_gpu()
-    kern = _kernel("main", D, p.rows_per_program, Nq, pb.group, pb.dtype_name, banded, p.warps,
-                   p.keys_per_step, p.lanes_per_key, use_shfl)
-    merge = _kernel("merge", D, p.merge_threads, pb.dtype_name)
+    kern = compile_cache.built(make_decode_kernel, D, p.rows_per_program, Nq, pb.group,
+                               pb.dtype_name, banded, p.warps, p.keys_per_step, p.lanes_per_key,
+                               use_shfl)
     fast = getattr(config, "fast_launch", True)
     consts = (np.float32(pb.scale * LOG2E), np.int64(lo), np.int64(hi), np.int64(shift),
               np.int64(pb.seqlen_k), np.int64(pb.heads_kv), np.int64(p.row_chunks))
-    merge_consts = (np.int64(Hq), np.int64(Nq))
-    plans, merge_plans = {}, {}
+    plans = {}
     repeat = host.Repeat(template, config)
 
     def run(q, k, v):
@@ -558,30 +711,68 @@ def prepare(problem, config=None):
                                                            p.splits * rows)
             out = repeat.like(q)                    # [B, Hq, Nq, D], as q
             stream = host.stream_handle(q)
-            repeat.launches[0](stream, *ptrs, p_o, p_lse)
-            repeat.launches[1](stream, p_o, p_lse, out.data_ptr(), p_lse_out)
+            counters = _torch_counters(q, stream, p.programs).data_ptr()
+            repeat.launches[0](stream, *ptrs, p_o, p_lse, out.data_ptr(), p_lse_out, counters)
             return out, work[:rows].view(B, Hq, Nq)
         call = host.Call(template, q=q)
         qi, ki, vi = (call.input(x, words=words, aligned=True, word_bytes=4) for x in (q, k, v))
         o_part = call.output((p.splits, B, Hq, Nq, D), float32=True)
         lse_part = call.output((p.splits, B, Hq, Nq), float32=True)
-        out = call.output((B, Hq, Nq, D), words=words)     # the merge writes the dtype
+        out = call.output((B, Hq, Nq, D), words=words)     # the kernel writes the dtype
         out_arg = out.arg
         if words:       # two elements per int32 word
             out_arg = out_arg.view(call._torch.int32 if call.torch else np.int32)
         lse = call.output((B, Hq, Nq), float32=True)
         seqlens = _seqlens(call, template)
-        main_args = (qi, ki, vi, o_part.arg, lse_part.arg, seqlens, *consts)
-        merge_args = (o_part.arg, lse_part.arg, out_arg, lse.arg, *merge_consts)
+        if call.torch and host.real_gpu():
+            counters = _torch_counters(call.q, host.stream_handle(call.q), p.programs)
+        else:
+            counters = _array_counters(p.programs)
+        args = (qi, ki, vi, o_part.arg, lse_part.arg, out_arg, lse.arg, counters, seqlens, *consts)
         host.relaunch(plans, (qi, ki, vi, seqlens), kern, p.grid, p.threads, call.stream,
-                      main_args, fast=fast)
-        host.relaunch(merge_plans, (), merge, (B * Hq * Nq,), p.merge_threads, call.stream,
-                      merge_args, fast=fast)
+                      args, fast=fast)
         repeat.record((q, k, v), (qi, ki, vi), lambda: [
-            host.pointer_launch(kern, p.grid, p.threads, 0, main_args, range(5)),
-            host.pointer_launch(merge, (B * Hq * Nq,), p.merge_threads, 0, merge_args, range(4))])
+            host.pointer_launch(kern, p.grid, p.threads, 0, args, range(8))])
         return out.value(), lse.value()
     return run
+
+
+#: The split-KV programs' arrival counters (int32, one per program group) by (device, stream):
+#: zero between calls, since the last program of each group sets its counter back to zero, so
+#: no call zeroes them; a call that needs more gets a new zeroed buffer (stream-ordered, as
+#: torch's allocator reuses memory).
+_COUNTERS: dict = {}
+#: Counters of the calls captured in CUDA graphs: each capture zeroes its own (the zeroing is
+#: captured too) and keeps it for the life of the process, as the graph may replay it.
+_CAPTURED_COUNTERS: list = []
+
+
+def _torch_counters(q, stream: int, n: int):
+    """Zeroed int32 counters for ``n`` program groups on ``stream`` (q's device), as a torch
+    tensor."""
+    import torch
+    if torch.cuda.is_current_stream_capturing():
+        buf = torch.zeros(n, dtype=torch.int32, device=q.device)
+        _CAPTURED_COUNTERS.append(buf)
+        return buf
+    key = (q.get_device(), stream)
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.numel() < n:
+        buf = _COUNTERS[key] = torch.zeros(max(n, 1024), dtype=torch.int32, device=q.device)
+    return buf
+
+
+def _array_counters(n: int):
+    """Zeroed int32 counters for ``n`` program groups for a call on NumPy or Numba arrays (the
+    default stream); under the simulator a new array each call (a kernel that raised there may
+    have left its counters set)."""
+    if not host.real_gpu():
+        return cuda.to_device(np.zeros(n, np.int32))
+    key = (host.current_device_id(), "arrays")
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.size < n:
+        buf = _COUNTERS[key] = cuda.to_device(np.zeros(max(n, 1024), np.int32))
+    return buf
 
 
 def _seqlens(call, pb):

@@ -1,4 +1,4 @@
-"""The split-KV decoding plan ("flash-decoding"): what the ``split_kv`` kernels do, as data.
+"""The split-KV decoding plan ("flash-decoding"): what the ``split_kv`` kernel does, as data.
 
 Decoding attends a few new query rows (``seqlen_q`` of 1 to 16) to a long KV cache. A
 FlashAttention-2 grid (one program per Q tile per query head) then has few programs, leaves
@@ -10,8 +10,10 @@ most SMs idle and, with GQA, reads each KV head once per query head. The split-K
   stay in registers), so K and V stream from DRAM once per KV head;
 * splits the keys so that there are enough programs to fill the GPU: each program writes a
   partial output (normalised, float32) and its logsumexp;
-* merges the partials in a second, small kernel: the online-softmax merge the forward does
-  between tiles, ``lse = logsumexp_s(lse_s)``, ``out = sum_s exp(lse_s - lse) out_s``.
+* merges the partials in the same launch: the last program of each (batch, KV head, row chunk)
+  to finish (an arrival counter per group) does the online-softmax merge the forward does
+  between tiles, ``lse = logsumexp_s(lse_s)``, ``out = sum_s exp(lse_s - lse) out_s``. With one
+  split there are no partials: the program writes the output.
 
 :func:`split_kv_plan` builds the plan from the problem's sizes and the GPU's SM count (the
 number of splits by :func:`choose_splits`, or given); `kernels.decode_fwd` launches exactly
@@ -42,7 +44,8 @@ MAX_ROW_ELEMENTS_PER_LANE = 32
 RESIDENT_PROGRAMS_PER_SM = 2
 #: The fewest keys a split keeps (each warp then still runs a few steps).
 MIN_KEYS_PER_SPLIT = 256
-#: The most splits (the merge reads every split's partial output).
+#: The most splits: what the model picks from and a `kernels.KernelConfig` may ask for (the
+#: merging program keeps a weight per row and split in shared memory).
 MAX_SPLITS = 128
 
 
@@ -100,10 +103,9 @@ def choose_splits(programs: int, seqlen_k: int, num_sms: int,
 class SplitKVPlan:
     """One split-KV decoding call, as launched: sizes of the problem and of the launch.
 
-    ``grid`` is the main kernel's ``(batch * heads_kv * row_chunks, splits)``; each of its
-    programs has ``warps * 32`` threads and keeps ``rows_per_program`` query rows. The merge
-    kernel runs one program per query row (``batch * heads_q * seqlen_q``) with
-    ``merge_threads`` threads.
+    ``grid`` is the kernel's ``(batch * heads_kv * row_chunks, splits)``; each of its programs
+    has ``warps * 32`` threads and keeps ``rows_per_program`` query rows; the last program of
+    each of the ``programs`` groups to finish merges the group's splits.
     """
 
     batch: int
@@ -119,7 +121,6 @@ class SplitKVPlan:
     warps: int
     keys_per_step: int
     lanes_per_key: int = 32
-    merge_threads: int = 128
 
     @property
     def group(self) -> int:
@@ -127,7 +128,8 @@ class SplitKVPlan:
 
     @property
     def programs(self) -> int:
-        """Programs of the main kernel per split: batch x KV heads x row chunks."""
+        """Programs per split (and groups whose splits one program merges): batch x KV heads x
+    row chunks."""
         return self.batch * self.heads_kv * self.row_chunks
 
     @property
@@ -163,22 +165,24 @@ def split_kv_costs(plan: SplitKVPlan, gpu, keys_read: int | None = None) -> dict
     """Bytes, FLOPs and time of ``plan`` on ``gpu`` (a `sim.profiles.GPUProfile`).
 
     ``keys_read``: keys per sequence actually read (the cache length; default ``seqlen_k``).
-    Counts (bytes are what the kernels load and store in global memory):
+    Counts (bytes are what the kernel loads and stores in global memory):
 
-    * main kernel: K and V of each (batch, KV head) once per row chunk (``global``), once from
-      DRAM (row chunks of one KV head run next to each other, so L2 serves the repeats); Q of
-      each program's rows once per split; partial outputs and logsumexps written (float32);
-    * merge: the partials read, the output (in the input dtype: the cast is fused) and the
-      float32 logsumexp written.
+    * the split loop: K and V of each (batch, KV head) once per row chunk (``global``), once
+      from DRAM (row chunks of one KV head run next to each other, so L2 serves the repeats);
+      Q of each program's rows once per split; with more than one split, partial outputs and
+      logsumexps written (float32);
+    * the merge (more than one split; by the last program of each group): the partials read;
+    * the output (in the input dtype: the cast is fused) and the float32 logsumexp written.
 
     Time, at the rates `sim.plan.price` prices every plan at (`sim.plan.rates_of`: the GPU's
     measured rates where its profile was loaded with a rates file, ``sim.load_profile(name,
     rates=FILE)``, else the datasheet's; ``rates`` says which): the main kernel streams its DRAM
     bytes at the DRAM rate stretched by the last wave's idle SMs (``waves / ceil(waves)``
     efficiency, one wave = ``num_sms *`` `RESIDENT_PROGRAMS_PER_SM` programs) or runs its FLOPs
-    at the FFMA rate (CUDA cores), whichever is longer; the merge streams its bytes; each of
-    the ``launches`` kernels adds the launch cost (``kernel_launch_s`` of a rates file, as
-    `sim.plan.price` adds it per kernel; 0 at datasheet rates, which have none).
+    at the FFMA rate (CUDA cores), whichever is longer; the merge streams its partials'
+    bytes after that (the last programs merge at the end); the one launch adds the launch cost
+    (``kernel_launch_s`` of a rates file, as `sim.plan.price` adds it per kernel; 0 at
+    datasheet rates, which have none).
     """
     p = plan
     keys = p.seqlen_k if keys_read is None else keys_read
@@ -186,21 +190,21 @@ def split_kv_costs(plan: SplitKVPlan, gpu, keys_read: int | None = None) -> dict
     kv_dram = p.batch * p.heads_kv * keys * 2 * p.head_dim * e
     q_bytes = p.batch * p.heads_q * p.seqlen_q * p.head_dim * e
     rows = p.batch * p.heads_q * p.seqlen_q
-    partial_bytes = p.splits * rows * (p.head_dim + 1) * 4
+    partial_bytes = p.splits * rows * (p.head_dim + 1) * 4 if p.splits > 1 else 0
     out_bytes = rows * (p.head_dim * e + 4)                  # the output and its logsumexp
     main_global_read = kv_dram * p.row_chunks + q_bytes * p.splits
     main_dram = kv_dram + q_bytes + partial_bytes
-    merge_bytes = partial_bytes + out_bytes
+    merge_bytes = partial_bytes
     flops = 4 * rows * keys * p.head_dim
     wave = gpu.num_sms * RESIDENT_PROGRAMS_PER_SM
     waves = p.programs * p.splits / wave
     wave_efficiency = waves / math.ceil(waves) if waves > 0 else 1.0
     rates, sources = rates_of(gpu)
     bw = rates["dram_bytes_per_s"]
-    launches = 2
+    launches = 1
     launch_s = rates["launch_s"] or 0.0
     main_time = launch_s + max(main_dram / bw / wave_efficiency, flops / rates["ffma_flops_per_s"])
-    merge_time = launch_s + merge_bytes / bw
+    merge_time = merge_bytes / bw
     return {
         "splits": p.splits,
         "rows_per_program": p.rows_per_program,
