@@ -2508,7 +2508,7 @@ def decode_cases_columns(rates: str) -> dict:
         "batch": Col("Batch", "count"),
         "seq_len_k": Col("KV length Nk", "count"),
         "call_ms": Col("Measured per call", "ms",
-                       help="Our public call (checks, the split-KV kernel, its merge), "
+                       help="Our public call (checks, the split-KV kernel with its merge), "
                             "synchronous, with its host time."),
         "gpu_ms": Col("Measured, GPU time alone", "ms",
                       help="The same call timed on the GPU alone (the host enqueues while the "

@@ -39,8 +39,9 @@ MAX_SEQLEN_Q = 16
 #: Query-row elements a lane keeps in registers (rows x head-dim elements per lane, for Q and
 #: for the accumulator each): 32, e.g. 4 rows of 8 elements for 16-bit inputs at any head dim.
 MAX_ROW_ELEMENTS_PER_LANE = 32
-#: Resident programs per SM the split choice and the time assume: 128 threads of 219 registers
-#: (ptxas, bfloat16 d=128, 4 rows: 28,032 of an SM's 65,536 registers per program).
+#: Resident programs per SM the split choice and the time assume: 128 threads of over 200
+#: registers each (ptxas, bfloat16 d=128, 4 rows), so two programs fit an SM's 65,536 registers
+#: and three do not.
 RESIDENT_PROGRAMS_PER_SM = 2
 #: The fewest keys a split keeps (each warp then still runs a few steps).
 MIN_KEYS_PER_SPLIT = 256

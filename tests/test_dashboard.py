@@ -1330,7 +1330,7 @@ def test_explore_sliding_window_shows_the_band_s_bytes():
 #: The shipped decode measurement (``python -m benchmarks decode --splits --window --ncu``) the
 #: Decoding page opens on, and one without split sweeps or counters (``--graph``).
 DECODE = ROOT / "results" / "decode_h100_2026-11-25.json"
-DECODE_GRAPH = ROOT / "results" / "decode_graph_h100_2026-11-24.json"
+DECODE_GRAPH = ROOT / "results" / "decode_graph_h100_2026-11-25.json"
 #: The Decoding page's default workload.
 DECODE_W = dict(batch=8, heads_q=32, heads_kv=8, seq_len_q=1, seq_len_k=32768, head_dim=128,
                 dtype="bf16")

@@ -94,7 +94,7 @@ def _model() -> dict | None:
     m[2].metric(predicted, fmt.ms(pred["time_ms"]),
                 delta=f"{pred['splits']:,} split{'s' * (pred['splits'] != 1)}"
                       + (" (given)" if pred["given"] else ""), delta_color="off",
-                help="The split-KV kernel and its merge, each with its launch cost.")
+                help="The split-KV kernel, its merge in the same launch, with the launch cost.")
     m[3].metric("K/V bandwidth it implies", fmt.pct(pred["bandwidth_fraction"]),
                 delta=f"of {fmt.bytes_(pred['dram_rate'])}/s", delta_color="off",
                 help="K and V bytes / the predicted time, as a fraction of the DRAM rate the "
@@ -305,10 +305,10 @@ def _measured() -> None:
         measured_name=f"measured on the {loaded['gpu']}",
         title=f"Time against splits: {case['label']}"),
         "decode-sweep")
-    st.caption("Measured: our two kernels (split-KV and merge) at each split count timed, GPU "
-               "time alone. Predicted: the same plan at every split count, each kernel with its "
-               "launch cost. Read the prediction for where the time falls and turns, which "
-               "picks the splits.")
+    st.caption("Measured: our split-KV kernel (its last programs merge the splits) at each "
+               "split count timed, GPU time alone. Predicted: the same plan at every split "
+               "count, with its launch cost. Read the prediction for where the time falls and "
+               "turns, which picks the splits.")
     if _fits_widgets(case) and not all(case[k] == workload[k] for k in workload):
         st.button("Show this case in the model above", key="dc_show_case",
                   on_click=_show_case, args=(case,))
