@@ -81,23 +81,23 @@ def rows_per_program(rows: int, head_dim: int, element_bytes: int = 2) -> int:
 def choose_splits(programs: int, seqlen_k: int, num_sms: int,
                   resident_per_sm: int = RESIDENT_PROGRAMS_PER_SM) -> int:
     """Splits of the keys for ``programs`` programs (batch x KV heads x row chunks) on a GPU of
-    ``num_sms`` SMs: FlashAttention-2's rule with one wave = ``num_sms * resident_per_sm``
-    programs. For each split count s (each split keeping >= `MIN_KEYS_PER_SPLIT` keys, at most
-    `MAX_SPLITS`), the wave efficiency is ``w / ceil(w)`` with ``w = programs * s / wave``; the
-    smallest s within 85 % of the best efficiency wins (more splits cost merge traffic and
-    per-program overhead). 1 when one split already fills the GPU."""
+    ``num_sms`` SMs: the most splits that keep every program resident at once, i.e. the largest
+    s with ``programs * s <= wave`` (one wave = ``num_sms * resident_per_sm`` programs), each
+    split keeping at least `MIN_KEYS_PER_SPLIT` keys, at most `MAX_SPLITS`; 1 when the programs
+    fill a wave already.
+
+    Why: a program streams its keys at a rate set by the loads it keeps in flight, not by the
+    GPU's bandwidth, so the cache streams fastest with every resident slot busy; past one wave
+    the last wave's tail and the merge's partials only add time. (FlashAttention-2's rule, the
+    fewest splits within 85 % of the best wave efficiency, took 14 or 29 splits where this
+    kernel ran 7–8 % faster with 16 or 32: the B = 1 cases of
+    ``results/decode_h100_2026-11-25.json``, which therefore do not score this rule; see
+    docs/model.md for the grid that does.)"""
     wave = max(1, num_sms * resident_per_sm)
     most = max(1, min(MAX_SPLITS, seqlen_k // MIN_KEYS_PER_SPLIT))
-    if programs >= 0.8 * wave or most == 1:
+    if programs >= wave:
         return 1
-
-    def efficiency(s):
-        w = programs * s / wave
-        return w / math.ceil(w)
-
-    effs = {s: efficiency(s) for s in range(1, most + 1)}
-    best = max(effs.values())
-    return min(s for s, e in effs.items() if e >= 0.85 * best)
+    return max(1, min(most, wave // max(programs, 1)))
 
 
 @dataclass(frozen=True)

@@ -217,15 +217,21 @@ def test_cache_seqlens_with_gradients_is_refused():
 H100 = load_profile("h100")
 
 
-def test_splits_fill_the_gpu_and_stop_when_it_is_full():
+def test_splits_fill_one_wave_and_stop_when_it_is_full():
+    wave = 132 * RESIDENT_PROGRAMS_PER_SM
     assert choose_splits(programs=1000, seqlen_k=131072, num_sms=132) == 1
-    s = choose_splits(programs=8, seqlen_k=131072, num_sms=132)
-    assert 8 * s >= 0.8 * 132 * RESIDENT_PROGRAMS_PER_SM and s <= MAX_SPLITS
+    assert choose_splits(programs=wave, seqlen_k=131072, num_sms=132) == 1
+    assert choose_splits(programs=8, seqlen_k=131072, num_sms=132) == wave // 8   # 33: one wave
+    assert choose_splits(programs=64, seqlen_k=131072, num_sms=132) == 4
+    assert choose_splits(programs=8, seqlen_k=4096, num_sms=132) == 4096 // MIN_KEYS_PER_SPLIT
     assert choose_splits(programs=8, seqlen_k=MIN_KEYS_PER_SPLIT, num_sms=132) == 1
-    for programs in (1, 3, 8, 64, 300):
+    for programs in (1, 3, 8, 64, 200, 300):
         for nk in (256, 4096, 32768, 131072):
             s = choose_splits(programs, nk, 132)
             assert 1 <= s <= max(1, min(MAX_SPLITS, nk // MIN_KEYS_PER_SPLIT))
+            assert s == 1 or programs * s <= wave                      # never a second wave
+            if s < min(MAX_SPLITS, nk // MIN_KEYS_PER_SPLIT):
+                assert programs * (s + 1) > wave                       # the most that fit
 
 
 def test_rows_per_program_keeps_the_accumulators_in_registers():
