@@ -1330,7 +1330,6 @@ def test_explore_sliding_window_shows_the_band_s_bytes():
 #: The shipped decode measurement (``python -m benchmarks decode --splits --window --ncu``) the
 #: Decoding page opens on, and one without split sweeps or counters (``--graph``).
 DECODE = ROOT / "results" / "decode_h100_2026-11-25.json"
-DECODE_GRAPH = ROOT / "results" / "decode_graph_h100_2026-11-25.json"
 #: The Decoding page's default workload.
 DECODE_W = dict(batch=8, heads_q=32, heads_kv=8, seq_len_q=1, seq_len_k=32768, head_dim=128,
                 dtype="bf16")
@@ -1519,8 +1518,9 @@ def test_decode_sweep_chart_follows_the_chosen_case():
              if all(r[k] == v for k, v in DECODE_W.items()))
     assert at.selectbox(key="dc_case").value == str(i)
     assert metric(at, "The measured best").value == f"{doc['decode'][i]['splits_best']} splits"
-    first = doc["decode"][0]                                   # batch 1, 4k: pick not timed
-    at.selectbox(key="dc_case").set_value("0").run()
+    j, first = next((j, r) for j, r in enumerate(doc["decode"])   # a pick the sweep did not time
+                    if str(r["model"]["splits"]) not in r["splits_ms"])
+    at.selectbox(key="dc_case").set_value(str(j)).run()
     ok(at)
     assert metric(at, "The measured best").value == f"{first['splits_best']} splits"
     assert metric(at, "The model's pick").delta == "not in the sweep"
@@ -1538,11 +1538,17 @@ def test_decode_sweep_chart_follows_the_chosen_case():
 
 
 def test_decode_file_without_sweeps_counters_or_records_says_so(tmp_path, monkeypatch):
+    doc = json.loads(DECODE.read_text())        # the shipped run without its sweeps and counters
+    for rec in doc["decode"]:
+        for key in ("splits_ms", "splits_best", "splits_model_loss", "ncu"):
+            rec.pop(key, None)
+    bare = tmp_path / "decode_bare.json"
+    bare.write_text(json.dumps(doc))
+    monkeypatch.setenv("IOAWARE_RESULTS", str(bare))
     at = open_decode()
-    at.selectbox(key="dc_source").set_value(data._choice_name(DECODE_GRAPH)).run()
+    at.selectbox(key="dc_source").set_value(str(bare)).run()
     ok(at)
-    assert len(table(at, "Measured, GPU time alone (ms)")) == len(
-        json.loads(DECODE_GRAPH.read_text())["decode"])
+    assert len(table(at, "Measured, GPU time alone (ms)")) == len(doc["decode"])
     assert "has no split-count sweep" in texts(at.info)
     assert "no Nsight Compute's DRAM bytes" in texts(at.caption)
     assert len(charts(at)) == 1
