@@ -94,8 +94,6 @@ import os
 import sys
 from pathlib import Path
 
-import numpy as np
-
 from .model import SIMT_DKDV_KERNEL, SIMT_FWD_KERNEL  # today's CUDA-core kernels' names
 from .model import kernel_version as _kernel_version
 from .resources import RESOURCES_PATH, load_resources, lookup

@@ -39,7 +39,7 @@ from .profiles import GPUProfile, load_profile
 from .smem import SMEM_PHASES, kernel_launch_shape, smem_bytes_by_phase
 from .tiles import choose_tiles
 from .trace import trace as make_trace
-from .workload import (DTYPE_BYTES, EXP_FLOPS, STAT_BYTES, Schedule, Workload, occupancy, resolve_blocks,
+from .workload import (EXP_FLOPS, STAT_BYTES, Schedule, Workload, occupancy, resolve_blocks,
                        sram_bytes_per_block)
 
 __all__ = ["Efficiency", "Prediction", "predict", "calibrate", "smem_traffic", "phase_programs",
