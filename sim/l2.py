@@ -23,6 +23,7 @@ Assumptions (all visible here, none hidden in constants elsewhere):
 """
 from __future__ import annotations
 
+import functools
 import heapq
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -50,85 +51,191 @@ class L2Result:
     hit_rate: float | None = None
 
 
-def interleave(tr: Trace, slots: dict | int) -> np.ndarray:
-    """Event indices in the order concurrently resident programs would issue them (see module doc)."""
+def interleave(tr: Trace, slots: dict | int, subset: np.ndarray | None = None) -> np.ndarray:
+    """Event indices in the order concurrently resident programs would issue them (see module
+    doc). With ``subset`` (event indices, ascending), the order of those events alone, as
+    positions in ``subset``: the same relative order as in the whole trace's."""
     c = tr.columns
     n = len(tr)
     if n == 0:
         return np.zeros(0, dtype=np.int64)
     phase, prog, step = c["phase"], c["program"], c["step"]
-    time = np.zeros(n, dtype=np.int64)
+    n_phases = len(tr.phases)
+    program_lengths, event_times = _interleave_loops()
+    # -- each program's length (its last step + 1), per phase --
+    n_programs, lengths = program_lengths(phase, prog, step, n_phases)
+    offsets = np.concatenate([[0], np.cumsum(n_programs)])
+    # -- greedy list scheduling of each phase's programs onto its slots, in launch order --
+    start = np.zeros(int(offsets[-1]), dtype=np.int64)
     for pid, pname in enumerate(tr.phases):
-        sel = np.flatnonzero(phase == pid)
-        if not len(sel):
-            continue
-        nprog = int(prog[sel].max()) + 1
-        length = np.zeros(nprog, dtype=np.int64)
-        np.maximum.at(length, prog[sel], step[sel] + 1)
+        nprog = int(n_programs[pid])
         s = slots if isinstance(slots, int) else slots.get(pname, 1)
         s = max(1, int(s))
-        start = np.zeros(nprog, dtype=np.int64)
         if nprog > s:
+            length = lengths[offsets[pid]:offsets[pid + 1]].tolist()
+            first = start[offsets[pid]:offsets[pid + 1]]
             heap = [(0, i) for i in range(s)]
             for p in range(nprog):
                 t, slot = heapq.heappop(heap)
-                start[p] = t
-                heapq.heappush(heap, (t + int(length[p]), slot))
-        time[sel] = start[prog[sel]] + step[sel]
-    return np.lexsort((np.arange(n), prog, time, phase))
+                first[p] = t
+                heapq.heappush(heap, (t + length[p], slot))
+    index = np.arange(n) if subset is None else np.asarray(subset, dtype=np.int64)
+    ph, pr = phase[index].astype(np.int64), prog[index].astype(np.int64)
+    time = event_times(ph, pr, step[index], offsets, start)
+    # -- sort by (phase, time, program), ties in trace order: one stable sort of a packed key
+    #    where the three fit 63 bits, else a lexsort --
+    bits = [max(1, int(x.max()).bit_length()) for x in (ph, time, pr)] if len(index) else [1, 1, 1]
+    if sum(bits) <= 63 and len(index) and min(ph.min(), time.min(), pr.min()) >= 0:
+        return np.argsort((ph << (bits[1] + bits[2])) | (time << bits[2]) | pr, kind="stable")
+    return np.lexsort((index, pr, time, ph))
+
+
+@functools.cache
+def _interleave_loops():
+    """The two passes of :func:`interleave` over every event, compiled by Numba (CPU):
+    ``program_lengths(phase, program, step, n_phases) -> (programs per phase, last step + 1 of
+    each program, phase by phase)`` and ``event_times(phase, program, step, offsets, start) ->
+    start of the event's program + its step``."""
+    from numba import njit
+
+    @njit(cache=True)
+    def program_lengths(phase, prog, step, n_phases):
+        n_programs = np.zeros(n_phases, np.int64)
+        for i in range(len(phase)):
+            if prog[i] + 1 > n_programs[phase[i]]:
+                n_programs[phase[i]] = prog[i] + 1
+        offsets = np.zeros(n_phases + 1, np.int64)
+        for p in range(n_phases):
+            offsets[p + 1] = offsets[p] + n_programs[p]
+        lengths = np.zeros(offsets[n_phases], np.int64)
+        for i in range(len(phase)):
+            j = offsets[phase[i]] + prog[i]
+            if step[i] + 1 > lengths[j]:
+                lengths[j] = step[i] + 1
+        return n_programs, lengths
+
+    @njit(cache=True)
+    def event_times(phase, prog, step, offsets, start):
+        time = np.empty(len(phase), np.int64)
+        for i in range(len(phase)):
+            time[i] = start[offsets[phase[i]] + prog[i]] + step[i]
+        return time
+
+    return program_lengths, event_times
 
 
 def simulate_l2(tr: Trace, l2_bytes: int, slots: dict | int, granularity: int = DEFAULT_GRANULARITY) -> L2Result:
     """Replay the interleaved trace through an LRU L2 and count DRAM bytes (see module doc)."""
     G = int(granularity)
     capacity = max(1, int(l2_bytes) // G)
-    order = interleave(tr, slots)
     c = tr.columns
-    compute = OPS.index("compute")
-    order = order[c["op"][order] != compute]
-    ops = c["op"][order].tolist()
-    addrs = c["addr"][order].tolist()
-    sizes = c.get("footprint", c["bytes"])[order].tolist()   # rows touched, not request bytes
-    phases = c["phase"][order].tolist()
     n_ph = len(tr.phases)
-    rd = [0] * n_ph
-    wr = [0] * n_ph
-    cache: OrderedDict = OrderedDict()
-    move = cache.move_to_end
-    pop = cache.popitem
-    hits = accesses = 0
-    for op, a, sz, ph in zip(ops, addrs, sizes, phases):
-        if sz <= 0:
-            continue
-        end = a + sz
-        g0, g1 = a // G, (end - 1) // G
-        writes = op != 0
-        reads = op != 1
-        for g in range(g0, g1 + 1):
-            lo = a if g == g0 else g * G
-            hi = end if g == g1 else (g + 1) * G
-            ov = hi - lo
-            accesses += 1
-            dirty = cache.get(g)
-            if dirty is not None:
-                hits += 1
-                move(g)
-                if writes:
-                    cache[g] = min(G, dirty + ov)
-            else:
-                if reads:
-                    rd[ph] += ov
-                cache[g] = ov if writes else 0
-                if len(cache) > capacity:
-                    _, db = pop(last=False)
-                    wr[ph] += db
-    last = phases[-1] if phases else 0
-    for db in cache.values():
-        wr[last] += db
+    mem = np.flatnonzero(c["op"] != OPS.index("compute"))
+    order = mem[interleave(tr, slots, mem)]
+    ops = c["op"][order]
+    addrs = c["addr"][order]
+    sizes = c.get("footprint", c["bytes"])[order]      # rows touched, not request bytes
+    phases = c["phase"][order]
+    n_granules = int(((addrs + np.maximum(sizes, 1) - 1) // G).max()) + 1 if len(order) else 1
+    rd, wr, hits, accesses = _lru_replay()(ops, addrs, sizes, phases, G, capacity, n_ph, n_granules)
+    rd, wr = rd.tolist(), wr.tolist()
     per = {tr.phases[i]: {"dram_read_bytes": rd[i], "dram_write_bytes": wr[i]} for i in range(n_ph)}
     return L2Result(sum(rd), sum(wr), per, "trace", G, int(l2_bytes),
                     slots if isinstance(slots, dict) else {"*": slots},
-                    hits / accesses if accesses else None)
+                    int(hits) / int(accesses) if accesses else None)
+
+
+@functools.cache
+def _lru_replay():
+    """The replay loop of :func:`simulate_l2`, compiled by Numba (CPU) on first use.
+
+    ``(rd, wr, hits, accesses) = replay(ops, addrs, sizes, phases, G, capacity, n_phases,
+    n_granules)`` over the events in replay order: each event touches the granules of
+    ``[addr, addr + size)`` in turn. An LRU of ``capacity`` granules as a doubly linked list
+    over granule numbers (head: least recently used): a hit moves the granule to the tail (a
+    write adds the bytes it writes to the granule's dirty bytes, at most ``G``); a miss reads
+    the bytes it touches from DRAM unless it is a store, appends the granule (dirty with the
+    bytes a write touches) and, over capacity, evicts the head, whose dirty bytes are written
+    in the current event's phase. At the end every resident granule's dirty bytes are written
+    in the last event's phase."""
+    from numba import njit
+
+    @njit(cache=True)
+    def replay(ops, addrs, sizes, phases, G, capacity, n_phases, n_granules):
+        prev = np.full(n_granules, -1, np.int64)
+        nxt = np.full(n_granules, -1, np.int64)
+        dirty = np.zeros(n_granules, np.int64)
+        present = np.zeros(n_granules, np.bool_)
+        rd = np.zeros(n_phases, np.int64)
+        wr = np.zeros(n_phases, np.int64)
+        head = -1
+        tail = -1
+        count = 0
+        hits = 0
+        accesses = 0
+        for i in range(len(ops)):
+            sz = sizes[i]
+            if sz <= 0:
+                continue
+            a = addrs[i]
+            end = a + sz
+            g0 = a // G
+            g1 = (end - 1) // G
+            writes = ops[i] != 0
+            reads = ops[i] != 1
+            ph = phases[i]
+            for g in range(g0, g1 + 1):
+                lo = a if g == g0 else g * G
+                hi = end if g == g1 else (g + 1) * G
+                ov = hi - lo
+                accesses += 1
+                if present[g]:
+                    hits += 1
+                    if g != tail:                      # unlink, then append at the tail
+                        p = prev[g]
+                        q = nxt[g]
+                        if p == -1:
+                            head = q
+                        else:
+                            nxt[p] = q
+                        prev[q] = p
+                        prev[g] = tail
+                        nxt[g] = -1
+                        nxt[tail] = g
+                        tail = g
+                    if writes:
+                        dirty[g] = min(G, dirty[g] + ov)
+                else:
+                    if reads:
+                        rd[ph] += ov
+                    dirty[g] = ov if writes else 0
+                    present[g] = True
+                    prev[g] = tail
+                    nxt[g] = -1
+                    if tail == -1:
+                        head = g
+                    else:
+                        nxt[tail] = g
+                    tail = g
+                    count += 1
+                    if count > capacity:                # evict the least recently used
+                        v = head
+                        head = nxt[v]
+                        prev[head] = -1
+                        nxt[v] = -1
+                        present[v] = False
+                        wr[ph] += dirty[v]
+                        dirty[v] = 0
+                        count -= 1
+        if len(phases):
+            last = phases[len(phases) - 1]
+            g = head
+            while g != -1:
+                wr[last] += dirty[g]
+                g = nxt[g]
+        return rd, wr, hits, accesses
+
+    return replay
 
 
 def l2_analytic(bytes_by_key: dict, tensor_bytes: dict, programs_per_slice: dict, n_slices: int,

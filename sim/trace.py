@@ -66,11 +66,16 @@ class Event(NamedTuple):
 
 _INT_COLS = ("phase", "program", "step", "op", "tensor", "b", "h", "m", "n", "row_start",
              "row_stop", "bytes", "addr", "matmul_flops", "other_flops", "footprint")
+#: Each column's dtype: indices, counts of programs, steps and rows in int32, bytes, addresses
+#: and FLOPs in int64 (a trace of millions of events is mostly these columns).
+_COL_DTYPES = {k: np.int64 if k in ("bytes", "addr", "matmul_flops", "other_flops", "footprint")
+               else np.int32 for k in _INT_COLS}
 
 
 class Trace(Sequence):
-    """Events as numpy columns (``columns[name]``), string columns coded against ``phases`` /
-    ``tensors`` / :data:`OPS`. Indexing gives :class:`Event`; ``len`` the event count.
+    """Events as numpy columns (``columns[name]``: int32 indices, steps and rows, int64 bytes,
+    addresses and FLOPs), string columns coded against ``phases`` / ``tensors`` / :data:`OPS`.
+    Indexing gives :class:`Event`; ``len`` the event count.
 
     meta: schedule, block_q, block_k, program counts per phase, tensor base addresses and sizes.
     """
@@ -124,11 +129,17 @@ class Trace(Sequence):
 
 
 class _Builder:
-    """Appends events to column lists; tensors get 2 MiB-aligned base addresses."""
+    """Appends events to column lists; tensors get 2 MiB-aligned base addresses.
 
-    def __init__(self, w: Workload):
+    Finished stretches of events are kept as chunks of numpy columns (:meth:`_flush`), so that
+    :meth:`slices` can append a copy of an earlier slice's events for another (b, h) as arrays
+    instead of walking its tiles again; :meth:`build` concatenates the chunks in order."""
+
+    def __init__(self, w: Workload, replicate: bool = True):
         self.w = w
+        self.replicate = replicate
         self.cols = {k: [] for k in _INT_COLS}
+        self.chunks: list = []
         self.phases: list = []
         self.tensors: list = []
         self.tensor_shape: dict = {}
@@ -152,20 +163,22 @@ class _Builder:
         self.phase_id = len(self.phases) - 1
         self.n_programs[name] = 0
 
+    def _addr(self, name, b, h, r0):
+        bt, ht, rows, rb = self.tensor_shape[name]
+        return self.base[name] + (((b if bt > 1 else 0) * ht + (h if ht > 1 else 0)) * rows + r0) * rb
+
     def mem(self, program, step, op, name, b, h, m, n, r0, r1, amp=1):
         """One access of rows [r0, r1); ``amp``: the request bytes are ``amp`` times the rows'
         bytes (accesses that fetch or write whole 32-byte sectors for fewer useful bytes), the
         footprint the L2 replay sees stays the rows'."""
-        bt, ht, rows, rb = self.tensor_shape[name]
-        bb = b if bt > 1 else 0
-        hh = h if ht > 1 else 0
+        rb = self.tensor_shape[name][3]
         c = self.cols
         c["phase"].append(self.phase_id); c["program"].append(program); c["step"].append(step)
         c["op"].append(op); c["tensor"].append(self.tensors.index(name)); c["b"].append(b)
         c["h"].append(h); c["m"].append(m); c["n"].append(n); c["row_start"].append(r0)
         c["row_stop"].append(r1); c["bytes"].append((r1 - r0) * rb * amp)
         c["footprint"].append((r1 - r0) * rb)
-        c["addr"].append(self.base[name] + ((bb * ht + hh) * rows + r0) * rb)
+        c["addr"].append(self._addr(name, b, h, r0))
         c["matmul_flops"].append(0); c["other_flops"].append(0)
 
     def compute(self, program, step, b, h, m, n, mm, other):
@@ -176,8 +189,102 @@ class _Builder:
         c["bytes"].append(0); c["addr"].append(0); c["matmul_flops"].append(mm); c["other_flops"].append(other)
         c["footprint"].append(0)
 
+    def _flush(self) -> int:
+        """Move the events appended since the last flush into a chunk; the number of chunks."""
+        if self.cols["op"]:
+            self.chunks.append({k: np.asarray(v, dtype=_COL_DTYPES[k]) for k, v in self.cols.items()})
+            self.cols = {k: [] for k in _INT_COLS}
+        return len(self.chunks)
+
+    def slices(self, slice_bi: dict, prog: int, walk) -> int:
+        """Every (b, h) slice of the workload in order, b outer: ``walk(prog, b, h, bi,
+        key_len)`` records one slice's events for programs from ``prog`` on and returns the
+        next program. A slice whose (BlockInfo, key length) an earlier slice had visits the same
+        tiles in the same steps, so its events are that slice's with the program ids, b, h and
+        addresses moved to it (h: the query head, or its KV head on tensors with the KV heads'
+        count, as the walks record them); a walk whose events do not follow that rule is run
+        for every slice. Returns the next program."""
+        w = self.w
+        templates: dict = {}
+        for b in range(w.batch):
+            for h in range(w.heads):
+                bi, key_len = slice_bi[(b, h)]
+                key = (id(bi), key_len)
+                tpl = templates.get(key)
+                if tpl:
+                    self._flush()
+                    if tpl["cols"] is not None:
+                        self.chunks.append((tpl, prog, b, h))     # filled in by build
+                    prog += tpl["n_programs"]
+                    continue
+                start = self._flush()
+                nxt = walk(prog, b, h, bi, key_len)
+                if self.replicate and tpl is None:
+                    self._flush()
+                    templates[key] = self._template(self.chunks[start:], prog, nxt, b, h)
+                prog = nxt
+        return prog
+
+    def _template(self, chunks, prog0, prog1, b, h):
+        """The events of one walked slice (programs ``prog0`` to ``prog1``) as a template for
+        :meth:`_fill`, or False when they do not follow the slice rule of :meth:`slices` (then
+        every slice is walked)."""
+        if not chunks:
+            return {"cols": None, "n_programs": prog1 - prog0}
+        cols = {k: np.concatenate([c[k] for c in chunks]) for k in _INT_COLS}
+        g = self.w.group
+        kv_heads = self.w.heads_kv
+        tensor = cols["tensor"]
+        mem = tensor >= 0
+        names = self.tensors
+        shape = np.array([self.tensor_shape[t] for t in names], dtype=np.int64).reshape(-1, 4)
+        base = np.array([self.base[t] for t in names], dtype=np.int64)
+        t = np.where(mem, tensor, 0)
+        bt, ht, rows, rb = (shape[t, i] for i in range(4))
+        kv_rows = mem & (ht == kv_heads) & (kv_heads != self.w.heads)
+        if (np.any(cols["b"] != b) or np.any(cols["h"] != np.where(kv_rows, h // g, h))
+                or np.any(cols["program"] < prog0) or np.any(cols["program"] >= prog1)):
+            return False
+        tpl = {"cols": cols, "n_programs": prog1 - prog0, "prog0": prog0, "kv_rows": kv_rows,
+               "mem": mem, "bt": bt, "ht": ht, "rows": rows, "rb": rb, "base": base[t]}
+        moved = {k: np.empty_like(v) for k, v in cols.items()}
+        self._fill(moved, 0, tpl, prog0, b, h)
+        if np.any(moved["addr"] != cols["addr"]):
+            return False
+        return tpl
+
+    def _fill(self, out: dict, at: int, tpl: dict, prog: int, b: int, h: int) -> int:
+        """Write a template's events, moved to slice (b, h) and programs from ``prog``, into the
+        columns ``out`` from row ``at``; the row after them."""
+        cols = tpl["cols"]
+        n = len(cols["op"])
+        end = at + n
+        for k in _INT_COLS:
+            if k not in ("program", "b", "h", "addr"):
+                out[k][at:end] = cols[k]
+        np.add(cols["program"], prog - tpl["prog0"], out=out["program"][at:end])
+        out["b"][at:end] = b
+        hh = out["h"][at:end]
+        hh[:] = np.where(tpl["kv_rows"], h // self.w.group, h)
+        bb = np.where(tpl["bt"] > 1, b, 0)
+        hi = np.where(tpl["ht"] > 1, hh, 0)
+        addr = tpl["base"] + ((bb * tpl["ht"] + hi) * tpl["rows"] + cols["row_start"]) * tpl["rb"]
+        out["addr"][at:end] = np.where(tpl["mem"], addr, 0)
+        return end
+
     def build(self, meta) -> Trace:
-        cols = {k: np.asarray(v, dtype=np.int64) for k, v in self.cols.items()}
+        self._flush()
+        total = sum(len(c["op"]) if isinstance(c, dict) else len(c[0]["cols"]["op"]) for c in self.chunks)
+        cols = {k: np.empty(total, dtype=_COL_DTYPES[k]) for k in _INT_COLS}
+        at = 0
+        for c in self.chunks:
+            if isinstance(c, dict):
+                n = len(c["op"])
+                for k in _INT_COLS:
+                    cols[k][at:at + n] = c[k]
+                at += n
+            else:
+                at = self._fill(cols, at, *c)
         meta = dict(meta, n_programs=self.n_programs, tensor_base=dict(self.base),
                     tensor_shape=dict(self.tensor_shape))
         return Trace(cols, self.phases, self.tensors, meta)
@@ -186,7 +293,8 @@ class _Builder:
 LOAD, STORE, ATOMIC = 0, 1, 2
 
 
-def trace(workload: Workload, schedule: Schedule, profile=None, *, block_q=None, block_k=None) -> Trace:
+def trace(workload: Workload, schedule: Schedule, profile=None, *, block_q=None, block_k=None,
+          _replicate: bool = True) -> Trace:
     """Walk ``schedule`` over ``workload`` tile by tile and record every global-memory access.
 
     Block sizes: ``block_q``/``block_k`` arguments, else the schedule's, else the default on
@@ -200,7 +308,7 @@ def trace(workload: Workload, schedule: Schedule, profile=None, *, block_q=None,
         bq, bk = resolve_blocks(workload, schedule, load_profile(profile or "h100"))
         block_q, block_k = block_q or bq, block_k or bk
     w = workload
-    tb = _Builder(w)
+    tb = _Builder(w, _replicate)
     d, e, f = w.head_dim, w.dtype_bytes, STAT_BYTES
     Nq, Nk, B, H, Hkv, g = w.seq_len_q, w.seq_len_k, w.batch, w.heads, w.heads_kv, w.group
     gqa = H != Hkv
@@ -259,104 +367,102 @@ def trace(workload: Workload, schedule: Schedule, profile=None, *, block_q=None,
     for p in w.passes:
         if schedule.name == "flash2" and p == "fwd":
             tb.phase("fwd")
-            prog = 0
-            for b in range(B):
-                for h in range(H):
-                    bi, key_len = slice_bi[(b, h)]
-                    for m in range(bi.n_blocks_q):
-                        q0, q1 = bi.q_range(m)
-                        r = q1 - q0
-                        # -- load Q_m (CUDA-core kernels: scaled by the softmax scale on load) --
-                        q_mem(prog, 0, LOAD, "Q", b, h, m, bi, q_amp)
-                        if simt:
-                            tb.compute(prog, 0, b, h, m, -1, 0, r * d)
-                        step = 1
-                        for n in bi.k_blocks(m):
-                            k0, k1 = bi.k_range(n)
-                            c = k1 - k0
-                            # -- load K_n, V_n; compute qk, online softmax, acc += p v --
-                            kv_mem(prog, step, LOAD, "K", b, h, n, bi)
-                            kv_mem(prog, step, LOAD, "V", b, h, n, bi)
-                            if simt:   # each of the row's ntn threads keeps its own m, l, alpha
-                                other = ((C["simt_fwd_per_score"] + drop) * r * c
-                                         + r * (d + ntn * C["simt_fwd_per_row_thread_tile"]))
-                            else:
-                                other = ((C["fwd_per_score"] + drop) * r * c + r * (d + C["fwd_per_row_tile"])
-                                         + (C["mask_per_score"] * r * c if needs_mask(bi, key_len, m, n) else 0))
-                            tb.compute(prog, step, b, h, m, n, 4 * d * r * c, other)
-                            step += 1
-                        # -- epilogue: O = acc / l, lse = m + log l --
-                        if simt:   # row sum by shuffles, then 1/l and log l on every thread of the row
-                            end = ntn * (ntn.bit_length() - 1 + C["simt_fwd_per_row_thread_end"]) + d
-                            tb.compute(prog, step, b, h, m, -1, 0, r * end)
-                        else:
-                            tb.compute(prog, step, b, h, m, -1, 0, r * (d + 2))
-                        q_mem(prog, step, STORE, "O", b, h, m, bi, o_amp)
-                        q_mem(prog, step, STORE, "lse", b, h, m, bi)
-                        prog += 1
-            tb.n_programs["fwd"] = prog
-        elif schedule.name == "flash1" and p == "fwd":
-            tb.phase("fwd")
-            prog = 0
-            for b in range(B):
-                for h in range(H):
-                    bi, key_len = slice_bi[(b, h)]
-                    # -- initialise O = 0, l = 0, m = -inf in HBM --
-                    for t in ("O", "l", "m"):
-                        tb.mem(prog, 0, STORE, t, b, h, -1, -1, 0, Nq)
+
+            def walk(prog, b, h, bi, key_len):
+                for m in range(bi.n_blocks_q):
+                    q0, q1 = bi.q_range(m)
+                    r = q1 - q0
+                    # -- load Q_m (CUDA-core kernels: scaled by the softmax scale on load) --
+                    q_mem(prog, 0, LOAD, "Q", b, h, m, bi, q_amp)
+                    if simt:
+                        tb.compute(prog, 0, b, h, m, -1, 0, r * d)
                     step = 1
-                    for n, qs in enumerate(q_lists[id(bi)]):
-                        if not qs:
-                            continue
+                    for n in bi.k_blocks(m):
                         k0, k1 = bi.k_range(n)
                         c = k1 - k0
+                        # -- load K_n, V_n; compute qk, online softmax, acc += p v --
                         kv_mem(prog, step, LOAD, "K", b, h, n, bi)
                         kv_mem(prog, step, LOAD, "V", b, h, n, bi)
-                        for m in qs:
-                            q0, q1 = bi.q_range(m)
-                            r = q1 - q0
-                            for t in ("Q", "O", "l", "m"):
-                                q_mem(prog, step, LOAD, t, b, h, m, bi)
-                            other = ((C["fwd_per_score"] + drop) * r * c
-                                     + r * (2 * d + C["flash1_fwd_per_row_tile"])
+                        if simt:   # each of the row's ntn threads keeps its own m, l, alpha
+                            other = ((C["simt_fwd_per_score"] + drop) * r * c
+                                     + r * (d + ntn * C["simt_fwd_per_row_thread_tile"]))
+                        else:
+                            other = ((C["fwd_per_score"] + drop) * r * c + r * (d + C["fwd_per_row_tile"])
                                      + (C["mask_per_score"] * r * c if needs_mask(bi, key_len, m, n) else 0))
-                            tb.compute(prog, step, b, h, m, n, 4 * d * r * c, other)
-                            for t in ("O", "l", "m"):
-                                q_mem(prog, step, STORE, t, b, h, m, bi)
-                            step += 1
+                        tb.compute(prog, step, b, h, m, n, 4 * d * r * c, other)
+                        step += 1
+                    # -- epilogue: O = acc / l, lse = m + log l --
+                    if simt:   # row sum by shuffles, then 1/l and log l on every thread of the row
+                        end = ntn * (ntn.bit_length() - 1 + C["simt_fwd_per_row_thread_end"]) + d
+                        tb.compute(prog, step, b, h, m, -1, 0, r * end)
+                    else:
+                        tb.compute(prog, step, b, h, m, -1, 0, r * (d + 2))
+                    q_mem(prog, step, STORE, "O", b, h, m, bi, o_amp)
+                    q_mem(prog, step, STORE, "lse", b, h, m, bi)
                     prog += 1
-            tb.n_programs["fwd"] = prog
+                return prog
+
+            tb.n_programs["fwd"] = tb.slices(slice_bi, 0, walk)
+        elif schedule.name == "flash1" and p == "fwd":
+            tb.phase("fwd")
+
+            def walk(prog, b, h, bi, key_len):
+                # -- initialise O = 0, l = 0, m = -inf in HBM --
+                for t in ("O", "l", "m"):
+                    tb.mem(prog, 0, STORE, t, b, h, -1, -1, 0, Nq)
+                step = 1
+                for n, qs in enumerate(q_lists[id(bi)]):
+                    if not qs:
+                        continue
+                    k0, k1 = bi.k_range(n)
+                    c = k1 - k0
+                    kv_mem(prog, step, LOAD, "K", b, h, n, bi)
+                    kv_mem(prog, step, LOAD, "V", b, h, n, bi)
+                    for m in qs:
+                        q0, q1 = bi.q_range(m)
+                        r = q1 - q0
+                        for t in ("Q", "O", "l", "m"):
+                            q_mem(prog, step, LOAD, t, b, h, m, bi)
+                        other = ((C["fwd_per_score"] + drop) * r * c
+                                 + r * (2 * d + C["flash1_fwd_per_row_tile"])
+                                 + (C["mask_per_score"] * r * c if needs_mask(bi, key_len, m, n) else 0))
+                        tb.compute(prog, step, b, h, m, n, 4 * d * r * c, other)
+                        for t in ("O", "l", "m"):
+                            q_mem(prog, step, STORE, t, b, h, m, bi)
+                        step += 1
+                return prog + 1
+
+            tb.n_programs["fwd"] = tb.slices(slice_bi, 0, walk)
         elif schedule.name == "flash1" and p == "bwd":
             tb.phase("bwd.main")
-            prog = 0
             dk, dv = ("dK_exp", "dV_exp") if gqa else ("dK", "dV")
-            for b in range(B):
-                for h in range(H):
-                    bi, key_len = slice_bi[(b, h)]
-                    tb.mem(prog, 0, STORE, "dQ", b, h, -1, -1, 0, Nq)  # dQ = 0 in HBM
-                    step = 1
-                    for n, qs in enumerate(q_lists[id(bi)]):
-                        k0, k1 = bi.k_range(n)
-                        c = k1 - k0
-                        if qs:
-                            kv_mem(prog, step, LOAD, "K", b, h, n, bi)
-                            kv_mem(prog, step, LOAD, "V", b, h, n, bi)
-                        for m in qs:
-                            q0, q1 = bi.q_range(m)
-                            r = q1 - q0
-                            for t in ("Q", "O", "dO", "dQ", "l", "m"):
-                                q_mem(prog, step, LOAD, t, b, h, m, bi)
-                            other = ((C["bwd_per_score"] + drop) * r * c + r * 3 * d
-                                     + (C["mask_per_score"] * r * c if needs_mask(bi, key_len, m, n) else 0))
-                            tb.compute(prog, step, b, h, m, n, 10 * d * r * c, other)
-                            q_mem(prog, step, STORE, "dQ", b, h, m, bi)
-                            step += 1
-                        # -- write dK_j, dV_j (zeros if no Q block visits) --
-                        tb.mem(prog, step, STORE, dk, b, h if gqa else kvh(h), -1, n, k0, k1)
-                        tb.mem(prog, step, STORE, dv, b, h if gqa else kvh(h), -1, n, k0, k1)
+
+            def walk(prog, b, h, bi, key_len):
+                tb.mem(prog, 0, STORE, "dQ", b, h, -1, -1, 0, Nq)  # dQ = 0 in HBM
+                step = 1
+                for n, qs in enumerate(q_lists[id(bi)]):
+                    k0, k1 = bi.k_range(n)
+                    c = k1 - k0
+                    if qs:
+                        kv_mem(prog, step, LOAD, "K", b, h, n, bi)
+                        kv_mem(prog, step, LOAD, "V", b, h, n, bi)
+                    for m in qs:
+                        q0, q1 = bi.q_range(m)
+                        r = q1 - q0
+                        for t in ("Q", "O", "dO", "dQ", "l", "m"):
+                            q_mem(prog, step, LOAD, t, b, h, m, bi)
+                        other = ((C["bwd_per_score"] + drop) * r * c + r * 3 * d
+                                 + (C["mask_per_score"] * r * c if needs_mask(bi, key_len, m, n) else 0))
+                        tb.compute(prog, step, b, h, m, n, 10 * d * r * c, other)
+                        q_mem(prog, step, STORE, "dQ", b, h, m, bi)
                         step += 1
-                    prog += 1
-            tb.n_programs["bwd.main"] = prog
+                    # -- write dK_j, dV_j (zeros if no Q block visits) --
+                    tb.mem(prog, step, STORE, dk, b, h if gqa else kvh(h), -1, n, k0, k1)
+                    tb.mem(prog, step, STORE, dv, b, h if gqa else kvh(h), -1, n, k0, k1)
+                    step += 1
+                return prog + 1
+
+            tb.n_programs["bwd.main"] = tb.slices(slice_bi, 0, walk)
         elif schedule.name == "flash2" and p == "bwd":
             dk, dv = ("dK_exp", "dV_exp") if gqa else ("dK", "dV")
             atomic = schedule.dq_mode == "atomic"
@@ -369,92 +475,92 @@ def trace(workload: Workload, schedule: Schedule, profile=None, *, block_q=None,
             warp_red = C["simt_delta_warp_per_row"] if (simt and schedule.delta_kernel == "warp") else 0
             d_amp = SECTOR_BYTES // f if (simt and schedule.delta_kernel == "warp") else 1
             tb.phase("bwd.pre")
-            prog = 0
-            for b in range(B):
-                for h in range(H):
-                    bi, _kl = slice_bi[(b, h)]
-                    for m in range(bi.n_blocks_q):
-                        q0, q1 = bi.q_range(m)
-                        q_mem(prog, 0, LOAD, "O", b, h, m, bi, amp)
-                        q_mem(prog, 0, LOAD, "dO", b, h, m, bi, amp)
-                        tb.compute(prog, 0, b, h, m, -1, 0, (2 * d + warp_red) * (q1 - q0))
-                        q_mem(prog, 0, STORE, "D", b, h, m, bi, d_amp)
-                        if atomic:
-                            q_mem(prog, 0, STORE, acc, b, h, m, bi)
-                        prog += 1
-            tb.n_programs["bwd.pre"] = prog
+
+            def walk(prog, b, h, bi, _key_len):
+                for m in range(bi.n_blocks_q):
+                    q0, q1 = bi.q_range(m)
+                    q_mem(prog, 0, LOAD, "O", b, h, m, bi, amp)
+                    q_mem(prog, 0, LOAD, "dO", b, h, m, bi, amp)
+                    tb.compute(prog, 0, b, h, m, -1, 0, (2 * d + warp_red) * (q1 - q0))
+                    q_mem(prog, 0, STORE, "D", b, h, m, bi, d_amp)
+                    if atomic:
+                        q_mem(prog, 0, STORE, acc, b, h, m, bi)
+                    prog += 1
+                return prog
+
+            tb.n_programs["bwd.pre"] = tb.slices(slice_bi, 0, walk)
             # -- main loop: one program per K/V block, Q blocks streamed (atomic: dQ by fp32 atomics) --
             tb.phase("bwd.main")
-            prog = 0
             mm_main = 10 if atomic else 8
-            for b in range(B):
-                for h in range(H):
-                    bi, key_len = slice_bi[(b, h)]
-                    for n, qs in enumerate(q_lists[id(bi)]):
-                        k0, k1 = bi.k_range(n)
-                        c = k1 - k0
-                        step = 0
-                        if qs:
-                            kv_mem(prog, 0, LOAD, "K", b, h, n, bi)
-                            kv_mem(prog, 0, LOAD, "V", b, h, n, bi)
-                            step = 1
-                        for m in qs:
-                            q0, q1 = bi.q_range(m)
-                            r = q1 - q0
-                            for t in ("Q", "dO", "lse", "D"):
-                                q_mem(prog, step, LOAD, t, b, h, m, bi)
-                            other = ((C["bwd_per_score"] + drop) * r * c + (r * d if atomic else 0)
-                                     + (mask_cost * r * c if needs_mask(bi, key_len, m, n) else 0))
-                            tb.compute(prog, step, b, h, m, n, mm_main * d * r * c, other)
-                            if atomic:
-                                q_mem(prog, step, ATOMIC, acc, b, h, m, bi)
-                            step += 1
-                        if simt:   # dK *= softmax scale as it is written
-                            tb.compute(prog, step, b, h, -1, n, 0, c * d)
-                        tb.mem(prog, step, STORE, dk, b, h if gqa else kvh(h), -1, n, k0, k1, kv_amp)
-                        tb.mem(prog, step, STORE, dv, b, h if gqa else kvh(h), -1, n, k0, k1, kv_amp)
-                        prog += 1
-            tb.n_programs["bwd.main"] = prog
+
+            def walk(prog, b, h, bi, key_len):
+                for n, qs in enumerate(q_lists[id(bi)]):
+                    k0, k1 = bi.k_range(n)
+                    c = k1 - k0
+                    step = 0
+                    if qs:
+                        kv_mem(prog, 0, LOAD, "K", b, h, n, bi)
+                        kv_mem(prog, 0, LOAD, "V", b, h, n, bi)
+                        step = 1
+                    for m in qs:
+                        q0, q1 = bi.q_range(m)
+                        r = q1 - q0
+                        for t in ("Q", "dO", "lse", "D"):
+                            q_mem(prog, step, LOAD, t, b, h, m, bi)
+                        other = ((C["bwd_per_score"] + drop) * r * c + (r * d if atomic else 0)
+                                 + (mask_cost * r * c if needs_mask(bi, key_len, m, n) else 0))
+                        tb.compute(prog, step, b, h, m, n, mm_main * d * r * c, other)
+                        if atomic:
+                            q_mem(prog, step, ATOMIC, acc, b, h, m, bi)
+                        step += 1
+                    if simt:   # dK *= softmax scale as it is written
+                        tb.compute(prog, step, b, h, -1, n, 0, c * d)
+                    tb.mem(prog, step, STORE, dk, b, h if gqa else kvh(h), -1, n, k0, k1, kv_amp)
+                    tb.mem(prog, step, STORE, dv, b, h if gqa else kvh(h), -1, n, k0, k1, kv_amp)
+                    prog += 1
+                return prog
+
+            tb.n_programs["bwd.main"] = tb.slices(slice_bi, 0, walk)
             if not atomic:
                 # -- dQ kernel: one program per Q block, K/V blocks streamed; S, dP recomputed --
                 tb.phase("bwd.dq")
-                prog = 0
-                for b in range(B):
-                    for h in range(H):
-                        bi, key_len = slice_bi[(b, h)]
-                        for m in range(bi.n_blocks_q):
-                            q0, q1 = bi.q_range(m)
-                            r = q1 - q0
-                            for t in ("Q", "dO", "lse", "D"):
-                                q_mem(prog, 0, LOAD, t, b, h, m, bi)
-                            step = 1
-                            for n in bi.k_blocks(m):
-                                k0, k1 = bi.k_range(n)
-                                c = k1 - k0
-                                kv_mem(prog, step, LOAD, "K", b, h, n, bi)
-                                kv_mem(prog, step, LOAD, "V", b, h, n, bi)
-                                other = ((C["bwd_per_score"] + drop) * r * c
-                                         + (mask_cost * r * c if needs_mask(bi, key_len, m, n) else 0))
-                                tb.compute(prog, step, b, h, m, n, 6 * d * r * c, other)
-                                step += 1
-                            # -- epilogue: dQ *= scale, store --
-                            tb.compute(prog, step, b, h, m, -1, 0, r * d)
-                            q_mem(prog, step, STORE, "dQ", b, h, m, bi, o_amp)
-                            prog += 1
-                tb.n_programs["bwd.dq"] = prog
+
+                def walk(prog, b, h, bi, key_len):
+                    for m in range(bi.n_blocks_q):
+                        q0, q1 = bi.q_range(m)
+                        r = q1 - q0
+                        for t in ("Q", "dO", "lse", "D"):
+                            q_mem(prog, 0, LOAD, t, b, h, m, bi)
+                        step = 1
+                        for n in bi.k_blocks(m):
+                            k0, k1 = bi.k_range(n)
+                            c = k1 - k0
+                            kv_mem(prog, step, LOAD, "K", b, h, n, bi)
+                            kv_mem(prog, step, LOAD, "V", b, h, n, bi)
+                            other = ((C["bwd_per_score"] + drop) * r * c
+                                     + (mask_cost * r * c if needs_mask(bi, key_len, m, n) else 0))
+                            tb.compute(prog, step, b, h, m, n, 6 * d * r * c, other)
+                            step += 1
+                        # -- epilogue: dQ *= scale, store --
+                        tb.compute(prog, step, b, h, m, -1, 0, r * d)
+                        q_mem(prog, step, STORE, "dQ", b, h, m, bi, o_amp)
+                        prog += 1
+                    return prog
+
+                tb.n_programs["bwd.dq"] = tb.slices(slice_bi, 0, walk)
             if post:
                 # -- convert dQacc (fp32) to dQ --
                 tb.phase("bwd.post")
-                prog = 0
-                for b in range(B):
-                    for h in range(H):
-                        bi, _kl = slice_bi[(b, h)]
-                        for m in range(bi.n_blocks_q):
-                            q_mem(prog, 0, LOAD, "dQacc", b, h, m, bi)
-                            tb.compute(prog, 0, b, h, m, -1, 0, 0)
-                            q_mem(prog, 0, STORE, "dQ", b, h, m, bi)
-                            prog += 1
-                tb.n_programs["bwd.post"] = prog
+
+                def walk(prog, b, h, bi, _key_len):
+                    for m in range(bi.n_blocks_q):
+                        q_mem(prog, 0, LOAD, "dQacc", b, h, m, bi)
+                        tb.compute(prog, 0, b, h, m, -1, 0, 0)
+                        q_mem(prog, 0, STORE, "dQ", b, h, m, bi)
+                        prog += 1
+                    return prog
+
+                tb.n_programs["bwd.post"] = tb.slices(slice_bi, 0, walk)
         if p == "bwd" and gqa:
             _reduce(tb, w)
     tr = tb.build(meta)
