@@ -79,7 +79,7 @@ def peak_copy_bandwidth(torch, gib=2) -> float:
     src = torch.empty(n, dtype=torch.float32, device="cuda").uniform_()
     dst = torch.empty_like(src)
     ms = time_cuda(torch, lambda: dst.copy_(src), warmup=3, min_reps=10, max_reps=20)[0]
-    del src, dst
+    src = dst = None        # freed before empty_cache (the timed lambda shares these cells)
     torch.cuda.empty_cache()
     return 2 * n * 4 / (ms * 1e-3)
 
@@ -170,7 +170,7 @@ def decode_case(torch, gpu, batch, seq_len_k, dtype, peak, splits_sweep=False,
             picked = sweep.get(plan.splits) or kernels_time(torch, kernels, pb, plan.splits)
             rec["splits_best"] = best
             rec["splits_model_loss"] = picked / done[best] - 1 if picked else None
-    del q, k, v
+    q = k = v = None        # freed before empty_cache (the timed lambdas share these cells)
     torch.cuda.empty_cache()
     return rec
 
@@ -211,7 +211,7 @@ def window_case(torch, dtype, seq_len=32768, window=4096, heads=16) -> dict:
     masked = [e["ms"] for n, e in t.items() if n.endswith("band-mask") and "ms" in e]
     if ours and masked:
         rec["ratio_vs_fastest_band_mask"] = min(masked) / ours
-    del q, k, v, band
+    q = k = v = band = None     # freed before empty_cache (the timed lambdas share these cells)
     torch.cuda.empty_cache()
     return rec
 
@@ -231,7 +231,7 @@ def _ncu_child(cases_path) -> int:
             attention(q, k, v, backend="numba")
             torch.cuda.synchronize()
             torch.cuda.cudart().cudaProfilerStop()
-        del q, k, v
+        q = k = v = None
         torch.cuda.empty_cache()
     return 0
 

@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import sys
 
-from ioaware.block_info import cdiv
 from sim.plans.tensor_core_bwd import MMA_HEAD_DIMS as SUPPORTED_HEAD_DIMS
 from sim.plans.tensor_core_bwd import STATIC_SMEM_LIMIT_BYTES as SMEM_LIMIT_BYTES
 from sim.plans import plan_for
@@ -58,7 +57,7 @@ from sim.plans.tensor_core_bwd import launch_of
 from sim.plans.tensor_core_bwd import mma_default_tiles as default_tiles
 from sim.plans.tensor_core_bwd import mma_dq_atomic_layout as dq_atomic_layout
 from sim.plans.tensor_core_bwd import mma_default_dq_mode as default_dq_mode
-from sim.plans.tensor_core_bwd import ATOMIC_DQ_FROM_CC, red_adds_pairs
+from sim.plans.tensor_core_bwd import red_adds_pairs
 from sim.plans.tensor_core_bwd import mma_dkdv_smem_bytes as dkdv_smem_bytes
 from sim.plans.tensor_core_bwd import mma_dq_smem_bytes as dq_smem_bytes
 from sim.plans.tensor_core_bwd import mma_k_in_shared as k_in_shared
@@ -751,7 +750,8 @@ def dq_mode(problem, config, head_dim=None) -> str:
     (deterministic) while torch's deterministic algorithms are on
     (``torch.use_deterministic_algorithms(True)``), as PyTorch's own backwards do; else the
     plan's rule for this GPU and head dim (`sim.plans.tensor_core_bwd.mma_default_dq_mode`:
-    "atomic" from compute capability `ATOMIC_DQ_FROM_CC` on at d = 128, "kernel" otherwise)."""
+    "atomic" from compute capability `sim.plans.tensor_core_bwd.ATOMIC_DQ_FROM_CC` on at
+    d = 128, "kernel" otherwise)."""
     if config.backward_dq is not None:
         return config.backward_dq
     torch = sys.modules.get("torch")

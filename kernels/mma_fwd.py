@@ -40,7 +40,6 @@ __all__ = ["forward", "prepare", "plan", "supports", "tiles", "default_blocks", 
 from sim.plans.tensor_core_fwd import MMA_BLOCK_K_CHOICES as BLOCK_K_CHOICES
 from sim.plans.tensor_core_fwd import MMA_BLOCK_Q_CHOICES as BLOCK_Q_CHOICES
 from sim.plans.tensor_core_fwd import MMA_HEAD_DIMS as SUPPORTED_HEAD_DIMS
-from sim.plans.tensor_core_fwd import SMEM_LIMIT_BYTES
 from sim.plans.tensor_core_fwd import mma_default_blocks as default_blocks
 from sim.plans.tensor_core_fwd import mma_smem_bytes as smem_bytes
 from sim.plans.tensor_core_fwd import mma_warp_m_tiles as warp_m_tiles

@@ -52,7 +52,6 @@ from .mask import band_arguments, score_mask
 __all__ = ["forward", "prepare", "plan", "supports", "tiles", "default_blocks", "smem_bytes", "presplit_ok",
            "get_kernel", "SUPPORTED_HEAD_DIMS", "BLOCK_Q_CHOICES", "BLOCK_K_CHOICES"]
 
-from sim.plans.tensor_core_fwd import SMEM_LIMIT_BYTES
 from sim.plans.tensor_core_fwd import TF32_BLOCK_K_CHOICES as BLOCK_K_CHOICES
 from sim.plans.tensor_core_fwd import TF32_BLOCK_Q_CHOICES as BLOCK_Q_CHOICES
 from sim.plans.tensor_core_fwd import TF32_DEFAULT_BLOCKS as DEFAULT_BLOCKS

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 import ioaware
 from ioaware import BlockMask, attention, attention_backward, scaled_dot_product_attention
 
-from .helpers import ATOL, RTOL, grads_close, random_qkv
+from .helpers import ATOL, RTOL, grads_close
 
 
 def _qkv(shape_q=(2, 4, 10, 8), shape_kv=(2, 4, 12, 8), dtype=np.float32):

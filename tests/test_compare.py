@@ -182,7 +182,7 @@ def test_backward_records_are_modelled_with_the_dq_mode_ncu_saw():
     v1 = dict(base, ncu_kernels=[{"name": "make_dkdv_kernel::flash_bwd_dkdv[abi:v1]"},
                                  {"name": "make_dq_kernel::flash_bwd_dq[abi:v1]"}])
     v2 = dict(base, ncu_kernels=[{"name": "make_dkdv_kernel_v2::flash_bwd_dkdv_v2[abi:v2]"}])
-    (_w1, s1, n1), (_w2, s2, n2) = C.model_for_record(v1), C.model_for_record(v2)
+    (s1, n1), (s2, n2) = C.model_for_record(v1)[1:], C.model_for_record(v2)[1:]
     assert (s1.dq_mode, s2.dq_mode) == ("kernel", "atomic")
     assert "separate" in n1 and "atomics" in n2
     assert C.model_for_record(base)[1].dq_mode == "atomic"

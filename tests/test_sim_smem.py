@@ -2,14 +2,12 @@
 the kernels' executed FLOP terms, the delta pre-pass's loads, and records mapped to them."""
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
 import sim
-from ioaware.block_info import BlockInfo, cdiv
+from ioaware.block_info import BlockInfo
 from sim.counts import closed_form, summarise, tile_stats_closed
 from sim.model import record_delta_kernel, record_micro_tiles
 from sim.smem import kernel_launch_shape, smem_bytes_by_phase, tile_smem_elems
