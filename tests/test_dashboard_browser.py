@@ -1,18 +1,18 @@
 """The dashboard in a real browser: `streamlit run dashboard/app.py` driven by headless Chromium
 (``dashboard.browser``, the DevTools protocol over the ``websockets`` client Streamlit ships).
 
-What is measured, and against which budget:
+What is checked (the times are printed; their budgets, 5 s for a cold start, 3 s for a page
+and 1 s for a widget, are targets of ``python -m dashboard.bench --browser``, not assertions
+here, so that a busy test machine cannot fail a correct dashboard):
 
-* **cold start** (< 5 s): from launching ``python -m streamlit run`` to the first page (``/``)
-  drawn — Explore's charts rendered, Streamlit idle — in a browser already open (its profile
-  fresh: no cached page assets). Python's import cache is warm by then (these packages have been
-  imported before on this machine and their bytecode is compiled, as on CI after the other
-  tests);
-* **page by URL** (< 3 s each): a full page load of ``/<page>`` into a running server, every
-  page including the default one, with no error box, no "page not found" dialog, the right
-  title, no internal vocabulary in the visible text, and no number of five digits or more
-  without thousands separators in a table;
-* **a widget change** (< 1 s): the step-through's *Next* button, click to the next step drawn;
+* **cold start**: launching ``python -m streamlit run`` opens the first page (``/``) on Explore
+  at ``/explore``, its charts drawn and Streamlit idle, in a browser already open (its profile
+  fresh: no cached page assets);
+* **page by URL**: a full page load of ``/<page>`` into a running server, every page including
+  the default one, with no error box, no "page not found" dialog, the right title, no internal
+  vocabulary in the visible text, and no number of five digits or more without thousands
+  separators in a table;
+* **a widget change**: the step-through's *Next* button draws the next step;
 * **play**: the step-through advances on its own after *Play*.
 
 Skipped when no Chromium is installed (Debian: ``apt-get install -y chromium``).
@@ -35,9 +35,6 @@ from dashboard import browser  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "data" / "fixture_results_synthetic.json"
-COLD_START_S = 5.0
-PAGE_LOAD_S = 3.0
-WIDGET_S = 1.0
 # Words of the code that must not reach the screen (as tests/test_dashboard.py checks).
 INTERNAL = re.compile(r"ioaware-numba|\bsim\b|flash_(fwd|bwd)|_v2\b|kernels_sha|\bq_block\b|"
                       r"\bk_block\b|(?<![\w.\d])-1(?![\d.])|\bissue\b|#\d{2,}|"
@@ -77,12 +74,12 @@ def app(br, malformed, tmp_path_factory):
         yield a, cold
 
 
-def test_cold_start_opens_explore_in_time(app, br):
+def test_cold_start_opens_explore(app, br):
     a, cold = app
     print(f"cold start: first page drawn {cold.seconds:.2f} s after launch")
     assert cold.state["title"] == "Explore"
     assert br.tools.evaluate("location.pathname") == "/explore"
-    assert cold.seconds < COLD_START_S, f"first page drawn {cold.seconds:.2f} s after launch"
+    assert not cold.state["errors"]
 
 
 @pytest.mark.parametrize("page", list(browser.PAGES))
@@ -94,7 +91,6 @@ def test_page_by_url(app, br, page):
     print(f"/{page}: drawn {load.seconds:.2f} s after navigation")
     assert load.state["title"] == browser.TITLES[page]
     assert not load.state["errors"]
-    assert load.seconds < PAGE_LOAD_S, f"/{page} drawn in {load.seconds:.2f} s"
     hits = sorted({m.group(0) for m in INTERNAL.finditer(br.visible_text())})
     assert not hits, f"/{page}: internal words on screen: {hits}"
     bare = [c for c in br.text('[data-testid="stTable"] td') if re.fullmatch(r"−?-?\d{5,}", c)]
@@ -110,7 +106,6 @@ def test_step_through_next_and_play(app, br):
     br.click("button", text="Next")
     load = br.wait_until(f"{STEP_HEADING}.startsWith('Step 2 of')", want, marker, t0=t0)
     print(f"Next: step 2 drawn {load.seconds:.2f} s after the click")
-    assert load.seconds < WIDGET_S, f"Next: step 2 drawn in {load.seconds:.2f} s"
     br.click("button", text="Play")
     br.wait_until(f"/^Step ([4-9]|[1-9][0-9]) of/.test({STEP_HEADING})", want, marker,
                   t0=time.monotonic(), timeout=15, settle=0.0)
