@@ -105,11 +105,17 @@ def sass_opcodes(sass: str) -> collections.Counter:
     return collections.Counter(sass_opcode_sequence(sass))
 
 
+#: One SASS instruction of a cuobjdump / nvdisasm listing: its opcode (after any predicate) and
+#: its text up to the ``;``.
+SASS_INSTRUCTION = re.compile(r"/\*[0-9a-f]{4}\*/\s+((?:@!?U?P[T0-9]\s+)?([A-Z][A-Z0-9_]*)[^;]*);")
+
+
 def split_probe(workdir, ptxas) -> list[str] | None:
-    """The SASS opcodes, in order, between the load and the store of a one-thread kernel that
-    splits one float32 with `kernels.ptx.split_tf32` (``big = cvt.rna.tf32(x)``, ``small =
-    cvt.rna.tf32(x - big)``): what one split costs on sm_90 (the kernel's address arithmetic
-    is among them). None without ptxas or a disassembler."""
+    """The SASS instructions (text), in order, between the load and the store of a one-thread
+    kernel that splits one float32 with `kernels.ptx.split_tf32` (``big``: x truncated to TF32
+    by a mask; ``small = x - big`` plus half a TF32 ulp) and stores ``big ^ small``: what one
+    split costs on sm_90 (the store's address arithmetic and the XOR are among them). None
+    without ptxas or a disassembler."""
     from numba import cuda, types
 
     from kernels import ptx
@@ -124,10 +130,11 @@ def split_probe(workdir, ptxas) -> list[str] | None:
     sass = disassemble(res["cubin"]) if res["cubin"] else None
     if not sass:
         return None
-    ops = sass_opcode_sequence(sass)
-    start = next((i for i, op in enumerate(ops) if op == "LDG"), 0)
-    end = next((i for i, op in enumerate(ops) if op == "STG"), len(ops))
-    return ops[start + 1:end]
+    ins = [(m.group(2), " ".join(m.group(1).split())) for m in SASS_INSTRUCTION.finditer(sass)
+           if m.group(2) != "NOP"]
+    start = next((i for i, (op, _t) in enumerate(ins) if op == "LDG"), 0)
+    end = next((i for i, (op, _t) in enumerate(ins) if op == "STG"), len(ins))
+    return [text for _op, text in ins[start + 1:end]]
 
 
 def disassemble(cubin: str) -> str | None:
@@ -245,12 +252,15 @@ def main(argv=None) -> int:
     if ptxas is None:
         print("ptxas not found: PTX counts only", flush=True)
     if args.tf32_split:
-        ops = split_probe(out, ptxas)
-        if ops is None:
+        ins = split_probe(out, ptxas)
+        if ins is None:
             print("no SASS: ptxas and cuobjdump or nvdisasm are needed", flush=True)
             return 1
-        print(f"one split (ptx.split_tf32, with the probe's address arithmetic), {len(ops)} "
-              f"SASS instructions between its load and its store: {' '.join(ops)}", flush=True)
+        print(f"one split (ptx.split_tf32, with the probe's address arithmetic and its XOR), "
+              f"{len(ins)} SASS instructions between its load and its store: "
+              f"{' '.join(t.split()[0] for t in ins)}", flush=True)
+        for text in ins:
+            print(f"  {text}", flush=True)
         return 0
     ok = True
 
