@@ -90,15 +90,24 @@ def interleave(tr: Trace, slots: dict | int, subset: np.ndarray | None = None) -
     return np.lexsort((index, pr, time, ph))
 
 
+def _compiled(fn):
+    """``fn`` compiled by Numba for the CPU on its first call, cached on disk where Numba finds
+    a writable place for it (beside this file, else the user's cache directory), else compiled
+    in each process."""
+    from numba import njit
+    try:
+        return njit(cache=True)(fn)
+    except RuntimeError:        # no cache locator (a read-only install without a user cache)
+        return njit(fn)
+
+
 @functools.cache
 def _interleave_loops():
     """The two passes of :func:`interleave` over every event, compiled by Numba (CPU):
     ``program_lengths(phase, program, step, n_phases) -> (programs per phase, last step + 1 of
     each program, phase by phase)`` and ``event_times(phase, program, step, offsets, start) ->
     start of the event's program + its step``."""
-    from numba import njit
-
-    @njit(cache=True)
+    @_compiled
     def program_lengths(phase, prog, step, n_phases):
         n_programs = np.zeros(n_phases, np.int64)
         for i in range(len(phase)):
@@ -114,7 +123,7 @@ def _interleave_loops():
                 lengths[j] = step[i] + 1
         return n_programs, lengths
 
-    @njit(cache=True)
+    @_compiled
     def event_times(phase, prog, step, offsets, start):
         time = np.empty(len(phase), np.int64)
         for i in range(len(phase)):
@@ -158,9 +167,7 @@ def _lru_replay():
     bytes a write touches) and, over capacity, evicts the head, whose dirty bytes are written
     in the current event's phase. At the end every resident granule's dirty bytes are written
     in the last event's phase."""
-    from numba import njit
-
-    @njit(cache=True)
+    @_compiled
     def replay(ops, addrs, sizes, phases, G, capacity, n_phases, n_granules):
         prev = np.full(n_granules, -1, np.int64)
         nxt = np.full(n_granules, -1, np.int64)
