@@ -191,22 +191,30 @@ def _c_times_shared_b(nt_k, nt_o, stride, mma3):
     where C is a warp's ``nt_k`` 16x8 score tiles ``c_reg`` used as A fragments (the C layout is
     the A layout under the k permutation: a0..a3 = c0, c2, c1, c3) and B is read from shared
     memory at ``t_addr`` (float32 rows ``stride`` floats apart, split here). The dQ += dS K,
-    dV += (P^T Z) dO and dK += dS^T Q products of the 3xTF32 backward."""
+    dV += (P^T Z) dO and dK += dS^T Q products of the 3xTF32 backward.
+
+    The k-steps are unrolled here, one inlined device function per k-step chained in order
+    (the same products in the same order as a loop over them): left to the compiler, the loop
+    over the k-steps at d = 128 stayed a loop, and ``c_reg``, indexed by its counter, went to
+    local memory (``python -m benchmarks check``: a 64-byte stack frame in the dQ kernel, 128
+    in the dK/dV kernel)."""
     from numba import cuda
 
     from . import ptx
-    NT_S, NT_O, STRIDE = nt_k, nt_o, stride
+    NT_O, STRIDE = nt_o, stride
 
-    @cuda.jit(device=True, inline=True)
-    def acc_c_times_b(c_reg, acc, t_addr):
-        for kp in range(NT_S):
-            j = kp * 4
-            p0 = ptx.split_tf32(c_reg[j])
-            p1 = ptx.split_tf32(c_reg[j + 2])
-            p2 = ptx.split_tf32(c_reg[j + 1])
-            p3 = ptx.split_tf32(c_reg[j + 3])
+    def k_step(kp):
+        J = kp * 4
+        ROW = kp * 8 * STRIDE
+
+        @cuda.jit(device=True, inline=True)
+        def step(c_reg, acc, t_addr):
+            p0 = ptx.split_tf32(c_reg[J])
+            p1 = ptx.split_tf32(c_reg[J + 2])
+            p2 = ptx.split_tf32(c_reg[J + 1])
+            p3 = ptx.split_tf32(c_reg[J + 3])
             for nt in range(NT_O):
-                xa = t_addr + 4 * (kp * 8 * STRIDE + nt * 8)
+                xa = t_addr + 4 * (ROW + nt * 8)
                 b0 = ptx.split_tf32(ptx.ld_shared_f32(xa))
                 b1 = ptx.split_tf32(ptx.ld_shared_f32(xa + 4 * STRIDE))
                 bb0, bb1, bs0, bs1 = b0[0], b1[0], b0[1], b1[1]
@@ -217,7 +225,22 @@ def _c_times_shared_b(nt_k, nt_o, stride, mma3):
                 for i in range(4):
                     acc[o + i] = d[i]
 
-    return acc_c_times_b
+        return step
+
+    def k_steps_from(kp):
+        step = k_step(kp)
+        if kp == nt_k - 1:
+            return step
+        rest = k_steps_from(kp + 1)
+
+        @cuda.jit(device=True, inline=True)
+        def steps(c_reg, acc, t_addr):
+            step(c_reg, acc, t_addr)
+            rest(c_reg, acc, t_addr)
+
+        return steps
+
+    return k_steps_from(0)
 
 
 def _build_dq_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, unroll,

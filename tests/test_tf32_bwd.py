@@ -330,3 +330,28 @@ def test_sliding_window_matches_float64(head_dim, n_q, n_k, window, causal):
     got = kernels_backward(q, k, v, out, lse, dout, config=config, **kw)
     rule = window_rule(n_q, n_k, window, bool(causal))[None, None]
     _assert_grads(got, reference_grads(q, k, v, dout, kw["scale"], mask=rule))
+
+
+def compile_d128_backward_kernels(outdir) -> list:
+    """`benchmarks.check` reports of the 3xTF32 dQ and dK/dV kernels at d = 128, causal and
+    not, at their default tiles (PTX for sm_90, then ptxas). Run in a process without the CUDA
+    simulator."""
+    from benchmarks.check import check_one
+    from benchmarks.common import allow_offline_compile, find_ptxas
+    allow_offline_compile()
+    return [check_one("tf32", kernel, 128, "fp32", causal, workdir=str(outdir), ptxas=find_ptxas())
+            for kernel in ("dq", "dkdv") for causal in (False, True)]
+
+
+def test_d128_backward_kernels_keep_their_fragments_in_registers(tmp_path):
+    """No local memory, stack frame or spills: the dQ += dS K and dV, dK products unroll their
+    k-steps (`_c_times_shared_b`), so the score fragments stay in registers (left to the
+    compiler they went to a 64-byte and a 128-byte stack frame)."""
+    from .helpers import compile_sm90a_in_child
+    _ptxas, reports = compile_sm90a_in_child("tests.test_tf32_bwd", "compile_d128_backward_kernels",
+                                             tmp_path, timeout=900)
+    for rep in reports:
+        where = f"{rep['kernel']} causal={rep['causal']}"
+        assert rep["ptx_local_decl"] == 0 and rep["ptx_ld_st_local"] == 0, where
+        assert tuple(rep["stack_spill_st_ld"]) == (0, 0, 0), where
+        assert rep["ptx_mma"] > 0 and not rep.get("ptxas_error") and not rep.get("sass_ldl_stl"), where
