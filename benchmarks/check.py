@@ -91,23 +91,26 @@ def ptx_mma_loops(ptx: str) -> list[tuple[int, int]]:
     return out
 
 
-#: The opcode of one SASS instruction line of cuobjdump / nvdisasm (after any predicate).
-SASS_OPCODE = re.compile(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P[T0-9]\s+)?([A-Z][A-Z0-9_]*)")
+#: One SASS instruction of a cuobjdump / nvdisasm listing: its text up to the ``;`` and its
+#: opcode (after any predicate).
+SASS_INSTRUCTION = re.compile(r"/\*[0-9a-f]{4}\*/\s+((?:@!?U?P[T0-9]\s+)?([A-Z][A-Z0-9_]*)[^;]*);")
+
+
+def sass_instructions(sass: str) -> list[tuple[str, str]]:
+    """``(opcode, text)`` of a listing's instructions in order (opcode without modifiers, text
+    with its predicate and operands, spaces collapsed), NOPs left out."""
+    return [(m.group(2), " ".join(m.group(1).split())) for m in SASS_INSTRUCTION.finditer(sass)
+            if m.group(2) != "NOP"]
 
 
 def sass_opcode_sequence(sass: str) -> list[str]:
     """The opcodes (without modifiers) of a listing's instructions in order, NOPs left out."""
-    return [op for op in SASS_OPCODE.findall(sass) if op != "NOP"]
+    return [op for op, _text in sass_instructions(sass)]
 
 
 def sass_opcodes(sass: str) -> collections.Counter:
     """Static count of each SASS opcode (without its modifiers) in a listing, NOPs left out."""
     return collections.Counter(sass_opcode_sequence(sass))
-
-
-#: One SASS instruction of a cuobjdump / nvdisasm listing: its opcode (after any predicate) and
-#: its text up to the ``;``.
-SASS_INSTRUCTION = re.compile(r"/\*[0-9a-f]{4}\*/\s+((?:@!?U?P[T0-9]\s+)?([A-Z][A-Z0-9_]*)[^;]*);")
 
 
 def split_probe(workdir, ptxas) -> list[str] | None:
@@ -130,8 +133,7 @@ def split_probe(workdir, ptxas) -> list[str] | None:
     sass = disassemble(res["cubin"]) if res["cubin"] else None
     if not sass:
         return None
-    ins = [(m.group(2), " ".join(m.group(1).split())) for m in SASS_INSTRUCTION.finditer(sass)
-           if m.group(2) != "NOP"]
+    ins = sass_instructions(sass)
     start = next((i for i, (op, _t) in enumerate(ins) if op == "LDG"), 0)
     end = next((i for i, (op, _t) in enumerate(ins) if op == "STG"), len(ins))
     return [text for _op, text in ins[start + 1:end]]

@@ -63,8 +63,8 @@ def interleave(tr: Trace, slots: dict | int, subset: np.ndarray | None = None) -
     n_phases = len(tr.phases)
     program_lengths, event_times = _interleave_loops()
     # -- each program's length (its last step + 1), per phase --
-    n_programs, lengths = program_lengths(phase, prog, step, n_phases)
-    offsets = np.concatenate([[0], np.cumsum(n_programs)])
+    offsets, lengths = program_lengths(phase, prog, step, n_phases)
+    n_programs = np.diff(offsets)
     # -- greedy list scheduling of each phase's programs onto its slots, in launch order --
     start = np.zeros(int(offsets[-1]), dtype=np.int64)
     for pid, pname in enumerate(tr.phases):
@@ -104,8 +104,9 @@ def _compiled(fn):
 @functools.cache
 def _interleave_loops():
     """The two passes of :func:`interleave` over every event, compiled by Numba (CPU):
-    ``program_lengths(phase, program, step, n_phases) -> (programs per phase, last step + 1 of
-    each program, phase by phase)`` and ``event_times(phase, program, step, offsets, start) ->
+    ``program_lengths(phase, program, step, n_phases) -> (offsets, lengths)``: where each
+    phase's programs start in ``lengths`` (and after the last, the count), and each program's
+    last step + 1, phase by phase; and ``event_times(phase, program, step, offsets, start) ->
     start of the event's program + its step``."""
     @_compiled
     def program_lengths(phase, prog, step, n_phases):
@@ -121,7 +122,7 @@ def _interleave_loops():
             j = offsets[phase[i]] + prog[i]
             if step[i] + 1 > lengths[j]:
                 lengths[j] = step[i] + 1
-        return n_programs, lengths
+        return offsets, lengths
 
     @_compiled
     def event_times(phase, prog, step, offsets, start):

@@ -196,16 +196,17 @@ class _Builder:
             self.cols = {k: [] for k in _INT_COLS}
         return len(self.chunks)
 
-    def slices(self, slice_bi: dict, prog: int, walk) -> int:
-        """Every (b, h) slice of the workload in order, b outer: ``walk(prog, b, h, bi,
-        key_len)`` records one slice's events for programs from ``prog`` on and returns the
-        next program. A slice whose (BlockInfo, key length) an earlier slice had visits the same
-        tiles in the same steps, so its events are that slice's with the program ids, b, h and
-        addresses moved to it (h: the query head, or its KV head on tensors with the KV heads'
-        count, as the walks record them); a walk whose events do not follow that rule is run
-        for every slice. Returns the next program."""
+    def slices(self, slice_bi: dict, walk) -> int:
+        """Every (b, h) slice of the workload in order, b outer, programs numbered from 0:
+        ``walk(prog, b, h, bi, key_len)`` records one slice's events for programs from ``prog``
+        on and returns the next program. A slice whose (BlockInfo, key length) an earlier slice
+        had visits the same tiles in the same steps, so its events are that slice's with the
+        program ids, b, h and addresses moved to it (h: the query head, or its KV head on
+        tensors with the KV heads' count, as the walks record them); a walk whose events do not
+        follow that rule is run for every slice. Returns the number of programs."""
         w = self.w
         templates: dict = {}
+        prog = 0
         for b in range(w.batch):
             for h in range(w.heads):
                 bi, key_len = slice_bi[(b, h)]
@@ -402,7 +403,7 @@ def trace(workload: Workload, schedule: Schedule, profile=None, *, block_q=None,
                     prog += 1
                 return prog
 
-            tb.n_programs["fwd"] = tb.slices(slice_bi, 0, walk)
+            tb.n_programs["fwd"] = tb.slices(slice_bi, walk)
         elif schedule.name == "flash1" and p == "fwd":
             tb.phase("fwd")
 
@@ -432,7 +433,7 @@ def trace(workload: Workload, schedule: Schedule, profile=None, *, block_q=None,
                         step += 1
                 return prog + 1
 
-            tb.n_programs["fwd"] = tb.slices(slice_bi, 0, walk)
+            tb.n_programs["fwd"] = tb.slices(slice_bi, walk)
         elif schedule.name == "flash1" and p == "bwd":
             tb.phase("bwd.main")
             dk, dv = ("dK_exp", "dV_exp") if gqa else ("dK", "dV")
@@ -462,7 +463,7 @@ def trace(workload: Workload, schedule: Schedule, profile=None, *, block_q=None,
                     step += 1
                 return prog + 1
 
-            tb.n_programs["bwd.main"] = tb.slices(slice_bi, 0, walk)
+            tb.n_programs["bwd.main"] = tb.slices(slice_bi, walk)
         elif schedule.name == "flash2" and p == "bwd":
             dk, dv = ("dK_exp", "dV_exp") if gqa else ("dK", "dV")
             atomic = schedule.dq_mode == "atomic"
@@ -488,7 +489,7 @@ def trace(workload: Workload, schedule: Schedule, profile=None, *, block_q=None,
                     prog += 1
                 return prog
 
-            tb.n_programs["bwd.pre"] = tb.slices(slice_bi, 0, walk)
+            tb.n_programs["bwd.pre"] = tb.slices(slice_bi, walk)
             # -- main loop: one program per K/V block, Q blocks streamed (atomic: dQ by fp32 atomics) --
             tb.phase("bwd.main")
             mm_main = 10 if atomic else 8
@@ -520,7 +521,7 @@ def trace(workload: Workload, schedule: Schedule, profile=None, *, block_q=None,
                     prog += 1
                 return prog
 
-            tb.n_programs["bwd.main"] = tb.slices(slice_bi, 0, walk)
+            tb.n_programs["bwd.main"] = tb.slices(slice_bi, walk)
             if not atomic:
                 # -- dQ kernel: one program per Q block, K/V blocks streamed; S, dP recomputed --
                 tb.phase("bwd.dq")
@@ -547,7 +548,7 @@ def trace(workload: Workload, schedule: Schedule, profile=None, *, block_q=None,
                         prog += 1
                     return prog
 
-                tb.n_programs["bwd.dq"] = tb.slices(slice_bi, 0, walk)
+                tb.n_programs["bwd.dq"] = tb.slices(slice_bi, walk)
             if post:
                 # -- convert dQacc (fp32) to dQ --
                 tb.phase("bwd.post")
@@ -560,7 +561,7 @@ def trace(workload: Workload, schedule: Schedule, profile=None, *, block_q=None,
                         prog += 1
                     return prog
 
-                tb.n_programs["bwd.post"] = tb.slices(slice_bi, 0, walk)
+                tb.n_programs["bwd.post"] = tb.slices(slice_bi, walk)
         if p == "bwd" and gqa:
             _reduce(tb, w)
     tr = tb.build(meta)

@@ -3,8 +3,8 @@
 numba-cuda's ``FakeCUDAShared.array`` looks a block's shared array up by the calling line and,
 when absent, creates and stores it, with no lock, from each simulated thread. Two threads that
 both look up before either stores get an array each; one of them then works on a private copy
-that the rest of its block never sees (the forward's rows came out wrong about once in 200
-launches at a 1 us switch interval). The two threads here meet inside the allocation, which
+that the rest of its block never sees (the simt forward's rows of a CI run came out wrong,
+rarely). The two threads here meet inside the allocation, which
 forces that interleaving wherever the look-up and the store are not one atomic step.
 """
 import threading

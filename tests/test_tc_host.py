@@ -374,10 +374,11 @@ def test_sass_opcodes_of_a_listing():
         "        /*0230*/                   NOP ;",
     ])
     assert check.sass_opcodes(sass) == {"VIADD": 1, "FSETP": 1, "IMAD": 1, "LOP3": 2, "HMMA": 1}
-    texts = [(m.group(2), " ".join(m.group(1).split())) for m in check.SASS_INSTRUCTION.finditer(sass)]
+    texts = check.sass_instructions(sass)
     assert texts[0] == ("VIADD", "VIADD R7, R4.reuse, 0x1000")
     assert texts[2] == ("IMAD", "@!P0 IMAD.IADD.U32 R0, R0, 0x1, R13")
-    assert [op for op, _t in texts] == ["VIADD", "FSETP", "IMAD", "LOP3", "LOP3", "HMMA", "NOP"]
+    assert [op for op, _t in texts] == ["VIADD", "FSETP", "IMAD", "LOP3", "LOP3", "HMMA"]
+    assert check.sass_opcode_sequence(sass) == [op for op, _t in texts]
 
 
 def test_innermost_mma_loops_of_a_ptx_listing():
