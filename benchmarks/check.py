@@ -158,8 +158,8 @@ def default_tiles(family: str, kernel: str, head_dim: int, causal: bool, dropout
                   else tf32_fwd.default_blocks(head_dim))
         return blocks[0], blocks[1], None
     bwd = mma_bwd if family == "mma" else tf32_bwd
-    bm, bn = bwd.default_tiles(head_dim)[kernel]      # (dkdv_atomic: the mma family's own)
-    if family == "tf32" and kernel == "dkdv":
+    bm, bn = bwd.default_tiles(head_dim)[kernel]      # (dkdv_atomic: the family's own)
+    if family == "tf32" and kernel in ("dkdv", "dkdv_atomic"):
         override = tf32_bwd.dkdv_dropout_config(head_dim, bn, dropout)
         return bm, override.get("block_q", bn), override.get("unroll")
     return bm, bn, None

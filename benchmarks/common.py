@@ -459,8 +459,8 @@ def kernel_signature(family: str, kernel: str, dtype: str) -> tuple:
     tail += (f32, f32, u32, u32, f32, i64, i64)   # ..., inv_keep, band_lo, band_hi
     if kernel == "dq":
         return (x4, x4, x4, x4, x4, f3, f3, x4) + tail
-    if kernel == "dkdv":      # the mma family's takes the float32 dQ accumulator after dV
-        return (x4, x4, x4, x4, f3, f3, x4, x4) + ((f4,) if family == "mma" else ()) + tail
+    if kernel == "dkdv":      # the float32 dQ accumulator after dV
+        return (x4, x4, x4, x4, f3, f3, x4, x4, f4) + tail
     raise ValueError(f"the tensor-core kernels are fwd, dq and dkdv, got {kernel!r}")
 
 
@@ -472,7 +472,7 @@ def build_kernel(family: str, kernel: str, head_dim: int, dtype: str, causal: bo
     query rows x keys; dK/dV: key rows x queries), ``tile`` the CUDA-core micro-tile (tm, tn),
     ``head_group`` the tensor-core kernels' launch order (None: the default of the pass,
     `kernels.tile_scheduler.DEFAULT_HEAD_GROUP`), ``unroll`` the 3xTF32 backward's k-loop
-    unrolling (None: its default), ``dq_atomic`` (the mma dK/dV kernel): it adds dQ by atomics,
+    unrolling (None: its default), ``dq_atomic`` (the dK/dV kernels): it adds dQ by atomics,
     two floats per ``red`` (sm_90)."""
     from kernels import mma_bwd, mma_fwd, simt_bwd, simt_fwd, tf32_bwd, tf32_fwd, tile_scheduler
     from kernels.config import TileConfig
@@ -504,8 +504,13 @@ def build_kernel(family: str, kernel: str, head_dim: int, dtype: str, causal: bo
         if kernel == "fwd":
             kern = tf32_fwd.get_kernel(d, block_m, block_n, causal, has_mask, dropout, group)
         else:
-            get = tf32_bwd.get_dq_kernel if kernel == "dq" else tf32_bwd.get_dkdv_kernel
-            kern = get(d, block_m, block_n, causal, has_mask, dropout, group, unroll=unroll)
+            if kernel == "dq":
+                kern = tf32_bwd.get_dq_kernel(d, block_m, block_n, causal, has_mask, dropout,
+                                              group, unroll=unroll)
+            else:
+                kern = tf32_bwd.get_dkdv_kernel(d, block_m, block_n, causal, has_mask, dropout,
+                                                group, unroll=unroll,
+                                                dq_atomic="v2" if dq_atomic else False)
     else:
         raise ValueError(f"family must be simt, mma or tf32, got {family!r}")
     return kern, kernel_signature(family, kernel, dtype), kern.threads

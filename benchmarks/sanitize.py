@@ -137,8 +137,8 @@ def run_family(family: str, torch=None, seed: int = 0) -> None:
         pb = attention_problem(q, k, v, **kw)
         out, lse = kernels.forward(pb, config)
         grads = ()
-        if family not in FORWARD_ONLY:       # the mma backward under both dQ modes
-            modes = ("kernel", "atomic") if family == "mma" else (None,)
+        if family not in FORWARD_ONLY:       # the tensor-core backwards under both dQ modes
+            modes = ("kernel", "atomic") if family in ("mma", "tf32") else (None,)
             grads = tuple(g for m in modes for g in kernels.backward(
                 pb, out, lse, dout, kernels.KernelConfig(family=family, backward_dq=m)))
         if torch is not None:

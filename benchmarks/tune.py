@@ -27,13 +27,14 @@ ratio for each backward order. Each order's outputs are compared with the defaul
 tile's arithmetic does not depend on which block runs it, so the difference should be exactly 0.
 These runs chose `kernels.tile_scheduler.DEFAULT_HEAD_GROUP`.
 
-``--backward-dq``: the ``mma`` backward's two ways of computing dQ
-(``KernelConfig.backward_dq``, `kernels.mma_bwd`), for float16 and bfloat16, each head dim,
-causal off and on and N in `DQ_SEQ_LENS`: the backward alone under "kernel" (a dQ kernel, then
-the dK/dV kernel) and "atomic" (pre-pass, the dK/dV kernel adding dS K into a float32
-accumulator, conversion), each kernel's time, the largest difference between the two modes'
-gradients, and SDPA FLASH's backward (its forward + backward less its forward). These runs
-chose `kernels.mma_bwd.dq_mode`'s default.
+``--backward-dq``: the tensor-core backwards' two ways of computing dQ
+(``KernelConfig.backward_dq``: `kernels.mma_bwd` for float16 and bfloat16, `kernels.tf32_bwd`
+for float32; ``--dtype``), each head dim, causal off and on and N in `DQ_SEQ_LENS`: the
+backward alone under "kernel" (a dQ kernel, then the dK/dV kernel) and "atomic" (pre-pass, the
+dK/dV kernel adding dS K into a float32 accumulator, conversion), each kernel's time, the
+largest difference between the two modes' gradients, and SDPA's backward (its forward +
+backward less its forward; FLASH for the halves, EFFICIENT for float32). These runs chose the
+family's ``dq_mode`` default.
 
 ``--profile DTYPE:D:causal|full:N`` (e.g. ``fp32:128:causal:8192``) runs that case's forward and
 backward once per order of `PROFILE_ORDERS`, each after a warm-up call, between
@@ -276,16 +277,18 @@ def backward_dq_case(torch, dt, d, causal, n, progress=print) -> dict:
     import torch.nn.functional as F
 
     import kernels
-    from kernels import mma_bwd
+    from kernels import mma_bwd, tf32_bwd
+    family, module = ("tf32", tf32_bwd) if dt == "fp32" else ("mma", mma_bwd)
+    backend = "sdpa-efficient" if dt == "fp32" else "sdpa-flash"
     b, h, q, k, v, do = benchmark_inputs(torch, dt, d, n)
     pb = attention_problem(q, k, v, causal=causal)
     rec = {"dtype": dt, "head_dim": d, "causal": causal, "seq_len": n, "batch": b, "heads": h,
-           "default": mma_bwd.dq_mode(pb, kernels.KernelConfig()), "bwd_ms": {},
-           "bwd_kernel_ms": {}}
+           "family": family, "default": module.dq_mode(pb, kernels.KernelConfig()),
+           "bwd_ms": {}, "bwd_kernel_ms": {}, "sdpa_backend": backend}
     out, lse = kernels.forward(pb)
     grads = {}
     for mode in DQ_MODES:
-        cfg = kernels.KernelConfig(family="mma", backward_dq=mode)
+        cfg = kernels.KernelConfig(family=family, backward_dq=mode)
         run = kernels.prepare_backward(pb, cfg)
         grads[mode] = run(q, k, v, out, lse, do)
         rec["bwd_ms"][mode] = time_cuda(torch, lambda: run(q, k, v, out, lse, do),
@@ -296,36 +299,45 @@ def backward_dq_case(torch, dt, d, causal, n, progress=print) -> dict:
     qg, kg, vg = (x.detach().requires_grad_(True) for x in (q, k, v))
 
     def sdpa_run(backward):
-        with sdpa_context("sdpa-flash"):
+        with sdpa_context(backend):
             o = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
             if backward:
                 o.backward(do)
                 qg.grad = kg.grad = vg.grad = None
     fwd = time_cuda(torch, lambda: sdpa_run(False), timing="device")[0]
-    rec["sdpa_flash_bwd_ms"] = time_cuda(torch, lambda: sdpa_run(True), timing="device")[0] - fwd
+    rec["sdpa_bwd_ms"] = time_cuda(torch, lambda: sdpa_run(True), timing="device")[0] - fwd
     rec["atomic_speedup"] = rec["bwd_ms"]["kernel"] / rec["bwd_ms"]["atomic"]
     progress(f"{dt} d={d} causal={causal} N={n}: " + " ".join(
         f"{m} {rec['bwd_ms'][m]:.3f} ms ({'+'.join(f'{x:.3f}' for x in rec['bwd_kernel_ms'][m])})"
-        for m in DQ_MODES) + f" | atomic {rec['atomic_speedup']:.2f}x faster | FLASH bwd "
-        f"{rec['sdpa_flash_bwd_ms']:.3f} ms | max |diff| {rec['max_abs_diff_between_modes']:.3g}")
+        for m in DQ_MODES) + f" | atomic {rec['atomic_speedup']:.2f}x faster | {backend} bwd "
+        f"{rec['sdpa_bwd_ms']:.3f} ms | max |diff| {rec['max_abs_diff_between_modes']:.3g}")
     return rec
+
+
+def _sdpa_bwd_ms(row) -> tuple[str, float]:
+    """(backend, backward ms) of a ``--backward-dq`` row (files before float32 rows name FLASH's
+    alone)."""
+    if "sdpa_bwd_ms" in row:
+        return row["sdpa_backend"].removeprefix("sdpa-").upper(), row["sdpa_bwd_ms"]
+    return "FLASH", row["sdpa_flash_bwd_ms"]
 
 
 def show_backward_dq(path) -> None:
     """The table of a ``--backward-dq`` file: per case the two modes' backward times, the
-    atomic mode's speed-up and FLASH's backward against each mode."""
+    atomic mode's speed-up and SDPA's backward (FLASH, or EFFICIENT for float32) against each
+    mode."""
     with open(path) as f:
         data = json.load(f)
     print(f"# {data['provenance'].get('gpu', '?')}  "
           f"{data['provenance'].get('date', '?')}  ({data['provenance'].get('command', '?')})")
     print(f"{'dtype':>5} {'d':>4} {'causal':>6} {'N':>5} {'kernel ms':>10} {'atomic ms':>10} "
-          f"{'speed-up':>8} {'FLASH/kernel':>12} {'FLASH/atomic':>12}")
+          f"{'speed-up':>8} {'SDPA':>9} {'SDPA/kernel':>11} {'SDPA/atomic':>11}")
     for r in data["rows"]:
-        fl = r["sdpa_flash_bwd_ms"]
+        backend, sd = _sdpa_bwd_ms(r)
         print(f"{r['dtype']:>5} {r['head_dim']:>4} {str(r['causal']):>6} {r['seq_len']:>5} "
               f"{r['bwd_ms']['kernel']:10.3f} {r['bwd_ms']['atomic']:10.3f} "
-              f"{r['atomic_speedup']:8.2f} {fl / r['bwd_ms']['kernel']:12.2f} "
-              f"{fl / r['bwd_ms']['atomic']:12.2f}")
+              f"{r['atomic_speedup']:8.2f} {backend:>9} {sd / r['bwd_ms']['kernel']:11.2f} "
+              f"{sd / r['bwd_ms']['atomic']:11.2f}")
 
 
 def profile_case(torch, dt, d, causal, n) -> dict:
@@ -472,13 +484,18 @@ def main(argv=None) -> int:
     what.add_argument("--family", choices=tuple(FAMILY_DTYPE), help="time this family's block sizes")
     what.add_argument("--orders", action="store_true", help="time the launch orders")
     what.add_argument("--backward-dq", action="store_true",
-                      help="time the mma backward's dQ kernel against dQ by atomics")
+                      help="time the tensor-core backwards' dQ kernel against dQ by atomics")
     what.add_argument("--show-backward-dq", metavar="FILE.json", default=None,
                       help="print a --backward-dq file as a table (CPU)")
     ap.add_argument("--n", type=int, default=4096, help="--family: sequence length")
-    ap.add_argument("--d", type=int, nargs="+", default=[64, 128], help="--family: head dims")
+    ap.add_argument("--d", type=int, nargs="+", default=[64, 128],
+                    help="--family, --backward-dq: head dims")
+    ap.add_argument("--dtype", nargs="+", choices=("fp16", "bf16", "fp32"),
+                    default=["fp16", "bf16"], help="--backward-dq: dtypes (fp32: the tf32 family)")
+    ap.add_argument("--seq-lens", type=int, nargs="+", default=list(DQ_SEQ_LENS),
+                    help="--backward-dq: sequence lengths")
     ap.add_argument("--causal", choices=("off", "on", "both"), default="both",
-                    help="--family: causal masking")
+                    help="--family, --backward-dq: causal masking")
     ap.add_argument("--quick", action="store_true", help="--orders: two cases only")
     ap.add_argument("--profile", metavar="DTYPE:D:causal|full:N", default=None,
                     help="--orders: run one case per order for a profiler (ncu --metrics "
@@ -537,10 +554,10 @@ def main(argv=None) -> int:
     say = lambda s: print(s, flush=True)  # noqa: E731
     if args.backward_dq:
         rows = []
-        for dt in ("fp16", "bf16"):
+        for dt in args.dtype:
             for d in args.d:
-                for causal in (False, True):
-                    for n in DQ_SEQ_LENS:
+                for causal in _causals(args.causal):
+                    for n in args.seq_lens:
                         rows.append(backward_dq_case(torch, dt, d, causal, n, progress=say))
                         torch.cuda.empty_cache()
                         save(rows)

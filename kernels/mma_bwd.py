@@ -652,41 +652,49 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, is_bf16, causal, has_mask, ha
     return kernel
 
 
-def get_prepass_kernel(head_dim, is_bf16):
-    """The compiled-on-first-launch pre-pass of the atomic-dQ backward (cached):
-    `_build_prepass_kernel`."""
-    return compile_cache.built(_build_prepass_kernel, head_dim, bool(is_bf16))
+def get_prepass_kernel(head_dim, dtype):
+    """The compiled-on-first-launch pre-pass of the atomic-dQ backward (cached) for inputs of
+    ``dtype`` ("float16", "bfloat16" or "float32": the 3xTF32 backward's): `_build_prepass_kernel`."""
+    return compile_cache.built(_build_prepass_kernel, head_dim, _row_dtype(dtype))
 
 
-def get_convert_kernel(head_dim, is_bf16):
-    """The compiled-on-first-launch dQ conversion of the atomic-dQ backward (cached):
-    `_build_convert_kernel`."""
-    return compile_cache.built(_build_convert_kernel, head_dim, bool(is_bf16))
+def get_convert_kernel(head_dim, dtype):
+    """The compiled-on-first-launch dQ conversion of the atomic-dQ backward (cached), dQ in
+    ``dtype``: `_build_convert_kernel`."""
+    return compile_cache.built(_build_convert_kernel, head_dim, _row_dtype(dtype))
 
 
-def _build_prepass_kernel(head_dim, is_bf16):
+def _row_dtype(dtype) -> str:
+    dtype = str(dtype).rsplit(".", 1)[-1]
+    if dtype not in ("float16", "bfloat16", "float32"):
+        raise ValueError(f"dtype must be float16, bfloat16 or float32, got {dtype!r}")
+    return dtype
+
+
+def _build_prepass_kernel(head_dim, dtype):
     """delta = rowsum(dO * O) and a zeroed float32 dQ accumulator, grid
     (cdiv(Nq, ROW_WARPS), B * Hq): a warp per query row, lanes along the head dim (coalesced
-    32-bit loads of packed halves, products in float32)."""
-    return _row_warp_kernel(head_dim, "prepass", is_bf16)
+    32-bit loads: packed halves, or floats; products in float32)."""
+    return _row_warp_kernel(head_dim, "prepass", dtype)
 
 
-def _build_convert_kernel(head_dim, is_bf16):
-    """dQ = scale * dQ_acc in the input dtype (packed halves), grid as the pre-pass."""
-    return _row_warp_kernel(head_dim, "convert", is_bf16)
+def _build_convert_kernel(head_dim, dtype):
+    """dQ = scale * dQ_acc in the input dtype (packed halves, or floats), grid as the pre-pass."""
+    return _row_warp_kernel(head_dim, "convert", dtype)
 
 
-def _row_warp_kernel(head_dim, job, is_bf16=False):
+def _row_warp_kernel(head_dim, job, dtype="float16"):
     from numba import cuda, float32
 
     from . import ptx
 
     D = head_dim
+    F32 = dtype == "float32"
     WORDS = D // 64                     # 32-bit words (two halves) per lane
     ZEROS = D // 32                     # float32 accumulator elements per lane
     THREADS = 32 * ROW_WARPS
-    pack = ptx.pack_bf16x2 if is_bf16 else ptx.pack_f16x2
-    unpack = ptx.unpack_bf16x2 if is_bf16 else ptx.unpack_f16x2
+    pack = ptx.pack_bf16x2 if dtype == "bfloat16" else ptx.pack_f16x2
+    unpack = ptx.unpack_bf16x2 if dtype == "bfloat16" else ptx.unpack_f16x2
     assert D % 64 == 0
 
     @cuda.jit(device=True, inline=True)
@@ -701,15 +709,21 @@ def _row_warp_kernel(head_dim, job, is_bf16=False):
         def kernel(out, dout, delta, dq_acc, n_q):
             lane, row, b, h = warp_row(dq_acc.shape[1])
             if row < n_q:
-                # -- delta = rowsum(dO * O): two halves a lane a word, a shuffle reduction --
+                # -- delta = rowsum(dO * O): two halves a lane a word (or a float a lane a
+                #    pass), a shuffle reduction --
                 acc = float32(0.0)
-                for j in range(WORDS):
-                    col = 2 * (lane + 32 * j)
-                    ow = ptx.ld_global_u32(ptx.global_addr(out, b, h, row, col))
-                    gw = ptx.ld_global_u32(ptx.global_addr(dout, b, h, row, col))
-                    o2 = unpack(ow)
-                    g2 = unpack(gw)
-                    acc += o2[0] * g2[0] + o2[1] * g2[1]
+                if F32:
+                    for j in range(ZEROS):
+                        col = lane + 32 * j
+                        acc += out[b, h, row, col] * dout[b, h, row, col]
+                else:
+                    for j in range(WORDS):
+                        col = 2 * (lane + 32 * j)
+                        ow = ptx.ld_global_u32(ptx.global_addr(out, b, h, row, col))
+                        gw = ptx.ld_global_u32(ptx.global_addr(dout, b, h, row, col))
+                        o2 = unpack(ow)
+                        g2 = unpack(gw)
+                        acc += o2[0] * g2[0] + o2[1] * g2[1]
                 for off in (16, 8, 4, 2, 1):
                     acc += cuda.shfl_xor_sync(0xFFFFFFFF, acc, off)
                 if lane == 0:
@@ -722,11 +736,18 @@ def _row_warp_kernel(head_dim, job, is_bf16=False):
         def kernel(dq_acc, dq, n_q, scale):
             lane, row, b, h = warp_row(dq_acc.shape[1])
             if row < n_q:
-                # -- dQ = scale * dQ_acc, rounded to the input dtype, two elements a lane --
-                for j in range(WORDS):
-                    col = 2 * (lane + 32 * j)
-                    w = pack(dq_acc[b, h, row, col] * scale, dq_acc[b, h, row, col + 1] * scale)
-                    ptx.st_global_u32(ptx.global_addr(dq, b, h, row, col), w)
+                if F32:
+                    # -- dQ = scale * dQ_acc, a float a lane a pass --
+                    for j in range(ZEROS):
+                        col = lane + 32 * j
+                        dq[b, h, row, col] = dq_acc[b, h, row, col] * scale
+                else:
+                    # -- dQ = scale * dQ_acc, rounded to the input dtype, two elements a lane --
+                    for j in range(WORDS):
+                        col = 2 * (lane + 32 * j)
+                        w = pack(dq_acc[b, h, row, col] * scale,
+                                 dq_acc[b, h, row, col + 1] * scale)
+                        ptx.st_global_u32(ptx.global_addr(dq, b, h, row, col), w)
 
     kernel.threads = THREADS
     kernel.smem_bytes = 0
@@ -825,16 +846,16 @@ def prepare(problem, config):
     drop = dropout_constants(pb.seed, pb.dropout_p)
     group = tile_scheduler.head_group(config.launch_order, pb.causal, "bwd")
     causal, window, band_lo, band_hi = band_arguments(pb)
-    features = (str(pb.dtype).endswith("bfloat16"), causal, pb.mask is not None,
-                drop.enabled, group, window)
+    dtype = "bfloat16" if str(pb.dtype).endswith("bfloat16") else "float16"
+    features = (dtype == "bfloat16", causal, pb.mask is not None, drop.enabled, group, window)
     if the_plan.config.get("dq_mode") == "atomic":
         return host.prepare_tensor_core_backward(
             pb, config, None, None, None,
             get_dkdv_kernel(pb.head_dim, kv_bk, kv_bq, *features, dq_atomic=_red_width()),
             launch_of(the_plan, "dkdv"), tile_scheduler.device_schedule(pb, kv_bq, kv_bk, "q"),
             drop, words=True, band=(band_lo, band_hi),
-            dq_acc=((get_prepass_kernel(pb.head_dim, features[0]), launch_of(the_plan, "pre")),
-                    (get_convert_kernel(pb.head_dim, features[0]),
+            dq_acc=((get_prepass_kernel(pb.head_dim, dtype), launch_of(the_plan, "pre")),
+                    (get_convert_kernel(pb.head_dim, dtype),
                      launch_of(the_plan, "convert"))))
     return host.prepare_tensor_core_backward(
         pb, config,

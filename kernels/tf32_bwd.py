@@ -60,16 +60,22 @@ then runs the CUDA-core family.
 from __future__ import annotations
 
 import functools
+import sys
 
 from sim.plans.tensor_core_bwd import STATIC_SMEM_LIMIT_BYTES as SMEM_LIMIT_BYTES
 from sim.plans.tensor_core_bwd import TF32_HEAD_DIMS as SUPPORTED_HEAD_DIMS
 from sim.plans.tensor_core_bwd import TF32_PAD_FLOATS as PAD_FLOATS
+from sim.plans.tensor_core_bwd import TF32_DS_PAD_FLOATS as DS_PAD_FLOATS
+from sim.plans.tensor_core_bwd import TF32_K_TILE_PAD_FLOATS as K_TILE_PAD_FLOATS
 from sim.plans.tensor_core_bwd import launch_of
+from sim.plans.tensor_core_bwd import tf32_dkdv_atomic_dynamic_smem_bytes as dkdv_atomic_smem_bytes
+from sim.plans.tensor_core_bwd import tf32_dq_atomic_layout as dq_atomic_layout
 from sim.plans.tensor_core_bwd import tf32_default_config as default_config
 from sim.plans.tensor_core_bwd import tf32_default_tiles as default_tiles
 from sim.plans.tensor_core_bwd import tf32_dkdv_dropout_config as dkdv_dropout_config
 from sim.plans.tensor_core_bwd import tf32_dkdv_smem_bytes as dkdv_smem_bytes
 from sim.plans.tensor_core_bwd import tf32_dq_smem_bytes as dq_smem_bytes
+from sim.plans.tensor_core_bwd import tf32_default_dq_mode as default_dq_mode
 from sim.plans.tensor_core_bwd import tf32_operands_in_registers as operands_in_registers
 
 from . import compile_cache, host, softmax, tile_scheduler
@@ -77,9 +83,10 @@ from .config import backward_tiles
 from .copy import tile_loader
 from .dropout import dropout_constants, fmix_device
 from .mask import band_arguments, score_mask, tile_needs_mask, transposed_score_mask
-from .mma_bwd import backward_plan
+from .mma_bwd import _cc_here, _red_width, backward_plan, get_convert_kernel, get_prepass_kernel
 
-__all__ = ["backward", "prepare", "plan", "supports", "tiles", "default_config", "default_tiles",
+__all__ = ["backward", "prepare", "plan", "supports", "tiles", "dq_mode", "default_config",
+           "default_tiles",
            "dq_smem_bytes", "dkdv_smem_bytes", "operands_in_registers", "dkdv_dropout_config",
            "get_dq_kernel", "get_dkdv_kernel", "SUPPORTED_HEAD_DIMS", "SMEM_LIMIT_BYTES",
            "PAD_FLOATS"]
@@ -108,12 +115,16 @@ def get_dq_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, hea
 
 
 def get_dkdv_kernel(head_dim, block_k, block_q, causal, has_mask, has_dropout, head_group,
-                    window=False, unroll=None):
+                    window=False, unroll=None, dq_atomic=False):
     """The compiled-on-first-launch dK/dV kernel (``block_k`` key rows per block, ``block_q``
-    queries per stage) for one configuration (cached); as `get_dq_kernel`."""
+    queries per stage) for one configuration (cached); as `get_dq_kernel`; ``dq_atomic``: it
+    also adds dQ = dS K into a float32 accumulator, "v2" two floats per ``red`` (sm_90 on),
+    "scalar" one."""
     unroll = default_config(head_dim)["unroll"] if unroll is None else int(unroll)
+    if dq_atomic not in (False, "v2", "scalar"):
+        raise ValueError(f"dq_atomic must be False, 'v2' or 'scalar', got {dq_atomic!r}")
     key = ("dkdv", head_dim, block_k, block_q, bool(causal), bool(has_mask), bool(has_dropout),
-           unroll, int(head_group), bool(window))
+           unroll, int(head_group), bool(window), dq_atomic)
     return compile_cache.built(_build_dkdv_kernel, *key[1:])
 
 
@@ -237,6 +248,68 @@ def _c_times_shared_b(nt_k, nt_o, stride, mma3):
         def steps(c_reg, acc, t_addr):
             step(c_reg, acc, t_addr)
             rest(c_reg, acc, t_addr)
+
+        return steps
+
+    return k_steps_from(0)
+
+
+def _shared_a_times_shared_b(k_steps, m_tiles, n_tiles, a_stride, b_stride, mma3):
+    """``product(acc, a_addr, b_addr)``: acc (``m_tiles`` x ``n_tiles`` 16x8 float32 C
+    fragments, m-tile major) += A B over ``k_steps`` k-steps of 8, both operands float32 in
+    shared memory and split here, dims not permuted: A (rows ``a_stride`` floats apart) at
+    ``a_addr`` = this lane's A[row gid][k tig] of the warp's first row, B (rows ``b_stride``
+    floats apart) at ``b_addr`` = this lane's B[k tig][column gid] of the warp's first column.
+    The atomic dK/dV kernel's dQ += dS K. Each k-step loads and splits its A fragments once for
+    all n-tiles and each B fragment once for all m-tiles; the k-steps are unrolled as
+    `_c_times_shared_b`'s are (chained inlined device functions)."""
+    from numba import cuda, uint32
+
+    from . import ptx
+    MT, NT, AS, BS = m_tiles, n_tiles, a_stride, b_stride
+    A_FRAGS = 4 * MT
+
+    def k_step(kc):
+        A0 = 4 * kc * 8                 # bytes: this k-step's first column of A
+        B0 = 4 * kc * 8 * BS            # ... and first row of B
+
+        @cuda.jit(device=True, inline=True)
+        def step(acc, a_addr, b_addr):
+            ab = cuda.local.array(A_FRAGS, dtype=uint32)
+            asm = cuda.local.array(A_FRAGS, dtype=uint32)
+            for mt in range(MT):
+                ao = a_addr + uint32(A0 + 4 * 16 * AS * mt)
+                for r in range(4):       # a0..a3 = A[g][t], A[g+8][t], A[g][t+4], A[g+8][t+4]
+                    x = ptx.split_tf32(ptx.ld_shared_f32(
+                        ao + uint32(4 * (8 * AS * (r & 1) + 4 * (r >> 1)))))
+                    ab[4 * mt + r] = x[0]
+                    asm[4 * mt + r] = x[1]
+            for nt in range(NT):
+                bo = b_addr + uint32(B0 + 4 * 8 * nt)
+                b0 = ptx.split_tf32(ptx.ld_shared_f32(bo))
+                b1 = ptx.split_tf32(ptx.ld_shared_f32(bo + uint32(4 * 4 * BS)))
+                for mt in range(MT):
+                    j = 4 * (mt * NT + nt)
+                    a = 4 * mt
+                    d = mma3(ab[a], ab[a + 1], ab[a + 2], ab[a + 3],
+                             asm[a], asm[a + 1], asm[a + 2], asm[a + 3],
+                             b0[0], b1[0], b0[1], b1[1],
+                             acc[j], acc[j + 1], acc[j + 2], acc[j + 3])
+                    for i in range(4):
+                        acc[j + i] = d[i]
+
+        return step
+
+    def k_steps_from(kc):
+        step = k_step(kc)
+        if kc == k_steps - 1:
+            return step
+        rest = k_steps_from(kc + 1)
+
+        @cuda.jit(device=True, inline=True)
+        def steps(acc, a_addr, b_addr):
+            step(acc, a_addr, b_addr)
+            rest(acc, a_addr, b_addr)
 
         return steps
 
@@ -427,7 +500,7 @@ def _build_dq_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, 
 
 
 def _build_dkdv_kernel(head_dim, block_k, block_q, causal, has_mask, has_dropout, unroll,
-                       head_group, window=False):
+                       head_group, window=False, dq_atomic=False):
     from numba import cuda, float32, uint32, uint64
 
     from . import ptx
@@ -442,11 +515,29 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, causal, has_mask, has_dropout
     STAGE = 2 * TILE                    # Q | dO, two buffers
     Q_OFF = 0
     DO_OFF = TILE
-    SMEM_FLOATS = 2 * STAGE
+    ATOMIC = bool(dq_atomic)            # dQ += dS K here, by float32 atomics
+    RED_V2 = dq_atomic == "v2"          # ... two floats per red instruction (sm_90)
+    K_STRIDE = D + K_TILE_PAD_FLOATS    # atomic: floats per row of the block's K tile
+    DS_STRIDE = BK + DS_PAD_FLOATS      # atomic: floats per row of dS (queries x keys)
+    K_BASE = 2 * STAGE                  # Q0|dO0|Q1|dO1 (|K tile|dS)
+    DS_BASE = K_BASE + BK * K_STRIDE
+    SMEM_FLOATS = 2 * STAGE + ((BK * K_STRIDE + BQ * DS_STRIDE) if ATOMIC else 0)
     ROWV = 4 * BQ                       # floats: lse2 | delta, two buffers (static)
-    assert 4 * (SMEM_FLOATS + ROWV) == dkdv_smem_bytes(D, BQ)
-    DYNAMIC = 4 * (SMEM_FLOATS + ROWV) > SMEM_LIMIT_BYTES
+    if ATOMIC:
+        assert 4 * SMEM_FLOATS == dkdv_atomic_smem_bytes(D, BQ, BK)
+    else:
+        assert 4 * (SMEM_FLOATS + ROWV) == dkdv_smem_bytes(D, BQ)
+    DYNAMIC = ATOMIC or 4 * (SMEM_FLOATS + ROWV) > SMEM_LIMIT_BYTES
     SMEM_DECL = 0 if DYNAMIC else SMEM_FLOATS
+    # atomic: dQ = dS K once per stage, warps in a WQ x WD grid, each QW rows x DW columns in
+    # DQ_PASSES passes of DC columns (the plan's layout)
+    WQ, WD, DQ_PASSES = dq_atomic_layout(D, BQ, BK) if ATOMIC else (1, 1, 1)
+    QW = BQ // WQ
+    DW = D // WD
+    DC = DW // DQ_PASSES
+    MT_Q = QW // 16                     # 16-row A fragments of dS per warp
+    NT_Q = DC // 8                      # 8-column dQ tiles per pass
+    DQ_REGS = 4 * MT_Q * NT_Q
     CHUNKS = D // 4
     KC = D // 8                         # k-steps of S^T = K Q^T and dP^T = V dO^T
     SU = unroll if KC % unroll == 0 else 1
@@ -465,6 +556,8 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, causal, has_mask, has_dropout
     rows_x_rows = functools.partial(_rows_times_shared_rows, NT_S, KC, SU, STRIDE)
     kq_product = rows_x_rows(K_REGS, mma3)                # S^T = K Q^T
     vdo_product = rows_x_rows(V_REGS, mma3)               # dP^T = V dO^T
+    ds_k_product = _shared_a_times_shared_b(BK // 8, MT_Q, NT_Q, DS_STRIDE, K_STRIDE, mma3)
+    load_k_tile = tile_loader(BK, CHUNKS, THREADS, 4 * K_STRIDE)
 
     stage_rows = softmax.stage_rows(BQ, THREADS)
     cursor_start, cursor_advance = tile_scheduler.gqa_cursor()
@@ -474,9 +567,9 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, causal, has_mask, has_dropout
     tile_and_head = tile_scheduler.device_tile_and_head(head_group)
 
     @cuda.jit(lineinfo=False)
-    def kernel(q, k, v, dout, lse, delta, dk, dv, offsets, q_index, sched_b, sched_h, group,
-               n_q, n_k, mask, mask_b, mask_h, mask_q, scale_log2, scale, seed_hash, threshold,
-               inv_keep, band_lo, band_hi):
+    def kernel(q, k, v, dout, lse, delta, dk, dv, dq_acc, offsets, q_index, sched_b, sched_h,
+               group, n_q, n_k, mask, mask_b, mask_h, mask_q, scale_log2, scale, seed_hash,
+               threshold, inv_keep, band_lo, band_hi):
         smem = cuda.shared.array(SMEM_DECL, dtype=float32, alignment=16)
         # per stage: lse * log2(e) (+inf where P = 0) and delta of its BQ queries
         rowv = cuda.shared.array(ROWV, dtype=float32)   # buf 0: lse2 | delta, buf 1: same
@@ -535,6 +628,22 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, causal, has_mask, has_dropout
         smem0 = ptx.shared_addr(smem, 0)
         q_copy = smem0 + uint32(4 * (r0 * STRIDE + ch * 4))
         do_copy = smem0 + uint32(4 * (BQ * STRIDE + r0 * STRIDE + ch * 4))
+        if ATOMIC:
+            # -- the block's K tile into shared memory (its own cp.async group, the first) --
+            load_k_tile(ptx.global_addr(k, b, hk, 0, ch * 4), uint64(k.strides[2]),
+                        n_blk * BK + r0, n_k, smem0 + uint32(4 * (K_BASE + r0 * K_STRIDE + ch * 4)),
+                        r0)
+            ptx.cp_async_commit()
+        # atomic: this lane's A element dS[query gid][key tig] of the warp's rows, its B element
+        # K[key tig][dim gid] of the warp's columns, and where its dS^T elements (keys
+        # warp*16 + gid (+ 8), queries 2 tig (+ 1) (+ 8 nt)) go in dS
+        wq = warp // WD
+        wd = warp % WD
+        ds_a_addr = smem0 + uint32(4 * (DS_BASE + (wq * QW + gid) * DS_STRIDE + tig))
+        k_b_addr = smem0 + uint32(4 * (K_BASE + tig * K_STRIDE + wd * DW + gid))
+        ds_st = DS_BASE + 2 * tig * DS_STRIDE + warp * 16 + gid
+        dq_part = cuda.local.array(DQ_REGS, dtype=float32)
+        dq_row_bytes = uint64(dq_acc.strides[2])
 
         # the sweep over (query head of the group, Q tile): a cursor (head g_c, its schedule
         # entries lo_c .. lo_c + cnt_c, entry j_c) at the item being prefetched
@@ -613,6 +722,16 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, causal, has_mask, has_dropout
                     st[e] = p * z
                     dpt[e] = p * (dpt[e] * z - rowv[col + BQ])
 
+            if ATOMIC:
+                # -- dS (BQ queries x 16 keys of this warp) to shared memory, queries as rows;
+                #    keys past n_k (K rows clamped, not zero) add nothing to dQ --
+                for nt in range(NT_S):
+                    for i in range(4):
+                        x = dpt[nt * 4 + i]
+                        if key0 + 8 * (i >> 1) >= n_k:
+                            x = float32(0.0)
+                        smem[ds_st + (8 * nt + (i & 1)) * DS_STRIDE + 8 * (i >> 1)] = x
+
             # -- dV += (P^T Z) dO: P^T's A fragment is its C fragment (a0, a1, a2, a3 = c0, c2,
             #    c1, c3 under the query permutation); dO's B = dO[query 2t][g], dO[2t+1][g] --
             dot_addr = smem0 + uint32(4 * (buf + DO_OFF + t_lane))
@@ -621,7 +740,35 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, causal, has_mask, has_dropout
             # -- dK += dS^T Q: the same with dS^T and Q[query 2t][g], Q[2t+1][g] --
             qt_addr = smem0 + uint32(4 * (buf + Q_OFF + t_lane))
             acc_c_times_b(dpt, dk_acc, qt_addr)
+
+            if ATOMIC:
+                # -- dQ of the stage's queries += dS K (dS of every warp, hence the barrier):
+                #    this warp's QW rows x DW columns, DC columns a pass, over the BK keys --
+                cuda.syncthreads()
+                for cp in range(DQ_PASSES):
+                    for i in range(DQ_REGS):
+                        dq_part[i] = float32(0.0)
+                    ds_k_product(dq_part, ds_a_addr, k_b_addr + uint32(4 * cp * DC))
+                    # -- red.global.add of the float32 partial dQ (scaled in the conversion) --
+                    row_first = m_blk * BQ + wq * QW + gid
+                    g_first = ptx.global_addr(dq_acc, b, h, row_first, wd * DW + cp * DC + 2 * tig)
+                    for mt in range(MT_Q):
+                        for r in range(2):
+                            row = row_first + 16 * mt + 8 * r
+                            if row < n_q:
+                                g_row = g_first + uint64(16 * mt + 8 * r) * dq_row_bytes
+                                for nt in range(NT_Q):
+                                    e = (mt * NT_Q + nt) * 4 + 2 * r
+                                    ga = g_row + uint64(4 * 8 * nt)
+                                    if RED_V2:
+                                        ptx.red_global_add_v2_f32(ga, dq_part[e], dq_part[e + 1])
+                                    else:
+                                        ptx.red_global_add_f32(ga, dq_part[e])
+                                        ptx.red_global_add_f32(ga + uint64(4), dq_part[e + 1])
             cuda.syncthreads()   # this buffer is refilled by the next iteration's prefetch
+
+        if ATOMIC:
+            ptx.cp_async_wait_all()    # (a block with no Q tile to visit still issued its K copy)
 
         # -- epilogue: dK = scale * dK_acc, dV --
         for r in range(2):
@@ -637,14 +784,28 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, causal, has_mask, has_dropout
 
     kernel.threads = THREADS
     kernel.smem_bytes = 4 * SMEM_FLOATS if DYNAMIC else 0
-    kernel.config = {"block_k": BK, "block_q": BQ, "unroll": SU}
+    kernel.config = {"block_k": BK, "block_q": BQ, "unroll": SU, "dq_atomic": dq_atomic}
     return kernel
 
 
 # -- host side -----------------------------------------------------------------------------------
-def tiles(problem, config=None):
+def dq_mode(problem, config, head_dim=None) -> str:
+    """How this backward computes dQ for ``problem`` (of which only the head dim is read; or
+    None and ``head_dim`` given): ``config.backward_dq``; else "kernel" while torch's
+    deterministic algorithms are on; else the plan's rule for this GPU and head dim
+    (`sim.plans.tensor_core_bwd.tf32_default_dq_mode`), as `kernels.mma_bwd.dq_mode` does."""
+    if config.backward_dq is not None:
+        return config.backward_dq
+    torch = sys.modules.get("torch")
+    deterministic = torch is not None and torch.are_deterministic_algorithms_enabled()
+    d = problem.head_dim if head_dim is None else head_dim
+    return default_dq_mode(_cc_here(), deterministic, head_dim=d)
+
+
+def tiles(problem, config=None, mode=None):
     """``(dq, dkdv)`` kernel tiles for a problem (`kernels.config.backward_tiles` of
-    `default_tiles`), or None when the block mask's tiles admit none."""
+    `default_tiles`), or None when the block mask's tiles admit none (``config`` and ``mode``
+    are taken for the mma family's signature: both dQ modes run the same tiles)."""
     return backward_tiles(default_tiles(problem.head_dim), problem)
 
 
@@ -665,7 +826,8 @@ def plan(problem, config):
     its grids, threads, shared memory and k-loop unrolling are what `prepare` launches (the
     16-query dK/dV stages of `dkdv_dropout_config` included); its counts are what
     `sim.plan.price` prices."""
-    return backward_plan("tf32", problem, config, tiles(problem))
+    mode = dq_mode(problem, config)
+    return backward_plan("tf32", problem, config, tiles(problem), dq_mode=mode)
 
 
 def prepare(problem, config):
@@ -680,10 +842,20 @@ def prepare(problem, config):
     causal, window, band_lo, band_hi = band_arguments(pb)
     features = (causal, pb.mask is not None, drop.enabled, group, window)
     unroll = the_plan.config["unroll"]
+    if the_plan.config.get("dq_mode") == "atomic":
+        return host.prepare_tensor_core_backward(
+            pb, config, None, None, None,
+            get_dkdv_kernel(pb.head_dim, kv_bk, kv_bq, *features, unroll=unroll["dkdv"],
+                            dq_atomic=_red_width()),
+            launch_of(the_plan, "dkdv"), tile_scheduler.device_schedule(pb, kv_bq, kv_bk, "q"),
+            drop, words=False, band=(band_lo, band_hi),
+            dq_acc=((get_prepass_kernel(pb.head_dim, "float32"), launch_of(the_plan, "pre")),
+                    (get_convert_kernel(pb.head_dim, "float32"),
+                     launch_of(the_plan, "convert"))))
     return host.prepare_tensor_core_backward(
         pb, config,
         get_dq_kernel(pb.head_dim, dq_bq, dq_bk, *features, unroll=unroll["dq"]),
         launch_of(the_plan, "dq"), tile_scheduler.device_schedule(pb, dq_bq, dq_bk, "kv"),
         get_dkdv_kernel(pb.head_dim, kv_bk, kv_bq, *features, unroll=unroll["dkdv"]),
         launch_of(the_plan, "dkdv"), tile_scheduler.device_schedule(pb, kv_bq, kv_bk, "q"), drop,
-        words=False, band=(band_lo, band_hi))
+        words=False, band=(band_lo, band_hi), dq_acc="unused")

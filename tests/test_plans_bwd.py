@@ -7,7 +7,7 @@
   in a child process) are the plan's.
 * Counts against closed forms written here independently: dense and GQA byte totals, whole-tile
   matmul FLOPs, tf32 = 3 x the mma-equivalent products, the causal case against `BlockInfo`.
-* The mma backward's dQ by atomics (``dq_mode="atomic"``): pre-pass, dK/dV kernel, conversion,
+* Both backwards' dQ by atomics (``dq_mode="atomic"``): pre-pass, dK/dV kernel, conversion,
   launched as the plan says, with five products per tile and the float32 accumulator's traffic.
 * `sim.plan.price` prices both plans; bad configurations raise ValueError naming the argument.
 """
@@ -70,9 +70,8 @@ def _prepared_arguments(monkeypatch, module, pb, config):
 
     monkeypatch.setattr(module, "get_dq_kernel", lambda *a, **kw: Fake("dq", a, kw))
     monkeypatch.setattr(module, "get_dkdv_kernel", lambda *a, **kw: Fake("dkdv", a, kw))
-    if module is mma_bwd:
-        monkeypatch.setattr(module, "get_prepass_kernel", lambda *a, **kw: Fake("pre", a, kw))
-        monkeypatch.setattr(module, "get_convert_kernel", lambda *a, **kw: Fake("convert", a, kw))
+    monkeypatch.setattr(module, "get_prepass_kernel", lambda *a, **kw: Fake("pre", a, kw))
+    monkeypatch.setattr(module, "get_convert_kernel", lambda *a, **kw: Fake("convert", a, kw))
     monkeypatch.setattr(tile_scheduler, "device_schedule",
                         lambda pb_, tq, tk, which: (tq, tk, which))
 
@@ -121,33 +120,39 @@ def test_prepare_launches_the_plan(monkeypatch, family, B, Hq, Hkv, Nq, Nk, d, k
         assert got["dkdv_kernel"].kw == {"unroll": unroll}
         assert got["dq_kernel"].kw == {"unroll": tf32_bwd.default_config(d)["unroll"]}
     assert plan.config["launch_order"] == "heads"
-    assert got["dq_acc"] == ("unused" if family == "mma" else None)
+    assert got["dq_acc"] == "unused"
     assert "dq_mode" not in plan.config      # on the CPU the mma default is the dQ kernel
 
 
+@pytest.mark.parametrize("family", ["mma", "tf32"])
 @pytest.mark.parametrize("B, Hq, Hkv, Nq, Nk, d, kw", PROBLEMS)
-def test_atomic_dq_prepare_launches_the_plan(monkeypatch, B, Hq, Hkv, Nq, Nk, d, kw):
-    pb = _problem(np.float16, B, Hq, Hkv, Nq, Nk, d, kw)
+def test_atomic_dq_prepare_launches_the_plan(monkeypatch, family, B, Hq, Hkv, Nq, Nk, d, kw):
+    module, dtype = FAMILIES[family]
+    pb = _problem(dtype, B, Hq, Hkv, Nq, Nk, d, kw)
     config = KernelConfig(launch_order="heads", backward_dq="atomic")
-    plan = mma_bwd.plan(pb, config)
+    plan = module.plan(pb, config)
     assert plan.config["dq_mode"] == "atomic"
-    got = _prepared_arguments(monkeypatch, mma_bwd, pb, config)
+    got = _prepared_arguments(monkeypatch, module, pb, config)
     assert got["dq_kernel"] is None and got["dq_launch"] is None
     assert got["kv_launch"] == P.launch_of(plan, "dkdv")
     (pre, pre_launch), (convert, convert_launch) = got["dq_acc"]
     assert pre_launch == P.launch_of(plan, "pre") and convert_launch == P.launch_of(plan, "convert")
-    assert pre.args == (d, False) and convert.args == (d, False)
+    elem = "float16" if family == "mma" else "float32"
+    assert pre.args == (d, elem) and convert.args == (d, elem)
     # the dK/dV kernel at the family's atomic tiles (or those dividing the block mask's)
-    (_dq, (kv_k, kv_q)) = mma_bwd.tiles(pb, config)
-    if "block_mask" not in kw:
+    (_dq, (kv_k, kv_q)) = module.tiles(pb, config)
+    if family == "tf32":
+        kv_q = tf32_bwd.dkdv_dropout_config(d, kv_q, pb.dropout_p > 0).get("block_q", kv_q)
+    if "block_mask" not in kw and family == "mma":
         assert (kv_k, kv_q) == mma_bwd.default_tiles(d)["dkdv_atomic"]
     assert got["dkdv_kernel"].args[1:3] == (kv_k, kv_q)
-    assert got["dkdv_kernel"].kw == {"dq_atomic": "scalar"}       # no sm_90 here
+    assert got["dkdv_kernel"].kw["dq_atomic"] == "scalar"        # no sm_90 here
     assert got["q_schedule"] == (kv_q, kv_k, "q")
     rows = cdiv(Nq, P.ROW_KERNEL_WARPS)
     assert pre_launch == convert_launch == ((rows, B * Hq), 32 * P.ROW_KERNEL_WARPS, 0)
-    assert got["kv_launch"] == ((cdiv(Nk, kv_k), B * Hkv), 2 * kv_k,
-                                P.mma_dkdv_atomic_dynamic_smem_bytes(d, kv_q, kv_k))
+    smem = (P.mma_dkdv_atomic_dynamic_smem_bytes if family == "mma"
+            else P.tf32_dkdv_atomic_dynamic_smem_bytes)(d, kv_q, kv_k)
+    assert got["kv_launch"] == ((cdiv(Nk, kv_k), B * Hkv), 2 * kv_k, smem)
     assert [k.phase for k in plan.kernels] == ["bwd.pre", "bwd.main", "bwd.post"]
 
 
@@ -165,13 +170,13 @@ class _RecordingKernel:
 
 
 @pytest.mark.parametrize("family, dq_mode", [("mma", "kernel"), ("mma", "atomic"),
-                                             ("tf32", None)])
+                                             ("tf32", "kernel"), ("tf32", "atomic")])
 def test_prepared_backward_launches_its_kernels_in_order(monkeypatch, family, dq_mode):
     """`kernels.host.prepare_tensor_core_backward` as the backwards prepare it, run with
     recording kernels: the plan's kernels in launch order with its grids, threads and shared
     memory; the mma dK/dV kernel's float32 dQ accumulator argument a placeholder with the dQ
-    kernel, the accumulator the pre-pass zeroes and the conversion reads with atomics; the tf32
-    dK/dV kernel takes none."""
+    kernel, the accumulator the pre-pass zeroes and the conversion reads with atomics (both
+    families)."""
     if not host.simulator():
         pytest.skip("the recording kernels stand in for kernels under the CUDA simulator")
     module, dtype = FAMILIES[family]
@@ -198,10 +203,7 @@ def test_prepared_backward_launches_its_kernels_in_order(monkeypatch, family, dq
         assert (grid, block, sharedmem) == P.launch_of(plan, name), name
     kv_args = log[names.index("dkdv")][4]
     acc = kv_args[8]                       # after q, k, v, dO, lse, delta, dK, dV
-    if family == "tf32":                   # no accumulator: the q schedule follows dV
-        assert acc.dtype == np.int32 and acc.ndim == 2
-        assert log[0][4][6] is kv_args[5]
-    elif dq_mode == "atomic":
+    if dq_mode == "atomic":
         pre_args, cvt_args = log[0][4], log[2][4]
         assert acc.shape == (B, H, N, d) and acc.dtype == np.float32
         assert pre_args[3] is acc and cvt_args[0] is acc and pre_args[2] is kv_args[5]
@@ -223,9 +225,13 @@ for family, d, dq, kv, dropout in json.loads(sys.argv[1]):
         a = tf32_bwd.get_dq_kernel(d, dq[0], dq[1], True, False, dropout, 4, unroll=dq[2])
         b = tf32_bwd.get_dkdv_kernel(d, kv[1], kv[0], True, False, dropout, 4, unroll=kv[2])
     out.append([[a.threads, a.smem_bytes], [b.threads, b.smem_bytes]])
-for d, kv in json.loads(sys.argv[2]):
-    b = mma_bwd.get_dkdv_kernel(d, kv[1], kv[0], False, True, False, False, 4, dq_atomic="v2")
-    pre, cvt = mma_bwd.get_prepass_kernel(d, False), mma_bwd.get_convert_kernel(d, True)
+for family, d, kv in json.loads(sys.argv[2]):
+    if family == "mma":
+        b = mma_bwd.get_dkdv_kernel(d, kv[1], kv[0], False, True, False, False, 4, dq_atomic="v2")
+        pre, cvt = mma_bwd.get_prepass_kernel(d, "float16"), mma_bwd.get_convert_kernel(d, "bfloat16")
+    else:
+        b = tf32_bwd.get_dkdv_kernel(d, kv[1], kv[0], True, False, False, 4, dq_atomic="v2")
+        pre, cvt = mma_bwd.get_prepass_kernel(d, "float32"), mma_bwd.get_convert_kernel(d, "float32")
     out.append([[pre.threads, pre.smem_bytes], [b.threads, b.smem_bytes],
                 [cvt.threads, cvt.smem_bytes]])
 print(json.dumps(out))
@@ -249,14 +255,15 @@ def test_compiled_kernels_have_the_plans_threads_and_shared_memory():
                               [*plan.config["kv_tile"], u["dkdv"]], dropout])
                 plans.append(plan)
     atomic_cases, atomic_plans = [], []
-    for d in (64, 128):
-        for kv in (None, (16, 64), (64, 32)):
-            w = Workload(batch=1, heads=2, seq_len_q=100, head_dim=d, dtype="fp16", causal=True,
-                         pass_="bwd")
-            plan = plan_for("mma", "bwd", w, dq_mode="atomic",
-                            **({} if kv is None else {"kv_tile": kv}))
-            atomic_cases.append([d, list(plan.config["kv_tile"])])
-            atomic_plans.append(plan)
+    for family, dtype in (("mma", "fp16"), ("tf32", "fp32")):
+        for d in (64, 128):
+            for kv in (None, (16, 64), (64, 32)):
+                w = Workload(batch=1, heads=2, seq_len_q=100, head_dim=d, dtype=dtype,
+                             causal=True, pass_="bwd")
+                plan = plan_for(family, "bwd", w, dq_mode="atomic",
+                                **({} if kv is None else {"kv_tile": kv}))
+                atomic_cases.append([family, d, list(plan.config["kv_tile"])])
+                atomic_plans.append(plan)
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
     res = subprocess.run([sys.executable, "-c", _BUILD_CHILD, json.dumps(cases),
                           json.dumps(atomic_cases)], cwd=ROOT,

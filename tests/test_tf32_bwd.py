@@ -34,6 +34,9 @@ from .helpers import dense_attention_reference, kernel_problem, kernels_backward
 gpu = pytest.mark.gpu
 TOL = 5 * 2e-4
 TF32 = KernelConfig(family="tf32")
+#: Both ways of computing dQ (``KernelConfig.backward_dq``): the dQ kernel, and the dK/dV kernel
+#: adding dS K by float32 atomics between a pre-pass and a conversion.
+DQ_MODES = ["kernel", "atomic"]
 
 
 def _torch_cuda():
@@ -80,12 +83,13 @@ def _assert_grads(got, want):
 
 def _run_and_check(q, k, v, dout, *, scale, causal=False, mask=None, block_mask=None,
                    block_q=None, block_k=None, dropout_p=0.0, seed=0, block_allowed=None,
-                   launch_order=None):
+                   launch_order=None, dq_mode=None):
     """Our backward on ``out``/``lse`` from the 3xTF32 forward (from the float64 reference,
     rounded to float32, where the forward has no tiles for the block mask's), checked against
-    float64. ``block_q``/``block_k`` are the block mask's tiles."""
+    float64. ``block_q``/``block_k`` are the block mask's tiles; ``dq_mode``: how dQ is computed
+    (None: the default)."""
     torch = _torch_cuda()
-    config = KernelConfig(family="tf32", launch_order=launch_order)
+    config = KernelConfig(family="tf32", launch_order=launch_order, backward_dq=dq_mode)
     kw = dict(scale=scale, causal=causal, mask=mask, block_mask=block_mask, block_q=block_q,
               block_k=block_k, dropout_p=dropout_p, seed=seed)
     want = reference_grads(q, k, v, dout, scale, causal=causal, mask=mask,
@@ -106,31 +110,35 @@ def _run_and_check(q, k, v, dout, *, scale, causal=False, mask=None, block_mask=
 @gpu
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
-def test_backward_matches_float64(head_dim, causal):
+@pytest.mark.parametrize("dq_mode", DQ_MODES)
+def test_backward_matches_float64(head_dim, causal, dq_mode):
     # Nq != Nk, neither a multiple of the tiles, GQA 4 query heads on 2 kv heads
     q, k, v, dout = _inputs((2, 4, 200, head_dim), (2, 2, 333, head_dim), seed=head_dim + causal)
     assert kernels.family_for(kernel_problem(q, k, v, causal=causal), None, "bwd") == "tf32"
-    _run_and_check(q, k, v, dout, scale=1 / math.sqrt(head_dim), causal=causal)
+    _run_and_check(q, k, v, dout, scale=1 / math.sqrt(head_dim), causal=causal, dq_mode=dq_mode)
 
 
 @gpu
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_large_logits_and_long_rows(head_dim):
+@pytest.mark.parametrize("dq_mode", DQ_MODES)
+def test_large_logits_and_long_rows(head_dim, dq_mode):
     # logits up to ~+-50, 1100 keys, MQA (one kv head for three query heads)
     q, k, v, dout = _inputs((1, 3, 130, head_dim), (1, 1, 1100, head_dim), seed=7, q_scale=12.0)
-    _run_and_check(q, k, v, dout, scale=1 / math.sqrt(head_dim))
+    _run_and_check(q, k, v, dout, scale=1 / math.sqrt(head_dim), dq_mode=dq_mode)
 
 
 @gpu
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_boolean_mask_with_fully_masked_rows_and_columns(head_dim):
+@pytest.mark.parametrize("dq_mode", DQ_MODES)
+def test_boolean_mask_with_fully_masked_rows_and_columns(head_dim, dq_mode):
     torch = _torch_cuda()
     q, k, v, dout = _inputs((2, 2, 150, head_dim), (2, 2, 170, head_dim), seed=11)
     g = torch.Generator(device="cuda").manual_seed(3)
     mask = torch.rand((2, 1, 150, 170), device="cuda", generator=g) > 0.3
     mask[:, :, 5] = False          # a query row with no allowed key: dq row 0, no NaN
     mask[:, :, :, 9] = False       # a key no query may see: dk, dv rows 0
-    dq, dk, dv = _run_and_check(q, k, v, dout, scale=0.125, causal=True, mask=mask)
+    dq, dk, dv = _run_and_check(q, k, v, dout, scale=0.125, causal=True, mask=mask,
+                                dq_mode=dq_mode)
     assert float(dq[:, :, 5].abs().max()) == 0.0
     assert float(dk[:, :, 9].abs().max()) == 0.0 and float(dv[:, :, 9].abs().max()) == 0.0
 
@@ -138,33 +146,37 @@ def test_boolean_mask_with_fully_masked_rows_and_columns(head_dim):
 @gpu
 @pytest.mark.parametrize("head_dim,blocks", [(128, (64, 32)), (64, (128, 64)), (64, (48, 16)),
                                              (128, (64, 64))])
-def test_block_sparse(head_dim, blocks):
+@pytest.mark.parametrize("dq_mode", DQ_MODES)
+def test_block_sparse(head_dim, blocks, dq_mode):
     q, k, v, dout = _inputs((1, 4, 256, head_dim), (1, 2, 256, head_dim), seed=5)
     bq, bk = blocks
     rng = np.random.default_rng(0)
     block_mask = rng.random((1, 4, -(-256 // bq), 256 // bk)) > 0.4
     allowed = np.repeat(np.repeat(block_mask, bq, axis=2)[:, :, :256], bk, axis=3)
     _run_and_check(q, k, v, dout, scale=0.09, block_mask=block_mask, block_q=bq, block_k=bk,
-                   block_allowed=allowed, causal=True)
+                   block_allowed=allowed, causal=True, dq_mode=dq_mode)
 
 
 @gpu
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_dropout(head_dim):
+@pytest.mark.parametrize("dq_mode", DQ_MODES)
+def test_dropout(head_dim, dq_mode):
     q, k, v, dout = _inputs((2, 4, 190, head_dim), (2, 2, 210, head_dim), seed=21)
     _run_and_check(q, k, v, dout, scale=1 / math.sqrt(head_dim), causal=head_dim == 64,
-                   dropout_p=0.2, seed=1234)
+                   dropout_p=0.2, seed=1234, dq_mode=dq_mode)
 
 
 @gpu
-def test_d128_mask_and_dropout_together():
+@pytest.mark.parametrize("dq_mode", DQ_MODES)
+def test_d128_mask_and_dropout_together(dq_mode):
     # d=128 with dropout takes the 16-query dK/dV kernel (`dkdv_dropout_config`); here with a
     # boolean mask and causal as well
     torch = _torch_cuda()
     q, k, v, dout = _inputs((1, 2, 150, 128), (1, 2, 170, 128), seed=12)
     g = torch.Generator(device="cuda").manual_seed(4)
     mask = torch.rand((1, 1, 150, 170), device="cuda", generator=g) > 0.3
-    _run_and_check(q, k, v, dout, scale=0.09, causal=True, mask=mask, dropout_p=0.1, seed=9)
+    _run_and_check(q, k, v, dout, scale=0.09, causal=True, mask=mask, dropout_p=0.1, seed=9,
+                   dq_mode=dq_mode)
 
 
 @gpu
@@ -282,7 +294,8 @@ def test_default_config():
     assert bwd_mod.default_config(128) == {"dq": (64, 32), "dkdv": (64, 32), "unroll": 2}
     for d in (64, 128):
         cfg = bwd_mod.default_config(d)
-        assert bwd_mod.default_tiles(d) == {"dq": cfg["dq"], "dkdv": cfg["dkdv"]}
+        assert bwd_mod.default_tiles(d) == {"dq": cfg["dq"], "dkdv": cfg["dkdv"],
+                                            "dkdv_atomic": cfg["dkdv"]}
         cfg["dq"] = None                                         # a copy
         assert bwd_mod.default_config(d)["dq"] == (64, 32)
     assert bwd_mod.dq_smem_bytes(64, 32) == 4 * 32 * 68 * 4          # static
@@ -318,13 +331,14 @@ def test_nothing_runs_here_under_the_simulator():
 @pytest.mark.parametrize("n_q, n_k, window, causal", [
     (300, 300, (64, 0), True), (200, 333, (40, 17), False), (150, 150, (0, 0), False),
     (90, 400, (10, -1), "bottom_right"), (400, 90, (5, 3), False)])
-def test_sliding_window_matches_float64(head_dim, n_q, n_k, window, causal):
+@pytest.mark.parametrize("dq_mode", DQ_MODES)
+def test_sliding_window_matches_float64(head_dim, n_q, n_k, window, causal, dq_mode):
     """The band in the 3xTF32 dQ and dK/dV kernels against float64 with the window written out
     as a boolean mask (tests/test_window.py's rule)."""
     from .test_window import window_rule
     q, k, v, dout = _inputs((1, 4, n_q, head_dim), (1, 2, n_k, head_dim), seed=n_q + n_k)
     kw = dict(scale=1 / math.sqrt(head_dim), causal=causal, window_size=window)
-    config = KernelConfig(family="tf32")
+    config = KernelConfig(family="tf32", backward_dq=dq_mode)
     assert kernels.family_for(kernel_problem(q, k, v, **kw), None, "bwd") == "tf32"
     out, lse = kernels_forward(q, k, v, config=config, **kw)
     got = kernels_backward(q, k, v, out, lse, dout, config=config, **kw)

@@ -92,13 +92,17 @@ __all__ = ["mma_backward_plan", "tf32_backward_plan", "launch_of", "KERNEL_NAMES
            "TF32_HEAD_DIMS", "TF32_PAD_FLOATS", "TF32_DEFAULT_CONFIG", "tf32_default_config",
            "tf32_default_tiles", "tf32_dq_smem_bytes", "tf32_dkdv_smem_bytes",
            "tf32_operands_in_registers", "tf32_dkdv_dropout_config", "tf32_dq_dynamic_smem_bytes",
-           "tf32_dkdv_dynamic_smem_bytes", "FRAGMENT_ROW_BYTES"]
+           "tf32_dkdv_dynamic_smem_bytes", "FRAGMENT_ROW_BYTES", "TF32_K_TILE_PAD_FLOATS",
+           "TF32_DS_PAD_FLOATS", "TF32_DQ_ATOMIC_MAX_ACCUMULATORS", "tf32_dq_atomic_layout",
+           "tf32_dkdv_atomic_dynamic_smem_bytes", "TF32_ATOMIC_DQ_HEAD_DIMS",
+           "tf32_default_dq_mode"]
 
 #: Kernel names as Nsight Compute lists them and the ptxas table keys them
 #: (`benchmarks.common.KERNEL_NAMES`): (family, kernel) -> name.
 KERNEL_NAMES = {("mma", "dq"): "flash_mma_bwd_dq", ("mma", "dkdv"): "flash_mma_bwd_dkdv",
                 ("mma", "pre"): "flash_mma_bwd_pre", ("mma", "convert"): "flash_mma_bwd_convert",
-                ("tf32", "dq"): "flash_tf32_bwd_dq", ("tf32", "dkdv"): "flash_tf32_bwd_dkdv"}
+                ("tf32", "dq"): "flash_tf32_bwd_dq", ("tf32", "dkdv"): "flash_tf32_bwd_dkdv",
+                ("tf32", "pre"): "flash_tf32_bwd_pre", ("tf32", "convert"): "flash_tf32_bwd_convert"}
 
 #: Tile sizes (rows or keys) the launchers choose from (`kernels.config.backward_tiles`: the
 #: default, or the largest of these that divides a block mask's tile).
@@ -231,10 +235,11 @@ def tf32_default_config(head_dim: int) -> dict:
 def tf32_default_tiles(head_dim: int) -> dict:
     """Default kernel tiles (`tf32_default_config`): ``dq`` = (query rows per block, keys per
     stage) of the dQ kernel, ``dkdv`` = (key rows per block, queries per stage) of the dK/dV
-    kernel. 16 rows per warp, four warps; 32-row stages (d=64: static shared memory, 34816 /
-    35328 bytes; d=128: dynamic shared memory, 67584 / 68096 bytes)."""
+    kernel (``dkdv_atomic``: the same, for the dK/dV kernel that also adds dQ). 16 rows per warp,
+    four warps; 32-row stages (d=64: static shared memory, 34816 / 35328 bytes; d=128: dynamic
+    shared memory, 67584 / 68096 bytes)."""
     cfg = tf32_default_config(head_dim)
-    return {"dq": cfg["dq"], "dkdv": cfg["dkdv"]}
+    return {"dq": cfg["dq"], "dkdv": cfg["dkdv"], "dkdv_atomic": cfg["dkdv"]}
 
 
 def tf32_dq_smem_bytes(head_dim: int, block_k: int) -> int:
@@ -246,6 +251,52 @@ def tf32_dkdv_smem_bytes(head_dim: int, block_q: int) -> int:
     """Shared memory of one dK/dV block: Q and dO as `tf32_dq_smem_bytes` lays out K and V, plus
     lse / delta of two stages (static)."""
     return tf32_dq_smem_bytes(head_dim, block_q) + 16 * block_q
+
+
+#: Floats of padding per row of the atomic dK/dV kernel's K tile (the B operand of dQ += dS K,
+#: read as K[key t][dim g], K[key t + 4][dim g]: conflict-free with rows 8 banks apart) and of
+#: its dS tile (queries x keys: written as dS^T fragments, rows 2t apart, and read as A
+#: fragments dS[query g][key t]: both conflict-free with rows 4 banks apart).
+TF32_K_TILE_PAD_FLOATS = 8
+TF32_DS_PAD_FLOATS = 4
+#: Most float32 dQ accumulators a thread of the atomic 3xTF32 dK/dV kernel holds at once beside
+#: its dK and dV accumulators (128 registers at d = 128): `tf32_dq_atomic_layout`.
+TF32_DQ_ATOMIC_MAX_ACCUMULATORS = 32
+
+
+def tf32_dq_atomic_layout(head_dim: int, block_q: int, block_k: int) -> tuple[int, int, int]:
+    """How the atomic 3xTF32 dK/dV kernel's warps share dQ = dS K of one stage (``block_q``
+    queries x ``head_dim`` columns, summed over the block's ``block_k`` keys), once per stage
+    after dS of all its queries is in shared memory: ``(warps_q, warps_d, column_passes)`` as
+    `mma_dq_atomic_layout` says; here every warp takes all the stage's queries
+    (``warps_q`` = 1: each dS A fragment it loads serves ``head_dim / warps_d / 8`` products)
+    and ``head_dim / warps`` columns, in passes of at most `TF32_DQ_ATOMIC_MAX_ACCUMULATORS`
+    accumulators. Raises ValueError naming ``kv_tile`` where a warp's columns are not a
+    multiple of 8."""
+    warps = block_k // ROWS_PER_WARP
+    cols = head_dim // warps
+    if head_dim % warps or cols % 8 or block_q % ROWS_PER_WARP:
+        raise ValueError(f"kv_tile=({block_q}, {block_k}): the atomic dK/dV kernel's {warps} "
+                         f"warps split dQ's {head_dim} columns {warps} ways, not in multiples "
+                         f"of 8 (or {block_q} queries are not a multiple of 16)")
+    passes = 1
+    while block_q * (cols // passes) // 32 > TF32_DQ_ATOMIC_MAX_ACCUMULATORS or cols % (8 * passes):
+        passes += 1
+        if passes > cols // 8:
+            raise ValueError(f"kv_tile=({block_q}, {block_k}): {block_q} dQ rows need more than "
+                             f"{TF32_DQ_ATOMIC_MAX_ACCUMULATORS} accumulators per thread even 8 "
+                             f"columns at a time; use fewer queries per stage")
+    return 1, warps, passes
+
+
+def tf32_dkdv_atomic_dynamic_smem_bytes(head_dim: int, block_q: int, block_k: int) -> int:
+    """Dynamic shared memory of one dK/dV block of the atomic-dQ 3xTF32 backward: Q and dO, two
+    buffers each (as `tf32_dq_smem_bytes` lays them out), the block's K tile (rows padded by
+    `TF32_K_TILE_PAD_FLOATS`) and dS of a stage (``block_q`` rows of ``block_k`` +
+    `TF32_DS_PAD_FLOATS` floats); lse / delta of two stages stay static."""
+    return (tf32_dq_smem_bytes(head_dim, block_q)
+            + 4 * block_k * (head_dim + TF32_K_TILE_PAD_FLOATS)
+            + 4 * block_q * (block_k + TF32_DS_PAD_FLOATS))
 
 
 def tf32_dq_dynamic_smem_bytes(head_dim: int, block_k: int) -> int:
@@ -340,14 +391,22 @@ def tf32_dq_splits_per_tile(block_q: int, block_k: int, head_dim: int,
 
 
 def tf32_dkdv_splits_per_tile(block_q: int, block_k: int, head_dim: int,
-                              a_in_registers: bool) -> int:
+                              a_in_registers: bool, dq_atomic: bool = False) -> int:
     """Splits of one visited tile of the dK/dV kernel: the Q and dO B operands of S^T, dP^T, dV
     and dK once per element per warp, P^T Z and dS^T once per score, and the K and V A operands
     once per element of the program's key rows where they are re-read from global memory (at
-    every tile: `tf32_operands_in_registers` keeps neither)."""
+    every tile: `tf32_operands_in_registers` keeps neither). With dQ by atomics
+    (``_shared_a_times_shared_b``, `tf32_dq_atomic_layout`), dQ += dS K splits each warp's dS A
+    fragments once per column pass and its K B fragments once per m-tile group: every warp
+    splits its rows of dS (``block_q / warps_q`` x ``block_k``) per pass, and the block's K
+    tile is split ``warps_q`` times."""
     warps = block_k // ROWS_PER_WARP
     a_splits = 0 if a_in_registers else 2 * block_k * head_dim
-    return a_splits + 4 * warps * block_q * head_dim + 2 * block_q * block_k
+    splits = a_splits + 4 * warps * block_q * head_dim + 2 * block_q * block_k
+    if dq_atomic:
+        warps_q, warps_d, passes = tf32_dq_atomic_layout(head_dim, block_q, block_k)
+        splits += warps * passes * (block_q // warps_q) * block_k + warps_q * block_k * head_dim
+    return splits
 
 
 def tf32_a_splits_per_program(rows: int, head_dim: int, a_in_registers: bool) -> int:
@@ -642,9 +701,11 @@ def _backward(family: str, w: Workload, *, dq_tile, kv_tile, names, shared, dyna
         B * Hkv * n_blocks_k * group * DKDV_SCHEDULE_LOADS_PER_PROGRAM_PER_HEAD
         + kv_visits * (group * DKDV_SCHEDULE_LOADS_PER_TILE_PER_HEAD
                        + DKDV_SCHEDULE_LOADS_PER_TILE))
-    if tf32:
+    if tf32:      # (dQ by atomics: the block's K tile by cp.async too, for dQ += dS K)
         k_access = (Access("K", "load", kv_elems * e if k_in_regs else kv_reread, "fragment",
                            FRAGMENT_ROW_BYTES),)
+        if dq_atomic:
+            k_access += (Access("K", "load", kv_elems * e, "cp.async"),)
         v_access = Access("V", "load", kv_elems * e if v_in_regs else kv_reread, "fragment",
                           FRAGMENT_ROW_BYTES)
     else:      # K fragments once unless read from shared; its tile by cp.async where it is
@@ -676,7 +737,7 @@ def _backward(family: str, w: Workload, *, dq_tile, kv_tile, names, shared, dyna
                + kv_elems * SCALE_FLOPS_PER_ELEMENT)
     if tf32:
         kv_fp32 += TF32_SPLIT_FLOPS * (
-            kv_visits * tf32_dkdv_splits_per_tile(kv_q, kv_k, d, k_in_regs)
+            kv_visits * tf32_dkdv_splits_per_tile(kv_q, kv_k, d, k_in_regs, dq_atomic)
             + B * Hkv * n_blocks_k * tf32_a_splits_per_program(kv_k, d, k_in_regs))
     kv_kernel = KernelPlan(
         name=names["dkdv"], phase="bwd.main", grid=(n_blocks_k, B * Hkv),
@@ -690,7 +751,8 @@ def _backward(family: str, w: Workload, *, dq_tile, kv_tile, names, shared, dyna
         lockstep=mask_slices is None and _first_tiles_in_step(w, kv_tile, "q"),
         shared_bytes_moved=dkdv_shared_moved(
             kv_visits, kv_rows, kv_elems, kv_q, kv_k, d, e, k_in_shared or dq_atomic,
-            k_in_shared, dq_atomic))
+            k_in_shared, (tf32_dq_atomic_layout if tf32 else mma_dq_atomic_layout)
+            if dq_atomic else None))
 
     q_bytes, kv_bytes = q_elems * e, kv_elems * e
     tensor_bytes = {"Q": q_bytes, "O": q_bytes, "dO": q_bytes, "dQ": q_bytes,
@@ -729,12 +791,13 @@ CONVERT_SEGMENT_BYTES = 16
 
 def _atomic_dq_kernels(w: Workload, names: dict, kv_kernel: KernelPlan) -> tuple:
     """(pre-pass, dK/dV, conversion) of the atomic-dQ backward: a warp per query row, lanes
-    along the head dim. The pre-pass reads O and dO (a 32-bit word of two halves a lane: whole
-    rows), writes the zeroed float32 accumulator (one float a lane: whole rows) and delta (lane 0
-    alone: a 4-byte store, a whole sector for the L1 counters); the conversion reads the
-    accumulator as ``dq_acc[..., col]`` and ``dq_acc[..., col + 1]``, two 4-byte loads a lane at
-    an 8-byte stride (16 bytes of each 32-byte sector an instruction touches) and writes dQ (a
-    word of two halves a lane: whole rows)."""
+    along the head dim. The pre-pass reads O and dO (a 32-bit word of two halves, or a float, a
+    lane: whole rows), writes the zeroed float32 accumulator (one float a lane: whole rows) and
+    delta (lane 0 alone: a 4-byte store, a whole sector for the L1 counters); the half
+    conversion reads the accumulator as ``dq_acc[..., col]`` and ``dq_acc[..., col + 1]``, two
+    4-byte loads a lane at an 8-byte stride (16 bytes of each 32-byte sector an instruction
+    touches) and writes dQ (a word of two halves a lane: whole rows); the float32 one reads and
+    writes a float a lane (whole rows)."""
     d, e = w.head_dim, w.dtype_bytes
     q_rows = w.batch * w.heads * w.seq_len_q
     q_elems = q_rows * d
@@ -748,10 +811,12 @@ def _atomic_dq_kernels(w: Workload, names: dict, kv_kernel: KernelPlan) -> tuple
         matmuls=(), fp32_flops=int(q_elems * PREPASS_FLOPS_PER_ELEMENT
                                    + q_rows * 32 * PREPASS_SHUFFLE_FLOPS_PER_ROW_LANE),
         mufu_ops=0, registers=None, programs_per_slice=grid[0])
+    # float32 (3xTF32): a float a lane a pass, whole rows
+    acc_load = (Access("dQ_acc", "load", q_elems * STAT_BYTES, "ld") if w.dtype == "fp32" else
+                Access("dQ_acc", "load", q_elems * STAT_BYTES, "fragment", CONVERT_SEGMENT_BYTES))
     convert = KernelPlan(
         name=names["convert"], phase="bwd.post", grid=grid, threads=threads, shared_bytes=0,
-        accesses=(Access("dQ_acc", "load", q_elems * STAT_BYTES, "fragment", CONVERT_SEGMENT_BYTES),
-                  Access("dQ", "store", q_elems * e, "st")),
+        accesses=(acc_load, Access("dQ", "store", q_elems * e, "st")),
         matmuls=(), fp32_flops=int(q_elems * CONVERT_FLOPS_PER_ELEMENT), mufu_ops=0,
         registers=None, programs_per_slice=grid[0])
     return pre, kv_kernel, convert
@@ -767,24 +832,24 @@ def dq_shared_moved(visits: int, keys: int, block_q: int, block_k: int, d: int, 
 
 
 def dkdv_shared_moved(visits: int, rows: int, kv_elems: int, block_q: int, block_k: int, d: int,
-                      e: int, k_tile: bool, k_reread: bool, dq_atomic: bool) -> int:
+                      e: int, k_tile: bool, k_reread: bool, dq_atomic_layout=None) -> int:
     """Shared-memory bytes a dK/dV kernel moves (``e`` bytes an element): per visited tile Q and
     dO land (the ``rows`` copied) with their lse and delta (8 bytes a row); every warp reads Q
     twice (S^T, dK) and dO twice (dP^T, dV), whole tiles, its own 16 K rows at every 16-query
     step where the mma kernel re-reads K's fragments from shared memory (``k_reread``), and lse
     and delta once per score (``rowv``); the block's K tile lands once (``k_tile``). With dQ by
-    atomics (mma), each warp stores its dS (16 x 16 halves a 16-query step) and, once per tile,
+    atomics (``dq_atomic_layout``: `mma_dq_atomic_layout` or `tf32_dq_atomic_layout`), each
+    warp stores its dS (the block's ``block_q`` x ``block_k`` per tile) and, once per tile,
     reads its rows of dS (``block_q`` x ``block_k`` over the block's warps, once per column pass
-    and per column of warps) and its columns of K (once per row of warps:
-    `mma_dq_atomic_layout`)."""
+    and per column of warps) and its columns of K (once per row of warps)."""
     warps = block_k // ROWS_PER_WARP
     tile = block_q * d * e
     moved = 2 * rows * d * e + rows * 8 + visits * (warps * (4 * tile + (tile if k_reread else 0))
                                                       + block_q * block_k * 8)
     if k_tile:
         moved += kv_elems * e
-    if dq_atomic:
-        warps_q, warps_d, passes = mma_dq_atomic_layout(d, block_q, block_k)
+    if dq_atomic_layout is not None:
+        warps_q, warps_d, passes = dq_atomic_layout(d, block_q, block_k)
         moved += visits * (block_q * block_k * e + warps_d * passes * block_q * block_k * e
                            + warps_q * block_k * d * e)
     return int(moved)
@@ -823,6 +888,22 @@ def mma_default_dq_mode(compute_capability, deterministic: bool = False, *,
     ``deterministic`` algorithms (atomics add in a varying order). The launcher
     (`kernels.mma_bwd.dq_mode`) and ``python -m sim plan`` both ask this rule."""
     if deterministic or head_dim not in ATOMIC_DQ_HEAD_DIMS:
+        return "kernel"
+    return "atomic" if red_adds_pairs(compute_capability) else "kernel"
+
+
+#: The head dims at which the 3xTF32 backward adds dQ by atomics by default (from
+#: `ATOMIC_DQ_FROM_CC` on): `tf32_default_dq_mode`. On an H100 atomics were faster at all 12
+#: shapes measured, 1.30-1.41x at d = 128 and 1.15-1.28x at d = 64 (the backward alone; ``python
+#: -m benchmarks tune --show-backward-dq results/tune_backward_dq_fp32_h100_2026-11-28.json``).
+TF32_ATOMIC_DQ_HEAD_DIMS = (64, 128)
+
+
+def tf32_default_dq_mode(compute_capability, deterministic: bool = False, *,
+                         head_dim: int) -> str:
+    """The dQ mode the 3xTF32 backward runs by default, as `mma_default_dq_mode` rules with
+    `TF32_ATOMIC_DQ_HEAD_DIMS`; the launcher (`kernels.tf32_bwd.dq_mode`) asks this rule."""
+    if deterministic or head_dim not in TF32_ATOMIC_DQ_HEAD_DIMS:
         return "kernel"
     return "atomic" if red_adds_pairs(compute_capability) else "kernel"
 
@@ -890,36 +971,57 @@ def mma_backward_plan(workload: Workload, *, dq_tile=None, kv_tile=None, launch_
 
 
 def tf32_backward_plan(workload: Workload, *, dq_tile=None, kv_tile=None, launch_order=None,
-                       mask_shape=None, block_mask_tiles=None, registers=None) -> Plan:
+                       mask_shape=None, block_mask_tiles=None, registers=None,
+                       dq_mode="kernel") -> Plan:
     """The plan of `kernels.tf32_bwd` (3xTF32) for ``workload`` (float32, d 64 or 128); the
     arguments as `mma_backward_plan`'s (defaults `tf32_default_tiles`; up to 227 KiB of shared
     memory, dynamic above 48 KiB). With dropout at d=128 the dK/dV kernel runs 16-query stages
     whatever ``kv_tile`` asks (`tf32_dkdv_dropout_config`, as the launcher does); the plan's
-    config holds the tiles and k-loop unrolling it launches."""
+    config holds the tiles and k-loop unrolling it launches. ``dq_mode`` "atomic": a pre-pass,
+    the dK/dV kernel with dQ += dS K once per stage by ``red`` atomics (its K tile and dS in
+    dynamic shared memory: `tf32_dkdv_atomic_dynamic_smem_bytes`, `tf32_dq_atomic_layout`) and
+    a conversion; ``dq_tile`` is then unused."""
     w = workload
     _check_workload("tf32", w, ("fp32",), TF32_HEAD_DIMS)
+    if dq_mode not in DQ_MODES:
+        raise ValueError(f"dq_mode must be one of {DQ_MODES}, got {dq_mode!r}")
+    atomic = dq_mode == "atomic"
     d = w.head_dim
     cfg = tf32_default_config(d)
     dq_tile = _check_tile("dq_tile", cfg["dq"] if dq_tile is None else dq_tile)
     kv_tile = _check_tile("kv_tile", cfg["dkdv"][::-1] if kv_tile is None else kv_tile)
     override = tf32_dkdv_dropout_config(d, kv_tile[0], w.dropout)
     kv_tile = (override.get("block_q", kv_tile[0]), kv_tile[1])
-    shared = {"dq": tf32_dq_smem_bytes(d, dq_tile[1]), "dkdv": tf32_dkdv_smem_bytes(d, kv_tile[0])}
-    _check_smem("tf32", "dq_tile", dq_tile, shared["dq"], DYNAMIC_SMEM_LIMIT_BYTES, d, "dynamic")
-    _check_smem("tf32", "kv_tile", kv_tile, shared["dkdv"], DYNAMIC_SMEM_LIMIT_BYTES, d, "dynamic")
     k_steps = d // 8
     unroll = {"dq": cfg["unroll"], "dkdv": override.get("unroll", cfg["unroll"])}
     unroll = {k: u if k_steps % u == 0 else 1 for k, u in unroll.items()}   # as the kernels take it
-    names = {k: KERNEL_NAMES[("tf32", k)] for k in ("dq", "dkdv")}
+    if atomic:
+        tf32_dq_atomic_layout(d, *kv_tile)
+        dyn = tf32_dkdv_atomic_dynamic_smem_bytes(d, *kv_tile)
+        shared = {"dq": 0, "dkdv": dyn + 16 * kv_tile[0]}
+        _check_smem("tf32", "kv_tile", kv_tile, shared["dkdv"], DYNAMIC_SMEM_LIMIT_BYTES, d,
+                    "dynamic")
+        dynamic = {"pre": 0, "dkdv": dyn, "convert": 0}
+        unroll = {"dkdv": unroll["dkdv"]}
+    else:
+        shared = {"dq": tf32_dq_smem_bytes(d, dq_tile[1]),
+                  "dkdv": tf32_dkdv_smem_bytes(d, kv_tile[0])}
+        _check_smem("tf32", "dq_tile", dq_tile, shared["dq"], DYNAMIC_SMEM_LIMIT_BYTES, d,
+                    "dynamic")
+        _check_smem("tf32", "kv_tile", kv_tile, shared["dkdv"], DYNAMIC_SMEM_LIMIT_BYTES, d,
+                    "dynamic")
+        dynamic = {"dq": tf32_dq_dynamic_smem_bytes(d, dq_tile[1]),
+                   "dkdv": tf32_dkdv_dynamic_smem_bytes(d, kv_tile[0])}
+    names = {k: KERNEL_NAMES[("tf32", k)] for k in ("dq", "dkdv", "pre", "convert")}
+    extra = {"unroll": unroll, **({"dq_mode": dq_mode} if atomic else {})}
     return _backward("tf32", w, dq_tile=dq_tile, kv_tile=kv_tile, names=names, shared=shared,
-                     dynamic={"dq": tf32_dq_dynamic_smem_bytes(d, dq_tile[1]),
-                              "dkdv": tf32_dkdv_dynamic_smem_bytes(d, kv_tile[0])},
-                     unit="mma.tf32", passes=TF32_PASSES, tf32=True, k_in_shared=False,
+                     dynamic=dynamic, unit="mma.tf32", passes=TF32_PASSES, tf32=True,
+                     k_in_shared=False,
                      operands_in_registers={k: tf32_operands_in_registers(k, d)
                                             for k in ("dq", "dkdv")},
                      registers=_check_registers(registers), launch_order=launch_order,
                      mask_shape=mask_shape, block_mask_tiles=block_mask_tiles,
-                     extra_config={"unroll": unroll})
+                     extra_config=extra, dq_atomic=atomic)
 
 
 def launch_of(plan: Plan, kernel: str) -> tuple[tuple, int, int]:
