@@ -304,8 +304,8 @@ def set_bytes(cfg: dict) -> int:
 def empty_record(cfg: dict) -> dict:
     """A results record for a normalized configuration with every measured field null; a
     tensor-core record also names its launch order (``launch_head_group``, the default of its
-    pass: `kernels.tile_scheduler.head_group`), and an mma backward its ``dq_mode``
-    (`kernels.mma_bwd.dq_mode`: "kernel" or "atomic")."""
+    pass: `kernels.tile_scheduler.head_group`), and a tensor-core backward its ``dq_mode``
+    (`kernels.mma_bwd.dq_mode`, `kernels.tf32_bwd.dq_mode`: "kernel" or "atomic")."""
     rec = {f: cfg[f] for f in ("kernel", "schedule", "pass", "dtype", "batch", "heads",
                                "heads_kv", "seq_len_q", "seq_len_k", "head_dim", "causal",
                                "block_q", "block_k")}
@@ -316,10 +316,11 @@ def empty_record(cfg: dict) -> dict:
         from kernels import tile_scheduler
         rec["launch_head_group"] = tile_scheduler.head_group(
             None, cfg["causal"], "fwd" if cfg["pass"] == "fwd" else "bwd")
-    if cfg.get("variant") == "mma" and cfg["pass"] != "fwd":
-        from kernels import KernelConfig, mma_bwd
-        rec["dq_mode"] = mma_bwd.dq_mode(None, KernelConfig(family="mma"),
-                                          head_dim=cfg["head_dim"])
+    if cfg.get("variant") in ("mma", "tf32") and cfg["pass"] != "fwd":
+        from kernels import KernelConfig, mma_bwd, tf32_bwd
+        module = mma_bwd if cfg["variant"] == "mma" else tf32_bwd
+        rec["dq_mode"] = module.dq_mode(None, KernelConfig(family=cfg["variant"]),
+                                         head_dim=cfg["head_dim"])
     return rec
 
 

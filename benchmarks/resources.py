@@ -21,7 +21,7 @@ Which configurations (`sweep_configs`): the records of our kernel in
 * the tensor-core forward (``flash_mma_fwd``) at the sweep's blocks and the launch order the
   shipped sweeps ran (tiles first: `benchmarks.measure.SHIPPED_HEAD_GROUP`), and the default
   configurations of every tensor-core kernel (``flash_{mma,tf32}_{fwd,bwd_dq,bwd_dkdv}``, and
-  the mma dK/dV kernel with dQ by atomics at its own tiles, keyed ``dq_atomic``; d = 64 and
+  each family's dK/dV kernel with dQ by atomics at its own tiles, keyed ``dq_atomic``; d = 64 and
   128, causal on and off) at its pass's default launch order
   (`kernels.tile_scheduler.DEFAULT_HEAD_GROUP`), except where a sweep configuration has the
   same key (float16 d=64 causal forward, 128 x 32). Each entry names its ``launch_head_group``;
@@ -104,10 +104,10 @@ def sweep_configs(tensor_core_defaults: bool = True) -> list[dict]:
                     for kernel in ("dq", "dkdv"):
                         add(_cfg(family, kernel, d, dt, causal, block_m=tiles[kernel][0],
                                  block_n=tiles[kernel][1], head_group=group))
-                    if family == "mma":     # the dK/dV kernel with dQ by atomics (sm_90)
-                        add(_cfg(family, "dkdv", d, dt, causal, dq_atomic=True,
-                                 block_m=tiles["dkdv_atomic"][0],
-                                 block_n=tiles["dkdv_atomic"][1], head_group=group))
+                    # the dK/dV kernel with dQ by atomics (sm_90)
+                    add(_cfg(family, "dkdv", d, dt, causal, dq_atomic=True,
+                             block_m=tiles["dkdv_atomic"][0],
+                             block_n=tiles["dkdv_atomic"][1], head_group=group))
     return list(out.values())
 
 
@@ -117,7 +117,7 @@ def compile_one(c: dict, ptxas: str, workdir: str) -> dict:
     kern, sig, threads = build_kernel(c["family"], c["pass_kernel"], c["head_dim"], c["dtype"],
                                       c["causal"], block_m=c["block_m"], block_n=c["block_n"],
                                       tile=c["tile"], head_group=c.get("launch_head_group"),
-                                      dq_atomic=c["dq_atomic"] if c["family"] == "mma" else None)
+                                      dq_atomic=c["dq_atomic"] if c["family"] != "simt" else None)
     res = compile_sm90(kern, sig, c["key"], workdir, ptxas)
     if res["returncode"]:
         raise RuntimeError(f"ptxas failed on {c['key']}: {res['ptxas_log'].strip()[-400:]}")

@@ -1,8 +1,8 @@
 """Tensor-core FlashAttention-2 backward for float32 CUDA inputs with 3xTF32 (Numba + inline PTX).
 
-This is the ``tf32`` family's backward. The structure is that of `kernels.mma_bwd` (two
-kernels, operands in registers or L1, no shared-memory round trip of P or dS, no atomics); the
-arithmetic is that of `kernels.tf32_fwd`: every float32 operand x is
+This is the ``tf32`` family's backward, in the two structures of `kernels.mma_bwd`
+(``KernelConfig.backward_dq``, default `dq_mode`: "atomic" on sm_90 at d 64 and 128, "kernel"
+elsewhere and under deterministic algorithms); the arithmetic is that of `kernels.tf32_fwd`: every float32 operand x is
 split (`kernels.ptx.split_tf32`) into ``big`` (x truncated to TF32) and ``small`` (x - big, read
 by the tensor core rounded to TF32) and every product is
 ``A_small B_big + A_big B_small + A_big B_big`` with ``mma.sync.m16n8k8`` tf32 and float32
@@ -23,6 +23,15 @@ accumulation, so all five matmuls have float32-level accuracy.
   over the Q tiles of `BlockInfo.q_schedule()`; Q and dO tiles (double-buffered, ``cp.async``) give S^T = K Q^T,
   dP^T = V dO^T, P^T (lse and delta per query column, staged in shared memory),
   dV += (P^T Z) dO, dS^T = P^T * (dP^T Z - delta), dK += dS^T Q; dK = scale * dK at the end.
+
+**"kernel"** (two kernels, operands in registers or L1, no shared-memory round trip of P or dS,
+no atomics) launches the two kernels above. **"atomic"** (FlashAttention-2's structure, five
+products per tile) launches the float32 pre-pass of `kernels.mma_bwd` (delta, the zeroed float32
+dQ accumulator), the dK/dV kernel built with ``dq_atomic`` -- its K tile also in shared memory
+(``cp.async``, once), each stage's dS written to shared memory (queries x keys), and after one
+barrier dQ += dS K of the stage's queries (`sim.plans.tensor_core_bwd.tf32_dq_atomic_layout`,
+`_shared_a_times_shared_b`) added to the accumulator with ``red.global.add.v2.f32`` -- and the
+conversion dQ = scale * accumulator.
 
 Both grids are (tiles, batch*heads); which block works on which (tile, head) is the launch order
 of `kernels.tile_scheduler`: tiles first, or, under a causal mask, heads first within groups of

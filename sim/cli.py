@@ -261,14 +261,14 @@ def _plan_cmd(a) -> int:
     prof = a.device if a.rates is None else a.device.with_rates(a.rates)
     tiles = {k: v for k, v in (("block_q", a.block_q), ("block_k", a.block_k)) if v is not None}
     dq_mode = getattr(a, "plan_dq_mode", None)             # (`search --family` has no --dq-mode)
-    if dq_mode is not None and (a.family, a.pass_) != ("mma", "bwd"):
-        raise SystemExit("error: --dq-mode: only the mma family's backward has dQ modes")
+    if dq_mode is not None and (a.family not in ("mma", "tf32") or a.pass_ != "bwd"):
+        raise SystemExit("error: --dq-mode: only the mma and tf32 backwards have dQ modes")
     fixed = {}
-    if (a.family, a.pass_) == ("mma", "bwd"):
+    if a.family in ("mma", "tf32") and a.pass_ == "bwd":
         # what the launcher runs on this GPU unless asked otherwise
-        from .plans.tensor_core_bwd import mma_default_dq_mode
-        fixed["dq_mode"] = dq_mode or mma_default_dq_mode(prof.compute_capability,
-                                                           head_dim=w.head_dim)
+        from .plans.tensor_core_bwd import mma_default_dq_mode, tf32_default_dq_mode
+        rule = mma_default_dq_mode if a.family == "mma" else tf32_default_dq_mode
+        fixed["dq_mode"] = dq_mode or rule(prof.compute_capability, head_dim=w.head_dim)
     ranked = None
     if a.choose:
         if (a.family, a.pass_) not in CONFIGS:
@@ -655,10 +655,10 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--rates", default=None, metavar="RATES.json",
                     help="measured rates of `python -m benchmarks rates` (default: datasheet rates)")
     pl.add_argument("--dq-mode", dest="plan_dq_mode", choices=("kernel", "atomic"), default=None,
-                    help="the mma backward's dQ: its own kernel or float32 atomics from the dK/dV "
-                         "kernel (default: what the launcher runs on --device, "
-                         "sim.plans.tensor_core_bwd.mma_default_dq_mode: atomic from sm_90 at d "
-                         "128)")
+                    help="the mma / tf32 backward's dQ: its own kernel or float32 atomics from "
+                         "the dK/dV kernel (default: what the launcher runs on --device, "
+                         "sim.plans.tensor_core_bwd.mma_default_dq_mode / tf32_default_dq_mode: "
+                         "atomic from sm_90, mma at d 128, tf32 at d 64 and 128)")
     pl.add_argument("--choose", action="store_true", help="rank every legal configuration")
     pl.add_argument("--json", action="store_true", help="print one JSON object")
     pl.add_argument("--compact", action="store_true", help="with --json: one line")

@@ -292,8 +292,13 @@ def test_plan_command(capsys):
                                                       "flash_mma_bwd_convert"]
     assert any(x["op"] == "atomic" for x in d["kernels_plan"][1]["accesses"])
     with pytest.raises(SystemExit, match="--dq-mode"):
-        main(["plan", "--family", "tf32", "--pass", "bwd", "--dtype", "fp32", "--seq-len", "64",
+        main(["plan", "--family", "tf32", "--pass", "fwd", "--dtype", "fp32", "--seq-len", "64",
               "--dq-mode", "atomic"])
+    # the tf32 backward too: atomics by default on the H100 at d 64 and 128, its dQ kernel asked
+    for extra, first in (([], "flash_tf32_bwd_pre"), (["--dq-mode", "kernel"], "flash_tf32_bwd_dq")):
+        assert main(["plan", "--family", "tf32", "--pass", "bwd", "--dtype", "fp32", "--seq-len",
+                     "300", "--head-dim", "64", "--json", "--compact"] + extra) == 0
+        assert json.loads(capsys.readouterr().out)["kernels_plan"][0]["name"] == first
     # without --dq-mode: what the launcher runs on --device (atomics from sm_90, the dQ kernel
     # on an A100); --dq-mode overrides it
     names = {}
@@ -321,6 +326,11 @@ def test_default_dq_mode_rule_and_profiles():
         == ["kernel", "kernel", "kernel", "atomic", "atomic", "kernel"]
     assert [mma_default_dq_mode(cc, head_dim=64) for cc in ccs] == ["kernel"] * len(ccs)
     assert mma_default_dq_mode((9, 0), deterministic=True, head_dim=128) == "kernel"
+    from sim.plans.tensor_core_bwd import tf32_default_dq_mode
+    for d in (64, 128):      # the 3xTF32 backward: atomics from sm_90 at both head dims
+        assert [tf32_default_dq_mode(cc, head_dim=d) for cc in ccs] \
+            == ["kernel", "kernel", "kernel", "atomic", "atomic", "kernel"]
+        assert tf32_default_dq_mode((9, 0), deterministic=True, head_dim=d) == "kernel"
     ccs = {name: prof.compute_capability for name, prof in PROFILES.items()}
     assert ccs == {"h100": (9, 0), "h200": (9, 0), "a100-40gb": (8, 0), "a100-80gb": (8, 0),
                    "t4": (7, 5)}

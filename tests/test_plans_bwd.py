@@ -325,6 +325,46 @@ def test_dense_mma_bytes_and_flops(d):
 
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
+def test_tf32_atomic_dq_counts(d, causal):
+    """The 3xTF32 backward's dQ by atomics against its dQ-kernel plan at the same dK/dV tiles:
+    five 3xTF32 products per tile instead of four in the dK/dV kernel (none in a dQ kernel), K
+    re-read from L1 as before and its tile landed once by cp.async, 4 bytes per element of each
+    visited tile's query rows added to the accumulator, the dQ phase's splits (each warp splits
+    all of the stage's dS once and its quarter of K's columns once), float32 pre-pass and
+    conversion reading and writing whole rows."""
+    B, H, Hkv, N, e = 2, 8, 2, 1000, 4
+    w = Workload(batch=B, heads=H, heads_kv=Hkv, seq_len_q=N, head_dim=d, dtype="fp32",
+                 causal=causal, pass_="bwd")
+    ref = plan_for("tf32", "bwd", w)
+    atomic = plan_for("tf32", "bwd", w, dq_mode="atomic")
+    assert atomic.config["kv_tile"] == ref.config["kv_tile"] == (32, 64)
+    pre, kv_kernel, convert = atomic.kernels
+    _dq_ref, kv_ref = ref.kernels
+    assert kv_kernel.matmuls[0].executed_flops * 4 == kv_ref.matmuls[0].executed_flops * 5
+    assert kv_kernel.matmuls[0].passes == 3
+    visited_rows = _access(kv_ref, "Q").bytes // (d * e)
+    visits = B * H * cdiv(N, 64) * cdiv(N, 32) if not causal else None   # whole tiles
+    assert _access(kv_kernel, "dQ_acc").bytes == visited_rows * d * 4
+    k_loads = {a.how: a.bytes for a in kv_kernel.accesses if a.tensor == "K"}
+    assert k_loads["cp.async"] == B * Hkv * N * d * e
+    assert k_loads["fragment"] == _access(kv_ref, "K").bytes          # the L1 re-reads as before
+    # splits: the reference's, plus per visited tile 4 warps x (32 x 64 dS) + 64 x d of K
+    if visits is not None:
+        extra = visits * (4 * 32 * 64 + 64 * d)
+        assert kv_kernel.fp32_flops - kv_ref.fp32_flops == extra * P.TF32_SPLIT_FLOPS
+    assert P.tf32_dq_atomic_layout(d, 32, 64) == (1, 4, 1)
+    for t in ("O", "dO"):
+        assert _access(pre, t).bytes == B * H * N * d * e and _access(pre, t).how == "ld"
+    assert _access(convert, "dQ_acc").how == "ld" and _access(convert, "dQ").bytes == B * H * N * d * e
+    assert [k.name for k in atomic.kernels] == [P.KERNEL_NAMES[("tf32", k)]
+                                                for k in ("pre", "dkdv", "convert")]
+    assert P.launch_of(atomic, "dkdv")[2] == P.tf32_dkdv_atomic_dynamic_smem_bytes(d, 32, 64) \
+        == 4 * (4 * 32 * (d + 4) + 64 * (d + 8) + 32 * (64 + 4))
+    assert price(atomic, "h100").time_s > 0
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
 def test_atomic_dq_counts(d, causal):
     """dQ by atomics against the dQ-kernel plan at the same dK/dV tiles: no dQ kernel; the dK/dV
     kernel does five products per tile (dQ += dS K added), reads K by cp.async (its tile is the
@@ -370,7 +410,7 @@ def test_atomic_dq_counts(d, causal):
 
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("family, dq_mode", [("mma", "kernel"), ("mma", "atomic"),
-                                             ("tf32", "kernel")])
+                                             ("tf32", "kernel"), ("tf32", "atomic")])
 def test_shared_memory_traffic(d, family, dq_mode):
     """Shared-memory bytes moved (landed by cp.async, read by every warp), dense, against a
     count per program written out here: the dQ kernel lands K and V and each warp reads K twice
@@ -393,7 +433,12 @@ def test_shared_memory_traffic(d, family, dq_mode):
     per_tile = (2 * kv_q * d * e + 8 * kv_q
                 + warps * (4 + reread) * kv_q * d * e + 8 * kv_q * kv_k)
     k_landed = B * H * N * d * e if (reread or dq_mode == "atomic") else 0
-    if dq_mode == "atomic":
+    if dq_mode == "atomic" and family == "tf32":
+        # 64 keys, 32-query stages, 4 warps each all 32 queries x d/4 columns in one pass: dS
+        # stored once, read once by every warp, K read once
+        assert (kv_q, kv_k) == (32, 64) and P.tf32_dq_atomic_layout(d, kv_q, kv_k) == (1, 4, 1)
+        per_tile += kv_q * kv_k * e * (1 + warps) + kv_k * d * e
+    elif dq_mode == "atomic":
         # default tiles: d=64 (64 keys, 128 queries) 4 warps as 2 x 2, each 64 queries x 32
         # columns in one pass (64 accumulators a thread); d=128 (128 keys, 128 queries) 8 warps
         # as 2 x 4, each 64 x 32 in two passes of 16 columns (at most 32 accumulators)

@@ -139,7 +139,7 @@ def plans_for_record(rec: dict) -> list | None:
     "fwd+bwd"), from what it names: ``kernel`` "ioaware-numba", its ``variant`` (the family;
     none: ``simt``, or ``mma`` for ``implementation`` ``kernels.flash_mma_fwd``), the problem,
     and the forward's ``block_q`` / ``block_k`` (the tensor-core backwards choose their own
-    tiles; an mma backward's ``dq_mode``, "kernel" when absent; the simt passes take the record's tiles and micro-tiles,
+    tiles; a tensor-core backward's ``dq_mode``, "kernel" when absent; the simt passes take the record's tiles and micro-tiles,
     `sim.plans.simt.record_config`); or ``kernel`` one of PyTorch's SDPA backends
     (`sim.plans.sdpa.SDPA_FAMILIES`: the family), measured on sm_90, with the tiles its dispatch
     picks. None for a record of another kernel, of a family/pass without a plan, of simt kernels
@@ -171,7 +171,7 @@ def plans_for_record(rec: dict) -> list | None:
             tiles = record_config(rec, p)
         else:
             tiles = {"block_q": rec.get("block_q"), "block_k": rec.get("block_k")} if p == "fwd" else {}
-            if family == "mma" and p == "bwd" and rec.get("dq_mode") == "atomic":
+            if family in ("mma", "tf32") and p == "bwd" and rec.get("dq_mode") == "atomic":
                 tiles["dq_mode"] = "atomic"     # a record without it ran the dQ kernel
         plans.append(plan_for(family, p, w, **tiles))
     return plans

@@ -525,8 +525,8 @@ def _registers(name: str, w: Workload, block_m: int, block_n: int, has_mask: boo
     own tile ``block_m x block_n``, bfloat16 under float16's entry, which differs only in the mma
     and conversion instructions), None where the table has no such configuration (windowed,
     masked or dropout kernels are not in the shipped table). The table holds each
-    configuration at its pass's default launch order; ``dq_atomic``: the mma dK/dV kernel that
-    adds dQ by atomics (keyed apart)."""
+    configuration at its pass's default launch order; ``dq_atomic``: the dK/dV kernel that adds
+    dQ by atomics (keyed apart)."""
     if w.window_size is not None:
         return None
     dtype = "fp16" if w.dtype == "bf16" else w.dtype
