@@ -346,6 +346,47 @@ def test_sliding_window_matches_float64(head_dim, n_q, n_k, window, causal, dq_m
     _assert_grads(got, reference_grads(q, k, v, dout, kw["scale"], mask=rule))
 
 
+@gpu
+def test_default_dq_mode_and_deterministic_algorithms():
+    """sm_90 and later: dQ by atomics by default at d = 64 and 128; under torch's deterministic
+    algorithms the dQ kernel, whose repeated calls give the same bits."""
+    from sim.plans.tensor_core_bwd import ATOMIC_DQ_FROM_CC
+    torch = _torch_cuda()
+    cc = torch.cuda.get_device_capability()
+    for d in (64, 128):
+        q, k, v, dout = _inputs((1, 4, 300, d), (1, 4, 300, d), seed=9)
+        pb = kernel_problem(q, k, v, causal=True)
+        want = "atomic" if cc >= ATOMIC_DQ_FROM_CC else "kernel"
+        assert bwd_mod.dq_mode(pb, KernelConfig()) == want
+        assert bwd_mod.plan(pb, KernelConfig()).config.get("dq_mode", "kernel") == want
+    out, lse = kernels_forward(q, k, v, config=TF32, scale=0.125, causal=True)
+    try:
+        torch.use_deterministic_algorithms(True)
+        assert bwd_mod.dq_mode(pb, KernelConfig()) == "kernel"
+        runs = [kernels_backward(q, k, v, out, lse, dout, config=TF32, scale=0.125, causal=True)
+                for _ in range(3)]
+    finally:
+        torch.use_deterministic_algorithms(False)
+    for run in runs[1:]:
+        for a, b in zip(run, runs[0]):
+            assert torch.equal(a, b)
+
+
+def test_dq_mode_follows_the_plan_rule_and_the_config():
+    """Without a GPU (no compute capability) the default is the dQ kernel; the config's
+    ``backward_dq`` wins; the plan the launcher builds carries the mode it runs."""
+    pb = kernel_problem(np.zeros((1, 2, 70, 64), np.float32), np.zeros((1, 1, 90, 64), np.float32),
+                        np.zeros((1, 1, 90, 64), np.float32), causal=True)
+    if host.real_gpu():
+        pytest.skip("the default depends on this GPU (test_default_dq_mode_and_deterministic_algorithms)")
+    assert bwd_mod.dq_mode(pb, KernelConfig()) == "kernel"
+    assert "dq_mode" not in bwd_mod.plan(pb, KernelConfig()).config
+    atomic = bwd_mod.plan(pb, KernelConfig(backward_dq="atomic"))
+    assert atomic.config["dq_mode"] == "atomic"
+    assert [k.phase for k in atomic.kernels] == ["bwd.pre", "bwd.main", "bwd.post"]
+    assert bwd_mod.dq_mode(pb, KernelConfig(backward_dq="kernel")) == "kernel"
+
+
 def compile_d128_backward_kernels(outdir) -> list:
     """`benchmarks.check` reports of the 3xTF32 dQ and dK/dV kernels at d = 128, causal and
     not, at their default tiles (PTX for sm_90, then ptxas). Run in a process without the CUDA
