@@ -109,6 +109,9 @@ def bench_attention(torch, ns, ds, dtypes, causals, passes, kernel_names, progre
                 base["variant"] = kernels.family_for(pb, None, "fwd")
                 if pass_ == "fwd+bwd":
                     base["variant_bwd"] = kernels.family_for(pb, None, "bwd")
+                    if base["variant_bwd"] in ("mma", "tf32"):     # how its backward adds dQ
+                        bwd_module = getattr(kernels, f"{base['variant_bwd']}_bwd")
+                        base["dq_mode"] = bwd_module.dq_mode(pb, kernels.KernelConfig())
             if kern == "sdpa-math":
                 # the materialised scores and probabilities (plus their grads) in the input dtype
                 est = b * h * n * n * q.element_size() * (6 if pass_ == "fwd+bwd" else 3)

@@ -1,8 +1,8 @@
 """Command ``check``: compile-only PTX, ptxas and SASS checks of the tensor-core kernels (CPU).
 
 ``python -m benchmarks check [--families mma tf32] [--kernels fwd dq dkdv dkdv_atomic] [--out DIR]``
-compiles the forward, dQ and dK/dV kernels (``mma``: also the dK/dV kernel that adds dQ by
-atomics, ``dkdv_atomic``) of the ``mma`` family (float16 and bfloat16) and the
+compiles the forward, dQ and dK/dV kernels (and the dK/dV kernel that adds dQ by atomics,
+``dkdv_atomic``) of the ``mma`` family (float16 and bfloat16) and the
 ``tf32`` family (float32) for head dims 64 and 128, causal and not, at the tiles and launch
 order each runs by default, for sm_90 without launching anything (Numba's PTX; no GPU,
 ``NUMBA_ENABLE_CUDASIM=0``), and the same with a boolean mask and dropout. For each
@@ -34,8 +34,8 @@ from .common import (allow_offline_compile, build_kernel, compile_sm90, find_ptx
 
 FAMILY_DTYPES = {"mma": ("fp16", "bf16"), "tf32": ("fp32",)}
 KERNELS = ("fwd", "dq", "dkdv", "dkdv_atomic")
-#: Kernels only some families have: the mma dK/dV kernel that adds dQ by atomics.
-FAMILY_KERNELS = {"mma": KERNELS, "tf32": ("fwd", "dq", "dkdv")}
+#: Each family's kernels (both have the dK/dV kernel that adds dQ by atomics).
+FAMILY_KERNELS = {"mma": KERNELS, "tf32": KERNELS}
 HEAD_DIMS = (64, 128)
 PTX_COUNTS = {"ptx_mma": r"\bmma\.sync", "ptx_local_decl": r"\.local\b",
               "ptx_ld_st_local": r"\b(?:ld|st)\.local"}

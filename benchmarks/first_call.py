@@ -15,8 +15,8 @@ imports neither numba nor the kernels), ``forward_s`` (the first ``ioaware.atten
 launch), ``backward_s`` (the first ``out.backward``), and ``second_forward_s`` (the same forward
 again: what a call costs once loaded). The number of kernels compiled (the ``ioaware.kernels``
 log), whether the cold and warm out, dK and dV are bitwise equal (``bitwise_equal``) and how far
-their dQ differ (``dq_rel_diff``: dQ is summed by float32 atomics on sm_90 at d = 128, in an
-order that varies from run to run) are recorded too. Writes a JSON file with provenance.
+their dQ differ (``dq_rel_diff``: dQ is summed by float32 atomics on sm_90, half precision at
+d = 128 and float32 at d 64 and 128, in an order that varies from run to run) are recorded too. Writes a JSON file with provenance.
 
 Python's bytecode is cached as on an installed package (``pip`` compiles it at install; a
 checkout writes it on first import): the children run with ``PYTHONPYCACHEPREFIX`` set to a new
@@ -95,8 +95,8 @@ CHECKS = ("digest", "dq_sum", "dq_abs_sum")
 def same_results(cold: dict, warm: dict) -> dict:
     """``bitwise_equal``: out, dK and dV of the two runs have the same sums; ``dq_rel_diff``:
     the difference of their dQ sums relative to the sum of |dQ| (the half-precision backward
-    adds dQ with float32 atomics on sm_90 at d = 128, in an order that varies from run to
-    run)."""
+    adds dQ with float32 atomics on sm_90 at d = 128, the float32 one at d 64 and 128, in an
+    order that varies from run to run)."""
     return {"bitwise_equal": cold["digest"] == warm["digest"],
             "dq_rel_diff": abs(cold["dq_sum"] - warm["dq_sum"]) / max(cold["dq_abs_sum"], 1e-30)}
 

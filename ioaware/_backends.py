@@ -203,7 +203,7 @@ def prepared_key(q, k, v, mask, bias, block_mask, dropout_p, flags):
     repeated without its checks: everything the checks and the kernels' choices read (shapes,
     strides, dtypes, devices, the current device, and ``flags``: scale, causal rule, window,
     tiles, backend) and whether torch's deterministic algorithms are on (they choose the
-    backward's deterministic dQ, `kernels.mma_bwd.dq_mode`). None for calls with a mask, bias,
+    backward's deterministic dQ, `kernels.mma_bwd.dq_mode`, `kernels.tf32_bwd.dq_mode`). None for calls with a mask, bias,
     block mask or dropout, which always take the full path."""
     if mask is not None or bias is not None or block_mask is not None or dropout_p != 0.0:
         return None

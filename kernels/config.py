@@ -51,10 +51,11 @@ class KernelConfig:
     * ``fast_launch``: launch through `kernels.host.launch`'s cached path (False: Numba's own).
     * ``num_splits``: key splits of the split-KV decoding forward (``family="split_kv"``,
       `kernels.decode_fwd`); None = `sim.decode.choose_splits`.
-    * ``backward_dq``: how the ``mma`` backward computes dQ: "kernel" (a dQ kernel that
-      recomputes S and dP, deterministic) or "atomic" (FlashAttention-2's structure: the dK/dV
-      kernel adds dS K into a float32 accumulator with atomics; the summation order varies from
-      run to run); None = the family's measured default (`kernels.mma_bwd.dq_mode`).
+    * ``backward_dq``: how the ``mma`` and ``tf32`` backwards compute dQ: "kernel" (a dQ kernel
+      that recomputes S and dP, deterministic) or "atomic" (FlashAttention-2's structure: the
+      dK/dV kernel adds dS K into a float32 accumulator with atomics; the summation order varies
+      from run to run); None = the family's measured default (`kernels.mma_bwd.dq_mode`,
+      `kernels.tf32_bwd.dq_mode`).
 
     ``family="split_kv"`` is a forward only (decoding: few queries, a long KV cache);
     ``family="wgmma"`` is a forward only too (Hopper: TMA and ``wgmma``, `kernels.wgmma_fwd`),

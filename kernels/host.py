@@ -797,8 +797,7 @@ def prepare_tensor_core_backward(problem, config, dq_kernel, dq_launch, kv_sched
     lse ``[B, H, N]``; the problem's mask, if any, is kept).
 
     ``dq_acc``: what the dK/dV kernel's float32 dQ accumulator argument (after dV) is: None, it
-    takes none (the tf32 family); "unused", a one-element placeholder (the mma family with its
-    dQ kernel); or ``((prepass, launch), (convert, launch))``: dQ by atomics from the dK/dV
+    takes none; "unused", a one-element placeholder (a backward with its dQ kernel); or ``((prepass, launch), (convert, launch))``: dQ by atomics from the dK/dV
     kernel (``dq_kernel`` None): the pre-pass writes delta and zeroes the accumulator, the dK/dV
     kernel adds dS K into it, the conversion writes dQ = scale * accumulator."""
     atomic = not (dq_acc is None or dq_acc == "unused")

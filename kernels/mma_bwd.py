@@ -820,7 +820,7 @@ def backward_plan(family: str, problem, config, tiles_, **options):
     none, a ValueError): `sim.plans.plan_for` on the `sim.workload.Workload` of
     `kernels.host.plan_workload` with the problem's block mask, the boolean mask's shape
     (``mask_shape``) and the tiles the block mask is laid out on (``block_mask_tiles``);
-    ``options``: the family's own (the mma family's ``dq_mode``)."""
+    ``options``: the family's own (``dq_mode``)."""
     if tiles_ is None:
         raise ValueError(f"the block mask's tiles ({problem.block_q}, {problem.block_k}) admit no "
                          f"tiles of the {family} family's backward")

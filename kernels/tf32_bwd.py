@@ -57,6 +57,12 @@ as such (240 / 432 HMMA in the SASS instead of the 108 / 204 of the 16-row, not 
 kernels). With dropout at d=128 the dK/dV kernel keeps 16-query stages
 (`dkdv_dropout_config`: the 32-query kernel spilled when it was measured). A variant that split
 each stage's B operands once into big/small TF32 planes was exact but slower (docs/kernels.md).
+The dK/dV kernel that adds dQ by atomics runs the same tiles with 111,104 bytes of dynamic
+shared memory at d = 128 (61,952 at d = 64: the K tile and dS added; lse / delta stay static)
+and, by `ptxas -v` for sm_90, 252 / 254 registers at d = 128 and 214 / 219 at d = 64 without
+spills; with dropout (16-query stages) or a boolean mask 248-255 and no spills, except the
+d = 128 causal kernel with both, which spills 8 bytes (`python -m benchmarks check --families
+tf32 --kernels dkdv_atomic` lists them; that case is not timed).
 
 Here Z = keep / (1 - p) is the dropout factor regenerated from the `ioaware.dropout` hash
 (Z = 1 without dropout) and delta = rowsum(dO * O), with O the dropped-out output. Supported:
@@ -733,7 +739,7 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, causal, has_mask, has_dropout
 
             if ATOMIC:
                 # -- dS (BQ queries x 16 keys of this warp) to shared memory, queries as rows;
-                #    keys past n_k (K rows clamped, not zero) add nothing to dQ --
+                #    keys past n_k add nothing to dQ (their K tile rows are zero-filled too) --
                 for nt in range(NT_S):
                     for i in range(4):
                         x = dpt[nt * 4 + i]

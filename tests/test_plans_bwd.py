@@ -343,15 +343,23 @@ def test_tf32_atomic_dq_counts(d, causal):
     assert kv_kernel.matmuls[0].executed_flops * 4 == kv_ref.matmuls[0].executed_flops * 5
     assert kv_kernel.matmuls[0].passes == 3
     visited_rows = _access(kv_ref, "Q").bytes // (d * e)
-    visits = B * H * cdiv(N, 64) * cdiv(N, 32) if not causal else None   # whole tiles
+    visits = B * H * BlockInfo(N, N, 32, 64, causal=causal).n_tiles        # whole tiles
     assert _access(kv_kernel, "dQ_acc").bytes == visited_rows * d * 4
     k_loads = {a.how: a.bytes for a in kv_kernel.accesses if a.tensor == "K"}
     assert k_loads["cp.async"] == B * Hkv * N * d * e
     assert k_loads["fragment"] == _access(kv_ref, "K").bytes          # the L1 re-reads as before
     # splits: the reference's, plus per visited tile 4 warps x (32 x 64 dS) + 64 x d of K
-    if visits is not None:
-        extra = visits * (4 * 32 * 64 + 64 * d)
-        assert kv_kernel.fp32_flops - kv_ref.fp32_flops == extra * P.TF32_SPLIT_FLOPS
+    assert kv_kernel.matmuls[0].flops == visits * 5 * 2 * 32 * 64 * d
+    extra = visits * (4 * 32 * 64 + 64 * d)
+    assert kv_kernel.fp32_flops - kv_ref.fp32_flops == extra * P.TF32_SPLIT_FLOPS
+    # one warp of 16 key rows at d = 128: 32 x 128 dQ in four passes of 32 columns, each
+    # re-splitting the stage's dS (32 x 16), K split once
+    assert P.tf32_dq_atomic_layout(128, 32, 16) == (1, 1, 4)
+    if d == 128:
+        one = plan_for("tf32", "bwd", w, dq_mode="atomic", kv_tile=(32, 16)).kernels[1]
+        one_ref = plan_for("tf32", "bwd", w, kv_tile=(32, 16)).kernels[1]
+        visits16 = B * H * BlockInfo(N, N, 32, 16, causal=causal).n_tiles
+        assert one.fp32_flops - one_ref.fp32_flops == visits16 * (4 * 32 * 16 + 16 * 128)
     assert P.tf32_dq_atomic_layout(d, 32, 64) == (1, 4, 1)
     for t in ("O", "dO"):
         assert _access(pre, t).bytes == B * H * N * d * e and _access(pre, t).how == "ld"

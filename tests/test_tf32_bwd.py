@@ -347,6 +347,16 @@ def test_sliding_window_matches_float64(head_dim, n_q, n_k, window, causal, dq_m
 
 
 @gpu
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_atomic_dq_one_float_per_red(head_dim, monkeypatch):
+    """dQ by atomics with one float per ``red.global.add.f32`` (what runs before sm_90), forced
+    on this GPU."""
+    monkeypatch.setattr(bwd_mod, "_red_width", lambda: "scalar")
+    q, k, v, dout = _inputs((2, 4, 200, head_dim), (2, 2, 333, head_dim), seed=head_dim + 5)
+    _run_and_check(q, k, v, dout, scale=1 / math.sqrt(head_dim), causal=True, dq_mode="atomic")
+
+
+@gpu
 def test_default_dq_mode_and_deterministic_algorithms():
     """sm_90 and later: dQ by atomics by default at d = 64 and 128; under torch's deterministic
     algorithms the dQ kernel, whose repeated calls give the same bits."""
@@ -388,20 +398,21 @@ def test_dq_mode_follows_the_plan_rule_and_the_config():
 
 
 def compile_d128_backward_kernels(outdir) -> list:
-    """`benchmarks.check` reports of the 3xTF32 dQ and dK/dV kernels at d = 128, causal and
-    not, at their default tiles (PTX for sm_90, then ptxas). Run in a process without the CUDA
-    simulator."""
+    """`benchmarks.check` reports of the 3xTF32 dQ, dK/dV and atomic-dQ dK/dV kernels at
+    d = 128, causal and not, at their default tiles (PTX for sm_90, then ptxas). Run in a
+    process without the CUDA simulator."""
     from benchmarks.check import check_one
     from benchmarks.common import allow_offline_compile, find_ptxas
     allow_offline_compile()
     return [check_one("tf32", kernel, 128, "fp32", causal, workdir=str(outdir), ptxas=find_ptxas())
-            for kernel in ("dq", "dkdv") for causal in (False, True)]
+            for kernel in ("dq", "dkdv", "dkdv_atomic") for causal in (False, True)]
 
 
 def test_d128_backward_kernels_keep_their_fragments_in_registers(tmp_path):
     """No local memory, stack frame or spills: the dQ += dS K and dV, dK products unroll their
     k-steps (`_c_times_shared_b`), so the score fragments stay in registers (left to the
-    compiler they went to a 64-byte and a 128-byte stack frame)."""
+    compiler they went to a 64-byte and a 128-byte stack frame); the same for the dK/dV kernel
+    that adds dQ by atomics (`_shared_a_times_shared_b`)."""
     from .helpers import compile_sm90a_in_child
     _ptxas, reports = compile_sm90a_in_child("tests.test_tf32_bwd", "compile_d128_backward_kernels",
                                              tmp_path, timeout=900)

@@ -137,7 +137,8 @@ def choose(family: str, pass_: str, workload, profile="h100", **fixed):
 def plans_for_record(rec: dict) -> list | None:
     """The plans a results record ran (one per pass of its ``pass``: "fwd", "bwd" or
     "fwd+bwd"), from what it names: ``kernel`` "ioaware-numba", its ``variant`` (the family;
-    none: ``simt``, or ``mma`` for ``implementation`` ``kernels.flash_mma_fwd``), the problem,
+    none: ``simt``, or ``mma`` for ``implementation`` ``kernels.flash_mma_fwd``; the backward's
+    ``variant_bwd`` where a forward + backward record names one), the problem,
     and the forward's ``block_q`` / ``block_k`` (the tensor-core backwards choose their own
     tiles; a tensor-core backward's ``dq_mode``, "kernel" when absent; the simt passes take the record's tiles and micro-tiles,
     `sim.plans.simt.record_config`); or ``kernel`` one of PyTorch's SDPA backends
@@ -158,22 +159,25 @@ def plans_for_record(rec: dict) -> list | None:
     family = rec.get("variant") or ("mma" if rec.get("implementation") == "kernels.flash_mma_fwd"
                                     else "simt")
     passes = ("fwd", "bwd") if rec.get("pass") == "fwd+bwd" else (rec.get("pass"),)
-    if any((family, p) not in PLANNERS for p in passes):
+    # a forward + backward record names its backward's family apart where it differs
+    families = {p: (rec.get("variant_bwd") or family) if p == "bwd" else family for p in passes}
+    if any((families[p], p) not in PLANNERS for p in passes):
         return None
-    if family == "simt":     # tiles and micro-tiles as the record names them; today's kernels only
+    if "simt" in families.values():  # tiles and micro-tiles as the record names them; today's kernels only
         from .simt import record_config, record_is_current
         if not record_is_current(rec):
             return None
     plans = []
     for p in passes:
         w = Workload.from_record(dict(rec, **{"pass": p}))
-        if family == "simt":
+        fam = families[p]
+        if fam == "simt":
             tiles = record_config(rec, p)
         else:
             tiles = {"block_q": rec.get("block_q"), "block_k": rec.get("block_k")} if p == "fwd" else {}
-            if family in ("mma", "tf32") and p == "bwd" and rec.get("dq_mode") == "atomic":
+            if fam in ("mma", "tf32") and p == "bwd" and rec.get("dq_mode") == "atomic":
                 tiles["dq_mode"] = "atomic"     # a record without it ran the dQ kernel
-        plans.append(plan_for(family, p, w, **tiles))
+        plans.append(plan_for(fam, p, w, **tiles))
     return plans
 
 

@@ -2,8 +2,7 @@
 3xTF32 float32), and the layout facts their launchers read: default tiles, threads, shared
 memory, which operands stay in registers.
 
-Each backward (the mma one with its default ``dq_mode="kernel"``) launches two kernels, in this
-order, and nothing else: delta = rowsum(dO * O) is
+Each backward with ``dq_mode="kernel"`` launches two kernels, in this order, and nothing else: delta = rowsum(dO * O) is
 computed and written by the dQ kernel (no pre-pass), dK and dV of a GQA group are summed inside
 the dK/dV kernel (no per-query-head buffers, no reduction kernel), every gradient is written once
 in the input dtype (no float32 accumulator, no zero fill, no conversion kernel):
@@ -17,11 +16,12 @@ in the input dtype (no float32 accumulator, no zero fill, no conversion kernel):
    and the Q tiles of `BlockInfo.q_schedule()`, Q and dO by ``cp.async``, lse and delta staged;
    per tile S^T = K Q^T, dP^T = V dO^T, dV += (P^T Z) dO, dK += dS^T Q.
 
-The mma backward's ``dq_mode="atomic"`` (FlashAttention-2's structure) launches instead a
-pre-pass (``flash_mma_bwd_pre``, phase ``bwd.pre``: delta and the zeroed float32 dQ
+``dq_mode="atomic"`` (FlashAttention-2's structure; the default on sm_90 of the mma backward at
+d = 128 and of the tf32 one at d = 64 and 128) launches instead a pre-pass
+(``flash_{mma,tf32}_bwd_pre``, phase ``bwd.pre``: delta and the zeroed float32 dQ
 accumulator), the dK/dV kernel with a fifth product per tile (dQ += dS K, added to the
 accumulator by ``red`` atomics: ``"atomic"`` accesses) and its K tile by ``cp.async``, and a
-conversion (``flash_mma_bwd_convert``, phase ``bwd.post``).
+conversion (``flash_{mma,tf32}_bwd_convert``, phase ``bwd.post``).
 
 Tiles are given in (queries, keys) order for both kernels: ``dq_tile`` = (query rows per
 program, keys per stage), ``kv_tile`` = (queries per stage, key rows per program). The kernels'
@@ -33,7 +33,8 @@ What the plans count, read from the kernels' code (the constants below name thei
 * **Products on whole tiles.** The mma instructions multiply every row of a program and every
   key of a stage, padding included (tail rows read as zeros, tail keys zero-filled by the copy),
   so the executed FLOPs are 2 d rows keys per product per visited tile: three products per
-  tile in the dQ kernel, four in the dK/dV kernel (seven matmul-sized passes in all). The tf32
+  tile in the dQ kernel, four in the dK/dV kernel (seven matmul-sized passes in all; dQ by
+  atomics: five in the dK/dV kernel and no dQ kernel). The tf32
   family runs each product as three ``mma.sync.m16n8k8`` tf32 (``mma3``: small x big,
   big x small, big x big): ``passes=3``.
 * **Element-wise FP32 FLOPs** as Nsight Compute counts them (FFMA 2, FADD and FMUL 1; compares,
@@ -762,11 +763,12 @@ def _backward(family: str, w: Workload, *, dq_tile, kv_tile, names, shared, dyna
     if dq_atomic:
         kernels = _atomic_dq_kernels(w, names, kv_kernel)
         tensor_bytes["dQ_acc"] = q_elems * STAT_BYTES
-    # the CSR schedules of the distinct slices: offsets per program and one index per tile
+    # the CSR schedules of the distinct slices: offsets per program and one index per tile (dQ
+    # by atomics: the dK/dV kernel's alone; no dQ kernel reads the other)
+    schedules = ((kv_stats, n_blocks_k),) if dq_atomic else ((dq_stats, n_blocks_q),
+                                                            (kv_stats, n_blocks_k))
     tensor_bytes["schedule"] = SCHEDULE_ENTRY_BYTES * sum(
-        n_blocks + 1 + int(st.T)
-        for stats, n_blocks in ((dq_stats, n_blocks_q), (kv_stats, n_blocks_k))
-        for _m, st, _bi in stats)
+        n_blocks + 1 + int(st.T) for stats, n_blocks in schedules for _m, st, _bi in stats)
     if mask_shape is not None:
         tensor_bytes["mask"] = int(np.prod(mask_shape))
     config = dict(extra_config, dq_tile=tuple(dq_tile), kv_tile=tuple(kv_tile),
@@ -864,7 +866,7 @@ def _check_registers(registers):
     return tuple(None if r is None else int(r) for r in registers)
 
 
-#: How the mma backward computes dQ: "kernel" (its own dQ kernel, no atomics) or "atomic"
+#: How a tensor-core backward computes dQ: "kernel" (its own dQ kernel, no atomics) or "atomic"
 #: (FlashAttention-2's structure: the dK/dV kernel adds dS K into a float32 accumulator).
 DQ_MODES = ("kernel", "atomic")
 #: The compute capability from which dQ by atomics is the default (`mma_default_dq_mode`):
@@ -895,7 +897,8 @@ def mma_default_dq_mode(compute_capability, deterministic: bool = False, *,
 #: The head dims at which the 3xTF32 backward adds dQ by atomics by default (from
 #: `ATOMIC_DQ_FROM_CC` on): `tf32_default_dq_mode`. On an H100 atomics were faster at all 12
 #: shapes measured, 1.30-1.41x at d = 128 and 1.15-1.28x at d = 64 (the backward alone; ``python
-#: -m benchmarks tune --show-backward-dq results/tune_backward_dq_fp32_h100_2026-11-28.json``).
+#: -m benchmarks tune --backward-dq --dtype fp32``; its printout of 2026-11-28 is in
+#: ``results/gpu_checks_h100_2026-11-25.log``).
 TF32_ATOMIC_DQ_HEAD_DIMS = (64, 128)
 
 
