@@ -18,11 +18,13 @@
 #              and the model's picks priced with the rates file of a rates step before it);
 #              families from PICK_FAMILIES (default "mma tf32", the tensor-core forwards)
 #                                                                                 -> pick.json, pick.log
+#   tune-dq    python -m benchmarks tune --backward-dq for float16, bfloat16 and float32: the
+#              tensor-core backwards' two dQ modes        -> tune_backward_dq.json, tune_dq.log
 #
 # Logs and results go to $OUT (default ./gpu_logs). Every step runs under `timeout`; its limit in
 # seconds can be changed by the environment variable named in brackets: tests [T_TESTS], bench
 # [T_BENCH], each sanitizer process [T_SANITIZE], measure [T_MEASURE], ncu [T_NCU], resources
-# [T_RESOURCES], check [T_CHECK], rates [T_RATES], pick [T_PICK]; ncu stops starting new chunks after 3/4 of its limit (the sweep
+# [T_RESOURCES], check [T_CHECK], rates [T_RATES], pick [T_PICK], tune-dq [T_TUNE_DQ]; ncu stops starting new chunks after 3/4 of its limit (the sweep
 # file keeps what was profiled, and a rerun resumes). A step's exit status is printed after it;
 # the script goes on with the next.
 #
@@ -35,8 +37,8 @@ if [ $# -eq 0 ]; then
 fi
 for mode in "$@"; do
   case $mode in
-    env|tests|bench|sanitize|measure|resources|check|rates|pick) ;;
-    *) echo "unknown mode '$mode' (modes: env tests bench sanitize measure resources check rates pick)" >&2
+    env|tests|bench|sanitize|measure|resources|check|rates|pick|tune-dq) ;;
+    *) echo "unknown mode '$mode' (modes: env tests bench sanitize measure resources check rates pick tune-dq)" >&2
        exit 2 ;;
   esac
 done
@@ -110,6 +112,10 @@ for mode in "$@"; do
       [ -f "$OUT/rates.json" ] && rates=(--rates "$OUT/rates.json")
       step pick "${T_PICK:-900}" "$OUT/pick.log" python3 -m benchmarks pick --out "$OUT/pick.json" \
         --family ${PICK_FAMILIES:-mma tf32} "${rates[@]}"
+      ;;
+    tune-dq)
+      step tune-dq "${T_TUNE_DQ:-1200}" "$OUT/tune_dq.log" python3 -m benchmarks tune --backward-dq \
+        --dtype fp16 bf16 fp32 --out "$OUT/tune_backward_dq.json"
       ;;
   esac
 done
