@@ -210,6 +210,24 @@ def test_show_backward_dq_prints_the_shipped_comparison(capsys):
         assert speedup == pytest.approx(r["bwd_ms"]["kernel"] / r["bwd_ms"]["atomic"], abs=0.006)
 
 
+def test_show_backward_dq_names_each_rows_sdpa_backend(tmp_path, capsys):
+    """Rows that name their SDPA backend (float32: EFFICIENT) are compared with it; rows of the
+    earlier format (FLASH's time alone) still print."""
+    from benchmarks import tune
+    rows = [{"dtype": "fp32", "head_dim": 128, "causal": False, "seq_len": 1024,
+             "bwd_ms": {"kernel": 12.0, "atomic": 8.0}, "atomic_speedup": 1.5,
+             "sdpa_backend": "sdpa-efficient", "sdpa_bwd_ms": 10.0},
+            {"dtype": "fp16", "head_dim": 64, "causal": True, "seq_len": 2048,
+             "bwd_ms": {"kernel": 2.0, "atomic": 4.0}, "atomic_speedup": 0.5,
+             "sdpa_flash_bwd_ms": 1.0}]
+    path = tmp_path / "dq.json"
+    path.write_text(json.dumps({"provenance": {"gpu": "X"}, "rows": rows}))
+    tune.show_backward_dq(str(path))
+    lines = capsys.readouterr().out.splitlines()[2:]
+    assert lines[0].split()[7:] == ["EFFICIENT", "0.83", "1.25"]
+    assert lines[1].split()[7:] == ["FLASH", "0.50", "0.25"]
+
+
 def _cell_ranges(cell):
     """{"FLASH": (lo, hi), ...} of a summary cell."""
     out = {}
