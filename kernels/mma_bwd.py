@@ -70,7 +70,7 @@ from .dropout import dropout_constants, fmix_device
 from .mask import band_arguments, score_mask, tile_needs_mask, transposed_score_mask
 
 __all__ = ["backward", "prepare", "plan", "backward_plan", "supports", "tiles", "default_tiles",
-           "dq_mode", "get_prepass_kernel", "get_convert_kernel",
+           "dq_mode", "get_prepass_kernel", "get_convert_kernel", "dq_red_adder",
            "dq_smem_bytes", "dkdv_smem_bytes", "k_in_shared", "get_dq_kernel", "get_dkdv_kernel",
            "SUPPORTED_HEAD_DIMS", "SMEM_LIMIT_BYTES"]
 
@@ -352,6 +352,7 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, is_bf16, causal, has_mask, ha
 
     load_tile = tile_loader(BQ, CHUNKS, THREADS, 2 * STRIDE)   # one Q or dO tile
     load_k_tile = tile_loader(BK, CHUNKS, THREADS, 2 * STRIDE)
+    add_dq = dq_red_adder(MT_Q, NT_Q, RED_V2)
     stage_rows = softmax.stage_rows(BQ, THREADS)
     cursor_start, cursor_advance = tile_scheduler.gqa_cursor()
     mask_scores_t = transposed_score_mask(2, CAUSAL, HAS_MASK, window)
@@ -618,20 +619,8 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, is_bf16, causal, has_mask, ha
                                     dq_part[o + 4 + i] = d1[i]
                     # -- red.global.add of the float32 partial dQ (scaled in the conversion) --
                     row_first = m_blk * BQ + wq * QW + gid
-                    g_first = ptx.global_addr(dq_acc, b, h, row_first, col0 + 2 * tig)
-                    for mt in range(MT_Q):
-                        for r in range(2):
-                            row = row_first + 16 * mt + 8 * r
-                            if row < n_q:
-                                g_row = g_first + uint64(16 * mt + 8 * r) * dq_row_bytes
-                                for nt in range(NT_Q):
-                                    e = (mt * NT_Q + nt) * 4 + 2 * r
-                                    ga = g_row + uint64(4 * 8 * nt)
-                                    if RED_V2:
-                                        ptx.red_global_add_v2_f32(ga, dq_part[e], dq_part[e + 1])
-                                    else:
-                                        ptx.red_global_add_f32(ga, dq_part[e])
-                                        ptx.red_global_add_f32(ga + uint64(4), dq_part[e + 1])
+                    add_dq(dq_part, ptx.global_addr(dq_acc, b, h, row_first, col0 + 2 * tig),
+                           row_first, n_q, dq_row_bytes)
             cuda.syncthreads()   # this buffer is refilled by the next iteration's prefetch
         ptx.cp_async_wait_all()    # (a block with no Q tile to visit still issued its K copy)
 
@@ -650,6 +639,37 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, is_bf16, causal, has_mask, ha
     kernel.threads = THREADS
     kernel.smem_bytes = 2 * SMEM_HALVES if ATOMIC else 0   # atomic: dynamic shared memory
     return kernel
+
+
+def dq_red_adder(m_tiles, n_tiles, pairs):
+    """``add_dq(dq_part, g_first, row_first, n_q, row_bytes)``: add a warp's float32 partial dQ
+    (``m_tiles`` x ``n_tiles`` 16x8 C fragments, m-tile major, in ``dq_part``) to the float32
+    accumulator with ``red.global.add`` -- two floats per instruction (``.v2``, sm_90 on) where
+    ``pairs``, else one. ``g_first``: the address of this lane's first element (row
+    ``row_first``, its first column); rows ``row_bytes`` apart, rows at or past ``n_q`` skipped.
+    The atomic-dQ dK/dV kernels of both tensor-core backwards."""
+    from numba import cuda, uint64
+
+    from . import ptx
+    MT, NT, V2 = m_tiles, n_tiles, bool(pairs)
+
+    @cuda.jit(device=True, inline=True)
+    def add_dq(dq_part, g_first, row_first, n_q, row_bytes):
+        for mt in range(MT):
+            for r in range(2):
+                row = row_first + 16 * mt + 8 * r
+                if row < n_q:
+                    g_row = g_first + uint64(16 * mt + 8 * r) * row_bytes
+                    for nt in range(NT):
+                        e = (mt * NT + nt) * 4 + 2 * r
+                        ga = g_row + uint64(4 * 8 * nt)
+                        if V2:
+                            ptx.red_global_add_v2_f32(ga, dq_part[e], dq_part[e + 1])
+                        else:
+                            ptx.red_global_add_f32(ga, dq_part[e])
+                            ptx.red_global_add_f32(ga + uint64(4), dq_part[e + 1])
+
+    return add_dq
 
 
 def get_prepass_kernel(head_dim, dtype):

@@ -98,7 +98,8 @@ from .config import backward_tiles
 from .copy import tile_loader
 from .dropout import dropout_constants, fmix_device
 from .mask import band_arguments, score_mask, tile_needs_mask, transposed_score_mask
-from .mma_bwd import _cc_here, _red_width, backward_plan, get_convert_kernel, get_prepass_kernel
+from .mma_bwd import (_cc_here, _red_width, backward_plan, dq_red_adder, get_convert_kernel,
+                      get_prepass_kernel)
 
 __all__ = ["backward", "prepare", "plan", "supports", "tiles", "dq_mode", "default_config",
            "default_tiles",
@@ -212,6 +213,29 @@ def _rows_times_shared_rows(nt_n, kc_steps, unroll, stride, a_in_registers, mma3
     return product
 
 
+def _chained(make_step, n_steps):
+    """One inlined device function ``steps(x, y, z)`` that calls ``make_step(0)(x, y, z)``, then
+    ``make_step(1)(x, y, z)``, ... up to ``make_step(n_steps - 1)``: k-steps unrolled in the
+    source, in order (a loop over them, left to the compiler, stayed a loop at d = 128 and put
+    the operand array it indexes in local memory)."""
+    from numba import cuda
+
+    def steps_from(i):
+        step = make_step(i)
+        if i == n_steps - 1:
+            return step
+        rest = steps_from(i + 1)
+
+        @cuda.jit(device=True, inline=True)
+        def steps(x, y, z):
+            step(x, y, z)
+            rest(x, y, z)
+
+        return steps
+
+    return steps_from(0)
+
+
 def _c_times_shared_b(nt_k, nt_o, stride, mma3):
     """``acc_c_times_b(c_reg, acc, t_addr)``: acc (``nt_o`` 16x8 float32 C fragments) += C x B,
     where C is a warp's ``nt_k`` 16x8 score tiles ``c_reg`` used as A fragments (the C layout is
@@ -220,7 +244,7 @@ def _c_times_shared_b(nt_k, nt_o, stride, mma3):
     dV += (P^T Z) dO and dK += dS^T Q products of the 3xTF32 backward.
 
     The k-steps are unrolled here, one inlined device function per k-step chained in order
-    (the same products in the same order as a loop over them): left to the compiler, the loop
+    (`_chained`; the same products in the same order as a loop over them): left to the compiler, the loop
     over the k-steps at d = 128 stayed a loop, and ``c_reg``, indexed by its counter, went to
     local memory (``python -m benchmarks check``: a 64-byte stack frame in the dQ kernel, 128
     in the dK/dV kernel)."""
@@ -253,20 +277,7 @@ def _c_times_shared_b(nt_k, nt_o, stride, mma3):
 
         return step
 
-    def k_steps_from(kp):
-        step = k_step(kp)
-        if kp == nt_k - 1:
-            return step
-        rest = k_steps_from(kp + 1)
-
-        @cuda.jit(device=True, inline=True)
-        def steps(c_reg, acc, t_addr):
-            step(c_reg, acc, t_addr)
-            rest(c_reg, acc, t_addr)
-
-        return steps
-
-    return k_steps_from(0)
+    return _chained(k_step, nt_k)
 
 
 def _shared_a_times_shared_b(k_steps, m_tiles, n_tiles, a_stride, b_stride, mma3):
@@ -276,8 +287,8 @@ def _shared_a_times_shared_b(k_steps, m_tiles, n_tiles, a_stride, b_stride, mma3
     ``a_addr`` = this lane's A[row gid][k tig] of the warp's first row, B (rows ``b_stride``
     floats apart) at ``b_addr`` = this lane's B[k tig][column gid] of the warp's first column.
     The atomic dK/dV kernel's dQ += dS K. Each k-step loads and splits its A fragments once for
-    all n-tiles and each B fragment once for all m-tiles; the k-steps are unrolled as
-    `_c_times_shared_b`'s are (chained inlined device functions)."""
+    all n-tiles and each B fragment once for all m-tiles; the k-steps are unrolled by
+    `_chained`."""
     from numba import cuda, uint32
 
     from . import ptx
@@ -315,20 +326,7 @@ def _shared_a_times_shared_b(k_steps, m_tiles, n_tiles, a_stride, b_stride, mma3
 
         return step
 
-    def k_steps_from(kc):
-        step = k_step(kc)
-        if kc == k_steps - 1:
-            return step
-        rest = k_steps_from(kc + 1)
-
-        @cuda.jit(device=True, inline=True)
-        def steps(acc, a_addr, b_addr):
-            step(acc, a_addr, b_addr)
-            rest(acc, a_addr, b_addr)
-
-        return steps
-
-    return k_steps_from(0)
+    return _chained(k_step, k_steps)
 
 
 def _build_dq_kernel(head_dim, block_q, block_k, causal, has_mask, has_dropout, unroll,
@@ -572,6 +570,7 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, causal, has_mask, has_dropout
     kq_product = rows_x_rows(K_REGS, mma3)                # S^T = K Q^T
     vdo_product = rows_x_rows(V_REGS, mma3)               # dP^T = V dO^T
     ds_k_product = _shared_a_times_shared_b(BK // 8, MT_Q, NT_Q, DS_STRIDE, K_STRIDE, mma3)
+    add_dq = dq_red_adder(MT_Q, NT_Q, RED_V2)
     load_k_tile = tile_loader(BK, CHUNKS, THREADS, 4 * K_STRIDE)
 
     stage_rows = softmax.stage_rows(BQ, THREADS)
@@ -766,20 +765,9 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, causal, has_mask, has_dropout
                     ds_k_product(dq_part, ds_a_addr, k_b_addr + uint32(4 * cp * DC))
                     # -- red.global.add of the float32 partial dQ (scaled in the conversion) --
                     row_first = m_blk * BQ + wq * QW + gid
-                    g_first = ptx.global_addr(dq_acc, b, h, row_first, wd * DW + cp * DC + 2 * tig)
-                    for mt in range(MT_Q):
-                        for r in range(2):
-                            row = row_first + 16 * mt + 8 * r
-                            if row < n_q:
-                                g_row = g_first + uint64(16 * mt + 8 * r) * dq_row_bytes
-                                for nt in range(NT_Q):
-                                    e = (mt * NT_Q + nt) * 4 + 2 * r
-                                    ga = g_row + uint64(4 * 8 * nt)
-                                    if RED_V2:
-                                        ptx.red_global_add_v2_f32(ga, dq_part[e], dq_part[e + 1])
-                                    else:
-                                        ptx.red_global_add_f32(ga, dq_part[e])
-                                        ptx.red_global_add_f32(ga + uint64(4), dq_part[e + 1])
+                    add_dq(dq_part, ptx.global_addr(dq_acc, b, h, row_first,
+                                                    wd * DW + cp * DC + 2 * tig),
+                           row_first, n_q, dq_row_bytes)
             cuda.syncthreads()   # this buffer is refilled by the next iteration's prefetch
 
         if ATOMIC:

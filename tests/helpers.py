@@ -143,6 +143,23 @@ def kernels_backward(q, k, v, out, lse, dout, *, config=None, **kw):
     return kernels.backward(kernel_problem(q, k, v, **kw), out, lse, dout, config)
 
 
+def assert_deterministic_backward(torch, bwd_module, q, k, v, out, lse, dout, *, config, **kw):
+    """Under torch's deterministic algorithms a tensor-core backward (``bwd_module``:
+    `kernels.mma_bwd` or `kernels.tf32_bwd`, run with ``config``) takes its dQ kernel, and
+    three calls give the same bits."""
+    from kernels import KernelConfig
+    pb = kernel_problem(q, k, v, **kw)
+    try:
+        torch.use_deterministic_algorithms(True)
+        assert bwd_module.dq_mode(pb, KernelConfig()) == "kernel"
+        runs = [kernels_backward(q, k, v, out, lse, dout, config=config, **kw) for _ in range(3)]
+    finally:
+        torch.use_deterministic_algorithms(False)
+    for run in runs[1:]:
+        for a, b in zip(run, runs[0]):
+            assert torch.equal(a, b)
+
+
 def default_half_forward() -> str:
     """The family the registry runs a plain float16/bfloat16 forward (d 64 or 128, no mask) on
     this GPU: ``wgmma`` on compute capability 9.0 and above, else ``mma``."""

@@ -34,7 +34,8 @@ import pytest
 import kernels
 from kernels import KernelConfig, mma_bwd as bwd_mod
 
-from .helpers import dense_attention_reference, kernel_problem, kernels_backward, kernels_forward
+from .helpers import (assert_deterministic_backward, dense_attention_reference, kernel_problem,
+                      kernels_backward, kernels_forward)
 
 gpu = pytest.mark.gpu
 MMA = KernelConfig(family="mma")
@@ -278,16 +279,8 @@ def test_default_dq_mode_and_deterministic_algorithms():
         assert bwd_mod.dq_mode(pb, KernelConfig()) == want
         assert bwd_mod.plan(pb, KernelConfig()).config.get("dq_mode", "kernel") == want
     out, lse = kernels_forward(q, k, v, config=MMA, scale=0.125, causal=True)
-    try:
-        torch.use_deterministic_algorithms(True)
-        assert bwd_mod.dq_mode(pb, KernelConfig()) == "kernel"
-        runs = [kernels_backward(q, k, v, out, lse, dout, config=MMA, scale=0.125, causal=True)
-                for _ in range(3)]
-    finally:
-        torch.use_deterministic_algorithms(False)
-    for run in runs[1:]:
-        for a, b in zip(run, runs[0]):
-            assert torch.equal(a, b)
+    assert_deterministic_backward(torch, bwd_mod, q, k, v, out, lse, dout, config=MMA,
+                                  scale=0.125, causal=True)
 
 
 @gpu

@@ -29,7 +29,8 @@ import kernels
 from kernels import KernelConfig, host, tf32_fwd
 from kernels import tf32_bwd as bwd_mod
 
-from .helpers import dense_attention_reference, kernel_problem, kernels_backward, kernels_forward
+from .helpers import (assert_deterministic_backward, dense_attention_reference, kernel_problem,
+                      kernels_backward, kernels_forward)
 
 gpu = pytest.mark.gpu
 TOL = 5 * 2e-4
@@ -370,16 +371,8 @@ def test_default_dq_mode_and_deterministic_algorithms():
         assert bwd_mod.dq_mode(pb, KernelConfig()) == want
         assert bwd_mod.plan(pb, KernelConfig()).config.get("dq_mode", "kernel") == want
     out, lse = kernels_forward(q, k, v, config=TF32, scale=0.125, causal=True)
-    try:
-        torch.use_deterministic_algorithms(True)
-        assert bwd_mod.dq_mode(pb, KernelConfig()) == "kernel"
-        runs = [kernels_backward(q, k, v, out, lse, dout, config=TF32, scale=0.125, causal=True)
-                for _ in range(3)]
-    finally:
-        torch.use_deterministic_algorithms(False)
-    for run in runs[1:]:
-        for a, b in zip(run, runs[0]):
-            assert torch.equal(a, b)
+    assert_deterministic_backward(torch, bwd_mod, q, k, v, out, lse, dout, config=TF32,
+                                  scale=0.125, causal=True)
 
 
 def test_dq_mode_follows_the_plan_rule_and_the_config():

@@ -568,6 +568,19 @@ def _check_smem(family: str, name: str, tile, need: int, limit: int, head_dim: i
                          f"memory the {family} backward's kernels may use")
 
 
+def _atomic_shared(family: str, head_dim: int, kv_tile, layout, dynamic_bytes):
+    """``(shared, dynamic)`` bytes of an atomic-dQ backward's kernels at ``kv_tile``: its
+    ``layout`` checked (ValueError naming ``kv_tile``), the dK/dV kernel's ``dynamic_bytes``
+    plus its static lse / delta stages (16 bytes a query), within the dynamic limit; the
+    pre-pass and conversion take none."""
+    layout(head_dim, *kv_tile)
+    dyn = dynamic_bytes(head_dim, *kv_tile)
+    shared = {"dq": 0, "dkdv": dyn + 16 * kv_tile[0]}
+    _check_smem(family, "kv_tile", kv_tile, shared["dkdv"], DYNAMIC_SMEM_LIMIT_BYTES, head_dim,
+                "dynamic")
+    return shared, {"pre": 0, "dkdv": dyn, "convert": 0}
+
+
 def _check_mask_shape(w: Workload, mask_shape):
     """The boolean mask's shape ``(Bm, Hm, Mq, Nk)`` (a workload's key lengths: the key-padding
     mask ``(B, 1, 1, Nk)``), or None."""
@@ -948,12 +961,8 @@ def mma_backward_plan(workload: Workload, *, dq_tile=None, kv_tile=None, launch_
     kv_tile = _check_tile("kv_tile", kv_default if kv_tile is None else kv_tile,
                           ATOMIC_TILE_SIZES if atomic else TILE_SIZES)
     if atomic:
-        mma_dq_atomic_layout(d, *kv_tile)
-        dyn = mma_dkdv_atomic_dynamic_smem_bytes(d, *kv_tile)
-        shared = {"dq": 0, "dkdv": dyn + 16 * kv_tile[0]}
-        _check_smem("mma", "kv_tile", kv_tile, shared["dkdv"], DYNAMIC_SMEM_LIMIT_BYTES, d,
-                    "dynamic")
-        dynamic = {"pre": 0, "dkdv": dyn, "convert": 0}
+        shared, dynamic = _atomic_shared("mma", d, kv_tile, mma_dq_atomic_layout,
+                                         mma_dkdv_atomic_dynamic_smem_bytes)
     else:
         shared = {"dq": mma_dq_smem_bytes(d, dq_tile[1]),
                   "dkdv": mma_dkdv_smem_bytes(d, kv_tile[0], kv_tile[1])}
@@ -999,12 +1008,8 @@ def tf32_backward_plan(workload: Workload, *, dq_tile=None, kv_tile=None, launch
     unroll = {"dq": cfg["unroll"], "dkdv": override.get("unroll", cfg["unroll"])}
     unroll = {k: u if k_steps % u == 0 else 1 for k, u in unroll.items()}   # as the kernels take it
     if atomic:
-        tf32_dq_atomic_layout(d, *kv_tile)
-        dyn = tf32_dkdv_atomic_dynamic_smem_bytes(d, *kv_tile)
-        shared = {"dq": 0, "dkdv": dyn + 16 * kv_tile[0]}
-        _check_smem("tf32", "kv_tile", kv_tile, shared["dkdv"], DYNAMIC_SMEM_LIMIT_BYTES, d,
-                    "dynamic")
-        dynamic = {"pre": 0, "dkdv": dyn, "convert": 0}
+        shared, dynamic = _atomic_shared("tf32", d, kv_tile, tf32_dq_atomic_layout,
+                                         tf32_dkdv_atomic_dynamic_smem_bytes)
         unroll = {"dkdv": unroll["dkdv"]}
     else:
         shared = {"dq": tf32_dq_smem_bytes(d, dq_tile[1]),
