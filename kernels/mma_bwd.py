@@ -70,7 +70,7 @@ from .dropout import dropout_constants, fmix_device
 from .mask import band_arguments, score_mask, tile_needs_mask, transposed_score_mask
 
 __all__ = ["backward", "prepare", "plan", "backward_plan", "supports", "tiles", "default_tiles",
-           "dq_mode", "get_prepass_kernel", "get_convert_kernel", "dq_red_adder",
+           "dq_mode", "dq_mode_by", "get_prepass_kernel", "get_convert_kernel", "dq_red_adder",
            "dq_smem_bytes", "dkdv_smem_bytes", "k_in_shared", "get_dq_kernel", "get_dkdv_kernel",
            "SUPPORTED_HEAD_DIMS", "SMEM_LIMIT_BYTES"]
 
@@ -793,12 +793,20 @@ def dq_mode(problem, config, head_dim=None) -> str:
     plan's rule for this GPU and head dim (`sim.plans.tensor_core_bwd.mma_default_dq_mode`:
     "atomic" from compute capability `sim.plans.tensor_core_bwd.ATOMIC_DQ_FROM_CC` on at
     d = 128, "kernel" otherwise)."""
+    return dq_mode_by(default_dq_mode, problem, config, head_dim)
+
+
+def dq_mode_by(rule, problem, config, head_dim=None) -> str:
+    """A tensor-core backward's dQ mode (`dq_mode`, `kernels.tf32_bwd.dq_mode`):
+    ``config.backward_dq``; else ``rule(compute capability, deterministic, head_dim=...)``, the
+    family's plan rule, with this process's GPU and whether torch's deterministic algorithms
+    are on."""
     if config.backward_dq is not None:
         return config.backward_dq
     torch = sys.modules.get("torch")
     deterministic = torch is not None and torch.are_deterministic_algorithms_enabled()
     d = problem.head_dim if head_dim is None else head_dim
-    return default_dq_mode(_cc_here(), deterministic, head_dim=d)
+    return rule(_cc_here(), deterministic, head_dim=d)
 
 
 def tiles(problem, config=None, mode=None):

@@ -75,7 +75,6 @@ then runs the CUDA-core family.
 from __future__ import annotations
 
 import functools
-import sys
 
 from sim.plans.tensor_core_bwd import STATIC_SMEM_LIMIT_BYTES as SMEM_LIMIT_BYTES
 from sim.plans.tensor_core_bwd import TF32_HEAD_DIMS as SUPPORTED_HEAD_DIMS
@@ -98,7 +97,7 @@ from .config import backward_tiles
 from .copy import tile_loader
 from .dropout import dropout_constants, fmix_device
 from .mask import band_arguments, score_mask, tile_needs_mask, transposed_score_mask
-from .mma_bwd import (_cc_here, _red_width, backward_plan, dq_red_adder, get_convert_kernel,
+from .mma_bwd import (_red_width, backward_plan, dq_mode_by, dq_red_adder, get_convert_kernel,
                       get_prepass_kernel)
 
 __all__ = ["backward", "prepare", "plan", "supports", "tiles", "dq_mode", "default_config",
@@ -797,12 +796,7 @@ def dq_mode(problem, config, head_dim=None) -> str:
     None and ``head_dim`` given): ``config.backward_dq``; else "kernel" while torch's
     deterministic algorithms are on; else the plan's rule for this GPU and head dim
     (`sim.plans.tensor_core_bwd.tf32_default_dq_mode`), as `kernels.mma_bwd.dq_mode` does."""
-    if config.backward_dq is not None:
-        return config.backward_dq
-    torch = sys.modules.get("torch")
-    deterministic = torch is not None and torch.are_deterministic_algorithms_enabled()
-    d = problem.head_dim if head_dim is None else head_dim
-    return default_dq_mode(_cc_here(), deterministic, head_dim=d)
+    return dq_mode_by(default_dq_mode, problem, config, head_dim)
 
 
 def tiles(problem, config=None, mode=None):

@@ -324,13 +324,18 @@ def test_tensor_core_records_name_their_default_launch_order():
 
 def test_mma_backward_records_name_the_dq_mode_the_launcher_runs_at_their_head_dim(monkeypatch):
     """An mma backward record names the dQ mode of `kernels.mma_bwd.dq_mode` for its head dim
-    (on an sm_90 machine: atomics at d = 128, the dQ kernel at d = 64)."""
+    (on an sm_90 machine: atomics at d = 128, the dQ kernel at d = 64), a tf32 one that of
+    `kernels.tf32_bwd.dq_mode` (atomics at both)."""
     from kernels import mma_bwd
     monkeypatch.setattr(mma_bwd, "_cc_here", lambda: (9, 0))
     for d, want in ((64, "kernel"), (128, "atomic")):
         rec = measure.empty_record(measure.normalize_config(
             _cfg(variant="mma", dtype="fp16", head_dim=d, **{"pass": "bwd"})))
         assert rec["dq_mode"] == want
+        # the float32 (tf32) backward: atomics at both head dims there
+        rec = measure.empty_record(measure.normalize_config(
+            _cfg(variant="tf32", dtype="fp32", head_dim=d, **{"pass": "bwd"})))
+        assert rec["dq_mode"] == "atomic"
     fwd = measure.empty_record(measure.normalize_config(_cfg(variant="mma", dtype="fp16")))
     assert "dq_mode" not in fwd
 
