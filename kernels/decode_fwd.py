@@ -121,10 +121,7 @@ def make_decode_kernel(head_dim: int, rows: int, seqlen_q: int, group: int, oper
     # the simulator's reductions (no shuffles there) go through shared memory
     RED_SHAPE = (1, 1, 1) if use_shfl else (NW, max(ROWS * KB, ROWS * (NE + 1)), 32)
     unpack = _half_op("unpack", operand)
-    pack = _half_op("pack", operand)
-    NT = NW * 32
-    merge_rows = make_merge_rows(head_dim, rows, seqlen_q, group, warps, operand, use_shfl)
-    UO = D // EPU                            # output units per row (words or float32)
+    finish = make_finish(head_dim, rows, seqlen_q, group, warps, operand, use_shfl)
 
     RAW = uint32 if WORDS else float32
     FULL = U % LPK == 0                      # every lane holds a unit of every row
@@ -358,6 +355,38 @@ def make_decode_kernel(head_dim: int, rows: int, seqlen_q: int, group: int, oper
                                 sm_acc[r, col] = prev + acc[r, u * EPU + c]
             cuda.syncthreads()
 
+        finish(o_part, lse_part, out, lse, counters, b, hkv, chunk, pid, split, splits, bad_length,
+               sm_m, sm_l, sm_acc, sm_last, sm_w, sm_stat)
+
+    return decode_split_kv
+
+
+def make_finish(head_dim: int, rows: int, seqlen_q: int, group: int, warps: int, operand: str,
+                use_shfl: bool):
+    """The end of a split-KV program, shared by both decoding kernels, run by every thread::
+
+        finish(o_part, lse_part, out, lse, counters, b, hkv, chunk, pid, split, splits,
+               bad_length, sm_m, sm_l, sm_acc, sm_last, sm_w, sm_stat)
+
+    from the program's rows as its warps left them in shared memory: ``sm_m[w, r]`` the running
+    max of warp ``w`` (base 2), ``sm_l[w, r]`` its sum rescaled to the warps' common max, and
+    ``sm_acc[r, :]`` the warps' accumulators rescaled the same way and summed. With one split
+    it writes the output (cast to the input dtype) and logsumexp; with more, this split's
+    normalised partial output and logsumexp, then takes a ticket from the group's arrival
+    counter, and the last program of the group merges the splits (`make_merge_rows`)."""
+    D, ROWS, NQ, G, NW = head_dim, rows, seqlen_q, group, warps
+    WORDS = operand != "float32"
+    EPU = 2 if WORDS else 1
+    UO = D // EPU
+    R_TOTAL = G * NQ
+    NT = NW * 32
+    pack = _half_op("pack", operand)
+    merge_rows = make_merge_rows(head_dim, rows, seqlen_q, group, warps, operand, use_shfl)
+
+    @cuda.jit(device=True)
+    def finish(o_part, lse_part, out, lse, counters, b, hkv, chunk, pid, split, splits,
+               bad_length, sm_m, sm_l, sm_acc, sm_last, sm_w, sm_stat):
+        tid = cuda.threadIdx.x
         # -- one split: the output and logsumexp (natural log), written directly --
         if splits == 1:
             for flat in range(tid, ROWS * UO, NT):
@@ -432,7 +461,7 @@ def make_decode_kernel(head_dim: int, rows: int, seqlen_q: int, group: int, oper
             if tid == 0:
                 counters[pid] = 0           # zero again for the next call on this stream
 
-    return decode_split_kv
+    return finish
 
 
 def _pack_f16_twin(lo, hi):
