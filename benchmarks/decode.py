@@ -20,7 +20,8 @@ with the achieved DRAM bandwidth of each (K and V bytes / time), our GPU time al
 ``timing="device"``) as a fraction of the GPU's
 bandwidth measured in the same run (``peak_copy``: a 2 GiB device-to-device copy, read + write
 bytes / time), and the model's prediction for our plan (`sim.decode.split_kv_costs` on the
-GPU's profile: time, DRAM bytes, the splits it chooses). ``--splits`` also times the split-KV
+GPU's profile: time, DRAM bytes, the splits it chooses; ``plan``: the plan that ran, its kernel
+``unit`` "mma" or "ffma" among its fields). ``--splits`` also times the split-KV
 kernel alone at every split count 1, 2, 4, ... 64 (``KernelConfig(num_splits=...)``; GPU time
 alone, ``timing="device"``: the split count does not change the host's work) and reports the
 model's choice against the measured best. ``--graph`` also times each contender
@@ -36,7 +37,8 @@ beside the model's. ``--rates`` prices the model at the GPU's measured rates (a 
 
 ``--report FILE`` re-prices every decode record (and every window record: `window_report`, the
 windowed and the full-causal forward) of a results file with today's plan
-(`sim.decode.split_kv_plan`, `sim.decode.split_kv_costs` on the file's GPU profile, at the rates
+(`sim.decode.split_kv_plan` of the kernel each record ran, its ``plan.unit``; records that name
+none ran the CUDA-core kernel; `sim.decode.split_kv_costs` on the file's GPU profile, at the rates
 of ``--rates``) and prints, per record and in all, the model against #17's targets: DRAM bytes
 against Nsight Compute's (within 5 %), time against our GPU time alone (``ioaware_device_ms``;
 within 15 %), and the split count it picks against the best of the ``--splits`` sweep (within
@@ -136,6 +138,7 @@ def decode_case(torch, gpu, batch, seq_len_k, dtype, peak, splits_sweep=False,
     pb = check_inputs(q, k, v)
     plan = kernels.decode_fwd.plan(pb)
     model = split_kv_costs(plan, gpu)
+    rec["plan"] = plan.as_dict()         # the kernel that ran: its unit, stages, grid, ...
     rec["model"] = {k_: model[k_] for k_ in ("splits", "time_s", "dram_read_bytes",
                                              "dram_write_bytes", "wave_efficiency")}
     ours = rec["times_ms"]["ioaware"].get("ms")
@@ -260,9 +263,16 @@ def ncu_counters(cases: list[dict]) -> list[dict]:
 REPORT_TARGETS = {"dram": 0.05, "time": 0.15, "splits": 0.05}
 
 
+def record_tensor_cores(rec: dict) -> bool:
+    """Whether a decode record ran the tensor-core kernel: its ``plan.unit`` is "mma" (records
+    written before that kernel existed name no plan: they ran the CUDA-core one)."""
+    return (rec.get("plan") or {}).get("unit", "ffma") == "mma"
+
+
 def decode_report(doc: dict, profile) -> tuple[list[dict], dict]:
-    """``(rows, summary)``: each decode record of a results document re-priced by today's plan on
-    ``profile`` (a `sim.profiles.GPUProfile`, with measured rates if loaded with them): splits,
+    """``(rows, summary)``: each decode record of a results document re-priced by today's plan of
+    the kernel it ran (the record's ``plan.unit``; a record without one ran the CUDA-core
+    kernel, the only one before the tensor-core kernel) on ``profile`` (a `sim.profiles.GPUProfile`, with measured rates if loaded with them): splits,
     predicted ms, our GPU ms, the relative errors of time and DRAM read bytes (None where the
     record has no GPU time or counters), and the loss of the split pick (None where the file
     did not time today's pick); ``summary``: per metric the records scored, the median
@@ -272,7 +282,9 @@ def decode_report(doc: dict, profile) -> tuple[list[dict], dict]:
     for r in doc.get("decode", []):
         element = 4 if r["dtype"] == "fp32" else 2
         plan = split_kv_plan(r["batch"], r["heads_q"], r["heads_kv"], r["seq_len_q"],
-                             r["seq_len_k"], r["head_dim"], element, profile.num_sms)
+                             r["seq_len_k"], r["head_dim"], element, profile.num_sms,
+                             tensor_cores=record_tensor_cores(r),
+                             smem_bytes_per_sm=profile.smem_bytes_per_sm)
         cost = split_kv_costs(plan, profile)
         gpu_ms = r.get("ioaware_device_ms")
         dram = (r.get("ncu") or {}).get("dram__bytes_read.sum")

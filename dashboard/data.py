@@ -2221,15 +2221,18 @@ def decode_limits() -> dict:
             "min_keys_per_split": dec.MIN_KEYS_PER_SPLIT}
 
 
-def _decode_plan_cost(sizes: dict, prof, splits: int | None = None):
+def _decode_plan_cost(sizes: dict, prof, splits: int | None = None,
+                      tensor_cores: bool | None = None):
     """``(plan, costs)`` of ``sim.decode`` for a decoding workload (``sizes``: the
     :data:`DECODE_FIELDS`) on ``prof``: ``split_kv_plan`` (splits by the model's choice unless
-    given) priced by ``split_kv_costs``."""
+    given; its kernel by the plan's rule unless ``tensor_cores`` says which, as for a measured
+    record, ``benchmarks.decode.record_tensor_cores``) priced by ``split_kv_costs``."""
     dec = importlib.import_module("sim.decode")
     element = importlib.import_module("sim.workload").DTYPE_BYTES[sizes["dtype"]]
     plan = dec.split_kv_plan(int(sizes["batch"]), int(sizes["heads_q"]), int(sizes["heads_kv"]),
                              int(sizes["seq_len_q"]), int(sizes["seq_len_k"]),
-                             int(sizes["head_dim"]), element, prof.num_sms, splits=splits)
+                             int(sizes["head_dim"]), element, prof.num_sms, splits=splits,
+                             tensor_cores=tensor_cores, smem_bytes_per_sm=prof.smem_bytes_per_sm)
     return plan, dec.split_kv_costs(plan, prof)
 
 
@@ -2446,7 +2449,9 @@ def decode_measured(digest: str, profile: str, custom: tuple | None = None,
     cases, sweeps = [], {}
     records = doc.get("decode", [])
     # the rates the plans price at: the plan's own where there are records
-    sources = (_decode_plan_cost({k: records[0][k] for k in DECODE_FIELDS}, prof)[1]["rates"]
+    ran_mma = importlib.import_module("benchmarks.decode").record_tensor_cores
+    sources = (_decode_plan_cost({k: records[0][k] for k in DECODE_FIELDS}, prof,
+                                 tensor_cores=ran_mma(records[0]))[1]["rates"]
                if records else _rate_sources_of(prof))
     for i, (rec, row) in enumerate(zip(records, rows)):
         times = rec.get("times_ms") or {}
@@ -2469,14 +2474,14 @@ def decode_measured(digest: str, profile: str, custom: tuple | None = None,
                       "splits": row["splits"], "splits_best": row["splits_best"],
                       "splits_loss": row["splits_loss"], "dram_rel_error": row["dram_rel_error"],
                       "has_sweep": False})
-        pick = row["splits"]                 # the report's pick and time: today's plan
+        pick = row["splits"]          # the report's pick and time: today's plan of the record's kernel
         timed = {int(k): float(v) for k, v in (rec.get("splits_ms") or {}).items() if v}
         if not timed:
             continue
         cases[-1]["has_sweep"] = True
         predicted = pd.DataFrame(
-            [{"splits": s, "time_ms": _decode_plan_cost(sizes, prof, s)[1]["time_s"] * 1e3}
-             for s in range(1, max(max(timed), pick) + 1)])
+            [{"splits": s, "time_ms": _decode_plan_cost(sizes, prof, s, ran_mma(rec))[1]["time_s"]
+              * 1e3} for s in range(1, max(max(timed), pick) + 1)])
         best = min(timed, key=timed.get)
         sweeps[i] = {"measured": pd.DataFrame({"splits": list(timed),
                                                "measured_ms": list(timed.values())}

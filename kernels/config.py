@@ -51,6 +51,10 @@ class KernelConfig:
     * ``fast_launch``: launch through `kernels.host.launch`'s cached path (False: Numba's own).
     * ``num_splits``: key splits of the split-KV decoding forward (``family="split_kv"``,
       `kernels.decode_fwd`); None = `sim.decode.choose_splits`.
+    * ``decode_unit``: the split-KV forward's kernel, "mma" (tensor cores: float16/bfloat16 at
+      head dims 64 and 128 on a GPU of compute capability 8.0 or later) or "ffma" (CUDA cores:
+      any of its inputs, and the only one under the CUDA simulator); None = "mma" where it
+      takes the problem (`sim.decode.uses_tensor_cores`).
     * ``backward_dq``: how the ``mma`` and ``tf32`` backwards compute dQ: "kernel" (a dQ kernel
       that recomputes S and dP, deterministic) or "atomic" (FlashAttention-2's structure: the
       dK/dV kernel adds dS K into a float32 accumulator with atomics; the summation order varies
@@ -70,8 +74,12 @@ class KernelConfig:
     fast_launch: bool = True
     num_splits: int | None = None
     backward_dq: str | None = None
+    decode_unit: str | None = None
 
     def __post_init__(self):
+        if self.decode_unit not in (None, "mma", "ffma"):
+            raise ValueError(f"KernelConfig.decode_unit must be 'mma', 'ffma' or None, got "
+                             f"{self.decode_unit!r}")
         if self.backward_dq not in (None, "kernel", "atomic"):
             raise ValueError(f"KernelConfig.backward_dq must be 'kernel', 'atomic' or None, got "
                              f"{self.backward_dq!r}")

@@ -1,8 +1,11 @@
 """Split-KV decoding forward (the ``split_kv`` forward): few query rows, a long KV cache.
 
-The plan is `sim.decode.SplitKVPlan` (grid, threads, rows per program, splits: see there for
-why); this module launches it. One kernel, ``decode_split_kv`` — program (batch, KV head, row
-chunk, split):
+The plan is `sim.decode.SplitKVPlan` (kernel, grid, threads, rows per program, splits: see
+there for why); this module launches it. Two kernels of one signature, program (batch, KV head,
+row chunk, split): ``decode_split_kv_mma`` on the tensor cores (float16/bfloat16 at head dims 64
+and 128 on a GPU of compute capability 8.0 or later: `make_decode_mma_kernel`, the ``mma``
+forward's inner loop with each warp streaming its own key blocks), and ``decode_split_kv`` on the
+CUDA cores (any input; the only one under the CUDA simulator), which this describes:
 
 * Its rows are the KV group's query heads times the ``seqlen_q`` queries, so one load of K and V
   serves them all. Each warp takes `KEYS_PER_STEP` keys per step (keys interleaved across the
@@ -35,10 +38,11 @@ import functools
 import math
 
 import numpy as np
-from numba import cuda, float32, int32, int64, uint32, uint64
+from numba import cuda, float32, int32, int64, uint16, uint32, uint64
 
 from ioaware.block_info import band_offsets
-from sim.decode import MAX_SEQLEN_Q, MAX_SPLITS, WARPS, SplitKVPlan, split_kv_plan
+from sim.decode import (MAX_SEQLEN_Q, MAX_SPLITS, MMA_HEAD_DIMS, SMEM_BYTES_PER_SM, WARPS,
+                        SplitKVPlan, split_kv_plan, uses_tensor_cores)
 
 from . import compile_cache, host, ptx
 from .mask import UNBOUNDED
@@ -56,6 +60,9 @@ MAX_HEAD_DIM = 256
 #: Splits whose partial outputs one merge thread loads (for each of its units) before it adds
 #: them.
 MERGE_UNROLL = 8
+#: Units (of each row's output) one merge thread takes at once: its loads in flight are
+#: ``MERGE_UNITS * MERGE_UNROLL`` (a bound on the merge's registers, which are the kernel's).
+MERGE_UNITS = 2
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 NEG_INF = float32(-np.inf)
@@ -361,6 +368,281 @@ def make_decode_kernel(head_dim: int, rows: int, seqlen_q: int, group: int, oper
     return decode_split_kv
 
 
+def make_decode_mma_kernel(head_dim: int, seqlen_q: int, group: int, operand: str, banded: bool,
+                           warps: int, block_k: int, stages: int):
+    """The split-KV kernel on the tensor cores (float16/bfloat16, a real GPU of compute
+    capability 8.0 or later; compiled on first launch). Same signature, grid and result as
+    `make_decode_kernel`'s, with 16 rows per program (``rows_per_program`` of the plan: the KV
+    group's rows, padded to one 16-row ``mma`` tile; rows past the group are computed and never
+    written).
+
+    Each warp streams its own key blocks of ``block_k`` keys (block ``t * warps + warp`` of the
+    program's split at step ``t``, so the warps read neighbouring memory together) through its
+    own ``stages``-deep ring of shared-memory buffers, filled by ``cp.async`` (16-byte copies,
+    zero-filled past the split; no barrier across warps in the loop). Per block, as the ``mma``
+    forward (`kernels.mma_fwd`): S = Q K^T with ``mma.sync.m16n8k16`` (Q fragments in registers
+    for the whole sweep, K by ``ldmatrix``), the mask where the block is partial or banded, the
+    online softmax in base 2 (the accumulators rescaled only when a row's max moved: a warp
+    vote), P rounded to 16 bits in registers as the A operand of O += P V (V by
+    ``ldmatrix.trans``). The warps' states then meet in shared memory and `make_finish` ends
+    the program."""
+    from . import ptx as _ptx
+    D, NQ, G, NW, BK, ST = head_dim, seqlen_q, group, warps, block_k, stages
+    ROWS = 16
+    R_TOTAL = G * NQ
+    BANDED = banded
+    is_bf16 = operand == "bfloat16"
+    mma_op = _ptx.mma_bf16 if is_bf16 else _ptx.mma_f16
+    pack = _ptx.pack_bf16x2 if is_bf16 else _ptx.pack_f16x2
+    STRIDE = D + 8                      # halves per shared row (16-byte pad: ldmatrix free of conflicts)
+    TILE = BK * STRIDE                  # halves per K or V buffer
+    WARP_HALVES = ST * 2 * TILE         # a warp's ring: K | V per stage
+    CHUNKS = D // 8                     # 16-byte chunks per row
+    LOADS = BK * CHUNKS // 32           # cp.async per lane per K (or V) block
+    KC = D // 16                        # k-steps of S = Q K^T
+    NT_S = BK // 8                      # 16x8 score tiles per block
+    KC_P = BK // 16                     # k-steps of O += P V
+    NT_O = D // 8                       # 16x8 output tiles
+    Q_REGS, S_REGS, O_REGS = KC * 4, NT_S * 4, NT_O * 4     # register arrays
+    assert BK * CHUNKS % 32 == 0 and BK % 16 == 0 and D % 16 == 0 and ST in (2, 3, 4)
+    finish = make_finish(head_dim, ROWS, seqlen_q, group, warps, operand, True)
+    FULL = 0xFFFFFFFF
+
+    @cuda.jit(device=True, inline=True)
+    def load_block(k, v, b, hkv, key0, s1, smem, base, lane):
+        # -- cp.async one block of K and V: BK rows x D halves, 16 bytes a lane a copy --
+        for i in range(LOADS):
+            c = lane + i * 32
+            r = c // CHUNKS
+            ch = c % CHUNKS
+            key = key0 + r
+            ok = key < s1
+            src = uint32(16) if ok else uint32(0)
+            kk = key if ok else int64(0)
+            off = base + r * STRIDE + ch * 8
+            _ptx.cp_async_16(_ptx.shared_addr(smem, off), _ptx.global_addr(k, b, hkv, kk, ch * 4), src)
+            _ptx.cp_async_16(_ptx.shared_addr(smem, off + TILE), _ptx.global_addr(v, b, hkv, kk, ch * 4), src)
+
+    @cuda.jit(device=True, inline=True)
+    def wait_stage():
+        # -- at most ST - 2 groups in flight: the oldest block has landed --
+        if ST == 2:
+            _ptx.cp_async_wait_1()
+        elif ST == 3:
+            _ptx.cp_async_wait_2()
+        else:
+            _ptx.cp_async_wait_3()
+
+    @cuda.jit
+    def decode_split_kv_mma(q, k, v, o_part, lse_part, out, lse, counters, seqlens, scale_log2,
+                            band_lo, band_hi, shift_to_len, seqlen_k, heads_kv, row_chunks):
+        smem = cuda.shared.array(0, dtype=uint16)        # the warps' rings (dynamic)
+        tid = cuda.threadIdx.x
+        warp = tid // 32
+        lane = tid % 32
+        gid = lane // 4
+        tig = lane % 4
+        pid = cuda.blockIdx.x
+        split = cuda.blockIdx.y
+        splits = cuda.gridDim.y
+        chunk = pid % row_chunks
+        bh = pid // row_chunks
+        b = bh // heads_kv
+        hkv = bh % heads_kv
+        sm_m = cuda.shared.array((NW, ROWS), float32)
+        sm_l = cuda.shared.array((NW, ROWS), float32)
+        sm_acc = cuda.shared.array((ROWS, D), float32)
+        sm_last = cuda.shared.array(1, int32)
+        sm_w = cuda.shared.array((ROWS, MAX_SPLITS), float32)
+        sm_stat = cuda.shared.array((ROWS, 3), float32)
+
+        # -- the program's keys: the rows' bands within the sequence, then this split of them --
+        length = int64(seqlens[b])
+        bad_length = length < 0 or length > seqlen_k     # read no key; the rows come out NaN
+        if bad_length:
+            length = int64(0)
+        shift = (length - seqlen_k) * shift_to_len
+        k_begin = int64(0)
+        k_end = length
+        if BANDED:
+            k_begin = max(k_begin, band_lo + shift)
+            k_end = min(k_end, NQ - 1 + band_hi + shift + 1)
+        n_keys = max(k_end - k_begin, int64(0))
+        per_split = (n_keys + splits - 1) // splits
+        s0 = k_begin + split * per_split
+        s1 = min(k_end, s0 + per_split)
+        n_blocks = max(s1 - s0 + BK - 1, int64(0)) // BK
+        steps = (n_blocks - warp + NW - 1) // NW if n_blocks > warp else int64(0)
+
+        # -- prologue: the first ST - 1 blocks in flight (an empty group where there is none) --
+        for t in range(ST - 1):
+            if t < steps:
+                load_block(k, v, b, hkv, s0 + (t * NW + warp) * BK, s1, smem,
+                           warp * WARP_HALVES + t * 2 * TILE, lane)
+            _ptx.cp_async_commit()
+
+        # -- Q fragments (A operand) of the chunk's 16 rows, straight from global memory --
+        qf = cuda.local.array(Q_REGS, dtype=uint32)
+        q_i = cuda.local.array(2, dtype=int64)          # each of the lane's rows' query index
+        for rr in range(2):
+            row = chunk * ROWS + gid + 8 * rr
+            q_i[rr] = row % NQ
+            q_row = uint64(0)
+            if row < R_TOTAL:
+                q_row = _ptx.global_addr(q, b, hkv * G + row // NQ, row % NQ, tig)
+            for kc in range(KC):
+                for half in range(2):
+                    val = uint32(0)
+                    if row < R_TOTAL:
+                        val = _ptx.ld_global_u32(q_row + 4 * (kc * 8 + 4 * half))
+                    qf[kc * 4 + rr + 2 * half] = val
+
+        acc = cuda.local.array(O_REGS, dtype=float32)
+        for i in range(O_REGS):
+            acc[i] = float32(0.0)
+        s_reg = cuda.local.array(S_REGS, dtype=float32)
+        pa = cuda.local.array(4, dtype=uint32)
+        m_i = cuda.local.array(2, dtype=float32)
+        l_i = cuda.local.array(2, dtype=float32)
+        alpha = cuda.local.array(2, dtype=float32)
+        for rr in range(2):
+            m_i[rr] = NEG_INF
+            l_i[rr] = float32(0.0)
+
+        # per-lane ldmatrix offsets (halves) inside a K / V buffer (see kernels.fragments)
+        k_lane = (lane % 8 + 8 * (lane // 16)) * STRIDE + 8 * ((lane // 8) % 2)
+        v_lane = (lane % 8 + 8 * ((lane // 8) % 2)) * STRIDE + 8 * (lane // 16)
+        ring = warp * WARP_HALVES
+
+
+        for t in range(steps):
+            nxt = t + ST - 1
+            if nxt < steps:
+                load_block(k, v, b, hkv, s0 + (nxt * NW + warp) * BK, s1, smem,
+                           ring + (nxt % ST) * 2 * TILE, lane)
+            _ptx.cp_async_commit()
+            wait_stage()                    # block t has landed (this lane's copies) ...
+            cuda.syncwarp(FULL)             # ... and every lane's
+            buf = ring + (t % ST) * 2 * TILE
+            key0 = s0 + (t * NW + warp) * BK
+
+            # -- compute qk: one ldmatrix of K feeds two mma --
+            for i in range(S_REGS):
+                s_reg[i] = float32(0.0)
+            k_addr = _ptx.shared_addr(smem, buf + k_lane)
+            for kc in range(KC):
+                for ntp in range(NT_S // 2):
+                    bk = _ptx.ldmatrix_x4(k_addr + 2 * (16 * ntp * STRIDE + 16 * kc))
+                    j = 8 * ntp
+                    a = kc * 4
+                    d0 = mma_op(qf[a], qf[a + 1], qf[a + 2], qf[a + 3], bk[0], bk[1],
+                                s_reg[j], s_reg[j + 1], s_reg[j + 2], s_reg[j + 3])
+                    d1 = mma_op(qf[a], qf[a + 1], qf[a + 2], qf[a + 3], bk[2], bk[3],
+                                s_reg[j + 4], s_reg[j + 5], s_reg[j + 6], s_reg[j + 7])
+                    for i in range(4):
+                        s_reg[j + i] = d0[i]
+                        s_reg[j + 4 + i] = d1[i]
+
+            # -- mask: keys past the split (a partial block), outside a row's band --
+            if BANDED or key0 + BK > s1:
+                for nt in range(NT_S):
+                    for i in range(4):
+                        key = key0 + nt * 8 + 2 * tig + (i & 1)
+                        ok = key < s1
+                        if BANDED:
+                            delta = key - q_i[i >> 1] - shift
+                            ok = ok and delta >= band_lo and delta <= band_hi
+                        if not ok:
+                            s_reg[nt * 4 + i] = NEG_INF
+
+            # -- update m_i and l_i (the lane's rows gid, gid + 8: registers 0-1, 2-3) --
+            moved = False
+            for rr in range(2):
+                mx = NEG_INF
+                for nt in range(NT_S):
+                    mx = max(mx, max(s_reg[nt * 4 + 2 * rr], s_reg[nt * 4 + 2 * rr + 1]))
+                mx = max(mx, cuda.shfl_xor_sync(FULL, mx, 1))
+                mx = max(mx, cuda.shfl_xor_sync(FULL, mx, 2))
+                m_new = max(m_i[rr], mx * scale_log2)
+                m_use = m_new if m_new != NEG_INF else float32(0.0)
+                a_r = _ptx.ex2(m_i[rr] - m_use)
+                row_sum = float32(0.0)
+                for nt in range(NT_S):
+                    for c in range(2):
+                        e = nt * 4 + 2 * rr + c
+                        p = _ptx.ex2(s_reg[e] * scale_log2 - m_use)
+                        row_sum += p
+                        s_reg[e] = p
+                l_i[rr] = l_i[rr] * a_r + row_sum
+                m_i[rr] = m_new
+                alpha[rr] = a_r
+                moved = moved or a_r != float32(1.0)
+            # -- rescale O where some row's max moved (rare once the max settles) --
+            if cuda.any_sync(FULL, moved):
+                for nt in range(NT_O):
+                    for i in range(4):
+                        acc[nt * 4 + i] *= alpha[i >> 1]
+
+            # -- P to 16 bits in registers, O += P V: one ldmatrix of V feeds two mma --
+            v_addr = _ptx.shared_addr(smem, buf + TILE + v_lane)
+            for kcp in range(KC_P):
+                j = 8 * kcp
+                for i in range(4):
+                    pa[i] = pack(s_reg[j + 2 * i], s_reg[j + 2 * i + 1])
+                for ntp in range(NT_O // 2):
+                    bv = _ptx.ldmatrix_x4_trans(v_addr + 2 * (16 * kcp * STRIDE + 16 * ntp))
+                    o = 8 * ntp
+                    d0 = mma_op(pa[0], pa[1], pa[2], pa[3], bv[0], bv[1],
+                                acc[o], acc[o + 1], acc[o + 2], acc[o + 3])
+                    d1 = mma_op(pa[0], pa[1], pa[2], pa[3], bv[2], bv[3],
+                                acc[o + 4], acc[o + 5], acc[o + 6], acc[o + 7])
+                    for i in range(4):
+                        acc[o + i] = d0[i]
+                        acc[o + 4 + i] = d1[i]
+            cuda.syncwarp(FULL)             # this buffer is refilled ST - 1 blocks on
+        _ptx.cp_async_wait_all()
+
+        # -- the lane's row sums over its four lanes; then the warps meet in shared memory --
+        for rr in range(2):
+            x = l_i[rr]
+            x += cuda.shfl_xor_sync(FULL, x, 1)
+            x += cuda.shfl_xor_sync(FULL, x, 2)
+            l_i[rr] = x
+        if tig == 0:
+            for rr in range(2):
+                sm_m[warp, gid + 8 * rr] = m_i[rr]
+        cuda.syncthreads()
+        for rr in range(2):
+            r = gid + 8 * rr
+            m_all = NEG_INF
+            for w in range(NW):
+                m_all = max(m_all, sm_m[w, r])
+            f = float32(0.0)
+            if m_all != NEG_INF and m_i[rr] != NEG_INF:
+                f = _ptx.ex2(m_i[rr] - m_all)
+            l_i[rr] = l_i[rr] * f
+            alpha[rr] = f
+        if tig == 0:
+            for rr in range(2):
+                sm_l[warp, gid + 8 * rr] = l_i[rr]
+        for w in range(NW):
+            if warp == w:
+                for nt in range(NT_O):
+                    for i in range(4):
+                        r = gid + 8 * (i >> 1)
+                        col = nt * 8 + 2 * tig + (i & 1)
+                        prev = float32(0.0) if w == 0 else sm_acc[r, col]
+                        sm_acc[r, col] = prev + acc[nt * 4 + i] * alpha[i >> 1]
+            cuda.syncthreads()
+
+        finish(o_part, lse_part, out, lse, counters, b, hkv, chunk, pid, split, splits, bad_length,
+               sm_m, sm_l, sm_acc, sm_last, sm_w, sm_stat)
+
+    decode_split_kv_mma.threads = NW * 32
+    decode_split_kv_mma.smem_bytes = NW * WARP_HALVES * 2
+    return decode_split_kv_mma
+
+
 def make_finish(head_dim: int, rows: int, seqlen_q: int, group: int, warps: int, operand: str,
                 use_shfl: bool):
     """The end of a split-KV program, shared by both decoding kernels, run by every thread::
@@ -513,8 +795,8 @@ def make_merge_rows(head_dim: int, rows: int, seqlen_q: int, group: int, warps: 
     threads load every (row, split) logsumexp at once into ``sm_w``; warp ``r % warps`` reduces
     row r's max and sum (its lanes stride the splits, then shuffles; one lane in turn under the
     simulator); the weights ``exp(lse_s - lse)`` replace the logsumexps; then each thread takes
-    units (32-bit words of two elements, or float32 elements) of the rows and loads
-    `MERGE_UNROLL` splits of each before it adds them. A row whose splits all have a -inf
+    units (32-bit words of two elements, or float32 elements) of the rows, `MERGE_UNITS` at a
+    time, and loads `MERGE_UNROLL` splits of each before it adds them. A row whose splits all have a -inf
     logsumexp (every key masked) gets 0 and -inf; a NaN logsumexp (a refused cache length)
     makes the row NaN."""
     D, ROWS, NQ, G, NW = head_dim, rows, seqlen_q, group, warps
@@ -524,7 +806,8 @@ def make_merge_rows(head_dim: int, rows: int, seqlen_q: int, group: int, warps: 
     EPU = 2 if WORDS else 1                  # output elements per unit
     UO = D // EPU                            # units per row
     UNITS = ROWS * UO
-    UPA = -(-UNITS // NT)                    # units per thread
+    UB = min(MERGE_UNITS, -(-UNITS // NT))   # units per thread per pass
+    UPA = -(-UNITS // (NT * UB)) * UB        # units per thread, in passes of UB
     UNROLL = MERGE_UNROLL
     SHFL = use_shfl
     pack = _half_op("pack", output)
@@ -586,58 +869,59 @@ def make_merge_rows(head_dim: int, rows: int, seqlen_q: int, group: int, warps: 
             sm_w[r, idx % splits] = w
         cuda.syncthreads()
 
-        # -- the weighted sum of each unit, MERGE_UNROLL splits of every unit in flight --
-        acc = cuda.local.array((UPA, EPU), float32)
-        x = cuda.local.array((UPA, UNROLL, EPU), float32)
-        for a in range(UPA):
-            for c in range(EPU):
-                acc[a, c] = float32(0.0)
-        for sp in range(0, splits, UNROLL):
-            for a in range(UPA):
-                g = tid + a * NT
+        # -- the weighted sum of each unit, MERGE_UNROLL splits of UB units in flight at once --
+        for a0 in range(0, UPA, UB):
+            acc = cuda.local.array((UB, EPU), float32)
+            x = cuda.local.array((UB, UNROLL, EPU), float32)
+            for a in range(UB):
+                for c in range(EPU):
+                    acc[a, c] = float32(0.0)
+            for sp in range(0, splits, UNROLL):
+                for a in range(UB):
+                    g = tid + (a0 + a) * NT
+                    row = chunk * ROWS + g // UO
+                    if g < UNITS and row < R_TOTAL:
+                        h = hkv * G + row // NQ
+                        i = row % NQ
+                        col = (g % UO) * EPU
+                        for s in range(UNROLL):
+                            for c in range(EPU):
+                                x[a, s, c] = float32(0.0)
+                                if sp + s < splits:
+                                    x[a, s, c] = o_part[sp + s, b, h, i, col + c]
+                for a in range(UB):
+                    g = tid + (a0 + a) * NT
+                    if g < UNITS:
+                        r = g // UO
+                        for s in range(UNROLL):
+                            if sp + s < splits:
+                                w = sm_w[r, sp + s]
+                                for c in range(EPU):
+                                    acc[a, c] += w * x[a, s, c]
+
+            # -- the output, cast and stored, and the logsumexp --
+            for a in range(UB):
+                g = tid + (a0 + a) * NT
                 row = chunk * ROWS + g // UO
                 if g < UNITS and row < R_TOTAL:
+                    r = g // UO
                     h = hkv * G + row // NQ
                     i = row % NQ
-                    col = (g % UO) * EPU
-                    for s in range(UNROLL):
-                        for c in range(EPU):
-                            x[a, s, c] = float32(0.0)
-                            if sp + s < splits:
-                                x[a, s, c] = o_part[sp + s, b, h, i, col + c]
-            for a in range(UPA):
-                g = tid + a * NT
-                if g < UNITS:
-                    r = g // UO
-                    for s in range(UNROLL):
-                        if sp + s < splits:
-                            w = sm_w[r, sp + s]
-                            for c in range(EPU):
-                                acc[a, c] += w * x[a, s, c]
-
-        # -- the output, cast and stored, and the logsumexp --
-        for a in range(UPA):
-            g = tid + a * NT
-            row = chunk * ROWS + g // UO
-            if g < UNITS and row < R_TOTAL:
-                r = g // UO
-                h = hkv * G + row // NQ
-                i = row % NQ
-                nan = sm_stat[r, 2] != float32(0.0)
-                if WORDS:
-                    o0 = NAN if nan else acc[a, 0]
-                    o1 = NAN if nan else acc[a, 1]
-                    out[b, h, i, g % UO] = int32(pack(o0, o1))
-                else:
-                    out[b, h, i, g % UO] = NAN if nan else acc[a, 0]
-                if g % UO == 0:
-                    m = sm_stat[r, 0]
-                    x0 = m
-                    if nan:
-                        x0 = NAN
-                    elif m != NEG_INF:
-                        x0 = m + math.log(sm_stat[r, 1])
-                    lse[b, h, i] = x0
+                    nan = sm_stat[r, 2] != float32(0.0)
+                    if WORDS:
+                        o0 = NAN if nan else acc[a, 0]
+                        o1 = NAN if nan else acc[a, 1]
+                        out[b, h, i, g % UO] = int32(pack(o0, o1))
+                    else:
+                        out[b, h, i, g % UO] = NAN if nan else acc[a, 0]
+                    if g % UO == 0:
+                        m = sm_stat[r, 0]
+                        x0 = m
+                        if nan:
+                            x0 = NAN
+                        elif m != NEG_INF:
+                            x0 = m + math.log(sm_stat[r, 1])
+                        lse[b, h, i] = x0
 
     return merge_rows
 
@@ -651,16 +935,48 @@ def _warps() -> int:
 
 def plan(problem, config=None) -> SplitKVPlan:
     """The `sim.decode.SplitKVPlan` this forward launches for ``problem`` (``config.num_splits``
-    overrides the split count)."""
+    overrides the split count, ``config.decode_unit`` the kernel): the tensor-core kernel where
+    `sim.decode.uses_tensor_cores` and the GPU has tensor-core ``mma`` (compute capability 8.0
+    on; never under the CUDA simulator), else the CUDA-core one."""
     pb = problem
     splits = getattr(config, "num_splits", None) if config is not None else None
-    num_sms = _num_sms()
+    unit = getattr(config, "decode_unit", None) if config is not None else None
     element = 4 if pb.dtype_name == "float32" else 2
+    tensor_cores = uses_tensor_cores(pb.head_dim, element) and _has_mma()
+    if unit == "mma" and not tensor_cores:
+        raise ValueError(f"KernelConfig(decode_unit='mma') takes float16/bfloat16 at head_dim in "
+                         f"{MMA_HEAD_DIMS} on a GPU of compute capability 8.0 or later; this call "
+                         f"is {pb.dtype_name} at head_dim={pb.head_dim}"
+                         + ("" if _has_mma() else " on a device without tensor-core mma"))
+    if unit == "ffma":
+        tensor_cores = False
     return _plan(pb.batch, pb.heads_q, pb.heads_kv, pb.seqlen_q, pb.seqlen_k, pb.head_dim,
-                 element, num_sms, splits, _warps())
+                 element, _num_sms(), splits, _warps(), tensor_cores, _smem_per_sm())
 
 
 _plan = functools.lru_cache(maxsize=1024)(split_kv_plan)    # a pure function of its sizes
+
+
+def _has_mma() -> bool:
+    """Whether the current device runs the tensor-core kernel (a real GPU of compute
+    capability 8.0 or later)."""
+    return host.real_gpu() and host.compute_capability(host.current_device_id()) >= (8, 0)
+
+
+def _smem_per_sm() -> int:
+    """Shared memory per SM of the current device (`sim.decode.SMEM_BYTES_PER_SM` under the
+    simulator)."""
+    if not host.real_gpu():
+        return SMEM_BYTES_PER_SM
+    return _smem_of(host.current_device_id())
+
+
+@functools.lru_cache(maxsize=None)
+def _smem_of(device_id: int) -> int:
+    try:
+        return int(cuda.gpus[device_id].MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)
+    except (AttributeError, KeyError):         # a driver binding without the attribute
+        return SMEM_BYTES_PER_SM
 
 
 def _num_sms() -> int:
@@ -722,9 +1038,16 @@ def prepare(problem, config=None):
     B, Hq, Nq, D = pb.batch, pb.heads_q, pb.seqlen_q, pb.head_dim
     banded, lo, hi, shift = _band(pb)
     use_shfl = host.real_gpu()
-    kern = compile_cache.built(make_decode_kernel, D, p.rows_per_program, Nq, pb.group,
-                               pb.dtype_name, banded, p.warps, p.keys_per_step, p.lanes_per_key,
-                               use_shfl)
+    if p.unit == "mma":
+        kern = compile_cache.built(make_decode_mma_kernel, D, Nq, pb.group, pb.dtype_name, banded,
+                                   p.warps, p.keys_per_step, p.stages)
+        host.check_launch("decode_split_kv_mma", (p.threads, p.dynamic_shared_bytes),
+                          (kern.threads, kern.smem_bytes))
+    else:
+        kern = compile_cache.built(make_decode_kernel, D, p.rows_per_program, Nq, pb.group,
+                                   pb.dtype_name, banded, p.warps, p.keys_per_step,
+                                   p.lanes_per_key, use_shfl)
+    smem = p.dynamic_shared_bytes
     fast = getattr(config, "fast_launch", True)
     consts = (np.float32(pb.scale * LOG2E), np.int64(lo), np.int64(hi), np.int64(shift),
               np.int64(pb.seqlen_k), np.int64(pb.heads_kv), np.int64(p.row_chunks))
@@ -759,9 +1082,9 @@ def prepare(problem, config=None):
             counters = _array_counters(p.programs)
         args = (qi, ki, vi, o_part.arg, lse_part.arg, out_arg, lse.arg, counters, seqlens, *consts)
         host.relaunch(plans, (qi, ki, vi, seqlens), kern, p.grid, p.threads, call.stream,
-                      args, fast=fast)
+                      args, sharedmem=smem, fast=fast)
         repeat.record((q, k, v), (qi, ki, vi), lambda: [
-            host.pointer_launch(kern, p.grid, p.threads, 0, args, range(8))])
+            host.pointer_launch(kern, p.grid, p.threads, smem, args, range(8))])
         return out.value(), lse.value()
     return run
 

@@ -235,14 +235,20 @@ def _driver_launch():
 
 def _opt_in(plan, sharedmem, device_id=None):
     """Allow ``sharedmem`` bytes of dynamic shared memory for ``plan``'s kernel on this device
-    (a dictionary lookup once done for this kernel function, device and size); ``device_id``
-    is `current_device_id` when the caller has it."""
-    if sharedmem <= DEFAULT_DYNAMIC_SMEM_BYTES:
+    where that and the kernel's static shared memory exceed the 48 KiB a block has without
+    opting in (a dictionary lookup once done for this kernel function, device and size);
+    ``device_id`` is `current_device_id` when the caller has it."""
+    if sharedmem <= 0:
         return
     dev_id = current_device_id() if device_id is None else device_id
     fn = plan.function(dev_id)
     key = (fn, dev_id)          # the function itself: kept alive here, so no id is reused
     if _OPTED_IN.get(key, 0) >= sharedmem:
+        return
+    # without the opt-in a block has 48 KiB in all: its static shared memory and the dynamic
+    static = int(getattr(getattr(fn, "attrs", None), "shared", 0) or 0)
+    if sharedmem + static <= DEFAULT_DYNAMIC_SMEM_BYTES:
+        _OPTED_IN[key] = int(sharedmem)
         return
     from numba import cuda
     from numba.cuda.cudadrv.driver import binding, driver

@@ -11,9 +11,10 @@ FlashAttention-style kernel needs, each emitted as PTX through llvmlite's ``ir.I
   `kernels.fragments_tf32`.
 * ``ldmatrix_x4`` / ``ldmatrix_x4_trans``: four 8x8 16-bit matrices from shared memory straight
   into fragment registers (each lane gives one row address).
-* ``cp_async_16`` + ``cp_async_commit`` + ``cp_async_wait_all`` / ``cp_async_wait_1``:
+* ``cp_async_16`` + ``cp_async_commit`` + ``cp_async_wait_all`` / ``cp_async_wait_1`` /
+  ``cp_async_wait_2`` / ``cp_async_wait_3``:
   asynchronous 16-byte global -> shared copies (``cp.async.cg``), zero-filled when the source
-  size is 0, so a tail tile needs no branch; commit/wait groups give a double-buffered pipeline.
+  size is 0, so a tail tile needs no branch; commit/wait groups give pipelines of two to four buffers.
 * ``ex2`` (``ex2.approx.ftz.f32``), ``pack_f16x2`` / ``pack_bf16x2`` (``cvt.rn.*x2.f32``),
   ``shared_addr`` (32-bit shared-window address of a shared-array element), ``global_addr``
   (64-bit address of an element of a 4-D array, honouring its strides), ``ld_global_u32`` /
@@ -50,7 +51,7 @@ from numba.cuda.extending import intrinsic
 
 __all__ = [
     "mma_f16", "mma_bf16", "ldmatrix_x4", "ldmatrix_x4_trans", "cp_async_16",
-    "cp_async_commit", "cp_async_wait_all", "cp_async_wait_1", "ex2", "pack_f16x2",
+    "cp_async_commit", "cp_async_wait_all", "cp_async_wait_1", "cp_async_wait_2", "cp_async_wait_3", "ex2", "pack_f16x2",
     "pack_bf16x2", "shared_addr", "global_addr", "ld_global_u32", "st_global_u32",
     "ld_global_u8", "MMA_F16_PTX", "MMA_BF16_PTX",
     "mma_tf32", "cvt_tf32", "split_tf32", "ld_shared_f32", "ld_shared_f32x2",
@@ -193,6 +194,8 @@ def _make_nullary(ptx, doc):
 cp_async_commit = _make_nullary("cp.async.commit_group;", "Close the current cp.async group.")
 cp_async_wait_all = _make_nullary("cp.async.wait_group 0;", "Wait until no cp.async group is pending.")
 cp_async_wait_1 = _make_nullary("cp.async.wait_group 1;", "Wait until at most one group is pending.")
+cp_async_wait_2 = _make_nullary("cp.async.wait_group 2;", "Wait until at most two groups are pending.")
+cp_async_wait_3 = _make_nullary("cp.async.wait_group 3;", "Wait until at most three groups are pending.")
 
 
 @intrinsic

@@ -105,7 +105,8 @@ def _split_kv_cmd(a) -> int:
     seq_len_k = a.seq_len_k or a.seq_len
     element = {"fp16": 2, "bf16": 2, "fp32": 4}[a.dtype]
     plan = split_kv_plan(a.batch, a.heads, heads_kv, a.seq_len, seq_len_k, a.head_dim, element,
-                         a.device.num_sms, splits=a.splits)
+                         a.device.num_sms, splits=a.splits,
+                         smem_bytes_per_sm=a.device.smem_bytes_per_sm)
     prof = a.device if a.rates is None else a.device.with_rates(a.rates)
     costs = split_kv_costs(plan, prof)
     d = {"schedule": "split-kv", "profile": a.device.name, "plan": plan.as_dict(), **costs,
@@ -115,6 +116,8 @@ def _split_kv_cmd(a) -> int:
         return 0
     rows = [("schedule", f"split-kv (fwd) on {a.device.name}"),
             ("splits", f"{plan.splits}" + (" (given)" if a.splits else " (chosen by the model)")),
+            ("kernel", "tensor cores (mma), " + f"{plan.stages} stages a warp" if plan.unit == "mma"
+             else "CUDA cores (ffma)"),
             ("grid x threads", f"{plan.grid[0]} x {plan.grid[1]} programs of {plan.threads} threads"),
             ("rows per program", f"{plan.rows_per_program} ({plan.row_chunks} chunk(s) per KV head)"),
             ("K/V bytes (read once per KV head)", _fmt(costs["kv_bytes"])),

@@ -15,9 +15,16 @@ most SMs idle and, with GQA, reads each KV head once per query head. The split-K
   between tiles, ``lse = logsumexp_s(lse_s)``, ``out = sum_s exp(lse_s - lse) out_s``. With one
   split there are no partials: the program writes the output.
 
-:func:`split_kv_plan` builds the plan from the problem's sizes and the GPU's SM count (the
-number of splits by :func:`choose_splits`, or given); `kernels.decode_fwd` launches exactly
-this plan (its grid, threads and row chunks), and :func:`split_kv_costs` prices it: bytes per
+Two kernels run the plan (its ``unit``): on the tensor cores (``"mma"``: float16/bfloat16 at
+head dims 64 and 128; 16 rows a program, one ``mma.sync`` tile; each warp streams its own key
+blocks through a ring of shared-memory buffers filled by ``cp.async``, `MMA_STAGES` or
+`MMA_STAGES_FEW_PROGRAMS` deep) and on the CUDA cores (``"ffma"``: any input, and the only
+one under the CUDA simulator; the rows its lanes keep in registers, `rows_per_program`).
+
+:func:`split_kv_plan` builds the plan from the problem's sizes and the GPU's SM count and
+shared memory (the kernel, its stages and resident programs, the number of splits by
+:func:`choose_splits`, or given); `kernels.decode_fwd` launches exactly this plan (its kernel,
+grid, threads, row chunks and shared memory), and :func:`split_kv_costs` prices it: bytes per
 memory level, FLOPs and time on a `sim.profiles.GPUProfile`. This module is pure Python.
 """
 from __future__ import annotations
@@ -48,6 +55,58 @@ MIN_KEYS_PER_SPLIT = 256
 #: The most splits: what the model picks from and a `kernels.KernelConfig` may ask for (the
 #: merging program keeps a weight per row and split in shared memory).
 MAX_SPLITS = 128
+
+# -- the tensor-core kernel (``unit`` "mma") ---------------------------------------------------
+#: Head dims the tensor-core kernel takes (float16/bfloat16 only; compute capability 8.0 on).
+MMA_HEAD_DIMS = (64, 128)
+#: Its rows per program: one 16-row ``mma`` tile (the KV group's rows, padded).
+MMA_ROWS = 16
+#: Its warps per program and keys per warp block.
+MMA_WARPS = 4
+MMA_BLOCK_K = 16
+#: Its shared-memory stages per warp (blocks in flight while one is computed: stages - 1): two
+#: where the programs fill the GPU (two resident programs an SM at d = 128), four where the
+#: (batch, KV head, row chunk) groups are fewer than the SMs (the split count then makes one
+#: program an SM, and each keeps three of its warps' blocks in flight: the few-programs calls are
+#: bound by the latency of memory, not by its bandwidth).
+MMA_STAGES = 2
+MMA_STAGES_FEW_PROGRAMS = 4
+#: Its resident programs per SM by registers, per head dim (ptxas for sm_90, bfloat16, no band:
+#: 254 registers a thread at d = 128, so two programs of 128 threads fit an SM's 65,536; 130 at
+#: d = 64, three).
+MMA_RESIDENT_BY_REGISTERS = {64: 3, 128: 2}
+#: Shared memory per SM the resident count assumes where the caller gives none (sm_90: 228 KiB,
+#: of which 1 KiB per resident program is the system's).
+SMEM_BYTES_PER_SM = 228 * 1024
+
+
+def mma_shared_bytes(head_dim: int, warps: int = MMA_WARPS, block_k: int = MMA_BLOCK_K,
+                     stages: int = MMA_STAGES) -> tuple[int, int]:
+    """``(dynamic, static)`` shared-memory bytes of one tensor-core program: each warp's ring
+    of ``stages`` K and V buffers (``block_k`` rows of ``head_dim + 8`` halves: rows padded by
+    16 bytes, so that ``ldmatrix`` reads have no bank conflicts), and the rows' meeting place
+    (each warp's max and sum, the summed accumulators, the merge's weights and statistics, the
+    ticket)."""
+    dynamic = warps * stages * 2 * block_k * (head_dim + 8) * 2
+    static = 4 * (2 * warps * MMA_ROWS + MMA_ROWS * head_dim + MMA_ROWS * MAX_SPLITS
+                  + MMA_ROWS * 3 + 1)
+    return dynamic, static
+
+
+def uses_tensor_cores(head_dim: int, element_bytes: int) -> bool:
+    """Whether the decoding plan of this head dim and element size runs the tensor-core kernel
+    (16-bit inputs at `MMA_HEAD_DIMS`; float32 and other head dims run the CUDA-core one)."""
+    return element_bytes == 2 and head_dim in MMA_HEAD_DIMS
+
+
+def mma_resident_per_sm(head_dim: int, smem_bytes_per_sm: int = SMEM_BYTES_PER_SM,
+                        stages: int = MMA_STAGES) -> int:
+    """Programs of the tensor-core kernel one SM holds at once: by shared memory (its own plus
+    1 KiB each) and by registers (`MMA_RESIDENT_BY_REGISTERS`); ``head_dim`` one of
+    `MMA_HEAD_DIMS`."""
+    dynamic, static = mma_shared_bytes(head_dim, MMA_WARPS, MMA_BLOCK_K, stages)
+    by_registers = MMA_RESIDENT_BY_REGISTERS[head_dim]
+    return max(1, min(by_registers, smem_bytes_per_sm // (dynamic + static + 1024)))
 
 
 def lanes_per_key(head_dim: int, element_bytes: int) -> int:
@@ -122,6 +181,12 @@ class SplitKVPlan:
     warps: int
     keys_per_step: int
     lanes_per_key: int = 32
+    #: "ffma" (the CUDA-core kernel) or "mma" (the tensor-core kernel; ``keys_per_step`` is then
+    #: a warp's block of keys, ``stages`` its ring of shared-memory buffers).
+    unit: str = "ffma"
+    stages: int = 0
+    dynamic_shared_bytes: int = 0
+    resident_per_sm: int = RESIDENT_PROGRAMS_PER_SM
 
     @property
     def group(self) -> int:
@@ -147,18 +212,37 @@ class SplitKVPlan:
 
 def split_kv_plan(batch: int, heads_q: int, heads_kv: int, seqlen_q: int, seqlen_k: int,
                   head_dim: int, element_bytes: int, num_sms: int, splits: int | None = None,
-                  warps: int = WARPS) -> SplitKVPlan:
-    """The plan of one decoding call: rows per program and row chunks from the KV group's rows
-    (``heads_q // heads_kv * seqlen_q``), splits by :func:`choose_splits` unless given."""
+                  warps: int = WARPS, tensor_cores: bool | None = None,
+                  smem_bytes_per_sm: int = SMEM_BYTES_PER_SM) -> SplitKVPlan:
+    """The plan of one decoding call: the kernel (the tensor-core one where
+    :func:`uses_tensor_cores`, unless ``tensor_cores`` says otherwise: the CUDA simulator runs
+    no tensor-core instruction), rows per program and row chunks from the KV group's rows
+    (``heads_q // heads_kv * seqlen_q``), splits by :func:`choose_splits` unless given.
+    ``warps`` is the CUDA-core kernel's (the tensor-core kernel has `MMA_WARPS`)."""
     rows = (heads_q // heads_kv) * seqlen_q
-    per = rows_per_program(rows, head_dim, element_bytes)
+    if tensor_cores is None:
+        tensor_cores = uses_tensor_cores(head_dim, element_bytes)
+    stages = 0
+    if tensor_cores:
+        per = MMA_ROWS
+        few = batch * heads_kv * -(-rows // per) < num_sms
+        stages = MMA_STAGES_FEW_PROGRAMS if few else MMA_STAGES
+        resident = mma_resident_per_sm(head_dim, smem_bytes_per_sm, stages)
+    else:
+        per, resident = rows_per_program(rows, head_dim, element_bytes), RESIDENT_PROGRAMS_PER_SM
     chunks = -(-rows // per)
     if splits is None:
-        splits = choose_splits(batch * heads_kv * chunks, seqlen_k, num_sms)
-    return SplitKVPlan(batch=batch, heads_q=heads_q, heads_kv=heads_kv, seqlen_q=seqlen_q,
-                       seqlen_k=seqlen_k, head_dim=head_dim, element_bytes=element_bytes,
-                       rows_per_program=per, row_chunks=chunks, splits=int(splits), warps=warps,
-                       keys_per_step=KEYS_PER_STEP,
+        splits = choose_splits(batch * heads_kv * chunks, seqlen_k, num_sms, resident)
+    common = dict(batch=batch, heads_q=heads_q, heads_kv=heads_kv, seqlen_q=seqlen_q,
+                  seqlen_k=seqlen_k, head_dim=head_dim, element_bytes=element_bytes,
+                  rows_per_program=per, row_chunks=chunks, splits=int(splits),
+                  resident_per_sm=resident)
+    if tensor_cores:
+        return SplitKVPlan(**common, warps=MMA_WARPS, keys_per_step=MMA_BLOCK_K, unit="mma",
+                           stages=stages,
+                           dynamic_shared_bytes=mma_shared_bytes(head_dim, MMA_WARPS, MMA_BLOCK_K,
+                                                                 stages)[0])
+    return SplitKVPlan(**common, warps=warps, keys_per_step=KEYS_PER_STEP,
                        lanes_per_key=lanes_per_key(head_dim, element_bytes))
 
 
@@ -179,8 +263,9 @@ def split_kv_costs(plan: SplitKVPlan, gpu, keys_read: int | None = None) -> dict
     measured rates where its profile was loaded with a rates file, ``sim.load_profile(name,
     rates=FILE)``, else the datasheet's; ``rates`` says which): the main kernel streams its DRAM
     bytes at the DRAM rate stretched by the last wave's idle SMs (``waves / ceil(waves)``
-    efficiency, one wave = ``num_sms *`` `RESIDENT_PROGRAMS_PER_SM` programs) or runs its FLOPs
-    at the FFMA rate (CUDA cores), whichever is longer; the merge streams its partials'
+    efficiency, one wave = ``num_sms`` times the plan's ``resident_per_sm`` programs) or runs its
+    FLOPs at the FFMA rate (the CUDA-core kernel) or the tensor cores' 16-bit ``mma`` rate (the
+    tensor-core kernel, its rows padded to 16), whichever is longer; the merge streams its partials'
     bytes after that (the last programs merge at the end); the one launch adds the launch cost
     (``kernel_launch_s`` of a rates file, as `sim.plan.price` adds it per kernel; 0 at
     datasheet rates, which have none).
@@ -197,14 +282,19 @@ def split_kv_costs(plan: SplitKVPlan, gpu, keys_read: int | None = None) -> dict
     main_dram = kv_dram + q_bytes + partial_bytes
     merge_bytes = partial_bytes
     flops = 4 * rows * keys * p.head_dim
-    wave = gpu.num_sms * RESIDENT_PROGRAMS_PER_SM
+    wave = gpu.num_sms * p.resident_per_sm
     waves = p.programs * p.splits / wave
     wave_efficiency = waves / math.ceil(waves) if waves > 0 else 1.0
     rates, sources = rates_of(gpu)
     bw = rates["dram_bytes_per_s"]
     launches = 1
     launch_s = rates["launch_s"] or 0.0
-    main_time = launch_s + max(main_dram / bw / wave_efficiency, flops / rates["ffma_flops_per_s"])
+    # the tensor-core kernel computes its padded 16-row tiles
+    flops_run = flops * p.rows_per_program * p.row_chunks / max(p.group * p.seqlen_q, 1) \
+        if p.unit == "mma" else flops
+    unit_rate = (rates["mma_bf16_flops_per_s"] or rates["mma_f16_flops_per_s"]) \
+        if p.unit == "mma" else rates["ffma_flops_per_s"]
+    main_time = launch_s + max(main_dram / bw / wave_efficiency, flops_run / unit_rate)
     merge_time = merge_bytes / bw
     return {
         "splits": p.splits,
@@ -222,6 +312,7 @@ def split_kv_costs(plan: SplitKVPlan, gpu, keys_read: int | None = None) -> dict
         "time_merge_s": merge_time,
         "time_s": main_time + merge_time,
         "launches": launches,
-        "rates": {name: sources[name] for name in ("dram_bytes_per_s", "ffma_flops_per_s",
-                                                   "launch_s")},
+        "rates": {name: sources[name] for name in (
+            "dram_bytes_per_s", "mma_bf16_flops_per_s" if p.unit == "mma" else "ffma_flops_per_s",
+            "launch_s")},
     }

@@ -1342,12 +1342,14 @@ def metric(at, label: str):
     return found[0]
 
 
-def _sim_decode(w: dict, prof, splits=None) -> tuple:
-    """``(plan, costs)`` of sim.decode for the page's workload ``w`` on ``prof``."""
+def _sim_decode(w: dict, prof, splits=None, tensor_cores=None) -> tuple:
+    """``(plan, costs)`` of sim.decode for the page's workload ``w`` on ``prof`` (the kernel by
+    the plan's rule, or ``tensor_cores``: a measured record's)."""
     from sim.decode import split_kv_costs, split_kv_plan
     from sim.workload import DTYPE_BYTES
     plan = split_kv_plan(w["batch"], w["heads_q"], w["heads_kv"], w["seq_len_q"], w["seq_len_k"],
-                         w["head_dim"], DTYPE_BYTES[w["dtype"]], prof.num_sms, splits=splits)
+                         w["head_dim"], DTYPE_BYTES[w["dtype"]], prof.num_sms, splits=splits,
+                         tensor_cores=tensor_cores, smem_bytes_per_sm=prof.smem_bytes_per_sm)
     return plan, split_kv_costs(plan, prof)
 
 
@@ -1477,6 +1479,7 @@ def test_decode_measured_table_has_one_row_per_decode_record():
 
 
 def test_decode_measured_cases_are_the_file_s_and_the_plan_s():
+    from benchmarks.decode import record_tensor_cores
     doc = json.loads(DECODE.read_text())
     loaded = data.load_decode(DECODE.read_bytes(), DECODE.name)
     assert loaded["n_decode"] == len(doc["decode"]) and loaded["n_window"] == len(doc["window"])
@@ -1488,7 +1491,8 @@ def test_decode_measured_cases_are_the_file_s_and_the_plan_s():
     peak = doc["provenance"]["peak_copy_bytes_per_s"]
     for (_, case), rec in zip(cases.iterrows(), doc["decode"]):
         w = {k: rec[k] for k in DECODE_W}
-        plan, costs = _sim_decode(w, prof)
+        ran = record_tensor_cores(rec)                  # priced as the kernel that ran
+        plan, costs = _sim_decode(w, prof, tensor_cores=ran)
         assert case["splits"] == plan.splits
         assert case["model_ms"] == pytest.approx(costs["time_s"] * 1e3)
         assert case["gpu_ms"] == rec["ioaware_device_ms"]
@@ -1507,7 +1511,8 @@ def test_decode_measured_cases_are_the_file_s_and_the_plan_s():
         pred = sweep["predicted"].set_index("splits")["time_ms"]
         assert list(pred.index) == list(range(1, max(max(timed), plan.splits) + 1))
         for s in (1, max(timed)):
-            assert pred.loc[s] == pytest.approx(_sim_decode(w, prof, splits=s)[1]["time_s"] * 1e3)
+            assert pred.loc[s] == pytest.approx(
+                _sim_decode(w, prof, splits=s, tensor_cores=ran)[1]["time_s"] * 1e3)
 
 
 def test_decode_sweep_chart_follows_the_chosen_case():

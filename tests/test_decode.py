@@ -238,8 +238,45 @@ def test_rows_per_program_keeps_the_accumulators_in_registers():
     assert rows_per_program(4, 128) == 4 and rows_per_program(8, 64) == 4
     assert rows_per_program(64, 128) == 4 and rows_per_program(3 * 16, 256) == 4
     assert rows_per_program(3, 128) == 3 and rows_per_program(16, 128, 4) == 8
-    plan = split_kv_plan(2, 32, 8, 16, 4096, 128, 2, 132)
+    plan = split_kv_plan(2, 32, 8, 16, 4096, 128, 2, 132, tensor_cores=False)
     assert plan.rows_per_program == 4 and plan.row_chunks == 16 and plan.grid[0] == 2 * 8 * 16
+    assert plan.unit == "ffma"
+
+
+def test_tensor_core_plan_takes_16_rows_and_its_stages_from_the_programs():
+    """16-bit inputs at d 64/128 plan the tensor-core kernel: 16 rows a program (one mma tile),
+    four stages a warp (one program an SM) where the groups are fewer than the SMs, else two
+    (two programs an SM at d = 128, its registers and shared memory); float32 and other head
+    dims plan the CUDA-core kernel."""
+    from sim.decode import MMA_ROWS, mma_resident_per_sm, mma_shared_bytes, uses_tensor_cores
+    assert uses_tensor_cores(128, 2) and uses_tensor_cores(64, 2)
+    assert not uses_tensor_cores(128, 4) and not uses_tensor_cores(96, 2)
+    few = split_kv_plan(1, 32, 8, 1, 32768, 128, 2, 132)
+    assert few.unit == "mma" and few.rows_per_program == MMA_ROWS and few.row_chunks == 1
+    assert few.stages == 4 and few.resident_per_sm == 1 and few.splits == 132 // 8
+    assert few.dynamic_shared_bytes == mma_shared_bytes(128, 4, 16, 4)[0] == 4 * 4 * 2 * 16 * 136 * 2
+    many = split_kv_plan(64, 32, 8, 1, 32768, 128, 2, 132)
+    assert many.stages == 2 and many.resident_per_sm == 2 and many.splits == 1
+    assert mma_resident_per_sm(128, 228 * 1024, 2) == 2 and mma_resident_per_sm(64, 228 * 1024, 2) == 3
+    spec = split_kv_plan(2, 32, 8, 16, 4096, 64, 2, 132)           # 64 rows a group: 4 chunks
+    assert spec.row_chunks == 4 and spec.grid[0] == 2 * 8 * 4
+    assert split_kv_plan(1, 32, 8, 1, 32768, 128, 4, 132).unit == "ffma"
+    assert split_kv_plan(1, 32, 8, 1, 32768, 96, 2, 132).unit == "ffma"
+
+
+def test_simulator_plans_the_cuda_core_kernel_and_refuses_mma_by_name():
+    """Under the CUDA simulator (no tensor-core instruction) the launcher plans the CUDA-core
+    kernel; asking for the tensor-core one is refused with a message naming the argument."""
+    import kernels
+    from ioaware._inputs import check_inputs
+    from kernels import decode_fwd
+    rng = np.random.default_rng(0)
+    pb = check_inputs(*make(rng, 1, 8, 2, 1, 300, 128, np.float16))
+    assert decode_fwd.plan(pb, kernels.KernelConfig(family="split_kv")).unit == "ffma"
+    with pytest.raises(ValueError, match="decode_unit"):
+        decode_fwd.plan(pb, kernels.KernelConfig(family="split_kv", decode_unit="mma"))
+    with pytest.raises(ValueError, match="decode_unit"):
+        kernels.KernelConfig(decode_unit="wgmma")
 
 
 def test_lanes_per_key_give_each_lane_four_words():
@@ -272,8 +309,12 @@ def test_costs_take_the_measured_rates_and_one_launch(tmp_path):
     plan = split_kv_plan(8, 32, 8, 1, 32768, 128, 2, H100.num_sms)
     assert plan.splits > 1
     c, d = split_kv_costs(plan, measured), split_kv_costs(plan, H100)
-    assert c["rates"] == {"dram_bytes_per_s": "measured", "ffma_flops_per_s": "measured",
+    assert plan.unit == "mma"
+    assert c["rates"] == {"dram_bytes_per_s": "measured", "mma_bf16_flops_per_s": "measured",
                           "launch_s": "measured"}
+    cuda_cores = split_kv_plan(8, 32, 8, 1, 32768, 128, 2, H100.num_sms, tensor_cores=False)
+    assert split_kv_costs(cuda_cores, measured)["rates"] == {
+        "dram_bytes_per_s": "measured", "ffma_flops_per_s": "measured", "launch_s": "measured"}
     assert d["rates"]["launch_s"] == "datasheet"
     bw = rates["dram_copy_bytes_per_s"]
     main_dram = c["dram_read_bytes"]        # what the split loop moves: K/V, Q and the partials
@@ -308,7 +349,8 @@ def test_decode_report_scores_the_shipped_file_against_its_targets(capsys):
     assert row0["gpu_ms"] == r0["ioaware_device_ms"]
     assert row0["dram_rel_error"] == pytest.approx(
         split_kv_costs(split_kv_plan(r0["batch"], r0["heads_q"], r0["heads_kv"], 1, r0["seq_len_k"],
-                                     r0["head_dim"], 2, profile.num_sms), profile)["dram_read_bytes"]
+                                     r0["head_dim"], 2, profile.num_sms, tensor_cores=False),
+                       profile)["dram_read_bytes"]
         / r0["ncu"]["dram__bytes_read.sum"] - 1)
     for metric in ("dram", "time", "splits"):
         m = summary[metric]
@@ -318,6 +360,19 @@ def test_decode_report_scores_the_shipped_file_against_its_targets(capsys):
                  str(root / "rates_h100_2026-11-24.json")]) == 0
     out = capsys.readouterr().out
     assert "nothing fitted on the file" in out and f"{summary['time']['within']} of 18 within 15%" in out
+    # the shipped file's records name no plan: they ran the CUDA-core kernel, priced as such; a
+    # record of the tensor-core kernel (its plan.unit) is priced by that kernel's plan
+    assert all("plan" not in r for r in doc["decode"])
+    ffma = split_kv_plan(r0["batch"], r0["heads_q"], r0["heads_kv"], 1, 32768, r0["head_dim"], 2,
+                         profile.num_sms, tensor_cores=False)
+    mma = split_kv_plan(r0["batch"], r0["heads_q"], r0["heads_kv"], 1, 32768, r0["head_dim"], 2,
+                        profile.num_sms, tensor_cores=True)
+    assert ffma.splits != mma.splits                   # 33 and 16 at B=1
+    for plan in (ffma, mma):
+        rec = dict(r0, seq_len_k=32768, **({"plan": plan.as_dict()} if plan.unit == "mma" else {}))
+        (row,), _ = decode_report({"decode": [rec]}, profile)
+        assert row["splits"] == plan.splits
+        assert row["model_ms"] == pytest.approx(split_kv_costs(plan, profile)["time_s"] * 1e3)
 
 
 def test_window_report_prices_the_forward_the_gpu_runs(capsys):
@@ -381,7 +436,9 @@ def test_cli_predicts_split_kv_with_the_chosen_or_given_splits(capsys):
             "--heads-kv", "8", "--head-dim", "128", "--batch", "8", "--dtype", "bf16", "--json"]
     assert main(args) == 0
     d = json.loads(capsys.readouterr().out)
-    assert d["splits"] == choose_splits(64, 32768, H100.num_sms) and d["dram_read_bytes"] > 2**30
+    # 64 groups, fewer than the SMs: the four-stage plan, one program an SM
+    assert d["plan"]["unit"] == "mma" and d["plan"]["stages"] == 4
+    assert d["splits"] == choose_splits(64, 32768, H100.num_sms, 1) == 2 and d["dram_read_bytes"] > 2**30
     assert main(args + ["--splits", "3"]) == 0
     assert json.loads(capsys.readouterr().out)["splits"] == 3
     with pytest.raises(SystemExit, match="split-kv"):
@@ -410,6 +467,56 @@ def test_gpu_decoding_matches_sdpa_in_float32(dtype, nq, causal, window):
                                           enable_gqa=True)
     tol = 2e-2 if dtype == "bfloat16" else 4e-3
     torch.testing.assert_close(out.float(), want, atol=tol, rtol=tol)
+
+
+TC_CASES = [  # (b, hq, hkv, nq, nk, d, lengths, window, causal, splits)
+    (2, 8, 2, 1, 300, 64, [300, 1], None, False, None),
+    (3, 32, 8, 4, 1000, 128, [1000, 0, 513], None, "bottom_right", 7),   # an empty cache
+    (2, 16, 4, 2, 777, 128, [777, 40], (100, 0), "bottom_right", 3),
+    (1, 64, 4, 16, 530, 128, [529], None, "bottom_right", None),           # 256 rows: 16 chunks
+    (2, 4, 1, 3, 333, 64, [333, 2], (5, 5), False, 1),                     # MQA, one split
+    (2, 8, 8, 1, 250, 128, [250, 17], (0, 0), False, 40),                  # window 0, many splits
+    (40, 8, 8, 1, 200, 128, [200 - i for i in range(40)], None, False, None),   # two-stage plan
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("b, hq, hkv, nq, nk, d, lengths, window, causal, splits", TC_CASES)
+def test_gpu_tensor_core_decoding_equals_the_float64_rule(b, hq, hkv, nq, nk, d, lengths, window, causal,
+                                                         splits, dtype):
+    """The tensor-core split-KV kernel (``decode_unit="mma"``) against float64 on the inputs as
+    rounded: GQA and MQA, 16-row chunks, causal and windowed bands, cache lengths of 0, 1 and
+    partial key blocks, one split to many, and both stage plans; a length the kernel refuses
+    gives NaN rows. Tolerances: float16 4e-3, bfloat16 2e-2 (P is rounded to 16 bits for the
+    second product); the logsumexp 1e-4."""
+    import dataclasses
+    import torch
+    import kernels
+    from ioaware._inputs import check_inputs
+    from kernels import decode_fwd
+    dt = getattr(torch, dtype)
+    rng = np.random.default_rng(nk + d)
+    q, k, v = (torch.from_numpy(x).cuda().to(dt) for x in make(rng, b, hq, hkv, nq, nk, d))
+    q = q * 3                                            # larger logits
+    cfg = kernels.KernelConfig(family="split_kv", num_splits=splits, decode_unit="mma")
+    pb = check_inputs(q, k, v, causal=causal, window_size=window)
+    bad = list(lengths) + [-1, nk + 1]
+    qb, kb, vb = (torch.cat([x, x[:2]]) for x in (q, k, v))
+    pb = dataclasses.replace(check_inputs(qb, kb, vb, causal=causal, window_size=window),
+                             cache_seqlens=torch.tensor(bad, dtype=torch.int32, device="cuda"))
+    assert decode_fwd.plan(pb, cfg).unit == "mma"
+    out, lse = kernels.forward(pb, cfg)
+    assert out.dtype == dt and lse.dtype == torch.float32
+    assert torch.isnan(out[b:]).all() and torch.isnan(lse[b:]).all()
+    as64 = [x.float().cpu().numpy() for x in (q, k, v)]
+    want_out, want_lse = reference(*as64, lengths, window, bool(causal))
+    tol = 2e-2 if dtype == "bfloat16" else 4e-3
+    np.testing.assert_allclose(out[:b].float().cpu().numpy(), want_out, atol=tol, rtol=tol)
+    got_lse = lse[:b].cpu().numpy()
+    finite = np.isfinite(want_lse)
+    assert np.array_equal(np.isneginf(got_lse), ~finite)
+    np.testing.assert_allclose(got_lse[finite], want_lse[finite], atol=1e-4, rtol=1e-5)
 
 
 @pytest.mark.gpu
