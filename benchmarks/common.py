@@ -360,10 +360,13 @@ KERNEL_NAMES = {("simt", "fwd"): "flash_fwd_v2", ("simt", "delta"): "flash_bwd_d
 
 
 def allow_offline_compile() -> None:
-    """Let Numba compile PTX without NVRTC or a driver (the target, sm_90, is given)."""
+    """Let Numba compile PTX without NVRTC or a driver (the target, sm_90, is given): without a
+    driver, the device functions a kernel calls (which Numba compiles for the current device's
+    compute capability) are compiled for sm_90 too."""
     try:
         import numba.cuda.cuda_paths as cuda_paths
         import numba.cuda.cudadrv.nvrtc as nvrtc
+        import numba.cuda.dispatcher as dispatcher
     except ImportError:
         return
     try:
@@ -371,6 +374,11 @@ def allow_offline_compile() -> None:
     except Exception:  # noqa: BLE001 - no NVRTC: name the targets ourselves
         nvrtc.get_supported_ccs = lambda: ((8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (12, 0))
         cuda_paths._get_nvrtc_path = lambda: None
+    try:
+        dispatcher.get_current_device()
+    except Exception:  # noqa: BLE001 - no driver: the target stands for the current device
+        target = type("OfflineDevice", (), {"compute_capability": ARCH})
+        dispatcher.get_current_device = lambda: target
 
 
 def find_ptxas(path: str | None = None) -> str | None:

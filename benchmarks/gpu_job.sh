@@ -20,11 +20,15 @@
 #                                                                                 -> pick.json, pick.log
 #   tune-dq    python -m benchmarks tune --backward-dq for float16, bfloat16 and float32: the
 #              tensor-core backwards' two dQ modes        -> tune_backward_dq.json, tune_dq.log
+#   decode     python -m benchmarks decode --splits --window --graph --ncu: decoding and sliding
+#              windows against SDPA, priced at the rates of a rates step before it (or of the
+#              file DECODE_RATES names)                   -> decode.json, decode.log
 #
 # Logs and results go to $OUT (default ./gpu_logs). Every step runs under `timeout`; its limit in
 # seconds can be changed by the environment variable named in brackets: tests [T_TESTS], bench
 # [T_BENCH], each sanitizer process [T_SANITIZE], measure [T_MEASURE], ncu [T_NCU], resources
-# [T_RESOURCES], check [T_CHECK], rates [T_RATES], pick [T_PICK], tune-dq [T_TUNE_DQ]; ncu stops starting new chunks after 3/4 of its limit (the sweep
+# [T_RESOURCES], check [T_CHECK], rates [T_RATES], pick [T_PICK], tune-dq [T_TUNE_DQ], decode
+# [T_DECODE]; ncu stops starting new chunks after 3/4 of its limit (the sweep
 # file keeps what was profiled, and a rerun resumes). A step's exit status is printed after it;
 # the script goes on with the next.
 #
@@ -37,8 +41,8 @@ if [ $# -eq 0 ]; then
 fi
 for mode in "$@"; do
   case $mode in
-    env|tests|bench|sanitize|measure|resources|check|rates|pick|tune-dq) ;;
-    *) echo "unknown mode '$mode' (modes: env tests bench sanitize measure resources check rates pick tune-dq)" >&2
+    env|tests|bench|sanitize|measure|resources|check|rates|pick|tune-dq|decode) ;;
+    *) echo "unknown mode '$mode' (modes: env tests bench sanitize measure resources check rates pick tune-dq decode)" >&2
        exit 2 ;;
   esac
 done
@@ -116,6 +120,13 @@ for mode in "$@"; do
     tune-dq)
       step tune-dq "${T_TUNE_DQ:-1200}" "$OUT/tune_dq.log" python3 -m benchmarks tune --backward-dq \
         --dtype fp16 bf16 fp32 --out "$OUT/tune_backward_dq.json"
+      ;;
+    decode)
+      rates=()
+      if [ -f "$OUT/rates.json" ]; then rates=(--rates "$OUT/rates.json")
+      elif [ -n "${DECODE_RATES:-}" ]; then rates=(--rates "$DECODE_RATES"); fi
+      step decode "${T_DECODE:-1500}" "$OUT/decode.log" python3 -m benchmarks decode --splits \
+        --window --graph --ncu "${rates[@]}" --out "$OUT/decode.json"
       ;;
   esac
 done

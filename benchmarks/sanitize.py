@@ -9,7 +9,8 @@ families can run as separate sanitizer processes side by side. ``wgmma`` (the Ho
 compute capability 9.0) runs `WGMMA_CASES`, forward only: it takes no masks or dropout.
 ``wgmma_fp8`` (the FP8 forward, `kernels.wgmma_fwd.forward_fp8`: V's transpose and the kernel)
 runs d=128 with the same lengths and GQA, causal and not, on e4m3 inputs with descales.
-``split_kv`` (the decoding forward, `kernels.decode_fwd`: the split kernel, whose last program of each group merges the splits) runs
+``split_kv`` (the decoding forward, `kernels.decode_fwd`: the split kernels, tensor-core and
+CUDA-core, whose last program of each group merges the splits) runs
 `DECODE_CASES`: 1 and 3 queries against 1000 keys, four query heads per KV head, per-sequence
 cache lengths 1000, 0, 1 and 517 (and, once, a length past the cache: that row must come out
 NaN, the others finite), three splits, full and with a bottom-right causal window. Each family (pinned by `kernels.KernelConfig`)
@@ -92,16 +93,19 @@ def run_fp8(torch, seed: int = 0) -> None:
 
 
 def run_split_kv(torch=None, seed: int = 0) -> None:
-    """`DECODE_CASES` on the decoding forward (float16; torch CUDA tensors with the lengths on
-    the device when ``torch`` is given, else NumPy arrays); raises when a row with a valid
+    """`DECODE_CASES` on the decoding forward, each on both of its kernels where the GPU runs the
+    tensor-core one (``KernelConfig.decode_unit``; float16; torch CUDA tensors with the lengths
+    on the device when ``torch`` is given, else NumPy arrays); raises when a row with a valid
     length is not finite or a row with a length past the cache is not NaN."""
     import dataclasses
 
     import kernels
-    config = kernels.KernelConfig(family="split_kv", num_splits=3)
+    from kernels import decode_fwd
+    units = ("mma", "ffma") if decode_fwd._has_mma() else ("ffma",)
     rng = np.random.default_rng(seed)
     heads_q, heads_kv, seq_k = 4, 1, DECODE_SEQ_K
-    for d, nq, lengths, options in DECODE_CASES:
+    for (d, nq, lengths, options), unit in ((c, u) for c in DECODE_CASES for u in units):
+        config = kernels.KernelConfig(family="split_kv", num_splits=3, decode_unit=unit)
         arrays = [rng.standard_normal(shape).astype(np.float16) for shape in (
             (len(lengths), heads_q, nq, d), (len(lengths), heads_kv, seq_k, d),
             (len(lengths), heads_kv, seq_k, d))]
@@ -116,7 +120,7 @@ def run_split_kv(torch=None, seed: int = 0) -> None:
             out = out.float().cpu().numpy()
         bad = np.array(lengths) > seq_k
         if not (np.isfinite(out[~bad]).all() and np.isnan(out[bad]).all()):
-            raise RuntimeError(f"split_kv d={d} nq={nq} lengths={lengths}: a row with a valid "
+            raise RuntimeError(f"split_kv {unit} d={d} nq={nq} lengths={lengths}: a row with a valid "
                                f"length is not finite, or one past the cache is not NaN")
 
 

@@ -250,6 +250,13 @@ def _opt_in(plan, sharedmem, device_id=None):
     if sharedmem + static <= DEFAULT_DYNAMIC_SMEM_BYTES:
         _OPTED_IN[key] = int(sharedmem)
         return
+    _driver_opt_in(fn, int(sharedmem), dev_id)
+    _OPTED_IN[key] = int(sharedmem)
+
+
+def _driver_opt_in(fn, sharedmem: int, dev_id: int) -> None:
+    """``cuKernelSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)`` of loaded function ``fn`` on the
+    current device (refused above the device's per-block opt-in limit)."""
     from numba import cuda
     from numba.cuda.cudadrv.driver import binding, driver
     dev = cuda.get_current_device()
@@ -258,8 +265,7 @@ def _opt_in(plan, sharedmem, device_id=None):
         raise ValueError(f"{sharedmem} bytes of dynamic shared memory exceed this device's "
                          f"per-block limit of {limit} bytes")
     attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-    driver.cuKernelSetAttribute(attr, int(sharedmem), fn.handle, dev.id)
-    _OPTED_IN[key] = int(sharedmem)
+    driver.cuKernelSetAttribute(attr, sharedmem, fn.handle, dev.id)
 
 
 def _tensor_values(a):

@@ -614,3 +614,54 @@ def test_gpu_decoding_step_with_device_lengths_is_captured_and_replayed():
             torch.testing.assert_close(out[ok], want_out[ok], atol=0, rtol=0)
             torch.testing.assert_close(lse[ok], want_lse[ok], atol=0, rtol=0)
             assert torch.isnan(out[~ok]).all() and torch.isnan(lse[~ok]).all()
+
+
+# -- the tensor-core kernel's registers (ptxas, CPU) ---------------------------------------------
+def compile_decode_mma_kernels(outdir) -> list:
+    """ptxas figures of the tensor-core split-KV kernel (PTX for sm_90, bfloat16, one query and
+    GQA 4) at d = 64 and 128, with and without the band test, at both stage counts of its plan.
+    Run in a process without the CUDA simulator."""
+    from numba import types
+
+    from benchmarks.common import allow_offline_compile, compile_sm90, find_ptxas, parse_ptxas
+    allow_offline_compile()
+    from kernels import decode_fwd
+    from sim.decode import MMA_BLOCK_K, MMA_STAGES, MMA_STAGES_FEW_PROGRAMS, MMA_WARPS
+    words, f32, i64 = types.Array(types.uint32, 4, "C"), types.float32, types.int64
+    sig = (words, words, words, types.Array(f32, 5, "C"), types.Array(f32, 4, "C"),
+           types.Array(types.int32, 4, "C"), types.Array(f32, 3, "C"),
+           types.Array(types.int32, 1, "C"), types.Array(types.int32, 1, "C"), f32, i64, i64, i64,
+           i64, i64, i64)
+    out = []
+    for d in (64, 128):
+        for banded in (False, True):
+            for stages in (MMA_STAGES, MMA_STAGES_FEW_PROGRAMS):
+                kern = decode_fwd.make_decode_mma_kernel(d, 1, 4, "bfloat16", banded, MMA_WARPS,
+                                                         MMA_BLOCK_K, stages)
+                r = compile_sm90(kern, sig, f"decode_mma_{d}_{int(banded)}_{stages}", outdir,
+                                 find_ptxas())
+                (fig,) = parse_ptxas(r["ptxas_log"])
+                out.append({"head_dim": d, "banded": banded, "stages": stages,
+                            "ptx_mma": r["ptx"].count("mma.sync"),
+                            "ptx_local": r["ptx"].count(".local"), **fig})
+    return out
+
+
+def test_tensor_core_kernel_fits_the_resident_programs_its_plan_assumes(tmp_path):
+    """ptxas: no local memory or spills, the mma count of one 16-key block (S = QK^T and
+    O += PV: d/16 x 2 and d/8 products), and registers that let an SM hold the programs
+    `sim.decode.MMA_RESIDENT_BY_REGISTERS` says (128 threads each; registers are allocated per
+    warp in units of 256)."""
+    from sim.decode import MMA_BLOCK_K, MMA_RESIDENT_BY_REGISTERS, MMA_WARPS
+
+    from .helpers import compile_sm90a_in_child
+    _ptxas, figures = compile_sm90a_in_child("tests.test_decode", "compile_decode_mma_kernels",
+                                             tmp_path, timeout=900)
+    assert len(figures) == 8
+    for f in figures:
+        d, where = f["head_dim"], f"d={f['head_dim']} banded={f['banded']} stages={f['stages']}"
+        assert f["ptx_local"] == 0 and f["spill_store_bytes"] == f["spill_load_bytes"] == 0, where
+        per_block = (d // 16) * (MMA_BLOCK_K // 8) + (MMA_BLOCK_K // 16) * (d // 8)
+        assert f["ptx_mma"] >= per_block, where
+        per_warp = -(-f["registers_per_thread"] * 32 // 256) * 256
+        assert per_warp * MMA_WARPS * MMA_RESIDENT_BY_REGISTERS[d] <= 65536, where

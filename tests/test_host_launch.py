@@ -158,7 +158,10 @@ def test_dynamic_shared_memory_above_48k(cuda_torch):
 def test_dynamic_shared_memory_opt_in_is_a_lookup_once_done(monkeypatch):
     """On the launch path the opt-in costs a dictionary lookup once made for this kernel
     function, device and size (nothing is asked of the function or the driver), and nothing
-    at all at or below the 48 KiB default."""
+    at all without dynamic shared memory. Below the 48 KiB default it reads the function's
+    static shared memory once: a block has 48 KiB in all without the opt-in, so a kernel whose
+    static and dynamic shared memory exceed it is opted in too (the driver asked once), and one
+    within it is not."""
     class Untouchable:
         def __getattr__(self, name):
             raise AssertionError(f"the opt-in touched the kernel function ({name})")
@@ -177,9 +180,29 @@ def test_dynamic_shared_memory_opt_in_is_a_lookup_once_done(monkeypatch):
 
     class NoFunction:
         def function(self, dev):
-            raise AssertionError("asked for the function at or below 48 KiB")
+            raise AssertionError("asked for the function without dynamic shared memory")
 
-    host._opt_in(NoFunction(), 48 * 1024)
+    host._opt_in(NoFunction(), 0)
+
+    asked = []
+
+    class Static:                    # a loaded function with 13 KiB of static shared memory
+        attrs = type("FuncAttr", (), {"shared": 13 * 1024})
+
+    class WithStatic:
+        fn = Static()
+
+        def function(self, dev):
+            return self.fn
+
+    monkeypatch.setattr(host, "_driver_opt_in", lambda fn, size, dev: asked.append(size))
+    plan = WithStatic()
+    host._opt_in(plan, 32 * 1024)                  # 45 KiB in all: no opt-in
+    assert asked == [] and host._OPTED_IN[(plan.fn, 0)] == 32 * 1024
+    host._opt_in(plan, 36 * 1024)                  # 49 KiB in all: opted in, once
+    host._opt_in(plan, 36 * 1024)
+    assert asked == [36 * 1024]
+    host._OPTED_IN.pop((plan.fn, 0))
 
 
 def test_data_slots_hold_each_array_arguments_data_pointer():
