@@ -228,11 +228,12 @@ class Prepared:
         self._four_d = len(problem.q_shape) == len(problem.kv_shape) == len(problem.v_shape) == 4
 
     def forward(self, q, k, v):
-        """``(out, lse)`` of new operands with this key."""
+        """``(out, lse)`` of new operands with this key (which holds their shapes, strides,
+        dtypes and device: the kernels' prepared forward checks only their alignment)."""
         if self._four_d:
-            return self._forward(q, k, v)
+            return self._forward(q, k, v, layout_known=True)
         pb = self.problem
-        out, lse = self._forward(_canonical(q), _canonical(k), _canonical(v))
+        out, lse = self._forward(_canonical(q), _canonical(k), _canonical(v), layout_known=True)
         return pb.restore_q(out), pb.restore_lse(lse)
 
     def backward(self, q, k, v, out, lse, dout):

@@ -139,10 +139,14 @@ def forward(problem, config=None):
 
 
 def prepare_forward(problem, config=None):
-    """``run(q, k, v) -> (out, lse)``: ``problem``'s forward on new operands of the same shapes,
-    strides, dtype and device, with every per-problem choice (family, tiles, kernel, tile
-    schedule, constants) made here, once; None when the family that runs it prepares nothing
-    (``simt``). The problem's mask and cache lengths, if any, are kept."""
+    """``run(q, k, v, layout_known=False) -> (out, lse)``: ``problem``'s forward on new operands
+    of the same shapes, strides, dtype and device, with every per-problem choice (family, tiles,
+    kernel, tile schedule, constants) made here, once; None when the family that runs it
+    prepares nothing (``simt``). The problem's mask and cache lengths, if any, are kept. From
+    its third call ``run`` repeats its second call's launches where the operands have that
+    call's layout (`kernels.host.Repeat`); ``layout_known=True`` says the caller has checked
+    the shapes, strides, dtypes and device already (`ioaware._backends.Prepared`), so only the
+    operands' alignment is."""
     config = config or KernelConfig()
     name = family_for(problem, config, "fwd")
     module = FORWARD_ONLY[name] if name in FORWARD_ONLY else FAMILIES[name][0]

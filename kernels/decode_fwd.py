@@ -1054,8 +1054,8 @@ def prepare(problem, config=None):
     plans = {}
     repeat = host.Repeat(template, config)
 
-    def run(q, k, v):
-        ptrs = repeat.pointers((q, k, v))
+    def run(q, k, v, layout_known=False):
+        ptrs = repeat.pointers((q, k, v), layout_known)
         if ptrs is not None:            # -- the operands' layout of the recorded call: repeat it --
             # the logsumexp and the splits' partial (o, lse) in one float32 allocation
             rows = B * Hq * Nq

@@ -531,10 +531,16 @@ class Repeat:
         self.full_runs = 0
         self.layout = self.launches = self.float32 = self._empty_like = None
 
-    def pointers(self, operands):
-        """The operands' data pointers when they may repeat the recorded call, else None."""
+    def pointers(self, operands, layout_known=False):
+        """The operands' data pointers when they may repeat the recorded call, else None.
+        ``layout_known``: the caller has matched the operands' shapes, strides, dtypes and
+        device to the recorded call's already (`ioaware._backends.prepared_key`), so only their
+        16-byte alignment is checked here."""
         if self.launches is None:
             return None
+        if layout_known:
+            ptrs = [x.data_ptr() for x in operands]
+            return None if any(ptr % 16 for ptr in ptrs) else ptrs
         ptrs = []
         for x, (shape, stride, dtype, device) in zip(operands, self.layout):
             ptr = x.data_ptr()
@@ -760,8 +766,8 @@ def prepare_tensor_core_forward(problem, config, kern, launch, schedule, drop, w
     plans: dict = {}
     repeat = Repeat(template, config)
 
-    def run(q, k, v):
-        ptrs = repeat.pointers((q, k, v))
+    def run(q, k, v, layout_known=False):
+        ptrs = repeat.pointers((q, k, v), layout_known)
         if ptrs is not None:            # -- the operands' layout of the recorded call: repeat it --
             out = repeat.like(q)                    # [B, H, Nq, D], as q
             lse = repeat.empty(q, (B, H, Nq), repeat.float32)

@@ -675,8 +675,8 @@ def prepare(problem, config):
     shapes_strides: list = []       # the recorded operands' (shape, strides) in their tensor maps
     map_pointers: dict = {}         # operands' data pointers -> (address of their maps, the maps)
 
-    def run(q, k, v):
-        ptrs = repeat.pointers((q, k, v))
+    def run(q, k, v, layout_known=False):
+        ptrs = repeat.pointers((q, k, v), layout_known)
         if ptrs is not None:            # -- the operands' layout of the recorded call: repeat it --
             # the operands' tensor maps: by their pointers, from the last calls' (a map
             # made while a graph is captured is kept for good: `tensor_maps` does that)

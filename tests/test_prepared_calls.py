@@ -43,8 +43,9 @@ def test_only_plain_cuda_calls_have_a_key():
 def test_repeat_records_on_the_second_full_run_and_guards_the_layout(monkeypatch):
     """`kernels.host.Repeat` (CPU tensors stand in for the device's): nothing is recorded by a
     first full run (a one-shot forward), the second records; recorded launches are offered only
-    to operands of the recorded shapes, strides, dtypes and device with 16-byte aligned starts,
-    and never where the kernels were given copies, a mask, or Numba's launch path."""
+    to operands of the recorded shapes, strides, dtypes and device with 16-byte aligned starts
+    (only the alignment checked where the caller matched the layout already), and never where
+    the kernels were given copies, a mask, or Numba's launch path."""
     from types import SimpleNamespace
 
     from kernels import KernelConfig, host
@@ -63,6 +64,11 @@ def test_repeat_records_on_the_second_full_run_and_guards_the_layout(monkeypatch
     for other in (torch.zeros(2, 3, 8, 16, dtype=torch.float64), torch.zeros(2, 3, 16, 8),
                   torch.zeros(2, 8, 3, 16).transpose(1, 2), flat[1:1 + 768].view(2, 3, 8, 16)):
         assert repeat.pointers([other, fresh[1]]) is None
+    # a caller that matched the layout already (a prepared call's key) has only the alignment
+    # checked: the pointers, or None for a start off 16 bytes
+    assert repeat.pointers(fresh, layout_known=True) == [x.data_ptr() for x in fresh]
+    assert repeat.pointers([flat[1:1 + 768].view(2, 3, 8, 16), fresh[1]], layout_known=True) is None
+    assert host.Repeat(template, KernelConfig()).pointers(fresh, layout_known=True) is None
     copied = host.Repeat(template, KernelConfig())
     for _ in range(2):
         copied.record(ops, [ops[0], ops[1].clone()], lambda: launches)
