@@ -129,6 +129,7 @@ def make_decode_kernel(head_dim: int, rows: int, seqlen_q: int, group: int, oper
     RED_SHAPE = (1, 1, 1) if use_shfl else (NW, max(ROWS * KB, ROWS * (NE + 1)), 32)
     unpack = _half_op("unpack", operand)
     finish = make_finish(head_dim, rows, seqlen_q, group, warps, operand, use_shfl)
+    split_keys = make_split_keys(seqlen_q, banded)
 
     RAW = uint32 if WORDS else float32
     FULL = U % LPK == 0                      # every lane holds a unit of every row
@@ -173,20 +174,8 @@ def make_decode_kernel(head_dim: int, rows: int, seqlen_q: int, group: int, oper
         sm_stat = cuda.shared.array((ROWS, 3), float32)
 
         # -- the program's keys: the rows' bands within the sequence, then this split of them --
-        length = int64(seqlens[b])
-        bad_length = length < 0 or length > seqlen_k     # read no key; the rows come out NaN
-        if bad_length:
-            length = int64(0)
-        shift = (length - seqlen_k) * shift_to_len
-        k_begin = int64(0)
-        k_end = length
-        if BANDED:
-            k_begin = max(k_begin, band_lo + shift)
-            k_end = min(k_end, NQ - 1 + band_hi + shift + 1)
-        n_keys = max(k_end - k_begin, int64(0))
-        per_split = (n_keys + splits - 1) // splits
-        s0 = k_begin + split * per_split
-        s1 = min(k_end, s0 + per_split)
+        bad_length, shift, s0, s1 = split_keys(seqlens[b], split, splits, seqlen_k, shift_to_len,
+                                               band_lo, band_hi)
         steps = max(s1 - s0 + NW * KW - 1, int64(0)) // (NW * KW)
 
         # -- Q rows of the group in registers, scaled by scale * log2(e) --
@@ -406,6 +395,7 @@ def make_decode_mma_kernel(head_dim: int, seqlen_q: int, group: int, operand: st
     Q_REGS, S_REGS, O_REGS = KC * 4, NT_S * 4, NT_O * 4     # register arrays
     assert BK * CHUNKS % 32 == 0 and BK % 16 == 0 and D % 16 == 0 and ST in (2, 3, 4)
     finish = make_finish(head_dim, ROWS, seqlen_q, group, warps, operand, True)
+    split_keys = make_split_keys(seqlen_q, banded)
     FULL = 0xFFFFFFFF
 
     @cuda.jit(device=True, inline=True)
@@ -457,20 +447,8 @@ def make_decode_mma_kernel(head_dim: int, seqlen_q: int, group: int, operand: st
         sm_stat = cuda.shared.array((ROWS, 3), float32)
 
         # -- the program's keys: the rows' bands within the sequence, then this split of them --
-        length = int64(seqlens[b])
-        bad_length = length < 0 or length > seqlen_k     # read no key; the rows come out NaN
-        if bad_length:
-            length = int64(0)
-        shift = (length - seqlen_k) * shift_to_len
-        k_begin = int64(0)
-        k_end = length
-        if BANDED:
-            k_begin = max(k_begin, band_lo + shift)
-            k_end = min(k_end, NQ - 1 + band_hi + shift + 1)
-        n_keys = max(k_end - k_begin, int64(0))
-        per_split = (n_keys + splits - 1) // splits
-        s0 = k_begin + split * per_split
-        s1 = min(k_end, s0 + per_split)
+        bad_length, shift, s0, s1 = split_keys(seqlens[b], split, splits, seqlen_k, shift_to_len,
+                                               band_lo, band_hi)
         n_blocks = max(s1 - s0 + BK - 1, int64(0)) // BK
         steps = (n_blocks - warp + NW - 1) // NW if n_blocks > warp else int64(0)
 
@@ -641,6 +619,41 @@ def make_decode_mma_kernel(head_dim: int, seqlen_q: int, group: int, operand: st
     decode_split_kv_mma.threads = NW * 32
     decode_split_kv_mma.smem_bytes = NW * WARP_HALVES * 2
     return decode_split_kv_mma
+
+
+def make_split_keys(seqlen_q: int, banded: bool):
+    """The device function with which a split-KV program finds its keys, shared by both
+    decoding kernels::
+
+        bad_length, shift, s0, s1 = split_keys(length, split, splits, seqlen_k, shift_to_len,
+                                               band_lo, band_hi)
+
+    ``length``: the sequence's cache length; outside ``[0, seqlen_k]`` it is ``bad_length``
+    (the program reads no key and its rows come out NaN). The keys any row of the sequence may
+    see (below the length and, when ``banded``, within the rows' bands, shifted by ``shift`` to
+    the length when bottom-right aligned) are cut into ``splits`` equal runs; split ``split``
+    takes keys ``s0 .. s1 - 1`` (none where ``s0 >= s1``)."""
+    NQ, BANDED = seqlen_q, banded
+
+    @cuda.jit(device=True, inline=True)
+    def split_keys(length, split, splits, seqlen_k, shift_to_len, band_lo, band_hi):
+        length = int64(length)
+        bad_length = length < 0 or length > seqlen_k
+        if bad_length:
+            length = int64(0)
+        shift = (length - seqlen_k) * shift_to_len
+        k_begin = int64(0)
+        k_end = length
+        if BANDED:
+            k_begin = max(k_begin, band_lo + shift)
+            k_end = min(k_end, NQ - 1 + band_hi + shift + 1)
+        n_keys = max(k_end - k_begin, int64(0))
+        per_split = (n_keys + splits - 1) // splits
+        s0 = k_begin + split * per_split
+        s1 = min(k_end, s0 + per_split)
+        return bad_length, shift, s0, s1
+
+    return split_keys
 
 
 def make_finish(head_dim: int, rows: int, seqlen_q: int, group: int, warps: int, operand: str,
