@@ -2,7 +2,7 @@
 
     python -m benchmarks decode [--batch 1,8,64] [--seq-len-k 4k,32k,128k] [--dtypes bf16,fp16]
                                 [--splits] [--window] [--graph] [--ncu] [--rates RATES.json]
-                                [--out FILE.json]
+                                [--unit mma|ffma] [--out FILE.json]
     python -m benchmarks decode --report FILE.json [--rates RATES.json]      (no GPU)
 
 Decode cases (Hq=32, Hkv=8, d=128, one query per sequence, every cache length Nk): in one run,
@@ -33,7 +33,11 @@ causal, and SDPA with the equivalent boolean band mask and with ``is_causal=True
 profiles our decode kernels once per case under Nsight Compute (``dram__bytes_read.sum``,
 ``dram__bytes_write.sum``, L2 flushed before each kernel) and records the measured DRAM bytes
 beside the model's. ``--rates`` prices the model at the GPU's measured rates (a file of
-``python -m benchmarks rates``; without it, the datasheet's). Writes a JSON file with provenance.
+``python -m benchmarks rates``; without it, the datasheet's). ``--unit mma|ffma`` pins our
+kernel (the tensor-core or the CUDA-core split-KV kernel, ``KernelConfig.decode_unit``) and
+times it through `kernels.decode_fwd.prepare` (the same launches without `ioaware.attention`'s
+key lookup: compare the units by GPU time alone or graph replays). Writes a JSON file with
+provenance.
 
 ``--report FILE`` re-prices every decode record (and every window record: `window_report`, the
 windowed and the full-causal forward) of a results file with today's plan
@@ -112,10 +116,28 @@ def _graph_time_or_error(torch, fn):
         return {"error": error_text(exc)}
 
 
-def decode_case(torch, gpu, batch, seq_len_k, dtype, peak, splits_sweep=False,
-                graphs=False) -> dict:
+def ours_call(q, k, v, unit=None):
+    """Our decoding call on these operands: ``ioaware.attention(q, k, v, backend="numba")``, or
+    with ``unit`` ("mma" or "ffma") the split-KV forward pinned to that kernel
+    (`kernels.decode_fwd.prepare` with ``KernelConfig(decode_unit=unit)``: the same launches,
+    without `ioaware.attention`'s key lookup)."""
+    if unit is None:
+        from ioaware import attention
+        return lambda: attention(q, k, v, backend="numba")
     import kernels
-    from ioaware import attention
+    from ioaware._inputs import check_inputs
+    run = kernels.decode_fwd.prepare(check_inputs(q, k, v), _config(unit))
+    return lambda: run(q, k, v)
+
+
+def _config(unit=None, splits=None):
+    import kernels
+    return kernels.KernelConfig(family="split_kv", num_splits=splits, decode_unit=unit)
+
+
+def decode_case(torch, gpu, batch, seq_len_k, dtype, peak, splits_sweep=False,
+                graphs=False, unit=None) -> dict:
+    import kernels
     from ioaware._inputs import check_inputs
     from sim.decode import split_kv_costs
     q, k, v = decode_inputs(torch, batch, seq_len_k, dtype)
@@ -123,10 +145,11 @@ def decode_case(torch, gpu, batch, seq_len_k, dtype, peak, splits_sweep=False,
     rec = {"batch": batch, "heads_q": HEADS_Q, "heads_kv": HEADS_KV, "head_dim": HEAD_DIM,
            "seq_len_q": 1, "seq_len_k": seq_len_k, "dtype": dtype, "kv_bytes": kv_bytes,
            "times_ms": {}}
-    rec["times_ms"]["ioaware"] = time_or_error(torch, lambda: attention(q, k, v, backend="numba"))
+    ours = ours_call(q, k, v, unit)
+    rec["ours_call"] = "ioaware.attention" if unit is None else "kernels.decode_fwd.prepare"
+    rec["times_ms"]["ioaware"] = time_or_error(torch, ours)
     with torch.inference_mode():     # the GPU's time alone: the host enqueues behind a sleep
-        rec["ioaware_device_ms"] = time_cuda(torch, lambda: attention(q, k, v, backend="numba"),
-                                             timing="device")[0]
+        rec["ioaware_device_ms"] = time_cuda(torch, ours, timing="device")[0]
     for name in SDPA_BACKENDS:
         if name == "sdpa-math" and 4 * kv_bytes > 16 * 2**30:
             rec["times_ms"][name] = {"error": "skipped: expanded K/V would not fit"}
@@ -136,7 +159,7 @@ def decode_case(torch, gpu, batch, seq_len_k, dtype, peak, splits_sweep=False,
         if "ms" in entry:
             entry["kv_bandwidth_fraction"] = kv_bytes / (entry["ms"] * 1e-3) / peak
     pb = check_inputs(q, k, v)
-    plan = kernels.decode_fwd.plan(pb)
+    plan = kernels.decode_fwd.plan(pb, _config(unit))
     model = split_kv_costs(plan, gpu)
     rec["plan"] = plan.as_dict()         # the kernel that ran: its unit, stages, grid, ...
     rec["model"] = {k_: model[k_] for k_ in ("splits", "time_s", "dram_read_bytes",
@@ -148,8 +171,7 @@ def decode_case(torch, gpu, batch, seq_len_k, dtype, peak, splits_sweep=False,
     if ours and sdpa:
         rec["ratio_vs_fastest_sdpa"] = min(sdpa) / ours
     if graphs:
-        g = rec["graph_ms"] = {"ioaware": _graph_time_or_error(
-            torch, lambda: attention(q, k, v, backend="numba"))}
+        g = rec["graph_ms"] = {"ioaware": _graph_time_or_error(torch, ours)}
         for name in SDPA_BACKENDS:
             if name != "sdpa-math":
                 g[name] = _graph_time_or_error(torch, lambda n=name: _sdpa(torch, q, k, v, n))
@@ -163,14 +185,14 @@ def decode_case(torch, gpu, batch, seq_len_k, dtype, peak, splits_sweep=False,
     if splits_sweep:
         sweep = {}
         for s in (1, 2, 4, 8, 16, 32, 64):
-            cfg = kernels.KernelConfig(family="split_kv", num_splits=s)
+            cfg = _config(unit, s)
             sweep[s] = time_or_error(torch, lambda c=cfg: kernels.forward(pb, c),
                                      timing="device").get("ms")
         rec["splits_ms"] = sweep
         done = {s: t for s, t in sweep.items() if t}
         if done:
             best = min(done, key=done.get)
-            picked = sweep.get(plan.splits) or kernels_time(torch, kernels, pb, plan.splits)
+            picked = sweep.get(plan.splits) or kernels_time(torch, kernels, pb, plan.splits, unit)
             rec["splits_best"] = best
             rec["splits_model_loss"] = picked / done[best] - 1 if picked else None
     q = k = v = None        # freed before empty_cache (the timed lambdas share these cells)
@@ -178,8 +200,8 @@ def decode_case(torch, gpu, batch, seq_len_k, dtype, peak, splits_sweep=False,
     return rec
 
 
-def kernels_time(torch, kernels, pb, splits):
-    cfg = kernels.KernelConfig(family="split_kv", num_splits=splits)
+def kernels_time(torch, kernels, pb, splits, unit=None):
+    cfg = _config(unit, splits)
     return time_or_error(torch, lambda: kernels.forward(pb, cfg), timing="device").get("ms")
 
 
@@ -223,15 +245,15 @@ def _ncu_child(cases_path) -> int:
     """Run our decode forward once per case (warm-up outside the profiled region)."""
     import torch
 
-    from ioaware import attention
     cases = json.loads(open(cases_path).read())
     for c in cases:
         q, k, v = decode_inputs(torch, c["batch"], c["seq_len_k"], c["dtype"])
+        ours = ours_call(q, k, v, c.get("unit"))
         with torch.inference_mode():
-            attention(q, k, v, backend="numba")
+            ours()
             torch.cuda.synchronize()
             torch.cuda.cudart().cudaProfilerStart()
-            attention(q, k, v, backend="numba")
+            ours()
             torch.cuda.synchronize()
             torch.cuda.cudart().cudaProfilerStop()
         q = k = v = None
@@ -398,6 +420,9 @@ def main(argv=None) -> int:
     ap.add_argument("--graph", action="store_true",
                     help="also time each contender replayed from a CUDA graph (no host work)")
     ap.add_argument("--ncu", action="store_true", help="DRAM bytes of our kernels by Nsight Compute")
+    ap.add_argument("--unit", choices=("mma", "ffma"), default=None,
+                    help="pin our split-KV kernel (KernelConfig.decode_unit; timed through "
+                         "kernels.decode_fwd.prepare); default: ioaware.attention's choice")
     ap.add_argument("--rates", default=None,
                     help="price the model at this GPU's measured rates (python -m benchmarks rates)")
     ap.add_argument("--report", default=None, metavar="FILE",
@@ -433,9 +458,10 @@ def main(argv=None) -> int:
     for dtype in args.dtypes.split(","):
         for batch in (int(b) for b in args.batch.split(",")):
             for n in args.seq_len_k:
-                rec = decode_case(torch, gpu, batch, n, dtype, peak, args.splits, args.graph)
+                rec = decode_case(torch, gpu, batch, n, dtype, peak, args.splits, args.graph,
+                                  args.unit)
                 records.append(rec)
-                cases.append({"batch": batch, "seq_len_k": n, "dtype": dtype})
+                cases.append({"batch": batch, "seq_len_k": n, "dtype": dtype, "unit": args.unit})
                 t = rec["times_ms"]
                 cells = "  ".join(f"{k_}={e['ms']:.3f}" if "ms" in e else f"{k_}=—"
                                   for k_, e in t.items())

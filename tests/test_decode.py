@@ -665,3 +665,16 @@ def test_tensor_core_kernel_fits_the_resident_programs_its_plan_assumes(tmp_path
         assert f["ptx_mma"] >= per_block, where
         per_warp = -(-f["registers_per_thread"] * 32 // 256) * 256
         assert per_warp * MMA_WARPS * MMA_RESIDENT_BY_REGISTERS[d] <= 65536, where
+
+
+def test_decode_benchmark_pins_our_kernel_by_unit():
+    """`benchmarks decode --unit`: our call pinned to one split-KV kernel (through
+    `kernels.decode_fwd.prepare`) computes what `ioaware.attention` does; the tensor-core one is
+    refused by name where it cannot run (the simulator)."""
+    from benchmarks.decode import ours_call
+    rng = np.random.default_rng(11)
+    q, k, v = make(rng, 1, 4, 2, 1, 300, 16)
+    out, _ = ours_call(q, k, v, "ffma")()
+    np.testing.assert_allclose(out, ours_call(q, k, v)(), atol=2e-5, rtol=1e-4)
+    with pytest.raises(ValueError, match="decode_unit"):
+        ours_call(q, k, v, "mma")
