@@ -158,20 +158,11 @@ def make_decode_kernel(head_dim: int, rows: int, seqlen_q: int, group: int, oper
         lane = tid % 32
         sub = lane % LPK
         grp = lane // LPK
-        pid = cuda.blockIdx.x
-        split = cuda.blockIdx.y
-        splits = cuda.gridDim.y
-        chunk = pid % row_chunks
-        bh = pid // row_chunks
-        b = bh // heads_kv
-        hkv = bh % heads_kv
+        pid, split, splits, chunk, b, hkv = program_of(row_chunks, heads_kv)
         red = cuda.shared.array(RED_SHAPE, float32)
         sm_m = cuda.shared.array((NW, ROWS), float32)
         sm_l = cuda.shared.array((NW, ROWS), float32)
         sm_acc = cuda.shared.array((ROWS, D), float32)
-        sm_last = cuda.shared.array(1, int32)
-        sm_w = cuda.shared.array((ROWS, MAX_SPLITS), float32)
-        sm_stat = cuda.shared.array((ROWS, 3), float32)
 
         # -- the program's keys: the rows' bands within the sequence, then this split of them --
         bad_length, shift, s0, s1 = split_keys(seqlens[b], split, splits, seqlen_k, shift_to_len,
@@ -352,7 +343,7 @@ def make_decode_kernel(head_dim: int, rows: int, seqlen_q: int, group: int, oper
             cuda.syncthreads()
 
         finish(o_part, lse_part, out, lse, counters, b, hkv, chunk, pid, split, splits, bad_length,
-               sm_m, sm_l, sm_acc, sm_last, sm_w, sm_stat)
+               sm_m, sm_l, sm_acc)
 
     return decode_split_kv
 
@@ -382,8 +373,9 @@ def make_decode_mma_kernel(head_dim: int, seqlen_q: int, group: int, operand: st
     BANDED = banded
     is_bf16 = operand == "bfloat16"
     mma_op = _ptx.mma_bf16 if is_bf16 else _ptx.mma_f16
+    mma_x2 = _ptx.mma_pair(mma_op)                 # two products of one A fragment
     pack = _ptx.pack_bf16x2 if is_bf16 else _ptx.pack_f16x2
-    STRIDE = D + 8                      # halves per shared row (16-byte pad: ldmatrix free of conflicts)
+    STRIDE = D + 8                      # halves per shared row (16-byte pad: no ldmatrix conflicts)
     TILE = BK * STRIDE                  # halves per K or V buffer
     WARP_HALVES = ST * 2 * TILE         # a warp's ring: K | V per stage
     CHUNKS = D // 8                     # 16-byte chunks per row
@@ -410,8 +402,10 @@ def make_decode_mma_kernel(head_dim: int, seqlen_q: int, group: int, operand: st
             src = uint32(16) if ok else uint32(0)
             kk = key if ok else int64(0)
             off = base + r * STRIDE + ch * 8
-            _ptx.cp_async_16(_ptx.shared_addr(smem, off), _ptx.global_addr(k, b, hkv, kk, ch * 4), src)
-            _ptx.cp_async_16(_ptx.shared_addr(smem, off + TILE), _ptx.global_addr(v, b, hkv, kk, ch * 4), src)
+            _ptx.cp_async_16(_ptx.shared_addr(smem, off), _ptx.global_addr(k, b, hkv, kk, ch * 4),
+                             src)
+            _ptx.cp_async_16(_ptx.shared_addr(smem, off + TILE),
+                             _ptx.global_addr(v, b, hkv, kk, ch * 4), src)
 
     @cuda.jit(device=True, inline=True)
     def wait_stage():
@@ -432,19 +426,10 @@ def make_decode_mma_kernel(head_dim: int, seqlen_q: int, group: int, operand: st
         lane = tid % 32
         gid = lane // 4
         tig = lane % 4
-        pid = cuda.blockIdx.x
-        split = cuda.blockIdx.y
-        splits = cuda.gridDim.y
-        chunk = pid % row_chunks
-        bh = pid // row_chunks
-        b = bh // heads_kv
-        hkv = bh % heads_kv
+        pid, split, splits, chunk, b, hkv = program_of(row_chunks, heads_kv)
         sm_m = cuda.shared.array((NW, ROWS), float32)
         sm_l = cuda.shared.array((NW, ROWS), float32)
         sm_acc = cuda.shared.array((ROWS, D), float32)
-        sm_last = cuda.shared.array(1, int32)
-        sm_w = cuda.shared.array((ROWS, MAX_SPLITS), float32)
-        sm_stat = cuda.shared.array((ROWS, 3), float32)
 
         # -- the program's keys: the rows' bands within the sequence, then this split of them --
         bad_length, shift, s0, s1 = split_keys(seqlens[b], split, splits, seqlen_k, shift_to_len,
@@ -513,13 +498,7 @@ def make_decode_mma_kernel(head_dim: int, seqlen_q: int, group: int, operand: st
                     bk = _ptx.ldmatrix_x4(k_addr + 2 * (16 * ntp * STRIDE + 16 * kc))
                     j = 8 * ntp
                     a = kc * 4
-                    d0 = mma_op(qf[a], qf[a + 1], qf[a + 2], qf[a + 3], bk[0], bk[1],
-                                s_reg[j], s_reg[j + 1], s_reg[j + 2], s_reg[j + 3])
-                    d1 = mma_op(qf[a], qf[a + 1], qf[a + 2], qf[a + 3], bk[2], bk[3],
-                                s_reg[j + 4], s_reg[j + 5], s_reg[j + 6], s_reg[j + 7])
-                    for i in range(4):
-                        s_reg[j + i] = d0[i]
-                        s_reg[j + 4 + i] = d1[i]
+                    mma_x2(qf[a], qf[a + 1], qf[a + 2], qf[a + 3], bk, s_reg, j)
 
             # -- mask: keys past the split (a partial block), outside a row's band --
             if BANDED or key0 + BK > s1:
@@ -570,13 +549,7 @@ def make_decode_mma_kernel(head_dim: int, seqlen_q: int, group: int, operand: st
                 for ntp in range(NT_O // 2):
                     bv = _ptx.ldmatrix_x4_trans(v_addr + 2 * (16 * kcp * STRIDE + 16 * ntp))
                     o = 8 * ntp
-                    d0 = mma_op(pa[0], pa[1], pa[2], pa[3], bv[0], bv[1],
-                                acc[o], acc[o + 1], acc[o + 2], acc[o + 3])
-                    d1 = mma_op(pa[0], pa[1], pa[2], pa[3], bv[2], bv[3],
-                                acc[o + 4], acc[o + 5], acc[o + 6], acc[o + 7])
-                    for i in range(4):
-                        acc[o + i] = d0[i]
-                        acc[o + 4 + i] = d1[i]
+                    mma_x2(pa[0], pa[1], pa[2], pa[3], bv, acc, o)
             cuda.syncwarp(FULL)             # this buffer is refilled ST - 1 blocks on
         _ptx.cp_async_wait_all()
 
@@ -614,11 +587,21 @@ def make_decode_mma_kernel(head_dim: int, seqlen_q: int, group: int, operand: st
             cuda.syncthreads()
 
         finish(o_part, lse_part, out, lse, counters, b, hkv, chunk, pid, split, splits, bad_length,
-               sm_m, sm_l, sm_acc, sm_last, sm_w, sm_stat)
+               sm_m, sm_l, sm_acc)
 
     decode_split_kv_mma.threads = NW * 32
     decode_split_kv_mma.smem_bytes = NW * WARP_HALVES * 2
     return decode_split_kv_mma
+
+
+@cuda.jit(device=True, inline=True)
+def program_of(row_chunks, heads_kv):
+    """``(pid, split, splits, chunk, b, hkv)`` of this split-KV program: grid x is (batch, KV
+    head, row chunk) as ``pid``, grid y the key split (both decoding kernels)."""
+    pid = cuda.blockIdx.x
+    chunk = pid % row_chunks
+    bh = pid // row_chunks
+    return pid, cuda.blockIdx.y, cuda.gridDim.y, chunk, bh // heads_kv, bh % heads_kv
 
 
 def make_split_keys(seqlen_q: int, banded: bool):
@@ -661,7 +644,7 @@ def make_finish(head_dim: int, rows: int, seqlen_q: int, group: int, warps: int,
     """The end of a split-KV program, shared by both decoding kernels, run by every thread::
 
         finish(o_part, lse_part, out, lse, counters, b, hkv, chunk, pid, split, splits,
-               bad_length, sm_m, sm_l, sm_acc, sm_last, sm_w, sm_stat)
+               bad_length, sm_m, sm_l, sm_acc)
 
     from the program's rows as its warps left them in shared memory: ``sm_m[w, r]`` the running
     max of warp ``w`` (base 2), ``sm_l[w, r]`` its sum rescaled to the warps' common max, and
@@ -680,8 +663,9 @@ def make_finish(head_dim: int, rows: int, seqlen_q: int, group: int, warps: int,
 
     @cuda.jit(device=True)
     def finish(o_part, lse_part, out, lse, counters, b, hkv, chunk, pid, split, splits,
-               bad_length, sm_m, sm_l, sm_acc, sm_last, sm_w, sm_stat):
+               bad_length, sm_m, sm_l, sm_acc):
         tid = cuda.threadIdx.x
+        sm_last = cuda.shared.array(1, int32)
         # -- one split: the output and logsumexp (natural log), written directly --
         if splits == 1:
             for flat in range(tid, ROWS * UO, NT):
@@ -752,7 +736,7 @@ def make_finish(head_dim: int, rows: int, seqlen_q: int, group: int, warps: int,
         cuda.syncthreads()
         if sm_last[0] == 1:
             cuda.threadfence()
-            merge_rows(o_part, lse_part, out, lse, b, hkv, chunk, splits, sm_w, sm_stat)
+            merge_rows(o_part, lse_part, out, lse, b, hkv, chunk, splits)
             if tid == 0:
                 counters[pid] = 0           # zero again for the next call on this stream
 
@@ -797,21 +781,21 @@ def make_merge_rows(head_dim: int, rows: int, seqlen_q: int, group: int, warps: 
     """The device function with which the last program of a (batch, KV head, row chunk) group
     merges the group's splits, run by every thread of the program (``warps`` warps)::
 
-        merge_rows(o_part, lse_part, out, lse, b, hkv, chunk, splits, sm_w, sm_stat)
+        merge_rows(o_part, lse_part, out, lse, b, hkv, chunk, splits)
 
     For each of the chunk's ``rows`` query rows it writes ``lse = logsumexp_s(lse_s)`` and
     ``out = sum_s exp(lse_s - lse) out_s`` (``out`` as the split-KV kernel takes it: float32,
-    or for ``output`` "float16" / "bfloat16" int32 words of two elements each). ``sm_w``:
-    float32 shared memory ``(rows, MAX_SPLITS)``; ``sm_stat``: ``(rows, 3)``.
+    or for ``output`` "float16" / "bfloat16" int32 words of two elements each). Its shared
+    memory is its own: ``sm_w`` (float32 ``(rows, MAX_SPLITS)``) and ``sm_stat`` (``(rows, 3)``).
 
     The rows are merged together, with as many loads in flight as the threads can hold: the
     threads load every (row, split) logsumexp at once into ``sm_w``; warp ``r % warps`` reduces
     row r's max and sum (its lanes stride the splits, then shuffles; one lane in turn under the
     simulator); the weights ``exp(lse_s - lse)`` replace the logsumexps; then each thread takes
     units (32-bit words of two elements, or float32 elements) of the rows, `MERGE_UNITS` at a
-    time, and loads `MERGE_UNROLL` splits of each before it adds them. A row whose splits all have a -inf
-    logsumexp (every key masked) gets 0 and -inf; a NaN logsumexp (a refused cache length)
-    makes the row NaN."""
+    time, and loads `MERGE_UNROLL` splits of each before it adds them. A row whose splits all
+    have a -inf logsumexp (every key masked) gets 0 and -inf; a NaN logsumexp (a refused cache
+    length) makes the row NaN."""
     D, ROWS, NQ, G, NW = head_dim, rows, seqlen_q, group, warps
     NT = NW * 32
     R_TOTAL = G * NQ
@@ -826,8 +810,10 @@ def make_merge_rows(head_dim: int, rows: int, seqlen_q: int, group: int, warps: 
     pack = _half_op("pack", output)
 
     @cuda.jit(device=True)
-    def merge_rows(o_part, lse_part, out, lse, b, hkv, chunk, splits, sm_w, sm_stat):
+    def merge_rows(o_part, lse_part, out, lse, b, hkv, chunk, splits):
         tid = cuda.threadIdx.x
+        sm_w = cuda.shared.array((ROWS, MAX_SPLITS), float32)     # per (row, split) weights
+        sm_stat = cuda.shared.array((ROWS, 3), float32)           # per row: max, sum, NaN
         warp = tid // 32
         lane = tid % 32
         # -- every (row, split) logsumexp, loaded together --

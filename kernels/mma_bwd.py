@@ -126,6 +126,7 @@ def _build_dq_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_
     A_REGS, S_REGS, O_REGS = KC * 4, NT_S * 4, NT_O * 4
     assert BQ % 16 == 0 and BK % 16 == 0 and D % 16 == 0
     mma_op = ptx.mma_bf16 if is_bf16 else ptx.mma_f16
+    mma_x2 = ptx.mma_pair(mma_op)                 # two products of one A fragment
     pack = ptx.pack_bf16x2 if is_bf16 else ptx.pack_f16x2
     unpack = ptx.unpack_bf16x2 if is_bf16 else ptx.unpack_f16x2
     CAUSAL, HAS_MASK, HAS_DROPOUT = causal, has_mask, has_dropout
@@ -237,21 +238,9 @@ def _build_dq_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_
                     j = 8 * ntp
                     off = 2 * (16 * ntp * STRIDE + 16 * kc)
                     bk = ptx.ldmatrix_x4(k_addr + off)
-                    d0 = mma_op(qf[a], qf[a + 1], qf[a + 2], qf[a + 3], bk[0], bk[1],
-                                s_reg[j], s_reg[j + 1], s_reg[j + 2], s_reg[j + 3])
-                    d1 = mma_op(qf[a], qf[a + 1], qf[a + 2], qf[a + 3], bk[2], bk[3],
-                                s_reg[j + 4], s_reg[j + 5], s_reg[j + 6], s_reg[j + 7])
-                    for i in range(4):
-                        s_reg[j + i] = d0[i]
-                        s_reg[j + 4 + i] = d1[i]
+                    mma_x2(qf[a], qf[a + 1], qf[a + 2], qf[a + 3], bk, s_reg, j)
                     bv = ptx.ldmatrix_x4(v_addr + off)
-                    e0 = mma_op(dof[a], dof[a + 1], dof[a + 2], dof[a + 3], bv[0], bv[1],
-                                dp_reg[j], dp_reg[j + 1], dp_reg[j + 2], dp_reg[j + 3])
-                    e1 = mma_op(dof[a], dof[a + 1], dof[a + 2], dof[a + 3], bv[2], bv[3],
-                                dp_reg[j + 4], dp_reg[j + 5], dp_reg[j + 6], dp_reg[j + 7])
-                    for i in range(4):
-                        dp_reg[j + i] = e0[i]
-                        dp_reg[j + 4 + i] = e1[i]
+                    mma_x2(dof[a], dof[a + 1], dof[a + 2], dof[a + 3], bv, dp_reg, j)
 
             # -- masks: key tail, causal diagonal, boolean mask (only where a tile needs one) --
             col_base = n_blk * BK + 2 * tig
@@ -282,13 +271,7 @@ def _build_dq_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_
                 for ntp in range(NT_O // 2):
                     bk = ptx.ldmatrix_x4_trans(kt_addr + 2 * (16 * kcp * STRIDE + 16 * ntp))
                     o = 8 * ntp
-                    d0 = mma_op(a0, a1, a2, a3, bk[0], bk[1],
-                                acc[o], acc[o + 1], acc[o + 2], acc[o + 3])
-                    d1 = mma_op(a0, a1, a2, a3, bk[2], bk[3],
-                                acc[o + 4], acc[o + 5], acc[o + 6], acc[o + 7])
-                    for i in range(4):
-                        acc[o + i] = d0[i]
-                        acc[o + 4 + i] = d1[i]
+                    mma_x2(a0, a1, a2, a3, bk, acc, o)
             cuda.syncthreads()   # this buffer is refilled by the next iteration's prefetch
 
         # -- epilogue: dQ = scale * acc as packed halves --
@@ -346,6 +329,7 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, is_bf16, causal, has_mask, ha
     KF_REGS = 4 if KSMEM else A_REGS
     assert BQ % 16 == 0 and BK % 16 == 0 and D % 16 == 0
     mma_op = ptx.mma_bf16 if is_bf16 else ptx.mma_f16
+    mma_x2 = ptx.mma_pair(mma_op)                 # two products of one A fragment
     pack = ptx.pack_bf16x2 if is_bf16 else ptx.pack_f16x2
     CAUSAL, HAS_MASK, HAS_DROPOUT = causal, has_mask, has_dropout
     fmix = fmix_device()
@@ -500,21 +484,10 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, is_bf16, causal, has_mask, ha
                             kf[i] = ka[i]
                         a = 0
                     bq = ptx.ldmatrix_x4(q_addr + off)
-                    d0 = mma_op(kf[a], kf[a + 1], kf[a + 2], kf[a + 3], bq[0], bq[1],
-                                st[0], st[1], st[2], st[3])
-                    d1 = mma_op(kf[a], kf[a + 1], kf[a + 2], kf[a + 3], bq[2], bq[3],
-                                st[4], st[5], st[6], st[7])
+                    mma_x2(kf[a], kf[a + 1], kf[a + 2], kf[a + 3], bq, st, 0)
                     a = kc * 4
                     bo = ptx.ldmatrix_x4(do_addr + off)
-                    e0 = mma_op(vf[a], vf[a + 1], vf[a + 2], vf[a + 3], bo[0], bo[1],
-                                dpt[0], dpt[1], dpt[2], dpt[3])
-                    e1 = mma_op(vf[a], vf[a + 1], vf[a + 2], vf[a + 3], bo[2], bo[3],
-                                dpt[4], dpt[5], dpt[6], dpt[7])
-                    for i in range(4):
-                        st[i] = d0[i]
-                        st[4 + i] = d1[i]
-                        dpt[i] = e0[i]
-                        dpt[4 + i] = e1[i]
+                    mma_x2(vf[a], vf[a + 1], vf[a + 2], vf[a + 3], bo, dpt, 0)
 
                 # -- masks (causal diagonal, boolean mask) on S^T --
                 if needs_mask:
@@ -547,13 +520,7 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, is_bf16, causal, has_mask, ha
                 for ntp in range(NT_O // 2):
                     bo = ptx.ldmatrix_x4_trans(dot_addr + 2 * (16 * c * STRIDE + 16 * ntp))
                     o = 8 * ntp
-                    d0 = mma_op(a0, a1, a2, a3, bo[0], bo[1],
-                                dv_acc[o], dv_acc[o + 1], dv_acc[o + 2], dv_acc[o + 3])
-                    d1 = mma_op(a0, a1, a2, a3, bo[2], bo[3],
-                                dv_acc[o + 4], dv_acc[o + 5], dv_acc[o + 6], dv_acc[o + 7])
-                    for i in range(4):
-                        dv_acc[o + i] = d0[i]
-                        dv_acc[o + 4 + i] = d1[i]
+                    mma_x2(a0, a1, a2, a3, bo, dv_acc, o)
 
                 # -- dK += dS^T Q: A = dS^T in registers, B = Q via ldmatrix.trans --
                 a0 = pack(dpt[0], dpt[1])
@@ -581,13 +548,7 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, is_bf16, causal, has_mask, ha
                 for ntp in range(NT_O // 2):
                     bq = ptx.ldmatrix_x4_trans(qt_addr + 2 * (16 * c * STRIDE + 16 * ntp))
                     o = 8 * ntp
-                    d0 = mma_op(a0, a1, a2, a3, bq[0], bq[1],
-                                dk_acc[o], dk_acc[o + 1], dk_acc[o + 2], dk_acc[o + 3])
-                    d1 = mma_op(a0, a1, a2, a3, bq[2], bq[3],
-                                dk_acc[o + 4], dk_acc[o + 5], dk_acc[o + 6], dk_acc[o + 7])
-                    for i in range(4):
-                        dk_acc[o + i] = d0[i]
-                        dk_acc[o + 4 + i] = d1[i]
+                    mma_x2(a0, a1, a2, a3, bq, dk_acc, o)
 
             if ATOMIC:
                 # -- dQ of the tile's queries += dS K (dS of every warp, hence the barrier):
@@ -608,15 +569,8 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, is_bf16, causal, has_mask, ha
                             for mt in range(MT_Q):
                                 o = (mt * NT_Q + 2 * ntp) * 4
                                 a = 4 * mt
-                                d0 = mma_op(da[a], da[a + 1], da[a + 2], da[a + 3], bk[0], bk[1],
-                                            dq_part[o], dq_part[o + 1], dq_part[o + 2],
-                                            dq_part[o + 3])
-                                d1 = mma_op(da[a], da[a + 1], da[a + 2], da[a + 3], bk[2], bk[3],
-                                            dq_part[o + 4], dq_part[o + 5], dq_part[o + 6],
-                                            dq_part[o + 7])
-                                for i in range(4):
-                                    dq_part[o + i] = d0[i]
-                                    dq_part[o + 4 + i] = d1[i]
+                                mma_x2(da[a], da[a + 1], da[a + 2], da[a + 3], bk, dq_part,
+                                       o)
                     # -- red.global.add of the float32 partial dQ (scaled in the conversion) --
                     row_first = m_blk * BQ + wq * QW + gid
                     add_dq(dq_part, ptx.global_addr(dq_acc, b, h, row_first, col0 + 2 * tig),

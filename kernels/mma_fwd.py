@@ -95,6 +95,7 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_dro
     assert BK * CHUNKS % THREADS == 0 and BQ % 16 == 0 and BK % 16 == 0
     NEG_INF = float32(-math.inf)
     mma_op = ptx.mma_bf16 if is_bf16 else ptx.mma_f16
+    mma_x2 = ptx.mma_pair(mma_op)                 # two products of one A fragment
     pack = ptx.pack_bf16x2 if is_bf16 else ptx.pack_f16x2
     CAUSAL, HAS_MASK, HAS_DROPOUT = causal, has_mask, has_dropout
 
@@ -200,13 +201,7 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_dro
                     for mt in range(MT):
                         a = mt * QS + kc * 4
                         j = mt * SS + 8 * ntp
-                        d0 = mma_op(qf[a], qf[a + 1], qf[a + 2], qf[a + 3], bk[0], bk[1],
-                                    s_reg[j], s_reg[j + 1], s_reg[j + 2], s_reg[j + 3])
-                        d1 = mma_op(qf[a], qf[a + 1], qf[a + 2], qf[a + 3], bk[2], bk[3],
-                                    s_reg[j + 4], s_reg[j + 5], s_reg[j + 6], s_reg[j + 7])
-                        for i in range(4):
-                            s_reg[j + i] = d0[i]
-                            s_reg[j + 4 + i] = d1[i]
+                        mma_x2(qf[a], qf[a + 1], qf[a + 2], qf[a + 3], bk, s_reg, j)
 
             # -- masks: key tail, causal diagonal, boolean mask (only where a tile needs one) --
             col_base = n_blk * BK + 2 * tig
@@ -260,13 +255,7 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, has_mask, has_dro
                     for mt in range(MT):
                         o = mt * OS + 8 * ntp
                         a = 4 * mt
-                        d0 = mma_op(pa[a], pa[a + 1], pa[a + 2], pa[a + 3], bv[0], bv[1],
-                                    acc[o], acc[o + 1], acc[o + 2], acc[o + 3])
-                        d1 = mma_op(pa[a], pa[a + 1], pa[a + 2], pa[a + 3], bv[2], bv[3],
-                                    acc[o + 4], acc[o + 5], acc[o + 6], acc[o + 7])
-                        for i in range(4):
-                            acc[o + i] = d0[i]
-                            acc[o + 4 + i] = d1[i]
+                        mma_x2(pa[a], pa[a + 1], pa[a + 2], pa[a + 3], bv, acc, o)
             cuda.syncthreads()   # this buffer is refilled by the next iteration's prefetch
 
         # -- epilogue: one rescale, O as packed halves, logsumexp (natural log) --

@@ -44,13 +44,15 @@ tested on a real GPU (``pytest -m gpu``), the fragment maps on the CPU.
 """
 from __future__ import annotations
 
+import functools
+
 from llvmlite import ir
-from numba import types
+from numba import cuda, types
 from numba.cuda import cgutils
 from numba.cuda.extending import intrinsic
 
 __all__ = [
-    "mma_f16", "mma_bf16", "ldmatrix_x4", "ldmatrix_x4_trans", "cp_async_16",
+    "mma_f16", "mma_bf16", "mma_pair", "ldmatrix_x4", "ldmatrix_x4_trans", "cp_async_16",
     "cp_async_commit", "cp_async_wait_all", "cp_async_wait_1", "cp_async_wait_2", "cp_async_wait_3", "ex2", "pack_f16x2",
     "pack_bf16x2", "shared_addr", "global_addr", "ld_global_u32", "st_global_u32",
     "ld_global_u8", "MMA_F16_PTX", "MMA_BF16_PTX",
@@ -97,6 +99,25 @@ mma_f16 = _make_mma(MMA_F16_PTX)
 mma_f16.__doc__ = "D = A B + C, m16n8k16, f16 inputs, f32 accumulate (one warp, all lanes)."
 mma_bf16 = _make_mma(MMA_BF16_PTX)
 mma_bf16.__doc__ = "D = A B + C, m16n8k16, bf16 inputs, f32 accumulate (one warp, all lanes)."
+
+
+@functools.cache
+def mma_pair(mma_op):
+    """The inline device function of the kernels' usual step, two ``mma_op`` products (``mma_f16``
+    or ``mma_bf16``) of one A fragment with the two B fragments of one ``ldmatrix_x4``::
+
+        mma_pair(a0, a1, a2, a3, b, acc, j)
+
+    ``acc[j : j + 4] += A (b[0], b[1])`` and ``acc[j + 4 : j + 8] += A (b[2], b[3])``: two
+    adjacent 16x8 tiles of the float32 accumulator array ``acc``."""
+    @cuda.jit(device=True, inline=True)
+    def pair(a0, a1, a2, a3, b, acc, j):
+        d0 = mma_op(a0, a1, a2, a3, b[0], b[1], acc[j], acc[j + 1], acc[j + 2], acc[j + 3])
+        d1 = mma_op(a0, a1, a2, a3, b[2], b[3], acc[j + 4], acc[j + 5], acc[j + 6], acc[j + 7])
+        for i in range(4):
+            acc[j + i] = d0[i]
+            acc[j + 4 + i] = d1[i]
+    return pair
 
 
 def _make_ldmatrix(trans):
@@ -194,8 +215,8 @@ def _make_nullary(ptx, doc):
 cp_async_commit = _make_nullary("cp.async.commit_group;", "Close the current cp.async group.")
 cp_async_wait_all = _make_nullary("cp.async.wait_group 0;", "Wait until no cp.async group is pending.")
 cp_async_wait_1 = _make_nullary("cp.async.wait_group 1;", "Wait until at most one group is pending.")
-cp_async_wait_2 = _make_nullary("cp.async.wait_group 2;", "Wait until at most two groups are pending.")
-cp_async_wait_3 = _make_nullary("cp.async.wait_group 3;", "Wait until at most three groups are pending.")
+cp_async_wait_2 = _make_nullary("cp.async.wait_group 2;", "Wait until at most two groups pend.")
+cp_async_wait_3 = _make_nullary("cp.async.wait_group 3;", "Wait until at most three groups pend.")
 
 
 @intrinsic

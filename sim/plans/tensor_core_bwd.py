@@ -185,16 +185,23 @@ def mma_dq_atomic_layout(head_dim: int, block_q: int, block_k: int) -> tuple[int
         raise ValueError(f"kv_tile=({block_q}, {block_k}): the atomic dK/dV kernel's {warps} "
                          f"warps split dQ's {head_dim} columns {warps_d} ways, not in multiples "
                          f"of 16; use fewer key rows")
-    rows = block_q // warps_q
-    passes = 1
     most = DQ_ATOMIC_MAX_ACCUMULATORS.get(head_dim, min(DQ_ATOMIC_MAX_ACCUMULATORS.values()))
-    while rows * (cols // passes) // 32 > most or cols % (16 * passes):
+    return warps_q, warps_d, _column_passes(block_q // warps_q, cols, 16, most, block_q, block_k)
+
+
+def _column_passes(rows: int, cols: int, unit: int, most: int, block_q: int,
+                   block_k: int) -> int:
+    """The fewest passes in which a warp computes its ``rows`` x ``cols`` of dQ with at most
+    ``most`` accumulators per thread, each pass a multiple of ``unit`` columns (the B operand's
+    width). Raises ValueError naming ``kv_tile`` where ``unit`` columns at a time are too many."""
+    passes = 1
+    while rows * (cols // passes) // 32 > most or cols % (unit * passes):
         passes += 1
-        if passes > cols // 16:
+        if passes > cols // unit:
             raise ValueError(f"kv_tile=({block_q}, {block_k}): a warp's {rows} dQ rows need more "
                              f"than {most} accumulators per thread even "
-                             f"16 columns at a time; use fewer queries per stage")
-    return warps_q, warps_d, passes
+                             f"{unit} columns at a time; use fewer queries per stage")
+    return passes
 
 
 def mma_dkdv_atomic_dynamic_smem_bytes(head_dim: int, block_q: int, block_k: int) -> int:
@@ -280,14 +287,8 @@ def tf32_dq_atomic_layout(head_dim: int, block_q: int, block_k: int) -> tuple[in
         raise ValueError(f"kv_tile=({block_q}, {block_k}): the atomic dK/dV kernel's {warps} "
                          f"warps split dQ's {head_dim} columns {warps} ways, not in multiples "
                          f"of 8 (or {block_q} queries are not a multiple of 16)")
-    passes = 1
-    while block_q * (cols // passes) // 32 > TF32_DQ_ATOMIC_MAX_ACCUMULATORS or cols % (8 * passes):
-        passes += 1
-        if passes > cols // 8:
-            raise ValueError(f"kv_tile=({block_q}, {block_k}): {block_q} dQ rows need more than "
-                             f"{TF32_DQ_ATOMIC_MAX_ACCUMULATORS} accumulators per thread even 8 "
-                             f"columns at a time; use fewer queries per stage")
-    return 1, warps, passes
+    return 1, warps, _column_passes(block_q, cols, 8, TF32_DQ_ATOMIC_MAX_ACCUMULATORS, block_q,
+                                    block_k)
 
 
 def tf32_dkdv_atomic_dynamic_smem_bytes(head_dim: int, block_q: int, block_k: int) -> int:
