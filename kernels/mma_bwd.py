@@ -313,12 +313,7 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, is_bf16, causal, has_mask, ha
     # atomic: dQ = dS K once per tile, warps in a WQ x WD grid, each QW rows x DW columns in
     # DQ_PASSES passes of DC columns (the plan's layout)
     WQ, WD, DQ_PASSES = dq_atomic_layout(D, BQ, BK) if ATOMIC else (1, 1, 1)
-    QW = BQ // WQ
-    DW = D // WD
-    DC = DW // DQ_PASSES
-    MT_Q = QW // 16                     # 16-row A fragments of dS per warp
-    NT_Q = DC // 8                      # 8-column dQ tiles per pass
-    DQ_REGS = 4 * MT_Q * NT_Q
+    QW, DW, DC, MT_Q, NT_Q, DQ_REGS = dq_warp_tiles(D, BQ, WQ, WD, DQ_PASSES)
     DA_REGS = 4 * MT_Q                  # dS A fragments of one 16-key step
     ROWV = 4 * BQ                       # floats: lse2 | delta, two buffers
     CHUNKS = D // 8
@@ -593,6 +588,18 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, is_bf16, causal, has_mask, ha
     kernel.threads = THREADS
     kernel.smem_bytes = 2 * SMEM_HALVES if ATOMIC else 0   # atomic: dynamic shared memory
     return kernel
+
+
+def dq_warp_tiles(head_dim, block_q, warps_q, warps_d, passes):
+    """What one warp of an atomic dK/dV kernel computes of dQ = dS K in a ``warps_q x warps_d``
+    grid with ``passes`` column passes (`sim.plans.tensor_core_bwd`'s layouts): ``(rows,
+    columns, columns per pass, 16-row A fragments of dS, 8-column dQ tiles per pass, float32
+    accumulators per thread)``."""
+    rows = block_q // warps_q
+    cols = head_dim // warps_d
+    per_pass = cols // passes
+    m_tiles, n_tiles = rows // 16, per_pass // 8
+    return rows, cols, per_pass, m_tiles, n_tiles, 4 * m_tiles * n_tiles
 
 
 def dq_red_adder(m_tiles, n_tiles, pairs):

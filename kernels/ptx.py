@@ -5,7 +5,9 @@ FlashAttention-style kernel needs, each emitted as PTX through llvmlite's ``ir.I
 
 * ``mma_f16`` / ``mma_bf16``: ``mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.*.f32``,
   D = A B + C on one warp; A is four .b32 registers (two halves each), B two, C and D four
-  float32. Fragment layouts: `kernels.fragments`.
+  float32. Fragment layouts: `kernels.fragments`. ``mma_pair(mma_op)``: the kernels' usual
+  step, one A fragment times the two B fragments of an ``ldmatrix_x4`` into two adjacent
+  accumulator tiles (an inline device function).
 * ``mma_tf32``: ``mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32``, D = A B + C on one warp;
   A is four .b32 registers (one tf32 each), B two, C and D four float32. Fragment layouts:
   `kernels.fragments_tf32`.

@@ -97,8 +97,8 @@ from .config import backward_tiles
 from .copy import tile_loader
 from .dropout import dropout_constants, fmix_device
 from .mask import band_arguments, score_mask, tile_needs_mask, transposed_score_mask
-from .mma_bwd import (_red_width, backward_plan, dq_mode_by, dq_red_adder, get_convert_kernel,
-                      get_prepass_kernel)
+from .mma_bwd import (_red_width, backward_plan, dq_mode_by, dq_red_adder, dq_warp_tiles,
+                      get_convert_kernel, get_prepass_kernel)
 
 __all__ = ["backward", "prepare", "plan", "supports", "tiles", "dq_mode", "default_config",
            "default_tiles",
@@ -544,12 +544,7 @@ def _build_dkdv_kernel(head_dim, block_k, block_q, causal, has_mask, has_dropout
     # atomic: dQ = dS K once per stage, warps in a WQ x WD grid, each QW rows x DW columns in
     # DQ_PASSES passes of DC columns (the plan's layout)
     WQ, WD, DQ_PASSES = dq_atomic_layout(D, BQ, BK) if ATOMIC else (1, 1, 1)
-    QW = BQ // WQ
-    DW = D // WD
-    DC = DW // DQ_PASSES
-    MT_Q = QW // 16                     # 16-row A fragments of dS per warp
-    NT_Q = DC // 8                      # 8-column dQ tiles per pass
-    DQ_REGS = 4 * MT_Q * NT_Q
+    QW, DW, DC, MT_Q, NT_Q, DQ_REGS = dq_warp_tiles(D, BQ, WQ, WD, DQ_PASSES)
     CHUNKS = D // 4
     KC = D // 8                         # k-steps of S^T = K Q^T and dP^T = V dO^T
     SU = unroll if KC % unroll == 0 else 1
