@@ -101,7 +101,7 @@ def run_split_kv(torch=None, seed: int = 0) -> None:
 
     import kernels
     from kernels import decode_fwd
-    units = ("mma", "ffma") if decode_fwd._has_mma() else ("ffma",)
+    units = ("mma", "ffma") if decode_fwd.mma_available() else ("ffma",)
     rng = np.random.default_rng(seed)
     heads_q, heads_kv, seq_k = 4, 1, DECODE_SEQ_K
     for (d, nq, lengths, options), unit in ((c, u) for c in DECODE_CASES for u in units):

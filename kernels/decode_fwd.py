@@ -47,8 +47,9 @@ from sim.decode import (MAX_SEQLEN_Q, MAX_SPLITS, MMA_HEAD_DIMS, SMEM_BYTES_PER_
 from . import compile_cache, host, ptx
 from .mask import UNBOUNDED
 
-__all__ = ["forward", "supports", "plan", "TAKES_WINDOW", "TAKES_CACHE_SEQLENS",
-           "make_decode_kernel", "make_merge_rows", "MIN_SEQLEN_K"]
+__all__ = ["forward", "prepare", "supports", "plan", "mma_available", "TAKES_WINDOW",
+           "TAKES_CACHE_SEQLENS", "make_decode_kernel", "make_decode_mma_kernel", "make_finish",
+           "make_merge_rows", "make_split_keys", "MIN_SEQLEN_K"]
 
 #: This forward takes a sliding window and per-sequence cache lengths (`kernels.family_for`).
 TAKES_WINDOW = True
@@ -941,12 +942,12 @@ def plan(problem, config=None) -> SplitKVPlan:
     splits = getattr(config, "num_splits", None) if config is not None else None
     unit = getattr(config, "decode_unit", None) if config is not None else None
     element = 4 if pb.dtype_name == "float32" else 2
-    tensor_cores = uses_tensor_cores(pb.head_dim, element) and _has_mma()
+    tensor_cores = uses_tensor_cores(pb.head_dim, element) and mma_available()
     if unit == "mma" and not tensor_cores:
         raise ValueError(f"KernelConfig(decode_unit='mma') takes float16/bfloat16 at head_dim in "
                          f"{MMA_HEAD_DIMS} on a GPU of compute capability 8.0 or later; this call "
                          f"is {pb.dtype_name} at head_dim={pb.head_dim}"
-                         + ("" if _has_mma() else " on a device without tensor-core mma"))
+                         + ("" if mma_available() else " on a device without tensor-core mma"))
     if unit == "ffma":
         tensor_cores = False
     return _plan(pb.batch, pb.heads_q, pb.heads_kv, pb.seqlen_q, pb.seqlen_k, pb.head_dim,
@@ -956,7 +957,7 @@ def plan(problem, config=None) -> SplitKVPlan:
 _plan = functools.lru_cache(maxsize=1024)(split_kv_plan)    # a pure function of its sizes
 
 
-def _has_mma() -> bool:
+def mma_available() -> bool:
     """Whether the current device runs the tensor-core kernel (a real GPU of compute
     capability 8.0 or later)."""
     return host.real_gpu() and host.compute_capability(host.current_device_id()) >= (8, 0)
