@@ -2,7 +2,7 @@
 
     python -m benchmarks decode [--batch 1,8,64] [--seq-len-k 4k,32k,128k] [--dtypes bf16,fp16]
                                 [--splits] [--window] [--graph] [--ncu] [--rates RATES.json]
-                                [--unit mma|ffma] [--out FILE.json]
+                                [--unit mma|ffma] [--warps 4|8] [--out FILE.json]
     python -m benchmarks decode --report FILE.json [--rates RATES.json]      (no GPU)
 
 Decode cases (Hq=32, Hkv=8, d=128, one query per sequence, every cache length Nk): in one run,
@@ -34,7 +34,8 @@ profiles our decode kernels once per case under Nsight Compute (``dram__bytes_re
 ``dram__bytes_write.sum``, L2 flushed before each kernel) and records the measured DRAM bytes
 beside the model's. ``--rates`` prices the model at the GPU's measured rates (a file of
 ``python -m benchmarks rates``; without it, the datasheet's). ``--unit mma|ffma`` pins our
-kernel (the tensor-core or the CUDA-core split-KV kernel, ``KernelConfig.decode_unit``) and
+kernel (the tensor-core or the CUDA-core split-KV kernel, ``KernelConfig.decode_unit``), and
+``--warps 4|8`` the tensor-core kernel's warps a program (``KernelConfig.decode_warps``); either
 times it through `kernels.decode_fwd.prepare` (the same launches without `ioaware.attention`'s
 key lookup: compare the units by GPU time alone or graph replays). Writes a JSON file with
 provenance.
@@ -116,27 +117,29 @@ def _graph_time_or_error(torch, fn):
         return {"error": error_text(exc)}
 
 
-def ours_call(q, k, v, unit=None):
+def ours_call(q, k, v, unit=None, warps=None):
     """Our decoding call on these operands: ``ioaware.attention(q, k, v, backend="numba")``, or
-    with ``unit`` ("mma" or "ffma") the split-KV forward pinned to that kernel
-    (`kernels.decode_fwd.prepare` with ``KernelConfig(decode_unit=unit)``: the same launches,
-    without `ioaware.attention`'s key lookup)."""
-    if unit is None:
+    with ``unit`` ("mma" or "ffma") and/or ``warps`` (the tensor-core kernel's, 4 or 8) the
+    split-KV forward pinned to that kernel (`kernels.decode_fwd.prepare` with
+    ``KernelConfig(decode_unit=unit, decode_warps=warps)``: the same launches, without
+    `ioaware.attention`'s key lookup)."""
+    if unit is None and warps is None:
         from ioaware import attention
         return lambda: attention(q, k, v, backend="numba")
     import kernels
     from ioaware._inputs import check_inputs
-    run = kernels.decode_fwd.prepare(check_inputs(q, k, v), _config(unit))
+    run = kernels.decode_fwd.prepare(check_inputs(q, k, v), _config(unit, warps=warps))
     return lambda: run(q, k, v)
 
 
-def _config(unit=None, splits=None):
+def _config(unit=None, splits=None, warps=None):
     import kernels
-    return kernels.KernelConfig(family="split_kv", num_splits=splits, decode_unit=unit)
+    return kernels.KernelConfig(family="split_kv", num_splits=splits, decode_unit=unit,
+                                decode_warps=warps)
 
 
 def decode_case(torch, gpu, batch, seq_len_k, dtype, peak, splits_sweep=False,
-                graphs=False, unit=None) -> dict:
+                graphs=False, unit=None, warps=None) -> dict:
     import kernels
     from ioaware._inputs import check_inputs
     from sim.decode import split_kv_costs
@@ -145,11 +148,12 @@ def decode_case(torch, gpu, batch, seq_len_k, dtype, peak, splits_sweep=False,
     rec = {"batch": batch, "heads_q": HEADS_Q, "heads_kv": HEADS_KV, "head_dim": HEAD_DIM,
            "seq_len_q": 1, "seq_len_k": seq_len_k, "dtype": dtype, "kv_bytes": kv_bytes,
            "times_ms": {}}
-    ours = ours_call(q, k, v, unit)
-    rec["ours_call"] = "ioaware.attention" if unit is None else "kernels.decode_fwd.prepare"
-    rec["times_ms"]["ioaware"] = time_or_error(torch, ours)
+    call = ours_call(q, k, v, unit, warps)
+    rec["ours_call"] = ("ioaware.attention" if unit is None and warps is None
+                        else "kernels.decode_fwd.prepare")
+    rec["times_ms"]["ioaware"] = time_or_error(torch, call)
     with torch.inference_mode():     # the GPU's time alone: the host enqueues behind a sleep
-        rec["ioaware_device_ms"] = time_cuda(torch, ours, timing="device")[0]
+        rec["ioaware_device_ms"] = time_cuda(torch, call, timing="device")[0]
     for name in SDPA_BACKENDS:
         if name == "sdpa-math" and 4 * kv_bytes > 16 * 2**30:
             rec["times_ms"][name] = {"error": "skipped: expanded K/V would not fit"}
@@ -159,7 +163,7 @@ def decode_case(torch, gpu, batch, seq_len_k, dtype, peak, splits_sweep=False,
         if "ms" in entry:
             entry["kv_bandwidth_fraction"] = kv_bytes / (entry["ms"] * 1e-3) / peak
     pb = check_inputs(q, k, v)
-    plan = kernels.decode_fwd.plan(pb, _config(unit))
+    plan = kernels.decode_fwd.plan(pb, _config(unit, warps=warps))
     model = split_kv_costs(plan, gpu)
     rec["plan"] = plan.as_dict()         # the kernel that ran: its unit, stages, grid, ...
     rec["model"] = {k_: model[k_] for k_ in ("splits", "time_s", "dram_read_bytes",
@@ -171,7 +175,7 @@ def decode_case(torch, gpu, batch, seq_len_k, dtype, peak, splits_sweep=False,
     if ours and sdpa:
         rec["ratio_vs_fastest_sdpa"] = min(sdpa) / ours
     if graphs:
-        g = rec["graph_ms"] = {"ioaware": _graph_time_or_error(torch, ours)}
+        g = rec["graph_ms"] = {"ioaware": _graph_time_or_error(torch, call)}
         for name in SDPA_BACKENDS:
             if name != "sdpa-math":
                 g[name] = _graph_time_or_error(torch, lambda n=name: _sdpa(torch, q, k, v, n))
@@ -185,14 +189,15 @@ def decode_case(torch, gpu, batch, seq_len_k, dtype, peak, splits_sweep=False,
     if splits_sweep:
         sweep = {}
         for s in (1, 2, 4, 8, 16, 32, 64):
-            cfg = _config(unit, s)
+            cfg = _config(unit, s, warps)
             sweep[s] = time_or_error(torch, lambda c=cfg: kernels.forward(pb, c),
                                      timing="device").get("ms")
         rec["splits_ms"] = sweep
         done = {s: t for s, t in sweep.items() if t}
         if done:
             best = min(done, key=done.get)
-            picked = sweep.get(plan.splits) or kernels_time(torch, kernels, pb, plan.splits, unit)
+            picked = sweep.get(plan.splits) or kernels_time(torch, kernels, pb, plan.splits, unit,
+                                                            warps)
             rec["splits_best"] = best
             rec["splits_model_loss"] = picked / done[best] - 1 if picked else None
     q = k = v = None        # freed before empty_cache (the timed lambdas share these cells)
@@ -200,8 +205,8 @@ def decode_case(torch, gpu, batch, seq_len_k, dtype, peak, splits_sweep=False,
     return rec
 
 
-def kernels_time(torch, kernels, pb, splits, unit=None):
-    cfg = _config(unit, splits)
+def kernels_time(torch, kernels, pb, splits, unit=None, warps=None):
+    cfg = _config(unit, splits, warps)
     return time_or_error(torch, lambda: kernels.forward(pb, cfg), timing="device").get("ms")
 
 
@@ -248,7 +253,7 @@ def _ncu_child(cases_path) -> int:
     cases = json.loads(open(cases_path).read())
     for c in cases:
         q, k, v = decode_inputs(torch, c["batch"], c["seq_len_k"], c["dtype"])
-        ours = ours_call(q, k, v, c.get("unit"))
+        ours = ours_call(q, k, v, c.get("unit"), c.get("warps"))
         with torch.inference_mode():
             ours()
             torch.cuda.synchronize()
@@ -291,6 +296,12 @@ def record_tensor_cores(rec: dict) -> bool:
     return (rec.get("plan") or {}).get("unit", "ffma") == "mma"
 
 
+def record_mma_warps(rec: dict) -> int | None:
+    """The warps a program of the tensor-core kernel a decode record ran (its ``plan.warps``);
+    None for the CUDA-core kernel (the plan's rule then has no warps to choose)."""
+    return rec["plan"]["warps"] if record_tensor_cores(rec) else None
+
+
 def decode_report(doc: dict, profile) -> tuple[list[dict], dict]:
     """``(rows, summary)``: each decode record of a results document re-priced by today's plan of
     the kernel it ran (the record's ``plan.unit``; a record without one ran the CUDA-core
@@ -306,7 +317,8 @@ def decode_report(doc: dict, profile) -> tuple[list[dict], dict]:
         plan = split_kv_plan(r["batch"], r["heads_q"], r["heads_kv"], r["seq_len_q"],
                              r["seq_len_k"], r["head_dim"], element, profile.num_sms,
                              tensor_cores=record_tensor_cores(r),
-                             smem_bytes_per_sm=profile.smem_bytes_per_sm)
+                             smem_bytes_per_sm=profile.smem_bytes_per_sm,
+                             mma_warps=record_mma_warps(r))
         cost = split_kv_costs(plan, profile)
         gpu_ms = r.get("ioaware_device_ms")
         dram = (r.get("ncu") or {}).get("dram__bytes_read.sum")
@@ -423,6 +435,9 @@ def main(argv=None) -> int:
     ap.add_argument("--unit", choices=("mma", "ffma"), default=None,
                     help="pin our split-KV kernel (KernelConfig.decode_unit; timed through "
                          "kernels.decode_fwd.prepare); default: ioaware.attention's choice")
+    ap.add_argument("--warps", type=int, choices=(4, 8), default=None,
+                    help="pin the tensor-core split-KV kernel's warps a program "
+                         "(KernelConfig.decode_warps; timed through kernels.decode_fwd.prepare)")
     ap.add_argument("--rates", default=None,
                     help="price the model at this GPU's measured rates (python -m benchmarks rates)")
     ap.add_argument("--report", default=None, metavar="FILE",
@@ -459,9 +474,10 @@ def main(argv=None) -> int:
         for batch in (int(b) for b in args.batch.split(",")):
             for n in args.seq_len_k:
                 rec = decode_case(torch, gpu, batch, n, dtype, peak, args.splits, args.graph,
-                                  args.unit)
+                                  args.unit, args.warps)
                 records.append(rec)
-                cases.append({"batch": batch, "seq_len_k": n, "dtype": dtype, "unit": args.unit})
+                cases.append({"batch": batch, "seq_len_k": n, "dtype": dtype, "unit": args.unit,
+                              "warps": args.warps})
                 t = rec["times_ms"]
                 cells = "  ".join(f"{k_}={e['ms']:.3f}" if "ms" in e else f"{k_}=—"
                                   for k_, e in t.items())

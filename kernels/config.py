@@ -19,7 +19,7 @@ from dataclasses import dataclass
 # its plan's (`sim.plans.simt`); they stay importable from here.
 from sim.plans.simt import (FLOAT32_BYTES, FWD_TILES, STATIC_SMEM_LIMIT_BYTES, default_blocks,
                             dkdv_smem_bytes, fwd_smem_bytes)
-from sim.decode import MAX_SPLITS
+from sim.decode import MAX_SPLITS, MMA_WARP_CHOICES
 from sim.tiles import TileConfig, choose_tiles
 
 __all__ = ["KernelConfig", "TileConfig", "choose_tiles", "default_blocks", "fwd_smem_bytes",
@@ -55,6 +55,8 @@ class KernelConfig:
       head dims 64 and 128 on a GPU of compute capability 8.0 or later) or "ffma" (CUDA cores:
       any of its inputs, and the only one under the CUDA simulator); None = "mma" where it
       takes the problem (`sim.decode.uses_tensor_cores`).
+    * ``decode_warps``: warps a program of the tensor-core split-KV kernel, 4 or 8; None = the
+      plan's (`sim.decode.split_kv_plan`: 8 where the programs are fewer than the SMs, else 4).
     * ``backward_dq``: how the ``mma`` and ``tf32`` backwards compute dQ: "kernel" (a dQ kernel
       that recomputes S and dP, deterministic) or "atomic" (FlashAttention-2's structure: the
       dK/dV kernel adds dS K into a float32 accumulator with atomics; the summation order varies
@@ -75,8 +77,13 @@ class KernelConfig:
     num_splits: int | None = None
     backward_dq: str | None = None
     decode_unit: str | None = None
+    decode_warps: int | None = None
 
     def __post_init__(self):
+        if self.decode_warps is not None and (isinstance(self.decode_warps, bool)
+                                              or self.decode_warps not in MMA_WARP_CHOICES):
+            raise ValueError(f"KernelConfig.decode_warps must be one of {MMA_WARP_CHOICES} or "
+                             f"None, got {self.decode_warps!r}")
         if self.decode_unit not in (None, "mma", "ffma"):
             raise ValueError(f"KernelConfig.decode_unit must be 'mma', 'ffma' or None, got "
                              f"{self.decode_unit!r}")

@@ -45,6 +45,7 @@ from sim.decode import (MAX_SEQLEN_Q, MAX_SPLITS, MMA_HEAD_DIMS, SMEM_BYTES_PER_
                         SplitKVPlan, split_kv_plan, uses_tensor_cores)
 
 from . import compile_cache, host, ptx
+from .copy import tile_loader
 from .mask import UNBOUNDED
 
 __all__ = ["forward", "prepare", "supports", "plan", "mma_available", "TAKES_WINDOW",
@@ -380,33 +381,40 @@ def make_decode_mma_kernel(head_dim: int, seqlen_q: int, group: int, operand: st
     TILE = BK * STRIDE                  # halves per K or V buffer
     WARP_HALVES = ST * 2 * TILE         # a warp's ring: K | V per stage
     CHUNKS = D // 8                     # 16-byte chunks per row
-    LOADS = BK * CHUNKS // 32           # cp.async per lane per K (or V) block
     KC = D // 16                        # k-steps of S = Q K^T
     NT_S = BK // 8                      # 16x8 score tiles per block
     KC_P = BK // 16                     # k-steps of O += P V
     NT_O = D // 8                       # 16x8 output tiles
     Q_REGS, S_REGS, O_REGS = KC * 4, NT_S * 4, NT_O * 4     # register arrays
     assert BK * CHUNKS % 32 == 0 and BK % 16 == 0 and D % 16 == 0 and ST in (2, 3, 4)
+    ACC_STRIDE = D + 8                  # floats per row of a warp's accumulators in shared memory
+    ACC_SLOT = ROWS * ACC_STRIDE        # floats per warp (the rings, idle by then, hold them)
+    assert NW * ACC_SLOT * 4 <= NW * WARP_HALVES * 2
     finish = make_finish(head_dim, ROWS, seqlen_q, group, warps, operand, True)
     split_keys = make_split_keys(seqlen_q, banded)
+    load_rows = tile_loader(BK, CHUNKS, 32, 2 * STRIDE)     # one warp's copy of BK rows
+    ROW_STEP = 32 // CHUNKS             # rows apart of a lane's successive copies
+    COPIES = BK // ROW_STEP             # a lane's copies per K (or V) block
     FULL = 0xFFFFFFFF
 
     @cuda.jit(device=True, inline=True)
-    def load_block(k, v, b, hkv, key0, s1, smem, base, lane):
+    def load_block(k_head, v_head, k_row_bytes, v_row_bytes, key0, s1, s_addr, r_lane):
         # -- cp.async one block of K and V: BK rows x D halves, 16 bytes a lane a copy --
-        for i in range(LOADS):
-            c = lane + i * 32
-            r = c // CHUNKS
-            ch = c % CHUNKS
-            key = key0 + r
-            ok = key < s1
-            src = uint32(16) if ok else uint32(0)
-            kk = key if ok else int64(0)
-            off = base + r * STRIDE + ch * 8
-            _ptx.cp_async_16(_ptx.shared_addr(smem, off), _ptx.global_addr(k, b, hkv, kk, ch * 4),
-                             src)
-            _ptx.cp_async_16(_ptx.shared_addr(smem, off + TILE),
-                             _ptx.global_addr(v, b, hkv, kk, ch * 4), src)
+        if key0 + BK <= s1:             # every row in range (the warp agrees): no checks
+            row = uint64(key0 + r_lane)
+            gk = k_head + row * k_row_bytes
+            gv = v_head + row * v_row_bytes
+            k_step = uint64(ROW_STEP) * k_row_bytes
+            v_step = uint64(ROW_STEP) * v_row_bytes
+            for i in range(COPIES):
+                s_i = s_addr + uint32(i * ROW_STEP * 2 * STRIDE)
+                _ptx.cp_async_16(s_i, gk, uint32(16))
+                _ptx.cp_async_16(s_i + uint32(2 * TILE), gv, uint32(16))
+                gk += k_step
+                gv += v_step
+        else:                           # the split's last, partial block: rows past s1 zeroed
+            load_rows(k_head, k_row_bytes, key0 + r_lane, s1, s_addr, r_lane)
+            load_rows(v_head, v_row_bytes, key0 + r_lane, s1, s_addr + uint32(2 * TILE), r_lane)
 
     @cuda.jit(device=True, inline=True)
     def wait_stage():
@@ -438,11 +446,21 @@ def make_decode_mma_kernel(head_dim: int, seqlen_q: int, group: int, operand: st
         n_blocks = max(s1 - s0 + BK - 1, int64(0)) // BK
         steps = (n_blocks - warp + NW - 1) // NW if n_blocks > warp else int64(0)
 
+        # -- this lane's copies: its chunk of K and V rows, its place in the warp's ring --
+        r_lane = lane // CHUNKS
+        ch = lane % CHUNKS
+        k_head = _ptx.global_addr(k, b, hkv, 0, ch * 4)
+        v_head = _ptx.global_addr(v, b, hkv, 0, ch * 4)
+        k_row_bytes = uint64(k.strides[2])
+        v_row_bytes = uint64(v.strides[2])
+        ring = warp * WARP_HALVES
+        s_lane = _ptx.shared_addr(smem, ring + r_lane * STRIDE + ch * 8)
+
         # -- prologue: the first ST - 1 blocks in flight (an empty group where there is none) --
         for t in range(ST - 1):
             if t < steps:
-                load_block(k, v, b, hkv, s0 + (t * NW + warp) * BK, s1, smem,
-                           warp * WARP_HALVES + t * 2 * TILE, lane)
+                load_block(k_head, v_head, k_row_bytes, v_row_bytes, s0 + (t * NW + warp) * BK,
+                           s1, s_lane + uint32(t * 4 * TILE), r_lane)
             _ptx.cp_async_commit()
 
         # -- Q fragments (A operand) of the chunk's 16 rows, straight from global memory --
@@ -476,14 +494,12 @@ def make_decode_mma_kernel(head_dim: int, seqlen_q: int, group: int, operand: st
         # per-lane ldmatrix offsets (halves) inside a K / V buffer (see kernels.fragments)
         k_lane = (lane % 8 + 8 * (lane // 16)) * STRIDE + 8 * ((lane // 8) % 2)
         v_lane = (lane % 8 + 8 * ((lane // 8) % 2)) * STRIDE + 8 * (lane // 16)
-        ring = warp * WARP_HALVES
-
 
         for t in range(steps):
             nxt = t + ST - 1
             if nxt < steps:
-                load_block(k, v, b, hkv, s0 + (nxt * NW + warp) * BK, s1, smem,
-                           ring + (nxt % ST) * 2 * TILE, lane)
+                load_block(k_head, v_head, k_row_bytes, v_row_bytes, s0 + (nxt * NW + warp) * BK,
+                           s1, s_lane + uint32((nxt % ST) * 4 * TILE), r_lane)
             _ptx.cp_async_commit()
             wait_stage()                    # block t has landed (this lane's copies) ...
             cuda.syncwarp(FULL)             # ... and every lane's
@@ -577,15 +593,27 @@ def make_decode_mma_kernel(head_dim: int, seqlen_q: int, group: int, operand: st
         if tig == 0:
             for rr in range(2):
                 sm_l[warp, gid + 8 * rr] = l_i[rr]
-        for w in range(NW):
-            if warp == w:
-                for nt in range(NT_O):
-                    for i in range(4):
-                        r = gid + 8 * (i >> 1)
-                        col = nt * 8 + 2 * tig + (i & 1)
-                        prev = float32(0.0) if w == 0 else sm_acc[r, col]
-                        sm_acc[r, col] = prev + acc[nt * 4 + i] * alpha[i >> 1]
-            cuda.syncthreads()
+        # -- each warp's accumulators, rescaled, into its slot of the idle rings (the chunk's
+        #    rows past the group are never written) --
+        n_rows = min(int64(ROWS), R_TOTAL - chunk * ROWS)
+        acc_sm = cuda.shared.array(0, dtype=float32)     # the rings' memory, as float32
+        slot = warp * ACC_SLOT
+        for nt in range(NT_O):
+            for i in range(4):
+                r = gid + 8 * (i >> 1)
+                if r < n_rows:
+                    acc_sm[slot + r * ACC_STRIDE + nt * 8 + 2 * tig + (i & 1)] = (
+                        acc[nt * 4 + i] * alpha[i >> 1])
+        cuda.syncthreads()
+        # -- the warps' sum of each (row, column) --
+        for flat in range(tid, n_rows * D, NW * 32):
+            r = flat // D
+            col = flat % D
+            total = float32(0.0)
+            for w in range(NW):
+                total += acc_sm[w * ACC_SLOT + r * ACC_STRIDE + col]
+            sm_acc[r, col] = total
+        cuda.syncthreads()
 
         finish(o_part, lse_part, out, lse, counters, b, hkv, chunk, pid, split, splits, bad_length,
                sm_m, sm_l, sm_acc)
@@ -667,46 +695,13 @@ def make_finish(head_dim: int, rows: int, seqlen_q: int, group: int, warps: int,
                bad_length, sm_m, sm_l, sm_acc):
         tid = cuda.threadIdx.x
         sm_last = cuda.shared.array(1, int32)
+        n_rows = min(int64(ROWS), R_TOTAL - chunk * ROWS)      # the chunk's rows in the group
         # -- one split: the output and logsumexp (natural log), written directly --
         if splits == 1:
-            for flat in range(tid, ROWS * UO, NT):
+            for flat in range(tid, n_rows * UO, NT):
                 r = flat // UO
                 u = flat % UO
                 row = chunk * ROWS + r
-                if row < R_TOTAL:
-                    h = hkv * G + row // NQ
-                    i = row % NQ
-                    l_all = float32(0.0)
-                    m_all = NEG_INF
-                    for w in range(NW):
-                        l_all += sm_l[w, r]
-                        m_all = max(m_all, sm_m[w, r])
-                    inv = float32(0.0)
-                    if l_all > float32(0.0):
-                        inv = float32(1.0) / l_all
-                    if WORDS:
-                        o0 = sm_acc[r, 2 * u] * inv
-                        o1 = sm_acc[r, 2 * u + 1] * inv
-                        if bad_length:
-                            o0 = NAN
-                            o1 = NAN
-                        out[b, h, i, u] = int32(pack(o0, o1))
-                    else:
-                        o0 = sm_acc[r, u] * inv
-                        out[b, h, i, u] = NAN if bad_length else o0
-                    if u == 0:
-                        x = NEG_INF
-                        if l_all > float32(0.0):
-                            x = (m_all + math.log2(l_all)) * float32(LN2)
-                        lse[b, h, i] = NAN if bad_length else x
-            return
-
-        # -- more: this split's normalised partial output and logsumexp (natural log) --
-        for flat in range(tid, ROWS * D, NT):
-            r = flat // D
-            col = flat % D
-            row = chunk * ROWS + r
-            if row < R_TOTAL:
                 h = hkv * G + row // NQ
                 i = row % NQ
                 l_all = float32(0.0)
@@ -714,19 +709,51 @@ def make_finish(head_dim: int, rows: int, seqlen_q: int, group: int, warps: int,
                 for w in range(NW):
                     l_all += sm_l[w, r]
                     m_all = max(m_all, sm_m[w, r])
-                o = float32(0.0)
+                inv = float32(0.0)
                 if l_all > float32(0.0):
-                    o = sm_acc[r, col] / l_all
-                if bad_length:
-                    o = NAN
-                o_part[split, b, h, i, col] = o
-                if col == 0:
+                    inv = float32(1.0) / l_all
+                if WORDS:
+                    o0 = sm_acc[r, 2 * u] * inv
+                    o1 = sm_acc[r, 2 * u + 1] * inv
+                    if bad_length:
+                        o0 = NAN
+                        o1 = NAN
+                    out[b, h, i, u] = int32(pack(o0, o1))
+                else:
+                    o0 = sm_acc[r, u] * inv
+                    out[b, h, i, u] = NAN if bad_length else o0
+                if u == 0:
                     x = NEG_INF
                     if l_all > float32(0.0):
                         x = (m_all + math.log2(l_all)) * float32(LN2)
-                    if bad_length:
-                        x = NAN
-                    lse_part[split, b, h, i] = x
+                    lse[b, h, i] = NAN if bad_length else x
+            return
+
+        # -- more: this split's normalised partial output and logsumexp (natural log) --
+        for flat in range(tid, n_rows * D, NT):
+            r = flat // D
+            col = flat % D
+            row = chunk * ROWS + r
+            h = hkv * G + row // NQ
+            i = row % NQ
+            l_all = float32(0.0)
+            m_all = NEG_INF
+            for w in range(NW):
+                l_all += sm_l[w, r]
+                m_all = max(m_all, sm_m[w, r])
+            o = float32(0.0)
+            if l_all > float32(0.0):
+                o = sm_acc[r, col] / l_all
+            if bad_length:
+                o = NAN
+            o_part[split, b, h, i, col] = o
+            if col == 0:
+                x = NEG_INF
+                if l_all > float32(0.0):
+                    x = (m_all + math.log2(l_all)) * float32(LN2)
+                if bad_length:
+                    x = NAN
+                lse_part[split, b, h, i] = x
 
         # -- the last of the group's programs to finish merges the splits --
         cuda.threadfence()                  # this program's partials, visible before its ticket
@@ -935,7 +962,8 @@ def _warps() -> int:
 
 def plan(problem, config=None) -> SplitKVPlan:
     """The `sim.decode.SplitKVPlan` this forward launches for ``problem`` (``config.num_splits``
-    overrides the split count, ``config.decode_unit`` the kernel): the tensor-core kernel where
+    overrides the split count, ``config.decode_unit`` the kernel, ``config.decode_warps`` the
+    tensor-core kernel's warps): the tensor-core kernel where
     `sim.decode.uses_tensor_cores` and the GPU has tensor-core ``mma`` (compute capability 8.0
     on; never under the CUDA simulator), else the CUDA-core one."""
     pb = problem
@@ -950,8 +978,14 @@ def plan(problem, config=None) -> SplitKVPlan:
                          + ("" if mma_available() else " on a device without tensor-core mma"))
     if unit == "ffma":
         tensor_cores = False
+    mma_warps = getattr(config, "decode_warps", None) if config is not None else None
+    if mma_warps is not None and not tensor_cores:
+        raise ValueError(f"KernelConfig(decode_warps={mma_warps}) sets the tensor-core kernel's "
+                         f"warps; this call runs the CUDA-core kernel ({pb.dtype_name}, "
+                         f"head_dim={pb.head_dim}"
+                         + (", decode_unit='ffma')" if unit == "ffma" else ")"))
     return _plan(pb.batch, pb.heads_q, pb.heads_kv, pb.seqlen_q, pb.seqlen_k, pb.head_dim,
-                 element, _num_sms(), splits, _warps(), tensor_cores, _smem_per_sm())
+                 element, _num_sms(), splits, _warps(), tensor_cores, _smem_per_sm(), mma_warps)
 
 
 _plan = functools.lru_cache(maxsize=1024)(split_kv_plan)    # a pure function of its sizes

@@ -17,12 +17,12 @@ most SMs idle and, with GQA, reads each KV head once per query head. The split-K
 
 Two kernels run the plan (its ``unit``): on the tensor cores (``"mma"``: float16/bfloat16 at
 head dims 64 and 128; 16 rows a program, one ``mma.sync`` tile; each warp streams its own key
-blocks through a ring of shared-memory buffers filled by ``cp.async``, `MMA_STAGES` or
-`MMA_STAGES_FEW_PROGRAMS` deep) and on the CUDA cores (``"ffma"``: any input, and the only
+blocks through a ring of `MMA_STAGES` shared-memory buffers filled by ``cp.async``; `MMA_WARPS`
+or `MMA_WARPS_FEW_PROGRAMS` warps a program) and on the CUDA cores (``"ffma"``: any input, and the only
 one under the CUDA simulator; the rows its lanes keep in registers, `rows_per_program`).
 
 :func:`split_kv_plan` builds the plan from the problem's sizes and the GPU's SM count and
-shared memory (the kernel, its stages and resident programs, the number of splits by
+shared memory (the kernel, its warps and resident programs, the number of splits by
 :func:`choose_splits`, or given); `kernels.decode_fwd` launches exactly this plan (its kernel,
 grid, threads, row chunks and shared memory), and :func:`split_kv_costs` prices it: bytes per
 memory level, FLOPs and time on a `sim.profiles.GPUProfile`. This module is pure Python.
@@ -61,20 +61,25 @@ MAX_SPLITS = 128
 MMA_HEAD_DIMS = (64, 128)
 #: Its rows per program: one 16-row ``mma`` tile (the KV group's rows, padded).
 MMA_ROWS = 16
-#: Its warps per program and keys per warp block.
+#: Its warps per program: four where the programs fill the GPU (two resident an SM at
+#: d = 128), eight where the (batch, KV head, row chunk) groups are fewer than the SMs (the
+#: split count then makes about one program an SM). A warp runs one block at a time (its
+#: loads, ``mma`` and softmax in turn), so the few-programs calls are bound by that chain; twice
+#: the warps a program halve each warp's share of the split (docs/kernels.md has the figures,
+#: ``python -m benchmarks decode --warps 4|8``).
 MMA_WARPS = 4
+MMA_WARPS_FEW_PROGRAMS = 8
+#: The warp counts a `kernels.KernelConfig(decode_warps=...)` may pin.
+MMA_WARP_CHOICES = (4, 8)
+#: Keys per warp block, and each warp's ring of shared-memory buffers (blocks in flight while
+#: one is computed: stages - 1).
 MMA_BLOCK_K = 16
-#: Its shared-memory stages per warp (blocks in flight while one is computed: stages - 1): two
-#: where the programs fill the GPU (two resident programs an SM at d = 128), four where the
-#: (batch, KV head, row chunk) groups are fewer than the SMs (the split count then makes one
-#: program an SM, and each keeps three of its warps' blocks in flight: the few-programs calls are
-#: bound by the latency of memory, not by its bandwidth).
 MMA_STAGES = 2
-MMA_STAGES_FEW_PROGRAMS = 4
-#: Its resident programs per SM by registers, per head dim (ptxas for sm_90, bfloat16, no band:
-#: 254 registers a thread at d = 128, so two programs of 128 threads fit an SM's 65,536; 130 at
-#: d = 64, three).
-MMA_RESIDENT_BY_REGISTERS = {64: 3, 128: 2}
+#: Its registers a thread, per (head dim, warps) (ptxas for sm_90, bfloat16, with or without
+#: the band test; the CPU ptxas test holds the kernel to them): with registers allocated per
+#: warp in units of 256, two programs of four warps fit an SM's 65,536 at d = 128 and four at
+#: d = 64; one of eight warps at either.
+MMA_REGISTERS = {(64, 4): 128, (64, 8): 130, (128, 4): 170, (128, 8): 170}
 #: Shared memory per SM the resident count assumes where the caller gives none (sm_90: 228 KiB,
 #: of which 1 KiB per resident program is the system's).
 SMEM_BYTES_PER_SM = 228 * 1024
@@ -84,9 +89,9 @@ def mma_shared_bytes(head_dim: int, warps: int = MMA_WARPS, block_k: int = MMA_B
                      stages: int = MMA_STAGES) -> tuple[int, int]:
     """``(dynamic, static)`` shared-memory bytes of one tensor-core program: each warp's ring
     of ``stages`` K and V buffers (``block_k`` rows of ``head_dim + 8`` halves: rows padded by
-    16 bytes, so that ``ldmatrix`` reads have no bank conflicts), and the rows' meeting place
-    (each warp's max and sum, the summed accumulators, the merge's weights and statistics, the
-    ticket)."""
+    16 bytes, so that ``ldmatrix`` reads have no bank conflicts; after the loop the warps'
+    accumulators meet there), and the rows' statistics (each warp's max and sum, the summed
+    accumulators, the merge's weights and statistics, the ticket)."""
     dynamic = warps * stages * 2 * block_k * (head_dim + 8) * 2
     static = 4 * (2 * warps * MMA_ROWS + MMA_ROWS * head_dim + MMA_ROWS * MAX_SPLITS
                   + MMA_ROWS * 3 + 1)
@@ -100,12 +105,13 @@ def uses_tensor_cores(head_dim: int, element_bytes: int) -> bool:
 
 
 def mma_resident_per_sm(head_dim: int, smem_bytes_per_sm: int = SMEM_BYTES_PER_SM,
-                        stages: int = MMA_STAGES) -> int:
-    """Programs of the tensor-core kernel one SM holds at once: by shared memory (its own plus
-    1 KiB each) and by registers (`MMA_RESIDENT_BY_REGISTERS`); ``head_dim`` one of
-    `MMA_HEAD_DIMS`."""
-    dynamic, static = mma_shared_bytes(head_dim, MMA_WARPS, MMA_BLOCK_K, stages)
-    by_registers = MMA_RESIDENT_BY_REGISTERS[head_dim]
+                        warps: int = MMA_WARPS) -> int:
+    """Programs of ``warps`` warps of the tensor-core kernel one SM holds at once: by shared
+    memory (its own plus 1 KiB each) and by registers (`MMA_REGISTERS`, allocated per warp in
+    units of 256, of an SM's 65,536); ``head_dim`` one of `MMA_HEAD_DIMS`."""
+    dynamic, static = mma_shared_bytes(head_dim, warps, MMA_BLOCK_K, MMA_STAGES)
+    per_warp = -(-MMA_REGISTERS[head_dim, warps] * 32 // 256) * 256
+    by_registers = 65536 // (per_warp * warps)
     return max(1, min(by_registers, smem_bytes_per_sm // (dynamic + static + 1024)))
 
 
@@ -213,21 +219,24 @@ class SplitKVPlan:
 def split_kv_plan(batch: int, heads_q: int, heads_kv: int, seqlen_q: int, seqlen_k: int,
                   head_dim: int, element_bytes: int, num_sms: int, splits: int | None = None,
                   warps: int = WARPS, tensor_cores: bool | None = None,
-                  smem_bytes_per_sm: int = SMEM_BYTES_PER_SM) -> SplitKVPlan:
+                  smem_bytes_per_sm: int = SMEM_BYTES_PER_SM,
+                  mma_warps: int | None = None) -> SplitKVPlan:
     """The plan of one decoding call: the kernel (the tensor-core one where
     :func:`uses_tensor_cores`, unless ``tensor_cores`` says otherwise: the CUDA simulator runs
     no tensor-core instruction), rows per program and row chunks from the KV group's rows
     (``heads_q // heads_kv * seqlen_q``), splits by :func:`choose_splits` unless given.
-    ``warps`` is the CUDA-core kernel's (the tensor-core kernel has `MMA_WARPS`)."""
+    ``warps`` is the CUDA-core kernel's; the tensor-core kernel's are ``mma_warps``, by default
+    `MMA_WARPS_FEW_PROGRAMS` where the (batch, KV head, row chunk) groups are fewer than the SMs,
+    else `MMA_WARPS`."""
     rows = (heads_q // heads_kv) * seqlen_q
     if tensor_cores is None:
         tensor_cores = uses_tensor_cores(head_dim, element_bytes)
-    stages = 0
     if tensor_cores:
         per = MMA_ROWS
-        few = batch * heads_kv * -(-rows // per) < num_sms
-        stages = MMA_STAGES_FEW_PROGRAMS if few else MMA_STAGES
-        resident = mma_resident_per_sm(head_dim, smem_bytes_per_sm, stages)
+        if mma_warps is None:
+            few = batch * heads_kv * -(-rows // per) < num_sms
+            mma_warps = MMA_WARPS_FEW_PROGRAMS if few else MMA_WARPS
+        resident = mma_resident_per_sm(head_dim, smem_bytes_per_sm, mma_warps)
     else:
         per, resident = rows_per_program(rows, head_dim, element_bytes), RESIDENT_PROGRAMS_PER_SM
     chunks = -(-rows // per)
@@ -238,10 +247,10 @@ def split_kv_plan(batch: int, heads_q: int, heads_kv: int, seqlen_q: int, seqlen
                   rows_per_program=per, row_chunks=chunks, splits=int(splits),
                   resident_per_sm=resident)
     if tensor_cores:
-        return SplitKVPlan(**common, warps=MMA_WARPS, keys_per_step=MMA_BLOCK_K, unit="mma",
-                           stages=stages,
-                           dynamic_shared_bytes=mma_shared_bytes(head_dim, MMA_WARPS, MMA_BLOCK_K,
-                                                                 stages)[0])
+        return SplitKVPlan(**common, warps=mma_warps, keys_per_step=MMA_BLOCK_K, unit="mma",
+                           stages=MMA_STAGES,
+                           dynamic_shared_bytes=mma_shared_bytes(head_dim, mma_warps, MMA_BLOCK_K,
+                                                                 MMA_STAGES)[0])
     return SplitKVPlan(**common, warps=warps, keys_per_step=KEYS_PER_STEP,
                        lanes_per_key=lanes_per_key(head_dim, element_bytes))
 

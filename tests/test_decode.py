@@ -243,21 +243,25 @@ def test_rows_per_program_keeps_the_accumulators_in_registers():
     assert plan.unit == "ffma"
 
 
-def test_tensor_core_plan_takes_16_rows_and_its_stages_from_the_programs():
+def test_tensor_core_plan_takes_16_rows_and_its_warps_from_the_programs():
     """16-bit inputs at d 64/128 plan the tensor-core kernel: 16 rows a program (one mma tile),
-    four stages a warp (one program an SM) where the groups are fewer than the SMs, else two
-    (two programs an SM at d = 128, its registers and shared memory); float32 and other head
-    dims plan the CUDA-core kernel."""
+    eight warps a program (one program an SM at d = 128) where the groups are fewer than the
+    SMs (one program an SM), else four (two programs an SM at d = 128, four at d = 64: their
+    registers and shared memory), two stages a warp; float32 and other head dims plan the CUDA-core kernel."""
     from sim.decode import MMA_ROWS, mma_resident_per_sm, mma_shared_bytes, uses_tensor_cores
     assert uses_tensor_cores(128, 2) and uses_tensor_cores(64, 2)
     assert not uses_tensor_cores(128, 4) and not uses_tensor_cores(96, 2)
     few = split_kv_plan(1, 32, 8, 1, 32768, 128, 2, 132)
     assert few.unit == "mma" and few.rows_per_program == MMA_ROWS and few.row_chunks == 1
-    assert few.stages == 4 and few.resident_per_sm == 1 and few.splits == 132 // 8
-    assert few.dynamic_shared_bytes == mma_shared_bytes(128, 4, 16, 4)[0] == 4 * 4 * 2 * 16 * 136 * 2
+    assert few.warps == 8 and few.stages == 2 and few.resident_per_sm == 1
+    assert few.splits == 132 // 8 and few.threads == 256
+    assert few.dynamic_shared_bytes == mma_shared_bytes(128, 8, 16, 2)[0] == 8 * 2 * 2 * 16 * 136 * 2
     many = split_kv_plan(64, 32, 8, 1, 32768, 128, 2, 132)
-    assert many.stages == 2 and many.resident_per_sm == 2 and many.splits == 1
-    assert mma_resident_per_sm(128, 228 * 1024, 2) == 2 and mma_resident_per_sm(64, 228 * 1024, 2) == 3
+    assert many.warps == 4 and many.stages == 2 and many.resident_per_sm == 2 and many.splits == 1
+    pinned = split_kv_plan(1, 32, 8, 1, 32768, 128, 2, 132, mma_warps=4)
+    assert pinned.warps == 4 and pinned.resident_per_sm == 2 and pinned.splits == 264 // 8
+    assert mma_resident_per_sm(128, 228 * 1024, 4) == 2 and mma_resident_per_sm(64, 228 * 1024, 4) == 4
+    assert mma_resident_per_sm(128, 228 * 1024, 8) == 1 and mma_resident_per_sm(64, 228 * 1024, 8) == 1
     spec = split_kv_plan(2, 32, 8, 16, 4096, 64, 2, 132)           # 64 rows a group: 4 chunks
     assert spec.row_chunks == 4 and spec.grid[0] == 2 * 8 * 4
     assert split_kv_plan(1, 32, 8, 1, 32768, 128, 4, 132).unit == "ffma"
@@ -436,8 +440,8 @@ def test_cli_predicts_split_kv_with_the_chosen_or_given_splits(capsys):
             "--heads-kv", "8", "--head-dim", "128", "--batch", "8", "--dtype", "bf16", "--json"]
     assert main(args) == 0
     d = json.loads(capsys.readouterr().out)
-    # 64 groups, fewer than the SMs: the four-stage plan, one program an SM
-    assert d["plan"]["unit"] == "mma" and d["plan"]["stages"] == 4
+    # 64 groups, fewer than the SMs: the eight-warp plan, one program an SM
+    assert d["plan"]["unit"] == "mma" and d["plan"]["warps"] == 8 and d["plan"]["threads"] == 256
     assert d["splits"] == choose_splits(64, 32768, H100.num_sms, 1) == 2 and d["dram_read_bytes"] > 2**30
     assert main(args + ["--splits", "3"]) == 0
     assert json.loads(capsys.readouterr().out)["splits"] == 3
@@ -469,27 +473,29 @@ def test_gpu_decoding_matches_sdpa_in_float32(dtype, nq, causal, window):
     torch.testing.assert_close(out.float(), want, atol=tol, rtol=tol)
 
 
-TC_CASES = [  # (b, hq, hkv, nq, nk, d, lengths, window, causal, splits)
-    (2, 8, 2, 1, 300, 64, [300, 1], None, False, None),
-    (3, 32, 8, 4, 1000, 128, [1000, 0, 513], None, "bottom_right", 7),   # an empty cache
-    (2, 16, 4, 2, 777, 128, [777, 40], (100, 0), "bottom_right", 3),
-    (1, 64, 4, 16, 530, 128, [529], None, "bottom_right", None),           # 256 rows: 16 chunks
-    (2, 4, 1, 3, 333, 64, [333, 2], (5, 5), False, 1),                     # MQA, one split
-    (2, 8, 8, 1, 250, 128, [250, 17], (0, 0), False, 40),                  # window 0, many splits
-    (40, 8, 8, 1, 200, 128, [200 - i for i in range(40)], None, False, None),   # two-stage plan
+TC_CASES = [  # (b, hq, hkv, nq, nk, d, lengths, window, causal, splits, warps)
+    (2, 8, 2, 1, 300, 64, [300, 1], None, False, None, None),
+    (3, 32, 8, 4, 1000, 128, [1000, 0, 513], None, "bottom_right", 7, 4),   # an empty cache
+    (2, 16, 4, 2, 777, 128, [777, 40], (100, 0), "bottom_right", 3, None),
+    (1, 64, 4, 16, 530, 128, [529], None, "bottom_right", None, 4),           # 16 row chunks
+    (2, 4, 1, 3, 333, 64, [333, 2], (5, 5), False, 1, 4),                     # MQA, one split
+    (2, 8, 8, 1, 250, 128, [250, 17], (0, 0), False, 40, 8),                  # window 0, 40 splits
+    (40, 8, 8, 1, 200, 128, [200 - i for i in range(40)], None, False, None, None),  # many programs
 ]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-@pytest.mark.parametrize("b, hq, hkv, nq, nk, d, lengths, window, causal, splits", TC_CASES)
+@pytest.mark.parametrize("b, hq, hkv, nq, nk, d, lengths, window, causal, splits, warps",
+                         TC_CASES)
 def test_gpu_tensor_core_decoding_equals_the_float64_rule(b, hq, hkv, nq, nk, d, lengths, window, causal,
-                                                         splits, dtype):
+                                                         splits, warps, dtype):
     """The tensor-core split-KV kernel (``decode_unit="mma"``) against float64 on the inputs as
     rounded: GQA and MQA, 16-row chunks, causal and windowed bands, cache lengths of 0, 1 and
-    partial key blocks, one split to many, and both stage plans; a length the kernel refuses
-    gives NaN rows. Tolerances: float16 4e-3, bfloat16 2e-2 (P is rounded to 16 bits for the
-    second product); the logsumexp 1e-4."""
+    partial key blocks, one split to many, four and eight warps a program (the plan's choice:
+    eight where the programs are fewer than the SMs); a length the kernel refuses gives NaN
+    rows. Tolerances: float16 4e-3, bfloat16 2e-2 (P is rounded to 16 bits for the second
+    product); the logsumexp 1e-4."""
     import dataclasses
     import torch
     import kernels
@@ -499,13 +505,15 @@ def test_gpu_tensor_core_decoding_equals_the_float64_rule(b, hq, hkv, nq, nk, d,
     rng = np.random.default_rng(nk + d)
     q, k, v = (torch.from_numpy(x).cuda().to(dt) for x in make(rng, b, hq, hkv, nq, nk, d))
     q = q * 3                                            # larger logits
-    cfg = kernels.KernelConfig(family="split_kv", num_splits=splits, decode_unit="mma")
-    pb = check_inputs(q, k, v, causal=causal, window_size=window)
+    cfg = kernels.KernelConfig(family="split_kv", num_splits=splits, decode_unit="mma",
+                               decode_warps=warps)
     bad = list(lengths) + [-1, nk + 1]
     qb, kb, vb = (torch.cat([x, x[:2]]) for x in (q, k, v))
     pb = dataclasses.replace(check_inputs(qb, kb, vb, causal=causal, window_size=window),
                              cache_seqlens=torch.tensor(bad, dtype=torch.int32, device="cuda"))
-    assert decode_fwd.plan(pb, cfg).unit == "mma"
+    p = decode_fwd.plan(pb, cfg)
+    few = p.programs < decode_fwd._num_sms()         # (batch, KV head, row chunk) groups
+    assert p.unit == "mma" and p.warps == (warps or (8 if few else 4))
     out, lse = kernels.forward(pb, cfg)
     assert out.dtype == dt and lse.dtype == torch.float32
     assert torch.isnan(out[b:]).all() and torch.isnan(lse[b:]).all()
@@ -619,14 +627,14 @@ def test_gpu_decoding_step_with_device_lengths_is_captured_and_replayed():
 # -- the tensor-core kernel's registers (ptxas, CPU) ---------------------------------------------
 def compile_decode_mma_kernels(outdir) -> list:
     """ptxas figures of the tensor-core split-KV kernel (PTX for sm_90, bfloat16, one query and
-    GQA 4) at d = 64 and 128, with and without the band test, at both stage counts of its plan.
+    GQA 4) at d = 64 and 128, with and without the band test, at both warp counts of its plan.
     Run in a process without the CUDA simulator."""
     from numba import types
 
     from benchmarks.common import allow_offline_compile, compile_sm90, find_ptxas, parse_ptxas
     allow_offline_compile()
     from kernels import decode_fwd
-    from sim.decode import MMA_BLOCK_K, MMA_STAGES, MMA_STAGES_FEW_PROGRAMS, MMA_WARPS
+    from sim.decode import MMA_BLOCK_K, MMA_STAGES, MMA_WARPS, MMA_WARPS_FEW_PROGRAMS
     words, f32, i64 = types.Array(types.uint32, 4, "C"), types.float32, types.int64
     sig = (words, words, words, types.Array(f32, 5, "C"), types.Array(f32, 4, "C"),
            types.Array(types.int32, 4, "C"), types.Array(f32, 3, "C"),
@@ -635,13 +643,13 @@ def compile_decode_mma_kernels(outdir) -> list:
     out = []
     for d in (64, 128):
         for banded in (False, True):
-            for stages in (MMA_STAGES, MMA_STAGES_FEW_PROGRAMS):
-                kern = decode_fwd.make_decode_mma_kernel(d, 1, 4, "bfloat16", banded, MMA_WARPS,
-                                                         MMA_BLOCK_K, stages)
-                r = compile_sm90(kern, sig, f"decode_mma_{d}_{int(banded)}_{stages}", outdir,
+            for warps in (MMA_WARPS, MMA_WARPS_FEW_PROGRAMS):
+                kern = decode_fwd.make_decode_mma_kernel(d, 1, 4, "bfloat16", banded, warps,
+                                                         MMA_BLOCK_K, MMA_STAGES)
+                r = compile_sm90(kern, sig, f"decode_mma_{d}_{int(banded)}_{warps}", outdir,
                                  find_ptxas())
                 (fig,) = parse_ptxas(r["ptxas_log"])
-                out.append({"head_dim": d, "banded": banded, "stages": stages,
+                out.append({"head_dim": d, "banded": banded, "warps": warps,
                             "ptx_mma": r["ptx"].count("mma.sync"),
                             "ptx_local": r["ptx"].count(".local"), **fig})
     return out
@@ -649,28 +657,26 @@ def compile_decode_mma_kernels(outdir) -> list:
 
 def test_tensor_core_kernel_fits_the_resident_programs_its_plan_assumes(tmp_path):
     """ptxas: no local memory or spills, the mma count of one 16-key block (S = QK^T and
-    O += PV: d/16 x 2 and d/8 products), and registers that let an SM hold the programs
-    `sim.decode.MMA_RESIDENT_BY_REGISTERS` says (128 threads each; registers are allocated per
-    warp in units of 256)."""
-    from sim.decode import MMA_BLOCK_K, MMA_RESIDENT_BY_REGISTERS, MMA_WARPS
+    O += PV: d/16 x 2 and d/8 products), and no more registers a thread than
+    `sim.decode.MMA_REGISTERS` says (the plan's resident programs an SM follow from them)."""
+    from sim.decode import MMA_BLOCK_K, MMA_REGISTERS
 
     from .helpers import compile_sm90a_in_child
     _ptxas, figures = compile_sm90a_in_child("tests.test_decode", "compile_decode_mma_kernels",
                                              tmp_path, timeout=900)
     assert len(figures) == 8
     for f in figures:
-        d, where = f["head_dim"], f"d={f['head_dim']} banded={f['banded']} stages={f['stages']}"
+        d, where = f["head_dim"], f"d={f['head_dim']} banded={f['banded']} warps={f['warps']}"
         assert f["ptx_local"] == 0 and f["spill_store_bytes"] == f["spill_load_bytes"] == 0, where
         per_block = (d // 16) * (MMA_BLOCK_K // 8) + (MMA_BLOCK_K // 16) * (d // 8)
         assert f["ptx_mma"] >= per_block, where
-        per_warp = -(-f["registers_per_thread"] * 32 // 256) * 256
-        assert per_warp * MMA_WARPS * MMA_RESIDENT_BY_REGISTERS[d] <= 65536, where
+        assert f["registers_per_thread"] <= MMA_REGISTERS[d, f["warps"]], where
 
 
 def test_decode_benchmark_pins_our_kernel_by_unit():
-    """`benchmarks decode --unit`: our call pinned to one split-KV kernel (through
-    `kernels.decode_fwd.prepare`) computes what `ioaware.attention` does; the tensor-core one is
-    refused by name where it cannot run (the simulator)."""
+    """`benchmarks decode --unit / --warps`: our call pinned to one split-KV kernel (through
+    `kernels.decode_fwd.prepare`) computes what `ioaware.attention` does; the tensor-core one,
+    or its warps, are refused by name where it cannot run (the simulator)."""
     from benchmarks.decode import ours_call
     rng = np.random.default_rng(11)
     q, k, v = make(rng, 1, 4, 2, 1, 300, 16)
@@ -678,3 +684,9 @@ def test_decode_benchmark_pins_our_kernel_by_unit():
     np.testing.assert_allclose(out, ours_call(q, k, v)(), atol=2e-5, rtol=1e-4)
     with pytest.raises(ValueError, match="decode_unit"):
         ours_call(q, k, v, "mma")
+    with pytest.raises(ValueError, match="decode_warps"):
+        ours_call(q, k, v, None, 8)
+    import kernels
+    for bad in (6, 0, True, "8"):
+        with pytest.raises(ValueError, match="decode_warps"):
+            kernels.KernelConfig(decode_warps=bad)
