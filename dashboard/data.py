@@ -2201,7 +2201,7 @@ def new_results_path(gpu: str) -> Path:
 DECODE_SCHEMAS = ("ioaware.decode/1",)
 #: The decode file the Decoding page opens on (named here, as `DEFAULT_RATES_FILES` names the
 #: rates files; the first decode file found where it is absent).
-DEFAULT_DECODE_FILE = "decode_h100_2026-11-25.json"
+DEFAULT_DECODE_FILE = "decode_h200_2026-11-28.json"
 #: The fields of a decode record that name its workload (what the plan is built from).
 DECODE_FIELDS = ("batch", "heads_q", "heads_kv", "head_dim", "seq_len_q", "seq_len_k", "dtype")
 #: The three scores of ``decode --report`` (its summary's keys), as the page names them.

@@ -155,9 +155,8 @@ def choose_splits(programs: int, seqlen_k: int, num_sms: int,
     GPU's bandwidth, so the cache streams fastest with every resident slot busy; past one wave
     the last wave's tail and the merge's partials only add time. (FlashAttention-2's rule, the
     fewest splits within 85 % of the best wave efficiency, took 14 or 29 splits where this
-    kernel ran 7–8 % faster with 16 or 32: the B = 1 cases of
-    ``results/decode_h100_2026-11-25.json``, which therefore do not score this rule; see
-    docs/model.md for the grid that does.)"""
+    CUDA-core kernel ran 7–8 % faster with 16 or 32 on an H100: the B = 1 cases of the H100
+    decode grid this rule was written on; docs/model.md has the grids that score it.)"""
     wave = max(1, num_sms * resident_per_sm)
     most = max(1, min(MAX_SPLITS, seqlen_k // MIN_KEYS_PER_SPLIT))
     if programs >= wave:

@@ -1329,7 +1329,7 @@ def test_explore_sliding_window_shows_the_band_s_bytes():
 # -- Decoding -------------------------------------------------------------------------------------
 #: The shipped decode measurement (``python -m benchmarks decode --splits --window --ncu``) the
 #: Decoding page opens on, and one without split sweeps or counters (``--graph``).
-DECODE = ROOT / "results" / "decode_h100_2026-11-25.json"
+DECODE = ROOT / "results" / "decode_h200_2026-11-28.json"
 #: The Decoding page's default workload.
 DECODE_W = dict(batch=8, heads_q=32, heads_kv=8, seq_len_q=1, seq_len_k=32768, head_dim=128,
                 dtype="bf16")
@@ -1425,9 +1425,9 @@ def test_decode_datasheet_profile_and_custom_gpu():
     plan, costs = _sim_decode(DECODE_W, sim.PROFILES["t4"])
     assert metric(ok(at), "Splits the model picks").value == f"{plan.splits:,}"
     assert metric(at, "Predicted (datasheet rates)").value == fmt.ms(costs["time_s"] * 1e3)
-    assert "measured on the NVIDIA H100" in texts(at.warning)     # the file is another GPU's
+    assert "measured on the NVIDIA H200" in texts(at.warning)     # the file is another GPU's
     at.button(key="dc_use_profile").click().run()
-    assert ok(at).selectbox(key="w_profile").value == "h100"
+    assert ok(at).selectbox(key="w_profile").value == "h200"
     at.selectbox(key="w_profile").set_value(data.CUSTOM).run()
     ok(at)
     assert metric(at, "Predicted (datasheet rates)").value != "—"

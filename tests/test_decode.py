@@ -22,6 +22,9 @@ from sim.profiles import load_profile
 
 from .helpers import ATOL, RTOL
 
+#: The shipped decode measurement (`python -m benchmarks decode --splits --window --ncu --graph`).
+DECODE_FILE = "decode_h200_2026-11-28.json"
+
 
 def cache_rule(nq, nk, length, window=None, causal=False):
     """Allowed [Nq, Nk] pairs of one batch row with ``length`` valid keys."""
@@ -338,50 +341,58 @@ def test_costs_take_the_measured_rates_and_one_launch(tmp_path):
 
 def test_decode_report_scores_the_shipped_file_against_its_targets(capsys):
     """`benchmarks decode --report`: every record of the shipped decode file re-priced by today's
-    plan, the DRAM error against its Nsight Compute bytes, the time error against our GPU time
-    and the split pick's loss, and the summary against #17's targets."""
+    plan of the kernel it ran (its ``plan``), the DRAM error against its Nsight Compute bytes, the
+    time error against our GPU time and the split pick's loss, and the summary against #17's
+    targets."""
+    import dataclasses
     import json
     from pathlib import Path
 
     from benchmarks.decode import REPORT_TARGETS, decode_report, main
     root = Path(__file__).resolve().parent.parent / "results"
-    doc = json.loads((root / "decode_h100_2026-11-25.json").read_text())
-    profile = load_profile("h100", rates=str(root / "rates_h100_2026-11-24.json"))
+    doc = json.loads((root / DECODE_FILE).read_text())
+    profile = load_profile("h200", rates=str(root / "rates_h200_2026-11-24.json"))
     rows, summary = decode_report(doc, profile)
     assert len(rows) == len(doc["decode"]) == 18
     r0, row0 = doc["decode"][0], rows[0]
     assert row0["gpu_ms"] == r0["ioaware_device_ms"]
+    plan0 = split_kv_plan(r0["batch"], r0["heads_q"], r0["heads_kv"], 1, r0["seq_len_k"],
+                          r0["head_dim"], 2, profile.num_sms, tensor_cores=True,
+                          mma_warps=r0["plan"]["warps"])
     assert row0["dram_rel_error"] == pytest.approx(
-        split_kv_costs(split_kv_plan(r0["batch"], r0["heads_q"], r0["heads_kv"], 1, r0["seq_len_k"],
-                                     r0["head_dim"], 2, profile.num_sms, tensor_cores=False),
-                       profile)["dram_read_bytes"]
-        / r0["ncu"]["dram__bytes_read.sum"] - 1)
+        split_kv_costs(plan0, profile)["dram_read_bytes"] / r0["ncu"]["dram__bytes_read.sum"] - 1)
     for metric in ("dram", "time", "splits"):
         m = summary[metric]
         assert m["target"] == REPORT_TARGETS[metric] and 0 <= m["within"] <= m["n"] <= 18
     assert summary["dram"]["within"] == 18            # the counters of the shipped file
-    assert main(["--report", str(root / "decode_h100_2026-11-25.json"), "--rates",
-                 str(root / "rates_h100_2026-11-24.json")]) == 0
+    assert main(["--report", str(root / DECODE_FILE), "--rates",
+                 str(root / "rates_h200_2026-11-24.json")]) == 0
     out = capsys.readouterr().out
     assert "nothing fitted on the file" in out and f"{summary['time']['within']} of 18 within 15%" in out
-    # the shipped file's records name no plan: they ran the CUDA-core kernel, priced as such; a
-    # record of the tensor-core kernel (its plan.unit) is priced by that kernel's plan
-    assert all("plan" not in r for r in doc["decode"])
+    # the shipped records name the plan that ran (the tensor-core kernel); a record that names
+    # none ran the CUDA-core kernel, the only one before, and is priced by that kernel's plan
+    assert all(r["plan"]["unit"] == "mma" for r in doc["decode"])
     ffma = split_kv_plan(r0["batch"], r0["heads_q"], r0["heads_kv"], 1, 32768, r0["head_dim"], 2,
                          profile.num_sms, tensor_cores=False)
     mma = split_kv_plan(r0["batch"], r0["heads_q"], r0["heads_kv"], 1, 32768, r0["head_dim"], 2,
                         profile.num_sms, tensor_cores=True)
-    assert ffma.splits != mma.splits                   # 33 and 16 at B=1
-    for plan in (ffma, mma):
-        rec = dict(r0, seq_len_k=32768, **({"plan": plan.as_dict()} if plan.unit == "mma" else {}))
+    assert (ffma.splits, mma.splits, mma.warps) == (33, 16, 8)    # 2 and 1 resident an SM
+    four = dataclasses.replace(mma, warps=4)             # a record of four warps: its own plan
+    for plan in (ffma, mma, four):
+        rec = {k: v for k, v in r0.items() if k != "plan"} | {"seq_len_k": 32768}
+        if plan.unit == "mma":
+            rec["plan"] = plan.as_dict()
         (row,), _ = decode_report({"decode": [rec]}, profile)
-        assert row["splits"] == plan.splits
-        assert row["model_ms"] == pytest.approx(split_kv_costs(plan, profile)["time_s"] * 1e3)
+        want = split_kv_plan(r0["batch"], r0["heads_q"], r0["heads_kv"], 1, 32768, r0["head_dim"],
+                             2, profile.num_sms, tensor_cores=plan.unit == "mma",
+                             mma_warps=plan.warps if plan.unit == "mma" else None)
+        assert row["splits"] == want.splits and (plan is not four or want.splits == 33)
+        assert row["model_ms"] == pytest.approx(split_kv_costs(want, profile)["time_s"] * 1e3)
 
 
 def test_window_report_prices_the_forward_the_gpu_runs(capsys):
     """`decode --report` prices each window record's windowed and full-causal forward with the
-    plan of the family our launchers run on the file's GPU (H100: the Hopper forward), and the
+    plan of the family our launchers run on the file's GPU (H200: the Hopper forward), and the
     window's share of the causal time; a GPU below compute capability 9.0 gets the mma plan."""
     import dataclasses
     import json
@@ -392,8 +403,8 @@ def test_window_report_prices_the_forward_the_gpu_runs(capsys):
     from sim.plans import plan_for
     from sim.workload import Workload
     root = Path(__file__).resolve().parent.parent / "results"
-    doc = json.loads((root / "decode_h100_2026-11-25.json").read_text())
-    profile = load_profile("h100", rates=str(root / "rates_h100_2026-11-24.json"))
+    doc = json.loads((root / DECODE_FILE).read_text())
+    profile = load_profile("h200", rates=str(root / "rates_h200_2026-11-24.json"))
     rows = window_report(doc, profile)
     assert len(rows) == len(doc["window"]) >= 1
     rec, row = doc["window"][0], rows[0]
@@ -407,7 +418,7 @@ def test_window_report_prices_the_forward_the_gpu_runs(capsys):
     assert 0 < row["model_ratio"] < 1 and 0 < row["ratio"] < 1
     ampere = dataclasses.replace(profile, compute_capability=(8, 0))
     assert window_report(doc, ampere)[0]["family"] == "mma"
-    assert main(["--report", str(root / "decode_h100_2026-11-25.json")]) == 0
+    assert main(["--report", str(root / DECODE_FILE)]) == 0
     assert "sliding windows: today's plan of the wgmma forward" in capsys.readouterr().out
 
 
