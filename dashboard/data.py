@@ -2222,17 +2222,19 @@ def decode_limits() -> dict:
 
 
 def _decode_plan_cost(sizes: dict, prof, splits: int | None = None,
-                      tensor_cores: bool | None = None):
+                      tensor_cores: bool | None = None, mma_warps: int | None = None):
     """``(plan, costs)`` of ``sim.decode`` for a decoding workload (``sizes``: the
     :data:`DECODE_FIELDS`) on ``prof``: ``split_kv_plan`` (splits by the model's choice unless
-    given; its kernel by the plan's rule unless ``tensor_cores`` says which, as for a measured
-    record, ``benchmarks.decode.record_tensor_cores``) priced by ``split_kv_costs``."""
+    given; its kernel and warps by the plan's rule unless ``tensor_cores`` and ``mma_warps`` say
+    which, as for a measured record, ``benchmarks.decode.record_tensor_cores`` and
+    ``record_mma_warps``) priced by ``split_kv_costs``."""
     dec = importlib.import_module("sim.decode")
     element = importlib.import_module("sim.workload").DTYPE_BYTES[sizes["dtype"]]
     plan = dec.split_kv_plan(int(sizes["batch"]), int(sizes["heads_q"]), int(sizes["heads_kv"]),
                              int(sizes["seq_len_q"]), int(sizes["seq_len_k"]),
                              int(sizes["head_dim"]), element, prof.num_sms, splits=splits,
-                             tensor_cores=tensor_cores, smem_bytes_per_sm=prof.smem_bytes_per_sm)
+                             tensor_cores=tensor_cores, smem_bytes_per_sm=prof.smem_bytes_per_sm,
+                             mma_warps=mma_warps)
     return plan, dec.split_kv_costs(plan, prof)
 
 
@@ -2449,7 +2451,8 @@ def decode_measured(digest: str, profile: str, custom: tuple | None = None,
     cases, sweeps = [], {}
     records = doc.get("decode", [])
     # the rates the plans price at: the plan's own where there are records
-    ran_mma = importlib.import_module("benchmarks.decode").record_tensor_cores
+    bench = importlib.import_module("benchmarks.decode")
+    ran_mma, ran_warps = bench.record_tensor_cores, bench.record_mma_warps
     sources = (_decode_plan_cost({k: records[0][k] for k in DECODE_FIELDS}, prof,
                                  tensor_cores=ran_mma(records[0]))[1]["rates"]
                if records else _rate_sources_of(prof))
@@ -2480,8 +2483,9 @@ def decode_measured(digest: str, profile: str, custom: tuple | None = None,
             continue
         cases[-1]["has_sweep"] = True
         predicted = pd.DataFrame(
-            [{"splits": s, "time_ms": _decode_plan_cost(sizes, prof, s, ran_mma(rec))[1]["time_s"]
-              * 1e3} for s in range(1, max(max(timed), pick) + 1)])
+            [{"splits": s, "time_ms": _decode_plan_cost(sizes, prof, s, ran_mma(rec),
+                                                        ran_warps(rec))[1]["time_s"] * 1e3}
+             for s in range(1, max(max(timed), pick) + 1)])
         best = min(timed, key=timed.get)
         sweeps[i] = {"measured": pd.DataFrame({"splits": list(timed),
                                                "measured_ms": list(timed.values())}

@@ -268,6 +268,69 @@ def prepare(key, pb: Problem, backend):
     _PREPARED[key] = entry
 
 
+def cache_key(q, k, v, mask, block_mask, dropout_p, cache_seqlens, flags):
+    """The `prepared_key` of a decoding call (`ioaware.attention` with ``cache_seqlens``) whose
+    lengths are a torch integer tensor on q's CUDA device, which no check reads (the split-KV
+    kernel checks each length), plus the lengths' dtype and shape; None for any other call."""
+    if not (is_torch(cache_seqlens) and is_torch(q) and q.is_cuda and cache_seqlens.is_cuda
+            and cache_seqlens.device == q.device):
+        return None
+    key = prepared_key(q, k, v, mask, None, block_mask, dropout_p, flags)
+    if key is None:
+        return None
+    key = key + (cache_seqlens.dtype, tuple(cache_seqlens.shape))
+    try:
+        hash(key)
+    except TypeError:                   # an argument that cannot be a key: the full path
+        return None
+    return key
+
+
+class PreparedDecode:
+    """What the first checked decoding call of a `cache_key` leaves for the next ones: the
+    split-KV forward prepared (`kernels.prepare_forward`), run with each call's cache lengths.
+    Inputs and outputs are in the caller's shapes."""
+    __slots__ = ("problem", "_forward", "_four_d")
+
+    def __init__(self, problem, forward):
+        self.problem, self._forward = problem, forward
+        self._four_d = len(problem.q_shape) == len(problem.kv_shape) == len(problem.v_shape) == 4
+
+    def forward(self, q, k, v, cache_seqlens):
+        """``(out, lse)`` of new operands and lengths with this key (int32 on the device as the
+        kernel takes them: a contiguous int32 tensor is passed as it is)."""
+        torch = sys.modules["torch"]
+        lengths = cache_seqlens.detach()
+        if lengths.dtype != torch.int32 or not lengths.is_contiguous():
+            lengths = lengths.to(torch.int32).contiguous()
+        if self._four_d:
+            return self._forward(q, k, v, layout_known=True, cache_seqlens=lengths)
+        pb = self.problem
+        out, lse = self._forward(_canonical(q), _canonical(k), _canonical(v), layout_known=True,
+                                 cache_seqlens=lengths)
+        return pb.restore_q(out), pb.restore_lse(lse)
+
+
+def prepare_cache(key, pb: Problem, backend):
+    """After a checked decoding call of ``pb`` (lengths on q's CUDA device) ran in full, keep a
+    `PreparedDecode` for ``key`` where the split-KV kernel runs it (else None: such calls take
+    the full path every time)."""
+    entry = None
+    if backend == "numba" and pb.kind == "torch" and pb.device.startswith("cuda") \
+            and not pb.trivial and pb.mask is None:
+        kernels = kernel_cache.kernels()
+        try:
+            family = kernels.family_for(pb, None, "fwd")
+        except ValueError:
+            family = None
+        if family == "split_kv":
+            entry = PreparedDecode(dataclasses.replace(pb, q=None, k=None, v=None),
+                                   kernels.prepare_forward(pb))
+    if len(_PREPARED) >= MAX_PREPARED:
+        _PREPARED.clear()
+    _PREPARED[key] = entry
+
+
 def _run_backward(pb: Problem, out, lse, dout, backend):
     """Gradients, zero where the forward's output does not depend on the inputs (see :func:`_run_forward`)."""
     if pb.trivial or pb.dropout_p >= 1.0:

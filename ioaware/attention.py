@@ -23,7 +23,7 @@ import functools
 import numpy as np
 
 from ._backends import (_PREPARED, BACKENDS, _cache_problem, _problem, _resolve_backend, _run_backward,
-                        _run_forward, _run_forward_with_cache)
+                        _run_forward, _run_forward_with_cache, cache_key, prepare_cache)
 from ._inputs import (BlockMask, _block_mask_parts, _check_seed, _scalar, check_inputs, is_torch,
                       parse_causal, sdpa_arguments, torch_or_none)
 from .block_info import check_window_size
@@ -110,12 +110,22 @@ def attention(q, k, v, *, causal=False, window_size=None, mask=None, block_mask=
         if is_torch(q) and torch.is_grad_enabled() and any(is_torch(x) and x.requires_grad for x in (q, k, v)):
             raise ValueError("cache_seqlens is for decoding (forward only), but q, k or v requires grad; call "
                              "under torch.no_grad() or torch.inference_mode(), or detach the inputs")
+        # a decoding step like one checked before (lengths on the GPU): its prepared kernel
+        window = tuple(window_size) if isinstance(window_size, list) else window_size
+        key = cache_key(q, k, v, mask, block_mask, dropout_p, cache_seqlens,
+                        ("cache", causal, window, scale, block_q, block_k, backend))
+        entry = _PREPARED.get(key) if key is not None else None
+        if entry is not None:
+            out, lse = entry.forward(q, k, v, cache_seqlens)
+            return (out, lse) if return_lse else out
         backend = _resolve_backend(backend, q)
         pb, lengths = _cache_problem(q, k, v, backend, cache_seqlens, causal=causal, window_size=window_size,
                                      mask=mask, block_mask=block_mask, scale=scale, dropout_p=dropout_p,
                                      block_q=block_q, block_k=block_k)
         out4, lse3 = _run_forward_with_cache(pb, lengths, backend)
         out, lse = pb.restore_q(out4), pb.restore_lse(lse3)
+        if key is not None and key not in _PREPARED:
+            prepare_cache(key, pb, backend)
     elif is_torch(q):
         out, lse = _torch_attention(q, k, v, causal=causal, window_size=window_size, mask=mask, bias=None,
                                     block_mask=block_mask, scale=scale, dropout_p=dropout_p, seed=seed,

@@ -1063,8 +1063,10 @@ def forward(problem, config=None):
 
 def prepare(problem, config=None):
     """The decoding forward of ``problem`` with its plan, kernels and constants chosen once:
-    ``run(q, k, v) -> (out, lse)`` for operands of its shapes, dtype and device (its cache
-    lengths, if any, are kept)."""
+    ``run(q, k, v, layout_known=False, cache_seqlens=None) -> (out, lse)`` for operands of its
+    shapes, dtype and device. ``cache_seqlens``: this call's cache lengths, an int32 torch
+    tensor ``[B]`` on q's device (not read by the host: the kernel checks each length), in
+    place of the problem's (kept where a call gives none)."""
     pb = problem
     p = plan(pb, config)
     template = host._without_operands(pb)
@@ -1086,11 +1088,16 @@ def prepare(problem, config=None):
     consts = (np.float32(pb.scale * LOG2E), np.int64(lo), np.int64(hi), np.int64(shift),
               np.int64(pb.seqlen_k), np.int64(pb.heads_kv), np.int64(p.row_chunks))
     plans = {}
-    repeat = host.Repeat(template, config)
+    repeat = host.Repeat(template, config, lengths_per_call=True)
+    # the problem's own lengths on the device (address, array) for repeats that give none: set
+    # by a full call that used them
+    own = []
 
-    def run(q, k, v, layout_known=False):
+    def run(q, k, v, layout_known=False, cache_seqlens=None):
+        given = None if cache_seqlens is None else _lengths_ptr(cache_seqlens, q, B)
         ptrs = repeat.pointers((q, k, v), layout_known)
-        if ptrs is not None:            # -- the operands' layout of the recorded call: repeat it --
+        if ptrs is not None and (given is not None or own):
+            # -- the operands' layout of the recorded call: repeat it --
             # the logsumexp and the splits' partial (o, lse) in one float32 allocation
             rows = B * Hq * Nq
             work, (p_lse_out, p_o, p_lse) = repeat.scratch(q, rows, p.splits * rows * D,
@@ -1098,7 +1105,8 @@ def prepare(problem, config=None):
             out = repeat.like(q)                    # [B, Hq, Nq, D], as q
             stream = host.stream_handle(q)
             counters = _torch_counters(q, stream, p.programs).data_ptr()
-            repeat.launches[0](stream, *ptrs, p_o, p_lse, out.data_ptr(), p_lse_out, counters)
+            repeat.launches[0](stream, *ptrs, p_o, p_lse, out.data_ptr(), p_lse_out, counters,
+                               own[0] if given is None else given)
             return out, work[:rows].view(B, Hq, Nq)
         call = host.Call(template, q=q)
         qi, ki, vi = (call.input(x, words=words, aligned=True, word_bytes=4) for x in (q, k, v))
@@ -1109,7 +1117,11 @@ def prepare(problem, config=None):
         if words:       # two elements per int32 word
             out_arg = out_arg.view(call._torch.int32 if call.torch else np.int32)
         lse = call.output((B, Hq, Nq), float32=True)
-        seqlens = _seqlens(call, template)
+        seqlens = cache_seqlens
+        if seqlens is None:
+            seqlens = _seqlens(call, template)
+            if call.torch and not own:
+                own.extend([_device_address(seqlens), seqlens])
         if call.torch and host.real_gpu():
             counters = _torch_counters(call.q, host.stream_handle(call.q), p.programs)
         else:
@@ -1118,9 +1130,28 @@ def prepare(problem, config=None):
         host.relaunch(plans, (qi, ki, vi, seqlens), kern, p.grid, p.threads, call.stream,
                       args, sharedmem=smem, fast=fast)
         repeat.record((q, k, v), (qi, ki, vi), lambda: [
-            host.pointer_launch(kern, p.grid, p.threads, smem, args, range(8))])
+            host.pointer_launch(kern, p.grid, p.threads, smem, args, range(9))])
         return out.value(), lse.value()
     return run
+
+
+def _lengths_ptr(lengths, q, batch: int) -> int:
+    """The device address of a call's cache lengths: an int32 torch tensor ``[batch]``,
+    contiguous, on q's device (`ioaware` passes them so), else ValueError naming them."""
+    import torch
+    if not (torch.is_tensor(lengths) and lengths.dtype == torch.int32 and lengths.device == q.device
+            and tuple(lengths.shape) == (batch,) and lengths.is_contiguous()):
+        raise ValueError(f"cache_seqlens must be a contiguous int32 tensor of shape ({batch},) on "
+                         f"{q.device}, got {type(lengths).__name__} "
+                         f"{getattr(lengths, 'dtype', '')} {tuple(getattr(lengths, 'shape', ()))}")
+    return lengths.data_ptr()
+
+
+def _device_address(array) -> int:
+    """The device address of a torch CUDA tensor or a Numba device array."""
+    if hasattr(array, "data_ptr"):
+        return array.data_ptr()
+    return array.__cuda_array_interface__["data"][0]
 
 
 #: The split-KV programs' arrival counters (int32, one per program group) by (device, stream):

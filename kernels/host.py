@@ -520,13 +520,14 @@ class Repeat:
     their outputs and repeat that call's launches (`PointerLaunch`) with the new data pointers:
     none of `Call`'s work, no signature lookup, no marshalling. The second call, not the first:
     a family's one-shot ``forward`` (prepare, then run once) records nothing. Recorded only for
-    torch CUDA calls on the fast launch path without a mask or cache lengths (whose device
-    copies are made per call)."""
+    torch CUDA calls on the fast launch path without a mask, and without cache lengths (whose
+    device copies are made per call) unless ``lengths_per_call``: the caller passes each call's
+    lengths to the repeated launch itself (`kernels.decode_fwd.prepare`)."""
     __slots__ = ("enabled", "full_runs", "layout", "launches", "float32", "_empty_like")
 
-    def __init__(self, template, config):
+    def __init__(self, template, config, lengths_per_call=False):
         self.enabled = (template.kind == "torch" and template.mask is None
-                        and getattr(template, "cache_seqlens", None) is None
+                        and (lengths_per_call or getattr(template, "cache_seqlens", None) is None)
                         and bool(getattr(config, "fast_launch", True)) and real_gpu())
         self.full_runs = 0
         self.layout = self.launches = self.float32 = self._empty_like = None

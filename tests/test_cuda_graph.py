@@ -101,6 +101,34 @@ def test_decode_replays_on_a_changing_cache():
             assert torch.equal(out, want)
 
 
+def test_decode_with_cache_lengths_replays_on_changing_lengths():
+    """A decoding step with its cache lengths on the GPU (the prepared path, its launch
+    repeated) captured in a graph: replays read the lengths and the cache as they are then."""
+    g = torch.Generator(device="cuda").manual_seed(1)
+    q = torch.randn(4, 32, 1, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    k = torch.randn(4, 8, 4096, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    v = torch.randn(4, 8, 4096, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    lens = torch.tensor([4096, 100, 1, 3000], device="cuda", dtype=torch.int32)
+    kw = dict(backend="numba", cache_seqlens=lens, causal="bottom_right")
+    with torch.inference_mode():
+        for _ in range(3):                                       # prepared, then recorded
+            ioaware.attention(q, k, v, **kw)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = ioaware.attention(q, k, v, **kw)
+        for new in ([17, 4096, 2048, 0], [4000, 4001, 5, 64]):       # 4001: past the cache
+            lens.copy_(torch.tensor(new))
+            k.normal_(generator=g)
+            graph.replay()
+            want = ioaware.attention(q, k, v, backend="numba",
+                                     cache_seqlens=lens.clone(), causal="bottom_right")
+            torch.cuda.synchronize()
+            assert torch.equal(out.isnan(), want.isnan())
+            assert torch.equal(out.nan_to_num(), want.nan_to_num())
+            assert torch.isnan(out[1]).all() == (new[1] > 4096)
+
+
 def test_dropout_without_seed_is_refused_while_capturing():
     q, k, v = (torch.randn(1, 2, 64, 64, device="cuda") for _ in range(3))
     ioaware.attention(q, k, v, dropout_p=0.1, seed=3, backend="numba")   # warm-up

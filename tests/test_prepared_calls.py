@@ -40,6 +40,25 @@ def test_only_plain_cuda_calls_have_a_key():
                                       None, None, 0.0, FLAGS) is None
 
 
+def test_only_decoding_calls_with_lengths_on_the_gpu_have_a_cache_key():
+    """`ioaware._backends.cache_key`: a decoding call is prepared only where its cache lengths
+    are a tensor on q's GPU (which no check reads); lengths as an int, a list, NumPy or a CPU
+    tensor are read and checked by every call."""
+    q = torch.zeros(1, 2, 1, 16)
+    assert _backends.cache_key(q, q, q, None, None, 0.0, torch.tensor([3]), FLAGS) is None
+    if torch.cuda.is_available():
+        c = q.cuda()
+        lens = torch.tensor([3], device="cuda")
+        key = _backends.cache_key(c, c, c, None, None, 0.0, lens, FLAGS)
+        assert key is not None and key != _backends.prepared_key(c, c, c, None, None, None, 0.0,
+                                                                 FLAGS)
+        assert key != _backends.cache_key(c, c, c, None, None, 0.0, lens.int(), FLAGS)
+        for other in (3, [3], np.array([3]), lens.cpu()):
+            assert _backends.cache_key(c, c, c, None, None, 0.0, other, FLAGS) is None
+        mask = torch.ones(1, 8, dtype=torch.bool, device="cuda")
+        assert _backends.cache_key(c, c, c, mask, None, 0.0, lens, FLAGS) is None
+
+
 def test_repeat_records_on_the_second_full_run_and_guards_the_layout(monkeypatch):
     """`kernels.host.Repeat` (CPU tensors stand in for the device's): nothing is recorded by a
     first full run (a one-shot forward), the second records; recorded launches are offered only
@@ -265,6 +284,47 @@ def test_a_prepared_call_repeats_the_recorded_launches(cuda, name, monkeypatch):
         want, want_lse = attention(q, k, v, backend="numba", return_lse=True, **kw)
     assert out.shape == want.shape and out.dtype == want.dtype and lse.dtype == want_lse.dtype
     assert torch.equal(out, want) and torch.equal(lse, want_lse)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("lengths_dtype", [torch.int32, torch.int64])
+def test_a_decoding_step_with_lengths_on_the_gpu_repeats_its_launch(cuda, lengths_dtype,
+                                                                     monkeypatch):
+    """``attention(..., cache_seqlens=lengths)`` with the lengths on q's GPU: call 1 checks and
+    prepares (a `PreparedDecode`), calls 2 and 3 run the prepared split-KV forward in full, and
+    later calls repeat the recorded launch with their own operands and lengths (the checks and
+    `kernels.host.Call` made to fail): bitwise the full path, for lengths that change call
+    after call, a length past the cache included (its row comes out NaN, as the kernel checks
+    each length)."""
+    g = torch.Generator(device="cuda").manual_seed(5)
+    sq, skv = (3, 8, 1, 128), (3, 2, 2000, 128)
+    kw = dict(backend="numba", causal="bottom_right", return_lse=True)
+    _backends._PREPARED.clear()
+    with torch.inference_mode():
+        for step in range(3):
+            lens = torch.tensor([2000, 1000 + step, 7], device="cuda", dtype=lengths_dtype)
+            attention(*_inputs(g, sq, skv, torch.bfloat16, False), cache_seqlens=lens, **kw)
+        (entry,) = _backends._PREPARED.values()
+        assert isinstance(entry, _backends.PreparedDecode)
+        for lengths in ([2000, 1, 0], [17, 2001, 1999]):
+            lens = torch.tensor(lengths, device="cuda", dtype=lengths_dtype)
+            q, k, v = _inputs(g, sq, skv, torch.bfloat16, False)
+
+            def no_checks(*a, **k_):
+                raise AssertionError("the prepared call ran the checks")
+            monkeypatch.setattr(_backends, "check_inputs", no_checks)
+            _no_call(monkeypatch)
+            out, lse = attention(q, k, v, cache_seqlens=lens, **kw)
+            monkeypatch.undo()
+            kept = dict(_backends._PREPARED)
+            _backends._PREPARED.clear()
+            want, want_lse = attention(q, k, v, cache_seqlens=lens, **kw)     # the full path
+            _backends._PREPARED.clear()
+            _backends._PREPARED.update(kept)
+            torch.cuda.synchronize()
+            for a, b in ((out, want), (lse, want_lse)):
+                assert torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num())
+            assert torch.isnan(out[1]).all() == (lengths[1] > 2000)
 
 
 @pytest.mark.gpu
