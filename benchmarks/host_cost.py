@@ -10,8 +10,8 @@ while the GPU sleeps, so that a call returns as soon as its launches are enqueue
 (`benchmarks.common.host_call_ms`), with ``KernelConfig(fast_launch=False)`` (Numba's launch)
 and ``fast_launch=True`` in the same process; of ``ioaware.attention`` prepared (its checks and
 choices made on the first call of a key) and unprepared (`attention_host_ms`), also for a
-decoding case (B=8, 32/8 heads, d=128, 4096 keys, bfloat16), with PyTorch's SDPA on the same
-tensors, both as one call's time and as the time per call of a loop of calls (ours and SDPA's
+decoding case (B=8, 32/8 heads, d=128, 4096 keys, bfloat16; also with cache lengths on the GPU,
+prepared and not: `cache_lengths_host_ms`), with PyTorch's SDPA on the same tensors, both as one call's time and as the time per call of a loop of calls (ours and SDPA's
 taken in turn, three rounds: the steadier figure on a host whose speed varies), and for a
 training call (forward and backward through autograd) as a loop; the forward's GPU time (CUDA events behind a
 device-side sleep); and the split of the fast forward's host time (`launch_split`) into the code
@@ -126,6 +126,29 @@ def attention_host_ms(torch, attention, q, k, v, reps=100, rounds=3, training=Tr
     return out
 
 
+def cache_lengths_host_ms(torch, attention, q, k, v, lengths, reps=100) -> dict:
+    """Host time (ms) of a decoding call with its cache lengths on the GPU,
+    ``ioaware.attention(q, k, v, cache_seqlens=lengths, causal="bottom_right")`` under inference
+    mode: ``fwd_host_ms_attention_lengths`` (prepared: `ioaware._backends.cache_key`) and
+    ``fwd_host_ms_attention_lengths_unprepared`` (every call checked in full: ``cache_key``
+    replaced by one that keys nothing)."""
+    from ioaware import _backends
+    out = {}
+    with torch.inference_mode():
+        fn = lambda: attention(q, k, v, backend="numba", cache_seqlens=lengths,   # noqa: E731
+                               causal="bottom_right")
+        for _ in range(3):    # checked and prepared, then run in full twice (the launch recorded)
+            fn()
+        out["fwd_host_ms_attention_lengths"] = host_call_ms(torch, fn, reps=reps)
+        real = _backends.cache_key
+        _backends.cache_key = lambda *a, **kw: None
+        try:
+            out["fwd_host_ms_attention_lengths_unprepared"] = host_call_ms(torch, fn, reps=reps)
+        finally:
+            _backends.cache_key = real
+    return out
+
+
 def _loop_rounds(torch, tag, ours, sdpa, rounds, calls=200) -> dict:
     """``{tag}_loop_us_attention`` and ``{tag}_loop_us_sdpa``: medians of ``rounds`` loops of
     ``calls`` calls each (`loop_call_us`), ours and SDPA's taken in turn."""
@@ -193,6 +216,8 @@ def main(argv=None) -> int:
                "seq_len": 1, "seq_len_k": 4096,
                "family": kernels.family_for(attention_problem(q, k, v), None, "fwd")}
         row.update(attention_host_ms(torch, attention, q, k, v, training=False))
+        lengths = torch.full((8,), 4000, dtype=torch.int32, device="cuda")
+        row.update(cache_lengths_host_ms(torch, attention, q, k, v, lengths))
         rows.append(row)
         print(json.dumps(row), flush=True)
     if args.out:

@@ -22,8 +22,9 @@ import functools
 
 import numpy as np
 
+from . import _backends
 from ._backends import (_PREPARED, BACKENDS, _cache_problem, _problem, _resolve_backend, _run_backward,
-                        _run_forward, _run_forward_with_cache, cache_key, prepare_cache)
+                        _run_forward, _run_forward_with_cache, prepare_cache)
 from ._inputs import (BlockMask, _block_mask_parts, _check_seed, _scalar, check_inputs, is_torch,
                       parse_causal, sdpa_arguments, torch_or_none)
 from .block_info import check_window_size
@@ -112,7 +113,7 @@ def attention(q, k, v, *, causal=False, window_size=None, mask=None, block_mask=
                              "under torch.no_grad() or torch.inference_mode(), or detach the inputs")
         # a decoding step like one checked before (lengths on the GPU): its prepared kernel
         window = tuple(window_size) if isinstance(window_size, list) else window_size
-        key = cache_key(q, k, v, mask, block_mask, dropout_p, cache_seqlens,
+        key = _backends.cache_key(q, k, v, mask, block_mask, dropout_p, cache_seqlens,
                         ("cache", causal, window, scale, block_q, block_k, backend))
         entry = _PREPARED.get(key) if key is not None else None
         if entry is not None:
