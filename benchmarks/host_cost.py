@@ -94,19 +94,13 @@ def attention_host_ms(torch, attention, q, k, v, reps=100, rounds=3, training=Tr
     (`benchmarks.common.loop_call_us`), the median of ``rounds`` rounds taken in turn with
     SDPA's; with ``training``, ``train_loop_us_attention`` / ``train_loop_us_sdpa``: the same
     for a forward and backward through autograd (operands that require grad)."""
-    from ioaware import _backends
     out = {}
     with torch.inference_mode():
         fn = lambda: attention(q, k, v, backend="numba")      # noqa: E731
         fn()
         fn()                  # (the second full run records the launches a prepared call repeats)
-        out["fwd_host_ms_attention"] = host_call_ms(torch, fn, reps=reps)
-        real = _backends.prepared_key
-        _backends.prepared_key = lambda *a, **kw: None
-        try:
-            out["fwd_host_ms_attention_unprepared"] = host_call_ms(torch, fn, reps=reps)
-        finally:
-            _backends.prepared_key = real
+        out["fwd_host_ms_attention"], out["fwd_host_ms_attention_unprepared"] = \
+            _prepared_and_not(torch, fn, "prepared_key", reps)
         import torch.nn.functional as F
         sdpa = lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)   # noqa: E731
         sdpa()
@@ -132,21 +126,29 @@ def cache_lengths_host_ms(torch, attention, q, k, v, lengths, reps=100) -> dict:
     mode: ``fwd_host_ms_attention_lengths`` (prepared: `ioaware._backends.cache_key`) and
     ``fwd_host_ms_attention_lengths_unprepared`` (every call checked in full: ``cache_key``
     replaced by one that keys nothing)."""
-    from ioaware import _backends
     out = {}
     with torch.inference_mode():
         fn = lambda: attention(q, k, v, backend="numba", cache_seqlens=lengths,   # noqa: E731
                                causal="bottom_right")
         for _ in range(3):    # checked and prepared, then run in full twice (the launch recorded)
             fn()
-        out["fwd_host_ms_attention_lengths"] = host_call_ms(torch, fn, reps=reps)
-        real = _backends.cache_key
-        _backends.cache_key = lambda *a, **kw: None
-        try:
-            out["fwd_host_ms_attention_lengths_unprepared"] = host_call_ms(torch, fn, reps=reps)
-        finally:
-            _backends.cache_key = real
+        out["fwd_host_ms_attention_lengths"], out["fwd_host_ms_attention_lengths_unprepared"] = \
+            _prepared_and_not(torch, fn, "cache_key", reps)
     return out
+
+
+def _prepared_and_not(torch, fn, key_function, reps) -> tuple:
+    """Host ms of ``fn`` (a call whose key an earlier call prepared), and with
+    ``ioaware._backends.<key_function>`` replaced by one that keys nothing (every call checked
+    and dispatched in full)."""
+    from ioaware import _backends
+    prepared = host_call_ms(torch, fn, reps=reps)
+    real = getattr(_backends, key_function)
+    setattr(_backends, key_function, lambda *a, **kw: None)
+    try:
+        return prepared, host_call_ms(torch, fn, reps=reps)
+    finally:
+        setattr(_backends, key_function, real)
 
 
 def _loop_rounds(torch, tag, ours, sdpa, rounds, calls=200) -> dict:

@@ -690,6 +690,19 @@ def make_finish(head_dim: int, rows: int, seqlen_q: int, group: int, warps: int,
     pack = _half_op("pack", operand)
     merge_rows = make_merge_rows(head_dim, rows, seqlen_q, group, warps, operand, use_shfl)
 
+    @cuda.jit(device=True, inline=True)
+    def row_sum_lse(sm_m, sm_l, r):
+        # -- row r's sum over the warps and its logsumexp (natural log; -inf with no key) --
+        l_all = float32(0.0)
+        m_all = NEG_INF
+        for w in range(NW):
+            l_all += sm_l[w, r]
+            m_all = max(m_all, sm_m[w, r])
+        x = NEG_INF
+        if l_all > float32(0.0):
+            x = (m_all + math.log2(l_all)) * float32(LN2)
+        return l_all, x
+
     @cuda.jit(device=True)
     def finish(o_part, lse_part, out, lse, counters, b, hkv, chunk, pid, split, splits,
                bad_length, sm_m, sm_l, sm_acc):
@@ -704,11 +717,7 @@ def make_finish(head_dim: int, rows: int, seqlen_q: int, group: int, warps: int,
                 row = chunk * ROWS + r
                 h = hkv * G + row // NQ
                 i = row % NQ
-                l_all = float32(0.0)
-                m_all = NEG_INF
-                for w in range(NW):
-                    l_all += sm_l[w, r]
-                    m_all = max(m_all, sm_m[w, r])
+                l_all, x = row_sum_lse(sm_m, sm_l, r)
                 inv = float32(0.0)
                 if l_all > float32(0.0):
                     inv = float32(1.0) / l_all
@@ -723,9 +732,6 @@ def make_finish(head_dim: int, rows: int, seqlen_q: int, group: int, warps: int,
                     o0 = sm_acc[r, u] * inv
                     out[b, h, i, u] = NAN if bad_length else o0
                 if u == 0:
-                    x = NEG_INF
-                    if l_all > float32(0.0):
-                        x = (m_all + math.log2(l_all)) * float32(LN2)
                     lse[b, h, i] = NAN if bad_length else x
             return
 
@@ -736,11 +742,7 @@ def make_finish(head_dim: int, rows: int, seqlen_q: int, group: int, warps: int,
             row = chunk * ROWS + r
             h = hkv * G + row // NQ
             i = row % NQ
-            l_all = float32(0.0)
-            m_all = NEG_INF
-            for w in range(NW):
-                l_all += sm_l[w, r]
-                m_all = max(m_all, sm_m[w, r])
+            l_all, x = row_sum_lse(sm_m, sm_l, r)
             o = float32(0.0)
             if l_all > float32(0.0):
                 o = sm_acc[r, col] / l_all
@@ -748,12 +750,7 @@ def make_finish(head_dim: int, rows: int, seqlen_q: int, group: int, warps: int,
                 o = NAN
             o_part[split, b, h, i, col] = o
             if col == 0:
-                x = NEG_INF
-                if l_all > float32(0.0):
-                    x = (m_all + math.log2(l_all)) * float32(LN2)
-                if bad_length:
-                    x = NAN
-                lse_part[split, b, h, i] = x
+                lse_part[split, b, h, i] = NAN if bad_length else x
 
         # -- the last of the group's programs to finish merges the splits --
         cuda.threadfence()                  # this program's partials, visible before its ticket
