@@ -92,7 +92,7 @@ def _window(text: str) -> tuple[int, int]:
 
 def _split_kv_cmd(a) -> int:
     """``predict --schedule split-kv``: the split-KV decoding plan (`sim.decode`) and its costs."""
-    from .decode import split_kv_plan, split_kv_costs
+    from .decode import split_kv_costs, split_kv_plan, uses_tensor_cores
     for flag, value in (("--dropout", a.dropout), ("--density", a.density), ("--window", a.window),
                         ("--block-q", a.block_q), ("--block-k", a.block_k)):
         if value:
@@ -104,9 +104,12 @@ def _split_kv_cmd(a) -> int:
         raise SystemExit(f"error: --heads {a.heads} must be a multiple of --heads-kv {heads_kv}")
     seq_len_k = a.seq_len_k or a.seq_len
     element = {"fp16": 2, "bf16": 2, "fp32": 4}[a.dtype]
+    if a.decode_warps is not None and not uses_tensor_cores(a.head_dim, element):
+        raise SystemExit(f"error: --decode-warps sets the tensor-core kernel's warps; {a.dtype} at "
+                         f"--head-dim {a.head_dim} runs the CUDA-core kernel")
     plan = split_kv_plan(a.batch, a.heads, heads_kv, a.seq_len, seq_len_k, a.head_dim, element,
                          a.device.num_sms, splits=a.splits,
-                         smem_bytes_per_sm=a.device.smem_bytes_per_sm)
+                         smem_bytes_per_sm=a.device.smem_bytes_per_sm, mma_warps=a.decode_warps)
     prof = a.device if a.rates is None else a.device.with_rates(a.rates)
     costs = split_kv_costs(plan, prof)
     d = {"schedule": "split-kv", "profile": a.device.name, "plan": plan.as_dict(), **costs,
@@ -116,8 +119,9 @@ def _split_kv_cmd(a) -> int:
         return 0
     rows = [("schedule", f"split-kv (fwd) on {a.device.name}"),
             ("splits", f"{plan.splits}" + (" (given)" if a.splits else " (chosen by the model)")),
-            ("kernel", "tensor cores (mma), " + f"{plan.stages} stages a warp" if plan.unit == "mma"
-             else "CUDA cores (ffma)"),
+            ("kernel", f"tensor cores (mma), {plan.warps} warps a program"
+             + (" (given)" if a.decode_warps else "") + f", {plan.stages} stages a warp, "
+             f"{plan.resident_per_sm} resident an SM" if plan.unit == "mma" else "CUDA cores (ffma)"),
             ("grid x threads", f"{plan.grid[0]} x {plan.grid[1]} programs of {plan.threads} threads"),
             ("rows per program", f"{plan.rows_per_program} ({plan.row_chunks} chunk(s) per KV head)"),
             ("K/V bytes (read once per KV head)", _fmt(costs["kv_bytes"])),
@@ -147,8 +151,8 @@ def _predict_cmd(a) -> int:
         raise SystemExit("error: predict --rates applies to --schedule split-kv and flash3 (the "
                          "textbook schedules' model is the roofline; `python -m sim plan --family F "
                          "--rates` prices a kernel family's plan)")
-    if a.splits is not None:
-        raise SystemExit("error: --splits applies to --schedule split-kv only")
+    if a.splits is not None or a.decode_warps is not None:
+        raise SystemExit("error: --splits and --decode-warps apply to --schedule split-kv only")
     w = Workload(batch=a.batch, heads=a.heads, heads_kv=a.heads_kv, seq_len_q=a.seq_len,
                  seq_len_k=a.seq_len_k, head_dim=a.head_dim, dtype=a.dtype, causal=a.causal,
                  dropout=a.dropout, pass_=a.pass_, block_density=a.density, block_mask_seed=a.seed,
@@ -192,7 +196,7 @@ def _flash3_cmd(a) -> int:
     from .plans import plan_for
     from .plans.flash3 import overlap_report, tflops
     for flag, value in (("--dropout", a.dropout), ("--density", a.density), ("--splits", a.splits),
-                        ("--fused-softmax", a.fused_softmax), ("--variant", a.variant),
+                        ("--decode-warps", a.decode_warps), ("--fused-softmax", a.fused_softmax), ("--variant", a.variant),
                         ("--micro-tile", a.micro_tile), ("--micro-tile-kv", a.micro_tile_kv),
                         ("--calibrate-on", a.calibrate_on)):
         if value:
@@ -616,6 +620,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="flash3: CTAs sharing K/V loads by TMA multicast (default FlashAttention-3's choice)")
     p.add_argument("--splits", type=int, default=None,
                    help="split-kv: key splits (default: the model's choice, sim.decode.choose_splits)")
+    p.add_argument("--decode-warps", type=int, choices=(4, 8), default=None,
+                   help="split-kv: the tensor-core kernel's warps a program (default: the plan's, "
+                        "8 where the groups are fewer than the SMs, else 4)")
     p.add_argument("--block-q", type=int, default=None)
     p.add_argument("--block-k", type=int, default=None)
     p.add_argument("--density", type=float, default=None, help="block-sparse density in (0, 1]")

@@ -456,6 +456,12 @@ def test_cli_predicts_split_kv_with_the_chosen_or_given_splits(capsys):
     assert d["splits"] == choose_splits(64, 32768, H100.num_sms, 1) == 2 and d["dram_read_bytes"] > 2**30
     assert main(args + ["--splits", "3"]) == 0
     assert json.loads(capsys.readouterr().out)["splits"] == 3
+    # four warps a program pinned: two resident an SM, so twice the splits fill the wave
+    assert main(args + ["--decode-warps", "4"]) == 0
+    four = json.loads(capsys.readouterr().out)
+    assert four["plan"]["warps"] == 4 and four["splits"] == choose_splits(64, 32768, H100.num_sms, 2)
+    with pytest.raises(SystemExit, match="--decode-warps"):
+        main(args[:-2] + ["fp32", "--json", "--decode-warps", "4"])
     with pytest.raises(SystemExit, match="split-kv"):
         main(["predict", "--schedule", "flash2", "--seq-len", "64", "--splits", "2"])
 
