@@ -366,8 +366,11 @@ def make_decode_mma_kernel(head_dim: int, seqlen_q: int, group: int, operand: st
     for the whole sweep, K by ``ldmatrix``), the mask where the block is partial or banded, the
     online softmax in base 2 (the accumulators rescaled only when a row's max moved: a warp
     vote), P rounded to 16 bits in registers as the A operand of O += P V (V by
-    ``ldmatrix.trans``). The warps' states then meet in shared memory and `make_finish` ends
-    the program."""
+    ``ldmatrix.trans``). A full block is copied from addresses kept out of the loop with no
+    per-row test; only the split's last block tests its rows. The warps' states then meet in
+    shared memory: each warp's rescaled accumulators (the group's rows only) into its own slot
+    of the idle rings, then one pass of every thread sums the warps; `make_finish` ends the
+    program."""
     from . import ptx as _ptx
     D, NQ, G, NW, BK, ST = head_dim, seqlen_q, group, warps, block_k, stages
     ROWS = 16
