@@ -1120,7 +1120,7 @@ def prepare(problem, config=None):
         seqlens = cache_seqlens
         if seqlens is None:
             seqlens = _seqlens(call, template)
-            if call.torch and not own:
+            if call.torch and host.real_gpu() and not own:
                 own.extend([_device_address(seqlens), seqlens])
         if call.torch and host.real_gpu():
             counters = _torch_counters(call.q, host.stream_handle(call.q), p.programs)
