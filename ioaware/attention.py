@@ -112,9 +112,12 @@ def attention(q, k, v, *, causal=False, window_size=None, mask=None, block_mask=
             raise ValueError("cache_seqlens is for decoding (forward only), but q, k or v requires grad; call "
                              "under torch.no_grad() or torch.inference_mode(), or detach the inputs")
         # a decoding step like one checked before (lengths on the GPU): its prepared kernel
-        window = tuple(window_size) if isinstance(window_size, list) else window_size
-        key = _backends.cache_key(q, k, v, mask, block_mask, dropout_p, cache_seqlens,
-                        ("cache", causal, window, scale, block_q, block_k, backend))
+        key = None
+        if is_torch(q) and not torch.compiler.is_compiling():
+            window = tuple(window_size) if isinstance(window_size, list) else window_size
+            flags = ("cache", causal, window, None if scale is None else _scalar("scale", scale),
+                     block_q, block_k, backend)
+            key = _backends.cache_key(q, k, v, mask, block_mask, dropout_p, cache_seqlens, flags)
         entry = _PREPARED.get(key) if key is not None else None
         if entry is not None:
             out, lse = entry.forward(q, k, v, cache_seqlens)

@@ -146,7 +146,9 @@ def prepare_forward(problem, config=None):
     its third call ``run`` repeats its second call's launches where the operands have that
     call's layout (`kernels.host.Repeat`); ``layout_known=True`` says the caller has checked
     the shapes, strides, dtypes and device already (`ioaware._backends.Prepared`), so only the
-    operands' alignment is."""
+    operands' alignment is. The ``split_kv`` forward's ``run`` also takes ``cache_seqlens``,
+    the call's own cache lengths (an int32 tensor on q's device) in place of the problem's
+    (`ioaware._backends.PreparedDecode`)."""
     config = config or KernelConfig()
     name = family_for(problem, config, "fwd")
     module = FORWARD_ONLY[name] if name in FORWARD_ONLY else FAMILIES[name][0]

@@ -81,6 +81,7 @@ class KernelConfig:
 
     def __post_init__(self):
         if self.decode_warps is not None and (isinstance(self.decode_warps, bool)
+                                              or not isinstance(self.decode_warps, int)
                                               or self.decode_warps not in MMA_WARP_CHOICES):
             raise ValueError(f"KernelConfig.decode_warps must be one of {MMA_WARP_CHOICES} or "
                              f"None, got {self.decode_warps!r}")

@@ -71,7 +71,6 @@ NEG_INF = float32(-np.inf)
 #: What a row whose cache length lies outside [0, seqlen_k] gets (output and logsumexp): lengths
 #: on the device are checked here, not on the host (`ioaware._inputs.check_cache_seqlens`).
 NAN = float32(np.nan)
-#: An absent band bound (no col - row comes near it).
 
 
 def _unpack_f16_twin(word):

@@ -101,9 +101,12 @@ def test_decode_replays_on_a_changing_cache():
             assert torch.equal(out, want)
 
 
-def test_decode_with_cache_lengths_replays_on_changing_lengths():
+def test_decode_with_cache_lengths_replays_on_changing_lengths(monkeypatch):
     """A decoding step with its cache lengths on the GPU (the prepared path, its launch
-    repeated) captured in a graph: replays read the lengths and the cache as they are then."""
+    repeated: `kernels.host.Call` made to fail while capturing) captured in a graph: replays
+    read the lengths and the cache as they are then."""
+    from ioaware import _backends
+    from kernels import host
     g = torch.Generator(device="cuda").manual_seed(1)
     q = torch.randn(4, 32, 1, 128, device="cuda", dtype=torch.bfloat16, generator=g)
     k = torch.randn(4, 8, 4096, 128, device="cuda", dtype=torch.bfloat16, generator=g)
@@ -111,12 +114,20 @@ def test_decode_with_cache_lengths_replays_on_changing_lengths():
     lens = torch.tensor([4096, 100, 1, 3000], device="cuda", dtype=torch.int32)
     kw = dict(backend="numba", cache_seqlens=lens, causal="bottom_right")
     with torch.inference_mode():
+        _backends._PREPARED.clear()
         for _ in range(3):                                       # prepared, then recorded
             ioaware.attention(q, k, v, **kw)
         torch.cuda.synchronize()
+        (entry,) = _backends._PREPARED.values()
+        assert isinstance(entry, _backends.PreparedDecode)
+
+        def no_call(*a, **k_):
+            raise AssertionError("the captured call went through kernels.host.Call")
+        monkeypatch.setattr(host, "Call", no_call)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             out = ioaware.attention(q, k, v, **kw)
+        monkeypatch.undo()
         for new in ([17, 4096, 2048, 0], [4000, 4001, 5, 64]):       # 4001: past the cache
             lens.copy_(torch.tensor(new))
             k.normal_(generator=g)

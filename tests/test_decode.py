@@ -365,6 +365,8 @@ def test_decode_report_scores_the_shipped_file_against_its_targets(capsys):
         m = summary[metric]
         assert m["target"] == REPORT_TARGETS[metric] and 0 <= m["within"] <= m["n"] <= 18
     assert summary["dram"]["within"] == 18            # the counters of the shipped file
+    # what docs/model.md states of the shipped file
+    assert (summary["time"]["within"], summary["splits"]["within"]) == (18, 16)
     assert main(["--report", str(root / DECODE_FILE), "--rates",
                  str(root / "rates_h200_2026-11-24.json")]) == 0
     out = capsys.readouterr().out
@@ -704,6 +706,6 @@ def test_decode_benchmark_pins_our_kernel_by_unit():
     with pytest.raises(ValueError, match="decode_warps"):
         ours_call(q, k, v, None, 8)
     import kernels
-    for bad in (6, 0, True, "8"):
+    for bad in (6, 0, True, "8", 8.0):
         with pytest.raises(ValueError, match="decode_warps"):
             kernels.KernelConfig(decode_warps=bad)

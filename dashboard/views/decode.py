@@ -23,8 +23,8 @@ ss = st.session_state
 st.title("Decoding")
 st.caption("Decoding attends a few new query rows to a long KV cache. One program per (batch, "
            "KV head) leaves most of the GPU idle; the split-KV plan also splits the keys, so "
-           "that enough programs stream K and V at once, and merges the splits' partial outputs "
-           "in a second, small kernel. Every number on the first part is a prediction of the "
+           "that enough programs stream K and V at once, and the last program of each group "
+           "merges the splits' partial outputs in the same launch. Every number on the first part is a prediction of the "
            "cost model; the second part sets a measured file beside it.")
 
 ui.require_sim()
