@@ -422,6 +422,7 @@ def _print_report(path, profile, rows, summary) -> None:
 
 
 def main(argv=None) -> int:
+    from sim.decode import MMA_WARP_CHOICES
     ap = argparse.ArgumentParser(prog="python -m benchmarks decode",
                                  description=first_sentence(__doc__))
     ap.add_argument("--batch", default="1,8,64")
@@ -435,7 +436,7 @@ def main(argv=None) -> int:
     ap.add_argument("--unit", choices=("mma", "ffma"), default=None,
                     help="pin our split-KV kernel (KernelConfig.decode_unit; timed through "
                          "kernels.decode_fwd.prepare); default: ioaware.attention's choice")
-    ap.add_argument("--warps", type=int, choices=(4, 8), default=None,
+    ap.add_argument("--warps", type=int, choices=MMA_WARP_CHOICES, default=None,
                     help="pin the tensor-core split-KV kernel's warps a program "
                          "(KernelConfig.decode_warps; timed through kernels.decode_fwd.prepare)")
     ap.add_argument("--rates", default=None,

@@ -130,6 +130,7 @@ def make_decode_kernel(head_dim: int, rows: int, seqlen_q: int, group: int, oper
     RED_SHAPE = (1, 1, 1) if use_shfl else (NW, max(ROWS * KB, ROWS * (NE + 1)), 32)
     unpack = _half_op("unpack", operand)
     finish = make_finish(head_dim, rows, seqlen_q, group, warps, operand, use_shfl)
+    to_common_max = make_to_common_max(warps, math.exp2)
     split_keys = make_split_keys(seqlen_q, banded)
 
     RAW = uint32 if WORDS else float32
@@ -319,12 +320,7 @@ def make_decode_kernel(head_dim: int, rows: int, seqlen_q: int, group: int, oper
                 sm_m[warp, r] = m_i[r]
         cuda.syncthreads()
         for r in range(ROWS):
-            m_all = NEG_INF
-            for w in range(NW):
-                m_all = max(m_all, sm_m[w, r])
-            f = float32(0.0)
-            if m_all != NEG_INF and m_i[r] != NEG_INF:
-                f = math.exp2(m_i[r] - m_all)
+            f = to_common_max(sm_m, r, m_i[r])
             l_i[r] = l_i[r] * f
             for e in range(NE):
                 acc[r, e] = acc[r, e] * f
@@ -393,6 +389,7 @@ def make_decode_mma_kernel(head_dim: int, seqlen_q: int, group: int, operand: st
     ACC_SLOT = ROWS * ACC_STRIDE        # floats per warp (the rings, idle by then, hold them)
     assert NW * ACC_SLOT * 4 <= NW * WARP_HALVES * 2
     finish = make_finish(head_dim, ROWS, seqlen_q, group, warps, operand, True)
+    to_common_max = make_to_common_max(warps, _ptx.ex2)
     split_keys = make_split_keys(seqlen_q, banded)
     load_rows = tile_loader(BK, CHUNKS, 32, 2 * STRIDE)     # one warp's copy of BK rows
     ROW_STEP = 32 // CHUNKS             # rows apart of a lane's successive copies
@@ -583,13 +580,7 @@ def make_decode_mma_kernel(head_dim: int, seqlen_q: int, group: int, operand: st
                 sm_m[warp, gid + 8 * rr] = m_i[rr]
         cuda.syncthreads()
         for rr in range(2):
-            r = gid + 8 * rr
-            m_all = NEG_INF
-            for w in range(NW):
-                m_all = max(m_all, sm_m[w, r])
-            f = float32(0.0)
-            if m_all != NEG_INF and m_i[rr] != NEG_INF:
-                f = _ptx.ex2(m_i[rr] - m_all)
+            f = to_common_max(sm_m, gid + 8 * rr, m_i[rr])
             l_i[rr] = l_i[rr] * f
             alpha[rr] = f
         if tig == 0:
@@ -668,6 +659,31 @@ def make_split_keys(seqlen_q: int, banded: bool):
         return bad_length, shift, s0, s1
 
     return split_keys
+
+
+def make_to_common_max(warps: int, exp2):
+    """The device function with which a warp of either decoding kernel scales row r to the
+    warps' common max once every warp has put its own max in ``sm_m[w, r]``::
+
+        f = to_common_max(sm_m, r, m_own)
+
+    ``f = exp2(m_own - max_w sm_m[w, r])`` (base 2), 0 where either max is -inf (the warp, or
+    every warp, saw no key of the row): the factor of the warp's sum and accumulators of the
+    row. ``exp2``: ``ptx.ex2`` (the tensor-core kernel) or ``math.exp2`` (the CUDA-core one, which
+    the simulator runs)."""
+    NW, EXP2 = warps, exp2
+
+    @cuda.jit(device=True, inline=True)
+    def to_common_max(sm_m, r, m_own):
+        m_all = NEG_INF
+        for w in range(NW):
+            m_all = max(m_all, sm_m[w, r])
+        f = float32(0.0)
+        if m_all != NEG_INF and m_own != NEG_INF:
+            f = EXP2(m_own - m_all)
+        return f
+
+    return to_common_max
 
 
 def make_finish(head_dim: int, rows: int, seqlen_q: int, group: int, warps: int, operand: str,
@@ -1063,9 +1079,10 @@ def forward(problem, config=None):
 def prepare(problem, config=None):
     """The decoding forward of ``problem`` with its plan, kernels and constants chosen once:
     ``run(q, k, v, layout_known=False, cache_seqlens=None) -> (out, lse)`` for operands of its
-    shapes, dtype and device. ``cache_seqlens``: this call's cache lengths, an int32 torch
-    tensor ``[B]`` on q's device (not read by the host: the kernel checks each length), in
-    place of the problem's (kept where a call gives none)."""
+    shapes, dtype and device. ``cache_seqlens``: this call's cache lengths, a contiguous int32
+    torch tensor ``[B]`` on q's device (its values not read by the host: the kernel checks each
+    length; its dtype, shape and device checked here unless ``layout_known``), in place of the
+    problem's (kept where a call gives none)."""
     pb = problem
     p = plan(pb, config)
     template = host._without_operands(pb)
@@ -1093,7 +1110,10 @@ def prepare(problem, config=None):
     own = []
 
     def run(q, k, v, layout_known=False, cache_seqlens=None):
-        given = None if cache_seqlens is None else _lengths_ptr(cache_seqlens, q, B)
+        given = None
+        if cache_seqlens is not None:       # checked here unless the caller has (layout_known)
+            given = (cache_seqlens.data_ptr() if layout_known
+                     else _lengths_ptr(cache_seqlens, q, B))
         ptrs = repeat.pointers((q, k, v), layout_known)
         if ptrs is not None and (given is not None or own):
             # -- the operands' layout of the recorded call: repeat it --

@@ -24,6 +24,7 @@ from .profiles import PROFILES, load_profile
 from .ring import interconnect_for, load_interconnect, predict_ring
 from .search import SWEEP_COLUMNS, progress_bar, search_blocks, sweep
 from .workload import DELTA_KERNELS, DQ_MODES, EXP_FLOPS, NAIVE_VARIANTS, Schedule, Workload
+from .decode import MMA_WARP_CHOICES
 
 __all__ = ["main"]
 
@@ -620,7 +621,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="flash3: CTAs sharing K/V loads by TMA multicast (default FlashAttention-3's choice)")
     p.add_argument("--splits", type=int, default=None,
                    help="split-kv: key splits (default: the model's choice, sim.decode.choose_splits)")
-    p.add_argument("--decode-warps", type=int, choices=(4, 8), default=None,
+    p.add_argument("--decode-warps", type=int, choices=MMA_WARP_CHOICES, default=None,
                    help="split-kv: the tensor-core kernel's warps a program (default: the plan's, "
                         "8 where the groups are fewer than the SMs, else 4)")
     p.add_argument("--block-q", type=int, default=None)
