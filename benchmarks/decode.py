@@ -396,10 +396,11 @@ def _print_window_report(rows) -> None:
 
 
 def _print_report(path, profile, rows, summary) -> None:
+    from sim.decode import DRAM_RATE
     from sim.plan import rates_of
     _, sources = rates_of(profile)
     print(f"# {path}: the decode model (today's plan, profile {profile.name}, DRAM and launch at "
-          f"{sources['dram_bytes_per_s']}/{sources['launch_s']} rates) against the file's "
+          f"{sources[DRAM_RATE]}/{sources['launch_s']} rates) against the file's "
           f"measurements; nothing fitted on the file")
     print(f"{'dtype':5} {'B':>3} {'Nk':>7} {'splits':>6} {'best':>4} {'model ms':>9} "
           f"{'GPU ms':>8} {'time err':>8} {'DRAM err':>8} {'split loss':>10}")

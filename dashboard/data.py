@@ -2255,10 +2255,12 @@ def _decode_checked(sizes: dict) -> None:
 
 
 def _rate_of_dram(prof) -> tuple[float, str]:
-    """``(bytes/s, source)``: the DRAM rate the plan's time streams at (``sim.plan.rates_of``:
-    the measured copy bandwidth where the profile carries a rates file, else the datasheet's)."""
+    """``(bytes/s, source)``: the DRAM rate the plan's time streams at (``sim.decode.DRAM_RATE``
+    of ``sim.plan.rates_of``: the measured read bandwidth where the profile carries a rates
+    file, else the datasheet's)."""
     rates, sources = importlib.import_module("sim.plan").rates_of(prof)
-    return rates["dram_bytes_per_s"], sources["dram_bytes_per_s"]
+    name = importlib.import_module("sim.decode").DRAM_RATE
+    return rates[name], sources[name]
 
 
 @st.cache_data(show_spinner=False, max_entries=256)

@@ -355,7 +355,7 @@ def make_decode_mma_kernel(head_dim: int, seqlen_q: int, group: int, operand: st
 
     Each warp streams its own key blocks of ``block_k`` keys (block ``t * warps + warp`` of the
     program's split at step ``t``, so the warps read neighbouring memory together) through its
-    own ``stages``-deep ring of shared-memory buffers, filled by ``cp.async`` (16-byte copies,
+    own ``stages``-deep ring of shared-memory buffers, filled by ``cp.async.ca`` (16-byte copies,
     zero-filled past the split; no barrier across warps in the loop). Per block, as the ``mma``
     forward (`kernels.mma_fwd`): S = Q K^T with ``mma.sync.m16n8k16`` (Q fragments in registers
     for the whole sweep, K by ``ldmatrix``), the mask where the block is partial or banded, the
@@ -391,14 +391,15 @@ def make_decode_mma_kernel(head_dim: int, seqlen_q: int, group: int, operand: st
     finish = make_finish(head_dim, ROWS, seqlen_q, group, warps, operand, True)
     to_common_max = make_to_common_max(warps, _ptx.ex2)
     split_keys = make_split_keys(seqlen_q, banded)
-    load_rows = tile_loader(BK, CHUNKS, 32, 2 * STRIDE)     # one warp's copy of BK rows
+    load_rows = tile_loader(BK, CHUNKS, 32, 2 * STRIDE, through_l1=True)   # a warp's BK rows
     ROW_STEP = 32 // CHUNKS             # rows apart of a lane's successive copies
     COPIES = BK // ROW_STEP             # a lane's copies per K (or V) block
     FULL = 0xFFFFFFFF
 
     @cuda.jit(device=True, inline=True)
     def load_block(k_head, v_head, k_row_bytes, v_row_bytes, key0, s1, s_addr, r_lane):
-        # -- cp.async one block of K and V: BK rows x D halves, 16 bytes a lane a copy --
+        # -- cp.async one block of K and V: BK rows x D halves, 16 bytes a lane a copy, through
+        #    L1 (.ca: a warp's 512 bytes reach L2 as whole lines; .cg fragments them) --
         if key0 + BK <= s1:             # every row in range (the warp agrees): no checks
             row = uint64(key0 + r_lane)
             gk = k_head + row * k_row_bytes
@@ -407,8 +408,8 @@ def make_decode_mma_kernel(head_dim: int, seqlen_q: int, group: int, operand: st
             v_step = uint64(ROW_STEP) * v_row_bytes
             for i in range(COPIES):
                 s_i = s_addr + uint32(i * ROW_STEP * 2 * STRIDE)
-                _ptx.cp_async_16(s_i, gk, uint32(16))
-                _ptx.cp_async_16(s_i + uint32(2 * TILE), gv, uint32(16))
+                _ptx.cp_async_16_ca(s_i, gk, uint32(16))
+                _ptx.cp_async_16_ca(s_i + uint32(2 * TILE), gv, uint32(16))
                 gk += k_step
                 gv += v_step
         else:                           # the split's last, partial block: rows past s1 zeroed

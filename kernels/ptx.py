@@ -13,10 +13,10 @@ FlashAttention-style kernel needs, each emitted as PTX through llvmlite's ``ir.I
   `kernels.fragments_tf32`.
 * ``ldmatrix_x4`` / ``ldmatrix_x4_trans``: four 8x8 16-bit matrices from shared memory straight
   into fragment registers (each lane gives one row address).
-* ``cp_async_16`` + ``cp_async_commit`` + ``cp_async_wait_all`` / ``cp_async_wait_1`` /
+* ``cp_async_16`` / ``cp_async_16_ca`` + ``cp_async_commit`` + ``cp_async_wait_all`` / ``cp_async_wait_1`` /
   ``cp_async_wait_2`` / ``cp_async_wait_3``:
-  asynchronous 16-byte global -> shared copies (``cp.async.cg``), zero-filled when the source
-  size is 0, so a tail tile needs no branch; commit/wait groups give pipelines of two to four buffers.
+  asynchronous 16-byte global -> shared copies (``cp.async.cg``, or ``cp.async.ca`` through
+  L1 for a stream read once), zero-filled when the source size is 0, so a tail tile needs no branch; commit/wait groups give pipelines of two to four buffers.
 * ``ex2`` (``ex2.approx.ftz.f32``), ``pack_f16x2`` / ``pack_bf16x2`` (``cvt.rn.*x2.f32``),
   ``shared_addr`` (32-bit shared-window address of a shared-array element), ``global_addr``
   (64-bit address of an element of a 4-D array, honouring its strides), ``ld_global_u32`` /
@@ -55,6 +55,7 @@ from numba.cuda.extending import intrinsic
 
 __all__ = [
     "mma_f16", "mma_bf16", "mma_pair", "ldmatrix_x4", "ldmatrix_x4_trans", "cp_async_16",
+    "cp_async_16_ca",
     "cp_async_commit", "cp_async_wait_all", "cp_async_wait_1", "cp_async_wait_2", "cp_async_wait_3", "ex2", "pack_f16x2",
     "pack_bf16x2", "shared_addr", "global_addr", "ld_global_u32", "st_global_u32",
     "ld_global_u8", "MMA_F16_PTX", "MMA_BF16_PTX",
@@ -184,20 +185,33 @@ def global_addr(typingctx, arr, i0, i1, i2, i3):
     return sig, codegen
 
 
-@intrinsic
-def cp_async_16(typingctx, saddr, gaddr, src_bytes):
-    """Asynchronous 16-byte copy global -> shared; bytes past ``src_bytes`` (0 or 16) are zeroed."""
-    sig = types.void(types.uint32, types.uint64, types.uint32)
+def _make_cp_async_16(cache_op: str, doc: str):
+    @intrinsic
+    def _cp(typingctx, saddr, gaddr, src_bytes):
+        sig = types.void(types.uint32, types.uint64, types.uint32)
 
-    def codegen(context, builder, sig, args):
-        vals = [context.cast(builder, v, t, s) for v, t, s in
-                zip(args, sig.args, (types.uint32, types.uint64, types.uint32))]
-        _asm(builder, ir.VoidType(), [_I32, _I64, _I32],
-             "cp.async.cg.shared.global [$0], [$1], 16, $2;", "r,l,r,~{memory}", vals,
-             side_effect=True)
-        return context.get_dummy_value()
+        def codegen(context, builder, sig, args):
+            vals = [context.cast(builder, v, t, s) for v, t, s in
+                    zip(args, sig.args, (types.uint32, types.uint64, types.uint32))]
+            _asm(builder, ir.VoidType(), [_I32, _I64, _I32],
+                 f"cp.async.{cache_op}.shared.global [$0], [$1], 16, $2;", "r,l,r,~{memory}",
+                 vals, side_effect=True)
+            return context.get_dummy_value()
 
-    return sig, codegen
+        return sig, codegen
+    _cp.__doc__ = doc
+    return _cp
+
+
+cp_async_16 = _make_cp_async_16(
+    "cg", "``cp_async_16(saddr, gaddr, src_bytes)``: asynchronous 16-byte copy global -> shared "
+    "(``cp.async.cg``: L1 bypassed); bytes past ``src_bytes`` (0 or 16) are zeroed. The tiled "
+    "kernels' copies, whose tiles many programs read again from L2.")
+cp_async_16_ca = _make_cp_async_16(
+    "ca", "``cp_async_16_ca(saddr, gaddr, src_bytes)``: as `cp_async_16`, through L1 "
+    "(``cp.async.ca``). A warp's 512 contiguous bytes then reach L2 as four 128-byte requests "
+    "of 16 sectors, where ``.cg`` makes about ten of 24 sectors (Nsight Compute on an H200); "
+    "the split-KV decoding kernel streams its cache with it (docs/kernels.md).")
 
 
 def _make_nullary(ptx, doc):

@@ -80,6 +80,10 @@ MMA_STAGES = 2
 #: warp in units of 256, two programs of four warps fit an SM's 65,536 at d = 128 and four at
 #: d = 64; one of eight warps at either.
 MMA_REGISTERS = {(64, 4): 128, (64, 8): 130, (128, 4): 170, (128, 8): 170}
+#: The rate (`sim.plan.RATE_NAMES`) the plan streams its DRAM bytes at: the read bandwidth, as
+#: the kernel reads its cache once and writes almost nothing (the copy rate the tiled plans take
+#: mixes reads and writes).
+DRAM_RATE = "dram_read_bytes_per_s"
 #: Shared memory per SM the resident count assumes where the caller gives none (sm_90: 228 KiB,
 #: of which 1 KiB per resident program is the system's).
 SMEM_BYTES_PER_SM = 228 * 1024
@@ -270,7 +274,7 @@ def split_kv_costs(plan: SplitKVPlan, gpu, keys_read: int | None = None) -> dict
     Time, at the rates `sim.plan.price` prices every plan at (`sim.plan.rates_of`: the GPU's
     measured rates where its profile was loaded with a rates file, ``sim.load_profile(name,
     rates=FILE)``, else the datasheet's; ``rates`` says which): the main kernel streams its DRAM
-    bytes at the DRAM rate stretched by the last wave's idle SMs (``waves / ceil(waves)``
+    bytes at the DRAM read rate (`DRAM_RATE`) stretched by the last wave's idle SMs (``waves / ceil(waves)``
     efficiency, one wave = ``num_sms`` times the plan's ``resident_per_sm`` programs) or runs its
     FLOPs at the FFMA rate (the CUDA-core kernel) or the tensor cores' 16-bit ``mma`` rate (the
     tensor-core kernel, its rows padded to 16), whichever is longer; the merge streams its partials'
@@ -294,7 +298,7 @@ def split_kv_costs(plan: SplitKVPlan, gpu, keys_read: int | None = None) -> dict
     waves = p.programs * p.splits / wave
     wave_efficiency = waves / math.ceil(waves) if waves > 0 else 1.0
     rates, sources = rates_of(gpu)
-    bw = rates["dram_bytes_per_s"]
+    bw = rates[DRAM_RATE]
     launches = 1
     launch_s = rates["launch_s"] or 0.0
     # the tensor-core kernel computes its padded 16-row tiles
@@ -321,6 +325,6 @@ def split_kv_costs(plan: SplitKVPlan, gpu, keys_read: int | None = None) -> dict
         "time_s": main_time + merge_time,
         "launches": launches,
         "rates": {name: sources[name] for name in (
-            "dram_bytes_per_s", "mma_bf16_flops_per_s" if p.unit == "mma" else "ffma_flops_per_s",
+            DRAM_RATE, "mma_bf16_flops_per_s" if p.unit == "mma" else "ffma_flops_per_s",
             "launch_s")},
     }

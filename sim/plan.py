@@ -68,6 +68,9 @@ MATMUL_UNITS = {"mma.f16": "mma_f16_flops_per_s", "mma.bf16": "mma_bf16_flops_pe
 #: it falls back to (a function of the profile; None where there is none)).
 RATE_NAMES = {
     "dram_bytes_per_s": ("dram_copy_bytes_per_s", lambda p: 1.0, lambda p: p.hbm_bandwidth_bytes_per_s),
+    # a read stream's rate (the split-KV decoding kernel, `sim.decode`: its cache read once)
+    "dram_read_bytes_per_s": ("dram_read_bytes_per_s", lambda p: 1.0,
+                              lambda p: p.hbm_bandwidth_bytes_per_s),
     "l2_bytes_per_s": ("l2_read_bytes_per_s", lambda p: 1.0, lambda p: p.l2_bandwidth_bytes_per_s),
     "smem_bytes_per_s": ("smem_read_bytes_per_s_per_sm", lambda p: p.num_sms,
                          lambda p: p.smem_bandwidth_bytes_per_s),

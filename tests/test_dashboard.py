@@ -1389,7 +1389,7 @@ def test_decode_defaults_show_sim_decode_s_pick_bytes_and_time():
         costs["dram_read_bytes"] + costs["dram_write_bytes"])
     assert metric(at, "Predicted (measured rates)").value == fmt.ms(costs["time_s"] * 1e3)
     from sim.plan import rates_of
-    rate = rates_of(prof)[0]["dram_bytes_per_s"]
+    rate = rates_of(prof)[0]["dram_read_bytes_per_s"]
     assert metric(at, "K/V bandwidth it implies").value == fmt.pct(
         costs["kv_bytes"] / costs["time_s"] / rate)
     one = _sim_decode(DECODE_W, prof, splits=1)[1]

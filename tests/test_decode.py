@@ -305,7 +305,7 @@ def test_kv_is_counted_once_per_kv_head():
 
 def test_costs_take_the_measured_rates_and_one_launch(tmp_path):
     """At a profile loaded with a rates file, the time is the DRAM bytes at the measured DRAM
-    rate (stretched by the wave) plus the merge's partials, plus one measured launch cost (the
+    read rate (stretched by the wave) plus the merge's partials, plus one measured launch cost (the
     merge is in the same launch); at datasheet rates there is no launch cost and the datasheet
     bandwidth prices the bytes. One split writes no partials and merges nothing."""
     import json
@@ -317,13 +317,13 @@ def test_costs_take_the_measured_rates_and_one_launch(tmp_path):
     assert plan.splits > 1
     c, d = split_kv_costs(plan, measured), split_kv_costs(plan, H100)
     assert plan.unit == "mma"
-    assert c["rates"] == {"dram_bytes_per_s": "measured", "mma_bf16_flops_per_s": "measured",
+    assert c["rates"] == {"dram_read_bytes_per_s": "measured", "mma_bf16_flops_per_s": "measured",
                           "launch_s": "measured"}
     cuda_cores = split_kv_plan(8, 32, 8, 1, 32768, 128, 2, H100.num_sms, tensor_cores=False)
     assert split_kv_costs(cuda_cores, measured)["rates"] == {
-        "dram_bytes_per_s": "measured", "ffma_flops_per_s": "measured", "launch_s": "measured"}
+        "dram_read_bytes_per_s": "measured", "ffma_flops_per_s": "measured", "launch_s": "measured"}
     assert d["rates"]["launch_s"] == "datasheet"
-    bw = rates["dram_copy_bytes_per_s"]
+    bw = rates["dram_read_bytes_per_s"]        # a read stream: the read bandwidth, not the copy
     main_dram = c["dram_read_bytes"]        # what the split loop moves: K/V, Q and the partials
     assert c["time_main_s"] == pytest.approx(rates["kernel_launch_s"] + main_dram / bw
                                              / c["wave_efficiency"])

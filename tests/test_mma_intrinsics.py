@@ -4,7 +4,7 @@ simulator runs no PTX).
 * one warp's ``mma_f16`` / ``mma_bf16`` against the float64 product of the same half-precision
   matrices (inputs exactly representable, float32 accumulation of 16 products: rtol 1e-6);
 * ``ldmatrix_x4`` / ``ldmatrix_x4_trans`` registers against `kernels.fragments` (bit-exact);
-* ``cp_async_16`` copies (and zero-fills with source size 0) bit-exactly;
+* ``cp_async_16`` and ``cp_async_16_ca`` copy (and zero-fill with source size 0) bit-exactly;
 * ``ex2`` against 2**x (approx: relative 2**-21), ``pack_*x2`` against NumPy/torch rounding.
 """
 from __future__ import annotations
@@ -52,13 +52,17 @@ def _build():
             out_t[lane, i] = rt[i]
 
     @cuda.jit
-    def copy_async(src, dst, nvalid):
+    def copy_async(src, dst, nvalid, through_l1):
         # src, dst: [1, 1, rows, 8] uint16 (16 bytes a row); rows >= nvalid are zero-filled
         sm = cuda.shared.array(64 * 8, dtype=uint16)
         t = cuda.threadIdx.x
         ok = t < nvalid[0]
         g = ptx.global_addr(src, 0, 0, t if ok else 0, 0)
-        ptx.cp_async_16(ptx.shared_addr(sm, t * 8), g, uint32(16) if ok else uint32(0))
+        s_addr = ptx.shared_addr(sm, t * 8)
+        if through_l1:
+            ptx.cp_async_16_ca(s_addr, g, uint32(16) if ok else uint32(0))
+        else:
+            ptx.cp_async_16(s_addr, g, uint32(16) if ok else uint32(0))
         ptx.cp_async_commit()
         ptx.cp_async_wait_all()
         cuda.syncthreads()
@@ -145,12 +149,14 @@ def test_ldmatrix_registers_match_fragment_maps():
                 assert (got[lane, reg] >> (16 * half)) & 0xFFFF == want
 
 
-def test_cp_async_copies_and_zero_fills():
+@pytest.mark.parametrize("through_l1", [False, True])
+def test_cp_async_copies_and_zero_fills(through_l1):
     from numba import cuda
     copy_async = _build()[2]
     src = np.random.default_rng(0).integers(1, 60000, (1, 1, 64, 8)).astype(np.uint16)
     dst = cuda.to_device(np.full((1, 1, 64, 8), 7, np.uint16))
-    copy_async[1, 64](cuda.to_device(src), dst, cuda.to_device(np.array([37], np.int32)))
+    copy_async[1, 64](cuda.to_device(src), dst, cuda.to_device(np.array([37], np.int32)),
+                      through_l1)
     got = dst.copy_to_host()
     np.testing.assert_array_equal(got[0, 0, :37], src[0, 0, :37])
     assert (got[0, 0, 37:] == 0).all()

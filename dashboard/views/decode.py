@@ -79,8 +79,8 @@ def _model() -> dict | None:
                    "the datasheet rates.")
     predicted = data.rates_metric_label(pred["rates"])
     rate_text = (f"{fmt.bytes_(pred['dram_rate'])}/s, "
-                 + ("the copy bandwidth measured on this GPU" if
-                    pred["rate_sources"].get("dram_bytes_per_s") == "measured" else
+                 + ("the read bandwidth measured on this GPU" if
+                    pred["rate_sources"].get("dram_read_bytes_per_s") == "measured" else
                     "the datasheet's peak"))
     m = st.columns(4)
     m[0].metric("Splits the model picks", f"{pred['chosen']:,}",
@@ -98,8 +98,8 @@ def _model() -> dict | None:
     m[3].metric("K/V bandwidth it implies", fmt.pct(pred["bandwidth_fraction"]),
                 delta=f"of {fmt.bytes_(pred['dram_rate'])}/s", delta_color="off",
                 help="K and V bytes / the predicted time, as a fraction of the DRAM rate the "
-                     f"model streams at ({rate_text}): the figure the measured files report as "
-                     "the fraction of the copy bandwidth.")
+                     f"model streams at ({rate_text}). The measured files report theirs "
+                     "against the copy bandwidth measured in their run.")
 
     st.markdown("**What split-KV buys**")
     b = st.columns(3)
