@@ -13,10 +13,11 @@ FlashAttention-style kernel needs, each emitted as PTX through llvmlite's ``ir.I
   `kernels.fragments_tf32`.
 * ``ldmatrix_x4`` / ``ldmatrix_x4_trans``: four 8x8 16-bit matrices from shared memory straight
   into fragment registers (each lane gives one row address).
-* ``cp_async_16`` / ``cp_async_16_ca`` + ``cp_async_commit`` + ``cp_async_wait_all`` / ``cp_async_wait_1`` /
-  ``cp_async_wait_2`` / ``cp_async_wait_3``:
+* ``cp_async_16`` / ``cp_async_16_ca`` + ``cp_async_commit`` + ``cp_async_wait_all`` /
+  ``cp_async_wait_1`` / ``cp_async_wait_2`` / ``cp_async_wait_3``:
   asynchronous 16-byte global -> shared copies (``cp.async.cg``, or ``cp.async.ca`` through
-  L1 for a stream read once), zero-filled when the source size is 0, so a tail tile needs no branch; commit/wait groups give pipelines of two to four buffers.
+  L1 for a stream read once), zero-filled when the source size is 0, so a tail tile needs no
+  branch; commit/wait groups give pipelines of two to four buffers.
 * ``ex2`` (``ex2.approx.ftz.f32``), ``pack_f16x2`` / ``pack_bf16x2`` (``cvt.rn.*x2.f32``),
   ``shared_addr`` (32-bit shared-window address of a shared-array element), ``global_addr``
   (64-bit address of an element of a 4-D array, honouring its strides), ``ld_global_u32`` /

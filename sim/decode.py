@@ -274,13 +274,13 @@ def split_kv_costs(plan: SplitKVPlan, gpu, keys_read: int | None = None) -> dict
     Time, at the rates `sim.plan.price` prices every plan at (`sim.plan.rates_of`: the GPU's
     measured rates where its profile was loaded with a rates file, ``sim.load_profile(name,
     rates=FILE)``, else the datasheet's; ``rates`` says which): the main kernel streams its DRAM
-    bytes at the DRAM read rate (`DRAM_RATE`) stretched by the last wave's idle SMs (``waves / ceil(waves)``
-    efficiency, one wave = ``num_sms`` times the plan's ``resident_per_sm`` programs) or runs its
-    FLOPs at the FFMA rate (the CUDA-core kernel) or the tensor cores' 16-bit ``mma`` rate (the
-    tensor-core kernel, its rows padded to 16), whichever is longer; the merge streams its partials'
-    bytes after that (the last programs merge at the end); the one launch adds the launch cost
-    (``kernel_launch_s`` of a rates file, as `sim.plan.price` adds it per kernel; 0 at
-    datasheet rates, which have none).
+    bytes at the DRAM read rate (`DRAM_RATE`) stretched by the last wave's idle SMs
+    (``waves / ceil(waves)`` efficiency, one wave = ``num_sms`` times the plan's
+    ``resident_per_sm`` programs) or runs its FLOPs at the FFMA rate (the CUDA-core kernel) or
+    the tensor cores' 16-bit ``mma`` rate (the tensor-core kernel, its rows padded to 16),
+    whichever is longer; the merge streams its partials' bytes at the same rate after that (the
+    last programs merge at the end); the one launch adds the launch cost (``kernel_launch_s`` of
+    a rates file, as `sim.plan.price` adds it per kernel; 0 at datasheet rates, which have none).
     """
     p = plan
     keys = p.seqlen_k if keys_read is None else keys_read
