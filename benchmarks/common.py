@@ -100,6 +100,33 @@ def time_cuda(torch, fn, warmup=3, min_reps=5, max_reps=30, budget_s=0.4, timing
     return summarize_times(times)
 
 
+def time_interleaved(torch, fns: dict, warmup=3, min_reps=5, max_reps=30, budget_s=0.4,
+                     timing="sync") -> dict:
+    """``{name: (median, p10, p90)}`` milliseconds of each of ``fns`` (name -> callable), timed
+    as `time_cuda` times one, but in rounds: each round times every callable once, in turn, so
+    that a drift of the GPU's state over the run (clocks, power, temperature) reaches them all
+    alike rather than whichever ran last. At least ``min_reps`` and at most ``max_reps`` rounds,
+    more while under ``budget_s`` seconds of timed work per callable; ``warmup`` calls of each
+    first."""
+    if timing not in TIMINGS:
+        raise ValueError(f"timing must be one of {TIMINGS}, got {timing!r}")
+    if not fns:
+        return {}
+    sleep = SLEEP_CYCLES if timing == "device" else 0
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    torch.cuda.synchronize()
+    times = {name: [] for name in fns}
+    rounds = 0
+    while rounds < max_reps and (rounds < min_reps
+                                 or max(sum(t) for t in times.values()) < budget_s * 1e3):
+        for name, fn in fns.items():
+            times[name].append(event_ms(torch, fn, sleep))
+        rounds += 1
+    return {name: summarize_times(t) for name, t in times.items()}
+
+
 def error_text(exc) -> str:
     """An exception as a results file records it: its type and first 160 characters."""
     return f"{type(exc).__name__}: {' '.join(str(exc).split())[:160]}"

@@ -27,7 +27,9 @@ alone, ``timing="device"``: the split count does not change the host's work) and
 model's choice against the measured best. ``--graph`` also times each contender
 (ours, SDPA FLASH / EFFICIENT / cuDNN) captured in a CUDA graph and replayed
 (``graph_ms``, ``graph_ratio_vs_fastest_sdpa``): a call with no host work, as a decoding loop
-captured with ``torch.cuda.graph`` (or ``torch.compile(mode="reduce-overhead")``) runs it. ``--window`` adds sliding-window cases
+captured with ``torch.cuda.graph`` (or ``torch.compile(mode="reduce-overhead")``) runs it; the
+contenders' replays are timed in turn, round after round (`benchmarks.common.time_interleaved`),
+so a drift of the GPU's state over the run reaches them alike. ``--window`` adds sliding-window cases
 (B=1, H=16, d=128, N=32k, window (4096, 0), causal, fp16/bf16): ours with the window, ours full
 causal, and SDPA with the equivalent boolean band mask and with ``is_causal=True``. ``--ncu``
 profiles our decode kernels once per case under Nsight Compute (``dram__bytes_read.sum``,
@@ -60,7 +62,8 @@ import sys
 import tempfile
 
 from .common import (SDPA_BACKENDS, command_line, error_text, first_sentence, provenance,
-                     sdpa_context, time_cuda, time_or_error, torch_dtype, write_json)
+                     sdpa_context, time_cuda, time_interleaved, time_or_error, torch_dtype,
+                     write_json)
 
 HEADS_Q, HEADS_KV, HEAD_DIM = 32, 8, 128
 NCU_METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum")
@@ -97,10 +100,9 @@ def _sdpa(torch, q, k, v, backend, **kw):
         return F.scaled_dot_product_attention(q, k, v, enable_gqa=True, **kw)
 
 
-def _graph_time_or_error(torch, fn):
-    """``{"ms": ...}`` of replaying a CUDA graph that captured one call of ``fn`` (under
-    inference mode, after a warm-up call): the call's GPU time with no host work, as a captured
-    decoding loop runs it; or ``{"error": ...}``."""
+def _captured_or_error(torch, fn):
+    """A CUDA graph that captured one call of ``fn`` (under inference mode, after a warm-up
+    call), replayed once; or ``{"error": ...}`` where the call cannot be captured."""
     try:
         with torch.inference_mode():
             fn()
@@ -110,11 +112,22 @@ def _graph_time_or_error(torch, fn):
                 fn()
             graph.replay()
             torch.cuda.synchronize()
-            return {"ms": time_cuda(torch, graph.replay)[0]}
+            return graph
     except Exception as exc:  # noqa: BLE001 - a backend that cannot be captured is a result
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         return {"error": error_text(exc)}
+
+
+def _graph_times(torch, fns: dict) -> dict:
+    """``{name: {"ms": ...} or {"error": ...}}``: each of ``fns`` (name -> call) captured in a
+    CUDA graph and replayed, the replays of all timed in rounds (`time_interleaved`), so that
+    ours and SDPA's see the same GPU state: the calls' GPU time with no host work, as a
+    captured decoding loop runs them."""
+    graphs = {name: _captured_or_error(torch, fn) for name, fn in fns.items()}
+    ready = {name: g.replay for name, g in graphs.items() if not isinstance(g, dict)}
+    times = time_interleaved(torch, ready)
+    return {name: ({"ms": times[name][0]} if name in times else graphs[name]) for name in fns}
 
 
 def ours_call(q, k, v, unit=None, warps=None):
@@ -175,10 +188,10 @@ def decode_case(torch, gpu, batch, seq_len_k, dtype, peak, splits_sweep=False,
     if ours and sdpa:
         rec["ratio_vs_fastest_sdpa"] = min(sdpa) / ours
     if graphs:
-        g = rec["graph_ms"] = {"ioaware": _graph_time_or_error(torch, call)}
-        for name in SDPA_BACKENDS:
-            if name != "sdpa-math":
-                g[name] = _graph_time_or_error(torch, lambda n=name: _sdpa(torch, q, k, v, n))
+        contenders = {"ioaware": call}
+        contenders.update({name: (lambda n=name: _sdpa(torch, q, k, v, n))
+                           for name in SDPA_BACKENDS if name != "sdpa-math"})
+        g = rec["graph_ms"] = _graph_times(torch, contenders)
         for entry in g.values():
             if "ms" in entry:
                 entry["kv_bandwidth_fraction"] = kv_bytes / (entry["ms"] * 1e-3) / peak

@@ -110,6 +110,78 @@ def test_time_cuda_sleeps_before_each_timed_call_only_in_device_timing(timing, s
                 assert e[1] == common.SLEEP_CYCLES
 
 
+def test_time_interleaved_times_every_callable_once_a_round():
+    """Rounds of one timed call of each callable in turn (a drift of the GPU's state reaches
+    them alike), after the warm-up calls of each; each callable's median is its own."""
+    torch = _FakeTorch()
+    order = []
+    fns = {"a": lambda: order.append("a"), "b": lambda: order.append("b")}
+    out = common.time_interleaved(torch, fns, warmup=2, min_reps=4, max_reps=4, budget_s=0.0)
+    assert set(out) == {"a", "b"} and out["a"] == out["b"] == (1.0, 1.0, 1.0)
+    assert order == ["a", "a", "b", "b"] + ["a", "b"] * 4
+    assert common.time_interleaved(torch, {}) == {}
+    with pytest.raises(ValueError, match="timing"):
+        common.time_interleaved(torch, fns, timing="wall")
+
+
+def test_time_interleaved_stops_at_the_budget_of_the_slowest():
+    """More rounds while the slowest callable's timed work is under the budget, at most
+    ``max_reps``; in device timing each timed call follows a sleep."""
+    torch = _FakeTorch()
+    out = common.time_interleaved(torch, {"a": lambda: None}, warmup=0, min_reps=1,
+                                  max_reps=50, budget_s=0.0105, timing="device")
+    assert out["a"][0] == 1.0
+    assert torch.cuda.log.count(("sleep", common.SLEEP_CYCLES)) == 11   # 11 ms >= 10.5 ms
+
+
+def test_decode_graph_times_time_the_captured_replays_in_rounds():
+    """`benchmarks decode --graph`: every contender captured once, the replays timed in rounds
+    (ours and SDPA's alternate); one that cannot be captured is recorded with its error."""
+    import contextlib
+
+    from benchmarks import decode
+
+    torch = _FakeTorch()
+    replays = []
+
+    class Graph:
+        def __init__(self):
+            self.name = None
+
+        def replay(self):
+            replays.append(self.name)
+
+    capturing = []
+
+    @contextlib.contextmanager
+    def graph(g):
+        capturing.append(g)
+        yield
+        capturing.pop()
+
+    torch.inference_mode = contextlib.nullcontext
+    torch.cuda.CUDAGraph = Graph
+    torch.cuda.graph = graph
+    torch.cuda.empty_cache = lambda: None
+
+    def contender(name):
+        def call():
+            if capturing:
+                capturing[-1].name = name
+        return call
+
+    def refuses():
+        raise RuntimeError("No available kernel. Aborting execution.")
+
+    out = decode._graph_times(torch, {"ioaware": contender("ioaware"), "sdpa-flash": refuses,
+                                      "sdpa-cudnn": contender("sdpa-cudnn")})
+    assert list(out) == ["ioaware", "sdpa-flash", "sdpa-cudnn"]
+    assert out["ioaware"] == out["sdpa-cudnn"] == {"ms": 1.0}
+    assert out["sdpa-flash"]["error"].startswith("RuntimeError: No available kernel")
+    timed = replays[2 + 2 * 3:]                # after each graph's first replay and warm-ups
+    assert timed[:4] == ["ioaware", "sdpa-cudnn"] * 2 and len(timed) % 2 == 0
+
+
 def test_time_cuda_refuses_unknown_timing():
     with pytest.raises(ValueError, match="timing"):
         common.time_cuda(_FakeTorch(), lambda: None, timing="wall")
