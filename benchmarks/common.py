@@ -87,17 +87,10 @@ def time_cuda(torch, fn, warmup=3, min_reps=5, max_reps=30, budget_s=0.4, timing
     timed work; ``timing`` is one of `TIMINGS`. A call over 50 ms gets no warm-up and 3 calls."""
     if timing not in TIMINGS:
         raise ValueError(f"timing must be one of {TIMINGS}, got {timing!r}")
-    sleep = SLEEP_CYCLES if timing == "device" else 0
-    if event_ms(torch, fn, sleep) > 50.0:
+    if event_ms(torch, fn, SLEEP_CYCLES if timing == "device" else 0) > 50.0:
         warmup, min_reps = 0, 3
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times, total = [], 0.0
-    while len(times) < max_reps and (len(times) < min_reps or total < budget_s * 1e3):
-        times.append(event_ms(torch, fn, sleep))
-        total += times[-1]
-    return summarize_times(times)
+    return time_interleaved(torch, {"fn": fn}, warmup, min_reps, max_reps, budget_s,
+                            timing)["fn"]
 
 
 def time_interleaved(torch, fns: dict, warmup=3, min_reps=5, max_reps=30, budget_s=0.4,
@@ -106,8 +99,8 @@ def time_interleaved(torch, fns: dict, warmup=3, min_reps=5, max_reps=30, budget
     as `time_cuda` times one, but in rounds: each round times every callable once, in turn, so
     that a drift of the GPU's state over the run (clocks, power, temperature) reaches them all
     alike rather than whichever ran last. At least ``min_reps`` and at most ``max_reps`` rounds,
-    more while under ``budget_s`` seconds of timed work per callable; ``warmup`` calls of each
-    first."""
+    more while the slowest callable's timed work is under ``budget_s`` seconds; ``warmup`` calls
+    of each first. With one callable this is `time_cuda`'s loop."""
     if timing not in TIMINGS:
         raise ValueError(f"timing must be one of {TIMINGS}, got {timing!r}")
     if not fns:
