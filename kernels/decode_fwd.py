@@ -41,7 +41,7 @@ import numpy as np
 from numba import cuda, float32, int32, int64, uint16, uint32, uint64
 
 from ioaware.block_info import band_offsets
-from sim.decode import (MAX_SEQLEN_Q, MAX_SPLITS, MMA_HEAD_DIMS, SMEM_BYTES_PER_SM, WARPS,
+from sim.decode import (MAX_SEQLEN_Q, MMA_HEAD_DIMS, SMEM_BYTES_PER_SM, WARPS,
                         SplitKVPlan, split_kv_plan, uses_tensor_cores)
 
 from . import compile_cache, host, ptx
@@ -59,12 +59,9 @@ TAKES_CACHE_SEQLENS = True
 #: the tiled forwards); a `KernelConfig(family="split_kv")` takes any length.
 MIN_SEQLEN_K = 256
 MAX_HEAD_DIM = 256
-#: Splits whose partial outputs one merge thread loads (for each of its units) before it adds
-#: them.
-MERGE_UNROLL = 8
-#: Units (of each row's output) one merge thread takes at once: its loads in flight are
-#: ``MERGE_UNITS * MERGE_UNROLL`` (a bound on the merge's registers, which are the kernel's).
-MERGE_UNITS = 2
+#: Splits whose partial outputs (of one unit) and logsumexps one merge thread loads at once,
+#: before it adds them: a bound on the merge's registers (which are the kernel's).
+MERGE_LOADS = 16
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 NEG_INF = float32(-np.inf)
@@ -102,7 +99,9 @@ def make_decode_kernel(head_dim: int, rows: int, seqlen_q: int, group: int, oper
     ``out``: float32 [B, Hq, Nq, d], or for 16-bit inputs int32 words [B, Hq, Nq, d / 2] of two
     elements each (the cast fused: rounded to nearest as torch's cast rounds); ``lse`` float32
     [B, Hq, Nq]. With one split a program writes them directly. With more, each writes its
-    split's partial output and logsumexp (``o_part``, ``lse_part``, float32), and the last
+    split's partial output and logsumexp (``o_part``, ``lse_part``, float32 ``[splits, B * Hq *
+    Nq * d]`` and ``[splits, B * Hq * Nq]``: each split's rows flat, so a row's place is one
+    product), and the last
     program of each (batch, KV head, row chunk) to finish — counted in ``counters`` (int32,
     one per ``blockIdx.x``, zero before the call and left zero after it) — merges them
     (`make_merge_rows`).
@@ -339,8 +338,8 @@ def make_decode_kernel(head_dim: int, rows: int, seqlen_q: int, group: int, oper
                                 sm_acc[r, col] = prev + acc[r, u * EPU + c]
             cuda.syncthreads()
 
-        finish(o_part, lse_part, out, lse, counters, b, hkv, chunk, pid, split, splits, bad_length,
-               sm_m, sm_l, sm_acc)
+        finish(o_part, lse_part, out, lse, counters, b, hkv, heads_kv, chunk, pid, split, splits,
+               bad_length, sm_m, sm_l, sm_acc)
 
     return decode_split_kv
 
@@ -609,8 +608,8 @@ def make_decode_mma_kernel(head_dim: int, seqlen_q: int, group: int, operand: st
             sm_acc[r, col] = total
         cuda.syncthreads()
 
-        finish(o_part, lse_part, out, lse, counters, b, hkv, chunk, pid, split, splits, bad_length,
-               sm_m, sm_l, sm_acc)
+        finish(o_part, lse_part, out, lse, counters, b, hkv, heads_kv, chunk, pid, split, splits,
+               bad_length, sm_m, sm_l, sm_acc)
 
     decode_split_kv_mma.threads = NW * 32
     decode_split_kv_mma.smem_bytes = NW * WARP_HALVES * 2
@@ -622,9 +621,11 @@ def program_of(row_chunks, heads_kv):
     """``(pid, split, splits, chunk, b, hkv)`` of this split-KV program: grid x is (batch, KV
     head, row chunk) as ``pid``, grid y the key split (both decoding kernels)."""
     pid = cuda.blockIdx.x
-    chunk = pid % row_chunks
-    bh = pid // row_chunks
-    return pid, cuda.blockIdx.y, cuda.gridDim.y, chunk, bh // heads_kv, bh % heads_kv
+    # unsigned 32-bit quotients (a 64-bit division is a long subroutine on the GPU)
+    bh = uint32(pid) // uint32(row_chunks)
+    b = bh // uint32(heads_kv)
+    return (pid, cuda.blockIdx.y, cuda.gridDim.y, pid - bh * row_chunks, int64(b),
+            bh - b * heads_kv)
 
 
 def make_split_keys(seqlen_q: int, banded: bool):
@@ -691,8 +692,8 @@ def make_finish(head_dim: int, rows: int, seqlen_q: int, group: int, warps: int,
                 use_shfl: bool):
     """The end of a split-KV program, shared by both decoding kernels, run by every thread::
 
-        finish(o_part, lse_part, out, lse, counters, b, hkv, chunk, pid, split, splits,
-               bad_length, sm_m, sm_l, sm_acc)
+        finish(o_part, lse_part, out, lse, counters, b, hkv, heads_kv, chunk, pid, split,
+               splits, bad_length, sm_m, sm_l, sm_acc)
 
     from the program's rows as its warps left them in shared memory: ``sm_m[w, r]`` the running
     max of warp ``w`` (base 2), ``sm_l[w, r]`` its sum rescaled to the warps' common max, and
@@ -723,8 +724,8 @@ def make_finish(head_dim: int, rows: int, seqlen_q: int, group: int, warps: int,
         return l_all, x
 
     @cuda.jit(device=True)
-    def finish(o_part, lse_part, out, lse, counters, b, hkv, chunk, pid, split, splits,
-               bad_length, sm_m, sm_l, sm_acc):
+    def finish(o_part, lse_part, out, lse, counters, b, hkv, heads_kv, chunk, pid, split,
+               splits, bad_length, sm_m, sm_l, sm_acc):
         tid = cuda.threadIdx.x
         sm_last = cuda.shared.array(1, int32)
         n_rows = min(int64(ROWS), R_TOTAL - chunk * ROWS)      # the chunk's rows in the group
@@ -767,9 +768,10 @@ def make_finish(head_dim: int, rows: int, seqlen_q: int, group: int, warps: int,
                 o = sm_acc[r, col] / l_all
             if bad_length:
                 o = NAN
-            o_part[split, b, h, i, col] = o
+            prow = uint64((b * heads_kv + hkv) * R_TOTAL + row)    # row of [B, Hq, Nq]
+            o_part[split, prow * D + col] = o
             if col == 0:
-                lse_part[split, b, h, i] = NAN if bad_length else x
+                lse_part[split, prow] = NAN if bad_length else x
 
         # -- the last of the group's programs to finish merges the splits --
         cuda.threadfence()                  # this program's partials, visible before its ticket
@@ -780,7 +782,7 @@ def make_finish(head_dim: int, rows: int, seqlen_q: int, group: int, warps: int,
         cuda.syncthreads()
         if sm_last[0] == 1:
             cuda.threadfence()
-            merge_rows(o_part, lse_part, out, lse, b, hkv, chunk, splits)
+            merge_rows(o_part, lse_part, out, lse, b, hkv, heads_kv, chunk, splits)
             if tid == 0:
                 counters[pid] = 0           # zero again for the next call on this stream
 
@@ -825,146 +827,92 @@ def make_merge_rows(head_dim: int, rows: int, seqlen_q: int, group: int, warps: 
     """The device function with which the last program of a (batch, KV head, row chunk) group
     merges the group's splits, run by every thread of the program (``warps`` warps)::
 
-        merge_rows(o_part, lse_part, out, lse, b, hkv, chunk, splits)
+        merge_rows(o_part, lse_part, out, lse, b, hkv, heads_kv, chunk, splits)
 
-    For each of the chunk's ``rows`` query rows it writes ``lse = logsumexp_s(lse_s)`` and
-    ``out = sum_s exp(lse_s - lse) out_s`` (``out`` as the split-KV kernel takes it: float32,
-    or for ``output`` "float16" / "bfloat16" int32 words of two elements each). Its shared
-    memory is its own: ``sm_w`` (float32 ``(rows, MAX_SPLITS)``) and ``sm_stat`` (``(rows, 3)``).
+    For each of the chunk's query rows (at most ``rows``, those of the group) it writes ``lse =
+    logsumexp_s(lse_s)`` and ``out = sum_s exp(lse_s - lse) out_s`` (``out`` as the split-KV
+    kernel takes it: float32, or for ``output`` "float16" / "bfloat16" int32 words of two
+    elements each). It needs no shared memory and no barrier.
 
-    The rows are merged together, with as many loads in flight as the threads can hold: the
-    threads load every (row, split) logsumexp at once into ``sm_w``; warp ``r % warps`` reduces
-    row r's max and sum (its lanes stride the splits, then shuffles; one lane in turn under the
-    simulator); the weights ``exp(lse_s - lse)`` replace the logsumexps; then each thread takes
-    units (32-bit words of two elements, or float32 elements) of the rows, `MERGE_UNITS` at a
-    time, and loads `MERGE_UNROLL` splits of each before it adds them. A row whose splits all
-    have a -inf logsumexp (every key masked) gets 0 and -inf; a NaN logsumexp (a refused cache
-    length) makes the row NaN."""
-    D, ROWS, NQ, G, NW = head_dim, rows, seqlen_q, group, warps
-    NT = NW * 32
+    Each thread takes units (32-bit words of two elements, or float32 elements) of the rows in
+    turn; for each it loads the logsumexps and partial outputs of `MERGE_LOADS` splits at once
+    (a row's logsumexps are one address for all its threads), then folds them into a running
+    max, sum and weighted sum (the online softmax over the splits): one round trip to memory per
+    `MERGE_LOADS` splits. A row whose splits all have a -inf logsumexp (every key masked) gets 0
+    and -inf; a NaN logsumexp (a refused cache length) makes the row NaN. ``use_shfl`` is unused
+    (the arguments are `make_finish`'s)."""
+    D, ROWS, NQ, G, NT = head_dim, rows, seqlen_q, group, warps * 32
     R_TOTAL = G * NQ
     WORDS = output != "float32"
     EPU = 2 if WORDS else 1                  # output elements per unit
     UO = D // EPU                            # units per row
-    UNITS = ROWS * UO
-    UB = min(MERGE_UNITS, -(-UNITS // NT))   # units per thread per pass
-    UPA = -(-UNITS // (NT * UB)) * UB        # units per thread, in passes of UB
-    UNROLL = MERGE_UNROLL
-    SHFL = use_shfl
+    LOADS = MERGE_LOADS
     pack = _half_op("pack", output)
 
     @cuda.jit(device=True)
-    def merge_rows(o_part, lse_part, out, lse, b, hkv, chunk, splits):
-        tid = cuda.threadIdx.x
-        sm_w = cuda.shared.array((ROWS, MAX_SPLITS), float32)     # per (row, split) weights
-        sm_stat = cuda.shared.array((ROWS, 3), float32)           # per row: max, sum, NaN
-        warp = tid // 32
-        lane = tid % 32
-        # -- every (row, split) logsumexp, loaded together --
-        for idx in range(tid, ROWS * splits, NT):
-            r = idx // splits
-            row = chunk * ROWS + r
-            x = NEG_INF
-            if row < R_TOTAL:
-                x = lse_part[idx % splits, b, hkv * G + row // NQ, row % NQ]
-            sm_w[r, idx % splits] = x
-        cuda.syncthreads()
-
-        # -- per row: the max, NaN and the sum, by one warp --
-        for r in range(warp, ROWS, NW):
-            if SHFL or lane == 0:
-                first = lane if SHFL else 0
-                step = 32 if SHFL else 1
-                m = NEG_INF
-                bad = float32(0.0)
-                for sp in range(first, splits, step):
-                    x = sm_w[r, sp]
-                    if x != x:
-                        bad = float32(1.0)
+    def merge_rows(o_part, lse_part, out, lse, b, hkv, heads_kv, chunk, splits):
+        x_lse = cuda.local.array(LOADS, float32)
+        x_out = cuda.local.array((LOADS, EPU), float32)
+        acc = cuda.local.array(EPU, float32)        # sum of exp(lse_s - m) out_s
+        n_units = min(int64(ROWS), R_TOTAL - chunk * ROWS) * UO     # the group's rows only
+        for g in range(cuda.threadIdx.x, n_units, NT):
+            row = chunk * ROWS + g // UO
+            h = hkv * G + row // NQ
+            i = row % NQ
+            prow = uint64((b * heads_kv + hkv) * R_TOTAL + row)        # row of [B, Hq, Nq]
+            col = prow * D + uint64((g % UO) * EPU)
+            m = NEG_INF                     # running max of the splits' lse
+            l_sum = float32(0.0)            # sum of exp(lse_s - m)
+            nan = False                     # a NaN logsumexp seen
+            for c in range(EPU):
+                acc[c] = float32(0.0)
+            for sp in range(0, splits, LOADS):
+                # -- load LOADS splits' logsumexps and partial outputs at once --
+                for s in range(LOADS):
+                    x_lse[s] = NEG_INF
+                    for c in range(EPU):
+                        x_out[s, c] = float32(0.0)
+                    if sp + s < splits:
+                        x_lse[s] = lse_part[uint64(sp + s), prow]
+                        for c in range(EPU):
+                            x_out[s, c] = o_part[uint64(sp + s), col + uint64(c)]
+                # -- fold them in: the new max, the old sums rescaled, the new terms added --
+                m_new = m
+                for s in range(LOADS):
+                    if x_lse[s] != x_lse[s]:
+                        nan = True
                     else:
-                        m = max(m, x)
-                if SHFL:
-                    for off in (16, 8, 4, 2, 1):
-                        m = max(m, cuda.shfl_xor_sync(0xFFFFFFFF, m, off))
-                        bad = max(bad, cuda.shfl_xor_sync(0xFFFFFFFF, bad, off))
-                total = float32(0.0)
-                if m != NEG_INF:
-                    for sp in range(first, splits, step):
-                        x = sm_w[r, sp]
-                        if x == x:
-                            total += math.exp(x - m)
-                if SHFL:
-                    for off in (16, 8, 4, 2, 1):
-                        total += cuda.shfl_xor_sync(0xFFFFFFFF, total, off)
-                if lane == 0:
-                    sm_stat[r, 0] = m
-                    sm_stat[r, 1] = total
-                    sm_stat[r, 2] = bad
-        cuda.syncthreads()
-
-        # -- each split's weight exp(lse_s - lse) --
-        for idx in range(tid, ROWS * splits, NT):
-            r = idx // splits
-            m = sm_stat[r, 0]
-            w = float32(0.0)
-            if m != NEG_INF and sm_stat[r, 2] == float32(0.0):
-                w = math.exp(sm_w[r, idx % splits] - m) / sm_stat[r, 1]
-            sm_w[r, idx % splits] = w
-        cuda.syncthreads()
-
-        # -- the weighted sum of each unit, MERGE_UNROLL splits of UB units in flight at once --
-        for a0 in range(0, UPA, UB):
-            acc = cuda.local.array((UB, EPU), float32)
-            x = cuda.local.array((UB, UNROLL, EPU), float32)
-            for a in range(UB):
-                for c in range(EPU):
-                    acc[a, c] = float32(0.0)
-            for sp in range(0, splits, UNROLL):
-                for a in range(UB):
-                    g = tid + (a0 + a) * NT
-                    row = chunk * ROWS + g // UO
-                    if g < UNITS and row < R_TOTAL:
-                        h = hkv * G + row // NQ
-                        i = row % NQ
-                        col = (g % UO) * EPU
-                        for s in range(UNROLL):
+                        m_new = max(m_new, x_lse[s])
+                if m_new != NEG_INF:
+                    f = math.exp(m - m_new)
+                    l_sum *= f
+                    for c in range(EPU):
+                        acc[c] *= f
+                    for s in range(LOADS):
+                        if x_lse[s] == x_lse[s]:
+                            w = math.exp(x_lse[s] - m_new)
+                            l_sum += w
                             for c in range(EPU):
-                                x[a, s, c] = float32(0.0)
-                                if sp + s < splits:
-                                    x[a, s, c] = o_part[sp + s, b, h, i, col + c]
-                for a in range(UB):
-                    g = tid + (a0 + a) * NT
-                    if g < UNITS:
-                        r = g // UO
-                        for s in range(UNROLL):
-                            if sp + s < splits:
-                                w = sm_w[r, sp + s]
-                                for c in range(EPU):
-                                    acc[a, c] += w * x[a, s, c]
+                                acc[c] += w * x_out[s, c]
+                    m = m_new
 
             # -- the output, cast and stored, and the logsumexp --
-            for a in range(UB):
-                g = tid + (a0 + a) * NT
-                row = chunk * ROWS + g // UO
-                if g < UNITS and row < R_TOTAL:
-                    r = g // UO
-                    h = hkv * G + row // NQ
-                    i = row % NQ
-                    nan = sm_stat[r, 2] != float32(0.0)
-                    if WORDS:
-                        o0 = NAN if nan else acc[a, 0]
-                        o1 = NAN if nan else acc[a, 1]
-                        out[b, h, i, g % UO] = int32(pack(o0, o1))
-                    else:
-                        out[b, h, i, g % UO] = NAN if nan else acc[a, 0]
-                    if g % UO == 0:
-                        m = sm_stat[r, 0]
-                        x0 = m
-                        if nan:
-                            x0 = NAN
-                        elif m != NEG_INF:
-                            x0 = m + math.log(sm_stat[r, 1])
-                        lse[b, h, i] = x0
+            inv = float32(0.0)
+            if l_sum > float32(0.0):
+                inv = float32(1.0) / l_sum
+            if WORDS:
+                o0 = NAN if nan else acc[0] * inv
+                o1 = NAN if nan else acc[1] * inv
+                out[b, h, i, g % UO] = int32(pack(o0, o1))
+            else:
+                out[b, h, i, g % UO] = NAN if nan else acc[0] * inv
+            if g % UO == 0:
+                x0 = m
+                if nan:
+                    x0 = NAN
+                elif m != NEG_INF:
+                    x0 = m + math.log(l_sum)
+                lse[b, h, i] = x0
 
     return merge_rows
 
@@ -1130,8 +1078,8 @@ def prepare(problem, config=None):
             return out, work[:rows].view(B, Hq, Nq)
         call = host.Call(template, q=q)
         qi, ki, vi = (call.input(x, words=words, aligned=True, word_bytes=4) for x in (q, k, v))
-        o_part = call.output((p.splits, B, Hq, Nq, D), float32=True)
-        lse_part = call.output((p.splits, B, Hq, Nq), float32=True)
+        o_part = call.output((p.splits, B * Hq * Nq * D), float32=True)   # rows [B, Hq, Nq]
+        lse_part = call.output((p.splits, B * Hq * Nq), float32=True)
         out = call.output((B, Hq, Nq, D), words=words)     # the kernel writes the dtype
         out_arg = out.arg
         if words:       # two elements per int32 word
@@ -1179,20 +1127,34 @@ def _device_address(array) -> int:
 #: no call zeroes them; a call that needs more gets a new zeroed buffer (stream-ordered, as
 #: torch's allocator reuses memory).
 _COUNTERS: dict = {}
-#: Counters of the calls captured in CUDA graphs: each capture zeroes its own (the zeroing is
-#: captured too) and keeps it for the life of the process, as the graph may replay it.
+#: Counters of the calls captured in CUDA graphs: each capture takes its own, kept for the life
+#: of the process, as the graph may replay it. They are cut from a per-device arena of
+#: `CAPTURE_ARENA_COUNTERS` int32 zeroed by a call outside capture (a capture's warm-up), so a
+#: captured step holds one kernel and nothing that zeroes; a capture with no arena left (or none
+#: yet) zeroes its own counters in the graph.
 _CAPTURED_COUNTERS: list = []
+_CAPTURE_ARENAS: dict = {}
+CAPTURE_ARENA_COUNTERS = 1 << 16
 
 
 def _torch_counters(q, stream: int, n: int):
     """Zeroed int32 counters for ``n`` program groups on ``stream`` (q's device), as a torch
     tensor."""
     import torch
+    dev = q.get_device()
     if torch.cuda.is_current_stream_capturing():
-        buf = torch.zeros(n, dtype=torch.int32, device=q.device)
+        arena = _CAPTURE_ARENAS.get(dev)
+        if arena is not None and arena[1] + n <= arena[0].numel():
+            buf = arena[0][arena[1]:arena[1] + n]
+            arena[1] += n
+        else:
+            buf = torch.zeros(n, dtype=torch.int32, device=q.device)
         _CAPTURED_COUNTERS.append(buf)
         return buf
-    key = (q.get_device(), stream)
+    if dev not in _CAPTURE_ARENAS:
+        _CAPTURE_ARENAS[dev] = [torch.zeros(CAPTURE_ARENA_COUNTERS, dtype=torch.int32,
+                                            device=q.device), 0]
+    key = (dev, stream)
     buf = _COUNTERS.get(key)
     if buf is None or buf.numel() < n:
         buf = _COUNTERS[key] = torch.zeros(max(n, 1024), dtype=torch.int32, device=q.device)

@@ -95,10 +95,9 @@ def mma_shared_bytes(head_dim: int, warps: int = MMA_WARPS, block_k: int = MMA_B
     of ``stages`` K and V buffers (``block_k`` rows of ``head_dim + 8`` halves: rows padded by
     16 bytes, so that ``ldmatrix`` reads have no bank conflicts; after the loop the warps'
     accumulators meet there), and the rows' statistics (each warp's max and sum, the summed
-    accumulators, the merge's weights and statistics, the ticket)."""
+    accumulators, the ticket)."""
     dynamic = warps * stages * 2 * block_k * (head_dim + 8) * 2
-    static = 4 * (2 * warps * MMA_ROWS + MMA_ROWS * head_dim + MMA_ROWS * MAX_SPLITS
-                  + MMA_ROWS * 3 + 1)
+    static = 4 * (2 * warps * MMA_ROWS + MMA_ROWS * head_dim + 1)
     return dynamic, static
 
 

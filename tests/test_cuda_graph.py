@@ -101,6 +101,51 @@ def test_decode_replays_on_a_changing_cache():
             assert torch.equal(out, want)
 
 
+@pytest.mark.parametrize("arena", [True, False])
+def test_decode_capture_takes_its_arrival_counters_from_a_zeroed_arena(monkeypatch, arena):
+    """A captured split-KV call takes its programs' arrival counters from the device's arena,
+    zeroed by a call outside capture, so the graph holds no zeroing; two captures get disjoint
+    counters and replay exactly, interleaved, leaving them zero. With no arena (or none left) a
+    capture zeroes its own counters in the graph, and replays as exactly."""
+    from kernels import decode_fwd
+    monkeypatch.setattr(decode_fwd, "_CAPTURE_ARENAS", {})
+    g = torch.Generator(device="cuda").manual_seed(1)
+    q = torch.randn(1, 32, 1, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    k = torch.randn(1, 8, 4096, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    v = torch.randn(1, 8, 4096, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    q2 = torch.randn_like(q)
+    with torch.inference_mode():
+        ioaware.attention(q, k, v, backend="numba")             # warm-up: the arena
+        torch.cuda.synchronize()
+        if not arena:
+            decode_fwd._CAPTURE_ARENAS.clear()
+        taken = len(decode_fwd._CAPTURED_COUNTERS)
+        graphs, outs = [], []
+        for query in (q, q2):
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                outs.append(ioaware.attention(query, k, v, backend="numba"))
+            graphs.append(graph)
+        counters = decode_fwd._CAPTURED_COUNTERS[taken:]
+        assert len(counters) == 2 and min(c.numel() for c in counters) > 1
+        ptrs = sorted((c.data_ptr(), c.data_ptr() + 4 * c.numel()) for c in counters)
+        assert ptrs[0][1] <= ptrs[1][0]                         # disjoint
+        if arena:
+            base = decode_fwd._CAPTURE_ARENAS[q.get_device()][0]
+            lo, hi = base.data_ptr(), base.data_ptr() + 4 * base.numel()
+            assert all(lo <= a and b <= hi for a, b in ptrs)
+        else:
+            assert q.get_device() not in decode_fwd._CAPTURE_ARENAS
+        for _ in range(3):
+            k.normal_(generator=g)
+            for graph in graphs:
+                graph.replay()
+            want = [ioaware.attention(x, k, v, backend="numba") for x in (q, q2)]
+            torch.cuda.synchronize()
+            assert all(torch.equal(o, w) for o, w in zip(outs, want))
+            assert all(int(c.abs().sum()) == 0 for c in counters)
+
+
 def test_decode_with_cache_lengths_replays_on_changing_lengths(monkeypatch):
     """A decoding step with its cache lengths on the GPU (the prepared path, its launch
     repeated: `kernels.host.Call` made to fail while capturing) captured in a graph: replays

@@ -655,7 +655,7 @@ def compile_decode_mma_kernels(outdir) -> list:
     from kernels import decode_fwd
     from sim.decode import MMA_BLOCK_K, MMA_STAGES, MMA_WARPS, MMA_WARPS_FEW_PROGRAMS
     words, f32, i64 = types.Array(types.uint32, 4, "C"), types.float32, types.int64
-    sig = (words, words, words, types.Array(f32, 5, "C"), types.Array(f32, 4, "C"),
+    sig = (words, words, words, types.Array(f32, 2, "C"), types.Array(f32, 2, "C"),
            types.Array(types.int32, 4, "C"), types.Array(f32, 3, "C"),
            types.Array(types.int32, 1, "C"), types.Array(types.int32, 1, "C"), f32, i64, i64, i64,
            i64, i64, i64)
