@@ -128,7 +128,7 @@ def make_decode_kernel(head_dim: int, rows: int, seqlen_q: int, group: int, oper
     # the simulator's reductions (no shuffles there) go through shared memory
     RED_SHAPE = (1, 1, 1) if use_shfl else (NW, max(ROWS * KB, ROWS * (NE + 1)), 32)
     unpack = _half_op("unpack", operand)
-    finish = make_finish(head_dim, rows, seqlen_q, group, warps, operand, use_shfl)
+    finish = make_finish(head_dim, rows, seqlen_q, group, warps, operand)
     to_common_max = make_to_common_max(warps, math.exp2)
     split_keys = make_split_keys(seqlen_q, banded)
 
@@ -387,7 +387,7 @@ def make_decode_mma_kernel(head_dim: int, seqlen_q: int, group: int, operand: st
     ACC_STRIDE = D + 8                  # floats per row of a warp's accumulators in shared memory
     ACC_SLOT = ROWS * ACC_STRIDE        # floats per warp (the rings, idle by then, hold them)
     assert NW * ACC_SLOT * 4 <= NW * WARP_HALVES * 2
-    finish = make_finish(head_dim, ROWS, seqlen_q, group, warps, operand, True)
+    finish = make_finish(head_dim, ROWS, seqlen_q, group, warps, operand)
     to_common_max = make_to_common_max(warps, _ptx.ex2)
     split_keys = make_split_keys(seqlen_q, banded)
     load_rows = tile_loader(BK, CHUNKS, 32, 2 * STRIDE, through_l1=True)   # a warp's BK rows
@@ -688,8 +688,7 @@ def make_to_common_max(warps: int, exp2):
     return to_common_max
 
 
-def make_finish(head_dim: int, rows: int, seqlen_q: int, group: int, warps: int, operand: str,
-                use_shfl: bool):
+def make_finish(head_dim: int, rows: int, seqlen_q: int, group: int, warps: int, operand: str):
     """The end of a split-KV program, shared by both decoding kernels, run by every thread::
 
         finish(o_part, lse_part, out, lse, counters, b, hkv, heads_kv, chunk, pid, split,
@@ -708,7 +707,7 @@ def make_finish(head_dim: int, rows: int, seqlen_q: int, group: int, warps: int,
     R_TOTAL = G * NQ
     NT = NW * 32
     pack = _half_op("pack", operand)
-    merge_rows = make_merge_rows(head_dim, rows, seqlen_q, group, warps, operand, use_shfl)
+    merge_rows = make_merge_rows(head_dim, rows, seqlen_q, group, warps, operand)
 
     @cuda.jit(device=True, inline=True)
     def row_sum_lse(sm_m, sm_l, r):
@@ -823,7 +822,7 @@ def _half_op(kind: str, dtype: str):
 
 
 def make_merge_rows(head_dim: int, rows: int, seqlen_q: int, group: int, warps: int,
-                    output: str, use_shfl: bool):
+                    output: str):
     """The device function with which the last program of a (batch, KV head, row chunk) group
     merges the group's splits, run by every thread of the program (``warps`` warps)::
 
@@ -839,8 +838,7 @@ def make_merge_rows(head_dim: int, rows: int, seqlen_q: int, group: int, warps: 
     (a row's logsumexps are one address for all its threads), then folds them into a running
     max, sum and weighted sum (the online softmax over the splits): one round trip to memory per
     `MERGE_LOADS` splits. A row whose splits all have a -inf logsumexp (every key masked) gets 0
-    and -inf; a NaN logsumexp (a refused cache length) makes the row NaN. ``use_shfl`` is unused
-    (the arguments are `make_finish`'s)."""
+    and -inf; a NaN logsumexp (a refused cache length) makes the row NaN."""
     D, ROWS, NQ, G, NT = head_dim, rows, seqlen_q, group, warps * 32
     R_TOTAL = G * NQ
     WORDS = output != "float32"
