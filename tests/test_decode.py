@@ -140,10 +140,10 @@ def test_split_kv_kernel_equals_the_float64_rule(b, hq, hkv, nq, nk, d, lengths,
 @pytest.mark.parametrize("d, splits", [(8, 1), (8, 40), (96, 6), (128, 13), (256, 9)])
 def test_the_last_program_merges_every_split(d, splits, dtype):
     """The split-KV kernel's merge, by the last program of each group to finish, over many
-    splits and head dims (the merge's thread layouts: one or more groups of threads across the
-    splits, one or two units per thread): full rows are exact against float64, a row with no
-    key gives 0 and -inf, a row with a length the kernel refuses gives NaN, and one split writes
-    the output directly."""
+    splits and head dims (the merge's loads: one round of `MERGE_LOADS` splits or several, the
+    last one partial; units per thread one or several in turn): full rows are exact against
+    float64, a row with no key gives 0 and -inf, a row with a length the kernel refuses gives
+    NaN, and one split writes the output directly."""
     import dataclasses
     import kernels
     from ioaware._inputs import check_inputs
