@@ -2,8 +2,10 @@
 cost of a call: a training step (forward, backward, optimizer) of a small GQA attention model
 captured after a warm-up, replayed on new inputs, against the same step run eagerly (at the
 dtype's default tolerances: cuBLAS may choose other algorithms while capturing); a decoding
-forward captured and replayed on a cache that changes between replays; and dropout without a
-seed refused while capturing (every replay would drop the same elements). GPU only (``-m gpu``).
+forward captured and replayed on a cache that changes between replays; two captured decoding
+calls taking disjoint arrival counters from the zeroed arena (or zeroing their own in the graph
+without one); and dropout without a seed refused while capturing (every replay would drop the
+same elements). GPU only (``-m gpu``).
 """
 from __future__ import annotations
 
