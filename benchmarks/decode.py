@@ -202,9 +202,7 @@ def decode_case(torch, gpu, batch, seq_len_k, dtype, peak, splits_sweep=False,
     if splits_sweep:
         sweep = {}
         for s in (1, 2, 4, 8, 16, 32, 64):
-            cfg = _config(unit, s, warps)
-            sweep[s] = time_or_error(torch, lambda c=cfg: kernels.forward(pb, c),
-                                     timing="device").get("ms")
+            sweep[s] = kernels_time(torch, kernels, pb, s, unit, warps)
         rec["splits_ms"] = sweep
         done = {s: t for s, t in sweep.items() if t}
         if done:
@@ -219,6 +217,8 @@ def decode_case(torch, gpu, batch, seq_len_k, dtype, peak, splits_sweep=False,
 
 
 def kernels_time(torch, kernels, pb, splits, unit=None, warps=None):
+    """GPU time alone (ms, device timing) of the split-KV forward of ``pb`` at ``splits``
+    splits, or None where it raises."""
     cfg = _config(unit, splits, warps)
     return time_or_error(torch, lambda: kernels.forward(pb, cfg), timing="device").get("ms")
 

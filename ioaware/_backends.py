@@ -227,13 +227,15 @@ class Prepared:
         # operands given as [B, H, N, d] are already canonical: no reshapes in or out
         self._four_d = len(problem.q_shape) == len(problem.kv_shape) == len(problem.v_shape) == 4
 
-    def forward(self, q, k, v):
+    def forward(self, q, k, v, **run_kw):
         """``(out, lse)`` of new operands with this key (which holds their shapes, strides,
-        dtypes and device: the kernels' prepared forward checks only their alignment)."""
+        dtypes and device: the kernels' prepared forward checks only their alignment);
+        ``run_kw`` goes to that forward as it is."""
         if self._four_d:
-            return self._forward(q, k, v, layout_known=True)
+            return self._forward(q, k, v, layout_known=True, **run_kw)
         pb = self.problem
-        out, lse = self._forward(_canonical(q), _canonical(k), _canonical(v), layout_known=True)
+        out, lse = self._forward(_canonical(q), _canonical(k), _canonical(v), layout_known=True,
+                                 **run_kw)
         return pb.restore_q(out), pb.restore_lse(lse)
 
     def backward(self, q, k, v, out, lse, dout):
@@ -263,6 +265,11 @@ def prepare(key, pb: Problem, backend):
         forward = kernel_cache.kernels().prepare_forward(pb)
         if forward is not None:
             entry = Prepared(dataclasses.replace(pb, q=None, k=None, v=None), forward)
+    _keep(key, entry)
+
+
+def _keep(key, entry) -> None:
+    """``_PREPARED[key] = entry``, the dictionary emptied first where it holds `MAX_PREPARED`."""
     if len(_PREPARED) >= MAX_PREPARED:
         _PREPARED.clear()
     _PREPARED[key] = entry
@@ -286,15 +293,12 @@ def cache_key(q, k, v, mask, block_mask, dropout_p, cache_seqlens, flags):
     return key
 
 
-class PreparedDecode:
+class PreparedDecode(Prepared):
     """What the first checked decoding call of a `cache_key` leaves for the next ones: the
-    split-KV forward prepared (`kernels.prepare_forward`), run with each call's cache lengths.
-    Inputs and outputs are in the caller's shapes."""
-    __slots__ = ("problem", "_forward", "_four_d")
-
-    def __init__(self, problem, forward):
-        self.problem, self._forward = problem, forward
-        self._four_d = len(problem.q_shape) == len(problem.kv_shape) == len(problem.v_shape) == 4
+    split-KV forward prepared (`kernels.prepare_forward`), run with each call's cache lengths
+    (a `Prepared` whose forward takes them; decoding is forward only). Inputs and outputs are in the
+    caller's shapes."""
+    __slots__ = ()
 
     def forward(self, q, k, v, cache_seqlens):
         """``(out, lse)`` of new operands and lengths with this key (int32 on the device as the
@@ -303,12 +307,7 @@ class PreparedDecode:
         lengths = cache_seqlens.detach()
         if lengths.dtype != torch.int32 or not lengths.is_contiguous():
             lengths = lengths.to(torch.int32).contiguous()
-        if self._four_d:
-            return self._forward(q, k, v, layout_known=True, cache_seqlens=lengths)
-        pb = self.problem
-        out, lse = self._forward(_canonical(q), _canonical(k), _canonical(v), layout_known=True,
-                                 cache_seqlens=lengths)
-        return pb.restore_q(out), pb.restore_lse(lse)
+        return super().forward(q, k, v, cache_seqlens=lengths)
 
 
 def prepare_cache(key, pb: Problem, backend):
@@ -326,9 +325,7 @@ def prepare_cache(key, pb: Problem, backend):
         if family == "split_kv":
             entry = PreparedDecode(dataclasses.replace(pb, q=None, k=None, v=None),
                                    kernels.prepare_forward(pb))
-    if len(_PREPARED) >= MAX_PREPARED:
-        _PREPARED.clear()
-    _PREPARED[key] = entry
+    _keep(key, entry)
 
 
 def _run_backward(pb: Problem, out, lse, dout, backend):
