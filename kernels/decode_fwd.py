@@ -128,8 +128,10 @@ def make_decode_kernel(head_dim: int, rows: int, seqlen_q: int, group: int, oper
     # the simulator's reductions (no shuffles there) go through shared memory
     RED_SHAPE = (1, 1, 1) if use_shfl else (NW, max(ROWS * KB, ROWS * (NE + 1)), 32)
     unpack = _half_op("unpack", operand)
-    finish = make_finish(head_dim, rows, seqlen_q, group, warps, operand)
+    finish = make_finish(head_dim, rows, seqlen_q, group, warps, operand, slots=1,
+                         slot_stride=0, row_stride=D)
     to_common_max = make_to_common_max(warps, math.exp2)
+    row_stats = make_row_stats(warps, math.exp2)
     split_keys = make_split_keys(seqlen_q, banded)
 
     RAW = uint32 if WORDS else float32
@@ -163,7 +165,8 @@ def make_decode_kernel(head_dim: int, rows: int, seqlen_q: int, group: int, oper
         red = cuda.shared.array(RED_SHAPE, float32)
         sm_m = cuda.shared.array((NW, ROWS), float32)
         sm_l = cuda.shared.array((NW, ROWS), float32)
-        sm_acc = cuda.shared.array((ROWS, D), float32)
+        sm_stat = cuda.shared.array((2, ROWS), float32)
+        sm_acc = cuda.shared.array(ROWS * D, float32)
 
         # -- the program's keys: the rows' bands within the sequence, then this split of them --
         bad_length, shift, s0, s1 = split_keys(seqlens[b], split, splits, seqlen_k, shift_to_len,
@@ -313,19 +316,19 @@ def make_decode_kernel(head_dim: int, rows: int, seqlen_q: int, group: int, oper
                     acc[r, e] = x
                 cuda.syncthreads()
 
-        # -- merge the warps: common max, scaled sums, accumulators summed in shared memory --
+        # -- merge the warps: each warp's max and sum; the rows' 1 / sum and logsumexp (a thread
+        #    a row); the accumulators at the common max, summed in shared memory --
         if lane == 0:
             for r in range(ROWS):
                 sm_m[warp, r] = m_i[r]
+                sm_l[warp, r] = l_i[r]
         cuda.syncthreads()
+        if tid < ROWS:
+            row_stats(sm_m, sm_l, sm_stat, tid)
         for r in range(ROWS):
             f = to_common_max(sm_m, r, m_i[r])
-            l_i[r] = l_i[r] * f
             for e in range(NE):
                 acc[r, e] = acc[r, e] * f
-        if lane == 0:
-            for r in range(ROWS):
-                sm_l[warp, r] = l_i[r]
         for w in range(NW):
             if warp == w and grp == 0:
                 for r in range(ROWS):
@@ -334,18 +337,18 @@ def make_decode_kernel(head_dim: int, rows: int, seqlen_q: int, group: int, oper
                         if idx < U:
                             for c in range(EPU):
                                 col = idx * EPU + c
-                                prev = float32(0.0) if w == 0 else sm_acc[r, col]
-                                sm_acc[r, col] = prev + acc[r, u * EPU + c]
+                                prev = float32(0.0) if w == 0 else sm_acc[r * D + col]
+                                sm_acc[r * D + col] = prev + acc[r, u * EPU + c]
             cuda.syncthreads()
 
         finish(o_part, lse_part, out, lse, counters, b, hkv, heads_kv, chunk, pid, split, splits,
-               bad_length, sm_m, sm_l, sm_acc)
+               bad_length, sm_stat, sm_acc)
 
     return decode_split_kv
 
 
 def make_decode_mma_kernel(head_dim: int, seqlen_q: int, group: int, operand: str, banded: bool,
-                           warps: int, block_k: int, stages: int):
+                           warps: int, block_k: int, stages: int, resident_per_sm: int = 0):
     """The split-KV kernel on the tensor cores (float16/bfloat16, a real GPU of compute
     capability 8.0 or later; compiled on first launch). Same signature, grid and result as
     `make_decode_kernel`'s, with 16 rows per program (``rows_per_program`` of the plan: the KV
@@ -362,9 +365,14 @@ def make_decode_mma_kernel(head_dim: int, seqlen_q: int, group: int, operand: st
     vote), P rounded to 16 bits in registers as the A operand of O += P V (V by
     ``ldmatrix.trans``). A full block is copied from addresses kept out of the loop with no
     per-row test; only the split's last block tests its rows. The warps' states then meet in
-    shared memory: each warp's rescaled accumulators (the group's rows only) into its own slot
-    of the idle rings, then one pass of every thread sums the warps; `make_finish` ends the
-    program."""
+    shared memory: each warp's max and sum, then (one barrier on) each row's 1 / sum and
+    logsumexp (`make_row_stats`, a thread a row) and each warp's accumulators at the warps'
+    common max (the group's rows only, 64-bit stores) into its own slot of the idle rings;
+    `make_finish` sums the slots as it writes the output or the partials.
+
+    ``resident_per_sm``: the programs an SM is to hold (the plan's), kept on the kernel for the
+    launch (`kernels.host` asks for the shared-memory carveout that fits just that many; 0:
+    the driver's choice)."""
     from . import ptx as _ptx
     D, NQ, G, NW, BK, ST = head_dim, seqlen_q, group, warps, block_k, stages
     ROWS = 16
@@ -387,8 +395,12 @@ def make_decode_mma_kernel(head_dim: int, seqlen_q: int, group: int, operand: st
     ACC_STRIDE = D + 8                  # floats per row of a warp's accumulators in shared memory
     ACC_SLOT = ROWS * ACC_STRIDE        # floats per warp (the rings, idle by then, hold them)
     assert NW * ACC_SLOT * 4 <= NW * WARP_HALVES * 2
-    finish = make_finish(head_dim, ROWS, seqlen_q, group, warps, operand)
+    # the lane's rows are gid and gid + 8; a group of 8 rows or fewer has none of the latter
+    LANE_ROWS = 2 if R_TOTAL > 8 else 1
+    finish = make_finish(head_dim, ROWS, seqlen_q, group, warps, operand, slots=NW,
+                         slot_stride=ACC_SLOT, row_stride=ACC_STRIDE)
     to_common_max = make_to_common_max(warps, _ptx.ex2)
+    row_stats = make_row_stats(warps, _ptx.ex2)
     split_keys = make_split_keys(seqlen_q, banded)
     load_rows = tile_loader(BK, CHUNKS, 32, 2 * STRIDE, through_l1=True)   # a warp's BK rows
     ROW_STEP = 32 // CHUNKS             # rows apart of a lane's successive copies
@@ -437,7 +449,7 @@ def make_decode_mma_kernel(head_dim: int, seqlen_q: int, group: int, operand: st
         pid, split, splits, chunk, b, hkv = program_of(row_chunks, heads_kv)
         sm_m = cuda.shared.array((NW, ROWS), float32)
         sm_l = cuda.shared.array((NW, ROWS), float32)
-        sm_acc = cuda.shared.array((ROWS, D), float32)
+        sm_stat = cuda.shared.array((2, ROWS), float32)
 
         # -- the program's keys: the rows' bands within the sequence, then this split of them --
         bad_length, shift, s0, s1 = split_keys(seqlens[b], split, splits, seqlen_k, shift_to_len,
@@ -569,7 +581,7 @@ def make_decode_mma_kernel(head_dim: int, seqlen_q: int, group: int, operand: st
             cuda.syncwarp(FULL)             # this buffer is refilled ST - 1 blocks on
         _ptx.cp_async_wait_all()
 
-        # -- the lane's row sums over its four lanes; then the warps meet in shared memory --
+        # -- the lane's row sums over its four lanes; each warp's max and sum to shared memory --
         for rr in range(2):
             x = l_i[rr]
             x += cuda.shfl_xor_sync(FULL, x, 1)
@@ -578,41 +590,29 @@ def make_decode_mma_kernel(head_dim: int, seqlen_q: int, group: int, operand: st
         if tig == 0:
             for rr in range(2):
                 sm_m[warp, gid + 8 * rr] = m_i[rr]
-        cuda.syncthreads()
-        for rr in range(2):
-            f = to_common_max(sm_m, gid + 8 * rr, m_i[rr])
-            l_i[rr] = l_i[rr] * f
-            alpha[rr] = f
-        if tig == 0:
-            for rr in range(2):
                 sm_l[warp, gid + 8 * rr] = l_i[rr]
-        # -- each warp's accumulators, rescaled, into its slot of the idle rings (the chunk's
-        #    rows past the group are never written) --
-        n_rows = min(int64(ROWS), R_TOTAL - chunk * ROWS)
-        acc_sm = cuda.shared.array(0, dtype=float32)     # the rings' memory, as float32
-        slot = warp * ACC_SLOT
-        for nt in range(NT_O):
-            for i in range(4):
-                r = gid + 8 * (i >> 1)
-                if r < n_rows:
-                    acc_sm[slot + r * ACC_STRIDE + nt * 8 + 2 * tig + (i & 1)] = (
-                        acc[nt * 4 + i] * alpha[i >> 1])
         cuda.syncthreads()
-        # -- the warps' sum of each (row, column) --
-        for flat in range(tid, n_rows * D, NW * 32):
-            r = flat // D
-            col = flat % D
-            total = float32(0.0)
-            for w in range(NW):
-                total += acc_sm[w * ACC_SLOT + r * ACC_STRIDE + col]
-            sm_acc[r, col] = total
+        # -- the rows' 1 / sum and logsumexp (a thread a row); each warp's accumulators, at the
+        #    warps' common max, into its slot of the idle rings (the group's rows only) --
+        n_rows = min(int64(ROWS), R_TOTAL - chunk * ROWS)
+        if tid < n_rows:
+            row_stats(sm_m, sm_l, sm_stat, tid)
+        s_acc = _ptx.shared_addr(smem, 2 * (warp * ACC_SLOT + gid * ACC_STRIDE + 2 * tig))
+        for rr in range(LANE_ROWS):
+            if gid + 8 * rr < n_rows:
+                f = to_common_max(sm_m, gid + 8 * rr, m_i[rr])
+                for nt in range(NT_O):
+                    _ptx.st_shared_v2_f32(s_acc + uint32(4 * (8 * rr * ACC_STRIDE + nt * 8)),
+                                          acc[nt * 4 + 2 * rr] * f, acc[nt * 4 + 2 * rr + 1] * f)
         cuda.syncthreads()
 
         finish(o_part, lse_part, out, lse, counters, b, hkv, heads_kv, chunk, pid, split, splits,
-               bad_length, sm_m, sm_l, sm_acc)
+               bad_length, sm_stat, cuda.shared.array(0, dtype=float32))
 
     decode_split_kv_mma.threads = NW * 32
     decode_split_kv_mma.smem_bytes = NW * WARP_HALVES * 2
+    # the programs an SM holds, as the plan has them (`kernels.host` fits the carveout to them)
+    decode_split_kv_mma.resident_per_sm = resident_per_sm
     return decode_split_kv_mma
 
 
@@ -655,7 +655,8 @@ def make_split_keys(seqlen_q: int, banded: bool):
             k_begin = max(k_begin, band_lo + shift)
             k_end = min(k_end, NQ - 1 + band_hi + shift + 1)
         n_keys = max(k_end - k_begin, int64(0))
-        per_split = (n_keys + splits - 1) // splits
+        # an unsigned 32-bit quotient (keys fit: lengths are int32); a 64-bit one is a subroutine
+        per_split = int64(uint32(n_keys + splits - 1) // uint32(splits))
         s0 = k_begin + split * per_split
         s1 = min(k_end, s0 + per_split)
         return bad_length, shift, s0, s1
@@ -688,43 +689,79 @@ def make_to_common_max(warps: int, exp2):
     return to_common_max
 
 
-def make_finish(head_dim: int, rows: int, seqlen_q: int, group: int, warps: int, operand: str):
+def make_row_stats(warps: int, exp2):
+    """The device function with which one thread of either decoding kernel ends row r once
+    every warp has put its running max (base 2) in ``sm_m[w, r]`` and its sum at that max in
+    ``sm_l[w, r]``::
+
+        row_stats(sm_m, sm_l, sm_stat, r)
+
+    writes ``sm_stat[0, r] = 1 / l`` and ``sm_stat[1, r] = ln 2 (m + log2 l)``, the row's
+    logsumexp (natural log), where ``m`` is the warps' common max and ``l = sum_w sm_l[w, r]
+    exp2(sm_m[w, r] - m)``; 0 and -inf where the row saw no key. ``exp2`` as in
+    `make_to_common_max`."""
+    NW, EXP2 = warps, exp2
+
+    @cuda.jit(device=True, inline=True)
+    def row_stats(sm_m, sm_l, sm_stat, r):
+        m_all = NEG_INF
+        for w in range(NW):
+            m_all = max(m_all, sm_m[w, r])
+        l_all = float32(0.0)
+        if m_all != NEG_INF:
+            for w in range(NW):
+                m_w = sm_m[w, r]
+                if m_w != NEG_INF:
+                    l_all += sm_l[w, r] * EXP2(m_w - m_all)
+        inv = float32(0.0)
+        x = NEG_INF
+        if l_all > float32(0.0):
+            inv = float32(1.0) / l_all
+            x = (m_all + math.log2(l_all)) * float32(LN2)
+        sm_stat[0, r] = inv
+        sm_stat[1, r] = x
+
+    return row_stats
+
+
+def make_finish(head_dim: int, rows: int, seqlen_q: int, group: int, warps: int, operand: str,
+                slots: int, slot_stride: int, row_stride: int):
     """The end of a split-KV program, shared by both decoding kernels, run by every thread::
 
         finish(o_part, lse_part, out, lse, counters, b, hkv, heads_kv, chunk, pid, split,
-               splits, bad_length, sm_m, sm_l, sm_acc)
+               splits, bad_length, sm_stat, acc_sm)
 
-    from the program's rows as its warps left them in shared memory: ``sm_m[w, r]`` the running
-    max of warp ``w`` (base 2), ``sm_l[w, r]`` its sum rescaled to the warps' common max, and
-    ``sm_acc[r, :]`` the warps' accumulators rescaled the same way and summed. With one split
-    it writes the output (cast to the input dtype) and logsumexp; with more, this split's
-    normalised partial output and logsumexp, then takes a ticket from the group's arrival
-    counter, and the last program of the group merges the splits (`make_merge_rows`)."""
+    from the program's rows as its warps left them in shared memory: ``sm_stat[0, r]`` the
+    row's 1 / sum and ``sm_stat[1, r]`` its logsumexp (`make_row_stats`), and in the float32
+    array ``acc_sm`` ``slots`` partial accumulators of the row, at the warps' common max, which
+    it sums: column ``c`` of row ``r`` in slot ``w`` at ``w * slot_stride + r * row_stride +
+    c``. With one split it writes the output (cast to the input dtype) and logsumexp; with
+    more, this split's normalised partial output and logsumexp, then takes a ticket from the
+    group's arrival counter, and the last program of the group merges the splits
+    (`make_merge_rows`)."""
     D, ROWS, NQ, G, NW = head_dim, rows, seqlen_q, group, warps
     WORDS = operand != "float32"
     EPU = 2 if WORDS else 1
     UO = D // EPU
     R_TOTAL = G * NQ
     NT = NW * 32
+    SLOTS, SLOT_STRIDE, ROW_STRIDE = slots, slot_stride, row_stride
     pack = _half_op("pack", operand)
     merge_rows = make_merge_rows(head_dim, rows, seqlen_q, group, warps, operand)
+    take_ticket = _ticket_op()
 
     @cuda.jit(device=True, inline=True)
-    def row_sum_lse(sm_m, sm_l, r):
-        # -- row r's sum over the warps and its logsumexp (natural log; -inf with no key) --
-        l_all = float32(0.0)
-        m_all = NEG_INF
-        for w in range(NW):
-            l_all += sm_l[w, r]
-            m_all = max(m_all, sm_m[w, r])
-        x = NEG_INF
-        if l_all > float32(0.0):
-            x = (m_all + math.log2(l_all)) * float32(LN2)
-        return l_all, x
+    def acc_of(acc_sm, r, col):
+        # -- column col of row r: the slots' sum --
+        at = uint32(r) * uint32(ROW_STRIDE) + uint32(col)
+        total = float32(0.0)
+        for w in range(SLOTS):
+            total += acc_sm[at + uint32(w * SLOT_STRIDE)]
+        return total
 
     @cuda.jit(device=True)
     def finish(o_part, lse_part, out, lse, counters, b, hkv, heads_kv, chunk, pid, split,
-               splits, bad_length, sm_m, sm_l, sm_acc):
+               splits, bad_length, sm_stat, acc_sm):
         tid = cuda.threadIdx.x
         sm_last = cuda.shared.array(1, int32)
         n_rows = min(int64(ROWS), R_TOTAL - chunk * ROWS)      # the chunk's rows in the group
@@ -736,22 +773,19 @@ def make_finish(head_dim: int, rows: int, seqlen_q: int, group: int, warps: int,
                 row = chunk * ROWS + r
                 h = hkv * G + row // NQ
                 i = row % NQ
-                l_all, x = row_sum_lse(sm_m, sm_l, r)
-                inv = float32(0.0)
-                if l_all > float32(0.0):
-                    inv = float32(1.0) / l_all
+                inv = sm_stat[0, r]
                 if WORDS:
-                    o0 = sm_acc[r, 2 * u] * inv
-                    o1 = sm_acc[r, 2 * u + 1] * inv
+                    o0 = acc_of(acc_sm, r, 2 * u) * inv
+                    o1 = acc_of(acc_sm, r, 2 * u + 1) * inv
                     if bad_length:
                         o0 = NAN
                         o1 = NAN
                     out[b, h, i, u] = int32(pack(o0, o1))
                 else:
-                    o0 = sm_acc[r, u] * inv
+                    o0 = acc_of(acc_sm, r, u) * inv
                     out[b, h, i, u] = NAN if bad_length else o0
                 if u == 0:
-                    lse[b, h, i] = NAN if bad_length else x
+                    lse[b, h, i] = NAN if bad_length else sm_stat[1, r]
             return
 
         # -- more: this split's normalised partial output and logsumexp (natural log) --
@@ -759,28 +793,22 @@ def make_finish(head_dim: int, rows: int, seqlen_q: int, group: int, warps: int,
             r = flat // D
             col = flat % D
             row = chunk * ROWS + r
-            h = hkv * G + row // NQ
-            i = row % NQ
-            l_all, x = row_sum_lse(sm_m, sm_l, r)
-            o = float32(0.0)
-            if l_all > float32(0.0):
-                o = sm_acc[r, col] / l_all
+            o = acc_of(acc_sm, r, col) * sm_stat[0, r]
             if bad_length:
                 o = NAN
             prow = uint64((b * heads_kv + hkv) * R_TOTAL + row)    # row of [B, Hq, Nq]
             o_part[split, prow * D + col] = o
             if col == 0:
-                lse_part[split, prow] = NAN if bad_length else x
+                lse_part[split, prow] = NAN if bad_length else sm_stat[1, r]
 
-        # -- the last of the group's programs to finish merges the splits --
-        cuda.threadfence()                  # this program's partials, visible before its ticket
+        # -- the last of the group's programs to finish merges the splits: the ticket releases
+        #    this program's partials (written before the barrier) and acquires the others' --
         cuda.syncthreads()
         if tid == 0:
-            ticket = cuda.atomic.add(counters, pid, 1)
+            ticket = take_ticket(counters, pid, 1)
             sm_last[0] = int32(1) if ticket == splits - 1 else int32(0)
         cuda.syncthreads()
         if sm_last[0] == 1:
-            cuda.threadfence()
             merge_rows(o_part, lse_part, out, lse, b, hkv, heads_kv, chunk, splits)
             if tid == 0:
                 counters[pid] = 0           # zero again for the next call on this stream
@@ -821,6 +849,29 @@ def _half_op(kind: str, dtype: str):
     return twins[0] if f16 else twins[1]
 
 
+@cuda.jit(device=True)
+def _ticket_fenced(counters, index, value):
+    """The simulator's ticket: fences around a plain atomic add (what `ptx.atom_add_acq_rel`
+    is on a GPU)."""
+    cuda.threadfence()
+    old = cuda.atomic.add(counters, index, value)
+    cuda.threadfence()
+    return old
+
+
+def _ticket_op():
+    """The ticket the split-KV programs take (``old = take(counters, pid, 1)``): one
+    ``atom.acq_rel.gpu`` on a GPU (`ptx.atom_add_acq_rel`), fenced atomics under the
+    simulator."""
+    return _ticket_fenced if host.simulator() else ptx.atom_add_acq_rel
+
+
+def _exp2_op():
+    """``exp2`` as the merge calls it: ``ex2.approx`` on a GPU (`ptx.ex2`), ``math.exp2`` under
+    the simulator (which runs no inline PTX)."""
+    return math.exp2 if host.simulator() else ptx.ex2
+
+
 def make_merge_rows(head_dim: int, rows: int, seqlen_q: int, group: int, warps: int,
                     output: str):
     """The device function with which the last program of a (batch, KV head, row chunk) group
@@ -835,8 +886,10 @@ def make_merge_rows(head_dim: int, rows: int, seqlen_q: int, group: int, warps: 
 
     Each thread takes units (32-bit words of two elements, or float32 elements) of the rows in
     turn; for each it loads the logsumexps and partial outputs of `MERGE_LOADS` splits at once
-    (a row's logsumexps are one address for all its threads), then folds them into a running
-    max, sum and weighted sum (the online softmax over the splits): one round trip to memory per
+    (a row's logsumexps are one address for all its threads; past the last split it loads the
+    last split again and gives it no weight, so the loads need no branch), then folds them into
+    a running max, sum and weighted sum in base 2 (the online softmax over the splits; the
+    weights' exponentials independent of each other): one round trip to memory per
     `MERGE_LOADS` splits. A row whose splits all have a -inf logsumexp (every key masked) gets 0
     and -inf; a NaN logsumexp (a refused cache length) makes the row NaN."""
     D, ROWS, NQ, G, NT = head_dim, rows, seqlen_q, group, warps * 32
@@ -846,12 +899,13 @@ def make_merge_rows(head_dim: int, rows: int, seqlen_q: int, group: int, warps: 
     UO = D // EPU                            # units per row
     LOADS = MERGE_LOADS
     pack = _half_op("pack", output)
+    exp2 = _exp2_op()
 
     @cuda.jit(device=True)
     def merge_rows(o_part, lse_part, out, lse, b, hkv, heads_kv, chunk, splits):
-        x_lse = cuda.local.array(LOADS, float32)
+        x_lse = cuda.local.array(LOADS, float32)    # base 2
         x_out = cuda.local.array((LOADS, EPU), float32)
-        acc = cuda.local.array(EPU, float32)        # sum of exp(lse_s - m) out_s
+        acc = cuda.local.array(EPU, float32)        # sum of exp2(lse_s - m) out_s
         n_units = min(int64(ROWS), R_TOTAL - chunk * ROWS) * UO     # the group's rows only
         for g in range(cuda.threadIdx.x, n_units, NT):
             row = chunk * ROWS + g // UO
@@ -859,39 +913,35 @@ def make_merge_rows(head_dim: int, rows: int, seqlen_q: int, group: int, warps: 
             i = row % NQ
             prow = uint64((b * heads_kv + hkv) * R_TOTAL + row)        # row of [B, Hq, Nq]
             col = prow * D + uint64((g % UO) * EPU)
-            m = NEG_INF                     # running max of the splits' lse
-            l_sum = float32(0.0)            # sum of exp(lse_s - m)
+            m = NEG_INF                     # running max of the splits' lse (base 2)
+            l_sum = float32(0.0)            # sum of exp2(lse_s - m)
             nan = False                     # a NaN logsumexp seen
             for c in range(EPU):
                 acc[c] = float32(0.0)
             for sp in range(0, splits, LOADS):
                 # -- load LOADS splits' logsumexps and partial outputs at once --
                 for s in range(LOADS):
-                    x_lse[s] = NEG_INF
+                    s_at = uint64(min(sp + s, splits - 1))
+                    x = lse_part[s_at, prow] * float32(LOG2E)
                     for c in range(EPU):
-                        x_out[s, c] = float32(0.0)
-                    if sp + s < splits:
-                        x_lse[s] = lse_part[uint64(sp + s), prow]
-                        for c in range(EPU):
-                            x_out[s, c] = o_part[uint64(sp + s), col + uint64(c)]
+                        x_out[s, c] = o_part[s_at, col + uint64(c)]
+                    bad = x != x
+                    nan = nan or bad
+                    x_lse[s] = NEG_INF if bad or sp + s >= splits else x
                 # -- fold them in: the new max, the old sums rescaled, the new terms added --
                 m_new = m
                 for s in range(LOADS):
-                    if x_lse[s] != x_lse[s]:
-                        nan = True
-                    else:
-                        m_new = max(m_new, x_lse[s])
+                    m_new = max(m_new, x_lse[s])
                 if m_new != NEG_INF:
-                    f = math.exp(m - m_new)
+                    f = exp2(m - m_new)
                     l_sum *= f
                     for c in range(EPU):
                         acc[c] *= f
                     for s in range(LOADS):
-                        if x_lse[s] == x_lse[s]:
-                            w = math.exp(x_lse[s] - m_new)
-                            l_sum += w
-                            for c in range(EPU):
-                                acc[c] += w * x_out[s, c]
+                        w = exp2(x_lse[s] - m_new)      # 0 for a -inf logsumexp
+                        l_sum += w
+                        for c in range(EPU):
+                            acc[c] += w * x_out[s, c]
                     m = m_new
 
             # -- the output, cast and stored, and the logsumexp --
@@ -909,7 +959,7 @@ def make_merge_rows(head_dim: int, rows: int, seqlen_q: int, group: int, warps: 
                 if nan:
                     x0 = NAN
                 elif m != NEG_INF:
-                    x0 = m + math.log(l_sum)
+                    x0 = (m + math.log2(l_sum)) * float32(LN2)
                 lse[b, h, i] = x0
 
     return merge_rows
@@ -1039,7 +1089,7 @@ def prepare(problem, config=None):
     use_shfl = host.real_gpu()
     if p.unit == "mma":
         kern = compile_cache.built(make_decode_mma_kernel, D, Nq, pb.group, pb.dtype_name, banded,
-                                   p.warps, p.keys_per_step, p.stages)
+                                   p.warps, p.keys_per_step, p.stages, p.resident_per_sm)
         host.check_launch("decode_split_kv_mma", (p.threads, p.dynamic_shared_bytes),
                           (kern.threads, kern.smem_bytes))
     else:

@@ -47,6 +47,8 @@ __all__ = ["plan_workload", "family_plan", "check_launch",
 
 #: Dynamic shared memory a block gets without the opt-in, bytes.
 DEFAULT_DYNAMIC_SMEM_BYTES = 48 * 1024
+#: Shared memory the system reserves per resident block (sm_80 on).
+RESERVED_SMEM_PER_BLOCK = 1024
 
 _OVERLOADS: dict = {}      # (dispatcher id, signature key) -> _Plan
 _OPTED_IN: dict = {}       # (kernel function, device id) -> bytes allowed
@@ -236,8 +238,11 @@ def _driver_launch():
 def _opt_in(plan, sharedmem, device_id=None):
     """Allow ``sharedmem`` bytes of dynamic shared memory for ``plan``'s kernel on this device
     where that and the kernel's static shared memory exceed the 48 KiB a block has without
-    opting in (a dictionary lookup once done for this kernel function, device and size);
-    ``device_id`` is `current_device_id` when the caller has it."""
+    opting in, and, for a kernel that declares the programs an SM is to hold
+    (``resident_per_sm``, its plan's), ask for the shared-memory carveout that fits just that
+    many (`_driver_carveout`): the rest of the SM's on-chip memory stays L1. A dictionary lookup
+    once done for this kernel function, device and size; ``device_id`` is `current_device_id`
+    when the caller has it."""
     if sharedmem <= 0:
         return
     dev_id = current_device_id() if device_id is None else device_id
@@ -247,10 +252,12 @@ def _opt_in(plan, sharedmem, device_id=None):
         return
     # without the opt-in a block has 48 KiB in all: its static shared memory and the dynamic
     static = int(getattr(getattr(fn, "attrs", None), "shared", 0) or 0)
-    if sharedmem + static <= DEFAULT_DYNAMIC_SMEM_BYTES:
-        _OPTED_IN[key] = int(sharedmem)
-        return
-    _driver_opt_in(fn, int(sharedmem), dev_id)
+    if sharedmem + static > DEFAULT_DYNAMIC_SMEM_BYTES:
+        _driver_opt_in(fn, int(sharedmem), dev_id)
+    programs = int(getattr(getattr(plan, "kern", None), "resident_per_sm", 0) or 0)
+    if programs > 0:
+        _driver_carveout(fn, programs * (int(sharedmem) + static + RESERVED_SMEM_PER_BLOCK),
+                         dev_id)
     _OPTED_IN[key] = int(sharedmem)
 
 
@@ -266,6 +273,20 @@ def _driver_opt_in(fn, sharedmem: int, dev_id: int) -> None:
                          f"per-block limit of {limit} bytes")
     attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
     driver.cuKernelSetAttribute(attr, sharedmem, fn.handle, dev.id)
+
+
+def _driver_carveout(fn, shared_bytes: int, dev_id: int) -> None:
+    """``cuKernelSetAttribute(PREFERRED_SHARED_MEMORY_CARVEOUT)`` of loaded function ``fn``: the
+    percentage of the SM's shared memory that holds ``shared_bytes`` (rounded up; the driver
+    takes the smallest carveout it has of at least that). A smaller carveout leaves a larger
+    L1, through which the decoding kernel's ``cp.async.ca`` copies pass."""
+    from numba import cuda
+    from numba.cuda.cudadrv.driver import binding, driver
+    dev = cuda.get_current_device()
+    per_sm = int(dev.MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)
+    percent = min(100, -(-100 * int(shared_bytes) // per_sm))
+    attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
+    driver.cuKernelSetAttribute(attr, percent, fn.handle, dev.id)
 
 
 def _tensor_values(a):

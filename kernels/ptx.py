@@ -62,6 +62,7 @@ __all__ = [
     "ld_global_u8", "MMA_F16_PTX", "MMA_BF16_PTX",
     "mma_tf32", "cvt_tf32", "split_tf32", "ld_shared_f32", "ld_shared_f32x2",
     "ld_shared_v4_f32", "ld_shared_v4_b32", "st_shared_v4_b32", "ld_shared_b32", "st_shared_b16",
+    "st_shared_v2_f32", "atom_add_acq_rel",
     "MMA_TF32_PTX",
     "red_global_add_f32", "red_global_add_v2_f32",
 ]
@@ -165,6 +166,29 @@ def shared_addr(typingctx, arr, index):
         return _asm(builder, _I32, [_I64],
                     "{ .reg .u64 t; cvta.to.shared.u64 t, $1; cvt.u32.u64 $0, t; }",
                     "=r,l", [generic])
+
+    return sig, codegen
+
+
+@intrinsic
+def atom_add_acq_rel(typingctx, arr, index, value):
+    """``atom.acq_rel.gpu.global.add.u32``: add ``value`` to ``arr[index]`` (a 1-D int32 array
+    in global memory) and return the old value, as a release of what this thread (and, through
+    a barrier before it, its block) wrote and an acquire of what the releases it reads from
+    made visible: a ticket with no ``fence.sc`` on either side."""
+    if not (isinstance(arr, types.Array) and arr.ndim == 1 and arr.dtype == types.int32
+            and isinstance(index, types.Integer) and isinstance(value, types.Integer)):
+        return None
+    sig = types.int32(arr, index, value)
+
+    def codegen(context, builder, sig, args):
+        aryty, idxty, valty = sig.args
+        ary = context.make_array(aryty)(context, builder, value=args[0])
+        idx = context.cast(builder, args[1], idxty, types.intp)
+        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [idx], wraparound=False)
+        val = context.cast(builder, args[2], valty, types.int32)
+        return _asm(builder, _I32, [_I64, _I32], "atom.acq_rel.gpu.global.add.u32 $0, [$1], $2;",
+                    "=r,l,r,~{memory}", [builder.ptrtoint(ptr, _I64), val], side_effect=True)
 
     return sig, codegen
 
@@ -437,6 +461,19 @@ def st_shared_v4_b32(typingctx, saddr, x0, x1, x2, x3):
         _asm(builder, ir.VoidType(), [_I32] * 5,
              "st.shared.v4.b32 [$0], {$1,$2,$3,$4};", "r,r,r,r,r,~{memory}", vals,
              side_effect=True)
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+@intrinsic
+def st_shared_v2_f32(typingctx, saddr, x0, x1):
+    """Two float32 to an 8-byte aligned shared-window address, one 64-bit store."""
+    sig = types.void(types.uint32, types.float32, types.float32)
+
+    def codegen(context, builder, sig, args):
+        addr = context.cast(builder, args[0], sig.args[0], types.uint32)
+        _asm(builder, ir.VoidType(), [_I32, _F32, _F32], "st.shared.v2.f32 [$0], {$1,$2};",
+             "r,f,f,~{memory}", [addr, args[1], args[2]], side_effect=True)
         return context.get_dummy_value()
     return sig, codegen
 

@@ -94,10 +94,10 @@ def mma_shared_bytes(head_dim: int, warps: int = MMA_WARPS, block_k: int = MMA_B
     """``(dynamic, static)`` shared-memory bytes of one tensor-core program: each warp's ring
     of ``stages`` K and V buffers (``block_k`` rows of ``head_dim + 8`` halves: rows padded by
     16 bytes, so that ``ldmatrix`` reads have no bank conflicts; after the loop the warps'
-    accumulators meet there), and the rows' statistics (each warp's max and sum, the summed
-    accumulators, the ticket)."""
+    accumulators meet there), and the rows' statistics (each warp's max and sum, each row's
+    1 / sum and logsumexp, the ticket)."""
     dynamic = warps * stages * 2 * block_k * (head_dim + 8) * 2
-    static = 4 * (2 * warps * MMA_ROWS + MMA_ROWS * head_dim + 1)
+    static = 4 * (2 * warps * MMA_ROWS + 2 * MMA_ROWS + 1)
     return dynamic, static
 
 
@@ -111,7 +111,11 @@ def mma_resident_per_sm(head_dim: int, smem_bytes_per_sm: int = SMEM_BYTES_PER_S
                         warps: int = MMA_WARPS) -> int:
     """Programs of ``warps`` warps of the tensor-core kernel one SM holds at once: by shared
     memory (its own plus 1 KiB each) and by registers (`MMA_REGISTERS`, allocated per warp in
-    units of 256, of an SM's 65,536); ``head_dim`` one of `MMA_HEAD_DIMS`."""
+    units of 256, of an SM's 65,536); ``head_dim`` one of `MMA_HEAD_DIMS`. The launch holds the
+    SM to it: it asks for the shared-memory carveout that fits just this many programs
+    (`kernels.host`), so the rest stays L1 for the kernel's ``cp.async.ca`` copies (at d = 128,
+    four warps, a third program fits by ptxas's 168 registers and the whole carveout; it ran
+    the B = 64 calls 17–22 % slower, H200, 2026-11-28)."""
     dynamic, static = mma_shared_bytes(head_dim, warps, MMA_BLOCK_K, MMA_STAGES)
     per_warp = -(-MMA_REGISTERS[head_dim, warps] * 32 // 256) * 256
     by_registers = 65536 // (per_warp * warps)

@@ -547,6 +547,39 @@ def test_gpu_tensor_core_decoding_equals_the_float64_rule(b, hq, hkv, nq, nk, d,
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("batch, d", [(64, 128), (1, 128), (64, 64), (1, 64)])
+def test_gpu_tensor_core_launch_holds_an_sm_to_the_plans_resident_programs(batch, d):
+    """The launch asks for the shared-memory carveout that fits just the plan's resident
+    programs an SM (`kernels.host`): the driver's occupancy of the launched function, with the
+    plan's threads and dynamic shared memory, is the plan's ``resident_per_sm`` (at d = 128,
+    four warps, a third program fits the registers and would fit the whole carveout: it ran
+    slower), for four warps (batch 64) and eight (batch 1)."""
+    import torch
+    from numba.cuda.cudadrv.driver import driver
+    from ioaware import attention
+    from ioaware._inputs import check_inputs
+    from kernels import decode_fwd, host
+    g = torch.Generator(device="cuda").manual_seed(5)
+    q = torch.randn(batch, 32, 1, d, device="cuda", generator=g).to(torch.bfloat16)
+    k, v = (torch.randn(batch, 8, 1024, d, device="cuda", generator=g).to(torch.bfloat16)
+            for _ in range(2))
+    attention(q, k, v, backend="numba")
+    torch.cuda.synchronize()
+    p = decode_fwd.plan(check_inputs(q, k, v))
+    assert p.unit == "mma" and p.warps == (8 if batch == 1 else 4)
+    launched = [plan for plan in host._OVERLOADS.values()
+                if getattr(plan.kern, "build_key", (None, None, ()))[1:] ==
+                ("make_decode_mma_kernel", (d, 1, 4, "bfloat16", False, p.warps,
+                                            p.keys_per_step, p.stages, p.resident_per_sm))]
+    assert launched and all(plan.kern.resident_per_sm == p.resident_per_sm for plan in launched)
+    for plan in launched:
+        fn = plan.function(host.current_device_id())
+        held = driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(fn.handle, p.threads,
+                                                                  p.dynamic_shared_bytes)
+        assert held == p.resident_per_sm, (held, p.resident_per_sm)
+
+
+@pytest.mark.gpu
 def test_gpu_arrival_counters_stay_zero_between_calls():
     """The split-KV programs' arrival counters are zero after each call (the merging program sets
     its counter back), so calls with other split counts, batches and streams that follow are

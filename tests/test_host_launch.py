@@ -204,6 +204,21 @@ def test_dynamic_shared_memory_opt_in_is_a_lookup_once_done(monkeypatch):
     assert asked == [36 * 1024]
     host._OPTED_IN.pop((plan.fn, 0))
 
+    # a kernel that declares the programs an SM is to hold gets the carveout that fits them
+    # (its dynamic and static shared memory and the system's 1 KiB each), asked once
+    carved = []
+    monkeypatch.setattr(host, "_driver_carveout", lambda fn, size, dev: carved.append(size))
+
+    class Declares(WithStatic):
+        fn = Static()
+        kern = type("Kernel", (), {"resident_per_sm": 2})
+
+    plan = Declares()
+    host._opt_in(plan, 32 * 1024)
+    host._opt_in(plan, 32 * 1024)
+    assert carved == [2 * (32 * 1024 + 13 * 1024 + host.RESERVED_SMEM_PER_BLOCK)]
+    host._OPTED_IN.pop((plan.fn, 0))
+
 
 def test_data_slots_hold_each_array_arguments_data_pointer():
     """`kernels.host.PointerLaunch` rewrites only the parameter slots `_Plan.data_slots` names:
