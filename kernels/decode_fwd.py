@@ -124,6 +124,7 @@ def make_decode_kernel(head_dim: int, rows: int, seqlen_q: int, group: int, oper
     NU = -(-U // LPK)                        # units per lane
     NE = NU * EPU                            # elements per lane
     R_TOTAL = G * NQ
+    ACC_ELEMS = ROWS * D                     # the warps' summed accumulators (shared memory)
     BANDED, SHFL = banded, use_shfl
     # the simulator's reductions (no shuffles there) go through shared memory
     RED_SHAPE = (1, 1, 1) if use_shfl else (NW, max(ROWS * KB, ROWS * (NE + 1)), 32)
@@ -166,7 +167,7 @@ def make_decode_kernel(head_dim: int, rows: int, seqlen_q: int, group: int, oper
         sm_m = cuda.shared.array((NW, ROWS), float32)
         sm_l = cuda.shared.array((NW, ROWS), float32)
         sm_stat = cuda.shared.array((2, ROWS), float32)
-        sm_acc = cuda.shared.array(ROWS * D, float32)
+        sm_acc = cuda.shared.array(ACC_ELEMS, float32)
 
         # -- the program's keys: the rows' bands within the sequence, then this split of them --
         bad_length, shift, s0, s1 = split_keys(seqlens[b], split, splits, seqlen_k, shift_to_len,

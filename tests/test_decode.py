@@ -547,6 +547,41 @@ def test_gpu_tensor_core_decoding_equals_the_float64_rule(b, hq, hkv, nq, nk, d,
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_gpu_cuda_core_decoding_equals_the_float64_rule(dtype):
+    """The CUDA-core split-KV kernel (``decode_unit="ffma"``; the one float32 runs) on a GPU
+    against float64: GQA, cache lengths of 0, 1 and partial, three splits and one; a length
+    the kernel refuses gives NaN rows. Tolerances: float32 2e-5, float16 2e-3; the logsumexp
+    1e-4."""
+    import dataclasses
+    import torch
+    import kernels
+    from ioaware._inputs import check_inputs
+    dt = getattr(torch, dtype)
+    rng = np.random.default_rng(17)
+    b, nk, lengths = 3, 700, [700, 0, 333]
+    q, k, v = (torch.from_numpy(x).cuda().to(dt) for x in make(rng, b, 8, 2, 2, nk, 128))
+    bad = lengths + [-1]
+    qb, kb, vb = (torch.cat([x, x[:1]]) for x in (q, k, v))
+    as64 = [x.double().cpu().numpy() for x in (q, k, v)]
+    want_out, want_lse = reference(*as64, lengths, None, False)
+    for splits in (3, 1):
+        cfg = kernels.KernelConfig(family="split_kv", num_splits=splits, decode_unit="ffma")
+        pb = dataclasses.replace(check_inputs(qb, kb, vb),
+                                 cache_seqlens=torch.tensor(bad, dtype=torch.int32,
+                                                            device="cuda"))
+        out, lse = kernels.forward(pb, cfg)
+        assert torch.isnan(out[b:]).all() and torch.isnan(lse[b:]).all()
+        tol = 2e-5 if dtype == "float32" else 2e-3
+        np.testing.assert_allclose(out[:b].double().cpu().numpy(), want_out, atol=tol,
+                                   rtol=tol)
+        got_lse = lse[:b].cpu().numpy()
+        finite = np.isfinite(want_lse)
+        assert np.array_equal(np.isneginf(got_lse), ~finite)
+        np.testing.assert_allclose(got_lse[finite], want_lse[finite], atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("batch, d", [(64, 128), (1, 128), (64, 64), (1, 64)])
 def test_gpu_tensor_core_launch_holds_an_sm_to_the_plans_resident_programs(batch, d):
     """The launch asks for the shared-memory carveout that fits just the plan's resident
