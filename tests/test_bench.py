@@ -136,7 +136,9 @@ def test_time_interleaved_stops_at_the_budget_of_the_slowest():
 
 def test_decode_graph_times_time_the_captured_replays_in_rounds():
     """`benchmarks decode --graph`: every contender captured once, the replays timed in rounds
-    (ours and SDPA's alternate); one that cannot be captured is recorded with its error."""
+    (ours and SDPA's alternate), each behind a device-side sleep (the GPU's time of the replay,
+    not the graph's launch from the host); one that cannot be captured is recorded with its
+    error."""
     import contextlib
 
     from benchmarks import decode
@@ -180,6 +182,8 @@ def test_decode_graph_times_time_the_captured_replays_in_rounds():
     assert out["sdpa-flash"]["error"].startswith("RuntimeError: No available kernel")
     timed = replays[2 + 2 * 3:]                # after each graph's first replay and warm-ups
     assert timed[:4] == ["ioaware", "sdpa-cudnn"] * 2 and len(timed) % 2 == 0
+    sleeps = [e for e in torch.cuda.log if isinstance(e, tuple)]
+    assert len(sleeps) == len(timed) and all(e[1] == common.SLEEP_CYCLES for e in sleeps)
 
 
 def test_time_cuda_refuses_unknown_timing():
