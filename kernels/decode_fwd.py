@@ -42,7 +42,7 @@ from numba import cuda, float32, int32, int64, uint16, uint32, uint64
 
 from ioaware.block_info import band_offsets
 from sim.decode import (MAX_SEQLEN_Q, MMA_HEAD_DIMS, SMEM_BYTES_PER_SM, WARPS,
-                        SplitKVPlan, lse_rows_per_group, split_kv_plan, uses_tensor_cores)
+                        SplitKVPlan, split_kv_plan, uses_tensor_cores)
 
 from . import compile_cache, host, ptx
 from .copy import tile_loader
@@ -100,9 +100,8 @@ def make_decode_kernel(head_dim: int, rows: int, seqlen_q: int, group: int, oper
     elements each (the cast fused: rounded to nearest as torch's cast rounds); ``lse`` float32
     [B, Hq, Nq]. With one split a program writes them directly. With more, each writes its
     split's partial output and logsumexp (``o_part``, ``lse_part``, float32 ``[splits, B * Hq *
-    Nq * d]`` and ``[splits, B * Hkv * R]``: each split's rows flat, so a row's place is one
-    product; ``R`` the group's rows padded to whole 32-byte sectors,
-    `sim.decode.lse_rows_per_group`, written -inf past them), and the last
+    Nq * d]`` and ``[splits, B * Hq * Nq]``: each split's rows flat, so a row's place is one
+    product), and the last
     program of each (batch, KV head, row chunk) to finish — counted in ``counters`` (int32,
     one per ``blockIdx.x``, zero before the call and left zero after it) — merges them
     (`make_merge_rows`).
@@ -746,7 +745,6 @@ def make_finish(head_dim: int, rows: int, seqlen_q: int, group: int, warps: int,
     EPU = 2 if WORDS else 1
     UO = D // EPU
     R_TOTAL = G * NQ
-    R_LSE = lse_rows_per_group(R_TOTAL)     # a group's rows of lse_part (whole sectors)
     NT = NW * 32
     SLOTS, SLOT_STRIDE, ROW_STRIDE = slots, slot_stride, row_stride
     pack = _half_op("pack", operand)
@@ -799,16 +797,10 @@ def make_finish(head_dim: int, rows: int, seqlen_q: int, group: int, warps: int,
             o = acc_of(acc_sm, r, col) * sm_stat[0, r]
             if bad_length:
                 o = NAN
-            group = b * heads_kv + hkv
-            prow = uint64(group * R_TOTAL + row)                # row of [B, Hq, Nq]
+            prow = uint64((b * heads_kv + hkv) * R_TOTAL + row)    # row of [B, Hq, Nq]
             o_part[split, prow * D + col] = o
             if col == 0:
-                lse_part[split, uint64(group * R_LSE + row)] = (
-                    NAN if bad_length else sm_stat[1, r])
-        # -- the group's padding rows of lse_part (its last chunk): whole sectors written --
-        pad = tid + R_TOTAL
-        if pad < R_LSE and chunk * ROWS + n_rows == R_TOTAL:
-            lse_part[split, uint64((b * heads_kv + hkv) * R_LSE + pad)] = NEG_INF
+                lse_part[split, prow] = NAN if bad_length else sm_stat[1, r]
 
         # -- the last of the group's programs to finish merges the splits: the ticket releases
         #    this program's partials (written before the barrier) and acquires the others' --
@@ -903,7 +895,6 @@ def make_merge_rows(head_dim: int, rows: int, seqlen_q: int, group: int, warps: 
     and -inf; a NaN logsumexp (a refused cache length) makes the row NaN."""
     D, ROWS, NQ, G, NT = head_dim, rows, seqlen_q, group, warps * 32
     R_TOTAL = G * NQ
-    R_LSE = lse_rows_per_group(R_TOTAL)     # a group's rows of lse_part (whole sectors)
     WORDS = output != "float32"
     EPU = 2 if WORDS else 1                  # output elements per unit
     UO = D // EPU                            # units per row
@@ -922,7 +913,6 @@ def make_merge_rows(head_dim: int, rows: int, seqlen_q: int, group: int, warps: 
             h = hkv * G + row // NQ
             i = row % NQ
             prow = uint64((b * heads_kv + hkv) * R_TOTAL + row)        # row of [B, Hq, Nq]
-            lrow = uint64((b * heads_kv + hkv) * R_LSE + row)          # its row of lse_part
             col = prow * D + uint64((g % UO) * EPU)
             m = NEG_INF                     # running max of the splits' lse (base 2)
             l_sum = float32(0.0)            # sum of exp2(lse_s - m)
@@ -933,7 +923,7 @@ def make_merge_rows(head_dim: int, rows: int, seqlen_q: int, group: int, warps: 
                 # -- load LOADS splits' logsumexps and partial outputs at once --
                 for s in range(LOADS):
                     s_at = uint64(min(sp + s, splits - 1))
-                    x = lse_part[s_at, lrow] * float32(LOG2E)
+                    x = lse_part[s_at, prow] * float32(LOG2E)
                     for c in range(EPU):
                         x_out[s, c] = o_part[s_at, col + uint64(c)]
                     bad = x != x
@@ -1108,7 +1098,6 @@ def prepare(problem, config=None):
                                    pb.dtype_name, banded, p.warps, p.keys_per_step,
                                    p.lanes_per_key, use_shfl)
     smem = p.dynamic_shared_bytes
-    lse_rows = B * pb.heads_kv * lse_rows_per_group(pb.group * Nq)     # lse_part's per split
     fast = getattr(config, "fast_launch", True)
     consts = (np.float32(pb.scale * LOG2E), np.int64(lo), np.int64(hi), np.int64(shift),
               np.int64(pb.seqlen_k), np.int64(pb.heads_kv), np.int64(p.row_chunks))
@@ -1129,7 +1118,7 @@ def prepare(problem, config=None):
             # the logsumexp and the splits' partial (o, lse) in one float32 allocation
             rows = B * Hq * Nq
             work, (p_lse_out, p_o, p_lse) = repeat.scratch(q, rows, p.splits * rows * D,
-                                                           p.splits * lse_rows)
+                                                           p.splits * rows)
             out = repeat.like(q)                    # [B, Hq, Nq, D], as q
             stream = host.stream_handle(q)
             counters = _torch_counters(q, stream, p.programs).data_ptr()
@@ -1139,7 +1128,7 @@ def prepare(problem, config=None):
         call = host.Call(template, q=q)
         qi, ki, vi = (call.input(x, words=words, aligned=True, word_bytes=4) for x in (q, k, v))
         o_part = call.output((p.splits, B * Hq * Nq * D), float32=True)   # rows [B, Hq, Nq]
-        lse_part = call.output((p.splits, lse_rows), float32=True)     # whole sectors a group
+        lse_part = call.output((p.splits, B * Hq * Nq), float32=True)
         out = call.output((B, Hq, Nq, D), words=words)     # the kernel writes the dtype
         out_arg = out.arg
         if words:       # two elements per int32 word

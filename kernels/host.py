@@ -605,12 +605,11 @@ class Repeat:
 
     def scratch(self, like, *sizes):
         """Float32 work space of ``sizes`` elements each, in one allocation on ``like``'s
-        device: ``(tensor, [data pointer of each part])``, every part 32-byte aligned (whole
-        L2 sectors: a kernel that writes a part in 32-byte pieces writes no sector in part)."""
+        device: ``(tensor, [data pointer of each part])``, every part 16-byte aligned."""
         offsets, total = [], 0
         for n in sizes:
             offsets.append(total)
-            total += -(-int(n) // 8) * 8
+            total += -(-int(n) // 4) * 4
         buf = like.new_empty((max(total, 1),), dtype=self.float32)
         base = buf.data_ptr()
         return buf, [base + 4 * o for o in offsets]

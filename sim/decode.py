@@ -35,7 +35,6 @@ from dataclasses import asdict, dataclass
 from .plan import rates_of
 
 __all__ = ["SplitKVPlan", "split_kv_plan", "choose_splits", "split_kv_costs", "WARPS",
-           "lse_rows_per_group", "LSE_SECTOR_FLOATS",
            "KEYS_PER_STEP", "MAX_SEQLEN_Q", "rows_per_program", "lanes_per_key", "elements_per_lane"]
 
 #: Warps per program (a GPU launch; the CUDA simulator runs 2 to keep tests short).
@@ -76,21 +75,15 @@ MMA_WARP_CHOICES = (4, 8)
 #: one is computed: stages - 1).
 MMA_BLOCK_K = 16
 MMA_STAGES = 2
-#: Its registers a thread, per (head dim, warps): bounds the CPU ptxas test holds the kernel
-#: to (ptxas for sm_90, bfloat16, with or without the band test: 168 and 128 at 2026-11-28).
-#: With registers allocated per warp in units of 256, these make two programs of four warps an
-#: SM at d = 128 (which the launch's carveout holds it to: ptxas's 168 would let a third in)
-#: and four at d = 64; one of eight warps at either.
+#: Its registers a thread, per (head dim, warps) (ptxas for sm_90, bfloat16, with or without
+#: the band test; the CPU ptxas test holds the kernel to them): with registers allocated per
+#: warp in units of 256, two programs of four warps fit an SM's 65,536 at d = 128 and four at
+#: d = 64; one of eight warps at either.
 MMA_REGISTERS = {(64, 4): 128, (64, 8): 130, (128, 4): 170, (128, 8): 170}
 #: The rate (`sim.plan.RATE_NAMES`) the plan streams its DRAM bytes at: the read bandwidth, as
 #: the kernel reads its cache once and writes almost nothing (the copy rate the tiled plans take
 #: mixes reads and writes).
 DRAM_RATE = "dram_read_bytes_per_s"
-#: Float32 logsumexps of one 32-byte L2 sector: each (batch, KV head) group's partial
-#: logsumexps are padded to a multiple of it (`lse_rows_per_group`), so that a program writes
-#: whole sectors and the merge reads them from L2 (a sector written in part is completed from
-#: DRAM when read).
-LSE_SECTOR_FLOATS = 8
 #: Shared memory per SM the resident count assumes where the caller gives none (sm_90: 228 KiB,
 #: of which 1 KiB per resident program is the system's).
 SMEM_BYTES_PER_SM = 228 * 1024
@@ -106,13 +99,6 @@ def mma_shared_bytes(head_dim: int, warps: int = MMA_WARPS, block_k: int = MMA_B
     dynamic = warps * stages * 2 * block_k * (head_dim + 8) * 2
     static = 4 * (2 * warps * MMA_ROWS + 2 * MMA_ROWS + 1)
     return dynamic, static
-
-
-def lse_rows_per_group(group_rows: int) -> int:
-    """Rows of a (batch, KV head) group in the split-KV partial logsumexps (``lse_part``): its
-    ``group_rows`` (query heads of the group x queries) padded to whole 32-byte sectors
-    (`LSE_SECTOR_FLOATS`)."""
-    return -(-int(group_rows) // LSE_SECTOR_FLOATS) * LSE_SECTOR_FLOATS
 
 
 def uses_tensor_cores(head_dim: int, element_bytes: int) -> bool:
@@ -305,8 +291,7 @@ def split_kv_costs(plan: SplitKVPlan, gpu, keys_read: int | None = None) -> dict
     kv_dram = p.batch * p.heads_kv * keys * 2 * p.head_dim * e
     q_bytes = p.batch * p.heads_q * p.seqlen_q * p.head_dim * e
     rows = p.batch * p.heads_q * p.seqlen_q
-    lse_rows = p.batch * p.heads_kv * lse_rows_per_group(p.group * p.seqlen_q)
-    partial_bytes = p.splits * (rows * p.head_dim + lse_rows) * 4 if p.splits > 1 else 0
+    partial_bytes = p.splits * rows * (p.head_dim + 1) * 4 if p.splits > 1 else 0
     out_bytes = rows * (p.head_dim * e + 4)                  # the output and its logsumexp
     main_global_read = kv_dram * p.row_chunks + q_bytes * p.splits
     main_dram = kv_dram + q_bytes + partial_bytes

@@ -101,7 +101,7 @@ def test_repeat_records_on_the_second_full_run_and_guards_the_layout(monkeypatch
 def test_repeat_allocates_outputs_and_work_space():
     """`kernels.host.Repeat.like` gives a contiguous tensor of the operand's shape and dtype
     (also for a strided operand); `Repeat.scratch` one float32 allocation whose parts start
-    32-byte aligned (whole L2 sectors) and do not overlap (CPU tensors stand in for the device's)."""
+    16-byte aligned and do not overlap (CPU tensors stand in for the device's)."""
     from kernels import host
     repeat = host.Repeat(SimpleNamespace(kind="torch", mask=None, cache_seqlens=None), None)
     repeat.float32, repeat._empty_like = torch.float32, torch.empty_like
@@ -112,7 +112,7 @@ def test_repeat_allocates_outputs_and_work_space():
     sizes = (3, 1, 130, 0, 7)
     buf, ptrs = repeat.scratch(torch.zeros(1), *sizes)
     assert buf.dtype == torch.float32 and buf.is_contiguous()
-    assert all((p - buf.data_ptr()) % 32 == 0 for p in ptrs)
+    assert all((p - buf.data_ptr()) % 16 == 0 for p in ptrs)
     ends = [p + 4 * n for p, n in zip(ptrs, sizes)]
     assert all(e <= s for e, s in zip(ends, ptrs[1:])) and ends[-1] <= buf.data_ptr() + 4 * buf.numel()
 
