@@ -75,10 +75,11 @@ MMA_WARP_CHOICES = (4, 8)
 #: one is computed: stages - 1).
 MMA_BLOCK_K = 16
 MMA_STAGES = 2
-#: Its registers a thread, per (head dim, warps) (ptxas for sm_90, bfloat16, with or without
-#: the band test; the CPU ptxas test holds the kernel to them): with registers allocated per
-#: warp in units of 256, two programs of four warps fit an SM's 65,536 at d = 128 and four at
-#: d = 64; one of eight warps at either.
+#: Its registers a thread, per (head dim, warps): bounds the CPU ptxas test holds the kernel
+#: to (ptxas for sm_90, bfloat16, with or without the band test: 168 and 128 at 2026-11-28).
+#: With registers allocated per warp in units of 256, these make two programs of four warps an
+#: SM at d = 128 (which the launch's carveout holds it to: ptxas's 168 would let a third in)
+#: and four at d = 64; one of eight warps at either.
 MMA_REGISTERS = {(64, 4): 128, (64, 8): 130, (128, 4): 170, (128, 8): 170}
 #: The rate (`sim.plan.RATE_NAMES`) the plan streams its DRAM bytes at: the read bandwidth, as
 #: the kernel reads its cache once and writes almost nothing (the copy rate the tiled plans take
