@@ -116,7 +116,7 @@ def mma_resident_per_sm(head_dim: int, smem_bytes_per_sm: int = SMEM_BYTES_PER_S
     SM to it: it asks for the shared-memory carveout that fits just this many programs
     (`kernels.host`), so the rest stays L1 for the kernel's ``cp.async.ca`` copies (at d = 128,
     four warps, a third program fits by ptxas's 168 registers and the whole carveout; it ran
-    the B = 64 calls 17–22 % slower, H200, 2026-11-28)."""
+    the B = 64 calls 11–22 % slower, H200, 2026-11-28)."""
     dynamic, static = mma_shared_bytes(head_dim, warps, MMA_BLOCK_K, MMA_STAGES)
     per_warp = -(-MMA_REGISTERS[head_dim, warps] * 32 // 256) * 256
     by_registers = 65536 // (per_warp * warps)
