@@ -665,6 +665,21 @@ def make_split_keys(seqlen_q: int, banded: bool):
     return split_keys
 
 
+def make_common_max(warps: int):
+    """``m_all = common_max(sm_m, r)``: the warps' common max of row r, ``max_w sm_m[w, r]``
+    (-inf where no warp saw a key of the row)."""
+    NW = warps
+
+    @cuda.jit(device=True, inline=True)
+    def common_max(sm_m, r):
+        m_all = NEG_INF
+        for w in range(NW):
+            m_all = max(m_all, sm_m[w, r])
+        return m_all
+
+    return common_max
+
+
 def make_to_common_max(warps: int, exp2):
     """The device function with which a warp of either decoding kernel scales row r to the
     warps' common max once every warp has put its own max in ``sm_m[w, r]``::
@@ -675,13 +690,12 @@ def make_to_common_max(warps: int, exp2):
     every warp, saw no key of the row): the factor of the warp's sum and accumulators of the
     row. ``exp2``: ``ptx.ex2`` (the tensor-core kernel) or ``math.exp2`` (the CUDA-core one, which
     the simulator runs)."""
-    NW, EXP2 = warps, exp2
+    EXP2 = exp2
+    common_max = make_common_max(warps)
 
     @cuda.jit(device=True, inline=True)
     def to_common_max(sm_m, r, m_own):
-        m_all = NEG_INF
-        for w in range(NW):
-            m_all = max(m_all, sm_m[w, r])
+        m_all = common_max(sm_m, r)
         f = float32(0.0)
         if m_all != NEG_INF and m_own != NEG_INF:
             f = EXP2(m_own - m_all)
@@ -702,12 +716,11 @@ def make_row_stats(warps: int, exp2):
     exp2(sm_m[w, r] - m)``; 0 and -inf where the row saw no key. ``exp2`` as in
     `make_to_common_max`."""
     NW, EXP2 = warps, exp2
+    common_max = make_common_max(warps)
 
     @cuda.jit(device=True, inline=True)
     def row_stats(sm_m, sm_l, sm_stat, r):
-        m_all = NEG_INF
-        for w in range(NW):
-            m_all = max(m_all, sm_m[w, r])
+        m_all = common_max(sm_m, r)
         l_all = float32(0.0)
         if m_all != NEG_INF:
             for w in range(NW):
