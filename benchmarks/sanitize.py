@@ -13,7 +13,8 @@ runs d=128 with the same lengths and GQA, causal and not, on e4m3 inputs with de
 CUDA-core, whose last program of each group merges the splits) runs
 `DECODE_CASES`: 1 and 3 queries against 1000 keys, four query heads per KV head, per-sequence
 cache lengths 1000, 0, 1 and 517 (and, once, a length past the cache: that row must come out
-NaN, the others finite), three splits, full and with a bottom-right causal window. Each family (pinned by `kernels.KernelConfig`)
+NaN, the others finite), three splits, full and with a bottom-right causal window, and once with
+no lengths (the kernel that reads none). Each family (pinned by `kernels.KernelConfig`)
 runs `CASES`: GQA (two query heads per key/value head) and lengths that are not multiples of
 any tile (150 queries, 97 keys) throughout; causal at d=64; a boolean mask and dropout at
 d=128; a block mask on 64 x 32 tiles, which the kernels read at finer tiles (the tensor-core
@@ -41,7 +42,8 @@ HOPPER_ONLY = ("wgmma", "wgmma_fp8")
 DECODE_SEQ_K = 1000
 DECODE_CASES = ((128, 1, (1000, 0, 1, 517), {}),
                 (64, 3, (1000, 0, 1, 517), {"causal": "bottom_right", "window_size": (100, 0)}),
-                (128, 2, (1000, 1001, 1, 517), {}))
+                (128, 2, (1000, 1001, 1, 517), {}),
+                (128, 1, None, {}))
 BATCH, HEADS_Q, HEADS_KV, SEQ_Q, SEQ_K = 2, 2, 1, 150, 97
 #: (head dim, problem options) of each case; masks are drawn per case (`_case_inputs`).
 CASES = ((64, {"causal": True}),
@@ -106,14 +108,18 @@ def run_split_kv(torch=None, seed: int = 0) -> None:
     heads_q, heads_kv, seq_k = 4, 1, DECODE_SEQ_K
     for (d, nq, lengths, options), unit in ((c, u) for c in DECODE_CASES for u in units):
         config = kernels.KernelConfig(family="split_kv", num_splits=3, decode_unit=unit)
+        batch = 2 if lengths is None else len(lengths)
         arrays = [rng.standard_normal(shape).astype(np.float16) for shape in (
-            (len(lengths), heads_q, nq, d), (len(lengths), heads_kv, seq_k, d),
-            (len(lengths), heads_kv, seq_k, d))]
-        seqlens = np.array(lengths, np.int32)
+            (batch, heads_q, nq, d), (batch, heads_kv, seq_k, d), (batch, heads_kv, seq_k, d))]
         if torch is not None:
             arrays = [torch.from_numpy(a).cuda() for a in arrays]
-            seqlens = torch.from_numpy(seqlens).cuda()
-        pb = dataclasses.replace(attention_problem(*arrays, **options), cache_seqlens=seqlens)
+        pb = attention_problem(*arrays, **options)
+        if lengths is not None:
+            seqlens = np.array(lengths, np.int32)
+            pb = dataclasses.replace(pb, cache_seqlens=(seqlens if torch is None
+                                                        else torch.from_numpy(seqlens).cuda()))
+        else:
+            lengths = (seq_k,) * batch
         out, _ = kernels.forward(pb, config)
         if torch is not None:
             torch.cuda.synchronize()

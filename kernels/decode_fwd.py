@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import functools
 import math
+from types import SimpleNamespace
 
 import numpy as np
 from numba import cuda, float32, int32, int64, uint16, uint32, uint64
@@ -86,7 +87,7 @@ def _unpack_bf16_twin(word):
 
 def make_decode_kernel(head_dim: int, rows: int, seqlen_q: int, group: int, operand: str,
                        banded: bool, warps: int, keys_per_step: int, lanes_per_key: int,
-                       use_shfl: bool):
+                       use_shfl: bool, lengths: bool = True):
     """The split-KV kernel for one configuration (compiled on first launch).
 
     ``operand``: "float32" (arrays of float32), "float16" or "bfloat16" (arrays of uint32
@@ -113,6 +114,9 @@ def make_decode_kernel(head_dim: int, rows: int, seqlen_q: int, group: int, oper
     grid = (B * Hkv * row_chunks, splits), block = warps * 32. Key ``j`` is allowed for query
     ``i`` of a sequence of length ``L`` iff ``j < L`` and, when banded,
     ``band_lo <= j - i - shift <= band_hi`` with ``shift = (L - seqlen_k) * shift_to_len``.
+    ``lengths``: read each sequence's ``L`` from ``seqlens``; without, every ``L`` is
+    ``seqlen_k`` and ``seqlens`` is not read (a call with no cache lengths: the programs'
+    first copies then wait on no load of a length).
     """
     D, ROWS, NQ, G, NW, KB = head_dim, rows, seqlen_q, group, warps, keys_per_step
     WORDS = operand != "float32"
@@ -134,6 +138,7 @@ def make_decode_kernel(head_dim: int, rows: int, seqlen_q: int, group: int, oper
     to_common_max = make_to_common_max(warps, math.exp2)
     row_stats = make_row_stats(warps, math.exp2)
     split_keys = make_split_keys(seqlen_q, banded)
+    LENGTHS = lengths
 
     RAW = uint32 if WORDS else float32
     FULL = U % LPK == 0                      # every lane holds a unit of every row
@@ -170,7 +175,8 @@ def make_decode_kernel(head_dim: int, rows: int, seqlen_q: int, group: int, oper
         sm_acc = cuda.shared.array(ACC_ELEMS, float32)
 
         # -- the program's keys: the rows' bands within the sequence, then this split of them --
-        bad_length, shift, s0, s1 = split_keys(seqlens[b], split, splits, seqlen_k, shift_to_len,
+        length = int64(seqlens[b]) if LENGTHS else seqlen_k
+        bad_length, shift, s0, s1 = split_keys(length, split, splits, seqlen_k, shift_to_len,
                                                band_lo, band_hi)
         steps = max(s1 - s0 + NW * KW - 1, int64(0)) // (NW * KW)
 
@@ -349,7 +355,8 @@ def make_decode_kernel(head_dim: int, rows: int, seqlen_q: int, group: int, oper
 
 
 def make_decode_mma_kernel(head_dim: int, seqlen_q: int, group: int, operand: str, banded: bool,
-                           warps: int, block_k: int, stages: int, resident_per_sm: int = 0):
+                           warps: int, block_k: int, stages: int, resident_per_sm: int = 0,
+                           lengths: bool = True):
     """The split-KV kernel on the tensor cores (float16/bfloat16, a real GPU of compute
     capability 8.0 or later; compiled on first launch). Same signature, grid and result as
     `make_decode_kernel`'s, with 16 rows per program (``rows_per_program`` of the plan: the KV
@@ -373,7 +380,7 @@ def make_decode_mma_kernel(head_dim: int, seqlen_q: int, group: int, operand: st
 
     ``resident_per_sm``: the programs an SM is to hold (the plan's), kept on the kernel for the
     launch (`kernels.host` asks for the shared-memory carveout that fits just that many; 0:
-    the driver's choice)."""
+    the driver's choice). ``lengths``: as `make_decode_kernel`'s."""
     from . import ptx as _ptx
     D, NQ, G, NW, BK, ST = head_dim, seqlen_q, group, warps, block_k, stages
     ROWS = 16
@@ -403,6 +410,7 @@ def make_decode_mma_kernel(head_dim: int, seqlen_q: int, group: int, operand: st
     to_common_max = make_to_common_max(warps, _ptx.ex2)
     row_stats = make_row_stats(warps, _ptx.ex2)
     split_keys = make_split_keys(seqlen_q, banded)
+    LENGTHS = lengths
     load_rows = tile_loader(BK, CHUNKS, 32, 2 * STRIDE, through_l1=True)   # a warp's BK rows
     ROW_STEP = 32 // CHUNKS             # rows apart of a lane's successive copies
     COPIES = BK // ROW_STEP             # a lane's copies per K (or V) block
@@ -453,7 +461,8 @@ def make_decode_mma_kernel(head_dim: int, seqlen_q: int, group: int, operand: st
         sm_stat = cuda.shared.array((2, ROWS), float32)
 
         # -- the program's keys: the rows' bands within the sequence, then this split of them --
-        bad_length, shift, s0, s1 = split_keys(seqlens[b], split, splits, seqlen_k, shift_to_len,
+        length = int64(seqlens[b]) if LENGTHS else seqlen_k
+        bad_length, shift, s0, s1 = split_keys(length, split, splits, seqlen_k, shift_to_len,
                                                band_lo, band_hi)
         n_blocks = max(s1 - s0 + BK - 1, int64(0)) // BK
         steps = (n_blocks - warp + NW - 1) // NW if n_blocks > warp else int64(0)
@@ -1101,30 +1110,42 @@ def prepare(problem, config=None):
     B, Hq, Nq, D = pb.batch, pb.heads_q, pb.seqlen_q, pb.head_dim
     banded, lo, hi, shift = _band(pb)
     use_shfl = host.real_gpu()
-    if p.unit == "mma":
-        kern = compile_cache.built(make_decode_mma_kernel, D, Nq, pb.group, pb.dtype_name, banded,
-                                   p.warps, p.keys_per_step, p.stages, p.resident_per_sm)
-        host.check_launch("decode_split_kv_mma", (p.threads, p.dynamic_shared_bytes),
-                          (kern.threads, kern.smem_bytes))
-    else:
-        kern = compile_cache.built(make_decode_kernel, D, p.rows_per_program, Nq, pb.group,
-                                   pb.dtype_name, banded, p.warps, p.keys_per_step,
-                                   p.lanes_per_key, use_shfl)
+    own_lengths = getattr(pb, "cache_seqlens", None) is not None
+
+    def build(lengths: bool):
+        # -- the kernel, its launch cache and its fast path, for calls with or without lengths --
+        if p.unit == "mma":
+            kern = compile_cache.built(make_decode_mma_kernel, D, Nq, pb.group, pb.dtype_name,
+                                       banded, p.warps, p.keys_per_step, p.stages,
+                                       p.resident_per_sm, lengths)
+            host.check_launch("decode_split_kv_mma", (p.threads, p.dynamic_shared_bytes),
+                              (kern.threads, kern.smem_bytes))
+        else:
+            kern = compile_cache.built(make_decode_kernel, D, p.rows_per_program, Nq, pb.group,
+                                       pb.dtype_name, banded, p.warps, p.keys_per_step,
+                                       p.lanes_per_key, use_shfl, lengths)
+        # own: the lengths array this kind of call passes where it gives none (the problem's
+        # own on the device, or the constant the kernel without lengths never reads), as
+        # (address, array) for the fast path: set by a full call
+        return SimpleNamespace(kern=kern, plans={}, own=[],
+                               repeat=host.Repeat(template, config, lengths_per_call=True))
+
+    modes = {}
     smem = p.dynamic_shared_bytes
     fast = getattr(config, "fast_launch", True)
     consts = (np.float32(pb.scale * LOG2E), np.int64(lo), np.int64(hi), np.int64(shift),
               np.int64(pb.seqlen_k), np.int64(pb.heads_kv), np.int64(p.row_chunks))
-    plans = {}
-    repeat = host.Repeat(template, config, lengths_per_call=True)
-    # the problem's own lengths on the device (address, array) for repeats that give none: set
-    # by a full call that used them
-    own = []
 
     def run(q, k, v, layout_known=False, cache_seqlens=None):
         given = None
         if cache_seqlens is not None:       # checked here unless the caller has (layout_known)
             given = (cache_seqlens.data_ptr() if layout_known
                      else _lengths_ptr(cache_seqlens, q, B))
+        lengths = given is not None or own_lengths
+        mode = modes.get(lengths)
+        if mode is None:
+            mode = modes[lengths] = build(lengths)
+        repeat, own = mode.repeat, mode.own
         ptrs = repeat.pointers((q, k, v), layout_known)
         if ptrs is not None and (given is not None or own):
             # -- the operands' layout of the recorded call: repeat it --
@@ -1157,10 +1178,10 @@ def prepare(problem, config=None):
         else:
             counters = _array_counters(p.programs)
         args = (qi, ki, vi, o_part.arg, lse_part.arg, out_arg, lse.arg, counters, seqlens, *consts)
-        host.relaunch(plans, (qi, ki, vi, seqlens), kern, p.grid, p.threads, call.stream,
-                      args, sharedmem=smem, fast=fast)
+        host.relaunch(mode.plans, (qi, ki, vi, seqlens), mode.kern, p.grid, p.threads,
+                      call.stream, args, sharedmem=smem, fast=fast)
         repeat.record((q, k, v), (qi, ki, vi), lambda: [
-            host.pointer_launch(kern, p.grid, p.threads, smem, args, range(9))])
+            host.pointer_launch(mode.kern, p.grid, p.threads, smem, args, range(9))])
         return out.value(), lse.value()
     return run
 

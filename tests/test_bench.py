@@ -425,7 +425,8 @@ def test_sanitize_split_kv_checks_valid_rows_and_nan_rows(monkeypatch):
     monkeypatch.setattr(sanitize, "DECODE_SEQ_K", 40)
     monkeypatch.setattr(sanitize, "DECODE_CASES", (
         (8, 1, (40, 0, 1, 17), {}),
-        (8, 2, (40, 41, 1, 17), {"causal": "bottom_right", "window_size": (5, 0)})))
+        (8, 2, (40, 41, 1, 17), {"causal": "bottom_right", "window_size": (5, 0)}),
+        (8, 1, None, {})))
     sanitize.run_split_kv()
     real_forward = kernels.forward
 

@@ -605,7 +605,8 @@ def test_gpu_tensor_core_launch_holds_an_sm_to_the_plans_resident_programs(batch
     launched = [plan for plan in host._OVERLOADS.values()
                 if getattr(plan.kern, "build_key", (None, None, ()))[1:] ==
                 ("make_decode_mma_kernel", (d, 1, 4, "bfloat16", False, p.warps,
-                                            p.keys_per_step, p.stages, p.resident_per_sm))]
+                                            p.keys_per_step, p.stages, p.resident_per_sm,
+                                            False))]
     assert launched and all(plan.kern.resident_per_sm == p.resident_per_sm for plan in launched)
     for plan in launched:
         fn = plan.function(host.current_device_id())
@@ -660,6 +661,53 @@ def test_the_kernel_turns_an_unchecked_bad_length_into_nan_rows(bad):
     good = np.array([0, 2])
     want_out, want_lse = reference(q[good], k[good], v[good], lengths[good], None, True)
     check(out[good], lse[good], want_out, want_lse, np.float32)
+
+
+def test_a_call_without_lengths_runs_the_kernel_that_reads_none_and_agrees_with_one_that_does():
+    """Without cache lengths the split-KV kernel is built not to read them (every length is
+    Nk); with every length given as Nk the kernel that reads them runs. Both equal the float64
+    reference, and each other bit for bit."""
+    import dataclasses
+    import kernels
+    from ioaware._inputs import check_inputs
+    rng = np.random.default_rng(11)
+    q, k, v = make(rng, 2, 4, 2, 1, 300, 16)
+    pb = check_inputs(q, k, v)
+    config = kernels.KernelConfig(family="split_kv", num_splits=3)
+    out, lse = kernels.forward(pb, config)
+    full = np.full(2, 300, np.int32)
+    out_l, lse_l = kernels.forward(dataclasses.replace(pb, cache_seqlens=full), config)
+    want_out, want_lse = reference(q, k, v, full)
+    check(out, lse, want_out, want_lse, np.float32)
+    assert np.array_equal(out, out_l) and np.array_equal(lse, lse_l)
+
+
+@pytest.mark.gpu
+def test_gpu_one_prepared_call_alternates_calls_with_and_without_lengths():
+    """A prepared decoding call keeps a kernel for calls without lengths (it reads none) and one
+    for calls that give them; alternating the two, past the calls that record each fast path,
+    every result equals a fresh call's on its own lengths."""
+    import torch
+    import torch.nn.functional as F
+    import kernels
+    from ioaware._inputs import check_inputs
+    g = torch.Generator(device="cuda").manual_seed(3)
+    q = torch.randn(2, 32, 1, 128, device="cuda", generator=g).to(torch.bfloat16)
+    k, v = (torch.randn(2, 8, 2048, 128, device="cuda", generator=g).to(torch.bfloat16)
+            for _ in range(2))
+    run = kernels.decode_fwd.prepare(check_inputs(q, k, v),
+                                     kernels.KernelConfig(family="split_kv", num_splits=4))
+    lengths = torch.tensor([700, 2048], dtype=torch.int32, device="cuda")
+    full = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), enable_gqa=True)
+    cut = torch.cat([F.scaled_dot_product_attention(
+        q[i:i + 1].float(), k[i:i + 1, :, :n].float(), v[i:i + 1, :, :n].float(), enable_gqa=True)
+        for i, n in enumerate((700, 2048))])
+    with torch.inference_mode():
+        for _ in range(4):
+            out, _ = run(q, k, v)
+            torch.testing.assert_close(out.float(), full, atol=4e-3, rtol=4e-3)
+            out, _ = run(q, k, v, cache_seqlens=lengths)
+            torch.testing.assert_close(out.float(), cut, atol=4e-3, rtol=4e-3)
 
 
 def test_unread_lengths_are_read_and_checked_where_the_kernel_does_not_run():
