@@ -604,7 +604,7 @@ def make_decode_mma_kernel(head_dim: int, seqlen_q: int, group: int, operand: st
         cuda.syncthreads()
         # -- the rows' 1 / sum and logsumexp (a thread a row); each warp's accumulators, at the
         #    warps' common max, into its slot of the idle rings (the group's rows only) --
-        n_rows = min(int64(ROWS), R_TOTAL - chunk * ROWS)
+        n_rows = chunk_rows(chunk, ROWS, R_TOTAL)
         if tid < n_rows:
             row_stats(sm_m, sm_l, sm_stat, tid)
         s_acc = _ptx.shared_addr(smem, 2 * (warp * ACC_SLOT + gid * ACC_STRIDE + 2 * tig))
@@ -636,6 +636,21 @@ def program_of(row_chunks, heads_kv):
     b = bh // uint32(heads_kv)
     return (pid, cuda.blockIdx.y, cuda.gridDim.y, pid - bh * row_chunks, int64(b),
             bh - b * heads_kv)
+
+
+@cuda.jit(device=True, inline=True)
+def chunk_rows(chunk, rows, rows_total):
+    """Rows of row chunk ``chunk`` (``rows`` a program) that belong to the KV group's
+    ``rows_total``: the rest of the chunk's padded rows are computed and never written."""
+    return min(int64(rows), rows_total - chunk * rows)
+
+
+@cuda.jit(device=True, inline=True)
+def partial_row(b, hkv, heads_kv, rows_total, row):
+    """Row ``row`` of KV group (b, hkv) as a row of ``[B, Hq, Nq]`` flat: its place in each
+    split's partials (``lse_part[split, .]``, ``o_part[split, . * d + col]``), where the
+    finishing programs write it and the merge reads it."""
+    return uint64((b * heads_kv + hkv) * rows_total + row)
 
 
 def make_split_keys(seqlen_q: int, banded: bool):
@@ -787,7 +802,7 @@ def make_finish(head_dim: int, rows: int, seqlen_q: int, group: int, warps: int,
                splits, bad_length, sm_stat, acc_sm):
         tid = cuda.threadIdx.x
         sm_last = cuda.shared.array(1, int32)
-        n_rows = min(int64(ROWS), R_TOTAL - chunk * ROWS)      # the chunk's rows in the group
+        n_rows = chunk_rows(chunk, ROWS, R_TOTAL)               # the chunk's rows in the group
         # -- one split: the output and logsumexp (natural log), written directly --
         if splits == 1:
             for flat in range(tid, n_rows * UO, NT):
@@ -819,7 +834,7 @@ def make_finish(head_dim: int, rows: int, seqlen_q: int, group: int, warps: int,
             o = acc_of(acc_sm, r, col) * sm_stat[0, r]
             if bad_length:
                 o = NAN
-            prow = uint64((b * heads_kv + hkv) * R_TOTAL + row)    # row of [B, Hq, Nq]
+            prow = partial_row(b, hkv, heads_kv, R_TOTAL, row)
             o_part[split, prow * D + col] = o
             if col == 0:
                 lse_part[split, prow] = NAN if bad_length else sm_stat[1, r]
@@ -929,12 +944,12 @@ def make_merge_rows(head_dim: int, rows: int, seqlen_q: int, group: int, warps: 
         x_lse = cuda.local.array(LOADS, float32)    # base 2
         x_out = cuda.local.array((LOADS, EPU), float32)
         acc = cuda.local.array(EPU, float32)        # sum of exp2(lse_s - m) out_s
-        n_units = min(int64(ROWS), R_TOTAL - chunk * ROWS) * UO     # the group's rows only
+        n_units = chunk_rows(chunk, ROWS, R_TOTAL) * UO      # the group's rows only
         for g in range(cuda.threadIdx.x, n_units, NT):
             row = chunk * ROWS + g // UO
             h = hkv * G + row // NQ
             i = row % NQ
-            prow = uint64((b * heads_kv + hkv) * R_TOTAL + row)        # row of [B, Hq, Nq]
+            prow = partial_row(b, hkv, heads_kv, R_TOTAL, row)
             col = prow * D + uint64((g % UO) * EPU)
             m = NEG_INF                     # running max of the splits' lse (base 2)
             l_sum = float32(0.0)            # sum of exp2(lse_s - m)

@@ -34,6 +34,8 @@ import sys
 import numpy as np
 from numba import config as numba_config
 
+from sim.workload import RESERVED_SMEM_PER_BLOCK
+
 from . import compile_cache
 from .mask import UNBOUNDED
 
@@ -47,8 +49,6 @@ __all__ = ["plan_workload", "family_plan", "check_launch",
 
 #: Dynamic shared memory a block gets without the opt-in, bytes.
 DEFAULT_DYNAMIC_SMEM_BYTES = 48 * 1024
-#: Shared memory the system reserves per resident block (sm_80 on).
-RESERVED_SMEM_PER_BLOCK = 1024
 
 _OVERLOADS: dict = {}      # (dispatcher id, signature key) -> _Plan
 _OPTED_IN: dict = {}       # (kernel function, device id) -> bytes allowed

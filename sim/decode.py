@@ -33,6 +33,7 @@ import math
 from dataclasses import asdict, dataclass
 
 from .plan import rates_of
+from .workload import RESERVED_SMEM_PER_BLOCK
 
 __all__ = ["SplitKVPlan", "split_kv_plan", "choose_splits", "split_kv_costs", "WARPS",
            "KEYS_PER_STEP", "MAX_SEQLEN_Q", "rows_per_program", "lanes_per_key", "elements_per_lane"]
@@ -120,7 +121,8 @@ def mma_resident_per_sm(head_dim: int, smem_bytes_per_sm: int = SMEM_BYTES_PER_S
     dynamic, static = mma_shared_bytes(head_dim, warps, MMA_BLOCK_K, MMA_STAGES)
     per_warp = -(-MMA_REGISTERS[head_dim, warps] * 32 // 256) * 256
     by_registers = 65536 // (per_warp * warps)
-    return max(1, min(by_registers, smem_bytes_per_sm // (dynamic + static + 1024)))
+    return max(1, min(by_registers, smem_bytes_per_sm // (dynamic + static
+                                                         + RESERVED_SMEM_PER_BLOCK)))
 
 
 def lanes_per_key(head_dim: int, element_bytes: int) -> int:

@@ -18,7 +18,7 @@ import numpy as np
 from ioaware.block_info import BlockInfo, cdiv, check_window_size
 
 __all__ = ["Workload", "Schedule", "DTYPE_BYTES", "STAT_BYTES", "SCHEDULES", "PASSES", "EXP_FLOPS", "DQ_MODES", "NAIVE_VARIANTS",
-           "DELTA_KERNELS", "SECTOR_BYTES", "SMEM_ELEM_BYTES",
+           "DELTA_KERNELS", "SECTOR_BYTES", "SMEM_ELEM_BYTES", "RESERVED_SMEM_PER_BLOCK",
            "density_block_mask", "resolve_blocks", "sram_bytes_per_block", "occupancy",
            "register_limited_blocks",
            "block_infos"]
@@ -46,6 +46,9 @@ DQ_MODES = ("atomic", "kernel")
 DELTA_KERNELS = ("warp", "thread")
 #: Bytes of the L1/L2 sector a global load request fetches at least (NVIDIA since Volta).
 SECTOR_BYTES = 32
+#: Shared memory the system reserves per resident thread block, bytes (compute capability 8.0
+#: on: CUDA C++ Programming Guide, shared memory of compute capability 8.x / 9.0).
+RESERVED_SMEM_PER_BLOCK = 1024
 #: Our CUDA-core kernels stage every tile in shared memory as float32, whatever the input dtype.
 SMEM_ELEM_BYTES = 4
 NAIVE_VARIANTS = ("math", "eager")
@@ -509,7 +512,7 @@ def occupancy(profile, sram_bytes: int, num_warps: int, registers_per_thread: in
     """
     if sram_bytes > profile.smem_bytes_per_block:
         return 0
-    by_smem = profile.smem_bytes_per_sm // (int(sram_bytes) + 1024)
+    by_smem = profile.smem_bytes_per_sm // (int(sram_bytes) + RESERVED_SMEM_PER_BLOCK)
     by_threads = profile.max_threads_per_sm // (32 * num_warps)
     blocks = int(max(0, min(profile.max_blocks_per_sm, by_smem, by_threads)))
     if registers_per_thread is not None:
