@@ -334,7 +334,7 @@ def decode_report(doc: dict, profile) -> tuple[list[dict], dict]:
                              r["seq_len_k"], r["head_dim"], element, profile.num_sms,
                              tensor_cores=record_tensor_cores(r),
                              smem_bytes_per_sm=profile.smem_bytes_per_sm,
-                             mma_warps=record_mma_warps(r))
+                             mma_warps=record_mma_warps(r), gpu=profile)
         cost = split_kv_costs(plan, profile)
         gpu_ms = r.get("ioaware_device_ms")
         dram = (r.get("ncu") or {}).get("dram__bytes_read.sum")

@@ -1,8 +1,9 @@
 """Command ``rates``: the hardware rates of this GPU (memory bandwidths, latencies, instruction throughputs, launch cost) measured by microbenchmarks.
 
-    python -m benchmarks rates [--only dram,l2,smem,clock,mma,wgmma,ffma,ex2,cp-async,launch]
+    python -m benchmarks rates [--only dram,l2,smem,clock,mma,wgmma,ffma,ex2,cp-async,launch,decode]
                                [--quick] [--repeats 10] [--out FILE.json]
     python -m benchmarks rates --only wgmma --add-to results/rates_h100_2026-11-24.json
+    python -m benchmarks rates --to-profile sim/profiles/h200.json --from RATES.json
 
 The time model's profiles (`sim.profiles`) carry datasheet peaks; this command measures what
 the GPU achieves, once per GPU, and writes a rates file (schema ``ioaware.rates/1``) that a
@@ -43,7 +44,14 @@ the 90th and 10th percentile times as ``range``. The groups (``--only``):
   tiles in flight per block, each tile read from shared memory once it lands;
 * ``launch``: ``kernel_launch_s``, host seconds per launch of an empty kernel launched back to
   back through `kernels.host.launch` (the product's launch path), and ``kernel_launch_numba_s``
-  through Numba's ``kernel[grid, block, stream]()``.
+  through Numba's ``kernel[grid, block, stream]()``;
+* ``decode``: the split-KV decoding kernel's own figures (`measure_decode`): its stream rate at
+  1 to 128 programs, the fixed GPU time of a call, the fill of a longer stream and the merge's
+  handoff, on shapes of one KV head a sequence (no decoding benchmark's).
+
+``--to-profile PROFILE.json --from RATES.json`` writes the decode group of a rates file into a
+GPU profile (``sim/profiles/h200.json``) as its ``decode_rates``: the decoding launcher picks
+its split count with them on that GPU without any rates file (`sim.decode.split_kv_plan`).
 
 ``--add-to FILE`` measures the ``--only`` groups and writes FILE, a rates file of this GPU
 (the same GPU name), with their rates added or replaced and its other rates as they were; its
@@ -75,7 +83,8 @@ from .common import command_line, first_sentence, provenance, time_cuda, write_j
 SCHEMA = "ioaware.rates/1"
 #: The groups, in the order they run (the clock after seconds of load: at the clock the other
 #: kernels run at).
-GROUPS = ("dram", "l2", "smem", "clock", "mma", "wgmma", "ffma", "ex2", "cp-async", "launch")
+GROUPS = ("dram", "l2", "smem", "clock", "mma", "wgmma", "ffma", "ex2", "cp-async", "launch",
+          "decode")
 #: Accumulator chains (registers) per thread in the FFMA and ex2 kernels, and how many steps of
 #: each chain one trip of the loop makes (a constant trip count: the loop is unrolled).
 CHAINS, UNROLL = 8, 16
@@ -1027,6 +1036,110 @@ def measure_launch(dev, sz):
     }, {}
 
 
+#: The decoding microbenchmark's calls (group ``decode``): one KV head of a group of 4 query
+#: heads (one 16-row tile a program, as a 32/8 GQA model's), head dim 128, bfloat16, the
+#: tensor-core kernel of eight warps; the programs are the batch (one split) or half of it
+#: (two). Keys per program of the two stream lengths, and the (programs, keys a program) of
+#: the handoff pairs.
+DECODE_HEADS_Q, DECODE_HEAD_DIM = 4, 128
+DECODE_STREAM_KEYS = {"full": (8192, 32768), "quick": (4096, 16384)}
+DECODE_HANDOFF = ((2, 2048), (8, 2048), (16, 8192), (32, 2048), (64, 8192), (128, 2048),
+                  (128, 8192))
+
+
+def measure_decode(dev, sz):
+    """The split-KV kernel's own figures (`sim.profiles.DECODE_RATE_UNITS`), on shapes apart
+    from any decoding benchmark's (one KV head a sequence, the batch as the programs):
+
+    * ``decode_stream_p{P}_bytes_per_s``: ``P`` programs of one split each stream two cache
+      lengths (`DECODE_STREAM_KEYS`); the rate is the extra K and V bytes over the extra time
+      (what a longer stream costs, the call's fixed cost cancelled);
+    * ``decode_fixed_s``: one program, one split, as many keys as its warps' rings hold
+      (eight warps x `sim.decode.MMA_STAGES` blocks of `sim.decode.MMA_BLOCK_K` keys): its
+      time less those bytes at the one-program rate;
+    * ``decode_fill_s``: the median over ``P`` of the longer streams' fixed time (the shorter
+      length's time less its bytes at the ``P``-program rate) less ``decode_fixed_s``: what a
+      stream of more blocks than the rings hold adds once;
+    * ``decode_handoff_s``: the median over `DECODE_HANDOFF` of two splits of ``P / 2``
+      sequences of ``2 L`` keys less one split of ``P`` of ``L`` (the same programs streaming
+      the same bytes): the partials, the ticket and the merge."""
+    from sim.profiles import DECODE_RATE_UNITS, DECODE_STREAM_PROGRAMS, decode_stream_rate_name
+    if dev.simulator:
+        return {}, dict.fromkeys(DECODE_RATE_UNITS, "the tensor-core decoding kernel needs a "
+                                                    "GPU (the CUDA simulator runs no mma)")
+    if dev.cc < (8, 0):
+        return {}, dict.fromkeys(DECODE_RATE_UNITS, f"the tensor-core decoding kernel needs "
+                                                    f"compute capability 8.0; this GPU has "
+                                                    f"{dev.cc[0]}.{dev.cc[1]}")
+    import statistics
+    import kernels
+    from ioaware._inputs import check_inputs
+    from sim.decode import MMA_BLOCK_K, MMA_STAGES, MMA_WARPS_FEW_PROGRAMS
+    torch, warps = dev.torch, MMA_WARPS_FEW_PROGRAMS
+
+    def kv_bytes(batch, keys):
+        return batch * keys * DECODE_HEAD_DIM * 2 * 2
+
+    def seconds(batch, keys, splits):
+        g = torch.Generator(device="cuda").manual_seed(batch * 7919 + keys)
+        q = torch.randn(batch, DECODE_HEADS_Q, 1, DECODE_HEAD_DIM, device="cuda",
+                        dtype=torch.bfloat16, generator=g)
+        k, v = (torch.randn(batch, 1, keys, DECODE_HEAD_DIM, device="cuda", dtype=torch.bfloat16,
+                            generator=g) for _ in range(2))
+        pb = check_inputs(q, k, v)
+        cfg = kernels.KernelConfig(family="split_kv", num_splits=splits, decode_unit="mma",
+                                   decode_warps=warps)
+        secs = dev.seconds(lambda: kernels.forward(pb, cfg))
+        del q, k, v
+        torch.cuda.empty_cache()
+        return secs
+
+    short, long_ = DECODE_STREAM_KEYS["quick" if sz.preset == "quick" else "full"]
+    programs = [p for p in DECODE_STREAM_PROGRAMS if p < dev.num_sms]
+    rates, fixed_at = {}, {}
+    for p in programs:
+        t_short, t_long = seconds(p, short, 1), seconds(p, long_, 1)
+        extra = kv_bytes(p, long_) - kv_bytes(p, short)
+        rate = extra / (t_long[0] - t_short[0])
+        fixed_at[p] = t_short[0] - kv_bytes(p, short) / rate
+        rates[decode_stream_rate_name(p)] = {
+            "value": rate, "unit": "bytes/s",
+            "how": (f"{p} programs (batch {p}, 1 KV head, {DECODE_HEADS_Q} query heads, d "
+                    f"{DECODE_HEAD_DIM}, bfloat16, 1 split, {warps} warps): K and V bytes of "
+                    f"{long_} keys less those of {short}, over the difference of the median "
+                    f"times ({t_long[0] * 1e6:.2f} and {t_short[0] * 1e6:.2f} us)"),
+            "range": [extra / max(t_long[2] - t_short[1], 1e-12),
+                      extra / max(t_long[1] - t_short[2], 1e-12)]}
+    ring_keys = warps * MMA_STAGES * MMA_BLOCK_K
+    lone = rates[decode_stream_rate_name(programs[0])]["value"] / programs[0]
+    t0 = seconds(1, ring_keys, 1)
+    fixed = t0[0] - kv_bytes(1, ring_keys) / lone
+    rates["decode_fixed_s"] = {
+        "value": fixed, "unit": "s",
+        "how": (f"one program, 1 split, {ring_keys} keys (its {warps} warps' rings of "
+                f"{MMA_STAGES} blocks of {MMA_BLOCK_K}): median time {t0[0] * 1e6:.2f} us less "
+                f"its K and V bytes at the one-program stream rate"),
+        "range": [t0[1] - (t0[0] - fixed), t0[2] - (t0[0] - fixed)]}
+    fills = {p: f - fixed for p, f in fixed_at.items()}
+    rates["decode_fill_s"] = {         # a rate is positive: a fill within the noise is 1 ns
+        "value": max(statistics.median(fills.values()), 1e-9), "unit": "s",
+        "how": (f"median over the stream's program counts of the {short}-key time less its "
+                f"bytes at that count's stream rate, less decode_fixed_s; per count (us): "
+                + ", ".join(f"{p}: {f * 1e6:.2f}" for p, f in fills.items())),
+        "range": [min(fills.values()), max(fills.values())]}
+    handoffs = {}
+    for p, keys in DECODE_HANDOFF:
+        if p < dev.num_sms and (sz.preset != "quick" or keys == 2048):
+            handoffs[f"{p}x{keys}"] = seconds(p // 2, 2 * keys, 2)[0] - seconds(p, keys, 1)[0]
+    rates["decode_handoff_s"] = {
+        "value": statistics.median(handoffs.values()), "unit": "s",
+        "how": ("median over (programs x keys a program) of two splits of half the sequences "
+                "of twice the keys less one split: " + ", ".join(
+                    f"{k}: {v * 1e6:.2f} us" for k, v in handoffs.items())),
+        "range": [min(handoffs.values()), max(handoffs.values())]}
+    return rates, {}
+
+
 def _numba_stream(dev):
     """torch's current stream as Numba's launch takes it (0: the default stream)."""
     handle = dev.torch.cuda.current_stream().cuda_stream
@@ -1043,7 +1156,7 @@ def _bytes(n) -> str:
 MEASURES = {"clock": measure_clock, "dram": measure_dram, "l2": measure_l2,
             "smem": measure_smem, "mma": measure_mma, "wgmma": measure_wgmma,
             "ffma": measure_ffma, "ex2": measure_ex2,
-            "cp-async": measure_cp_async, "launch": measure_launch}
+            "cp-async": measure_cp_async, "launch": measure_launch, "decode": measure_decode}
 
 
 #: Rates computed from others (`derived`), with the rates they are computed from.
@@ -1166,6 +1279,36 @@ def add_groups(doc: dict, rates: dict, skipped: dict, entry: dict) -> dict:
     return out
 
 
+def profile_with_decode_rates(profile: dict, rates_doc: dict, origin: str) -> dict:
+    """A copy of the profile JSON object ``profile`` whose ``decode_rates`` are the decode group
+    (`sim.profiles.DECODE_RATE_UNITS`) of the rates file ``rates_doc`` (read from ``origin``)
+    and whose ``sources["decode_rates"]`` names that file, its GPU and the run that measured
+    the group (its ``groups_added`` entry where one added it, else the file's provenance).
+    ValueError where the file lacks a decode rate, or its GPU is not one the profile matches."""
+    from sim.profiles import DECODE_RATE_UNITS
+    got = rates_doc["rates"]
+    missing = [n for n in DECODE_RATE_UNITS if n not in got and not n.startswith("decode_stream_p")]
+    if missing or not any(n.startswith("decode_stream_p") for n in got):
+        raise ValueError(f"--from: {origin} has no decode group ({missing or 'no stream rate'} "
+                         f"missing): measure it with python -m benchmarks rates --only decode")
+    prov = rates_doc.get("provenance") or {}
+    gpu = str(prov.get("gpu"))
+    match = profile.get("match") or []
+    if match and not any(str(m).lower() in gpu.lower() for m in match):
+        raise ValueError(f"--from: {origin} was measured on {gpu!r}, which profile "
+                         f"{profile.get('name')!r} does not match (match strings {match})")
+    run = next((g for g in reversed(prov.get("groups_added") or []) if "decode" in g["groups"]),
+               prov)
+    code = run.get("code_version") if isinstance(run.get("code_version"), dict) else {}
+    out = dict(profile, decode_rates={n: got[n]["value"] for n in DECODE_RATE_UNITS if n in got})
+    out["sources"] = dict(profile.get("sources") or {}, decode_rates=(
+        f"MEASURED by python -m benchmarks rates (group decode) on {gpu}, {run.get('date')}, "
+        f"code {code.get('commit', 'unknown')}{' (dirty)' if code.get('dirty') else ''}, kernels_sha {run.get('kernels_sha')}, command: "
+        f"{run.get('command')}; kept in {origin}; written here by python -m benchmarks rates "
+        f"--to-profile"))
+    return out
+
+
 def default_out(gpu: str, date: str) -> str:
     return "rates_" + re.sub(r"[^A-Za-z0-9]+", "-", gpu).strip("-").lower() + f"_{date[:10]}.json"
 
@@ -1187,7 +1330,15 @@ def main(argv=None) -> int:
                     help="a rates file of this GPU: write it with the --only groups' rates added "
                          "or replaced and its other rates kept; its provenance lists the run "
                          "under groups_added")
+    ap.add_argument("--to-profile", default=None, metavar="PROFILE.json",
+                    help="with --from RATES.json: write the decode group of that rates file into "
+                         "this GPU profile as its decode_rates (what the decoding launcher picks "
+                         "its split count with); measures nothing")
+    ap.add_argument("--from", dest="from_file", default=None, metavar="RATES.json",
+                    help="the rates file --to-profile reads")
     args = ap.parse_args(argv)
+    if args.to_profile or args.from_file:
+        return _to_profile(args.to_profile, args.from_file)
     try:
         groups = parse_groups(args.only)
     except ValueError as exc:
@@ -1234,4 +1385,27 @@ def main(argv=None) -> int:
     write_json(doc, out)
     added = "" if base is None else f" ({', '.join(groups)} added to {args.add_to})"
     print(f"wrote {out}{added}")
+    return 0
+
+
+def _to_profile(profile_path, rates_path) -> int:
+    """``--to-profile PROFILE --from RATES``: the decode group into the profile file."""
+    import json
+    from sim.profiles import load_profile, read_rates
+    if not (profile_path and rates_path):
+        print("python -m benchmarks rates: --to-profile and --from go together", file=sys.stderr)
+        return 2
+    try:
+        doc, origin = read_rates(rates_path)
+        with open(profile_path) as f:
+            profile = json.load(f)
+        out = profile_with_decode_rates(profile, doc, origin)
+        load_profile(out)                       # the profile it makes must load
+    except (OSError, ValueError, TypeError) as exc:
+        print(f"python -m benchmarks rates: {exc}", file=sys.stderr)
+        return 2
+    with open(profile_path, "w") as f:
+        json.dump(out, f, indent=2)
+        f.write("\n")
+    print(f"wrote decode_rates of {origin} into {profile_path}")
     return 0

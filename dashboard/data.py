@@ -2234,7 +2234,7 @@ def _decode_plan_cost(sizes: dict, prof, splits: int | None = None,
                              int(sizes["seq_len_q"]), int(sizes["seq_len_k"]),
                              int(sizes["head_dim"]), element, prof.num_sms, splits=splits,
                              tensor_cores=tensor_cores, smem_bytes_per_sm=prof.smem_bytes_per_sm,
-                             mma_warps=mma_warps)
+                             mma_warps=mma_warps, gpu=prof)
     return plan, dec.split_kv_costs(plan, prof)
 
 

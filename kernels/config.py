@@ -50,7 +50,8 @@ class KernelConfig:
       default per pass.
     * ``fast_launch``: launch through `kernels.host.launch`'s cached path (False: Numba's own).
     * ``num_splits``: key splits of the split-KV decoding forward (``family="split_kv"``,
-      `kernels.decode_fwd`); None = `sim.decode.choose_splits`.
+      `kernels.decode_fwd`); None = the plan's (`sim.decode.split_kv_plan`: priced by the GPU
+      profile's measured decode figures where it has them, else `sim.decode.choose_splits`).
     * ``decode_unit``: the split-KV forward's kernel, "mma" (tensor cores: float16/bfloat16 at
       head dims 64 and 128 on a GPU of compute capability 8.0 or later) or "ffma" (CUDA cores:
       any of its inputs, and the only one under the CUDA simulator); None = "mma" where it

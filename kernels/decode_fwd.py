@@ -1035,7 +1035,8 @@ def plan(problem, config=None) -> SplitKVPlan:
                          f"head_dim={pb.head_dim}"
                          + (", decode_unit='ffma')" if unit == "ffma" else ")"))
     return _plan(pb.batch, pb.heads_q, pb.heads_kv, pb.seqlen_q, pb.seqlen_k, pb.head_dim,
-                 element, _num_sms(), splits, _warps(), tensor_cores, _smem_per_sm(), mma_warps)
+                 element, _num_sms(), splits, _warps(), tensor_cores, _smem_per_sm(), mma_warps,
+                 _profile_name())
 
 
 _plan = functools.lru_cache(maxsize=1024)(split_kv_plan)    # a pure function of its sizes
@@ -1061,6 +1062,23 @@ def _smem_of(device_id: int) -> int:
         return int(cuda.gpus[device_id].MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)
     except (AttributeError, KeyError):         # a driver binding without the attribute
         return SMEM_BYTES_PER_SM
+
+
+def _profile_name() -> str | None:
+    """The shipped `sim.profiles` profile of the current device (by its name: the one whose
+    measured decode figures price the split count, `sim.decode.split_kv_plan`), or None (the
+    simulator, a GPU no profile matches)."""
+    if not host.real_gpu():
+        return None
+    return _profile_of(host.current_device_id())
+
+
+@functools.lru_cache(maxsize=None)
+def _profile_of(device_id: int) -> str | None:
+    from sim.profiles import profile_for_gpu_name
+    name = cuda.gpus[device_id].name
+    found = profile_for_gpu_name(name.decode() if isinstance(name, bytes) else str(name))
+    return None if found is None else found.name
 
 
 def _num_sms() -> int:

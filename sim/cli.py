@@ -108,10 +108,11 @@ def _split_kv_cmd(a) -> int:
     if a.decode_warps is not None and not uses_tensor_cores(a.head_dim, element):
         raise SystemExit(f"error: --decode-warps sets the tensor-core kernel's warps; {a.dtype} at "
                          f"--head-dim {a.head_dim} runs the CUDA-core kernel")
+    prof = a.device if a.rates is None else a.device.with_rates(a.rates)
     plan = split_kv_plan(a.batch, a.heads, heads_kv, a.seq_len, seq_len_k, a.head_dim, element,
                          a.device.num_sms, splits=a.splits,
-                         smem_bytes_per_sm=a.device.smem_bytes_per_sm, mma_warps=a.decode_warps)
-    prof = a.device if a.rates is None else a.device.with_rates(a.rates)
+                         smem_bytes_per_sm=a.device.smem_bytes_per_sm, mma_warps=a.decode_warps,
+                         gpu=prof)
     costs = split_kv_costs(plan, prof)
     d = {"schedule": "split-kv", "profile": a.device.name, "plan": plan.as_dict(), **costs,
          "predicted_ms": costs["time_s"] * 1e3}

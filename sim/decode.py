@@ -30,12 +30,13 @@ memory level, FLOPs and time on a `sim.profiles.GPUProfile`. This module is pure
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from .plan import rates_of
 from .workload import RESERVED_SMEM_PER_BLOCK
 
-__all__ = ["SplitKVPlan", "split_kv_plan", "choose_splits", "split_kv_costs", "WARPS",
+__all__ = ["SplitKVPlan", "split_kv_plan", "choose_splits", "split_candidates", "split_kv_costs",
+           "decode_rates", "stream_rate", "WARPS",
            "KEYS_PER_STEP", "MAX_SEQLEN_Q", "rows_per_program", "lanes_per_key", "elements_per_lane"]
 
 #: Warps per program (a GPU launch; the CUDA simulator runs 2 to keep tests short).
@@ -174,6 +175,52 @@ def choose_splits(programs: int, seqlen_k: int, num_sms: int,
     return max(1, min(most, wave // max(programs, 1)))
 
 
+def split_candidates(programs: int, seqlen_k: int, num_sms: int,
+                     resident_per_sm: int = RESIDENT_PROGRAMS_PER_SM) -> list[int]:
+    """The split counts the priced choice (:func:`split_kv_plan` with a GPU's decode rates)
+    weighs: 1, the powers of two up to :func:`choose_splits`'s one-wave fill, and that fill."""
+    fill = choose_splits(programs, seqlen_k, num_sms, resident_per_sm)
+    out, s = {1, fill}, 2
+    while s < fill:
+        out.add(s)
+        s *= 2
+    return sorted(out)
+
+
+def decode_rates(gpu) -> tuple[dict, str] | None:
+    """``(rates, source)``: the split-KV kernel's own measured figures
+    (`sim.profiles.DECODE_RATE_UNITS`: fixed cost, ring fill, handoff, stream rate per program
+    count) of
+    ``gpu`` (a `sim.profiles.GPUProfile`): a rates file's decode group where the profile was
+    loaded with one that has it (source "measured"), else the profile's shipped
+    ``decode_rates`` (source "profile"); None where neither has the fixed cost, the fill, the
+    handoff and at least one stream rate."""
+    from .profiles import DECODE_RATE_UNITS
+    for source, table in (("measured", getattr(gpu, "measured_rates", None)),
+                          ("profile", getattr(gpu, "decode_rates", None))):
+        got = {k: float(v) for k, v in (table or {}).items() if k in DECODE_RATE_UNITS}
+        if ({"decode_fixed_s", "decode_fill_s", "decode_handoff_s"} <= set(got)
+                and any(k.startswith("decode_stream_p") for k in got)):
+            return got, source
+    return None
+
+
+def stream_rate(rates: dict, programs: int) -> float:
+    """The aggregate bytes/s of ``programs`` programs streaming at once, from the measured
+    ``decode_stream_p{P}_bytes_per_s`` of ``rates`` (`decode_rates`): linear between the two
+    measured program counts around it, each program at the first one's per-program rate below
+    it, the last one's aggregate above it."""
+    points = sorted((int(k[len("decode_stream_p"):-len("_bytes_per_s")]), v)
+                    for k, v in rates.items() if k.startswith("decode_stream_p"))
+    p = max(int(programs), 1)
+    if p <= points[0][0]:
+        return points[0][1] * p / points[0][0]
+    for (p0, a0), (p1, a1) in zip(points, points[1:]):
+        if p <= p1:
+            return a0 + (a1 - a0) * (p - p0) / (p1 - p0)
+    return points[-1][1]
+
+
 @dataclass(frozen=True)
 class SplitKVPlan:
     """One split-KV decoding call, as launched: sizes of the problem and of the launch.
@@ -229,14 +276,21 @@ def split_kv_plan(batch: int, heads_q: int, heads_kv: int, seqlen_q: int, seqlen
                   head_dim: int, element_bytes: int, num_sms: int, splits: int | None = None,
                   warps: int = WARPS, tensor_cores: bool | None = None,
                   smem_bytes_per_sm: int = SMEM_BYTES_PER_SM,
-                  mma_warps: int | None = None) -> SplitKVPlan:
+                  mma_warps: int | None = None, gpu=None) -> SplitKVPlan:
     """The plan of one decoding call: the kernel (the tensor-core one where
     :func:`uses_tensor_cores`, unless ``tensor_cores`` says otherwise: the CUDA simulator runs
     no tensor-core instruction), rows per program and row chunks from the KV group's rows
     (``heads_q // heads_kv * seqlen_q``), splits by :func:`choose_splits` unless given.
     ``warps`` is the CUDA-core kernel's; the tensor-core kernel's are ``mma_warps``, by default
     `MMA_WARPS_FEW_PROGRAMS` where the (batch, KV head, row chunk) groups are fewer than the SMs,
-    else `MMA_WARPS`."""
+    else `MMA_WARPS`.
+
+    ``gpu``: a `sim.profiles.GPUProfile` (or a shipped profile's name). Where it has the
+    tensor-core kernel's measured decode figures (`decode_rates`) the split count is the
+    cheapest of :func:`split_candidates` by :func:`split_kv_costs` (ties to fewer splits): more
+    splits buy stream rate only until the programs saturate DRAM, and each split past the
+    first costs the merge's handoff. Otherwise, and for the CUDA-core kernel,
+    :func:`choose_splits`."""
     rows = (heads_q // heads_kv) * seqlen_q
     if tensor_cores is None:
         tensor_cores = uses_tensor_cores(head_dim, element_bytes)
@@ -249,6 +303,10 @@ def split_kv_plan(batch: int, heads_q: int, heads_kv: int, seqlen_q: int, seqlen
     else:
         per, resident = rows_per_program(rows, head_dim, element_bytes), RESIDENT_PROGRAMS_PER_SM
     chunks = -(-rows // per)
+    if isinstance(gpu, str):
+        from .profiles import load_profile
+        gpu = load_profile(gpu)
+    priced = splits is None and tensor_cores and gpu is not None and decode_rates(gpu)
     if splits is None:
         splits = choose_splits(batch * heads_kv * chunks, seqlen_k, num_sms, resident)
     common = dict(batch=batch, heads_q=heads_q, heads_kv=heads_kv, seqlen_q=seqlen_q,
@@ -256,10 +314,15 @@ def split_kv_plan(batch: int, heads_q: int, heads_kv: int, seqlen_q: int, seqlen
                   rows_per_program=per, row_chunks=chunks, splits=int(splits),
                   resident_per_sm=resident)
     if tensor_cores:
-        return SplitKVPlan(**common, warps=mma_warps, keys_per_step=MMA_BLOCK_K, unit="mma",
+        plan = SplitKVPlan(**common, warps=mma_warps, keys_per_step=MMA_BLOCK_K, unit="mma",
                            stages=MMA_STAGES,
                            dynamic_shared_bytes=mma_shared_bytes(head_dim, mma_warps, MMA_BLOCK_K,
                                                                  MMA_STAGES)[0])
+        if priced:
+            plans = [replace(plan, splits=s) for s in
+                     split_candidates(plan.programs, seqlen_k, num_sms, resident)]
+            plan = min(plans, key=lambda pl: (split_kv_costs(pl, gpu)["time_s"], pl.splits))
+        return plan
     return SplitKVPlan(**common, warps=warps, keys_per_step=KEYS_PER_STEP,
                        lanes_per_key=lanes_per_key(head_dim, element_bytes))
 
@@ -287,6 +350,17 @@ def split_kv_costs(plan: SplitKVPlan, gpu, keys_read: int | None = None) -> dict
     whichever is longer; the merge streams its partials' bytes at the same rate after that (the
     last programs merge at the end); the one launch adds the launch cost (``kernel_launch_s`` of
     a rates file, as `sim.plan.price` adds it per kernel; 0 at datasheet rates, which have none).
+
+    The tensor-core kernel on a GPU with its own measured figures (`decode_rates`: a rates
+    file's decode group, else the profile's shipped one; ``rates["decode"]`` says which) is
+    priced by them instead: the call's fixed GPU time (``decode_fixed_s``: launch, set-up, first
+    round trip, output), plus the ring's fill (``decode_fill_s``) where a warp's share of the
+    split is more blocks than its ring of ``stages`` holds, plus its DRAM bytes at the measured
+    stream rate of its programs
+    (`stream_rate`, where the plan runs one program an SM and one wave; else the read rate
+    and waves as above), or its FLOPs, whichever is longer; with more than one split, plus the
+    merge's handoff (``decode_handoff_s``) and its partials at the read rate. No host launch
+    cost: the figures are GPU time, as a captured decoding loop runs it.
     """
     p = plan
     keys = p.seqlen_k if keys_read is None else keys_read
@@ -312,8 +386,21 @@ def split_kv_costs(plan: SplitKVPlan, gpu, keys_read: int | None = None) -> dict
         if p.unit == "mma" else flops
     unit_rate = (rates["mma_bf16_flops_per_s"] or rates["mma_f16_flops_per_s"]) \
         if p.unit == "mma" else rates["ffma_flops_per_s"]
-    main_time = launch_s + max(main_dram / bw / wave_efficiency, flops_run / unit_rate)
-    merge_time = merge_bytes / bw
+    dec = decode_rates(gpu) if p.unit == "mma" else None
+    if dec is None:
+        main_time = launch_s + max(main_dram / bw / wave_efficiency, flops_run / unit_rate)
+        merge_time = merge_bytes / bw
+    else:
+        d, _ = dec
+        busy = p.programs * p.splits
+        # one program an SM: the stream rate of that many programs; more: the DRAM read rate
+        stream = (main_dram / stream_rate(d, busy) if p.resident_per_sm == 1
+                  and busy <= gpu.num_sms else main_dram / bw / wave_efficiency)
+        # a split of more blocks per warp than its ring holds waits once for the ring to fill
+        per_warp = -(-(-(-keys // p.splits)) // (p.warps * p.keys_per_step))
+        fill = d["decode_fill_s"] if per_warp > p.stages else 0.0
+        main_time = d["decode_fixed_s"] + fill + max(stream, flops_run / unit_rate)
+        merge_time = (d["decode_handoff_s"] + merge_bytes / bw) if p.splits > 1 else 0.0
     return {
         "splits": p.splits,
         "rows_per_program": p.rows_per_program,
@@ -332,5 +419,5 @@ def split_kv_costs(plan: SplitKVPlan, gpu, keys_read: int | None = None) -> dict
         "launches": launches,
         "rates": {name: sources[name] for name in (
             DRAM_RATE, "mma_bf16_flops_per_s" if p.unit == "mma" else "ffma_flops_per_s",
-            "launch_s")},
+            "launch_s")} | ({"decode": dec[1]} if dec else {}),
     }

@@ -19,8 +19,9 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-__all__ = ["GPUProfile", "PROFILES", "PROFILE_DIR", "RATES_SCHEMA", "RATE_UNITS", "load_profile",
-           "profile_for_gpu_name", "read_rates"]
+__all__ = ["GPUProfile", "PROFILES", "PROFILE_DIR", "RATES_SCHEMA", "RATE_UNITS",
+           "DECODE_RATE_UNITS", "DECODE_STREAM_PROGRAMS", "decode_stream_rate_name",
+           "load_profile", "profile_for_gpu_name", "read_rates"]
 
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
 
@@ -57,6 +58,24 @@ RATE_UNITS = {
     "kernel_launch_s": "s",
     "kernel_launch_numba_s": "s",
 }
+
+#: Programs at which ``python -m benchmarks rates --only decode`` measures the split-KV kernel's
+#: stream (`decode_stream_rate_name`), those under the GPU's SM count.
+DECODE_STREAM_PROGRAMS = (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 96, 112, 128)
+
+
+def decode_stream_rate_name(programs: int) -> str:
+    """The rate name of the split-KV kernel's stream with ``programs`` programs at once."""
+    return f"decode_stream_p{int(programs)}_bytes_per_s"
+
+
+#: The split-KV decoding kernel's own figures (group ``decode`` of ``python -m benchmarks
+#: rates``; `sim.decode` prices its plan and picks its split count with them): the GPU time of a
+#: call around its stream, the merge's handoff, and the stream's aggregate rate at each of
+#: `DECODE_STREAM_PROGRAMS` programs.
+DECODE_RATE_UNITS = {"decode_fixed_s": "s", "decode_fill_s": "s", "decode_handoff_s": "s"} | {
+    decode_stream_rate_name(p): "bytes/s" for p in DECODE_STREAM_PROGRAMS}
+RATE_UNITS.update(DECODE_RATE_UNITS)
 
 
 @dataclass(frozen=True)
@@ -109,7 +128,19 @@ class GPUProfile:
     * ``cp_async_depth{1,2,3}_bytes_per_s`` (bytes/s): DRAM -> shared copies by ``cp.async``
       with 1, 2 or 3 tiles in flight per block;
     * ``kernel_launch_s``, ``kernel_launch_numba_s`` (s): host time per launch of an empty
-      kernel, back to back, through `kernels.host.launch` and through Numba's own launch.
+      kernel, back to back, through `kernels.host.launch` and through Numba's own launch;
+    * the split-KV decoding kernel's own (:data:`DECODE_RATE_UNITS`): ``decode_fixed_s`` (s),
+      the GPU time of a one-split call around its stream where each warp's ring holds all its
+      blocks; ``decode_fill_s`` (s), what a longer stream adds once (a warp waits for its ring's
+      first block before it refills it); ``decode_handoff_s`` (s), what a second split adds at
+      the same stream (the partials, the ticket, the merge);
+      ``decode_stream_p{P}_bytes_per_s`` (bytes/s), the aggregate stream rate of ``P`` programs.
+
+    ``decode_rates`` holds the last group as shipped with the profile (measured on one GPU of
+    the model, ``sources["decode_rates"]`` says where; written by ``python -m benchmarks rates
+    --to-profile``): the split-KV plan reads it to pick its split count where no rates file is
+    given, as the launcher does (`sim.decode.decode_rates`); a rates file's own decode group
+    replaces it.
 
     The datasheet fields above stay as they are; a rate's presence changes no prediction by
     itself (the time model reads what it chooses through :meth:`rate`).
@@ -141,6 +172,7 @@ class GPUProfile:
     match: tuple = ()
     sources: dict = field(default_factory=dict)
     measured_rates: dict | None = None
+    decode_rates: dict | None = None
 
     def __post_init__(self) -> None:
         for name in ("hbm_bandwidth_bytes_per_s", "fp32_flops_per_s"):
@@ -183,6 +215,16 @@ class GPUProfile:
             for k, v in self.measured_rates.items():
                 if not _positive(v):
                     raise ValueError(f"GPUProfile.measured_rates[{k!r}] must be a positive "
+                                     f"finite number, got {v!r}")
+        if self.decode_rates is not None:
+            if not isinstance(self.decode_rates, dict):
+                raise TypeError("GPUProfile.decode_rates must be a dict name -> value or None")
+            for k, v in self.decode_rates.items():
+                if k not in DECODE_RATE_UNITS:
+                    raise ValueError(f"GPUProfile.decode_rates: unknown rate {k!r} (expected "
+                                     f"names of sim.profiles.DECODE_RATE_UNITS)")
+                if not _positive(v):
+                    raise ValueError(f"GPUProfile.decode_rates[{k!r}] must be a positive "
                                      f"finite number, got {v!r}")
         object.__setattr__(self, "match", tuple(self.match))
 

@@ -1350,7 +1350,7 @@ def _sim_decode(w: dict, prof, splits=None, tensor_cores=None, mma_warps=None) -
     plan = split_kv_plan(w["batch"], w["heads_q"], w["heads_kv"], w["seq_len_q"], w["seq_len_k"],
                          w["head_dim"], DTYPE_BYTES[w["dtype"]], prof.num_sms, splits=splits,
                          tensor_cores=tensor_cores, smem_bytes_per_sm=prof.smem_bytes_per_sm,
-                         mma_warps=mma_warps)
+                         mma_warps=mma_warps, gpu=prof)
     return plan, split_kv_costs(plan, prof)
 
 

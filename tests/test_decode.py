@@ -366,7 +366,7 @@ def test_decode_report_scores_the_shipped_file_against_its_targets(capsys):
         assert m["target"] == REPORT_TARGETS[metric] and 0 <= m["within"] <= m["n"] <= 18
     assert summary["dram"]["within"] == 18            # the counters of the shipped file
     # what docs/model.md states of the shipped file
-    assert (summary["time"]["within"], summary["splits"]["within"]) == (16, 17)
+    assert (summary["time"]["within"], summary["splits"]["within"]) == (18, 18)
     assert main(["--report", str(root / DECODE_FILE), "--rates",
                  str(root / "rates_h200_2026-11-24.json")]) == 0
     out = capsys.readouterr().out
@@ -387,9 +387,167 @@ def test_decode_report_scores_the_shipped_file_against_its_targets(capsys):
         (row,), _ = decode_report({"decode": [rec]}, profile)
         want = split_kv_plan(r0["batch"], r0["heads_q"], r0["heads_kv"], 1, 32768, r0["head_dim"],
                              2, profile.num_sms, tensor_cores=plan.unit == "mma",
-                             mma_warps=plan.warps if plan.unit == "mma" else None)
+                             mma_warps=plan.warps if plan.unit == "mma" else None, gpu=profile)
         assert row["splits"] == want.splits and (plan is not four or want.splits == 33)
         assert row["model_ms"] == pytest.approx(split_kv_costs(want, profile)["time_s"] * 1e3)
+
+
+def _decode_profile(stream: dict, fixed=6e-6, fill=1.5e-6, handoff=3e-6, base="h200"):
+    """The ``base`` profile with these decode figures shipped (``stream``: programs -> bytes/s)."""
+    import dataclasses
+    from sim.profiles import decode_stream_rate_name
+    rates = {decode_stream_rate_name(p): a for p, a in stream.items()}
+    rates |= {"decode_fixed_s": fixed, "decode_fill_s": fill, "decode_handoff_s": handoff}
+    return dataclasses.replace(load_profile(base), decode_rates=rates, measured_rates=None)
+
+
+def test_stream_rate_interpolates_the_measured_program_counts():
+    from sim.decode import stream_rate
+    rates = {"decode_stream_p1_bytes_per_s": 80e9, "decode_stream_p64_bytes_per_s": 4.4e12,
+             "decode_stream_p128_bytes_per_s": 4.6e12, "decode_fixed_s": 6e-6}
+    assert stream_rate(rates, 1) == 80e9
+    assert stream_rate(rates, 96) == pytest.approx(4.5e12)                 # linear between
+    assert stream_rate(rates, 32) == pytest.approx(80e9 + (4.4e12 - 80e9) * 31 / 63)
+    assert stream_rate(rates, 132) == 4.6e12                                # the last, above
+    only = {"decode_stream_p8_bytes_per_s": 640e9}
+    assert stream_rate(only, 2) == pytest.approx(160e9)                     # per program, below
+
+
+def test_decode_rates_come_from_a_rates_file_before_the_profile():
+    """`sim.decode.decode_rates`: a rates file's decode group (measured) over the profile's
+    shipped one; None where either lacks a figure; the shipped H200 profile has them and H100's
+    has none."""
+    from sim.decode import decode_rates
+    from sim.profiles import RATES_SCHEMA
+    shipped = _decode_profile({1: 80e9, 128: 4.6e12})
+    got, source = decode_rates(shipped)
+    assert source == "profile" and got["decode_handoff_s"] == 3e-6
+    doc = {"schema": RATES_SCHEMA, "provenance": {"gpu": "NVIDIA H200"},
+           "rates": {"decode_fixed_s": {"value": 1e-6, "unit": "s"},
+                     "decode_fill_s": {"value": 1e-6, "unit": "s"},
+                     "decode_handoff_s": {"value": 9e-6, "unit": "s"},
+                     "decode_stream_p4_bytes_per_s": {"value": 3e11, "unit": "bytes/s"}}}
+    got, source = decode_rates(shipped.with_rates(doc))
+    assert source == "measured" and got["decode_handoff_s"] == 9e-6
+    doc["rates"].pop("decode_fill_s")                      # incomplete: the shipped ones
+    assert decode_rates(shipped.with_rates(doc))[1] == "profile"
+    assert decode_rates(load_profile("h100")) is None
+    assert decode_rates(load_profile("h200"))[1] == "profile"
+    import dataclasses
+    with pytest.raises(ValueError, match="decode_rates"):
+        dataclasses.replace(load_profile("h100"), decode_rates={"decode_fixed_s": -1.0})
+    with pytest.raises(ValueError, match="unknown rate"):
+        dataclasses.replace(load_profile("h100"), decode_rates={"dram_read_bytes_per_s": 1e12})
+
+
+def test_costs_at_the_decode_figures_are_fixed_fill_stream_and_handoff():
+    """With a GPU's decode figures the tensor-core plan costs its fixed GPU time, the ring's fill
+    where a warp's share of the split is more blocks than its ring, the DRAM bytes at the stream
+    rate of its programs, and with splits the handoff plus the partials at the read rate; no
+    launch cost. The CUDA-core plan keeps the bandwidth-and-waves price."""
+    from sim.decode import MMA_BLOCK_K, MMA_STAGES, stream_rate
+    prof = _decode_profile({1: 80e9, 64: 4.4e12, 128: 4.6e12})
+    d = prof.decode_rates
+    bw = prof.hbm_bandwidth_bytes_per_s                    # datasheet read rate: no rates file
+    for batch, nk, splits in ((8, 4096, 1), (8, 4096, 2), (1, 4096, 16), (1, 256, 1)):
+        plan = split_kv_plan(batch, 32, 8, 1, nk, 128, 2, 132, splits=splits)
+        assert plan.unit == "mma" and plan.warps == 8 and plan.resident_per_sm == 1
+        c = split_kv_costs(plan, prof)
+        assert c["rates"]["decode"] == "profile"
+        per_warp = -(-(-(-nk // splits)) // (plan.warps * MMA_BLOCK_K))
+        fill = d["decode_fill_s"] if per_warp > MMA_STAGES else 0.0
+        stream = c["dram_read_bytes"] / stream_rate(d, plan.programs * splits)
+        assert c["time_main_s"] == pytest.approx(d["decode_fixed_s"] + fill + stream)
+        partials = c["dram_read_bytes"] - c["kv_bytes"] - batch * 32 * 128 * 2
+        merge = d["decode_handoff_s"] + partials / bw if splits > 1 else 0.0
+        assert c["time_merge_s"] == pytest.approx(merge)
+    assert split_kv_costs(split_kv_plan(1, 32, 8, 1, 4096, 128, 2, 132, splits=16), prof)[
+        "time_main_s"] < split_kv_costs(split_kv_plan(1, 32, 8, 1, 4096, 128, 2, 132, splits=8),
+                                        prof)["time_main_s"]     # 2 blocks a warp: no fill
+    ffma = split_kv_plan(8, 32, 8, 1, 4096, 128, 2, 132, tensor_cores=False)
+    assert "decode" not in split_kv_costs(ffma, prof)["rates"]
+
+
+def test_the_split_count_is_the_cheapest_at_the_decode_figures():
+    """`split_kv_plan(gpu=...)` with decode figures takes the cheapest of
+    `split_candidates` by `split_kv_costs` (ties to fewer splits): one split where the groups'
+    programs already stream at the saturated rate (the handoff buys nothing), more where the
+    rate still grows; without figures, for the CUDA-core kernel and for given splits, the rule
+    and the splits as before."""
+    import dataclasses
+    from sim.decode import split_candidates
+    flat = _decode_profile({1: 80e9, 64: 4.6e12, 128: 4.6e12})     # saturated at 64 programs
+    rising = _decode_profile({1: 80e9, 64: 4.0e12, 128: 4.6e12})
+    assert split_kv_plan(8, 32, 8, 1, 4096, 128, 2, 132, gpu=flat).splits == 1
+    assert split_kv_plan(8, 32, 8, 1, 32768, 128, 2, 132, gpu=rising).splits == 2
+    assert split_kv_plan(8, 32, 8, 1, 4096, 128, 2, 132).splits == 2          # the wave rule
+    assert split_kv_plan(8, 32, 8, 1, 4096, 128, 2, 132, gpu="h100").splits == 2   # no figures
+    assert split_kv_plan(8, 32, 8, 1, 4096, 128, 2, 132, gpu=flat, splits=4).splits == 4
+    ffma = split_kv_plan(8, 32, 8, 1, 4096, 128, 2, 132, tensor_cores=False, gpu=flat)
+    assert ffma.splits == choose_splits(ffma.programs, 4096, 132)
+    for batch in (1, 2, 3, 8, 24, 64, 200):
+        for nk in (512, 4096, 65536):
+            plan = split_kv_plan(batch, 32, 8, 1, nk, 128, 2, 132, gpu=rising)
+            cands = split_candidates(plan.programs, nk, 132, plan.resident_per_sm)
+            assert plan.splits in cands and 1 in cands
+            costs = {s: split_kv_costs(dataclasses.replace(plan, splits=s), rising)["time_s"]
+                     for s in cands}
+            assert costs[plan.splits] == min(costs.values())
+            assert plan.splits == min(s for s in cands if costs[s] == costs[plan.splits])
+    assert split_candidates(8, 4096, 132, 1) == [1, 2, 4, 8, 16]
+    assert split_candidates(24, 65536, 132, 1) == [1, 2, 4, 5]
+    assert split_candidates(200, 65536, 132, 1) == [1]
+
+
+def test_shipped_decode_figures_are_those_of_the_rates_file_they_name():
+    """The H200 profile's decode figures were written by ``rates --to-profile`` from the shipped
+    rates file (not typed): the same values, and the source names that file and its run."""
+    import json
+    from pathlib import Path
+    from sim.profiles import DECODE_RATE_UNITS
+    root = Path(__file__).resolve().parent.parent
+    doc = json.loads((root / "results" / "rates_h200_2026-11-24.json").read_text())
+    prof = load_profile("h200")
+    assert set(prof.decode_rates) == set(DECODE_RATE_UNITS)
+    assert prof.decode_rates == {n: doc["rates"][n]["value"] for n in DECODE_RATE_UNITS}
+    source = prof.sources["decode_rates"]
+    run = [g for g in doc["provenance"]["groups_added"] if "decode" in g["groups"]][-1]
+    assert "results/rates_h200_2026-11-24.json" in source and run["date"] in source
+
+
+def test_to_profile_writes_the_decode_group_into_a_profile(tmp_path, capsys):
+    """``python -m benchmarks rates --to-profile P --from R``: P gains R's decode group as its
+    ``decode_rates`` and a source naming R and the run; refused (exit 2, a message) without a
+    decode group in R, for a GPU the profile does not match, or with one of the two missing."""
+    import json
+    from benchmarks import rates as R
+    from sim.profiles import DECODE_RATE_UNITS, PROFILE_DIR, RATES_SCHEMA
+    prof_path = tmp_path / "h200.json"
+    base = json.loads((PROFILE_DIR / "h200.json").read_text())
+    base.pop("decode_rates"), base["sources"].pop("decode_rates")
+    prof_path.write_text(json.dumps(base))
+    values = {n: (2e-6 if u == "s" else 1e12) for n, u in DECODE_RATE_UNITS.items()}
+    doc = {"schema": RATES_SCHEMA,
+           "provenance": {"gpu": "NVIDIA H200", "date": "2026-11-28T00:00:00+00:00",
+                          "command": "python -m benchmarks rates --only decode",
+                          "code_version": {"commit": "abc1234", "dirty": False}},
+           "rates": {n: {"value": v, "unit": DECODE_RATE_UNITS[n]} for n, v in values.items()}}
+    rates_path = tmp_path / "rates.json"
+    rates_path.write_text(json.dumps(doc))
+    assert R.main(["--to-profile", str(prof_path), "--from", str(rates_path)]) == 0
+    got = load_profile(str(prof_path))
+    assert got.decode_rates == values and str(rates_path) in got.sources["decode_rates"]
+    assert "abc1234" in got.sources["decode_rates"] and got.l2_bytes == base["l2_bytes"]
+    assert split_kv_plan(8, 32, 8, 1, 4096, 128, 2, 132, gpu=got).unit == "mma"
+    capsys.readouterr()
+    for bad, why in (({"rates": {}}, "no decode group"),
+                     ({"provenance": dict(doc["provenance"], gpu="NVIDIA H100 80GB HBM3")},
+                      "does not match")):
+        rates_path.write_text(json.dumps(doc | bad))
+        assert R.main(["--to-profile", str(prof_path), "--from", str(rates_path)]) == 2
+        assert why in capsys.readouterr().err
+    assert R.main(["--to-profile", str(prof_path)]) == 2
+    assert "go together" in capsys.readouterr().err
 
 
 def test_window_report_prices_the_forward_the_gpu_runs(capsys):
@@ -641,6 +799,26 @@ def test_gpu_arrival_counters_stay_zero_between_calls():
         torch.testing.assert_close(out.float(), want, atol=4e-3, rtol=4e-3)
         assert all(int(c.abs().sum()) == 0 for c in decode_fwd._COUNTERS.values())
     assert len({key[1] for key in decode_fwd._COUNTERS}) >= 2
+
+
+@pytest.mark.gpu
+def test_gpu_launcher_plans_with_the_profile_of_the_device():
+    """The launcher's plan is `sim.decode.split_kv_plan` priced on the shipped profile whose name
+    matches the device (its decode figures pick the split count where it has them), so what
+    `sim` predicts for that GPU is what runs."""
+    import torch
+    from ioaware._inputs import check_inputs
+    from kernels import decode_fwd
+    from sim.profiles import profile_for_gpu_name
+    prof = profile_for_gpu_name(torch.cuda.get_device_name())
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for b, nk in ((1, 4096), (8, 4096), (8, 32768), (64, 4096)):
+        q = torch.zeros(b, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
+        k = torch.zeros(b, 8, nk, 128, device="cuda", dtype=torch.bfloat16)
+        plan = decode_fwd.plan(check_inputs(q, k, k))
+        want = split_kv_plan(b, 32, 8, 1, nk, 128, 2, sms, gpu=prof,
+                             smem_bytes_per_sm=decode_fwd._smem_per_sm())
+        assert plan == want
 
 
 # -- cache lengths the host does not read --------------------------------------------------------

@@ -34,7 +34,8 @@ import pytest
 
 import sim
 from benchmarks import rates as R
-from sim.profiles import RATE_UNITS, RATES_SCHEMA, load_profile, profile_for_gpu_name
+from sim.profiles import (DECODE_RATE_UNITS, RATE_UNITS, RATES_SCHEMA, load_profile,
+                          profile_for_gpu_name)
 
 from .conftest import REAL_GPU
 from .helpers import compile_sm90a_in_child
@@ -297,7 +298,8 @@ def test_command_writes_a_rates_file_with_provenance(tmp_path, capsys):
     assert "sm_clock_hz" in doc["skipped"]
     out = capsys.readouterr().out
     n = len(R.GROUPS)
-    assert f"[{n}/{n}] launch" in out and f"wrote {path}" in out
+    assert f"[{n}/{n}] decode" in out and f"wrote {path}" in out
+    assert all("needs a GPU" in doc["skipped"][name] for name in DECODE_RATE_UNITS)
     prof = load_profile("h100", rates=path, check_gpu=False)       # the file loads
     assert prof.rate("ffma_flops_per_s") == doc["rates"]["ffma_flops_per_s"]["value"]
     path2 = tmp_path / "some.json"
@@ -517,4 +519,8 @@ def test_on_a_gpu_the_ptx_kernels_and_a_quick_run(tmp_path):
         assert 0.3 < r.rate("dram_copy_bytes_per_s") / prof.hbm_bandwidth_bytes_per_s < 1.2
         assert 0.3 < r.rate("ffma_flops_per_s") / prof.fp32_flops_per_s < 1.2
         assert 0.1 < r.rate("mma_fp16_flops_per_s") / prof.tensor_flops_per_s["fp16"] < 1.2
+        # the decoding kernel's stream: below the datasheet bandwidth, above a lone program's
+        lone, most = r.rate("decode_stream_p1_bytes_per_s"), r.rate("decode_stream_p128_bytes_per_s")
+        assert 10e9 < lone < most < 1.2 * prof.hbm_bandwidth_bytes_per_s
+        assert 0 < r.rate("decode_fixed_s") < 50e-6 and 0 < r.rate("decode_handoff_s") < 50e-6
         assert r.rate("dram_read_bytes_per_s") <= prof.hbm_bandwidth_bytes_per_s * 1.02
