@@ -1135,9 +1135,11 @@ def prepare(problem, config=None):
     shapes, dtype and device. ``cache_seqlens``: this call's cache lengths, a contiguous int32
     torch tensor ``[B]`` on q's device (its values not read by the host: the kernel checks each
     length; its dtype, shape and device checked here unless ``layout_known``), in place of the
-    problem's (kept where a call gives none)."""
+    problem's (kept where a call gives none). ``run`` keeps none of the problem's operands: a
+    prepared call outlives them (`ioaware` keeps one per shape)."""
     pb = problem
     p = plan(pb, config)
+    group, dtype_name = pb.group, pb.dtype_name
     template = host._without_operands(pb)
     words = pb.dtype_name != "float32"
     B, Hq, Nq, D = pb.batch, pb.heads_q, pb.seqlen_q, pb.head_dim
@@ -1148,14 +1150,14 @@ def prepare(problem, config=None):
     def build(lengths: bool):
         # -- the kernel, its launch cache and its fast path, for calls with or without lengths --
         if p.unit == "mma":
-            kern = compile_cache.built(make_decode_mma_kernel, D, Nq, pb.group, pb.dtype_name,
+            kern = compile_cache.built(make_decode_mma_kernel, D, Nq, group, dtype_name,
                                        banded, p.warps, p.keys_per_step, p.stages,
                                        p.resident_per_sm, lengths)
             host.check_launch("decode_split_kv_mma", (p.threads, p.dynamic_shared_bytes),
                               (kern.threads, kern.smem_bytes))
         else:
-            kern = compile_cache.built(make_decode_kernel, D, p.rows_per_program, Nq, pb.group,
-                                       pb.dtype_name, banded, p.warps, p.keys_per_step,
+            kern = compile_cache.built(make_decode_kernel, D, p.rows_per_program, Nq, group,
+                                       dtype_name, banded, p.warps, p.keys_per_step,
                                        p.lanes_per_key, use_shfl, lengths)
         # own: the lengths array this kind of call passes where it gives none (the problem's
         # own on the device, or the constant the kernel without lengths never reads), as

@@ -117,6 +117,33 @@ def test_repeat_allocates_outputs_and_work_space():
     assert all(e <= s for e, s in zip(ends, ptrs[1:])) and ends[-1] <= buf.data_ptr() + 4 * buf.numel()
 
 
+def _weak_operands(make, prepare):
+    """``(prepared, weak references to the problem's q, k, v)``: ``prepare`` of the problem of
+    ``make()``'s operands, every other reference to them dropped."""
+    import weakref
+    from ioaware._inputs import check_inputs
+    q, k, v = make()
+    pb = check_inputs(q, k, v)
+    return prepare(pb), [weakref.ref(x) for x in (q, k, v)]
+
+
+def test_a_prepared_decoding_call_keeps_none_of_its_problems_operands():
+    """`kernels.decode_fwd.prepare` keeps nothing of the problem it was made from but its sizes
+    (`ioaware` keeps a prepared call per shape: one that held its first call's KV cache would
+    hold a cache a shape, as a decoding loop whose cache grows makes one a step). The CUDA
+    simulator's NumPy operands stand in for the GPU's (the same closure)."""
+    import gc
+    from kernels import decode_fwd
+
+    def make():
+        rng = np.random.default_rng(0)
+        return (rng.standard_normal((1, 4, 1, 64)).astype(np.float32),
+                *(rng.standard_normal((1, 2, 512, 64)).astype(np.float32) for _ in range(2)))
+    run, refs = _weak_operands(make, decode_fwd.prepare)
+    gc.collect()
+    assert callable(run) and all(r() is None for r in refs)
+
+
 @pytest.fixture
 def cuda():
     from kernels import host
@@ -165,6 +192,35 @@ def test_repeated_call_skips_the_checks_and_matches_the_full_path(cuda, name, mo
         torch.cuda.synchronize()
     assert out.shape == want.shape and out.dtype == want.dtype
     assert torch.equal(out, want) and torch.equal(lse, want_lse)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(CASES))
+def test_prepared_calls_keep_none_of_their_operands(cuda, name):
+    """What `ioaware` keeps of a call per shape (its prepared forward and, after a backward, its
+    prepared backward) holds none of the call's tensors: once the caller drops them, their
+    memory is free, for every family that prepares (a decoding loop whose cache grows makes a
+    new shape every step)."""
+    import gc
+    import weakref
+    dtype, sq, skv, kw, transposed = CASES[name]
+    g = torch.Generator(device="cuda").manual_seed(0)
+    _backends._PREPARED.clear()
+    train = not name.startswith("split_kv")
+
+    def step():
+        q, k, v = (x.detach().requires_grad_(train) for x in _inputs(g, sq, skv, dtype, transposed))
+        for _ in range(3):                                    # full, recorded, repeated
+            out = attention(q, k, v, backend="numba", **kw)
+            if train:
+                out.float().sum().backward()
+        return [weakref.ref(x) for x in (q, k, v)]
+    refs = step()
+    torch.cuda.synchronize()
+    gc.collect()
+    assert len(_backends._PREPARED) == 1 and next(iter(_backends._PREPARED.values())) is not None
+    assert all(r() is None for r in refs)
+    _backends._PREPARED.clear()
 
 
 @pytest.mark.gpu
