@@ -1037,11 +1037,12 @@ def measure_launch(dev, sz):
 
 
 #: The decoding microbenchmark's calls (group ``decode``): one KV head of a group of 4 query
-#: heads (one 16-row tile a program, as a 32/8 GQA model's), head dim 128, bfloat16, the
+#: heads (one 16-row tile a program, as a 32/8 GQA model's), head dim
+#: `sim.decode.DECODE_RATES_HEAD_DIM` (128: the plans the figures price), bfloat16, the
 #: tensor-core kernel of eight warps; the programs are the batch (one split) or half of it
 #: (two). Keys per program of the two stream lengths, and the (programs, keys a program) of
 #: the handoff pairs.
-DECODE_HEADS_Q, DECODE_HEAD_DIM = 4, 128
+DECODE_HEADS_Q = 4
 DECODE_STREAM_KEYS = {"full": (8192, 32768), "quick": (4096, 16384)}
 DECODE_HANDOFF = ((2, 2048), (8, 2048), (16, 8192), (32, 2048), (64, 8192), (128, 2048),
                   (128, 8192))
@@ -1074,7 +1075,8 @@ def measure_decode(dev, sz):
     import statistics
     import kernels
     from ioaware._inputs import check_inputs
-    from sim.decode import MMA_BLOCK_K, MMA_STAGES, MMA_WARPS_FEW_PROGRAMS
+    from sim.decode import (DECODE_RATES_HEAD_DIM as DECODE_HEAD_DIM, MMA_BLOCK_K, MMA_STAGES,
+                            MMA_WARPS_FEW_PROGRAMS)
     torch, warps = dev.torch, MMA_WARPS_FEW_PROGRAMS
 
     def kv_bytes(batch, keys):

@@ -36,7 +36,7 @@ from .plan import rates_of
 from .workload import RESERVED_SMEM_PER_BLOCK
 
 __all__ = ["SplitKVPlan", "split_kv_plan", "choose_splits", "split_candidates", "split_kv_costs",
-           "decode_rates", "stream_rate", "WARPS",
+           "decode_rates", "stream_rate", "priced_by_decode_rates", "DECODE_RATES_HEAD_DIM", "WARPS",
            "KEYS_PER_STEP", "MAX_SEQLEN_Q", "rows_per_program", "lanes_per_key", "elements_per_lane"]
 
 #: Warps per program (a GPU launch; the CUDA simulator runs 2 to keep tests short).
@@ -87,6 +87,18 @@ MMA_REGISTERS = {(64, 4): 128, (64, 8): 130, (128, 4): 170, (128, 8): 170}
 #: the kernel reads its cache once and writes almost nothing (the copy rate the tiled plans take
 #: mixes reads and writes).
 DRAM_RATE = "dram_read_bytes_per_s"
+#: The plans the decoding kernel's own measured figures (`decode_rates`) price: what their
+#: microbenchmark runs (``python -m benchmarks rates --only decode``: head dim 128, one row chunk
+#: a KV head, the tensor-core kernel). Other plans keep the bandwidth-and-waves price and the
+#: one-wave split rule rather than be priced by figures of another program's stream.
+DECODE_RATES_HEAD_DIM = 128
+
+
+def priced_by_decode_rates(plan: "SplitKVPlan") -> bool:
+    """Whether ``plan`` is one the measured decode figures describe (`DECODE_RATES_HEAD_DIM`)."""
+    return plan.unit == "mma" and plan.head_dim == DECODE_RATES_HEAD_DIM and plan.row_chunks == 1
+
+
 #: Shared memory per SM the resident count assumes where the caller gives none (sm_90: 228 KiB,
 #: of which 1 KiB per resident program is the system's).
 SMEM_BYTES_PER_SM = 228 * 1024
@@ -286,7 +298,8 @@ def split_kv_plan(batch: int, heads_q: int, heads_kv: int, seqlen_q: int, seqlen
     else `MMA_WARPS`.
 
     ``gpu``: a `sim.profiles.GPUProfile` (or a shipped profile's name). Where it has the
-    tensor-core kernel's measured decode figures (`decode_rates`) the split count is the
+    tensor-core kernel's measured decode figures (`decode_rates`) and they describe the plan
+    (`priced_by_decode_rates`: head dim 128, one row chunk) the split count is the
     cheapest of :func:`split_candidates` by :func:`split_kv_costs` (ties to fewer splits): more
     splits buy stream rate only until the programs saturate DRAM, and each split past the
     first costs the merge's handoff. Otherwise, and for the CUDA-core kernel,
@@ -318,7 +331,7 @@ def split_kv_plan(batch: int, heads_q: int, heads_kv: int, seqlen_q: int, seqlen
                            stages=MMA_STAGES,
                            dynamic_shared_bytes=mma_shared_bytes(head_dim, mma_warps, MMA_BLOCK_K,
                                                                  MMA_STAGES)[0])
-        if priced:
+        if priced and priced_by_decode_rates(plan):
             plans = [replace(plan, splits=s) for s in
                      split_candidates(plan.programs, seqlen_k, num_sms, resident)]
             plan = min(plans, key=lambda pl: (split_kv_costs(pl, gpu)["time_s"], pl.splits))
@@ -352,8 +365,9 @@ def split_kv_costs(plan: SplitKVPlan, gpu, keys_read: int | None = None) -> dict
     a rates file, as `sim.plan.price` adds it per kernel; 0 at datasheet rates, which have none).
 
     The tensor-core kernel on a GPU with its own measured figures (`decode_rates`: a rates
-    file's decode group, else the profile's shipped one; ``rates["decode"]`` says which) is
-    priced by them instead: the call's fixed GPU time (``decode_fixed_s``: launch, set-up, first
+    file's decode group, else the profile's shipped one; ``rates["decode"]`` says which), at the
+    head dim and single row chunk they were measured at (`priced_by_decode_rates`), is priced
+    by them instead: the call's fixed GPU time (``decode_fixed_s``: launch, set-up, first
     round trip, output), plus the ring's fill (``decode_fill_s``) where a warp's share of the
     split is more blocks than its ring of ``stages`` holds, plus its DRAM bytes at the measured
     stream rate of its programs
@@ -386,7 +400,7 @@ def split_kv_costs(plan: SplitKVPlan, gpu, keys_read: int | None = None) -> dict
         if p.unit == "mma" else flops
     unit_rate = (rates["mma_bf16_flops_per_s"] or rates["mma_f16_flops_per_s"]) \
         if p.unit == "mma" else rates["ffma_flops_per_s"]
-    dec = decode_rates(gpu) if p.unit == "mma" else None
+    dec = decode_rates(gpu) if priced_by_decode_rates(p) else None
     if dec is None:
         main_time = launch_s + max(main_dram / bw / wave_efficiency, flops_run / unit_rate)
         merge_time = merge_bytes / bw

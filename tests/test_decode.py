@@ -494,6 +494,12 @@ def test_the_split_count_is_the_cheapest_at_the_decode_figures():
                      for s in cands}
             assert costs[plan.splits] == min(costs.values())
             assert plan.splits == min(s for s in cands if costs[s] == costs[plan.splits])
+    # the figures describe the plans they were measured on: head dim 128, one row chunk
+    for other in (split_kv_plan(8, 32, 8, 1, 4096, 64, 2, 132, gpu=flat),
+                  split_kv_plan(8, 32, 8, 16, 4096, 128, 2, 132, gpu=flat)):
+        assert other.row_chunks > 1 or other.head_dim == 64
+        assert other.splits == choose_splits(other.programs, 4096, 132, other.resident_per_sm)
+        assert "decode" not in split_kv_costs(other, flat)["rates"]
     assert split_candidates(8, 4096, 132, 1) == [1, 2, 4, 8, 16]
     assert split_candidates(24, 65536, 132, 1) == [1, 2, 4, 5]
     assert split_candidates(200, 65536, 132, 1) == [1]

@@ -516,7 +516,14 @@ def test_on_a_gpu_the_ptx_kernels_and_a_quick_run(tmp_path):
     prof = profile_for_gpu_name(doc["provenance"]["gpu"])
     if prof is not None:
         r = load_profile(prof, rates=path)
-        assert 0.3 < r.rate("dram_copy_bytes_per_s") / prof.hbm_bandwidth_bytes_per_s < 1.2
+        copy = r.rate("dram_copy_bytes_per_s")
+        for _ in range(2):      # other GPU tests (pytest-xdist workers) may share DRAM: again
+            if copy > 0.3 * prof.hbm_bandwidth_bytes_per_s:
+                break
+            again = tmp_path / "dram.json"
+            assert R.main(["--quick", "--only", "dram", "--out", str(again)]) == 0
+            copy = max(copy, load_profile(prof, rates=again).rate("dram_copy_bytes_per_s"))
+        assert 0.3 < copy / prof.hbm_bandwidth_bytes_per_s < 1.2
         assert 0.3 < r.rate("ffma_flops_per_s") / prof.fp32_flops_per_s < 1.2
         assert 0.1 < r.rate("mma_fp16_flops_per_s") / prof.tensor_flops_per_s["fp16"] < 1.2
         # the decoding kernel's stream: below the datasheet bandwidth, above a lone program's
