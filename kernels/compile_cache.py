@@ -39,12 +39,13 @@ __all__ = ["built", "set_directory", "directory", "entry_key", "Entry", "load", 
 
 #: Bumped when the stored format changes.
 FORMAT = 1
-#: Modules outside ``kernels/`` whose code the kernels compile in (device helpers, constants,
-#: tile rules); their sources are part of every key.
+#: Modules outside ``kernels/`` that the kernel modules import: whose code the kernels compile
+#: in (device helpers, constants, tile rules) or that choose their launches (`sim.profiles`:
+#: the decoding launcher's GPU profile); their sources are part of every key.
 CODE_DEPENDENCIES = ("ioaware.block_info", "ioaware.dropout", "ioaware.launch_order",
                      "sim.tiles", "sim.decode", "sim.plans.tensor_core_fwd", "sim.workload",
                      "sim.plans.tensor_core_bwd", "sim.plans.simt", "sim.plans",
-                     "sim.plans.wgmma_fwd")
+                     "sim.plans.wgmma_fwd", "sim.profiles")
 
 log = logging.getLogger("ioaware.kernels")
 
