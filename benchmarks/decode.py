@@ -1,11 +1,13 @@
 """Command ``decode``: decoding with a KV cache against PyTorch SDPA, and sliding-window attention.
 
     python -m benchmarks decode [--batch 1,8,64] [--seq-len-k 4k,32k,128k] [--dtypes bf16,fp16]
+                                [--head-dims 128]
                                 [--splits] [--window] [--graph] [--ncu] [--rates RATES.json]
                                 [--unit mma|ffma] [--warps 4|8] [--out FILE.json]
     python -m benchmarks decode --report FILE.json [--rates RATES.json]      (no GPU)
 
-Decode cases (Hq=32, Hkv=8, d=128, one query per sequence, every cache length Nk): in one run,
+Decode cases (Hq=32, Hkv=8, d=128 or the ``--head-dims``, one query per sequence, every cache
+length Nk): in one run,
 CUDA-event medians (`benchmarks.common.time_cuda`) of
 
 * ``ioaware``: ``ioaware.attention(q, k, v, backend="numba")`` under ``torch.inference_mode``
@@ -75,12 +77,12 @@ def _tokens(text: str) -> list[int]:
     return [token_count(t) for t in text.split(",")]
 
 
-def decode_inputs(torch, batch, seq_len_k, dtype, seed=0):
+def decode_inputs(torch, batch, seq_len_k, dtype, seed=0, head_dim=HEAD_DIM):
     g = torch.Generator(device="cuda").manual_seed(seed + batch + seq_len_k)
     dt = torch_dtype(torch, dtype)
-    q = torch.randn(batch, HEADS_Q, 1, HEAD_DIM, device="cuda", dtype=dt, generator=g)
-    k = torch.randn(batch, HEADS_KV, seq_len_k, HEAD_DIM, device="cuda", dtype=dt, generator=g)
-    v = torch.randn(batch, HEADS_KV, seq_len_k, HEAD_DIM, device="cuda", dtype=dt, generator=g)
+    q = torch.randn(batch, HEADS_Q, 1, head_dim, device="cuda", dtype=dt, generator=g)
+    k = torch.randn(batch, HEADS_KV, seq_len_k, head_dim, device="cuda", dtype=dt, generator=g)
+    v = torch.randn(batch, HEADS_KV, seq_len_k, head_dim, device="cuda", dtype=dt, generator=g)
     return q, k, v
 
 
@@ -155,13 +157,13 @@ def _config(unit=None, splits=None, warps=None):
 
 
 def decode_case(torch, gpu, batch, seq_len_k, dtype, peak, splits_sweep=False,
-                graphs=False, unit=None, warps=None) -> dict:
+                graphs=False, unit=None, warps=None, head_dim=HEAD_DIM) -> dict:
     import kernels
     from ioaware._inputs import check_inputs
     from sim.decode import split_kv_costs
-    q, k, v = decode_inputs(torch, batch, seq_len_k, dtype)
+    q, k, v = decode_inputs(torch, batch, seq_len_k, dtype, head_dim=head_dim)
     kv_bytes = 2 * k.numel() * k.element_size()
-    rec = {"batch": batch, "heads_q": HEADS_Q, "heads_kv": HEADS_KV, "head_dim": HEAD_DIM,
+    rec = {"batch": batch, "heads_q": HEADS_Q, "heads_kv": HEADS_KV, "head_dim": head_dim,
            "seq_len_q": 1, "seq_len_k": seq_len_k, "dtype": dtype, "kv_bytes": kv_bytes,
            "times_ms": {}}
     call = ours_call(q, k, v, unit, warps)
@@ -268,7 +270,8 @@ def _ncu_child(cases_path) -> int:
 
     cases = json.loads(open(cases_path).read())
     for c in cases:
-        q, k, v = decode_inputs(torch, c["batch"], c["seq_len_k"], c["dtype"])
+        q, k, v = decode_inputs(torch, c["batch"], c["seq_len_k"], c["dtype"],
+                                head_dim=c.get("head_dim", HEAD_DIM))
         ours = ours_call(q, k, v, c.get("unit"), c.get("warps"))
         with torch.inference_mode():
             ours()
@@ -322,9 +325,10 @@ def decode_report(doc: dict, profile) -> tuple[list[dict], dict]:
     """``(rows, summary)``: each decode record of a results document re-priced by today's plan of
     the kernel it ran (the record's ``plan.unit``; a record without one ran the CUDA-core
     kernel, the only one before the tensor-core kernel) on ``profile`` (a `sim.profiles.GPUProfile`, with measured rates if loaded with them): splits,
-    predicted ms, our GPU ms, the relative errors of time and DRAM read bytes (None where the
-    record has no GPU time or counters), and the loss of the split pick (None where the file
-    did not time today's pick); ``summary``: per metric the records scored, the median
+    predicted ms, our GPU ms (of the run's call; where today's plan splits otherwise, the split
+    sweep's time at today's count, and no DRAM error), the relative errors of time and DRAM read
+    bytes (None where the record has no GPU time or counters), and the loss of the split pick
+    (None where the file did not time today's pick); ``summary``: per metric the records scored, the median
     |error| and how many are within `REPORT_TARGETS`."""
     from sim.decode import split_kv_costs, split_kv_plan
     rows = []
@@ -339,6 +343,11 @@ def decode_report(doc: dict, profile) -> tuple[list[dict], dict]:
         gpu_ms = r.get("ioaware_device_ms")
         dram = (r.get("ncu") or {}).get("dram__bytes_read.sum")
         sweep = {int(k): v for k, v in (r.get("splits_ms") or {}).items() if v}
+        ran = (r.get("plan") or {}).get("splits")
+        if ran is not None and ran != plan.splits:
+            # today's plan splits otherwise than the run's: its time is the sweep's at its count,
+            # and the DRAM counters (of the run's count) do not price it
+            gpu_ms, dram = sweep.get(plan.splits), None
         loss = None
         if sweep:
             best = min(sweep.values())
@@ -347,6 +356,7 @@ def decode_report(doc: dict, profile) -> tuple[list[dict], dict]:
             elif (r.get("model") or {}).get("splits") == plan.splits:
                 loss = r.get("splits_model_loss")      # the run timed this pick apart
         rows.append({"batch": r["batch"], "seq_len_k": r["seq_len_k"], "dtype": r["dtype"],
+                     "head_dim": r["head_dim"],
                      "splits": plan.splits, "splits_best": r.get("splits_best"),
                      "model_ms": cost["time_s"] * 1e3, "gpu_ms": gpu_ms,
                      "time_rel_error": cost["time_s"] / (gpu_ms * 1e-3) - 1 if gpu_ms else None,
@@ -418,14 +428,15 @@ def _print_report(path, profile, rows, summary) -> None:
     print(f"# {path}: the decode model (today's plan, profile {profile.name}, DRAM and launch at "
           f"{sources[DRAM_RATE]}/{sources['launch_s']} rates) against the file's "
           f"measurements; nothing fitted on the file")
-    print(f"{'dtype':5} {'B':>3} {'Nk':>7} {'splits':>6} {'best':>4} {'model ms':>9} "
+    print(f"{'dtype':5} {'d':>3} {'B':>3} {'Nk':>7} {'splits':>6} {'best':>4} {'model ms':>9} "
           f"{'GPU ms':>8} {'time err':>8} {'DRAM err':>8} {'split loss':>10}")
 
     def pct(v):
         return "—" if v is None else f"{v:+.1%}"
     for row in rows:
         gpu = "—" if row["gpu_ms"] is None else f"{row['gpu_ms']:.4f}"
-        print(f"{row['dtype']:5} {row['batch']:>3} {row['seq_len_k']:>7} {row['splits']:>6} "
+        print(f"{row['dtype']:5} {row['head_dim']:>3} {row['batch']:>3} {row['seq_len_k']:>7} "
+              f"{row['splits']:>6} "
               f"{row['splits_best'] or '—':>4} {row['model_ms']:>9.4f} {gpu:>8} "
               f"{pct(row['time_rel_error']):>8} {pct(row['dram_rel_error']):>8} "
               f"{pct(row['splits_loss']):>10}")
@@ -445,6 +456,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", default="1,8,64")
     ap.add_argument("--seq-len-k", default="4k,32k,128k", type=_tokens)
     ap.add_argument("--dtypes", default="bf16,fp16")
+    ap.add_argument("--head-dims", default=str(HEAD_DIM),
+                    help=f"comma-separated head dims of the decode cases (default {HEAD_DIM})")
     ap.add_argument("--splits", action="store_true", help="time every split count too")
     ap.add_argument("--window", action="store_true", help="add the sliding-window cases")
     ap.add_argument("--graph", action="store_true",
@@ -487,9 +500,17 @@ def main(argv=None) -> int:
         gpu = load_profile(gpu.name, rates=args.rates)
     peak = peak_copy_bandwidth(torch)
     print(f"# {gpu_name}: device-to-device copy {peak / 1e12:.2f} TB/s; model profile {gpu.name}")
+    try:
+        head_dims = [int(d) for d in args.head_dims.split(",")]
+    except ValueError:
+        head_dims = []
+    if not head_dims or any(d < 1 or d > 256 for d in head_dims):
+        print(f"python -m benchmarks decode: --head-dims {args.head_dims!r}: comma-separated "
+              f"integers from 1 to 256", file=sys.stderr)
+        return 2
     cases = [{"batch": batch, "seq_len_k": n, "dtype": dtype, "unit": args.unit,
-              "warps": args.warps}
-             for dtype in args.dtypes.split(",")
+              "warps": args.warps, "head_dim": d}
+             for dtype in args.dtypes.split(",") for d in head_dims
              for batch in (int(b) for b in args.batch.split(",")) for n in args.seq_len_k]
     # the Nsight Compute child first, while this process holds none of the cases' memory
     counted = ncu_counters(cases) if args.ncu else None
@@ -497,13 +518,13 @@ def main(argv=None) -> int:
     for c in cases:
         batch, n, dtype = c["batch"], c["seq_len_k"], c["dtype"]
         rec = decode_case(torch, gpu, batch, n, dtype, peak, args.splits, args.graph,
-                          args.unit, args.warps)
+                          args.unit, args.warps, c["head_dim"])
         records.append(rec)
         t = rec["times_ms"]
         cells = "  ".join(f"{k_}={e['ms']:.3f}" if "ms" in e else f"{k_}=—"
                           for k_, e in t.items())
         frac = t["ioaware"].get("kv_bandwidth_fraction")
-        print(f"{dtype} B={batch} Nk={n}: {cells}  ours {frac or 0:.0%} of copy bw  "
+        print(f"{dtype} d={c['head_dim']} B={batch} Nk={n}: {cells}  ours {frac or 0:.0%} of copy bw  "
               f"vs fastest SDPA {rec.get('ratio_vs_fastest_sdpa', 0):.2f}x  model "
               f"{rec['model']['time_s'] * 1e3:.3f} ms (splits {rec['model']['splits']}"
               f", best measured {rec.get('splits_best', '—')})", flush=True)

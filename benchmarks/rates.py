@@ -1037,11 +1037,10 @@ def measure_launch(dev, sz):
 
 
 #: The decoding microbenchmark's calls (group ``decode``): one KV head of a group of 4 query
-#: heads (one 16-row tile a program, as a 32/8 GQA model's), head dim
-#: `sim.decode.DECODE_RATES_HEAD_DIM` (128: the plans the figures price), bfloat16, the
-#: tensor-core kernel of eight warps; the programs are the batch (one split) or half of it
-#: (two). Keys per program of the two stream lengths, and the (programs, keys a program) of
-#: the handoff pairs.
+#: heads (one 16-row tile a program, as a 32/8 GQA model's), at each head dim of
+#: `sim.profiles.DECODE_HEAD_DIMS`, bfloat16, the tensor-core kernel of eight warps; the
+#: programs are the batch (one split) or half of it (two). Keys per program of the two stream
+#: lengths, and the (programs, keys a program) of the handoff pairs.
 DECODE_HEADS_Q = 4
 DECODE_STREAM_KEYS = {"full": (8192, 32768), "quick": (4096, 16384)}
 DECODE_HANDOFF = ((2, 2048), (8, 2048), (16, 8192), (32, 2048), (64, 8192), (128, 2048),
@@ -1049,22 +1048,23 @@ DECODE_HANDOFF = ((2, 2048), (8, 2048), (16, 8192), (32, 2048), (64, 8192), (128
 
 
 def measure_decode(dev, sz):
-    """The split-KV kernel's own figures (`sim.profiles.DECODE_RATE_UNITS`), on shapes apart
-    from any decoding benchmark's (one KV head a sequence, the batch as the programs):
+    """The split-KV kernel's own figures (`sim.profiles.DECODE_RATE_UNITS`) at each head dim
+    ``D`` of `sim.profiles.DECODE_HEAD_DIMS`, on shapes apart from any decoding benchmark's (one
+    KV head a sequence, the batch as the programs):
 
-    * ``decode_stream_p{P}_bytes_per_s``: ``P`` programs of one split each stream two cache
+    * ``decode_dD_stream_pP_bytes_per_s``: ``P`` programs of one split each stream two cache
       lengths (`DECODE_STREAM_KEYS`); the rate is the extra K and V bytes over the extra time
       (what a longer stream costs, the call's fixed cost cancelled);
-    * ``decode_fixed_s``: one program, one split, as many keys as its warps' rings hold
+    * ``decode_dD_fixed_s``: one program, one split, as many keys as its warps' rings hold
       (eight warps x `sim.decode.MMA_STAGES` blocks of `sim.decode.MMA_BLOCK_K` keys): its
       time less those bytes at the one-program rate;
-    * ``decode_fill_s``: the median over ``P`` of the longer streams' fixed time (the shorter
-      length's time less its bytes at the ``P``-program rate) less ``decode_fixed_s``: what a
+    * ``decode_dD_fill_s``: the median over ``P`` of the longer streams' fixed time (the shorter
+      length's time less its bytes at the ``P``-program rate) less the fixed time: what a
       stream of more blocks than the rings hold adds once;
-    * ``decode_handoff_s``: the median over `DECODE_HANDOFF` of two splits of ``P / 2``
+    * ``decode_dD_handoff_s``: the median over `DECODE_HANDOFF` of two splits of ``P / 2``
       sequences of ``2 L`` keys less one split of ``P`` of ``L`` (the same programs streaming
       the same bytes): the partials, the ticket and the merge."""
-    from sim.profiles import DECODE_RATE_UNITS, DECODE_STREAM_PROGRAMS, decode_stream_rate_name
+    from sim.profiles import DECODE_HEAD_DIMS, DECODE_RATE_UNITS
     if dev.simulator:
         return {}, dict.fromkeys(DECODE_RATE_UNITS, "the tensor-core decoding kernel needs a "
                                                     "GPU (the CUDA simulator runs no mma)")
@@ -1072,21 +1072,29 @@ def measure_decode(dev, sz):
         return {}, dict.fromkeys(DECODE_RATE_UNITS, f"the tensor-core decoding kernel needs "
                                                     f"compute capability 8.0; this GPU has "
                                                     f"{dev.cc[0]}.{dev.cc[1]}")
+    rates = {}
+    for head_dim in DECODE_HEAD_DIMS:
+        rates.update(_decode_figures(dev, sz, head_dim))
+    return rates, {}
+
+
+def _decode_figures(dev, sz, head_dim: int) -> dict:
+    """`measure_decode`'s rates at one head dim."""
     import statistics
     import kernels
     from ioaware._inputs import check_inputs
-    from sim.decode import (DECODE_RATES_HEAD_DIM as DECODE_HEAD_DIM, MMA_BLOCK_K, MMA_STAGES,
-                            MMA_WARPS_FEW_PROGRAMS)
+    from sim.decode import MMA_BLOCK_K, MMA_STAGES, MMA_WARPS_FEW_PROGRAMS
+    from sim.profiles import DECODE_STREAM_PROGRAMS, decode_rate_name
     torch, warps = dev.torch, MMA_WARPS_FEW_PROGRAMS
 
     def kv_bytes(batch, keys):
-        return batch * keys * DECODE_HEAD_DIM * 2 * 2
+        return batch * keys * head_dim * 2 * 2
 
     def seconds(batch, keys, splits):
         g = torch.Generator(device="cuda").manual_seed(batch * 7919 + keys)
-        q = torch.randn(batch, DECODE_HEADS_Q, 1, DECODE_HEAD_DIM, device="cuda",
+        q = torch.randn(batch, DECODE_HEADS_Q, 1, head_dim, device="cuda",
                         dtype=torch.bfloat16, generator=g)
-        k, v = (torch.randn(batch, 1, keys, DECODE_HEAD_DIM, device="cuda", dtype=torch.bfloat16,
+        k, v = (torch.randn(batch, 1, keys, head_dim, device="cuda", dtype=torch.bfloat16,
                             generator=g) for _ in range(2))
         pb = check_inputs(q, k, v)
         cfg = kernels.KernelConfig(family="split_kv", num_splits=splits, decode_unit="mma",
@@ -1098,48 +1106,48 @@ def measure_decode(dev, sz):
 
     short, long_ = DECODE_STREAM_KEYS["quick" if sz.preset == "quick" else "full"]
     programs = [p for p in DECODE_STREAM_PROGRAMS if p < dev.num_sms]
-    rates, fixed_at = {}, {}
+    rates, fixed_at, d = {}, {}, head_dim
     for p in programs:
         t_short, t_long = seconds(p, short, 1), seconds(p, long_, 1)
         extra = kv_bytes(p, long_) - kv_bytes(p, short)
         rate = extra / (t_long[0] - t_short[0])
         fixed_at[p] = t_short[0] - kv_bytes(p, short) / rate
-        rates[decode_stream_rate_name(p)] = {
+        rates[decode_rate_name(d, "stream", p)] = {
             "value": rate, "unit": "bytes/s",
             "how": (f"{p} programs (batch {p}, 1 KV head, {DECODE_HEADS_Q} query heads, d "
-                    f"{DECODE_HEAD_DIM}, bfloat16, 1 split, {warps} warps): K and V bytes of "
+                    f"{d}, bfloat16, 1 split, {warps} warps): K and V bytes of "
                     f"{long_} keys less those of {short}, over the difference of the median "
                     f"times ({t_long[0] * 1e6:.2f} and {t_short[0] * 1e6:.2f} us)"),
             "range": [extra / max(t_long[2] - t_short[1], 1e-12),
                       extra / max(t_long[1] - t_short[2], 1e-12)]}
     ring_keys = warps * MMA_STAGES * MMA_BLOCK_K
-    lone = rates[decode_stream_rate_name(programs[0])]["value"] / programs[0]
+    lone = rates[decode_rate_name(d, "stream", programs[0])]["value"] / programs[0]
     t0 = seconds(1, ring_keys, 1)
     fixed = t0[0] - kv_bytes(1, ring_keys) / lone
-    rates["decode_fixed_s"] = {
+    rates[decode_rate_name(d, "fixed")] = {
         "value": fixed, "unit": "s",
-        "how": (f"one program, 1 split, {ring_keys} keys (its {warps} warps' rings of "
+        "how": (f"one program (d {d}), 1 split, {ring_keys} keys (its {warps} warps' rings of "
                 f"{MMA_STAGES} blocks of {MMA_BLOCK_K}): median time {t0[0] * 1e6:.2f} us less "
                 f"its K and V bytes at the one-program stream rate"),
         "range": [t0[1] - (t0[0] - fixed), t0[2] - (t0[0] - fixed)]}
     fills = {p: f - fixed for p, f in fixed_at.items()}
-    rates["decode_fill_s"] = {         # a rate is positive: a fill within the noise is 1 ns
+    rates[decode_rate_name(d, "fill")] = {   # a rate is positive: a fill within the noise is 1 ns
         "value": max(statistics.median(fills.values()), 1e-9), "unit": "s",
         "how": (f"median over the stream's program counts of the {short}-key time less its "
-                f"bytes at that count's stream rate, less decode_fixed_s; per count (us): "
-                + ", ".join(f"{p}: {f * 1e6:.2f}" for p, f in fills.items())),
+                f"bytes at that count's stream rate, less the fixed time (d {d}); per count "
+                f"(us): " + ", ".join(f"{p}: {f * 1e6:.2f}" for p, f in fills.items())),
         "range": [min(fills.values()), max(fills.values())]}
     handoffs = {}
     for p, keys in DECODE_HANDOFF:
         if p < dev.num_sms and (sz.preset != "quick" or keys == 2048):
             handoffs[f"{p}x{keys}"] = seconds(p // 2, 2 * keys, 2)[0] - seconds(p, keys, 1)[0]
-    rates["decode_handoff_s"] = {
+    rates[decode_rate_name(d, "handoff")] = {
         "value": statistics.median(handoffs.values()), "unit": "s",
-        "how": ("median over (programs x keys a program) of two splits of half the sequences "
-                "of twice the keys less one split: " + ", ".join(
+        "how": (f"median over (programs x keys a program) of two splits of half the sequences "
+                f"of twice the keys less one split (d {d}): " + ", ".join(
                     f"{k}: {v * 1e6:.2f} us" for k, v in handoffs.items())),
         "range": [min(handoffs.values()), max(handoffs.values())]}
-    return rates, {}
+    return rates
 
 
 def _numba_stream(dev):
@@ -1263,10 +1271,14 @@ def add_groups(doc: dict, rates: dict, skipped: dict, entry: dict) -> dict:
     """A copy of the rates file ``doc`` with one run's ``rates`` and ``skipped`` (`measure`)
     in place of the entries of the same names, every other entry as it was, the `DERIVED`
     rates computed again where one of their inputs was measured again, and ``entry`` (what
-    was measured, when, how) appended to its provenance's ``groups_added``."""
+    was measured, when, how) appended to its provenance's ``groups_added``. Entries whose
+    names `sim.profiles.RATE_UNITS` no longer knows (a rate renamed since) are dropped."""
+    from sim.profiles import RATE_UNITS
     new = set(rates) | set(skipped)
     redo = {name for name, inputs in DERIVED.items() if new & set(inputs)}
-    drop = new | redo
+    stale = {name for name in list(doc["rates"]) + list(doc.get("skipped") or {})
+             if name not in RATE_UNITS}
+    drop = new | redo | stale
 
     def merged(old, got):
         out = {k: v for k, v in (old or {}).items() if k not in drop}
@@ -1286,13 +1298,17 @@ def profile_with_decode_rates(profile: dict, rates_doc: dict, origin: str) -> di
     (`sim.profiles.DECODE_RATE_UNITS`) of the rates file ``rates_doc`` (read from ``origin``)
     and whose ``sources["decode_rates"]`` names that file, its GPU and the run that measured
     the group (its ``groups_added`` entry where one added it, else the file's provenance).
-    ValueError where the file lacks a decode rate, or its GPU is not one the profile matches."""
-    from sim.profiles import DECODE_RATE_UNITS
+    ValueError where the file has no head dim's full set of decode figures, or its GPU is not
+    one the profile matches."""
+    from sim.profiles import DECODE_HEAD_DIMS, DECODE_RATE_UNITS, DECODE_TIMES, decode_rate_name
     got = rates_doc["rates"]
-    missing = [n for n in DECODE_RATE_UNITS if n not in got and not n.startswith("decode_stream_p")]
-    if missing or not any(n.startswith("decode_stream_p") for n in got):
-        raise ValueError(f"--from: {origin} has no decode group ({missing or 'no stream rate'} "
-                         f"missing): measure it with python -m benchmarks rates --only decode")
+    complete = [d for d in DECODE_HEAD_DIMS
+                if all(decode_rate_name(d, w) in got for w in DECODE_TIMES)
+                and any(n.startswith(f"decode_d{d}_stream_p") for n in got)]
+    if not complete:
+        raise ValueError(f"--from: {origin} has no decode group (no head dim with its fixed, "
+                         f"fill and handoff times and a stream rate): measure it with python -m "
+                         f"benchmarks rates --only decode")
     prov = rates_doc.get("provenance") or {}
     gpu = str(prov.get("gpu"))
     match = profile.get("match") or []
@@ -1302,12 +1318,14 @@ def profile_with_decode_rates(profile: dict, rates_doc: dict, origin: str) -> di
     run = next((g for g in reversed(prov.get("groups_added") or []) if "decode" in g["groups"]),
                prov)
     code = run.get("code_version") if isinstance(run.get("code_version"), dict) else {}
-    out = dict(profile, decode_rates={n: got[n]["value"] for n in DECODE_RATE_UNITS if n in got})
+    out = dict(profile, decode_rates={n: got[n]["value"] for n in DECODE_RATE_UNITS
+                                      if n in got and int(n.split("_")[1][1:]) in complete})
     out["sources"] = dict(profile.get("sources") or {}, decode_rates=(
-        f"MEASURED by python -m benchmarks rates (group decode) on {gpu}, {run.get('date')}, "
-        f"code {code.get('commit', 'unknown')}{' (dirty)' if code.get('dirty') else ''}, kernels_sha {run.get('kernels_sha')}, command: "
-        f"{run.get('command')}; kept in {origin}; written here by python -m benchmarks rates "
-        f"--to-profile"))
+        f"MEASURED by python -m benchmarks rates (group decode; head dims "
+        f"{', '.join(map(str, complete))}) on {gpu}, {run.get('date')}, "
+        f"code {code.get('commit', 'unknown')}{' (dirty)' if code.get('dirty') else ''}, kernels_sha"
+        f" {run.get('kernels_sha')}, command: {run.get('command')}; kept in {origin}; written "
+        f"here by python -m benchmarks rates --to-profile"))
     return out
 
 

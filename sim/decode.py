@@ -36,7 +36,7 @@ from .plan import rates_of
 from .workload import RESERVED_SMEM_PER_BLOCK
 
 __all__ = ["SplitKVPlan", "split_kv_plan", "choose_splits", "split_candidates", "split_kv_costs",
-           "decode_rates", "stream_rate", "priced_by_decode_rates", "DECODE_RATES_HEAD_DIM", "WARPS",
+           "decode_rates", "stream_rate", "plan_decode_rates", "WARPS",
            "KEYS_PER_STEP", "MAX_SEQLEN_Q", "rows_per_program", "lanes_per_key", "elements_per_lane"]
 
 #: Warps per program (a GPU launch; the CUDA simulator runs 2 to keep tests short).
@@ -87,18 +87,6 @@ MMA_REGISTERS = {(64, 4): 128, (64, 8): 130, (128, 4): 170, (128, 8): 170}
 #: the kernel reads its cache once and writes almost nothing (the copy rate the tiled plans take
 #: mixes reads and writes).
 DRAM_RATE = "dram_read_bytes_per_s"
-#: The plans the decoding kernel's own measured figures (`decode_rates`) price: what their
-#: microbenchmark runs (``python -m benchmarks rates --only decode``: head dim 128, one row chunk
-#: a KV head, the tensor-core kernel). Other plans keep the bandwidth-and-waves price and the
-#: one-wave split rule rather than be priced by figures of another program's stream.
-DECODE_RATES_HEAD_DIM = 128
-
-
-def priced_by_decode_rates(plan: "SplitKVPlan") -> bool:
-    """Whether ``plan`` is one the measured decode figures describe (`DECODE_RATES_HEAD_DIM`)."""
-    return plan.unit == "mma" and plan.head_dim == DECODE_RATES_HEAD_DIM and plan.row_chunks == 1
-
-
 #: Shared memory per SM the resident count assumes where the caller gives none (sm_90: 228 KiB,
 #: of which 1 KiB per resident program is the system's).
 SMEM_BYTES_PER_SM = 228 * 1024
@@ -199,31 +187,31 @@ def split_candidates(programs: int, seqlen_k: int, num_sms: int,
     return sorted(out)
 
 
-def decode_rates(gpu) -> tuple[dict, str] | None:
-    """``(rates, source)``: the split-KV kernel's own measured figures
-    (`sim.profiles.DECODE_RATE_UNITS`: fixed cost, ring fill, handoff, stream rate per program
-    count) of
-    ``gpu`` (a `sim.profiles.GPUProfile`): a rates file's decode group where the profile was
-    loaded with one that has it (source "measured"), else the profile's shipped
-    ``decode_rates`` (source "profile"); None where neither has the fixed cost, the fill, the
-    handoff and at least one stream rate."""
-    from .profiles import DECODE_RATE_UNITS
+def decode_rates(gpu, head_dim: int) -> tuple[dict, str] | None:
+    """``(figures, source)``: the split-KV kernel's own measured figures at ``head_dim``
+    (`sim.profiles.DECODE_RATE_UNITS`) on ``gpu`` (a `sim.profiles.GPUProfile`), as
+    ``{"fixed": s, "fill": s, "handoff": s, "stream": {programs: bytes/s}}``: a rates file's
+    decode group where the profile was loaded with one that has them (source "measured"), else
+    the profile's shipped ``decode_rates`` (source "profile"); None where neither has the three
+    times and at least one stream rate at that head dim."""
+    from .profiles import DECODE_STREAM_PROGRAMS, DECODE_TIMES, decode_rate_name
     for source, table in (("measured", getattr(gpu, "measured_rates", None)),
                           ("profile", getattr(gpu, "decode_rates", None))):
-        got = {k: float(v) for k, v in (table or {}).items() if k in DECODE_RATE_UNITS}
-        if ({"decode_fixed_s", "decode_fill_s", "decode_handoff_s"} <= set(got)
-                and any(k.startswith("decode_stream_p") for k in got)):
-            return got, source
+        table = table or {}
+        times = {w: table.get(decode_rate_name(head_dim, w)) for w in DECODE_TIMES}
+        stream = {p: float(table[decode_rate_name(head_dim, "stream", p)])
+                  for p in DECODE_STREAM_PROGRAMS if decode_rate_name(head_dim, "stream", p) in table}
+        if stream and all(v is not None for v in times.values()):
+            return {w: float(v) for w, v in times.items()} | {"stream": stream}, source
     return None
 
 
-def stream_rate(rates: dict, programs: int) -> float:
-    """The aggregate bytes/s of ``programs`` programs streaming at once, from the measured
-    ``decode_stream_p{P}_bytes_per_s`` of ``rates`` (`decode_rates`): linear between the two
-    measured program counts around it, each program at the first one's per-program rate below
-    it, the last one's aggregate above it."""
-    points = sorted((int(k[len("decode_stream_p"):-len("_bytes_per_s")]), v)
-                    for k, v in rates.items() if k.startswith("decode_stream_p"))
+def stream_rate(stream: dict, programs: int) -> float:
+    """The aggregate bytes/s of ``programs`` programs streaming at once, from ``stream``
+    (measured program counts -> bytes/s, `decode_rates`): linear between the two measured
+    counts around it, each program at the first one's per-program rate below it, the last one's
+    aggregate above it."""
+    points = sorted(stream.items())
     p = max(int(programs), 1)
     if p <= points[0][0]:
         return points[0][1] * p / points[0][0]
@@ -231,6 +219,16 @@ def stream_rate(rates: dict, programs: int) -> float:
         if p <= p1:
             return a0 + (a1 - a0) * (p - p0) / (p1 - p0)
     return points[-1][1]
+
+
+def plan_decode_rates(plan: "SplitKVPlan", gpu) -> tuple[dict, str] | None:
+    """The measured figures that price ``plan`` on ``gpu`` (`decode_rates` at its head dim), or
+    None: the CUDA-core kernel, plans of more than one row chunk a KV head (chunks share their
+    K/V through L2, which the microbenchmark's programs do not) and GPUs without figures at that
+    head dim keep the bandwidth-and-waves price and the one-wave rule."""
+    if plan.unit != "mma" or plan.row_chunks != 1 or gpu is None:
+        return None
+    return decode_rates(gpu, plan.head_dim)
 
 
 @dataclass(frozen=True)
@@ -298,8 +296,8 @@ def split_kv_plan(batch: int, heads_q: int, heads_kv: int, seqlen_q: int, seqlen
     else `MMA_WARPS`.
 
     ``gpu``: a `sim.profiles.GPUProfile` (or a shipped profile's name). Where it has the
-    tensor-core kernel's measured decode figures (`decode_rates`) and they describe the plan
-    (`priced_by_decode_rates`: head dim 128, one row chunk) the split count is the
+    tensor-core kernel's measured decode figures at the plan's head dim and the plan has one
+    row chunk a KV head (`plan_decode_rates`), the split count is the
     cheapest of :func:`split_candidates` by :func:`split_kv_costs` (ties to fewer splits): more
     splits buy stream rate only until the programs saturate DRAM, and each split past the
     first costs the merge's handoff. Otherwise, and for the CUDA-core kernel,
@@ -319,7 +317,7 @@ def split_kv_plan(batch: int, heads_q: int, heads_kv: int, seqlen_q: int, seqlen
     if isinstance(gpu, str):
         from .profiles import load_profile
         gpu = load_profile(gpu)
-    priced = splits is None and tensor_cores and gpu is not None and decode_rates(gpu)
+    priced = splits is None and tensor_cores and gpu is not None
     if splits is None:
         splits = choose_splits(batch * heads_kv * chunks, seqlen_k, num_sms, resident)
     common = dict(batch=batch, heads_q=heads_q, heads_kv=heads_kv, seqlen_q=seqlen_q,
@@ -331,7 +329,7 @@ def split_kv_plan(batch: int, heads_q: int, heads_kv: int, seqlen_q: int, seqlen
                            stages=MMA_STAGES,
                            dynamic_shared_bytes=mma_shared_bytes(head_dim, mma_warps, MMA_BLOCK_K,
                                                                  MMA_STAGES)[0])
-        if priced and priced_by_decode_rates(plan):
+        if priced and plan_decode_rates(plan, gpu):
             plans = [replace(plan, splits=s) for s in
                      split_candidates(plan.programs, seqlen_k, num_sms, resident)]
             plan = min(plans, key=lambda pl: (split_kv_costs(pl, gpu)["time_s"], pl.splits))
@@ -365,15 +363,15 @@ def split_kv_costs(plan: SplitKVPlan, gpu, keys_read: int | None = None) -> dict
     a rates file, as `sim.plan.price` adds it per kernel; 0 at datasheet rates, which have none).
 
     The tensor-core kernel on a GPU with its own measured figures (`decode_rates`: a rates
-    file's decode group, else the profile's shipped one; ``rates["decode"]`` says which), at the
-    head dim and single row chunk they were measured at (`priced_by_decode_rates`), is priced
-    by them instead: the call's fixed GPU time (``decode_fixed_s``: launch, set-up, first
-    round trip, output), plus the ring's fill (``decode_fill_s``) where a warp's share of the
+    file's decode group, else the profile's shipped one; ``rates["decode"]`` says which) at its
+    head dim, with one row chunk a KV head (`plan_decode_rates`), is priced by them instead:
+    the call's fixed GPU time (``fixed``: launch, set-up, first round trip, output), plus the
+    ring's fill (``fill``) where a warp's share of the
     split is more blocks than its ring of ``stages`` holds, plus its DRAM bytes at the measured
-    stream rate of its programs
-    (`stream_rate`, where the plan runs one program an SM and one wave; else the read rate
-    and waves as above), or its FLOPs, whichever is longer; with more than one split, plus the
-    merge's handoff (``decode_handoff_s``) and its partials at the read rate. No host launch
+    stream rate of its programs at once (`stream_rate`; counted in eight-warp programs, the
+    microbenchmark's: a four-warp program is half of one; past one wave, stretched by the last
+    wave's idle slots as above), or its FLOPs, whichever is longer; with more than one split, plus the
+    merge's handoff (``handoff``) and its partials at the read rate. No host launch
     cost: the figures are GPU time, as a captured decoding loop runs it.
     """
     p = plan
@@ -400,21 +398,22 @@ def split_kv_costs(plan: SplitKVPlan, gpu, keys_read: int | None = None) -> dict
         if p.unit == "mma" else flops
     unit_rate = (rates["mma_bf16_flops_per_s"] or rates["mma_f16_flops_per_s"]) \
         if p.unit == "mma" else rates["ffma_flops_per_s"]
-    dec = decode_rates(gpu) if priced_by_decode_rates(p) else None
+    dec = plan_decode_rates(p, gpu)
     if dec is None:
         main_time = launch_s + max(main_dram / bw / wave_efficiency, flops_run / unit_rate)
         merge_time = merge_bytes / bw
     else:
         d, _ = dec
-        busy = p.programs * p.splits
-        # one program an SM: the stream rate of that many programs; more: the DRAM read rate
-        stream = (main_dram / stream_rate(d, busy) if p.resident_per_sm == 1
-                  and busy <= gpu.num_sms else main_dram / bw / wave_efficiency)
+        # the programs at once, in the microbenchmark's eight-warp programs (a warp keeps the
+        # same blocks in flight in either kernel); past one wave, the last wave's idle slots
+        busy = min(p.programs * p.splits, wave) * p.warps / MMA_WARPS_FEW_PROGRAMS
+        tail = wave_efficiency if waves > 1 else 1.0
+        stream = main_dram / stream_rate(d["stream"], busy) / tail
         # a split of more blocks per warp than its ring holds waits once for the ring to fill
         per_warp = -(-(-(-keys // p.splits)) // (p.warps * p.keys_per_step))
-        fill = d["decode_fill_s"] if per_warp > p.stages else 0.0
-        main_time = d["decode_fixed_s"] + fill + max(stream, flops_run / unit_rate)
-        merge_time = (d["decode_handoff_s"] + merge_bytes / bw) if p.splits > 1 else 0.0
+        fill = d["fill"] if per_warp > p.stages else 0.0
+        main_time = d["fixed"] + fill + max(stream, flops_run / unit_rate)
+        merge_time = (d["handoff"] + merge_bytes / bw) if p.splits > 1 else 0.0
     return {
         "splits": p.splits,
         "rows_per_program": p.rows_per_program,

@@ -20,7 +20,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 __all__ = ["GPUProfile", "PROFILES", "PROFILE_DIR", "RATES_SCHEMA", "RATE_UNITS",
-           "DECODE_RATE_UNITS", "DECODE_STREAM_PROGRAMS", "decode_stream_rate_name",
+           "DECODE_RATE_UNITS", "DECODE_HEAD_DIMS", "DECODE_STREAM_PROGRAMS", "DECODE_TIMES",
+           "decode_rate_name",
            "load_profile", "profile_for_gpu_name", "read_rates"]
 
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
@@ -59,22 +60,31 @@ RATE_UNITS = {
     "kernel_launch_numba_s": "s",
 }
 
-#: Programs at which ``python -m benchmarks rates --only decode`` measures the split-KV kernel's
-#: stream (`decode_stream_rate_name`), those under the GPU's SM count.
+#: Head dims and program counts at which ``python -m benchmarks rates --only decode`` measures
+#: the split-KV kernel (the tensor-core kernel's head dims; the counts under the GPU's SMs).
+DECODE_HEAD_DIMS = (64, 128)
 DECODE_STREAM_PROGRAMS = (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 96, 112, 128)
+#: The times of a decoding call it measures per head dim (`decode_rate_name`).
+DECODE_TIMES = ("fixed", "fill", "handoff")
 
 
-def decode_stream_rate_name(programs: int) -> str:
-    """The rate name of the split-KV kernel's stream with ``programs`` programs at once."""
-    return f"decode_stream_p{int(programs)}_bytes_per_s"
+def decode_rate_name(head_dim: int, what: str, programs: int | None = None) -> str:
+    """The rate name of one of the split-KV kernel's figures at ``head_dim``: ``what`` one of
+    `DECODE_TIMES` (seconds), or "stream" with ``programs`` (bytes/s)."""
+    if what == "stream":
+        return f"decode_d{int(head_dim)}_stream_p{int(programs)}_bytes_per_s"
+    if what not in DECODE_TIMES:
+        raise ValueError(f"what must be one of {DECODE_TIMES} or 'stream', got {what!r}")
+    return f"decode_d{int(head_dim)}_{what}_s"
 
 
 #: The split-KV decoding kernel's own figures (group ``decode`` of ``python -m benchmarks
-#: rates``; `sim.decode` prices its plan and picks its split count with them): the GPU time of a
-#: call around its stream, the merge's handoff, and the stream's aggregate rate at each of
-#: `DECODE_STREAM_PROGRAMS` programs.
-DECODE_RATE_UNITS = {"decode_fixed_s": "s", "decode_fill_s": "s", "decode_handoff_s": "s"} | {
-    decode_stream_rate_name(p): "bytes/s" for p in DECODE_STREAM_PROGRAMS}
+#: rates``; `sim.decode` prices its plan and picks its split count with them), per head dim: the
+#: GPU time of a call around its stream, the fill of a longer stream, the merge's handoff, and
+#: the stream's aggregate rate at each of `DECODE_STREAM_PROGRAMS` programs.
+DECODE_RATE_UNITS = {decode_rate_name(d, w): "s" for d in DECODE_HEAD_DIMS for w in DECODE_TIMES} | {
+    decode_rate_name(d, "stream", p): "bytes/s" for d in DECODE_HEAD_DIMS
+    for p in DECODE_STREAM_PROGRAMS}
 RATE_UNITS.update(DECODE_RATE_UNITS)
 
 
@@ -129,12 +139,13 @@ class GPUProfile:
       with 1, 2 or 3 tiles in flight per block;
     * ``kernel_launch_s``, ``kernel_launch_numba_s`` (s): host time per launch of an empty
       kernel, back to back, through `kernels.host.launch` and through Numba's own launch;
-    * the split-KV decoding kernel's own (:data:`DECODE_RATE_UNITS`): ``decode_fixed_s`` (s),
-      the GPU time of a one-split call around its stream where each warp's ring holds all its
-      blocks; ``decode_fill_s`` (s), what a longer stream adds once (a warp waits for its ring's
-      first block before it refills it); ``decode_handoff_s`` (s), what a second split adds at
-      the same stream (the partials, the ticket, the merge);
-      ``decode_stream_p{P}_bytes_per_s`` (bytes/s), the aggregate stream rate of ``P`` programs.
+    * the split-KV decoding kernel's own (:data:`DECODE_RATE_UNITS`, per head dim ``D`` of
+      `DECODE_HEAD_DIMS`): ``decode_dD_fixed_s`` (s), the GPU time of a one-split call around
+      its stream where each warp's ring holds all its blocks; ``decode_dD_fill_s`` (s), what a
+      longer stream adds once (a warp waits for its ring's first block before it refills it);
+      ``decode_dD_handoff_s`` (s), what a second split adds at the same stream (the partials,
+      the ticket, the merge); ``decode_dD_stream_pP_bytes_per_s`` (bytes/s), the aggregate
+      stream rate of ``P`` programs.
 
     ``decode_rates`` holds the last group as shipped with the profile (measured on one GPU of
     the model, ``sources["decode_rates"]`` says where; written by ``python -m benchmarks rates

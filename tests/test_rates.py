@@ -397,6 +397,12 @@ def test_add_groups_computes_the_derived_rate_again():
     assert out["rates"]["wgmma_fp8_flops_per_s"] == wg
     assert "wgmma_fp8_flops_per_s" not in out["skipped"]
     assert out["rates"]["smem_read_bytes_per_clk_per_sm"]["value"] == 200.0
+    # a rate of a name no longer known (renamed since) is dropped by the next addition
+    old = dict(doc, rates=dict(doc["rates"], decode_fixed_s={"value": 1e-6, "unit": "s"}),
+               skipped={"decode_fill_s": "renamed"})
+    out = R.add_groups(old, {"wgmma_fp8_flops_per_s": wg}, {}, {"groups": ["wgmma"]})
+    assert "decode_fixed_s" not in out["rates"] and "decode_fill_s" not in out["skipped"]
+    assert set(out["rates"]) - {"wgmma_fp8_flops_per_s"} == set(doc["rates"])
 
 
 def test_add_to_refuses_another_gpu_and_other_files(tmp_path, capsys):
@@ -527,7 +533,10 @@ def test_on_a_gpu_the_ptx_kernels_and_a_quick_run(tmp_path):
         assert 0.3 < r.rate("ffma_flops_per_s") / prof.fp32_flops_per_s < 1.2
         assert 0.1 < r.rate("mma_fp16_flops_per_s") / prof.tensor_flops_per_s["fp16"] < 1.2
         # the decoding kernel's stream: below the datasheet bandwidth, above a lone program's
-        lone, most = r.rate("decode_stream_p1_bytes_per_s"), r.rate("decode_stream_p128_bytes_per_s")
-        assert 10e9 < lone < most < 1.2 * prof.hbm_bandwidth_bytes_per_s
-        assert 0 < r.rate("decode_fixed_s") < 50e-6 and 0 < r.rate("decode_handoff_s") < 50e-6
+        for d in (64, 128):
+            lone = r.rate(f"decode_d{d}_stream_p1_bytes_per_s")
+            most = r.rate(f"decode_d{d}_stream_p128_bytes_per_s")
+            assert 5e9 < lone < most < 1.2 * prof.hbm_bandwidth_bytes_per_s
+            assert 0 < r.rate(f"decode_d{d}_fixed_s") < 50e-6
+            assert 0 < r.rate(f"decode_d{d}_handoff_s") < 50e-6
         assert r.rate("dram_read_bytes_per_s") <= prof.hbm_bandwidth_bytes_per_s * 1.02
