@@ -93,7 +93,7 @@ def _window(text: str) -> tuple[int, int]:
 
 def _split_kv_cmd(a) -> int:
     """``predict --schedule split-kv``: the split-KV decoding plan (`sim.decode`) and its costs."""
-    from .decode import split_kv_costs, split_kv_plan, uses_tensor_cores
+    from .decode import DRAM_RATE, split_kv_costs, split_kv_plan, uses_tensor_cores
     for flag, value in (("--dropout", a.dropout), ("--density", a.density), ("--window", a.window),
                         ("--block-q", a.block_q), ("--block-k", a.block_k)):
         if value:
@@ -131,8 +131,11 @@ def _split_kv_cmd(a) -> int:
             ("DRAM write bytes", _fmt(costs["dram_write_bytes"])),
             ("FLOPs", _fmt(costs["flops"])), ("wave efficiency", f"{costs['wave_efficiency']:.3f}"),
             ("predicted time", f"{costs['time_s'] * 1e3:.4f} ms (main {costs['time_main_s'] * 1e3:.4f}, "
-                               f"merge {costs['time_merge_s'] * 1e3:.4f}, each with its launch cost; "
-                               f"{costs['rates']['dram_bytes_per_s']} rates)")]
+                               f"merge {costs['time_merge_s'] * 1e3:.4f}; " + (
+                                   f"the kernel's measured decode figures ({costs['rates']['decode']})"
+                                   if "decode" in costs["rates"] else
+                                   f"DRAM at {costs['rates'][DRAM_RATE]} rates, the launch cost in main")
+                               + ")")]
     width = max(len(r[0]) for r in rows)
     for k, v in rows:
         print(f"{k:<{width}}  {v}")

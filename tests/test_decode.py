@@ -638,6 +638,12 @@ def test_cli_predicts_split_kv_with_the_chosen_or_given_splits(capsys):
     assert four["plan"]["warps"] == 4 and four["splits"] == choose_splits(64, 32768, H100.num_sms, 2)
     with pytest.raises(SystemExit, match="--decode-warps"):
         main(args[:-2] + ["fp32", "--json", "--decode-warps", "4"])
+    # the table (no --json): on the H200 the kernel's shipped decode figures price it
+    for device, priced in (("h100", "DRAM at datasheet rates"),
+                           ("h200", "the kernel's measured decode figures (profile)")):
+        assert main(args[:-1] + ["--device", device]) == 0
+        out = capsys.readouterr().out
+        assert "splits" in out and "(chosen by the model)" in out and priced in out
     with pytest.raises(SystemExit, match="split-kv"):
         main(["predict", "--schedule", "flash2", "--seq-len", "64", "--splits", "2"])
 
