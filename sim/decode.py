@@ -22,10 +22,12 @@ or `MMA_WARPS_FEW_PROGRAMS` warps a program) and on the CUDA cores (``"ffma"``: 
 one under the CUDA simulator; the rows its lanes keep in registers, `rows_per_program`).
 
 :func:`split_kv_plan` builds the plan from the problem's sizes and the GPU's SM count and
-shared memory (the kernel, its warps and resident programs, the number of splits by
-:func:`choose_splits`, or given); `kernels.decode_fwd` launches exactly this plan (its kernel,
-grid, threads, row chunks and shared memory), and :func:`split_kv_costs` prices it: bytes per
-memory level, FLOPs and time on a `sim.profiles.GPUProfile`. This module is pure Python.
+shared memory (the kernel, its warps and resident programs, the number of splits: the cheapest
+by :func:`split_kv_costs` where the GPU's profile has the kernel's measured decode figures,
+:func:`decode_rates`, else :func:`choose_splits`, or given); `kernels.decode_fwd` launches
+exactly this plan (its kernel, grid, threads, row chunks and shared memory, on the profile of
+the device), and :func:`split_kv_costs` prices it: bytes per memory level, FLOPs and time on a
+`sim.profiles.GPUProfile`. This module is pure Python.
 """
 from __future__ import annotations
 
