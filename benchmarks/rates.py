@@ -1300,11 +1300,10 @@ def profile_with_decode_rates(profile: dict, rates_doc: dict, origin: str) -> di
     the group (its ``groups_added`` entry where one added it, else the file's provenance).
     ValueError where the file has no head dim's full set of decode figures, or its GPU is not
     one the profile matches."""
-    from sim.profiles import DECODE_HEAD_DIMS, DECODE_RATE_UNITS, DECODE_TIMES, decode_rate_name
-    got = rates_doc["rates"]
-    complete = [d for d in DECODE_HEAD_DIMS
-                if all(decode_rate_name(d, w) in got for w in DECODE_TIMES)
-                and any(n.startswith(f"decode_d{d}_stream_p") for n in got)]
+    from sim.decode import decode_figures
+    from sim.profiles import DECODE_HEAD_DIMS, decode_rate_names
+    values = {n: e["value"] for n, e in rates_doc["rates"].items()}
+    complete = [d for d in DECODE_HEAD_DIMS if decode_figures(values, d) is not None]
     if not complete:
         raise ValueError(f"--from: {origin} has no decode group (no head dim with its fixed, "
                          f"fill and handoff times and a stream rate): measure it with python -m "
@@ -1318,8 +1317,8 @@ def profile_with_decode_rates(profile: dict, rates_doc: dict, origin: str) -> di
     run = next((g for g in reversed(prov.get("groups_added") or []) if "decode" in g["groups"]),
                prov)
     code = run.get("code_version") if isinstance(run.get("code_version"), dict) else {}
-    out = dict(profile, decode_rates={n: got[n]["value"] for n in DECODE_RATE_UNITS
-                                      if n in got and int(n.split("_")[1][1:]) in complete})
+    out = dict(profile, decode_rates={n: values[n] for d in complete
+                                      for n in decode_rate_names(d) if n in values})
     out["sources"] = dict(profile.get("sources") or {}, decode_rates=(
         f"MEASURED by python -m benchmarks rates (group decode; head dims "
         f"{', '.join(map(str, complete))}) on {gpu}, {run.get('date')}, "

@@ -1053,15 +1053,8 @@ def _smem_per_sm() -> int:
     simulator)."""
     if not host.real_gpu():
         return SMEM_BYTES_PER_SM
-    return _smem_of(host.current_device_id())
-
-
-@functools.lru_cache(maxsize=None)
-def _smem_of(device_id: int) -> int:
-    try:
-        return int(cuda.gpus[device_id].MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)
-    except (AttributeError, KeyError):         # a driver binding without the attribute
-        return SMEM_BYTES_PER_SM
+    per_sm = host.smem_per_sm(host.current_device_id())
+    return SMEM_BYTES_PER_SM if per_sm is None else per_sm
 
 
 def _profile_name() -> str | None:
@@ -1141,7 +1134,7 @@ def prepare(problem, config=None):
     p = plan(pb, config)
     group, dtype_name = pb.group, pb.dtype_name
     template = host._without_operands(pb)
-    words = pb.dtype_name != "float32"
+    words = dtype_name != "float32"
     B, Hq, Nq, D = pb.batch, pb.heads_q, pb.seqlen_q, pb.head_dim
     banded, lo, hi, shift = _band(pb)
     use_shfl = host.real_gpu()

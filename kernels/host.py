@@ -275,22 +275,30 @@ def _driver_opt_in(fn, sharedmem: int, dev_id: int) -> None:
     driver.cuKernelSetAttribute(attr, sharedmem, fn.handle, dev.id)
 
 
+@functools.lru_cache(maxsize=None)
+def smem_per_sm(device_id: int) -> int | None:
+    """Shared memory of one SM of CUDA device ``device_id``, bytes (read once), or None where
+    the driver binding does not give it."""
+    from numba import cuda
+    try:
+        return int(cuda.gpus[device_id].MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)
+    except (AttributeError, KeyError):
+        return None
+
+
 def _driver_carveout(fn, shared_bytes: int, dev_id: int) -> None:
     """``cuKernelSetAttribute(PREFERRED_SHARED_MEMORY_CARVEOUT)`` of loaded function ``fn``: the
     percentage of the SM's shared memory that holds ``shared_bytes`` (rounded up; the driver
     takes the smallest carveout it has of at least that). A smaller carveout leaves a larger
     L1, through which the decoding kernel's ``cp.async.ca`` copies pass. Nothing is asked where
     the driver binding does not give the SM's shared memory."""
-    from numba import cuda
     from numba.cuda.cudadrv.driver import binding, driver
-    dev = cuda.get_current_device()
-    try:
-        per_sm = int(dev.MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)
-    except AttributeError:
+    per_sm = smem_per_sm(dev_id)
+    if per_sm is None:
         return
     percent = min(100, -(-100 * int(shared_bytes) // per_sm))
     attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
-    driver.cuKernelSetAttribute(attr, percent, fn.handle, dev.id)
+    driver.cuKernelSetAttribute(attr, percent, fn.handle, dev_id)
 
 
 def _tensor_values(a):

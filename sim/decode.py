@@ -38,7 +38,7 @@ from .plan import rates_of
 from .workload import RESERVED_SMEM_PER_BLOCK
 
 __all__ = ["SplitKVPlan", "split_kv_plan", "choose_splits", "split_candidates", "split_kv_costs",
-           "decode_rates", "stream_rate", "plan_decode_rates", "WARPS",
+           "decode_figures", "decode_rates", "stream_rate", "plan_decode_rates", "WARPS",
            "KEYS_PER_STEP", "MAX_SEQLEN_Q", "rows_per_program", "lanes_per_key", "elements_per_lane"]
 
 #: Warps per program (a GPU launch; the CUDA simulator runs 2 to keep tests short).
@@ -189,22 +189,32 @@ def split_candidates(programs: int, seqlen_k: int, num_sms: int,
     return sorted(out)
 
 
+def decode_figures(table: dict, head_dim: int) -> dict | None:
+    """The split-KV kernel's figures at ``head_dim`` in ``table`` (rate name -> value, the names
+    of `sim.profiles.decode_rate_names`), as ``{"fixed": s, "fill": s, "handoff": s, "stream":
+    {programs: bytes/s}}``; None where it lacks one of the three times or every stream rate."""
+    from .profiles import DECODE_STREAM_PROGRAMS, DECODE_TIMES, decode_rate_name
+    times = {w: table.get(decode_rate_name(head_dim, w)) for w in DECODE_TIMES}
+    stream = {}
+    for p in DECODE_STREAM_PROGRAMS:
+        v = table.get(decode_rate_name(head_dim, "stream", p))
+        if v is not None:
+            stream[p] = float(v)
+    if not stream or any(v is None for v in times.values()):
+        return None
+    return {w: float(v) for w, v in times.items()} | {"stream": stream}
+
+
 def decode_rates(gpu, head_dim: int) -> tuple[dict, str] | None:
     """``(figures, source)``: the split-KV kernel's own measured figures at ``head_dim``
-    (`sim.profiles.DECODE_RATE_UNITS`) on ``gpu`` (a `sim.profiles.GPUProfile`), as
-    ``{"fixed": s, "fill": s, "handoff": s, "stream": {programs: bytes/s}}``: a rates file's
-    decode group where the profile was loaded with one that has them (source "measured"), else
-    the profile's shipped ``decode_rates`` (source "profile"); None where neither has the three
-    times and at least one stream rate at that head dim."""
-    from .profiles import DECODE_STREAM_PROGRAMS, DECODE_TIMES, decode_rate_name
+    (`decode_figures`) on ``gpu`` (a `sim.profiles.GPUProfile`): a rates file's decode group
+    where the profile was loaded with one that has them (source "measured"), else the profile's
+    shipped ``decode_rates`` (source "profile"); None where neither has them at that head dim."""
     for source, table in (("measured", getattr(gpu, "measured_rates", None)),
                           ("profile", getattr(gpu, "decode_rates", None))):
-        table = table or {}
-        times = {w: table.get(decode_rate_name(head_dim, w)) for w in DECODE_TIMES}
-        stream = {p: float(table[decode_rate_name(head_dim, "stream", p)])
-                  for p in DECODE_STREAM_PROGRAMS if decode_rate_name(head_dim, "stream", p) in table}
-        if stream and all(v is not None for v in times.values()):
-            return {w: float(v) for w, v in times.items()} | {"stream": stream}, source
+        got = decode_figures(table or {}, head_dim)
+        if got is not None:
+            return got, source
     return None
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 __all__ = ["GPUProfile", "PROFILES", "PROFILE_DIR", "RATES_SCHEMA", "RATE_UNITS",
            "DECODE_RATE_UNITS", "DECODE_HEAD_DIMS", "DECODE_STREAM_PROGRAMS", "DECODE_TIMES",
-           "decode_rate_name",
+           "decode_rate_name", "decode_rate_names",
            "load_profile", "profile_for_gpu_name", "read_rates"]
 
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
@@ -78,13 +78,19 @@ def decode_rate_name(head_dim: int, what: str, programs: int | None = None) -> s
     return f"decode_d{int(head_dim)}_{what}_s"
 
 
-#: The split-KV decoding kernel's own figures (group ``decode`` of ``python -m benchmarks
-#: rates``; `sim.decode` prices its plan and picks its split count with them), per head dim: the
-#: GPU time of a call around its stream, the fill of a longer stream, the merge's handoff, and
-#: the stream's aggregate rate at each of `DECODE_STREAM_PROGRAMS` programs.
-DECODE_RATE_UNITS = {decode_rate_name(d, w): "s" for d in DECODE_HEAD_DIMS for w in DECODE_TIMES} | {
-    decode_rate_name(d, "stream", p): "bytes/s" for d in DECODE_HEAD_DIMS
-    for p in DECODE_STREAM_PROGRAMS}
+def decode_rate_names(head_dim: int) -> dict:
+    """The rate names of the split-KV kernel's figures at ``head_dim``, each with its unit: the
+    GPU time of a call around its stream, the fill of a longer stream, the merge's handoff
+    (`DECODE_TIMES`, seconds), and the stream's aggregate rate at each of
+    `DECODE_STREAM_PROGRAMS` programs (bytes/s)."""
+    return {decode_rate_name(head_dim, w): "s" for w in DECODE_TIMES} | {
+        decode_rate_name(head_dim, "stream", p): "bytes/s" for p in DECODE_STREAM_PROGRAMS}
+
+
+#: The split-KV decoding kernel's own figures at each of `DECODE_HEAD_DIMS` (group ``decode`` of
+#: ``python -m benchmarks rates``; `sim.decode` prices its plan and picks its split count with
+#: them): `decode_rate_names`.
+DECODE_RATE_UNITS = {n: u for d in DECODE_HEAD_DIMS for n, u in decode_rate_names(d).items()}
 RATE_UNITS.update(DECODE_RATE_UNITS)
 
 
