@@ -1,7 +1,8 @@
 """Command ``fp8``: FlashAttention-3's FP8 forward against the 16-bit forwards, in one run, and its error.
 
     python -m benchmarks fp8 [--seq-lens 512,1024,2048,4096,8192,16384] [--causal both]
-                             [--error-seq-len 2048] [--out FILE.json]
+                             [--error-seq-len 2048] [--pingpong both] [--timing device]
+                             [--out FILE.json]
 
 Speed, d = 128, the benchmark's shapes (`benchmarks.common.benchmark_inputs`: B * N = 16384
 tokens, H = 16), causal and not; CUDA-event medians (`benchmarks.common.time_cuda`) of
@@ -11,6 +12,13 @@ tokens, H = 16), causal and not; CUDA-event medians (`benchmarks.common.time_cud
 * ``ioaware-fp16``: ``ioaware.attention`` on float16 (the ``wgmma`` forward);
 * ``sdpa-flash`` / ``sdpa-cudnn``: PyTorch SDPA on bfloat16, restricted to that backend;
 
+and with ``--pingpong both`` what the ``wgmma`` kernels' ping-pong (the two consumer warpgroups
+taking turns issuing S = Q K^T) buys, both variants of each kernel on the same inputs
+(`kernels.prepare_forward` with ``KernelConfig(family="wgmma", pingpong=...)`` and
+`kernels.wgmma_fwd.forward_fp8` with ``pingpong=...``, past ``ioaware``'s checks):
+``kernel-fp16-pingpong`` / ``kernel-fp16-no-pingpong``, ``kernel-fp8-pingpong`` /
+``kernel-fp8-no-pingpong``, and their ratios ``pingpong_gain_fp16`` and ``pingpong_gain_fp8``
+(t_without / t_with: above 1, ping-pong is faster);
 with TFLOP/s (4 B H N^2 d, halved when causal), the ratios ``fp16_over_fp8`` (t_ioaware-fp16 /
 t_ioaware-fp8), ``flash_over_fp8`` and ``cudnn_over_fp8``, and the model's time of both plans
 (`sim.plan.price` of the ``wgmma_fp8`` and ``wgmma`` plans on the GPU's datasheet profile, or
@@ -56,7 +64,25 @@ def _model_ms(batch, heads, n, causal, profile) -> dict:
     return out
 
 
-def speed_case(torch, n, causal, profile) -> dict:
+def pingpong_times(torch, q, k, v, q8, k8, v8, descales, causal, timing) -> dict:
+    """The ping-pong variants of the 16-bit and FP8 ``wgmma`` kernels on the same inputs (the
+    module docstring), as ``{name: {"ms": ...}}``."""
+    from kernels import KernelConfig, prepare_forward
+    from kernels.wgmma_fwd import forward_fp8
+    from benchmarks.common import attention_problem
+    problem = attention_problem(q, k, v, causal=causal)
+    dq, dk, dv = descales
+    times = {}
+    for on in (True, False):
+        tag = "pingpong" if on else "no-pingpong"
+        run = prepare_forward(problem, KernelConfig(family="wgmma", block_q=128, pingpong=on))
+        times[f"kernel-fp16-{tag}"] = time_or_error(torch, lambda run=run: run(q, k, v), timing)
+        times[f"kernel-fp8-{tag}"] = time_or_error(torch, lambda on=on: forward_fp8(
+            q8, k8, v8, dq, dk, dv, causal=causal, pingpong=on), timing)
+    return times
+
+
+def speed_case(torch, n, causal, profile, pingpong=False, timing="sync") -> dict:
     import torch.nn.functional as F
 
     import ioaware
@@ -67,14 +93,17 @@ def speed_case(torch, n, causal, profile) -> dict:
     qb, kb, vb = (x.to(torch.bfloat16) for x in (q, k, v))
     times = {
         "ioaware-fp8": time_or_error(torch, lambda: fp8.attention(
-            q8, k8, v8, descale_q=dq, descale_k=dk, descale_v=dv, causal=causal)),
-        "ioaware-fp16": time_or_error(torch, lambda: ioaware.attention(q, k, v, causal=causal)),
+            q8, k8, v8, descale_q=dq, descale_k=dk, descale_v=dv, causal=causal), timing),
+        "ioaware-fp16": time_or_error(torch, lambda: ioaware.attention(q, k, v, causal=causal),
+                                      timing),
     }
+    if pingpong:
+        times.update(pingpong_times(torch, q, k, v, q8, k8, v8, (dq, dk, dv), causal, timing))
     for name, backend in (("sdpa-flash", "sdpa-flash"), ("sdpa-cudnn", "sdpa-cudnn")):
         def run(backend=backend):
             with sdpa_context(backend):
                 return F.scaled_dot_product_attention(qb, kb, vb, is_causal=causal)
-        times[name] = time_or_error(torch, run)
+        times[name] = time_or_error(torch, run, timing)
     flops = attention_flops(batch, heads, n, n, HEAD_DIM, causal, "fwd")
     for entry in times.values():
         if "ms" in entry:
@@ -89,6 +118,10 @@ def speed_case(torch, n, causal, profile) -> dict:
                 rec[key] = times[name]["ms"] / fp8_ms
         m = rec["model_ms"]
         rec["model_fp16_over_fp8"] = m["wgmma"] / m["wgmma_fp8"]
+    for unit in ("fp16", "fp8") if pingpong else ():
+        on, off = times[f"kernel-{unit}-pingpong"], times[f"kernel-{unit}-no-pingpong"]
+        if "ms" in on and "ms" in off:
+            rec[f"pingpong_gain_{unit}"] = off["ms"] / on["ms"]
     return rec
 
 
@@ -124,6 +157,11 @@ def main(argv=None) -> int:
     ap.add_argument("--seq-lens", default="512,1024,2048,4096,8192,16384", type=_sizes)
     ap.add_argument("--causal", default="both", choices=("both", "true", "false"))
     ap.add_argument("--error-seq-len", default=2048, type=int)
+    ap.add_argument("--pingpong", default="default", choices=("default", "both"),
+                    help="both: also time the wgmma kernels with and without ping-pong")
+    ap.add_argument("--timing", default="sync", choices=("sync", "device"),
+                    help="sync: events around synchronous calls, host time included (default); "
+                         "device: GPU time only, behind a device-side sleep")
     ap.add_argument("--rates", default=None,
                     help="rates file (python -m benchmarks rates) to price the plans with")
     ap.add_argument("--out", default=None, help="JSON file to write")
@@ -141,14 +179,16 @@ def main(argv=None) -> int:
     records = []
     for causal in causals:
         for n in args.seq_lens:
-            rec = speed_case(torch, n, causal, profile)
+            rec = speed_case(torch, n, causal, profile, args.pingpong == "both", args.timing)
             records.append(rec)
             cells = "  ".join(f"{k}={e['ms']:.3f}" if "ms" in e else f"{k}=—"
                               for k, e in rec["times_ms"].items())
             print(f"N={n} causal={causal}: {cells}  fp16/fp8 {rec.get('fp16_over_fp8', 0):.2f}x "
                   f"(model {rec.get('model_fp16_over_fp8', 0):.2f}x)  FLASH/fp8 "
                   f"{rec.get('flash_over_fp8', 0):.2f}x  cuDNN/fp8 "
-                  f"{rec.get('cudnn_over_fp8', 0):.2f}x", flush=True)
+                  f"{rec.get('cudnn_over_fp8', 0):.2f}x" + "".join(
+                      f"  ping-pong {u} {rec[f'pingpong_gain_{u}']:.3f}x"
+                      for u in ("fp16", "fp8") if f"pingpong_gain_{u}" in rec), flush=True)
     err = error_case(torch, args.error_seq_len)
     print("RMSE against float64 (inputs with outliers): " + "  ".join(
         f"{k}={v:.2e}" for k, v in err["rmse"].items())

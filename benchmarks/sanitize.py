@@ -6,7 +6,8 @@ compute-sanitizer.
 FAMILY is any of ``simt``, ``mma``, ``tf32``, ``split_kv``, ``wgmma``, ``wgmma_fp8`` (default:
 all six on compute capability 9.0, the first four elsewhere), so that the
 families can run as separate sanitizer processes side by side. ``wgmma`` (the Hopper forward,
-compute capability 9.0) runs `WGMMA_CASES`, forward only: it takes no masks or dropout.
+compute capability 9.0) runs `WGMMA_CASES`, forward only (it takes no masks or dropout), each
+case also with ping-pong (``KernelConfig(block_q=128, pingpong=True)``).
 ``wgmma_fp8`` (the FP8 forward, `kernels.wgmma_fwd.forward_fp8`: V's transpose and the kernel)
 runs d=128 with the same lengths and GQA, causal and not, on e4m3 inputs with descales.
 ``split_kv`` (the decoding forward, `kernels.decode_fwd`: the split kernels, tensor-core and
@@ -146,6 +147,9 @@ def run_family(family: str, torch=None, seed: int = 0) -> None:
         q, k, v, dout, kw = _case_inputs(rng, family, d, options, torch)
         pb = attention_problem(q, k, v, **kw)
         out, lse = kernels.forward(pb, config)
+        if family == "wgmma":        # and the warpgroups' turns (ping-pong), on 128-row tiles
+            out, lse = kernels.forward(pb, kernels.KernelConfig(family=family, block_q=128,
+                                                                pingpong=True))
         grads = ()
         if family not in FORWARD_ONLY:       # the tensor-core backwards under both dQ modes
             modes = ("kernel", "atomic") if family in ("mma", "tf32") else (None,)

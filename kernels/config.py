@@ -58,6 +58,10 @@ class KernelConfig:
       takes the problem (`sim.decode.uses_tensor_cores`).
     * ``decode_warps``: warps a program of the tensor-core split-KV kernel, 4 or 8; None = the
       plan's (`sim.decode.split_kv_plan`: 8 where the programs are fewer than the SMs, else 4).
+    * ``pingpong``: the ``wgmma`` forward's two consumer warpgroups take turns issuing
+      S = Q K^T (FlashAttention-3's scheduler barrier; ``block_q`` = 128 only); None = the
+      plan's default (`sim.plans.wgmma_fwd.WGMMA_PINGPONG_DEFAULT`: off, measured even). Only
+      the ``wgmma`` family reads it.
     * ``backward_dq``: how the ``mma`` and ``tf32`` backwards compute dQ: "kernel" (a dQ kernel
       that recomputes S and dP, deterministic) or "atomic" (FlashAttention-2's structure: the
       dK/dV kernel adds dS K into a float32 accumulator with atomics; the summation order varies
@@ -79,6 +83,7 @@ class KernelConfig:
     backward_dq: str | None = None
     decode_unit: str | None = None
     decode_warps: int | None = None
+    pingpong: bool | None = None
 
     def __post_init__(self):
         if self.decode_warps is not None and (isinstance(self.decode_warps, bool)
@@ -89,6 +94,10 @@ class KernelConfig:
         if self.decode_unit not in (None, "mma", "ffma"):
             raise ValueError(f"KernelConfig.decode_unit must be 'mma', 'ffma' or None, got "
                              f"{self.decode_unit!r}")
+        if self.pingpong not in (None, True, False) or isinstance(self.pingpong, int) and not \
+                isinstance(self.pingpong, bool):
+            raise ValueError(f"KernelConfig.pingpong must be True, False or None, got "
+                             f"{self.pingpong!r}")
         if self.backward_dq not in (None, "kernel", "atomic"):
             raise ValueError(f"KernelConfig.backward_dq must be 'kernel', 'atomic' or None, got "
                              f"{self.backward_dq!r}")

@@ -110,7 +110,7 @@ __all__ = [
     "fence_proxy_tensormap_acquire", "cp_async_bulk_g2s", "cp_async_bulk_tensor_2d_g2s",
     "wgmma_fence", "wgmma_commit_group", "wgmma_wait_group", "wgmma_m64n64k16_f32_f16",
     "WGMMA_M64N64K16_F16_PTX", "f32_zeros", "setmaxnreg_inc", "setmaxnreg_dec", "array_addr",
-    "smem_descriptor", "wgmma_m64n64k16_f32_bf16", "WGMMA_M64N64K16_BF16_PTX",
+    "smem_descriptor", "wgmma_m64n64k16_f32_bf16", "named_barrier_sync", "named_barrier_arrive", "WGMMA_M64N64K16_BF16_PTX",
     "cp_async_bulk_tensor_4d_g2s", "wgmma_ss_f16", "wgmma_ss_bf16", "wgmma_rs_mn_f16",
     "wgmma_rs_mn_bf16", "WGMMA_RS_MN_F16_PTX", "WGMMA_RS_MN_BF16_PTX", "wgmma_fence_operands",
     "wgmma_ss_e4m3", "wgmma_rs_e4m3", "WGMMA_SS_E4M3_PTX", "WGMMA_RS_E4M3_PTX", "pack_e4m3x4",
@@ -734,6 +734,16 @@ setmaxnreg_inc.__doc__ = ("Raise this warpgroup's per-thread register limit to `
 setmaxnreg_dec = _make_setmaxnreg("dec")
 setmaxnreg_dec.__doc__ = ("Lower this warpgroup's per-thread register limit to ``n`` (a constant, "
                           "24..256, multiple of 8), releasing the rest to the CTA's pool.")
+
+named_barrier_sync = _make_void(
+    "named_barrier_sync", "bar.sync $0, $1;", (_U32, _U32),
+    "named_barrier_sync(bar_id, count): wait at CTA barrier ``bar_id`` (1..15; 0 is "
+    "``cuda.syncthreads``'s) until ``count`` threads (a multiple of 32, whole warps) have "
+    "arrived or synchronised on it; this warp counts as 32 of them.")
+named_barrier_arrive = _make_void(
+    "named_barrier_arrive", "bar.arrive $0, $1;", (_U32, _U32),
+    "named_barrier_arrive(bar_id, count): count this warp's 32 threads towards barrier "
+    "``bar_id``'s ``count`` without waiting (the producer side of a `named_barrier_sync`).")
 
 
 @intrinsic

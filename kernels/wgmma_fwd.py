@@ -131,19 +131,20 @@ def empty_parity(tile: int) -> int:
 
 
 def get_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=False,
-               window=False):
+               window=False, pingpong=False):
     """The compiled-on-first-launch kernel for one configuration (cached per process and on
     disk by `kernels.compile_cache`); ``head_group``: the launch order
     (`kernels.tile_scheduler`); ``fp8``: e4m3 Q, K, V with descales, O in bfloat16
     (``is_bf16`` is then ignored); ``window``: the band test of a sliding window (causal then
-    off: the band carries it, `kernels.mask.band_arguments`)."""
+    off: the band carries it, `kernels.mask.band_arguments`); ``pingpong``: the two consumer
+    warpgroups take turns issuing S = Q K^T (``block_q`` = 128 only; `_build_kernel`)."""
     key = (int(head_dim), int(block_q), int(block_k), bool(is_bf16) or bool(fp8), bool(causal),
-           int(head_group), bool(fp8), bool(window))
+           int(head_group), bool(fp8), bool(window), bool(pingpong))
     return compile_cache.built(_build_kernel, *key)
 
 
 def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=False,
-                  window=False):
+                  window=False, pingpong=False):
     """The kernel for one configuration. Signature::
 
         kernel(maps, out, lse, offsets, kv_index, sched_b, sched_h, group, n_q, n_k,
@@ -158,7 +159,11 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=F
     (`P_SCALE_LOG2`, divided out by the row sum, which carries it too), O is multiplied by
     ``descale_v[b, hk]`` and written in bfloat16. ``band_lo``, ``band_hi`` (int64) are read
     only with ``window``: key ``col`` is allowed for query ``row`` iff ``band_lo <= col - row <=
-    band_hi``."""
+    band_hi``. With ``pingpong`` (two consumer warpgroups) the warpgroups take turns issuing
+    S = Q K^T (FlashAttention-3's scheduler barrier, named barriers 1 and 2): warpgroup w waits
+    for its turn, issues its product and hands the turn over, so that each one's softmax runs
+    while the other's first product holds the tensor cores; O += P V is issued outside the
+    turns."""
     from numba import cuda, float32, int64, uint8, uint32, uint64
 
     from . import hopper as hp
@@ -200,6 +205,11 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=F
     full_phase = cuda.jit(device=True, inline=True)(full_parity)
     empty_phase = cuda.jit(device=True, inline=True)(empty_parity)
     assert BAR + BARRIER_BYTES + 1024 == SMEM
+    if pingpong and W != 2:
+        raise ValueError(f"pingpong needs two consumer warpgroups (block_q=128), got block_q={BQ}")
+    PINGPONG = bool(pingpong)
+    PP_BAR = uint32(1)                    # named barriers 1 and 2: warpgroup 0's and 1's turn
+    PP_THREADS = uint32(2 * WARPGROUP_THREADS)
 
     @cuda.jit(launch_bounds=(THREADS, 1), lineinfo=False)
     def kernel(maps, out, lse, offsets, kv_index, sched_b, sched_h, group, n_q, n_k,
@@ -298,6 +308,8 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=F
         if FP8:
             sl = scale_log2 * descale_q[b, h] * descale_k[b, hk]
         hp.mbarrier_wait_parity(q_full, 0)
+        if PINGPONG and wg == 1:
+            hp.named_barrier_arrive(PP_BAR, PP_THREADS)     # warpgroup 0 multiplies first
 
         for it in range(start, stop):
             i = it - start
@@ -308,6 +320,8 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=F
             hp.mbarrier_wait_parity(full0 + 8 * st, full_phase(i))
 
             # -- compute qk: S = Q K^T, d / 16 k-steps x block_k / 64 n-blocks --
+            if PINGPONG:     # -- wait for this warpgroup's turn on the tensor cores --
+                hp.named_barrier_sync(PP_BAR + uint32(wg), PP_THREADS)
             hp.wgmma_fence()
             for kk in range(KS):
                 cc = kk // 4
@@ -317,6 +331,8 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=F
                                             + (kk % 4) * K_STEP)
                     mma_ss(s_reg, 32 * nb, da, db, uint32(1 if kk > 0 else 0))
             hp.wgmma_commit_group()
+            if PINGPONG:        # -- the other warpgroup's turn while this one runs its softmax --
+                hp.named_barrier_arrive(PP_BAR + uint32(1 - wg), PP_THREADS)
             hp.wgmma_wait_group(0)
             hp.wgmma_fence_operands(s_reg, 0, S_REGS)
 
@@ -398,6 +414,8 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=F
             hp.wgmma_wait_group(0)
             hp.wgmma_fence_operands(o_reg, 0, O_REGS)
             hp.mbarrier_arrive(empty0 + 8 * st)      # this stage may be refilled
+        if PINGPONG and wg == 0:    # the other warpgroup's last turn signal
+            hp.named_barrier_sync(PP_BAR, PP_THREADS)
 
         # -- epilogue: one rescale, O as packed 16-bit pairs, logsumexp (natural log) --
         for hr in range(2):
@@ -468,6 +486,8 @@ def supports(problem, config):
     if bq not in BLOCK_Q_CHOICES or bk not in BLOCK_K_CHOICES:
         return (f"the wgmma forward takes block_q in {BLOCK_Q_CHOICES} and block_k in "
                 f"{BLOCK_K_CHOICES}, got block_q={bq}, block_k={bk}")
+    if getattr(config, "pingpong", None) and bq != 128:
+        return f"pingpong needs two consumer warpgroups (block_q=128), got block_q={bq}"
     why = host.tensor_core_refusal(pb, "the wgmma family", DTYPES, SUPPORTED_HEAD_DIMS,
                                    window=True)
     return why or _hopper_refusal("the wgmma family")
@@ -495,7 +515,7 @@ def plan(problem, config):
     grid, threads and shared memory are what `prepare` launches."""
     block_q, block_k = tiles(problem, config)
     return host.family_plan("wgmma", "fwd", problem, block_q=block_q, block_k=block_k,
-                            launch_order=config.launch_order)
+                            launch_order=config.launch_order, pingpong=config.pingpong)
 
 
 def _operand_layout(x, itemsize=2):
@@ -659,7 +679,8 @@ def prepare(problem, config):
     group = tile_scheduler.head_group(config.launch_order, pb.causal, "fwd")
     is_bf16 = str(pb.dtype).endswith("bfloat16")
     causal, window, band_lo, band_hi = band_arguments(pb)
-    kern = get_kernel(pb.head_dim, block_q, block_k, is_bf16, causal, group, window=window)
+    kern = get_kernel(pb.head_dim, block_q, block_k, is_bf16, causal, group, window=window,
+                      pingpong=the_plan.config["pingpong"])
     host.check_launch(launch.name, (launch.threads, launch.shared_bytes),
                       (kern.threads, kern.smem_bytes))
     offsets, index, sched_b, sched_h = tile_scheduler.device_schedule(pb, block_q, block_k, "kv")
@@ -829,18 +850,18 @@ def v_transpose(v8, stream=None, plans=None):
 
 
 def fp8_plan(batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, causal, block_q=None,
-             launch_order=None):
+             launch_order=None, pingpong=None):
     """The `sim.plan.Plan` `forward_fp8` launches (`sim.plans.wgmma_fwd.wgmma_fp8_forward_plan`:
-    the V transpose, then the attention kernel)."""
+    the V transpose, then the attention kernel; ``pingpong`` None: the plan's default)."""
     from sim.plans import plan_for
     from sim.workload import Workload
     w = Workload(batch=batch, heads=heads_q, heads_kv=heads_kv, seq_len_q=seqlen_q,
                  seq_len_k=seqlen_k, head_dim=head_dim, dtype="bf16", causal=bool(causal))
     return plan_for("wgmma_fp8", "fwd", w, block_q=block_q or FP8_DEFAULT_BLOCK_Q,
-                    block_k=FP8_BLOCK_K, launch_order=launch_order)
+                    block_k=FP8_BLOCK_K, launch_order=launch_order, pingpong=pingpong)
 
 
-_FP8_PREPARED: dict = {}    # (shapes, causal, scale, block_q, launch order, device) -> _Fp8Launch
+_FP8_PREPARED: dict = {}    # (shapes, causal, scale, block_q, launch order, ping-pong, device) -> _Fp8Launch
 
 
 class _Fp8Launch:
@@ -849,14 +870,15 @@ class _Fp8Launch:
     kernel, the tile schedule and the constant arguments; ``plans`` and ``transpose_plans``:
     the launch plans `kernels.host.relaunch` keeps per argument layout."""
 
-    def __init__(self, B, H, Hkv, Nq, Nk, D, causal, scale, block_q, launch_order):
+    def __init__(self, B, H, Hkv, Nq, Nk, D, causal, scale, block_q, launch_order, pingpong):
         import numpy as np
         from types import SimpleNamespace
-        the_plan = fp8_plan(B, H, Hkv, Nq, Nk, D, causal, block_q, launch_order)
+        the_plan = fp8_plan(B, H, Hkv, Nq, Nk, D, causal, block_q, launch_order, pingpong)
         _transpose, self.launch = the_plan.kernels      # the transpose: `v_transpose`
         bq, bk = the_plan.config["block_q"], the_plan.config["block_k"]
         group = tile_scheduler.head_group(launch_order, causal, "fwd")
-        self.kern = get_kernel(D, bq, bk, True, causal, group, fp8=True)
+        self.kern = get_kernel(D, bq, bk, True, causal, group, fp8=True,
+                               pingpong=the_plan.config["pingpong"])
         host.check_launch(self.launch.name, (self.launch.threads, self.launch.shared_bytes),
                           (self.kern.threads, self.kern.smem_bytes))
         shape = SimpleNamespace(seqlen_q=Nq, seqlen_k=Nk, causal=bool(causal), block_mask=None,
@@ -872,7 +894,7 @@ class _Fp8Launch:
 
 
 def forward_fp8(q, k, v, descale_q, descale_k, descale_v, *, causal=False, scale=None,
-                block_q=None, launch_order=None):
+                block_q=None, launch_order=None, pingpong=None):
     """FlashAttention-3's FP8 forward: ``(out, lse)`` for torch float8_e4m3fn Q [B, Hq, Nq, d],
     K and V [B, Hkv, Nk, d] on a GPU of compute capability 9.0 (`fp8_supports`), with float32
     descales [B, Hq], [B, Hkv], [B, Hkv] (contiguous; the scores are ``scale * (q descale_q)
@@ -885,7 +907,7 @@ def forward_fp8(q, k, v, descale_q, descale_k, descale_v, *, causal=False, scale
     B, H, Nq, D = (int(n) for n in q.shape)
     Hkv, Nk = int(k.shape[1]), int(k.shape[2])
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    key = (B, H, Hkv, Nq, Nk, D, bool(causal), scale, block_q, launch_order,
+    key = (B, H, Hkv, Nq, Nk, D, bool(causal), scale, block_q, launch_order, pingpong,
            q.device.index)
     prep = _FP8_PREPARED.get(key)
     if prep is None:
@@ -895,7 +917,7 @@ def forward_fp8(q, k, v, descale_q, descale_k, descale_v, *, causal=False, scale
         if len(_FP8_PREPARED) > 64:
             _FP8_PREPARED.clear()
         prep = _FP8_PREPARED[key] = _Fp8Launch(B, H, Hkv, Nq, Nk, D, causal, scale, block_q,
-                                               launch_order)
+                                               launch_order, pingpong)
     stream = host.launch_stream(q)
     ops = [x.view(torch.uint8) for x in (q, k)]
     ops = [host.aligned_copy(x) if _needs_copy(x, 1) else x for x in ops]

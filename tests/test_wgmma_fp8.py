@@ -204,6 +204,12 @@ SIGNATURE = ("void(uint64[:, ::1], int16[:, :, :, ::1], float32[:, :, ::1], int3
 COMPILED = [(128, 128, False), (64, 128, True)]    # (block_q, head_dim, causal)
 
 
+def _pingpong(bq, d):
+    """Whether the plan (so the launcher) builds this FP8 kernel with ping-pong."""
+    w = Workload(batch=1, heads=1, seq_len_q=64, head_dim=d, dtype="bf16")
+    return plan_for("wgmma_fp8", "fwd", w, block_q=bq).config["pingpong"]
+
+
 def compile_fp8(outdir) -> dict:
     """Compile the `COMPILED` FP8 kernels for sm_90a into ``outdir`` (a process without the
     CUDA simulator); returns name -> (threads, smem_bytes)."""
@@ -213,7 +219,7 @@ def compile_fp8(outdir) -> dict:
     allow_offline_compile()
     launch = {}
     for bq, d, causal in COMPILED:
-        kern = wf._build_kernel(d, bq, 128, True, causal, 1, True)
+        kern = wf._build_kernel(d, bq, 128, True, causal, 1, True, pingpong=_pingpong(bq, d))
         text, _ = cuda.compile_ptx(kern.py_func, SIGNATURE, cc=(9, 0, "a"),
                                    launch_bounds=(kern.threads, 1))
         name = f"wgmma_fp8_{bq}_{d}_{'causal' if causal else 'full'}"
@@ -235,6 +241,11 @@ def test_fp8_kernels_compile_and_assemble(tmp_path):
         assert len(wg) == d // 32 * 2 + 4 * (d // 64)
         assert all("m64n64k32.f32.e4m3.e4m3" in ln for ln in wg)
         assert text.count("cvt.rn.satfinite.e4m3x2.f32") == 2 * 4 * 4
+        # ping-pong (the default with two consumer warpgroups): warpgroup 1's first hand-over,
+        # the hand-over after each S = Q K^T; warpgroup 0's last wait and each turn's wait
+        assert _pingpong(bq, d) == (bq == 128)
+        assert text.count("bar.arrive") == (2 if bq == 128 else 0)
+        assert text.count("bar.sync") == (3 if bq == 128 else 1)    # and syncthreads' bar.sync 0
         p = plan_for("wgmma_fp8", "fwd", Workload(batch=1, heads=1, seq_len_q=64, head_dim=d,
                                                   dtype="bf16", causal=causal), block_q=bq)
         assert tuple(launch[name]) == (p.kernels[1].threads, p.kernels[1].shared_bytes)
@@ -346,6 +357,22 @@ def test_nq_differs_from_nk(n_q, n_k, causal):
 def test_large_logits():
     torch = _need_hopper()
     _run(torch, (1, 2, 130, 128), (1, 2, 1100, 128), False, seed=7, spread=12.0, scale=0.125)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_pingpong_gives_the_same_bits(causal):
+    """The warpgroups' turns order when the products are issued, not what they compute."""
+    torch = _need_hopper()
+    q8, dq = _quantized(torch, (2, 4, 777, 128), 21)
+    k8, dk = _quantized(torch, (2, 2, 1031, 128), 22)
+    v8, dv = _quantized(torch, (2, 2, 1031, 128), 23)
+    a = wf.forward_fp8(q8, k8, v8, dq, dk, dv, causal=causal, pingpong=True)
+    b = wf.forward_fp8(q8, k8, v8, dq, dk, dv, causal=causal, pingpong=False)
+    _check_fp8(torch, *a, q8, k8, v8, dq, dk, dv, 1 / math.sqrt(128), causal)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    with pytest.raises(ValueError, match="pingpong"):
+        wf.forward_fp8(q8, k8, v8, dq, dk, dv, block_q=64, pingpong=True)
 
 
 @pytest.mark.gpu

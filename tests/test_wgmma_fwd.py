@@ -36,6 +36,7 @@ import kernels
 from kernels import KernelConfig
 from kernels import hopper as hp
 from kernels import wgmma_fwd as wf
+from sim.plan import price
 from sim.plans import plan_for
 from sim.plans.wgmma_fwd import (WGMMA_REGISTERS, WGMMA_SPILLING, wgmma_default_blocks,
                                  wgmma_forward_configs, wgmma_smem_bytes, wgmma_threads)
@@ -213,7 +214,7 @@ def test_the_module_plan_is_the_registered_plan():
     plan = wf.plan(pb, WGMMA)
     from kernels.host import plan_workload
     assert plan == plan_for("wgmma", "fwd", plan_workload(pb, "fwd"), block_q=128, block_k=64,
-                            launch_order=None)
+                            launch_order=None, pingpong=None)
 
 
 def test_sim_plan_command(capsys):
@@ -525,6 +526,73 @@ def test_compiles_and_assembles_for_sm90a(compiled, cfg):
         assert entry["spill_store_bytes"] == 0 and entry["stack_frame_bytes"] == 0, entry
 
 
+#: (head_dim, block_q, block_k, bfloat16, causal) compiled with ping-pong
+PINGPONG_COMPILED = [(128, 128, 64, False, False), (64, 128, 128, True, True)]
+
+
+def compile_pingpong(outdir) -> dict:
+    """`PINGPONG_COMPILED` for sm_90a with ``pingpong=True`` (a process without the simulator)."""
+    from numba import cuda
+
+    from benchmarks.common import allow_offline_compile
+    allow_offline_compile()
+    for d, bq, bk, bf16, causal in PINGPONG_COMPILED:
+        kern = wf._build_kernel(d, bq, bk, bf16, causal, 1, pingpong=True)
+        text, _ = cuda.compile_ptx(kern.py_func, SIGNATURE, cc=(9, 0, "a"),
+                                   launch_bounds=(kern.threads, 1))
+        Path(outdir, f"pingpong_{d}_{bq}_{bk}.ptx").write_text(text)
+    return {}
+
+
+def test_pingpong_compiles_with_its_turns_and_unserialised_products(tmp_path):
+    from benchmarks.common import parse_ptxas
+    ptxas, _ = compile_sm90a_in_child("tests.test_wgmma_fwd", "compile_pingpong", tmp_path)
+    for d, bq, bk, bf16, causal in PINGPONG_COMPILED:
+        path = tmp_path / f"pingpong_{d}_{bq}_{bk}.ptx"
+        text = path.read_text()
+        # warpgroup 1's first hand-over and the hand-over after each S = Q K^T; warpgroup 0's
+        # last wait, each turn's wait and syncthreads' bar.sync 0
+        assert text.count("bar.arrive") == 2 and text.count("bar.sync") == 3
+        r = subprocess.run([ptxas, "-v", "-arch=sm_90a", str(path), "-o",
+                            str(path.with_suffix(".cubin"))], capture_output=True, text=True,
+                           timeout=600)
+        assert r.returncode == 0, r.stderr[-4000:]
+        assert "serializ" not in r.stderr.lower(), r.stderr[-2000:]
+        (entry,) = parse_ptxas(r.stderr)
+        assert abs(entry["registers_per_thread"] - WGMMA_REGISTERS[(d, bq, bk)]) <= 8, entry
+        assert entry["spill_store_bytes"] == 0, entry
+
+
+def test_pingpong_needs_two_warpgroups():
+    with pytest.raises(ValueError, match="pingpong"):
+        wf._build_kernel(128, 64, 64, False, False, 1, pingpong=True)
+    w = Workload(batch=1, heads=1, seq_len_q=256, head_dim=128, dtype="fp16")
+    with pytest.raises(ValueError, match="pingpong"):
+        plan_for("wgmma", "fwd", w, block_q=64, pingpong=True)
+    with pytest.raises(ValueError, match="pingpong"):
+        plan_for("wgmma", "fwd", w, pingpong="yes")
+    with pytest.raises(ValueError, match="pingpong"):
+        KernelConfig(pingpong=1)
+    pb = _np_problem(nq=300, nk=200, d=128, causal=True)
+    why = wf.supports(pb, KernelConfig(family="wgmma", block_q=64, pingpong=True))
+    assert why and "pingpong" in why
+
+
+def test_the_plan_declares_pingpong_and_does_not_price_it():
+    w = Workload(batch=2, heads=16, seq_len_q=4096, head_dim=128, dtype="fp16")
+    off = plan_for("wgmma", "fwd", w)
+    on = plan_for("wgmma", "fwd", w, pingpong=True)
+    assert off.config["pingpong"] is False and on.config["pingpong"] is True
+    assert off.kernels == on.kernels
+    assert price(on, "h100").time_s == price(off, "h100").time_s
+    assert plan_for("wgmma_fp8", "fwd", Workload(batch=2, heads=16, seq_len_q=4096, head_dim=128,
+                                                 dtype="bf16")).config["pingpong"] is True
+    assert plan_for("wgmma_fp8", "fwd", Workload(batch=2, heads=16, seq_len_q=4096, head_dim=128,
+                                                 dtype="bf16"), block_q=64).config["pingpong"] is False
+    pb = _np_problem(nq=300, nk=200, d=128, causal=True)
+    assert wf.plan(pb, KernelConfig(family="wgmma", pingpong=True)).config["pingpong"] is True
+
+
 # ------------------------------------------------------------------------------------------------
 # GPU
 # ------------------------------------------------------------------------------------------------
@@ -675,6 +743,28 @@ def test_launch_orders_give_the_same_bits(order):
     b = _forward(q, k, v, scale=0.125, causal=True)
     _check(q, k, v, *a, scale=0.125, causal=True)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("head_dim, block_k", [(64, 128), (128, 64)])
+@pytest.mark.parametrize("causal, window", [(False, None), (True, None), (False, (100, 30))])
+def test_pingpong_gives_the_same_bits(dtype, head_dim, block_k, causal, window):
+    """The warpgroups' turns order when the products are issued, not what they compute."""
+    torch = _need_hopper()
+    q, k, v = _inputs(torch, (2, 4, 333, head_dim), (2, 2, 461, head_dim),
+                      getattr(torch, dtype), seed=9)
+    kw = dict(causal=causal, window_size=window) if window else dict(causal=causal)
+    on = _forward(q, k, v, config=KernelConfig(family="wgmma", block_q=128, block_k=block_k,
+                                               pingpong=True), **kw)
+    off = _forward(q, k, v, config=KernelConfig(family="wgmma", block_q=128, block_k=block_k,
+                                                pingpong=False), **kw)
+    if window:
+        from .test_window import window_rule
+        _check(q, k, v, *on, mask=window_rule(333, 461, window, causal)[None, None])
+    else:
+        _check(q, k, v, *on, causal=causal)
+    assert torch.equal(on[0], off[0]) and torch.equal(on[1], off[1])
 
 
 @pytest.mark.gpu

@@ -42,6 +42,13 @@ What the plan counts, from the kernel's code (`kernels.wgmma_fwd`):
   intra-warpgroup overlap: the products and the softmax add, ``t = M + S`` per program; the
   programs resident on an SM (when shared memory and registers let more than one in) run their
   chains independently (``serial_per_program``: ``max(M, S, (M + S) / R)``).
+* **Ping-pong** (``pingpong``, two consumer warpgroups): the warpgroups take turns issuing
+  S = Q K^T (named barriers; O += P V outside the turns), the FP8 forward's default
+  (:data:`FP8_PINGPONG_DEFAULT`), not the 16-bit one's (:data:`WGMMA_PINGPONG_DEFAULT`). The
+  plan declares it (``config["pingpong"]``, which the launcher builds the kernel from) and does
+  not price it: the overlap model's ping-pong (`overlap_serial`) is FlashAttention-3's, each
+  softmax hidden whole under the other warpgroup's products, which the measured turn does not
+  buy (docs/model.md, *FlashAttention-3 on Hopper*).
 """
 from __future__ import annotations
 
@@ -58,7 +65,8 @@ __all__ = ["wgmma_forward_plan", "wgmma_forward_configs", "wgmma_fp8_forward_pla
            "wgmma_threads", "wgmma_smem_bytes", "wgmma_consumer_warpgroups", "WGMMA_HEAD_DIMS",
            "WGMMA_BLOCK_Q_CHOICES", "WGMMA_BLOCK_K_CHOICES", "WGMMA_REGISTERS", "WGMMA_SPILLING",
            "ROWS_PER_WARPGROUP", "WARPGROUP_THREADS", "PRODUCER_THREADS", "ALIGN_SLACK_BYTES",
-           "BARRIER_BYTES", "BOX_COLUMNS", "KERNEL_NAME", "TMA_TENSORS"]
+           "BARRIER_BYTES", "BOX_COLUMNS", "KERNEL_NAME", "TMA_TENSORS", "WGMMA_PINGPONG_DEFAULT",
+           "FP8_PINGPONG_DEFAULT"]
 
 KERNEL_NAME = "flash_wgmma_fwd"
 #: The FP8 forward (`kernels.wgmma_fwd.forward_fp8`): V transposed and key-permuted first, then
@@ -100,6 +108,11 @@ WGMMA_REGISTERS: dict = {(64, 128, 128): 163, (64, 128, 64): 114, (64, 64, 128):
 #: 168 registers (the allocation ptxas plans for as for 384 threads), and d = 128 with 128 x 128
 #: tiles needs more (88-byte stack, ~108 bytes of spill stores). Legal, never the default.
 WGMMA_SPILLING = ((128, 128, 128),)
+#: Whether two consumer warpgroups take turns issuing S = Q K^T by default: measured on an H200
+#: (2026-11-28, ``python -m benchmarks fp8 --pingpong both`` and the A/B in docs/kernels.md)
+#: even within 1.4 % for float16 at d 64/128 and 7-13 % faster for FP8 at d = 128.
+WGMMA_PINGPONG_DEFAULT = False
+FP8_PINGPONG_DEFAULT = True
 
 
 def wgmma_default_blocks(head_dim: int, causal: bool = False) -> tuple[int, int]:
@@ -131,6 +144,19 @@ def wgmma_smem_bytes(head_dim: int, block_q: int, block_k: int, dtype_bytes: int
     stages of K and V (block_k x d each) and the mbarriers."""
     return (ALIGN_SLACK_BYTES + block_q * head_dim * dtype_bytes
             + 4 * block_k * head_dim * dtype_bytes + BARRIER_BYTES)
+
+
+def _pingpong(pingpong, block_q: int, default: bool) -> bool:
+    """The ping-pong flag a plan declares: ``pingpong`` (None: ``default`` where there are two
+    consumer warpgroups); True with one warpgroup is a ValueError naming the argument."""
+    if pingpong is None:
+        return default and wgmma_consumer_warpgroups(block_q) == 2
+    if not isinstance(pingpong, bool):
+        raise ValueError(f"pingpong must be True, False or None, got {pingpong!r}")
+    if pingpong and wgmma_consumer_warpgroups(block_q) != 2:
+        raise ValueError(f"pingpong needs two consumer warpgroups (block_q=128), got "
+                         f"block_q={block_q}")
+    return pingpong
 
 
 def _check(w: Workload, block_q, block_k):
@@ -184,6 +210,7 @@ def _attention_kernel(w: Workload, c, bq: int, bk: int, *, name: str, in_bytes: 
                                + q_boxes * ROWS_PER_WARPGROUP * SWIZZLE_ROW),
         registers=registers, programs_per_slice=c.n_blocks_q,
         lockstep=w.window_size is None,     # a band: programs of one slice differ in tiles
+        # the turn on S = Q K^T (``pingpong``) is declared in the plan's config, not priced
         serial=overlap_serial(warp_specialised=True, stages=2, pingpong=False,
                               intra_overlap=False,
                               consumer_warpgroups=wgmma_consumer_warpgroups(bq)),
@@ -192,9 +219,11 @@ def _attention_kernel(w: Workload, c, bq: int, bk: int, *, name: str, in_bytes: 
 
 def wgmma_forward_plan(workload: Workload, *, block_q: int | None = None,
                        block_k: int | None = None, registers: int | None = None,
-                       launch_order=None) -> Plan:
+                       launch_order=None, pingpong: bool | None = None) -> Plan:
     """The plan of `kernels.wgmma_fwd` for ``workload`` (float16 or bfloat16, d 64 or 128, a
     sliding window or none, no dropout or block mask) at ``block_q x block_k`` (None: :func:`wgmma_default_blocks`).
+    ``pingpong``: the consumer warpgroups take turns issuing S = Q K^T (None:
+    :data:`WGMMA_PINGPONG_DEFAULT`; True needs ``block_q`` = 128).
     ``registers``: per thread (None: :data:`WGMMA_REGISTERS`' figure, if measured).
     ``launch_order`` is recorded in the config (it orders the programs, not what they do)."""
     w = workload
@@ -211,7 +240,8 @@ def wgmma_forward_plan(workload: Workload, *, block_q: int | None = None,
                                extra_fp32=0, registers=registers)
     config = {"block_q": bq, "block_k": bk, "launch_order": launch_order,
               "consumer_warpgroups": wgmma_consumer_warpgroups(bq), "stages": 2,
-              "tma_tensors": TMA_TENSORS}
+              "tma_tensors": TMA_TENSORS,
+              "pingpong": _pingpong(pingpong, bq, WGMMA_PINGPONG_DEFAULT)}
     return Plan("wgmma", "fwd", w, (kernel,), config, forward_tensor_bytes(w, c))
 
 
@@ -237,7 +267,7 @@ def fp8_transpose_grid(batch: int, heads_kv: int, seq_len_k: int) -> tuple[int, 
 
 def wgmma_fp8_forward_plan(workload: Workload, *, block_q: int | None = None,
                            block_k: int | None = None, registers: int | None = None,
-                           launch_order=None) -> Plan:
+                           launch_order=None, pingpong: bool | None = None) -> Plan:
     """The plan of the FP8 forward (`kernels.wgmma_fwd.forward_fp8`, family ``wgmma_fp8``) for
     ``workload``, whose dtype ("bf16") is the output's: Q, K and V are float8 e4m3 (1 byte),
     O is bfloat16. Two launches:
@@ -251,7 +281,9 @@ def wgmma_fp8_forward_plan(workload: Workload, *, block_q: int | None = None,
       whole tiles of ``block_k`` padded keys), products on the unit ``wgmma.fp8`` (k32), P
       rounded to e4m3 in registers (one ``cvt`` per two scores, counted with the FP32 work).
 
-    ``block_q`` 128 or 64 (None: 128); ``block_k`` must be 128; d must be 128."""
+    ``block_q`` 128 or 64 (None: 128); ``block_k`` must be 128; d must be 128. ``pingpong``: the
+    two consumer warpgroups take turns issuing S = Q K^T (None: :data:`FP8_PINGPONG_DEFAULT`
+    at ``block_q`` = 128)."""
     w = workload
     bq = block_q or FP8_DEFAULT_BLOCK_Q
     bk = block_k or FP8_BLOCK_K
@@ -288,7 +320,8 @@ def wgmma_fp8_forward_plan(workload: Workload, *, block_q: int | None = None,
     programs, slices, tiles, rows = c.programs, c.slices, c.tiles, c.rows
     config = {"block_q": bq, "block_k": bk, "launch_order": launch_order,
               "consumer_warpgroups": wgmma_consumer_warpgroups(bq), "stages": 2,
-              "tma_tensors": ("Q", "K", "V^T"), "input_dtype": "e4m3"}
+              "tma_tensors": ("Q", "K", "V^T"), "input_dtype": "e4m3",
+              "pingpong": _pingpong(pingpong, bq, FP8_PINGPONG_DEFAULT)}
     kv = kv_slices * w.seq_len_k * d
     tensor_bytes = {"schedule": (programs + slices + tiles) * SCHEDULE_ENTRY_BYTES,
                     "Q": rows * d, "O": rows * d * 2, "lse": rows * STAT_BYTES, "K": kv, "V": kv,
