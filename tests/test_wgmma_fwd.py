@@ -754,16 +754,18 @@ def test_pingpong_gives_the_same_bits(dtype, head_dim, block_k, causal, window):
     torch = _need_hopper()
     q, k, v = _inputs(torch, (2, 4, 333, head_dim), (2, 2, 461, head_dim),
                       getattr(torch, dtype), seed=9)
+    scale = 1 / math.sqrt(head_dim)
     kw = dict(causal=causal, window_size=window) if window else dict(causal=causal)
+    kw["scale"] = scale
     on = _forward(q, k, v, config=KernelConfig(family="wgmma", block_q=128, block_k=block_k,
                                                pingpong=True), **kw)
     off = _forward(q, k, v, config=KernelConfig(family="wgmma", block_q=128, block_k=block_k,
                                                 pingpong=False), **kw)
     if window:
         from .test_window import window_rule
-        _check(q, k, v, *on, mask=window_rule(333, 461, window, causal)[None, None])
+        _check(q, k, v, *on, scale=scale, mask=window_rule(333, 461, window, causal)[None, None])
     else:
-        _check(q, k, v, *on, causal=causal)
+        _check(q, k, v, *on, scale=scale, causal=causal)
     assert torch.equal(on[0], off[0]) and torch.equal(on[1], off[1])
 
 
