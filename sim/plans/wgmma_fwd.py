@@ -109,8 +109,9 @@ WGMMA_REGISTERS: dict = {(64, 128, 128): 163, (64, 128, 64): 114, (64, 64, 128):
 #: tiles needs more (88-byte stack, ~108 bytes of spill stores). Legal, never the default.
 WGMMA_SPILLING = ((128, 128, 128),)
 #: Whether two consumer warpgroups take turns issuing S = Q K^T by default: measured on an H200
-#: (2026-11-28, ``python -m benchmarks fp8 --pingpong both`` and the A/B in docs/kernels.md)
-#: even within 1.4 % for float16 at d 64/128 and 7-13 % faster for FP8 at d = 128.
+#: (2026-11-28, ``python -m benchmarks fp8 --pingpong both --timing device``,
+#: results/fp8_h200_2026-11-28.json) 0.98-1.03x for float16 (even) and 1.03-1.12x for FP8 at
+#: d = 128 (1.08-1.12x from N = 4096); docs/kernels.md, *Ping-pong*.
 WGMMA_PINGPONG_DEFAULT = False
 FP8_PINGPONG_DEFAULT = True
 
