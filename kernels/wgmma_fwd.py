@@ -861,7 +861,8 @@ def fp8_plan(batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, causal, blo
                     block_k=FP8_BLOCK_K, launch_order=launch_order, pingpong=pingpong)
 
 
-_FP8_PREPARED: dict = {}    # (shapes, causal, scale, block_q, launch order, ping-pong, device) -> _Fp8Launch
+#: (shapes, causal, scale, block_q, launch order, ping-pong, device) -> _Fp8Launch
+_FP8_PREPARED: dict = {}
 
 
 class _Fp8Launch:
@@ -899,7 +900,9 @@ def forward_fp8(q, k, v, descale_q, descale_k, descale_v, *, causal=False, scale
     K and V [B, Hkv, Nk, d] on a GPU of compute capability 9.0 (`fp8_supports`), with float32
     descales [B, Hq], [B, Hkv], [B, Hkv] (contiguous; the scores are ``scale * (q descale_q)
     (k descale_k)^T``, V is ``v descale_v``): O in bfloat16, the float32 natural-log
-    logsumexp (-inf and a zero row where no key is allowed). Top-left causal. The plan, kernel
+    logsumexp (-inf and a zero row where no key is allowed). Top-left causal. ``pingpong``: the
+    warpgroups take turns issuing S = Q K^T (None: the plan's default, on at ``block_q`` = 128;
+    True at ``block_q`` = 64 is a ValueError). The plan, kernel
     and schedule are chosen once per configuration (`_Fp8Launch`); a call allocates V^T, O and
     the logsumexp and makes two launches. The user-facing entry, with its checks, is
     `ioaware.fp8.attention`."""
