@@ -94,8 +94,7 @@ class KernelConfig:
         if self.decode_unit not in (None, "mma", "ffma"):
             raise ValueError(f"KernelConfig.decode_unit must be 'mma', 'ffma' or None, got "
                              f"{self.decode_unit!r}")
-        if self.pingpong not in (None, True, False) or isinstance(self.pingpong, int) and not \
-                isinstance(self.pingpong, bool):
+        if self.pingpong is not None and not isinstance(self.pingpong, bool):
             raise ValueError(f"KernelConfig.pingpong must be True, False or None, got "
                              f"{self.pingpong!r}")
         if self.backward_dq not in (None, "kernel", "atomic"):

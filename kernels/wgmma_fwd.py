@@ -49,8 +49,8 @@ from sim.plans.wgmma_fwd import (BARRIER_BYTES, BOX_COLUMNS, FP8_BLOCK_K, FP8_DE
                                  FP8_HEAD_DIM, FP8_TRANSPOSE_THREADS, FP8_TRANSPOSE_TILE,
                                  ROWS_PER_WARPGROUP, fp8_transpose_grid, fp8_transpose_keys,
                                  WARPGROUP_THREADS, WGMMA_BLOCK_K_CHOICES,
-                                 WGMMA_BLOCK_Q_CHOICES, WGMMA_HEAD_DIMS, wgmma_default_blocks,
-                                 wgmma_smem_bytes, wgmma_threads)
+                                 WGMMA_BLOCK_Q_CHOICES, WGMMA_HEAD_DIMS, pingpong_refusal,
+                                 wgmma_default_blocks, wgmma_smem_bytes, wgmma_threads)
 
 from . import compile_cache, host, tile_scheduler
 from .config import requested_tiles
@@ -205,8 +205,9 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=F
     full_phase = cuda.jit(device=True, inline=True)(full_parity)
     empty_phase = cuda.jit(device=True, inline=True)(empty_parity)
     assert BAR + BARRIER_BYTES + 1024 == SMEM
-    if pingpong and W != 2:
-        raise ValueError(f"pingpong needs two consumer warpgroups (block_q=128), got block_q={BQ}")
+    why = pingpong_refusal(pingpong, BQ)
+    if why:
+        raise ValueError(why)
     PINGPONG = bool(pingpong)
     PP_BAR = uint32(1)                    # named barriers 1 and 2: warpgroup 0's and 1's turn
     PP_THREADS = uint32(2 * WARPGROUP_THREADS)
@@ -486,8 +487,9 @@ def supports(problem, config):
     if bq not in BLOCK_Q_CHOICES or bk not in BLOCK_K_CHOICES:
         return (f"the wgmma forward takes block_q in {BLOCK_Q_CHOICES} and block_k in "
                 f"{BLOCK_K_CHOICES}, got block_q={bq}, block_k={bk}")
-    if getattr(config, "pingpong", None) and bq != 128:
-        return f"pingpong needs two consumer warpgroups (block_q=128), got block_q={bq}"
+    why = pingpong_refusal(config.pingpong, bq)
+    if why:
+        return why
     why = host.tensor_core_refusal(pb, "the wgmma family", DTYPES, SUPPORTED_HEAD_DIMS,
                                    window=True)
     return why or _hopper_refusal("the wgmma family")

@@ -66,7 +66,7 @@ __all__ = ["wgmma_forward_plan", "wgmma_forward_configs", "wgmma_fp8_forward_pla
            "WGMMA_BLOCK_Q_CHOICES", "WGMMA_BLOCK_K_CHOICES", "WGMMA_REGISTERS", "WGMMA_SPILLING",
            "ROWS_PER_WARPGROUP", "WARPGROUP_THREADS", "PRODUCER_THREADS", "ALIGN_SLACK_BYTES",
            "BARRIER_BYTES", "BOX_COLUMNS", "KERNEL_NAME", "TMA_TENSORS", "WGMMA_PINGPONG_DEFAULT",
-           "FP8_PINGPONG_DEFAULT"]
+           "FP8_PINGPONG_DEFAULT", "pingpong_refusal"]
 
 KERNEL_NAME = "flash_wgmma_fwd"
 #: The FP8 forward (`kernels.wgmma_fwd.forward_fp8`): V transposed and key-permuted first, then
@@ -147,6 +147,15 @@ def wgmma_smem_bytes(head_dim: int, block_q: int, block_k: int, dtype_bytes: int
             + 4 * block_k * head_dim * dtype_bytes + BARRIER_BYTES)
 
 
+def pingpong_refusal(pingpong, block_q: int) -> str | None:
+    """Why the kernel cannot take turns between warpgroups at ``block_q`` (ping-pong needs two
+    consumer warpgroups), naming the argument, or None. The one rule of the plan, the family's
+    ``supports`` and the kernel builder."""
+    if pingpong and wgmma_consumer_warpgroups(block_q) != 2:
+        return f"pingpong needs two consumer warpgroups (block_q=128), got block_q={block_q}"
+    return None
+
+
 def _pingpong(pingpong, block_q: int, default: bool) -> bool:
     """The ping-pong flag a plan declares: ``pingpong`` (None: ``default`` where there are two
     consumer warpgroups); True with one warpgroup is a ValueError naming the argument."""
@@ -154,9 +163,9 @@ def _pingpong(pingpong, block_q: int, default: bool) -> bool:
         return default and wgmma_consumer_warpgroups(block_q) == 2
     if not isinstance(pingpong, bool):
         raise ValueError(f"pingpong must be True, False or None, got {pingpong!r}")
-    if pingpong and wgmma_consumer_warpgroups(block_q) != 2:
-        raise ValueError(f"pingpong needs two consumer warpgroups (block_q=128), got "
-                         f"block_q={block_q}")
+    why = pingpong_refusal(pingpong, block_q)
+    if why:
+        raise ValueError(why)
     return pingpong
 
 
