@@ -1301,7 +1301,7 @@ def profile_with_decode_rates(profile: dict, rates_doc: dict, origin: str) -> di
     ValueError where the file has no head dim's full set of decode figures, or its GPU is not
     one the profile matches."""
     from sim.decode import decode_figures
-    from sim.profiles import DECODE_HEAD_DIMS, decode_rate_names
+    from sim.profiles import DECODE_HEAD_DIMS, decode_rate_names, gpu_matches
     values = {n: e["value"] for n, e in rates_doc["rates"].items()}
     complete = [d for d in DECODE_HEAD_DIMS if decode_figures(values, d) is not None]
     if not complete:
@@ -1311,7 +1311,7 @@ def profile_with_decode_rates(profile: dict, rates_doc: dict, origin: str) -> di
     prov = rates_doc.get("provenance") or {}
     gpu = str(prov.get("gpu"))
     match = profile.get("match") or []
-    if match and not any(str(m).lower() in gpu.lower() for m in match):
+    if match and not gpu_matches(match, gpu):
         raise ValueError(f"--from: {origin} was measured on {gpu!r}, which profile "
                          f"{profile.get('name')!r} does not match (match strings {match})")
     run = next((g for g in reversed(prov.get("groups_added") or []) if "decode" in g["groups"]),

@@ -21,7 +21,7 @@ from pathlib import Path
 
 __all__ = ["GPUProfile", "PROFILES", "PROFILE_DIR", "RATES_SCHEMA", "RATE_UNITS",
            "DECODE_RATE_UNITS", "DECODE_HEAD_DIMS", "DECODE_STREAM_PROGRAMS", "DECODE_TIMES",
-           "decode_rate_name", "decode_rate_names",
+           "decode_rate_name", "decode_rate_names", "gpu_matches",
            "load_profile", "profile_for_gpu_name", "read_rates"]
 
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
@@ -66,6 +66,12 @@ DECODE_HEAD_DIMS = (64, 128)
 DECODE_STREAM_PROGRAMS = (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 96, 112, 128)
 #: The times of a decoding call it measures per head dim (`decode_rate_name`).
 DECODE_TIMES = ("fixed", "fill", "handoff")
+
+
+def gpu_matches(match, gpu: str) -> bool:
+    """Whether a GPU name such as torch reports it holds one of a profile's ``match`` strings
+    (case-insensitive)."""
+    return any(str(m).lower() in str(gpu).lower() for m in match)
 
 
 def decode_rate_name(head_dim: int, what: str, programs: int | None = None) -> str:
@@ -289,7 +295,7 @@ class GPUProfile:
         doc, origin = read_rates(rates)
         prov = doc.get("provenance") if isinstance(doc.get("provenance"), dict) else {}
         gpu = str(prov.get("gpu", "unknown GPU"))
-        if check_gpu and self.match and not any(m.lower() in gpu.lower() for m in self.match):
+        if check_gpu and self.match and not gpu_matches(self.match, gpu):
             raise ValueError(f"rates: {origin} was measured on {gpu!r}, which profile "
                              f"{self.name!r} does not match (match strings {list(self.match)}); "
                              f"pass check_gpu=False to use it anyway")
@@ -410,6 +416,6 @@ def _load_profile(name_or_path) -> GPUProfile:
 def profile_for_gpu_name(gpu: str) -> GPUProfile | None:
     """The shipped profile whose ``match`` strings occur in a GPU name such as torch reports it."""
     for prof in PROFILES.values():
-        if any(m.lower() in gpu.lower() for m in prof.match):
+        if gpu_matches(prof.match, gpu):
             return prof
     return None
