@@ -1,10 +1,10 @@
 """Command ``fp8``: FlashAttention-3's FP8 forward against the 16-bit forwards, in one run, and its error.
 
     python -m benchmarks fp8 [--seq-lens 512,1024,2048,4096,8192,16384] [--causal both]
-                             [--error-seq-len 2048] [--pingpong both] [--timing device]
-                             [--out FILE.json]
+                             [--error-seq-len 2048] [--schedules] [--head-dims 128]
+                             [--timing device] [--out FILE.json]
 
-Speed, d = 128, the benchmark's shapes (`benchmarks.common.benchmark_inputs`: B * N = 16384
+Speed, d = 128 (``--head-dims 64,128``: d = 64 too, its 16-bit rows only), the benchmark's shapes (`benchmarks.common.benchmark_inputs`: B * N = 16384
 tokens, H = 16), causal and not; CUDA-event medians (`benchmarks.common.time_cuda`) of
 
 * ``ioaware-fp8``: ``ioaware.fp8.attention`` on e4m3 Q, K, V with per-(batch, head) descales
@@ -12,14 +12,19 @@ tokens, H = 16), causal and not; CUDA-event medians (`benchmarks.common.time_cud
 * ``ioaware-fp16``: ``ioaware.attention`` on float16 (the ``wgmma`` forward);
 * ``sdpa-flash`` / ``sdpa-cudnn``: PyTorch SDPA on bfloat16, restricted to that backend;
 
-and with ``--pingpong both`` what the ``wgmma`` kernels' ping-pong (the two consumer warpgroups
-taking turns issuing S = Q K^T) buys, both variants of each kernel on the same inputs
-(`kernels.prepare_forward` with ``KernelConfig(family="wgmma", pingpong=...)`` and
-`kernels.wgmma_fwd.forward_fp8` with ``pingpong=...``, past ``ioaware``'s checks):
-``kernel-fp16-pingpong`` / ``kernel-fp16-no-pingpong``, ``kernel-fp8-pingpong`` /
-``kernel-fp8-no-pingpong``, and their ratios ``pingpong_gain_fp16`` and ``pingpong_gain_fp8``
-(t_without / t_with: above 1, ping-pong is faster);
-with TFLOP/s (4 B H N^2 d, halved when causal), the ratios ``fp16_over_fp8`` (t_ioaware-fp16 /
+and with ``--schedules`` what the ``wgmma`` kernels' schedules buy (`SCHEDULES`: ``serial``,
+``pingpong`` (the two consumer warpgroups take turns issuing their products), ``overlap`` (a
+warpgroup's softmax of a tile runs while its O += P V of the tile before is on the tensor cores)
+and ``pingpong+overlap``, FlashAttention-3's two), each on the same inputs past ``ioaware``'s
+checks: the 16-bit kernel at every legal tile (`kernels.prepare_forward` with
+``KernelConfig(family="wgmma", block_q=..., block_k=..., pingpong=..., overlap=...)``; the
+schedules at ``block_q`` = 128, ``serial`` at 64) as ``kernel-fp16-{block_q}x{block_k}-{schedule}``,
+and the FP8 kernel (`kernels.wgmma_fwd.forward_fp8` with ``pingpong=..., overlap=...``) as
+``kernel-fp8-{schedule}``; per kernel ``{unit}_default`` (the plan's default configuration's
+name), ``{unit}_best`` (the fastest's) and ``{unit}_serial_over_default`` (t of the default tile
+run serially / t of the default: above 1, the default schedule is faster);
+with TFLOP/s (4 B H N^2 d, halved when causal), ``flash_over_fp16`` and ``cudnn_over_fp16``
+(SDPA's time over ``ioaware-fp16``'s, every row), the ratios ``fp16_over_fp8`` (t_ioaware-fp16 /
 t_ioaware-fp8), ``flash_over_fp8`` and ``cudnn_over_fp8``, and the model's time of both plans
 (`sim.plan.price` of the ``wgmma_fp8`` and ``wgmma`` plans on the GPU's datasheet profile, or
 on ``--rates FILE`` from ``python -m benchmarks rates``).
@@ -64,52 +69,101 @@ def _model_ms(batch, heads, n, causal, profile) -> dict:
     return out
 
 
-def pingpong_times(torch, q, k, v, q8, k8, v8, descales, causal, timing) -> dict:
-    """The ping-pong variants of the 16-bit and FP8 ``wgmma`` kernels on the same inputs (the
-    module docstring), as ``{name: {"ms": ...}}``."""
+#: The ``wgmma`` kernels' schedules ``--schedules`` times: name -> (pingpong, overlap).
+SCHEDULES = {"serial": (False, False), "pingpong": (True, False), "overlap": (False, True),
+             "pingpong+overlap": (True, True)}
+
+
+def _schedule_name(pingpong: bool, overlap: bool) -> str:
+    return next(n for n, v in SCHEDULES.items() if v == (bool(pingpong), bool(overlap)))
+
+
+def schedule_times(torch, q, k, v, fp8_inputs, causal, timing) -> tuple[dict, dict]:
+    """The ``wgmma`` kernels at each schedule on the same inputs (the module docstring):
+    ``({name: {"ms": ...}}, {unit: (default name, default tile's serial name)})``;
+    ``fp8_inputs``: (q8, k8, v8, dq, dk, dv), or None (d = 64: no FP8 kernel)."""
     from kernels import KernelConfig, prepare_forward
     from kernels.wgmma_fwd import forward_fp8
+    from sim.plans import plan_for
+    from sim.plans.wgmma_fwd import wgmma_forward_configs
     from benchmarks.common import attention_problem
+    from kernels.host import plan_workload
     problem = attention_problem(q, k, v, causal=causal)
-    dq, dk, dv = descales
-    times = {}
-    for on in (True, False):
-        tag = "pingpong" if on else "no-pingpong"
-        run = prepare_forward(problem, KernelConfig(family="wgmma", block_q=128, pingpong=on))
-        times[f"kernel-fp16-{tag}"] = time_or_error(torch, lambda run=run: run(q, k, v), timing)
-        times[f"kernel-fp8-{tag}"] = time_or_error(torch, lambda on=on: forward_fp8(
-            q8, k8, v8, dq, dk, dv, causal=causal, pingpong=on), timing)
-    return times
+    workload = plan_workload(problem, "fwd")
+    times, defaults = {}, {}
+    for tile in wgmma_forward_configs(workload):
+        bq, bk = tile["block_q"], tile["block_k"]
+        for name, (pp, ov) in SCHEDULES.items():
+            if bq != 128 and (pp or ov):
+                continue
+            run = prepare_forward(problem, KernelConfig(family="wgmma", block_q=bq, block_k=bk,
+                                                        pingpong=pp, overlap=ov))
+            times[f"kernel-fp16-{bq}x{bk}-{name}"] = time_or_error(
+                torch, lambda run=run: run(q, k, v), timing)
+    cfg = plan_for("wgmma", "fwd", workload).config
+    tile = f"kernel-fp16-{cfg['block_q']}x{cfg['block_k']}"
+    defaults["fp16"] = (f"{tile}-{_schedule_name(cfg['pingpong'], cfg['overlap'])}",
+                        f"{tile}-serial")
+    if fp8_inputs is not None:
+        q8, k8, v8, dq, dk, dv = fp8_inputs
+        for name, (pp, ov) in SCHEDULES.items():
+            times[f"kernel-fp8-{name}"] = time_or_error(torch, lambda pp=pp, ov=ov: forward_fp8(
+                q8, k8, v8, dq, dk, dv, causal=causal, pingpong=pp, overlap=ov), timing)
+        from kernels.wgmma_fwd import fp8_plan
+        b, h, n = (int(x) for x in q8.shape[:3])
+        cfg = fp8_plan(b, h, int(k8.shape[1]), n, int(k8.shape[2]), HEAD_DIM, causal).config
+        defaults["fp8"] = (f"kernel-fp8-{_schedule_name(cfg['pingpong'], cfg['overlap'])}",
+                           "kernel-fp8-serial")
+    return times, defaults
 
 
-def speed_case(torch, n, causal, profile, pingpong=False, timing="sync") -> dict:
+def speed_case(torch, n, causal, profile, schedules=False, timing="sync",
+               head_dim=HEAD_DIM) -> dict:
     import torch.nn.functional as F
 
     import ioaware
     from ioaware import fp8
     from benchmarks.common import benchmark_inputs
-    batch, heads, q, k, v, _ = benchmark_inputs(torch, "fp16", HEAD_DIM, n)
-    (q8, dq), (k8, dk), (v8, dv) = (fp8.quantize(x) for x in (q, k, v))
+    batch, heads, q, k, v, _ = benchmark_inputs(torch, "fp16", head_dim, n)
     qb, kb, vb = (x.to(torch.bfloat16) for x in (q, k, v))
-    times = {
-        "ioaware-fp8": time_or_error(torch, lambda: fp8.attention(
-            q8, k8, v8, descale_q=dq, descale_k=dk, descale_v=dv, causal=causal), timing),
-        "ioaware-fp16": time_or_error(torch, lambda: ioaware.attention(q, k, v, causal=causal),
-                                      timing),
-    }
-    if pingpong:
-        times.update(pingpong_times(torch, q, k, v, q8, k8, v8, (dq, dk, dv), causal, timing))
+    times = {}
+    fp8_inputs = None
+    if head_dim == HEAD_DIM:
+        (q8, dq), (k8, dk), (v8, dv) = (fp8.quantize(x) for x in (q, k, v))
+        fp8_inputs = (q8, k8, v8, dq, dk, dv)
+        times["ioaware-fp8"] = time_or_error(torch, lambda: fp8.attention(
+            q8, k8, v8, descale_q=dq, descale_k=dk, descale_v=dv, causal=causal), timing)
+    times["ioaware-fp16"] = time_or_error(torch, lambda: ioaware.attention(q, k, v,
+                                                                           causal=causal), timing)
+    defaults = {}
+    if schedules:
+        extra, defaults = schedule_times(torch, q, k, v, fp8_inputs, causal, timing)
+        times.update(extra)
     for name, backend in (("sdpa-flash", "sdpa-flash"), ("sdpa-cudnn", "sdpa-cudnn")):
         def run(backend=backend):
             with sdpa_context(backend):
                 return F.scaled_dot_product_attention(qb, kb, vb, is_causal=causal)
         times[name] = time_or_error(torch, run, timing)
-    flops = attention_flops(batch, heads, n, n, HEAD_DIM, causal, "fwd")
+    flops = attention_flops(batch, heads, n, n, head_dim, causal, "fwd")
     for entry in times.values():
         if "ms" in entry:
             entry["tflops"] = flops / entry["ms"] / 1e9
-    rec = {"batch": batch, "heads": heads, "seq_len": n, "head_dim": HEAD_DIM, "causal": causal,
-           "times_ms": times, "model_ms": _model_ms(batch, heads, n, causal, profile)}
+    rec = {"batch": batch, "heads": heads, "seq_len": n, "head_dim": head_dim, "causal": causal,
+           "times_ms": times}
+    for key, name in (("flash_over_fp16", "sdpa-flash"), ("cudnn_over_fp16", "sdpa-cudnn")):
+        if "ms" in times[name] and "ms" in times["ioaware-fp16"]:
+            rec[key] = times[name]["ms"] / times["ioaware-fp16"]["ms"]
+    for unit, (default, serial) in defaults.items():
+        timed = {k: e["ms"] for k, e in times.items()
+                 if k.startswith(f"kernel-{unit}-") and "ms" in e}
+        rec[f"{unit}_default"] = default
+        if timed:
+            rec[f"{unit}_best"] = min(timed, key=timed.get)
+        if default in timed and serial in timed:
+            rec[f"{unit}_serial_over_default"] = timed[serial] / timed[default]
+    if head_dim != HEAD_DIM:
+        return rec
+    rec["model_ms"] = _model_ms(batch, heads, n, causal, profile)
     fp8_ms = times["ioaware-fp8"].get("ms")
     if fp8_ms:
         for key, name in (("fp16_over_fp8", "ioaware-fp16"), ("flash_over_fp8", "sdpa-flash"),
@@ -118,10 +172,6 @@ def speed_case(torch, n, causal, profile, pingpong=False, timing="sync") -> dict
                 rec[key] = times[name]["ms"] / fp8_ms
         m = rec["model_ms"]
         rec["model_fp16_over_fp8"] = m["wgmma"] / m["wgmma_fp8"]
-    for unit in ("fp16", "fp8") if pingpong else ():
-        on, off = times[f"kernel-{unit}-pingpong"], times[f"kernel-{unit}-no-pingpong"]
-        if "ms" in on and "ms" in off:
-            rec[f"pingpong_gain_{unit}"] = off["ms"] / on["ms"]
     return rec
 
 
@@ -152,13 +202,35 @@ def error_case(torch, n, seed=0) -> dict:
             "paper_rmse": PAPER_RMSE}
 
 
+def case_line(rec: dict) -> str:
+    """One printed line of a speed record."""
+    cells = "  ".join(f"{k}={e['ms']:.3f}" if "ms" in e else f"{k}=—"
+                      for k, e in rec["times_ms"].items())
+    line = f"d={rec['head_dim']} N={rec['seq_len']} causal={rec['causal']}: {cells}"
+    if "flash_over_fp16" in rec and "cudnn_over_fp16" in rec:
+        line += (f"  FLASH/fp16 {rec['flash_over_fp16']:.2f}x  cuDNN/fp16 "
+                 f"{rec['cudnn_over_fp16']:.2f}x")
+    if "fp16_over_fp8" in rec:
+        line += (f"  fp16/fp8 {rec['fp16_over_fp8']:.2f}x (model "
+                 f"{rec.get('model_fp16_over_fp8', 0):.2f}x)  FLASH/fp8 "
+                 f"{rec.get('flash_over_fp8', 0):.2f}x  cuDNN/fp8 {rec.get('cudnn_over_fp8', 0):.2f}x")
+    for unit in ("fp16", "fp8"):
+        if f"{unit}_serial_over_default" in rec:
+            line += (f"  {unit}: default {rec[f'{unit}_default']} "
+                     f"{rec[f'{unit}_serial_over_default']:.3f}x its tile serial, best "
+                     f"{rec[f'{unit}_best']}")
+    return line
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks fp8", description=first_sentence(__doc__))
     ap.add_argument("--seq-lens", default="512,1024,2048,4096,8192,16384", type=_sizes)
     ap.add_argument("--causal", default="both", choices=("both", "true", "false"))
     ap.add_argument("--error-seq-len", default=2048, type=int)
-    ap.add_argument("--pingpong", default="default", choices=("default", "both"),
-                    help="both: also time the wgmma kernels with and without ping-pong")
+    ap.add_argument("--schedules", action="store_true",
+                    help="also time the wgmma kernels at every tile and schedule (SCHEDULES)")
+    ap.add_argument("--head-dims", default=str(HEAD_DIM), type=_sizes,
+                    help="head dims of the speed rows (64: the 16-bit rows only)")
     ap.add_argument("--timing", default="sync", choices=("sync", "device"),
                     help="sync: events around synchronous calls, host time included (default); "
                          "device: GPU time only, behind a device-side sleep")
@@ -176,28 +248,31 @@ def main(argv=None) -> int:
     if args.rates:
         profile = profile.with_rates(args.rates)
     causals = {"both": (False, True), "true": (True,), "false": (False,)}[args.causal]
+    bad = [d for d in args.head_dims if d not in (64, HEAD_DIM)]
+    if bad:
+        print(f"python -m benchmarks fp8: --head-dims takes 64 and {HEAD_DIM}, got {bad}",
+              file=sys.stderr)
+        return 2
     records = []
-    for causal in causals:
-        for n in args.seq_lens:
-            rec = speed_case(torch, n, causal, profile, args.pingpong == "both", args.timing)
-            records.append(rec)
-            cells = "  ".join(f"{k}={e['ms']:.3f}" if "ms" in e else f"{k}=—"
-                              for k, e in rec["times_ms"].items())
-            print(f"N={n} causal={causal}: {cells}  fp16/fp8 {rec.get('fp16_over_fp8', 0):.2f}x "
-                  f"(model {rec.get('model_fp16_over_fp8', 0):.2f}x)  FLASH/fp8 "
-                  f"{rec.get('flash_over_fp8', 0):.2f}x  cuDNN/fp8 "
-                  f"{rec.get('cudnn_over_fp8', 0):.2f}x" + "".join(
-                      f"  ping-pong {u} {rec[f'pingpong_gain_{u}']:.3f}x"
-                      for u in ("fp16", "fp8") if f"pingpong_gain_{u}" in rec), flush=True)
-    err = error_case(torch, args.error_seq_len)
-    print("RMSE against float64 (inputs with outliers): " + "  ".join(
-        f"{k}={v:.2e}" for k, v in err["rmse"].items())
-        + "   paper: " + "  ".join(f"{k}={v:.1e}" for k, v in PAPER_RMSE.items()), flush=True)
     doc = {"schema": "ioaware.fp8/1",
            "provenance": provenance(command_line("fp8", argv if argv is not None
                                                  else sys.argv[1:]),
                                     extra={"profile": profile.name}),
-           "speed": records, "error": err}
+           "speed": records, "error": None}
+    for head_dim in args.head_dims:
+        for causal in causals:
+            for n in args.seq_lens:
+                rec = speed_case(torch, n, causal, profile, args.schedules, args.timing,
+                                 head_dim)
+                records.append(rec)
+                print(case_line(rec), flush=True)
+                if args.out:        # kept as it grows: a run cut short keeps its rows
+                    write_json(dict(doc, speed=records), args.out)
+    err = error_case(torch, args.error_seq_len)
+    print("RMSE against float64 (inputs with outliers): " + "  ".join(
+        f"{k}={v:.2e}" for k, v in err["rmse"].items())
+        + "   paper: " + "  ".join(f"{k}={v:.1e}" for k, v in PAPER_RMSE.items()), flush=True)
+    doc["error"] = err
     if args.out:
         write_json(doc, args.out)
         print(f"wrote {args.out}")

@@ -7,9 +7,12 @@ FAMILY is any of ``simt``, ``mma``, ``tf32``, ``split_kv``, ``wgmma``, ``wgmma_f
 all six on compute capability 9.0, the first four elsewhere), so that the
 families can run as separate sanitizer processes side by side. ``wgmma`` (the Hopper forward,
 compute capability 9.0) runs `WGMMA_CASES`, forward only (it takes no masks or dropout), each
-case also with ping-pong (``KernelConfig(block_q=128, pingpong=True)``).
+case at the default configuration (128-row tiles: ping-pong and the intra-warpgroup overlap)
+and at `WGMMA_SCHEDULES`: 128-row tiles serial and with the overlap alone, 64-row tiles with
+the overlap (64-row tiles serial: the default at ``block_q`` = 64).
 ``wgmma_fp8`` (the FP8 forward, `kernels.wgmma_fwd.forward_fp8`: V's transpose and the kernel)
-runs d=128 with the same lengths and GQA, causal and not, on e4m3 inputs with descales.
+runs d=128 with the same lengths and GQA, causal and not, on e4m3 inputs with descales, at the
+default and at each of `WGMMA_SCHEDULES`.
 ``split_kv`` (the decoding forward, `kernels.decode_fwd`: the split kernels, tensor-core and
 CUDA-core, whose last program of each group merges the splits) runs
 `DECODE_CASES`: 1 and 3 queries against 1000 keys, four query heads per KV head, per-sequence
@@ -89,10 +92,13 @@ def run_fp8(torch, seed: int = 0) -> None:
     dq = torch.full((BATCH, HEADS_Q), 0.5, device="cuda")
     dkv = torch.full((BATCH, HEADS_KV), 0.5, device="cuda")
     for causal in (False, True):
-        out, lse = forward_fp8(*x8, dq, dkv, dkv, causal=causal)
-        torch.cuda.synchronize()
-        if not bool(torch.isfinite(out).all()):
-            raise RuntimeError(f"wgmma_fp8 causal={causal}: an output is not finite")
+        for schedule in ({}, *({"block_q": bq, "pingpong": pp, "overlap": ov}
+                               for bq, pp, ov in WGMMA_SCHEDULES)):
+            out, lse = forward_fp8(*x8, dq, dkv, dkv, causal=causal, **schedule)
+            torch.cuda.synchronize()
+            if not bool(torch.isfinite(out).all()):
+                raise RuntimeError(f"wgmma_fp8 causal={causal} {schedule}: an output is not "
+                                   f"finite")
 
 
 def run_split_kv(torch=None, seed: int = 0) -> None:
@@ -131,6 +137,10 @@ def run_split_kv(torch=None, seed: int = 0) -> None:
                                f"length is not finite, or one past the cache is not NaN")
 
 
+#: The ``wgmma`` schedules a case also runs: (block_q, pingpong, overlap).
+WGMMA_SCHEDULES = ((128, False, False), (128, False, True), (64, False, True))
+
+
 def run_family(family: str, torch=None, seed: int = 0) -> None:
     """`CASES` forward and backward on ``family`` (torch CUDA tensors when ``torch`` is given,
     else NumPy arrays); raises when an output is not finite."""
@@ -147,9 +157,10 @@ def run_family(family: str, torch=None, seed: int = 0) -> None:
         q, k, v, dout, kw = _case_inputs(rng, family, d, options, torch)
         pb = attention_problem(q, k, v, **kw)
         out, lse = kernels.forward(pb, config)
-        if family == "wgmma":        # and the warpgroups' turns (ping-pong), on 128-row tiles
-            out, lse = kernels.forward(pb, kernels.KernelConfig(family=family, block_q=128,
-                                                                pingpong=True))
+        if family == "wgmma":        # and the other schedules
+            for block_q, pingpong, overlap in WGMMA_SCHEDULES:
+                out, lse = kernels.forward(pb, kernels.KernelConfig(
+                    family=family, block_q=block_q, pingpong=pingpong, overlap=overlap))
         grads = ()
         if family not in FORWARD_ONLY:       # the tensor-core backwards under both dQ modes
             modes = ("kernel", "atomic") if family in ("mma", "tf32") else (None,)

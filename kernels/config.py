@@ -62,6 +62,11 @@ class KernelConfig:
       S = Q K^T (FlashAttention-3's scheduler barrier; ``block_q`` = 128 only); None = the
       plan's default (`sim.plans.wgmma_fwd.WGMMA_PINGPONG_DEFAULT`: off, measured even). Only
       the ``wgmma`` family reads it.
+    * ``overlap``: the ``wgmma`` forward's consumer warpgroups run a tile's softmax while the
+      O += P V of the tile before is on the tensor cores (FlashAttention-3's intra-warpgroup
+      overlap: three K/V stages and, at ``block_q`` = 128, a producer warpgroup whose
+      registers go to the consumers); None = the plan's default
+      (`sim.plans.wgmma_fwd.WGMMA_OVERLAP_DEFAULT`). Only the ``wgmma`` family reads it.
     * ``backward_dq``: how the ``mma`` and ``tf32`` backwards compute dQ: "kernel" (a dQ kernel
       that recomputes S and dP, deterministic) or "atomic" (FlashAttention-2's structure: the
       dK/dV kernel adds dS K into a float32 accumulator with atomics; the summation order varies
@@ -84,6 +89,7 @@ class KernelConfig:
     decode_unit: str | None = None
     decode_warps: int | None = None
     pingpong: bool | None = None
+    overlap: bool | None = None
 
     def __post_init__(self):
         if self.decode_warps is not None and (isinstance(self.decode_warps, bool)
@@ -97,6 +103,9 @@ class KernelConfig:
         if self.pingpong is not None and not isinstance(self.pingpong, bool):
             raise ValueError(f"KernelConfig.pingpong must be True, False or None, got "
                              f"{self.pingpong!r}")
+        if self.overlap is not None and not isinstance(self.overlap, bool):
+            raise ValueError(f"KernelConfig.overlap must be True, False or None, got "
+                             f"{self.overlap!r}")
         if self.backward_dq not in (None, "kernel", "atomic"):
             raise ValueError(f"KernelConfig.backward_dq must be 'kernel', 'atomic' or None, got "
                              f"{self.backward_dq!r}")

@@ -7,7 +7,9 @@ and the host side that makes the TMA tensor maps. It returns what `kernels.mma_f
 allowed). The registry runs it, before the ``mma`` family, for every forward it takes on a GPU
 of compute capability 9.0 or more; ``KernelConfig(family="mma")`` pins the older forward.
 
-The algorithm (FlashAttention-3's structure without its overlaps and ping-pong):
+The algorithm (FlashAttention-3's structure; its two overlaps, ping-pong and the
+intra-warpgroup overlap, are the default schedule at ``block_q`` = 128 and are described in
+`_build_kernel`; below, the serial kernel):
 
 * one program per (Q tile of ``block_q`` = 64 or 128 rows, batch * head), launch order of
   `kernels.tile_scheduler` (longest causal tiles first); ``block_q / 64`` *consumer
@@ -47,7 +49,8 @@ from numba.cuda.cudadrv import driver    # device_pointer (on a real GPU)
 
 from sim.plans.wgmma_fwd import (BARRIER_BYTES, BOX_COLUMNS, FP8_BLOCK_K, FP8_DEFAULT_BLOCK_Q,
                                  FP8_HEAD_DIM, FP8_TRANSPOSE_THREADS, FP8_TRANSPOSE_TILE,
-                                 ROWS_PER_WARPGROUP, fp8_transpose_grid, fp8_transpose_keys,
+                                 OVERLAP_REGISTERS, ROWS_PER_WARPGROUP, fp8_transpose_grid,
+                                 fp8_transpose_keys, producer_warpgroup,
                                  WARPGROUP_THREADS, WGMMA_BLOCK_K_CHOICES,
                                  WGMMA_BLOCK_Q_CHOICES, WGMMA_HEAD_DIMS, pingpong_refusal,
                                  wgmma_default_blocks, wgmma_smem_bytes, wgmma_threads)
@@ -79,14 +82,16 @@ P_SCALE_LOG2 = 8.0
 TAKES_WINDOW = True
 
 
-def kernel_constants(head_dim: int, block_q: int, block_k: int, fp8: bool = False) -> dict:
+def kernel_constants(head_dim: int, block_q: int, block_k: int, fp8: bool = False,
+                     stages: int = 2) -> dict:
     """The layout of one configuration, in bytes from the 1024-aligned base of dynamic shared
     memory, and the register counts (plain Python; the kernel is built from these):
     ``chunks`` (128-byte column chunks of a Q or K row: 64 16-bit or 128 e4m3 elements),
     ``q_bytes`` (Q: box (warpgroup w, column chunk c) at ``(w * chunks + c) * 8192``),
-    ``kv_bytes`` (one K or V tile; chunk c at ``c * block_k * 128``; stage s holds K at
-    ``q_bytes + 2 s kv_bytes`` and V ``kv_bytes`` further), ``bar_offset`` (q_full, full[0],
-    full[1], empty[0], empty[1], 8 bytes each), the descriptor templates ``k_template``
+    ``kv_bytes`` (one K or V tile; chunk c at ``c * block_k * 128``; stage s of ``stages``
+    holds K at ``q_bytes + 2 s kv_bytes`` and V ``kv_bytes`` further), ``bar_offset``
+    (q_full, full[0 .. stages - 1], empty[0 .. stages - 1], 8 bytes each), the descriptor
+    templates ``k_template``
     (K-major, Q and K; with ``fp8`` also V, held transposed: d rows of ``block_k`` keys) and
     ``v_template`` (16-bit: MN-major, V as loaded), and the per-thread register arrays:
     ``s_regs`` (S: 32 per 64 keys), ``o_regs`` (O: 32 per 64 columns), ``p_regs`` (P: 4 per
@@ -106,45 +111,49 @@ def kernel_constants(head_dim: int, block_q: int, block_k: int, fp8: bool = Fals
         lbo_v, sbo_v, step_v = mnmajor_strides("128B", block_k)
         v_template = encode_wgmma_descriptor(0, lbo_v, sbo_v, "128B")
     return dict(chunks=chunks, q_bytes=q_bytes, kv_bytes=kv_bytes,
-                bar_offset=q_bytes + 4 * kv_bytes,
+                bar_offset=q_bytes + 2 * stages * kv_bytes,
                 k_template=k_template, k_step=step_k, v_template=v_template, v_step=step_v,
                 s_regs=32 * (block_k // 64), o_regs=32 * (head_dim // 64),
                 p_regs=4 * (block_k // (32 if fp8 else 16)),
                 consumers=block_q // ROWS_PER_WARPGROUP)
 
 
-def stage_of(tile: int) -> int:
-    """The shared-memory stage (0 or 1) of the ``tile``-th K/V tile a program visits."""
-    return tile & 1
+def stage_of(tile: int, stages: int = 2) -> int:
+    """The shared-memory stage (0 .. ``stages`` - 1) of the ``tile``-th K/V tile a program
+    visits."""
+    return tile % stages
 
 
-def full_parity(tile: int) -> int:
+def full_parity(tile: int, stages: int = 2) -> int:
     """The parity consumers wait for on the *full* barrier of `stage_of` (``tile``): the
-    ``tile // 2``-th phase of that stage's barrier."""
-    return (tile >> 1) & 1
+    ``tile // stages``-th phase of that stage's barrier."""
+    return (tile // stages) & 1
 
 
-def empty_parity(tile: int) -> int:
+def empty_parity(tile: int, stages: int = 2) -> int:
     """The parity the producer waits for on the *empty* barrier of `stage_of` (``tile``) before
-    loading ``tile`` (>= 2) into it: the phase the consumers completed releasing ``tile - 2``."""
-    return ((tile >> 1) - 1) & 1
+    loading ``tile`` (>= ``stages``) into it: the phase the consumers completed releasing
+    ``tile - stages``."""
+    return (tile // stages - 1) & 1
 
 
 def get_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=False,
-               window=False, pingpong=False):
+               window=False, pingpong=False, overlap=False):
     """The compiled-on-first-launch kernel for one configuration (cached per process and on
     disk by `kernels.compile_cache`); ``head_group``: the launch order
     (`kernels.tile_scheduler`); ``fp8``: e4m3 Q, K, V with descales, O in bfloat16
     (``is_bf16`` is then ignored); ``window``: the band test of a sliding window (causal then
     off: the band carries it, `kernels.mask.band_arguments`); ``pingpong``: the two consumer
-    warpgroups take turns issuing S = Q K^T (``block_q`` = 128 only; `_build_kernel`)."""
+    warpgroups take turns issuing S = Q K^T (``block_q`` = 128 only; `_build_kernel`);
+    ``overlap``: each warpgroup's softmax of tile i runs while its O += P V of tile i - 1 is
+    on the tensor cores (three stages; `_build_kernel`)."""
     key = (int(head_dim), int(block_q), int(block_k), bool(is_bf16) or bool(fp8), bool(causal),
-           int(head_group), bool(fp8), bool(window), bool(pingpong))
+           int(head_group), bool(fp8), bool(window), bool(pingpong), bool(overlap))
     return compile_cache.built(_build_kernel, *key)
 
 
 def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=False,
-                  window=False, pingpong=False):
+                  window=False, pingpong=False, overlap=False):
     """The kernel for one configuration. Signature::
 
         kernel(maps, out, lse, offsets, kv_index, sched_b, sched_h, group, n_q, n_k,
@@ -163,7 +172,13 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=F
     S = Q K^T (FlashAttention-3's scheduler barrier, named barriers 1 and 2): warpgroup w waits
     for its turn, issues its product and hands the turn over, so that each one's softmax runs
     while the other's first product holds the tensor cores; O += P V is issued outside the
-    turns."""
+    turns. With ``overlap`` (FlashAttention-3's intra-warpgroup overlap) the K/V ring has three
+    stages and a warpgroup issues tile i's S = Q K^T and then tile i - 1's O += P V, waits for
+    the first only, runs tile i's softmax while the second is on the tensor cores, and then
+    waits for it, releases tile i - 1's stage and rescales O; the first tile's product and the
+    last tile's O += P V are peeled off the loop, so that every product is issued on a
+    straight-line path (ptxas serialises every ``wgmma`` of a kernel that issues one under a
+    branch inside the loop). With both, a turn covers the two products of an iteration."""
     from numba import cuda, float32, int64, uint8, uint32, uint64
 
     from . import hopper as hp
@@ -171,12 +186,16 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=F
 
     D, BQ, BK = head_dim, block_q, block_k
     FP8 = bool(fp8)
-    c = kernel_constants(D, BQ, BK, FP8)
+    OVERLAP = bool(overlap)
+    STAGES = 3 if OVERLAP else 2
+    c = kernel_constants(D, BQ, BK, FP8, STAGES)
     DC = c["chunks"]                      # 128-byte column chunks of a row of Q and K (and V)
     OB = D // 64                          # n64 blocks of O
     W = c["consumers"]                    # consumer warpgroups
-    THREADS = wgmma_threads(BQ)
+    THREADS = wgmma_threads(BQ, OVERLAP)
     PRODUCER_WARP = 4 * W
+    REALLOC = producer_warpgroup(BQ, OVERLAP)    # a producer warpgroup gives its registers
+    PRODUCER_REGS, CONSUMER_REGS = OVERLAP_REGISTERS
     CONSUMER_THREADS = WARPGROUP_THREADS * W
     KS = DC * 4                           # k steps of S = Q K^T (32 bytes of a row each)
     NB = BK // 64                         # n64 blocks of S
@@ -188,7 +207,7 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=F
     K_TMPL, V_TMPL = c["k_template"], c["v_template"]
     K_STEP, V_STEP = c["k_step"], c["v_step"]
     CHUNK_BYTES = BK * SWIZZLE_ROW_BYTES  # one 64-column chunk of a K or V tile
-    SMEM = wgmma_smem_bytes(D, BQ, BK, 1 if FP8 else 2)
+    SMEM = wgmma_smem_bytes(D, BQ, BK, 1 if FP8 else 2, STAGES)
     CAUSAL = causal
     WINDOW = bool(window)
     NEG_INF = float32(-math.inf)
@@ -201,9 +220,21 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=F
     pack8 = hp.pack_e4m3x4
     tile_and_head = tile_scheduler.device_tile_and_head(head_group)
     tile_needs = tile_needs_mask(ROWS_PER_WARPGROUP, BK, CAUSAL, False, WINDOW)
-    stage = cuda.jit(device=True, inline=True)(stage_of)
-    full_phase = cuda.jit(device=True, inline=True)(full_parity)
-    empty_phase = cuda.jit(device=True, inline=True)(empty_parity)
+    stage_n = cuda.jit(device=True, inline=True)(stage_of)
+    full_n = cuda.jit(device=True, inline=True)(full_parity)
+    empty_n = cuda.jit(device=True, inline=True)(empty_parity)
+
+    @cuda.jit(device=True, inline=True)
+    def stage(i):
+        return stage_n(i, STAGES)
+
+    @cuda.jit(device=True, inline=True)
+    def full_phase(i):
+        return full_n(i, STAGES)
+
+    @cuda.jit(device=True, inline=True)
+    def empty_phase(i):
+        return empty_n(i, STAGES)
     assert BAR + BARRIER_BYTES + 1024 == SMEM
     why = pingpong_refusal(pingpong, BQ)
     if why:
@@ -211,6 +242,106 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=F
     PINGPONG = bool(pingpong)
     PP_BAR = uint32(1)                    # named barriers 1 and 2: warpgroup 0's and 1's turn
     PP_THREADS = uint32(2 * WARPGROUP_THREADS)
+
+    @cuda.jit(device=True, inline=True)
+    def issue_qk(s_reg, q_wg, k_st):
+        """-- compute qk: S = Q K^T, d / 16 k-steps x block_k / 64 n-blocks, one group --"""
+        for kk in range(KS):
+            cc = kk // 4
+            da = hp.smem_descriptor(K_TMPL, q_wg + cc * BOX_BYTES + (kk % 4) * K_STEP)
+            for nb in range(NB):
+                db = hp.smem_descriptor(K_TMPL, k_st + cc * CHUNK_BYTES + nb * BOX_BYTES
+                                        + (kk % 4) * K_STEP)
+                mma_ss(s_reg, 32 * nb, da, db, uint32(1 if kk > 0 else 0))
+        hp.wgmma_commit_group()
+
+    @cuda.jit(device=True, inline=True)
+    def issue_pv(o_reg, pa, v_st):
+        """-- O += P V: A = P from registers, B = V (keys x d, d contiguous: MN-major; with
+        FP8 V^T, d rows of permuted keys: K-major), one group --"""
+        for kc in range(PS):
+            for dc in range(OB):
+                if FP8:
+                    db = hp.smem_descriptor(V_TMPL, v_st + dc * 64 * BK + kc * V_STEP)
+                else:
+                    db = hp.smem_descriptor(V_TMPL, v_st + dc * CHUNK_BYTES + kc * V_STEP)
+                mma_rs(o_reg, 32 * dc, pa[4 * kc], pa[4 * kc + 1], pa[4 * kc + 2],
+                       pa[4 * kc + 3], db, uint32(1))
+        hp.wgmma_commit_group()
+
+    @cuda.jit(device=True, inline=True)
+    def softmax(s_reg, m_i, l_i, alpha, kv_tile, row_first, row_a, tig, n_k, sl, band_lo,
+                band_hi):
+        """The online softmax of one tile of scores in ``s_reg`` (its probabilities replace
+        them), the running max ``m_i`` and sum ``l_i`` updated, O's factor in ``alpha``."""
+        key0 = kv_tile * BK
+        # -- masks: keys past the end, the causal diagonal, the window's band (only tiles
+        # that need them: this warpgroup's 64 x block_k tile) --
+        if key0 + BK > n_k or tile_needs(row_first // ROWS_PER_WARPGROUP, kv_tile,
+                                         band_lo, band_hi):
+            for nb in range(NB):
+                for j in range(8):
+                    for hr in range(2):
+                        for e in range(2):
+                            col = key0 + 64 * nb + 8 * j + 2 * tig + e
+                            bad = col >= n_k
+                            if CAUSAL:
+                                bad = bad or col > row_a + 8 * hr
+                            if WINDOW:
+                                rel = col - (row_a + 8 * hr)
+                                bad = bad or rel < band_lo or rel > band_hi
+                            if bad:
+                                s_reg[32 * nb + 4 * j + 2 * hr + e] = NEG_INF
+        # -- update m_i and l_i (row half hr: registers with (r >> 1) & 1 == hr) --
+        for hr in range(2):
+            mx = NEG_INF
+            for nb in range(NB):
+                for j in range(8):
+                    r = 32 * nb + 4 * j + 2 * hr
+                    mx = max(mx, max(s_reg[r], s_reg[r + 1]))
+            mx = max(mx, cuda.shfl_xor_sync(0xFFFFFFFF, mx, 1))
+            mx = max(mx, cuda.shfl_xor_sync(0xFFFFFFFF, mx, 2))
+            m_new = max(m_i[hr], mx * sl)
+            m_use = m_new if m_new != NEG_INF else float32(0.0)
+            alpha[hr] = ptx.ex2(m_i[hr] - m_use)
+            m_sub = m_use
+            if FP8:
+                m_sub = m_use - P_SHIFT     # P (and the row sum) scaled by 2**P_SHIFT
+            row_sum = float32(0.0)
+            for nb in range(NB):
+                for j in range(8):
+                    for e in range(2):
+                        r = 32 * nb + 4 * j + 2 * hr + e
+                        p = ptx.ex2(s_reg[r] * sl - m_sub)
+                        row_sum += p
+                        s_reg[r] = p
+            l_i[hr] = l_i[hr] * alpha[hr] + row_sum
+            m_i[hr] = m_new
+
+    @cuda.jit(device=True, inline=True)
+    def rescale(o_reg, alpha):
+        """O's rows times their factor from the last softmax."""
+        for hr in range(2):
+            for dc in range(OB):
+                for j in range(8):
+                    for e in range(2):
+                        o_reg[32 * dc + 4 * j + 2 * hr + e] *= alpha[hr]
+
+    @cuda.jit(device=True, inline=True)
+    def to_p(pa, s_reg):
+        """P in registers as the A fragment of O += P V."""
+        if FP8:
+            # -- P to e4m3, keys of each k32 slice in `fp8_key_order` --
+            for kc in range(PS):
+                for q in range(4):
+                    r = 16 * kc + 8 * (q >> 1) + 2 * (q & 1)
+                    pa[4 * kc + q] = pack8(s_reg[r], s_reg[r + 1], s_reg[r + 4], s_reg[r + 5])
+        else:
+            # -- P to 16 bits: the accumulator of k16 slice kc is its A fragment --
+            for kc in range(PS):
+                for q in range(4):
+                    r = 32 * (kc // 4) + 8 * (kc % 4) + 2 * q
+                    pa[4 * kc + q] = pack(s_reg[r], s_reg[r + 1])
 
     @cuda.jit(launch_bounds=(THREADS, 1), lineinfo=False)
     def kernel(maps, out, lse, offsets, kv_index, sched_b, sched_h, group, n_q, n_k,
@@ -229,22 +360,24 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=F
         start = offsets[s, m_blk]
         stop = offsets[s, m_blk + 1]
         # shared memory from a 1024-byte boundary (the 128-byte swizzle's repeat): Q | stage 0
-        # K, V | stage 1 K, V | barriers
+        # K, V | stage 1 K, V | (stage 2 K, V) | barriers
         raw = int64(ptx.shared_addr(smem, 0))
         base = (raw + 1023) & ~int64(1023)
         q_s = base
         kv_s = base + Q_BYTES
         q_full = base + BAR
         full0 = q_full + 8
-        empty0 = q_full + 24
+        empty0 = full0 + 8 * STAGES
         if tid == 0:
             hp.mbarrier_init(q_full, 1)
-            for st in range(2):
+            for st in range(STAGES):
                 hp.mbarrier_init(full0 + 8 * st, 1)
                 hp.mbarrier_init(empty0 + 8 * st, CONSUMER_THREADS)
             hp.fence_mbarrier_init()
         cuda.syncthreads()       # the last CTA-wide barrier: the roles part here
 
+        if REALLOC and warp >= PRODUCER_WARP:
+            hp.setmaxnreg_dec(PRODUCER_REGS)        # the producer warpgroup's, all four warps
         if warp == PRODUCER_WARP:
             if lane == 0:
                 # -- producer: Q once, then K and V tile by tile into the two stages --
@@ -270,7 +403,7 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=F
                 for it in range(start, stop):
                     i = it - start
                     st = stage(i)
-                    if i >= 2:      # stage st was last used by tile i - 2: wait until released
+                    if i >= STAGES:     # stage st last held tile i - STAGES: wait for its release
                         hp.mbarrier_wait_parity(empty0 + 8 * st, empty_phase(i))
                     key0 = kv_index[it] * BK
                     k_st = kv_s + st * 2 * KV_BYTES
@@ -287,6 +420,10 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=F
                         hp.cp_async_bulk_tensor_4d_g2s(k_st + KV_BYTES, g_v, key0, 0, hk, b,
                                                        full0 + 8 * st)
             return
+        if REALLOC:
+            if warp > PRODUCER_WARP:
+                return
+            hp.setmaxnreg_inc(CONSUMER_REGS)
 
         # -- consumers: warpgroup wg owns query rows m_blk * BQ + 64 wg .. + 63 --
         wg = warp // 4
@@ -300,6 +437,7 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=F
         pa = cuda.local.array(P_REGS, dtype=uint32)
         m_i = cuda.local.array(2, dtype=float32)
         l_i = cuda.local.array(2, dtype=float32)
+        alpha = cuda.local.array(2, dtype=float32)
         for r in range(O_REGS):
             o_reg[r] = float32(0.0)
         for hr in range(2):
@@ -312,109 +450,72 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=F
         if PINGPONG and wg == 1:
             hp.named_barrier_arrive(PP_BAR, PP_THREADS)     # warpgroup 0 multiplies first
 
-        for it in range(start, stop):
-            i = it - start
-            st = stage(i)
-            key0 = kv_index[it] * BK
-            k_st = kv_s + st * 2 * KV_BYTES
-            v_st = k_st + KV_BYTES
-            hp.mbarrier_wait_parity(full0 + 8 * st, full_phase(i))
-
-            # -- compute qk: S = Q K^T, d / 16 k-steps x block_k / 64 n-blocks --
-            if PINGPONG:     # -- wait for this warpgroup's turn on the tensor cores --
+        if not OVERLAP:
+            for it in range(start, stop):
+                i = it - start
+                k_st = kv_s + stage(i) * 2 * KV_BYTES
+                hp.mbarrier_wait_parity(full0 + 8 * stage(i), full_phase(i))
+                if PINGPONG:     # -- wait for this warpgroup's turn on the tensor cores --
+                    hp.named_barrier_sync(PP_BAR + uint32(wg), PP_THREADS)
+                hp.wgmma_fence()
+                issue_qk(s_reg, q_wg, k_st)
+                if PINGPONG:     # -- the other warpgroup's turn while this one runs its softmax
+                    hp.named_barrier_arrive(PP_BAR + uint32(1 - wg), PP_THREADS)
+                hp.wgmma_wait_group(0)
+                hp.wgmma_fence_operands(s_reg, 0, S_REGS)
+                softmax(s_reg, m_i, l_i, alpha, kv_index[it], row_first, row_a, tig, n_k, sl,
+                        band_lo, band_hi)
+                rescale(o_reg, alpha)
+                to_p(pa, s_reg)
+                hp.wgmma_fence()
+                issue_pv(o_reg, pa, k_st + KV_BYTES)
+                hp.wgmma_wait_group(0)
+                hp.wgmma_fence_operands(o_reg, 0, O_REGS)
+                hp.mbarrier_arrive(empty0 + 8 * stage(i))      # this stage may be refilled
+        elif start < stop:
+            # -- tile 0: S = Q K^T and its softmax (O is still zero: no rescale) --
+            hp.mbarrier_wait_parity(full0, 0)
+            if PINGPONG:
                 hp.named_barrier_sync(PP_BAR + uint32(wg), PP_THREADS)
             hp.wgmma_fence()
-            for kk in range(KS):
-                cc = kk // 4
-                da = hp.smem_descriptor(K_TMPL, q_wg + cc * BOX_BYTES + (kk % 4) * K_STEP)
-                for nb in range(NB):
-                    db = hp.smem_descriptor(K_TMPL, k_st + cc * CHUNK_BYTES + nb * BOX_BYTES
-                                            + (kk % 4) * K_STEP)
-                    mma_ss(s_reg, 32 * nb, da, db, uint32(1 if kk > 0 else 0))
-            hp.wgmma_commit_group()
-            if PINGPONG:        # -- the other warpgroup's turn while this one runs its softmax --
+            issue_qk(s_reg, q_wg, kv_s)
+            if PINGPONG:
                 hp.named_barrier_arrive(PP_BAR + uint32(1 - wg), PP_THREADS)
             hp.wgmma_wait_group(0)
             hp.wgmma_fence_operands(s_reg, 0, S_REGS)
-
-            # -- masks: keys past the end, the causal diagonal, the window's band (only tiles
-            # that need them: this warpgroup's 64 x block_k tile) --
-            if key0 + BK > n_k or tile_needs(row_first // ROWS_PER_WARPGROUP, kv_index[it],
-                                             band_lo, band_hi):
-                for nb in range(NB):
-                    for j in range(8):
-                        for hr in range(2):
-                            for e in range(2):
-                                col = key0 + 64 * nb + 8 * j + 2 * tig + e
-                                bad = col >= n_k
-                                if CAUSAL:
-                                    bad = bad or col > row_a + 8 * hr
-                                if WINDOW:
-                                    rel = col - (row_a + 8 * hr)
-                                    bad = bad or rel < band_lo or rel > band_hi
-                                if bad:
-                                    s_reg[32 * nb + 4 * j + 2 * hr + e] = NEG_INF
-
-            # -- update m_i and l_i (row half hr: registers with (r >> 1) & 1 == hr) --
-            for hr in range(2):
-                mx = NEG_INF
-                for nb in range(NB):
-                    for j in range(8):
-                        r = 32 * nb + 4 * j + 2 * hr
-                        mx = max(mx, max(s_reg[r], s_reg[r + 1]))
-                mx = max(mx, cuda.shfl_xor_sync(0xFFFFFFFF, mx, 1))
-                mx = max(mx, cuda.shfl_xor_sync(0xFFFFFFFF, mx, 2))
-                m_new = max(m_i[hr], mx * sl)
-                m_use = m_new if m_new != NEG_INF else float32(0.0)
-                alpha = ptx.ex2(m_i[hr] - m_use)
-                m_sub = m_use
-                if FP8:
-                    m_sub = m_use - P_SHIFT     # P (and the row sum) scaled by 2**P_SHIFT
-                row_sum = float32(0.0)
-                for nb in range(NB):
-                    for j in range(8):
-                        for e in range(2):
-                            r = 32 * nb + 4 * j + 2 * hr + e
-                            p = ptx.ex2(s_reg[r] * sl - m_sub)
-                            row_sum += p
-                            s_reg[r] = p
-                l_i[hr] = l_i[hr] * alpha + row_sum
-                m_i[hr] = m_new
-                for dc in range(OB):
-                    for j in range(8):
-                        for e in range(2):
-                            o_reg[32 * dc + 4 * j + 2 * hr + e] *= alpha
-
-            if FP8:
-                # -- P to e4m3 in registers, keys of each k32 slice in `fp8_key_order` --
-                for kc in range(PS):
-                    for q in range(4):
-                        r = 16 * kc + 8 * (q >> 1) + 2 * (q & 1)
-                        pa[4 * kc + q] = pack8(s_reg[r], s_reg[r + 1], s_reg[r + 4],
-                                               s_reg[r + 5])
-            else:
-                # -- P to 16 bits in registers: the accumulator of k16 slice kc is its A
-                # fragment --
-                for kc in range(PS):
-                    for q in range(4):
-                        r = 32 * (kc // 4) + 8 * (kc % 4) + 2 * q
-                        pa[4 * kc + q] = pack(s_reg[r], s_reg[r + 1])
-
-            # -- O += P V: A = P from registers, B = V (keys x d, d contiguous: MN-major; with
-            # FP8 V^T, d rows of permuted keys: K-major) --
+            softmax(s_reg, m_i, l_i, alpha, kv_index[start], row_first, row_a, tig, n_k, sl,
+                    band_lo, band_hi)
+            to_p(pa, s_reg)
+            for it in range(start + 1, stop):
+                i = it - start
+                k_st = kv_s + stage(i) * 2 * KV_BYTES
+                v_prev = kv_s + stage(i - 1) * 2 * KV_BYTES + KV_BYTES
+                hp.mbarrier_wait_parity(full0 + 8 * stage(i), full_phase(i))
+                # -- issue S = Q K^T of tile i, then O += P V of tile i - 1 --
+                if PINGPONG:
+                    hp.named_barrier_sync(PP_BAR + uint32(wg), PP_THREADS)
+                hp.wgmma_fence()
+                issue_qk(s_reg, q_wg, k_st)
+                issue_pv(o_reg, pa, v_prev)
+                if PINGPONG:
+                    hp.named_barrier_arrive(PP_BAR + uint32(1 - wg), PP_THREADS)
+                # -- softmax of tile i while O += P V runs --
+                hp.wgmma_wait_group(1)
+                hp.wgmma_fence_operands(s_reg, 0, S_REGS)
+                softmax(s_reg, m_i, l_i, alpha, kv_index[it], row_first, row_a, tig, n_k, sl,
+                        band_lo, band_hi)
+                hp.wgmma_wait_group(0)
+                hp.wgmma_fence_operands(o_reg, 0, O_REGS)
+                hp.mbarrier_arrive(empty0 + 8 * stage(i - 1))  # tile i - 1's stage is free
+                rescale(o_reg, alpha)
+                to_p(pa, s_reg)
+            # -- the last tile's O += P V --
+            last = stop - start - 1
             hp.wgmma_fence()
-            for kc in range(PS):
-                for dc in range(OB):
-                    if FP8:
-                        db = hp.smem_descriptor(V_TMPL, v_st + dc * 64 * BK + kc * V_STEP)
-                    else:
-                        db = hp.smem_descriptor(V_TMPL, v_st + dc * CHUNK_BYTES + kc * V_STEP)
-                    mma_rs(o_reg, 32 * dc, pa[4 * kc], pa[4 * kc + 1], pa[4 * kc + 2],
-                           pa[4 * kc + 3], db, uint32(1))
-            hp.wgmma_commit_group()
+            issue_pv(o_reg, pa, kv_s + stage(last) * 2 * KV_BYTES + KV_BYTES)
             hp.wgmma_wait_group(0)
             hp.wgmma_fence_operands(o_reg, 0, O_REGS)
-            hp.mbarrier_arrive(empty0 + 8 * st)      # this stage may be refilled
+            hp.mbarrier_arrive(empty0 + 8 * stage(last))
         if PINGPONG and wg == 0:    # the other warpgroup's last turn signal
             hp.named_barrier_sync(PP_BAR, PP_THREADS)
 
@@ -517,7 +618,8 @@ def plan(problem, config):
     grid, threads and shared memory are what `prepare` launches."""
     block_q, block_k = tiles(problem, config)
     return host.family_plan("wgmma", "fwd", problem, block_q=block_q, block_k=block_k,
-                            launch_order=config.launch_order, pingpong=config.pingpong)
+                            launch_order=config.launch_order, pingpong=config.pingpong,
+                            overlap=config.overlap)
 
 
 def _operand_layout(x, itemsize=2):
@@ -682,7 +784,7 @@ def prepare(problem, config):
     is_bf16 = str(pb.dtype).endswith("bfloat16")
     causal, window, band_lo, band_hi = band_arguments(pb)
     kern = get_kernel(pb.head_dim, block_q, block_k, is_bf16, causal, group, window=window,
-                      pingpong=the_plan.config["pingpong"])
+                      pingpong=the_plan.config["pingpong"], overlap=the_plan.config["overlap"])
     host.check_launch(launch.name, (launch.threads, launch.shared_bytes),
                       (kern.threads, kern.smem_bytes))
     offsets, index, sched_b, sched_h = tile_scheduler.device_schedule(pb, block_q, block_k, "kv")
@@ -852,18 +954,20 @@ def v_transpose(v8, stream=None, plans=None):
 
 
 def fp8_plan(batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, causal, block_q=None,
-             launch_order=None, pingpong=None):
+             launch_order=None, pingpong=None, overlap=None):
     """The `sim.plan.Plan` `forward_fp8` launches (`sim.plans.wgmma_fwd.wgmma_fp8_forward_plan`:
-    the V transpose, then the attention kernel; ``pingpong`` None: the plan's default)."""
+    the V transpose, then the attention kernel; ``pingpong``, ``overlap`` None: the plan's
+    defaults)."""
     from sim.plans import plan_for
     from sim.workload import Workload
     w = Workload(batch=batch, heads=heads_q, heads_kv=heads_kv, seq_len_q=seqlen_q,
                  seq_len_k=seqlen_k, head_dim=head_dim, dtype="bf16", causal=bool(causal))
     return plan_for("wgmma_fp8", "fwd", w, block_q=block_q or FP8_DEFAULT_BLOCK_Q,
-                    block_k=FP8_BLOCK_K, launch_order=launch_order, pingpong=pingpong)
+                    block_k=FP8_BLOCK_K, launch_order=launch_order, pingpong=pingpong,
+                    overlap=overlap)
 
 
-#: (shapes, causal, scale, block_q, launch order, ping-pong, device) -> _Fp8Launch
+#: (shapes, causal, scale, block_q, launch order, ping-pong, overlap, device) -> _Fp8Launch
 _FP8_PREPARED: dict = {}
 
 
@@ -873,15 +977,18 @@ class _Fp8Launch:
     kernel, the tile schedule and the constant arguments; ``plans`` and ``transpose_plans``:
     the launch plans `kernels.host.relaunch` keeps per argument layout."""
 
-    def __init__(self, B, H, Hkv, Nq, Nk, D, causal, scale, block_q, launch_order, pingpong):
+    def __init__(self, B, H, Hkv, Nq, Nk, D, causal, scale, block_q, launch_order, pingpong,
+                 overlap):
         import numpy as np
         from types import SimpleNamespace
-        the_plan = fp8_plan(B, H, Hkv, Nq, Nk, D, causal, block_q, launch_order, pingpong)
+        the_plan = fp8_plan(B, H, Hkv, Nq, Nk, D, causal, block_q, launch_order, pingpong,
+                            overlap)
         _transpose, self.launch = the_plan.kernels      # the transpose: `v_transpose`
         bq, bk = the_plan.config["block_q"], the_plan.config["block_k"]
         group = tile_scheduler.head_group(launch_order, causal, "fwd")
         self.kern = get_kernel(D, bq, bk, True, causal, group, fp8=True,
-                               pingpong=the_plan.config["pingpong"])
+                               pingpong=the_plan.config["pingpong"],
+                               overlap=the_plan.config["overlap"])
         host.check_launch(self.launch.name, (self.launch.threads, self.launch.shared_bytes),
                           (self.kern.threads, self.kern.smem_bytes))
         shape = SimpleNamespace(seqlen_q=Nq, seqlen_k=Nk, causal=bool(causal), block_mask=None,
@@ -897,14 +1004,15 @@ class _Fp8Launch:
 
 
 def forward_fp8(q, k, v, descale_q, descale_k, descale_v, *, causal=False, scale=None,
-                block_q=None, launch_order=None, pingpong=None):
+                block_q=None, launch_order=None, pingpong=None, overlap=None):
     """FlashAttention-3's FP8 forward: ``(out, lse)`` for torch float8_e4m3fn Q [B, Hq, Nq, d],
     K and V [B, Hkv, Nk, d] on a GPU of compute capability 9.0 (`fp8_supports`), with float32
     descales [B, Hq], [B, Hkv], [B, Hkv] (contiguous; the scores are ``scale * (q descale_q)
     (k descale_k)^T``, V is ``v descale_v``): O in bfloat16, the float32 natural-log
     logsumexp (-inf and a zero row where no key is allowed). Top-left causal. ``pingpong``: the
     warpgroups take turns issuing S = Q K^T (None: the plan's default, on at ``block_q`` = 128;
-    True at ``block_q`` = 64 is a ValueError). The plan, kernel
+    True at ``block_q`` = 64 is a ValueError); ``overlap``: a tile's softmax runs while the
+    O += P V of the tile before is on the tensor cores (None: the plan's default). The plan, kernel
     and schedule are chosen once per configuration (`_Fp8Launch`); a call allocates V^T, O and
     the logsumexp and makes two launches. The user-facing entry, with its checks, is
     `ioaware.fp8.attention`."""
@@ -912,7 +1020,7 @@ def forward_fp8(q, k, v, descale_q, descale_k, descale_v, *, causal=False, scale
     B, H, Nq, D = (int(n) for n in q.shape)
     Hkv, Nk = int(k.shape[1]), int(k.shape[2])
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    key = (B, H, Hkv, Nq, Nk, D, bool(causal), scale, block_q, launch_order, pingpong,
+    key = (B, H, Hkv, Nq, Nk, D, bool(causal), scale, block_q, launch_order, pingpong, overlap,
            q.device.index)
     prep = _FP8_PREPARED.get(key)
     if prep is None:
@@ -922,7 +1030,7 @@ def forward_fp8(q, k, v, descale_q, descale_k, descale_v, *, causal=False, scale
         if len(_FP8_PREPARED) > 64:
             _FP8_PREPARED.clear()
         prep = _FP8_PREPARED[key] = _Fp8Launch(B, H, Hkv, Nq, Nk, D, causal, scale, block_q,
-                                               launch_order, pingpong)
+                                               launch_order, pingpong, overlap)
     stream = host.launch_stream(q)
     ops = [x.view(torch.uint8) for x in (q, k)]
     ops = [host.aligned_copy(x) if _needs_copy(x, 1) else x for x in ops]

@@ -148,15 +148,19 @@ def test_plan_fields_equal_the_formulas(causal, block_q):
         (min(-(-Nk // 128), (m * block_q + block_q - 1) // 128 + 1) if causal else -(-Nk // 128))
         for m in range(n_blocks)) * B * H
     assert k.grid == (n_blocks, B * H)
-    assert k.threads == wgmma_threads(block_q)
-    assert k.shared_bytes == wgmma_smem_bytes(D, block_q, 128, 1)
+    # the default schedule: ping-pong and the intra-warpgroup overlap at block_q = 128 (three
+    # stages, a producer warpgroup), serial at 64
+    overlap = block_q == 128
+    assert p.config["overlap"] is overlap and p.config["pingpong"] is overlap
+    assert k.threads == wgmma_threads(block_q, overlap)
+    assert k.shared_bytes == wgmma_smem_bytes(D, block_q, 128, 1, 3 if overlap else 2)
     (mm,) = k.matmuls
     assert mm.unit == "wgmma.fp8" and mm.flops == tiles * 4 * D * block_q * 128
     acc = {(a.tensor, a.op): a.bytes for a in k.accesses}
     assert acc[("Q", "load")] == B * H * Nq * D
     assert acc[("V^T", "load")] == tiles * 128 * D
     assert acc[("O", "store")] == B * H * Nq * D * 2
-    c = wf.kernel_constants(D, block_q, 128, fp8=True)
+    c = wf.kernel_constants(D, block_q, 128, fp8=True, stages=3 if overlap else 2)
     assert c["bar_offset"] + 64 + 1024 == k.shared_bytes
     assert p.config["tma_tensors"] == ("Q", "K", "V^T")
 
@@ -204,10 +208,11 @@ SIGNATURE = ("void(uint64[:, ::1], int16[:, :, :, ::1], float32[:, :, ::1], int3
 COMPILED = [(128, 128, False), (64, 128, True)]    # (block_q, head_dim, causal)
 
 
-def _pingpong(bq, d):
-    """Whether the plan (so the launcher) builds this FP8 kernel with ping-pong."""
+def _schedule(bq, d):
+    """The plan's (so the launcher's) schedule of this FP8 kernel: pingpong and overlap."""
     w = Workload(batch=1, heads=1, seq_len_q=64, head_dim=d, dtype="bf16")
-    return plan_for("wgmma_fp8", "fwd", w, block_q=bq).config["pingpong"]
+    cfg = plan_for("wgmma_fp8", "fwd", w, block_q=bq).config
+    return {"pingpong": cfg["pingpong"], "overlap": cfg["overlap"]}
 
 
 def compile_fp8(outdir) -> dict:
@@ -219,7 +224,7 @@ def compile_fp8(outdir) -> dict:
     allow_offline_compile()
     launch = {}
     for bq, d, causal in COMPILED:
-        kern = wf._build_kernel(d, bq, 128, True, causal, 1, True, pingpong=_pingpong(bq, d))
+        kern = wf._build_kernel(d, bq, 128, True, causal, 1, True, **_schedule(bq, d))
         text, _ = cuda.compile_ptx(kern.py_func, SIGNATURE, cc=(9, 0, "a"),
                                    launch_bounds=(kern.threads, 1))
         name = f"wgmma_fp8_{bq}_{d}_{'causal' if causal else 'full'}"
@@ -237,15 +242,21 @@ def test_fp8_kernels_compile_and_assemble(tmp_path):
         text = (tmp_path / f"{name}.ptx").read_text()
         assert ".target sm_90a" in text
         wg = [ln for ln in text.splitlines() if "wgmma.mma_async" in ln]
+        # the default schedule with two consumer warpgroups: ping-pong and the intra-warpgroup
+        # overlap (S = Q K^T issued for the first tile and in the loop, O += P V in the loop
+        # and for the last tile; P packed after the first tile's softmax and in the loop)
+        sched = _schedule(bq, d)
+        assert sched == {"pingpong": bq == 128, "overlap": bq == 128}
+        copies = 2 if bq == 128 else 1
         # S: d / 32 k-steps x 2 n64 blocks; O += P V: 4 k32 steps x d / 64 n64 blocks
-        assert len(wg) == d // 32 * 2 + 4 * (d // 64)
+        assert len(wg) == copies * (d // 32 * 2 + 4 * (d // 64))
         assert all("m64n64k32.f32.e4m3.e4m3" in ln for ln in wg)
-        assert text.count("cvt.rn.satfinite.e4m3x2.f32") == 2 * 4 * 4
-        # ping-pong (the default with two consumer warpgroups): warpgroup 1's first hand-over,
-        # the hand-over after each S = Q K^T; warpgroup 0's last wait and each turn's wait
-        assert _pingpong(bq, d) == (bq == 128)
-        assert text.count("bar.arrive") == (2 if bq == 128 else 0)
-        assert text.count("bar.sync") == (3 if bq == 128 else 1)    # and syncthreads' bar.sync 0
+        assert text.count("cvt.rn.satfinite.e4m3x2.f32") == copies * 2 * 4 * 4
+        # ping-pong: warpgroup 1's first hand-over and the hand-over after each turn's issue
+        # (first tile, loop); warpgroup 0's last wait, each turn's wait and syncthreads' bar.sync 0
+        assert text.count("bar.arrive") == (3 if bq == 128 else 0)
+        assert text.count("bar.sync") == (4 if bq == 128 else 1)
+        assert text.count("setmaxnreg.") == (2 if bq == 128 else 0)
         p = plan_for("wgmma_fp8", "fwd", Workload(batch=1, heads=1, seq_len_q=64, head_dim=d,
                                                   dtype="bf16", causal=causal), block_q=bq)
         assert tuple(launch[name]) == (p.kernels[1].threads, p.kernels[1].shared_bytes)
@@ -367,12 +378,35 @@ def test_pingpong_gives_the_same_bits(causal):
     q8, dq = _quantized(torch, (2, 4, 777, 128), 21)
     k8, dk = _quantized(torch, (2, 2, 1031, 128), 22)
     v8, dv = _quantized(torch, (2, 2, 1031, 128), 23)
-    a = wf.forward_fp8(q8, k8, v8, dq, dk, dv, causal=causal, pingpong=True)
-    b = wf.forward_fp8(q8, k8, v8, dq, dk, dv, causal=causal, pingpong=False)
+    a = wf.forward_fp8(q8, k8, v8, dq, dk, dv, causal=causal, pingpong=True, overlap=False)
+    b = wf.forward_fp8(q8, k8, v8, dq, dk, dv, causal=causal, pingpong=False, overlap=False)
     _check_fp8(torch, *a, q8, k8, v8, dq, dk, dv, 1 / math.sqrt(128), causal)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
     with pytest.raises(ValueError, match="pingpong"):
         wf.forward_fp8(q8, k8, v8, dq, dk, dv, block_q=64, pingpong=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_overlap_gives_the_same_output(causal):
+    """The intra-warpgroup overlap (the default with ping-pong at block_q = 128; without it;
+    with one warpgroup) orders when the products run, not what they compute: O bit for bit,
+    the logsumexp to the last bit of its terms (two builds may fuse ``m ln 2 + log l``
+    differently)."""
+    torch = _need_hopper()
+    q8, dq = _quantized(torch, (2, 4, 777, 128), 31)
+    k8, dk = _quantized(torch, (2, 2, 1031, 128), 32)
+    v8, dv = _quantized(torch, (2, 2, 1031, 128), 33)
+    for block_q, pingpong in ((128, True), (128, False), (64, False)):
+        serial = wf.forward_fp8(q8, k8, v8, dq, dk, dv, causal=causal, block_q=block_q,
+                                pingpong=False, overlap=False)
+        ov = wf.forward_fp8(q8, k8, v8, dq, dk, dv, causal=causal, block_q=block_q,
+                            pingpong=pingpong, overlap=True)
+        _check_fp8(torch, *ov, q8, k8, v8, dq, dk, dv, 1 / math.sqrt(128), causal)
+        assert torch.equal(ov[0], serial[0])
+        # lse = (m - 8) ln 2 + log l, two terms of up to ~16 that cancel: a last-bit difference
+        # of either is up to 2**-23 * 16 absolute
+        torch.testing.assert_close(ov[1], serial[1], rtol=2 * 2.0**-23, atol=4e-6)
 
 
 @pytest.mark.gpu

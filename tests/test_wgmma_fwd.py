@@ -154,17 +154,21 @@ def test_the_hardware_is_checked_last():
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 def test_plan_fields_equal_the_formulas(d, dtype):
     B, H, Hkv = 2, 4, 2
-    for bq, bk in itertools.product((128, 64), (128, 64)):
+    for bq, bk, overlap in itertools.product((128, 64), (128, 64), (False, True)):
         # whole tiles, not causal: every tile visited
         nq, nk = 4 * bq, 2 * bk * (128 // bk)
         w = Workload(batch=B, heads=H, heads_kv=Hkv, seq_len_q=nq, seq_len_k=nk, head_dim=d,
                      dtype=dtype)
-        plan = plan_for("wgmma", "fwd", w, block_q=bq, block_k=bk)
+        plan = plan_for("wgmma", "fwd", w, block_q=bq, block_k=bk, overlap=overlap)
         (k,) = plan.kernels
         assert plan.family == "wgmma" and plan.pass_ == "fwd"
         assert k.grid == (nq // bq, B * H)
-        assert k.threads == 128 * (bq // 64) + 32 == wgmma_threads(bq)
-        assert k.shared_bytes == 1024 + bq * d * 2 + 2 * 2 * bk * d * 2 + 64
+        # overlap: three stages; with two consumer warpgroups a producer warpgroup
+        producer = 128 if overlap and bq == 128 else 32
+        stages = 3 if overlap else 2
+        assert k.threads == 128 * (bq // 64) + producer == wgmma_threads(bq, overlap)
+        assert k.shared_bytes == 1024 + bq * d * 2 + 2 * stages * bk * d * 2 + 64
+        assert plan.config["stages"] == stages and plan.config["overlap"] is overlap
         (mm,) = k.matmuls
         assert mm.unit == ("wgmma.bf16" if dtype == "bf16" else "wgmma.f16")
         assert mm.flops == 4 * B * H * nq * nk * d
@@ -174,7 +178,10 @@ def test_plan_fields_equal_the_formulas(d, dtype):
         assert by["lse"].bytes == B * H * nq * 4
         assert by["K"].how == "ld" and by["O"].how == "fragment"
         assert k.mufu_ops >= B * H * nq * nk            # one ex2 per score at least
-        assert k.registers == WGMMA_REGISTERS[(d, bq, bk)]
+        if producer == 128:     # setmaxnreg moves the launch's even share: 65536 / 384
+            assert k.registers == 168
+        elif not overlap:
+            assert k.registers == WGMMA_REGISTERS[(d, bq, bk)]
         assert plan.config["block_q"] == bq and plan.config["block_k"] == bk
 
 
@@ -195,7 +202,12 @@ def test_plan_defaults_refusals_and_configs():
     w = Workload(batch=1, heads=1, seq_len_q=256, head_dim=128, dtype="bf16")
     plan = plan_for("wgmma", "fwd", w)
     assert (plan.config["block_q"], plan.config["block_k"]) == wgmma_default_blocks(128)
-    assert wgmma_default_blocks(128) not in WGMMA_SPILLING
+    # the default schedule at two consumer warpgroups: turns and the intra-warpgroup overlap,
+    # whose producer warpgroup's registers let 128 x 128 at d = 128 run without spilling
+    assert plan.config["pingpong"] and plan.config["overlap"]
+    assert (128, *wgmma_default_blocks(128)) in WGMMA_SPILLING     # (serially it would spill)
+    serial = plan_for("wgmma", "fwd", w, block_q=64)
+    assert not serial.config["pingpong"] and not serial.config["overlap"]
     sizes = dict(batch=1, heads=1, seq_len_q=256, head_dim=128, dtype="bf16")
     for bad, word in ((dict(dtype="fp32"), "dtype"), (dict(head_dim=96), "head_dim"),
                       (dict(dropout=True), "dropout")):
@@ -213,8 +225,8 @@ def test_the_module_plan_is_the_registered_plan():
     pb = _np_problem(nq=300, nk=200, d=128, causal=True)
     plan = wf.plan(pb, WGMMA)
     from kernels.host import plan_workload
-    assert plan == plan_for("wgmma", "fwd", plan_workload(pb, "fwd"), block_q=128, block_k=64,
-                            launch_order=None, pingpong=None)
+    assert plan == plan_for("wgmma", "fwd", plan_workload(pb, "fwd"), block_q=128, block_k=128,
+                            launch_order=None, pingpong=None, overlap=None)
 
 
 def test_sim_plan_command(capsys):
@@ -222,7 +234,8 @@ def test_sim_plan_command(capsys):
     assert main(["plan", "--family", "wgmma", "--seq-len", "1000", "--head-dim", "128",
                  "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
-    assert d["family"] == "wgmma" and d["kernels_plan"][0]["threads"] == 288
+    # the default schedule at block_q = 128: two consumer warpgroups and a producer warpgroup
+    assert d["family"] == "wgmma" and d["kernels_plan"][0]["threads"] == 384
     assert main(["plan", "--family", "wgmma", "--seq-len", "2048", "--causal", "--choose"]) == 0
 
 
@@ -438,12 +451,22 @@ def test_full_empty_protocol_in_random_interleavings(n_tiles, consumers):
 SIGNATURE = ("void(uint64[:, ::1], int16[:, :, :, ::1], float32[:, :, ::1], int32[:, ::1], "
              "int32[::1], int64, int64, int64, int64, int64, float32, float32[:, ::1], "
              "float32[:, ::1], float32[:, ::1], int64, int64)")
-#: (head_dim, block_q, block_k, bfloat16, causal, window)
-COMPILED = [(64, 128, 128, False, True, False), (64, 128, 128, True, False, False),
-            (64, 64, 64, False, False, False), (64, 128, 64, True, True, False),
-            (128, 128, 64, False, True, False), (128, 128, 64, True, False, False),
-            (128, 64, 128, False, False, False), (128, 128, 128, False, False, False),
-            (64, 128, 128, False, False, True), (128, 128, 64, True, False, True)]
+#: (head_dim, block_q, block_k, bfloat16, causal, window, overlap): serial kernels, then the
+#: default schedule (turns and the intra-warpgroup overlap: ``overlap`` True at block_q = 128
+#: means ping-pong too) and the overlap with one consumer warpgroup
+COMPILED = [(64, 128, 128, False, True, False, False), (64, 128, 128, True, False, False, False),
+            (64, 64, 64, False, False, False, False), (64, 128, 64, True, True, False, False),
+            (128, 128, 64, False, True, False, False), (128, 128, 64, True, False, False, False),
+            (128, 64, 128, False, False, False, False), (128, 128, 128, False, False, False, False),
+            (64, 128, 128, False, False, True, False), (128, 128, 64, True, False, True, False),
+            (128, 128, 128, False, False, False, True), (64, 128, 128, True, True, False, True),
+            (128, 128, 128, True, False, True, True), (64, 64, 128, False, False, False, True)]
+
+
+def _schedule(cfg) -> dict:
+    """The kernel's schedule: ``overlap``, with ping-pong where there are two warpgroups."""
+    d, bq, bk, bf16, causal, window, overlap = cfg
+    return {"pingpong": bool(overlap and bq == 128), "overlap": overlap}
 
 
 def compile_configs(outdir) -> dict:
@@ -455,8 +478,8 @@ def compile_configs(outdir) -> dict:
     allow_offline_compile()
     launch = {}
     for cfg in COMPILED:
-        d, bq, bk, bf16, causal, window = cfg
-        kern = wf._build_kernel(d, bq, bk, bf16, causal, 1, window=window)
+        d, bq, bk, bf16, causal, window, overlap = cfg
+        kern = wf._build_kernel(d, bq, bk, bf16, causal, 1, window=window, **_schedule(cfg))
         text, _ = cuda.compile_ptx(kern.py_func, SIGNATURE, cc=(9, 0, "a"),
                                    launch_bounds=(kern.threads, 1))
         name = _name(cfg)
@@ -466,10 +489,11 @@ def compile_configs(outdir) -> dict:
 
 
 def _name(cfg):
-    d, bq, bk, bf16, causal, window = cfg
-    return "wgmma_fwd_{}_{}_{}_{}_{}".format(d, bq, bk, "bf16" if bf16 else "f16",
-                                             "window" if window else
-                                             "causal" if causal else "full")
+    d, bq, bk, bf16, causal, window, overlap = cfg
+    return "wgmma_fwd_{}_{}_{}_{}_{}{}".format(d, bq, bk, "bf16" if bf16 else "f16",
+                                               "window" if window else
+                                               "causal" if causal else "full",
+                                               "_overlap" if overlap else "")
 
 
 @pytest.fixture(scope="module")
@@ -483,20 +507,29 @@ def compiled(tmp_path_factory):
 def test_compiles_and_assembles_for_sm90a(compiled, cfg):
     from benchmarks.common import parse_ptxas
     outdir, ptxas, launch = compiled
-    d, bq, bk, bf16, causal, window = cfg
+    d, bq, bk, bf16, causal, window, overlap = cfg
     name = _name(cfg)
     text = (outdir / f"{name}.ptx").read_text()
     assert ".target sm_90a" in text
-    threads = wgmma_threads(bq)
+    threads = wgmma_threads(bq, overlap)
     assert f".maxntid {threads}, 1, 1" in text and ".minnctapersm 1" in text
     ty = "bf16" if bf16 else "f16"
     ss = f"wgmma.mma_async.sync.aligned.m64n64k16.f32.{ty}.{ty}"
     # S: d/16 k-steps x bk/64 n-blocks (A, B descriptors, both K-major); PV: bk/16 x d/64 with
     # A from four registers and B MN-major (imm-trans-b = 1)
+    # (overlap: S = Q K^T issued for the first tile and in the loop, O += P V in the loop and
+    # for the last tile)
     n_s, n_pv = (d // 16) * (bk // 64), (bk // 16) * (d // 64)
-    assert text.count(ss) == n_s + n_pv
-    assert text.count(", p, 1, 1, 0, 0;") == n_s
-    assert text.count(", p, 1, 1, 1;") == n_pv
+    copies = 2 if overlap else 1
+    assert text.count(ss) == copies * (n_s + n_pv)
+    assert text.count(", p, 1, 1, 0, 0;") == copies * n_s
+    assert text.count(", p, 1, 1, 1;") == copies * n_pv
+    assert ("wgmma.wait_group.sync.aligned 1" in text) == overlap
+    # a producer warpgroup gives its registers to the consumers (two consumer warpgroups)
+    assert text.count("setmaxnreg.") == (2 if overlap and bq == 128 else 0)
+    # ping-pong: warpgroup 1's first hand-over and the hand-over after each turn's issue (the
+    # first tile, the loop)
+    assert text.count("bar.arrive") == (3 if overlap and bq == 128 else 0)
     assert text.count("cp.async.bulk.tensor.4d") >= 3          # Q, K, V (loops may unroll)
     for instr in ("mbarrier.init.shared::cta.b64", "mbarrier.arrive.expect_tx",
                   "mbarrier.try_wait.parity", "mbarrier.arrive.shared::cta.b64",
@@ -508,7 +541,7 @@ def test_compiles_and_assembles_for_sm90a(compiled, cfg):
     # the launch the plan makes is the kernel's own
     w = Workload(batch=1, heads=1, seq_len_q=4 * bq, seq_len_k=4 * bk, head_dim=d,
                  dtype="bf16" if bf16 else "fp16", causal=causal)
-    k = plan_for("wgmma", "fwd", w, block_q=bq, block_k=bk).kernels[0]
+    k = plan_for("wgmma", "fwd", w, block_q=bq, block_k=bk, **_schedule(cfg)).kernels[0]
     assert (k.threads, k.shared_bytes) == tuple(launch[name])
     cubin = outdir / f"{name}.cubin"
     r = subprocess.run([ptxas, "-v", "-arch=sm_90a", str(outdir / f"{name}.ptx"), "-o",
@@ -519,6 +552,11 @@ def test_compiles_and_assembles_for_sm90a(compiled, cfg):
     (entry,) = parse_ptxas(r.stderr)
     print(name, entry)
     assert "serializ" not in r.stderr.lower(), r.stderr
+    assert "ignored" not in r.stderr, r.stderr      # (C7508) setmaxnreg ignored
+    if overlap:
+        assert entry["registers_per_thread"] <= (168 if bq == 128 else 255), entry
+        assert entry["spill_store_bytes"] == 0 and entry["stack_frame_bytes"] == 0, entry
+        return
     assert abs(entry["registers_per_thread"] - WGMMA_REGISTERS[(d, bq, bk)]) <= 8, entry
     if (d, bq, bk) in WGMMA_SPILLING:
         assert entry["spill_store_bytes"] > 0, entry      # the table says so; still true?
@@ -580,11 +618,29 @@ def test_pingpong_needs_two_warpgroups():
 
 def test_the_plan_declares_pingpong_and_does_not_price_it():
     w = Workload(batch=2, heads=16, seq_len_q=4096, head_dim=128, dtype="fp16")
-    off = plan_for("wgmma", "fwd", w)
+    off = plan_for("wgmma", "fwd", w, pingpong=False)
     on = plan_for("wgmma", "fwd", w, pingpong=True)
     assert off.config["pingpong"] is False and on.config["pingpong"] is True
     assert off.kernels == on.kernels
     assert price(on, "h100").time_s == price(off, "h100").time_s
+    assert plan_for("wgmma", "fwd", w).config["pingpong"] is True       # the default
+    # the intra-warpgroup overlap: declared (stages, threads, shared memory), the same work and
+    # the same serial structure priced
+    serial = plan_for("wgmma", "fwd", w, pingpong=True, overlap=False)
+    ov = plan_for("wgmma", "fwd", w, pingpong=True, overlap=True)
+    assert (serial.config["stages"], ov.config["stages"]) == (2, 3)
+    (ks,), (ko,) = serial.kernels, ov.kernels
+    assert (ks.matmuls, ks.fp32_flops, ks.mufu_ops, ks.serial) == (
+        ko.matmuls, ko.fp32_flops, ko.mufu_ops, ko.serial)
+    by_s, by_o = ({a.tensor: a for a in k.accesses} for k in (ks, ko))
+    assert all(by_s[t] == by_o[t] for t in by_s if t != "schedule")
+    # the producer warpgroup's three idle warps read start and stop only
+    assert by_o["schedule"].bytes - by_s["schedule"].bytes == 3 * 2 * 4 * ks.grid[0] * ks.grid[1]
+    assert (ks.threads, ko.threads) == (288, 384) and ko.shared_bytes > ks.shared_bytes
+    with pytest.raises(ValueError, match="overlap"):
+        plan_for("wgmma", "fwd", w, overlap="yes")
+    with pytest.raises(ValueError, match="overlap"):
+        KernelConfig(overlap=1)
     assert plan_for("wgmma_fp8", "fwd", Workload(batch=2, heads=16, seq_len_q=4096, head_dim=128,
                                                  dtype="bf16")).config["pingpong"] is True
     assert plan_for("wgmma_fp8", "fwd", Workload(batch=2, heads=16, seq_len_q=4096, head_dim=128,
@@ -758,15 +814,54 @@ def test_pingpong_gives_the_same_bits(dtype, head_dim, block_k, causal, window):
     kw = dict(causal=causal, window_size=window) if window else dict(causal=causal)
     kw["scale"] = scale
     on = _forward(q, k, v, config=KernelConfig(family="wgmma", block_q=128, block_k=block_k,
-                                               pingpong=True), **kw)
+                                               pingpong=True, overlap=False), **kw)
     off = _forward(q, k, v, config=KernelConfig(family="wgmma", block_q=128, block_k=block_k,
-                                                pingpong=False), **kw)
+                                                pingpong=False, overlap=False), **kw)
     if window:
         from .test_window import window_rule
         _check(q, k, v, *on, scale=scale, mask=window_rule(333, 461, window, causal)[None, None])
     else:
         _check(q, k, v, *on, scale=scale, causal=causal)
     assert torch.equal(on[0], off[0]) and torch.equal(on[1], off[1])
+
+
+#: The logsumexp of two builds of the same arithmetic may differ in the last bit of its terms
+#: (``m ln 2 + log l``: the compiler may or may not fuse it into one FMA; the terms, of up to
+#: ~16, may cancel: `LSE_ATOL`); O may not differ at all.
+LSE_ULPS = 2 * 2.0**-23
+LSE_ATOL = 4e-6
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("head_dim, block_q, block_k", [(64, 128, 128), (128, 128, 128),
+                                                        (128, 128, 64), (64, 64, 128)])
+@pytest.mark.parametrize("causal, window", [(False, None), (True, None), (False, (100, 30))])
+def test_overlap_gives_the_same_output(dtype, head_dim, block_q, block_k, causal, window):
+    """The intra-warpgroup overlap (with ping-pong where there are two warpgroups, the default,
+    and without) orders when the products run, not what they compute: O bit for bit, the
+    logsumexp to its last bits (`LSE_ULPS`, `LSE_ATOL`)."""
+    torch = _need_hopper()
+    q, k, v = _inputs(torch, (2, 4, 333, head_dim), (2, 2, 461, head_dim),
+                      getattr(torch, dtype), seed=19)
+    scale = 1 / math.sqrt(head_dim)
+    kw = dict(causal=causal, window_size=window) if window else dict(causal=causal)
+    kw["scale"] = scale
+    serial = _forward(q, k, v, config=KernelConfig(family="wgmma", block_q=block_q,
+                                                   block_k=block_k, pingpong=False,
+                                                   overlap=False), **kw)
+    for pingpong in ((True, False) if block_q == 128 else (False,)):
+        ov = _forward(q, k, v, config=KernelConfig(family="wgmma", block_q=block_q,
+                                                   block_k=block_k, pingpong=pingpong,
+                                                   overlap=True), **kw)
+        if window:
+            from .test_window import window_rule
+            _check(q, k, v, *ov, scale=scale,
+                   mask=window_rule(333, 461, window, causal)[None, None])
+        else:
+            _check(q, k, v, *ov, scale=scale, causal=causal)
+        assert torch.equal(ov[0], serial[0])
+        torch.testing.assert_close(ov[1], serial[1], rtol=LSE_ULPS, atol=LSE_ATOL)
 
 
 @pytest.mark.gpu

@@ -6,8 +6,9 @@ Owns :func:`wgmma_forward_plan`, :func:`wgmma_forward_configs` and the layout fu
 (:func:`wgmma_default_blocks`, :func:`wgmma_threads`, :func:`wgmma_smem_bytes`,
 :func:`wgmma_consumer_warpgroups`). The kernel is FlashAttention-3's structure, kept simple: one
 program per (Q tile of ``block_q`` = 64 or 128 rows, batch * head); one consumer warpgroup (128
-threads) per 64 query rows and one producer warp; the producer loads Q once and streams K and V
-tiles of ``block_k`` keys through two shared-memory stages by TMA (full/empty mbarriers); each
+threads) per 64 query rows and one producer warp (a producer warpgroup with ``overlap`` and two
+consumer warpgroups); the producer loads Q once and streams K and V tiles of ``block_k`` keys
+through two (``overlap``: three) shared-memory stages by TMA (full/empty mbarriers); each
 consumer warpgroup computes S = Q K^T with ``wgmma`` from shared memory, the online softmax in
 registers, and O += P V with P from registers and V from shared memory (MN-major).
 
@@ -37,18 +38,22 @@ What the plan counts, from the kernel's code (`kernels.wgmma_fwd`):
   traffic).
 * **Overlap** (``KernelPlan.serial``): the overlap model of `sim.plans.flash3`
   (:func:`~sim.plans.flash3.overlap_serial`) for this kernel's structure: a producer warp
-  loading ahead through two stages (the loads overlap the compute), and consumer warpgroups
-  that each run S = Q K^T, the softmax and O += P V in turn, with neither ping-pong nor
-  intra-warpgroup overlap: the products and the softmax add, ``t = M + S`` per program; the
-  programs resident on an SM (when shared memory and registers let more than one in) run their
-  chains independently (``serial_per_program``: ``max(M, S, (M + S) / R)``).
-* **Ping-pong** (``pingpong``, two consumer warpgroups): the warpgroups take turns issuing
-  S = Q K^T (named barriers; O += P V outside the turns), the FP8 forward's default
-  (:data:`FP8_PINGPONG_DEFAULT`), not the 16-bit one's (:data:`WGMMA_PINGPONG_DEFAULT`). The
-  plan declares it (``config["pingpong"]``, which the launcher builds the kernel from) and does
-  not price it: the overlap model's ping-pong (`overlap_serial`) is FlashAttention-3's, each
-  softmax hidden whole under the other warpgroup's products, which the measured turn does not
-  buy (docs/model.md, *FlashAttention-3 on Hopper*).
+  loading ahead through its stages (the loads overlap the compute), and consumer warpgroups
+  that each run S = Q K^T, the softmax and O += P V in turn: the products and the softmax add,
+  ``t = M + S`` per program; the programs resident on an SM (when shared memory and registers
+  let more than one in) run their chains independently (``serial_per_program``: ``max(M, S,
+  (M + S) / R)``).
+* **Schedules** (both the defaults with two consumer warpgroups, :data:`WGMMA_PINGPONG_DEFAULT`,
+  :data:`WGMMA_OVERLAP_DEFAULT` and the FP8 ones): ``pingpong``, the warpgroups take turns
+  issuing their products (named barriers); ``overlap``, a warpgroup issues tile i's S = Q K^T
+  and tile i - 1's O += P V together and runs tile i's softmax while the second is on the tensor
+  cores (three stages; with two consumer warpgroups a producer warpgroup whose registers go to
+  the consumers by ``setmaxnreg``, :data:`OVERLAP_REGISTERS`). The plan declares both
+  (``config["pingpong"]``, ``config["overlap"]``, ``config["stages"]``; threads and shared
+  memory follow), which the launcher builds the kernel from, and prices neither: the overlap
+  model's (`overlap_serial`) are FlashAttention-3's, each softmax hidden whole under products,
+  which prices far more than what was measured (docs/model.md, *FlashAttention-3 on
+  Hopper*).
 """
 from __future__ import annotations
 
@@ -66,7 +71,8 @@ __all__ = ["wgmma_forward_plan", "wgmma_forward_configs", "wgmma_fp8_forward_pla
            "WGMMA_BLOCK_Q_CHOICES", "WGMMA_BLOCK_K_CHOICES", "WGMMA_REGISTERS", "WGMMA_SPILLING",
            "ROWS_PER_WARPGROUP", "WARPGROUP_THREADS", "PRODUCER_THREADS", "ALIGN_SLACK_BYTES",
            "BARRIER_BYTES", "BOX_COLUMNS", "KERNEL_NAME", "TMA_TENSORS", "WGMMA_PINGPONG_DEFAULT",
-           "FP8_PINGPONG_DEFAULT", "pingpong_refusal"]
+           "FP8_PINGPONG_DEFAULT", "pingpong_refusal", "producer_warpgroup", "OVERLAP_REGISTERS",
+           "WGMMA_OVERLAP_DEFAULT", "FP8_OVERLAP_DEFAULT"]
 
 KERNEL_NAME = "flash_wgmma_fwd"
 #: The FP8 forward (`kernels.wgmma_fwd.forward_fp8`): V transposed and key-permuted first, then
@@ -108,26 +114,35 @@ WGMMA_REGISTERS: dict = {(64, 128, 128): 163, (64, 128, 64): 114, (64, 64, 128):
 #: 168 registers (the allocation ptxas plans for as for 384 threads), and d = 128 with 128 x 128
 #: tiles needs more (88-byte stack, ~108 bytes of spill stores). Legal, never the default.
 WGMMA_SPILLING = ((128, 128, 128),)
-#: Whether two consumer warpgroups take turns issuing S = Q K^T by default: measured on an H200
-#: (2026-11-28, ``python -m benchmarks fp8 --pingpong both --timing device``,
-#: results/fp8_h200_2026-11-28.json) 0.98-1.03x for float16 (even) and 1.03-1.12x for FP8 at
-#: d = 128 (1.08-1.12x from N = 4096); docs/kernels.md, *Ping-pong*.
-WGMMA_PINGPONG_DEFAULT = False
+#: Whether two consumer warpgroups take turns issuing their products by default (both forwards;
+#: with one consumer warpgroup there is no turn): alone it buys little (0.98-1.03x for float16,
+#: 1.03-1.12x for FP8), with the intra-warpgroup overlap below it is the fastest schedule
+#: (``python -m benchmarks fp8 --schedules``, results/fp8_h200_2026-11-28.json; docs/kernels.md,
+#: *Ping-pong* and *Overlap*).
+WGMMA_PINGPONG_DEFAULT = True
 FP8_PINGPONG_DEFAULT = True
+#: Registers per thread with a producer warpgroup (`producer_warpgroup`): ``setmaxnreg``
+#: lowers the producer's to the first and raises the consumers' to the second (FlashAttention-3's
+#: 24 / 240 for two consumer warpgroups: 128 x 24 + 256 x 240 <= 65,536).
+OVERLAP_REGISTERS = (24, 240)
+#: Whether a consumer warpgroup runs tile i's softmax while its O += P V of tile i - 1 is on the
+#: tensor cores (FlashAttention-3's intra-warpgroup overlap: three K/V stages, a producer
+#: warpgroup with two consumer warpgroups) by default, where there are two consumer warpgroups
+#: (with one, measured slower than the serial kernel).
+WGMMA_OVERLAP_DEFAULT = True
+FP8_OVERLAP_DEFAULT = True
 
 
 def wgmma_default_blocks(head_dim: int, causal: bool = False) -> tuple[int, int]:
-    """Default (block_q, block_k), from the H100 measurements of ``python -m benchmarks pick
-    --family wgmma`` (results/pick_wgmma_h100_2026-11-24.json, 16 groups) and ``python -m
-    benchmarks bench``: d = 128: 128 x 64 (two consumer warpgroups; 128 x 128 is 1-5 % slower
-    and spills, 64 x 128 20-37 %); d = 64 not causal: 64 x 128 (one consumer warpgroup, two
-    programs per SM; 128 x 128 is 11-18 % slower from N = 2048); d = 64 causal: 128 x 128 (at
-    the benchmark's 32 heads, timed in one process against 64 x 128 and 64 x 64, it was the
-    faster up to N = 4096 and level at 8192, while at pick's 16 heads 64 x 128 is 0-9 % faster:
-    the better tile depends on how many programs fill the GPU; docs/kernels.md)."""
-    if head_dim <= 64:
-        return (128, 128) if causal else (64, 128)
-    return (128, 64)
+    """Default (block_q, block_k): 128 x 128 at both head dims, causal or not, run with the
+    default schedule (:data:`WGMMA_PINGPONG_DEFAULT`, :data:`WGMMA_OVERLAP_DEFAULT`: two
+    consumer warpgroups taking turns, each overlapping its softmax with its O += P V). Measured
+    on an H200 (``python -m benchmarks fp8 --schedules --head-dims 64,128 --timing device``,
+    results/fp8_h200_2026-11-28.json, every legal tile at every schedule): the fastest
+    configuration from N = 2048 at d = 128 and from N = 4096 at d = 64 (docs/kernels.md, design
+    notes). Before the overlap, serial kernels: 128 x 64 at d = 128, 64 x 128 at d = 64 (128 x
+    128 causal), from the H100's ``pick --family wgmma`` (results/pick_wgmma_h100_2026-11-24.json)."""
+    return (128, 128)
 
 
 def wgmma_consumer_warpgroups(block_q: int) -> int:
@@ -135,16 +150,27 @@ def wgmma_consumer_warpgroups(block_q: int) -> int:
     return block_q // ROWS_PER_WARPGROUP
 
 
-def wgmma_threads(block_q: int) -> int:
-    """Threads of one program: the consumer warpgroups, then the producer warp."""
-    return WARPGROUP_THREADS * wgmma_consumer_warpgroups(block_q) + PRODUCER_THREADS
+def wgmma_threads(block_q: int, overlap: bool = False) -> int:
+    """Threads of one program: the consumer warpgroups, then the producer warp (with
+    ``overlap`` and two consumer warpgroups, a producer warpgroup, whose registers go to the
+    consumers: :data:`OVERLAP_REGISTERS`)."""
+    producer = WARPGROUP_THREADS if producer_warpgroup(block_q, overlap) else PRODUCER_THREADS
+    return WARPGROUP_THREADS * wgmma_consumer_warpgroups(block_q) + producer
 
 
-def wgmma_smem_bytes(head_dim: int, block_q: int, block_k: int, dtype_bytes: int = 2) -> int:
-    """Dynamic shared memory of one program in bytes: the alignment slack, Q (block_q x d), two
-    stages of K and V (block_k x d each) and the mbarriers."""
+def producer_warpgroup(block_q: int, overlap: bool) -> bool:
+    """Whether the producer is a whole warpgroup that hands its registers to the consumers
+    (``setmaxnreg``): with ``overlap`` and two consumer warpgroups, whose softmax of one tile
+    and O += P V of the one before need more than the 168 registers a thread of 288 gets."""
+    return bool(overlap) and wgmma_consumer_warpgroups(block_q) == 2
+
+
+def wgmma_smem_bytes(head_dim: int, block_q: int, block_k: int, dtype_bytes: int = 2,
+                     stages: int = 2) -> int:
+    """Dynamic shared memory of one program in bytes: the alignment slack, Q (block_q x d),
+    ``stages`` stages of K and V (block_k x d each) and the mbarriers."""
     return (ALIGN_SLACK_BYTES + block_q * head_dim * dtype_bytes
-            + 4 * block_k * head_dim * dtype_bytes + BARRIER_BYTES)
+            + 2 * stages * block_k * head_dim * dtype_bytes + BARRIER_BYTES)
 
 
 def pingpong_refusal(pingpong, block_q: int) -> str | None:
@@ -169,6 +195,26 @@ def _pingpong(pingpong, block_q: int, default: bool) -> bool:
     return pingpong
 
 
+def _overlap(overlap, block_q: int, default: bool) -> bool:
+    """The intra-warpgroup overlap flag a plan declares: ``overlap`` (None: ``default`` where
+    there are two consumer warpgroups)."""
+    if overlap is None:
+        return default and wgmma_consumer_warpgroups(block_q) == 2
+    if not isinstance(overlap, bool):
+        raise ValueError(f"overlap must be True, False or None, got {overlap!r}")
+    return overlap
+
+
+def _registers(d: int, bq: int, bk: int, overlap: bool, registers):
+    """Registers per thread at launch: ``registers`` if given; with a producer warpgroup the
+    launch's even share (``setmaxnreg`` moves them after), else :data:`WGMMA_REGISTERS`'."""
+    if registers is not None:
+        return registers
+    if producer_warpgroup(bq, overlap):
+        return 65536 // wgmma_threads(bq, overlap) // 8 * 8
+    return None if overlap else WGMMA_REGISTERS.get((d, bq, bk))
+
+
 def _check(w: Workload, block_q, block_k):
     if not isinstance(w, Workload):
         raise TypeError(f"workload must be a sim.Workload, got {type(w).__name__}")
@@ -190,15 +236,21 @@ def _check(w: Workload, block_q, block_k):
 
 
 def _attention_kernel(w: Workload, c, bq: int, bk: int, *, name: str, in_bytes: int,
-                      v_access: Access, unit: str, extra_fp32: int, registers) -> KernelPlan:
+                      v_access: Access, unit: str, extra_fp32: int, registers,
+                      overlap: bool) -> KernelPlan:
     """The attention kernel's plan, for both forwards (16-bit and e4m3 inputs of ``in_bytes``;
     O in the workload's dtype): Q boxes of 64 rows x 128 bytes, K (and V as ``v_access``
     says) per visited tile, the schedule's CSR entries read by every warp (start and stop once,
     the tile index per visited tile), O from the fragment, the logsumexp; ``extra_fp32`` beside
-    the softmax's FP32 work."""
+    the softmax's FP32 work; ``overlap``: three stages and, with two consumer warpgroups, a
+    producer warpgroup."""
     d = w.head_dim
-    threads = wgmma_threads(bq)
-    schedule_loads = threads // 32 * (2 * c.programs + c.tiles)
+    threads = wgmma_threads(bq, overlap)
+    stages = 3 if overlap else 2
+    # every warp reads start and stop; the consumer warps and the producer's first warp read
+    # the tile index per visited tile (a producer warpgroup's other three warps leave)
+    working_warps = 4 * wgmma_consumer_warpgroups(bq) + 1
+    schedule_loads = threads // 32 * 2 * c.programs + working_warps * c.tiles
     q_boxes = c.slices * -(-w.seq_len_q // ROWS_PER_WARPGROUP) * (d * in_bytes // SWIZZLE_ROW)
     accesses = (
         Access("schedule", "load", schedule_loads * SCHEDULE_ENTRY_BYTES, "fragment",
@@ -213,15 +265,16 @@ def _attention_kernel(w: Workload, c, bq: int, bk: int, *, name: str, in_bytes: 
     kv_tile = bk * d * in_bytes
     return KernelPlan(
         name=name, phase="fwd", grid=(c.n_blocks_q, c.slices), threads=threads,
-        shared_bytes=wgmma_smem_bytes(d, bq, bk, in_bytes), accesses=accesses,
+        shared_bytes=wgmma_smem_bytes(d, bq, bk, in_bytes, stages), accesses=accesses,
         matmuls=(Matmul(unit, c.tiles * 4 * d * bq * bk),),
         fp32_flops=int(fp32 + extra_fp32), mufu_ops=int(mufu),
         shared_bytes_moved=int(c.tiles * 2 * kv_tile
                                + q_boxes * ROWS_PER_WARPGROUP * SWIZZLE_ROW),
         registers=registers, programs_per_slice=c.n_blocks_q,
         lockstep=w.window_size is None,     # a band: programs of one slice differ in tiles
-        # the turn on S = Q K^T (``pingpong``) is declared in the plan's config, not priced
-        serial=overlap_serial(warp_specialised=True, stages=2, pingpong=False,
+        # the turn on S = Q K^T (``pingpong``) and the intra-warpgroup overlap (``overlap``)
+        # are declared in the plan's config, not priced
+        serial=overlap_serial(warp_specialised=True, stages=stages, pingpong=False,
                               intra_overlap=False,
                               consumer_warpgroups=wgmma_consumer_warpgroups(bq)),
         serial_per_program=True)
@@ -229,12 +282,16 @@ def _attention_kernel(w: Workload, c, bq: int, bk: int, *, name: str, in_bytes: 
 
 def wgmma_forward_plan(workload: Workload, *, block_q: int | None = None,
                        block_k: int | None = None, registers: int | None = None,
-                       launch_order=None, pingpong: bool | None = None) -> Plan:
+                       launch_order=None, pingpong: bool | None = None,
+                       overlap: bool | None = None) -> Plan:
     """The plan of `kernels.wgmma_fwd` for ``workload`` (float16 or bfloat16, d 64 or 128, a
     sliding window or none, no dropout or block mask) at ``block_q x block_k`` (None: :func:`wgmma_default_blocks`).
     ``pingpong``: the consumer warpgroups take turns issuing S = Q K^T (None:
-    :data:`WGMMA_PINGPONG_DEFAULT`; True needs ``block_q`` = 128).
-    ``registers``: per thread (None: :data:`WGMMA_REGISTERS`' figure, if measured).
+    :data:`WGMMA_PINGPONG_DEFAULT`; True needs ``block_q`` = 128). ``overlap``: each
+    warpgroup's softmax of a tile runs while its O += P V of the tile before is on the tensor
+    cores (None: :data:`WGMMA_OVERLAP_DEFAULT`).
+    ``registers``: per thread at launch (None: :data:`WGMMA_REGISTERS`' figure, if measured;
+    with a producer warpgroup, 168).
     ``launch_order`` is recorded in the config (it orders the programs, not what they do)."""
     w = workload
     dq, dk = wgmma_default_blocks(w.head_dim, w.causal)
@@ -242,14 +299,15 @@ def wgmma_forward_plan(workload: Workload, *, block_q: int | None = None,
     _check(w, bq, bk)
     e, d = w.dtype_bytes, w.head_dim
     c = tile_counts(w, bq, bk)
-    if registers is None:
-        registers = WGMMA_REGISTERS.get((d, bq, bk))
+    overlap = _overlap(overlap, bq, WGMMA_OVERLAP_DEFAULT)
     kernel = _attention_kernel(w, c, bq, bk, name=KERNEL_NAME, in_bytes=e,
                                v_access=Access("V", "load", c.keys * d * e, "ld"),
                                unit="wgmma.bf16" if w.dtype == "bf16" else "wgmma.f16",
-                               extra_fp32=0, registers=registers)
+                               extra_fp32=0, registers=_registers(d, bq, bk, overlap, registers),
+                               overlap=overlap)
     config = {"block_q": bq, "block_k": bk, "launch_order": launch_order,
-              "consumer_warpgroups": wgmma_consumer_warpgroups(bq), "stages": 2,
+              "consumer_warpgroups": wgmma_consumer_warpgroups(bq),
+              "stages": 3 if overlap else 2, "overlap": overlap,
               "tma_tensors": TMA_TENSORS,
               "pingpong": _pingpong(pingpong, bq, WGMMA_PINGPONG_DEFAULT)}
     return Plan("wgmma", "fwd", w, (kernel,), config, forward_tensor_bytes(w, c))
@@ -277,7 +335,8 @@ def fp8_transpose_grid(batch: int, heads_kv: int, seq_len_k: int) -> tuple[int, 
 
 def wgmma_fp8_forward_plan(workload: Workload, *, block_q: int | None = None,
                            block_k: int | None = None, registers: int | None = None,
-                           launch_order=None, pingpong: bool | None = None) -> Plan:
+                           launch_order=None, pingpong: bool | None = None,
+                           overlap: bool | None = None) -> Plan:
     """The plan of the FP8 forward (`kernels.wgmma_fwd.forward_fp8`, family ``wgmma_fp8``) for
     ``workload``, whose dtype ("bf16") is the output's: Q, K and V are float8 e4m3 (1 byte),
     O is bfloat16. Two launches:
@@ -293,7 +352,8 @@ def wgmma_fp8_forward_plan(workload: Workload, *, block_q: int | None = None,
 
     ``block_q`` 128 or 64 (None: 128); ``block_k`` must be 128; d must be 128. ``pingpong``: the
     two consumer warpgroups take turns issuing S = Q K^T (None: :data:`FP8_PINGPONG_DEFAULT`
-    at ``block_q`` = 128)."""
+    at ``block_q`` = 128). ``overlap``: as `wgmma_forward_plan`'s (None:
+    :data:`FP8_OVERLAP_DEFAULT`)."""
     w = workload
     bq = block_q or FP8_DEFAULT_BLOCK_Q
     bk = block_k or FP8_BLOCK_K
@@ -324,12 +384,16 @@ def wgmma_fp8_forward_plan(workload: Workload, *, block_q: int | None = None,
                   Access("V^T", "store", kv_slices * keys_pad * d, "st")),
         shared_bytes_moved=2 * kv_slices * keys_pad * d)
     # -- the attention kernel: one cvt.rn.satfinite.e4m3x2 per two probabilities --
+    overlap = _overlap(overlap, bq, FP8_OVERLAP_DEFAULT)
     kernel = _attention_kernel(w, c, bq, bk, name=FP8_KERNEL_NAME, in_bytes=1,
                                v_access=Access("V^T", "load", c.tiles * bk * d, "ld"),
-                               unit="wgmma.fp8", extra_fp32=c.scores // 2, registers=registers)
+                               unit="wgmma.fp8", extra_fp32=c.scores // 2,
+                               registers=_registers(d, bq, bk, overlap, registers),
+                               overlap=overlap)
     programs, slices, tiles, rows = c.programs, c.slices, c.tiles, c.rows
     config = {"block_q": bq, "block_k": bk, "launch_order": launch_order,
-              "consumer_warpgroups": wgmma_consumer_warpgroups(bq), "stages": 2,
+              "consumer_warpgroups": wgmma_consumer_warpgroups(bq),
+              "stages": 3 if overlap else 2, "overlap": overlap,
               "tma_tensors": ("Q", "K", "V^T"), "input_dtype": "e4m3",
               "pingpong": _pingpong(pingpong, bq, FP8_PINGPONG_DEFAULT)}
     kv = kv_slices * w.seq_len_k * d
