@@ -58,10 +58,11 @@ class KernelConfig:
       takes the problem (`sim.decode.uses_tensor_cores`).
     * ``decode_warps``: warps a program of the tensor-core split-KV kernel, 4 or 8; None = the
       plan's (`sim.decode.split_kv_plan`: 8 where the programs are fewer than the SMs, else 4).
-    * ``pingpong``: the ``wgmma`` forward's two consumer warpgroups take turns issuing
-      S = Q K^T (FlashAttention-3's scheduler barrier; ``block_q`` = 128 only); None = the
-      plan's default (`sim.plans.wgmma_fwd.WGMMA_PINGPONG_DEFAULT`: off, measured even). Only
-      the ``wgmma`` family reads it.
+    * ``pingpong``: the ``wgmma`` forward's two consumer warpgroups take turns issuing their
+      products (FlashAttention-3's scheduler barrier; ``block_q`` = 128 only); None = the
+      plan's default (`sim.plans.wgmma_fwd.WGMMA_PINGPONG_DEFAULT`: on at ``block_q`` = 128,
+      where with ``overlap`` it is the fastest schedule measured). Only the ``wgmma`` family
+      reads it.
     * ``overlap``: the ``wgmma`` forward's consumer warpgroups run a tile's softmax while the
       O += P V of the tile before is on the tensor cores (FlashAttention-3's intra-warpgroup
       overlap: three K/V stages and, at ``block_q`` = 128, a producer warpgroup whose

@@ -387,41 +387,49 @@ class _MBarrier:
 
 
 @pytest.mark.parametrize("n_tiles, consumers", [(1, 1), (2, 2), (3, 1), (7, 2), (16, 2)])
-def test_full_empty_protocol_in_random_interleavings(n_tiles, consumers):
+@pytest.mark.parametrize("stages, overlap", [(2, False), (3, True), (2, True)])
+def test_full_empty_protocol_in_random_interleavings(n_tiles, consumers, stages, overlap):
     """The producer and the consumer warpgroups (one actor each: a warpgroup's threads arrive
     together; the empty barrier counts warpgroups here instead of threads) stepped in random
     order, copies completing at random later times: every consumer reads each tile from its
     stage exactly once and in order, no copy lands in a stage a consumer is still reading, and
     everything finishes. The parities are the kernel's (`stage_of`, `full_parity`,
-    `empty_parity`)."""
+    `empty_parity`, for ``stages``). Serially a consumer releases a tile before it waits for
+    the next; with ``overlap`` it holds tile i - 1 (its O += P V) until it has waited for tile
+    i, and releases the last tile at the end (the kernel's three stages; two also finish, with
+    no loading ahead)."""
     for seed in range(200):
         rnd = random.Random(seed)
-        full = [_MBarrier(1), _MBarrier(1)]
-        empty = [_MBarrier(consumers), _MBarrier(consumers)]
-        content = [None, None]             # which tile each stage holds
-        reading = [set(), set()]           # consumers inside a stage (between wait and arrive)
+        full = [_MBarrier(1) for _ in range(stages)]
+        empty = [_MBarrier(consumers) for _ in range(stages)]
+        content = [None] * stages            # which tile each stage holds
+        reading = [set() for _ in range(stages)]   # consumers holding a stage
         inflight = []                      # (stage, tile) copies not landed yet
         prod_i = 0
-        cons_i = [0] * consumers
+        cons_i = [0] * consumers           # the next tile each consumer waits for
+        held = [[] for _ in range(consumers)]       # tiles a consumer holds, oldest first
         seen = [[] for _ in range(consumers)]
         for _step in range(100000):
             actions = []
             if prod_i < n_tiles:
-                st = wf.stage_of(prod_i)
-                if prod_i < 2 or empty[st].try_wait(wf.empty_parity(prod_i)):
+                st = wf.stage_of(prod_i, stages)
+                if prod_i < stages or empty[st].try_wait(wf.empty_parity(prod_i, stages)):
                     actions.append("produce")
             if inflight:
                 actions.append("land")
             for ci in range(consumers):
-                if cons_i[ci] < n_tiles:
-                    st = wf.stage_of(cons_i[ci])
-                    if ci in reading[st] or full[st].try_wait(wf.full_parity(cons_i[ci])):
-                        actions.append(("consume", ci))
+                limit = 2 if overlap else 1
+                if cons_i[ci] < n_tiles and len(held[ci]) < limit:
+                    st = wf.stage_of(cons_i[ci], stages)
+                    if full[st].try_wait(wf.full_parity(cons_i[ci], stages)):
+                        actions.append(("acquire", ci))
+                if held[ci] and (len(held[ci]) == limit or cons_i[ci] == n_tiles):
+                    actions.append(("release", ci))
             if not actions:
                 break
             act = rnd.choice(actions)
             if act == "produce":
-                st = wf.stage_of(prod_i)
+                st = wf.stage_of(prod_i, stages)
                 assert not reading[st], f"tile {prod_i} refills stage {st} while it is read"
                 full[st].arrive(expect_tx=2)
                 inflight.append((st, prod_i))
@@ -431,17 +439,20 @@ def test_full_empty_protocol_in_random_interleavings(n_tiles, consumers):
                 assert not reading[st]
                 content[st] = tile
                 full[st].complete_tx(2)
+            elif act[0] == "acquire":
+                ci = act[1]
+                st = wf.stage_of(cons_i[ci], stages)
+                reading[st].add(ci)
+                seen[ci].append(content[st])
+                held[ci].append(cons_i[ci])
+                cons_i[ci] += 1
             else:
                 ci = act[1]
-                st = wf.stage_of(cons_i[ci])
-                if ci not in reading[st]:
-                    reading[st].add(ci)        # passed the full wait: reads the stage
-                    seen[ci].append(content[st])
-                else:
-                    reading[st].discard(ci)    # done: the empty arrival
-                    empty[st].arrive()
-                    cons_i[ci] += 1
+                st = wf.stage_of(held[ci].pop(0), stages)
+                reading[st].discard(ci)      # done: the empty arrival
+                empty[st].arrive()
         assert prod_i == n_tiles and all(i == n_tiles for i in cons_i), seed
+        assert not any(held), seed
         assert all(s == list(range(n_tiles)) for s in seen), (seed, seen)
 
 

@@ -118,7 +118,7 @@ WGMMA_SPILLING = ((128, 128, 128),)
 #: with one consumer warpgroup there is no turn): alone it buys little (0.98-1.03x for float16,
 #: 1.03-1.12x for FP8), with the intra-warpgroup overlap below it is the fastest schedule
 #: (``python -m benchmarks fp8 --schedules``, results/fp8_h200_2026-11-28.json; docs/kernels.md,
-#: *Ping-pong* and *Overlap*).
+#: *Schedules* and the design note *Hopper forward: FlashAttention-3's schedule*).
 WGMMA_PINGPONG_DEFAULT = True
 FP8_PINGPONG_DEFAULT = True
 #: Registers per thread with a producer warpgroup (`producer_warpgroup`): ``setmaxnreg``
@@ -139,8 +139,8 @@ def wgmma_default_blocks(head_dim: int, causal: bool = False) -> tuple[int, int]
     consumer warpgroups taking turns, each overlapping its softmax with its O += P V). Measured
     on an H200 (``python -m benchmarks fp8 --schedules --head-dims 64,128 --timing device``,
     results/fp8_h200_2026-11-28.json, every legal tile at every schedule): the fastest
-    configuration from N = 2048 at d = 128 and from N = 4096 at d = 64 (docs/kernels.md, design
-    notes). Before the overlap, serial kernels: 128 x 64 at d = 128, 64 x 128 at d = 64 (128 x
+    configuration at every N (1024-16384) at d = 128 and from N = 2048 at d = 64 (at 1024,
+    64 x 64 serial is 5-6 % faster; docs/kernels.md, design notes). Before the overlap, serial kernels: 128 x 64 at d = 128, 64 x 128 at d = 64 (128 x
     128 causal), from the H100's ``pick --family wgmma`` (results/pick_wgmma_h100_2026-11-24.json)."""
     return (128, 128)
 
