@@ -26,8 +26,9 @@ Two forward-only kernels come before the families for a forward:
   rows against a long KV cache, every float dtype but float64, GQA read once per KV head,
   causal and window bands, per-sequence cache lengths (``problem.cache_seqlens``); its plan is
   `sim.decode.SplitKVPlan`. It takes a problem by itself from 256 keys on.
-* ``wgmma`` (`kernels.wgmma_fwd`): the Hopper forward (sm_90a: TMA loads into a two-stage ring
-  with mbarriers, a producer warp, ``wgmma`` products), float16/bfloat16, head dims 64 and 128,
+* ``wgmma`` (`kernels.wgmma_fwd`): the Hopper forward (sm_90a: TMA loads into a ring of
+  shared-memory stages with mbarriers, a producer warp or warpgroup, ``wgmma`` products, by
+  default FlashAttention-3's ping-pong and intra-warpgroup overlap), float16/bfloat16, head dims 64 and 128,
   causal or not, sliding windows, no masks or dropout; its plan is `sim.plans.wgmma_fwd`. Tried after
   ``split_kv`` and before the families: on Hopper it is the forward of every problem it takes
   (faster than ``mma`` in every measured case: docs/kernels.md).

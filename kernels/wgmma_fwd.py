@@ -380,7 +380,7 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=F
             hp.setmaxnreg_dec(PRODUCER_REGS)        # the producer warpgroup's, all four warps
         if warp == PRODUCER_WARP:
             if lane == 0:
-                # -- producer: Q once, then K and V tile by tile into the two stages --
+                # -- producer: Q once, then K and V tile by tile into the stages --
                 g = hp.array_addr(maps)                         # Q, K, V maps: 128 bytes
                 g_k = g + uint64(128)
                 g_v = g + uint64(256)
