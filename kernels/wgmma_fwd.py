@@ -244,6 +244,18 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=F
     PP_THREADS = uint32(2 * WARPGROUP_THREADS)
 
     @cuda.jit(device=True, inline=True)
+    def take_turn(wg):
+        """-- ping-pong: wait for this warpgroup's turn on the tensor cores --"""
+        if PINGPONG:
+            hp.named_barrier_sync(PP_BAR + uint32(wg), PP_THREADS)
+
+    @cuda.jit(device=True, inline=True)
+    def hand_over(wg):
+        """-- ping-pong: the other warpgroup's turn while this one runs its softmax --"""
+        if PINGPONG:
+            hp.named_barrier_arrive(PP_BAR + uint32(1 - wg), PP_THREADS)
+
+    @cuda.jit(device=True, inline=True)
     def issue_qk(s_reg, q_wg, k_st):
         """-- compute qk: S = Q K^T, d / 16 k-steps x block_k / 64 n-blocks, one group --"""
         for kk in range(KS):
@@ -455,12 +467,10 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=F
                 i = it - start
                 k_st = kv_s + stage(i) * 2 * KV_BYTES
                 hp.mbarrier_wait_parity(full0 + 8 * stage(i), full_phase(i))
-                if PINGPONG:     # -- wait for this warpgroup's turn on the tensor cores --
-                    hp.named_barrier_sync(PP_BAR + uint32(wg), PP_THREADS)
+                take_turn(wg)
                 hp.wgmma_fence()
                 issue_qk(s_reg, q_wg, k_st)
-                if PINGPONG:     # -- the other warpgroup's turn while this one runs its softmax
-                    hp.named_barrier_arrive(PP_BAR + uint32(1 - wg), PP_THREADS)
+                hand_over(wg)
                 hp.wgmma_wait_group(0)
                 hp.wgmma_fence_operands(s_reg, 0, S_REGS)
                 softmax(s_reg, m_i, l_i, alpha, kv_index[it], row_first, row_a, tig, n_k, sl,
@@ -475,12 +485,10 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=F
         elif start < stop:
             # -- tile 0: S = Q K^T and its softmax (O is still zero: no rescale) --
             hp.mbarrier_wait_parity(full0, 0)
-            if PINGPONG:
-                hp.named_barrier_sync(PP_BAR + uint32(wg), PP_THREADS)
+            take_turn(wg)
             hp.wgmma_fence()
             issue_qk(s_reg, q_wg, kv_s)
-            if PINGPONG:
-                hp.named_barrier_arrive(PP_BAR + uint32(1 - wg), PP_THREADS)
+            hand_over(wg)
             hp.wgmma_wait_group(0)
             hp.wgmma_fence_operands(s_reg, 0, S_REGS)
             softmax(s_reg, m_i, l_i, alpha, kv_index[start], row_first, row_a, tig, n_k, sl,
@@ -492,13 +500,11 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=F
                 v_prev = kv_s + stage(i - 1) * 2 * KV_BYTES + KV_BYTES
                 hp.mbarrier_wait_parity(full0 + 8 * stage(i), full_phase(i))
                 # -- issue S = Q K^T of tile i, then O += P V of tile i - 1 --
-                if PINGPONG:
-                    hp.named_barrier_sync(PP_BAR + uint32(wg), PP_THREADS)
+                take_turn(wg)
                 hp.wgmma_fence()
                 issue_qk(s_reg, q_wg, k_st)
                 issue_pv(o_reg, pa, v_prev)
-                if PINGPONG:
-                    hp.named_barrier_arrive(PP_BAR + uint32(1 - wg), PP_THREADS)
+                hand_over(wg)
                 # -- softmax of tile i while O += P V runs --
                 hp.wgmma_wait_group(1)
                 hp.wgmma_fence_operands(s_reg, 0, S_REGS)
