@@ -510,9 +510,23 @@ def time_config(cfg: dict, *, warmup: int = 3, repeats: int = 25, l2_bytes: int 
     rec["repeats"], rec["warmup"], rec["input_sets"], rec["timing"] = repeats, warmup, n_sets, "device"
     if cfg["kernel"] == "ioaware-numba" and cfg["variant"] == "simt" and cfg["pass"] != "bwd":
         rec["micro_tile"] = list(simt_forward_tiles(cfg["head_dim"], cfg["block_q"], cfg["block_k"]))
+    if cfg["kernel"] == "ioaware-numba" and cfg["variant"] == "wgmma":
+        rec.update(wgmma_schedule(cfg))
     sets = run = None         # free the inputs before empty_cache
     torch.cuda.empty_cache()
     return rec
+
+
+def wgmma_schedule(cfg: dict) -> dict:
+    """``{"pingpong", "overlap"}`` the wgmma forward runs for a configuration (its plan's
+    defaults at the configuration's tiles), recorded so that `sim.plans.plans_for_record` prices
+    the kernel that ran (`sim.plans.wgmma_fwd.record_schedule`: serial when absent)."""
+    from sim.plans import plan_for
+    from sim.workload import Workload
+    w = Workload.from_record(dict(cfg, **{"pass": "fwd"}))
+    plan_cfg = plan_for("wgmma", "fwd", w, block_q=cfg.get("block_q"),
+                        block_k=cfg.get("block_k")).config
+    return {"pingpong": plan_cfg["pingpong"], "overlap": plan_cfg["overlap"]}
 
 
 def _l2_bytes(torch) -> int:

@@ -288,6 +288,10 @@ def measure_group(torch, g: Group, inputs) -> list[dict]:
             records.append(dict(rec, failed=f"{type(exc).__name__}: {exc}"))
             continue
         t = time_cuda(torch, lambda kc=kc: call(kc), timing="device")
+        if g.family == "wgmma":         # the schedule the plan (so the launcher) gave the tiles
+            from sim.plans import plan_for
+            plan_cfg = plan_for(g.family, g.pass_, g.workload(), **cfg).config
+            rec["schedule"] = {k: plan_cfg[k] for k in ("pingpong", "overlap")}
         records.append(dict(rec, time_ms=t[0], time_ms_p10=t[1], time_ms_p90=t[2],
                             tflops=flops / t[0] / 1e9, max_abs_diff_vs_default=err))
     return records
@@ -433,12 +437,25 @@ def _parse_record(schema: str, i: int, row) -> dict | str:
         t = float(t)
     else:
         t = None
-    return {**{k: rec[k] for k in _GROUP_KEYS}, "config": rec["config"], "time_ms": t,
-            "why": why}
+    out = {**{k: rec[k] for k in _GROUP_KEYS}, "config": rec["config"], "time_ms": t,
+           "why": why}
+    if "schedule" in rec:       # the wgmma forward's (pingpong, overlap) as it ran
+        out["schedule"] = rec["schedule"]
+    return out
 
 
 def _config_key(cfg: dict) -> tuple:
     return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in cfg.items()))
+
+
+def _fixed(family: str, configs: dict) -> dict:
+    """Options every plan of a group is priced with: for the wgmma forward, the serial schedule
+    when the group's records name none (files measured before the schedules existed,
+    `sim.plans.wgmma_fwd.SERIAL_SCHEDULE`); otherwise the plans' defaults, which ran."""
+    if family != "wgmma" or any("schedule" in r for r in configs.values()):
+        return {}
+    from sim.plans.wgmma_fwd import SERIAL_SCHEDULE
+    return dict(SERIAL_SCHEDULE)
 
 
 def _profile_for(doc: dict, profile):
@@ -500,7 +517,7 @@ def pick_report(file, profile="h100", rates=None) -> dict:
                   int(fields["seq_len"]), int(fields["batch"]), int(fields["heads"]))
         w = g.workload()
         try:
-            pick, cost, ranked = choose(family, pass_, w, prof)
+            pick, cost, ranked = choose(family, pass_, w, prof, **_fixed(family, configs))
         except ValueError as exc:
             skipped.append(dict(fields, why=f"the model cannot price it: {exc}"))
             continue

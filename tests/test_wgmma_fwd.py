@@ -924,3 +924,27 @@ def test_map_writer_stores_the_words_it_is_given():
     wf._write_words(dst, words, 0)
     cuda.synchronize()
     np.testing.assert_array_equal(dst.copy_to_host(), np.array(words, np.uint64))
+
+
+def test_records_are_priced_with_the_schedule_they_ran():
+    """A results record of the wgmma forward names the schedule it ran (`benchmarks measure`
+    writes ``pingpong`` and ``overlap``); one that names none predates the schedules and ran
+    the serial kernel, which its plan then describes (288 threads, two stages). The pick
+    report prices a file whose records name no schedule the same way."""
+    from sim.plans import plans_for_record
+    from benchmarks.pick import _fixed
+    rec = {"kernel": "ioaware-numba", "variant": "wgmma", "pass": "fwd", "dtype": "fp16",
+           "batch": 1, "heads": 2, "seq_len_q": 1024, "head_dim": 128, "causal": False,
+           "block_q": 128, "block_k": 128}
+    (old,) = plans_for_record(rec)
+    assert (old.config["pingpong"], old.config["overlap"], old.config["stages"]) == (
+        False, False, 2)
+    assert old.kernels[0].threads == 288
+    (new,) = plans_for_record(dict(rec, pingpong=True, overlap=True))
+    assert (new.config["pingpong"], new.config["overlap"], new.config["stages"]) == (
+        True, True, 3)
+    assert new.kernels[0].threads == 384
+    assert _fixed("wgmma", {0: {"config": {}}}) == {"pingpong": False, "overlap": False}
+    assert _fixed("wgmma", {0: {"config": {}, "schedule": {"pingpong": True,
+                                                          "overlap": True}}}) == {}
+    assert _fixed("mma", {0: {"config": {}}}) == {}

@@ -140,7 +140,8 @@ def plans_for_record(rec: dict) -> list | None:
     none: ``simt``, or ``mma`` for ``implementation`` ``kernels.flash_mma_fwd``; the backward's
     ``variant_bwd`` where a forward + backward record names one), the problem,
     and the forward's ``block_q`` / ``block_k`` (the tensor-core backwards choose their own
-    tiles; a tensor-core backward's ``dq_mode``, "kernel" when absent; the simt passes take the record's tiles and micro-tiles,
+    tiles; a tensor-core backward's ``dq_mode``, "kernel" when absent; the wgmma forward's
+    ``pingpong`` and ``overlap``, serial when absent; the simt passes take the record's tiles and micro-tiles,
     `sim.plans.simt.record_config`); or ``kernel`` one of PyTorch's SDPA backends
     (`sim.plans.sdpa.SDPA_FAMILIES`: the family), measured on sm_90, with the tiles its dispatch
     picks. None for a record of another kernel, of a family/pass without a plan, of simt kernels
@@ -177,6 +178,9 @@ def plans_for_record(rec: dict) -> list | None:
             tiles = {"block_q": rec.get("block_q"), "block_k": rec.get("block_k")} if p == "fwd" else {}
             if fam in ("mma", "tf32") and p == "bwd" and rec.get("dq_mode") == "atomic":
                 tiles["dq_mode"] = "atomic"     # a record without it ran the dQ kernel
+            if fam == "wgmma" and p == "fwd":   # a record without a schedule ran the serial one
+                from .wgmma_fwd import record_schedule
+                tiles.update(record_schedule(rec))
         plans.append(plan_for(fam, p, w, **tiles))
     return plans
 
