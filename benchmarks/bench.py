@@ -107,6 +107,10 @@ def bench_attention(torch, ns, ds, dtypes, causals, passes, kernel_names, progre
             if kern == OURS:
                 pb = attention_problem(q, k, v, causal=causal)
                 base["variant"] = kernels.family_for(pb, None, "fwd")
+                if base["variant"] == "wgmma":      # the schedule its plan runs (priced so)
+                    from kernels import wgmma_fwd
+                    plan_cfg = wgmma_fwd.plan(pb, kernels.KernelConfig()).config
+                    base.update(pingpong=plan_cfg["pingpong"], overlap=plan_cfg["overlap"])
                 if pass_ == "fwd+bwd":
                     base["variant_bwd"] = kernels.family_for(pb, None, "bwd")
                     if base["variant_bwd"] in ("mma", "tf32"):     # how its backward adds dQ

@@ -304,8 +304,9 @@ def set_bytes(cfg: dict) -> int:
 def empty_record(cfg: dict) -> dict:
     """A results record for a normalized configuration with every measured field null; a
     tensor-core record also names its launch order (``launch_head_group``, the default of its
-    pass: `kernels.tile_scheduler.head_group`), and a tensor-core backward its ``dq_mode``
-    (`kernels.mma_bwd.dq_mode`, `kernels.tf32_bwd.dq_mode`: "kernel" or "atomic")."""
+    pass: `kernels.tile_scheduler.head_group`), a tensor-core backward its ``dq_mode``
+    (`kernels.mma_bwd.dq_mode`, `kernels.tf32_bwd.dq_mode`: "kernel" or "atomic"), and the
+    wgmma forward its ``pingpong`` and ``overlap`` (`wgmma_schedule`)."""
     rec = {f: cfg[f] for f in ("kernel", "schedule", "pass", "dtype", "batch", "heads",
                                "heads_kv", "seq_len_q", "seq_len_k", "head_dim", "causal",
                                "block_q", "block_k")}
@@ -321,6 +322,8 @@ def empty_record(cfg: dict) -> dict:
         module = mma_bwd if cfg["variant"] == "mma" else tf32_bwd
         rec["dq_mode"] = module.dq_mode(None, KernelConfig(family=cfg["variant"]),
                                          head_dim=cfg["head_dim"])
+    if cfg.get("variant") == "wgmma":
+        rec.update(wgmma_schedule(cfg))
     return rec
 
 
@@ -510,8 +513,6 @@ def time_config(cfg: dict, *, warmup: int = 3, repeats: int = 25, l2_bytes: int 
     rec["repeats"], rec["warmup"], rec["input_sets"], rec["timing"] = repeats, warmup, n_sets, "device"
     if cfg["kernel"] == "ioaware-numba" and cfg["variant"] == "simt" and cfg["pass"] != "bwd":
         rec["micro_tile"] = list(simt_forward_tiles(cfg["head_dim"], cfg["block_q"], cfg["block_k"]))
-    if cfg["kernel"] == "ioaware-numba" and cfg["variant"] == "wgmma":
-        rec.update(wgmma_schedule(cfg))
     sets = run = None         # free the inputs before empty_cache
     torch.cuda.empty_cache()
     return rec

@@ -948,3 +948,10 @@ def test_records_are_priced_with_the_schedule_they_ran():
     assert _fixed("wgmma", {0: {"config": {}, "schedule": {"pingpong": True,
                                                           "overlap": True}}}) == {}
     assert _fixed("mma", {0: {"config": {}}}) == {}
+    # what `benchmarks measure` writes: the schedule the plan runs at the record's tiles
+    from benchmarks.measure import empty_record
+    cfg = dict(rec, schedule="flash2", heads_kv=2, seq_len_k=1024)
+    assert {k: empty_record(cfg)[k] for k in ("pingpong", "overlap")} == {
+        "pingpong": True, "overlap": True}
+    assert {k: empty_record(dict(cfg, block_q=64))[k] for k in ("pingpong", "overlap")} == {
+        "pingpong": False, "overlap": False}
