@@ -1,7 +1,7 @@
 """Entry point of the ioaware dashboard: ``streamlit run dashboard/app.py``.
 
-Registers the seven pages (files in ``dashboard/views/``) with ``st.navigation``, each at its own
-URL (``/explore``, ``/block_sizes``, ``/scaling``, ``/measured``, ``/decode``, ``/step``,
+Registers the eight pages (files in ``dashboard/views/``) with ``st.navigation``, each at its own
+URL (``/explore``, ``/block_sizes``, ``/scaling``, ``/measured``, ``/decode``, ``/hopper``, ``/step``,
 ``/measure``); the app's root URL opens *Explore*. The sidebar's workload controls are drawn by
 the model pages themselves (``dashboard.ui.workload_sidebar``); their values persist across pages
 (Streamlit keeps widget values per browser tab). *Decoding* draws its own decoding workload
@@ -30,6 +30,7 @@ PAGES = (
     ("scaling.py", "Scaling", "scaling"),
     ("measured.py", "Predicted vs measured", "measured"),
     ("decode.py", "Decoding", "decode"),
+    ("hopper.py", "What asynchrony buys", "hopper"),
     ("step.py", "Step through", "step"),
     ("measure.py", "Measure", "measure"),
 )

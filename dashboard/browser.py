@@ -41,14 +41,15 @@ PAGES = {
     "scaling": (3, _TABLE),
     "measured": (1, _TABLE),
     "decode": (2, _TABLE),
+    "hopper": (2, _TABLE),
     "step": (3, '[data-testid="stExpander"]'),
     "measure": (0, '[data-testid="stAlert"]'),  # "no GPU" (or, on a GPU machine, the form)
 }
 
 #: url path -> the page's title (its h1).
 TITLES = {"explore": "Explore", "block_sizes": "Block sizes", "scaling": "Scaling",
-          "measured": "Predicted vs measured", "decode": "Decoding", "step": "Step through",
-          "measure": "Measure"}
+          "measured": "Predicted vs measured", "decode": "Decoding",
+          "hopper": "What asynchrony buys", "step": "Step through", "measure": "Measure"}
 
 # Evaluated in the page: how many charts drew, whether Streamlit is still running, the text of
 # any error box, and the page's own "not found" dialog.

@@ -33,6 +33,7 @@ import importlib
 import json
 import math
 import os
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -2556,3 +2557,226 @@ def decode_summary_table(summary: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
     return df, {"label": Col("Score"), "n": Col("Records scored", "count"),
                 "median_abs": Col("Median |error|", "pct"),
                 "target": Col("Target", "pct"), "within_text": Col("Within the target")}
+
+
+# ------------------------------------------------------------------------------------------------
+# What asynchrony buys (FlashAttention-3 on Hopper)
+# ------------------------------------------------------------------------------------------------
+#: FlashAttention-3's ideas as the page names them, in the order the model's ablation adds them
+#: (`sim.plans.flash3.ABLATION_STEPS`), then the overlap without ping-pong.
+ASYNC_STEPS = {
+    "baseline": "No asynchrony (FlashAttention-2's structure on Hopper)",
+    "+warp_specialisation": "Loading ahead (a producer warp)",
+    "+pingpong": "Loading ahead and ping-pong (two warpgroups take turns on the tensor cores)",
+    "+intra_overlap": "All three, FlashAttention-3 (each warpgroup also runs its softmax "
+                      "under its own products)",
+    "intra_only": "Loading ahead and the overlap, without ping-pong",
+}
+#: The critical path of the model's overlap reading, in words.
+ASYNC_PATH_LABELS = {"matmul": "the tensor cores", "mufu": "the exponentials (MUFU)",
+                     "fp32": "the softmax's float32 work", "dram": "DRAM bandwidth",
+                     "l2": "L2 bandwidth", "smem": "shared-memory bandwidth"}
+#: Input precisions the page offers: label -> the plan's dtype.
+ASYNC_PRECISIONS = {"16-bit (float16 / bfloat16)": "fp16", "FP8 (e4m3)": "fp8"}
+#: Files of measured schedules (``python -m benchmarks fp8 --schedules``).
+SCHEDULE_SCHEMAS = ("ioaware.fp8/1",)
+#: The measured schedules of our Hopper kernel (`benchmarks.fp8.SCHEDULES`) and the model's step
+#: pair that prices the same idea: (name in the file, label, the model's step with the idea,
+#: the model's step without it).
+SCHEDULE_IDEAS = (("pingpong", "Ping-pong", "+pingpong", "+warp_specialisation"),
+                  ("overlap", "Overlap", "intra_only", "+warp_specialisation"),
+                  ("pingpong+overlap", "Both", "+intra_overlap", "+warp_specialisation"))
+#: The tile at which the schedules are compared (two consumer warpgroups: ping-pong needs them).
+SCHEDULE_TILE = "128x128"
+
+
+def _path_label(label: str) -> str:
+    """A critical path of `sim.plans.flash3.overlap_report` in words (a chain: its members)."""
+    if label in ASYNC_PATH_LABELS:
+        return ASYNC_PATH_LABELS[label]
+    parts = [p for p in re.split(r"[^a-z0-9]+", label) if p in ASYNC_PATH_LABELS]
+    return " then ".join(ASYNC_PATH_LABELS[p] for p in parts) if parts else label
+
+
+def _flash3_costs(workload, precision: str, prof) -> dict:
+    """``{step: PlanCost}`` of FlashAttention-3's forward plan at each of :data:`ASYNC_STEPS`."""
+    f3 = importlib.import_module("sim.plans.flash3")
+    price = importlib.import_module("sim.plan").price
+    steps = dict(f3.ABLATION_STEPS)
+    steps["intra_only"] = f3.INTRA_ONLY
+    return {label: price(f3.flash3_forward_plan(workload, dtype=precision, **flags), prof)
+            for label, flags in steps.items()}
+
+
+@st.cache_data(show_spinner=False, max_entries=128)
+def asynchrony_steps(seq_len: int, head_dim: int, batch: int, heads: int, causal: bool,
+                     precision: str, profile: str, custom: tuple | None = None,
+                     rates: bytes | None = None) -> tuple[pd.DataFrame, dict]:
+    """The model's answer to "what does each of FlashAttention-3's ideas buy" for one forward
+    workload: FlashAttention-3's plan (`sim.plans.flash3.flash3_forward_plan`, its tiles) at
+    each of :data:`ASYNC_STEPS`, priced on the profile (with the measured rates of ``rates``,
+    a rates file's bytes, when given). ``precision``: "fp16" or "fp8".
+
+    Returns ``(table, info)``: one row per step with ``step`` (its label), ``time_ms``,
+    ``tflops``, ``speedup`` (over the first step), ``gain`` (over the step before it; the last
+    row's over loading ahead alone) and ``critical_path`` (what bounds it, in words); ``info``:
+    ``rates`` ("datasheet rates" or "measured rates"), ``rates_error``, ``tiles`` (the plan's),
+    ``mufu_over_matmul`` (the exponentials' time over the products', full kernel),
+    ``hidden`` (the levels the full kernel hides, in words) and ``peak_tflops`` (the profile's
+    datasheet tensor-core peak for the precision). Raises ValueError (the plan's
+    message) for a workload it refuses."""
+    f3 = importlib.import_module("sim.plans.flash3")
+    prof, rates_error = rated_profile(profile, custom, rates)
+    w = _sim().Workload(batch=batch, heads=heads, seq_len_q=seq_len, head_dim=head_dim,
+                        dtype="bf16" if precision == "fp8" else "fp16", causal=causal)
+    costs = _flash3_costs(w, precision, prof)
+    base = costs["baseline"].time_s
+    rows, before = [], None
+    for label, cost in costs.items():
+        rep = f3.overlap_report(cost)
+        ref = costs["+warp_specialisation"].time_s if label == "intra_only" else before
+        rows.append({"step": ASYNC_STEPS[label], "key": label, "time_ms": cost.time_ms,
+                     "tflops": f3.tflops(w, cost.time_s), "speedup": base / cost.time_s,
+                     "gain": None if ref is None else ref / cost.time_s,
+                     "critical_path": _path_label(rep["critical_path"])})
+        if label != "intra_only":
+            before = cost.time_s
+    full = f3.overlap_report(costs["+intra_overlap"])
+    cfg = costs["+intra_overlap"].plan.config
+    info = {"rates": _costs_rates(list(costs.values())), "rates_error": rates_error,
+            "tiles": tiles_label(cfg["block_q"], cfg["block_k"]),
+            "mufu_over_matmul": full["mufu_over_matmul"],
+            "hidden": [ASYNC_PATH_LABELS.get(h, h) for h in full["hidden"]],
+            "peak_tflops": (prof.tensor_flops_per_s or {}).get(precision, 0.0) / 1e12}
+    return pd.DataFrame(rows), info
+
+
+def asynchrony_columns() -> dict:
+    """The columns of the steps table (`asynchrony_steps`) as the page shows them."""
+    from dashboard.fmt import Col
+    return {"step": Col("Step"),
+            "time_ms": Col("Predicted time", "ms", "FlashAttention-3's plan at this step, "
+                           "priced at the chosen rates with the model's overlap reading: what "
+                           "hides under what is on the *Critical path* column."),
+            "tflops": Col("TFLOP/s", "num"),
+            "speedup": Col("× no asynchrony", "ratio"),
+            "gain": Col("× the step before", "ratio", "The last row: over loading ahead "
+                        "alone, so that it reads against the ping-pong row."),
+            "critical_path": Col("Critical path")}
+
+
+def schedule_files() -> list[Path]:
+    """Files of measured schedules (:data:`SCHEDULE_SCHEMAS`) in ``$IOAWARE_RESULTS`` and
+    ``results/``, by name."""
+    return _files_of_schemas(SCHEDULE_SCHEMAS)
+
+
+def schedule_choices() -> list[str]:
+    """Display names of :func:`schedule_files`."""
+    return [_choice_name(p) for p in schedule_files()]
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def load_schedules(content: bytes, name: str) -> dict:
+    """A file of ``python -m benchmarks fp8 --schedules`` given as bytes: ``{"name", "gpu",
+    "date", "profile" (the model's profile of its GPU, or None), "rows"}``, ``rows`` its speed
+    records that time the schedules. Raises ValueError with one line when the file cannot be
+    read or times no schedule."""
+    obj = _json_of_schema(content, name, SCHEDULE_SCHEMAS, "a file of measured schedules")
+    rows = [r for r in obj.get("speed") or []
+            if isinstance(r, dict) and any(str(k).endswith("-serial")
+                                           for k in (r.get("times_ms") or {}))]
+    if not rows:
+        raise ValueError(f"{name} times no schedules (it was written without --schedules)")
+    prov = obj.get("provenance") or {}
+    return {"name": name, "gpu": prov.get("gpu"), "date": prov.get("date"),
+            "profile": profile_for_gpu(prov.get("gpu") or ""), "rows": rows}
+
+
+def load_schedules_choice(name: str) -> dict:
+    """:func:`load_schedules` of the file of :func:`schedule_files` named ``name``."""
+    for path in schedule_files():
+        if _choice_name(path) == name:
+            return load_schedules(path.read_bytes(), path.name)
+    raise FileNotFoundError(f"results file {name!r} is no longer available")
+
+
+def _measured_ms(times: dict, key: str):
+    entry = times.get(key) or {}
+    return entry.get("ms")
+
+
+def schedule_gains(loaded: dict, head_dim: int, causal: bool, precision: str, profile: str,
+                   custom: tuple | None = None, rates: bytes | None = None
+                   ) -> tuple[pd.DataFrame, dict]:
+    """Measured beside predicted, per sequence length of a schedules file (:func:`load_schedules`)
+    at ``head_dim`` and ``causal``: what each schedule bought our Hopper kernel (t_serial /
+    t_schedule at :data:`SCHEDULE_TILE`, 16-bit or FP8 as ``precision`` says) and what the
+    model says the same idea buys FlashAttention-3 on the row's problem (the ratio of the
+    :data:`SCHEDULE_IDEAS` step pair); and cuDNN's measured speedup over FlashAttention-2
+    (t_FLASH / t_cuDNN, SDPA, 16-bit only) beside the model's FlashAttention-3 over its
+    baseline. One row per N: ``seq_len``, ``batch``, ``heads``, ``<idea>_measured`` and
+    ``<idea>_predicted`` for each idea, ``cudnn_measured``, ``cudnn_predicted`` (16-bit).
+    Empty where the file has no such row. The model prices on the profile of the file's GPU
+    with that GPU's shipped rates (:func:`rates_for_profile`), or, where no profile matches it,
+    on the sidebar's ``profile`` with ``rates``; the second value says which: ``{"profile",
+    "profile_guessed", "rates"}``."""
+    prof_name = loaded.get("profile")
+    guessed = prof_name is None
+    if guessed:
+        prof, _ = rated_profile(profile, custom, rates)
+        prof_name = profile
+    else:
+        default = (rates_for_profile(prof_name) if prof_name != profile or rates is None
+                   else None)
+        prof, _ = rated_profile(prof_name, None, rates_choice_bytes(default) if default else
+                                rates if prof_name == profile else None)
+    unit = "fp8" if precision == "fp8" else f"fp16-{SCHEDULE_TILE}"
+    out, priced = [], []
+    for r in sorted(loaded["rows"], key=lambda r: r.get("seq_len", 0)):
+        if r.get("head_dim") != head_dim or bool(r.get("causal")) != bool(causal):
+            continue
+        times = r.get("times_ms") or {}
+        serial = _measured_ms(times, f"kernel-{unit}-serial")
+        if serial is None:
+            continue
+        w = _sim().Workload(batch=r["batch"], heads=r["heads"], seq_len_q=r["seq_len"],
+                            head_dim=head_dim, dtype="bf16" if precision == "fp8" else "fp16",
+                            causal=bool(causal))
+        try:
+            costs = _flash3_costs(w, precision, prof)
+        except ValueError:
+            continue
+        priced += list(costs.values())
+        row = {"seq_len": r["seq_len"], "batch": r["batch"], "heads": r["heads"]}
+        for name, _label, with_idea, without in SCHEDULE_IDEAS:
+            t = _measured_ms(times, f"kernel-{unit}-{name}")
+            row[f"{name}_measured"] = serial / t if t else None
+            row[f"{name}_predicted"] = costs[without].time_s / costs[with_idea].time_s
+        if precision != "fp8":      # SDPA's rows are 16-bit: no FP8 counterpart
+            flash, cudnn = _measured_ms(times, "sdpa-flash"), _measured_ms(times, "sdpa-cudnn")
+            row["cudnn_measured"] = flash / cudnn if flash and cudnn else None
+            row["cudnn_predicted"] = costs["baseline"].time_s / costs["+intra_overlap"].time_s
+        out.append(row)
+    return pd.DataFrame(out), {"profile": prof_name, "profile_guessed": guessed,
+                               "rates": _costs_rates(priced) if priced else "datasheet rates",
+                               "gpu": loaded.get("gpu")}
+
+
+def schedule_gain_columns() -> dict:
+    """The columns of :func:`schedule_gains` as the page shows them."""
+    from dashboard.fmt import Col
+    cols = {"seq_len": Col("N", "count"), "batch": Col("Batch", "count"),
+            "heads": Col("Heads", "count")}
+    for name, label, _with, _without in SCHEDULE_IDEAS:
+        cols[f"{name}_measured"] = Col(f"{label}: measured", "ratio",
+                                       "Our Hopper kernel's time run serially over its time "
+                                       "with this schedule, on the same inputs in one run.")
+        cols[f"{name}_predicted"] = Col(f"{label}: predicted", "ratio",
+                                        "What the model says the same idea buys "
+                                        "FlashAttention-3 on this problem.")
+    cols["cudnn_measured"] = Col("cuDNN over FlashAttention-2: measured", "ratio",
+                                 "PyTorch's FLASH backend's time over its cuDNN backend's "
+                                 "(cuDNN runs Hopper's asynchronous path).")
+    cols["cudnn_predicted"] = Col("FlashAttention-3 over no asynchrony: predicted", "ratio")
+    return cols

@@ -680,3 +680,53 @@ def decode_sweep(measured: pd.DataFrame, predicted: pd.DataFrame, *, pick: int, 
     fig = _layout(fig, title, height=420)
     fig.update_layout(legend=dict(orientation="h", y=-0.25), margin=dict(b=110))
     return fig
+
+
+# ------------------------------------------------------------------------------------------------
+# What asynchrony buys
+# ------------------------------------------------------------------------------------------------
+def asynchrony_steps(table: pd.DataFrame, peak_tflops: float | None = None) -> go.Figure:
+    """The model's TFLOP/s of FlashAttention-3's plan at each step (`dashboard.data
+    .asynchrony_steps`), one bar per step, the tensor cores' peak as a line."""
+    fig = go.Figure(go.Bar(x=table["tflops"], y=table["step"], orientation="h",
+                           marker_color="#1f77b4",
+                           hovertemplate="%{y}: %{x:.0f} TFLOP/s<extra></extra>"))
+    if peak_tflops:
+        fig.add_vline(x=peak_tflops, line_dash="dot", line_color="#7f7f7f",
+                      annotation_text="tensor-core peak", annotation_position="top")
+    fig.update_yaxes(autorange="reversed")
+    fig.update_xaxes(title="TFLOP/s (predicted)", rangemode="tozero")
+    fig = _layout(fig, "What each idea buys, predicted", height=320, showlegend=False)
+    fig.update_layout(margin=dict(l=380))       # room for the steps' names
+    return fig
+
+
+#: Colours of the schedules on the measured-beside-predicted chart.
+IDEA_COLORS = {"pingpong": "#ff7f0e", "overlap": "#2ca02c", "pingpong+overlap": "#d62728",
+               "cudnn": "#9467bd"}
+
+
+def schedule_gains(gains: pd.DataFrame, ideas, mark_n=None) -> go.Figure:
+    """Measured (solid) and predicted (dashed) gains against N (`dashboard.data.schedule_gains`):
+    one pair of lines per idea of ``ideas`` ((name, label, ...) as
+    `dashboard.data.SCHEDULE_IDEAS`), and cuDNN's over FlashAttention-2 where the frame has it."""
+    fig = go.Figure()
+    series = [(name, label) for name, label, *_ in ideas]
+    if "cudnn_measured" in gains:
+        series.append(("cudnn", "cuDNN over FlashAttention-2 / FlashAttention-3 over none"))
+    for name, label in series:
+        color = IDEA_COLORS.get(name, "#1f77b4")
+        for kind, dash in (("measured", "solid"), ("predicted", "dash")):
+            col = f"{name}_{kind}"
+            if col not in gains or gains[col].isna().all():
+                continue
+            fig.add_trace(go.Scatter(x=gains["seq_len"], y=gains[col], name=f"{label}, {kind}",
+                                     mode="lines+markers", line=dict(color=color, dash=dash),
+                                     hovertemplate="N=%{x}: %{y:.3f}×<extra>" + label + ", "
+                                                   + kind + "</extra>"))
+    fig.add_hline(y=1.0, line_dash="dot", line_color="#7f7f7f")
+    if mark_n is not None:
+        fig.add_vline(x=mark_n, line_dash="dot", line_color="#bbbbbb")
+    fig.update_xaxes(type="log", title="sequence length N", tickvals=list(gains["seq_len"]))
+    fig.update_yaxes(title="speedup (×)")
+    return _layout(fig, "Measured (solid) beside predicted (dashed)", height=420)

@@ -30,8 +30,8 @@ APP = ROOT / "dashboard" / "app.py"
 FIXTURE = ROOT / "tests" / "data" / "fixture_results_synthetic.json"
 TIMEOUT = 120
 PAGES = {"explore": "Explore", "block_sizes": "Block sizes", "scaling": "Scaling",
-         "measured": "Predicted vs measured", "decode": "Decoding", "step": "Step through",
-         "measure": "Measure"}
+         "measured": "Predicted vs measured", "decode": "Decoding",
+         "hopper": "What asynchrony buys", "step": "Step through", "measure": "Measure"}
 ROOFLINE_MS = data.ROOFLINE + " (ms)"
 #: The header of the one predicted time at the GPU's datasheet rates.
 PREDICTED = data.rates_label("datasheet rates")
@@ -1587,3 +1587,104 @@ def test_decode_file_without_sweeps_counters_or_records_says_so(tmp_path, monkey
     ok(at)
     assert "decode record 0 lacks heads_q" in texts(at.warning)
     assert metric(at, "Splits the model picks")          # the model's part still stands
+
+
+# -- What asynchrony buys ------------------------------------------------------------------------
+SCHEDULES_FILE = ROOT / "results" / "fp8_h200_2026-11-28.json"
+
+
+def _flash3_times(w, precision, prof) -> dict:
+    """FlashAttention-3's plan priced at each of the page's steps, computed here from sim."""
+    from sim.plan import price
+    from sim.plans.flash3 import ABLATION_STEPS, INTRA_ONLY, flash3_forward_plan
+    steps = dict(ABLATION_STEPS, intra_only=INTRA_ONLY)
+    return {k: price(flash3_forward_plan(w, dtype=precision, **f), prof).time_s
+            for k, f in steps.items()}
+
+
+def test_hopper_page_is_registered_after_decoding():
+    import ast
+
+    tree = ast.parse(APP.read_text())
+    pages = next(ast.literal_eval(node.value) for node in tree.body
+                 if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "PAGES")
+    urls = [u for _f, _t, u in pages]
+    assert ("hopper.py", "What asynchrony buys", "hopper") in pages
+    assert urls.index("hopper") == urls.index("decode") + 1
+
+
+@pytest.mark.parametrize("precision", ["fp16", "fp8"])
+def test_hopper_steps_are_flash3_s_plans_priced(precision):
+    from sim.workload import Workload
+    table, info = data.asynchrony_steps(4096, 128, 4, 16, True, precision, "h100", None,
+                                        RATES_H100.read_bytes())
+    w = Workload(batch=4, heads=16, seq_len_q=4096, head_dim=128, causal=True,
+                 dtype="bf16" if precision == "fp8" else "fp16")
+    want = _flash3_times(w, precision, _measured_h100())
+    by = table.set_index("key")
+    assert list(by.index) == ["baseline", "+warp_specialisation", "+pingpong", "+intra_overlap",
+                              "intra_only"]
+    for key, t in want.items():
+        assert by.loc[key, "time_ms"] == pytest.approx(t * 1e3)
+        assert by.loc[key, "speedup"] == pytest.approx(want["baseline"] / t)
+    assert by.loc["+pingpong", "gain"] == pytest.approx(want["+warp_specialisation"]
+                                                       / want["+pingpong"])
+    assert by.loc["intra_only", "gain"] == pytest.approx(want["+warp_specialisation"]
+                                                        / want["intra_only"])
+    assert info["rates"] == "measured rates"
+    assert info["peak_tflops"] == pytest.approx(
+        1978.9 if precision == "fp8" else 989.4, rel=1e-3)
+
+
+def test_hopper_measured_gains_are_the_file_s_ratios_beside_the_plans():
+    from sim.profiles import load_profile
+    from sim.workload import Workload
+    loaded = data.load_schedules(SCHEDULES_FILE.read_bytes(), SCHEDULES_FILE.name)
+    gains, priced = data.schedule_gains(loaded, 128, False, "fp16", "h100", None, None)
+    assert priced["profile"] == "h200" and not priced["profile_guessed"]    # the file's GPU
+    assert priced["rates"] == "measured rates"          # with its shipped rates
+    doc = json.loads(SCHEDULES_FILE.read_text())
+    rows = sorted((r for r in doc["speed"] if r["head_dim"] == 128 and not r["causal"]),
+                  key=lambda r: r["seq_len"])
+    assert list(gains["seq_len"]) == [r["seq_len"] for r in rows]
+    prof = load_profile("h200", rates=json.loads(RATES_H200.read_text()))
+    for (_, g), r in zip(gains.iterrows(), rows):
+        t = {k: v["ms"] for k, v in r["times_ms"].items()}
+        serial = t["kernel-fp16-128x128-serial"]
+        assert g["pingpong+overlap_measured"] == pytest.approx(
+            serial / t["kernel-fp16-128x128-pingpong+overlap"])
+        assert g["cudnn_measured"] == pytest.approx(t["sdpa-flash"] / t["sdpa-cudnn"])
+        want = _flash3_times(Workload(batch=r["batch"], heads=r["heads"], seq_len_q=r["seq_len"],
+                                      head_dim=128, dtype="fp16"), "fp16", prof)
+        assert g["pingpong_predicted"] == pytest.approx(want["+warp_specialisation"]
+                                                        / want["+pingpong"])
+        assert g["cudnn_predicted"] == pytest.approx(want["baseline"] / want["+intra_overlap"])
+    fp8, _ = data.schedule_gains(loaded, 128, True, "fp8", "h100", None, None)
+    assert len(fp8) == len(rows) and "cudnn_measured" not in fp8      # SDPA's rows are 16-bit
+    assert data.schedule_gains(loaded, 64, False, "fp8", "h100", None, None)[0].empty
+
+
+def test_hopper_file_without_schedules_is_refused_plainly(tmp_path):
+    doc = json.loads(SCHEDULES_FILE.read_text())
+    for r in doc["speed"]:
+        r["times_ms"] = {k: v for k, v in r["times_ms"].items() if not k.startswith("kernel-")}
+    with pytest.raises(ValueError, match="times no schedules"):
+        data.load_schedules(json.dumps(doc).encode(), "plain.json")
+    with pytest.raises(ValueError, match="not a file of measured schedules"):
+        data.load_schedules(b'{"schema": "ioaware.pick/1"}', "pick.json")
+
+
+def test_hopper_page_shows_both_parts_and_follows_the_precision(offer):
+    at = ok(open_page("hopper"))
+    assert at.title[0].value == "What asynchrony buys"
+    assert metric(at, "FlashAttention-3 (all three)").value.endswith("ms")
+    assert len(table(at, "Step")) == 5
+    assert len(table(at, "Both: measured (×)")) == 4        # the file's N at d = 64
+    assert len(charts(at)) == 2
+    at.sidebar.radio(key="hp_precision").set_value("FP8 (e4m3)").run()
+    ok(at)
+    assert any("no measured schedules at d = 64" in i.value for i in at.info)
+    at.sidebar.select_slider(key="w_head_dim").set_value(128).run()
+    ok(at)
+    assert "cuDNN over FlashAttention-2: measured (×)" not in table(at, "Both: measured (×)")
+    assert not INTERNAL.search(screen_text(at))
