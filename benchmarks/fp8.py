@@ -4,8 +4,9 @@
                              [--error-seq-len 2048] [--schedules] [--head-dims 128]
                              [--timing device] [--out FILE.json]
 
-Speed, d = 128 (``--head-dims 64,128``: d = 64 too, its 16-bit rows only), the benchmark's shapes (`benchmarks.common.benchmark_inputs`: B * N = 16384
-tokens, H = 16), causal and not; CUDA-event medians (`benchmarks.common.time_cuda`) of
+Speed, d = 128 (``--head-dims 64,128``: d = 64 too, its 16-bit rows only), the benchmark's
+shapes (`benchmarks.common.benchmark_inputs`: B * N = 16384 tokens, H * d = 2048), causal and
+not; CUDA-event medians (`benchmarks.common.time_cuda`) of
 
 * ``ioaware-fp8``: ``ioaware.fp8.attention`` on e4m3 Q, K, V with per-(batch, head) descales
   (the public path: checks, V's transpose, the kernel `kernels.wgmma_fwd.forward_fp8`);
