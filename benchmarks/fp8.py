@@ -46,6 +46,7 @@ import sys
 
 from .common import (attention_flops, command_line, first_sentence, provenance, sdpa_context,
                      time_or_error, write_json)
+from sim.plans.wgmma_fwd import SCHEDULES     # name -> (pingpong, overlap): --schedules
 
 HEAD_DIM = 128
 #: FlashAttention-3's Table 3 (RMSE against FP64, inputs with outliers): its figures.
@@ -70,9 +71,6 @@ def _model_ms(batch, heads, n, causal, profile) -> dict:
     return out
 
 
-#: The ``wgmma`` kernels' schedules ``--schedules`` times: name -> (pingpong, overlap).
-SCHEDULES = {"serial": (False, False), "pingpong": (True, False), "overlap": (False, True),
-             "pingpong+overlap": (True, True)}
 
 
 def _schedule_name(pingpong: bool, overlap: bool) -> str:

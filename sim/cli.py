@@ -276,6 +276,12 @@ def _plan_cmd(a) -> int:
     if dq_mode is not None and (a.family not in ("mma", "tf32") or a.pass_ != "bwd"):
         raise SystemExit("error: --dq-mode: only the mma and tf32 backwards have dQ modes")
     fixed = {}
+    schedule = getattr(a, "plan_schedule", None)
+    if schedule is not None:
+        if a.family not in ("wgmma", "wgmma_fp8"):
+            raise SystemExit("error: --schedule: only the wgmma forwards have schedules")
+        from .plans.wgmma_fwd import SCHEDULES
+        fixed["pingpong"], fixed["overlap"] = SCHEDULES[schedule]
     if a.family in ("mma", "tf32") and a.pass_ == "bwd":
         # what the launcher runs on this GPU unless asked otherwise
         from .plans.tensor_core_bwd import mma_default_dq_mode, tf32_default_dq_mode
@@ -309,6 +315,10 @@ def _plan_cmd(a) -> int:
     print(f"{a.family} {a.pass_} plan on {cost.profile} ({', '.join(sorted(set(cost.rate_sources.values())))} "
           f"rates): {_fmt(round(cost.global_bytes))} global bytes, {_fmt(round(cost.dram_bytes))} DRAM "
           f"bytes, {_fmt(cost.flops)} FLOPs, {cost.time_ms:.4f} ms")
+    if "overlap" in plan.config:
+        print(f"  schedule: ping-pong {'on' if plan.config['pingpong'] else 'off'}, "
+              f"intra-warpgroup overlap {'on' if plan.config['overlap'] else 'off'}, "
+              f"{plan.config['stages']} stages (declared; priced as the serial kernel)")
     for k, kc in zip(plan.kernels, cost.kernels):
         print(f"  {k.name}: grid {k.grid}, {k.threads} threads, {_fmt(k.shared_bytes)} B shared, "
               f"{k.registers or '?'} registers, {kc.resident_per_sm} resident / SM, "
@@ -674,6 +684,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "the dK/dV kernel (default: what the launcher runs on --device, "
                          "sim.plans.tensor_core_bwd.mma_default_dq_mode / tf32_default_dq_mode: "
                          "atomic from sm_90, mma at d 128, tf32 at d 64 and 128)")
+    pl.add_argument("--schedule", dest="plan_schedule", default=None,
+                    choices=("serial", "pingpong", "overlap", "pingpong+overlap"),
+                    help="the wgmma forwards' schedule (sim.plans.wgmma_fwd.SCHEDULES; default: "
+                         "the plan's, ping-pong with the intra-warpgroup overlap at block_q 128)")
     pl.add_argument("--choose", action="store_true", help="rank every legal configuration")
     pl.add_argument("--json", action="store_true", help="print one JSON object")
     pl.add_argument("--compact", action="store_true", help="with --json: one line")

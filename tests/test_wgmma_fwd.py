@@ -237,6 +237,17 @@ def test_sim_plan_command(capsys):
     # the default schedule at block_q = 128: two consumer warpgroups and a producer warpgroup
     assert d["family"] == "wgmma" and d["kernels_plan"][0]["threads"] == 384
     assert main(["plan", "--family", "wgmma", "--seq-len", "2048", "--causal", "--choose"]) == 0
+    # --schedule prices one schedule's plan (threads, stages), for the wgmma forwards only
+    capsys.readouterr()
+    assert main(["plan", "--family", "wgmma", "--seq-len", "1000", "--head-dim", "128",
+                 "--schedule", "serial", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["kernels_plan"][0]["threads"] == 288
+    assert main(["plan", "--family", "wgmma", "--seq-len", "1000", "--head-dim", "128",
+                 "--schedule", "overlap"]) == 0
+    assert "overlap on, 3 stages" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="only the wgmma forwards"):
+        main(["plan", "--family", "mma", "--seq-len", "1000", "--schedule", "serial"])
 
 
 # ------------------------------------------------------------------------------------------------

@@ -72,7 +72,8 @@ __all__ = ["wgmma_forward_plan", "wgmma_forward_configs", "wgmma_fp8_forward_pla
            "ROWS_PER_WARPGROUP", "WARPGROUP_THREADS", "PRODUCER_THREADS", "ALIGN_SLACK_BYTES",
            "BARRIER_BYTES", "BOX_COLUMNS", "KERNEL_NAME", "TMA_TENSORS", "WGMMA_PINGPONG_DEFAULT",
            "FP8_PINGPONG_DEFAULT", "pingpong_refusal", "producer_warpgroup", "OVERLAP_REGISTERS",
-           "WGMMA_OVERLAP_DEFAULT", "FP8_OVERLAP_DEFAULT", "SERIAL_SCHEDULE", "record_schedule"]
+           "WGMMA_OVERLAP_DEFAULT", "FP8_OVERLAP_DEFAULT", "SERIAL_SCHEDULE", "record_schedule",
+           "SCHEDULES"]
 
 KERNEL_NAME = "flash_wgmma_fwd"
 #: The FP8 forward (`kernels.wgmma_fwd.forward_fp8`): V transposed and key-permuted first, then
@@ -171,6 +172,12 @@ def wgmma_smem_bytes(head_dim: int, block_q: int, block_k: int, dtype_bytes: int
     ``stages`` stages of K and V (block_k x d each) and the mbarriers."""
     return (ALIGN_SLACK_BYTES + block_q * head_dim * dtype_bytes
             + 2 * stages * block_k * head_dim * dtype_bytes + BARRIER_BYTES)
+
+
+#: The wgmma forwards' schedules by name: (pingpong, overlap). ``python -m benchmarks fp8
+#: --schedules`` times them all; ``python -m sim plan --schedule NAME`` prices one.
+SCHEDULES = {"serial": (False, False), "pingpong": (True, False), "overlap": (False, True),
+             "pingpong+overlap": (True, True)}
 
 
 #: The schedule a results record of the wgmma forward ran when it names none: every record
