@@ -109,8 +109,8 @@ def bench_attention(torch, ns, ds, dtypes, causals, passes, kernel_names, progre
                 base["variant"] = kernels.family_for(pb, None, "fwd")
                 if base["variant"] == "wgmma":      # the schedule its plan runs (priced so)
                     from kernels import wgmma_fwd
-                    plan_cfg = wgmma_fwd.plan(pb, kernels.KernelConfig()).config
-                    base.update(pingpong=plan_cfg["pingpong"], overlap=plan_cfg["overlap"])
+                    from sim.plans.wgmma_fwd import record_schedule
+                    base.update(record_schedule(wgmma_fwd.plan(pb, kernels.KernelConfig()).config))
                 if pass_ == "fwd+bwd":
                     base["variant_bwd"] = kernels.family_for(pb, None, "bwd")
                     if base["variant_bwd"] in ("mma", "tf32"):     # how its backward adds dQ

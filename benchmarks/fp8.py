@@ -46,7 +46,7 @@ import sys
 
 from .common import (attention_flops, command_line, first_sentence, provenance, sdpa_context,
                      time_or_error, write_json)
-from sim.plans.wgmma_fwd import SCHEDULES     # name -> (pingpong, overlap): --schedules
+from sim.plans.wgmma_fwd import SCHEDULES, schedule_name    # name -> (pingpong, overlap)
 
 HEAD_DIM = 128
 #: FlashAttention-3's Table 3 (RMSE against FP64, inputs with outliers): its figures.
@@ -69,12 +69,6 @@ def _model_ms(batch, heads, n, causal, profile) -> dict:
                      causal=causal)
         out[family] = price(plan_for(family, "fwd", w), profile).time_s * 1e3
     return out
-
-
-
-
-def _schedule_name(pingpong: bool, overlap: bool) -> str:
-    return next(n for n, v in SCHEDULES.items() if v == (bool(pingpong), bool(overlap)))
 
 
 def schedule_times(torch, q, k, v, fp8_inputs, causal, timing) -> tuple[dict, dict]:
@@ -101,8 +95,7 @@ def schedule_times(torch, q, k, v, fp8_inputs, causal, timing) -> tuple[dict, di
                 torch, lambda run=run: run(q, k, v), timing)
     cfg = plan_for("wgmma", "fwd", workload).config
     tile = f"kernel-fp16-{cfg['block_q']}x{cfg['block_k']}"
-    defaults["fp16"] = (f"{tile}-{_schedule_name(cfg['pingpong'], cfg['overlap'])}",
-                        f"{tile}-serial")
+    defaults["fp16"] = (f"{tile}-{schedule_name(cfg)}", f"{tile}-serial")
     if fp8_inputs is not None:
         q8, k8, v8, dq, dk, dv = fp8_inputs
         for name, (pp, ov) in SCHEDULES.items():
@@ -111,8 +104,7 @@ def schedule_times(torch, q, k, v, fp8_inputs, causal, timing) -> tuple[dict, di
         from kernels.wgmma_fwd import fp8_plan
         b, h, n = (int(x) for x in q8.shape[:3])
         cfg = fp8_plan(b, h, int(k8.shape[1]), n, int(k8.shape[2]), HEAD_DIM, causal).config
-        defaults["fp8"] = (f"kernel-fp8-{_schedule_name(cfg['pingpong'], cfg['overlap'])}",
-                           "kernel-fp8-serial")
+        defaults["fp8"] = (f"kernel-fp8-{schedule_name(cfg)}", "kernel-fp8-serial")
     return times, defaults
 
 

@@ -523,11 +523,11 @@ def wgmma_schedule(cfg: dict) -> dict:
     defaults at the configuration's tiles), recorded so that `sim.plans.plans_for_record` prices
     the kernel that ran (`sim.plans.wgmma_fwd.record_schedule`: serial when absent)."""
     from sim.plans import plan_for
+    from sim.plans.wgmma_fwd import record_schedule
     from sim.workload import Workload
     w = Workload.from_record(dict(cfg, **{"pass": "fwd"}))
-    plan_cfg = plan_for("wgmma", "fwd", w, block_q=cfg.get("block_q"),
-                        block_k=cfg.get("block_k")).config
-    return {"pingpong": plan_cfg["pingpong"], "overlap": plan_cfg["overlap"]}
+    return record_schedule(plan_for("wgmma", "fwd", w, block_q=cfg.get("block_q"),
+                                    block_k=cfg.get("block_k")).config)
 
 
 def _l2_bytes(torch) -> int:

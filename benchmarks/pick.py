@@ -290,8 +290,9 @@ def measure_group(torch, g: Group, inputs) -> list[dict]:
         t = time_cuda(torch, lambda kc=kc: call(kc), timing="device")
         if g.family == "wgmma":         # the schedule the plan (so the launcher) gave the tiles
             from sim.plans import plan_for
-            plan_cfg = plan_for(g.family, g.pass_, g.workload(), **cfg).config
-            rec["schedule"] = {k: plan_cfg[k] for k in ("pingpong", "overlap")}
+            from sim.plans.wgmma_fwd import record_schedule
+            rec["schedule"] = record_schedule(plan_for(g.family, g.pass_, g.workload(),
+                                                       **cfg).config)
         records.append(dict(rec, time_ms=t[0], time_ms_p10=t[1], time_ms_p90=t[2],
                             tflops=flops / t[0] / 1e9, max_abs_diff_vs_default=err))
     return records

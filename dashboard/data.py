@@ -2717,20 +2717,17 @@ def schedule_gains(loaded: dict, head_dim: int, causal: bool, precision: str, pr
     (t_FLASH / t_cuDNN, SDPA, 16-bit only) beside the model's FlashAttention-3 over its
     baseline. One row per N: ``seq_len``, ``batch``, ``heads``, ``<idea>_measured`` and
     ``<idea>_predicted`` for each idea, ``cudnn_measured``, ``cudnn_predicted`` (16-bit).
-    Empty where the file has no such row. The model prices on the profile of the file's GPU
-    with that GPU's shipped rates (:func:`rates_for_profile`), or, where no profile matches it,
-    on the sidebar's ``profile`` with ``rates``; the second value says which: ``{"profile",
-    "profile_guessed", "rates"}``."""
-    prof_name = loaded.get("profile")
-    guessed = prof_name is None
-    if guessed:
+    Empty where the file has no such row. The model prices on the profile of the file's GPU:
+    the sidebar's ``profile`` with ``rates`` where it is that GPU's or no profile matches the
+    GPU, else that GPU's shipped rates (:func:`rates_for_profile`); the second value says which:
+    ``{"profile", "profile_guessed", "rates", "gpu"}``."""
+    prof_name = loaded.get("profile") or profile
+    guessed = loaded.get("profile") is None
+    if prof_name == profile:            # the sidebar's GPU: its rates as chosen
         prof, _ = rated_profile(profile, custom, rates)
-        prof_name = profile
-    else:
-        default = (rates_for_profile(prof_name) if prof_name != profile or rates is None
-                   else None)
-        prof, _ = rated_profile(prof_name, None, rates_choice_bytes(default) if default else
-                                rates if prof_name == profile else None)
+    else:                               # another GPU's file: that GPU's shipped rates
+        default = rates_for_profile(prof_name)
+        prof, _ = rated_profile(prof_name, None, rates_choice_bytes(default) if default else None)
     unit = "fp8" if precision == "fp8" else f"fp16-{SCHEDULE_TILE}"
     out, priced = [], []
     for r in sorted(loaded["rows"], key=lambda r: r.get("seq_len", 0)):

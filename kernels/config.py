@@ -101,12 +101,11 @@ class KernelConfig:
         if self.decode_unit not in (None, "mma", "ffma"):
             raise ValueError(f"KernelConfig.decode_unit must be 'mma', 'ffma' or None, got "
                              f"{self.decode_unit!r}")
-        if self.pingpong is not None and not isinstance(self.pingpong, bool):
-            raise ValueError(f"KernelConfig.pingpong must be True, False or None, got "
-                             f"{self.pingpong!r}")
-        if self.overlap is not None and not isinstance(self.overlap, bool):
-            raise ValueError(f"KernelConfig.overlap must be True, False or None, got "
-                             f"{self.overlap!r}")
+        for name in ("pingpong", "overlap"):        # the wgmma forward's schedule
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, bool):
+                raise ValueError(f"KernelConfig.{name} must be True, False or None, got "
+                                 f"{value!r}")
         if self.backward_dq not in (None, "kernel", "atomic"):
             raise ValueError(f"KernelConfig.backward_dq must be 'kernel', 'atomic' or None, got "
                              f"{self.backward_dq!r}")

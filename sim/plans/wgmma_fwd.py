@@ -59,7 +59,7 @@ from __future__ import annotations
 
 from ..plan import Access, KernelPlan, Matmul, Plan
 from ..workload import STAT_BYTES, Workload
-from .flash3 import overlap_serial
+from .flash3 import REGISTERS_PER_SM, overlap_serial
 from .tensor_core_fwd import (FRAGMENT_ROW_BYTES, SCHEDULE_ENTRY_BYTES, SMEM_LIMIT_BYTES,
                               forward_tensor_bytes, softmax_work, tile_counts)
 
@@ -73,7 +73,7 @@ __all__ = ["wgmma_forward_plan", "wgmma_forward_configs", "wgmma_fp8_forward_pla
            "BARRIER_BYTES", "BOX_COLUMNS", "KERNEL_NAME", "TMA_TENSORS", "WGMMA_PINGPONG_DEFAULT",
            "FP8_PINGPONG_DEFAULT", "pingpong_refusal", "producer_warpgroup", "OVERLAP_REGISTERS",
            "WGMMA_OVERLAP_DEFAULT", "FP8_OVERLAP_DEFAULT", "SERIAL_SCHEDULE", "record_schedule",
-           "SCHEDULES"]
+           "SCHEDULES", "schedule_name"]
 
 KERNEL_NAME = "flash_wgmma_fwd"
 #: The FP8 forward (`kernels.wgmma_fwd.forward_fp8`): V transposed and key-permuted first, then
@@ -187,8 +187,15 @@ SERIAL_SCHEDULE = {"pingpong": False, "overlap": False}
 
 def record_schedule(rec: dict) -> dict:
     """``{"pingpong", "overlap"}`` a wgmma forward record ran: its own keys, else
-    :data:`SERIAL_SCHEDULE` (a record that names no schedule predates them)."""
+    :data:`SERIAL_SCHEDULE` (a record that names no schedule predates them). Also the schedule
+    of a plan's config (which names both): what a measuring command records."""
     return {k: bool(rec.get(k, v)) for k, v in SERIAL_SCHEDULE.items()}
+
+
+def schedule_name(config: dict) -> str:
+    """The name in :data:`SCHEDULES` of a plan config's (or record's) schedule."""
+    s = record_schedule(config)
+    return next(n for n, v in SCHEDULES.items() if v == (s["pingpong"], s["overlap"]))
 
 
 def pingpong_refusal(pingpong, block_q: int) -> str | None:
@@ -200,27 +207,25 @@ def pingpong_refusal(pingpong, block_q: int) -> str | None:
     return None
 
 
-def _pingpong(pingpong, block_q: int, default: bool) -> bool:
-    """The ping-pong flag a plan declares: ``pingpong`` (None: ``default`` where there are two
-    consumer warpgroups); True with one warpgroup is a ValueError naming the argument."""
-    if pingpong is None:
+def _schedule_flag(name: str, value, block_q: int, default: bool) -> bool:
+    """A schedule flag a plan declares (``pingpong``, ``overlap``): ``value`` (None: ``default``
+    where there are two consumer warpgroups); anything but a bool or None is a ValueError
+    naming ``name``."""
+    if value is None:
         return default and wgmma_consumer_warpgroups(block_q) == 2
-    if not isinstance(pingpong, bool):
-        raise ValueError(f"pingpong must be True, False or None, got {pingpong!r}")
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True, False or None, got {value!r}")
+    return value
+
+
+def _pingpong(pingpong, block_q: int, default: bool) -> bool:
+    """The ping-pong flag a plan declares (`_schedule_flag`); True with one warpgroup is a
+    ValueError naming the argument."""
+    pingpong = _schedule_flag("pingpong", pingpong, block_q, default)
     why = pingpong_refusal(pingpong, block_q)
     if why:
         raise ValueError(why)
     return pingpong
-
-
-def _overlap(overlap, block_q: int, default: bool) -> bool:
-    """The intra-warpgroup overlap flag a plan declares: ``overlap`` (None: ``default`` where
-    there are two consumer warpgroups)."""
-    if overlap is None:
-        return default and wgmma_consumer_warpgroups(block_q) == 2
-    if not isinstance(overlap, bool):
-        raise ValueError(f"overlap must be True, False or None, got {overlap!r}")
-    return overlap
 
 
 def _registers(d: int, bq: int, bk: int, overlap: bool, registers):
@@ -229,7 +234,7 @@ def _registers(d: int, bq: int, bk: int, overlap: bool, registers):
     if registers is not None:
         return registers
     if producer_warpgroup(bq, overlap):
-        return 65536 // wgmma_threads(bq, overlap) // 8 * 8
+        return REGISTERS_PER_SM // wgmma_threads(bq, overlap) // 8 * 8
     return None if overlap else WGMMA_REGISTERS.get((d, bq, bk))
 
 
@@ -317,7 +322,7 @@ def wgmma_forward_plan(workload: Workload, *, block_q: int | None = None,
     _check(w, bq, bk)
     e, d = w.dtype_bytes, w.head_dim
     c = tile_counts(w, bq, bk)
-    overlap = _overlap(overlap, bq, WGMMA_OVERLAP_DEFAULT)
+    overlap = _schedule_flag("overlap", overlap, bq, WGMMA_OVERLAP_DEFAULT)
     kernel = _attention_kernel(w, c, bq, bk, name=KERNEL_NAME, in_bytes=e,
                                v_access=Access("V", "load", c.keys * d * e, "ld"),
                                unit="wgmma.bf16" if w.dtype == "bf16" else "wgmma.f16",
@@ -402,7 +407,7 @@ def wgmma_fp8_forward_plan(workload: Workload, *, block_q: int | None = None,
                   Access("V^T", "store", kv_slices * keys_pad * d, "st")),
         shared_bytes_moved=2 * kv_slices * keys_pad * d)
     # -- the attention kernel: one cvt.rn.satfinite.e4m3x2 per two probabilities --
-    overlap = _overlap(overlap, bq, FP8_OVERLAP_DEFAULT)
+    overlap = _schedule_flag("overlap", overlap, bq, FP8_OVERLAP_DEFAULT)
     kernel = _attention_kernel(w, c, bq, bk, name=FP8_KERNEL_NAME, in_bytes=1,
                                v_access=Access("V^T", "load", c.tiles * bk * d, "ld"),
                                unit="wgmma.fp8", extra_fp32=c.scores // 2,
