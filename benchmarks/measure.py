@@ -5,7 +5,7 @@ a CUDA GPU and writes a results file (``ioaware.results/1``, validated by
 
 Our kernels (``kernel: "ioaware-numba"``) run one family per record (``variant``: "simt", the
 CUDA-core kernels; "mma", tensor-core float16/bfloat16; "tf32", 3xTF32 tensor-core float32;
-"wgmma", the Hopper float16/bfloat16 forward),
+"wgmma", the Hopper float16/bfloat16 forward and backward),
 pinned by a `kernels.KernelConfig` (`kernel_config`) with the record's tiles; the baselines are
 SDPA's FLASH, EFFICIENT, CUDNN and MATH backends and eager attention (matmul, scale, mask,
 softmax, matmul).
@@ -65,8 +65,8 @@ DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 VARIANTS = ("simt", "mma", "tf32", "wgmma")
 #: Input dtypes of each tensor-core family, and the head dims they run.
 VARIANT_DTYPES = {"mma": ("fp16", "bf16"), "tf32": ("fp32",), "wgmma": ("fp16", "bf16")}
-#: Passes of each tensor-core family (the Hopper ``wgmma`` family is a forward only).
-VARIANT_PASSES = {"mma": ("fwd", "bwd"), "tf32": ("fwd", "bwd"), "wgmma": ("fwd",)}
+#: Passes of each tensor-core family.
+VARIANT_PASSES = {"mma": ("fwd", "bwd"), "tf32": ("fwd", "bwd"), "wgmma": ("fwd", "bwd")}
 VARIANT_HEAD_DIMS = (64, 128)
 #: Threads per block the CUDA-core kernels aim their micro-tiles at on a GPU
 #: (`kernels.simt_fwd.target_threads`).
@@ -115,6 +115,9 @@ def default_blocks(cfg: dict) -> tuple[int, int] | tuple[None, None]:
         return None, None
     variant, d = cfg.get("variant"), cfg["head_dim"]
     if variant == "wgmma":
+        if cfg["pass"] != "fwd":
+            from sim.plans.wgmma_bwd import wgmma_bwd_default_tiles
+            return tuple(int(x) for x in wgmma_bwd_default_tiles(d)["dq"])
         from sim.plans.wgmma_fwd import wgmma_default_blocks
         return tuple(int(x) for x in wgmma_default_blocks(d, bool(cfg.get("causal"))))
     if variant == "mma" or variant == "tf32":
@@ -306,7 +309,8 @@ def empty_record(cfg: dict) -> dict:
     tensor-core record also names its launch order (``launch_head_group``, the default of its
     pass: `kernels.tile_scheduler.head_group`), a tensor-core backward its ``dq_mode``
     (`kernels.mma_bwd.dq_mode`, `kernels.tf32_bwd.dq_mode`: "kernel" or "atomic"), and the
-    wgmma forward its ``pingpong`` and ``overlap`` (`wgmma_schedule`)."""
+    wgmma forward its ``pingpong`` and ``overlap`` (`wgmma_schedule`; the wgmma backward has
+    one schedule)."""
     rec = {f: cfg[f] for f in ("kernel", "schedule", "pass", "dtype", "batch", "heads",
                                "heads_kv", "seq_len_q", "seq_len_k", "head_dim", "causal",
                                "block_q", "block_k")}
@@ -322,7 +326,7 @@ def empty_record(cfg: dict) -> dict:
         module = mma_bwd if cfg["variant"] == "mma" else tf32_bwd
         rec["dq_mode"] = module.dq_mode(None, KernelConfig(family=cfg["variant"]),
                                          head_dim=cfg["head_dim"])
-    if cfg.get("variant") == "wgmma":
+    if cfg.get("variant") == "wgmma" and cfg["pass"] == "fwd":
         rec.update(wgmma_schedule(cfg))
     return rec
 
@@ -718,7 +722,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
     ap.add_argument("--families", default="simt",
                     help="comma list of our kernel families to time: simt, mma, tf32, wgmma "
                          "(a tensor-core family where it runs: forward and backward, d 64/128; "
-                         "wgmma: the Hopper forward)")
+                         "wgmma: the Hopper forward and backward)")
     ap.add_argument("--seq-lens", default="1024,4096", help="comma list of N (Nq = Nk)")
     ap.add_argument("--head-dims", default="64,128")
     ap.add_argument("--dtypes", default="fp32,fp16", help="comma list of fp32, fp16, bf16")

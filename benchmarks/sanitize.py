@@ -6,10 +6,11 @@ compute-sanitizer.
 FAMILY is any of ``simt``, ``mma``, ``tf32``, ``split_kv``, ``wgmma``, ``wgmma_fp8`` (default:
 all six on compute capability 9.0, the first four elsewhere), so that the
 families can run as separate sanitizer processes side by side. ``wgmma`` (the Hopper forward,
-compute capability 9.0) runs `WGMMA_CASES`, forward only (it takes no masks or dropout), each
+compute capability 9.0) runs `WGMMA_CASES` (it takes no masks or dropout), the forward of each
 case at the default configuration (128-row tiles: ping-pong and the intra-warpgroup overlap)
 and at `WGMMA_SCHEDULES`: 128-row tiles serial and with the overlap alone, 64-row tiles with
-the overlap (64-row tiles serial: the default at ``block_q`` = 64).
+the overlap (64-row tiles serial: the default at ``block_q`` = 64), then the Hopper backward
+(`kernels.wgmma_bwd`: its dQ and dK/dV kernels).
 ``wgmma_fp8`` (the FP8 forward, `kernels.wgmma_fwd.forward_fp8`: V's transpose and the kernel)
 runs d=128 with the same lengths and GQA, causal and not, on e4m3 inputs with descales, at the
 default and at each of `WGMMA_SCHEDULES`.
@@ -39,7 +40,7 @@ from .common import attention_problem, first_sentence
 FAMILIES = ("simt", "mma", "tf32", "split_kv", "wgmma", "wgmma_fp8")
 FAMILY_DTYPE = {"simt": np.float32, "mma": np.float16, "tf32": np.float32, "wgmma": np.float16}
 #: Families that are forwards only (their cases run no backward).
-FORWARD_ONLY = ("wgmma", "wgmma_fp8", "split_kv")
+FORWARD_ONLY = ("wgmma_fp8", "split_kv")
 #: Families that need compute capability 9.0.
 HOPPER_ONLY = ("wgmma", "wgmma_fp8")
 #: The decoding forward's cases: (head dim, queries, cache lengths, problem options).

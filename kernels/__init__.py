@@ -43,11 +43,12 @@ micro-tile, launch order, launch path): the variants the benchmarks measure.
 """
 from __future__ import annotations
 
-from . import decode_fwd, mma_bwd, mma_fwd, simt_bwd, simt_fwd, tf32_bwd, tf32_fwd, wgmma_fwd
+from . import (decode_fwd, mma_bwd, mma_fwd, simt_bwd, simt_fwd, tf32_bwd, tf32_fwd, wgmma_bwd,
+               wgmma_fwd)
 from .config import FAMILY_NAMES, FORWARD_ONLY_NAMES, KernelConfig
 
 __all__ = ["forward", "backward", "prepare_forward", "prepare_backward", "family_for",
-           "KernelConfig", "FAMILIES", "FAMILY_NAMES", "FORWARD_ONLY"]
+           "KernelConfig", "FAMILIES", "FAMILY_NAMES", "FORWARD_ONLY", "FIRST_BACKWARDS"]
 
 #: name -> (forward module, backward module), in the order the registry tries them.
 FAMILIES = {"mma": (mma_fwd, mma_bwd), "tf32": (tf32_fwd, tf32_bwd), "simt": (simt_fwd, simt_bwd)}
@@ -55,6 +56,9 @@ assert tuple(FAMILIES) == FAMILY_NAMES
 #: name -> forward module of the forward-only kernels, tried first for a forward.
 FORWARD_ONLY = {"split_kv": decode_fwd, "wgmma": wgmma_fwd}
 assert tuple(FORWARD_ONLY) == FORWARD_ONLY_NAMES
+#: name -> backward module of the families of `FORWARD_ONLY` that have a backward too, tried
+#: first for a backward (the Hopper backward, before the ``mma`` family's).
+FIRST_BACKWARDS = {"wgmma": wgmma_bwd}
 
 
 def family_for(problem, config=None, pass_="fwd") -> str:
@@ -63,9 +67,19 @@ def family_for(problem, config=None, pass_="fwd") -> str:
     (a ValueError saying why, when that family cannot run it)."""
     config = config or KernelConfig()
     which = 0 if pass_ == "fwd" else 1
-    if config.family in FORWARD_ONLY and pass_ != "fwd":
+    if config.family in FORWARD_ONLY and pass_ != "fwd" and config.family not in FIRST_BACKWARDS:
         raise ValueError(f"KernelConfig(family={config.family!r}) is a forward only; the "
-                         f"backward runs on one of {FAMILY_NAMES}")
+                         f"backward runs on one of {FAMILY_NAMES + tuple(FIRST_BACKWARDS)}")
+    if pass_ != "fwd" and config.family in (None,) + tuple(FIRST_BACKWARDS):
+        for name, module in FIRST_BACKWARDS.items():
+            if config.family not in (None, name):
+                continue
+            why = (_refusal(problem) or _feature_refusal(module, problem)
+                   or module.supports(problem, config))
+            if why is None:
+                return name
+            if config.family == name:
+                raise ValueError(f"KernelConfig(family={name!r}) cannot run this problem: {why}")
     if pass_ == "fwd" and config.family in (None,) + FORWARD_ONLY_NAMES:
         for name, module in FORWARD_ONLY.items():
             if config.family not in (None, name):
@@ -163,7 +177,7 @@ def prepare_backward(problem, config=None):
     every per-problem choice made here, once; None when the family that runs it prepares
     nothing (``simt``)."""
     config = config or KernelConfig()
-    prepare = getattr(FAMILIES[family_for(problem, config, "bwd")][1], "prepare", None)
+    prepare = getattr(_backward_module(family_for(problem, config, "bwd")), "prepare", None)
     return None if prepare is None else prepare(problem, config)
 
 
@@ -172,5 +186,10 @@ def backward(problem, out, lse, dout, config=None):
     ``dout`` (canonical [B, Hq, Nq, d], [B, Hq, Nq], [B, Hq, Nq, d]): ``(dq, dk, dv)`` in the
     problem's dtype, dk and dv summed over the query heads of each GQA group."""
     config = config or KernelConfig()
-    return FAMILIES[family_for(problem, config, "bwd")][1].backward(problem, out, lse, dout,
-                                                                     config)
+    return _backward_module(family_for(problem, config, "bwd")).backward(problem, out, lse, dout,
+                                                                          config)
+
+
+def _backward_module(name):
+    """The backward module of family ``name`` (`FIRST_BACKWARDS`, else `FAMILIES`)."""
+    return FIRST_BACKWARDS[name] if name in FIRST_BACKWARDS else FAMILIES[name][1]

@@ -64,7 +64,7 @@ __all__ = ["forward", "prepare", "plan", "supports", "tiles", "get_kernel", "ten
            "v_transpose", "v_transpose_kernel", "v_transpose_keys", "FP8_HEAD_DIMS",
            "FP8_BLOCK_Q_CHOICES", "FP8_BLOCK_K", "P_SCALE_LOG2",
            "DTYPES", "SUPPORTED_HEAD_DIMS", "BLOCK_Q_CHOICES", "BLOCK_K_CHOICES",
-           "kernel_constants", "TAKES_WINDOW"]
+           "kernel_constants", "TAKES_WINDOW", "maps_for"]
 
 DTYPES = ("float16", "bfloat16")
 SUPPORTED_HEAD_DIMS = WGMMA_HEAD_DIMS
@@ -655,7 +655,7 @@ def _needs_copy(x, itemsize=2, layout=None) -> bool:
             or any(n > 1 and (s == 0 or s % 16) for n, s in zip(shape[:3], strides[:3])))
 
 
-_MAPS: dict = {}        # (device, layouts, boxes) -> device uint64 [3, 16]
+_MAPS: dict = {}        # (device, layouts, boxes, dtype) -> device uint64 [n, 16]
 _MAP_BUFFERS: dict = {}  # the same keys -> the torch buffer holding a map (torch operands)
 #: Maps written while a CUDA graph was being captured: a captured kernel reads them at every
 #: replay, so they are kept for the life of the process (384 bytes each), never evicted.
@@ -699,16 +699,11 @@ def _capturing(x) -> bool:
 
 def tensor_maps(q, k, v, block_k, stream=0, fp8=False, layouts=None):
     """The tensor maps of Q (boxes of 64 rows x 64 columns), K and V (``block_k`` rows x 64
-    columns), 128-byte swizzle, 16-bit elements, as one device array uint64 [3, 16] (built and
-    copied once per device, layouts and tiles; operands as `kernels.host.Call.input` gives
-    them, 16-bit words; for torch operands into torch memory by an asynchronous copy on
-    ``stream``, so that a call never waits for the device). With ``fp8``: bytes, Q in boxes of 64 rows x 128 columns, K of
-    ``block_k`` rows x 128 columns and ``v`` the transposed V [B, Hkv, d, keys] of
-    `v_transpose` in boxes of d rows x ``block_k`` keys. Under CUDA graph capture (torch
-    operands, ``stream`` the capturing stream as `kernels.host.launch_stream` gives it), a new
-    map goes to memory from torch's allocator (the graph's pool) by a one-thread launch of
-    `map_writer` on ``stream``, the words as its parameters, and is kept for good
-    (`_CAPTURED_MAPS`). ``layouts``: the operands' `_operand_layout`, when the caller has them."""
+    columns), 128-byte swizzle, 16-bit elements, as one device array uint64 [3, 16]
+    (`maps_for`; operands as `kernels.host.Call.input` gives them, 16-bit words). With
+    ``fp8``: bytes, Q in boxes of 64 rows x 128 columns, K of ``block_k`` rows x 128 columns and
+    ``v`` the transposed V [B, Hkv, d, keys] of `v_transpose` in boxes of d rows x ``block_k``
+    keys. ``layouts``: the operands' `_operand_layout`, when the caller has them."""
     itemsize = 1 if fp8 else 2
     if layouts is None:
         layouts = tuple(_operand_layout(x, itemsize) for x in (q, k, v))
@@ -719,39 +714,55 @@ def tensor_maps(q, k, v, block_k, stream=0, fp8=False, layouts=None):
     else:
         boxes = ((1, 1, ROWS_PER_WARPGROUP, BOX_COLUMNS), (1, 1, block_k, BOX_COLUMNS),
                  (1, 1, block_k, BOX_COLUMNS))
-    key = (host.current_device_id(), layouts, boxes)
+    return maps_for(q, layouts, boxes, stream, "uint8" if fp8 else "uint16")
+
+
+def maps_for(like, layouts, boxes, stream=0, dtype="uint16"):
+    """The tensor maps (128-byte swizzle, elements ``dtype``) of operands with ``layouts``
+    (`_operand_layout` each) in ``boxes`` (one 4-D box each), as one device array uint64
+    [n, 16], built and copied once per device, layouts and boxes; for torch operands (``like``,
+    one of them) into torch memory by an asynchronous copy on ``stream``, so that a call never
+    waits for the device. Under CUDA graph capture (``stream`` the capturing stream as
+    `kernels.host.launch_stream` gives it), a new map goes to memory from torch's allocator
+    (the graph's pool) by one-thread launches of `map_writer` on ``stream``, the words as their
+    parameters, and is kept for good (`_CAPTURED_MAPS`)."""
+    key = (host.current_device_id(), tuple(layouts), tuple(boxes), dtype)
     hit = _MAPS.get(key)
+    n = len(layouts)
     if hit is None:
         import numpy as np
         from numba import cuda
 
         from .hopper import encode_tensor_map_4d
-        words = []
-        for (addr, shape, strides), box in zip(layouts, boxes):
-            words.append(encode_tensor_map_4d(addr, shape, strides[:3], box,
-                                              "uint8" if fp8 else "uint16", "128B"))
-        words = np.stack(words).astype(np.uint64)
+        cuda.current_context()      # this thread's (torch's autograd thread has none of its own)
+        words = np.stack([encode_tensor_map_4d(addr, shape, strides[:3], box, dtype, "128B")
+                          for (addr, shape, strides), box in zip(layouts, boxes)])
+        words = words.astype(np.uint64).ravel()
         if len(_MAPS) > 64:
             _MAPS.clear()
             _MAP_BUFFERS.clear()
-        if host._is_torch(q):
+        if host._is_torch(like):
             # in torch memory, written in stream order: a synchronous copy would make the host
             # wait for every kernel queued before it (each call with new operands in a training
             # step), and freeing Numba's memory synchronises the device
             import torch
-            buf = torch.empty(MAP_WORDS, dtype=torch.int64, device=q.device)
+            buf = torch.empty(n * 16, dtype=torch.int64, device=like.device)
             flat = cuda.as_cuda_array(buf, sync=False).view(np.uint64)
-            if _capturing(q):
-                _write_words(flat, words.ravel(), stream)
+            if _capturing(like):
+                # `map_writer` stores MAP_WORDS words a launch: windows covering all of them
+                for first in sorted({min(i, len(words) - MAP_WORDS)
+                                     for i in range(0, len(words), MAP_WORDS)}):
+                    _write_words(flat[first:first + MAP_WORDS],
+                                 words[first:first + MAP_WORDS], stream)
                 _CAPTURED_MAPS.append(buf)
             else:       # from pageable memory: staged at once, no wait for the device
-                flat.copy_to_device(words.ravel(), stream=stream)
+                flat.copy_to_device(words, stream=stream)
             _MAP_BUFFERS[key] = buf
-            hit = flat.reshape(3, 16)
+            hit = flat.reshape(n, 16)
         else:
-            hit = cuda.to_device(words)
+            hit = cuda.to_device(words.reshape(n, 16))
         _MAPS[key] = hit
-    elif _capturing(q):
+    elif _capturing(like):
         _CAPTURED_MAPS.append(hit)          # a captured launch reads it: never to be freed
     return hit
 

@@ -278,7 +278,7 @@ def _plan_cmd(a) -> int:
     fixed = {}
     schedule = getattr(a, "plan_schedule", None)
     if schedule is not None:
-        if a.family not in ("wgmma", "wgmma_fp8"):
+        if a.family not in ("wgmma", "wgmma_fp8") or a.pass_ != "fwd":
             raise SystemExit("error: --schedule: only the wgmma forwards have schedules")
         from .plans.wgmma_fwd import SCHEDULES
         fixed["pingpong"], fixed["overlap"] = SCHEDULES[schedule]

@@ -7,8 +7,9 @@ plan; `sim` prices it (:func:`sim.plan.price`). :func:`plan_for` is the one entr
     plan_for("mma", "fwd", workload, block_q=128, block_k=64) -> sim.plan.Plan
 
 Families: ``mma`` (tensor-core float16/bfloat16), ``tf32`` (3xTF32 tensor-core float32),
-``simt`` (CUDA-core, every float dtype: `sim.plans.simt`); ``wgmma`` (our Hopper forward,
-TMA + ``wgmma``, float16/bfloat16: `sim.plans.wgmma_fwd`; forward only).
+``simt`` (CUDA-core, every float dtype: `sim.plans.simt`); ``wgmma`` (our Hopper kernels,
+TMA + ``wgmma``, float16/bfloat16: the forward `sim.plans.wgmma_fwd`, the two-kernel backward
+`sim.plans.wgmma_bwd`).
 ``flash3`` is FlashAttention-3's forward on Hopper (`sim.plans.flash3`: no launcher here, a
 model of another library's kernel) and ``flash3-baseline`` the same kernel with its three
 asynchrony ideas off. ``sdpa-flash``, ``sdpa-efficient``, ``sdpa-cudnn`` are PyTorch's SDPA
@@ -29,6 +30,7 @@ PLANNERS = {
     ("tf32", "fwd"): "sim.plans.tensor_core_fwd:tf32_forward_plan",
     ("wgmma", "fwd"): "sim.plans.wgmma_fwd:wgmma_forward_plan",
     ("wgmma_fp8", "fwd"): "sim.plans.wgmma_fwd:wgmma_fp8_forward_plan",
+    ("wgmma", "bwd"): "sim.plans.wgmma_bwd:wgmma_backward_plan",
     ("mma", "bwd"): "sim.plans.tensor_core_bwd:mma_backward_plan",
     ("tf32", "bwd"): "sim.plans.tensor_core_bwd:tf32_backward_plan",
     ("flash3", "fwd"): "sim.plans.flash3:flash3_forward_plan",

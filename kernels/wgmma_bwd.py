@@ -1,0 +1,563 @@
+"""Hopper attention backward (family ``wgmma``): TMA loads, ``wgmma`` products, two kernels.
+
+This module owns the ``wgmma`` family's backward for sm_90a (H100, H200): its two kernels'
+builder, its `supports` refusals, its plan (`sim.plans.wgmma_bwd`, which the launcher reads)
+and the host side. It returns what `kernels.mma_bwd` returns (dQ, dK, dV in the input dtype, dK
+and dV summed over the query heads of each GQA group). The registry tries it before the
+``mma`` family for every backward it takes on a GPU of compute capability 9.0 or more;
+``KernelConfig(family="mma")`` pins the older backward.
+
+The structure is the ``mma`` family's two-kernel backward (seven matmul-sized passes, no
+atomics: deterministic), each kernel built like the Hopper forward (`kernels.wgmma_fwd`): one
+program per tile of ``rows`` = 64 or 128 rows, a consumer warpgroup (128 threads) per 64 rows,
+then a producer (a warp; with two consumer warpgroups a warpgroup that hands its registers to
+the consumers by ``setmaxnreg``). The producer loads the program's two *resident* operands once
+and streams two operands tile by tile into a ring of two shared-memory stages by TMA (full /
+empty mbarriers, the forward's protocol). Every product is a ``wgmma`` with 16-bit operands;
+"A . B^T" products take both operands K-major from shared memory, "A . B" products take A
+from registers (the accumulator fragment of a k16 slice is the A fragment,
+`kernels.hopper.wgmma_p_from_d`) and B MN-major from shared memory (``imm-trans-b = 1``):
+
+* **dQ kernel** (runs first), grid (query tiles, B * Hq): resident Q and dO; before its loop a
+  consumer thread computes delta = rowsum(dO * O) for its two rows from O and dO read as
+  fragment words and writes it for the second kernel. Streamed: the K and V tiles of
+  `BlockInfo.kv_schedule()` (``cols`` keys a stage). Per tile: S = Q K^T and dP = dO V^T (two
+  groups), P = exp2(S * scale * log2(e) - lse * log2(e)) with the masks, dS = P (dP - delta),
+  dQ += dS K. dQ = scale * dQ at the end.
+* **dK/dV kernel**, grid (key tiles, B * Hkv): resident K and V; over the query heads of its
+  GQA group and the Q tiles of `BlockInfo.q_schedule()` (each head's in turn),
+  the producer streams the Q and dO tiles (``cols`` queries a stage) and, with its warp's 32
+  lanes, the tile's lse (as log2: +inf past the queries and for rows with no allowed key, so
+  that P = 0) and delta into the stage. Per tile: S^T = K Q^T and dP^T = V dO^T, P^T,
+  dV += P^T dO (issued, then dS^T = P^T (dP^T - delta) computed while it runs),
+  dK += dS^T Q. dK = scale * dK at the end.
+
+P and dS are rounded to the input dtype before their products (as FlashAttention-2 does); every
+product accumulates in float32. Takes float16 and bfloat16, head dims 64 and 128, causal
+(top-left) or not, a sliding window (`kernels.mask.band_arguments`), Nq != Nk, any lengths, GQA;
+refuses (`supports`) masks, biases, block masks, dropout, a pinned ``backward_dq="atomic"``,
+other head dims and GPUs below compute capability 9.0.
+"""
+from __future__ import annotations
+
+import math
+
+from sim.plans.wgmma_bwd import (WGMMA_BWD_BARRIER_BYTES, WGMMA_BWD_HEAD_DIMS,
+                                 WGMMA_BWD_KERNEL_NAMES, WGMMA_BWD_REGISTERS, WGMMA_BWD_STAGES,
+                                 wgmma_bwd_producer_warpgroup, wgmma_bwd_smem_bytes,
+                                 wgmma_bwd_stats_bytes, wgmma_bwd_threads)
+from sim.plans.wgmma_fwd import BOX_COLUMNS, ROWS_PER_WARPGROUP, WARPGROUP_THREADS
+
+from . import compile_cache, host, tile_scheduler
+from .mask import band_arguments, tile_needs_mask
+from .wgmma_fwd import (_hopper_refusal, _needs_copy, _operand_layout, maps_for,
+                        warm_map_writer)
+
+__all__ = ["backward", "prepare", "plan", "supports", "get_kernel", "DTYPES",
+           "SUPPORTED_HEAD_DIMS", "TAKES_WINDOW"]
+
+DTYPES = ("float16", "bfloat16")
+SUPPORTED_HEAD_DIMS = WGMMA_BWD_HEAD_DIMS
+LOG2E = 1.4426950408889634
+BOX_BYTES = ROWS_PER_WARPGROUP * BOX_COLUMNS * 2      # one 64 x 64 16-bit box: 8,192 bytes
+#: This backward takes a sliding window (`kernels.mask.band_arguments`).
+TAKES_WINDOW = True
+
+
+def get_kernel(kind, head_dim, rows, cols, is_bf16, causal, head_group, window=False):
+    """The compiled-on-first-launch kernel ``kind`` ("dq" or "dkdv") for one configuration
+    (cached per process and on disk by `kernels.compile_cache`): ``rows`` per program,
+    ``cols`` streamed rows a stage; ``head_group``: the launch order
+    (`kernels.tile_scheduler`); ``window``: the band test (causal then off: the band carries
+    it)."""
+    key = (str(kind), int(head_dim), int(rows), int(cols), bool(is_bf16), bool(causal),
+           int(head_group), bool(window))
+    return compile_cache.built(_build_kernel, *key)
+
+
+def _build_kernel(kind, head_dim, rows, cols, is_bf16, causal, head_group, window=False):
+    """The kernel ``kind`` for one configuration. Signature (both kernels)::
+
+        kernel(maps, out, dout, lse, delta, grad_a, grad_b, offsets, index, sched_b, sched_h,
+               group, n_q, n_k, scale_log2, scale, band_lo, band_hi)
+
+    ``maps``: uint64 [4, 16], the tensor maps of the two resident operands (boxes of 64 rows x
+    64 columns) and the two streamed ones (boxes of ``cols`` rows x 64 columns): Q, dO, K, V
+    for "dq", K, V, Q, dO for "dkdv"; ``out``, ``dout``: int16 [B, Hq, Nq, d] (read by "dq",
+    for delta); ``lse``: float32 [B, Hq, Nq]; ``delta``: float32 [B, Hq, Nq] (written by "dq",
+    read by "dkdv"); ``grad_a``, ``grad_b``: int16 words, dQ [B, Hq, Nq, d] (and again, unused)
+    for "dq", dK and dV [B, Hkv, Nk, d] for "dkdv"; the ``"kv"`` ("dq") or ``"q"`` ("dkdv") CSR
+    schedule of `kernels.tile_scheduler.device_schedule`; ``group`` = Hq / Hkv; ``band_lo``,
+    ``band_hi`` (int64) are read only with ``window``: key ``col`` is allowed for query ``row``
+    iff ``band_lo <= col - row <= band_hi``."""
+    from numba import cuda, float32, int64, uint8, uint32, uint64
+
+    from . import hopper as hp
+    from . import ptx
+
+    DQ = kind == "dq"
+    D, R, C = head_dim, rows, cols
+    W = R // ROWS_PER_WARPGROUP               # consumer warpgroups
+    THREADS = wgmma_bwd_threads(R)
+    PRODUCER_WARP = 4 * W
+    REALLOC = wgmma_bwd_producer_warpgroup(R)
+    PRODUCER_REGS, CONSUMER_REGS = WGMMA_BWD_REGISTERS
+    CONSUMER_THREADS = WARPGROUP_THREADS * W
+    STAGES = WGMMA_BWD_STAGES
+    DC = D // 64                              # 128-byte column chunks of a row
+    KS = DC * 4                               # k16 steps of A . B^T (d)
+    NB = C // 64                              # n64 blocks of a score tile
+    PS = C // 16                              # k16 steps of A . B (the streamed rows)
+    OB = D // 64                              # n64 blocks of a gradient
+    S_REGS, O_REGS, P_REGS = 32 * NB, 32 * OB, 4 * PS
+    RES_BYTES = R * D * 2                     # one resident operand
+    TILE_BYTES = C * D * 2                    # one streamed operand tile
+    CHUNK_BYTES = C * 128                     # one 64-column chunk of a streamed tile
+    STATS_BYTES = wgmma_bwd_stats_bytes(kind, C)
+    RING = 2 * RES_BYTES
+    STATS = RING + STAGES * 2 * TILE_BYTES
+    BAR = STATS + STAGES * STATS_BYTES
+    SMEM = wgmma_bwd_smem_bytes(kind, D, R, C, STAGES)
+    assert BAR + WGMMA_BWD_BARRIER_BYTES + 1024 == SMEM
+    lbo_k, sbo_k, K_STEP = hp.kmajor_strides("128B", BOX_COLUMNS)
+    K_TMPL = hp.encode_wgmma_descriptor(0, lbo_k, sbo_k, "128B")
+    lbo_v, sbo_v, V_STEP = hp.mnmajor_strides("128B", C)
+    V_TMPL = hp.encode_wgmma_descriptor(0, lbo_v, sbo_v, "128B")
+    CAUSAL = causal
+    WINDOW = bool(window)
+    POS_INF = float32(math.inf)
+    NEG_INF = float32(-math.inf)
+    mma_ss = hp.wgmma_ss_bf16 if is_bf16 else hp.wgmma_ss_f16
+    mma_rs = hp.wgmma_rs_mn_bf16 if is_bf16 else hp.wgmma_rs_mn_f16
+    pack = ptx.pack_bf16x2 if is_bf16 else ptx.pack_f16x2
+    unpack = ptx.unpack_bf16x2 if is_bf16 else ptx.unpack_f16x2
+    tile_and_head = tile_scheduler.device_tile_and_head(head_group)
+    if DQ:      # a warpgroup's 64 query rows against a tile of C keys
+        tile_needs = tile_needs_mask(ROWS_PER_WARPGROUP, C, CAUSAL, False, WINDOW)
+    else:       # a tile of C queries against a warpgroup's 64 key rows
+        tile_needs = tile_needs_mask(C, ROWS_PER_WARPGROUP, CAUSAL, False, WINDOW)
+
+    @cuda.jit(device=True, inline=True)
+    def issue_abt(acc, a_wg, b_st):
+        """-- acc = A B^T: A = this warpgroup's 64 resident rows, B = the streamed tile, both
+        K-major, d / 16 k-steps x C / 64 n-blocks, one group --"""
+        for kk in range(KS):
+            cc = kk // 4
+            da = hp.smem_descriptor(K_TMPL, a_wg + cc * BOX_BYTES + (kk % 4) * K_STEP)
+            for nb in range(NB):
+                db = hp.smem_descriptor(K_TMPL, b_st + cc * CHUNK_BYTES + nb * BOX_BYTES
+                                        + (kk % 4) * K_STEP)
+                mma_ss(acc, 32 * nb, da, db, uint32(1 if kk > 0 else 0))
+        hp.wgmma_commit_group()
+
+    @cuda.jit(device=True, inline=True)
+    def issue_ab(acc, pa, b_st):
+        """-- acc += A B: A from registers (C streamed rows as k), B = the streamed tile (its
+        rows x d, d contiguous: MN-major), one group --"""
+        for kc in range(PS):
+            for dc in range(OB):
+                db = hp.smem_descriptor(V_TMPL, b_st + dc * CHUNK_BYTES + kc * V_STEP)
+                mma_rs(acc, 32 * dc, pa[4 * kc], pa[4 * kc + 1], pa[4 * kc + 2],
+                       pa[4 * kc + 3], db, uint32(1))
+        hp.wgmma_commit_group()
+
+    @cuda.jit(device=True, inline=True)
+    def to_a(pa, s_reg):
+        """A score tile in registers, rounded to 16 bits, as the A fragment of acc += A B: the
+        accumulator of k16 slice kc is its A fragment."""
+        for kc in range(PS):
+            for q in range(4):
+                r = 32 * (kc // 4) + 8 * (kc % 4) + 2 * q
+                pa[4 * kc + q] = pack(s_reg[r], s_reg[r + 1])
+
+    @cuda.jit(device=True, inline=True)
+    def load_resident(g_a, g_b, res_a, res_b, res_full, row0, n_rows, head, b):
+        """-- producer: this program's rows of the two resident operands, once (a box starting
+        past the end is not issued) --"""
+        boxes = 0
+        for wg in range(W):
+            if row0 + ROWS_PER_WARPGROUP * wg < n_rows:
+                boxes += 2 * DC
+        hp.mbarrier_arrive_expect_tx(res_full, boxes * BOX_BYTES)
+        for wg in range(W):
+            if row0 + ROWS_PER_WARPGROUP * wg < n_rows:
+                for cc in range(DC):
+                    off = (wg * DC + cc) * BOX_BYTES
+                    hp.cp_async_bulk_tensor_4d_g2s(res_a + off, g_a, BOX_COLUMNS * cc,
+                                                   row0 + ROWS_PER_WARPGROUP * wg, head, b,
+                                                   res_full)
+                    hp.cp_async_bulk_tensor_4d_g2s(res_b + off, g_b, BOX_COLUMNS * cc,
+                                                   row0 + ROWS_PER_WARPGROUP * wg, head, b,
+                                                   res_full)
+
+    @cuda.jit(device=True, inline=True)
+    def load_stream(g_a, g_b, st_a, full, row0, head, b):
+        """-- producer: one stage's two streamed tiles (rows past the end zero-filled) --"""
+        hp.mbarrier_arrive_expect_tx(full, 2 * TILE_BYTES)
+        for cc in range(DC):
+            hp.cp_async_bulk_tensor_4d_g2s(st_a + cc * CHUNK_BYTES, g_a, BOX_COLUMNS * cc, row0,
+                                           head, b, full)
+            hp.cp_async_bulk_tensor_4d_g2s(st_a + TILE_BYTES + cc * CHUNK_BYTES, g_b,
+                                           BOX_COLUMNS * cc, row0, head, b, full)
+
+    @cuda.jit(launch_bounds=(THREADS, 1), lineinfo=False)
+    def kernel(maps, out, dout, lse, delta, grad_a, grad_b, offsets, index, sched_b, sched_h,
+               group, n_q, n_k, scale_log2, scale, band_lo, band_hi):
+        smem = cuda.shared.array(0, dtype=uint8)         # dynamic: kernel.smem_bytes
+        tid = cuda.threadIdx.x
+        warp = tid // 32
+        lane = tid % 32
+        tile, bh, n_blocks = tile_and_head()
+        if DQ:
+            blk = n_blocks - 1 - tile                   # longest (causal) query tiles first
+            n_heads = grad_a.shape[1]
+            b = bh // n_heads
+            h = bh % n_heads
+            hk = h // group
+            res_head = h
+            n_rows = n_q
+        else:
+            blk = tile                                  # key tile 0 (causal: longest) first
+            n_heads_kv = grad_a.shape[1]
+            b = bh // n_heads_kv
+            hk = bh % n_heads_kv
+            h = hk * group
+            res_head = hk
+            n_rows = n_k
+        row0 = blk * R
+        # shared memory from a 1024-byte boundary: resident A | resident B | stages (A, B
+        # tiles) | stages' row statistics (dK/dV) | barriers
+        raw = int64(ptx.shared_addr(smem, 0))
+        base = (raw + 1023) & ~int64(1023)
+        res_a = base
+        res_b = base + RES_BYTES
+        ring = base + RING
+        stats = base + STATS
+        res_full = base + BAR
+        full0 = res_full + 8
+        empty0 = full0 + 8 * STAGES
+        if tid == 0:
+            hp.mbarrier_init(res_full, 1)
+            for st in range(STAGES):
+                hp.mbarrier_init(full0 + 8 * st, 1)
+                hp.mbarrier_init(empty0 + 8 * st, CONSUMER_THREADS)
+            hp.fence_mbarrier_init()
+        cuda.syncthreads()       # the last CTA-wide barrier: the roles part here
+
+        # the work items, in order: "dq", the K/V tiles of the kv schedule of (b, h); "dkdv",
+        # for each query head of the GQA group, the Q tiles of its q schedule
+        n_groups = 1 if DQ else group
+
+        if REALLOC and warp >= PRODUCER_WARP:
+            hp.setmaxnreg_dec(PRODUCER_REGS)        # the producer warpgroup's, all four warps
+        if warp == PRODUCER_WARP:
+            # -- producer: the resident operands once, then the streamed tiles stage by stage --
+            gm = hp.array_addr(maps)
+            if lane == 0:
+                for m in range(4):
+                    hp.fence_proxy_tensormap_acquire(gm + uint64(128 * m))
+                load_resident(gm, gm + uint64(128), res_a, res_b, res_full, row0, n_rows,
+                              res_head, b)
+            i = 0
+            for g in range(n_groups):
+                t_head = hk if DQ else hk * group + g
+                s = b * sched_b + (h if DQ else t_head) * sched_h
+                for it in range(offsets[s, blk], offsets[s, blk + 1]):
+                    st = i % STAGES
+                    if i >= STAGES:     # stage st last held item i - STAGES: wait for its release
+                        hp.mbarrier_wait_parity(empty0 + 8 * st, (i // STAGES - 1) & 1)
+                    t_row0 = index[it] * C
+                    if not DQ:
+                        # -- the tile's lse (log2; +inf: P = 0) and delta, (lse2, delta) pairs --
+                        st_stats = stats + st * STATS_BYTES
+                        for r in range(C // 32):
+                            qr = t_row0 + 32 * r + lane
+                            l2 = POS_INF
+                            dl = float32(0.0)
+                            if qr < n_q:
+                                lv = lse[b, t_head, qr]
+                                dl = delta[b, t_head, qr]
+                                if lv != NEG_INF:
+                                    l2 = lv * float32(LOG2E)
+                            ptx.st_shared_v2_f32(uint32(st_stats + 8 * (32 * r + lane)), l2, dl)
+                        cuda.syncwarp()
+                    if lane == 0:
+                        load_stream(gm + uint64(256), gm + uint64(384), ring + st * 2 * TILE_BYTES,
+                                    full0 + 8 * st, t_row0, t_head, b)
+                    i += 1
+            return
+        if REALLOC:
+            if warp > PRODUCER_WARP:
+                return
+            hp.setmaxnreg_inc(CONSUMER_REGS)
+
+        # -- consumers: warpgroup wg owns rows row0 + 64 wg .. + 63 --
+        wg = warp // 4
+        gid = lane // 4
+        tig = lane % 4
+        row_first = row0 + ROWS_PER_WARPGROUP * wg
+        row_a = row_first + 16 * (warp % 4) + gid         # this thread's rows: row_a, row_a + 8
+        a_wg = res_a + wg * DC * BOX_BYTES
+        b_wg = res_b + wg * DC * BOX_BYTES
+        s_reg = cuda.local.array(S_REGS, dtype=float32)
+        dp_reg = cuda.local.array(S_REGS, dtype=float32)
+        acc_a = cuda.local.array(O_REGS, dtype=float32)   # dQ, or dK
+        acc_b = cuda.local.array(O_REGS, dtype=float32)   # dV (dK/dV)
+        pa = cuda.local.array(P_REGS, dtype=uint32)
+        lse2_r = cuda.local.array(2, dtype=float32)
+        delta_r = cuda.local.array(2, dtype=float32)
+        for r in range(O_REGS):
+            acc_a[r] = float32(0.0)
+            if not DQ:
+                acc_b[r] = float32(0.0)
+        if DQ:
+            # -- delta = rowsum(dO * O) of this thread's rows, from fragment words; lse2 --
+            for hr in range(2):
+                row = row_a + 8 * hr
+                part = float32(0.0)
+                if row < n_q:
+                    for dc in range(OB):
+                        for j in range(8):
+                            col = 64 * dc + 8 * j + 2 * tig
+                            o2 = unpack(ptx.ld_global_u32(ptx.global_addr(out, b, h, row, col)))
+                            d2 = unpack(ptx.ld_global_u32(ptx.global_addr(dout, b, h, row,
+                                                                          col)))
+                            part += o2[0] * d2[0] + o2[1] * d2[1]
+                part += cuda.shfl_xor_sync(0xFFFFFFFF, part, 1)
+                part += cuda.shfl_xor_sync(0xFFFFFFFF, part, 2)
+                delta_r[hr] = part
+                l2 = POS_INF                                 # P = 0 past the queries
+                if row < n_q:
+                    if tig == 0:
+                        delta[b, h, row] = part
+                    lv = lse[b, h, row]
+                    if lv != NEG_INF:                        # no allowed key: P = 0
+                        l2 = lv * float32(LOG2E)
+                lse2_r[hr] = l2
+        sl = scale_log2
+        hp.mbarrier_wait_parity(res_full, 0)
+
+        i = 0
+        for g in range(n_groups):
+            s = b * sched_b + (h if DQ else hk * group + g) * sched_h
+            for it in range(offsets[s, blk], offsets[s, blk + 1]):
+                st = i % STAGES
+                st_a = ring + st * 2 * TILE_BYTES          # Q (dkdv) or K (dq) tile
+                st_b = st_a + TILE_BYTES                   # dO (dkdv) or V (dq) tile
+                st_stats = stats + st * STATS_BYTES
+                t_idx = index[it]
+                col0 = t_idx * C
+                hp.mbarrier_wait_parity(full0 + 8 * st, (i // STAGES) & 1)
+                # -- compute S = Q K^T and dP = dO V^T (dK/dV: S^T = K Q^T, dP^T = V dO^T) --
+                hp.wgmma_fence()
+                issue_abt(s_reg, a_wg, st_a)
+                issue_abt(dp_reg, b_wg, st_b)
+                hp.wgmma_wait_group(1)
+                hp.wgmma_fence_operands(s_reg, 0, S_REGS)
+                # -- P = exp2(S * scale * log2(e) - lse2), the masks on tiles that need them --
+                if DQ:
+                    need = col0 + C > n_k or tile_needs(row_first // ROWS_PER_WARPGROUP, t_idx,
+                                                        band_lo, band_hi)
+                else:
+                    need = tile_needs(t_idx, row_first // ROWS_PER_WARPGROUP, band_lo, band_hi)
+                for nb in range(NB):
+                    for j in range(8):
+                        for hr in range(2):
+                            for e in range(2):
+                                r = 32 * nb + 4 * j + 2 * hr + e
+                                c = 64 * nb + 8 * j + 2 * tig + e
+                                if DQ:
+                                    l2 = lse2_r[hr]
+                                else:
+                                    l2 = ptx.ld_shared_f32(uint32(st_stats + 8 * c))
+                                p = ptx.ex2(s_reg[r] * sl - l2)
+                                if need:
+                                    row = row_a + 8 * hr
+                                    if DQ:
+                                        key = col0 + c
+                                        query = row
+                                    else:
+                                        key = row
+                                        query = col0 + c
+                                    bad = key >= n_k
+                                    if CAUSAL:
+                                        bad = bad or key > query
+                                    if WINDOW:
+                                        rel = key - query
+                                        bad = bad or rel < band_lo or rel > band_hi
+                                    if bad:
+                                        p = float32(0.0)
+                                s_reg[r] = p
+                if not DQ:
+                    # -- dV += P^T dO: issued, then dS^T computed while it runs --
+                    to_a(pa, s_reg)
+                    hp.wgmma_fence()
+                    issue_ab(acc_b, pa, st_b)
+                    hp.wgmma_wait_group(1)
+                else:
+                    hp.wgmma_wait_group(0)
+                hp.wgmma_fence_operands(dp_reg, 0, S_REGS)
+                # -- dS = P (dP - delta) --
+                for nb in range(NB):
+                    for j in range(8):
+                        for hr in range(2):
+                            for e in range(2):
+                                r = 32 * nb + 4 * j + 2 * hr + e
+                                if DQ:
+                                    dl = delta_r[hr]
+                                else:
+                                    dl = ptx.ld_shared_f32(uint32(st_stats + 8 * (
+                                        64 * nb + 8 * j + 2 * tig + e) + 4))
+                                s_reg[r] = s_reg[r] * (dp_reg[r] - dl)
+                if not DQ:
+                    hp.wgmma_wait_group(0)                     # dV's product: pa is free
+                    hp.wgmma_fence_operands(acc_b, 0, O_REGS)
+                # -- dQ += dS K (dK/dV: dK += dS^T Q) --
+                to_a(pa, s_reg)
+                hp.wgmma_fence()
+                issue_ab(acc_a, pa, st_a)
+                hp.wgmma_wait_group(0)
+                hp.wgmma_fence_operands(acc_a, 0, O_REGS)
+                hp.mbarrier_arrive(empty0 + 8 * st)            # this stage may be refilled
+                i += 1
+
+        # -- epilogue: dQ = scale * acc (dK/dV: dK = scale * acc, dV) as packed 16-bit pairs --
+        head = h if DQ else hk
+        for hr in range(2):
+            row = row_a + 8 * hr
+            if row < n_rows:
+                for dc in range(OB):
+                    for j in range(8):
+                        r = 32 * dc + 4 * j + 2 * hr
+                        col = 64 * dc + 8 * j + 2 * tig
+                        ptx.st_global_u32(ptx.global_addr(grad_a, b, head, row, col),
+                                          pack(acc_a[r] * scale, acc_a[r + 1] * scale))
+                        if not DQ:
+                            ptx.st_global_u32(ptx.global_addr(grad_b, b, head, row, col),
+                                              pack(acc_b[r], acc_b[r + 1]))
+
+    kernel.threads = THREADS
+    kernel.smem_bytes = SMEM
+    return kernel
+
+
+# -- host side -----------------------------------------------------------------------------------
+def supports(problem, config):
+    """Why this backward cannot run ``problem`` under ``config`` (a string naming what it
+    refuses), or None. Checked in this order: the problem's features (mask, bias, block mask,
+    dropout, cache lengths, value head dim, bottom-right causal with Nq != Nk and no window,
+    dtype, head dim), tiles pinned by ``config`` (this backward chooses its own), dQ by atomics
+    (``backward_dq="atomic"``: this backward computes dQ in its own kernel); then the hardware
+    (a real GPU of compute capability 9.0 or more)."""
+    pb = problem
+    for name, what in (("mask", "a boolean mask"), ("bias", "an additive bias"),
+                       ("block_mask", "a block mask")):
+        if getattr(pb, name, None) is not None:
+            return f"the wgmma backward takes no {name} ({what})"
+    if pb.dropout_p > 0:
+        return f"the wgmma backward has no dropout (dropout_p={pb.dropout_p})"
+    if getattr(pb, "cache_seqlens", None) is not None:
+        return "the wgmma backward takes no cache_seqlens"
+    if getattr(pb, "value_dim", None) not in (None, pb.head_dim):
+        return f"the wgmma backward needs value_dim == head_dim, got {pb.value_dim}"
+    if (pb.causal and pb.seqlen_q != pb.seqlen_k and getattr(pb, "window_size", None) is None
+            and getattr(pb, "causal_alignment", "top_left") != "top_left"):
+        return "the wgmma backward aligns causal masks top-left only (causal_alignment with Nq != Nk)"
+    dtype = str(pb.dtype).replace("torch.", "")
+    if dtype not in DTYPES:
+        return f"the wgmma backward takes dtype float16 or bfloat16, got {dtype}"
+    if pb.head_dim not in SUPPORTED_HEAD_DIMS:
+        return f"the wgmma backward takes head_dim in {SUPPORTED_HEAD_DIMS}, got {pb.head_dim}"
+    if config.block_q is not None or config.block_k is not None:
+        return "the wgmma backward chooses its own tiles (KernelConfig.block_q/block_k must be None)"
+    if config.backward_dq not in (None, "kernel"):
+        return (f"the wgmma backward computes dQ in its own kernel (backward_dq="
+                f"{config.backward_dq!r}; 'kernel' or None)")
+    why = host.tensor_core_refusal(pb, "the wgmma family", DTYPES, SUPPORTED_HEAD_DIMS,
+                                   window=True)
+    return why or _hopper_refusal("the wgmma backward")
+
+
+def plan(problem, config):
+    """The `sim.plan.Plan` this backward launches for ``problem`` (`sim.plans.wgmma_bwd`): its
+    grids, threads and shared memory are what `prepare` launches."""
+    return host.family_plan("wgmma", "bwd", problem, launch_order=config.launch_order)
+
+
+def backward(problem, out, lse, dout, config):
+    """``(dq, dk, dv)`` in the problem's kind of array and dtype (see `kernels.backward`)."""
+    return prepare(problem, config)(problem.q, problem.k, problem.v, out, lse, dout)
+
+
+def _launch(the_plan, kind):
+    """``(grid, threads, dynamic shared bytes)`` of kernel ``kind`` of ``the_plan``."""
+    k = the_plan.kernel(WGMMA_BWD_KERNEL_NAMES[kind])
+    return k.grid, k.threads, k.shared_bytes
+
+
+def prepare(problem, config):
+    """The backward of ``problem`` with its plan, kernels, tile schedules and constants chosen
+    once: ``run(q, k, v, out, lse, dout) -> (dq, dk, dv)`` for operands of its shapes, dtype
+    and device, launched as `plan` says (grids, threads, dynamic shared memory; checked against
+    the compiled kernels' own by `kernels.host.check_launch`): the dQ kernel (which writes
+    delta), then the dK/dV kernel."""
+    import numpy as np
+    pb = problem
+    the_plan = plan(pb, config)
+    (dq_rows, dq_cols), (kv_cols, kv_rows) = the_plan.config["dq_tile"], the_plan.config["kv_tile"]
+    group = tile_scheduler.head_group(config.launch_order, pb.causal, "bwd")
+    is_bf16 = str(pb.dtype).endswith("bfloat16")
+    causal, window, band_lo, band_hi = band_arguments(pb)
+    kerns = {"dq": get_kernel("dq", pb.head_dim, dq_rows, dq_cols, is_bf16, causal, group,
+                              window),
+             "dkdv": get_kernel("dkdv", pb.head_dim, kv_rows, kv_cols, is_bf16, causal, group,
+                                window)}
+    launches = {kind: _launch(the_plan, kind) for kind in kerns}
+    for kind, kern in kerns.items():
+        host.check_launch(WGMMA_BWD_KERNEL_NAMES[kind], launches[kind][1:],
+                          (kern.threads, kern.smem_bytes))
+    schedules = {"dq": tile_scheduler.device_schedule(pb, dq_rows, dq_cols, "kv"),
+                 "dkdv": tile_scheduler.device_schedule(pb, kv_cols, kv_rows, "q")}
+    B, H, Nq, D, Hkv, Nk = pb.batch, pb.heads_q, pb.seqlen_q, pb.head_dim, pb.heads_kv, pb.seqlen_k
+    template = host._without_operands(pb)
+    tail = (H // Hkv, Nq, Nk, np.float32(pb.scale * LOG2E), np.float32(pb.scale),
+            np.int64(band_lo), np.int64(band_hi))
+    boxes = {"dq": ((1, 1, ROWS_PER_WARPGROUP, BOX_COLUMNS),) * 2
+             + ((1, 1, dq_cols, BOX_COLUMNS),) * 2,
+             "dkdv": ((1, 1, ROWS_PER_WARPGROUP, BOX_COLUMNS),) * 2
+             + ((1, 1, kv_cols, BOX_COLUMNS),) * 2}
+    if pb.kind == "torch" and host.real_gpu():
+        warm_map_writer(host.current_device_id())
+    plans: dict = {"dq": {}, "dkdv": {}}
+
+    def run(q, k, v, out, lse, dout):
+        call = host.Call(template, q=q)
+        ops = [call.input(x, words=True, aligned=True) for x in (q, k, v, out, dout)]
+        layouts = [_operand_layout(x) for x in ops]
+        for i in (0, 1, 2, 4):          # the operands read by TMA
+            x = ops[i]
+            if hasattr(x, "contiguous") and _needs_copy(x, layout=layouts[i]):
+                ops[i] = host.aligned_copy(x)
+                layouts[i] = _operand_layout(ops[i])
+        qi, ki, vi, oi, doi = ops
+        lq, lk, lv, _lo, ldo = layouts
+        li = call.input(lse)
+        dq = call.output((B, H, Nq, D), words=True)
+        dk = call.output((B, Hkv, Nk, D), words=True)
+        dv = call.output((B, Hkv, Nk, D), words=True)
+        delta = call.output((B, H, Nq), float32=True)
+        maps = {"dq": maps_for(qi, (lq, ldo, lk, lv), boxes["dq"], call.stream),
+                "dkdv": maps_for(qi, (lk, lv, lq, ldo), boxes["dkdv"], call.stream)}
+        # -- dQ (and delta) first, then dK/dV, which reads delta --
+        args = {"dq": (maps["dq"], oi, doi, li, delta.arg, dq.arg, dq.arg, *schedules["dq"],
+                       *tail),
+                "dkdv": (maps["dkdv"], oi, doi, li, delta.arg, dk.arg, dv.arg,
+                         *schedules["dkdv"], *tail)}
+        for kind in ("dq", "dkdv"):
+            grid, threads, smem = launches[kind]
+            host.relaunch(plans[kind], args[kind][:7], kerns[kind], grid, threads, call.stream,
+                          args[kind], sharedmem=smem, fast=config.fast_launch)
+        result = dq.value(), dk.value(), dv.value()
+        del ops
+        return result
+    return run

@@ -1,0 +1,375 @@
+"""The plan of the Hopper backward (`kernels.wgmma_bwd`, family ``wgmma``), and the layout facts
+its launcher reads: tile choices and defaults, threads, dynamic shared memory.
+
+The backward has the structure of the ``mma`` family's two-kernel backward
+(`sim.plans.tensor_core_bwd`, ``dq_mode="kernel"``: seven matmul-sized passes, no atomics, no
+pre-pass), each kernel built like the Hopper forward (`sim.plans.wgmma_fwd`): one program per
+tile of ``rows`` rows (64 per consumer warpgroup), a producer that loads the program's two
+*resident* operands once and streams two operands tile by tile through a ring of
+:data:`WGMMA_BWD_STAGES` shared-memory stages by TMA (full / empty mbarriers), ``wgmma``
+products from shared memory (16-bit operands, 128-byte swizzle, boxes of 64 columns):
+
+1. the **dQ kernel** (``flash_wgmma_bwd_dq``, phase ``bwd.dq``), grid (cdiv(Nq, rows), B * Hq):
+   resident Q and dO (rows = query rows), delta = rowsum(dO * O) from O and dO read as
+   accumulator fragments (written for the second kernel), the K/V tiles of
+   `BlockInfo.kv_schedule()` streamed (``cols`` keys a stage); per tile S = Q K^T,
+   dP = dO V^T (both K-major from shared memory), P and dS = P (dP - delta) on the accumulator
+   fragment, dQ += dS K (dS from registers, K MN-major);
+2. the **dK/dV kernel** (``flash_wgmma_bwd_dkdv``, phase ``bwd.main``), grid
+   (cdiv(Nk, rows), B * Hkv): resident K and V (rows = key rows), over the query heads of its
+   GQA group and the Q tiles of `BlockInfo.q_schedule()`, Q and dO streamed (``cols`` queries a
+   stage) with the tile's lse (as log2) and delta, which the producer warp stages in shared
+   memory beside them; per tile S^T = K Q^T, dP^T = V dO^T, dV += P^T dO, dK += dS^T Q.
+
+Tiles are given in (queries, keys) order for both kernels, as `sim.plans.tensor_core_bwd`'s:
+``dq_tile`` = (query rows per program, keys per stage), ``kv_tile`` = (queries per stage, key
+rows per program).
+
+Owns the layout section just below (read by the launcher) and, after it, the plan:
+:func:`wgmma_backward_plan`, :func:`wgmma_backward_configs` and :func:`launch_of`. Only the
+problems without dropout, boolean mask (``workload.key_lengths``) or block mask are planned;
+causal and sliding windows are (the visited tiles are `BlockInfo`'s, through
+`sim.counts.tile_stats_closed`), and GQA (the dK/dV kernel sums its group's query heads).
+
+What the plan counts, read from the kernels' source (`kernels.wgmma_bwd`; not yet held against
+their SASS or Nsight Compute counters). The per-score, per-row and per-element constants are
+the ``mma`` backward's (`sim.plans.tensor_core_bwd`): the element-wise code is the same on the
+same accumulator layout, four threads a row.
+
+* **Products** on whole tiles, ``2 rows cols d`` FLOPs each, on ``wgmma.f16`` / ``wgmma.bf16``:
+  three per visited tile in the dQ kernel, four per visited (query head, Q tile) item in the
+  dK/dV kernel.
+* **Element-wise FP32 and MUFU** as the ``mma`` backward's two-kernel plan counts them: per
+  score (whole tiles) ``DQ_FLOPS_PER_SCORE`` / ``DKDV_FLOPS_PER_SCORE`` and one ``ex2``; in the
+  dQ kernel delta's products per element, its quad shuffles per held row, lse * log2(e) per row
+  and dQ's scale per element; in the dK/dV kernel lse * log2(e) per staged query (the
+  producer warp's lanes) and dK's scale per element.
+* **Bytes**. By TMA (``"ld"``, whole rows: a box starting at or past the last row is not
+  issued, rows past it inside a box are zero-filled without a read): the dQ kernel's Q and dO
+  once per row, K and V once per visited tile (the tile's keys inside the problem); the dK/dV
+  kernel's K and V once per row, Q and dO once per item (its queries inside the problem). As
+  4-byte words of the accumulator fragment (``"fragment"``, 16 bytes of a row a warp
+  instruction): the dQ kernel's O and dO for delta (so dO is read twice: TMA and fragment),
+  dQ, dK and dV stores. Row statistics (float32, ``"ld"``/``"st"``): lse read and delta
+  written once per row by the dQ kernel; lse and delta read once per query of each item inside
+  the problem by the dK/dV kernel's producer warp. The tile schedules' CSR entries
+  (``"schedule"``, warp-uniform 4-byte loads, a sector each): the consumer warps and the
+  producer warp read start and stop once (the dK/dV kernel: once per query head of its group)
+  and one index per visited tile or item; a producer warpgroup's other three warps leave
+  before the loop (:data:`WGMMA_BWD_SCHEDULE_LOADS_PER_WARP`). The tensor maps are not
+  counted.
+* **Shared memory moved**: the TMA destinations (the resident operands' 64-row boxes, the
+  streamed tiles whole) and, in the dK/dV kernel, the lse and delta the producer warp stores
+  (8 bytes per query of each stage, past the problem too) and the consumers read back, counted
+  once per score as the ``mma`` plan counts its staged rows; the ``wgmma`` operand reads are not
+  counted (as the forward leaves them out).
+* **Overlap**: the forward's model (`sim.plans.flash3.overlap_serial`, warp-specialised,
+  :data:`WGMMA_BWD_STAGES` stages, no ping-pong, no intra-warpgroup overlap): each consumer
+  warpgroup's products and element-wise work add, the loads overlap them; the programs
+  resident on an SM run their chains independently (``serial_per_program``).
+* **Registers**: with a producer warpgroup the launch's even share of the register file
+  (``setmaxnreg`` moves them after), else not known (None: the residency ignores registers).
+
+The plan's config names the TMA-loaded tensors (``tma_tensors``) and the dynamic shared memory
+of each kernel (``dynamic_shared_bytes``, what :func:`launch_of` hands the launcher).
+"""
+from __future__ import annotations
+
+import numbers
+
+from ioaware.block_info import cdiv
+
+from ..plan import Access, KernelPlan, Matmul, Plan
+from ..workload import STAT_BYTES, Workload
+from .flash3 import REGISTERS_PER_SM, overlap_serial
+from .tensor_core_bwd import (DELTA_FLOPS_PER_ELEMENT, DELTA_SHUFFLE_FLOPS_PER_ROW_THREAD,
+                              DKDV_FLOPS_PER_SCORE, DKDV_MUFU_PER_SCORE, DKDV_PRODUCTS_PER_TILE,
+                              DQ_FLOPS_PER_SCORE, DQ_MUFU_PER_SCORE, DQ_PRODUCTS_PER_TILE,
+                              DYNAMIC_SMEM_LIMIT_BYTES, FRAGMENT_ROW_BYTES, LSE_LOG2_FLOPS_PER_ROW,
+                              SCALE_FLOPS_PER_ELEMENT, SCHEDULE_ENTRY_BYTES, THREADS_PER_ROW,
+                              _check_registers, _check_workload, _first_tiles_in_step,
+                              _kernel_tiles_stats)
+from .wgmma_fwd import (ALIGN_SLACK_BYTES, OVERLAP_REGISTERS, PRODUCER_THREADS,
+                        ROWS_PER_WARPGROUP, WARPGROUP_THREADS)
+
+__all__ = ["WGMMA_BWD_KERNEL_NAMES", "WGMMA_BWD_HEAD_DIMS", "WGMMA_BWD_ROWS_CHOICES",
+           "WGMMA_BWD_COLS_CHOICES", "WGMMA_BWD_STAGES", "WGMMA_BWD_BARRIER_BYTES",
+           "wgmma_bwd_default_tiles", "wgmma_bwd_threads", "wgmma_bwd_producer_warpgroup",
+           "wgmma_bwd_smem_bytes", "wgmma_bwd_stats_bytes", "WGMMA_BWD_REGISTERS",
+           "wgmma_backward_plan", "wgmma_backward_configs", "launch_of", "WGMMA_BWD_TMA_TENSORS",
+           "WGMMA_BWD_SCHEDULE_LOADS_PER_WARP"]
+
+#: Kernel names as Nsight Compute lists them: kernel ("dq", "dkdv") -> name.
+WGMMA_BWD_KERNEL_NAMES = {"dq": "flash_wgmma_bwd_dq", "dkdv": "flash_wgmma_bwd_dkdv"}
+WGMMA_BWD_HEAD_DIMS = (64, 128)
+#: Rows of a program (query rows of the dQ kernel, key rows of the dK/dV kernel): two or one
+#: consumer warpgroups.
+WGMMA_BWD_ROWS_CHOICES = (128, 64)
+#: Streamed rows a stage (keys of the dQ kernel, queries of the dK/dV kernel): one or two n64
+#: blocks of the score tile.
+WGMMA_BWD_COLS_CHOICES = (64, 128)
+#: Shared-memory stages of the streamed operands.
+WGMMA_BWD_STAGES = 2
+#: The mbarriers: resident_full, full[stages], empty[stages], 8 bytes each, rounded up.
+WGMMA_BWD_BARRIER_BYTES = 64
+#: Registers per thread with a producer warpgroup (two consumer warpgroups): ``setmaxnreg``
+#: lowers the producer's to the first and raises the consumers' to the second, as the forward's.
+WGMMA_BWD_REGISTERS = OVERLAP_REGISTERS
+
+
+def wgmma_bwd_default_tiles(head_dim: int) -> dict:
+    """Default tiles, (queries, keys) order: the dQ kernel 64 x 64 at d = 64 (one consumer
+    warpgroup, 64 keys a stage) and 128 x 128 at d = 128 (two, 128 keys a stage); the dK/dV
+    kernel 64 queries a stage against 128 key rows (two consumer warpgroups) at both. Chosen on
+    an H200 at N = 4096, bfloat16, causal and not, among dQ tiles (128, 64), (128, 128),
+    (64, 64), (64, 128) and dK/dV tiles (64, 128), (128, 128), (64, 64) (docs/kernels.md, design
+    note *Hopper backward*)."""
+    return {"dq": (64, 64) if head_dim == 64 else (128, 128), "dkdv": (64, 128)}
+
+
+def wgmma_bwd_producer_warpgroup(rows: int) -> bool:
+    """Whether the producer is a whole warpgroup that hands its registers to the consumers
+    (``setmaxnreg``, :data:`WGMMA_BWD_REGISTERS`): with two consumer warpgroups."""
+    return rows // ROWS_PER_WARPGROUP == 2
+
+
+def wgmma_bwd_threads(rows: int) -> int:
+    """Threads of one program: a consumer warpgroup per 64 rows, then the producer (a warp, or
+    a warpgroup with two consumer warpgroups)."""
+    producer = WARPGROUP_THREADS if wgmma_bwd_producer_warpgroup(rows) else PRODUCER_THREADS
+    return WARPGROUP_THREADS * (rows // ROWS_PER_WARPGROUP) + producer
+
+
+def wgmma_bwd_stats_bytes(kernel: str, cols: int) -> int:
+    """Bytes of one stage's row statistics: the dK/dV kernel's lse (as log2) and delta of the
+    stage's ``cols`` queries, float32 each; the dQ kernel holds its rows' in registers (0)."""
+    return 2 * cols * 4 if kernel == "dkdv" else 0
+
+
+def wgmma_bwd_smem_bytes(kernel: str, head_dim: int, rows: int, cols: int,
+                         stages: int = WGMMA_BWD_STAGES) -> int:
+    """Dynamic shared memory of one program of ``kernel`` ("dq", "dkdv") in bytes: the
+    alignment slack, the two resident operands (``rows`` x d, 16-bit), ``stages`` stages of the
+    two streamed operands (``cols`` x d each) and their row statistics, the mbarriers."""
+    return (ALIGN_SLACK_BYTES + 2 * rows * head_dim * 2
+            + stages * (2 * cols * head_dim * 2 + wgmma_bwd_stats_bytes(kernel, cols))
+            + WGMMA_BWD_BARRIER_BYTES)
+
+
+# -- the plan -----------------------------------------------------------------------------------
+#: The tensors the producers load by TMA (``cp.async.bulk.tensor``), past the LSU pipe: Q and dO
+#: (resident in the dQ kernel, streamed in the dK/dV kernel), K and V (the other way round).
+WGMMA_BWD_TMA_TENSORS = ("Q", "dO", "K", "V")
+#: Schedule entries each working warp of a program (its consumer warps and the producer warp)
+#: reads per head it walks: the CSR start and stop of its tile (``kernels.wgmma_bwd``: ``for it
+#: in range(offsets[s, blk], offsets[s, blk + 1])``, once per query head of the GQA group in the
+#: dK/dV kernel); then one ``index[it]`` per visited tile or item.
+WGMMA_BWD_SCHEDULE_LOADS_PER_WARP = 2
+
+
+def _check_tiles(name: str, tile, query_sizes, key_sizes) -> tuple[int, int]:
+    """``tile`` as a pair (queries, keys) of ints with queries in ``query_sizes`` and keys in
+    ``key_sizes``; ValueError naming ``name`` otherwise."""
+    ok = (isinstance(tile, (tuple, list)) and len(tile) == 2
+          and all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in tile))
+    if not ok or tile[0] not in query_sizes or tile[1] not in key_sizes:
+        raise ValueError(f"{name} must be a pair (queries, keys) with queries in {query_sizes} "
+                         f"and keys in {key_sizes}, got {tile!r}")
+    return int(tile[0]), int(tile[1])
+
+
+def _check(w: Workload):
+    """What the backward plans: ValueError (TypeError for a non-workload) naming the field."""
+    _check_workload("wgmma", w, ("fp16", "bf16"), WGMMA_BWD_HEAD_DIMS)
+    if w.dropout:
+        raise ValueError("the wgmma backward has no dropout (workload.dropout=True)")
+    if w.block_sparse:
+        raise ValueError("the wgmma backward takes no block mask (workload.block_sparse: "
+                         "block_mask or block_density)")
+    if w.key_lengths is not None:
+        raise ValueError("the wgmma backward takes no boolean mask (workload.key_lengths, the "
+                         "key-padding mask)")
+
+
+def _launch_registers(rows: int, given):
+    """Registers per thread at launch: ``given`` if not None; with a producer warpgroup the
+    launch's even share of the register file (``setmaxnreg`` moves them after); else None (not
+    known: no ptxas table of this kernel yet)."""
+    if given is not None:
+        return given
+    if wgmma_bwd_producer_warpgroup(rows):
+        return REGISTERS_PER_SM // wgmma_bwd_threads(rows) // 8 * 8
+    return None
+
+
+def _boxes_bytes(slices: int, rows: int, d: int, e: int) -> int:
+    """Bytes the TMA lands in shared memory for a resident operand of ``rows`` rows per slice:
+    every 64-row box that starts inside the problem, whole (rows past the problem zero-filled)."""
+    return slices * cdiv(rows, ROWS_PER_WARPGROUP) * ROWS_PER_WARPGROUP * d * e
+
+
+def _schedule_loads(rows: int, programs: int, heads_per_program: int, visits: int) -> int:
+    """Warp-uniform schedule loads of a kernel of ``rows`` rows a program: the consumer warps and
+    the producer warp (a producer warpgroup's other three warps leave before the loop) read
+    start and stop once per head they walk and one index per visit."""
+    working_warps = WARPGROUP_THREADS // 32 * (rows // ROWS_PER_WARPGROUP) + 1
+    return working_warps * (WGMMA_BWD_SCHEDULE_LOADS_PER_WARP * heads_per_program * programs
+                            + visits)
+
+
+def wgmma_backward_plan(workload: Workload, *, dq_tile=None, kv_tile=None, launch_order=None,
+                        registers=None) -> Plan:
+    """The plan of the Hopper backward (`kernels.wgmma_bwd`, family ``wgmma``) for ``workload``
+    (float16 or bfloat16, d 64 or 128, causal or not, a sliding window or none, GQA; no
+    dropout, boolean mask or block mask): the dQ kernel, then the dK/dV kernel (module
+    docstring).
+
+    ``dq_tile`` = (query rows per program, keys per stage) of the dQ kernel, ``kv_tile`` =
+    (queries per stage, key rows per program) of the dK/dV kernel; rows in
+    :data:`WGMMA_BWD_ROWS_CHOICES`, stages in :data:`WGMMA_BWD_COLS_CHOICES` (None:
+    :func:`wgmma_bwd_default_tiles`). ``registers``: (dQ kernel, dK/dV kernel) registers per
+    thread at launch (None, or an entry None: with a producer warpgroup the launch's even share,
+    else not known). ``launch_order`` is recorded in the config (it orders the programs, not
+    what they do). Raises ValueError naming the argument for what the kernels do not run."""
+    w = workload
+    _check(w)
+    d, e = w.head_dim, w.dtype_bytes
+    defaults = wgmma_bwd_default_tiles(d)
+    dq_tile = _check_tiles("dq_tile", defaults["dq"] if dq_tile is None else dq_tile,
+                           WGMMA_BWD_ROWS_CHOICES, WGMMA_BWD_COLS_CHOICES)
+    kv_tile = _check_tiles("kv_tile", defaults["dkdv"] if kv_tile is None else kv_tile,
+                           WGMMA_BWD_COLS_CHOICES, WGMMA_BWD_ROWS_CHOICES)
+    registers = _check_registers(registers) or (None, None)
+    B, H, Hkv, Nq, Nk = w.batch, w.heads, w.heads_kv, w.seq_len_q, w.seq_len_k
+    (dq_rows, dq_cols), (kv_cols, kv_rows_per_program) = dq_tile, kv_tile
+    unit = "wgmma.bf16" if w.dtype == "bf16" else "wgmma.f16"
+    names = WGMMA_BWD_KERNEL_NAMES
+
+    # visited tiles (BlockInfo's), summed over the (batch, query head) slices
+    dq_stats = _kernel_tiles_stats(w, dq_tile, None, None)
+    kv_stats = _kernel_tiles_stats(w, kv_tile, None, None)
+    dq_visits = sum(m * int(st.T) for m, st, _ in dq_stats)      # (slice, Q tile, K tile)
+    dq_keys = sum(m * int(st.C) for m, st, _ in dq_stats)        # keys inside, per visited tile
+    kv_visits = sum(m * int(st.T) for m, st, _ in kv_stats)      # items: every query head of a
+    kv_queries = sum(m * int(st.R) for m, st, _ in kv_stats)     # group, queries inside per item
+    n_blocks_q, n_blocks_k = cdiv(Nq, dq_rows), cdiv(Nk, kv_rows_per_program)
+    q_rows, kv_keys = B * H * Nq, B * Hkv * Nk                   # rows inside the problem
+    q_held_rows = B * H * n_blocks_q * dq_rows                   # rows the dQ programs hold
+    q_elems, kv_elems = q_rows * d, kv_keys * d
+    dq_scores = dq_visits * dq_rows * dq_cols                    # whole tiles
+    kv_scores = kv_visits * kv_cols * kv_rows_per_program
+
+    def serial(rows: int) -> tuple:
+        return overlap_serial(warp_specialised=True, stages=WGMMA_BWD_STAGES, pingpong=False,
+                              intra_overlap=False,
+                              consumer_warpgroups=rows // ROWS_PER_WARPGROUP)
+
+    # -- the dQ kernel ---------------------------------------------------------------------------
+    dq_threads = wgmma_bwd_threads(dq_rows)
+    dq_programs = n_blocks_q * B * H
+    dq_schedule = _schedule_loads(dq_rows, dq_programs, 1, dq_visits)
+    dq_accesses = (
+        Access("schedule", "load", dq_schedule * SCHEDULE_ENTRY_BYTES, "fragment",
+               SCHEDULE_ENTRY_BYTES),
+        Access("Q", "load", q_elems * e, "ld"),                                  # TMA, resident
+        Access("dO", "load", q_elems * e, "ld"),                                 # TMA, resident
+        Access("dO", "load", q_elems * e, "fragment", FRAGMENT_ROW_BYTES),       # delta
+        Access("O", "load", q_elems * e, "fragment", FRAGMENT_ROW_BYTES),        # delta
+        Access("lse", "load", q_rows * STAT_BYTES, "ld"),
+        Access("K", "load", dq_keys * d * e, "ld"),                              # TMA, streamed
+        Access("V", "load", dq_keys * d * e, "ld"),                              # TMA, streamed
+        Access("delta", "store", q_rows * STAT_BYTES, "st"),
+        Access("dQ", "store", q_elems * e, "fragment", FRAGMENT_ROW_BYTES),
+    )
+    dq_fp32 = (dq_scores * DQ_FLOPS_PER_SCORE
+               + q_elems * DELTA_FLOPS_PER_ELEMENT
+               + q_held_rows * THREADS_PER_ROW * DELTA_SHUFFLE_FLOPS_PER_ROW_THREAD
+               + q_rows * THREADS_PER_ROW * LSE_LOG2_FLOPS_PER_ROW
+               + q_elems * SCALE_FLOPS_PER_ELEMENT)
+    dq_smem = wgmma_bwd_smem_bytes("dq", d, dq_rows, dq_cols)
+    dq_kernel = KernelPlan(
+        name=names["dq"], phase="bwd.dq", grid=(n_blocks_q, B * H), threads=dq_threads,
+        shared_bytes=dq_smem, accesses=dq_accesses,
+        matmuls=(Matmul(unit, dq_visits * DQ_PRODUCTS_PER_TILE * 2 * dq_rows * dq_cols * d),),
+        fp32_flops=int(dq_fp32), mufu_ops=int(dq_scores * DQ_MUFU_PER_SCORE),
+        shared_bytes_moved=int(2 * _boxes_bytes(B * H, Nq, d, e)
+                               + dq_visits * 2 * dq_cols * d * e),
+        registers=_launch_registers(dq_rows, registers[0]), programs_per_slice=n_blocks_q,
+        lockstep=_first_tiles_in_step(w, dq_tile, "kv"),
+        serial=serial(dq_rows), serial_per_program=True)
+
+    # -- the dK/dV kernel ------------------------------------------------------------------------
+    kv_threads = wgmma_bwd_threads(kv_rows_per_program)
+    kv_programs = n_blocks_k * B * Hkv
+    kv_schedule = _schedule_loads(kv_rows_per_program, kv_programs, w.group, kv_visits)
+    kv_accesses = (
+        Access("schedule", "load", kv_schedule * SCHEDULE_ENTRY_BYTES, "fragment",
+               SCHEDULE_ENTRY_BYTES),
+        Access("K", "load", kv_elems * e, "ld"),                                 # TMA, resident
+        Access("V", "load", kv_elems * e, "ld"),                                 # TMA, resident
+        Access("Q", "load", kv_queries * d * e, "ld"),                           # TMA, streamed
+        Access("dO", "load", kv_queries * d * e, "ld"),                          # TMA, streamed
+        Access("lse", "load", kv_queries * STAT_BYTES, "ld"),                    # producer lanes
+        Access("delta", "load", kv_queries * STAT_BYTES, "ld"),
+        Access("dK", "store", kv_elems * e, "fragment", FRAGMENT_ROW_BYTES),
+        Access("dV", "store", kv_elems * e, "fragment", FRAGMENT_ROW_BYTES),
+    )
+    kv_fp32 = (kv_scores * DKDV_FLOPS_PER_SCORE
+               + kv_queries * LSE_LOG2_FLOPS_PER_ROW
+               + kv_elems * SCALE_FLOPS_PER_ELEMENT)
+    kv_smem = wgmma_bwd_smem_bytes("dkdv", d, kv_rows_per_program, kv_cols)
+    kv_kernel = KernelPlan(
+        name=names["dkdv"], phase="bwd.main", grid=(n_blocks_k, B * Hkv), threads=kv_threads,
+        shared_bytes=kv_smem, accesses=kv_accesses,
+        matmuls=(Matmul(unit, kv_visits * DKDV_PRODUCTS_PER_TILE * 2 * kv_cols
+                        * kv_rows_per_program * d),),
+        fp32_flops=int(kv_fp32), mufu_ops=int(kv_scores * DKDV_MUFU_PER_SCORE),
+        # the stage's lse and delta stored for every query of it, read back once per score
+        shared_bytes_moved=int(2 * _boxes_bytes(B * Hkv, Nk, d, e)
+                               + kv_visits * 2 * kv_cols * d * e
+                               + (kv_visits * kv_cols + kv_scores) * 2 * STAT_BYTES),
+        registers=_launch_registers(kv_rows_per_program, registers[1]),
+        programs_per_slice=n_blocks_k, lockstep=_first_tiles_in_step(w, kv_tile, "q"),
+        serial=serial(kv_rows_per_program), serial_per_program=True)
+
+    q_bytes, kv_bytes = q_elems * e, kv_elems * e
+    tensor_bytes = {"Q": q_bytes, "O": q_bytes, "dO": q_bytes, "dQ": q_bytes,
+                    "lse": q_rows * STAT_BYTES, "delta": q_rows * STAT_BYTES,
+                    "K": kv_bytes, "V": kv_bytes, "dK": kv_bytes, "dV": kv_bytes,
+                    # the CSR schedules of the distinct slices: offsets per program and one
+                    # index per tile, of each kernel
+                    "schedule": SCHEDULE_ENTRY_BYTES * sum(
+                        n_blocks + 1 + int(st.T) for stats, n_blocks in
+                        ((dq_stats, n_blocks_q), (kv_stats, n_blocks_k)) for _m, st, _bi in stats)}
+    config = {"dq_tile": dq_tile, "kv_tile": kv_tile, "launch_order": launch_order,
+              "stages": WGMMA_BWD_STAGES,
+              "consumer_warpgroups": {"dq": dq_rows // ROWS_PER_WARPGROUP,
+                                      "dkdv": kv_rows_per_program // ROWS_PER_WARPGROUP},
+              "tma_tensors": WGMMA_BWD_TMA_TENSORS,
+              "dynamic_shared_bytes": {names["dq"]: dq_smem, names["dkdv"]: kv_smem}}
+    return Plan("wgmma", "bwd", w, (dq_kernel, kv_kernel), config, tensor_bytes)
+
+
+def wgmma_backward_configs(workload: Workload) -> list:
+    """Every legal configuration of the wgmma backward for ``workload``: ``[{dq_tile,
+    kv_tile}]`` (each (queries, keys)) whose kernels' dynamic shared memory fits the 227 KiB a
+    block may opt in to on sm_90. Not listed in `sim.plans.CONFIGS` yet: that would put the
+    family into ``python -m benchmarks pick``'s grid and estimate, which cannot time
+    configurations that are not `kernels.KernelConfig` fields, and `sim.plans.choose` breaks
+    its ties on scalar values only."""
+    d = workload.head_dim
+    dq_tiles = [(r, c) for r in WGMMA_BWD_ROWS_CHOICES for c in WGMMA_BWD_COLS_CHOICES
+                if wgmma_bwd_smem_bytes("dq", d, r, c) <= DYNAMIC_SMEM_LIMIT_BYTES]
+    kv_tiles = [(c, r) for r in WGMMA_BWD_ROWS_CHOICES for c in WGMMA_BWD_COLS_CHOICES
+                if wgmma_bwd_smem_bytes("dkdv", d, r, c) <= DYNAMIC_SMEM_LIMIT_BYTES]
+    return [{"dq_tile": q, "kv_tile": k} for q in dq_tiles for k in kv_tiles]
+
+
+def launch_of(plan: Plan, kernel: str) -> tuple[tuple, int, int]:
+    """``(grid, threads, dynamic shared bytes)`` a launcher passes for ``kernel`` ("dq" or
+    "dkdv") of a wgmma backward plan (all its shared memory is dynamic)."""
+    if kernel not in WGMMA_BWD_KERNEL_NAMES:
+        raise ValueError(f"kernel must be one of {tuple(WGMMA_BWD_KERNEL_NAMES)}, got {kernel!r}")
+    name = WGMMA_BWD_KERNEL_NAMES[kernel]
+    k = plan.kernel(name)
+    return k.grid, k.threads, plan.config["dynamic_shared_bytes"][name]

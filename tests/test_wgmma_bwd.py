@@ -1,0 +1,199 @@
+"""Tests of the Hopper backward (`kernels.wgmma_bwd`, the ``wgmma`` family's backward).
+
+GPU tests (marked ``gpu``, on compute capability 9.0: wgmma and TMA; the CUDA simulator runs
+neither) draw fresh random half-precision inputs, run our forward for ``out`` and ``lse`` and
+the wgmma backward with the family forced (``KernelConfig(family="wgmma")``: a problem it
+cannot run raises instead of running on another family), and compare the gradients against
+float64 gradients of the same (already rounded) inputs, element by element, within the bounds
+of `tests.test_mma_bwd` (its module docstring derives them: the kernel rounds P, dS, O and the
+gradients to the input dtype as the ``mma`` backward does; u = 2**-11 for float16, 2**-8 for
+bfloat16). Shapes are odd lengths, Nq != Nk, GQA, causal, sliding windows with rows that see
+no key, and large logits. The CPU tests cover the refusals and the registry's order.
+"""
+from __future__ import annotations
+
+import pytest
+
+import kernels
+from kernels import KernelConfig, wgmma_bwd as bwd_mod
+
+from .helpers import kernel_problem, kernels_backward, kernels_forward
+from .test_mma_bwd import _check_grads, _inputs, _torch_cuda, reference_grads
+
+gpu = pytest.mark.gpu
+WGMMA = KernelConfig(family="wgmma")
+
+
+def _hopper():
+    torch = _torch_cuda()
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("the wgmma backward needs compute capability 9.0")
+    return torch
+
+
+def _run_and_check(q, k, v, dout, *, causal=False, window_size=None, float64_forward=False):
+    """Our wgmma backward on ``out``/``lse`` from our forward (or, ``float64_forward``, from the
+    float64 reference rounded), checked against float64 gradients."""
+    torch = _hopper()
+    d = q.shape[-1]
+    scale = d ** -0.5
+    kw = dict(scale=scale, causal=causal, window_size=window_size)
+    want = reference_grads(q, k, v, dout, scale, causal=causal,
+                           mask=_window_mask(q, k, causal, window_size))
+    if float64_forward:
+        out = torch.from_numpy(want["out"]).to(device="cuda", dtype=q.dtype)
+        lse = torch.from_numpy(want["lse"]).to(device="cuda", dtype=torch.float32)
+    else:
+        out, lse = kernels_forward(q, k, v, **kw)
+    assert kernels.family_for(kernel_problem(q, k, v, **kw), WGMMA, "bwd") == "wgmma"
+    dq, dk, dv = kernels_backward(q, k, v, out, lse, dout, config=WGMMA, **kw)
+    assert dq.dtype == q.dtype and dk.dtype == q.dtype and dv.dtype == q.dtype
+    assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
+    _check_grads((dq, dk, dv), want, q.dtype)
+    return dq, dk, dv
+
+
+def _window_mask(q, k, causal, window_size):
+    """The sliding window (with causal, bottom-right aligned as `ioaware.attention`'s rule) as a
+    boolean mask [Nq, Nk] for the float64 reference; None without a window."""
+    if window_size is None:
+        return None
+    import numpy as np
+    nq, nk = q.shape[-2], k.shape[-2]
+    left, right = window_size
+    rel = np.arange(nk)[None, :] - (np.arange(nq)[:, None] + nk - nq)
+    allowed = np.ones((nq, nk), bool)
+    if left >= 0:
+        allowed &= rel >= -left
+    if right >= 0:
+        allowed &= rel <= right
+    if causal:
+        allowed &= rel <= 0
+    return allowed
+
+
+@gpu
+@pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_backward_matches_float64(dtype_name, head_dim, causal):
+    torch = _hopper()
+    dtype = getattr(torch, dtype_name)
+    q, k, v, dout = _inputs((2, 3, 333, head_dim), (2, 3, 333, head_dim), dtype, seed=11)
+    _run_and_check(q, k, v, dout, causal=causal)
+
+
+@gpu
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("nq,nk,causal", [(200, 77, False), (77, 300, False), (300, 130, True),
+                                          (129, 1000, True), (1, 64, False)])
+def test_gqa_and_unequal_lengths(head_dim, nq, nk, causal):
+    """GQA 6/2, Nq != Nk (top-left causal), lengths that are not multiples of the tiles."""
+    torch = _hopper()
+    q, k, v, dout = _inputs((2, 6, nq, head_dim), (2, 2, nk, head_dim), torch.float16, seed=nq)
+    _run_and_check(q, k, v, dout, causal=causal)
+
+
+@gpu
+@pytest.mark.parametrize("window_size,causal", [((32, 0), True), ((100, 17), False),
+                                                ((0, 0), False), ((-1, 40), False)])
+def test_sliding_window(window_size, causal):
+    """Windows with partial tiles, a window of 0 (one key a row) and one side unbounded; with
+    Nq > Nk some rows see no key (their gradient is zero)."""
+    torch = _hopper()
+    for nq, nk in ((257, 257), (300, 190)):
+        if causal and nq != nk:
+            continue
+        q, k, v, dout = _inputs((1, 4, nq, 128), (1, 2, nk, 128), torch.bfloat16, seed=nk)
+        _run_and_check(q, k, v, dout, causal=causal, window_size=window_size)
+
+
+@gpu
+def test_large_logits_and_float64_forward():
+    """Logits of size ~30 (q scaled by 8): the exponentials stay exact against the logsumexp,
+    from our forward and from the float64 one."""
+    torch = _hopper()
+    q, k, v, dout = _inputs((1, 2, 515, 64), (1, 2, 515, 64), torch.float16, seed=5, q_scale=8.0)
+    _run_and_check(q, k, v, dout, causal=True)
+    _run_and_check(q, k, v, dout, causal=False, float64_forward=True)
+
+
+@gpu
+def test_deterministic_and_default_family():
+    """No atomics: two calls give the same bits; on Hopper the registry's default backward is
+    this one, and it agrees with the mma family's within the bounds of both."""
+    torch = _hopper()
+    q, k, v, dout = _inputs((2, 4, 640, 128), (2, 4, 640, 128), torch.bfloat16, seed=3)
+    pb = kernel_problem(q, k, v, causal=True)
+    assert kernels.family_for(pb, None, "bwd") == "wgmma"
+    out, lse = kernels.forward(pb)
+    first = kernels.backward(pb, out, lse, dout)
+    second = kernels.backward(pb, out, lse, dout)
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+
+
+@gpu
+def test_autograd_through_attention():
+    """``ioaware.attention`` with autograd runs this backward on Hopper and matches float64."""
+    torch = _hopper()
+    import ioaware
+    q, k, v, dout = _inputs((2, 4, 300, 64), (2, 2, 300, 64), torch.float16, seed=9)
+    want = reference_grads(q, k, v, dout, 64 ** -0.5, causal=True)
+    leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+    out = ioaware.attention(*leaves, causal=True)
+    out.backward(dout)
+    _check_grads(tuple(x.grad for x in leaves), want, torch.float16)
+
+
+# -- CPU: refusals and the registry --------------------------------------------------------------
+class _Problem:
+    """The attributes `supports` reads, without arrays."""
+
+    def __init__(self, **kw):
+        self.mask = self.bias = self.block_mask = self.cache_seqlens = None
+        self.dropout_p = 0.0
+        self.value_dim = None
+        self.causal = False
+        self.causal_alignment = "top_left"
+        self.window_size = None
+        self.seqlen_q = self.seqlen_k = 128
+        self.head_dim = 64
+        self.dtype = "torch.float16"
+        self.__dict__.update(kw)
+
+
+@pytest.mark.parametrize("change,word", [
+    (dict(dropout_p=0.1), "dropout"), (dict(mask=True), "mask"), (dict(bias=True), "bias"),
+    (dict(block_mask=True), "block_mask"), (dict(head_dim=96), "head_dim"),
+    (dict(dtype="torch.float32"), "dtype"), (dict(value_dim=32), "value_dim"),
+    (dict(causal=True, seqlen_q=10, causal_alignment="bottom_right"), "causal_alignment")])
+def test_refusals_name_what_is_refused(change, word):
+    assert word in bwd_mod.supports(_Problem(**change), KernelConfig())
+
+
+@pytest.mark.parametrize("config,word", [(KernelConfig(block_q=64), "block_q"),
+                                         (KernelConfig(backward_dq="atomic"), "backward_dq")])
+def test_refusals_of_configs(config, word):
+    assert word in bwd_mod.supports(_Problem(), config)
+
+
+def test_registry_tries_the_hopper_backward_first():
+    assert kernels.FIRST_BACKWARDS == {"wgmma": bwd_mod}
+    assert bwd_mod.TAKES_WINDOW
+
+
+def test_cpu_falls_back_with_a_reason():
+    """Without a GPU (the CI machine, the simulator) the wgmma backward refuses, saying why, and
+    the registry picks another family; pinning it raises with that reason."""
+    np = pytest.importorskip("numpy")
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, 1, 8, 64)).astype(np.float16) for _ in range(3))
+    pb = kernel_problem(q, k, v)
+    from kernels import host
+    if host.real_gpu() and host.compute_capability(host.current_device_id()) >= (9, 0):
+        pytest.skip("a Hopper GPU is here")
+    assert bwd_mod.supports(pb, KernelConfig()) is not None
+    assert kernels.family_for(pb, None, "bwd") != "wgmma"
+    with pytest.raises(ValueError, match="wgmma"):
+        kernels.family_for(pb, WGMMA, "bwd")
