@@ -188,11 +188,11 @@ def test_element_wise_work_shared_memory_and_schedule_of_one_problem():
     assert _access(dq, "schedule") == 4 * 9 * (2 * 2 * 2 + tiles)
     # dK/dV kernel: 2 K tiles x 4 Q tiles per query head, both heads in the one KV program set
     items, queries = 2 * 4 * 2, 2 * 2 * 200
-    assert kv.fp32_flops == 4 * items * 64 * 128 + queries + 200 * 64
+    # lse * log2(e): each of the 256 consumer threads for its 16 of the item's 64 queries
+    assert kv.fp32_flops == 4 * items * 64 * 128 + items * 256 * 16 + 200 * 64
+    assert _access(kv, "lse") == _access(kv, "delta") == queries * 4
     kv_boxes = 4 * 64 * 64 * 2
-    # lse and delta: 64 queries stored per item, read back once per score (64 x 128)
-    assert kv.shared_bytes_moved == (2 * kv_boxes + items * 2 * 64 * 64 * 2
-                                     + items * (64 + 64 * 128) * 8)
+    assert kv.shared_bytes_moved == 2 * kv_boxes + items * 2 * 64 * 64 * 2
     # 2 programs, each reads start and stop for both query heads of its group
     assert _access(kv, "schedule") == 4 * 9 * (2 * 2 * 2 + items)
     assert plan.tensor_bytes["schedule"] == 4 * ((2 + 1 + 8) + (2 + 1 + 8))
@@ -208,7 +208,7 @@ def test_launch_grid_threads_shared_memory_registers(d, dq_tile, kv_tile):
     registers = {128: 168, 64: None}       # 65536 / 384 rounded down to 8; not known
     (R_dq, C_dq), (C_kv, R_kv) = dq_tile, kv_tile
     dq_smem = 1024 + 2 * R_dq * d * 2 + 2 * (2 * C_dq * d * 2) + 64
-    kv_smem = 1024 + 2 * R_kv * d * 2 + 2 * (2 * C_kv * d * 2 + 2 * C_kv * 4) + 64
+    kv_smem = 1024 + 2 * R_kv * d * 2 + 2 * (2 * C_kv * d * 2) + 64
     assert P.launch_of(plan, "dq") == ((math.ceil(1000 / R_dq), 12), threads[R_dq], dq_smem)
     assert P.launch_of(plan, "dkdv") == ((math.ceil(300 / R_kv), 6), threads[R_kv], kv_smem)
     dq, kv = plan.kernels

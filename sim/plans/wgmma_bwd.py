@@ -18,8 +18,8 @@ products from shared memory (16-bit operands, 128-byte swizzle, boxes of 64 colu
 2. the **dK/dV kernel** (``flash_wgmma_bwd_dkdv``, phase ``bwd.main``), grid
    (cdiv(Nk, rows), B * Hkv): resident K and V (rows = key rows), over the query heads of its
    GQA group and the Q tiles of `BlockInfo.q_schedule()`, Q and dO streamed (``cols`` queries a
-   stage) with the tile's lse (as log2) and delta, which the producer warp stages in shared
-   memory beside them; per tile S^T = K Q^T, dP^T = V dO^T, dV += P^T dO, dK += dS^T Q.
+   stage); each consumer thread reads the lse and delta of its columns' queries from global
+   memory (L1); per tile S^T = K Q^T, dP^T = V dO^T, dV += P^T dO, dK += dS^T Q.
 
 Tiles are given in (queries, keys) order for both kernels, as `sim.plans.tensor_core_bwd`'s:
 ``dq_tile`` = (query rows per program, keys per stage), ``kv_tile`` = (queries per stage, key
@@ -42,8 +42,8 @@ same accumulator layout, four threads a row.
 * **Element-wise FP32 and MUFU** as the ``mma`` backward's two-kernel plan counts them: per
   score (whole tiles) ``DQ_FLOPS_PER_SCORE`` / ``DKDV_FLOPS_PER_SCORE`` and one ``ex2``; in the
   dQ kernel delta's products per element, its quad shuffles per held row, lse * log2(e) per row
-  and dQ's scale per element; in the dK/dV kernel lse * log2(e) per staged query (the
-  producer warp's lanes) and dK's scale per element.
+  and dQ's scale per element; in the dK/dV kernel lse * log2(e) per column of each item on every
+  consumer thread that holds it (``cols / 4`` a thread) and dK's scale per element.
 * **Bytes**. By TMA (``"ld"``, whole rows: a box starting at or past the last row is not
   issued, rows past it inside a box are zero-filled without a read): the dQ kernel's Q and dO
   once per row, K and V once per visited tile (the tile's keys inside the problem); the dK/dV
@@ -52,17 +52,14 @@ same accumulator layout, four threads a row.
   instruction): the dQ kernel's O and dO for delta (so dO is read twice: TMA and fragment),
   dQ, dK and dV stores. Row statistics (float32, ``"ld"``/``"st"``): lse read and delta
   written once per row by the dQ kernel; lse and delta read once per query of each item inside
-  the problem by the dK/dV kernel's producer warp. The tile schedules' CSR entries
+  the problem by the dK/dV kernel (its consumer threads' loads, which L1 shares). The tile schedules' CSR entries
   (``"schedule"``, warp-uniform 4-byte loads, a sector each): the consumer warps and the
   producer warp read start and stop once (the dK/dV kernel: once per query head of its group)
   and one index per visited tile or item; a producer warpgroup's other three warps leave
   before the loop (:data:`WGMMA_BWD_SCHEDULE_LOADS_PER_WARP`). The tensor maps are not
   counted.
 * **Shared memory moved**: the TMA destinations (the resident operands' 64-row boxes, the
-  streamed tiles whole) and, in the dK/dV kernel, the lse and delta the producer warp stores
-  (8 bytes per query of each stage, past the problem too) and the consumers read back, counted
-  once per score as the ``mma`` plan counts its staged rows; the ``wgmma`` operand reads are not
-  counted (as the forward leaves them out).
+  streamed tiles whole); the ``wgmma`` operand reads are not counted (as the forward leaves them out).
 * **Overlap**: the forward's model (`sim.plans.flash3.overlap_serial`, warp-specialised,
   :data:`WGMMA_BWD_STAGES` stages, no ping-pong, no intra-warpgroup overlap): each consumer
   warpgroup's products and element-wise work add, the loads overlap them; the programs
@@ -95,7 +92,7 @@ from .wgmma_fwd import (ALIGN_SLACK_BYTES, OVERLAP_REGISTERS, PRODUCER_THREADS,
 __all__ = ["WGMMA_BWD_KERNEL_NAMES", "WGMMA_BWD_HEAD_DIMS", "WGMMA_BWD_ROWS_CHOICES",
            "WGMMA_BWD_COLS_CHOICES", "WGMMA_BWD_STAGES", "WGMMA_BWD_BARRIER_BYTES",
            "wgmma_bwd_default_tiles", "wgmma_bwd_threads", "wgmma_bwd_producer_warpgroup",
-           "wgmma_bwd_smem_bytes", "wgmma_bwd_stats_bytes", "WGMMA_BWD_REGISTERS",
+           "wgmma_bwd_smem_bytes", "WGMMA_BWD_REGISTERS",
            "wgmma_backward_plan", "wgmma_backward_configs", "launch_of", "WGMMA_BWD_TMA_TENSORS",
            "WGMMA_BWD_SCHEDULE_LOADS_PER_WARP"]
 
@@ -140,19 +137,12 @@ def wgmma_bwd_threads(rows: int) -> int:
     return WARPGROUP_THREADS * (rows // ROWS_PER_WARPGROUP) + producer
 
 
-def wgmma_bwd_stats_bytes(kernel: str, cols: int) -> int:
-    """Bytes of one stage's row statistics: the dK/dV kernel's lse (as log2) and delta of the
-    stage's ``cols`` queries, float32 each; the dQ kernel holds its rows' in registers (0)."""
-    return 2 * cols * 4 if kernel == "dkdv" else 0
-
-
-def wgmma_bwd_smem_bytes(kernel: str, head_dim: int, rows: int, cols: int,
+def wgmma_bwd_smem_bytes(head_dim: int, rows: int, cols: int,
                          stages: int = WGMMA_BWD_STAGES) -> int:
-    """Dynamic shared memory of one program of ``kernel`` ("dq", "dkdv") in bytes: the
-    alignment slack, the two resident operands (``rows`` x d, 16-bit), ``stages`` stages of the
-    two streamed operands (``cols`` x d each) and their row statistics, the mbarriers."""
-    return (ALIGN_SLACK_BYTES + 2 * rows * head_dim * 2
-            + stages * (2 * cols * head_dim * 2 + wgmma_bwd_stats_bytes(kernel, cols))
+    """Dynamic shared memory of one program of either kernel in bytes: the alignment slack, the
+    two resident operands (``rows`` x d, 16-bit), ``stages`` stages of the two streamed
+    operands (``cols`` x d each), the mbarriers."""
+    return (ALIGN_SLACK_BYTES + 2 * rows * head_dim * 2 + stages * 2 * cols * head_dim * 2
             + WGMMA_BWD_BARRIER_BYTES)
 
 
@@ -286,7 +276,7 @@ def wgmma_backward_plan(workload: Workload, *, dq_tile=None, kv_tile=None, launc
                + q_held_rows * THREADS_PER_ROW * DELTA_SHUFFLE_FLOPS_PER_ROW_THREAD
                + q_rows * THREADS_PER_ROW * LSE_LOG2_FLOPS_PER_ROW
                + q_elems * SCALE_FLOPS_PER_ELEMENT)
-    dq_smem = wgmma_bwd_smem_bytes("dq", d, dq_rows, dq_cols)
+    dq_smem = wgmma_bwd_smem_bytes(d, dq_rows, dq_cols)
     dq_kernel = KernelPlan(
         name=names["dq"], phase="bwd.dq", grid=(n_blocks_q, B * H), threads=dq_threads,
         shared_bytes=dq_smem, accesses=dq_accesses,
@@ -300,6 +290,7 @@ def wgmma_backward_plan(workload: Workload, *, dq_tile=None, kv_tile=None, launc
 
     # -- the dK/dV kernel ------------------------------------------------------------------------
     kv_threads = wgmma_bwd_threads(kv_rows_per_program)
+    kv_consumer_threads = kv_rows_per_program // ROWS_PER_WARPGROUP * WARPGROUP_THREADS
     kv_programs = n_blocks_k * B * Hkv
     kv_schedule = _schedule_loads(kv_rows_per_program, kv_programs, w.group, kv_visits)
     kv_accesses = (
@@ -309,25 +300,23 @@ def wgmma_backward_plan(workload: Workload, *, dq_tile=None, kv_tile=None, launc
         Access("V", "load", kv_elems * e, "ld"),                                 # TMA, resident
         Access("Q", "load", kv_queries * d * e, "ld"),                           # TMA, streamed
         Access("dO", "load", kv_queries * d * e, "ld"),                          # TMA, streamed
-        Access("lse", "load", kv_queries * STAT_BYTES, "ld"),                    # producer lanes
+        Access("lse", "load", kv_queries * STAT_BYTES, "ld"),       # consumer threads, via L1
         Access("delta", "load", kv_queries * STAT_BYTES, "ld"),
         Access("dK", "store", kv_elems * e, "fragment", FRAGMENT_ROW_BYTES),
         Access("dV", "store", kv_elems * e, "fragment", FRAGMENT_ROW_BYTES),
     )
     kv_fp32 = (kv_scores * DKDV_FLOPS_PER_SCORE
-               + kv_queries * LSE_LOG2_FLOPS_PER_ROW
+               + kv_visits * kv_consumer_threads * (kv_cols // 4) * LSE_LOG2_FLOPS_PER_ROW
                + kv_elems * SCALE_FLOPS_PER_ELEMENT)
-    kv_smem = wgmma_bwd_smem_bytes("dkdv", d, kv_rows_per_program, kv_cols)
+    kv_smem = wgmma_bwd_smem_bytes(d, kv_rows_per_program, kv_cols)
     kv_kernel = KernelPlan(
         name=names["dkdv"], phase="bwd.main", grid=(n_blocks_k, B * Hkv), threads=kv_threads,
         shared_bytes=kv_smem, accesses=kv_accesses,
         matmuls=(Matmul(unit, kv_visits * DKDV_PRODUCTS_PER_TILE * 2 * kv_cols
                         * kv_rows_per_program * d),),
         fp32_flops=int(kv_fp32), mufu_ops=int(kv_scores * DKDV_MUFU_PER_SCORE),
-        # the stage's lse and delta stored for every query of it, read back once per score
         shared_bytes_moved=int(2 * _boxes_bytes(B * Hkv, Nk, d, e)
-                               + kv_visits * 2 * kv_cols * d * e
-                               + (kv_visits * kv_cols + kv_scores) * 2 * STAT_BYTES),
+                               + kv_visits * 2 * kv_cols * d * e),
         registers=_launch_registers(kv_rows_per_program, registers[1]),
         programs_per_slice=n_blocks_k, lockstep=_first_tiles_in_step(w, kv_tile, "q"),
         serial=serial(kv_rows_per_program), serial_per_program=True)
@@ -359,9 +348,9 @@ def wgmma_backward_configs(workload: Workload) -> list:
     its ties on scalar values only."""
     d = workload.head_dim
     dq_tiles = [(r, c) for r in WGMMA_BWD_ROWS_CHOICES for c in WGMMA_BWD_COLS_CHOICES
-                if wgmma_bwd_smem_bytes("dq", d, r, c) <= DYNAMIC_SMEM_LIMIT_BYTES]
+                if wgmma_bwd_smem_bytes(d, r, c) <= DYNAMIC_SMEM_LIMIT_BYTES]
     kv_tiles = [(c, r) for r in WGMMA_BWD_ROWS_CHOICES for c in WGMMA_BWD_COLS_CHOICES
-                if wgmma_bwd_smem_bytes("dkdv", d, r, c) <= DYNAMIC_SMEM_LIMIT_BYTES]
+                if wgmma_bwd_smem_bytes(d, r, c) <= DYNAMIC_SMEM_LIMIT_BYTES]
     return [{"dq_tile": q, "kv_tile": k} for q in dq_tiles for k in kv_tiles]
 
 
