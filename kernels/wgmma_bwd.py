@@ -116,8 +116,10 @@ def _build_kernel(kind, head_dim, rows, cols, is_bf16, causal, head_group, windo
     TILE_BYTES = C * D * 2                    # one streamed operand tile
     CHUNK_BYTES = C * 128                     # one 64-column chunk of a streamed tile
     RING = 2 * RES_BYTES
-    BAR = RING + STAGES * 2 * TILE_BYTES
-    SMEM = wgmma_bwd_smem_bytes(D, R, C, STAGES)
+    STATS = RING + STAGES * 2 * TILE_BYTES   # dK/dV: per warpgroup and stage, C (lse2, delta)
+    STATS_BYTES = C * 8
+    BAR = STATS + (0 if DQ else W * STAGES * STATS_BYTES)
+    SMEM = wgmma_bwd_smem_bytes(kind, D, R, C, STAGES)
     assert BAR + WGMMA_BWD_BARRIER_BYTES + 1024 == SMEM
     lbo_k, sbo_k, K_STEP = hp.kmajor_strides("128B", BOX_COLUMNS)
     K_TMPL = hp.encode_wgmma_descriptor(0, lbo_k, sbo_k, "128B")
@@ -226,12 +228,13 @@ def _build_kernel(kind, head_dim, rows, cols, is_bf16, causal, head_group, windo
             n_rows = n_k
         row0 = blk * R
         # shared memory from a 1024-byte boundary: resident A | resident B | stages (A, B
-        # tiles) | barriers
+        # tiles) | (dK/dV) each warpgroup's row statistics per stage | barriers
         raw = int64(ptx.shared_addr(smem, 0))
         base = (raw + 1023) & ~int64(1023)
         res_a = base
         res_b = base + RES_BYTES
         ring = base + RING
+        stats = base + STATS
         res_full = base + BAR
         full0 = res_full + 8
         empty0 = full0 + 8 * STAGES
@@ -332,6 +335,23 @@ def _build_kernel(kind, head_dim, rows, cols, is_bf16, causal, head_group, windo
                 st_b = st_a + TILE_BYTES                   # dO (dkdv) or V (dq) tile
                 t_idx = index[it]
                 col0 = t_idx * C
+                st_stats = stats + (wg * STAGES + st) * STATS_BYTES
+                if not DQ:
+                    # -- this warpgroup stages the tile's lse (log2; +inf past the queries and
+                    # for rows with no allowed key: P = 0) and delta, (lse2, delta) pairs; the
+                    # named barrier orders the stores before every read (and, with two
+                    # buffers, every read of item i - 2 before a store of item i) --
+                    tw = tid - WARPGROUP_THREADS * wg
+                    if tw < C:
+                        l2 = POS_INF
+                        dl = float32(0.0)
+                        if col0 + tw < n_q:
+                            lv = lse[b, t_head, col0 + tw]
+                            dl = delta[b, t_head, col0 + tw]
+                            if lv != NEG_INF:
+                                l2 = lv * float32(LOG2E)
+                        ptx.st_shared_v2_f32(uint32(st_stats + 8 * tw), l2, dl)
+                    hp.named_barrier_sync(uint32(1 + wg), uint32(WARPGROUP_THREADS))
                 hp.mbarrier_wait_parity(full0 + 8 * st, (i // STAGES) & 1)
                 # -- compute S = Q K^T and dP = dO V^T (dK/dV: S^T = K Q^T, dP^T = V dO^T) --
                 hp.wgmma_fence()
@@ -349,12 +369,9 @@ def _build_kernel(kind, head_dim, rows, cols, is_bf16, causal, head_group, windo
                     for j in range(8):
                         for e in range(2):
                             c = 64 * nb + 8 * j + 2 * tig + e
-                            l2c = POS_INF            # dK/dV: this column's query's lse2
+                            l2c = POS_INF
                             if not DQ:
-                                if col0 + c < n_q:
-                                    lv = lse[b, t_head, col0 + c]
-                                    if lv != NEG_INF:        # no allowed key: P = 0
-                                        l2c = lv * float32(LOG2E)
+                                l2c = ptx.ld_shared_f32(uint32(st_stats + 8 * c))
                             for hr in range(2):
                                 r = 32 * nb + 4 * j + 2 * hr + e
                                 l2 = lse2_r[hr] if DQ else l2c
@@ -390,10 +407,9 @@ def _build_kernel(kind, head_dim, rows, cols, is_bf16, causal, head_group, windo
                     for j in range(8):
                         for e in range(2):
                             c = 64 * nb + 8 * j + 2 * tig + e
-                            dlc = float32(0.0)       # dK/dV: this column's query's delta
+                            dlc = float32(0.0)
                             if not DQ:
-                                if col0 + c < n_q:
-                                    dlc = delta[b, t_head, col0 + c]
+                                dlc = ptx.ld_shared_f32(uint32(st_stats + 8 * c + 4))
                             for hr in range(2):
                                 r = 32 * nb + 4 * j + 2 * hr + e
                                 dl = delta_r[hr] if DQ else dlc

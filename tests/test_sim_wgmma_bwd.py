@@ -208,7 +208,7 @@ def test_launch_grid_threads_shared_memory_registers(d, dq_tile, kv_tile):
     registers = {128: 168, 64: None}       # 65536 / 384 rounded down to 8; not known
     (R_dq, C_dq), (C_kv, R_kv) = dq_tile, kv_tile
     dq_smem = 1024 + 2 * R_dq * d * 2 + 2 * (2 * C_dq * d * 2) + 64
-    kv_smem = 1024 + 2 * R_kv * d * 2 + 2 * (2 * C_kv * d * 2) + 64
+    kv_smem = 1024 + 2 * R_kv * d * 2 + 2 * (2 * C_kv * d * 2) + R_kv // 64 * 2 * C_kv * 8 + 64
     assert P.launch_of(plan, "dq") == ((math.ceil(1000 / R_dq), 12), threads[R_dq], dq_smem)
     assert P.launch_of(plan, "dkdv") == ((math.ceil(300 / R_kv), 6), threads[R_kv], kv_smem)
     dq, kv = plan.kernels

@@ -92,7 +92,7 @@ from .wgmma_fwd import (ALIGN_SLACK_BYTES, OVERLAP_REGISTERS, PRODUCER_THREADS,
 __all__ = ["WGMMA_BWD_KERNEL_NAMES", "WGMMA_BWD_HEAD_DIMS", "WGMMA_BWD_ROWS_CHOICES",
            "WGMMA_BWD_COLS_CHOICES", "WGMMA_BWD_STAGES", "WGMMA_BWD_BARRIER_BYTES",
            "wgmma_bwd_default_tiles", "wgmma_bwd_threads", "wgmma_bwd_producer_warpgroup",
-           "wgmma_bwd_smem_bytes", "WGMMA_BWD_REGISTERS",
+           "wgmma_bwd_smem_bytes", "wgmma_bwd_stats_bytes", "WGMMA_BWD_REGISTERS",
            "wgmma_backward_plan", "wgmma_backward_configs", "launch_of", "WGMMA_BWD_TMA_TENSORS",
            "WGMMA_BWD_SCHEDULE_LOADS_PER_WARP"]
 
@@ -137,13 +137,22 @@ def wgmma_bwd_threads(rows: int) -> int:
     return WARPGROUP_THREADS * (rows // ROWS_PER_WARPGROUP) + producer
 
 
-def wgmma_bwd_smem_bytes(head_dim: int, rows: int, cols: int,
+def wgmma_bwd_stats_bytes(kernel: str, rows: int, cols: int,
+                          stages: int = WGMMA_BWD_STAGES) -> int:
+    """Bytes of the dK/dV kernel's row statistics: per consumer warpgroup and stage, the lse (as
+    log2) and delta of the stage's ``cols`` queries, float32 pairs (its threads store them,
+    then read them per score); the dQ kernel holds its rows' in registers (0)."""
+    return (rows // ROWS_PER_WARPGROUP) * stages * cols * 8 if kernel == "dkdv" else 0
+
+
+def wgmma_bwd_smem_bytes(kernel: str, head_dim: int, rows: int, cols: int,
                          stages: int = WGMMA_BWD_STAGES) -> int:
-    """Dynamic shared memory of one program of either kernel in bytes: the alignment slack, the
-    two resident operands (``rows`` x d, 16-bit), ``stages`` stages of the two streamed
-    operands (``cols`` x d each), the mbarriers."""
+    """Dynamic shared memory of one program of ``kernel`` ("dq", "dkdv") in bytes: the
+    alignment slack, the two resident operands (``rows`` x d, 16-bit), ``stages`` stages of the
+    two streamed operands (``cols`` x d each), the row statistics
+    (:func:`wgmma_bwd_stats_bytes`), the mbarriers."""
     return (ALIGN_SLACK_BYTES + 2 * rows * head_dim * 2 + stages * 2 * cols * head_dim * 2
-            + WGMMA_BWD_BARRIER_BYTES)
+            + wgmma_bwd_stats_bytes(kernel, rows, cols, stages) + WGMMA_BWD_BARRIER_BYTES)
 
 
 # -- the plan -----------------------------------------------------------------------------------
@@ -276,7 +285,7 @@ def wgmma_backward_plan(workload: Workload, *, dq_tile=None, kv_tile=None, launc
                + q_held_rows * THREADS_PER_ROW * DELTA_SHUFFLE_FLOPS_PER_ROW_THREAD
                + q_rows * THREADS_PER_ROW * LSE_LOG2_FLOPS_PER_ROW
                + q_elems * SCALE_FLOPS_PER_ELEMENT)
-    dq_smem = wgmma_bwd_smem_bytes(d, dq_rows, dq_cols)
+    dq_smem = wgmma_bwd_smem_bytes("dq", d, dq_rows, dq_cols)
     dq_kernel = KernelPlan(
         name=names["dq"], phase="bwd.dq", grid=(n_blocks_q, B * H), threads=dq_threads,
         shared_bytes=dq_smem, accesses=dq_accesses,
@@ -308,7 +317,7 @@ def wgmma_backward_plan(workload: Workload, *, dq_tile=None, kv_tile=None, launc
     kv_fp32 = (kv_scores * DKDV_FLOPS_PER_SCORE
                + kv_visits * kv_consumer_threads * (kv_cols // 4) * LSE_LOG2_FLOPS_PER_ROW
                + kv_elems * SCALE_FLOPS_PER_ELEMENT)
-    kv_smem = wgmma_bwd_smem_bytes(d, kv_rows_per_program, kv_cols)
+    kv_smem = wgmma_bwd_smem_bytes("dkdv", d, kv_rows_per_program, kv_cols)
     kv_kernel = KernelPlan(
         name=names["dkdv"], phase="bwd.main", grid=(n_blocks_k, B * Hkv), threads=kv_threads,
         shared_bytes=kv_smem, accesses=kv_accesses,
@@ -348,9 +357,9 @@ def wgmma_backward_configs(workload: Workload) -> list:
     its ties on scalar values only."""
     d = workload.head_dim
     dq_tiles = [(r, c) for r in WGMMA_BWD_ROWS_CHOICES for c in WGMMA_BWD_COLS_CHOICES
-                if wgmma_bwd_smem_bytes(d, r, c) <= DYNAMIC_SMEM_LIMIT_BYTES]
+                if wgmma_bwd_smem_bytes("dq", d, r, c) <= DYNAMIC_SMEM_LIMIT_BYTES]
     kv_tiles = [(c, r) for r in WGMMA_BWD_ROWS_CHOICES for c in WGMMA_BWD_COLS_CHOICES
-                if wgmma_bwd_smem_bytes(d, r, c) <= DYNAMIC_SMEM_LIMIT_BYTES]
+                if wgmma_bwd_smem_bytes("dkdv", d, r, c) <= DYNAMIC_SMEM_LIMIT_BYTES]
     return [{"dq_tile": q, "kv_tile": k} for q in dq_tiles for k in kv_tiles]
 
 
