@@ -20,7 +20,7 @@ problem on the first family, in this order, that takes it (`family_for`):
 Every family takes a sliding window (``window_size``), forward and backward: the band of
 `kernels.mask.band_arguments`.
 
-Two forward-only kernels come before the families for a forward:
+Two kernels come before the families for a forward:
 
 * ``split_kv`` (`kernels.decode_fwd`): split-KV decoding ("flash-decoding") for 1 to 16 query
   rows against a long KV cache, every float dtype but float64, GQA read once per KV head,
@@ -31,7 +31,9 @@ Two forward-only kernels come before the families for a forward:
   default FlashAttention-3's ping-pong and intra-warpgroup overlap), float16/bfloat16, head dims 64 and 128,
   causal or not, sliding windows, no masks or dropout; its plan is `sim.plans.wgmma_fwd`. Tried after
   ``split_kv`` and before the families: on Hopper it is the forward of every problem it takes
-  (faster than ``mma`` in every measured case: docs/kernels.md).
+  (faster than ``mma`` in every measured case: docs/kernels.md). Its backward
+  (`kernels.wgmma_bwd`, `FIRST_BACKWARDS`: the ``mma`` family's two kernels built on TMA and
+  ``wgmma``; plan `sim.plans.wgmma_bwd`) is tried before the families for a backward.
 
 A family takes a windowed problem only if its modules say so (``TAKES_WINDOW = True``), and a
 problem with cache lengths only if they say ``TAKES_CACHE_SEQLENS = True``; the registry
