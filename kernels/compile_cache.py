@@ -45,7 +45,7 @@ FORMAT = 1
 CODE_DEPENDENCIES = ("ioaware.block_info", "ioaware.dropout", "ioaware.launch_order",
                      "sim.tiles", "sim.decode", "sim.plans.tensor_core_fwd", "sim.workload",
                      "sim.plans.tensor_core_bwd", "sim.plans.simt", "sim.plans",
-                     "sim.plans.wgmma_fwd", "sim.profiles")
+                     "sim.plans.wgmma_bwd", "sim.plans.wgmma_fwd", "sim.profiles")
 
 log = logging.getLogger("ioaware.kernels")
 
