@@ -46,6 +46,7 @@ from numba.cuda.cudadrv import driver    # device_pointer (on a real GPU)
 
 from sim.plans.wgmma_bwd import (WGMMA_BWD_BARRIER_BYTES, WGMMA_BWD_HEAD_DIMS,
                                  WGMMA_BWD_KERNEL_NAMES, WGMMA_BWD_REGISTERS, WGMMA_BWD_STAGES,
+                                 launch_of,
                                  wgmma_bwd_producer_warpgroup, wgmma_bwd_smem_bytes,
                                  wgmma_bwd_threads)
 from sim.plans.wgmma_fwd import BOX_COLUMNS, ROWS_PER_WARPGROUP, WARPGROUP_THREADS
@@ -53,7 +54,7 @@ from sim.plans.wgmma_fwd import BOX_COLUMNS, ROWS_PER_WARPGROUP, WARPGROUP_THREA
 from . import compile_cache, host, tile_scheduler
 from .mask import band_arguments, tile_needs_mask
 from .wgmma_fwd import (_capturing, _hopper_refusal, _needs_copy, _operand_layout, maps_for,
-                        warm_map_writer)
+                        problem_refusal, warm_map_writer)
 
 __all__ = ["backward", "prepare", "plan", "supports", "get_kernel", "DTYPES",
            "SUPPORTED_HEAD_DIMS", "TAKES_WINDOW"]
@@ -455,24 +456,9 @@ def supports(problem, config):
     (``backward_dq="atomic"``: this backward computes dQ in its own kernel); then the hardware
     (a real GPU of compute capability 9.0 or more)."""
     pb = problem
-    for name, what in (("mask", "a boolean mask"), ("bias", "an additive bias"),
-                       ("block_mask", "a block mask")):
-        if getattr(pb, name, None) is not None:
-            return f"the wgmma backward takes no {name} ({what})"
-    if pb.dropout_p > 0:
-        return f"the wgmma backward has no dropout (dropout_p={pb.dropout_p})"
-    if getattr(pb, "cache_seqlens", None) is not None:
-        return "the wgmma backward takes no cache_seqlens"
-    if getattr(pb, "value_dim", None) not in (None, pb.head_dim):
-        return f"the wgmma backward needs value_dim == head_dim, got {pb.value_dim}"
-    if (pb.causal and pb.seqlen_q != pb.seqlen_k and getattr(pb, "window_size", None) is None
-            and getattr(pb, "causal_alignment", "top_left") != "top_left"):
-        return "the wgmma backward aligns causal masks top-left only (causal_alignment with Nq != Nk)"
-    dtype = str(pb.dtype).replace("torch.", "")
-    if dtype not in DTYPES:
-        return f"the wgmma backward takes dtype float16 or bfloat16, got {dtype}"
-    if pb.head_dim not in SUPPORTED_HEAD_DIMS:
-        return f"the wgmma backward takes head_dim in {SUPPORTED_HEAD_DIMS}, got {pb.head_dim}"
+    why = problem_refusal(pb, "the wgmma backward")
+    if why:
+        return why
     if config.block_q is not None or config.block_k is not None:
         return "the wgmma backward chooses its own tiles (KernelConfig.block_q/block_k must be None)"
     if config.backward_dq not in (None, "kernel"):
@@ -494,12 +480,6 @@ def backward(problem, out, lse, dout, config):
     return prepare(problem, config)(problem.q, problem.k, problem.v, out, lse, dout)
 
 
-def _launch(the_plan, kind):
-    """``(grid, threads, dynamic shared bytes)`` of kernel ``kind`` of ``the_plan``."""
-    k = the_plan.kernel(WGMMA_BWD_KERNEL_NAMES[kind])
-    return k.grid, k.threads, k.shared_bytes
-
-
 def prepare(problem, config):
     """The backward of ``problem`` with its plan, kernels, tile schedules and constants chosen
     once: ``run(q, k, v, out, lse, dout) -> (dq, dk, dv)`` for operands of its shapes, dtype
@@ -517,7 +497,7 @@ def prepare(problem, config):
                               window),
              "dkdv": get_kernel("dkdv", pb.head_dim, kv_rows, kv_cols, is_bf16, causal, group,
                                 window)}
-    launches = {kind: _launch(the_plan, kind) for kind in kerns}
+    launches = {kind: launch_of(the_plan, kind) for kind in kerns}
     for kind, kern in kerns.items():
         host.check_launch(WGMMA_BWD_KERNEL_NAMES[kind], launches[kind][1:],
                           (kern.threads, kern.smem_bytes))

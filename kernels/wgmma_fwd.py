@@ -64,7 +64,7 @@ __all__ = ["forward", "prepare", "plan", "supports", "tiles", "get_kernel", "ten
            "v_transpose", "v_transpose_kernel", "v_transpose_keys", "FP8_HEAD_DIMS",
            "FP8_BLOCK_Q_CHOICES", "FP8_BLOCK_K", "P_SCALE_LOG2",
            "DTYPES", "SUPPORTED_HEAD_DIMS", "BLOCK_Q_CHOICES", "BLOCK_K_CHOICES",
-           "kernel_constants", "TAKES_WINDOW", "maps_for"]
+           "kernel_constants", "TAKES_WINDOW", "maps_for", "problem_refusal"]
 
 DTYPES = ("float16", "bfloat16")
 SUPPORTED_HEAD_DIMS = WGMMA_HEAD_DIMS
@@ -572,24 +572,9 @@ def supports(problem, config):
     GPU of compute capability 9.0 or more). The registry tries it before the ``mma`` family
     for every forward it takes (measured faster on an H100 and an H200: docs/kernels.md)."""
     pb = problem
-    for name, what in (("mask", "a boolean mask"), ("bias", "an additive bias"),
-                       ("block_mask", "a block mask")):
-        if getattr(pb, name, None) is not None:
-            return f"the wgmma forward takes no {name} ({what})"
-    if pb.dropout_p > 0:
-        return f"the wgmma forward has no dropout (dropout_p={pb.dropout_p})"
-    if getattr(pb, "cache_seqlens", None) is not None:
-        return "the wgmma forward takes no cache_seqlens"
-    if getattr(pb, "value_dim", None) not in (None, pb.head_dim):
-        return f"the wgmma forward needs value_dim == head_dim, got {pb.value_dim}"
-    if (pb.causal and pb.seqlen_q != pb.seqlen_k and getattr(pb, "window_size", None) is None
-            and getattr(pb, "causal_alignment", "top_left") != "top_left"):
-        return "the wgmma forward aligns causal masks top-left only (causal_alignment with Nq != Nk)"
-    dtype = str(pb.dtype).replace("torch.", "")
-    if dtype not in DTYPES:
-        return f"the wgmma forward takes dtype float16 or bfloat16, got {dtype}"
-    if pb.head_dim not in SUPPORTED_HEAD_DIMS:
-        return f"the wgmma forward takes head_dim in {SUPPORTED_HEAD_DIMS}, got {pb.head_dim}"
+    why = problem_refusal(pb, "the wgmma forward")
+    if why:
+        return why
     bq, bk = tiles(pb, config)
     if bq not in BLOCK_Q_CHOICES or bk not in BLOCK_K_CHOICES:
         return (f"the wgmma forward takes block_q in {BLOCK_Q_CHOICES} and block_k in "
@@ -600,6 +585,33 @@ def supports(problem, config):
     why = host.tensor_core_refusal(pb, "the wgmma family", DTYPES, SUPPORTED_HEAD_DIMS,
                                    window=True)
     return why or _hopper_refusal("the wgmma family")
+
+
+def problem_refusal(problem, what: str) -> str | None:
+    """Why a wgmma kernel (``what``: "the wgmma forward", "the wgmma backward") cannot run
+    ``problem``'s features, or None; in this order: a mask, bias or block mask, dropout, cache
+    lengths, a value head dim other than the query's, bottom-right causal with Nq != Nk and no
+    window, a dtype other than float16/bfloat16, a head dim other than 64 or 128."""
+    pb = problem
+    for name, desc in (("mask", "a boolean mask"), ("bias", "an additive bias"),
+                       ("block_mask", "a block mask")):
+        if getattr(pb, name, None) is not None:
+            return f"{what} takes no {name} ({desc})"
+    if pb.dropout_p > 0:
+        return f"{what} has no dropout (dropout_p={pb.dropout_p})"
+    if getattr(pb, "cache_seqlens", None) is not None:
+        return f"{what} takes no cache_seqlens"
+    if getattr(pb, "value_dim", None) not in (None, pb.head_dim):
+        return f"{what} needs value_dim == head_dim, got {pb.value_dim}"
+    if (pb.causal and pb.seqlen_q != pb.seqlen_k and getattr(pb, "window_size", None) is None
+            and getattr(pb, "causal_alignment", "top_left") != "top_left"):
+        return f"{what} aligns causal masks top-left only (causal_alignment with Nq != Nk)"
+    dtype = str(pb.dtype).replace("torch.", "")
+    if dtype not in DTYPES:
+        return f"{what} takes dtype float16 or bfloat16, got {dtype}"
+    if pb.head_dim not in SUPPORTED_HEAD_DIMS:
+        return f"{what} takes head_dim in {SUPPORTED_HEAD_DIMS}, got {pb.head_dim}"
+    return None
 
 
 def _hopper_refusal(what: str) -> str | None:
