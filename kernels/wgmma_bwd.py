@@ -174,6 +174,33 @@ def _build_kernel(kind, head_dim, rows, cols, is_bf16, causal, head_group, windo
                 pa[4 * kc + q] = pack(s_reg[r], s_reg[r + 1])
 
     @cuda.jit(device=True, inline=True)
+    def mask_tile(s_reg, row_a, tig, col0, n_k, band_lo, band_hi):
+        """-- -inf on this thread's scores (rows row_a, row_a + 8; columns col0 + c) past the
+        keys, above the causal diagonal or outside the band (dK/dV: the rows are keys, the
+        columns queries). Called on the tiles that need it only, as its own branch: inside the
+        exponent loop the per-element tests become selects that every tile executes --"""
+        for nb in range(NB):
+            for j in range(8):
+                for e in range(2):
+                    c = 64 * nb + 8 * j + 2 * tig + e
+                    for hr in range(2):
+                        row = row_a + 8 * hr
+                        if DQ:
+                            key = col0 + c
+                            query = row
+                        else:
+                            key = row
+                            query = col0 + c
+                        bad = key >= n_k
+                        if CAUSAL:
+                            bad = bad or key > query
+                        if WINDOW:
+                            rel = key - query
+                            bad = bad or rel < band_lo or rel > band_hi
+                        if bad:
+                            s_reg[32 * nb + 4 * j + 2 * hr + e] = NEG_INF
+
+    @cuda.jit(device=True, inline=True)
     def load_resident(g_a, g_b, res_a, res_b, res_full, row0, n_rows, head, b):
         """-- producer: this program's rows of the two resident operands, once (a box starting
         past the end is not issued) --"""
@@ -360,40 +387,26 @@ def _build_kernel(kind, head_dim, rows, cols, is_bf16, causal, head_group, windo
                 issue_abt(dp_reg, b_wg, st_b)
                 hp.wgmma_wait_group(1)
                 hp.wgmma_fence_operands(s_reg, 0, S_REGS)
-                # -- P = exp2(S * scale * log2(e) - lse2), the masks on tiles that need them --
+                # -- the masks on tiles that need them, then P = exp2(S * scale * log2(e) -
+                # lse2) (a masked score gives P = 0) --
                 if DQ:
                     need = col0 + C > n_k or tile_needs(row_first // ROWS_PER_WARPGROUP, t_idx,
                                                         band_lo, band_hi)
                 else:
                     need = tile_needs(t_idx, row_first // ROWS_PER_WARPGROUP, band_lo, band_hi)
+                if need:
+                    mask_tile(s_reg, row_a, tig, col0, n_k, band_lo, band_hi)
                 for nb in range(NB):
                     for j in range(8):
                         for e in range(2):
-                            c = 64 * nb + 8 * j + 2 * tig + e
                             l2c = POS_INF
                             if not DQ:
-                                l2c = ptx.ld_shared_f32(uint32(st_stats + 8 * c))
+                                l2c = ptx.ld_shared_f32(uint32(st_stats + 8 * (64 * nb + 8 * j
+                                                                               + 2 * tig + e)))
                             for hr in range(2):
                                 r = 32 * nb + 4 * j + 2 * hr + e
                                 l2 = lse2_r[hr] if DQ else l2c
-                                p = ptx.ex2(s_reg[r] * sl - l2)
-                                if need:
-                                    row = row_a + 8 * hr
-                                    if DQ:
-                                        key = col0 + c
-                                        query = row
-                                    else:
-                                        key = row
-                                        query = col0 + c
-                                    bad = key >= n_k
-                                    if CAUSAL:
-                                        bad = bad or key > query
-                                    if WINDOW:
-                                        rel = key - query
-                                        bad = bad or rel < band_lo or rel > band_hi
-                                    if bad:
-                                        p = float32(0.0)
-                                s_reg[r] = p
+                                s_reg[r] = ptx.ex2(s_reg[r] * sl - l2)
                 if not DQ:
                     # -- dV += P^T dO: issued, then dS^T computed while it runs --
                     to_a(pa, s_reg)
