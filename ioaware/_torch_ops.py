@@ -42,6 +42,22 @@ from . import _backends
 __all__ = ["attention_fwd", "attention_bwd", "attention_fwd_impl", "EagerAttention"]
 
 
+def _dense(x: torch.Tensor) -> torch.Tensor:
+    """``x`` itself where its elements are dense and do not overlap (the gradient of a
+    [B, N, H, d] tensor viewed as [B, H, N, d] stays one: the kernels read through strides),
+    else a contiguous copy (an expanded gradient, with a stride of 0)."""
+    if x.is_contiguous():
+        return x
+    expect = 1
+    for dim in sorted(range(x.dim()), key=x.stride):
+        if x.shape[dim] == 1:
+            continue
+        if x.stride(dim) != expect:
+            return x.contiguous()
+        expect *= x.shape[dim]
+    return x
+
+
 def _seed(seed: torch.Tensor) -> int:
     return int(seed.item()) % 2**64
 
@@ -128,7 +144,7 @@ def attention_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.
     pb = _backends._problem(q, k, v, backend, cost=False, values=False, seed=_seed(seed),
                              **_kwargs(mask, bias, block_mask, scale, causal, causal_alignment, window_left,
                                        window_right, dropout_p, block_q, block_k))
-    return _backends._run_backward(pb, out, lse, dout.contiguous(), backend)
+    return _backends._run_backward(pb, out, lse, _dense(dout), backend)
 
 
 @attention_bwd.register_fake
@@ -219,13 +235,13 @@ class EagerAttention(torch.autograd.Function):
             dout = torch.zeros_like(out)
         grads = None
         if ctx.prepared is not None:
-            grads = ctx.prepared.backward(q, k, v, out, lse, dout.contiguous())
+            grads = ctx.prepared.backward(q, k, v, out, lse, _dense(dout))
         if grads is None:
             pb = ctx.problem
             if pb is None:                   # a prepared forward whose backward is not prepared
                 pb = _backends._problem(q, k, v, ctx.backend, cost=False, values=False, seed=0,
                                         **_kwargs(None, None, None, *ctx.rest[:8]))
-            grads = _backends._run_backward(pb, out, lse, dout.contiguous(), ctx.backend)
+            grads = _backends._run_backward(pb, out, lse, _dense(dout), ctx.backend)
         dq, dk, dv = grads
         if dlse is not None:
             dq_lse, dk_lse = _lse_gradients(q.detach(), k.detach(), lse, dlse, mask, bias,

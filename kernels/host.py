@@ -606,6 +606,11 @@ class Repeat:
                             for x in operands)
         self.launches = launches
 
+    def like_layout(self, x):
+        """A new torch tensor of ``x``'s shape, dtype and device in ``x``'s layout where ``x`` is
+        dense, else contiguous (``empty_like``: what `Call.output` gives with ``like=x``)."""
+        return self._empty_like(x)
+
     def empty(self, like, shape, dtype):
         """A new torch tensor of ``shape`` and ``dtype`` on ``like``'s device."""
         return like.new_empty(shape, dtype=dtype)
@@ -1034,13 +1039,20 @@ class Call:
             maskd = cuda.to_device(np.ascontiguousarray(mask, dtype=np.uint8))
         return maskd, int(shape[0] > 1), int(shape[1] > 1), int(shape[2] > 1)
 
-    def output(self, shape, float32=False, words=False, zeros=False):
+    def output(self, shape, float32=False, words=False, zeros=False, like=None):
         """A new output array of ``shape``: float32, or the problem's dtype (float32 when
-        staged; ``words``: passed to the kernel as int16). Returns an `Output`."""
+        staged; ``words``: passed to the kernel as int16). ``like``: a torch operand of this
+        shape and dtype whose layout the output takes (`torch.empty_like`: its strides where it
+        is dense, as a [B, N, H, d] tensor viewed as [B, H, N, d]; contiguous otherwise), for a
+        kernel that writes through its output's strides. Returns an `Output`."""
         dtype = self.problem.dtype
         if self.torch:
             torch = self._torch
             dt = torch.float32 if (float32 or self.staged) else dtype
+            if (like is not None and not zeros and like.dtype == dt
+                    and tuple(like.shape) == tuple(shape)):
+                t = torch.empty_like(like.detach())
+                return Output(self, t, t.view(torch.int16) if words else t, float32)
             make = torch.zeros if zeros else torch.empty
             t = make(shape, dtype=dt, device=self.q.device)
             return Output(self, t, t.view(torch.int16) if words else t, float32)

@@ -546,7 +546,7 @@ def prepare(problem, config):
                     map_pointers.clear()
                 hit = map_pointers[key] = (driver.device_pointer(m_dq),
                                            driver.device_pointer(m_kv), m_dq, m_kv)
-            dq, dk, dv = repeat.like(q), repeat.like(k), repeat.like(v)
+            dq, dk, dv = repeat.like_layout(q), repeat.like_layout(k), repeat.like_layout(v)
             # (delta: kept until both launches are enqueued; torch's allocator orders its reuse)
             work, (p_delta,) = repeat.scratch(q, B * H * Nq)
             stream = host.stream_handle(q)
@@ -565,9 +565,10 @@ def prepare(problem, config):
         qi, ki, vi, oi, doi = ops
         lq, lk, lv, _lo, ldo = layouts
         li = call.input(lse)
-        dq = call.output((B, H, Nq, D), words=True)
-        dk = call.output((B, Hkv, Nk, D), words=True)
-        dv = call.output((B, Hkv, Nk, D), words=True)
+        # -- the gradients in their operands' layouts (a dense [B, N, H, d] view stays one) --
+        dq = call.output((B, H, Nq, D), words=True, like=q)
+        dk = call.output((B, Hkv, Nk, D), words=True, like=k)
+        dv = call.output((B, Hkv, Nk, D), words=True, like=v)
         delta = call.output((B, H, Nq), float32=True)
         maps = {"dq": maps_for(qi, (lq, ldo, lk, lv), boxes["dq"], call.stream),
                 "dkdv": maps_for(qi, (lk, lv, lq, ldo), boxes["dkdv"], call.stream)}

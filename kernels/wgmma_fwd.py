@@ -843,7 +843,7 @@ def prepare(problem, config):
                     map_pointers.clear()
                 hit = map_pointers[key] = (driver.device_pointer(maps), maps)   # (kept alive)
             p_maps = hit[0]
-            out = repeat.like(q)                    # [B, H, Nq, D], as q
+            out = repeat.like_layout(q)             # [B, H, Nq, D], in q's layout
             lse = repeat.empty(q, (B, H, Nq), repeat.float32)
             repeat.launches[0](host.stream_handle(q), p_maps, out.data_ptr(), lse.data_ptr())
             return out, lse
@@ -855,7 +855,7 @@ def prepare(problem, config):
                 ops[i] = host.aligned_copy(x)
                 layouts[i] = _operand_layout(ops[i])
         maps = tensor_maps(*ops, block_k, call.stream, layouts=tuple(layouts))
-        out = call.output((B, H, Nq, D), words=True)
+        out = call.output((B, H, Nq, D), words=True, like=q)     # in q's layout (dense q)
         lse = call.output((B, H, Nq), float32=True)
         args = (maps, out.arg, lse.arg, *tail)
         host.relaunch(plans, (out.arg, lse.arg), kern, launch.grid, launch.threads, call.stream,

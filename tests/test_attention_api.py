@@ -57,6 +57,28 @@ def test_autograd_through_attention_in_half_precision():
         assert grads_close(a.double().numpy(), b.numpy(), np.float16)
 
 
+@pytest.mark.parametrize("backend", ["auto", "numba"])
+def test_autograd_with_operands_and_gradient_in_heads_second_layout(backend):
+    """The Hugging Face layout: q, k, v and the output's gradient are [B, N, H, d] tensors
+    viewed as [B, H, N, d]. The gradient is read in place (`_dense`: a dense view is not
+    copied; an expanded one is) and the gradients equal those of contiguous copies."""
+    from ioaware._torch_ops import _dense
+    g = torch.Generator().manual_seed(4)
+    base = [torch.randn(1, 12, 2, 8, generator=g) for _ in range(4)]
+    strided = [x.transpose(1, 2) for x in base]
+    assert _dense(strided[3]) is strided[3]
+    expanded = torch.randn(1, 2, 1, 8, generator=g).expand(1, 2, 12, 8)
+    assert _dense(expanded).is_contiguous()
+    grads = []
+    for ops in (strided, [x.contiguous() for x in strided]):
+        leaves = [x.detach().clone().requires_grad_() for x in ops[:3]]
+        kw = dict(block_q=8, block_k=8) if backend == "numba" else {}
+        attention(*leaves, causal=True, backend=backend, **kw).backward(ops[3])
+        grads.append([x.grad for x in leaves])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
 def test_autograd_saves_only_q_k_v_out_lse_besides_references_to_the_inputs():
     """Nothing of the size of S or P is saved: besides out and lse, only the caller's own
     tensors (q, k, v, the mask) and the 0-d dropout seed."""

@@ -134,6 +134,33 @@ def test_deterministic_and_default_family():
 
 
 @gpu
+def test_heads_second_operands_keep_their_layout():
+    """q, k, v, out and dO as [B, N, H, d] tensors viewed as [B, H, N, d] (as a Hugging Face
+    model passes them): read in place, the gradients in their operands' layouts, the same bits
+    as from contiguous copies; through autograd, three calls (the third repeats the recorded
+    launches)."""
+    torch = _hopper()
+    import ioaware
+    g = torch.Generator(device="cuda").manual_seed(6)
+    shapes = ((2, 200, 8, 64), (2, 200, 2, 64), (2, 200, 2, 64), (2, 200, 8, 64))
+    q, k, v, dout = (torch.randn(s, device="cuda", generator=g).to(torch.bfloat16)
+                     .transpose(1, 2) for s in shapes)
+    out, lse = kernels_forward(q, k, v, causal=True)
+    got = kernels_backward(q, k, v, out, lse, dout, config=WGMMA, causal=True)
+    want = kernels_backward(*(x.contiguous() for x in (q, k, v, out)), lse, dout.contiguous(),
+                            config=WGMMA, causal=True)
+    for a, b, x in zip(got, want, (q, k, v)):
+        assert a.stride() == x.stride() and torch.equal(a, b)
+    for _ in range(3):
+        leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+        o = ioaware.attention(*leaves, causal=True)
+        assert o.stride() == q.stride()
+        o.backward(dout)
+        for leaf, b in zip(leaves, want):
+            assert leaf.grad.stride() == leaf.stride() and torch.equal(leaf.grad, b)
+
+
+@gpu
 def test_autograd_through_attention():
     """``ioaware.attention`` with autograd runs this backward on Hopper and matches float64."""
     torch = _hopper()

@@ -900,6 +900,7 @@ def test_strided_torch_and_numpy_operands():
     q, k, v = (x.transpose(1, 2) for x in base)
     assert not q.is_contiguous()
     out, lse = _forward(q, k, v, scale=0.08, causal=True)
+    assert out.stride() == q.stride()          # the output in q's layout: its transpose is free
     _check(q, k, v, out, lse, scale=0.08, causal=True)
     out_c, lse_c = _forward(*(x.contiguous() for x in (q, k, v)), scale=0.08, causal=True)
     assert torch.equal(out, out_c) and torch.equal(lse, lse_c)
