@@ -38,8 +38,8 @@ from `sim.predict`):
   only the few loads beside TMA; a record with such a launch among its ``ncu_kernels``
   (`tma_launches`), or with no LSU bytes at all, is left out (NaN, and ``global_bytes_note``
   says why) rather than compared with the bytes of its other launches. Where the record's
-  plan names the tensors it loads by TMA (``Plan.config["tma_tensors"]``), ``lsu_bytes``
-  compares the LSU counters with the plan's other accesses. Global atomics and reductions
+  plan moves tensors by TMA (``Access.how == "tma"``), ``lsu_bytes`` compares the LSU counters
+  with the plan's other accesses. Global atomics and reductions
   (float32 dQ accumulation) are neither loads nor stores to ncu: they are added on the
   measured side when the record has ``global_atomic_bytes`` and left out of the predicted side
   when it has not;
@@ -433,14 +433,15 @@ def _plan_predictions(row: dict, rec: dict, profile, rates=None) -> None:
         atomic = sum(a.bytes for plan in plans for k in plan.kernels for a in k.accesses
                      if a.op == "atomic")
     row["predicted_global_bytes"] = sum(c.global_bytes for c in costs) - atomic
-    tma = sorted({t for plan in plans for t in plan.config.get("tma_tensors", ())})
-    if tma:   # loads the LSU counters do not see: score what they do see, say what is left out
+    tma = sorted({a.tensor for plan in plans for k in plan.kernels for a in k.accesses
+                  if a.how == "tma"})
+    if tma:   # copies the LSU counters do not see: score what they do see, say what is left out
         row["measured_global_bytes"] = math.nan
-        row["global_bytes_note"] = (f"not scored: the plan loads {', '.join(tma)} by TMA, which "
+        row["global_bytes_note"] = (f"not scored: the plan moves {', '.join(tma)} by TMA, which "
                                     f"the LSU counters do not count; lsu_bytes scores the rest")
         row["predicted_lsu_bytes"] = (sum(a.counted_bytes(prof) for plan in plans
                                           for k in plan.kernels for a in k.accesses
-                                          if not (a.op == "load" and a.tensor in tma)) - atomic)
+                                          if a.how != "tma") - atomic)
         row["measured_lsu_bytes"] = _lsu_bytes(rec)
     row["predicted_dram_bytes"] = sum(c.dram_bytes for c in costs)
     row["predicted_flops"] = float(sum(c.flops for c in costs))

@@ -43,8 +43,11 @@ __all__ = ["Access", "Matmul", "KernelPlan", "Plan", "KernelCost", "PlanCost", "
 #: "fragment": a warp instruction touches ``segment_bytes`` of a row (an mma fragment), so the
 #: L1 counters count whole 32-byte sectors per request; "cp.async": 16-byte asynchronous copies
 #: to shared memory (counted per the profile's ``async_copy_counted_sectors_per_512b``);
-#: "atomic": float32 reductions in L2 (``red.global.add``).
-ACCESS_HOWS = ("ld", "st", "fragment", "cp.async", "atomic")
+#: "atomic": float32 reductions in L2 (``red.global.add``); "tma": bulk tensor copies by the
+#: tensor memory accelerator (``cp.async.bulk.tensor``: whole boxes, counted as moved in L2;
+#: Nsight Compute's LSU counters do not see them, so `sim.compare` leaves them out of
+#: ``lsu_bytes``).
+ACCESS_HOWS = ("ld", "st", "fragment", "cp.async", "atomic", "tma")
 
 #: The ``KernelPlan.serial`` chain of a FlashAttention-2-style kernel on ``mma.sync``: each warp
 #: reads its operands from shared memory (``ldmatrix``), multiplies (``mma.sync``, which waits for

@@ -380,7 +380,7 @@ def test_tma_launches_with_a_few_lsu_loads_are_found(heldout_h100):
 
 
 def test_wgmma_records_score_the_lsu_part_and_say_the_tma_loads_are_not_counted():
-    """The wgmma forward loads Q, K and V by TMA (its plan's ``tma_tensors``): the LSU counters
+    """The wgmma forward loads Q, K and V by TMA (its plan's ``how="tma"`` accesses): the LSU counters
     see only the tile schedule's loads and the O and lse stores, so global bytes are not scored
     (a note says why) and ``lsu_bytes`` compares those with the plan's other accesses."""
     recs = load_results(HELDOUT_WGMMA)

@@ -162,7 +162,8 @@ def test_plan_fields_equal_the_formulas(causal, block_q):
     assert acc[("O", "store")] == B * H * Nq * D * 2
     c = wf.kernel_constants(D, block_q, 128, fp8=True, stages=3 if overlap else 2)
     assert c["bar_offset"] + 64 + 1024 == k.shared_bytes
-    assert p.config["tma_tensors"] == ("Q", "K", "V^T")
+    assert {(a.tensor, a.op) for a in k.accesses if a.how == "tma"} == {
+        ("Q", "load"), ("K", "load"), ("V^T", "load")}
 
 
 def test_plan_refusals():

@@ -180,7 +180,7 @@ def test_plan_fields_equal_the_formulas(d, dtype):
         assert by["Q"].bytes == by["O"].bytes == B * H * nq * d * 2
         assert by["K"].bytes == by["V"].bytes == B * H * (nq // bq) * nk * d * 2
         assert by["lse"].bytes == B * H * nq * 4
-        assert by["K"].how == "ld" and by["O"].how == "fragment"
+        assert by["K"].how == "tma" and by["O"].how == "fragment"
         assert k.mufu_ops >= B * H * nq * nk            # one ex2 per score at least
         if producer == 128:     # setmaxnreg moves the launch's even share: 65536 / 384
             assert k.registers == 168

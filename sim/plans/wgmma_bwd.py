@@ -44,7 +44,7 @@ same accumulator layout, four threads a row.
   dQ kernel delta's products per element, its quad shuffles per held row, lse * log2(e) per row
   and dQ's scale per element; in the dK/dV kernel lse * log2(e) per column of each item on every
   consumer thread that holds it (``cols / 4`` a thread) and dK's scale per element.
-* **Bytes**. By TMA (``"ld"``, whole rows: a box starting at or past the last row is not
+* **Bytes**. By TMA (``"tma"``, whole rows: a box starting at or past the last row is not
   issued, rows past it inside a box are zero-filled without a read): the dQ kernel's Q and dO
   once per row, K and V once per visited tile (the tile's keys inside the problem); the dK/dV
   kernel's K and V once per row, Q and dO once per item (its queries inside the problem). As
@@ -67,7 +67,8 @@ same accumulator layout, four threads a row.
 * **Registers**: with a producer warpgroup the launch's even share of the register file
   (``setmaxnreg`` moves them after), else not known (None: the residency ignores registers).
 
-The plan's config names the TMA-loaded tensors (``tma_tensors``) and the dynamic shared memory
+The TMA loads are ``Access.how = "tma"`` (the LSU counters do not see them; the dQ kernel's
+fragment loads of dO for delta are plain loads). The plan's config names the dynamic shared memory
 of each kernel (``dynamic_shared_bytes``, what :func:`launch_of` hands the launcher).
 """
 from __future__ import annotations
@@ -93,7 +94,7 @@ __all__ = ["WGMMA_BWD_KERNEL_NAMES", "WGMMA_BWD_HEAD_DIMS", "WGMMA_BWD_ROWS_CHOI
            "WGMMA_BWD_COLS_CHOICES", "WGMMA_BWD_STAGES", "WGMMA_BWD_BARRIER_BYTES",
            "wgmma_bwd_default_tiles", "wgmma_bwd_threads", "wgmma_bwd_producer_warpgroup",
            "wgmma_bwd_smem_bytes", "wgmma_bwd_stats_bytes", "WGMMA_BWD_REGISTERS",
-           "wgmma_backward_plan", "wgmma_backward_configs", "launch_of", "WGMMA_BWD_TMA_TENSORS",
+           "wgmma_backward_plan", "wgmma_backward_configs", "launch_of",
            "WGMMA_BWD_SCHEDULE_LOADS_PER_WARP"]
 
 #: Kernel names as Nsight Compute lists them: kernel ("dq", "dkdv") -> name.
@@ -156,9 +157,6 @@ def wgmma_bwd_smem_bytes(kernel: str, head_dim: int, rows: int, cols: int,
 
 
 # -- the plan -----------------------------------------------------------------------------------
-#: The tensors the producers load by TMA (``cp.async.bulk.tensor``), past the LSU pipe: Q and dO
-#: (resident in the dQ kernel, streamed in the dK/dV kernel), K and V (the other way round).
-WGMMA_BWD_TMA_TENSORS = ("Q", "dO", "K", "V")
 #: Schedule entries each working warp of a program (its consumer warps and the producer warp)
 #: reads per head it walks: the CSR start and stop of its tile (``kernels.wgmma_bwd``: ``for it
 #: in range(offsets[s, blk], offsets[s, blk + 1])``, once per query head of the GQA group in the
@@ -270,13 +268,13 @@ def wgmma_backward_plan(workload: Workload, *, dq_tile=None, kv_tile=None, launc
     dq_accesses = (
         Access("schedule", "load", dq_schedule * SCHEDULE_ENTRY_BYTES, "fragment",
                SCHEDULE_ENTRY_BYTES),
-        Access("Q", "load", q_elems * e, "ld"),                                  # TMA, resident
-        Access("dO", "load", q_elems * e, "ld"),                                 # TMA, resident
+        Access("Q", "load", q_elems * e, "tma"),                                 # TMA, resident
+        Access("dO", "load", q_elems * e, "tma"),                                # TMA, resident
         Access("dO", "load", q_elems * e, "fragment", FRAGMENT_ROW_BYTES),       # delta
         Access("O", "load", q_elems * e, "fragment", FRAGMENT_ROW_BYTES),        # delta
         Access("lse", "load", q_rows * STAT_BYTES, "ld"),
-        Access("K", "load", dq_keys * d * e, "ld"),                              # TMA, streamed
-        Access("V", "load", dq_keys * d * e, "ld"),                              # TMA, streamed
+        Access("K", "load", dq_keys * d * e, "tma"),                             # TMA, streamed
+        Access("V", "load", dq_keys * d * e, "tma"),                             # TMA, streamed
         Access("delta", "store", q_rows * STAT_BYTES, "st"),
         Access("dQ", "store", q_elems * e, "fragment", FRAGMENT_ROW_BYTES),
     )
@@ -305,10 +303,10 @@ def wgmma_backward_plan(workload: Workload, *, dq_tile=None, kv_tile=None, launc
     kv_accesses = (
         Access("schedule", "load", kv_schedule * SCHEDULE_ENTRY_BYTES, "fragment",
                SCHEDULE_ENTRY_BYTES),
-        Access("K", "load", kv_elems * e, "ld"),                                 # TMA, resident
-        Access("V", "load", kv_elems * e, "ld"),                                 # TMA, resident
-        Access("Q", "load", kv_queries * d * e, "ld"),                           # TMA, streamed
-        Access("dO", "load", kv_queries * d * e, "ld"),                          # TMA, streamed
+        Access("K", "load", kv_elems * e, "tma"),                                # TMA, resident
+        Access("V", "load", kv_elems * e, "tma"),                                # TMA, resident
+        Access("Q", "load", kv_queries * d * e, "tma"),                          # TMA, streamed
+        Access("dO", "load", kv_queries * d * e, "tma"),                         # TMA, streamed
         Access("lse", "load", kv_queries * STAT_BYTES, "ld"),       # consumer threads, via L1
         Access("delta", "load", kv_queries * STAT_BYTES, "ld"),
         Access("dK", "store", kv_elems * e, "fragment", FRAGMENT_ROW_BYTES),
@@ -343,7 +341,6 @@ def wgmma_backward_plan(workload: Workload, *, dq_tile=None, kv_tile=None, launc
               "stages": WGMMA_BWD_STAGES,
               "consumer_warpgroups": {"dq": dq_rows // ROWS_PER_WARPGROUP,
                                       "dkdv": kv_rows_per_program // ROWS_PER_WARPGROUP},
-              "tma_tensors": WGMMA_BWD_TMA_TENSORS,
               "dynamic_shared_bytes": {names["dq"]: dq_smem, names["dkdv"]: kv_smem}}
     return Plan("wgmma", "bwd", w, (dq_kernel, kv_kernel), config, tensor_bytes)
 

@@ -22,17 +22,16 @@ What the plan counts, from the kernel's code (`kernels.wgmma_fwd`):
   visited tile, on each of the 4 threads of a quad, FMUL + FADD + FFMA and one ``ex2``, and
   ``d`` FMUL to rescale O; per row at the end the quad's two FADD shuffles and ``1 / l``
   (each of its 4 threads), then ``d`` FMUL and the logsumexp for rows inside the problem.
-* **Bytes**, all by TMA boxes (whole rows, counted as moved, ``Access.how = "ld"``) except
+* **Bytes**, all by TMA boxes (whole rows, counted as moved, ``Access.how = "tma"``) except
   the output: Q once per program (boxes of 64 rows; a box starting past the last query is not
   issued, rows past it inside a box are zero-filled without a read); K and V once per visited
   tile, the keys of the tile inside the problem; O stored once per row as 4-byte words of the
   accumulator fragment (a warp instruction touches 16 bytes of a row: ``"fragment"``, as the
   ``mma`` forward); the float32 logsumexp once per row; the tile schedule's CSR entries, read
   warp-uniformly by every warp (start and stop once, the tile index once per visited tile).
-  The three 128-byte tensor maps, read by the TMA unit, are not counted. The plan's config
-  names the tensors loaded by TMA (``tma_tensors``: Q, K, V): Nsight Compute's LSU counters
-  (``l1tex__t_bytes_pipe_lsu_mem_global_op_ld``) do not see those loads, so `sim.compare`
-  scores the LSU counters against the other accesses only (schedule, O, lse).
+  The three 128-byte tensor maps, read by the TMA unit, are not counted. Nsight Compute's LSU
+  counters (``l1tex__t_bytes_pipe_lsu_mem_global_op_ld``) do not see the TMA loads, so
+  `sim.compare` scores the LSU counters against the other accesses only (schedule, O, lse).
 * **Shared memory moved**: the TMA destinations (Q boxes, K and V tiles). The ``wgmma``
   operand reads are not priced, as in `sim.plans.flash3` (the "smem" level prices load/store
   traffic).
@@ -70,7 +69,7 @@ __all__ = ["wgmma_forward_plan", "wgmma_forward_configs", "wgmma_fp8_forward_pla
            "wgmma_threads", "wgmma_smem_bytes", "wgmma_consumer_warpgroups", "WGMMA_HEAD_DIMS",
            "WGMMA_BLOCK_Q_CHOICES", "WGMMA_BLOCK_K_CHOICES", "WGMMA_REGISTERS", "WGMMA_SPILLING",
            "ROWS_PER_WARPGROUP", "WARPGROUP_THREADS", "PRODUCER_THREADS", "ALIGN_SLACK_BYTES",
-           "BARRIER_BYTES", "BOX_COLUMNS", "KERNEL_NAME", "TMA_TENSORS", "WGMMA_PINGPONG_DEFAULT",
+           "BARRIER_BYTES", "BOX_COLUMNS", "KERNEL_NAME", "WGMMA_PINGPONG_DEFAULT",
            "FP8_PINGPONG_DEFAULT", "pingpong_refusal", "producer_warpgroup", "OVERLAP_REGISTERS",
            "WGMMA_OVERLAP_DEFAULT", "FP8_OVERLAP_DEFAULT", "SERIAL_SCHEDULE", "record_schedule",
            "SCHEDULES", "schedule_name"]
@@ -97,8 +96,6 @@ PRODUCER_THREADS = 32
 #: repeat), which may skip up to this many bytes; then Q, two K/V stages and the mbarriers.
 ALIGN_SLACK_BYTES = 1024
 BARRIER_BYTES = 64                    # q_full, full[2], empty[2]: 8 bytes each, rounded up
-#: The tensors the producer warp loads by TMA (``cp.async.bulk.tensor``), past the LSU pipe.
-TMA_TENSORS = ("Q", "K", "V")
 #: Columns of one TMA box (64 16-bit elements = the 128-byte swizzle width): a d = 128 row is
 #: two boxes.
 BOX_COLUMNS = 64
@@ -278,8 +275,8 @@ def _attention_kernel(w: Workload, c, bq: int, bk: int, *, name: str, in_bytes: 
     accesses = (
         Access("schedule", "load", schedule_loads * SCHEDULE_ENTRY_BYTES, "fragment",
                SCHEDULE_ENTRY_BYTES),
-        Access("Q", "load", c.rows * d * in_bytes, "ld"),
-        Access("K", "load", c.keys * d * in_bytes, "ld"),
+        Access("Q", "load", c.rows * d * in_bytes, "tma"),
+        Access("K", "load", c.keys * d * in_bytes, "tma"),
         v_access,
         Access("O", "store", c.rows * d * w.dtype_bytes, "fragment", FRAGMENT_ROW_BYTES),
         Access("lse", "store", c.rows * STAT_BYTES, "st"),
@@ -324,14 +321,13 @@ def wgmma_forward_plan(workload: Workload, *, block_q: int | None = None,
     c = tile_counts(w, bq, bk)
     overlap = _schedule_flag("overlap", overlap, bq, WGMMA_OVERLAP_DEFAULT)
     kernel = _attention_kernel(w, c, bq, bk, name=KERNEL_NAME, in_bytes=e,
-                               v_access=Access("V", "load", c.keys * d * e, "ld"),
+                               v_access=Access("V", "load", c.keys * d * e, "tma"),
                                unit="wgmma.bf16" if w.dtype == "bf16" else "wgmma.f16",
                                extra_fp32=0, registers=_registers(d, bq, bk, overlap, registers),
                                overlap=overlap)
     config = {"block_q": bq, "block_k": bk, "launch_order": launch_order,
               "consumer_warpgroups": wgmma_consumer_warpgroups(bq),
               "stages": 3 if overlap else 2, "overlap": overlap,
-              "tma_tensors": TMA_TENSORS,
               "pingpong": _pingpong(pingpong, bq, WGMMA_PINGPONG_DEFAULT)}
     return Plan("wgmma", "fwd", w, (kernel,), config, forward_tensor_bytes(w, c))
 
@@ -409,7 +405,7 @@ def wgmma_fp8_forward_plan(workload: Workload, *, block_q: int | None = None,
     # -- the attention kernel: one cvt.rn.satfinite.e4m3x2 per two probabilities --
     overlap = _schedule_flag("overlap", overlap, bq, FP8_OVERLAP_DEFAULT)
     kernel = _attention_kernel(w, c, bq, bk, name=FP8_KERNEL_NAME, in_bytes=1,
-                               v_access=Access("V^T", "load", c.tiles * bk * d, "ld"),
+                               v_access=Access("V^T", "load", c.tiles * bk * d, "tma"),
                                unit="wgmma.fp8", extra_fp32=c.scores // 2,
                                registers=_registers(d, bq, bk, overlap, registers),
                                overlap=overlap)
@@ -417,7 +413,7 @@ def wgmma_fp8_forward_plan(workload: Workload, *, block_q: int | None = None,
     config = {"block_q": bq, "block_k": bk, "launch_order": launch_order,
               "consumer_warpgroups": wgmma_consumer_warpgroups(bq),
               "stages": 3 if overlap else 2, "overlap": overlap,
-              "tma_tensors": ("Q", "K", "V^T"), "input_dtype": "e4m3",
+              "input_dtype": "e4m3",
               "pingpong": _pingpong(pingpong, bq, FP8_PINGPONG_DEFAULT)}
     kv = kv_slices * w.seq_len_k * d
     tensor_bytes = {"schedule": (programs + slices + tiles) * SCHEDULE_ENTRY_BYTES,
