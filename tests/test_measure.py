@@ -367,3 +367,12 @@ def test_replace_puts_remeasured_records_in_place():
         replace_records(into, {**new, "provenance": {"gpu": "H"}}, "x")
     with pytest.raises(ValueError, match="0 records"):
         replace_records(into, {**new, "records": [rec("mma", 999, 1.0)]}, "x")
+    # --add: a configuration the file lacks (a family added on the same grid) is appended
+    more = {**new, "records": [rec("wgmma", 1500, 0.125), rec("mma", 3000, 0.75)]}
+    out = replace_records(into, more, "the wgmma backward", add=True)
+    assert [r["time_ms"] for r in out["records"]] == [1.0, 2.0, 0.75, 0.125]
+    last = out["provenance"]["records_replaced"][-1]
+    assert last["count"] == 1 and last["added"] == 1
+    twice = {**out, "records": out["records"] + [rec("wgmma", 1500, 9.0)]}
+    with pytest.raises(ValueError, match="2 records"):     # ambiguous even with --add
+        replace_records(twice, {**new, "records": [rec("wgmma", 1500, 1.0)]}, "x", add=True)

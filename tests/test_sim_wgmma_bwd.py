@@ -84,7 +84,7 @@ def _expected(w: Workload, dq_tile, kv_tile) -> dict:
         "kv_flops": heads * kv_items * 4 * 2 * C_kv * R_kv * d,
         "kv_scores": heads * kv_items * C_kv * R_kv,
         "kv_q_bytes": heads * kv_queries * d * e,
-        "kv_stat_bytes": heads * kv_queries * 4,
+        "kv_stat_bytes": heads * kv_queries * 4 * (R_kv // 64),    # each consumer warpgroup
         "kv_items": heads * kv_items,
     }
 
@@ -195,7 +195,8 @@ def test_element_wise_work_shared_memory_and_schedule_of_one_problem():
     items, queries = 2 * 4 * 2, 2 * 2 * 200
     # lse * log2(e): each of the 256 consumer threads for its 16 of the item's 64 queries
     assert kv.fp32_flops == 4 * items * 64 * 128 + items * 256 * 16 + 200 * 64
-    assert _access(kv, "lse") == _access(kv, "delta") == queries * 4
+    # each of the two consumer warpgroups loads its item's lse and delta
+    assert _access(kv, "lse") == _access(kv, "delta") == 2 * queries * 4
     kv_boxes = 4 * 64 * 64 * 2
     assert kv.shared_bytes_moved == 2 * kv_boxes + items * 2 * 64 * 64 * 2
     # 2 programs, each reads start and stop for both query heads of its group

@@ -52,7 +52,8 @@ same accumulator layout, four threads a row.
   instruction): the dQ kernel's O and dO for delta (so dO is read twice: TMA and fragment),
   dQ, dK and dV stores. Row statistics (float32, ``"ld"``/``"st"``): lse read and delta
   written once per row by the dQ kernel; lse and delta read once per query of each item inside
-  the problem by the dK/dV kernel (its consumer threads' loads, which L1 shares). The tile schedules' CSR entries
+  the problem by each consumer warpgroup of the dK/dV kernel (each stages its item's pairs in
+  shared memory: 64 of its threads load them). The tile schedules' CSR entries
   (``"schedule"``, warp-uniform 4-byte loads, a sector each): the consumer warps and the
   producer warp read start and stop once (the dK/dV kernel: once per query head of its group)
   and one index per visited tile or item; a producer warpgroup's other three warps leave
@@ -297,7 +298,8 @@ def wgmma_backward_plan(workload: Workload, *, dq_tile=None, kv_tile=None, launc
 
     # -- the dK/dV kernel ------------------------------------------------------------------------
     kv_threads = wgmma_bwd_threads(kv_rows_per_program)
-    kv_consumer_threads = kv_rows_per_program // ROWS_PER_WARPGROUP * WARPGROUP_THREADS
+    kv_warpgroups = kv_rows_per_program // ROWS_PER_WARPGROUP      # consumer warpgroups
+    kv_consumer_threads = kv_warpgroups * WARPGROUP_THREADS
     kv_programs = n_blocks_k * B * Hkv
     kv_schedule = _schedule_loads(kv_rows_per_program, kv_programs, w.group, kv_visits)
     kv_accesses = (
@@ -307,8 +309,9 @@ def wgmma_backward_plan(workload: Workload, *, dq_tile=None, kv_tile=None, launc
         Access("V", "load", kv_elems * e, "tma"),                                # TMA, resident
         Access("Q", "load", kv_queries * d * e, "tma"),                          # TMA, streamed
         Access("dO", "load", kv_queries * d * e, "tma"),                         # TMA, streamed
-        Access("lse", "load", kv_queries * STAT_BYTES, "ld"),       # consumer threads, via L1
-        Access("delta", "load", kv_queries * STAT_BYTES, "ld"),
+        # each consumer warpgroup stages its item's (lse2, delta) pairs itself
+        Access("lse", "load", kv_warpgroups * kv_queries * STAT_BYTES, "ld"),
+        Access("delta", "load", kv_warpgroups * kv_queries * STAT_BYTES, "ld"),
         Access("dK", "store", kv_elems * e, "fragment", FRAGMENT_ROW_BYTES),
         Access("dV", "store", kv_elems * e, "fragment", FRAGMENT_ROW_BYTES),
     )
