@@ -48,6 +48,9 @@ through llvmlite's ``ir.InlineAsm`` in the style of `kernels.ptx`:
   honours it in a kernel whose launch bounds name a minimum of blocks per SM
   (``@cuda.jit(launch_bounds=(threads, 1))``: ``.maxntid`` and ``.minnctapersm``); with the
   thread count alone it drops the instruction ("(C7508) 'setmaxnreg' ignored").
+* **tile products** (device functions built from the intrinsics, shared by the Hopper forward
+  and backward): `tile_product_abt` (acc = A B^T, both operands from shared memory) and
+  `tile_product_ab` (acc += A B, A from registers), each one commit group over a tile.
 * utilities: ``array_addr(arr)`` (64-bit address of an array's first element),
   ``smem_descriptor(template, saddr)`` (a descriptor template from `encode_wgmma_descriptor`
   with start address 0, completed with a 32-bit shared-window address from
@@ -115,6 +118,8 @@ __all__ = [
     "cp_async_bulk_tensor_4d_g2s", "wgmma_ss_f16", "wgmma_ss_bf16", "wgmma_rs_mn_f16",
     "wgmma_rs_mn_bf16", "WGMMA_RS_MN_F16_PTX", "WGMMA_RS_MN_BF16_PTX", "wgmma_fence_operands",
     "wgmma_ss_e4m3", "wgmma_rs_e4m3", "WGMMA_SS_E4M3_PTX", "WGMMA_RS_E4M3_PTX", "pack_e4m3x4",
+    # device functions built from them
+    "tile_product_abt", "tile_product_ab",
 ]
 
 WARPGROUP = 128
@@ -1058,3 +1063,48 @@ def smem_descriptor(typingctx, template, saddr):
 
     return sig, codegen
 
+
+
+# -- a warpgroup's tile products, as the Hopper kernels issue them --------------------------------
+def tile_product_abt(mma_ss, k_steps: int, n_blocks: int, template: int, k_step: int,
+                     b_chunk_bytes: int, box_bytes: int):
+    """A device function ``issue(acc, a, b)``: acc = A B^T as one commit group of ``k_steps`` x
+    ``n_blocks`` products ``mma_ss`` (`wgmma_ss_f16` and kin: m64n64, both operands from shared
+    memory, K-major, as ``template`` describes them; the first k-step overwrites acc). A: a
+    warpgroup's 64 rows at shared address ``a``, one box of ``box_bytes`` per 128-byte column
+    chunk; B: ``n_blocks`` x 64 rows at ``b``, ``b_chunk_bytes`` per column chunk and a box per
+    64 rows; ``k_step`` bytes a k-step inside a chunk (four a chunk)."""
+    from numba import uint32
+    KS, NB, TMPL, STEP, CHUNK, BOX = k_steps, n_blocks, template, k_step, b_chunk_bytes, box_bytes
+
+    @cuda.jit(device=True, inline=True)
+    def issue(acc, a, b):
+        for kk in range(KS):
+            cc = kk // 4
+            da = smem_descriptor(TMPL, a + cc * BOX + (kk % 4) * STEP)
+            for nb in range(NB):
+                db = smem_descriptor(TMPL, b + cc * CHUNK + nb * BOX + (kk % 4) * STEP)
+                mma_ss(acc, 32 * nb, da, db, uint32(1 if kk > 0 else 0))
+        wgmma_commit_group()
+    return issue
+
+
+def tile_product_ab(mma_rs, k_steps: int, n_blocks: int, template: int, k_step: int,
+                    b_chunk_bytes: int):
+    """A device function ``issue(acc, pa, b)``: acc += A B as one commit group of ``k_steps`` x
+    ``n_blocks`` products ``mma_rs`` (`wgmma_rs_mn_f16` and kin: A from registers, four words
+    ``pa[4 kc ..]`` a k-step, `wgmma_a_elem`; B from shared memory as ``template`` describes
+    it): B at ``b``, ``b_chunk_bytes`` per block of 64 output columns, ``k_step`` bytes a
+    k-step."""
+    from numba import uint32
+    PS, OB, TMPL, STEP, CHUNK = k_steps, n_blocks, template, k_step, b_chunk_bytes
+
+    @cuda.jit(device=True, inline=True)
+    def issue(acc, pa, b):
+        for kc in range(PS):
+            for dc in range(OB):
+                db = smem_descriptor(TMPL, b + dc * CHUNK + kc * STEP)
+                mma_rs(acc, 32 * dc, pa[4 * kc], pa[4 * kc + 1], pa[4 * kc + 2],
+                       pa[4 * kc + 3], db, uint32(1))
+        wgmma_commit_group()
+    return issue

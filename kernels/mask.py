@@ -3,7 +3,9 @@ sliding window's band and the boolean mask, set to -inf in the C fragments of a 
 tile, only on tiles that need it; and `band_arguments`, the band as every kernel takes it.
 
 * `score_mask`: a warp's 16 x block_k tile of S = Q K^T (the forwards and the dQ kernels);
-* `transposed_score_mask`: a warp's tile of S^T = K Q^T (the dK/dV kernels).
+* `transposed_score_mask`: a warp's tile of S^T = K Q^T (the dK/dV kernels);
+* `wgmma_tile_mask`: a thread's part of a warpgroup's ``wgmma`` accumulator tile, S or S^T (the
+  Hopper forward and backward).
 
 Which tiles are visited at all (causal and block-sparse skipping) is
 `ioaware.block_info.BlockInfo`'s answer, through `kernels.tile_scheduler`; these functions mask
@@ -15,8 +17,8 @@ import math
 
 from ioaware.block_info import band_offsets
 
-__all__ = ["score_mask", "transposed_score_mask", "band_arguments", "tile_needs_mask",
-           "UNBOUNDED"]
+__all__ = ["score_mask", "transposed_score_mask", "wgmma_tile_mask", "band_arguments",
+           "tile_needs_mask", "UNBOUNDED"]
 
 #: An absent band bound, as the kernels take it (no |col - row| comes near it).
 UNBOUNDED = 2**62
@@ -54,6 +56,61 @@ def tile_needs_mask(block_q, block_k, causal, has_mask, window):
         return needs
 
     return needs_mask
+
+
+def wgmma_tile_mask(n_blocks, causal, window, keys_are_rows=False, rows_inner=False):
+    """``mask_tile(s_reg, row_a, tig, col0, n_k, band_lo, band_hi)``: -inf on one thread's
+    scores of a warpgroup's ``wgmma`` accumulator tile (64 rows x 64 ``n_blocks`` columns; the
+    thread's rows ``row_a`` and ``row_a + 8``, its columns ``col0 + 64 nb + 8 j + 2 tig + e`` in
+    register ``32 nb + 4 j + 2 hr + e``) whose key is past ``n_k``, above the causal diagonal
+    (key > query) or outside the band ``band_lo <= key - query <= band_hi`` (``window``; the
+    band is not read without it). The rows are queries and the columns keys, or with
+    ``keys_are_rows`` the other way round (the dK/dV kernel's S^T). Call it only on the tiles
+    that need it (`tile_needs_mask`), as its own branch: inside an exponent loop the
+    per-element tests become selects that every tile executes. ``rows_inner``: the loop over
+    the thread's two rows inside the one over a column pair's two columns (the backward's
+    order) instead of outside it (the forward's): the same stores, but the compiled code
+    differs with the order, and each kernel keeps the one it was measured with."""
+    from numba import cuda, float32
+    NB, CAUSAL, WINDOW, KEYS_ARE_ROWS = n_blocks, causal, bool(window), keys_are_rows
+    ROWS_INNER = bool(rows_inner)
+    NEG_INF = float32(-math.inf)
+
+    @cuda.jit(device=True, inline=True)
+    def mask_one(s_reg, row_a, tig, col0, n_k, band_lo, band_hi, nb, j, hr, e):
+        col = col0 + 64 * nb + 8 * j + 2 * tig + e
+        row = row_a + 8 * hr
+        if KEYS_ARE_ROWS:
+            key = row
+            query = col
+        else:
+            key = col
+            query = row
+        bad = key >= n_k
+        if CAUSAL:
+            bad = bad or key > query
+        if WINDOW:
+            rel = key - query
+            bad = bad or rel < band_lo or rel > band_hi
+        if bad:
+            s_reg[32 * nb + 4 * j + 2 * hr + e] = NEG_INF
+
+    @cuda.jit(device=True, inline=True)
+    def mask_tile(s_reg, row_a, tig, col0, n_k, band_lo, band_hi):
+        for nb in range(NB):
+            for j in range(8):
+                if ROWS_INNER:
+                    for e in range(2):
+                        for hr in range(2):
+                            mask_one(s_reg, row_a, tig, col0, n_k, band_lo, band_hi, nb, j,
+                                     hr, e)
+                else:
+                    for hr in range(2):
+                        for e in range(2):
+                            mask_one(s_reg, row_a, tig, col0, n_k, band_lo, band_hi, nb, j,
+                                     hr, e)
+
+    return mask_tile
 
 
 def score_mask(block_q, block_k, nt_s, causal, has_mask, window=False):

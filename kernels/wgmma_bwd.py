@@ -52,17 +52,16 @@ from sim.plans.wgmma_bwd import (WGMMA_BWD_BARRIER_BYTES, WGMMA_BWD_HEAD_DIMS,
 from sim.plans.wgmma_fwd import BOX_COLUMNS, ROWS_PER_WARPGROUP, WARPGROUP_THREADS
 
 from . import compile_cache, host, tile_scheduler
-from .mask import band_arguments, tile_needs_mask
-from .wgmma_fwd import (_capturing, _hopper_refusal, _needs_copy, _operand_layout, maps_for,
-                        problem_refusal, warm_map_writer)
+from .mask import band_arguments, tile_needs_mask, wgmma_tile_mask
+from .softmax import LOG2E
+from .wgmma_fwd import (BOX_BYTES, _capturing, _hopper_refusal, _needs_copy, _operand_layout,
+                        maps_for, problem_refusal, warm_map_writer)
 
 __all__ = ["backward", "prepare", "plan", "supports", "get_kernel", "DTYPES",
            "SUPPORTED_HEAD_DIMS", "TAKES_WINDOW"]
 
 DTYPES = ("float16", "bfloat16")
 SUPPORTED_HEAD_DIMS = WGMMA_BWD_HEAD_DIMS
-LOG2E = 1.4426950408889634
-BOX_BYTES = ROWS_PER_WARPGROUP * BOX_COLUMNS * 2      # one 64 x 64 16-bit box: 8,192 bytes
 #: This backward takes a sliding window (`kernels.mask.band_arguments`).
 TAKES_WINDOW = True
 
@@ -139,30 +138,11 @@ def _build_kernel(kind, head_dim, rows, cols, is_bf16, causal, head_group, windo
         tile_needs = tile_needs_mask(ROWS_PER_WARPGROUP, C, CAUSAL, False, WINDOW)
     else:       # a tile of C queries against a warpgroup's 64 key rows
         tile_needs = tile_needs_mask(C, ROWS_PER_WARPGROUP, CAUSAL, False, WINDOW)
-
-    @cuda.jit(device=True, inline=True)
-    def issue_abt(acc, a_wg, b_st):
-        """-- acc = A B^T: A = this warpgroup's 64 resident rows, B = the streamed tile, both
-        K-major, d / 16 k-steps x C / 64 n-blocks, one group --"""
-        for kk in range(KS):
-            cc = kk // 4
-            da = hp.smem_descriptor(K_TMPL, a_wg + cc * BOX_BYTES + (kk % 4) * K_STEP)
-            for nb in range(NB):
-                db = hp.smem_descriptor(K_TMPL, b_st + cc * CHUNK_BYTES + nb * BOX_BYTES
-                                        + (kk % 4) * K_STEP)
-                mma_ss(acc, 32 * nb, da, db, uint32(1 if kk > 0 else 0))
-        hp.wgmma_commit_group()
-
-    @cuda.jit(device=True, inline=True)
-    def issue_ab(acc, pa, b_st):
-        """-- acc += A B: A from registers (C streamed rows as k), B = the streamed tile (its
-        rows x d, d contiguous: MN-major), one group --"""
-        for kc in range(PS):
-            for dc in range(OB):
-                db = hp.smem_descriptor(V_TMPL, b_st + dc * CHUNK_BYTES + kc * V_STEP)
-                mma_rs(acc, 32 * dc, pa[4 * kc], pa[4 * kc + 1], pa[4 * kc + 2],
-                       pa[4 * kc + 3], db, uint32(1))
-        hp.wgmma_commit_group()
+    mask_tile = wgmma_tile_mask(NB, CAUSAL, WINDOW, keys_are_rows=not DQ, rows_inner=True)
+    # -- acc = A B^T: A = a warpgroup's 64 resident rows, B = the streamed tile, both K-major;
+    # acc += A B: A from registers (C streamed rows as k), B = the streamed tile, MN-major --
+    issue_abt = hp.tile_product_abt(mma_ss, KS, NB, K_TMPL, K_STEP, CHUNK_BYTES, BOX_BYTES)
+    issue_ab = hp.tile_product_ab(mma_rs, PS, OB, V_TMPL, V_STEP, CHUNK_BYTES)
 
     @cuda.jit(device=True, inline=True)
     def to_a(pa, s_reg):
@@ -172,33 +152,6 @@ def _build_kernel(kind, head_dim, rows, cols, is_bf16, causal, head_group, windo
             for q in range(4):
                 r = 32 * (kc // 4) + 8 * (kc % 4) + 2 * q
                 pa[4 * kc + q] = pack(s_reg[r], s_reg[r + 1])
-
-    @cuda.jit(device=True, inline=True)
-    def mask_tile(s_reg, row_a, tig, col0, n_k, band_lo, band_hi):
-        """-- -inf on this thread's scores (rows row_a, row_a + 8; columns col0 + c) past the
-        keys, above the causal diagonal or outside the band (dK/dV: the rows are keys, the
-        columns queries). Called on the tiles that need it only, as its own branch: inside the
-        exponent loop the per-element tests become selects that every tile executes --"""
-        for nb in range(NB):
-            for j in range(8):
-                for e in range(2):
-                    c = 64 * nb + 8 * j + 2 * tig + e
-                    for hr in range(2):
-                        row = row_a + 8 * hr
-                        if DQ:
-                            key = col0 + c
-                            query = row
-                        else:
-                            key = row
-                            query = col0 + c
-                        bad = key >= n_k
-                        if CAUSAL:
-                            bad = bad or key > query
-                        if WINDOW:
-                            rel = key - query
-                            bad = bad or rel < band_lo or rel > band_hi
-                        if bad:
-                            s_reg[32 * nb + 4 * j + 2 * hr + e] = NEG_INF
 
     @cuda.jit(device=True, inline=True)
     def load_resident(g_a, g_b, res_a, res_b, res_full, row0, n_rows, head, b):
@@ -363,8 +316,8 @@ def _build_kernel(kind, head_dim, rows, cols, is_bf16, causal, head_group, windo
                 st_b = st_a + TILE_BYTES                   # dO (dkdv) or V (dq) tile
                 t_idx = index[it]
                 col0 = t_idx * C
-                st_stats = stats + (wg * STAGES + st) * STATS_BYTES
                 if not DQ:
+                    st_stats = stats + (wg * STAGES + st) * STATS_BYTES
                     # -- this warpgroup stages the tile's lse (log2; +inf past the queries and
                     # for rows with no allowed key: P = 0) and delta, (lse2, delta) pairs; the
                     # named barrier orders the stores before every read (and, with two

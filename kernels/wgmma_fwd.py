@@ -57,7 +57,7 @@ from sim.plans.wgmma_fwd import (BARRIER_BYTES, BOX_COLUMNS, FP8_BLOCK_K, FP8_DE
 
 from . import compile_cache, host, tile_scheduler
 from .config import requested_tiles
-from .mask import UNBOUNDED, band_arguments, tile_needs_mask
+from .mask import UNBOUNDED, band_arguments, tile_needs_mask, wgmma_tile_mask
 
 __all__ = ["forward", "prepare", "plan", "supports", "tiles", "get_kernel", "tensor_maps",
            "stage_of", "full_parity", "empty_parity", "forward_fp8", "fp8_supports", "fp8_plan",
@@ -220,6 +220,10 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=F
     pack8 = hp.pack_e4m3x4
     tile_and_head = tile_scheduler.device_tile_and_head(head_group)
     tile_needs = tile_needs_mask(ROWS_PER_WARPGROUP, BK, CAUSAL, False, WINDOW)
+    mask_tile = wgmma_tile_mask(NB, CAUSAL, WINDOW)
+    issue_qk = hp.tile_product_abt(mma_ss, KS, NB, K_TMPL, K_STEP, CHUNK_BYTES, BOX_BYTES)
+    issue_pv = hp.tile_product_ab(mma_rs, PS, OB, V_TMPL, V_STEP,
+                                  64 * BK if FP8 else CHUNK_BYTES)   # FP8 V^T: d rows of keys
     stage_n = cuda.jit(device=True, inline=True)(stage_of)
     full_n = cuda.jit(device=True, inline=True)(full_parity)
     empty_n = cuda.jit(device=True, inline=True)(empty_parity)
@@ -256,32 +260,6 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=F
             hp.named_barrier_arrive(PP_BAR + uint32(1 - wg), PP_THREADS)
 
     @cuda.jit(device=True, inline=True)
-    def issue_qk(s_reg, q_wg, k_st):
-        """-- compute qk: S = Q K^T, d / 16 k-steps x block_k / 64 n-blocks, one group --"""
-        for kk in range(KS):
-            cc = kk // 4
-            da = hp.smem_descriptor(K_TMPL, q_wg + cc * BOX_BYTES + (kk % 4) * K_STEP)
-            for nb in range(NB):
-                db = hp.smem_descriptor(K_TMPL, k_st + cc * CHUNK_BYTES + nb * BOX_BYTES
-                                        + (kk % 4) * K_STEP)
-                mma_ss(s_reg, 32 * nb, da, db, uint32(1 if kk > 0 else 0))
-        hp.wgmma_commit_group()
-
-    @cuda.jit(device=True, inline=True)
-    def issue_pv(o_reg, pa, v_st):
-        """-- O += P V: A = P from registers, B = V (keys x d, d contiguous: MN-major; with
-        FP8 V^T, d rows of permuted keys: K-major), one group --"""
-        for kc in range(PS):
-            for dc in range(OB):
-                if FP8:
-                    db = hp.smem_descriptor(V_TMPL, v_st + dc * 64 * BK + kc * V_STEP)
-                else:
-                    db = hp.smem_descriptor(V_TMPL, v_st + dc * CHUNK_BYTES + kc * V_STEP)
-                mma_rs(o_reg, 32 * dc, pa[4 * kc], pa[4 * kc + 1], pa[4 * kc + 2],
-                       pa[4 * kc + 3], db, uint32(1))
-        hp.wgmma_commit_group()
-
-    @cuda.jit(device=True, inline=True)
     def softmax(s_reg, m_i, l_i, alpha, kv_tile, row_first, row_a, tig, n_k, sl, band_lo,
                 band_hi):
         """The online softmax of one tile of scores in ``s_reg`` (its probabilities replace
@@ -291,19 +269,7 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=F
         # that need them: this warpgroup's 64 x block_k tile) --
         if key0 + BK > n_k or tile_needs(row_first // ROWS_PER_WARPGROUP, kv_tile,
                                          band_lo, band_hi):
-            for nb in range(NB):
-                for j in range(8):
-                    for hr in range(2):
-                        for e in range(2):
-                            col = key0 + 64 * nb + 8 * j + 2 * tig + e
-                            bad = col >= n_k
-                            if CAUSAL:
-                                bad = bad or col > row_a + 8 * hr
-                            if WINDOW:
-                                rel = col - (row_a + 8 * hr)
-                                bad = bad or rel < band_lo or rel > band_hi
-                            if bad:
-                                s_reg[32 * nb + 4 * j + 2 * hr + e] = NEG_INF
+            mask_tile(s_reg, row_a, tig, key0, n_k, band_lo, band_hi)
         # -- update m_i and l_i (row half hr: registers with (r >> 1) & 1 == hr) --
         for hr in range(2):
             mx = NEG_INF

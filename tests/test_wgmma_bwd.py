@@ -13,6 +13,7 @@ no key, and large logits. The CPU tests cover the refusals and the registry's or
 from __future__ import annotations
 
 import pytest
+from numba import cuda   # a global, which the CUDA simulator replaces inside kernels
 
 import kernels
 from kernels import KernelConfig, wgmma_bwd as bwd_mod
@@ -224,3 +225,52 @@ def test_cpu_falls_back_with_a_reason():
     assert kernels.family_for(pb, None, "bwd") != "wgmma"
     with pytest.raises(ValueError, match="wgmma"):
         kernels.family_for(pb, WGMMA, "bwd")
+
+
+@pytest.mark.parametrize("n_blocks,causal,window,keys_are_rows,rows_inner", [
+    (1, True, False, False, False), (2, True, False, True, True), (1, False, True, True, True),
+    (2, False, True, False, True), (1, False, False, True, False)])
+def test_wgmma_tile_mask_marks_what_the_rule_marks(n_blocks, causal, window, keys_are_rows,
+                                                  rows_inner):
+    """`kernels.mask.wgmma_tile_mask` (the Hopper forward's and backward's masks) on a
+    warpgroup's accumulator tile, through the thread -> (row, column) map of the ``wgmma``
+    accumulator: -inf exactly where the key is past the end, above the diagonal or outside the
+    band, rows as queries or (``keys_are_rows``) as keys, in either loop order (under the CUDA
+    simulator on a CPU)."""
+    import numpy as np
+    from numba import float32
+
+    from kernels.mask import wgmma_tile_mask
+    mask_tile = wgmma_tile_mask(n_blocks, causal, window, keys_are_rows, rows_inner)
+    S_REGS = 32 * n_blocks
+    row_first, col0, n_k, lo, hi = 64, 40, 120, -30, 5
+
+    @cuda.jit
+    def run(out):
+        tid = cuda.threadIdx.x
+        warp, lane = tid // 32, tid % 32
+        gid, tig = lane // 4, lane % 4
+        row_a = row_first + 16 * warp + gid
+        s_reg = cuda.local.array(S_REGS, dtype=float32)
+        for r in range(S_REGS):
+            s_reg[r] = float32(1.0)
+        mask_tile(s_reg, row_a, tig, col0, n_k, lo, hi)
+        for nb in range(n_blocks):
+            for j in range(8):
+                for hr in range(2):
+                    for e in range(2):
+                        out[row_a - row_first + 8 * hr, 64 * nb + 8 * j + 2 * tig + e] = \
+                            s_reg[32 * nb + 4 * j + 2 * hr + e]
+
+    out = np.zeros((64, 64 * n_blocks), np.float32)
+    run[1, 128](out)
+    rows = row_first + np.arange(64)[:, None]
+    cols = col0 + np.arange(64 * n_blocks)[None, :]
+    key, query = (rows, cols) if keys_are_rows else (cols, rows)
+    bad = np.broadcast_to(key >= n_k, out.shape).copy()
+    if causal:
+        bad |= key > query
+    if window:
+        bad |= (key - query < lo) | (key - query > hi)
+    assert bad.any() and (~bad).any()
+    assert np.array_equal(out == -np.inf, bad) and (out[~bad] == 1.0).all()
