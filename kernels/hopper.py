@@ -35,7 +35,10 @@ through llvmlite's ``ir.InlineAsm`` in the style of `kernels.ptx`:
   place: ``wgmma_ss_f16/bf16(acc, base, desc_a, desc_b, scale_d)`` (A and B from shared memory,
   both K-major) and ``wgmma_rs_mn_f16/bf16(acc, base, a0, a1, a2, a3, desc_b, scale_d)`` (A
   from four .b32 registers of packed 16-bit values, `wgmma_a_elem`; B MN-major, i.e.
-  ``imm-trans-b = 1``, `mnmajor_offset`: V [keys, d] as TMA lands it).
+  ``imm-trans-b = 1``, `mnmajor_offset`: V [keys, d] as TMA lands it). These are m64n64;
+  ``wgmma_ss(dtype, n)`` and ``wgmma_rs(dtype, n)`` give the same in-place forms at any width
+  ``n`` (64..256, a multiple of 64; ``acc[base:base + n // 2]``), whose accumulator layout is
+  that of ``n // 64`` m64n64 blocks side by side (`wgmma_d_elem`).
   ``wgmma_fence_operands(acc, base, n)`` after ``wgmma_wait_group`` keeps every later use of
   the accumulator below the wait (an empty ``asm volatile`` with ``+f`` operands, as CUTLASS's
   ``warpgroup_fence_operand``): without it LLVM may hoist register arithmetic on the results
@@ -50,7 +53,8 @@ through llvmlite's ``ir.InlineAsm`` in the style of `kernels.ptx`:
   thread count alone it drops the instruction ("(C7508) 'setmaxnreg' ignored").
 * **tile products** (device functions built from the intrinsics, shared by the Hopper forward
   and backward): `tile_product_abt` (acc = A B^T, both operands from shared memory) and
-  `tile_product_ab` (acc += A B, A from registers), each one commit group over a tile.
+  `tile_product_ab` (acc += A B, A from registers), each one commit group over a tile, each
+  k-step one product as wide as the output tile (`product_blocks`: m64n128 for 128 columns).
 * utilities: ``array_addr(arr)`` (64-bit address of an array's first element),
   ``smem_descriptor(template, saddr)`` (a descriptor template from `encode_wgmma_descriptor`
   with start address 0, completed with a 32-bit shared-window address from
@@ -92,6 +96,7 @@ Plain Python (no GPU, no compile), checked on the CPU:
 """
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 from llvmlite import ir
@@ -118,8 +123,9 @@ __all__ = [
     "cp_async_bulk_tensor_4d_g2s", "wgmma_ss_f16", "wgmma_ss_bf16", "wgmma_rs_mn_f16",
     "wgmma_rs_mn_bf16", "WGMMA_RS_MN_F16_PTX", "WGMMA_RS_MN_BF16_PTX", "wgmma_fence_operands",
     "wgmma_ss_e4m3", "wgmma_rs_e4m3", "WGMMA_SS_E4M3_PTX", "WGMMA_RS_E4M3_PTX", "pack_e4m3x4",
+    "wgmma_ss", "wgmma_rs", "WGMMA_MAX_N", "SWIZZLE_128B_ROW",
     # device functions built from them
-    "tile_product_abt", "tile_product_ab",
+    "product_blocks", "tile_product_abt", "tile_product_ab",
 ]
 
 WARPGROUP = 128
@@ -196,6 +202,8 @@ def decode_wgmma_descriptor(desc: int) -> WgmmaDescriptor:
 
 # -- shared-memory operand layouts (K-major, 16-bit elements) -------------------------------------
 _SWIZZLE_BYTES = {"none": 16, "32B": 32, "64B": 64, "128B": 128}
+#: Bytes of one row of a 128-byte swizzled tile (and of a TMA box written with that swizzle).
+SWIZZLE_128B_ROW = _SWIZZLE_BYTES["128B"]
 
 
 def swizzle_offset(offset: int, swizzle: str) -> int:
@@ -863,9 +871,9 @@ def _is_acc(acc):
     return isinstance(acc, types.Array) and acc.ndim == 1 and acc.dtype == types.float32
 
 
-def _make_wgmma_ss_inplace(dtype):
-    nreg = 32
-    ptx = _wgmma_ptx(64, dtype)
+def _make_wgmma_ss_inplace(dtype, n=64):
+    nreg = n // 2
+    ptx = _wgmma_ptx(n, dtype)
     constraints = ",".join(["=f"] * nreg + ["l", "l", "r"] + [str(i) for i in range(nreg)])
 
     def _wgmma(typingctx, acc, base, desc_a, desc_b, scale_d):
@@ -888,13 +896,13 @@ def _make_wgmma_ss_inplace(dtype):
             return context.get_dummy_value()
 
         return sig, codegen
-    _wgmma.__name__ = _wgmma.__qualname__ = f"wgmma_ss_{dtype}"
+    _wgmma.__name__ = _wgmma.__qualname__ = f"wgmma_ss_{dtype}" + ("" if n == 64 else f"_n{n}")
     return intrinsic(_wgmma)
 
 
-def _make_wgmma_rs_inplace(dtype, trans_b):
-    nreg = 32
-    ptx = _wgmma_rs_ptx(64, dtype, trans_b)
+def _make_wgmma_rs_inplace(dtype, trans_b, n=64):
+    nreg = n // 2
+    ptx = _wgmma_rs_ptx(n, dtype, trans_b)
     constraints = ",".join(["=f"] * nreg + ["r"] * 4 + ["l", "r"]
                            + [str(i) for i in range(nreg)])
 
@@ -920,7 +928,7 @@ def _make_wgmma_rs_inplace(dtype, trans_b):
             return context.get_dummy_value()
 
         return sig, codegen
-    _wgmma.__name__ = _wgmma.__qualname__ = f"wgmma_rs_mn_{dtype}"
+    _wgmma.__name__ = _wgmma.__qualname__ = f"wgmma_rs_mn_{dtype}" + ("" if n == 64 else f"_n{n}")
     return intrinsic(_wgmma)
 
 
@@ -1066,45 +1074,109 @@ def smem_descriptor(typingctx, template, saddr):
 
 
 # -- a warpgroup's tile products, as the Hopper kernels issue them --------------------------------
-def tile_product_abt(mma_ss, k_steps: int, n_blocks: int, template: int, k_step: int,
+#: The widest ``n`` of ``wgmma.mma_async.m64nNk16`` (PTX ISA: N a multiple of 8 up to 256).
+WGMMA_MAX_N = 256
+@functools.lru_cache(maxsize=None)
+def wgmma_ss(dtype: str, n: int = 64):
+    """The in-place ``wgmma`` with both operands in shared memory (as `wgmma_ss_f16`), m64nNk16
+    (``dtype`` "f16" or "bf16") or m64nNk32 ("e4m3"), D in ``acc[base:base + n // 2]``; ``n`` a
+    multiple of 64 up to `WGMMA_MAX_N`."""
+    _check_wide(dtype, n)
+    return _make_wgmma_ss_inplace(dtype, n)
+
+
+@functools.lru_cache(maxsize=None)
+def wgmma_rs(dtype: str, n: int = 64):
+    """The in-place ``wgmma`` with A from registers (as `wgmma_rs_mn_f16`: B MN-major for
+    "f16"/"bf16"; K-major for "e4m3", as `wgmma_rs_e4m3`), m64nN, D in ``acc[base:base + n //
+    2]``."""
+    _check_wide(dtype, n)
+    return _make_wgmma_rs_inplace(dtype, 0 if dtype == "e4m3" else 1, n)
+
+
+def _check_wide(dtype, n):
+    if dtype not in ("f16", "bf16", "e4m3"):
+        raise ValueError(f"dtype must be 'f16', 'bf16' or 'e4m3', got {dtype!r}")
+    if not (isinstance(n, int) and 64 <= n <= WGMMA_MAX_N and n % 64 == 0):
+        raise ValueError(f"n must be a multiple of 64 in [64, {WGMMA_MAX_N}], got {n!r}")
+
+
+def product_blocks(n_blocks: int) -> tuple[int, int]:
+    """``(instructions, blocks_each)``: how a tile product of ``n_blocks`` x 64 output columns
+    is issued per k-step: as few instructions as `WGMMA_MAX_N` allows, each of ``blocks_each``
+    x 64 columns. One wide product reads its A operand from shared memory once, where m64n64
+    products read it once per 64 columns: an m64n64k16 with both operands in shared memory
+    moves 4 KiB in the 32 cycles of its 65,536 multiply-adds at Hopper's dense 16-bit rate,
+    the 128 bytes a cycle an SM's shared memory delivers, so narrow products wait for shared
+    memory (docs/kernels.md, *Wide products*)."""
+    _check_int("n_blocks", n_blocks)
+    if n_blocks <= 0:
+        raise ValueError(f"n_blocks must be >= 1, got {n_blocks}")
+    each = min(n_blocks, WGMMA_MAX_N // 64)
+    if n_blocks % each:
+        raise ValueError(f"n_blocks ({n_blocks}) must be a multiple of {each}")
+    return n_blocks // each, each
+
+
+def tile_product_abt(dtype: str, k_steps: int, n_blocks: int, template: int, k_step: int,
                      b_chunk_bytes: int, box_bytes: int):
-    """A device function ``issue(acc, a, b)``: acc = A B^T as one commit group of ``k_steps`` x
-    ``n_blocks`` products ``mma_ss`` (`wgmma_ss_f16` and kin: m64n64, both operands from shared
-    memory, K-major, as ``template`` describes them; the first k-step overwrites acc). A: a
-    warpgroup's 64 rows at shared address ``a``, one box of ``box_bytes`` per 128-byte column
-    chunk; B: ``n_blocks`` x 64 rows at ``b``, ``b_chunk_bytes`` per column chunk and a box per
+    """A device function ``issue(acc, a, b)``: acc = A B^T as one commit group of ``k_steps``
+    products per k-step of `wgmma_ss` (``dtype``), both operands from shared memory, K-major,
+    as ``template`` describes them (the first k-step overwrites acc); per k-step one product of
+    all ``n_blocks`` x 64 columns (up to `WGMMA_MAX_N`: `product_blocks`). A: a warpgroup's
+    64 rows at shared address ``a``, one box of ``box_bytes`` per 128-byte column chunk; B:
+    ``n_blocks`` x 64 rows at ``b``, ``b_chunk_bytes`` per column chunk and a box (64 rows of
+    128 bytes, so that the rows of a chunk are evenly spaced and one descriptor spans them) per
     64 rows; ``k_step`` bytes a k-step inside a chunk (four a chunk)."""
     from numba import uint32
-    KS, NB, TMPL, STEP, CHUNK, BOX = k_steps, n_blocks, template, k_step, b_chunk_bytes, box_bytes
+    count, each = product_blocks(n_blocks)
+    if each > 1 and box_bytes != 64 * SWIZZLE_128B_ROW:
+        raise ValueError(f"a wide product needs boxes of 64 rows of {SWIZZLE_128B_ROW} bytes "
+                         f"({64 * SWIZZLE_128B_ROW}), got box_bytes={box_bytes}")
+    mma_ss = wgmma_ss(dtype, 64 * each)
+    KS, NI, EACH, TMPL, STEP, CHUNK, BOX = (k_steps, count, each, template, k_step,
+                                            b_chunk_bytes, box_bytes)
 
     @cuda.jit(device=True, inline=True)
     def issue(acc, a, b):
         for kk in range(KS):
             cc = kk // 4
             da = smem_descriptor(TMPL, a + cc * BOX + (kk % 4) * STEP)
-            for nb in range(NB):
-                db = smem_descriptor(TMPL, b + cc * CHUNK + nb * BOX + (kk % 4) * STEP)
-                mma_ss(acc, 32 * nb, da, db, uint32(1 if kk > 0 else 0))
+            for ni in range(NI):
+                db = smem_descriptor(TMPL, b + cc * CHUNK + ni * EACH * BOX + (kk % 4) * STEP)
+                mma_ss(acc, 32 * EACH * ni, da, db, uint32(1 if kk > 0 else 0))
         wgmma_commit_group()
     return issue
 
 
-def tile_product_ab(mma_rs, k_steps: int, n_blocks: int, template: int, k_step: int,
+def tile_product_ab(dtype: str, k_steps: int, n_blocks: int, template: int, k_step: int,
                     b_chunk_bytes: int):
-    """A device function ``issue(acc, pa, b)``: acc += A B as one commit group of ``k_steps`` x
-    ``n_blocks`` products ``mma_rs`` (`wgmma_rs_mn_f16` and kin: A from registers, four words
-    ``pa[4 kc ..]`` a k-step, `wgmma_a_elem`; B from shared memory as ``template`` describes
-    it): B at ``b``, ``b_chunk_bytes`` per block of 64 output columns, ``k_step`` bytes a
-    k-step."""
+    """A device function ``issue(acc, pa, b)``: acc += A B as one commit group of ``k_steps``
+    products per k-step of `wgmma_rs` (``dtype``: A from registers, four words ``pa[4 kc ..]``
+    a k-step, `wgmma_a_elem`; B from shared memory as ``template`` describes it), per k-step one
+    product of all ``n_blocks`` x 64 output columns (up to `WGMMA_MAX_N`: `product_blocks`):
+    B at ``b``, ``b_chunk_bytes`` per block of 64 output columns (the distance the template's
+    leading byte offset gives, MN-major; K-major "e4m3": 64 rows of 128 bytes), ``k_step`` bytes
+    a k-step."""
     from numba import uint32
-    PS, OB, TMPL, STEP, CHUNK = k_steps, n_blocks, template, k_step, b_chunk_bytes
+    count, each = product_blocks(n_blocks)
+    if each > 1:
+        lbo = decode_wgmma_descriptor(template).leading_byte_offset
+        if dtype != "e4m3" and lbo != b_chunk_bytes:
+            raise ValueError(f"a wide MN-major product needs the template's leading byte "
+                             f"offset ({lbo}) equal to b_chunk_bytes ({b_chunk_bytes})")
+        if dtype == "e4m3" and b_chunk_bytes != 64 * SWIZZLE_128B_ROW:
+            raise ValueError(f"a wide K-major product needs blocks of 64 rows of "
+                             f"{SWIZZLE_128B_ROW} bytes, got b_chunk_bytes={b_chunk_bytes}")
+    mma_rs = wgmma_rs(dtype, 64 * each)
+    PS, NI, EACH, TMPL, STEP, CHUNK = k_steps, count, each, template, k_step, b_chunk_bytes
 
     @cuda.jit(device=True, inline=True)
     def issue(acc, pa, b):
         for kc in range(PS):
-            for dc in range(OB):
-                db = smem_descriptor(TMPL, b + dc * CHUNK + kc * STEP)
-                mma_rs(acc, 32 * dc, pa[4 * kc], pa[4 * kc + 1], pa[4 * kc + 2],
+            for ni in range(NI):
+                db = smem_descriptor(TMPL, b + ni * EACH * CHUNK + kc * STEP)
+                mma_rs(acc, 32 * EACH * ni, pa[4 * kc], pa[4 * kc + 1], pa[4 * kc + 2],
                        pa[4 * kc + 3], db, uint32(1))
         wgmma_commit_group()
     return issue

@@ -129,8 +129,7 @@ def _build_kernel(kind, head_dim, rows, cols, is_bf16, causal, head_group, windo
     WINDOW = bool(window)
     POS_INF = float32(math.inf)
     NEG_INF = float32(-math.inf)
-    mma_ss = hp.wgmma_ss_bf16 if is_bf16 else hp.wgmma_ss_f16
-    mma_rs = hp.wgmma_rs_mn_bf16 if is_bf16 else hp.wgmma_rs_mn_f16
+    operands = "bf16" if is_bf16 else "f16"
     pack = ptx.pack_bf16x2 if is_bf16 else ptx.pack_f16x2
     unpack = ptx.unpack_bf16x2 if is_bf16 else ptx.unpack_f16x2
     tile_and_head = tile_scheduler.device_tile_and_head(head_group)
@@ -141,8 +140,8 @@ def _build_kernel(kind, head_dim, rows, cols, is_bf16, causal, head_group, windo
     mask_tile = wgmma_tile_mask(NB, CAUSAL, WINDOW, keys_are_rows=not DQ, rows_inner=True)
     # -- acc = A B^T: A = a warpgroup's 64 resident rows, B = the streamed tile, both K-major;
     # acc += A B: A from registers (C streamed rows as k), B = the streamed tile, MN-major --
-    issue_abt = hp.tile_product_abt(mma_ss, KS, NB, K_TMPL, K_STEP, CHUNK_BYTES, BOX_BYTES)
-    issue_ab = hp.tile_product_ab(mma_rs, PS, OB, V_TMPL, V_STEP, CHUNK_BYTES)
+    issue_abt = hp.tile_product_abt(operands, KS, NB, K_TMPL, K_STEP, CHUNK_BYTES, BOX_BYTES)
+    issue_ab = hp.tile_product_ab(operands, PS, OB, V_TMPL, V_STEP, CHUNK_BYTES)
 
     @cuda.jit(device=True, inline=True)
     def to_a(pa, s_reg):

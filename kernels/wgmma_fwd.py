@@ -212,17 +212,16 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=F
     WINDOW = bool(window)
     NEG_INF = float32(-math.inf)
     if FP8:
-        mma_ss, mma_rs, pack = hp.wgmma_ss_e4m3, hp.wgmma_rs_e4m3, ptx.pack_bf16x2
+        operands, pack = "e4m3", ptx.pack_bf16x2
     else:
-        mma_ss = hp.wgmma_ss_bf16 if is_bf16 else hp.wgmma_ss_f16
-        mma_rs = hp.wgmma_rs_mn_bf16 if is_bf16 else hp.wgmma_rs_mn_f16
+        operands = "bf16" if is_bf16 else "f16"
         pack = ptx.pack_bf16x2 if is_bf16 else ptx.pack_f16x2
     pack8 = hp.pack_e4m3x4
     tile_and_head = tile_scheduler.device_tile_and_head(head_group)
     tile_needs = tile_needs_mask(ROWS_PER_WARPGROUP, BK, CAUSAL, False, WINDOW)
     mask_tile = wgmma_tile_mask(NB, CAUSAL, WINDOW)
-    issue_qk = hp.tile_product_abt(mma_ss, KS, NB, K_TMPL, K_STEP, CHUNK_BYTES, BOX_BYTES)
-    issue_pv = hp.tile_product_ab(mma_rs, PS, OB, V_TMPL, V_STEP,
+    issue_qk = hp.tile_product_abt(operands, KS, NB, K_TMPL, K_STEP, CHUNK_BYTES, BOX_BYTES)
+    issue_pv = hp.tile_product_ab(operands, PS, OB, V_TMPL, V_STEP,
                                   64 * BK if FP8 else CHUNK_BYTES)   # FP8 V^T: d rows of keys
     stage_n = cuda.jit(device=True, inline=True)(stage_of)
     full_n = cuda.jit(device=True, inline=True)(full_parity)

@@ -274,6 +274,46 @@ def test_accumulator_registers_are_the_next_a_fragment(n):
         assert hp.wgmma_d_elem(t, hp.wgmma_p_from_d(kc, reg, half), n) == (row, 16 * kc + k)
 
 
+def test_wide_products_are_blocks_side_by_side():
+    """A tile product issues one m64nN per k-step for N = 64 n_blocks (up to 256): its
+    accumulator must be the n64 blocks' registers in order, the layout the kernels index."""
+    for n in (128, 192, 256):
+        for t in range(128):
+            for r in range(n // 2):
+                row, col = hp.wgmma_d_elem(t, r % 32, 64)
+                assert hp.wgmma_d_elem(t, r, n) == (row, col + 64 * (r // 32))
+    assert [hp.product_blocks(nb) for nb in (1, 2, 3, 4, 8)] == [(1, 1), (1, 2), (1, 3), (1, 4),
+                                                                (2, 4)]
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match="n_blocks"):
+            hp.product_blocks(bad)
+    with pytest.raises(ValueError, match="n_blocks"):
+        hp.product_blocks(6)                 # 6 x 64 columns: not whole 256-column products
+    for dtype, n, word in (("f32", 64, "dtype"), ("f16", 96, "n"), ("bf16", 320, "n")):
+        with pytest.raises(ValueError, match=word):
+            hp.wgmma_ss(dtype, n)
+        with pytest.raises(ValueError, match=word):
+            hp.wgmma_rs(dtype, n)
+    assert hp.wgmma_ss("f16", 128) is hp.wgmma_ss("f16", 128)
+
+
+def test_wide_products_refuse_operands_one_descriptor_cannot_span():
+    k_tmpl = hp.encode_wgmma_descriptor(0, *hp.kmajor_strides("128B", 64)[:2], "128B")
+    lbo, sbo, step = hp.mnmajor_strides("128B", 128)
+    v_tmpl = hp.encode_wgmma_descriptor(0, lbo, sbo, "128B")
+    # B rows of a K-major chunk are one 128-byte row apart only with 64-row boxes of 8 KiB
+    with pytest.raises(ValueError, match="box_bytes"):
+        hp.tile_product_abt("f16", 4, 2, k_tmpl, 32, 128 * 128, 4096)
+    # MN-major B: the next 64 output columns must be where the template's LBO says
+    with pytest.raises(ValueError, match="b_chunk_bytes"):
+        hp.tile_product_ab("f16", 8, 2, v_tmpl, step, 64 * 128)
+    with pytest.raises(ValueError, match="b_chunk_bytes"):
+        hp.tile_product_ab("e4m3", 4, 2, k_tmpl, 32, 64 * 256)
+    # one 64-column block: nothing to span, any layout
+    hp.tile_product_abt("f16", 4, 1, k_tmpl, 32, 128 * 128, 4096)
+    hp.tile_product_ab("f16", 8, 2, v_tmpl, step, lbo)
+
+
 def test_tensor_map_4d_arguments_are_checked_before_the_driver():
     ok = dict(address=0x7F0000000000, shape=(2, 4, 100, 128), strides_bytes=(4 * 100 * 256,
               100 * 256, 256), box=(1, 1, 64, 64), dtype="uint16", swizzle="128B")

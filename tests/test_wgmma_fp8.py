@@ -249,9 +249,12 @@ def test_fp8_kernels_compile_and_assemble(tmp_path):
         sched = _schedule(bq, d)
         assert sched == {"pingpong": bq == 128, "overlap": bq == 128}
         copies = 2 if bq == 128 else 1
-        # S: d / 32 k-steps x 2 n64 blocks; O += P V: 4 k32 steps x d / 64 n64 blocks
-        assert len(wg) == copies * (d // 32 * 2 + 4 * (d // 64))
-        assert all("m64n64k32.f32.e4m3.e4m3" in ln for ln in wg)
+        # S: d / 32 k-steps of one m64n128 product (block_k = 128); O += P V: 4 k32 steps of
+        # one m64n{d} product (kernels.hopper.product_blocks)
+        assert len(wg) == copies * (d // 32 + 4)
+        assert sum("m64n128k32.f32.e4m3.e4m3" in ln for ln in wg) == copies * d // 32 + (
+            copies * 4 if d == 128 else 0)
+        assert sum(f"m64n{d}k32.f32.e4m3.e4m3" in ln for ln in wg) >= copies * 4
         assert text.count("cvt.rn.satfinite.e4m3x2.f32") == copies * 2 * 4 * 4
         # ping-pong: warpgroup 1's first hand-over and the hand-over after each turn's issue
         # (first tile, loop); warpgroup 0's last wait, each turn's wait and syncthreads' bar.sync 0

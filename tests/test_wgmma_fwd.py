@@ -206,10 +206,9 @@ def test_plan_defaults_refusals_and_configs():
     w = Workload(batch=1, heads=1, seq_len_q=256, head_dim=128, dtype="bf16")
     plan = plan_for("wgmma", "fwd", w)
     assert (plan.config["block_q"], plan.config["block_k"]) == wgmma_default_blocks(128)
-    # the default schedule at two consumer warpgroups: turns and the intra-warpgroup overlap,
-    # whose producer warpgroup's registers let 128 x 128 at d = 128 run without spilling
+    # the default schedule at two consumer warpgroups: turns and the intra-warpgroup overlap
     assert plan.config["pingpong"] and plan.config["overlap"]
-    assert (128, *wgmma_default_blocks(128)) in WGMMA_SPILLING     # (serially it would spill)
+    assert (128, *wgmma_default_blocks(128)) not in WGMMA_SPILLING
     serial = plan_for("wgmma", "fwd", w, block_q=64)
     assert not serial.config["pingpong"] and not serial.config["overlap"]
     sizes = dict(batch=1, heads=1, seq_len_q=256, head_dim=128, dtype="bf16")
@@ -540,14 +539,20 @@ def test_compiles_and_assembles_for_sm90a(compiled, cfg):
     threads = wgmma_threads(bq, overlap)
     assert f".maxntid {threads}, 1, 1" in text and ".minnctapersm 1" in text
     ty = "bf16" if bf16 else "f16"
-    ss = f"wgmma.mma_async.sync.aligned.m64n64k16.f32.{ty}.{ty}"
-    # S: d/16 k-steps x bk/64 n-blocks (A, B descriptors, both K-major); PV: bk/16 x d/64 with
-    # A from four registers and B MN-major (imm-trans-b = 1)
+    # S: d/16 k-steps of one m64n{bk} product (A, B descriptors, both K-major); PV: bk/16 k-steps
+    # of one m64n{d} product with A from four registers and B MN-major (imm-trans-b = 1): each
+    # product as wide as its output tile (kernels.hopper.product_blocks)
     # (overlap: S = Q K^T issued for the first tile and in the loop, O += P V in the loop and
     # for the last tile)
-    n_s, n_pv = (d // 16) * (bk // 64), (bk // 16) * (d // 64)
+    n_s, n_pv = d // 16, bk // 16
     copies = 2 if overlap else 1
-    assert text.count(ss) == copies * (n_s + n_pv)
+    s_instr = f"wgmma.mma_async.sync.aligned.m64n{bk}k16.f32.{ty}.{ty}"
+    pv_instr = f"wgmma.mma_async.sync.aligned.m64n{d}k16.f32.{ty}.{ty}"
+    if bk == d:
+        assert text.count(s_instr) == copies * (n_s + n_pv)
+    else:
+        assert text.count(s_instr) == copies * n_s and text.count(pv_instr) == copies * n_pv
+    assert "m64n64k16" not in text or 64 in (bk, d)
     assert text.count(", p, 1, 1, 0, 0;") == copies * n_s
     assert text.count(", p, 1, 1, 1;") == copies * n_pv
     assert ("wgmma.wait_group.sync.aligned 1" in text) == overlap

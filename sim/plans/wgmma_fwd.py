@@ -108,10 +108,12 @@ SWIZZLE_ROW = 128
 WGMMA_REGISTERS: dict = {(64, 128, 128): 163, (64, 128, 64): 114, (64, 64, 128): 165,
                          (64, 64, 64): 114, (128, 128, 128): 168, (128, 128, 64): 152,
                          (128, 64, 128): 210, (128, 64, 64): 154}
-#: Configurations ptxas makes spill: 288 threads with ``launch_bounds=(288, 1)`` are held to
-#: 168 registers (the allocation ptxas plans for as for 384 threads), and d = 128 with 128 x 128
-#: tiles needs more (88-byte stack, ~108 bytes of spill stores). Legal, never the default.
-WGMMA_SPILLING = ((128, 128, 128),)
+#: Configurations ptxas makes spill (the serial kernel; the default schedule's consumers get
+#: 240 registers, `OVERLAP_REGISTERS`): none since the products are issued as wide as their
+#: tiles (`kernels.hopper.product_blocks`; before, d = 128 with 128 x 128 tiles spilled about
+#: 108 bytes, with 288 threads held to 168 registers). Checked by tests/test_wgmma_fwd.py where
+#: ptxas is found.
+WGMMA_SPILLING: tuple = ()
 #: Whether two consumer warpgroups take turns issuing their products by default (both forwards;
 #: with one consumer warpgroup there is no turn): alone it buys little (0.98-1.03x for float16,
 #: 1.03-1.12x for FP8), with the intra-warpgroup overlap below it is the fastest schedule
