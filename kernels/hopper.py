@@ -100,7 +100,7 @@ import functools
 from typing import NamedTuple
 
 from llvmlite import ir
-from numba import cuda, types
+from numba import cuda, types, uint64
 from numba.cuda import cgutils
 from numba.cuda.extending import intrinsic
 
@@ -1072,6 +1072,14 @@ def smem_descriptor(typingctx, template, saddr):
     return sig, codegen
 
 
+@cuda.jit(device=True, inline=True)
+def descriptor_at(desc, offset):
+    """The descriptor of the operand ``offset`` bytes (a multiple of 16, usually a constant)
+    past ``desc``'s start address: its start-address field (bits 0-13, the address / 16) plus
+    ``offset`` / 16, one 64-bit add where `smem_descriptor` is four. Exact while the address
+    stays inside the 256 KiB the field spans (shared memory is at most 228 KiB an SM)."""
+    return desc + uint64(offset >> 4)
+
 
 # -- a warpgroup's tile products, as the Hopper kernels issue them --------------------------------
 #: The widest ``n`` of ``wgmma.mma_async.m64nNk16`` (PTX ISA: N a multiple of 8 up to 256).
@@ -1139,11 +1147,15 @@ def tile_product_abt(dtype: str, k_steps: int, n_blocks: int, template: int, k_s
 
     @cuda.jit(device=True, inline=True)
     def issue(acc, a, b):
+        # -- descriptors: each operand's once, then moved by the constant offset of each
+        # k-step and block (`descriptor_at`) --
+        da0 = smem_descriptor(TMPL, a)
+        db0 = smem_descriptor(TMPL, b)
         for kk in range(KS):
             cc = kk // 4
-            da = smem_descriptor(TMPL, a + cc * BOX + (kk % 4) * STEP)
+            da = descriptor_at(da0, cc * BOX + (kk % 4) * STEP)
             for ni in range(NI):
-                db = smem_descriptor(TMPL, b + cc * CHUNK + ni * EACH * BOX + (kk % 4) * STEP)
+                db = descriptor_at(db0, cc * CHUNK + ni * EACH * BOX + (kk % 4) * STEP)
                 mma_ss(acc, 32 * EACH * ni, da, db, uint32(1 if kk > 0 else 0))
         wgmma_commit_group()
     return issue
@@ -1173,9 +1185,10 @@ def tile_product_ab(dtype: str, k_steps: int, n_blocks: int, template: int, k_st
 
     @cuda.jit(device=True, inline=True)
     def issue(acc, pa, b):
+        db0 = smem_descriptor(TMPL, b)
         for kc in range(PS):
             for ni in range(NI):
-                db = smem_descriptor(TMPL, b + ni * EACH * CHUNK + kc * STEP)
+                db = descriptor_at(db0, ni * EACH * CHUNK + kc * STEP)
                 mma_rs(acc, 32 * EACH * ni, pa[4 * kc], pa[4 * kc + 1], pa[4 * kc + 2],
                        pa[4 * kc + 3], db, uint32(1))
         wgmma_commit_group()

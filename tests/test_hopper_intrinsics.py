@@ -297,6 +297,25 @@ def test_wide_products_are_blocks_side_by_side():
     assert hp.wgmma_ss("f16", 128) is hp.wgmma_ss("f16", 128)
 
 
+def test_descriptor_at_moves_the_start_address_field():
+    """`descriptor_at(desc, offset)` (one add) must equal the descriptor `smem_descriptor`
+    builds from the moved address (template | (addr & 0x3FFFF) >> 4) everywhere in an SM's
+    228 KiB of shared memory, and leave the other fields alone."""
+    from numba import uint64
+    tmpl = hp.encode_wgmma_descriptor(0, 16, 1024, "128B")
+    at = hp.descriptor_at.py_func
+    rng = np.random.default_rng(0)
+    limit = 228 * 1024
+    for _ in range(2000):
+        a = int(rng.integers(0, limit // 16)) * 16
+        off = int(rng.integers(0, (limit - a) // 16 + 1)) * 16
+        base = uint64(tmpl | ((a & 0x3FFFF) >> 4))
+        moved = int(at(base, off))
+        assert moved == tmpl | (((a + off) & 0x3FFFF) >> 4)
+        d = hp.decode_wgmma_descriptor(moved)
+        assert (d.start_address, d.leading_byte_offset, d.stride_byte_offset) == (a + off, 16, 1024)
+
+
 def test_wide_products_refuse_operands_one_descriptor_cannot_span():
     k_tmpl = hp.encode_wgmma_descriptor(0, *hp.kmajor_strides("128B", 64)[:2], "128B")
     lbo, sbo, step = hp.mnmajor_strides("128B", 128)
