@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: The shipped benchmark results file (one per GPU: the newest by name).
 #: The README's summary reads these, in this order (a later file's rows replace an earlier's).
 README_BENCHES = (ROOT / "results" / "bench_nvidia-h100-80gb-hbm3_2026-11-24.json",
-                  ROOT / "results" / "bench_half_h200_2026-11-28.json",
+                  ROOT / "results" / "bench_half_h200_2026-11-29.json",
                   ROOT / "results" / "bench_fp32_h100_2026-11-28.json")
 SHIPPED_BENCH = README_BENCHES[0]
 
