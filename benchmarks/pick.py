@@ -14,7 +14,8 @@ generic tile grid: not what is checked here.)
 **Measuring** (a GPU): for every family and pass of `sim.plans.CONFIGS` (``--family`` narrows
 them; a family whose configurations are not `kernels.KernelConfig` fields is skipped with the
 reason) and every group of the grid, every legal configuration is timed through `kernels` with
-``KernelConfig(family=..., **config)``, as ``python -m benchmarks tune`` times one: CUDA events
+``KernelConfig(family=..., **config)`` (the wgmma backward's configurations are tile pairs,
+``dq_tile`` and ``kv_tile``), as ``python -m benchmarks tune`` times one: CUDA events
 behind a device-side sleep (GPU time only: ``"device"`` timing of `benchmarks.common`), the
 median of up to 30 calls after 3 warm-up calls, with p10 and p90. Each configuration's output
 is compared with the family's default configuration's (``max_abs_diff_vs_default``: a tile
@@ -78,6 +79,10 @@ DEFAULT_HEAD_WIDTH = 1024
 #: should be good.
 WITHIN = 0.05
 TARGET_SHARE = 0.90
+#: Configuration keys that each choose a kernel of their own, (family, pass) -> keys: the
+#: wgmma backward's dQ kernel depends on ``dq_tile`` alone, its dK/dV kernel on ``kv_tile``
+#: (elsewhere a configuration is one kernel).
+OWN_KERNEL_KEYS = {("wgmma", "bwd"): ("dq_tile", "kv_tile")}
 #: Seconds to compile one kernel configuration when the kernel cache is cold (an H100's first
 #: forward compiles in 3.7-5.2 s with numba-cuda's import: results/first_call_h100_*).
 COMPILE_S = 4.0
@@ -238,10 +243,14 @@ def estimate(groups, profile="h100") -> dict:
             _cfg, _cost, ranked = choose(g.family, g.pass_, g.workload(), profile)
         except ValueError:
             continue
+        own = OWN_KERNEL_KEYS.get((g.family, g.pass_), ())
         for t_s, cfg in ranked:
             configs += 1
-            kernels_.add((g.family, g.pass_, g.dtype, g.head_dim, g.causal,
-                          tuple(sorted(cfg.items()))))
+            base = (g.family, g.pass_, g.dtype, g.head_dim, g.causal)
+            joint = tuple(sorted((k, v) for k, v in cfg.items() if k not in own))
+            if joint:
+                kernels_.add(base + (joint,))
+            kernels_.update(base + ((k, cfg[k]),) for k in own if k in cfg)
             timing += timed_call_s(t_s * 1e3)
         timing += timed_call_s(ranked[0][0] * 1e3)          # the default configuration's call
     compile_s = len(kernels_) * COMPILE_S
@@ -288,7 +297,7 @@ def measure_group(torch, g: Group, inputs) -> list[dict]:
             records.append(dict(rec, failed=f"{type(exc).__name__}: {exc}"))
             continue
         t = time_cuda(torch, lambda kc=kc: call(kc), timing="device")
-        if g.family == "wgmma":         # the schedule the plan (so the launcher) gave the tiles
+        if g.family == "wgmma" and g.pass_ == "fwd":    # the schedule the plan gave the tiles
             from sim.plans import plan_for
             from sim.plans.wgmma_fwd import record_schedule
             rec["schedule"] = record_schedule(plan_for(g.family, g.pass_, g.workload(),
@@ -449,11 +458,11 @@ def _config_key(cfg: dict) -> tuple:
     return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in cfg.items()))
 
 
-def _fixed(family: str, configs: dict) -> dict:
+def _fixed(family: str, pass_: str, configs: dict) -> dict:
     """Options every plan of a group is priced with: for the wgmma forward, the serial schedule
     when the group's records name none (files measured before the schedules existed,
     `sim.plans.wgmma_fwd.SERIAL_SCHEDULE`); otherwise the plans' defaults, which ran."""
-    if family != "wgmma" or any("schedule" in r for r in configs.values()):
+    if (family, pass_) != ("wgmma", "fwd") or any("schedule" in r for r in configs.values()):
         return {}
     from sim.plans.wgmma_fwd import SERIAL_SCHEDULE
     return dict(SERIAL_SCHEDULE)
@@ -518,7 +527,7 @@ def pick_report(file, profile="h100", rates=None) -> dict:
                   int(fields["seq_len"]), int(fields["batch"]), int(fields["heads"]))
         w = g.workload()
         try:
-            pick, cost, ranked = choose(family, pass_, w, prof, **_fixed(family, configs))
+            pick, cost, ranked = choose(family, pass_, w, prof, **_fixed(family, pass_, configs))
         except ValueError as exc:
             skipped.append(dict(fields, why=f"the model cannot price it: {exc}"))
             continue

@@ -1590,11 +1590,20 @@ _PROBE_HEAD_DIMS = (32, 64, 96, 128, 256)
 TIE = 1e-9
 
 
+#: Families of ``sim.plans.CONFIGS`` whose configurations are not one (block_q, block_k) tile,
+#: so not a plane the block-size page can draw, and where to see their ranking instead.
+#: (On the command line: ``python -m sim plan --family wgmma --pass bwd --choose``.)
+NOT_A_TILE_PLANE = {("wgmma", "bwd"): "whose settings are pairs of tiles (one for the kernel "
+                                      "that computes dQ, one for the kernel that computes dK "
+                                      "and dV), which a grid of single tiles cannot show"}
+
+
 def tile_families() -> list[str]:
     """``"family/pass"`` of every kernel family whose legal configurations the model lists
-    (``sim.plans.CONFIGS``), by family, the forward first: what the block-size page offers."""
-    keys = sorted(importlib.import_module("sim.plans").CONFIGS,
-                  key=lambda k: (k[0], k[1] != "fwd", k[1]))
+    (``sim.plans.CONFIGS``) as (block_q, block_k) tiles, by family, the forward first: what the
+    block-size page offers (`NOT_A_TILE_PLANE`: the others)."""
+    keys = sorted((k for k in importlib.import_module("sim.plans").CONFIGS
+                   if k not in NOT_A_TILE_PLANE), key=lambda k: (k[0], k[1] != "fwd", k[1]))
     return [f"{f}/{p}" for f, p in keys]
 
 

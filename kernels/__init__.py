@@ -72,6 +72,11 @@ def family_for(problem, config=None, pass_="fwd") -> str:
     if config.family in FORWARD_ONLY and pass_ != "fwd" and config.family not in FIRST_BACKWARDS:
         raise ValueError(f"KernelConfig(family={config.family!r}) is a forward only; the "
                          f"backward runs on one of {FAMILY_NAMES + tuple(FIRST_BACKWARDS)}")
+    pinned = [f"{n}={getattr(config, n)!r}" for n in ("dq_tile", "kv_tile")
+              if getattr(config, n) is not None]
+    if pass_ != "fwd" and pinned and config.family not in (None, "wgmma"):
+        raise ValueError(f"KernelConfig.{', '.join(pinned)} pin the wgmma backward's tiles; "
+                         f"KernelConfig(family={config.family!r}) has none")
     if pass_ != "fwd" and config.family in (None,) + tuple(FIRST_BACKWARDS):
         for name, module in FIRST_BACKWARDS.items():
             if config.family not in (None, name):
@@ -80,8 +85,10 @@ def family_for(problem, config=None, pass_="fwd") -> str:
                    or module.supports(problem, config))
             if why is None:
                 return name
-            if config.family == name:
-                raise ValueError(f"KernelConfig(family={name!r}) cannot run this problem: {why}")
+            if config.family == name or pinned:
+                raise ValueError(f"KernelConfig(family={name!r}) cannot run this problem: {why}"
+                                 + (f" (KernelConfig.{', '.join(pinned)} pin its tiles)"
+                                    if pinned else ""))
     if pass_ == "fwd" and config.family in (None,) + FORWARD_ONLY_NAMES:
         for name, module in FORWARD_ONLY.items():
             if config.family not in (None, name):

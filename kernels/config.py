@@ -68,6 +68,13 @@ class KernelConfig:
       overlap: three K/V stages and, at ``block_q`` = 128, a producer warpgroup whose
       registers go to the consumers); None = the plan's default
       (`sim.plans.wgmma_fwd.WGMMA_OVERLAP_DEFAULT`). Only the ``wgmma`` family reads it.
+    * ``dq_tile``, ``kv_tile``: the ``wgmma`` backward's tiles, each (queries, keys): the dQ
+      kernel's (query rows a program, keys a stage) and the dK/dV kernel's (queries a stage, key
+      rows a program), as `sim.plans.wgmma_bwd.wgmma_backward_plan` takes them (rows 64 or
+      128, stages 64 or 128; `sim.plans.wgmma_bwd.wgmma_backward_configs` lists the legal
+      pairs); None = the plan's default (`sim.plans.wgmma_bwd.wgmma_bwd_default_tiles`). A
+      backward that pins either runs only on the ``wgmma`` backward (`kernels.family_for`
+      refuses another family), so a pinned tile is never silently dropped.
     * ``backward_dq``: how the ``mma`` and ``tf32`` backwards compute dQ: "kernel" (a dQ kernel
       that recomputes S and dP, deterministic) or "atomic" (FlashAttention-2's structure: the
       dK/dV kernel adds dS K into a float32 accumulator with atomics; the summation order varies
@@ -91,6 +98,8 @@ class KernelConfig:
     decode_warps: int | None = None
     pingpong: bool | None = None
     overlap: bool | None = None
+    dq_tile: tuple[int, int] | None = None
+    kv_tile: tuple[int, int] | None = None
 
     def __post_init__(self):
         if self.decode_warps is not None and (isinstance(self.decode_warps, bool)
@@ -106,6 +115,16 @@ class KernelConfig:
             if value is not None and not isinstance(value, bool):
                 raise ValueError(f"KernelConfig.{name} must be True, False or None, got "
                                  f"{value!r}")
+        for name in ("dq_tile", "kv_tile"):        # the wgmma backward's tiles
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if not (isinstance(value, (tuple, list)) and len(value) == 2
+                    and all(isinstance(t, int) and not isinstance(t, bool) and t > 0
+                            for t in value)):
+                raise ValueError(f"KernelConfig.{name} must be a pair (queries, keys) of "
+                                 f"positive ints or None, got {value!r}")
+            object.__setattr__(self, name, (int(value[0]), int(value[1])))
         if self.backward_dq not in (None, "kernel", "atomic"):
             raise ValueError(f"KernelConfig.backward_dq must be 'kernel', 'atomic' or None, got "
                              f"{self.backward_dq!r}")

@@ -417,9 +417,10 @@ def supports(problem, config):
     """Why this backward cannot run ``problem`` under ``config`` (a string naming what it
     refuses), or None. Checked in this order: the problem's features (mask, bias, block mask,
     dropout, cache lengths, value head dim, bottom-right causal with Nq != Nk and no window,
-    dtype, head dim), tiles pinned by ``config`` (this backward chooses its own), dQ by atomics
-    (``backward_dq="atomic"``: this backward computes dQ in its own kernel); then the hardware
-    (a real GPU of compute capability 9.0 or more)."""
+    dtype, head dim), ``block_q`` / ``block_k`` pinned by ``config`` (this backward's tiles are
+    ``dq_tile`` and ``kv_tile``), dQ by atomics (``backward_dq="atomic"``: this backward
+    computes dQ in its own kernel), pinned ``dq_tile`` / ``kv_tile`` its plan does not take;
+    then the hardware (a real GPU of compute capability 9.0 or more)."""
     pb = problem
     why = problem_refusal(pb, "the wgmma backward")
     if why:
@@ -429,6 +430,11 @@ def supports(problem, config):
     if config.backward_dq not in (None, "kernel"):
         return (f"the wgmma backward computes dQ in its own kernel (backward_dq="
                 f"{config.backward_dq!r}; 'kernel' or None)")
+    if config.dq_tile is not None or config.kv_tile is not None:
+        try:                                    # tiles the plan does not take
+            plan(pb, config)
+        except ValueError as exc:
+            return str(exc)
     why = host.tensor_core_refusal(pb, "the wgmma family", DTYPES, SUPPORTED_HEAD_DIMS,
                                    window=True)
     return why or _hopper_refusal("the wgmma backward")
@@ -436,8 +442,11 @@ def supports(problem, config):
 
 def plan(problem, config):
     """The `sim.plan.Plan` this backward launches for ``problem`` (`sim.plans.wgmma_bwd`): its
-    grids, threads and shared memory are what `prepare` launches."""
-    return host.family_plan("wgmma", "bwd", problem, launch_order=config.launch_order)
+    grids, threads and shared memory are what `prepare` launches; its tiles ``config.dq_tile``
+    and ``config.kv_tile`` (None: the plan's defaults)."""
+    tiles = {name: getattr(config, name) for name in ("dq_tile", "kv_tile")
+             if getattr(config, name) is not None}
+    return host.family_plan("wgmma", "bwd", problem, launch_order=config.launch_order, **tiles)
 
 
 def backward(problem, out, lse, dout, config):

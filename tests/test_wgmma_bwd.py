@@ -32,9 +32,11 @@ def _hopper():
     return torch
 
 
-def _run_and_check(q, k, v, dout, *, causal=False, window_size=None, float64_forward=False):
-    """Our wgmma backward on ``out``/``lse`` from our forward (or, ``float64_forward``, from the
-    float64 reference rounded), checked against float64 gradients."""
+def _run_and_check(q, k, v, dout, *, causal=False, window_size=None, float64_forward=False,
+                   config=WGMMA):
+    """Our wgmma backward (under ``config``) on ``out``/``lse`` from our forward (or,
+    ``float64_forward``, from the float64 reference rounded), checked against float64
+    gradients."""
     torch = _hopper()
     d = q.shape[-1]
     scale = d ** -0.5
@@ -46,8 +48,8 @@ def _run_and_check(q, k, v, dout, *, causal=False, window_size=None, float64_for
         lse = torch.from_numpy(want["lse"]).to(device="cuda", dtype=torch.float32)
     else:
         out, lse = kernels_forward(q, k, v, **kw)
-    assert kernels.family_for(kernel_problem(q, k, v, **kw), WGMMA, "bwd") == "wgmma"
-    dq, dk, dv = kernels_backward(q, k, v, out, lse, dout, config=WGMMA, **kw)
+    assert kernels.family_for(kernel_problem(q, k, v, **kw), config, "bwd") == "wgmma"
+    dq, dk, dv = kernels_backward(q, k, v, out, lse, dout, config=config, **kw)
     assert dq.dtype == q.dtype and dk.dtype == q.dtype and dv.dtype == q.dtype
     assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
     _check_grads((dq, dk, dv), want, q.dtype)
@@ -107,6 +109,25 @@ def test_sliding_window(window_size, causal):
             continue
         q, k, v, dout = _inputs((1, 4, nq, 128), (1, 2, nk, 128), torch.bfloat16, seed=nk)
         _run_and_check(q, k, v, dout, causal=causal, window_size=window_size)
+
+
+@gpu
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_every_legal_tile_pair_matches_float64(head_dim):
+    """Every (dq_tile, kv_tile) of `sim.plans.wgmma_bwd.wgmma_backward_configs` pinned through
+    `KernelConfig` (as ``python -m benchmarks pick`` times them): odd lengths, causal, GQA."""
+    torch = _hopper()
+    from sim import Workload
+    from sim.plans.wgmma_bwd import wgmma_backward_configs
+    q, k, v, dout = _inputs((1, 4, 333, head_dim), (1, 2, 333, head_dim), torch.bfloat16,
+                            seed=head_dim)
+    w = Workload(batch=1, heads=4, heads_kv=2, seq_len_q=333, head_dim=head_dim,
+                 dtype="bf16", causal=True)
+    configs = wgmma_backward_configs(w)
+    assert len(configs) == 16
+    for cfg in configs:
+        _run_and_check(q, k, v, dout, causal=True,
+                       config=KernelConfig(family="wgmma", **cfg))
 
 
 @gpu
@@ -204,6 +225,35 @@ def test_refusals_name_what_is_refused(change, word):
                                          (KernelConfig(backward_dq="atomic"), "backward_dq")])
 def test_refusals_of_configs(config, word):
     assert word in bwd_mod.supports(_Problem(), config)
+
+
+def test_pinned_tiles_are_checked_and_never_dropped():
+    """``KernelConfig.dq_tile`` / ``kv_tile``: pairs of positive ints, refused by name
+    otherwise; tiles the plan does not take are the wgmma backward's refusal; a backward that
+    pins them runs on the wgmma backward or raises, never on a family that would ignore them."""
+    np = pytest.importorskip("numpy")
+    assert KernelConfig(dq_tile=[128, 64]).dq_tile == (128, 64)
+    for bad in ((64,), (64, 0), (64.0, 64), (True, 64), "64x64"):
+        with pytest.raises(ValueError, match="kv_tile"):
+            KernelConfig(kv_tile=bad)
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, 2, 100, 64)).astype(np.float16) for _ in range(3))
+    pb = kernel_problem(q, k, v)
+    assert "dq_tile" in bwd_mod.supports(pb, KernelConfig(dq_tile=(32, 64)))
+    assert "kv_tile" in bwd_mod.supports(pb, KernelConfig(kv_tile=(64, 256)))
+    legal = KernelConfig(dq_tile=(128, 64), kv_tile=(64, 64))
+    assert bwd_mod.plan(pb, legal).config["dq_tile"] == (128, 64)
+    assert bwd_mod.plan(pb, legal).config["kv_tile"] == (64, 64)
+    for family in ("mma", "simt"):
+        with pytest.raises(ValueError, match="dq_tile"):
+            kernels.family_for(pb, KernelConfig(family=family, dq_tile=(128, 64)), "bwd")
+    # a forward has no backward tiles to drop: the same config runs its forward
+    assert kernels.family_for(pb, KernelConfig(family="simt", dq_tile=(128, 64)), "fwd") == "simt"
+    from kernels import host
+    if not (host.real_gpu() and host.compute_capability(host.current_device_id()) >= (9, 0)):
+        with pytest.raises(ValueError, match="pin its tiles"):    # no silent fallback
+            kernels.family_for(pb, legal, "bwd")
+        assert kernels.family_for(pb, None, "bwd") != "wgmma"
 
 
 def test_registry_tries_the_hopper_backward_first():

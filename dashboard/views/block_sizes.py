@@ -19,6 +19,8 @@ st.caption("Every tile shape (queries × keys per tile) the chosen kernel can ru
            "★ (solid outline) marks the model's pick, ◆ (dotted) the measured best.")
 
 ui.require_sim()
+for (family, pass_), why in data.NOT_A_TILE_PLANE.items():
+    st.caption(f"Not drawn here: {data.tile_family_label(f'{family}/{pass_}')}, {why}.")
 families = data.tile_families()
 if not families:
     st.info("The model lists no kernel with tile configurations to compare.")

@@ -61,6 +61,7 @@ CONFIGS = {
     ("mma", "fwd"): "sim.plans.tensor_core_fwd:mma_forward_configs",
     ("tf32", "fwd"): "sim.plans.tensor_core_fwd:tf32_forward_configs",
     ("wgmma", "fwd"): "sim.plans.wgmma_fwd:wgmma_forward_configs",
+    ("wgmma", "bwd"): "sim.plans.wgmma_bwd:wgmma_backward_configs",
     ("simt", "fwd"): "sim.plans.simt:simt_forward_configs",
     ("simt", "bwd"): "sim.plans.simt:simt_backward_configs",
 }
@@ -118,9 +119,10 @@ def _cached_plan(family: str, pass_: str, by_value: _ByValue):
 
 def choose(family: str, pass_: str, workload, profile="h100", **fixed):
     """``(config, cost, ranked)``: the configuration of ``family`` the model prices fastest for
-    ``workload`` on ``profile`` (ties: the larger tiles), its `sim.plan.PlanCost`, and every legal
-    configuration as ``[(time_s, config)]`` fastest first. ``fixed``: options passed to every
-    plan (e.g. ``registers``)."""
+    ``workload`` on ``profile`` (ties: the larger tiles, compared value by value in the
+    configuration's order, a tile pair element by element), its `sim.plan.PlanCost`, and every
+    legal configuration as ``[(time_s, config)]`` fastest first. ``fixed``: options passed to
+    every plan (e.g. ``registers``)."""
     from ..plan import price
     key = (family, pass_)
     if key not in CONFIGS:
@@ -129,11 +131,17 @@ def choose(family: str, pass_: str, workload, profile="h100", **fixed):
     ranked = []
     for cfg in _resolve(CONFIGS, key)(workload):
         cost = price(plan_for(family, pass_, workload, **cfg, **fixed), profile)
-        ranked.append((cost.time_s, tuple(-v for v in cfg.values()), cfg, cost))
+        ranked.append((cost.time_s, _larger_first(cfg), cfg, cost))
     if not ranked:
         raise ValueError(f"family={family!r} has no legal configuration for this workload")
     ranked.sort(key=lambda r: r[:2])
     return ranked[0][2], ranked[0][3], [(t, c) for t, _k, c, _p in ranked]
+
+
+def _larger_first(cfg: dict) -> tuple:
+    """A sort key that puts larger configuration values first: each value negated, a tuple
+    value (a tile pair) element by element."""
+    return tuple(-x for v in cfg.values() for x in (v if isinstance(v, tuple) else (v,)))
 
 
 def plans_for_record(rec: dict) -> list | None:

@@ -351,10 +351,9 @@ def wgmma_backward_plan(workload: Workload, *, dq_tile=None, kv_tile=None, launc
 def wgmma_backward_configs(workload: Workload) -> list:
     """Every legal configuration of the wgmma backward for ``workload``: ``[{dq_tile,
     kv_tile}]`` (each (queries, keys)) whose kernels' dynamic shared memory fits the 227 KiB a
-    block may opt in to on sm_90. Not listed in `sim.plans.CONFIGS` yet: that would put the
-    family into ``python -m benchmarks pick``'s grid and estimate, which cannot time
-    configurations that are not `kernels.KernelConfig` fields, and `sim.plans.choose` breaks
-    its ties on scalar values only."""
+    block may opt in to on sm_90. Listed in `sim.plans.CONFIGS`: `sim.plans.choose` prices
+    them and ``python -m benchmarks pick --family wgmma --pass bwd`` times each through
+    ``kernels.KernelConfig(family="wgmma", dq_tile=..., kv_tile=...)``."""
     d = workload.head_dim
     dq_tiles = [(r, c) for r in WGMMA_BWD_ROWS_CHOICES for c in WGMMA_BWD_COLS_CHOICES
                 if wgmma_bwd_smem_bytes("dq", d, r, c) <= DYNAMIC_SMEM_LIMIT_BYTES]
