@@ -1,6 +1,6 @@
 """Command ``rates``: the hardware rates of this GPU (memory bandwidths, latencies, instruction throughputs, launch cost) measured by microbenchmarks.
 
-    python -m benchmarks rates [--only dram,l2,smem,clock,mma,wgmma,ffma,ex2,cp-async,launch,decode]
+    python -m benchmarks rates [--only dram,l2,smem,clock,mma,wgmma,wgmma-wait,ffma,ex2,cp-async,launch,decode]
                                [--quick] [--repeats 10] [--out FILE.json]
     python -m benchmarks rates --only wgmma --add-to results/rates_h100_2026-11-24.json
     python -m benchmarks rates --to-profile sim/profiles/h200.json --from RATES.json
@@ -37,6 +37,13 @@ the 90th and 10th percentile times as ``range``. The groups (``--only``):
   ``wgmma.wait_group 1`` (a group in flight while the next is issued), 2 warpgroups a block,
   2 blocks per SM, 8 waves of blocks (2 x 64 x 64 x k FLOPs per instruction per warpgroup);
   sm_90a only (compute capability 9.0);
+* ``wgmma-wait``: ``wgmma_wait_latency_s``, ``wgmma_dependent_product_s``: one warpgroup alone
+  on each SM issues commit groups of a dependent chain of 1 and of 4 float16 m64n64k16
+  products into one accumulator and waits for each (``wgmma.wait_group 0``, the accumulator
+  read back); the time per group against the chain's length is a line, its intercept the wait
+  latency (what a waited-for group costs beyond its products), its slope a product's time in
+  a dependent chain; sm_90a only. What the Hopper kernels' plans leave out: each of their
+  consumer warpgroups waits for three or four groups a tile (docs/model.md);
 * ``ffma``: ``ffma_flops_per_s``, 8 independent float32 FMA chains per thread (2 FLOPs each);
 * ``ex2``: ``ex2_ops_per_s``, 8 independent chains ``x = ex2(-x)`` (``ex2.approx.ftz.f32``);
 * ``cp-async``: ``cp_async_depth{1,2,3}_bytes_per_s``, a DRAM -> shared copy loop of
@@ -83,8 +90,8 @@ from .common import command_line, first_sentence, provenance, time_cuda, write_j
 SCHEMA = "ioaware.rates/1"
 #: The groups, in the order they run (the clock after seconds of load: at the clock the other
 #: kernels run at).
-GROUPS = ("dram", "l2", "smem", "clock", "mma", "wgmma", "ffma", "ex2", "cp-async", "launch",
-          "decode")
+GROUPS = ("dram", "l2", "smem", "clock", "mma", "wgmma", "wgmma-wait", "ffma", "ex2",
+          "cp-async", "launch", "decode")
 #: Accumulator chains (registers) per thread in the FFMA and ex2 kernels, and how many steps of
 #: each chain one trip of the loop makes (a constant trip count: the loop is unrolled).
 CHAINS, UNROLL = 8, 16
@@ -104,6 +111,11 @@ WGMMA_K = {"fp16": 16, "bf16": 16, "fp8": 32}
 #: wgmma products per commit group (unrolled), accumulators (32 float32 registers a thread each)
 #: they alternate between, warpgroups (128 threads) per block.
 WGMMA_UNROLL, WGMMA_ACCS, WGMMA_WARPGROUPS = 8, 2, 2
+#: Products per commit group of the ``wgmma-wait`` kernels (each group waited for before the
+#: next is issued), a dependent chain into one accumulator: the short and the long chain.
+WGMMA_WAIT_CHAINS = (1, 4)
+#: Threads of a ``wgmma-wait`` block: one warpgroup.
+WAIT_THREADS = 128
 _MAGIC = 0x9E3779B9       # a value the read kernels' XOR is never expected to equal
 
 
@@ -131,6 +143,7 @@ class Sizes:
     wgmma_per_sm: int       # blocks of WGMMA_WARPGROUPS warpgroups
     wgmma_waves: int        # grid: num_sms x wgmma_per_sm x wgmma_waves blocks
     wgmma_iters: int        # commit groups per warpgroup
+    wgmma_wait_iters: int   # waited-for groups per warpgroup (wgmma-wait: one block per SM)
     flop_per_sm: int        # FFMA and ex2
     ffma_iters: int
     ex2_iters: int
@@ -152,7 +165,7 @@ def sizes_for(preset: str, num_sms: int, l2_bytes: int, repeats: int | None = No
         s = Sizes("tiny", threads=32, per_thread=2, dram_bytes=4096, l2_buffer_bytes=1024,
                   l2_read_bytes=4096, chase_bytes=512, chase_stride=32, chase_steps=40,
                   smem_per_sm=1, smem_iters=2, mma_per_sm=1, mma_iters=2, wgmma_per_sm=1,
-                  wgmma_waves=1, wgmma_iters=2, flop_per_sm=1,
+                  wgmma_waves=1, wgmma_iters=2, wgmma_wait_iters=2, flop_per_sm=1,
                   ffma_iters=2, ex2_iters=2, cp_threads=32, cp_per_thread=1, cp_per_sm=2,
                   cp_bytes=3 * 2 * 32 * 16, launches=3, repeats=1)
     elif preset in ("full", "quick"):
@@ -166,6 +179,7 @@ def sizes_for(preset: str, num_sms: int, l2_bytes: int, repeats: int | None = No
                   smem_per_sm=8, smem_iters=256 if quick else 4096,
                   mma_per_sm=4, mma_iters=512 if quick else 8192,
                   wgmma_per_sm=2, wgmma_waves=8, wgmma_iters=256 if quick else 2048,
+                  wgmma_wait_iters=2000 if quick else 20000,
                   flop_per_sm=8, ffma_iters=64 if quick else 1024, ex2_iters=8 if quick else 128,
                   cp_threads=128, cp_per_thread=4, cp_per_sm=2,
                   cp_bytes=2**28 if quick else 2**30,
@@ -606,6 +620,60 @@ def wgmma_kernel(dtype: str):
 
 
 @functools.lru_cache(maxsize=None)
+def wgmma_wait_kernel(chain: int):
+    """``ww(iters, flag, out)``, sm_90a only: one warpgroup (a block, one per SM) zeroes a 64 x
+    64 A and B tile in shared memory as `wgmma_kernel` does, then runs ``iters`` commit groups
+    of ``chain`` float16 ``wgmma.mma_async`` m64n64k16 products into one accumulator (a
+    dependent chain, product u at k-step u % 4), each group followed by ``wgmma.wait_group 0``
+    and `wgmma_fence_operands` (the accumulator read back, as the kernels do before their
+    element-wise work): a group's time from issue to the end of its wait. ``flag``, ``out``:
+    as `wgmma_kernel`'s."""
+    from numba import float32, uint16, uint32
+
+    from kernels import hopper as hp
+    from kernels import ptx
+    mma = hp.wgmma_ss_f16
+    lbo, sbo, step = hp.kmajor_strides("128B", 64)
+    tmpl = hp.encode_wgmma_descriptor(0, lbo, sbo, "128B")
+    threads = WAIT_THREADS
+    assert threads == hp.WARPGROUP
+    words = 2 * 64 * 64
+    bounds = (threads, 1)
+    CHAIN = int(chain)
+
+    @cuda.jit(launch_bounds=bounds)
+    def ww(iters, flag, out):
+        sm = cuda.shared.array(words, uint16, alignment=1024)
+        tid = cuda.threadIdx.x
+        for j in range(tid, words, threads):
+            sm[j] = uint16(0)
+        hp.fence_proxy_async()
+        cuda.syncthreads()
+        a = ptx.shared_addr(sm, 0)
+        b = ptx.shared_addr(sm, words // 2)
+        acc = cuda.local.array(32, float32)
+        for r in range(32):
+            acc[r] = float32(0)
+        hp.wgmma_fence_operands(acc, 0, 32)
+        for _ in range(iters):
+            hp.wgmma_fence()
+            for u in range(CHAIN):
+                mma(acc, 0, hp.smem_descriptor(tmpl, a + (u % 4) * step),
+                    hp.smem_descriptor(tmpl, b + (u % 4) * step), uint32(1))
+            hp.wgmma_commit_group()
+            hp.wgmma_wait_group(0)
+            hp.wgmma_fence_operands(acc, 0, 32)
+        if flag:
+            s = float32(0)
+            for r in range(32):
+                s += acc[r]
+            out[cuda.grid(1)] = s
+
+    ww.threads, ww.launch_bounds = threads, bounds
+    return ww
+
+
+@functools.lru_cache(maxsize=None)
 def ffma_kernel():
     """``ffma(x0, a, b, iters, out)``: ``CHAINS`` independent chains per thread, chain c from
     ``x0 + c``, each step ``x = x * a + b`` (one FFMA), ``iters x UNROLL`` steps; writes the sum
@@ -955,6 +1023,47 @@ def measure_wgmma(dev, sz):
     return rates, {}
 
 
+#: The ``wgmma-wait`` group's rates.
+WGMMA_WAIT_NAMES = ("wgmma_wait_latency_s", "wgmma_dependent_product_s")
+
+
+def measure_wgmma_wait(dev, sz):
+    """What waiting for a ``wgmma`` group costs one warpgroup alone on its SM: the time per
+    group of `wgmma_wait_kernel` at the chains of `WGMMA_WAIT_CHAINS` (1 and 4 products), a
+    line through the two: ``wgmma_dependent_product_s`` its slope (a product's time in a
+    dependent chain), ``wgmma_wait_latency_s`` its intercept (what a group costs beyond its
+    products: the pipeline's latency until the wait returns)."""
+    names = list(WGMMA_WAIT_NAMES)
+    if dev.simulator:
+        return {}, dict.fromkeys(names, "wgmma needs a GPU of compute capability 9.0 (sm_90a): "
+                                        "the CUDA simulator runs no wgmma")
+    if dev.cc != (9, 0):
+        return {}, dict.fromkeys(names, f"wgmma.mma_async is an sm_90a instruction (compute "
+                                        f"capability 9.0); this GPU has {dev.cc[0]}.{dev.cc[1]}")
+    blocks, iters = dev.num_sms, sz.wgmma_wait_iters
+    per_group = {}
+    for chain in WGMMA_WAIT_CHAINS:
+        kern = wgmma_wait_kernel(chain)
+        out = dev.array(blocks * kern.threads, "f32")
+        secs = dev.seconds(lambda kern=kern, out=out: dev.launch(
+            kern, blocks, kern.threads, (iters, 0, out)))
+        per_group[chain] = [t / iters for t in secs]          # median, p10, p90 per group
+    short, long_ = WGMMA_WAIT_CHAINS
+    (s_med, s_lo, s_hi), (l_med, l_lo, l_hi) = per_group[short], per_group[long_]
+    span = long_ - short
+    slope = [(l_med - s_med) / span, (l_lo - s_hi) / span, (l_hi - s_lo) / span]
+    intercept = [s_med - short * slope[0], s_lo - short * slope[2], s_hi - short * slope[1]]
+    how = (f"one warpgroup per SM ({blocks} blocks of {WAIT_THREADS} threads), {iters} "
+           f"commit groups of a dependent chain of float16 wgmma.mma_async m64n64k16 products "
+           f"(A and B from shared memory), each followed by wgmma.wait_group 0; median time per "
+           f"group at chains of {short} and {long_} products: {s_med:.3e} s and {l_med:.3e} s")
+    return {"wgmma_dependent_product_s": {"value": slope[0], "unit": "s", "range": slope[1:],
+                                          "how": how + "; the line's slope"},
+            "wgmma_wait_latency_s": {"value": intercept[0], "unit": "s", "range": intercept[1:],
+                                     "how": how + "; the line's intercept"}}, {}
+
+
+
 def measure_ffma(dev, sz):
     import numpy as np
     blocks = dev.num_sms * sz.flop_per_sm
@@ -1165,6 +1274,7 @@ def _bytes(n) -> str:
 
 MEASURES = {"clock": measure_clock, "dram": measure_dram, "l2": measure_l2,
             "smem": measure_smem, "mma": measure_mma, "wgmma": measure_wgmma,
+            "wgmma-wait": measure_wgmma_wait,
             "ffma": measure_ffma, "ex2": measure_ex2,
             "cp-async": measure_cp_async, "launch": measure_launch, "decode": measure_decode}
 

@@ -51,6 +51,8 @@ RATE_UNITS = {
     "wgmma_fp16_flops_per_s": "flop/s",
     "wgmma_bf16_flops_per_s": "flop/s",
     "wgmma_fp8_flops_per_s": "flop/s",
+    "wgmma_wait_latency_s": "s",
+    "wgmma_dependent_product_s": "s",
     "ffma_flops_per_s": "flop/s",
     "ex2_ops_per_s": "op/s",
     "cp_async_depth1_bytes_per_s": "bytes/s",
@@ -145,6 +147,11 @@ class GPUProfile:
     * ``wgmma_fp16_flops_per_s``, ``wgmma_bf16_flops_per_s`` (``wgmma.mma_async`` m64n64k16, f32
       accumulate), ``wgmma_fp8_flops_per_s`` (m64n64k32, e4m3) (flop/s): Hopper's warpgroup
       products, A and B from shared memory, several warpgroups per SM (sm_90a only);
+    * ``wgmma_wait_latency_s``, ``wgmma_dependent_product_s`` (s): one warpgroup alone on its
+      SM issuing commit groups of a dependent chain of m64n64k16 float16 products and waiting
+      for each: the time per group against the chain's length is a line, its intercept the
+      first (what a waited-for group costs beyond its products), its slope the second (sm_90a
+      only; measured, not yet read by any plan);
     * ``ffma_flops_per_s`` (flop/s, 2 per FMA): float32 FMA chains on CUDA cores;
     * ``ex2_ops_per_s`` (op/s): ``ex2.approx.ftz.f32`` (the MUFU unit) results per second;
     * ``cp_async_depth{1,2,3}_bytes_per_s`` (bytes/s): DRAM -> shared copies by ``cp.async``

@@ -187,6 +187,58 @@ def test_wgmma_is_skipped_under_the_simulator(tmp_path, capsys):
     assert "[1/1] wgmma: wgmma_fp16_flops_per_s skipped" in capsys.readouterr().out
 
 
+WAIT_NAMES = set(R.WGMMA_WAIT_NAMES)
+
+
+def test_wgmma_wait_is_a_group_skipped_off_sm90_and_under_the_simulator():
+    assert R.GROUPS.index("wgmma") < R.GROUPS.index("wgmma-wait")
+    assert WAIT_NAMES <= set(RATE_UNITS) and {RATE_UNITS[n] for n in WAIT_NAMES} == {"s"}
+    assert "``wgmma-wait``" in R.__doc__ and all(n in R.__doc__ for n in WAIT_NAMES)
+    for cc in ((8, 0), (10, 0)):
+        dev = type("Dev", (), {"simulator": False, "cc": cc})()
+        rates, skipped = R.measure_wgmma_wait(dev, R.sizes_for("tiny", 1, 4096))
+        assert rates == {} and set(skipped) == WAIT_NAMES
+        assert all("9.0" in why for why in skipped.values())
+    dev = type("Dev", (), {"simulator": True})()
+    rates, skipped = R.measure_wgmma_wait(dev, R.sizes_for("tiny", 1, 4096))
+    assert rates == {} and all("simulator" in why for why in skipped.values())
+
+
+def test_wgmma_wait_line_through_the_two_chains(monkeypatch):
+    """The rates are the line through (chain, time per group): a fake device whose group
+    takes latency + chain x product seconds gives back both, with ranges around them (the
+    kernels stand-ins: the simulator builds no sm_90a kernel)."""
+    from types import SimpleNamespace
+    latency, product = 400e-9, 20e-9
+    sz = R.sizes_for("tiny", 4, 4096)
+    fakes = {c: SimpleNamespace(chain=c, threads=128) for c in R.WGMMA_WAIT_CHAINS}
+    monkeypatch.setattr(R, "wgmma_wait_kernel", lambda chain: fakes[chain])
+
+    class Dev:
+        simulator, cc, num_sms = False, (9, 0), 4
+
+        def array(self, n, kind):
+            return None
+
+        def launch(self, kern, blocks, threads, args):
+            self.last = (kern, blocks, threads, args)
+
+        def seconds(self, fn):
+            fn()
+            kern, blocks, threads, (iters, flag, out) = self.last
+            assert blocks == 4 and threads == 128 and flag == 0
+            t = iters * (latency + kern.chain * product)
+            return t, 0.99 * t, 1.01 * t
+
+    rates, skipped = R.measure_wgmma_wait(Dev(), sz)
+    assert skipped == {}
+    assert rates["wgmma_wait_latency_s"]["value"] == pytest.approx(latency)
+    assert rates["wgmma_dependent_product_s"]["value"] == pytest.approx(product)
+    for r in rates.values():
+        lo, hi = r["range"]
+        assert lo < r["value"] < hi and r["unit"] == "s"
+
+
 def compile_wgmma_rates(outdir) -> dict:
     """The ``wgmma`` group's kernels compiled for ``sm_90a`` into ``outdir/wgmma_<dtype>.ptx``
     (run in a process without the CUDA simulator), with the argument types `kernels.host.launch`
@@ -203,6 +255,12 @@ def compile_wgmma_rates(outdir) -> dict:
                                    launch_bounds=kern.launch_bounds)
         Path(outdir, f"wgmma_{dtype}.ptx").write_text(text)
         bounds[dtype] = list(kern.launch_bounds)
+    for chain in R.WGMMA_WAIT_CHAINS:
+        kern = R.wgmma_wait_kernel(chain)
+        text, _ = cuda.compile_ptx(kern.py_func, sig, cc=(9, 0, "a"),
+                                   launch_bounds=kern.launch_bounds)
+        Path(outdir, f"wait_{chain}.ptx").write_text(text)
+        bounds[f"wait_{chain}"] = list(kern.launch_bounds)
     return bounds
 
 
@@ -212,6 +270,29 @@ def wgmma_ptx(tmp_path_factory):
     ptxas, bounds = compile_sm90a_in_child("tests.test_rates", "compile_wgmma_rates", out,
                                            timeout=600)
     return out, ptxas, bounds
+
+
+@pytest.mark.parametrize("chain", R.WGMMA_WAIT_CHAINS)
+def test_wgmma_wait_kernels_compile_for_sm90a(wgmma_ptx, chain):
+    """Each group of `chain` products is committed and waited for (wait_group 0) before the
+    next: the loop's groups (LLVM may unroll the runtime loop) each hold `chain` products."""
+    from benchmarks.common import parse_ptxas
+    outdir, ptxas, bounds = wgmma_ptx
+    path = outdir / f"wait_{chain}.ptx"
+    text = path.read_text()
+    assert bounds[f"wait_{chain}"] == [128, 1]
+    products = text.count("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 ")
+    groups = text.count("wgmma.commit_group.sync.aligned")
+    assert products == text.count("wgmma.mma_async") == chain * groups and groups >= 1
+    assert text.count("wgmma.wait_group.sync.aligned 0;") == groups
+    assert "wgmma.wait_group.sync.aligned 1;" not in text
+    r = subprocess.run([ptxas, "-v", "-arch=sm_90a", str(path), "-o",
+                        str(path.with_suffix(".cubin"))], capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert "serializ" not in r.stderr.lower(), r.stderr[-2000:]
+    (entry,) = parse_ptxas(r.stderr)
+    assert entry["spill_store_bytes"] == 0 and entry["stack_frame_bytes"] == 0, entry
 
 
 @pytest.mark.parametrize("dtype", list(R.WGMMA_K))
