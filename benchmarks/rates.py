@@ -42,8 +42,8 @@ the 90th and 10th percentile times as ``range``. The groups (``--only``):
   products into one accumulator and waits for each (``wgmma.wait_group 0``, the accumulator
   read back); the time per group against the chain's length is a line, its intercept the wait
   latency (what a waited-for group costs beyond its products), its slope a product's time in
-  a dependent chain; sm_90a only. What the Hopper kernels' plans leave out: each of their
-  consumer warpgroups waits for three or four groups a tile (docs/model.md);
+  a dependent chain; sm_90a only. The wgmma backward's plan prices its consumer warpgroups'
+  three or four waits a tile with the first (the "wait" level of `sim.plan`, docs/model.md);
 * ``ffma``: ``ffma_flops_per_s``, 8 independent float32 FMA chains per thread (2 FLOPs each);
 * ``ex2``: ``ex2_ops_per_s``, 8 independent chains ``x = ex2(-x)`` (``ex2.approx.ftz.f32``);
 * ``cp-async``: ``cp_async_depth{1,2,3}_bytes_per_s``, a DRAM -> shared copy loop of

@@ -1577,7 +1577,8 @@ TILE_FAMILY_LABELS = {"mma": "Tensor cores, fp16/bf16", "tf32": "Tensor cores, f
 #: What limits a configuration's predicted time (the level `sim.plan.KernelCost.bound` names).
 PLAN_BOUND_LABELS = {"dram": "DRAM bandwidth", "l2": "L2 bandwidth",
                      "smem": "shared-memory bandwidth", "matmul": "tensor-core peak",
-                     "fp32": "CUDA-core FP32 peak", "mufu": "special-function units (exp2)"}
+                     "fp32": "CUDA-core FP32 peak", "mufu": "special-function units (exp2)",
+                     "wait": "waiting for tensor-core results"}
 #: Files of measured tile times the block-size page reads, by their ``schema``: ``python -m
 #: benchmarks pick``'s (the shipped ones), ``tune --family``'s, and the older tensor-core tile
 #: sweep's (the last two read through ``benchmarks.pick.load_timings``).

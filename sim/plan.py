@@ -17,9 +17,11 @@ grid, threads and shared memory from that plan: one description, two readers.
     t_kernel = launch_s + max(dram_bytes / dram_rate, global_bytes / l2_rate,
                               shared_bytes_moved / smem_rate,
                               executed_matmul_flops / unit_rate, fp32_flops / ffma_rate,
-                              mufu_ops / mufu_rate) / wave_utilisation
+                              mufu_ops / mufu_rate, wgmma group waits x wait latency / waiters)
+               / wave_utilisation
 
-(the levels of a ``KernelPlan.serial`` group add instead of overlapping)
+(the levels of a ``KernelPlan.serial`` group add instead of overlapping; the "wait" level is 0
+unless the profile has a measured wait latency, `KernelPlan.group_waits`)
 
 with ``wave_utilisation = programs / (waves * resident_slots)``, resident programs per SM from
 threads, shared memory and registers (`sim.workload.occupancy`). The rates are the profile's
@@ -98,6 +100,9 @@ RATE_NAMES = {
     "mufu_ops_per_s": ("ex2_ops_per_s", lambda p: 1.0,
                        lambda p: (16 * p.num_sms * p.sm_clock_hz) if p.sm_clock_hz else None),
     "launch_s": ("kernel_launch_s", lambda p: 1.0, lambda p: 0.0),
+    # what a waited-for wgmma commit group costs beyond its products (python -m benchmarks
+    # rates --only wgmma-wait); no datasheet figure: 0, the "wait" level not priced
+    "wgmma_wait_s": ("wgmma_wait_latency_s", lambda p: 1.0, lambda p: 0.0),
 }
 
 
@@ -174,8 +179,14 @@ class KernelPlan:
     (``ldmatrix``, ``ld.shared``/``st.shared``, the ``cp.async`` destinations), priced at the
     shared-memory bandwidth ("smem" level).
 
+    ``group_waits``: ``wgmma`` commit groups the kernel's consumer warpgroups wait for, summed
+    over them all, of which ``waiters_per_program`` (its consumer warpgroups) wait side by side
+    in a program: the "wait" level, ``group_waits * wgmma_wait_s / (SMs * waiters_per_program)``
+    (0 where the profile has no measured ``wgmma_wait_latency_s``), the latency each wait adds
+    beyond its products, which only a ``serial`` group that names it puts on a chain.
+
     ``serial``: groups of levels (names of :attr:`KernelCost.level_s`: "dram", "l2", "smem",
-    "matmul", "fp32", "mufu") whose times add up because the kernel does not overlap them (e.g.
+    "matmul", "fp32", "mufu", "wait") whose times add up because the kernel does not overlap them (e.g.
     ``(("matmul", "fp32", "mufu"),)`` for a warp that waits for its products before its
     softmax, with too few warps resident to hide it); every other level overlaps, and the
     kernel's time is the largest of the groups' sums and the remaining levels. Default: all
@@ -209,6 +220,8 @@ class KernelPlan:
     serial_per_program: bool = False
     steps_per_program: int = 1
     stagger: tuple | None = None
+    group_waits: int = 0
+    waiters_per_program: int = 1
 
     @property
     def programs(self) -> int:
@@ -423,7 +436,9 @@ def price(plan: Plan, profile="h100", *, l2: str = "analytic") -> PlanCost:
                   "matmul": sum(f / _rate(rates, MATMUL_UNITS[u], u, prof) for u, f in executed.items()
                                 if u != "ffma"),
                   "fp32": (k.fp32_flops + ffma) / rates["ffma_flops_per_s"],
-                  "mufu": k.mufu_ops / rates["mufu_ops_per_s"] if rates["mufu_ops_per_s"] else 0.0}
+                  "mufu": k.mufu_ops / rates["mufu_ops_per_s"] if rates["mufu_ops_per_s"] else 0.0,
+                  "wait": (k.group_waits * rates["wgmma_wait_s"]
+                           / (prof.num_sms * max(1, k.waiters_per_program)))}
         s = slots[k.name]
         waves = max(1, math.ceil(k.programs / s))
         util = k.programs / (waves * s)

@@ -151,7 +151,7 @@ class GPUProfile:
       SM issuing commit groups of a dependent chain of m64n64k16 float16 products and waiting
       for each: the time per group against the chain's length is a line, its intercept the
       first (what a waited-for group costs beyond its products), its slope the second (sm_90a
-      only; measured, not yet read by any plan);
+      only; the first prices the "wait" level of the plans that declare waits, `sim.plan`);
     * ``ffma_flops_per_s`` (flop/s, 2 per FMA): float32 FMA chains on CUDA cores;
     * ``ex2_ops_per_s`` (op/s): ``ex2.approx.ftz.f32`` (the MUFU unit) results per second;
     * ``cp_async_depth{1,2,3}_bytes_per_s`` (bytes/s): DRAM -> shared copies by ``cp.async``

@@ -123,7 +123,9 @@ def test_price_reads_the_profile_rates_and_the_serial_groups():
     plan = plan_for("mma", "fwd", w)
     cost = price(plan, "h100")
     (k,) = cost.kernels
-    assert cost.time_s > 0 and set(k.level_s) == {"dram", "l2", "smem", "matmul", "fp32", "mufu"}
+    assert cost.time_s > 0 and set(k.level_s) == {"dram", "l2", "smem", "matmul", "fp32", "mufu",
+                                                  "wait"}
+    assert k.level_s["wait"] == 0          # no wgmma waits, and no measured wait latency
     assert k.time_s == pytest.approx(max(k.level_s.values()))
     assert set(cost.rate_sources.values()) == {"datasheet"}
     serial = Plan(plan.family, plan.pass_, w, (_replace(plan.kernels[0], serial=(("matmul", "fp32", "mufu"),)),),

@@ -12,6 +12,8 @@ no key, and large logits. The CPU tests cover the refusals and the registry's or
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from numba import cuda   # a global, which the CUDA simulator replaces inside kernels
 
@@ -254,6 +256,80 @@ def test_pinned_tiles_are_checked_and_never_dropped():
         with pytest.raises(ValueError, match="pin its tiles"):    # no silent fallback
             kernels.family_for(pb, legal, "bwd")
         assert kernels.family_for(pb, None, "bwd") != "wgmma"
+
+
+def compile_wgmma_bwd(outdir) -> dict:
+    """The default-tile dQ and dK/dV kernels (d = 64, float16, not causal) compiled for sm_90a
+    into ``outdir/<kind>.ptx`` (run in a process without the CUDA simulator)."""
+    from numba import cuda
+
+    from benchmarks.common import allow_offline_compile
+    from sim.plans.wgmma_bwd import wgmma_bwd_default_tiles
+    allow_offline_compile()
+    i16 = "int16[:, :, :, ::1]"
+    sig = (f"void(uint64[:, ::1], {i16}, {i16}, float32[:, :, ::1], float32[:, :, ::1], {i16}, "
+           f"{i16}, int32[:, ::1], int32[::1], int64, int64, int64, int64, int64, float32, "
+           f"float32, int64, int64)")
+    tiles = wgmma_bwd_default_tiles(64)
+    shapes = {"dq": tiles["dq"], "dkdv": tiles["dkdv"][::-1]}      # (rows, cols)
+    for kind, (rows, cols) in shapes.items():
+        kern = bwd_mod._build_kernel(kind, 64, rows, cols, False, False, 1, False)
+        text, _ = cuda.compile_ptx(kern.py_func, sig, cc=(9, 0, "a"),
+                                   launch_bounds=(kern.threads, 1))
+        (Path(outdir) / f"{kind}.ptx").write_text(text)
+    return {k: list(v) for k, v in shapes.items()}
+
+
+def test_waits_per_tile_are_the_kernels_own(tmp_path):
+    """The plan's `WGMMA_BWD_WAITS_PER_TILE` (its "wait" level) is what each kernel's tile loop
+    issues: one ``wgmma.wait_group`` per commit group, that many per tile (CPU: NVVM, ptxas),
+    and the plan counts them per consumer warpgroup and visited tile."""
+    import subprocess
+
+    from sim import Workload
+    from sim.plans.wgmma_bwd import WGMMA_BWD_WAITS_PER_TILE, wgmma_backward_plan
+    from .helpers import compile_sm90a_in_child
+    ptxas, shapes = compile_sm90a_in_child("tests.test_wgmma_bwd", "compile_wgmma_bwd", tmp_path)
+    for kind, waits in WGMMA_BWD_WAITS_PER_TILE.items():
+        path = tmp_path / f"{kind}.ptx"
+        text = path.read_text()
+        assert text.count("wgmma.wait_group.sync.aligned") == waits, kind
+        assert text.count("wgmma.commit_group.sync.aligned") == waits, kind
+        r = subprocess.run([ptxas, "-arch=sm_90a", str(path), "-o",
+                            str(path.with_suffix(".cubin"))], capture_output=True, text=True,
+                           timeout=600)
+        assert r.returncode == 0 and "serializ" not in r.stderr.lower(), r.stderr[-2000:]
+    w = Workload(batch=2, heads=4, heads_kv=2, seq_len_q=300, head_dim=64, dtype="fp16",
+                 pass_="bwd")
+    dq, kv = wgmma_backward_plan(w, dq_tile=(128, 64), kv_tile=(64, 128)).kernels
+    # dQ: 2 x 4 slices x 3 Q tiles x 5 K tiles, two consumer warpgroups; dK/dV: 2 x 2 slices x
+    # 3 key tiles x 2 query heads x 5 query tiles, two consumer warpgroups
+    assert (dq.group_waits, dq.waiters_per_program) == (8 * 3 * 5 * 2 * 3, 2)
+    assert (kv.group_waits, kv.waiters_per_program) == (4 * 3 * 2 * 5 * 2 * 4, 2)
+
+
+def test_the_wait_level_prices_the_measured_latency():
+    """Without a measured wait latency the "wait" level is 0 (the plan's time unchanged); with
+    one, each kernel's chain grows by its waits x latency / (SMs x waiters), divided by the
+    resident programs like the rest of the chain."""
+    from sim import Workload, load_profile
+    from sim.plan import price
+    from sim.plans import plan_for
+    w = Workload(batch=4, heads=16, seq_len_q=2048, head_dim=64, dtype="bf16", causal=True,
+                 pass_="bwd")
+    plan = plan_for("wgmma", "bwd", w)
+    base = price(plan, "h200")
+    assert all(k.level_s["wait"] == 0 for k in base.kernels)
+    latency = 300e-9
+    rates = {"schema": "ioaware.rates/1", "provenance": {"gpu": "NVIDIA H200"},
+             "rates": {"wgmma_wait_latency_s": {"value": latency, "unit": "s"}}}
+    prof = load_profile("h200", rates=rates)
+    timed = price(plan, prof)
+    assert timed.rate_sources["wgmma_wait_s"] == "measured"
+    for k, kb, kt in zip(plan.kernels, base.kernels, timed.kernels):
+        want = k.group_waits * latency / (prof.num_sms * k.waiters_per_program)
+        assert kt.level_s["wait"] == pytest.approx(want / kt.wave_utilisation)
+        assert kt.time_s > kb.time_s
 
 
 def test_registry_tries_the_hopper_backward_first():

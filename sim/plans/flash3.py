@@ -160,10 +160,12 @@ def fa3_smem_bytes(block_q: int, block_k: int, head_dim: int, stages: int, in_by
 
 # -- the overlap model ---------------------------------------------------------------------------
 def overlap_serial(*, warp_specialised: bool, stages: int, pingpong: bool, intra_overlap: bool,
-                   consumer_warpgroups: int = 2) -> tuple:
+                   consumer_warpgroups: int = 2, waits: bool = False) -> tuple:
     """The ``KernelPlan.serial`` groups of the overlap model (module docstring): which levels
     add up on a chain instead of overlapping. Every level's own time stays a bound
-    (`sim.plan.serial_parts`)."""
+    (`sim.plan.serial_parts`). ``waits``: a consumer warpgroup's waits for its ``wgmma`` groups
+    are on its chain too (the "wait" level, `sim.plan.KernelPlan.group_waits`), where no other
+    warpgroup's turn hides them (no ping-pong)."""
     if pingpong and consumer_warpgroups < 2:
         raise ValueError(f"pingpong needs at least two consumer warpgroups (block_q >= 128), got "
                          f"{consumer_warpgroups}")
@@ -174,6 +176,8 @@ def overlap_serial(*, warp_specialised: bool, stages: int, pingpong: bool, intra
         compute_chains = [(("matmul", 0.5), s) for s in SOFTMAX_LEVELS]
     else:
         compute_chains = [("matmul", s) for s in SOFTMAX_LEVELS]
+    if waits and not pingpong:
+        compute_chains = [tuple(c) + ("wait",) for c in compute_chains]
     if warp_specialised and stages >= 2:
         return tuple(compute_chains)
     compute_terms = [("matmul",), ("fp32",), ("mufu",)] + [tuple(c) for c in compute_chains]

@@ -64,7 +64,10 @@ same accumulator layout, four threads a row.
 * **Overlap**: the forward's model (`sim.plans.flash3.overlap_serial`, warp-specialised,
   :data:`WGMMA_BWD_STAGES` stages, no ping-pong, no intra-warpgroup overlap): each consumer
   warpgroup's products and element-wise work add, the loads overlap them; the programs
-  resident on an SM run their chains independently (``serial_per_program``).
+  resident on an SM run their chains independently (``serial_per_program``). Each consumer
+  warpgroup's waits for its ``wgmma`` groups (:data:`WGMMA_BWD_WAITS_PER_TILE` a tile,
+  ``group_waits``) are on that chain too, priced by the profile's measured wait latency
+  (``python -m benchmarks rates --only wgmma-wait``; without it the "wait" level is 0).
 * **Registers**: with a producer warpgroup the launch's even share of the register file
   (``setmaxnreg`` moves them after), else not known (None: the residency ignores registers).
 
@@ -95,6 +98,7 @@ __all__ = ["WGMMA_BWD_KERNEL_NAMES", "WGMMA_BWD_HEAD_DIMS", "WGMMA_BWD_ROWS_CHOI
            "WGMMA_BWD_COLS_CHOICES", "WGMMA_BWD_STAGES", "WGMMA_BWD_BARRIER_BYTES",
            "wgmma_bwd_default_tiles", "wgmma_bwd_threads", "wgmma_bwd_producer_warpgroup",
            "wgmma_bwd_smem_bytes", "wgmma_bwd_stats_bytes", "WGMMA_BWD_REGISTERS",
+           "WGMMA_BWD_WAITS_PER_TILE",
            "wgmma_backward_plan", "wgmma_backward_configs", "launch_of",
            "WGMMA_BWD_SCHEDULE_LOADS_PER_WARP"]
 
@@ -109,6 +113,11 @@ WGMMA_BWD_ROWS_CHOICES = (128, 64)
 WGMMA_BWD_COLS_CHOICES = (64, 128)
 #: Shared-memory stages of the streamed operands.
 WGMMA_BWD_STAGES = 2
+#: ``wgmma`` commit groups a consumer warpgroup waits for per visited tile, by kernel: the dQ
+#: kernel waits for S (with dP in flight), dP and dQ's product; the dK/dV kernel for S^T, dP^T
+#: (with dV's product in flight), dV's product and dK's (the ``wgmma_wait_group`` calls of
+#: `kernels.wgmma_bwd`'s tile loop; tests/test_wgmma_bwd.py counts them in its PTX).
+WGMMA_BWD_WAITS_PER_TILE = {"dq": 3, "dkdv": 4}
 #: The mbarriers: resident_full, full[stages], empty[stages], 8 bytes each, rounded up.
 WGMMA_BWD_BARRIER_BYTES = 64
 #: Registers per thread with a producer warpgroup (two consumer warpgroups): ``setmaxnreg``
@@ -260,7 +269,7 @@ def wgmma_backward_plan(workload: Workload, *, dq_tile=None, kv_tile=None, launc
     def serial(rows: int) -> tuple:
         return overlap_serial(warp_specialised=True, stages=WGMMA_BWD_STAGES, pingpong=False,
                               intra_overlap=False,
-                              consumer_warpgroups=rows // ROWS_PER_WARPGROUP)
+                              consumer_warpgroups=rows // ROWS_PER_WARPGROUP, waits=True)
 
     # -- the dQ kernel ---------------------------------------------------------------------------
     dq_threads = wgmma_bwd_threads(dq_rows)
@@ -294,7 +303,9 @@ def wgmma_backward_plan(workload: Workload, *, dq_tile=None, kv_tile=None, launc
                                + dq_visits * 2 * dq_cols * d * e),
         registers=_launch_registers(dq_rows, registers[0]), programs_per_slice=n_blocks_q,
         lockstep=_first_tiles_in_step(w, dq_tile, "kv"),
-        serial=serial(dq_rows), serial_per_program=True)
+        serial=serial(dq_rows), serial_per_program=True,
+        group_waits=dq_visits * (dq_rows // ROWS_PER_WARPGROUP) * WGMMA_BWD_WAITS_PER_TILE["dq"],
+        waiters_per_program=dq_rows // ROWS_PER_WARPGROUP)
 
     # -- the dK/dV kernel ------------------------------------------------------------------------
     kv_threads = wgmma_bwd_threads(kv_rows_per_program)
@@ -329,7 +340,9 @@ def wgmma_backward_plan(workload: Workload, *, dq_tile=None, kv_tile=None, launc
                                + kv_visits * 2 * kv_cols * d * e),
         registers=_launch_registers(kv_rows_per_program, registers[1]),
         programs_per_slice=n_blocks_k, lockstep=_first_tiles_in_step(w, kv_tile, "q"),
-        serial=serial(kv_rows_per_program), serial_per_program=True)
+        serial=serial(kv_rows_per_program), serial_per_program=True,
+        group_waits=kv_visits * kv_warpgroups * WGMMA_BWD_WAITS_PER_TILE["dkdv"],
+        waiters_per_program=kv_warpgroups)
 
     q_bytes, kv_bytes = q_elems * e, kv_elems * e
     tensor_bytes = {"Q": q_bytes, "O": q_bytes, "dO": q_bytes, "dQ": q_bytes,
