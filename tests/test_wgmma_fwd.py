@@ -38,8 +38,9 @@ from kernels import hopper as hp
 from kernels import wgmma_fwd as wf
 from sim.plan import price
 from sim.plans import plan_for
-from sim.plans.wgmma_fwd import (WGMMA_REGISTERS, WGMMA_SPILLING, wgmma_default_blocks,
-                                 wgmma_forward_configs, wgmma_smem_bytes, wgmma_threads)
+from sim.plans.wgmma_fwd import (WGMMA_FWD_WAITS_PER_TILE, WGMMA_REGISTERS, WGMMA_SPILLING,
+                                 wgmma_default_blocks, wgmma_forward_configs, wgmma_smem_bytes,
+                                 wgmma_threads)
 from sim.workload import Workload
 
 from .helpers import compile_sm90a_in_child, kernel_problem, need_hopper_torch
@@ -200,6 +201,19 @@ def test_plan_causal_and_tails():
     assert k.grid == (2, 2)
     assert k.matmuls[0].flops == 2 * tiles * 4 * 64 * 128 * 64
     assert {a.tensor for a in k.accesses} == {"schedule", "Q", "K", "V", "O", "lse"}
+
+
+def test_plan_counts_each_consumer_warpgroups_waits():
+    """``group_waits``: two per visited tile and consumer warpgroup (the "wait" level), which
+    lengthens the chain only with a measured wait latency."""
+    w = Workload(batch=2, heads=3, seq_len_q=300, head_dim=64, dtype="fp16")
+    for bq, bk in ((128, 128), (64, 64)):
+        (k,) = plan_for("wgmma", "fwd", w, block_q=bq, block_k=bk).kernels
+        tiles = 2 * 3 * -(-300 // bq) * -(-300 // bk)            # not causal: every tile
+        assert k.group_waits == tiles * (bq // 64) * WGMMA_FWD_WAITS_PER_TILE
+        assert k.waiters_per_program == bq // 64
+        assert price(plan_for("wgmma", "fwd", w, block_q=bq, block_k=bk),
+                     "h200").kernels[0].level_s["wait"] == 0
 
 
 def test_plan_defaults_refusals_and_configs():
@@ -556,6 +570,10 @@ def test_compiles_and_assembles_for_sm90a(compiled, cfg):
     assert text.count(", p, 1, 1, 0, 0;") == copies * n_s
     assert text.count(", p, 1, 1, 1;") == copies * n_pv
     assert ("wgmma.wait_group.sync.aligned 1" in text) == overlap
+    # the plan's waits a tile (its "wait" level): one per commit group, two a tile (overlap: the
+    # loop's two, and the peeled first S = Q K^T's and last O += P V's)
+    assert text.count("wgmma.wait_group.sync.aligned") == copies * WGMMA_FWD_WAITS_PER_TILE
+    assert text.count("wgmma.commit_group.sync.aligned") == copies * WGMMA_FWD_WAITS_PER_TILE
     # a producer warpgroup gives its registers to the consumers (two consumer warpgroups)
     assert text.count("setmaxnreg.") == (2 if overlap and bq == 128 else 0)
     # ping-pong: warpgroup 1's first hand-over and the hand-over after each turn's issue (the

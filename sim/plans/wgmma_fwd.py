@@ -68,6 +68,7 @@ __all__ = ["wgmma_forward_plan", "wgmma_forward_configs", "wgmma_fp8_forward_pla
            "fp8_transpose_keys", "fp8_transpose_grid", "wgmma_default_blocks",
            "wgmma_threads", "wgmma_smem_bytes", "wgmma_consumer_warpgroups", "WGMMA_HEAD_DIMS",
            "WGMMA_BLOCK_Q_CHOICES", "WGMMA_BLOCK_K_CHOICES", "WGMMA_REGISTERS", "WGMMA_SPILLING",
+           "WGMMA_FWD_WAITS_PER_TILE",
            "ROWS_PER_WARPGROUP", "WARPGROUP_THREADS", "PRODUCER_THREADS", "ALIGN_SLACK_BYTES",
            "BARRIER_BYTES", "BOX_COLUMNS", "KERNEL_NAME", "WGMMA_PINGPONG_DEFAULT",
            "FP8_PINGPONG_DEFAULT", "pingpong_refusal", "producer_warpgroup", "OVERLAP_REGISTERS",
@@ -101,6 +102,11 @@ BARRIER_BYTES = 64                    # q_full, full[2], empty[2]: 8 bytes each,
 BOX_COLUMNS = 64
 #: Bytes of one row of a TMA box: the 128-byte swizzle width.
 SWIZZLE_ROW = 128
+#: ``wgmma`` commit groups a consumer warpgroup waits for per visited tile: S = Q K^T's and
+#: O += P V's, in every schedule (with ``overlap`` the first tile's S and the last tile's
+#: O += P V are peeled off the loop; tests/test_wgmma_fwd.py counts them in the PTX). The
+#: "wait" level of `sim.plan` (0 without a measured wait latency).
+WGMMA_FWD_WAITS_PER_TILE = 2
 #: Registers per thread that ptxas 13.0 (``-arch=sm_90a``) gives each configuration
 #: (head_dim, block_q, block_k) of the kernel (float16; bfloat16 within a few), with
 #: ``launch_bounds=(threads, 1)``; checked against ptxas by tests/test_wgmma_fwd.py where
@@ -298,8 +304,10 @@ def _attention_kernel(w: Workload, c, bq: int, bk: int, *, name: str, in_bytes: 
         # are declared in the plan's config, not priced
         serial=overlap_serial(warp_specialised=True, stages=stages, pingpong=False,
                               intra_overlap=False,
-                              consumer_warpgroups=wgmma_consumer_warpgroups(bq)),
-        serial_per_program=True)
+                              consumer_warpgroups=wgmma_consumer_warpgroups(bq), waits=True),
+        serial_per_program=True,
+        group_waits=c.tiles * wgmma_consumer_warpgroups(bq) * WGMMA_FWD_WAITS_PER_TILE,
+        waiters_per_program=wgmma_consumer_warpgroups(bq))
 
 
 def wgmma_forward_plan(workload: Workload, *, block_q: int | None = None,
