@@ -574,6 +574,28 @@ def wgmma_kernel(dtype: str):
     straight-line code (ptxas serialises wgmma issued on a divergent path). Where ``flag`` is
     non-zero each thread writes the sum of its accumulator registers (0) to ``out[global
     thread]``. ``wg.threads``, ``wg.launch_bounds``: its block and launch bounds."""
+    return _wgmma_loop_kernel(dtype, WGMMA_WARPGROUPS, WGMMA_ACCS, WGMMA_UNROLL, 1, 2)
+
+
+@functools.lru_cache(maxsize=None)
+def wgmma_wait_kernel(chain: int):
+    """``ww(iters, flag, out)``, sm_90a only: one warpgroup (a block, one per SM) zeroes a 64 x
+    64 A and B tile in shared memory as `wgmma_kernel` does, then runs ``iters`` commit groups
+    of ``chain`` float16 ``wgmma.mma_async`` m64n64k16 products into one accumulator (a
+    dependent chain, product u at k-step u % 4), each group followed by ``wgmma.wait_group 0``
+    and `wgmma_fence_operands` (the accumulator read back, as the kernels do before their
+    element-wise work): a group's time from issue to the end of its wait. ``flag``, ``out``:
+    as `wgmma_kernel`'s."""
+    return _wgmma_loop_kernel("fp16", WAIT_THREADS // 128, 1, int(chain), 0, 1)
+
+
+def _wgmma_loop_kernel(dtype: str, warpgroups: int, accumulators: int, per_group: int,
+                       in_flight: int, blocks_per_sm: int):
+    """The kernel both wgmma groups time: ``warpgroups`` warpgroups a block (``blocks_per_sm``
+    in its launch bounds) run ``iters`` commit groups of ``per_group`` products of ``dtype``
+    (accumulator u % ``accumulators``, k-step u % 4), each group followed by
+    ``wgmma.wait_group in_flight``; with ``in_flight`` 0 the accumulator is read back
+    (`wgmma_fence_operands`) after every wait, else after the last."""
     from numba import float32, uint16, uint32
 
     from kernels import hopper as hp
@@ -581,10 +603,11 @@ def wgmma_kernel(dtype: str):
     mma = {"fp16": hp.wgmma_ss_f16, "bf16": hp.wgmma_ss_bf16, "fp8": hp.wgmma_ss_e4m3}[dtype]
     lbo, sbo, step = hp.kmajor_strides("128B", 64)   # e4m3: the same bytes (128 a row, k32 = 32)
     tmpl = hp.encode_wgmma_descriptor(0, lbo, sbo, "128B")
-    threads = hp.WARPGROUP * WGMMA_WARPGROUPS
+    threads = hp.WARPGROUP * warpgroups
     words = 2 * 64 * 64                              # 16-bit words of A and B
-    nacc = 32 * WGMMA_ACCS
-    bounds = (threads, 2)                            # 2 blocks per SM: at most 128 registers
+    ACCS, PER_GROUP, IN_FLIGHT = accumulators, per_group, in_flight
+    nacc = 32 * ACCS
+    bounds = (threads, blocks_per_sm)
 
     @cuda.jit(launch_bounds=bounds)
     def wg(iters, flag, out):
@@ -602,13 +625,16 @@ def wgmma_kernel(dtype: str):
         hp.wgmma_fence_operands(acc, 0, nacc)   # opaque to LLVM: no first trip peeled off
         for _ in range(iters):
             hp.wgmma_fence()
-            for u in range(WGMMA_UNROLL):
-                mma(acc, 32 * (u % WGMMA_ACCS), hp.smem_descriptor(tmpl, a + (u % 4) * step),
+            for u in range(PER_GROUP):
+                mma(acc, 32 * (u % ACCS), hp.smem_descriptor(tmpl, a + (u % 4) * step),
                     hp.smem_descriptor(tmpl, b + (u % 4) * step), uint32(1))
             hp.wgmma_commit_group()
-            hp.wgmma_wait_group(1)
-        hp.wgmma_wait_group(0)
-        hp.wgmma_fence_operands(acc, 0, nacc)
+            hp.wgmma_wait_group(IN_FLIGHT)
+            if IN_FLIGHT == 0:
+                hp.wgmma_fence_operands(acc, 0, nacc)
+        if IN_FLIGHT != 0:
+            hp.wgmma_wait_group(0)
+            hp.wgmma_fence_operands(acc, 0, nacc)
         if flag:
             s = float32(0)
             for r in range(nacc):
@@ -617,60 +643,6 @@ def wgmma_kernel(dtype: str):
 
     wg.threads, wg.launch_bounds = threads, bounds
     return wg
-
-
-@functools.lru_cache(maxsize=None)
-def wgmma_wait_kernel(chain: int):
-    """``ww(iters, flag, out)``, sm_90a only: one warpgroup (a block, one per SM) zeroes a 64 x
-    64 A and B tile in shared memory as `wgmma_kernel` does, then runs ``iters`` commit groups
-    of ``chain`` float16 ``wgmma.mma_async`` m64n64k16 products into one accumulator (a
-    dependent chain, product u at k-step u % 4), each group followed by ``wgmma.wait_group 0``
-    and `wgmma_fence_operands` (the accumulator read back, as the kernels do before their
-    element-wise work): a group's time from issue to the end of its wait. ``flag``, ``out``:
-    as `wgmma_kernel`'s."""
-    from numba import float32, uint16, uint32
-
-    from kernels import hopper as hp
-    from kernels import ptx
-    mma = hp.wgmma_ss_f16
-    lbo, sbo, step = hp.kmajor_strides("128B", 64)
-    tmpl = hp.encode_wgmma_descriptor(0, lbo, sbo, "128B")
-    threads = WAIT_THREADS
-    assert threads == hp.WARPGROUP
-    words = 2 * 64 * 64
-    bounds = (threads, 1)
-    CHAIN = int(chain)
-
-    @cuda.jit(launch_bounds=bounds)
-    def ww(iters, flag, out):
-        sm = cuda.shared.array(words, uint16, alignment=1024)
-        tid = cuda.threadIdx.x
-        for j in range(tid, words, threads):
-            sm[j] = uint16(0)
-        hp.fence_proxy_async()
-        cuda.syncthreads()
-        a = ptx.shared_addr(sm, 0)
-        b = ptx.shared_addr(sm, words // 2)
-        acc = cuda.local.array(32, float32)
-        for r in range(32):
-            acc[r] = float32(0)
-        hp.wgmma_fence_operands(acc, 0, 32)
-        for _ in range(iters):
-            hp.wgmma_fence()
-            for u in range(CHAIN):
-                mma(acc, 0, hp.smem_descriptor(tmpl, a + (u % 4) * step),
-                    hp.smem_descriptor(tmpl, b + (u % 4) * step), uint32(1))
-            hp.wgmma_commit_group()
-            hp.wgmma_wait_group(0)
-            hp.wgmma_fence_operands(acc, 0, 32)
-        if flag:
-            s = float32(0)
-            for r in range(32):
-                s += acc[r]
-            out[cuda.grid(1)] = s
-
-    ww.threads, ww.launch_bounds = threads, bounds
-    return ww
 
 
 @functools.lru_cache(maxsize=None)
@@ -994,14 +966,22 @@ def measure_mma(dev, sz):
     return rates, {}
 
 
+def _wgmma_refusal(dev) -> str | None:
+    """Why ``dev`` cannot run the wgmma groups' kernels (sm_90a only), or None."""
+    if dev.simulator:
+        return ("wgmma needs a GPU of compute capability 9.0 (sm_90a): the CUDA simulator runs "
+                "no wgmma")
+    if dev.cc != (9, 0):
+        return (f"wgmma.mma_async is an sm_90a instruction (compute capability 9.0); this GPU "
+                f"has {dev.cc[0]}.{dev.cc[1]}")
+    return None
+
+
 def measure_wgmma(dev, sz):
     names = [f"wgmma_{d}_flops_per_s" for d in WGMMA_K]
-    if dev.simulator:
-        return {}, dict.fromkeys(names, "wgmma needs a GPU of compute capability 9.0 (sm_90a): "
-                                        "the CUDA simulator runs no wgmma")
-    if dev.cc != (9, 0):
-        return {}, dict.fromkeys(names, f"wgmma.mma_async is an sm_90a instruction (compute "
-                                        f"capability 9.0); this GPU has {dev.cc[0]}.{dev.cc[1]}")
+    why = _wgmma_refusal(dev)
+    if why:
+        return {}, dict.fromkeys(names, why)
     per_sm = sz.wgmma_per_sm
     blocks = dev.num_sms * per_sm * sz.wgmma_waves
     products = blocks * WGMMA_WARPGROUPS * sz.wgmma_iters * WGMMA_UNROLL
@@ -1034,12 +1014,9 @@ def measure_wgmma_wait(dev, sz):
     dependent chain), ``wgmma_wait_latency_s`` its intercept (what a group costs beyond its
     products: the pipeline's latency until the wait returns)."""
     names = list(WGMMA_WAIT_NAMES)
-    if dev.simulator:
-        return {}, dict.fromkeys(names, "wgmma needs a GPU of compute capability 9.0 (sm_90a): "
-                                        "the CUDA simulator runs no wgmma")
-    if dev.cc != (9, 0):
-        return {}, dict.fromkeys(names, f"wgmma.mma_async is an sm_90a instruction (compute "
-                                        f"capability 9.0); this GPU has {dev.cc[0]}.{dev.cc[1]}")
+    why = _wgmma_refusal(dev)
+    if why:
+        return {}, dict.fromkeys(names, why)
     blocks, iters = dev.num_sms, sz.wgmma_wait_iters
     per_group = {}
     for chain in WGMMA_WAIT_CHAINS:

@@ -58,7 +58,9 @@ through llvmlite's ``ir.InlineAsm`` in the style of `kernels.ptx`:
 * utilities: ``array_addr(arr)`` (64-bit address of an array's first element),
   ``smem_descriptor(template, saddr)`` (a descriptor template from `encode_wgmma_descriptor`
   with start address 0, completed with a 32-bit shared-window address from
-  `kernels.ptx.shared_addr`).
+  `kernels.ptx.shared_addr`), ``descriptor_at(desc, offset)`` (that descriptor moved by a byte
+  offset), ``aligned_shared_base(smem)`` and ``init_ring_barriers(first, stages, consumers)``
+  (the Hopper kernels' common start: the 1024-aligned tile area, a TMA ring's mbarriers).
 
 wgmma and setmaxnreg need the arch-specific target ``sm_90a`` (ptxas refuses them for
 ``sm_90``); the rest is sm_90. ``cuda.compile_ptx(..., cc=(9, 0, "a"))`` gives ``.target sm_90a``
@@ -100,9 +102,11 @@ import functools
 from typing import NamedTuple
 
 from llvmlite import ir
-from numba import cuda, types, uint64
+from numba import cuda, int64, types, uint64
 from numba.cuda import cgutils
 from numba.cuda.extending import intrinsic
+
+from .ptx import shared_addr
 
 __all__ = [
     # layouts (plain Python)
@@ -123,7 +127,8 @@ __all__ = [
     "cp_async_bulk_tensor_4d_g2s", "wgmma_ss_f16", "wgmma_ss_bf16", "wgmma_rs_mn_f16",
     "wgmma_rs_mn_bf16", "WGMMA_RS_MN_F16_PTX", "WGMMA_RS_MN_BF16_PTX", "wgmma_fence_operands",
     "wgmma_ss_e4m3", "wgmma_rs_e4m3", "WGMMA_SS_E4M3_PTX", "WGMMA_RS_E4M3_PTX", "pack_e4m3x4",
-    "wgmma_ss", "wgmma_rs", "WGMMA_MAX_N", "SWIZZLE_128B_ROW",
+    "wgmma_ss", "wgmma_rs", "WGMMA_MAX_N", "SWIZZLE_128B_ROW", "aligned_shared_base",
+    "init_ring_barriers", "descriptor_at",
     # device functions built from them
     "product_blocks", "tile_product_abt", "tile_product_ab",
 ]
@@ -1070,6 +1075,30 @@ def smem_descriptor(typingctx, template, saddr):
         return builder.or_(tmpl, field)
 
     return sig, codegen
+
+
+@cuda.jit(device=True, inline=True)
+def aligned_shared_base(smem):
+    """The 64-bit shared-window address of the first 1024-byte boundary (the 128-byte swizzle's
+    repeat) at or after the start of the dynamic shared array ``smem``: where the Hopper kernels
+    lay out their tiles (the launch asks for 1024 bytes more)."""
+    raw = int64(shared_addr(smem, 0))
+    return (raw + 1023) & ~int64(1023)
+
+
+@cuda.jit(device=True, inline=True)
+def init_ring_barriers(first, stages, consumers):
+    """One thread's set-up of a TMA ring's mbarriers, 8 bytes apart from shared address
+    ``first``: the resident operands' barrier (one arrival: the producer's expect_tx), then
+    ``stages`` *full* barriers (one arrival each) and ``stages`` *empty* barriers
+    (``consumers`` arrivals each: every consumer thread releases its stage), then the fence
+    that makes the initialisation visible to the async proxy. A CTA barrier must follow
+    before any other thread uses them."""
+    mbarrier_init(first, 1)
+    for st in range(stages):
+        mbarrier_init(first + 8 + 8 * st, 1)
+        mbarrier_init(first + 8 + 8 * stages + 8 * st, consumers)
+    fence_mbarrier_init()
 
 
 @cuda.jit(device=True, inline=True)

@@ -92,7 +92,7 @@ def _build_kernel(kind, head_dim, rows, cols, is_bf16, causal, head_group, windo
     schedule of `kernels.tile_scheduler.device_schedule`; ``group`` = Hq / Hkv; ``band_lo``,
     ``band_hi`` (int64) are read only with ``window``: key ``col`` is allowed for query ``row``
     iff ``band_lo <= col - row <= band_hi``."""
-    from numba import cuda, float32, int64, uint8, uint32, uint64
+    from numba import cuda, float32, uint8, uint32, uint64
 
     from . import hopper as hp
     from . import ptx
@@ -209,8 +209,7 @@ def _build_kernel(kind, head_dim, rows, cols, is_bf16, causal, head_group, windo
         row0 = blk * R
         # shared memory from a 1024-byte boundary: resident A | resident B | stages (A, B
         # tiles) | (dK/dV) each warpgroup's row statistics per stage | barriers
-        raw = int64(ptx.shared_addr(smem, 0))
-        base = (raw + 1023) & ~int64(1023)
+        base = hp.aligned_shared_base(smem)
         res_a = base
         res_b = base + RES_BYTES
         ring = base + RING
@@ -219,11 +218,7 @@ def _build_kernel(kind, head_dim, rows, cols, is_bf16, causal, head_group, windo
         full0 = res_full + 8
         empty0 = full0 + 8 * STAGES
         if tid == 0:
-            hp.mbarrier_init(res_full, 1)
-            for st in range(STAGES):
-                hp.mbarrier_init(full0 + 8 * st, 1)
-                hp.mbarrier_init(empty0 + 8 * st, CONSUMER_THREADS)
-            hp.fence_mbarrier_init()
+            hp.init_ring_barriers(res_full, STAGES, CONSUMER_THREADS)
         cuda.syncthreads()       # the last CTA-wide barrier: the roles part here
 
         # the work items, in order: "dq", the K/V tiles of the kv schedule of (b, h); "dkdv",

@@ -179,7 +179,7 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=F
     last tile's O += P V are peeled off the loop, so that every product is issued on a
     straight-line path (ptxas serialises every ``wgmma`` of a kernel that issues one under a
     branch inside the loop). With both, a turn covers the two products of an iteration."""
-    from numba import cuda, float32, int64, uint8, uint32, uint64
+    from numba import cuda, float32, uint8, uint32, uint64
 
     from . import hopper as hp
     from . import ptx
@@ -338,19 +338,14 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=F
         stop = offsets[s, m_blk + 1]
         # shared memory from a 1024-byte boundary (the 128-byte swizzle's repeat): Q | stage 0
         # K, V | stage 1 K, V | (stage 2 K, V) | barriers
-        raw = int64(ptx.shared_addr(smem, 0))
-        base = (raw + 1023) & ~int64(1023)
+        base = hp.aligned_shared_base(smem)
         q_s = base
         kv_s = base + Q_BYTES
         q_full = base + BAR
         full0 = q_full + 8
         empty0 = full0 + 8 * STAGES
         if tid == 0:
-            hp.mbarrier_init(q_full, 1)
-            for st in range(STAGES):
-                hp.mbarrier_init(full0 + 8 * st, 1)
-                hp.mbarrier_init(empty0 + 8 * st, CONSUMER_THREADS)
-            hp.fence_mbarrier_init()
+            hp.init_ring_barriers(q_full, STAGES, CONSUMER_THREADS)
         cuda.syncthreads()       # the last CTA-wide barrier: the roles part here
 
         if REALLOC and warp >= PRODUCER_WARP:

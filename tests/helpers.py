@@ -201,6 +201,25 @@ def nvvm_missing() -> str | None:
     return None if r.returncode == 0 else (r.stderr.strip().splitlines() or ["?"])[-1]
 
 
+def assemble_sm90a(ptxas, ptx_path) -> tuple[dict, str]:
+    """``(entry, stderr)``: ``ptxas -v -arch=sm_90a`` run on ``ptx_path`` (the cubin beside it),
+    asserted to succeed without serialising any ``wgmma`` (C7520 and kin: a product issued on a
+    divergent path, or with too few registers for it); ``entry``: its figures
+    (`benchmarks.common.parse_ptxas`, one kernel)."""
+    import subprocess
+    from pathlib import Path
+
+    from benchmarks.common import parse_ptxas
+    path = Path(ptx_path)
+    r = subprocess.run([ptxas, "-v", "-arch=sm_90a", str(path), "-o",
+                        str(path.with_suffix(".cubin"))], capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert "serializ" not in r.stderr.lower(), r.stderr[-2000:]
+    (entry,) = parse_ptxas(r.stderr)
+    return entry, r.stderr
+
+
 def compile_sm90a_in_child(module: str, function: str, outdir, timeout: int = 1200):
     """``(ptxas, result)``: ``module.function(outdir)`` run in a fresh process without the CUDA
     simulator (it compiles kernels for sm_90a into ``outdir`` and returns a JSON-able value),

@@ -38,7 +38,7 @@ from sim.profiles import (DECODE_RATE_UNITS, RATE_UNITS, RATES_SCHEMA, load_prof
                           profile_for_gpu_name)
 
 from .conftest import REAL_GPU
-from .helpers import compile_sm90a_in_child
+from .helpers import assemble_sm90a, compile_sm90a_in_child
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -276,7 +276,6 @@ def wgmma_ptx(tmp_path_factory):
 def test_wgmma_wait_kernels_compile_for_sm90a(wgmma_ptx, chain):
     """Each group of `chain` products is committed and waited for (wait_group 0) before the
     next: the loop's groups (LLVM may unroll the runtime loop) each hold `chain` products."""
-    from benchmarks.common import parse_ptxas
     outdir, ptxas, bounds = wgmma_ptx
     path = outdir / f"wait_{chain}.ptx"
     text = path.read_text()
@@ -286,18 +285,12 @@ def test_wgmma_wait_kernels_compile_for_sm90a(wgmma_ptx, chain):
     assert products == text.count("wgmma.mma_async") == chain * groups and groups >= 1
     assert text.count("wgmma.wait_group.sync.aligned 0;") == groups
     assert "wgmma.wait_group.sync.aligned 1;" not in text
-    r = subprocess.run([ptxas, "-v", "-arch=sm_90a", str(path), "-o",
-                        str(path.with_suffix(".cubin"))], capture_output=True, text=True,
-                       timeout=600)
-    assert r.returncode == 0, r.stderr[-4000:]
-    assert "serializ" not in r.stderr.lower(), r.stderr[-2000:]
-    (entry,) = parse_ptxas(r.stderr)
+    entry, _ = assemble_sm90a(ptxas, path)
     assert entry["spill_store_bytes"] == 0 and entry["stack_frame_bytes"] == 0, entry
 
 
 @pytest.mark.parametrize("dtype", list(R.WGMMA_K))
 def test_wgmma_kernels_compile_for_sm90a(wgmma_ptx, dtype):
-    from benchmarks.common import parse_ptxas
     outdir, ptxas, bounds = wgmma_ptx
     path = outdir / f"wgmma_{dtype}.ptx"
     text = path.read_text()
@@ -316,16 +309,11 @@ def test_wgmma_kernels_compile_for_sm90a(wgmma_ptx, dtype):
     assert text.count("wgmma.wait_group.sync.aligned 1;") == groups
     assert text.count("wgmma.wait_group.sync.aligned 0;") == 1
     assert "ld.local" not in text and "st.local" not in text      # accumulators in registers
-    r = subprocess.run([ptxas, "-v", "-arch=sm_90a", str(path), "-o",
-                        str(path.with_suffix(".cubin"))], capture_output=True, text=True,
-                       timeout=600)
-    assert r.returncode == 0, r.stderr[-4000:]
-    # no serialised wgmma (C7520: a product on a divergent path), and no warpgroup.arrive /
-    # warpgroup.wait injected between products (C7519 / C7517: other instructions touching
-    # the accumulators while products are in flight)
-    assert "serializ" not in r.stderr.lower(), r.stderr[-2000:]
-    assert "injected" not in r.stderr, r.stderr[-2000:]
-    (entry,) = parse_ptxas(r.stderr)
+    # no serialised wgmma (C7520: a product on a divergent path: `assemble_sm90a`), and no
+    # warpgroup.arrive / warpgroup.wait injected between products (C7519 / C7517: other
+    # instructions touching the accumulators while products are in flight)
+    entry, stderr = assemble_sm90a(ptxas, path)
+    assert "injected" not in stderr, stderr[-2000:]
     assert entry["spill_store_bytes"] == 0 and entry["stack_frame_bytes"] == 0, entry
     assert entry["registers_per_thread"] <= 65536 // (threads * per_sm), entry
     assert entry["static_smem_bytes"] == 2 * 64 * 64 * 2, entry      # A and B, 8 KiB each

@@ -25,7 +25,6 @@ import itertools
 import json
 import math
 import random
-import subprocess
 import sys
 from pathlib import Path
 
@@ -43,7 +42,8 @@ from sim.plans.wgmma_fwd import (WGMMA_FWD_WAITS_PER_TILE, WGMMA_REGISTERS, WGMM
                                  wgmma_threads)
 from sim.workload import Workload
 
-from .helpers import compile_sm90a_in_child, kernel_problem, need_hopper_torch
+from .helpers import (assemble_sm90a, compile_sm90a_in_child, kernel_problem,
+                      need_hopper_torch)
 
 WGMMA = KernelConfig(family="wgmma")
 
@@ -544,7 +544,6 @@ def compiled(tmp_path_factory):
 
 @pytest.mark.parametrize("cfg", COMPILED, ids=_name)
 def test_compiles_and_assembles_for_sm90a(compiled, cfg):
-    from benchmarks.common import parse_ptxas
     outdir, ptxas, launch = compiled
     d, bq, bk, bf16, causal, window, overlap = cfg
     name = _name(cfg)
@@ -592,16 +591,10 @@ def test_compiles_and_assembles_for_sm90a(compiled, cfg):
                  dtype="bf16" if bf16 else "fp16", causal=causal)
     k = plan_for("wgmma", "fwd", w, block_q=bq, block_k=bk, **_schedule(cfg)).kernels[0]
     assert (k.threads, k.shared_bytes) == tuple(launch[name])
-    cubin = outdir / f"{name}.cubin"
-    r = subprocess.run([ptxas, "-v", "-arch=sm_90a", str(outdir / f"{name}.ptx"), "-o",
-                        str(cubin)], capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-4000:]
     # ptxas would serialise every wgmma (C7520 and kin) if one were issued on a divergent path
-    assert "serialized" not in r.stderr, r.stderr[-2000:]
-    (entry,) = parse_ptxas(r.stderr)
+    entry, stderr = assemble_sm90a(ptxas, outdir / f"{name}.ptx")
     print(name, entry)
-    assert "serializ" not in r.stderr.lower(), r.stderr
-    assert "ignored" not in r.stderr, r.stderr      # (C7508) setmaxnreg ignored
+    assert "ignored" not in stderr, stderr      # (C7508) setmaxnreg ignored
     if overlap:
         assert entry["registers_per_thread"] <= (168 if bq == 128 else 255), entry
         assert entry["spill_store_bytes"] == 0 and entry["stack_frame_bytes"] == 0, entry
@@ -632,7 +625,6 @@ def compile_pingpong(outdir) -> dict:
 
 
 def test_pingpong_compiles_with_its_turns_and_unserialised_products(tmp_path):
-    from benchmarks.common import parse_ptxas
     ptxas, _ = compile_sm90a_in_child("tests.test_wgmma_fwd", "compile_pingpong", tmp_path)
     for d, bq, bk, bf16, causal in PINGPONG_COMPILED:
         path = tmp_path / f"pingpong_{d}_{bq}_{bk}.ptx"
@@ -640,12 +632,7 @@ def test_pingpong_compiles_with_its_turns_and_unserialised_products(tmp_path):
         # warpgroup 1's first hand-over and the hand-over after each S = Q K^T; warpgroup 0's
         # last wait, each turn's wait and syncthreads' bar.sync 0
         assert text.count("bar.arrive") == 2 and text.count("bar.sync") == 3
-        r = subprocess.run([ptxas, "-v", "-arch=sm_90a", str(path), "-o",
-                            str(path.with_suffix(".cubin"))], capture_output=True, text=True,
-                           timeout=600)
-        assert r.returncode == 0, r.stderr[-4000:]
-        assert "serializ" not in r.stderr.lower(), r.stderr[-2000:]
-        (entry,) = parse_ptxas(r.stderr)
+        entry, _ = assemble_sm90a(ptxas, path)
         assert abs(entry["registers_per_thread"] - WGMMA_REGISTERS[(d, bq, bk)]) <= 8, entry
         assert entry["spill_store_bytes"] == 0, entry
 
