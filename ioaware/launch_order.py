@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["block_work", "dispatch_positions", "parse_head_group"]
+__all__ = ["block_work", "dispatch_positions", "parse_head_group", "dispatch_makespan",
+           "balanced_head_group", "BALANCE_TOLERANCE"]
 
 
 def parse_head_group(value: str, what: str = "launch order") -> int:
@@ -58,3 +59,45 @@ def dispatch_positions(n_tiles: int, n_bh: int, group: int) -> np.ndarray:
         base = g0 * n_tiles
         pos[g0:g0 + gg, :] = base + np.arange(n_tiles)[None, :] * gg + np.arange(gg)[:, None]
     return pos
+
+
+def dispatch_makespan(lengths, group: int, slots: int) -> float:
+    """When the last program of the grid (n_tiles, n_bh) ends, its programs dispatched in head
+    group ``group``'s order onto ``slots`` servers, each taking the next program when its last
+    ends (greedy list scheduling, as the GPU's block dispatcher hands out blocks; the kernels
+    take a server per SM, whose resident programs share its pipes); ``lengths[bh, tile]``:
+    each program's work, in any unit (the result is in that unit)."""
+    import heapq
+    work = np.asarray(lengths, dtype=np.float64)
+    if work.ndim != 2:
+        raise ValueError(f"lengths must be [n_bh, n_tiles], got shape {work.shape}")
+    if slots < 1:
+        raise ValueError(f"slots must be >= 1, got {slots}")
+    n_bh, n_tiles = work.shape
+    order = np.argsort(dispatch_positions(n_tiles, n_bh, group), axis=None, kind="stable")
+    ends = [0.0] * min(int(slots), work.size)
+    for length in work.reshape(-1)[order]:
+        heapq.heappush(ends, heapq.heappop(ends) + float(length))
+    return max(ends) if ends else 0.0
+
+
+#: `balanced_head_group` leaves the measured default order unless it ends this much later
+#: (as a fraction) than heads first.
+BALANCE_TOLERANCE = 0.10
+
+
+def balanced_head_group(lengths, slots: int, default: int,
+                        tolerance: float = BALANCE_TOLERANCE) -> int:
+    """``default`` (the measured choice, which keeps the blocks that run together on fewer
+    heads' data in L2), unless its dispatch ends more than ``tolerance`` later than heads first
+    (group 0: the longest tiles of every head start first) by `dispatch_makespan`; then 0. A
+    few long programs behind many short ones (a causal GQA backward whose grid is about two
+    waves) is what makes the difference."""
+    if default == 0:
+        return 0
+    work = np.asarray(lengths, dtype=np.float64)
+    if work.max(initial=0.0) <= tolerance * work.sum() / slots:
+        return int(default)     # greedy dispatch ends within (sum / slots + longest) anyway
+    ours = dispatch_makespan(work, default, slots)
+    heads_first = dispatch_makespan(work, 0, slots)
+    return 0 if ours > (1.0 + tolerance) * heads_first else int(default)

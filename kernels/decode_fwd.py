@@ -1035,7 +1035,7 @@ def plan(problem, config=None) -> SplitKVPlan:
                          f"head_dim={pb.head_dim}"
                          + (", decode_unit='ffma')" if unit == "ffma" else ")"))
     return _plan(pb.batch, pb.heads_q, pb.heads_kv, pb.seqlen_q, pb.seqlen_k, pb.head_dim,
-                 element, _num_sms(), splits, _warps(), tensor_cores, _smem_per_sm(), mma_warps,
+                 element, host.sm_count(), splits, _warps(), tensor_cores, _smem_per_sm(), mma_warps,
                  _profile_name())
 
 
@@ -1072,18 +1072,6 @@ def _profile_of(device_id: int) -> str | None:
     name = cuda.gpus[device_id].name
     found = profile_for_gpu_name(name.decode() if isinstance(name, bytes) else str(name))
     return None if found is None else found.name
-
-
-def _num_sms() -> int:
-    """SMs of the current device (132, an H100's, under the simulator), read once per device."""
-    if not host.real_gpu():
-        return 132
-    return _sm_count(host.current_device_id())
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(device_id: int) -> int:
-    return int(cuda.gpus[device_id].MULTIPROCESSOR_COUNT)
 
 
 def supports(problem, config=None):

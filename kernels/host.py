@@ -115,6 +115,19 @@ def tensor_core_refusal(problem, family, dtypes, head_dims, window=False):
     return None
 
 
+def sm_count() -> int:
+    """SMs of the current device (132, an H100's, under the simulator), read once per device."""
+    if not real_gpu():
+        return 132
+    return _sm_count(current_device_id())
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_id: int) -> int:
+    from numba import cuda
+    return int(cuda.gpus[device_id].MULTIPROCESSOR_COUNT)
+
+
 def current_device_id() -> int:
     """The current CUDA device's ordinal, cheaply: torch's current device once torch has
     initialised CUDA (torch and Numba share the device's primary context, so it is the device

@@ -28,9 +28,13 @@ from registers (the accumulator fragment of a k16 slice is the A fragment,
   GQA group and the Q tiles of `BlockInfo.q_schedule()` (each head's in turn),
   the producer streams the Q and dO tiles (``cols`` queries a stage); a consumer thread reads
   the lse and delta of its columns' queries from global memory (lse as log2: +inf past the
-  queries and for rows with no allowed key, so that P = 0). Per tile: S^T = K Q^T and dP^T = V dO^T, P^T,
-  dV += P^T dO (issued, then dS^T = P^T (dP^T - delta) computed while it runs),
-  dK += dS^T Q. dK = scale * dK at the end.
+  queries and for rows with no allowed key, so that P = 0). Per tile: S^T = K Q^T and dP^T = V dO^T, P^T
+  (computed while dP^T's product runs), dS^T = P^T (dP^T - delta), dV += P^T dO and dK +=
+  dS^T Q. At 64 queries a stage dV's product is issued first and dS^T computed while it runs;
+  at 128 dS^T goes into dP^T's registers and the two products are issued back to back, so that
+  at most S^T, dP^T and the accumulators are live (with P^T's 16-bit copy beside the float32
+  scores, ptxas serialised the products for want of registers).
+  dK = scale * dK at the end.
 
 P and dS are rounded to the input dtype before their products (as FlashAttention-2 does); every
 product accumulates in float32. Takes float16 and bfloat16, head dims 64 and 128, causal
@@ -46,7 +50,7 @@ from numba.cuda.cudadrv import driver    # device_pointer (on a real GPU)
 
 from sim.plans.wgmma_bwd import (WGMMA_BWD_BARRIER_BYTES, WGMMA_BWD_HEAD_DIMS,
                                  WGMMA_BWD_KERNEL_NAMES, WGMMA_BWD_REGISTERS, WGMMA_BWD_STAGES,
-                                 launch_of,
+                                 launch_of, wgmma_bwd_ds_under_dv,
                                  wgmma_bwd_producer_warpgroup, wgmma_bwd_smem_bytes,
                                  wgmma_bwd_threads)
 from sim.plans.wgmma_fwd import BOX_COLUMNS, ROWS_PER_WARPGROUP, WARPGROUP_THREADS
@@ -99,6 +103,8 @@ def _build_kernel(kind, head_dim, rows, cols, is_bf16, causal, head_group, windo
 
     DQ = kind == "dq"
     D, R, C = head_dim, rows, cols
+    # dK/dV: where dS^T is computed (`sim.plans.wgmma_bwd.wgmma_bwd_ds_under_dv`)
+    DS_UNDER_DV = not DQ and wgmma_bwd_ds_under_dv(C)
     W = R // ROWS_PER_WARPGROUP               # consumer warpgroups
     THREADS = wgmma_bwd_threads(R)
     PRODUCER_WARP = 4 * W
@@ -267,6 +273,7 @@ def _build_kernel(kind, head_dim, rows, cols, is_bf16, causal, head_group, windo
         acc_a = cuda.local.array(O_REGS, dtype=float32)   # dQ, or dK
         acc_b = cuda.local.array(O_REGS, dtype=float32)   # dV (dK/dV)
         pa = cuda.local.array(P_REGS, dtype=uint32)
+        pa2 = cuda.local.array(1 if DQ or DS_UNDER_DV else P_REGS, dtype=uint32)   # dS^T's
         lse2_r = cuda.local.array(2, dtype=float32)
         delta_r = cuda.local.array(2, dtype=float32)
         for r in range(O_REGS):
@@ -354,7 +361,7 @@ def _build_kernel(kind, head_dim, rows, cols, is_bf16, causal, head_group, windo
                                 r = 32 * nb + 4 * j + 2 * hr + e
                                 l2 = lse2_r[hr] if DQ else l2c
                                 s_reg[r] = ptx.ex2(s_reg[r] * sl - l2)
-                if not DQ:
+                if DS_UNDER_DV:
                     # -- dV += P^T dO: issued, then dS^T computed while it runs --
                     to_a(pa, s_reg)
                     hp.wgmma_fence()
@@ -363,7 +370,8 @@ def _build_kernel(kind, head_dim, rows, cols, is_bf16, causal, head_group, windo
                 else:
                     hp.wgmma_wait_group(0)
                 hp.wgmma_fence_operands(dp_reg, 0, S_REGS)
-                # -- dS = P (dP - delta) --
+                # -- dS = P (dP - delta) (dK/dV at 128 queries a stage: dS^T into dP^T's
+                # registers, P^T kept for dV's product) --
                 for nb in range(NB):
                     for j in range(8):
                         for e in range(2):
@@ -373,17 +381,33 @@ def _build_kernel(kind, head_dim, rows, cols, is_bf16, causal, head_group, windo
                                 dlc = ptx.ld_shared_f32(uint32(st_stats + 8 * c + 4))
                             for hr in range(2):
                                 r = 32 * nb + 4 * j + 2 * hr + e
-                                dl = delta_r[hr] if DQ else dlc
-                                s_reg[r] = s_reg[r] * (dp_reg[r] - dl)
-                if not DQ:
-                    hp.wgmma_wait_group(0)                     # dV's product: pa is free
+                                if DQ or DS_UNDER_DV:
+                                    dl = delta_r[hr] if DQ else dlc
+                                    s_reg[r] = s_reg[r] * (dp_reg[r] - dl)
+                                else:
+                                    dp_reg[r] = s_reg[r] * (dp_reg[r] - dlc)
+                if DQ or DS_UNDER_DV:
+                    if DS_UNDER_DV:
+                        hp.wgmma_wait_group(0)                 # dV's product: pa is free
+                        hp.wgmma_fence_operands(acc_b, 0, O_REGS)
+                    # -- dQ += dS K (dK/dV: dK += dS^T Q) --
+                    to_a(pa, s_reg)
+                    hp.wgmma_fence()
+                    issue_ab(acc_a, pa, st_a)
+                    hp.wgmma_wait_group(0)
+                    hp.wgmma_fence_operands(acc_a, 0, O_REGS)
+                else:
+                    # -- dV += P^T dO and dK += dS^T Q, issued back to back: the float32
+                    # scores are dead once packed (at most S^T, dP^T and the two accumulators
+                    # live) --
+                    to_a(pa, s_reg)
+                    to_a(pa2, dp_reg)
+                    hp.wgmma_fence()
+                    issue_ab(acc_b, pa, st_b)
+                    issue_ab(acc_a, pa2, st_a)
+                    hp.wgmma_wait_group(0)
                     hp.wgmma_fence_operands(acc_b, 0, O_REGS)
-                # -- dQ += dS K (dK/dV: dK += dS^T Q) --
-                to_a(pa, s_reg)
-                hp.wgmma_fence()
-                issue_ab(acc_a, pa, st_a)
-                hp.wgmma_wait_group(0)
-                hp.wgmma_fence_operands(acc_a, 0, O_REGS)
+                    hp.wgmma_fence_operands(acc_a, 0, O_REGS)
                 hp.mbarrier_arrive(empty0 + 8 * st)            # this stage may be refilled
                 i += 1
 
@@ -449,6 +473,21 @@ def backward(problem, out, lse, dout, config):
     return prepare(problem, config)(problem.q, problem.k, problem.v, out, lse, dout)
 
 
+def _head_groups(problem, config, dq_tile, kv_tile) -> dict:
+    """Each kernel's launch order (`kernels.tile_scheduler.balanced_group`): the dQ kernel's
+    programs (query tiles, longest first: the kernel runs tile ``n - 1 - t`` at dispatch tile
+    ``t``) visit the K/V tiles of the ``"kv"`` schedule, the dK/dV kernel's (key tiles) the Q
+    tiles of the ``"q"`` schedule once per query head of their GQA group."""
+    pb = problem
+    per_program = {"dq": tile_scheduler.tile_lengths(pb, *dq_tile, "kv")[::-1],
+                   "dkdv": (pb.heads_q // pb.heads_kv)
+                   * tile_scheduler.tile_lengths(pb, *kv_tile, "q")}
+    n_bh = {"dq": pb.batch * pb.heads_q, "dkdv": pb.batch * pb.heads_kv}
+    return {kind: tile_scheduler.balanced_group(config.launch_order, pb.causal, "bwd", lengths,
+                                                n_bh[kind], host.sm_count())
+            for kind, lengths in per_program.items()}
+
+
 def prepare(problem, config):
     """The backward of ``problem`` with its plan, kernels, tile schedules and constants chosen
     once: ``run(q, k, v, out, lse, dout) -> (dq, dk, dv)`` for operands of its shapes, dtype
@@ -459,14 +498,14 @@ def prepare(problem, config):
     pb = problem
     the_plan = plan(pb, config)
     (dq_rows, dq_cols), (kv_cols, kv_rows) = the_plan.config["dq_tile"], the_plan.config["kv_tile"]
-    group = tile_scheduler.head_group(config.launch_order, pb.causal, "bwd")
     is_bf16 = str(pb.dtype).endswith("bfloat16")
     causal, window, band_lo, band_hi = band_arguments(pb)
-    kerns = {"dq": get_kernel("dq", pb.head_dim, dq_rows, dq_cols, is_bf16, causal, group,
-                              window),
-             "dkdv": get_kernel("dkdv", pb.head_dim, kv_rows, kv_cols, is_bf16, causal, group,
-                                window)}
-    launches = {kind: launch_of(the_plan, kind) for kind in kerns}
+    launches = {kind: launch_of(the_plan, kind) for kind in ("dq", "dkdv")}
+    groups = _head_groups(pb, config, (dq_rows, dq_cols), (kv_cols, kv_rows))
+    kerns = {"dq": get_kernel("dq", pb.head_dim, dq_rows, dq_cols, is_bf16, causal,
+                              groups["dq"], window),
+             "dkdv": get_kernel("dkdv", pb.head_dim, kv_rows, kv_cols, is_bf16, causal,
+                                groups["dkdv"], window)}
     for kind, kern in kerns.items():
         host.check_launch(WGMMA_BWD_KERNEL_NAMES[kind], launches[kind][1:],
                           (kern.threads, kern.smem_bytes))

@@ -229,11 +229,16 @@ def test_launch_grid_threads_shared_memory_registers(d, dq_tile, kv_tile):
     assert [k.registers for k in given.kernels] == [200, registers[R_kv]]
 
 
-@pytest.mark.parametrize("d,dq_tile", [(64, (64, 64)), (128, (128, 128))])
-def test_defaults_are_the_layout_defaults(d, dq_tile):
-    w = _workload(1, 2, 2, 256, 256, d, False, None)
+@pytest.mark.parametrize("d,n,dq_tile,kv_tile", [
+    (64, 256, (64, 64), (128, 128)), (64, P.WGMMA_BWD_WIDE_DQ_FROM - 1, (64, 64), (128, 128)),
+    (64, P.WGMMA_BWD_WIDE_DQ_FROM, (128, 128), (128, 128)),
+    (128, 256, (128, 128), (64, 128)), (128, 16384, (128, 128), (64, 128))])
+def test_defaults_are_the_picked_tiles(d, n, dq_tile, kv_tile):
+    # from `benchmarks pick --family wgmma --pass bwd` on an H200 (the plan's docstring)
+    w = _workload(1, 2, 2, n, n, d, False, None)
     plan = P.wgmma_backward_plan(w)
-    assert (plan.config["dq_tile"], plan.config["kv_tile"]) == (dq_tile, (64, 128))
+    assert (plan.config["dq_tile"], plan.config["kv_tile"]) == (dq_tile, kv_tile)
+    assert P.wgmma_bwd_default_tiles(d, n) == {"dq": dq_tile, "dkdv": kv_tile}
 
 
 @pytest.mark.parametrize("d", (64, 128))

@@ -259,8 +259,9 @@ def test_pinned_tiles_are_checked_and_never_dropped():
 
 
 def compile_wgmma_bwd(outdir) -> dict:
-    """The default-tile dQ and dK/dV kernels (d = 64, float16, not causal) compiled for sm_90a
-    into ``outdir/<kind>.ptx`` (run in a process without the CUDA simulator)."""
+    """The default-tile dQ and dK/dV kernels at d = 64 and the d = 128 default dK/dV kernel
+    (64 queries a stage; float16, not causal) compiled for sm_90a into ``outdir/<name>.ptx``
+    (run in a process without the CUDA simulator); returns {name: (kind, rows, cols)}."""
     from numba import cuda
 
     from benchmarks.common import allow_offline_compile
@@ -270,29 +271,35 @@ def compile_wgmma_bwd(outdir) -> dict:
     sig = (f"void(uint64[:, ::1], {i16}, {i16}, float32[:, :, ::1], float32[:, :, ::1], {i16}, "
            f"{i16}, int32[:, ::1], int32[::1], int64, int64, int64, int64, int64, float32, "
            f"float32, int64, int64)")
-    tiles = wgmma_bwd_default_tiles(64)
-    shapes = {"dq": tiles["dq"], "dkdv": tiles["dkdv"][::-1]}      # (rows, cols)
-    for kind, (rows, cols) in shapes.items():
-        kern = bwd_mod._build_kernel(kind, 64, rows, cols, False, False, 1, False)
+    t64, t128 = wgmma_bwd_default_tiles(64), wgmma_bwd_default_tiles(128)
+    shapes = {"dq": ("dq", 64, *t64["dq"]), "dkdv": ("dkdv", 64, *t64["dkdv"][::-1]),
+              "dkdv_d128": ("dkdv", 128, *t128["dkdv"][::-1])}     # (kind, d, rows, cols)
+    for name, (kind, d, rows, cols) in shapes.items():
+        kern = bwd_mod._build_kernel(kind, d, rows, cols, False, False, 1, False)
         text, _ = cuda.compile_ptx(kern.py_func, sig, cc=(9, 0, "a"),
                                    launch_bounds=(kern.threads, 1))
-        (Path(outdir) / f"{kind}.ptx").write_text(text)
+        (Path(outdir) / f"{name}.ptx").write_text(text)
     return {k: list(v) for k, v in shapes.items()}
 
 
 def test_waits_per_tile_are_the_kernels_own(tmp_path):
     """The plan's `WGMMA_BWD_WAITS_PER_TILE` (its "wait" level) is what each kernel's tile loop
-    issues: one ``wgmma.wait_group`` per commit group, that many per tile (CPU: NVVM, ptxas),
-    and the plan counts them per consumer warpgroup and visited tile."""
+    issues per tile (the dK/dV kernel waits for its last two products' commit groups at once;
+    CPU: NVVM, ptxas, with no ``wgmma`` serialised), and the plan counts them per consumer
+    warpgroup and visited tile."""
     from sim import Workload
-    from sim.plans.wgmma_bwd import WGMMA_BWD_WAITS_PER_TILE, wgmma_backward_plan
+    from sim.plans.wgmma_bwd import (wgmma_backward_plan, wgmma_bwd_ds_under_dv,
+                                     wgmma_bwd_waits_per_tile)
     from .helpers import assemble_sm90a, compile_sm90a_in_child
     ptxas, shapes = compile_sm90a_in_child("tests.test_wgmma_bwd", "compile_wgmma_bwd", tmp_path)
-    for kind, waits in WGMMA_BWD_WAITS_PER_TILE.items():
-        path = tmp_path / f"{kind}.ptx"
+    # both dK/dV tile loops: dS^T under dV's product (64 queries a stage) and back to back (128)
+    assert {wgmma_bwd_ds_under_dv(shapes[n][3]) for n in ("dkdv", "dkdv_d128")} == {True, False}
+    products = {"dq": 3, "dkdv": 4}          # one commit group per product of a tile
+    for name, (kind, _d, _rows, cols) in shapes.items():
+        path = tmp_path / f"{name}.ptx"
         text = path.read_text()
-        assert text.count("wgmma.wait_group.sync.aligned") == waits, kind
-        assert text.count("wgmma.commit_group.sync.aligned") == waits, kind
+        assert text.count("wgmma.wait_group.sync.aligned") == wgmma_bwd_waits_per_tile(kind, cols), name
+        assert text.count("wgmma.commit_group.sync.aligned") == products[kind], name
         assemble_sm90a(ptxas, path)
     w = Workload(batch=2, heads=4, heads_kv=2, seq_len_q=300, head_dim=64, dtype="fp16",
                  pass_="bwd")
@@ -301,6 +308,9 @@ def test_waits_per_tile_are_the_kernels_own(tmp_path):
     # 3 key tiles x 2 query heads x 5 query tiles, two consumer warpgroups
     assert (dq.group_waits, dq.waiters_per_program) == (8 * 3 * 5 * 2 * 3, 2)
     assert (kv.group_waits, kv.waiters_per_program) == (4 * 3 * 2 * 5 * 2 * 4, 2)
+    # 128 queries a stage: 3 Q tiles, three waits a tile
+    kv = wgmma_backward_plan(w, dq_tile=(128, 64), kv_tile=(128, 128)).kernels[1]
+    assert (kv.group_waits, kv.waiters_per_program) == (4 * 3 * 2 * 3 * 2 * 3, 2)
 
 
 def test_the_wait_level_prices_the_measured_latency():

@@ -98,7 +98,8 @@ __all__ = ["WGMMA_BWD_KERNEL_NAMES", "WGMMA_BWD_HEAD_DIMS", "WGMMA_BWD_ROWS_CHOI
            "WGMMA_BWD_COLS_CHOICES", "WGMMA_BWD_STAGES", "WGMMA_BWD_BARRIER_BYTES",
            "wgmma_bwd_default_tiles", "wgmma_bwd_threads", "wgmma_bwd_producer_warpgroup",
            "wgmma_bwd_smem_bytes", "wgmma_bwd_stats_bytes", "WGMMA_BWD_REGISTERS",
-           "WGMMA_BWD_WAITS_PER_TILE",
+           "WGMMA_BWD_WAITS_PER_TILE", "WGMMA_BWD_WIDE_DQ_FROM",
+           "wgmma_bwd_ds_under_dv", "wgmma_bwd_waits_per_tile",
            "wgmma_backward_plan", "wgmma_backward_configs", "launch_of",
            "WGMMA_BWD_SCHEDULE_LOADS_PER_WARP"]
 
@@ -113,11 +114,36 @@ WGMMA_BWD_ROWS_CHOICES = (128, 64)
 WGMMA_BWD_COLS_CHOICES = (64, 128)
 #: Shared-memory stages of the streamed operands.
 WGMMA_BWD_STAGES = 2
-#: ``wgmma`` commit groups a consumer warpgroup waits for per visited tile, by kernel: the dQ
-#: kernel waits for S (with dP in flight), dP and dQ's product; the dK/dV kernel for S^T, dP^T
-#: (with dV's product in flight), dV's product and dK's (the ``wgmma_wait_group`` calls of
-#: `kernels.wgmma_bwd`'s tile loop; tests/test_wgmma_bwd.py counts them in its PTX).
-WGMMA_BWD_WAITS_PER_TILE = {"dq": 3, "dkdv": 4}
+#: At d = 64 the default dQ tile is 128 x 128 from this many queries on (64 x 64 below):
+#: `wgmma_bwd_default_tiles`.
+WGMMA_BWD_WIDE_DQ_FROM = 4096
+#: ``wgmma.wait_group`` calls of a consumer warpgroup per visited tile, by kernel: the dQ kernel
+#: waits for S (with dP in flight), dP and dQ's product; the dK/dV kernel for S^T (with dP^T in
+#: flight), dP^T (with dV's product in flight where `wgmma_bwd_ds_under_dv`), dV's product and
+#: dK's, or dP^T and then dV's and dK's products together (the ``wgmma_wait_group`` calls of
+#: `kernels.wgmma_bwd`'s tile loop; tests/test_wgmma_bwd.py counts them in its PTX):
+#: `wgmma_bwd_waits_per_tile`.
+WGMMA_BWD_WAITS_PER_TILE = {"dq": 3, "dkdv": 4, "dkdv_back_to_back": 3}
+
+
+def wgmma_bwd_ds_under_dv(cols: int) -> bool:
+    """Whether the dK/dV kernel computes dS^T while dV's product runs (64 queries a stage), or
+    after dP^T's product with dV's and dK's products then issued back to back (128: the
+    registers of P^T's 16-bit copy beside the float32 S^T and dP^T made ptxas serialise the
+    products). Measured on an H200 (docs/kernels.md, *Hopper backward*): back to back the d = 64
+    dK/dV kernel at 128 queries a stage is 8-14 % faster; at 64 queries (d = 128) the overlap
+    is up to 5 % faster."""
+    return cols == 64
+
+
+def wgmma_bwd_waits_per_tile(kernel: str, cols: int) -> int:
+    """`WGMMA_BWD_WAITS_PER_TILE` of ``kernel`` ("dq" or "dkdv") at ``cols`` streamed rows a
+    stage."""
+    if kernel == "dkdv" and not wgmma_bwd_ds_under_dv(cols):
+        return WGMMA_BWD_WAITS_PER_TILE["dkdv_back_to_back"]
+    return WGMMA_BWD_WAITS_PER_TILE[kernel]
+
+
 #: The mbarriers: resident_full, full[stages], empty[stages], 8 bytes each, rounded up.
 WGMMA_BWD_BARRIER_BYTES = 64
 #: Registers per thread with a producer warpgroup (two consumer warpgroups): ``setmaxnreg``
@@ -125,14 +151,18 @@ WGMMA_BWD_BARRIER_BYTES = 64
 WGMMA_BWD_REGISTERS = OVERLAP_REGISTERS
 
 
-def wgmma_bwd_default_tiles(head_dim: int) -> dict:
-    """Default tiles, (queries, keys) order: the dQ kernel 64 x 64 at d = 64 (one consumer
-    warpgroup, 64 keys a stage) and 128 x 128 at d = 128 (two, 128 keys a stage); the dK/dV
-    kernel 64 queries a stage against 128 key rows (two consumer warpgroups) at both. Chosen on
-    an H200 at N = 4096, bfloat16, causal and not, among dQ tiles (128, 64), (128, 128),
-    (64, 64), (64, 128) and dK/dV tiles (64, 128), (128, 128), (64, 64) (docs/kernels.md, design
-    note *Hopper backward*)."""
-    return {"dq": (64, 64) if head_dim == 64 else (128, 128), "dkdv": (64, 128)}
+def wgmma_bwd_default_tiles(head_dim: int, seq_len_q: int = 0) -> dict:
+    """Default tiles, (queries, keys) order. At d = 64: the dK/dV kernel 128 queries a stage
+    against 128 key rows, the dQ kernel 64 x 64 (one consumer warpgroup, 64 keys a stage) below
+    :data:`WGMMA_BWD_WIDE_DQ_FROM` queries (``seq_len_q``) and 128 x 128 from there. At d = 128:
+    the dQ kernel 128 x 128, the dK/dV kernel 64 queries a stage against 128 key rows. Chosen
+    on an H200 by ``python -m benchmarks pick --family wgmma --pass bwd``
+    (`results/pick_wgmma_bwd_h200_2026-11-29.json`, float16, N 512-16,384, causal and not:
+    within 3.4 % of the measured best in every group; docs/kernels.md, *Hopper backward*)."""
+    if head_dim == 64:
+        return {"dq": (128, 128) if seq_len_q >= WGMMA_BWD_WIDE_DQ_FROM else (64, 64),
+                "dkdv": (128, 128)}
+    return {"dq": (128, 128), "dkdv": (64, 128)}
 
 
 def wgmma_bwd_producer_warpgroup(rows: int) -> bool:
@@ -241,7 +271,7 @@ def wgmma_backward_plan(workload: Workload, *, dq_tile=None, kv_tile=None, launc
     w = workload
     _check(w)
     d, e = w.head_dim, w.dtype_bytes
-    defaults = wgmma_bwd_default_tiles(d)
+    defaults = wgmma_bwd_default_tiles(d, w.seq_len_q)
     dq_tile = _check_tiles("dq_tile", defaults["dq"] if dq_tile is None else dq_tile,
                            WGMMA_BWD_ROWS_CHOICES, WGMMA_BWD_COLS_CHOICES)
     kv_tile = _check_tiles("kv_tile", defaults["dkdv"] if kv_tile is None else kv_tile,
@@ -304,7 +334,7 @@ def wgmma_backward_plan(workload: Workload, *, dq_tile=None, kv_tile=None, launc
         registers=_launch_registers(dq_rows, registers[0]), programs_per_slice=n_blocks_q,
         lockstep=_first_tiles_in_step(w, dq_tile, "kv"),
         serial=serial(dq_rows), serial_per_program=True,
-        group_waits=dq_visits * (dq_rows // ROWS_PER_WARPGROUP) * WGMMA_BWD_WAITS_PER_TILE["dq"],
+        group_waits=dq_visits * (dq_rows // ROWS_PER_WARPGROUP) * wgmma_bwd_waits_per_tile("dq", dq_cols),
         waiters_per_program=dq_rows // ROWS_PER_WARPGROUP)
 
     # -- the dK/dV kernel ------------------------------------------------------------------------
@@ -341,7 +371,7 @@ def wgmma_backward_plan(workload: Workload, *, dq_tile=None, kv_tile=None, launc
         registers=_launch_registers(kv_rows_per_program, registers[1]),
         programs_per_slice=n_blocks_k, lockstep=_first_tiles_in_step(w, kv_tile, "q"),
         serial=serial(kv_rows_per_program), serial_per_program=True,
-        group_waits=kv_visits * kv_warpgroups * WGMMA_BWD_WAITS_PER_TILE["dkdv"],
+        group_waits=kv_visits * kv_warpgroups * wgmma_bwd_waits_per_tile("dkdv", kv_cols),
         waiters_per_program=kv_warpgroups)
 
     q_bytes, kv_bytes = q_elems * e, kv_elems * e
