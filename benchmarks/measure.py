@@ -310,7 +310,8 @@ def empty_record(cfg: dict) -> dict:
     pass: `kernels.tile_scheduler.head_group`), a tensor-core backward its ``dq_mode``
     (`kernels.mma_bwd.dq_mode`, `kernels.tf32_bwd.dq_mode`: "kernel" or "atomic"), and the
     wgmma forward its ``pingpong`` and ``overlap`` (`wgmma_schedule`; the wgmma backward has
-    one schedule)."""
+    one schedule), the wgmma backward its default ``dq_tile`` and ``kv_tile``
+    (`sim.plans.wgmma_bwd.wgmma_bwd_default_tiles`)."""
     rec = {f: cfg[f] for f in ("kernel", "schedule", "pass", "dtype", "batch", "heads",
                                "heads_kv", "seq_len_q", "seq_len_k", "head_dim", "causal",
                                "block_q", "block_k")}
@@ -328,6 +329,10 @@ def empty_record(cfg: dict) -> dict:
                                          head_dim=cfg["head_dim"])
     if cfg.get("variant") == "wgmma" and cfg["pass"] == "fwd":
         rec.update(wgmma_schedule(cfg))
+    if cfg.get("variant") == "wgmma" and cfg["pass"] != "fwd":
+        from sim.plans.wgmma_bwd import wgmma_bwd_default_tiles
+        tiles = wgmma_bwd_default_tiles(cfg["head_dim"], cfg["seq_len_q"])
+        rec["dq_tile"], rec["kv_tile"] = list(tiles["dq"]), list(tiles["dkdv"])
     return rec
 
 

@@ -323,3 +323,22 @@ def test_sim_plan_command_prints_the_backward():
     with pytest.raises(SystemExit, match="--schedule"):
         main(["plan", "--family", "wgmma", "--pass", "bwd", "--seq-len", "512",
               "--schedule", "serial"])
+
+
+def test_a_record_is_priced_at_the_tiles_it_ran():
+    from sim.plans import plans_for_record
+    rec = {"kernel": "ioaware-numba", "variant": "wgmma", "pass": "bwd", "dtype": "fp16",
+           "batch": 2, "heads": 4, "heads_kv": 4, "seq_len_q": 1500, "seq_len_k": 1500,
+           "head_dim": 64, "causal": True}
+    # a record from before records named them ran the defaults of then
+    (plan,) = plans_for_record(rec)
+    assert (plan.config["dq_tile"], plan.config["kv_tile"]) == ((64, 64), (64, 128))
+    assert P.record_tiles(dict(rec, head_dim=128)) == {"dq_tile": (128, 128),
+                                                       "kv_tile": (64, 128)}
+    # a record that names them (JSON lists) is priced at those
+    (plan,) = plans_for_record(dict(rec, dq_tile=[64, 64], kv_tile=[128, 128]))
+    assert (plan.config["dq_tile"], plan.config["kv_tile"]) == ((64, 64), (128, 128))
+    # the benchmark's forward + backward record: the backward's plan takes them
+    both = plans_for_record(dict(rec, **{"pass": "fwd+bwd", "variant_bwd": "wgmma",
+                                         "dq_tile": [128, 128], "kv_tile": [128, 128]}))
+    assert both[1].config["kv_tile"] == (128, 128)

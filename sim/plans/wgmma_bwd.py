@@ -99,7 +99,7 @@ __all__ = ["WGMMA_BWD_KERNEL_NAMES", "WGMMA_BWD_HEAD_DIMS", "WGMMA_BWD_ROWS_CHOI
            "wgmma_bwd_default_tiles", "wgmma_bwd_threads", "wgmma_bwd_producer_warpgroup",
            "wgmma_bwd_smem_bytes", "wgmma_bwd_stats_bytes", "WGMMA_BWD_REGISTERS",
            "WGMMA_BWD_WAITS_PER_TILE", "WGMMA_BWD_WIDE_DQ_FROM",
-           "wgmma_bwd_ds_under_dv", "wgmma_bwd_waits_per_tile",
+           "wgmma_bwd_ds_under_dv", "wgmma_bwd_waits_per_tile", "record_tiles",
            "wgmma_backward_plan", "wgmma_backward_configs", "launch_of",
            "WGMMA_BWD_SCHEDULE_LOADS_PER_WARP"]
 
@@ -163,6 +163,17 @@ def wgmma_bwd_default_tiles(head_dim: int, seq_len_q: int = 0) -> dict:
         return {"dq": (128, 128) if seq_len_q >= WGMMA_BWD_WIDE_DQ_FROM else (64, 64),
                 "dkdv": (128, 128)}
     return {"dq": (128, 128), "dkdv": (64, 128)}
+
+
+def record_tiles(rec: dict) -> dict:
+    """``{"dq_tile", "kv_tile"}`` a results record of the wgmma backward ran: as it names them
+    (records since 2026-11-29), else the defaults of the kernels before then, which every older
+    record ran (dQ 64 x 64 at d = 64 and 128 x 128 at d = 128, dK/dV 64 queries a stage against
+    128 key rows)."""
+    if rec.get("dq_tile") is not None and rec.get("kv_tile") is not None:
+        return {"dq_tile": tuple(rec["dq_tile"]), "kv_tile": tuple(rec["kv_tile"])}
+    d = int(rec["head_dim"])
+    return {"dq_tile": (64, 64) if d == 64 else (128, 128), "kv_tile": (64, 128)}
 
 
 def wgmma_bwd_producer_warpgroup(rows: int) -> bool:
