@@ -116,10 +116,11 @@ def bench_attention(torch, ns, ds, dtypes, causals, passes, kernel_names, progre
                     if base["variant_bwd"] in ("mma", "tf32"):     # how its backward adds dQ
                         bwd_module = getattr(kernels, f"{base['variant_bwd']}_bwd")
                         base["dq_mode"] = bwd_module.dq_mode(pb, kernels.KernelConfig())
-                    if base["variant_bwd"] == "wgmma":              # its backward's tiles
+                    if base["variant_bwd"] == "wgmma":   # its backward's tiles and order
                         from kernels import wgmma_bwd
                         tiles = wgmma_bwd.plan(pb, kernels.KernelConfig()).config
                         base.update({t: list(tiles[t]) for t in ("dq_tile", "kv_tile")})
+                        base["launch_balanced"] = True
             if kern == "sdpa-math":
                 # the materialised scores and probabilities (plus their grads) in the input dtype
                 est = b * h * n * n * q.element_size() * (6 if pass_ == "fwd+bwd" else 3)

@@ -311,7 +311,8 @@ def empty_record(cfg: dict) -> dict:
     (`kernels.mma_bwd.dq_mode`, `kernels.tf32_bwd.dq_mode`: "kernel" or "atomic"), and the
     wgmma forward its ``pingpong`` and ``overlap`` (`wgmma_schedule`; the wgmma backward has
     one schedule), the wgmma backward its default ``dq_tile`` and ``kv_tile``
-    (`sim.plans.wgmma_bwd.wgmma_bwd_default_tiles`)."""
+    (`sim.plans.wgmma_bwd.wgmma_bwd_default_tiles`) and ``launch_balanced`` (its kernels'
+    launch order is ``launch_head_group`` balanced by `sim.plan.launch_group`)."""
     rec = {f: cfg[f] for f in ("kernel", "schedule", "pass", "dtype", "batch", "heads",
                                "heads_kv", "seq_len_q", "seq_len_k", "head_dim", "causal",
                                "block_q", "block_k")}
@@ -333,6 +334,7 @@ def empty_record(cfg: dict) -> dict:
         from sim.plans.wgmma_bwd import wgmma_bwd_default_tiles
         tiles = wgmma_bwd_default_tiles(cfg["head_dim"], cfg["seq_len_q"])
         rec["dq_tile"], rec["kv_tile"] = list(tiles["dq"]), list(tiles["dkdv"])
+        rec["launch_balanced"] = True       # the launcher balances the default order
     return rec
 
 

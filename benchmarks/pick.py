@@ -302,6 +302,8 @@ def measure_group(torch, g: Group, inputs) -> list[dict]:
             from sim.plans.wgmma_fwd import record_schedule
             rec["schedule"] = record_schedule(plan_for(g.family, g.pass_, g.workload(),
                                                        **cfg).config)
+        if g.family == "wgmma" and g.pass_ == "bwd":    # its launch order, balanced
+            rec["launch_balanced"] = True
         records.append(dict(rec, time_ms=t[0], time_ms_p10=t[1], time_ms_p90=t[2],
                             tflops=flops / t[0] / 1e9, max_abs_diff_vs_default=err))
     return records
@@ -458,10 +460,18 @@ def _config_key(cfg: dict) -> tuple:
     return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in cfg.items()))
 
 
-def _fixed(family: str, pass_: str, configs: dict) -> dict:
+def _fixed(family: str, pass_: str, configs: dict, causal: bool) -> dict:
     """Options every plan of a group is priced with: for the wgmma forward, the serial schedule
     when the group's records name none (files measured before the schedules existed,
-    `sim.plans.wgmma_fwd.SERIAL_SCHEDULE`); otherwise the plans' defaults, which ran."""
+    `sim.plans.wgmma_fwd.SERIAL_SCHEDULE`); for the wgmma backward, its pass's default launch
+    order unbalanced when no record is marked ``launch_balanced`` (files measured before the
+    launcher balanced it, `sim.plans.wgmma_bwd.record_config`); otherwise the plans' defaults,
+    which ran."""
+    if (family, pass_) == ("wgmma", "bwd"):
+        if any(r.get("launch_balanced") for r in configs.values()):
+            return {}
+        from ioaware.launch_order import DEFAULT_HEAD_GROUP
+        return {"launch_order": DEFAULT_HEAD_GROUP[("bwd", bool(causal))]}
     if (family, pass_) != ("wgmma", "fwd") or any("schedule" in r for r in configs.values()):
         return {}
     from sim.plans.wgmma_fwd import SERIAL_SCHEDULE
@@ -527,7 +537,8 @@ def pick_report(file, profile="h100", rates=None) -> dict:
                   int(fields["seq_len"]), int(fields["batch"]), int(fields["heads"]))
         w = g.workload()
         try:
-            pick, cost, ranked = choose(family, pass_, w, prof, **_fixed(family, pass_, configs))
+            pick, cost, ranked = choose(family, pass_, w, prof,
+                                       **_fixed(family, pass_, configs, g.causal))
         except ValueError as exc:
             skipped.append(dict(fields, why=f"the model cannot price it: {exc}"))
             continue

@@ -16,8 +16,13 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["block_work", "dispatch_positions", "parse_head_group", "dispatch_makespan",
-           "balanced_head_group", "BALANCE_TOLERANCE"]
+__all__ = ["DEFAULT_HEAD_GROUP", "block_work", "dispatch_positions", "parse_head_group",
+           "dispatch_makespan", "balanced_head_group", "BALANCE_TOLERANCE"]
+
+#: The measured default head group per (pass, causal) (0 = all heads, 1 = tiles first;
+#: `kernels.tile_scheduler` compiles it into the kernels; ``python -m benchmarks tune --orders``
+#: measures the orders).
+DEFAULT_HEAD_GROUP = {("fwd", False): 1, ("fwd", True): 0, ("bwd", False): 1, ("bwd", True): 4}
 
 
 def parse_head_group(value: str, what: str = "launch order") -> int:

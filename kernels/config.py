@@ -48,7 +48,7 @@ class KernelConfig:
     * ``launch_order``: dispatch order of the tensor-core kernels' programs
       (`kernels.tile_scheduler`): "tiles", "heads" or a head-group size; None = the measured
       default per pass (the Hopper backward's kernels take heads first where greedy dispatch
-      says the default would leave SMs idle: `kernels.tile_scheduler.balanced_group`).
+      says the default would leave SMs idle: `sim.plan.launch_group`).
     * ``fast_launch``: launch through `kernels.host.launch`'s cached path (False: Numba's own).
     * ``num_splits``: key splits of the split-KV decoding forward (``family="split_kv"``,
       `kernels.decode_fwd`); None = the plan's (`sim.decode.split_kv_plan`: priced by the GPU

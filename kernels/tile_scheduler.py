@@ -27,21 +27,17 @@ order"); `KernelConfig.launch_order` overrides it.
 """
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 from numba import cuda   # a global (not a closure variable), which the CUDA simulator replaces
 
 from ioaware.block_info import BlockInfo, cdiv
-from ioaware.launch_order import balanced_head_group, parse_head_group
+from ioaware.launch_order import DEFAULT_HEAD_GROUP, parse_head_group
 
 from .host import device_const
 
-__all__ = ["DEFAULT_HEAD_GROUP", "head_group", "balanced_group", "tile_lengths", "device_tile_and_head", "gqa_cursor",
+__all__ = ["DEFAULT_HEAD_GROUP", "head_group", "device_tile_and_head", "gqa_cursor",
            "csr_schedule", "device_schedule", "refine_block_mask"]
 
-#: Head group per (pass, causal) (see the module docstring; 0 = all heads, 1 = tiles first).
-DEFAULT_HEAD_GROUP = {("fwd", False): 1, ("fwd", True): 0, ("bwd", False): 1, ("bwd", True): 4}
 
 
 def head_group(launch_order, causal: bool, pass_: str = "fwd") -> int:
@@ -56,24 +52,6 @@ def head_group(launch_order, causal: bool, pass_: str = "fwd") -> int:
         raise ValueError(f"launch_order must be 'tiles', 'heads' or a group size >= 0, got "
                          f"{launch_order!r}")
     return int(launch_order)
-
-
-def balanced_group(launch_order, causal: bool, pass_: str, tile_lengths, n_bh: int,
-                   slots: int) -> int:
-    """The head group of one kernel's launch: `head_group`'s, and where that is the measured
-    default (``launch_order`` None), heads first (0) if the default's dispatch would end more
-    than `ioaware.launch_order.BALANCE_TOLERANCE` later (`ioaware.launch_order.
-    balanced_head_group`: greedy dispatch onto ``slots``, the GPU's SMs, each taken as one
-    server whose resident programs share its pipes). ``tile_lengths[tile]``: the work of each
-    (batch, head)'s program ``tile``, numbered as the kernel numbers its dispatch (the same for
-    every (batch, head) without a block mask). A causal GQA backward whose dK/dV grid is about
-    two programs an SM is the case it changes (docs/kernels.md, *Hopper backward*, "Launch
-    order under GQA")."""
-    group = head_group(launch_order, causal, pass_)
-    if launch_order is not None or len(tile_lengths) == 0:
-        return group
-    lengths = np.broadcast_to(np.asarray(tile_lengths, dtype=np.float64), (n_bh, len(tile_lengths)))
-    return balanced_head_group(lengths, slots, group)
 
 
 def device_tile_and_head(group: int):
@@ -197,24 +175,6 @@ def csr_schedule(n_q, n_k, tile_q, tile_k, causal, which, block_mask=None, mask_
     idx = np.concatenate(idx_all) if base else np.zeros(1, np.int32)
     return (np.stack(offs_all).astype(np.int32), idx.astype(np.int32),
             fine.shape[1] if fine.shape[0] > 1 else 0, 1 if fine.shape[1] > 1 else 0)
-
-
-def tile_lengths(problem, tile_q, tile_k, which) -> np.ndarray:
-    """The tiles each tile of ``problem``'s schedule ``which`` visits (`csr_schedule` without a
-    block mask: the same for every (batch, head)): per Q tile its K/V tiles (``"kv"``), per K/V
-    tile its Q tiles (``"q"``)."""
-    alignment = getattr(problem, "causal_alignment", "top_left")
-    window = getattr(problem, "window_size", None)
-    window = None if window is None else tuple(int(x) for x in window)
-    return _tile_lengths(int(problem.seqlen_q), int(problem.seqlen_k), int(tile_q), int(tile_k),
-                         bool(problem.causal), which, alignment, window)
-
-
-@functools.lru_cache(maxsize=256)
-def _tile_lengths(n_q, n_k, tile_q, tile_k, causal, which, alignment, window):
-    offsets = csr_schedule(n_q, n_k, tile_q, tile_k, causal, which, None, None, alignment,
-                           window)[0][0]
-    return np.diff(offsets)
 
 
 def device_schedule(problem, tile_q, tile_k, which):

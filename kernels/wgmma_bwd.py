@@ -53,6 +53,7 @@ from sim.plans.wgmma_bwd import (WGMMA_BWD_BARRIER_BYTES, WGMMA_BWD_HEAD_DIMS,
                                  launch_of, wgmma_bwd_ds_under_dv,
                                  wgmma_bwd_producer_warpgroup, wgmma_bwd_smem_bytes,
                                  wgmma_bwd_threads)
+from sim.plan import launch_group
 from sim.plans.wgmma_fwd import BOX_COLUMNS, ROWS_PER_WARPGROUP, WARPGROUP_THREADS
 
 from . import compile_cache, host, tile_scheduler
@@ -473,21 +474,6 @@ def backward(problem, out, lse, dout, config):
     return prepare(problem, config)(problem.q, problem.k, problem.v, out, lse, dout)
 
 
-def _head_groups(problem, config, dq_tile, kv_tile) -> dict:
-    """Each kernel's launch order (`kernels.tile_scheduler.balanced_group`): the dQ kernel's
-    programs (query tiles, longest first: the kernel runs tile ``n - 1 - t`` at dispatch tile
-    ``t``) visit the K/V tiles of the ``"kv"`` schedule, the dK/dV kernel's (key tiles) the Q
-    tiles of the ``"q"`` schedule once per query head of their GQA group."""
-    pb = problem
-    per_program = {"dq": tile_scheduler.tile_lengths(pb, *dq_tile, "kv")[::-1],
-                   "dkdv": (pb.heads_q // pb.heads_kv)
-                   * tile_scheduler.tile_lengths(pb, *kv_tile, "q")}
-    n_bh = {"dq": pb.batch * pb.heads_q, "dkdv": pb.batch * pb.heads_kv}
-    return {kind: tile_scheduler.balanced_group(config.launch_order, pb.causal, "bwd", lengths,
-                                                n_bh[kind], host.sm_count())
-            for kind, lengths in per_program.items()}
-
-
 def prepare(problem, config):
     """The backward of ``problem`` with its plan, kernels, tile schedules and constants chosen
     once: ``run(q, k, v, out, lse, dout) -> (dq, dk, dv)`` for operands of its shapes, dtype
@@ -501,7 +487,9 @@ def prepare(problem, config):
     is_bf16 = str(pb.dtype).endswith("bfloat16")
     causal, window, band_lo, band_hi = band_arguments(pb)
     launches = {kind: launch_of(the_plan, kind) for kind in ("dq", "dkdv")}
-    groups = _head_groups(pb, config, (dq_rows, dq_cols), (kv_cols, kv_rows))
+    # each kernel's launch order: its plan's, balanced on this GPU's SMs as `sim` prices it
+    groups = {kind: launch_group(the_plan.kernel(WGMMA_BWD_KERNEL_NAMES[kind]), host.sm_count())
+              for kind in ("dq", "dkdv")}
     kerns = {"dq": get_kernel("dq", pb.head_dim, dq_rows, dq_cols, is_bf16, causal,
                               groups["dq"], window),
              "dkdv": get_kernel("dkdv", pb.head_dim, kv_rows, kv_cols, is_bf16, causal,

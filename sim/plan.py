@@ -34,12 +34,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from .l2 import l2_analytic
 from .profiles import GPUProfile, load_profile
 from .workload import SECTOR_BYTES, Workload, occupancy
 
 __all__ = ["Access", "Matmul", "KernelPlan", "Plan", "KernelCost", "PlanCost", "price", "ACCESS_HOWS",
-           "MATMUL_UNITS", "RATE_NAMES", "rates_of", "serial_parts", "SYNC_WARP_CHAIN"]
+           "MATMUL_UNITS", "RATE_NAMES", "rates_of", "serial_parts", "SYNC_WARP_CHAIN",
+           "dispatch_utilisation", "launch_group"]
 
 #: How an access reaches global memory: "ld"/"st" whole rows (coalesced, counted as moved);
 #: "fragment": a warp instruction touches ``segment_bytes`` of a row (an mma fragment), so the
@@ -201,7 +204,16 @@ class KernelPlan:
     (M + S) / R)`` for a chain ``M + S`` and ``R`` resident programs. Only where the kernel's
     ``registers`` are known: without them the resident count ignores the register file and
     would overstate ``R``, so the chains are not divided. Default False: the groups are the
-    SM's (programs in step, or one per SM)."""
+    SM's (programs in step, or one per SM).
+
+    ``tile_work``: the work of the programs of one (batch, head) slice (the grid's y index), in
+    the order of the grid's x index, in any unit (e.g. visited tiles), where they differ (causal
+    sweeps); with it :func:`price` dispatches the programs greedily onto the SMs in launch
+    order (`ioaware.launch_order.dispatch_makespan`, each SM one server) and takes the
+    utilisation that leaves where it is lower than the equal-programs wave estimate. The order:
+    ``head_group`` where pinned, else ``default_head_group`` balanced as the launcher balances
+    it (`ioaware.launch_order.balanced_head_group` on the profile's SMs). Empty (the default):
+    programs of equal work."""
 
     name: str
     phase: str
@@ -222,6 +234,9 @@ class KernelPlan:
     stagger: tuple | None = None
     group_waits: int = 0
     waiters_per_program: int = 1
+    tile_work: tuple = ()
+    head_group: int | None = None
+    default_head_group: int = 1
 
     @property
     def programs(self) -> int:
@@ -404,6 +419,42 @@ def _rate(rates: dict, name: str, unit: str, profile: GPUProfile) -> float:
     return rates[name]
 
 
+def _tile_work(kernel: KernelPlan) -> np.ndarray:
+    n_bh = kernel.grid[1] if len(kernel.grid) > 1 else 1
+    return np.broadcast_to(np.asarray(kernel.tile_work, dtype=np.float64),
+                           (n_bh, len(kernel.tile_work)))
+
+
+def launch_group(kernel: KernelPlan, num_sms: int) -> int:
+    """The head group (`ioaware.launch_order`) ``kernel``'s programs are dispatched in on a GPU
+    of ``num_sms`` SMs: ``head_group`` where pinned, else ``default_head_group``, turned to
+    heads first where greedy dispatch of its ``tile_work`` says the default would end more than
+    `ioaware.launch_order.BALANCE_TOLERANCE` later (`ioaware.launch_order.balanced_head_group`).
+    The launchers of plans with ``tile_work`` launch this group; :func:`price` prices it."""
+    if kernel.head_group is not None:
+        return int(kernel.head_group)
+    if not kernel.tile_work:
+        return int(kernel.default_head_group)
+    from ioaware.launch_order import balanced_head_group
+    return balanced_head_group(_tile_work(kernel), num_sms, kernel.default_head_group)
+
+
+def dispatch_utilisation(kernel: KernelPlan, num_sms: int) -> float:
+    """The share of its SMs' time a kernel of unequal programs (``tile_work``) keeps them busy:
+    the average SM's work over the last one's when its programs are dispatched greedily in the
+    order of :func:`launch_group` (`ioaware.launch_order.dispatch_makespan`, each SM one
+    server); 1 without ``tile_work``, or where no program is longer than 1 % of an SM's share
+    (greedy dispatch then ends within 1 % of even)."""
+    if not kernel.tile_work:
+        return 1.0
+    from ioaware.launch_order import dispatch_makespan
+    work = _tile_work(kernel)
+    share = work.sum() / num_sms
+    if share <= 0 or work.max() <= 0.01 * share:
+        return 1.0
+    return float(share / dispatch_makespan(work, launch_group(kernel, num_sms), num_sms))
+
+
 def price(plan: Plan, profile="h100", *, l2: str = "analytic") -> PlanCost:
     """Price ``plan`` on ``profile`` (a `GPUProfile` or a name): see the module docstring.
     ``l2``: "analytic" (DRAM bytes from `sim.l2.l2_analytic`) or "none" (DRAM = global bytes)."""
@@ -441,7 +492,7 @@ def price(plan: Plan, profile="h100", *, l2: str = "analytic") -> PlanCost:
                            / (prof.num_sms * max(1, k.waiters_per_program)))}
         s = slots[k.name]
         waves = max(1, math.ceil(k.programs / s))
-        util = k.programs / (waves * s)
+        util = min(k.programs / (waves * s), dispatch_utilisation(k, prof.num_sms))
         chains = resident[k.name] if k.serial_per_program and k.registers is not None else 1
         time_s = rates["launch_s"] + _critical(levels, k.serial, chains) / util
         costs.append(KernelCost(k.name, k.phase, k.programs, resident[k.name], util, counted,

@@ -333,8 +333,13 @@ def test_a_record_is_priced_at_the_tiles_it_ran():
     # a record from before records named them ran the defaults of then
     (plan,) = plans_for_record(rec)
     assert (plan.config["dq_tile"], plan.config["kv_tile"]) == ((64, 64), (64, 128))
-    assert P.record_tiles(dict(rec, head_dim=128)) == {"dq_tile": (128, 128),
-                                                       "kv_tile": (64, 128)}
+    assert P.record_config(dict(rec, head_dim=128)) == {"dq_tile": (128, 128),
+                                                        "kv_tile": (64, 128), "launch_order": 4}
+    # ... in the launch order it names (or its pass's default), unbalanced, as kernels before
+    # the balancing ran; a record marked launch_balanced ran the balanced order
+    assert plan.config["launch_order"] == 4
+    assert P.record_config(dict(rec, launch_head_group=1))["launch_order"] == 1
+    assert P.record_config(dict(rec, launch_balanced=True))["launch_order"] is None
     # a record that names them (JSON lists) is priced at those
     (plan,) = plans_for_record(dict(rec, dq_tile=[64, 64], kv_tile=[128, 128]))
     assert (plan.config["dq_tile"], plan.config["kv_tile"]) == ((64, 64), (128, 128))

@@ -15,6 +15,7 @@ from numba import cuda   # a global, which the CUDA simulator replaces inside ke
 
 from ioaware.block_info import BlockInfo, cdiv
 from ioaware.launch_order import block_work
+from ioaware.launch_order import DEFAULT_HEAD_GROUP
 from kernels import tile_scheduler
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -248,34 +249,53 @@ def test_dispatch_makespan_is_greedy_dispatch(n_bh, n_tiles, group, slots, seed)
     assert max(lengths.max(), lengths.sum() / slots) <= got <= lengths.sum() / slots + lengths.max()
 
 
-def _problem(n, causal=True):
-    from types import SimpleNamespace
-    return SimpleNamespace(seqlen_q=n, seqlen_k=n, causal=causal, causal_alignment="top_left",
-                           window_size=None)
+def _plan(n, b=4, h=16, hkv=4, causal=True, **config):
+    from sim import Workload
+    from sim.plans.wgmma_bwd import wgmma_backward_plan
+    w = Workload(batch=b, heads=h, heads_kv=hkv, seq_len_q=n, head_dim=64, dtype="bf16",
+                 pass_="bwd", causal=causal)
+    dq, kv = wgmma_backward_plan(w, **config).kernels
+    return dq, kv
 
 
-def test_balanced_group_takes_heads_first_where_the_default_leaves_sms_idle():
+def test_launch_group_takes_heads_first_where_the_default_leaves_sms_idle():
     from ioaware.launch_order import dispatch_makespan
+    from sim.plan import dispatch_utilisation, launch_group
     # the Llama-shaped causal backward's dK/dV kernel (B 4, Hq 16 / Hkv 4, N 2048, 128 key
     # rows a program, 128 queries a stage; one program an SM on 132 SMs): 256 programs whose
     # work falls from 4 x 16 Q tiles to 4 x 1. Groups of four end 1.4x later than heads first
     # (measured on an H200, docs/kernels.md: 0.263 against 0.198 ms)
-    per_tile = 4 * tile_scheduler.tile_lengths(_problem(2048), 128, 128, "q")
-    assert list(per_tile) == [4 * (16 - t) for t in range(16)]
-    lengths = np.broadcast_to(per_tile, (16, 16))
+    dq, kv = _plan(2048)
+    assert kv.tile_work == tuple(4 * (16 - t) for t in range(16))
+    assert kv.grid == (16, 16) and kv.default_head_group == 4 and kv.head_group is None
+    lengths = np.broadcast_to(kv.tile_work, (16, 16))
     assert dispatch_makespan(lengths, 4, 132) > 1.4 * dispatch_makespan(lengths, 0, 132)
-    assert tile_scheduler.balanced_group(None, True, "bwd", per_tile, 16, 132) == 0
-    # pinned orders are kept; without a mask every program has the same work: the default
-    assert tile_scheduler.balanced_group(4, True, "bwd", per_tile, 16, 132) == 4
-    assert tile_scheduler.balanced_group("tiles", True, "bwd", per_tile, 16, 132) == 1
-    full = tile_scheduler.tile_lengths(_problem(2048, causal=False), 128, 128, "q")
-    assert tile_scheduler.balanced_group(None, False, "bwd", full, 16, 132) == \
-        tile_scheduler.DEFAULT_HEAD_GROUP[("bwd", False)]
-    # many heads (B 8, H 32, no GQA): 4096 programs, groups of four end within 3 % of heads
-    # first, and keep their L2 sharing (heads first measured 10 % slower there)
-    one = tile_scheduler.tile_lengths(_problem(2048), 128, 128, "q")
-    assert tile_scheduler.balanced_group(None, True, "bwd", one, 256, 132) == 4
+    assert launch_group(kv, 132) == 0
+    assert dispatch_utilisation(kv, 132) > 0.95
     # the dQ kernel's 2048 programs (longest first, three resident an SM): no change (measured:
     # 0.154 ms in both orders)
-    dq = tile_scheduler.tile_lengths(_problem(2048), 64, 64, "kv")[::-1]
-    assert tile_scheduler.balanced_group(None, True, "bwd", dq, 64, 132) == 4
+    assert dq.tile_work == tuple(range(32, 0, -1))
+    assert launch_group(dq, 132) == 4 and dispatch_utilisation(dq, 132) == 1.0
+    # pinned orders are kept, and priced as they run
+    _dq, kv4 = _plan(2048, launch_order=4)
+    assert launch_group(kv4, 132) == 4 and dispatch_utilisation(kv4, 132) < 0.75
+    assert launch_group(_plan(2048, launch_order="tiles")[1], 132) == 1
+    # without a mask every program has the same work: the default
+    _dq, full = _plan(2048, causal=False)
+    assert launch_group(full, 132) == DEFAULT_HEAD_GROUP[("bwd", False)] == 1
+    # many heads (B 8, H 32, no GQA): 4096 programs, groups of four end within 3 % of heads
+    # first, and keep their L2 sharing (heads first measured 10 % slower there)
+    _dq, many = _plan(2048, b=8, h=32, hkv=32)
+    assert launch_group(many, 132) == 4
+
+
+def test_the_model_prices_the_order_that_runs():
+    from sim import Workload
+    from sim.plan import price
+    from sim.plans.wgmma_bwd import wgmma_backward_plan
+    w = Workload(batch=4, heads=16, heads_kv=4, seq_len_q=2048, head_dim=64, dtype="bf16",
+                 pass_="bwd", causal=True)
+    t = {lo: [k.time_s for k in price(wgmma_backward_plan(w, launch_order=lo), "h200").kernels]
+         for lo in (None, 4)}
+    assert t[None][0] == t[4][0]                       # the dQ kernel: groups of four either way
+    assert 1.3 < t[4][1] / t[None][1] < 1.5            # the dK/dV kernel's tail

@@ -191,9 +191,9 @@ def plans_for_record(rec: dict) -> list | None:
             if fam == "wgmma" and p == "fwd":   # a record without a schedule ran the serial one
                 from .wgmma_fwd import record_schedule
                 tiles.update(record_schedule(rec))
-            if fam == "wgmma" and p == "bwd":   # a record without tiles ran the old defaults
-                from .wgmma_bwd import record_tiles
-                tiles.update(record_tiles(rec))
+            if fam == "wgmma" and p == "bwd":   # the tiles and launch order the record ran
+                from .wgmma_bwd import record_config as wgmma_bwd_record_config
+                tiles.update(wgmma_bwd_record_config(rec))
         plans.append(plan_for(fam, p, w, **tiles))
     return plans
 

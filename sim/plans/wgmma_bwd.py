@@ -79,7 +79,10 @@ from __future__ import annotations
 
 import numbers
 
-from ioaware.block_info import cdiv
+import numpy as np
+
+from ioaware.block_info import BlockInfo, cdiv
+from ioaware.launch_order import DEFAULT_HEAD_GROUP, parse_head_group
 
 from ..plan import Access, KernelPlan, Matmul, Plan
 from ..workload import STAT_BYTES, Workload
@@ -99,7 +102,7 @@ __all__ = ["WGMMA_BWD_KERNEL_NAMES", "WGMMA_BWD_HEAD_DIMS", "WGMMA_BWD_ROWS_CHOI
            "wgmma_bwd_default_tiles", "wgmma_bwd_threads", "wgmma_bwd_producer_warpgroup",
            "wgmma_bwd_smem_bytes", "wgmma_bwd_stats_bytes", "WGMMA_BWD_REGISTERS",
            "WGMMA_BWD_WAITS_PER_TILE", "WGMMA_BWD_WIDE_DQ_FROM",
-           "wgmma_bwd_ds_under_dv", "wgmma_bwd_waits_per_tile", "record_tiles",
+           "wgmma_bwd_ds_under_dv", "wgmma_bwd_waits_per_tile", "record_config",
            "wgmma_backward_plan", "wgmma_backward_configs", "launch_of",
            "WGMMA_BWD_SCHEDULE_LOADS_PER_WARP"]
 
@@ -165,15 +168,35 @@ def wgmma_bwd_default_tiles(head_dim: int, seq_len_q: int = 0) -> dict:
     return {"dq": (128, 128), "dkdv": (64, 128)}
 
 
-def record_tiles(rec: dict) -> dict:
-    """``{"dq_tile", "kv_tile"}`` a results record of the wgmma backward ran: as it names them
-    (records since 2026-11-29), else the defaults of the kernels before then, which every older
-    record ran (dQ 64 x 64 at d = 64 and 128 x 128 at d = 128, dK/dV 64 queries a stage against
-    128 key rows)."""
+def _head_group(launch_order) -> int:
+    """A pinned launch order ("tiles", "heads" or a group size) as a head group."""
+    if isinstance(launch_order, str):
+        return parse_head_group(launch_order, "launch_order")
+    if isinstance(launch_order, bool) or int(launch_order) != launch_order or launch_order < 0:
+        raise ValueError(f"launch_order must be 'tiles', 'heads' or a group size >= 0, got "
+                         f"{launch_order!r}")
+    return int(launch_order)
+
+
+def record_config(rec: dict) -> dict:
+    """``{"dq_tile", "kv_tile", "launch_order"}`` a results record of the wgmma backward ran.
+    Tiles: as it names them (records since 2026-11-29), else the defaults of the kernels before
+    then, which every older record ran (dQ 64 x 64 at d = 64 and 128 x 128 at d = 128, dK/dV 64
+    queries a stage against 128 key rows). Launch order: None (the default, balanced by
+    `sim.plan.launch_group` as the launcher does) for a record marked ``launch_balanced``;
+    otherwise the record's ``launch_head_group`` (or the pass's default), unbalanced, as the
+    kernels before d67e264 ran it."""
     if rec.get("dq_tile") is not None and rec.get("kv_tile") is not None:
-        return {"dq_tile": tuple(rec["dq_tile"]), "kv_tile": tuple(rec["kv_tile"])}
-    d = int(rec["head_dim"])
-    return {"dq_tile": (64, 64) if d == 64 else (128, 128), "kv_tile": (64, 128)}
+        tiles = {"dq_tile": tuple(rec["dq_tile"]), "kv_tile": tuple(rec["kv_tile"])}
+    else:
+        d = int(rec["head_dim"])
+        tiles = {"dq_tile": (64, 64) if d == 64 else (128, 128), "kv_tile": (64, 128)}
+    if rec.get("launch_balanced"):
+        return dict(tiles, launch_order=None)
+    group = rec.get("launch_head_group")
+    if group is None:
+        group = DEFAULT_HEAD_GROUP[("bwd", bool(rec.get("causal")))]
+    return dict(tiles, launch_order=int(group))
 
 
 def wgmma_bwd_producer_warpgroup(rows: int) -> bool:
@@ -307,6 +330,15 @@ def wgmma_backward_plan(workload: Workload, *, dq_tile=None, kv_tile=None, launc
     dq_scores = dq_visits * dq_rows * dq_cols                    # whole tiles
     kv_scores = kv_visits * kv_cols * kv_rows_per_program
 
+    # -- each program's work (visited tiles; the dK/dV kernel's over its GQA group) in dispatch
+    # order (the dQ kernel's longest query tile first), and the launch order --
+    bi = BlockInfo(Nq, Nk, dq_rows, dq_cols, w.causal, window_size=w.window_size)
+    dq_work = tuple(int(x) for x in np.diff(bi.kv_schedule()[0])[::-1])
+    bi = BlockInfo(Nq, Nk, kv_cols, kv_rows_per_program, w.causal, window_size=w.window_size)
+    kv_work = tuple(w.group * int(x) for x in np.diff(bi.q_schedule()[0]))
+    order = {"head_group": None if launch_order is None else _head_group(launch_order),
+             "default_head_group": DEFAULT_HEAD_GROUP[("bwd", bool(w.causal))]}
+
     def serial(rows: int) -> tuple:
         return overlap_serial(warp_specialised=True, stages=WGMMA_BWD_STAGES, pingpong=False,
                               intra_overlap=False,
@@ -346,7 +378,7 @@ def wgmma_backward_plan(workload: Workload, *, dq_tile=None, kv_tile=None, launc
         lockstep=_first_tiles_in_step(w, dq_tile, "kv"),
         serial=serial(dq_rows), serial_per_program=True,
         group_waits=dq_visits * (dq_rows // ROWS_PER_WARPGROUP) * wgmma_bwd_waits_per_tile("dq", dq_cols),
-        waiters_per_program=dq_rows // ROWS_PER_WARPGROUP)
+        waiters_per_program=dq_rows // ROWS_PER_WARPGROUP, tile_work=dq_work, **order)
 
     # -- the dK/dV kernel ------------------------------------------------------------------------
     kv_threads = wgmma_bwd_threads(kv_rows_per_program)
@@ -383,7 +415,7 @@ def wgmma_backward_plan(workload: Workload, *, dq_tile=None, kv_tile=None, launc
         programs_per_slice=n_blocks_k, lockstep=_first_tiles_in_step(w, kv_tile, "q"),
         serial=serial(kv_rows_per_program), serial_per_program=True,
         group_waits=kv_visits * kv_warpgroups * wgmma_bwd_waits_per_tile("dkdv", kv_cols),
-        waiters_per_program=kv_warpgroups)
+        waiters_per_program=kv_warpgroups, tile_work=kv_work, **order)
 
     q_bytes, kv_bytes = q_elems * e, kv_elems * e
     tensor_bytes = {"Q": q_bytes, "O": q_bytes, "dO": q_bytes, "dQ": q_bytes,
