@@ -125,7 +125,7 @@ def test_every_legal_tile_pair_matches_float64(head_dim):
                             seed=head_dim)
     w = Workload(batch=1, heads=4, heads_kv=2, seq_len_q=333, head_dim=head_dim,
                  dtype="bf16", causal=True)
-    configs = wgmma_backward_configs(w)
+    configs = wgmma_backward_configs(w, serialised=True)
     assert len(configs) == 16
     for cfg in configs:
         _run_and_check(q, k, v, dout, causal=True,
@@ -259,9 +259,10 @@ def test_pinned_tiles_are_checked_and_never_dropped():
 
 
 def compile_wgmma_bwd(outdir) -> dict:
-    """The default-tile dQ and dK/dV kernels at d = 64 and the d = 128 default dK/dV kernel
-    (64 queries a stage; float16, not causal) compiled for sm_90a into ``outdir/<name>.ptx``
-    (run in a process without the CUDA simulator); returns {name: (kind, rows, cols)}."""
+    """The default-tile dQ and dK/dV kernels at d = 64, the d = 128 default dK/dV kernel (64
+    queries a stage) and the kernels of `WGMMA_BWD_SERIALISED` (float16, not causal) compiled
+    for sm_90a into ``outdir/<name>.ptx`` (run in a process without the CUDA simulator);
+    returns {name: (kind, d, rows, cols)}."""
     from numba import cuda
 
     from benchmarks.common import allow_offline_compile
@@ -271,9 +272,11 @@ def compile_wgmma_bwd(outdir) -> dict:
     sig = (f"void(uint64[:, ::1], {i16}, {i16}, float32[:, :, ::1], float32[:, :, ::1], {i16}, "
            f"{i16}, int32[:, ::1], int32[::1], int64, int64, int64, int64, int64, float32, "
            f"float32, int64, int64)")
+    from sim.plans.wgmma_bwd import WGMMA_BWD_SERIALISED
     t64, t128 = wgmma_bwd_default_tiles(64), wgmma_bwd_default_tiles(128)
     shapes = {"dq": ("dq", 64, *t64["dq"]), "dkdv": ("dkdv", 64, *t64["dkdv"][::-1]),
               "dkdv_d128": ("dkdv", 128, *t128["dkdv"][::-1])}     # (kind, d, rows, cols)
+    shapes.update({"serialised_" + "_".join(map(str, key)): key for key in WGMMA_BWD_SERIALISED})
     for name, (kind, d, rows, cols) in shapes.items():
         kern = bwd_mod._build_kernel(kind, d, rows, cols, False, False, 1, False)
         text, _ = cuda.compile_ptx(kern.py_func, sig, cc=(9, 0, "a"),
@@ -292,9 +295,17 @@ def test_waits_per_tile_are_the_kernels_own(tmp_path):
                                      wgmma_bwd_waits_per_tile)
     from .helpers import assemble_sm90a, compile_sm90a_in_child
     ptxas, shapes = compile_sm90a_in_child("tests.test_wgmma_bwd", "compile_wgmma_bwd", tmp_path)
+    import subprocess
     # both dK/dV tile loops: dS^T under dV's product (64 queries a stage) and back to back (128)
     assert {wgmma_bwd_ds_under_dv(shapes[n][3]) for n in ("dkdv", "dkdv_d128")} == {True, False}
     products = {"dq": 3, "dkdv": 4}          # one commit group per product of a tile
+    for name in [n for n in shapes if n.startswith("serialised_")]:
+        # the tuning space leaves these out: ptxas serialises their products (C7512)
+        r = subprocess.run([ptxas, "-v", "-arch=sm_90a", str(tmp_path / f"{name}.ptx"), "-o",
+                            str(tmp_path / f"{name}.cubin")], capture_output=True, text=True,
+                           timeout=600)
+        assert r.returncode == 0 and "C7512" in r.stderr, name
+        del shapes[name]
     for name, (kind, _d, _rows, cols) in shapes.items():
         path = tmp_path / f"{name}.ptx"
         text = path.read_text()

@@ -101,7 +101,7 @@ __all__ = ["WGMMA_BWD_KERNEL_NAMES", "WGMMA_BWD_HEAD_DIMS", "WGMMA_BWD_ROWS_CHOI
            "WGMMA_BWD_COLS_CHOICES", "WGMMA_BWD_STAGES", "WGMMA_BWD_BARRIER_BYTES",
            "wgmma_bwd_default_tiles", "wgmma_bwd_threads", "wgmma_bwd_producer_warpgroup",
            "wgmma_bwd_smem_bytes", "wgmma_bwd_stats_bytes", "WGMMA_BWD_REGISTERS",
-           "WGMMA_BWD_WAITS_PER_TILE", "WGMMA_BWD_WIDE_DQ_FROM",
+           "WGMMA_BWD_WAITS_PER_TILE", "WGMMA_BWD_WIDE_DQ_FROM", "WGMMA_BWD_SERIALISED",
            "wgmma_bwd_ds_under_dv", "wgmma_bwd_waits_per_tile", "record_config",
            "wgmma_backward_plan", "wgmma_backward_configs", "launch_of",
            "WGMMA_BWD_SCHEDULE_LOADS_PER_WARP"]
@@ -147,6 +147,13 @@ def wgmma_bwd_waits_per_tile(kernel: str, cols: int) -> int:
     return WGMMA_BWD_WAITS_PER_TILE[kernel]
 
 
+#: The kernels ``(kernel, head_dim, rows, cols)`` whose ``wgmma`` products ptxas (sm_90a)
+#: serialises for want of registers (C7512; 768-876 bytes spilled): the dK/dV kernel at d = 128
+#: with 128 queries a stage, whose S^T, dP^T and two 64 x 128 accumulators pass the 240
+#: registers a consumer thread has (float16 and bfloat16, causal or not, alike).
+#: `wgmma_backward_configs` leaves them out of the tuning space; tests/test_wgmma_bwd.py
+#: compiles them and checks.
+WGMMA_BWD_SERIALISED = (("dkdv", 128, 128, 128), ("dkdv", 128, 64, 128))
 #: The mbarriers: resident_full, full[stages], empty[stages], 8 bytes each, rounded up.
 WGMMA_BWD_BARRIER_BYTES = 64
 #: Registers per thread with a producer warpgroup (two consumer warpgroups): ``setmaxnreg``
@@ -434,17 +441,21 @@ def wgmma_backward_plan(workload: Workload, *, dq_tile=None, kv_tile=None, launc
     return Plan("wgmma", "bwd", w, (dq_kernel, kv_kernel), config, tensor_bytes)
 
 
-def wgmma_backward_configs(workload: Workload) -> list:
-    """Every legal configuration of the wgmma backward for ``workload``: ``[{dq_tile,
-    kv_tile}]`` (each (queries, keys)) whose kernels' dynamic shared memory fits the 227 KiB a
-    block may opt in to on sm_90. Listed in `sim.plans.CONFIGS`: `sim.plans.choose` prices
-    them and ``python -m benchmarks pick --family wgmma --pass bwd`` times each through
-    ``kernels.KernelConfig(family="wgmma", dq_tile=..., kv_tile=...)``."""
+def wgmma_backward_configs(workload: Workload, serialised: bool = False) -> list:
+    """The wgmma backward's tuning space for ``workload``: ``[{dq_tile, kv_tile}]`` (each
+    (queries, keys)) whose kernels' dynamic shared memory fits the 227 KiB a block may opt in to
+    on sm_90, less (unless ``serialised``) those whose kernels ptxas serialises
+    (:data:`WGMMA_BWD_SERIALISED`: they run, pinned, but slower than every other tile; the plan
+    has no price for a product that waits for the one before). Listed in `sim.plans.CONFIGS`:
+    `sim.plans.choose` prices them and ``python -m benchmarks pick --family wgmma --pass bwd``
+    times each through ``kernels.KernelConfig(family="wgmma", dq_tile=..., kv_tile=...)``."""
     d = workload.head_dim
     dq_tiles = [(r, c) for r in WGMMA_BWD_ROWS_CHOICES for c in WGMMA_BWD_COLS_CHOICES
-                if wgmma_bwd_smem_bytes("dq", d, r, c) <= DYNAMIC_SMEM_LIMIT_BYTES]
+                if wgmma_bwd_smem_bytes("dq", d, r, c) <= DYNAMIC_SMEM_LIMIT_BYTES
+                and (serialised or ("dq", d, r, c) not in WGMMA_BWD_SERIALISED)]
     kv_tiles = [(c, r) for r in WGMMA_BWD_ROWS_CHOICES for c in WGMMA_BWD_COLS_CHOICES
-                if wgmma_bwd_smem_bytes("dkdv", d, r, c) <= DYNAMIC_SMEM_LIMIT_BYTES]
+                if wgmma_bwd_smem_bytes("dkdv", d, r, c) <= DYNAMIC_SMEM_LIMIT_BYTES
+                and (serialised or ("dkdv", d, r, c) not in WGMMA_BWD_SERIALISED)]
     return [{"dq_tile": q, "kv_tile": k} for q in dq_tiles for k in kv_tiles]
 
 
