@@ -39,7 +39,6 @@ __all__ = ["DEFAULT_HEAD_GROUP", "head_group", "device_tile_and_head", "gqa_curs
            "csr_schedule", "device_schedule", "refine_block_mask"]
 
 
-
 def head_group(launch_order, causal: bool, pass_: str = "fwd") -> int:
     """The head group of a launch of the ``pass_`` ("fwd" or "bwd") kernels: ``launch_order``
     ("tiles", "heads", a group size g >= 0, or None for `DEFAULT_HEAD_GROUP`)."""
