@@ -15,8 +15,9 @@ imports neither numba nor the kernels), ``forward_s`` (the first ``ioaware.atten
 launch), ``backward_s`` (the first ``out.backward``), and ``second_forward_s`` (the same forward
 again: what a call costs once loaded). The number of kernels compiled (the ``ioaware.kernels``
 log), whether the cold and warm out, dK and dV are bitwise equal (``bitwise_equal``) and how far
-their dQ differ (``dq_rel_diff``: dQ is summed by float32 atomics on sm_90, half precision at
-d = 128 and float32 at d 64 and 128, in an order that varies from run to run) are recorded too. Writes a JSON file with provenance.
+their dQ differ (``dq_rel_diff``: the float32 backward on sm_90 sums dQ by float32 atomics, in
+an order that varies from run to run; the half-precision Hopper backward is deterministic) are
+recorded too. Writes a JSON file with provenance.
 
 Python's bytecode is cached as on an installed package (``pip`` compiles it at install; a
 checkout writes it on first import): the children run with ``PYTHONPYCACHEPREFIX`` set to a new
