@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 __all__ = ["DEFAULT_HEAD_GROUP", "block_work", "dispatch_positions", "parse_head_group",
-           "dispatch_makespan", "balanced_head_group", "BALANCE_TOLERANCE"]
+           "dispatch_makespan", "balanced_head_group", "launch_head_group", "BALANCE_TOLERANCE"]
 
 #: The measured default head group per (pass, causal) (0 = all heads, 1 = tiles first;
 #: `kernels.tile_scheduler` compiles it into the kernels; ``python -m benchmarks tune --orders``
@@ -106,3 +106,17 @@ def balanced_head_group(lengths, slots: int, default: int,
     ours = dispatch_makespan(work, default, slots)
     heads_first = dispatch_makespan(work, 0, slots)
     return 0 if ours > (1.0 + tolerance) * heads_first else int(default)
+
+
+def launch_head_group(tile_work, n_bh: int, pinned, default: int, slots: int) -> int:
+    """The head group a kernel's programs are dispatched in: ``pinned`` where not None, else
+    ``default``, balanced (`balanced_head_group` onto ``slots`` SMs) where its programs' work
+    differs: ``tile_work[tile]``, the work of each of the ``n_bh`` (batch, head) slices'
+    programs, in the order of the grid's x index (empty: equal programs). `sim.plan.launch_group`
+    asks it for a plan's kernel; the launchers ask it with the same fields."""
+    if pinned is not None:
+        return int(pinned)
+    if len(tile_work) == 0:
+        return int(default)
+    work = np.broadcast_to(np.asarray(tile_work, dtype=np.float64), (n_bh, len(tile_work)))
+    return balanced_head_group(work, slots, default)

@@ -48,12 +48,12 @@ import math
 
 from numba.cuda.cudadrv import driver    # device_pointer (on a real GPU)
 
+from ioaware.launch_order import launch_head_group
 from sim.plans.wgmma_bwd import (WGMMA_BWD_BARRIER_BYTES, WGMMA_BWD_HEAD_DIMS,
                                  WGMMA_BWD_KERNEL_NAMES, WGMMA_BWD_REGISTERS, WGMMA_BWD_STAGES,
                                  launch_of, wgmma_bwd_ds_under_dv,
                                  wgmma_bwd_producer_warpgroup, wgmma_bwd_smem_bytes,
                                  wgmma_bwd_threads)
-from sim.plan import launch_group
 from sim.plans.wgmma_fwd import BOX_COLUMNS, ROWS_PER_WARPGROUP, WARPGROUP_THREADS
 
 from . import compile_cache, host, tile_scheduler
@@ -488,8 +488,11 @@ def prepare(problem, config):
     causal, window, band_lo, band_hi = band_arguments(pb)
     launches = {kind: launch_of(the_plan, kind) for kind in ("dq", "dkdv")}
     # each kernel's launch order: its plan's, balanced on this GPU's SMs as `sim` prices it
-    groups = {kind: launch_group(the_plan.kernel(WGMMA_BWD_KERNEL_NAMES[kind]), host.sm_count())
-              for kind in ("dq", "dkdv")}
+    groups = {}
+    for kind in ("dq", "dkdv"):
+        k = the_plan.kernel(WGMMA_BWD_KERNEL_NAMES[kind])
+        groups[kind] = launch_head_group(k.tile_work, k.grid[1], k.head_group,
+                                         k.default_head_group, host.sm_count())
     kerns = {"dq": get_kernel("dq", pb.head_dim, dq_rows, dq_cols, is_bf16, causal,
                               groups["dq"], window),
              "dkdv": get_kernel("dkdv", pb.head_dim, kv_rows, kv_cols, is_bf16, causal,

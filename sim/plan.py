@@ -429,14 +429,13 @@ def launch_group(kernel: KernelPlan, num_sms: int) -> int:
     """The head group (`ioaware.launch_order`) ``kernel``'s programs are dispatched in on a GPU
     of ``num_sms`` SMs: ``head_group`` where pinned, else ``default_head_group``, turned to
     heads first where greedy dispatch of its ``tile_work`` says the default would end more than
-    `ioaware.launch_order.BALANCE_TOLERANCE` later (`ioaware.launch_order.balanced_head_group`).
-    The launchers of plans with ``tile_work`` launch this group; :func:`price` prices it."""
-    if kernel.head_group is not None:
-        return int(kernel.head_group)
-    if not kernel.tile_work:
-        return int(kernel.default_head_group)
-    from ioaware.launch_order import balanced_head_group
-    return balanced_head_group(_tile_work(kernel), num_sms, kernel.default_head_group)
+    `ioaware.launch_order.BALANCE_TOLERANCE` later (`ioaware.launch_order.launch_head_group`,
+    which the launchers of plans with ``tile_work`` ask with the same fields); :func:`price`
+    prices it."""
+    from ioaware.launch_order import launch_head_group
+    n_bh = kernel.grid[1] if len(kernel.grid) > 1 else 1
+    return launch_head_group(kernel.tile_work, n_bh, kernel.head_group,
+                             kernel.default_head_group, num_sms)
 
 
 def dispatch_utilisation(kernel: KernelPlan, num_sms: int) -> float:

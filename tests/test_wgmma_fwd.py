@@ -970,11 +970,15 @@ def test_records_are_priced_with_the_schedule_they_ran():
     assert (new.config["pingpong"], new.config["overlap"], new.config["stages"]) == (
         True, True, 3)
     assert new.kernels[0].threads == 384
-    assert _fixed("wgmma", "fwd", {0: {"config": {}}}) == {"pingpong": False, "overlap": False}
-    assert _fixed("wgmma", "bwd", {0: {"config": {}}}) == {}      # the backward has no schedule
+    assert _fixed("wgmma", "fwd", {0: {"config": {}}}, False) == {"pingpong": False,
+                                                                 "overlap": False}
+    # the backward has no schedule; a file from before its launcher balanced the launch order
+    # is priced in the pass's default order, unbalanced
+    assert _fixed("wgmma", "bwd", {0: {"config": {}}}, True) == {"launch_order": 4}
+    assert _fixed("wgmma", "bwd", {0: {"config": {}, "launch_balanced": True}}, True) == {}
     assert _fixed("wgmma", "fwd", {0: {"config": {}, "schedule": {"pingpong": True,
-                                                          "overlap": True}}}) == {}
-    assert _fixed("mma", "fwd", {0: {"config": {}}}) == {}
+                                                          "overlap": True}}}, False) == {}
+    assert _fixed("mma", "fwd", {0: {"config": {}}}, False) == {}
     # what `benchmarks measure` writes: the schedule the plan runs at the record's tiles
     from benchmarks.measure import empty_record
     cfg = dict(rec, schedule="flash2", heads_kv=2, seq_len_k=1024)
