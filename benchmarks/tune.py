@@ -19,13 +19,15 @@ SDPA FLASH (float16) or EFFICIENT (float32): time, the ratio SDPA / ours (> 1: o
 the largest difference from SDPA's output (gradients for the backward). Block sizes the family
 refuses are listed with the reason. These runs chose the families' default tiles.
 
-``--orders``: for each case (dtype, head dim, causal, N) our forward under each forward order
+``--orders``: for each case (dtype, head dim, causal, N; the benchmark's shape, or with GQA the
+Llama shape of ``train-step``, `LLAMA_SHAPE`) our forward under each forward order
 and our backward under each backward order (``KernelConfig.launch_order``: ``tiles``, ``heads``
 or a head group size; `kernels.tile_scheduler`), the backward's two kernels also apart (an
 event after each launch), SDPA's forward and forward + backward, and the forward + backward
 ratio for each backward order. Each order's outputs are compared with the default order's: a
 tile's arithmetic does not depend on which block runs it, so the difference should be exactly 0.
-These runs chose `kernels.tile_scheduler.DEFAULT_HEAD_GROUP`.
+These runs chose `kernels.tile_scheduler.DEFAULT_HEAD_GROUP` ("default": where the Hopper
+backward balances it, `ioaware.launch_order.launch_head_group`, that order).
 
 ``--backward-dq``: the tensor-core backwards' two ways of computing dQ
 (``KernelConfig.backward_dq``: `kernels.mma_bwd` for float16 and bfloat16, `kernels.tf32_bwd`
@@ -74,10 +76,15 @@ FAMILY_DTYPE = {"simt": "fp32", "mma": "fp16", "tf32": "fp32"}
 
 FWD_ORDERS = ("tiles", "heads", "4")
 BWD_ORDERS = ("tiles", "heads", "4", "8")
+#: A GQA case at the shape of `benchmarks.train_step`'s model (B 4, Hq 16 / Hkv 4): few, long
+#: dK/dV programs, where the Hopper backward balances its launch order (docs/kernels.md).
+LLAMA_SHAPE = {"batch": 4, "heads": 16, "heads_kv": 4}
 ORDER_CASES = ([("fp32", 128, True, n) for n in (1024, 4096, 8192, 16384)]
                + [("fp32", 128, False, 4096), ("fp32", 64, True, 4096)]
-               + [("fp16", 128, True, 4096), ("fp16", 64, True, 4096), ("fp16", 128, False, 4096)])
-QUICK_ORDER_CASES = [("fp32", 128, True, 4096), ("fp16", 64, True, 4096)]
+               + [("fp16", 128, True, 4096), ("fp16", 64, True, 4096), ("fp16", 128, False, 4096)]
+               + [("bf16", 64, True, 2048, LLAMA_SHAPE), ("bf16", 128, True, 2048, LLAMA_SHAPE)])
+QUICK_ORDER_CASES = [("fp32", 128, True, 4096), ("fp16", 64, True, 4096),
+                     ("bf16", 64, True, 2048, LLAMA_SHAPE)]
 PROFILE_ORDERS = ("tiles", "heads", "4")
 PROFILE_KERNELS = ("forward", "dQ", "dK/dV")
 PROFILE_METRICS = ("gpu__time_duration.sum,lts__t_sector_hit_rate.pct,dram__bytes_read.sum,"
@@ -215,14 +222,19 @@ def per_kernel_ms(torch, fn, reps=5):
     return runs[len(runs) // 2]
 
 
-def order_case(torch, dt, d, causal, n, progress=print) -> dict:
-    """One ``--orders`` case (module docstring)."""
+def order_case(torch, dt, d, causal, n, shape=None, progress=print) -> dict:
+    """One ``--orders`` case (module docstring); ``shape``: ``{"batch", "heads", "heads_kv"}``
+    (None: the benchmark's shape, no GQA)."""
     import torch.nn.functional as F
 
     import kernels
-    b, h, q, k, v, do = benchmark_inputs(torch, dt, d, n)
+    shape = shape or {}
+    b, h, q, k, v, do = benchmark_inputs(torch, dt, d, n, shape.get("batch"), shape.get("heads"))
+    h_kv = shape.get("heads_kv", h)
+    k, v = k[:, :h_kv].contiguous(), v[:, :h_kv].contiguous()
     pb = attention_problem(q, k, v, causal=causal)
     rec = {"dtype": dt, "head_dim": d, "causal": causal, "seq_len": n, "batch": b, "heads": h,
+           "heads_kv": h_kv,
            "family": {p: kernels.family_for(pb, None, p) for p in ("fwd", "bwd")},
            "fwd_ms": {}, "bwd_ms": {}, "bwd_kernel_ms": {}, "max_abs_diff_vs_default": {}}
     out, lse = kernels.forward(pb)
@@ -248,7 +260,8 @@ def order_case(torch, dt, d, causal, n, progress=print) -> dict:
 
     def sdpa_run(backward):
         with sdpa_context(sdpa):
-            o = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
+            o = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal,
+                                               enable_gqa=h_kv != h)
             if backward:
                 o.backward(do)
                 qg.grad = kg.grad = vg.grad = None
@@ -257,7 +270,7 @@ def order_case(torch, dt, d, causal, n, progress=print) -> dict:
     rec["fwdbwd_ratio"] = {o: rec["sdpa_fwdbwd_ms"] / (rec["fwd_ms"]["default"] + t)
                            for o, t in rec["bwd_ms"].items()}
     f, bw = rec["fwd_ms"], rec["bwd_ms"]
-    progress(f"{dt} d={d} causal={causal} N={n}: fwd " + " ".join(
+    progress(f"{dt} d={d} causal={causal} N={n} B={b} H={h}/{h_kv}: fwd " + " ".join(
         f"{o} {t:.3f}" for o, t in f.items()) + " | bwd " + " ".join(
         f"{o} {bw[o]:.2f} ({'+'.join(f'{x:.2f}' for x in rec['bwd_kernel_ms'][o])})"
         for o in bw) + f" | SDPA {sdpa} fwd {rec['sdpa_fwd_ms']:.3f} fwd+bwd "

@@ -249,10 +249,10 @@ def test_dispatch_makespan_is_greedy_dispatch(n_bh, n_tiles, group, slots, seed)
     assert max(lengths.max(), lengths.sum() / slots) <= got <= lengths.sum() / slots + lengths.max()
 
 
-def _plan(n, b=4, h=16, hkv=4, causal=True, **config):
+def _plan(n, b=4, h=16, hkv=4, causal=True, d=64, **config):
     from sim import Workload
     from sim.plans.wgmma_bwd import wgmma_backward_plan
-    w = Workload(batch=b, heads=h, heads_kv=hkv, seq_len_q=n, head_dim=64, dtype="bf16",
+    w = Workload(batch=b, heads=h, heads_kv=hkv, seq_len_q=n, head_dim=d, dtype="bf16",
                  pass_="bwd", causal=causal)
     dq, kv = wgmma_backward_plan(w, **config).kernels
     return dq, kv
@@ -299,3 +299,16 @@ def test_the_model_prices_the_order_that_runs():
          for lo in (None, 4)}
     assert t[None][0] == t[4][0]                       # the dQ kernel: groups of four either way
     assert 1.3 < t[4][1] / t[None][1] < 1.5            # the dK/dV kernel's tail
+
+
+def test_the_orders_command_times_the_gqa_case_the_backward_balances():
+    """``tune --orders`` has the Llama shape's GQA cases, whose dK/dV kernel the Hopper backward
+    turns to heads first, so the order it launches is timed against the fixed ones."""
+    from benchmarks import tune
+    gqa = [c for c in tune.ORDER_CASES if len(c) == 5]
+    assert gqa and all(c[4] == tune.LLAMA_SHAPE for c in gqa)
+    assert any(len(c) == 5 for c in tune.QUICK_ORDER_CASES)
+    from sim.plan import launch_group
+    for _dt, d, causal, n, shape in gqa:
+        _dq, kv = _plan(n, shape["batch"], shape["heads"], shape["heads_kv"], causal, d)
+        assert launch_group(kv, 132) == 0 != DEFAULT_HEAD_GROUP[("bwd", causal)]
