@@ -117,10 +117,8 @@ def bench_attention(torch, ns, ds, dtypes, causals, passes, kernel_names, progre
                         bwd_module = getattr(kernels, f"{base['variant_bwd']}_bwd")
                         base["dq_mode"] = bwd_module.dq_mode(pb, kernels.KernelConfig())
                     if base["variant_bwd"] == "wgmma":   # its backward's tiles and order
-                        from kernels import wgmma_bwd
-                        tiles = wgmma_bwd.plan(pb, kernels.KernelConfig()).config
-                        base.update({t: list(tiles[t]) for t in ("dq_tile", "kv_tile")})
-                        base["launch_balanced"] = True
+                        from sim.plans.wgmma_bwd import record_fields
+                        base.update(record_fields(d, n))
             if kern == "sdpa-math":
                 # the materialised scores and probabilities (plus their grads) in the input dtype
                 est = b * h * n * n * q.element_size() * (6 if pass_ == "fwd+bwd" else 3)

@@ -310,9 +310,8 @@ def empty_record(cfg: dict) -> dict:
     pass: `kernels.tile_scheduler.head_group`), a tensor-core backward its ``dq_mode``
     (`kernels.mma_bwd.dq_mode`, `kernels.tf32_bwd.dq_mode`: "kernel" or "atomic"), and the
     wgmma forward its ``pingpong`` and ``overlap`` (`wgmma_schedule`; the wgmma backward has
-    one schedule), the wgmma backward its default ``dq_tile`` and ``kv_tile``
-    (`sim.plans.wgmma_bwd.wgmma_bwd_default_tiles`) and ``launch_balanced`` (its kernels'
-    launch order is ``launch_head_group`` balanced by `sim.plan.launch_group`)."""
+    one schedule), the wgmma backward its default ``dq_tile``, ``kv_tile`` and
+    ``launch_balanced`` (`sim.plans.wgmma_bwd.record_fields`)."""
     rec = {f: cfg[f] for f in ("kernel", "schedule", "pass", "dtype", "batch", "heads",
                                "heads_kv", "seq_len_q", "seq_len_k", "head_dim", "causal",
                                "block_q", "block_k")}
@@ -331,10 +330,8 @@ def empty_record(cfg: dict) -> dict:
     if cfg.get("variant") == "wgmma" and cfg["pass"] == "fwd":
         rec.update(wgmma_schedule(cfg))
     if cfg.get("variant") == "wgmma" and cfg["pass"] != "fwd":
-        from sim.plans.wgmma_bwd import wgmma_bwd_default_tiles
-        tiles = wgmma_bwd_default_tiles(cfg["head_dim"], cfg["seq_len_q"])
-        rec["dq_tile"], rec["kv_tile"] = list(tiles["dq"]), list(tiles["dkdv"])
-        rec["launch_balanced"] = True       # the launcher balances the default order
+        from sim.plans.wgmma_bwd import record_fields
+        rec.update(record_fields(cfg["head_dim"], cfg["seq_len_q"]))
     return rec
 
 

@@ -14,10 +14,14 @@ model follows the order that runs.
 """
 from __future__ import annotations
 
+import functools
+import heapq
+
 import numpy as np
 
 __all__ = ["DEFAULT_HEAD_GROUP", "block_work", "dispatch_positions", "parse_head_group",
-           "dispatch_makespan", "balanced_head_group", "launch_head_group", "BALANCE_TOLERANCE"]
+           "head_group", "dispatch_makespan", "slice_makespan", "balanced_head_group",
+           "launch_head_group", "BALANCE_TOLERANCE"]
 
 #: The measured default head group per (pass, causal) (0 = all heads, 1 = tiles first;
 #: `kernels.tile_scheduler` compiles it into the kernels; ``python -m benchmarks tune --orders``
@@ -32,6 +36,20 @@ def parse_head_group(value: str, what: str = "launch order") -> int:
     if not value.isdigit():
         raise ValueError(f"{what} must be 'tiles', 'heads' or a group size, got {value!r}")
     return int(value)
+
+
+def head_group(launch_order, causal: bool, pass_: str = "fwd") -> int:
+    """The head group of a launch of the ``pass_`` ("fwd" or "bwd") kernels: ``launch_order``
+    ("tiles", "heads", a group size g >= 0, or None for `DEFAULT_HEAD_GROUP`)."""
+    if launch_order is None:
+        return DEFAULT_HEAD_GROUP[(pass_, bool(causal))]
+    if isinstance(launch_order, str):
+        return parse_head_group(launch_order, "launch_order")
+    if isinstance(launch_order, bool) or not isinstance(launch_order, (int, np.integer)) \
+            or launch_order < 0:
+        raise ValueError(f"launch_order must be 'tiles', 'heads' or a group size >= 0, got "
+                         f"{launch_order!r}")
+    return int(launch_order)
 
 
 def block_work(block_x: int, block_y: int, n_tiles: int, n_bh: int, group: int):
@@ -72,7 +90,6 @@ def dispatch_makespan(lengths, group: int, slots: int) -> float:
     ends (greedy list scheduling, as the GPU's block dispatcher hands out blocks; the kernels
     take a server per SM, whose resident programs share its pipes); ``lengths[bh, tile]``:
     each program's work, in any unit (the result is in that unit)."""
-    import heapq
     work = np.asarray(lengths, dtype=np.float64)
     if work.ndim != 2:
         raise ValueError(f"lengths must be [n_bh, n_tiles], got shape {work.shape}")
@@ -86,25 +103,34 @@ def dispatch_makespan(lengths, group: int, slots: int) -> float:
     return max(ends) if ends else 0.0
 
 
+@functools.lru_cache(maxsize=1024)
+def slice_makespan(tile_work: tuple, n_bh: int, group: int, slots: int) -> float:
+    """`dispatch_makespan` of ``n_bh`` (batch, head) slices whose programs all have the work
+    ``tile_work[tile]`` (no block mask), cached: the launchers and the cost model ask it for
+    the same kernels."""
+    work = np.broadcast_to(np.asarray(tile_work, dtype=np.float64), (n_bh, len(tile_work)))
+    return dispatch_makespan(work, group, slots)
+
+
 #: `balanced_head_group` leaves the measured default order unless it ends this much later
 #: (as a fraction) than heads first.
 BALANCE_TOLERANCE = 0.10
 
 
-def balanced_head_group(lengths, slots: int, default: int,
+def balanced_head_group(tile_work: tuple, n_bh: int, slots: int, default: int,
                         tolerance: float = BALANCE_TOLERANCE) -> int:
     """``default`` (the measured choice, which keeps the blocks that run together on fewer
-    heads' data in L2), unless its dispatch ends more than ``tolerance`` later than heads first
-    (group 0: the longest tiles of every head start first) by `dispatch_makespan`; then 0. A
-    few long programs behind many short ones (a causal GQA backward whose grid is about two
-    waves) is what makes the difference."""
+    heads' data in L2), unless its dispatch of ``n_bh`` slices of programs of work
+    ``tile_work`` onto ``slots`` SMs ends more than ``tolerance`` later than heads first (group
+    0: the longest tiles of every head start first) by `slice_makespan`; then 0. A few long
+    programs behind many short ones (a causal GQA backward whose grid is about two waves) is
+    what makes the difference."""
     if default == 0:
         return 0
-    work = np.asarray(lengths, dtype=np.float64)
-    if work.max(initial=0.0) <= tolerance * work.sum() / slots:
+    if max(tile_work, default=0) <= tolerance * n_bh * sum(tile_work) / slots:
         return int(default)     # greedy dispatch ends within (sum / slots + longest) anyway
-    ours = dispatch_makespan(work, default, slots)
-    heads_first = dispatch_makespan(work, 0, slots)
+    ours = slice_makespan(tuple(tile_work), n_bh, default, slots)
+    heads_first = slice_makespan(tuple(tile_work), n_bh, 0, slots)
     return 0 if ours > (1.0 + tolerance) * heads_first else int(default)
 
 
@@ -118,5 +144,4 @@ def launch_head_group(tile_work, n_bh: int, pinned, default: int, slots: int) ->
         return int(pinned)
     if len(tile_work) == 0:
         return int(default)
-    work = np.broadcast_to(np.asarray(tile_work, dtype=np.float64), (n_bh, len(tile_work)))
-    return balanced_head_group(work, slots, default)
+    return balanced_head_group(tuple(tile_work), n_bh, slots, default)

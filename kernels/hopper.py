@@ -1113,6 +1113,8 @@ def descriptor_at(desc, offset):
 # -- a warpgroup's tile products, as the Hopper kernels issue them --------------------------------
 #: The widest ``n`` of ``wgmma.mma_async.m64nNk16`` (PTX ISA: N a multiple of 8 up to 256).
 WGMMA_MAX_N = 256
+
+
 @functools.lru_cache(maxsize=None)
 def wgmma_ss(dtype: str, n: int = 64):
     """The in-place ``wgmma`` with both operands in shared memory (as `wgmma_ss_f16`), m64nNk16

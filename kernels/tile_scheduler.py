@@ -31,26 +31,12 @@ import numpy as np
 from numba import cuda   # a global (not a closure variable), which the CUDA simulator replaces
 
 from ioaware.block_info import BlockInfo, cdiv
-from ioaware.launch_order import DEFAULT_HEAD_GROUP, parse_head_group
+from ioaware.launch_order import DEFAULT_HEAD_GROUP, head_group
 
 from .host import device_const
 
 __all__ = ["DEFAULT_HEAD_GROUP", "head_group", "device_tile_and_head", "gqa_cursor",
            "csr_schedule", "device_schedule", "refine_block_mask"]
-
-
-def head_group(launch_order, causal: bool, pass_: str = "fwd") -> int:
-    """The head group of a launch of the ``pass_`` ("fwd" or "bwd") kernels: ``launch_order``
-    ("tiles", "heads", a group size g >= 0, or None for `DEFAULT_HEAD_GROUP`)."""
-    if launch_order is None:
-        return DEFAULT_HEAD_GROUP[(pass_, bool(causal))]
-    if isinstance(launch_order, str):
-        return parse_head_group(launch_order, "launch_order")
-    if isinstance(launch_order, bool) or not isinstance(launch_order, (int, np.integer)) \
-            or launch_order < 0:
-        raise ValueError(f"launch_order must be 'tiles', 'heads' or a group size >= 0, got "
-                         f"{launch_order!r}")
-    return int(launch_order)
 
 
 def device_tile_and_head(group: int):

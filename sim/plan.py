@@ -34,8 +34,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from .l2 import l2_analytic
 from .profiles import GPUProfile, load_profile
 from .workload import SECTOR_BYTES, Workload, occupancy
@@ -209,7 +207,7 @@ class KernelPlan:
     ``tile_work``: the work of the programs of one (batch, head) slice (the grid's y index), in
     the order of the grid's x index, in any unit (e.g. visited tiles), where they differ (causal
     sweeps); with it :func:`price` dispatches the programs greedily onto the SMs in launch
-    order (`ioaware.launch_order.dispatch_makespan`, each SM one server) and takes the
+    order (`ioaware.launch_order.slice_makespan`, each SM one server) and takes the
     utilisation that leaves where it is lower than the equal-programs wave estimate. The order:
     ``head_group`` where pinned, else ``default_head_group`` balanced as the launcher balances
     it (`ioaware.launch_order.balanced_head_group` on the profile's SMs). Empty (the default):
@@ -419,12 +417,6 @@ def _rate(rates: dict, name: str, unit: str, profile: GPUProfile) -> float:
     return rates[name]
 
 
-def _tile_work(kernel: KernelPlan) -> np.ndarray:
-    n_bh = kernel.grid[1] if len(kernel.grid) > 1 else 1
-    return np.broadcast_to(np.asarray(kernel.tile_work, dtype=np.float64),
-                           (n_bh, len(kernel.tile_work)))
-
-
 def launch_group(kernel: KernelPlan, num_sms: int) -> int:
     """The head group (`ioaware.launch_order`) ``kernel``'s programs are dispatched in on a GPU
     of ``num_sms`` SMs: ``head_group`` where pinned, else ``default_head_group``, turned to
@@ -441,17 +433,18 @@ def launch_group(kernel: KernelPlan, num_sms: int) -> int:
 def dispatch_utilisation(kernel: KernelPlan, num_sms: int) -> float:
     """The share of its SMs' time a kernel of unequal programs (``tile_work``) keeps them busy:
     the average SM's work over the last one's when its programs are dispatched greedily in the
-    order of :func:`launch_group` (`ioaware.launch_order.dispatch_makespan`, each SM one
-    server); 1 without ``tile_work``, or where no program is longer than 1 % of an SM's share
-    (greedy dispatch then ends within 1 % of even)."""
+    order of :func:`launch_group` (`ioaware.launch_order.slice_makespan`, each SM one server);
+    1 without ``tile_work``, or where no program is longer than 1 % of an SM's share (greedy
+    dispatch then ends within 1 % of even)."""
     if not kernel.tile_work:
         return 1.0
-    from ioaware.launch_order import dispatch_makespan
-    work = _tile_work(kernel)
-    share = work.sum() / num_sms
-    if share <= 0 or work.max() <= 0.01 * share:
+    from ioaware.launch_order import slice_makespan
+    n_bh = kernel.grid[1] if len(kernel.grid) > 1 else 1
+    share = n_bh * sum(kernel.tile_work) / num_sms
+    if share <= 0 or max(kernel.tile_work) <= 0.01 * share:
         return 1.0
-    return float(share / dispatch_makespan(work, launch_group(kernel, num_sms), num_sms))
+    group = launch_group(kernel, num_sms)
+    return float(share / slice_makespan(tuple(kernel.tile_work), n_bh, group, num_sms))
 
 
 def price(plan: Plan, profile="h100", *, l2: str = "analytic") -> PlanCost:

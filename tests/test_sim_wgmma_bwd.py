@@ -344,6 +344,9 @@ def test_a_record_is_priced_at_the_tiles_it_ran():
     assert plan.config["launch_order"] == 4
     assert P.record_config(dict(rec, launch_head_group=1))["launch_order"] == 1
     assert P.record_config(dict(rec, launch_balanced=True))["launch_order"] is None
+    # what the benchmarks write for today's kernels reads back as their defaults, balanced
+    assert P.record_config(dict(rec, **P.record_fields(64, 4096))) == {
+        "dq_tile": (128, 128), "kv_tile": (128, 128), "launch_order": None}
     # a record that names them (JSON lists) is priced at those
     (plan,) = plans_for_record(dict(rec, dq_tile=[64, 64], kv_tile=[128, 128]))
     assert (plan.config["dq_tile"], plan.config["kv_tile"]) == ((64, 64), (128, 128))

@@ -82,7 +82,7 @@ import numbers
 import numpy as np
 
 from ioaware.block_info import BlockInfo, cdiv
-from ioaware.launch_order import DEFAULT_HEAD_GROUP, parse_head_group
+from ioaware.launch_order import head_group
 
 from ..plan import Access, KernelPlan, Matmul, Plan
 from ..workload import STAT_BYTES, Workload
@@ -102,7 +102,7 @@ __all__ = ["WGMMA_BWD_KERNEL_NAMES", "WGMMA_BWD_HEAD_DIMS", "WGMMA_BWD_ROWS_CHOI
            "wgmma_bwd_default_tiles", "wgmma_bwd_threads", "wgmma_bwd_producer_warpgroup",
            "wgmma_bwd_smem_bytes", "wgmma_bwd_stats_bytes", "WGMMA_BWD_REGISTERS",
            "WGMMA_BWD_WAITS_PER_TILE", "WGMMA_BWD_WIDE_DQ_FROM", "WGMMA_BWD_SERIALISED",
-           "wgmma_bwd_ds_under_dv", "wgmma_bwd_waits_per_tile", "record_config",
+           "wgmma_bwd_ds_under_dv", "wgmma_bwd_waits_per_tile", "record_config", "record_fields",
            "wgmma_backward_plan", "wgmma_backward_configs", "launch_of",
            "WGMMA_BWD_SCHEDULE_LOADS_PER_WARP"]
 
@@ -175,14 +175,13 @@ def wgmma_bwd_default_tiles(head_dim: int, seq_len_q: int = 0) -> dict:
     return {"dq": (128, 128), "dkdv": (64, 128)}
 
 
-def _head_group(launch_order) -> int:
-    """A pinned launch order ("tiles", "heads" or a group size) as a head group."""
-    if isinstance(launch_order, str):
-        return parse_head_group(launch_order, "launch_order")
-    if isinstance(launch_order, bool) or int(launch_order) != launch_order or launch_order < 0:
-        raise ValueError(f"launch_order must be 'tiles', 'heads' or a group size >= 0, got "
-                         f"{launch_order!r}")
-    return int(launch_order)
+def record_fields(head_dim: int, seq_len_q: int) -> dict:
+    """What a results record of today's wgmma backward names, at its default tiles: its
+    ``dq_tile`` and ``kv_tile`` (`wgmma_bwd_default_tiles`) and ``launch_balanced`` (its launch
+    order balanced as `sim.plan.launch_group` does): what :func:`record_config` reads back."""
+    tiles = wgmma_bwd_default_tiles(head_dim, seq_len_q)
+    return {"dq_tile": list(tiles["dq"]), "kv_tile": list(tiles["dkdv"]),
+            "launch_balanced": True}
 
 
 def record_config(rec: dict) -> dict:
@@ -200,10 +199,8 @@ def record_config(rec: dict) -> dict:
         tiles = {"dq_tile": (64, 64) if d == 64 else (128, 128), "kv_tile": (64, 128)}
     if rec.get("launch_balanced"):
         return dict(tiles, launch_order=None)
-    group = rec.get("launch_head_group")
-    if group is None:
-        group = DEFAULT_HEAD_GROUP[("bwd", bool(rec.get("causal")))]
-    return dict(tiles, launch_order=int(group))
+    return dict(tiles, launch_order=head_group(rec.get("launch_head_group"),
+                                               bool(rec.get("causal")), "bwd"))
 
 
 def wgmma_bwd_producer_warpgroup(rows: int) -> bool:
@@ -343,8 +340,9 @@ def wgmma_backward_plan(workload: Workload, *, dq_tile=None, kv_tile=None, launc
     dq_work = tuple(int(x) for x in np.diff(bi.kv_schedule()[0])[::-1])
     bi = BlockInfo(Nq, Nk, kv_cols, kv_rows_per_program, w.causal, window_size=w.window_size)
     kv_work = tuple(w.group * int(x) for x in np.diff(bi.q_schedule()[0]))
-    order = {"head_group": None if launch_order is None else _head_group(launch_order),
-             "default_head_group": DEFAULT_HEAD_GROUP[("bwd", bool(w.causal))]}
+    order = {"head_group": (None if launch_order is None
+                            else head_group(launch_order, w.causal, "bwd")),
+             "default_head_group": head_group(None, w.causal, "bwd")}
 
     def serial(rows: int) -> tuple:
         return overlap_serial(warp_specialised=True, stages=WGMMA_BWD_STAGES, pingpong=False,
