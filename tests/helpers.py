@@ -201,19 +201,24 @@ def nvvm_missing() -> str | None:
     return None if r.returncode == 0 else (r.stderr.strip().splitlines() or ["?"])[-1]
 
 
-def assemble_sm90a(ptxas, ptx_path) -> tuple[dict, str]:
-    """``(entry, stderr)``: ``ptxas -v -arch=sm_90a`` run on ``ptx_path`` (the cubin beside it),
-    asserted to succeed without serialising any ``wgmma`` (C7520 and kin: a product issued on a
-    divergent path, or with too few registers for it); ``entry``: its figures
-    (`benchmarks.common.parse_ptxas`, one kernel)."""
+def run_ptxas_sm90a(ptxas, ptx_path):
+    """``ptxas -v -arch=sm_90a`` run on ``ptx_path`` (the cubin beside it): the completed
+    process (its ``stderr`` holds the figures and any C75xx warning)."""
     import subprocess
     from pathlib import Path
-
-    from benchmarks.common import parse_ptxas
     path = Path(ptx_path)
-    r = subprocess.run([ptxas, "-v", "-arch=sm_90a", str(path), "-o",
-                        str(path.with_suffix(".cubin"))], capture_output=True, text=True,
-                       timeout=600)
+    return subprocess.run([ptxas, "-v", "-arch=sm_90a", str(path), "-o",
+                           str(path.with_suffix(".cubin"))], capture_output=True, text=True,
+                          timeout=600)
+
+
+def assemble_sm90a(ptxas, ptx_path) -> tuple[dict, str]:
+    """``(entry, stderr)``: `run_ptxas_sm90a` on ``ptx_path``, asserted to succeed without
+    serialising any ``wgmma`` (C7520 and kin: a product issued on a divergent path, or with too
+    few registers for it); ``entry``: its figures (`benchmarks.common.parse_ptxas`, one
+    kernel)."""
+    from benchmarks.common import parse_ptxas
+    r = run_ptxas_sm90a(ptxas, ptx_path)
     assert r.returncode == 0, r.stderr[-4000:]
     assert "serializ" not in r.stderr.lower(), r.stderr[-2000:]
     (entry,) = parse_ptxas(r.stderr)

@@ -293,17 +293,14 @@ def test_waits_per_tile_are_the_kernels_own(tmp_path):
     from sim import Workload
     from sim.plans.wgmma_bwd import (wgmma_backward_plan, wgmma_bwd_ds_under_dv,
                                      wgmma_bwd_waits_per_tile)
-    from .helpers import assemble_sm90a, compile_sm90a_in_child
+    from .helpers import assemble_sm90a, compile_sm90a_in_child, run_ptxas_sm90a
     ptxas, shapes = compile_sm90a_in_child("tests.test_wgmma_bwd", "compile_wgmma_bwd", tmp_path)
-    import subprocess
     # both dK/dV tile loops: dS^T under dV's product (64 queries a stage) and back to back (128)
     assert {wgmma_bwd_ds_under_dv(shapes[n][3]) for n in ("dkdv", "dkdv_d128")} == {True, False}
     products = {"dq": 3, "dkdv": 4}          # one commit group per product of a tile
     for name in [n for n in shapes if n.startswith("serialised_")]:
         # the tuning space leaves these out: ptxas serialises their products (C7512)
-        r = subprocess.run([ptxas, "-v", "-arch=sm_90a", str(tmp_path / f"{name}.ptx"), "-o",
-                            str(tmp_path / f"{name}.cubin")], capture_output=True, text=True,
-                           timeout=600)
+        r = run_ptxas_sm90a(ptxas, tmp_path / f"{name}.ptx")
         assert r.returncode == 0 and "C7512" in r.stderr, name
         del shapes[name]
     for name, (kind, _d, _rows, cols) in shapes.items():
