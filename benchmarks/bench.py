@@ -107,10 +107,12 @@ def bench_attention(torch, ns, ds, dtypes, causals, passes, kernel_names, progre
             if kern == OURS:
                 pb = attention_problem(q, k, v, causal=causal)
                 base["variant"] = kernels.family_for(pb, None, "fwd")
-                if base["variant"] == "wgmma":      # the schedule its plan runs (priced so)
+                if base["variant"] == "wgmma":      # the tiles and schedule its plan runs
                     from kernels import wgmma_fwd
                     from sim.plans.wgmma_fwd import record_schedule
-                    base.update(record_schedule(wgmma_fwd.plan(pb, kernels.KernelConfig()).config))
+                    cfg = wgmma_fwd.plan(pb, kernels.KernelConfig()).config
+                    base.update(record_schedule(cfg), block_q=cfg["block_q"],
+                                block_k=cfg["block_k"])
                 if pass_ == "fwd+bwd":
                     base["variant_bwd"] = kernels.family_for(pb, None, "bwd")
                     if base["variant_bwd"] in ("mma", "tf32"):     # how its backward adds dQ
@@ -139,7 +141,8 @@ def bench_attention(torch, ns, ds, dtypes, causals, passes, kernel_names, progre
                                                  f"{str(exc).splitlines()[0][:160]}"))
                 continue
             fl = attention_flops(b, h, n, n, d, causal, pass_)
-            records.append(dict(base, block_q=None, block_k=None, time_ms=med, time_ms_p10=p10,
+            records.append(dict({"block_q": None, "block_k": None, **base}, time_ms=med,
+                                time_ms_p10=p10,
                                 time_ms_p90=p90, peak_extra_bytes=peak, dram_read_bytes=None,
                                 dram_write_bytes=None, l2_bytes=None, global_load_bytes=None,
                                 global_store_bytes=None, flops_executed=None,

@@ -78,7 +78,7 @@ def schedule_times(torch, q, k, v, fp8_inputs, causal, timing) -> tuple[dict, di
     from kernels import KernelConfig, prepare_forward
     from kernels.wgmma_fwd import forward_fp8
     from sim.plans import plan_for
-    from sim.plans.wgmma_fwd import wgmma_forward_configs
+    from sim.plans.wgmma_fwd import schedule_refusal, wgmma_forward_configs
     from benchmarks.common import attention_problem
     from kernels.host import plan_workload
     problem = attention_problem(q, k, v, causal=causal)
@@ -87,7 +87,8 @@ def schedule_times(torch, q, k, v, fp8_inputs, causal, timing) -> tuple[dict, di
     for tile in wgmma_forward_configs(workload):
         bq, bk = tile["block_q"], tile["block_k"]
         for name, (pp, ov) in SCHEDULES.items():
-            if bq != 128 and (pp or ov):
+            # one consumer warpgroup: serial only; three: the overlap only (schedule_refusal)
+            if (bq == 64 and (pp or ov)) or schedule_refusal(pp, ov, bq):
                 continue
             run = prepare_forward(problem, KernelConfig(family="wgmma", block_q=bq, block_k=bk,
                                                         pingpong=pp, overlap=ov))

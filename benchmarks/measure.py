@@ -119,7 +119,8 @@ def default_blocks(cfg: dict) -> tuple[int, int] | tuple[None, None]:
             from sim.plans.wgmma_bwd import wgmma_bwd_default_tiles
             return tuple(int(x) for x in wgmma_bwd_default_tiles(d)["dq"])
         from sim.plans.wgmma_fwd import wgmma_default_blocks
-        return tuple(int(x) for x in wgmma_default_blocks(d, bool(cfg.get("causal"))))
+        return tuple(int(x) for x in wgmma_default_blocks(d, bool(cfg.get("causal")),
+                                                          cfg.get("seq_len_q")))
     if variant == "mma" or variant == "tf32":
         from kernels import mma_bwd, mma_fwd, tf32_bwd, tf32_fwd
         if cfg["pass"] == "fwd":
@@ -527,7 +528,7 @@ def time_config(cfg: dict, *, warmup: int = 3, repeats: int = 25, l2_bytes: int 
 
 
 def wgmma_schedule(cfg: dict) -> dict:
-    """``{"pingpong", "overlap"}`` the wgmma forward runs for a configuration (its plan's
+    """``{"pingpong", "overlap", "persistent"}`` the wgmma forward runs for a configuration (its plan's
     defaults at the configuration's tiles), recorded so that `sim.plans.plans_for_record` prices
     the kernel that ran (`sim.plans.wgmma_fwd.record_schedule`: serial when absent)."""
     from sim.plans import plan_for

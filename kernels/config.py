@@ -69,6 +69,12 @@ class KernelConfig:
       overlap: three K/V stages and, at ``block_q`` = 128, a producer warpgroup whose
       registers go to the consumers); None = the plan's default
       (`sim.plans.wgmma_fwd.WGMMA_OVERLAP_DEFAULT`). Only the ``wgmma`` family reads it.
+    * ``persistent``: the ``wgmma`` forward runs one program per SM, each walking its share
+      of the work items (Q tile, batch * head) in launch order, so that an item's loads start
+      under the item before's last products and stores (`sim.plan.KernelPlan.persistent`);
+      only where a program fills its SM (the overlap with ``block_q`` 128 or 192); None = the
+      plan's default (`sim.plans.wgmma_fwd.WGMMA_PERSISTENT_DEFAULT`). Only the ``wgmma``
+      family reads it.
     * ``dq_tile``, ``kv_tile``: the ``wgmma`` backward's tiles, each (queries, keys): the dQ
       kernel's (query rows a program, keys a stage) and the dK/dV kernel's (queries a stage, key
       rows a program), as `sim.plans.wgmma_bwd.wgmma_backward_plan` takes them (rows 64 or
@@ -99,6 +105,7 @@ class KernelConfig:
     decode_warps: int | None = None
     pingpong: bool | None = None
     overlap: bool | None = None
+    persistent: bool | None = None
     dq_tile: tuple[int, int] | None = None
     kv_tile: tuple[int, int] | None = None
 
@@ -111,7 +118,7 @@ class KernelConfig:
         if self.decode_unit not in (None, "mma", "ffma"):
             raise ValueError(f"KernelConfig.decode_unit must be 'mma', 'ffma' or None, got "
                              f"{self.decode_unit!r}")
-        for name in ("pingpong", "overlap"):        # the wgmma forward's schedule
+        for name in ("pingpong", "overlap", "persistent"):   # the wgmma forward's schedule
             value = getattr(self, name)
             if value is not None and not isinstance(value, bool):
                 raise ValueError(f"KernelConfig.{name} must be True, False or None, got "

@@ -128,6 +128,15 @@ def _sm_count(device_id: int) -> int:
     return int(cuda.gpus[device_id].MULTIPROCESSOR_COUNT)
 
 
+def launch_grid(launch) -> tuple:
+    """The grid a `sim.plan.KernelPlan` ``launch`` is launched on: its own, or with
+    ``persistent`` one program per SM of the current device (fewer where there are fewer work
+    items), each walking the work items of the plan's grid."""
+    if not getattr(launch, "persistent", False):
+        return launch.grid
+    return (min(launch.programs, sm_count()),)
+
+
 def current_device_id() -> int:
     """The current CUDA device's ordinal, cheaply: torch's current device once torch has
     initialised CUDA (torch and Numba share the device's primary context, so it is the device

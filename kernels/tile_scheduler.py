@@ -35,33 +35,53 @@ from ioaware.launch_order import DEFAULT_HEAD_GROUP, head_group
 
 from .host import device_const
 
-__all__ = ["DEFAULT_HEAD_GROUP", "head_group", "device_tile_and_head", "gqa_cursor",
+__all__ = ["DEFAULT_HEAD_GROUP", "head_group", "device_tile_and_head", "device_work_item",
+           "gqa_cursor",
            "csr_schedule", "device_schedule", "refine_block_mask"]
 
 
-def device_tile_and_head(group: int):
-    """A device function ``() -> (tile, bh, n_tiles)`` for kernels compiled for head group
-    ``group`` (see the module docstring), launched on the grid (n_tiles, n_bh); its host twin
-    is `ioaware.launch_order.block_work`."""
-    if group == 1:
-        @cuda.jit(device=True, inline=True)
-        def tile_and_head():
-            return cuda.blockIdx.x, cuda.blockIdx.y, cuda.gridDim.x
-        return tile_and_head
-    G = group
+def device_work_item(group: int):
+    """A device function ``(lin, n_tiles, n_bh) -> (tile, bh)``: the work item at dispatch
+    position ``lin`` of the grid (n_tiles, n_bh) in head group ``group``'s order (see the module
+    docstring), as int32, in 32-bit arithmetic (a 64-bit division is a call); its host twin is
+    `ioaware.launch_order.block_work`. A persistent program walks positions ``p, p + P,
+    p + 2 P, ...``; `device_tile_and_head` asks it for the program's own position."""
+    from numba import int32, uint32
+    G = uint32(group)
 
     @cuda.jit(device=True, inline=True)
-    def tile_and_head():
-        n_tiles = cuda.gridDim.x
-        n_bh = cuda.gridDim.y
-        lin = cuda.blockIdx.x + n_tiles * cuda.blockIdx.y      # dispatch position
-        g = G if G > 0 else n_bh
+    def work_item(lin, n_tiles, n_bh):
+        lin, n_tiles, n_bh = uint32(lin), uint32(n_tiles), uint32(n_bh)
+        if G == uint32(1):
+            bh = lin // n_tiles
+            return int32(lin - bh * n_tiles), int32(bh)
+        g = G if G > uint32(0) else n_bh
         per_group = g * n_tiles
         grp = lin // per_group
         r = lin - grp * per_group
         gg = min(g, n_bh - grp * g)                            # the last group may be smaller
         tile = r // gg
-        return tile, grp * g + r - tile * gg, n_tiles
+        return int32(tile), int32(grp * g + r - tile * gg)
+    return work_item
+
+
+def device_tile_and_head(group: int):
+    """A device function ``() -> (tile, bh, n_tiles)`` for kernels compiled for head group
+    ``group`` (see the module docstring), launched on the grid (n_tiles, n_bh): the work item
+    (`device_work_item`) at the program's dispatch position."""
+    if group == 1:
+        @cuda.jit(device=True, inline=True)
+        def tile_and_head():
+            return cuda.blockIdx.x, cuda.blockIdx.y, cuda.gridDim.x
+        return tile_and_head
+    work_item = device_work_item(group)
+
+    @cuda.jit(device=True, inline=True)
+    def tile_and_head():
+        n_tiles = cuda.gridDim.x
+        tile, bh = work_item(cuda.blockIdx.x + n_tiles * cuda.blockIdx.y, n_tiles,
+                             cuda.gridDim.y)
+        return tile, bh, n_tiles
     return tile_and_head
 
 

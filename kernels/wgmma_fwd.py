@@ -49,10 +49,10 @@ from numba.cuda.cudadrv import driver    # device_pointer (on a real GPU)
 
 from sim.plans.wgmma_fwd import (BARRIER_BYTES, BOX_COLUMNS, FP8_BLOCK_K, FP8_DEFAULT_BLOCK_Q,
                                  FP8_HEAD_DIM, FP8_TRANSPOSE_THREADS, FP8_TRANSPOSE_TILE,
-                                 OVERLAP_REGISTERS, ROWS_PER_WARPGROUP, fp8_transpose_grid,
-                                 fp8_transpose_keys, producer_warpgroup,
+                                 FP8_BLOCK_Q_CHOICES, ROWS_PER_WARPGROUP, fp8_transpose_grid,
+                                 fp8_transpose_keys, overlap_registers, producer_warpgroup,
                                  WARPGROUP_THREADS, WGMMA_BLOCK_K_CHOICES,
-                                 WGMMA_BLOCK_Q_CHOICES, WGMMA_HEAD_DIMS, pingpong_refusal,
+                                 WGMMA_BLOCK_Q_CHOICES, WGMMA_HEAD_DIMS, schedule_refusal, smem_refusal,
                                  wgmma_default_blocks, wgmma_smem_bytes, wgmma_threads)
 
 from . import compile_cache, host, tile_scheduler
@@ -179,7 +179,7 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=F
     last tile's O += P V are peeled off the loop, so that every product is issued on a
     straight-line path (ptxas serialises every ``wgmma`` of a kernel that issues one under a
     branch inside the loop). With both, a turn covers the two products of an iteration."""
-    from numba import cuda, float32, uint8, uint32, uint64
+    from numba import cuda, float32, int32, uint8, uint32, uint64
 
     from . import hopper as hp
     from . import ptx
@@ -195,7 +195,7 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=F
     THREADS = wgmma_threads(BQ, OVERLAP)
     PRODUCER_WARP = 4 * W
     REALLOC = producer_warpgroup(BQ, OVERLAP)    # a producer warpgroup gives its registers
-    PRODUCER_REGS, CONSUMER_REGS = OVERLAP_REGISTERS
+    PRODUCER_REGS, CONSUMER_REGS = overlap_registers(BQ) if REALLOC else (0, 0)
     CONSUMER_THREADS = WARPGROUP_THREADS * W
     KS = DC * 4                           # k steps of S = Q K^T (32 bytes of a row each)
     NB = BK // 64                         # n64 blocks of S
@@ -217,29 +217,24 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=F
         operands = "bf16" if is_bf16 else "f16"
         pack = ptx.pack_bf16x2 if is_bf16 else ptx.pack_f16x2
     pack8 = hp.pack_e4m3x4
-    tile_and_head = tile_scheduler.device_tile_and_head(head_group)
+    work_item = tile_scheduler.device_work_item(head_group)
     tile_needs = tile_needs_mask(ROWS_PER_WARPGROUP, BK, CAUSAL, False, WINDOW)
     mask_tile = wgmma_tile_mask(NB, CAUSAL, WINDOW)
     issue_qk = hp.tile_product_abt(operands, KS, NB, K_TMPL, K_STEP, CHUNK_BYTES, BOX_BYTES)
     issue_pv = hp.tile_product_ab(operands, PS, OB, V_TMPL, V_STEP,
                                   64 * BK if FP8 else CHUNK_BYTES)   # FP8 V^T: d rows of keys
-    stage_n = cuda.jit(device=True, inline=True)(stage_of)
-    full_n = cuda.jit(device=True, inline=True)(full_parity)
-    empty_n = cuda.jit(device=True, inline=True)(empty_parity)
-
     @cuda.jit(device=True, inline=True)
-    def stage(i):
-        return stage_n(i, STAGES)
+    def next_stage(st, ph, lapped):
+        """-- the ring's next position: stage ``st`` + 1 (`stage_of`), its phase bit ``ph``
+        flipped at each lap (`full_parity`; a refill waits for the release's phase ``ph ^ 1``,
+        `empty_parity`), ``lapped`` once every stage has been used --"""
+        st += int32(1)
+        if st == STAGES:
+            return int32(0), ph ^ int32(1), int32(1)
+        return st, ph, lapped
 
-    @cuda.jit(device=True, inline=True)
-    def full_phase(i):
-        return full_n(i, STAGES)
-
-    @cuda.jit(device=True, inline=True)
-    def empty_phase(i):
-        return empty_n(i, STAGES)
     assert BAR + BARRIER_BYTES + 1024 == SMEM
-    why = pingpong_refusal(pingpong, BQ)
+    why = schedule_refusal(pingpong, overlap, BQ)
     if why:
         raise ValueError(why)
     PINGPONG = bool(pingpong)
@@ -327,15 +322,16 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=F
         tid = cuda.threadIdx.x
         warp = tid // 32
         lane = tid % 32
-        tile, bh, n_blocks_q = tile_and_head()
-        m_blk = n_blocks_q - 1 - tile                       # longest (causal) tiles first
-        n_heads = out.shape[1]
-        b = bh // n_heads
-        h = bh % n_heads
-        hk = h // group
-        s = b * sched_b + h * sched_h
-        start = offsets[s, m_blk]
-        stop = offsets[s, m_blk + 1]
+        # -- the work items this program takes: dispatch positions first, first + step, ... of
+        # the grid (Q tiles, batch * heads) (one each on that grid; a persistent launch has
+        # fewer programs, one per SM) --
+        n_heads = int32(out.shape[1])      # 32-bit: the item decode's divisions inline
+        group32 = int32(group)
+        n_blocks_q = int32((n_q + BQ - 1) // BQ)
+        n_bh = int32(out.shape[0]) * n_heads
+        n_work = n_blocks_q * n_bh
+        first = int32(cuda.blockIdx.x + cuda.gridDim.x * cuda.blockIdx.y)
+        step = int32(cuda.gridDim.x * cuda.gridDim.y)
         # shared memory from a 1024-byte boundary (the 128-byte swizzle's repeat): Q | stage 0
         # K, V | stage 1 K, V | (stage 2 K, V) | barriers
         base = hp.aligned_shared_base(smem)
@@ -344,7 +340,9 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=F
         q_full = base + BAR
         full0 = q_full + 8
         empty0 = full0 + 8 * STAGES
+        q_empty = empty0 + 8 * STAGES      # every consumer thread is done with Q's S products
         if tid == 0:
+            hp.mbarrier_init(q_empty, CONSUMER_THREADS)
             hp.init_ring_barriers(q_full, STAGES, CONSUMER_THREADS)
         cuda.syncthreads()       # the last CTA-wide barrier: the roles part here
 
@@ -352,57 +350,70 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=F
             hp.setmaxnreg_dec(PRODUCER_REGS)        # the producer warpgroup's, all four warps
         if warp == PRODUCER_WARP:
             if lane == 0:
-                # -- producer: Q once, then K and V tile by tile into the stages --
+                # -- producer: per work item Q once, then K and V tile by tile into the stages
+                # (tile i of the program's stream uses stage i % STAGES) --
                 g = hp.array_addr(maps)                         # Q, K, V maps: 128 bytes
                 g_k = g + uint64(128)
                 g_v = g + uint64(256)
                 hp.fence_proxy_tensormap_acquire(g)
                 hp.fence_proxy_tensormap_acquire(g_k)
                 hp.fence_proxy_tensormap_acquire(g_v)
-                row0 = m_blk * BQ
-                q_boxes = 0
-                for wg in range(W):
-                    if row0 + ROWS_PER_WARPGROUP * wg < n_q:   # a box past the end: not issued
-                        q_boxes += DC
-                hp.mbarrier_arrive_expect_tx(q_full, q_boxes * BOX_BYTES)
-                for wg in range(W):
-                    if row0 + ROWS_PER_WARPGROUP * wg < n_q:
+                st = int32(0)               # the ring: next stage, its phase, whether it
+                ph = int32(0)               # went round once (then a stage is refilled only
+                lapped = int32(0)           # after its release)
+                done = int32(0)             # the program's earlier work items
+                for lin in range(first, n_work, step):
+                    tile, bh = work_item(lin, n_blocks_q, n_bh)
+                    m_blk = n_blocks_q - 1 - tile           # longest (causal) tiles first
+                    b = bh // n_heads
+                    h = bh - b * n_heads
+                    hk = h // group32
+                    s = b * sched_b + h * sched_h
+                    start = offsets[s, m_blk]
+                    stop = offsets[s, m_blk + 1]
+                    row0 = m_blk * BQ
+                    if done > 0:        # Q's buffer: the last item's S products are done
+                        hp.mbarrier_wait_parity(q_empty, (done - 1) & 1)
+                    q_boxes = 0
+                    for wg in range(W):
+                        if row0 + ROWS_PER_WARPGROUP * wg < n_q:   # past the end: not issued
+                            q_boxes += DC
+                    hp.mbarrier_arrive_expect_tx(q_full, q_boxes * BOX_BYTES)
+                    for wg in range(W):
+                        if row0 + ROWS_PER_WARPGROUP * wg < n_q:
+                            for cc in range(DC):
+                                hp.cp_async_bulk_tensor_4d_g2s(
+                                    q_s + (wg * DC + cc) * BOX_BYTES, g, BOX_ELEMS * cc,
+                                    row0 + ROWS_PER_WARPGROUP * wg, h, b, q_full)
+                    for it in range(start, stop):
+                        if lapped:      # stage st last held the tile STAGES before: its release
+                            hp.mbarrier_wait_parity(empty0 + 8 * st, ph ^ int32(1))
+                        key0 = kv_index[it] * BK
+                        k_st = kv_s + st * 2 * KV_BYTES
+                        hp.mbarrier_arrive_expect_tx(full0 + 8 * st, 2 * KV_BYTES)
                         for cc in range(DC):
-                            hp.cp_async_bulk_tensor_4d_g2s(q_s + (wg * DC + cc) * BOX_BYTES, g,
-                                                           BOX_ELEMS * cc,
-                                                           row0 + ROWS_PER_WARPGROUP * wg, h, b,
-                                                           q_full)
-                for it in range(start, stop):
-                    i = it - start
-                    st = stage(i)
-                    if i >= STAGES:     # stage st last held tile i - STAGES: wait for its release
-                        hp.mbarrier_wait_parity(empty0 + 8 * st, empty_phase(i))
-                    key0 = kv_index[it] * BK
-                    k_st = kv_s + st * 2 * KV_BYTES
-                    hp.mbarrier_arrive_expect_tx(full0 + 8 * st, 2 * KV_BYTES)
-                    for cc in range(DC):
-                        hp.cp_async_bulk_tensor_4d_g2s(k_st + cc * CHUNK_BYTES, g_k,
-                                                       BOX_ELEMS * cc, key0, hk, b,
-                                                       full0 + 8 * st)
-                        if not FP8:
-                            hp.cp_async_bulk_tensor_4d_g2s(k_st + KV_BYTES + cc * CHUNK_BYTES,
-                                                           g_v, BOX_COLUMNS * cc, key0, hk, b,
+                            hp.cp_async_bulk_tensor_4d_g2s(k_st + cc * CHUNK_BYTES, g_k,
+                                                           BOX_ELEMS * cc, key0, hk, b,
                                                            full0 + 8 * st)
-                    if FP8:         # V^T: one box of d rows x block_k keys
-                        hp.cp_async_bulk_tensor_4d_g2s(k_st + KV_BYTES, g_v, key0, 0, hk, b,
-                                                       full0 + 8 * st)
+                            if not FP8:
+                                hp.cp_async_bulk_tensor_4d_g2s(
+                                    k_st + KV_BYTES + cc * CHUNK_BYTES, g_v, BOX_COLUMNS * cc,
+                                    key0, hk, b, full0 + 8 * st)
+                        if FP8:         # V^T: one box of d rows x block_k keys
+                            hp.cp_async_bulk_tensor_4d_g2s(k_st + KV_BYTES, g_v, key0, 0, hk,
+                                                           b, full0 + 8 * st)
+                        st, ph, lapped = next_stage(st, ph, lapped)
+                    done += 1
             return
         if REALLOC:
             if warp > PRODUCER_WARP:
                 return
             hp.setmaxnreg_inc(CONSUMER_REGS)
 
-        # -- consumers: warpgroup wg owns query rows m_blk * BQ + 64 wg .. + 63 --
+        # -- consumers: warpgroup wg owns query rows m_blk * BQ + 64 wg .. + 63 of each item --
         wg = warp // 4
         gid = lane // 4
         tig = lane % 4
-        row_first = m_blk * BQ + ROWS_PER_WARPGROUP * wg
-        row_a = row_first + 16 * (warp % 4) + gid         # this thread's rows: row_a, row_a + 8
         q_wg = q_s + wg * DC * BOX_BYTES
         s_reg = cuda.local.array(S_REGS, dtype=float32)
         o_reg = cuda.local.array(O_REGS, dtype=float32)
@@ -410,105 +421,132 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=F
         m_i = cuda.local.array(2, dtype=float32)
         l_i = cuda.local.array(2, dtype=float32)
         alpha = cuda.local.array(2, dtype=float32)
-        for r in range(O_REGS):
-            o_reg[r] = float32(0.0)
-        for hr in range(2):
-            m_i[hr] = NEG_INF
-            l_i[hr] = float32(0.0)
-        sl = scale_log2
-        if FP8:
-            sl = scale_log2 * descale_q[b, h] * descale_k[b, hk]
-        hp.mbarrier_wait_parity(q_full, 0)
         if PINGPONG and wg == 1:
             hp.named_barrier_arrive(PP_BAR, PP_THREADS)     # warpgroup 0 multiplies first
+        st = int32(0)           # the ring as the producer fills it (`next_stage`)
+        ph = int32(0)
+        lapped = int32(0)
+        done = int32(0)
+        for lin in range(first, n_work, step):
+            tile, bh = work_item(lin, n_blocks_q, n_bh)
+            # the item and its schedule entries, broadcast from lane 0: known warp-uniform, so
+            # that ptxas keeps the tile loop's ring, descriptors and mask tests in uniform
+            # registers (computed per thread, they cost 3-8 % at d = 64)
+            m_blk = cuda.shfl_sync(0xFFFFFFFF, n_blocks_q - 1 - tile, 0)
+            bh = cuda.shfl_sync(0xFFFFFFFF, bh, 0)
+            b = bh // n_heads
+            h = bh - b * n_heads
+            hk = h // group32
+            s = b * sched_b + h * sched_h
+            start = cuda.shfl_sync(0xFFFFFFFF, offsets[s, m_blk], 0)
+            stop = cuda.shfl_sync(0xFFFFFFFF, offsets[s, m_blk + 1], 0)
+            row_first = m_blk * BQ + ROWS_PER_WARPGROUP * wg
+            row_a = row_first + 16 * (warp % 4) + gid     # this thread's rows: row_a, row_a + 8
+            for r in range(O_REGS):
+                o_reg[r] = float32(0.0)
+            for hr in range(2):
+                m_i[hr] = NEG_INF
+                l_i[hr] = float32(0.0)
+            sl = scale_log2
+            if FP8:
+                sl = scale_log2 * descale_q[b, h] * descale_k[b, hk]
+            hp.mbarrier_wait_parity(q_full, done & 1)
 
-        if not OVERLAP:
-            for it in range(start, stop):
-                i = it - start
-                k_st = kv_s + stage(i) * 2 * KV_BYTES
-                hp.mbarrier_wait_parity(full0 + 8 * stage(i), full_phase(i))
+            if not OVERLAP:
+                for it in range(start, stop):
+                    k_st = kv_s + st * 2 * KV_BYTES
+                    hp.mbarrier_wait_parity(full0 + 8 * st, ph)
+                    take_turn(wg)
+                    hp.wgmma_fence()
+                    issue_qk(s_reg, q_wg, k_st)
+                    hand_over(wg)
+                    hp.wgmma_wait_group(0)
+                    hp.wgmma_fence_operands(s_reg, 0, S_REGS)
+                    softmax(s_reg, m_i, l_i, alpha, kv_index[it], row_first, row_a, tig, n_k,
+                            sl, band_lo, band_hi)
+                    rescale(o_reg, alpha)
+                    to_p(pa, s_reg)
+                    hp.wgmma_fence()
+                    issue_pv(o_reg, pa, k_st + KV_BYTES)
+                    hp.wgmma_wait_group(0)
+                    hp.wgmma_fence_operands(o_reg, 0, O_REGS)
+                    hp.mbarrier_arrive(empty0 + 8 * st)      # this stage may be refilled
+                    st, ph, lapped = next_stage(st, ph, lapped)
+                hp.mbarrier_arrive(q_empty)             # Q may be refilled
+            elif start < stop:
+                # -- tile 0: S = Q K^T and its softmax (O is still zero: no rescale) --
+                hp.mbarrier_wait_parity(full0 + 8 * st, ph)
                 take_turn(wg)
                 hp.wgmma_fence()
-                issue_qk(s_reg, q_wg, k_st)
+                issue_qk(s_reg, q_wg, kv_s + st * 2 * KV_BYTES)
                 hand_over(wg)
                 hp.wgmma_wait_group(0)
                 hp.wgmma_fence_operands(s_reg, 0, S_REGS)
-                softmax(s_reg, m_i, l_i, alpha, kv_index[it], row_first, row_a, tig, n_k, sl,
+                softmax(s_reg, m_i, l_i, alpha, kv_index[start], row_first, row_a, tig, n_k, sl,
                         band_lo, band_hi)
-                rescale(o_reg, alpha)
                 to_p(pa, s_reg)
+                st_prev = st
+                st, ph, lapped = next_stage(st, ph, lapped)
+                for it in range(start + 1, stop):
+                    k_st = kv_s + st * 2 * KV_BYTES
+                    v_prev = kv_s + st_prev * 2 * KV_BYTES + KV_BYTES
+                    hp.mbarrier_wait_parity(full0 + 8 * st, ph)
+                    # -- issue S = Q K^T of tile i, then O += P V of tile i - 1 --
+                    take_turn(wg)
+                    hp.wgmma_fence()
+                    issue_qk(s_reg, q_wg, k_st)
+                    issue_pv(o_reg, pa, v_prev)
+                    hand_over(wg)
+                    # -- softmax of tile i while O += P V runs --
+                    hp.wgmma_wait_group(1)
+                    hp.wgmma_fence_operands(s_reg, 0, S_REGS)
+                    softmax(s_reg, m_i, l_i, alpha, kv_index[it], row_first, row_a, tig, n_k,
+                            sl, band_lo, band_hi)
+                    hp.wgmma_wait_group(0)
+                    hp.wgmma_fence_operands(o_reg, 0, O_REGS)
+                    hp.mbarrier_arrive(empty0 + 8 * st_prev)    # tile i - 1's stage is free
+                    rescale(o_reg, alpha)
+                    to_p(pa, s_reg)
+                    st_prev = st
+                    st, ph, lapped = next_stage(st, ph, lapped)
+                # -- every S = Q K^T of the item is done: Q may be refilled; the last tile's
+                # O += P V --
+                hp.mbarrier_arrive(q_empty)
                 hp.wgmma_fence()
-                issue_pv(o_reg, pa, k_st + KV_BYTES)
+                issue_pv(o_reg, pa, kv_s + st_prev * 2 * KV_BYTES + KV_BYTES)
                 hp.wgmma_wait_group(0)
                 hp.wgmma_fence_operands(o_reg, 0, O_REGS)
-                hp.mbarrier_arrive(empty0 + 8 * stage(i))      # this stage may be refilled
-        elif start < stop:
-            # -- tile 0: S = Q K^T and its softmax (O is still zero: no rescale) --
-            hp.mbarrier_wait_parity(full0, 0)
-            take_turn(wg)
-            hp.wgmma_fence()
-            issue_qk(s_reg, q_wg, kv_s)
-            hand_over(wg)
-            hp.wgmma_wait_group(0)
-            hp.wgmma_fence_operands(s_reg, 0, S_REGS)
-            softmax(s_reg, m_i, l_i, alpha, kv_index[start], row_first, row_a, tig, n_k, sl,
-                    band_lo, band_hi)
-            to_p(pa, s_reg)
-            for it in range(start + 1, stop):
-                i = it - start
-                k_st = kv_s + stage(i) * 2 * KV_BYTES
-                v_prev = kv_s + stage(i - 1) * 2 * KV_BYTES + KV_BYTES
-                hp.mbarrier_wait_parity(full0 + 8 * stage(i), full_phase(i))
-                # -- issue S = Q K^T of tile i, then O += P V of tile i - 1 --
-                take_turn(wg)
-                hp.wgmma_fence()
-                issue_qk(s_reg, q_wg, k_st)
-                issue_pv(o_reg, pa, v_prev)
-                hand_over(wg)
-                # -- softmax of tile i while O += P V runs --
-                hp.wgmma_wait_group(1)
-                hp.wgmma_fence_operands(s_reg, 0, S_REGS)
-                softmax(s_reg, m_i, l_i, alpha, kv_index[it], row_first, row_a, tig, n_k, sl,
-                        band_lo, band_hi)
-                hp.wgmma_wait_group(0)
-                hp.wgmma_fence_operands(o_reg, 0, O_REGS)
-                hp.mbarrier_arrive(empty0 + 8 * stage(i - 1))  # tile i - 1's stage is free
-                rescale(o_reg, alpha)
-                to_p(pa, s_reg)
-            # -- the last tile's O += P V --
-            last = stop - start - 1
-            hp.wgmma_fence()
-            issue_pv(o_reg, pa, kv_s + stage(last) * 2 * KV_BYTES + KV_BYTES)
-            hp.wgmma_wait_group(0)
-            hp.wgmma_fence_operands(o_reg, 0, O_REGS)
-            hp.mbarrier_arrive(empty0 + 8 * stage(last))
+                hp.mbarrier_arrive(empty0 + 8 * st_prev)
+            else:
+                hp.mbarrier_arrive(q_empty)             # no tile: Q is not read
+
+            # -- epilogue: one rescale, O as packed 16-bit pairs, logsumexp (natural log) --
+            for hr in range(2):
+                l_tot = l_i[hr]
+                l_tot += cuda.shfl_xor_sync(0xFFFFFFFF, l_tot, 1)
+                l_tot += cuda.shfl_xor_sync(0xFFFFFFFF, l_tot, 2)
+                row = row_a + 8 * hr
+                inv = float32(1.0) / l_tot if l_tot > float32(0.0) else float32(0.0)
+                if FP8:
+                    inv *= descale_v[b, hk]
+                if row < n_q:
+                    for dc in range(OB):
+                        for j in range(8):
+                            r = 32 * dc + 4 * j + 2 * hr
+                            word = pack(o_reg[r] * inv, o_reg[r + 1] * inv)
+                            ptx.st_global_u32(ptx.global_addr(out, b, h, row, 64 * dc + 8 * j
+                                                              + 2 * tig), word)
+                    if tig == 0:
+                        if l_tot > float32(0.0):
+                            m_row = m_i[hr]
+                            if FP8:
+                                m_row -= P_SHIFT
+                            lse[b, h, row] = m_row * float32(LN2) + math.log(l_tot)
+                        else:
+                            lse[b, h, row] = NEG_INF
+            done += 1
         if PINGPONG and wg == 0:    # the other warpgroup's last turn signal
             hp.named_barrier_sync(PP_BAR, PP_THREADS)
-
-        # -- epilogue: one rescale, O as packed 16-bit pairs, logsumexp (natural log) --
-        for hr in range(2):
-            l_tot = l_i[hr]
-            l_tot += cuda.shfl_xor_sync(0xFFFFFFFF, l_tot, 1)
-            l_tot += cuda.shfl_xor_sync(0xFFFFFFFF, l_tot, 2)
-            row = row_a + 8 * hr
-            inv = float32(1.0) / l_tot if l_tot > float32(0.0) else float32(0.0)
-            if FP8:
-                inv *= descale_v[b, hk]
-            if row < n_q:
-                for dc in range(OB):
-                    for j in range(8):
-                        r = 32 * dc + 4 * j + 2 * hr
-                        word = pack(o_reg[r] * inv, o_reg[r + 1] * inv)
-                        ptx.st_global_u32(ptx.global_addr(out, b, h, row, 64 * dc + 8 * j
-                                                          + 2 * tig), word)
-                if tig == 0:
-                    if l_tot > float32(0.0):
-                        m_row = m_i[hr]
-                        if FP8:
-                            m_row -= P_SHIFT
-                        lse[b, h, row] = m_row * float32(LN2) + math.log(l_tot)
-                    else:
-                        lse[b, h, row] = NEG_INF
 
     kernel.threads = THREADS
     kernel.smem_bytes = SMEM
@@ -519,7 +557,8 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=F
 def tiles(problem, config):
     """``(block_q, block_k)`` for a problem: ``config``'s, else the problem's requested tiles,
     else `sim.plans.wgmma_fwd.wgmma_default_blocks`."""
-    return requested_tiles(problem, config, wgmma_default_blocks(problem.head_dim, problem.causal),
+    return requested_tiles(problem, config, wgmma_default_blocks(problem.head_dim, problem.causal,
+                                                                 problem.seqlen_q),
                            BLOCK_Q_CHOICES, BLOCK_K_CHOICES)
 
 
@@ -539,7 +578,8 @@ def supports(problem, config):
     if bq not in BLOCK_Q_CHOICES or bk not in BLOCK_K_CHOICES:
         return (f"the wgmma forward takes block_q in {BLOCK_Q_CHOICES} and block_k in "
                 f"{BLOCK_K_CHOICES}, got block_q={bq}, block_k={bk}")
-    why = pingpong_refusal(config.pingpong, bq)
+    why = (schedule_refusal(config.pingpong, config.overlap, bq)
+           or smem_refusal(pb.head_dim, bq, bk, config.overlap))
     if why:
         return why
     why = host.tensor_core_refusal(pb, "the wgmma family", DTYPES, SUPPORTED_HEAD_DIMS,
@@ -597,7 +637,7 @@ def plan(problem, config):
     block_q, block_k = tiles(problem, config)
     return host.family_plan("wgmma", "fwd", problem, block_q=block_q, block_k=block_k,
                             launch_order=config.launch_order, pingpong=config.pingpong,
-                            overlap=config.overlap)
+                            overlap=config.overlap, persistent=config.persistent)
 
 
 def _operand_layout(x, itemsize=2):
@@ -776,6 +816,7 @@ def prepare(problem, config):
                       pingpong=the_plan.config["pingpong"], overlap=the_plan.config["overlap"])
     host.check_launch(launch.name, (launch.threads, launch.shared_bytes),
                       (kern.threads, kern.smem_bytes))
+    grid = host.launch_grid(launch)
     offsets, index, sched_b, sched_h = tile_scheduler.device_schedule(pb, block_q, block_k, "kv")
     B, H, Nq, D, Nk = pb.batch, pb.heads_q, pb.seqlen_q, pb.head_dim, pb.seqlen_k
     template = host._without_operands(pb)
@@ -818,12 +859,12 @@ def prepare(problem, config):
         out = call.output((B, H, Nq, D), words=True, like=q)     # in q's layout (dense q)
         lse = call.output((B, H, Nq), float32=True)
         args = (maps, out.arg, lse.arg, *tail)
-        host.relaunch(plans, (out.arg, lse.arg), kern, launch.grid, launch.threads, call.stream,
+        host.relaunch(plans, (out.arg, lse.arg), kern, grid, launch.threads, call.stream,
                       args, sharedmem=launch.shared_bytes, fast=config.fast_launch)
         if repeat.launches is None:
             shapes_strides[:] = [layout[1:] for layout in layouts]
             repeat.record((q, k, v), ops, lambda: [host.pointer_launch(
-                kern, launch.grid, launch.threads, launch.shared_bytes, args, range(3))])
+                kern, grid, launch.threads, launch.shared_bytes, args, range(3))])
         result = out.value(), lse.value()   # (NumPy: copied back while ops are still alive)
         del ops
         return result
@@ -841,7 +882,6 @@ def _unit_descales():
 #: Head dims of the FP8 forward (`sim.plans.wgmma_fwd`: a 128-byte swizzled row is 128 e4m3
 #: elements); its query tiles are the wgmma forward's, its key tile `FP8_BLOCK_K`.
 FP8_HEAD_DIMS = (FP8_HEAD_DIM,)
-FP8_BLOCK_Q_CHOICES = BLOCK_Q_CHOICES
 
 
 def fp8_supports(batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, causal,
@@ -943,7 +983,7 @@ def v_transpose(v8, stream=None, plans=None):
 
 
 def fp8_plan(batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, causal, block_q=None,
-             launch_order=None, pingpong=None, overlap=None):
+             launch_order=None, pingpong=None, overlap=None, persistent=None):
     """The `sim.plan.Plan` `forward_fp8` launches (`sim.plans.wgmma_fwd.wgmma_fp8_forward_plan`:
     the V transpose, then the attention kernel; ``pingpong``, ``overlap`` None: the plan's
     defaults)."""
@@ -953,10 +993,11 @@ def fp8_plan(batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, causal, blo
                  seq_len_k=seqlen_k, head_dim=head_dim, dtype="bf16", causal=bool(causal))
     return plan_for("wgmma_fp8", "fwd", w, block_q=block_q or FP8_DEFAULT_BLOCK_Q,
                     block_k=FP8_BLOCK_K, launch_order=launch_order, pingpong=pingpong,
-                    overlap=overlap)
+                    overlap=overlap, persistent=persistent)
 
 
-#: (shapes, causal, scale, block_q, launch order, ping-pong, overlap, device) -> _Fp8Launch
+#: (shapes, causal, scale, block_q, launch order, ping-pong, overlap, persistent, device) ->
+#: _Fp8Launch
 _FP8_PREPARED: dict = {}
 
 
@@ -967,11 +1008,11 @@ class _Fp8Launch:
     the launch plans `kernels.host.relaunch` keeps per argument layout."""
 
     def __init__(self, B, H, Hkv, Nq, Nk, D, causal, scale, block_q, launch_order, pingpong,
-                 overlap):
+                 overlap, persistent=None):
         import numpy as np
         from types import SimpleNamespace
         the_plan = fp8_plan(B, H, Hkv, Nq, Nk, D, causal, block_q, launch_order, pingpong,
-                            overlap)
+                            overlap, persistent)
         _transpose, self.launch = the_plan.kernels      # the transpose: `v_transpose`
         bq, bk = the_plan.config["block_q"], the_plan.config["block_k"]
         group = tile_scheduler.head_group(launch_order, causal, "fwd")
@@ -980,6 +1021,7 @@ class _Fp8Launch:
                                overlap=the_plan.config["overlap"])
         host.check_launch(self.launch.name, (self.launch.threads, self.launch.shared_bytes),
                           (self.kern.threads, self.kern.smem_bytes))
+        self.grid = host.launch_grid(self.launch)
         shape = SimpleNamespace(seqlen_q=Nq, seqlen_k=Nk, causal=bool(causal), block_mask=None,
                                 block_q=None, block_k=None)
         offsets, index, sched_b, sched_h = tile_scheduler.device_schedule(shape, bq, bk, "kv")
@@ -993,7 +1035,7 @@ class _Fp8Launch:
 
 
 def forward_fp8(q, k, v, descale_q, descale_k, descale_v, *, causal=False, scale=None,
-                block_q=None, launch_order=None, pingpong=None, overlap=None):
+                block_q=None, launch_order=None, pingpong=None, overlap=None, persistent=None):
     """FlashAttention-3's FP8 forward: ``(out, lse)`` for torch float8_e4m3fn Q [B, Hq, Nq, d],
     K and V [B, Hkv, Nk, d] on a GPU of compute capability 9.0 (`fp8_supports`), with float32
     descales [B, Hq], [B, Hkv], [B, Hkv] (contiguous; the scores are ``scale * (q descale_q)
@@ -1001,7 +1043,8 @@ def forward_fp8(q, k, v, descale_q, descale_k, descale_v, *, causal=False, scale
     logsumexp (-inf and a zero row where no key is allowed). Top-left causal. ``pingpong``: the
     warpgroups take turns issuing S = Q K^T (None: the plan's default, on at ``block_q`` = 128;
     True at ``block_q`` = 64 is a ValueError); ``overlap``: a tile's softmax runs while the
-    O += P V of the tile before is on the tensor cores (None: the plan's default). The plan, kernel
+    O += P V of the tile before is on the tensor cores (None: the plan's default);
+    ``persistent``: one program per SM walks the work items (None: the plan's default). The plan, kernel
     and schedule are chosen once per configuration (`_Fp8Launch`); a call allocates V^T, O and
     the logsumexp and makes two launches. The user-facing entry, with its checks, is
     `ioaware.fp8.attention`."""
@@ -1010,7 +1053,7 @@ def forward_fp8(q, k, v, descale_q, descale_k, descale_v, *, causal=False, scale
     Hkv, Nk = int(k.shape[1]), int(k.shape[2])
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     key = (B, H, Hkv, Nq, Nk, D, bool(causal), scale, block_q, launch_order, pingpong, overlap,
-           q.device.index)
+           persistent, q.device.index)
     prep = _FP8_PREPARED.get(key)
     if prep is None:
         why = fp8_supports(B, H, Hkv, Nq, Nk, D, causal, block_q)
@@ -1019,7 +1062,7 @@ def forward_fp8(q, k, v, descale_q, descale_k, descale_v, *, causal=False, scale
         if len(_FP8_PREPARED) > 64:
             _FP8_PREPARED.clear()
         prep = _FP8_PREPARED[key] = _Fp8Launch(B, H, Hkv, Nq, Nk, D, causal, scale, block_q,
-                                               launch_order, pingpong, overlap)
+                                               launch_order, pingpong, overlap, persistent)
     stream = host.launch_stream(q)
     ops = [x.view(torch.uint8) for x in (q, k)]
     ops = [host.aligned_copy(x) if _needs_copy(x, 1) else x for x in ops]
@@ -1032,7 +1075,7 @@ def forward_fp8(q, k, v, descale_q, descale_k, descale_v, *, causal=False, scale
     out16 = out.view(torch.int16)
     launch = prep.launch
     host.relaunch(prep.plans, (maps, out16, lse, descale_q, descale_k, descale_v), prep.kern,
-                  launch.grid, launch.threads, stream,
+                  prep.grid, launch.threads, stream,
                   (maps, out16, lse, *prep.tail, descale_q, descale_k, descale_v, *prep.band),
                   sharedmem=launch.shared_bytes)
     del ops

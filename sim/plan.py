@@ -211,7 +211,13 @@ class KernelPlan:
     utilisation that leaves where it is lower than the equal-programs wave estimate. The order:
     ``head_group`` where pinned, else ``default_head_group`` balanced as the launcher balances
     it (`ioaware.launch_order.balanced_head_group` on the profile's SMs). Empty (the default):
-    programs of equal work."""
+    programs of equal work.
+
+    ``persistent``: the grid's programs are *work items*; the launch runs one program per SM
+    (or fewer, one per item), program ``p`` of ``P`` taking the items at dispatch positions
+    ``p, p + P, p + 2 P, ...`` (a program fills its SM: `kernels.host.launch_grid`), so that
+    one item's loads start under the one before's last products and stores. Priced as the
+    same work items (the waves of `price` and `tile_work`'s dispatch); default False."""
 
     name: str
     phase: str
@@ -235,6 +241,7 @@ class KernelPlan:
     tile_work: tuple = ()
     head_group: int | None = None
     default_head_group: int = 1
+    persistent: bool = False
 
     @property
     def programs(self) -> int:

@@ -148,11 +148,11 @@ def test_serial_chains_of_resident_programs_overlap():
     with pytest.raises(ValueError, match="programs"):
         serial_parts(levels, (), 0)
     w = Workload(batch=2, heads=16, seq_len_q=8192, head_dim=64, dtype="fp16")
-    plan = plan_for("wgmma", "fwd", w, block_q=64, block_k=128)
+    plan = plan_for("wgmma", "fwd", w, block_q=64, block_k=64)
     (k,) = plan.kernels
     assert k.serial and k.serial_per_program
     (c,) = price(plan, "h100").kernels
-    assert c.resident_per_sm == 2
+    assert c.resident_per_sm >= 2
     lv = c.level_s
     chain = max(lv["matmul"] + lv["mufu"], lv["matmul"] + lv["fp32"]) / c.resident_per_sm
     launch = c.time_s - max(max(lv.values()), chain)

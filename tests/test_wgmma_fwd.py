@@ -37,8 +37,10 @@ from kernels import hopper as hp
 from kernels import wgmma_fwd as wf
 from sim.plan import price
 from sim.plans import plan_for
-from sim.plans.wgmma_fwd import (WGMMA_FWD_WAITS_PER_TILE, WGMMA_REGISTERS, WGMMA_SPILLING,
+from sim.plans.wgmma_fwd import (WGMMA_FWD_WAITS_PER_TILE, WGMMA_PRODUCER_SPILL_BYTES,
+                                 WGMMA_REGISTERS, WGMMA_SPILLING,
                                  wgmma_default_blocks, wgmma_forward_configs, wgmma_smem_bytes,
+                                 overlap_registers, WGMMA_THREE_WARPGROUPS_FROM,
                                  wgmma_threads)
 from sim.workload import Workload
 
@@ -222,7 +224,8 @@ def test_plan_defaults_refusals_and_configs():
     assert (plan.config["block_q"], plan.config["block_k"]) == wgmma_default_blocks(128)
     # the default schedule at two consumer warpgroups: turns and the intra-warpgroup overlap
     assert plan.config["pingpong"] and plan.config["overlap"]
-    assert (128, *wgmma_default_blocks(128)) not in WGMMA_SPILLING
+    # (WGMMA_SPILLING lists serial kernels; the default runs the overlap, spill-free)
+    assert plan.config["overlap"] and plan.config["persistent"]
     serial = plan_for("wgmma", "fwd", w, block_q=64)
     assert not serial.config["pingpong"] and not serial.config["overlap"]
     sizes = dict(batch=1, heads=1, seq_len_q=256, head_dim=128, dtype="bf16")
@@ -233,9 +236,40 @@ def test_plan_defaults_refusals_and_configs():
     with pytest.raises(ValueError, match="block_k"):
         plan_for("wgmma", "fwd", w, block_k=32)
     cfgs = wgmma_forward_configs(w)
-    assert {(c["block_q"], c["block_k"]) for c in cfgs} == set(itertools.product((128, 64),
-                                                                                  (128, 64)))
-    assert all(wgmma_smem_bytes(128, c["block_q"], c["block_k"]) <= 227 * 1024 for c in cfgs)
+    # three consumer warpgroups (block_q = 192) run the overlap's three stages: 192 x 128 does
+    # not fit at d = 128, and is refused by the plan, naming the tiles
+    assert {(c["block_q"], c["block_k"]) for c in cfgs} == (
+        set(itertools.product((128, 64), (128, 64))) | {(192, 64)})
+    assert all(wgmma_smem_bytes(128, c["block_q"], c["block_k"], 2, 3) <= 227 * 1024
+               for c in cfgs)
+    with pytest.raises(ValueError, match="block_q=192, block_k=128 at head_dim=128"):
+        plan_for("wgmma", "fwd", w, block_q=192, block_k=128)
+    w64 = Workload(**{**sizes, "head_dim": 64})
+    assert {(c["block_q"], c["block_k"]) for c in wgmma_forward_configs(w64)} == set(
+        itertools.product((128, 64, 192), (128, 64)))
+    three = plan_for("wgmma", "fwd", w64, block_q=192, block_k=128)
+    (k,) = three.kernels
+    assert three.config["overlap"] and not three.config["pingpong"]
+    assert three.config["consumer_warpgroups"] == 3 and three.config["stages"] == 3
+    assert k.threads == 512 and k.registers == 128      # 65536 / 512 at launch
+    assert overlap_registers(192) == (32, 160) and overlap_registers(128) == (40, 232)
+    assert 128 * 32 + 384 * 160 <= 65536 and 128 * 40 + 256 * 232 <= 65536
+    # persistent where a program fills its SM (a producer warpgroup), refused elsewhere
+    assert three.config["persistent"] and k.persistent and plan.config["persistent"]
+    assert not serial.config["persistent"] and not serial.kernels[0].persistent
+    assert not plan_for("wgmma", "fwd", w, persistent=False).kernels[0].persistent
+    with pytest.raises(ValueError, match="persistent=True needs one program per SM"):
+        plan_for("wgmma", "fwd", w, block_q=64, persistent=True)
+    # the default tile: 192 x 128 at d = 64 from WGMMA_THREE_WARPGROUPS_FROM queries on
+    n3 = WGMMA_THREE_WARPGROUPS_FROM
+    assert wgmma_default_blocks(64, True, n3) == (192, 128)
+    assert wgmma_default_blocks(64, False, n3 - 1) == wgmma_default_blocks(64) == (128, 128)
+    assert wgmma_default_blocks(128, False, 8 * n3) == (128, 128)
+    big = plan_for("wgmma", "fwd", Workload(**{**sizes, "head_dim": 64, "seq_len_q": n3}))
+    assert (big.config["block_q"], big.config["block_k"]) == (192, 128)
+    for bad, word in ((dict(overlap=False), "overlap=False"), (dict(pingpong=True), "pingpong")):
+        with pytest.raises(ValueError, match=word):
+            plan_for("wgmma", "fwd", w64, block_q=192, block_k=128, **bad)
 
 
 def test_the_module_plan_is_the_registered_plan():
@@ -243,7 +277,7 @@ def test_the_module_plan_is_the_registered_plan():
     plan = wf.plan(pb, WGMMA)
     from kernels.host import plan_workload
     assert plan == plan_for("wgmma", "fwd", plan_workload(pb, "fwd"), block_q=128, block_k=128,
-                            launch_order=None, pingpong=None, overlap=None)
+                            launch_order=None, pingpong=None, overlap=None, persistent=None)
 
 
 def test_sim_plan_command(capsys):
@@ -499,7 +533,8 @@ COMPILED = [(64, 128, 128, False, True, False, False), (64, 128, 128, True, Fals
             (128, 64, 128, False, False, False, False), (128, 128, 128, False, False, False, False),
             (64, 128, 128, False, False, True, False), (128, 128, 64, True, False, True, False),
             (128, 128, 128, False, False, False, True), (64, 128, 128, True, True, False, True),
-            (128, 128, 128, True, False, True, True), (64, 64, 128, False, False, False, True)]
+            (128, 128, 128, True, False, True, True), (64, 64, 128, False, False, False, True),
+            (64, 192, 128, True, True, False, True), (128, 192, 64, False, False, True, True)]
 
 
 def _schedule(cfg) -> dict:
@@ -573,8 +608,12 @@ def test_compiles_and_assembles_for_sm90a(compiled, cfg):
     # loop's two, and the peeled first S = Q K^T's and last O += P V's)
     assert text.count("wgmma.wait_group.sync.aligned") == copies * WGMMA_FWD_WAITS_PER_TILE
     assert text.count("wgmma.commit_group.sync.aligned") == copies * WGMMA_FWD_WAITS_PER_TILE
-    # a producer warpgroup gives its registers to the consumers (two consumer warpgroups)
-    assert text.count("setmaxnreg.") == (2 if overlap and bq == 128 else 0)
+    # a producer warpgroup gives its registers to the consumers (two or three consumer
+    # warpgroups)
+    assert text.count("setmaxnreg.") == (2 if overlap and bq >= 128 else 0)
+    if overlap and bq == 192:
+        assert "setmaxnreg.inc.sync.aligned.u32 160" in text
+        assert "setmaxnreg.dec.sync.aligned.u32 32" in text
     # ping-pong: warpgroup 1's first hand-over and the hand-over after each turn's issue (the
     # first tile, the loop)
     assert text.count("bar.arrive") == (3 if overlap and bq == 128 else 0)
@@ -596,8 +635,11 @@ def test_compiles_and_assembles_for_sm90a(compiled, cfg):
     print(name, entry)
     assert "ignored" not in stderr, stderr      # (C7508) setmaxnreg ignored
     if overlap:
-        assert entry["registers_per_thread"] <= (168 if bq == 128 else 255), entry
-        assert entry["spill_store_bytes"] == 0 and entry["stack_frame_bytes"] == 0, entry
+        assert entry["registers_per_thread"] <= {128: 168, 192: 128}.get(bq, 255), entry
+        # three consumer warpgroups: their producer's 32 registers may spill a little
+        allowed = WGMMA_PRODUCER_SPILL_BYTES if bq == 192 else 0
+        assert entry["spill_store_bytes"] <= allowed, entry
+        assert entry["stack_frame_bytes"] <= allowed, entry
         return
     assert abs(entry["registers_per_thread"] - WGMMA_REGISTERS[(d, bq, bk)]) <= 8, entry
     if (d, bq, bk) in WGMMA_SPILLING:
@@ -778,7 +820,7 @@ WINDOW_CASES = [  # (Nq, Nk, window_size, causal): bands that skip tiles and cut
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("block_q, block_k", [(128, 64), (64, 128), (128, 128)])
+@pytest.mark.parametrize("block_q, block_k", [(128, 64), (64, 128), (128, 128), (192, 64)])
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("n_q, n_k, window, causal", WINDOW_CASES)
 def test_sliding_window_matches_float64(n_q, n_k, window, causal, head_dim, block_q, block_k):
@@ -813,7 +855,7 @@ def test_large_logits_and_long_rows(dtype, head_dim):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("block_q, block_k", list(itertools.product((128, 64), (128, 64))))
+@pytest.mark.parametrize("block_q, block_k", list(itertools.product((128, 64, 192), (128, 64))))
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 def test_every_tile_configuration(block_q, block_k, head_dim, causal):
@@ -821,8 +863,40 @@ def test_every_tile_configuration(block_q, block_k, head_dim, causal):
     q, k, v = _inputs(torch, (2, 2, 333, head_dim), (2, 2, 290, head_dim), torch.float16,
                       seed=block_q + block_k + causal)
     cfg = KernelConfig(family="wgmma", block_q=block_q, block_k=block_k)
+    if (block_q, block_k, head_dim) == (192, 128, 128):     # three stages do not fit
+        pb = kernel_problem(q, k, v, scale=0.09, causal=causal)
+        assert "shared memory" in wf.supports(pb, cfg)
+        return
     out, lse = _forward(q, k, v, config=cfg, scale=0.09, causal=causal)
     _check(q, k, v, out, lse, scale=0.09, causal=causal)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("head_dim, block_q", [(64, 128), (64, 192), (128, 128), (128, 192)])
+@pytest.mark.parametrize("causal, window", [(False, None), (True, None), (True, (300, 0))])
+def test_persistent_programs_walk_many_items(dtype, head_dim, block_q, causal, window):
+    """More work items than SMs: each persistent program walks several (Q reloaded after its
+    last S = Q K^T, the K/V ring carried on across items, the ping-pong turns too); O and the
+    logsumexp as float64's, and the same bits as one program per item."""
+    torch = _need_hopper()
+    n = 1000
+    q, k, v = _inputs(torch, (8, 8, n, head_dim), (8, 4, n, head_dim), getattr(torch, dtype),
+                      seed=head_dim + block_q + causal)
+    scale = 1 / math.sqrt(head_dim)
+    kw = dict(causal=causal, window_size=window) if window else dict(causal=causal)
+    block_k = 128 if (head_dim, block_q) != (128, 192) else 64    # (192 x 128: d = 64 only)
+    items = 8 * 8 * -(-n // block_q)
+    assert items > 2 * torch.cuda.get_device_properties(0).multi_processor_count
+    cfg = dict(family="wgmma", block_q=block_q, block_k=block_k)
+    on = _forward(q, k, v, config=KernelConfig(**cfg, persistent=True), scale=scale, **kw)
+    off = _forward(q, k, v, config=KernelConfig(**cfg, persistent=False), scale=scale, **kw)
+    if window:
+        from .test_window import window_rule
+        _check(q, k, v, *on, scale=scale, mask=window_rule(n, n, window, causal)[None, None])
+    else:
+        _check(q, k, v, *on, scale=scale, causal=causal)
+    assert torch.equal(on[0], off[0]) and torch.equal(on[1], off[1])
 
 
 @pytest.mark.gpu
@@ -971,7 +1045,8 @@ def test_records_are_priced_with_the_schedule_they_ran():
         True, True, 3)
     assert new.kernels[0].threads == 384
     assert _fixed("wgmma", "fwd", {0: {"config": {}}}, False) == {"pingpong": False,
-                                                                 "overlap": False}
+                                                                 "overlap": False,
+                                                                 "persistent": False}
     # the backward has no schedule; a file from before its launcher balanced the launch order
     # is priced in the pass's default order, unbalanced
     assert _fixed("wgmma", "bwd", {0: {"config": {}}}, True) == {"launch_order": 4}

@@ -68,11 +68,12 @@ __all__ = ["wgmma_forward_plan", "wgmma_forward_configs", "wgmma_fp8_forward_pla
            "fp8_transpose_keys", "fp8_transpose_grid", "wgmma_default_blocks",
            "wgmma_threads", "wgmma_smem_bytes", "wgmma_consumer_warpgroups", "WGMMA_HEAD_DIMS",
            "WGMMA_BLOCK_Q_CHOICES", "WGMMA_BLOCK_K_CHOICES", "WGMMA_REGISTERS", "WGMMA_SPILLING",
-           "WGMMA_FWD_WAITS_PER_TILE",
+           "WGMMA_FWD_WAITS_PER_TILE", "WGMMA_PRODUCER_SPILL_BYTES",
            "ROWS_PER_WARPGROUP", "WARPGROUP_THREADS", "PRODUCER_THREADS", "ALIGN_SLACK_BYTES",
            "BARRIER_BYTES", "BOX_COLUMNS", "KERNEL_NAME", "WGMMA_PINGPONG_DEFAULT",
-           "FP8_PINGPONG_DEFAULT", "pingpong_refusal", "producer_warpgroup", "OVERLAP_REGISTERS",
-           "WGMMA_OVERLAP_DEFAULT", "FP8_OVERLAP_DEFAULT", "SERIAL_SCHEDULE", "record_schedule",
+           "FP8_PINGPONG_DEFAULT", "WGMMA_THREE_WARPGROUPS_FROM", "schedule_refusal", "smem_refusal", "producer_warpgroup", "OVERLAP_REGISTERS",
+           "OVERLAP_REGISTERS_BY_CONSUMERS", "overlap_registers", "FP8_BLOCK_Q_CHOICES",
+           "WGMMA_OVERLAP_DEFAULT", "FP8_OVERLAP_DEFAULT", "WGMMA_PERSISTENT_DEFAULT", "SERIAL_SCHEDULE", "record_schedule",
            "SCHEDULES", "schedule_name"]
 
 KERNEL_NAME = "flash_wgmma_fwd"
@@ -86,7 +87,9 @@ FP8_DEFAULT_BLOCK_Q = 128   # two consumer warpgroups
 FP8_TRANSPOSE_TILE = 32     # keys per program of the transpose (all d columns)
 FP8_TRANSPOSE_THREADS = 256
 WGMMA_HEAD_DIMS = (64, 128)
-WGMMA_BLOCK_Q_CHOICES = (128, 64)     # two or one consumer warpgroups
+WGMMA_BLOCK_Q_CHOICES = (128, 64, 192)   # two, one or three consumer warpgroups
+#: The FP8 forward's choices: two or one consumer warpgroups.
+FP8_BLOCK_Q_CHOICES = (128, 64)
 WGMMA_BLOCK_K_CHOICES = (128, 64)     # keys per K/V stage: two or one n64 score blocks
 #: Query rows of one consumer warpgroup (the M of ``wgmma.m64nNk16``), its threads.
 ROWS_PER_WARPGROUP = 64
@@ -96,7 +99,7 @@ PRODUCER_THREADS = 32
 #: Dynamic shared memory is re-aligned in the kernel to 1024 bytes (the 128-byte swizzle's
 #: repeat), which may skip up to this many bytes; then Q, two K/V stages and the mbarriers.
 ALIGN_SLACK_BYTES = 1024
-BARRIER_BYTES = 64                    # q_full, full[2], empty[2]: 8 bytes each, rounded up
+BARRIER_BYTES = 64      # q_full, full[stages], empty[stages], q_empty: 8 bytes each (3 stages)
 #: Columns of one TMA box (64 16-bit elements = the 128-byte swizzle width): a d = 128 row is
 #: two boxes.
 BOX_COLUMNS = 64
@@ -108,18 +111,22 @@ SWIZZLE_ROW = 128
 #: "wait" level of `sim.plan` (0 without a measured wait latency).
 WGMMA_FWD_WAITS_PER_TILE = 2
 #: Registers per thread that ptxas 13.0 (``-arch=sm_90a``) gives each configuration
-#: (head_dim, block_q, block_k) of the kernel (float16; bfloat16 within a few), with
+#: (head_dim, block_q, block_k) of the serial kernel (float16; bfloat16 within a few), with
 #: ``launch_bounds=(threads, 1)``; checked against ptxas by tests/test_wgmma_fwd.py where
-#: ptxas is found. None: not measured.
-WGMMA_REGISTERS: dict = {(64, 128, 128): 163, (64, 128, 64): 114, (64, 64, 128): 165,
-                         (64, 64, 64): 114, (128, 128, 128): 168, (128, 128, 64): 152,
-                         (128, 64, 128): 210, (128, 64, 64): 154}
+#: ptxas is found. None: not measured. (The loop over work items of the persistent launch added
+#: 0-16 to each.)
+WGMMA_REGISTERS: dict = {(64, 128, 128): 164, (64, 128, 64): 124, (64, 64, 128): 187,
+                         (64, 64, 64): 123, (128, 128, 128): 168, (128, 128, 64): 163,
+                         (128, 64, 128): 204, (128, 64, 64): 168}
 #: Configurations ptxas makes spill (the serial kernel; the default schedule's consumers get
-#: 240 registers, `OVERLAP_REGISTERS`): none since the products are issued as wide as their
-#: tiles (`kernels.hopper.product_blocks`; before, d = 128 with 128 x 128 tiles spilled about
-#: 108 bytes, with 288 threads held to 168 registers). Checked by tests/test_wgmma_fwd.py where
-#: ptxas is found.
-WGMMA_SPILLING: tuple = ()
+#: 232 or 160 registers, `overlap_registers`): d = 128 with 128 x 128 tiles, 288 threads held
+#: to 168 registers (about 56 bytes; none before the loop over work items). Checked by
+#: tests/test_wgmma_fwd.py where ptxas is found.
+WGMMA_SPILLING: tuple = ((128, 128, 128),)
+#: Bytes the producer of three consumer warpgroups may spill (its 32 registers, `overlap_registers`,
+#: hold the loop over work items and the TMA coordinates; ptxas 13.0: 8-28 bytes): one thread's
+#: stores to L1, off the consumers' path. Checked by tests/test_wgmma_fwd.py where ptxas is found.
+WGMMA_PRODUCER_SPILL_BYTES = 32
 #: Whether two consumer warpgroups take turns issuing their products by default (both forwards;
 #: with one consumer warpgroup there is no turn): alone it buys little (0.98-1.03x for float16,
 #: 1.03-1.12x for FP8), with the intra-warpgroup overlap below it is the fastest schedule
@@ -131,23 +138,45 @@ FP8_PINGPONG_DEFAULT = True
 #: lowers the producer's to the first and raises the consumers' to the second (FlashAttention-3's
 #: 24 / 240 for two consumer warpgroups: 128 x 24 + 256 x 240 <= 65,536).
 OVERLAP_REGISTERS = (24, 240)
+#: The forward's split per number of consumer warpgroups (`overlap_registers`): with two,
+#: 40 / 232 (128 x 40 + 256 x 232 <= 65,536: the persistent producer's loop over work items
+#: spills at 24, the consumers need no more than 232); with three, FlashAttention-3's 32 / 160
+#: (128 x 32 + 384 x 160 = 65,536).
+OVERLAP_REGISTERS_BY_CONSUMERS = {2: (40, 232), 3: (32, 160)}
 #: Whether a consumer warpgroup runs tile i's softmax while its O += P V of tile i - 1 is on the
 #: tensor cores (FlashAttention-3's intra-warpgroup overlap: three K/V stages, a producer
 #: warpgroup with two consumer warpgroups) by default, where there are two consumer warpgroups
 #: (with one, measured slower than the serial kernel).
 WGMMA_OVERLAP_DEFAULT = True
 FP8_OVERLAP_DEFAULT = True
+#: Whether the kernel is launched persistent (`KernelPlan.persistent`: one program per SM
+#: walking the work items) by default, where one program fills an SM (a producer warpgroup:
+#: `producer_warpgroup`), so that a work item's Q and first K/V tiles load while the item
+#: before finishes its products and stores (FlashAttention-3's persistent scheduler, static).
+WGMMA_PERSISTENT_DEFAULT = True
 
 
-def wgmma_default_blocks(head_dim: int, causal: bool = False) -> tuple[int, int]:
-    """Default (block_q, block_k): 128 x 128 at both head dims, causal or not, run with the
-    default schedule (:data:`WGMMA_PINGPONG_DEFAULT`, :data:`WGMMA_OVERLAP_DEFAULT`: two
-    consumer warpgroups taking turns, each overlapping its softmax with its O += P V). Measured
-    on an H200 (``python -m benchmarks fp8 --schedules --head-dims 64,128 --timing device``,
-    results/fp8_h200_2026-11-28.json, every legal tile at every schedule): the fastest
-    configuration at every N (1024-16384) at d = 128 and from N = 2048 at d = 64 (at 1024,
-    64 x 64 serial is 5-6 % faster; docs/kernels.md, design notes). Before the overlap, serial kernels: 128 x 64 at d = 128, 64 x 128 at d = 64 (128 x
-    128 causal), from the H100's ``pick --family wgmma`` (results/pick_wgmma_h100_2026-11-24.json)."""
+#: At d = 64, from this many queries on the default tile is 192 x 128 (three consumer
+#: warpgroups, persistent), below it 128 x 128 (`wgmma_default_blocks`).
+WGMMA_THREE_WARPGROUPS_FROM = 2048
+
+
+def wgmma_default_blocks(head_dim: int, causal: bool = False,
+                         seq_len_q: int | None = None) -> tuple[int, int]:
+    """Default (block_q, block_k), run with the default schedule (:data:`WGMMA_PINGPONG_DEFAULT`,
+    :data:`WGMMA_OVERLAP_DEFAULT`, :data:`WGMMA_PERSISTENT_DEFAULT`): 128 x 128 (two consumer
+    warpgroups taking turns, each overlapping its softmax with its O += P V), except at d = 64
+    from :data:`WGMMA_THREE_WARPGROUPS_FROM` queries on (``seq_len_q`` None: below it), where
+    192 x 128 (three consumer warpgroups, each overlapping) is faster: on an H200, persistent
+    both, 4-15 % at N 2048-8192 on the benchmark's shapes, 8 % slower at N = 1024 causal
+    (``python -m benchmarks fp8 --schedules --head-dims 64,128 --timing device``; docs/kernels.md,
+    design notes). Before three warpgroups: 128 x 128 at every N and head dim
+    (results/fp8_h200_2026-11-28.json: the fastest serial or overlapped tile at every N at d =
+    128 and from N = 2048 at d = 64); before the overlap, serial kernels: 128 x 64 at d = 128,
+    64 x 128 at d = 64 (128 x 128 causal), from the H100's ``pick --family wgmma``
+    (results/pick_wgmma_h100_2026-11-24.json)."""
+    if head_dim == 64 and seq_len_q is not None and seq_len_q >= WGMMA_THREE_WARPGROUPS_FROM:
+        return (192, 128)
     return (128, 128)
 
 
@@ -158,17 +187,25 @@ def wgmma_consumer_warpgroups(block_q: int) -> int:
 
 def wgmma_threads(block_q: int, overlap: bool = False) -> int:
     """Threads of one program: the consumer warpgroups, then the producer warp (with
-    ``overlap`` and two consumer warpgroups, a producer warpgroup, whose registers go to the
-    consumers: :data:`OVERLAP_REGISTERS`)."""
+    ``overlap`` and two or three consumer warpgroups, a producer warpgroup, whose registers go
+    to the consumers: :func:`overlap_registers`)."""
     producer = WARPGROUP_THREADS if producer_warpgroup(block_q, overlap) else PRODUCER_THREADS
     return WARPGROUP_THREADS * wgmma_consumer_warpgroups(block_q) + producer
 
 
 def producer_warpgroup(block_q: int, overlap: bool) -> bool:
     """Whether the producer is a whole warpgroup that hands its registers to the consumers
-    (``setmaxnreg``): with ``overlap`` and two consumer warpgroups, whose softmax of one tile
-    and O += P V of the one before need more than the 168 registers a thread of 288 gets."""
-    return bool(overlap) and wgmma_consumer_warpgroups(block_q) == 2
+    (``setmaxnreg``): with ``overlap`` and two or three consumer warpgroups, whose softmax of
+    one tile and O += P V of the one before need more than the 168 registers a thread of 288
+    gets (152 of 416)."""
+    return bool(overlap) and wgmma_consumer_warpgroups(block_q) >= 2
+
+
+def overlap_registers(block_q: int) -> tuple[int, int]:
+    """``(producer, consumer)`` registers per thread after ``setmaxnreg`` with a producer
+    warpgroup (`producer_warpgroup`): :data:`OVERLAP_REGISTERS_BY_CONSUMERS` for ``block_q``'s
+    consumer warpgroups."""
+    return OVERLAP_REGISTERS_BY_CONSUMERS[wgmma_consumer_warpgroups(block_q)]
 
 
 def wgmma_smem_bytes(head_dim: int, block_q: int, block_k: int, dtype_bytes: int = 2,
@@ -186,14 +223,15 @@ SCHEDULES = {"serial": (False, False), "pingpong": (True, False), "overlap": (Fa
 
 
 #: The schedule a results record of the wgmma forward ran when it names none: every record
-#: measured before the schedules existed (before 20d3364) ran the serial kernel.
-SERIAL_SCHEDULE = {"pingpong": False, "overlap": False}
+#: measured before the schedules existed (before 20d3364) ran the serial kernel, and every
+#: record before the persistent launch a program per work item.
+SERIAL_SCHEDULE = {"pingpong": False, "overlap": False, "persistent": False}
 
 
 def record_schedule(rec: dict) -> dict:
-    """``{"pingpong", "overlap"}`` a wgmma forward record ran: its own keys, else
-    :data:`SERIAL_SCHEDULE` (a record that names no schedule predates them). Also the schedule
-    of a plan's config (which names both): what a measuring command records."""
+    """``{"pingpong", "overlap", "persistent"}`` a wgmma forward record ran: its own keys, else
+    :data:`SERIAL_SCHEDULE`'s (a record that names none predates them). Also the schedule of a
+    plan's config (which names them all): what a measuring command records."""
     return {k: bool(rec.get(k, v)) for k, v in SERIAL_SCHEDULE.items()}
 
 
@@ -203,34 +241,71 @@ def schedule_name(config: dict) -> str:
     return next(n for n, v in SCHEDULES.items() if v == (s["pingpong"], s["overlap"]))
 
 
-def pingpong_refusal(pingpong, block_q: int) -> str | None:
-    """Why the kernel cannot take turns between warpgroups at ``block_q`` (ping-pong needs two
-    consumer warpgroups), naming the argument, or None. The one rule of the plan, the family's
-    ``supports`` and the kernel builder."""
-    if pingpong and wgmma_consumer_warpgroups(block_q) != 2:
+def schedule_refusal(pingpong, overlap, block_q: int) -> str | None:
+    """Why the kernel cannot run a schedule at ``block_q``, naming the argument, or None:
+    ping-pong needs two consumer warpgroups (``block_q`` = 128); three (``block_q`` = 192) run
+    only with ``overlap`` (its producer warpgroup hands them registers: 160 each; without it
+    416 threads get 128 and d = 128 spills). ``None`` flags are the defaults, which are legal.
+    The one rule of the plan, the family's ``supports`` and the kernel builder."""
+    consumers = wgmma_consumer_warpgroups(block_q)
+    if pingpong and consumers != 2:
         return f"pingpong needs two consumer warpgroups (block_q=128), got block_q={block_q}"
+    if overlap is not None and not overlap and consumers == 3:
+        return ("block_q=192 (three consumer warpgroups) runs only with overlap=True (or None), "
+                "got overlap=False")
+    return None
+
+
+def smem_refusal(head_dim: int, block_q: int, block_k: int, overlap=None) -> str | None:
+    """Why a configuration's shared memory does not fit (`SMEM_LIMIT_BYTES`), naming the
+    tiles, or None; ``overlap`` None is the default schedule (three stages where it overlaps,
+    else two). The one rule of `wgmma_forward_configs`, the plan and the family's
+    ``supports``."""
+    overlap = _schedule_flag("overlap", overlap, block_q, WGMMA_OVERLAP_DEFAULT)
+    stages = 3 if overlap else 2
+    need = wgmma_smem_bytes(head_dim, block_q, block_k, 2, stages)
+    if need > SMEM_LIMIT_BYTES:
+        return (f"block_q={block_q}, block_k={block_k} at head_dim={head_dim} needs {need} bytes "
+                f"of shared memory with {stages} stages, over {SMEM_LIMIT_BYTES}")
     return None
 
 
 def _schedule_flag(name: str, value, block_q: int, default: bool) -> bool:
     """A schedule flag a plan declares (``pingpong``, ``overlap``): ``value`` (None: ``default``
-    where there are two consumer warpgroups); anything but a bool or None is a ValueError
-    naming ``name``."""
+    where there are two consumer warpgroups, for ``overlap`` also three); anything but a bool
+    or None is a ValueError naming ``name``."""
     if value is None:
-        return default and wgmma_consumer_warpgroups(block_q) == 2
+        w = wgmma_consumer_warpgroups(block_q)
+        return default and (w == 2 or (name == "overlap" and w == 3))
     if not isinstance(value, bool):
         raise ValueError(f"{name} must be True, False or None, got {value!r}")
     return value
 
 
-def _pingpong(pingpong, block_q: int, default: bool) -> bool:
-    """The ping-pong flag a plan declares (`_schedule_flag`); True with one warpgroup is a
-    ValueError naming the argument."""
+def _pingpong(pingpong, overlap: bool, block_q: int, default: bool) -> bool:
+    """The ping-pong flag a plan declares (`_schedule_flag`); a schedule `schedule_refusal`
+    refuses (with the resolved ``overlap``) is a ValueError naming the argument."""
     pingpong = _schedule_flag("pingpong", pingpong, block_q, default)
-    why = pingpong_refusal(pingpong, block_q)
+    why = schedule_refusal(pingpong, overlap, block_q)
     if why:
         raise ValueError(why)
     return pingpong
+
+
+def _persistent(persistent, block_q: int, overlap: bool) -> bool:
+    """The persistent flag a plan declares: ``persistent`` (None: :data:`WGMMA_PERSISTENT_DEFAULT`
+    where a program fills its SM, a producer warpgroup's schedule); True elsewhere, or anything
+    but a bool or None, is a ValueError naming the argument."""
+    fills = producer_warpgroup(block_q, overlap)
+    if persistent is None:
+        return WGMMA_PERSISTENT_DEFAULT and fills
+    if not isinstance(persistent, bool):
+        raise ValueError(f"persistent must be True, False or None, got {persistent!r}")
+    if persistent and not fills:
+        raise ValueError(f"persistent=True needs one program per SM: the overlap with two or three "
+                         f"consumer warpgroups (block_q 128 or 192), got block_q={block_q}, "
+                         f"overlap={overlap}")
+    return persistent
 
 
 def _registers(d: int, bq: int, bk: int, overlap: bool, registers):
@@ -265,7 +340,7 @@ def _check(w: Workload, block_q, block_k):
 
 def _attention_kernel(w: Workload, c, bq: int, bk: int, *, name: str, in_bytes: int,
                       v_access: Access, unit: str, extra_fp32: int, registers,
-                      overlap: bool) -> KernelPlan:
+                      overlap: bool, persistent: bool) -> KernelPlan:
     """The attention kernel's plan, for both forwards (16-bit and e4m3 inputs of ``in_bytes``;
     O in the workload's dtype): Q boxes of 64 rows x 128 bytes, K (and V as ``v_access``
     says) per visited tile, the schedule's CSR entries read by every warp (start and stop once,
@@ -307,47 +382,54 @@ def _attention_kernel(w: Workload, c, bq: int, bk: int, *, name: str, in_bytes: 
                               consumer_warpgroups=wgmma_consumer_warpgroups(bq), waits=True),
         serial_per_program=True,
         group_waits=c.tiles * wgmma_consumer_warpgroups(bq) * WGMMA_FWD_WAITS_PER_TILE,
-        waiters_per_program=wgmma_consumer_warpgroups(bq))
+        waiters_per_program=wgmma_consumer_warpgroups(bq), persistent=persistent)
 
 
 def wgmma_forward_plan(workload: Workload, *, block_q: int | None = None,
                        block_k: int | None = None, registers: int | None = None,
                        launch_order=None, pingpong: bool | None = None,
-                       overlap: bool | None = None) -> Plan:
+                       overlap: bool | None = None, persistent: bool | None = None) -> Plan:
     """The plan of `kernels.wgmma_fwd` for ``workload`` (float16 or bfloat16, d 64 or 128, a
     sliding window or none, no dropout or block mask) at ``block_q x block_k`` (None: :func:`wgmma_default_blocks`).
     ``pingpong``: the consumer warpgroups take turns issuing S = Q K^T (None:
     :data:`WGMMA_PINGPONG_DEFAULT`; True needs ``block_q`` = 128). ``overlap``: each
     warpgroup's softmax of a tile runs while its O += P V of the tile before is on the tensor
-    cores (None: :data:`WGMMA_OVERLAP_DEFAULT`).
+    cores (None: :data:`WGMMA_OVERLAP_DEFAULT`). ``persistent``: one program per SM walks the
+    work items (`KernelPlan.persistent`; None: :data:`WGMMA_PERSISTENT_DEFAULT` where a program
+    fills its SM).
     ``registers``: per thread at launch (None: :data:`WGMMA_REGISTERS`' figure, if measured;
-    with a producer warpgroup, 168).
+    with a producer warpgroup, the launch's even share).
     ``launch_order`` is recorded in the config (it orders the programs, not what they do)."""
     w = workload
-    dq, dk = wgmma_default_blocks(w.head_dim, w.causal)
+    dq, dk = wgmma_default_blocks(w.head_dim, w.causal, w.seq_len_q)
     bq, bk = block_q or dq, block_k or dk
     _check(w, bq, bk)
     e, d = w.dtype_bytes, w.head_dim
     c = tile_counts(w, bq, bk)
     overlap = _schedule_flag("overlap", overlap, bq, WGMMA_OVERLAP_DEFAULT)
+    why = smem_refusal(d, bq, bk, overlap)
+    if why:
+        raise ValueError(why)
     kernel = _attention_kernel(w, c, bq, bk, name=KERNEL_NAME, in_bytes=e,
                                v_access=Access("V", "load", c.keys * d * e, "tma"),
                                unit="wgmma.bf16" if w.dtype == "bf16" else "wgmma.f16",
                                extra_fp32=0, registers=_registers(d, bq, bk, overlap, registers),
-                               overlap=overlap)
+                               overlap=overlap,
+                               persistent=_persistent(persistent, bq, overlap))
     config = {"block_q": bq, "block_k": bk, "launch_order": launch_order,
               "consumer_warpgroups": wgmma_consumer_warpgroups(bq),
               "stages": 3 if overlap else 2, "overlap": overlap,
-              "pingpong": _pingpong(pingpong, bq, WGMMA_PINGPONG_DEFAULT)}
+              "pingpong": _pingpong(pingpong, overlap, bq, WGMMA_PINGPONG_DEFAULT),
+              "persistent": kernel.persistent}
     return Plan("wgmma", "fwd", w, (kernel,), config, forward_tensor_bytes(w, c))
 
 
 def wgmma_forward_configs(workload: Workload) -> list:
     """Every legal configuration of the wgmma forward for ``workload``: ``[{block_q, block_k}]``
-    whose shared memory fits."""
+    whose shared memory fits with its default schedule's stages (three with the overlap: 192 x
+    128 at d = 128 does not fit)."""
     return [{"block_q": q, "block_k": k} for q in WGMMA_BLOCK_Q_CHOICES
-            for k in WGMMA_BLOCK_K_CHOICES
-            if wgmma_smem_bytes(workload.head_dim, q, k) <= SMEM_LIMIT_BYTES]
+            for k in WGMMA_BLOCK_K_CHOICES if not smem_refusal(workload.head_dim, q, k)]
 
 
 def fp8_transpose_keys(seq_len_k: int) -> int:
@@ -365,7 +447,7 @@ def fp8_transpose_grid(batch: int, heads_kv: int, seq_len_k: int) -> tuple[int, 
 def wgmma_fp8_forward_plan(workload: Workload, *, block_q: int | None = None,
                            block_k: int | None = None, registers: int | None = None,
                            launch_order=None, pingpong: bool | None = None,
-                           overlap: bool | None = None) -> Plan:
+                           overlap: bool | None = None, persistent: bool | None = None) -> Plan:
     """The plan of the FP8 forward (`kernels.wgmma_fwd.forward_fp8`, family ``wgmma_fp8``) for
     ``workload``, whose dtype ("bf16") is the output's: Q, K and V are float8 e4m3 (1 byte),
     O is bfloat16. Two launches:
@@ -382,7 +464,7 @@ def wgmma_fp8_forward_plan(workload: Workload, *, block_q: int | None = None,
     ``block_q`` 128 or 64 (None: 128); ``block_k`` must be 128; d must be 128. ``pingpong``: the
     two consumer warpgroups take turns issuing S = Q K^T (None: :data:`FP8_PINGPONG_DEFAULT`
     at ``block_q`` = 128). ``overlap``: as `wgmma_forward_plan`'s (None:
-    :data:`FP8_OVERLAP_DEFAULT`)."""
+    :data:`FP8_OVERLAP_DEFAULT`); ``persistent`` as `wgmma_forward_plan`'s."""
     w = workload
     bq = block_q or FP8_DEFAULT_BLOCK_Q
     bk = block_k or FP8_BLOCK_K
@@ -399,6 +481,9 @@ def wgmma_fp8_forward_plan(workload: Workload, *, block_q: int | None = None,
     if w.window_size is not None:
         raise ValueError(f"the FP8 forward has no sliding window (workload.window_size="
                          f"{w.window_size})")
+    if bq not in FP8_BLOCK_Q_CHOICES:
+        raise ValueError(f"the FP8 forward takes block_q in {FP8_BLOCK_Q_CHOICES}, got "
+                         f"block_q={bq!r}")
     _check(w, bq, bk)
     d = w.head_dim
     c = tile_counts(w, bq, bk)
@@ -418,13 +503,15 @@ def wgmma_fp8_forward_plan(workload: Workload, *, block_q: int | None = None,
                                v_access=Access("V^T", "load", c.tiles * bk * d, "tma"),
                                unit="wgmma.fp8", extra_fp32=c.scores // 2,
                                registers=_registers(d, bq, bk, overlap, registers),
-                               overlap=overlap)
+                               overlap=overlap,
+                               persistent=_persistent(persistent, bq, overlap))
     programs, slices, tiles, rows = c.programs, c.slices, c.tiles, c.rows
     config = {"block_q": bq, "block_k": bk, "launch_order": launch_order,
               "consumer_warpgroups": wgmma_consumer_warpgroups(bq),
               "stages": 3 if overlap else 2, "overlap": overlap,
               "input_dtype": "e4m3",
-              "pingpong": _pingpong(pingpong, bq, FP8_PINGPONG_DEFAULT)}
+              "pingpong": _pingpong(pingpong, overlap, bq, FP8_PINGPONG_DEFAULT),
+              "persistent": kernel.persistent}
     kv = kv_slices * w.seq_len_k * d
     tensor_bytes = {"schedule": (programs + slices + tiles) * SCHEDULE_ENTRY_BYTES,
                     "Q": rows * d, "O": rows * d * 2, "lse": rows * STAT_BYTES, "K": kv, "V": kv,
