@@ -66,7 +66,7 @@ class KernelConfig:
       reads it.
     * ``overlap``: the ``wgmma`` forward's consumer warpgroups run a tile's softmax while the
       O += P V of the tile before is on the tensor cores (FlashAttention-3's intra-warpgroup
-      overlap: three K/V stages and, at ``block_q`` = 128, a producer warpgroup whose
+      overlap: three K/V stages and, at ``block_q`` = 128 or 192, a producer warpgroup whose
       registers go to the consumers); None = the plan's default
       (`sim.plans.wgmma_fwd.WGMMA_OVERLAP_DEFAULT`). Only the ``wgmma`` family reads it.
     * ``persistent``: the ``wgmma`` forward runs one program per SM, each walking its share

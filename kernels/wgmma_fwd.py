@@ -11,9 +11,13 @@ The algorithm (FlashAttention-3's structure; its two overlaps, ping-pong and the
 intra-warpgroup overlap, are the default schedule at ``block_q`` = 128 and are described in
 `_build_kernel`; below, the serial kernel):
 
-* one program per (Q tile of ``block_q`` = 64 or 128 rows, batch * head), launch order of
-  `kernels.tile_scheduler` (longest causal tiles first); ``block_q / 64`` *consumer
-  warpgroups* (128 threads, 64 query rows each), then one *producer warp*;
+* a work item per (Q tile of ``block_q`` = 64, 128 or 192 rows, batch * head), in the launch
+  order of `kernels.tile_scheduler` (longest causal tiles first); one program per item, or,
+  persistent (the default where a program fills its SM: the plan's ``persistent``), one per SM
+  taking every P-th item, each item's Q loaded once its predecessor's S = Q K^T are done (a
+  ``q_empty`` mbarrier), the K/V ring carried on; ``block_q / 64`` *consumer warpgroups* (128
+  threads, 64 query rows each), then one *producer warp* (a producer warpgroup with the
+  overlap and two or three consumer warpgroups);
 * the producer (its lane 0) loads Q once and streams the K and V tiles of
   ``BlockInfo.kv_schedule()`` (``block_k`` = 64 or 128 keys) into a ring of two shared-memory
   stages by TMA (``cp.async.bulk.tensor.4d`` from [B, H, N, d] tensor maps made on the host,

@@ -4,10 +4,12 @@ gives each configuration.
 
 Owns :func:`wgmma_forward_plan`, :func:`wgmma_forward_configs` and the layout functions
 (:func:`wgmma_default_blocks`, :func:`wgmma_threads`, :func:`wgmma_smem_bytes`,
-:func:`wgmma_consumer_warpgroups`). The kernel is FlashAttention-3's structure, kept simple: one
-program per (Q tile of ``block_q`` = 64 or 128 rows, batch * head); one consumer warpgroup (128
-threads) per 64 query rows and one producer warp (a producer warpgroup with ``overlap`` and two
-consumer warpgroups); the producer loads Q once and streams K and V tiles of ``block_k`` keys
+:func:`wgmma_consumer_warpgroups`). The kernel is FlashAttention-3's structure, kept simple: a
+work item per (Q tile of ``block_q`` = 64, 128 or 192 rows, batch * head), one program per item
+or, persistent (``KernelPlan.persistent``), one per SM walking its items; one consumer
+warpgroup (128 threads) per 64 query rows and one producer warp (a producer warpgroup with
+``overlap`` and two or three consumer warpgroups); the producer loads Q once per item and
+streams K and V tiles of ``block_k`` keys
 through two (``overlap``: three) shared-memory stages by TMA (full/empty mbarriers); each
 consumer warpgroup computes S = Q K^T with ``wgmma`` from shared memory, the online softmax in
 registers, and O += P V with P from registers and V from shared memory (MN-major).
@@ -46,10 +48,12 @@ What the plan counts, from the kernel's code (`kernels.wgmma_fwd`):
   :data:`WGMMA_OVERLAP_DEFAULT` and the FP8 ones): ``pingpong``, the warpgroups take turns
   issuing their products (named barriers); ``overlap``, a warpgroup issues tile i's S = Q K^T
   and tile i - 1's O += P V together and runs tile i's softmax while the second is on the tensor
-  cores (three stages; with two consumer warpgroups a producer warpgroup whose registers go to
-  the consumers by ``setmaxnreg``, :data:`OVERLAP_REGISTERS`). The plan declares both
-  (``config["pingpong"]``, ``config["overlap"]``, ``config["stages"]``; threads and shared
-  memory follow), which the launcher builds the kernel from, and prices neither: the overlap
+  cores (three stages; with two or three consumer warpgroups a producer warpgroup whose
+  registers go to the consumers by ``setmaxnreg``, :func:`overlap_registers`); ``persistent``
+  (:data:`WGMMA_PERSISTENT_DEFAULT`), one program per SM. The plan declares them
+  (``config["pingpong"]``, ``config["overlap"]``, ``config["stages"]``, ``config["persistent"]``;
+  threads and shared memory follow), which the launcher builds the kernel and its grid from, and
+  prices none: the overlap
   model's (`overlap_serial`) are FlashAttention-3's, each softmax hidden whole under products,
   which prices far more than what was measured (docs/model.md, *FlashAttention-3 on
   Hopper*).
