@@ -9,11 +9,13 @@ families can run as separate sanitizer processes side by side. ``wgmma`` (the Ho
 compute capability 9.0) runs `WGMMA_CASES` (it takes no masks or dropout), the forward of each
 case at the default configuration (128-row tiles: ping-pong and the intra-warpgroup overlap)
 and at `WGMMA_SCHEDULES`: 128-row tiles serial and with the overlap alone, 64-row tiles with
-the overlap (64-row tiles serial: the default at ``block_q`` = 64), then the Hopper backward
-(`kernels.wgmma_bwd`: its dQ and dK/dV kernels).
+the overlap (64-row tiles serial: the default at ``block_q`` = 64), 192-row tiles at d = 64,
+then the Hopper backward (`kernels.wgmma_bwd`: its dQ and dK/dV kernels); and a causal d = 64
+forward on `WGMMA_WALK_HEADS`, more work items than the SMs, so that each persistent program
+walks several (`run_wgmma_walk`).
 ``wgmma_fp8`` (the FP8 forward, `kernels.wgmma_fwd.forward_fp8`: V's transpose and the kernel)
 runs d=128 with the same lengths and GQA, causal and not, on e4m3 inputs with descales, at the
-default and at each of `WGMMA_SCHEDULES`.
+default and at each of `WGMMA_SCHEDULES` but the 192-row one.
 ``split_kv`` (the decoding forward, `kernels.decode_fwd`: the split kernels, tensor-core and
 CUDA-core, whose last program of each group merges the splits) runs
 `DECODE_CASES`: 1 and 3 queries against 1000 keys, four query heads per KV head, per-sequence
@@ -94,7 +96,7 @@ def run_fp8(torch, seed: int = 0) -> None:
     dkv = torch.full((BATCH, HEADS_KV), 0.5, device="cuda")
     for causal in (False, True):
         for schedule in ({}, *({"block_q": bq, "pingpong": pp, "overlap": ov}
-                               for bq, pp, ov in WGMMA_SCHEDULES)):
+                               for bq, pp, ov in WGMMA_SCHEDULES if bq != 192)):
             out, lse = forward_fp8(*x8, dq, dkv, dkv, causal=causal, **schedule)
             torch.cuda.synchronize()
             if not bool(torch.isfinite(out).all()):
@@ -139,7 +141,11 @@ def run_split_kv(torch=None, seed: int = 0) -> None:
 
 
 #: The ``wgmma`` schedules a case also runs: (block_q, pingpong, overlap).
-WGMMA_SCHEDULES = ((128, False, False), (128, False, True), (64, False, True))
+WGMMA_SCHEDULES = ((128, False, False), (128, False, True), (64, False, True), (192, False, True))
+#: The ``wgmma`` forward's case with more work items than an H100's or H200's 132 SMs, so that
+#: its persistent programs walk two or more items each: (query heads, KV heads), at d = 64 and
+#: the cases' lengths, causal, the default tiles and 192 x 128.
+WGMMA_WALK_HEADS = (144, 16)
 
 
 def run_family(family: str, torch=None, seed: int = 0) -> None:
@@ -160,6 +166,8 @@ def run_family(family: str, torch=None, seed: int = 0) -> None:
         out, lse = kernels.forward(pb, config)
         if family == "wgmma":        # and the other schedules
             for block_q, pingpong, overlap in WGMMA_SCHEDULES:
+                if block_q == 192 and d != 64:
+                    continue
                 out, lse = kernels.forward(pb, kernels.KernelConfig(
                     family=family, block_q=block_q, pingpong=pingpong, overlap=overlap))
         grads = ()
@@ -174,6 +182,27 @@ def run_family(family: str, torch=None, seed: int = 0) -> None:
             finite = all(np.isfinite(x).all() for x in (out, *grads))
         if not finite:
             raise RuntimeError(f"{family} d={d} {sorted(options)}: an output is not finite")
+    if family == "wgmma":
+        run_wgmma_walk(torch, rng)
+
+
+def run_wgmma_walk(torch, rng) -> None:
+    """The wgmma forward on `WGMMA_WALK_HEADS` (persistent programs walking several items), at
+    its default tiles and at 192 x 128; raises when an output is not finite."""
+    import kernels
+    hq, hkv = WGMMA_WALK_HEADS
+    arrays = [rng.standard_normal(shape).astype(np.float16) for shape in (
+        (1, hq, SEQ_Q, 64), (1, hkv, SEQ_K, 64), (1, hkv, SEQ_K, 64))]
+    if torch is not None:
+        arrays = [torch.from_numpy(a).cuda() for a in arrays]
+    pb = attention_problem(*arrays, causal=True)
+    for block_q in (None, 192):
+        out, _lse = kernels.forward(pb, kernels.KernelConfig(family="wgmma", block_q=block_q,
+                                                             block_k=block_q and 128))
+        if torch is not None:
+            torch.cuda.synchronize()
+        if not (bool(torch.isfinite(out).all()) if torch is not None else np.isfinite(out).all()):
+            raise RuntimeError(f"wgmma walk block_q={block_q}: an output is not finite")
 
 
 def _on_hopper() -> bool:

@@ -414,6 +414,15 @@ def test_sanitize_cases_are_run_by_the_family_they_name(family, monkeypatch):
             assert kernels.family_for(pb, config, pass_) == family
 
 
+def test_sanitize_wgmma_walk_has_more_items_than_sms():
+    """The persistent forward's sanitizer case: at its largest tile (192 rows) more work items
+    than an H100's or H200's 132 SMs, so that some program walks two; GQA; a causal tail."""
+    from benchmarks import sanitize
+    hq, hkv = sanitize.WGMMA_WALK_HEADS
+    assert hq * -(-sanitize.SEQ_Q // 192) > 132 and hq % hkv == 0 and hq > hkv
+    assert (192, False, True) in sanitize.WGMMA_SCHEDULES
+
+
 def test_sanitize_split_kv_checks_valid_rows_and_nan_rows(monkeypatch):
     """The decoding cases of ``python -m benchmarks sanitize split_kv`` run (here at 40 keys in
     Numba's CUDA simulator): rows with a valid length finite, a length past the cache NaN; and
