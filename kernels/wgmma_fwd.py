@@ -57,7 +57,8 @@ from sim.plans.wgmma_fwd import (BARRIER_BYTES, BOX_COLUMNS, FP8_BLOCK_K, FP8_DE
                                  fp8_transpose_keys, overlap_registers, producer_warpgroup,
                                  WARPGROUP_THREADS, WGMMA_BLOCK_K_CHOICES,
                                  WGMMA_BLOCK_Q_CHOICES, WGMMA_HEAD_DIMS, schedule_refusal, smem_refusal,
-                                 wgmma_default_blocks, wgmma_smem_bytes, wgmma_threads)
+                                 schedule_default_blocks, wgmma_smem_bytes,
+                                 wgmma_threads)
 
 from . import compile_cache, host, tile_scheduler
 from .config import requested_tiles
@@ -560,10 +561,11 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=F
 # -- host side -----------------------------------------------------------------------------------
 def tiles(problem, config):
     """``(block_q, block_k)`` for a problem: ``config``'s, else the problem's requested tiles,
-    else `sim.plans.wgmma_fwd.wgmma_default_blocks`."""
-    return requested_tiles(problem, config, wgmma_default_blocks(problem.head_dim, problem.causal,
-                                                                 problem.seqlen_q),
-                           BLOCK_Q_CHOICES, BLOCK_K_CHOICES)
+    else `sim.plans.wgmma_fwd.schedule_default_blocks` (the default tile of ``config``'s
+    schedule)."""
+    default = schedule_default_blocks(problem.head_dim, problem.causal, problem.seqlen_q,
+                                      config.pingpong, config.overlap)
+    return requested_tiles(problem, config, default, BLOCK_Q_CHOICES, BLOCK_K_CHOICES)
 
 
 def supports(problem, config):

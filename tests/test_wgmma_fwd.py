@@ -265,8 +265,16 @@ def test_plan_defaults_refusals_and_configs():
     assert wgmma_default_blocks(64, True, n3) == (192, 128)
     assert wgmma_default_blocks(64, False, n3 - 1) == wgmma_default_blocks(64) == (128, 128)
     assert wgmma_default_blocks(128, False, 8 * n3) == (128, 128)
-    big = plan_for("wgmma", "fwd", Workload(**{**sizes, "head_dim": 64, "seq_len_q": n3}))
+    w_big = Workload(**{**sizes, "head_dim": 64, "seq_len_q": n3})
+    big = plan_for("wgmma", "fwd", w_big)
     assert (big.config["block_q"], big.config["block_k"]) == (192, 128)
+    # a schedule three warpgroups cannot run, asked for without tiles: two warpgroups' default
+    for schedule in (dict(pingpong=True), dict(overlap=False), dict(pingpong=True, overlap=False)):
+        p2 = plan_for("wgmma", "fwd", w_big, **schedule)
+        assert (p2.config["block_q"], p2.config["block_k"]) == (128, 128)
+        pb = _np_problem(nq=n3, nk=n3, d=64, causal=True)
+        assert wf.tiles(pb, KernelConfig(family="wgmma", **schedule)) == (128, 128)
+    assert wf.tiles(_np_problem(nq=n3, nk=n3, d=64, causal=True), WGMMA) == (192, 128)
     for bad, word in ((dict(overlap=False), "overlap=False"), (dict(pingpong=True), "pingpong")):
         with pytest.raises(ValueError, match=word):
             plan_for("wgmma", "fwd", w64, block_q=192, block_k=128, **bad)

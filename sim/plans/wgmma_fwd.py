@@ -75,7 +75,7 @@ __all__ = ["wgmma_forward_plan", "wgmma_forward_configs", "wgmma_fp8_forward_pla
            "WGMMA_FWD_WAITS_PER_TILE", "WGMMA_PRODUCER_SPILL_BYTES",
            "ROWS_PER_WARPGROUP", "WARPGROUP_THREADS", "PRODUCER_THREADS", "ALIGN_SLACK_BYTES",
            "BARRIER_BYTES", "BOX_COLUMNS", "KERNEL_NAME", "WGMMA_PINGPONG_DEFAULT",
-           "FP8_PINGPONG_DEFAULT", "WGMMA_THREE_WARPGROUPS_FROM", "schedule_refusal", "smem_refusal", "producer_warpgroup", "OVERLAP_REGISTERS",
+           "FP8_PINGPONG_DEFAULT", "WGMMA_THREE_WARPGROUPS_FROM", "schedule_default_blocks", "schedule_refusal", "smem_refusal", "producer_warpgroup", "OVERLAP_REGISTERS",
            "OVERLAP_REGISTERS_BY_CONSUMERS", "overlap_registers", "FP8_BLOCK_Q_CHOICES",
            "WGMMA_OVERLAP_DEFAULT", "FP8_OVERLAP_DEFAULT", "WGMMA_PERSISTENT_DEFAULT", "SERIAL_SCHEDULE", "record_schedule",
            "SCHEDULES", "schedule_name"]
@@ -182,6 +182,18 @@ def wgmma_default_blocks(head_dim: int, causal: bool = False,
     if head_dim == 64 and seq_len_q is not None and seq_len_q >= WGMMA_THREE_WARPGROUPS_FROM:
         return (192, 128)
     return (128, 128)
+
+
+def schedule_default_blocks(head_dim: int, causal: bool = False, seq_len_q: int | None = None,
+                            pingpong=None, overlap=None) -> tuple[int, int]:
+    """`wgmma_default_blocks`, unless a schedule asked for (``pingpong`` True, ``overlap``
+    False) cannot run at its ``block_q`` (`schedule_refusal`: three consumer warpgroups take
+    neither): then 128 x 128, the default tile of two consumer warpgroups. What the plan and
+    the kernel's `tiles` take when no tile is given."""
+    tiles = wgmma_default_blocks(head_dim, causal, seq_len_q)
+    if schedule_refusal(pingpong, overlap, tiles[0]):
+        return (128, 128)
+    return tiles
 
 
 def wgmma_consumer_warpgroups(block_q: int) -> int:
@@ -405,7 +417,7 @@ def wgmma_forward_plan(workload: Workload, *, block_q: int | None = None,
     with a producer warpgroup, the launch's even share).
     ``launch_order`` is recorded in the config (it orders the programs, not what they do)."""
     w = workload
-    dq, dk = wgmma_default_blocks(w.head_dim, w.causal, w.seq_len_q)
+    dq, dk = schedule_default_blocks(w.head_dim, w.causal, w.seq_len_q, pingpong, overlap)
     bq, bk = block_q or dq, block_k or dk
     _check(w, bq, bk)
     e, d = w.dtype_bytes, w.head_dim
