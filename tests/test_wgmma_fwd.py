@@ -275,6 +275,14 @@ def test_plan_defaults_refusals_and_configs():
         pb = _np_problem(nq=n3, nk=n3, d=64, causal=True)
         assert wf.tiles(pb, KernelConfig(family="wgmma", **schedule)) == (128, 128)
     assert wf.tiles(_np_problem(nq=n3, nk=n3, d=64, causal=True), WGMMA) == (192, 128)
+    # the model's pick under a fixed serial schedule (a file timed before the schedules) leaves
+    # out the tiles that cannot run it; with the defaults it ranks them all
+    from sim.plans import choose
+    ranked = [c for _t, c in choose("wgmma", "fwd", w_big, "h200")[2]]
+    serial_ranked = [c for _t, c in choose("wgmma", "fwd", w_big, "h200", pingpong=False,
+                                           overlap=False)[2]]
+    assert {c["block_q"] for c in ranked} == {64, 128, 192}
+    assert {c["block_q"] for c in serial_ranked} == {64, 128}
     for bad, word in ((dict(overlap=False), "overlap=False"), (dict(pingpong=True), "pingpong")):
         with pytest.raises(ValueError, match=word):
             plan_for("wgmma", "fwd", w64, block_q=192, block_k=128, **bad)

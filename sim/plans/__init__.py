@@ -122,7 +122,9 @@ def choose(family: str, pass_: str, workload, profile="h100", **fixed):
     ``workload`` on ``profile`` (ties: the larger tiles, compared value by value in the
     configuration's order, a tile pair element by element), its `sim.plan.PlanCost`, and every
     legal configuration as ``[(time_s, config)]`` fastest first. ``fixed``: options passed to
-    every plan (e.g. ``registers``)."""
+    every plan (e.g. ``registers``, or the wgmma forward's schedule); a configuration whose plan
+    refuses them (a ValueError: e.g. three consumer warpgroups with the serial schedule) is not
+    legal under them and is left out."""
     from ..plan import price
     key = (family, pass_)
     if key not in CONFIGS:
@@ -130,7 +132,13 @@ def choose(family: str, pass_: str, workload, profile="h100", **fixed):
                          f"(listed: {sorted(CONFIGS)})")
     ranked = []
     for cfg in _resolve(CONFIGS, key)(workload):
-        cost = price(plan_for(family, pass_, workload, **cfg, **fixed), profile)
+        try:
+            plan = plan_for(family, pass_, workload, **cfg, **fixed)
+        except ValueError:
+            if not fixed:
+                raise
+            continue
+        cost = price(plan, profile)
         ranked.append((cost.time_s, _larger_first(cfg), cfg, cost))
     if not ranked:
         raise ValueError(f"family={family!r} has no legal configuration for this workload")
