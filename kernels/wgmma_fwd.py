@@ -200,6 +200,10 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=F
     THREADS = wgmma_threads(BQ, OVERLAP)
     PRODUCER_WARP = 4 * W
     REALLOC = producer_warpgroup(BQ, OVERLAP)    # a producer warpgroup gives its registers
+    # a program walks several work items only where one fills its SM (the plan refuses
+    # `persistent` elsewhere): the other kernels are built for one item, without the item loop
+    # and the lane-0 broadcasts (which cost them 14-20 registers, ptxas 13.0)
+    PERSISTABLE = REALLOC
     PRODUCER_REGS, CONSUMER_REGS = overlap_registers(BQ) if REALLOC else (0, 0)
     CONSUMER_THREADS = WARPGROUP_THREADS * W
     KS = DC * 4                           # k steps of S = Q K^T (32 bytes of a row each)
@@ -336,7 +340,8 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=F
         n_bh = int32(out.shape[0]) * n_heads
         n_work = n_blocks_q * n_bh
         first = int32(cuda.blockIdx.x + cuda.gridDim.x * cuda.blockIdx.y)
-        step = int32(cuda.gridDim.x * cuda.gridDim.y)
+        step = int32(cuda.gridDim.x * cuda.gridDim.y) if PERSISTABLE else int32(1)
+        end = n_work if PERSISTABLE else first + int32(1)
         # shared memory from a 1024-byte boundary (the 128-byte swizzle's repeat): Q | stage 0
         # K, V | stage 1 K, V | (stage 2 K, V) | barriers
         base = hp.aligned_shared_base(smem)
@@ -367,7 +372,7 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=F
                 ph = int32(0)               # went round once (then a stage is refilled only
                 lapped = int32(0)           # after its release)
                 done = int32(0)             # the program's earlier work items
-                for lin in range(first, n_work, step):
+                for lin in range(first, end, step):
                     tile, bh = work_item(lin, n_blocks_q, n_bh)
                     m_blk = n_blocks_q - 1 - tile           # longest (causal) tiles first
                     b = bh // n_heads
@@ -432,19 +437,24 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=F
         ph = int32(0)
         lapped = int32(0)
         done = int32(0)
-        for lin in range(first, n_work, step):
+        for lin in range(first, end, step):
             tile, bh = work_item(lin, n_blocks_q, n_bh)
             # the item and its schedule entries, broadcast from lane 0: known warp-uniform, so
             # that ptxas keeps the tile loop's ring, descriptors and mask tests in uniform
             # registers (computed per thread, they cost 3-8 % at d = 64)
-            m_blk = cuda.shfl_sync(0xFFFFFFFF, n_blocks_q - 1 - tile, 0)
-            bh = cuda.shfl_sync(0xFFFFFFFF, bh, 0)
+            m_blk = n_blocks_q - 1 - tile
+            if PERSISTABLE:
+                m_blk = cuda.shfl_sync(0xFFFFFFFF, m_blk, 0)
+                bh = cuda.shfl_sync(0xFFFFFFFF, bh, 0)
             b = bh // n_heads
             h = bh - b * n_heads
             hk = h // group32
             s = b * sched_b + h * sched_h
-            start = cuda.shfl_sync(0xFFFFFFFF, offsets[s, m_blk], 0)
-            stop = cuda.shfl_sync(0xFFFFFFFF, offsets[s, m_blk + 1], 0)
+            start = offsets[s, m_blk]
+            stop = offsets[s, m_blk + 1]
+            if PERSISTABLE:
+                start = cuda.shfl_sync(0xFFFFFFFF, start, 0)
+                stop = cuda.shfl_sync(0xFFFFFFFF, stop, 0)
             row_first = m_blk * BQ + ROWS_PER_WARPGROUP * wg
             row_a = row_first + 16 * (warp % 4) + gid     # this thread's rows: row_a, row_a + 8
             for r in range(O_REGS):

@@ -117,16 +117,17 @@ WGMMA_FWD_WAITS_PER_TILE = 2
 #: Registers per thread that ptxas 13.0 (``-arch=sm_90a``) gives each configuration
 #: (head_dim, block_q, block_k) of the serial kernel (float16; bfloat16 within a few), with
 #: ``launch_bounds=(threads, 1)``; checked against ptxas by tests/test_wgmma_fwd.py where
-#: ptxas is found. None: not measured. (The loop over work items of the persistent launch added
-#: 0-16 to each.)
-WGMMA_REGISTERS: dict = {(64, 128, 128): 164, (64, 128, 64): 124, (64, 64, 128): 187,
-                         (64, 64, 64): 123, (128, 128, 128): 168, (128, 128, 64): 163,
-                         (128, 64, 128): 204, (128, 64, 64): 168}
+#: ptxas is found. None: not measured. (These kernels walk one work item each: built without
+#: the persistent loop, as they were before it, within 6 registers.)
+WGMMA_REGISTERS: dict = {(64, 128, 128): 165, (64, 128, 64): 114, (64, 64, 128): 168,
+                         (64, 64, 64): 114, (128, 128, 128): 166, (128, 128, 64): 157,
+                         (128, 64, 128): 205, (128, 64, 64): 159}
 #: Configurations ptxas makes spill (the serial kernel; the default schedule's consumers get
-#: 232 or 160 registers, `overlap_registers`): d = 128 with 128 x 128 tiles, 288 threads held
-#: to 168 registers (about 56 bytes; none before the loop over work items). Checked by
-#: tests/test_wgmma_fwd.py where ptxas is found.
-WGMMA_SPILLING: tuple = ((128, 128, 128),)
+#: 232 or 160 registers, `overlap_registers`): none since the products are issued as wide as
+#: their tiles (`kernels.hopper.product_blocks`; before, d = 128 with 128 x 128 tiles spilled
+#: about 108 bytes, with 288 threads held to 168 registers). Checked by tests/test_wgmma_fwd.py
+#: where ptxas is found.
+WGMMA_SPILLING: tuple = ()
 #: Bytes the producer of three consumer warpgroups may spill (its 32 registers, `overlap_registers`,
 #: hold the loop over work items and the TMA coordinates; ptxas 13.0: 8-28 bytes): one thread's
 #: stores to L1, off the consumers' path. Checked by tests/test_wgmma_fwd.py where ptxas is found.
