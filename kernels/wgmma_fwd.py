@@ -233,14 +233,22 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=F
     issue_pv = hp.tile_product_ab(operands, PS, OB, V_TMPL, V_STEP,
                                   64 * BK if FP8 else CHUNK_BYTES)   # FP8 V^T: d rows of keys
     @cuda.jit(device=True, inline=True)
-    def next_stage(st, ph, lapped):
+    def next_stage(st, ph):
         """-- the ring's next position: stage ``st`` + 1 (`stage_of`), its phase bit ``ph``
         flipped at each lap (`full_parity`; a refill waits for the release's phase ``ph ^ 1``,
-        `empty_parity`), ``lapped`` once every stage has been used --"""
+        `empty_parity`) --"""
         st += int32(1)
         if st == STAGES:
-            return int32(0), ph ^ int32(1), int32(1)
-        return st, ph, lapped
+            return int32(0), ph ^ int32(1)
+        return st, ph
+
+    @cuda.jit(device=True, inline=True)
+    def item_slice(m_blk, bh, n_heads, group, offsets, sched_b, sched_h):
+        """-- a work item's (batch, head, KV head) and its schedule entries [start, stop) --"""
+        b = bh // n_heads
+        h = bh - b * n_heads
+        s = b * sched_b + h * sched_h
+        return b, h, h // group, offsets[s, m_blk], offsets[s, m_blk + 1]
 
     assert BAR + BARRIER_BYTES + 1024 == SMEM
     why = schedule_refusal(pingpong, overlap, BQ)
@@ -375,12 +383,8 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=F
                 for lin in range(first, end, step):
                     tile, bh = work_item(lin, n_blocks_q, n_bh)
                     m_blk = n_blocks_q - 1 - tile           # longest (causal) tiles first
-                    b = bh // n_heads
-                    h = bh - b * n_heads
-                    hk = h // group32
-                    s = b * sched_b + h * sched_h
-                    start = offsets[s, m_blk]
-                    stop = offsets[s, m_blk + 1]
+                    b, h, hk, start, stop = item_slice(m_blk, bh, n_heads, group32, offsets,
+                                                       sched_b, sched_h)
                     row0 = m_blk * BQ
                     if done > 0:        # Q's buffer: the last item's S products are done
                         hp.mbarrier_wait_parity(q_empty, (done - 1) & 1)
@@ -412,7 +416,9 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=F
                         if FP8:         # V^T: one box of d rows x block_k keys
                             hp.cp_async_bulk_tensor_4d_g2s(k_st + KV_BYTES, g_v, key0, 0, hk,
                                                            b, full0 + 8 * st)
-                        st, ph, lapped = next_stage(st, ph, lapped)
+                        st, ph = next_stage(st, ph)
+                        if st == 0:
+                            lapped = int32(1)
                     done += 1
             return
         if REALLOC:
@@ -435,7 +441,6 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=F
             hp.named_barrier_arrive(PP_BAR, PP_THREADS)     # warpgroup 0 multiplies first
         st = int32(0)           # the ring as the producer fills it (`next_stage`)
         ph = int32(0)
-        lapped = int32(0)
         done = int32(0)
         for lin in range(first, end, step):
             tile, bh = work_item(lin, n_blocks_q, n_bh)
@@ -446,12 +451,8 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=F
             if PERSISTABLE:
                 m_blk = cuda.shfl_sync(0xFFFFFFFF, m_blk, 0)
                 bh = cuda.shfl_sync(0xFFFFFFFF, bh, 0)
-            b = bh // n_heads
-            h = bh - b * n_heads
-            hk = h // group32
-            s = b * sched_b + h * sched_h
-            start = offsets[s, m_blk]
-            stop = offsets[s, m_blk + 1]
+            b, h, hk, start, stop = item_slice(m_blk, bh, n_heads, group32, offsets, sched_b,
+                                               sched_h)
             if PERSISTABLE:
                 start = cuda.shfl_sync(0xFFFFFFFF, start, 0)
                 stop = cuda.shfl_sync(0xFFFFFFFF, stop, 0)
@@ -486,7 +487,7 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=F
                     hp.wgmma_wait_group(0)
                     hp.wgmma_fence_operands(o_reg, 0, O_REGS)
                     hp.mbarrier_arrive(empty0 + 8 * st)      # this stage may be refilled
-                    st, ph, lapped = next_stage(st, ph, lapped)
+                    st, ph = next_stage(st, ph)
                 hp.mbarrier_arrive(q_empty)             # Q may be refilled
             elif start < stop:
                 # -- tile 0: S = Q K^T and its softmax (O is still zero: no rescale) --
@@ -501,7 +502,7 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=F
                         band_lo, band_hi)
                 to_p(pa, s_reg)
                 st_prev = st
-                st, ph, lapped = next_stage(st, ph, lapped)
+                st, ph = next_stage(st, ph)
                 for it in range(start + 1, stop):
                     k_st = kv_s + st * 2 * KV_BYTES
                     v_prev = kv_s + st_prev * 2 * KV_BYTES + KV_BYTES
@@ -523,7 +524,7 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=F
                     rescale(o_reg, alpha)
                     to_p(pa, s_reg)
                     st_prev = st
-                    st, ph, lapped = next_stage(st, ph, lapped)
+                    st, ph = next_stage(st, ph)
                 # -- every S = Q K^T of the item is done: Q may be refilled; the last tile's
                 # O += P V --
                 hp.mbarrier_arrive(q_empty)

@@ -253,7 +253,10 @@ def test_plan_defaults_refusals_and_configs():
     assert three.config["consumer_warpgroups"] == 3 and three.config["stages"] == 3
     assert k.threads == 512 and k.registers == 128      # 65536 / 512 at launch
     assert overlap_registers(192) == (32, 160) and overlap_registers(128) == (40, 232)
-    assert 128 * 32 + 384 * 160 <= 65536 and 128 * 40 + 256 * 232 <= 65536
+    for bq in (128, 192):       # the split fits the register file at the launch's threads
+        producer, consumer = overlap_registers(bq)
+        assert producer * 128 + consumer * 128 * (bq // 64) <= 65536
+        assert wgmma_threads(bq, True) == 128 * (bq // 64 + 1)
     # persistent where a program fills its SM (a producer warpgroup), refused elsewhere
     assert three.config["persistent"] and k.persistent and plan.config["persistent"]
     assert not serial.config["persistent"] and not serial.kernels[0].persistent

@@ -139,9 +139,10 @@ WGMMA_PRODUCER_SPILL_BYTES = 32
 #: *Schedules* and the design note *Hopper forward: FlashAttention-3's schedule*).
 WGMMA_PINGPONG_DEFAULT = True
 FP8_PINGPONG_DEFAULT = True
-#: Registers per thread with a producer warpgroup (`producer_warpgroup`): ``setmaxnreg``
-#: lowers the producer's to the first and raises the consumers' to the second (FlashAttention-3's
-#: 24 / 240 for two consumer warpgroups: 128 x 24 + 256 x 240 <= 65,536).
+#: Registers per thread with a producer warpgroup: ``setmaxnreg`` lowers the producer's to the
+#: first and raises the consumers' to the second (FlashAttention-3's 24 / 240 for two consumer
+#: warpgroups: 128 x 24 + 256 x 240 <= 65,536). The Hopper backward's split
+#: (`sim.plans.wgmma_bwd.WGMMA_BWD_REGISTERS`); the forward's is `overlap_registers`.
 OVERLAP_REGISTERS = (24, 240)
 #: The forward's split per number of consumer warpgroups (`overlap_registers`): with two,
 #: 40 / 232 (128 x 40 + 256 x 232 <= 65,536: the persistent producer's loop over work items
