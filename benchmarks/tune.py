@@ -3,7 +3,7 @@ Both run on the same inputs as PyTorch SDPA, in the same process.
 
     python -m benchmarks tune --family simt|mma|tf32 [--n 4096] [--d 64 128] [--out FILE.json]
     python -m benchmarks tune --orders [--quick] [--out FILE.json]
-    python -m benchmarks tune --backward-dq [--d 64 128] [--out FILE.json]
+    python -m benchmarks tune --backward-dq [--dq-family mma|wgmma] [--d 64 128] [--out FILE.json]
     ncu --clock-control none --profile-from-start off --csv --page raw --log-file FILE.csv \\
         --metrics METRICS python -m benchmarks tune --orders --profile CASE --out FILE.json
     python -m benchmarks tune --orders --show-ncu FILE.csv|FILE.json | --model-ncu FILE.json   (CPU)
@@ -30,8 +30,9 @@ These runs chose `kernels.tile_scheduler.DEFAULT_HEAD_GROUP` ("default": where t
 backward balances it, `ioaware.launch_order.launch_head_group`, that order).
 
 ``--backward-dq``: the tensor-core backwards' two ways of computing dQ
-(``KernelConfig.backward_dq``: `kernels.mma_bwd` for float16 and bfloat16, `kernels.tf32_bwd`
-for float32; ``--dtype``), each head dim, causal off and on and N in `DQ_SEQ_LENS`: the
+(``KernelConfig.backward_dq``: `kernels.mma_bwd` for float16 and bfloat16, or with
+``--dq-family wgmma`` the Hopper backward `kernels.wgmma_bwd`; `kernels.tf32_bwd` for float32;
+``--dtype``), each head dim, causal off and on and N in `DQ_SEQ_LENS`: the
 backward alone under "kernel" (a dQ kernel, then the dK/dV kernel) and "atomic" (pre-pass, the
 dK/dV kernel adding dS K into a float32 accumulator, conversion), each kernel's time, the
 largest difference between the two modes' gradients, and SDPA's backward (its forward +
@@ -285,13 +286,15 @@ DQ_SEQ_LENS = (1024, 2048, 4096, 8192)
 DQ_MODES = ("kernel", "atomic")
 
 
-def backward_dq_case(torch, dt, d, causal, n, progress=print) -> dict:
-    """One ``--backward-dq`` case (module docstring)."""
+def backward_dq_case(torch, dt, d, causal, n, progress=print, half_family="mma") -> dict:
+    """One ``--backward-dq`` case (module docstring); ``half_family``: the family timed for
+    float16 and bfloat16 ("mma" or "wgmma")."""
     import torch.nn.functional as F
 
     import kernels
-    from kernels import mma_bwd, tf32_bwd
-    family, module = ("tf32", tf32_bwd) if dt == "fp32" else ("mma", mma_bwd)
+    from kernels import mma_bwd, tf32_bwd, wgmma_bwd
+    family, module = (("tf32", tf32_bwd) if dt == "fp32" else
+                      ("wgmma", wgmma_bwd) if half_family == "wgmma" else ("mma", mma_bwd))
     backend = "sdpa-efficient" if dt == "fp32" else "sdpa-flash"
     b, h, q, k, v, do = benchmark_inputs(torch, dt, d, n)
     pb = attention_problem(q, k, v, causal=causal)
@@ -507,6 +510,8 @@ def main(argv=None) -> int:
                     default=["fp16", "bf16"], help="--backward-dq: dtypes (fp32: the tf32 family)")
     ap.add_argument("--seq-lens", type=int, nargs="+", default=list(DQ_SEQ_LENS),
                     help="--backward-dq: sequence lengths")
+    ap.add_argument("--dq-family", choices=("mma", "wgmma"), default="mma",
+                    help="--backward-dq: the float16/bfloat16 backward timed (wgmma: Hopper's)")
     ap.add_argument("--causal", choices=("off", "on", "both"), default="both",
                     help="--family, --backward-dq: causal masking")
     ap.add_argument("--quick", action="store_true", help="--orders: two cases only")
@@ -571,7 +576,8 @@ def main(argv=None) -> int:
             for d in args.d:
                 for causal in _causals(args.causal):
                     for n in args.seq_lens:
-                        rows.append(backward_dq_case(torch, dt, d, causal, n, progress=say))
+                        rows.append(backward_dq_case(torch, dt, d, causal, n, progress=say,
+                                                     half_family=args.dq_family))
                         torch.cuda.empty_cache()
                         save(rows)
     elif args.orders:

@@ -82,11 +82,12 @@ class KernelConfig:
       pairs); None = the plan's default (`sim.plans.wgmma_bwd.wgmma_bwd_default_tiles`). A
       backward that pins either runs only on the ``wgmma`` backward (`kernels.family_for`
       refuses another family), so a pinned tile is never silently dropped.
-    * ``backward_dq``: how the ``mma`` and ``tf32`` backwards compute dQ: "kernel" (a dQ kernel
-      that recomputes S and dP, deterministic) or "atomic" (FlashAttention-2's structure: the
-      dK/dV kernel adds dS K into a float32 accumulator with atomics; the summation order varies
-      from run to run); None = the family's measured default (`kernels.mma_bwd.dq_mode`,
-      `kernels.tf32_bwd.dq_mode`).
+    * ``backward_dq``: how the tensor-core backwards (``mma``, ``tf32``, ``wgmma``) compute dQ:
+      "kernel" (a dQ kernel that recomputes S and dP, deterministic) or "atomic"
+      (FlashAttention-2's structure: the dK/dV kernel adds dS K into a float32 accumulator with
+      atomics; the summation order varies from run to run); None = the family's measured
+      default (`kernels.mma_bwd.dq_mode`, `kernels.tf32_bwd.dq_mode`,
+      `kernels.wgmma_bwd.dq_mode`).
 
     ``family="split_kv"`` is a forward only (decoding: few queries, a long KV cache);
     ``family="wgmma"`` is a forward only too (Hopper: TMA and ``wgmma``, `kernels.wgmma_fwd`),

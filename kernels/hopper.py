@@ -38,14 +38,18 @@ through llvmlite's ``ir.InlineAsm`` in the style of `kernels.ptx`:
   ``imm-trans-b = 1``, `mnmajor_offset`: V [keys, d] as TMA lands it). These are m64n64;
   ``wgmma_ss(dtype, n)`` and ``wgmma_rs(dtype, n)`` give the same in-place forms at any width
   ``n`` (64..256, a multiple of 64; ``acc[base:base + n // 2]``), whose accumulator layout is
-  that of ``n // 64`` m64n64 blocks side by side (`wgmma_d_elem`).
+  that of ``n // 64`` m64n64 blocks side by side (`wgmma_d_elem`); ``wgmma_ss(dtype, n,
+  mn_major=True)`` takes both operands MN-major (``imm-trans-a = imm-trans-b = 1``).
   ``wgmma_fence_operands(acc, base, n)`` after ``wgmma_wait_group`` keeps every later use of
   the accumulator below the wait (an empty ``asm volatile`` with ``+f`` operands, as CUTLASS's
   ``warpgroup_fence_operand``): without it LLVM may hoist register arithmetic on the results
   above the wait, which orders only memory.
 * ``cp_async_bulk_tensor_4d_g2s(dst, tmap, c0, c1, c2, c3, bar)``: one box of a 4-D tensor map
   (`encode_tensor_map_4d`: [B, H, N, d] with any 16-byte-multiple strides; boxes never cross a
-  head, out-of-bounds rows are zero-filled).
+  head, out-of-bounds rows are zero-filled); ``cp_reduce_async_bulk_tensor_4d_add(tmap, c0, c1,
+  c2, c3, src)`` the other way, adding a shared-memory box into global memory (out-of-bounds
+  elements skipped), with ``cp_async_bulk_commit_group()`` and
+  ``cp_async_bulk_wait_group_read()`` / ``cp_async_bulk_wait_group()``.
 * **register reallocation**: ``setmaxnreg_inc(n)`` / ``setmaxnreg_dec(n)`` (``n`` a compile-time
   constant, 24..256, a multiple of 8; every thread of the warpgroup executes it). ptxas only
   honours it in a kernel whose launch bounds name a minimum of blocks per SM
@@ -54,7 +58,9 @@ through llvmlite's ``ir.InlineAsm`` in the style of `kernels.ptx`:
 * **tile products** (device functions built from the intrinsics, shared by the Hopper forward
   and backward): `tile_product_abt` (acc = A B^T, both operands from shared memory) and
   `tile_product_ab` (acc += A B, A from registers), each one commit group over a tile, each
-  k-step one product as wide as the output tile (`product_blocks`: m64n128 for 128 columns).
+  k-step one product as wide as the output tile (`product_blocks`: m64n128 for 128 columns);
+  `tile_product_mn` (acc = A B, both operands from shared memory MN-major: the atomic-dQ
+  backward's dQ = dS K from dS^T as its warpgroups stored it).
 * utilities: ``array_addr(arr)`` (64-bit address of an array's first element),
   ``smem_descriptor(template, saddr)`` (a descriptor template from `encode_wgmma_descriptor`
   with start address 0, completed with a 32-bit shared-window address from
@@ -124,13 +130,15 @@ __all__ = [
     "WGMMA_M64N64K16_F16_PTX", "f32_zeros", "setmaxnreg_inc", "setmaxnreg_dec", "array_addr",
     "smem_descriptor", "wgmma_m64n64k16_f32_bf16", "named_barrier_sync", "named_barrier_arrive",
     "WGMMA_M64N64K16_BF16_PTX",
-    "cp_async_bulk_tensor_4d_g2s", "wgmma_ss_f16", "wgmma_ss_bf16", "wgmma_rs_mn_f16",
+    "cp_async_bulk_tensor_4d_g2s", "cp_reduce_async_bulk_tensor_4d_add",
+    "cp_async_bulk_commit_group", "cp_async_bulk_wait_group_read", "cp_async_bulk_wait_group",
+    "wgmma_ss_f16", "wgmma_ss_bf16", "wgmma_rs_mn_f16",
     "wgmma_rs_mn_bf16", "WGMMA_RS_MN_F16_PTX", "WGMMA_RS_MN_BF16_PTX", "wgmma_fence_operands",
     "wgmma_ss_e4m3", "wgmma_rs_e4m3", "WGMMA_SS_E4M3_PTX", "WGMMA_RS_E4M3_PTX", "pack_e4m3x4",
     "wgmma_ss", "wgmma_rs", "WGMMA_MAX_N", "SWIZZLE_128B_ROW", "aligned_shared_base",
     "init_ring_barriers", "descriptor_at",
     # device functions built from them
-    "product_blocks", "tile_product_abt", "tile_product_ab",
+    "product_blocks", "tile_product_abt", "tile_product_ab", "tile_product_mn",
 ]
 
 WARPGROUP = 128
@@ -646,6 +654,9 @@ def _make_void(name, ptx, arg_types, doc):
     elif arity == 5:
         def f(typingctx, a0, a1, a2, a3, a4):
             return typer(typingctx, a0, a1, a2, a3, a4)
+    elif arity == 6:
+        def f(typingctx, a0, a1, a2, a3, a4, a5):
+            return typer(typingctx, a0, a1, a2, a3, a4, a5)
     elif arity == 7:
         def f(typingctx, a0, a1, a2, a3, a4, a5, a6):
             return typer(typingctx, a0, a1, a2, a3, a4, a5, a6)
@@ -706,6 +717,25 @@ cp_async_bulk_tensor_4d_g2s = _make_void(
     "first (column ``c0``, row ``c1``, then the two outer dimensions) to shared address "
     "``dst`` (1024-byte aligned for the 128-byte swizzle); completes the box's bytes (the "
     "zero-filled out-of-bounds part included) on ``bar``. One thread issues it.")
+cp_reduce_async_bulk_tensor_4d_add = _make_void(
+    "cp_reduce_async_bulk_tensor_4d_add",
+    "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group "
+    "[$0, {$1, $2, $3, $4}], [$5];", (_U64, _U32, _U32, _U32, _U32, _U32),
+    "cp_reduce_async_bulk_tensor_4d_add(tmap, c0, c1, c2, c3, src): add the box at shared "
+    "address ``src`` (laid out as `cp_async_bulk_tensor_4d_g2s` lands one) element by element "
+    "into the 4-D tensor map's box at coordinates innermost first, atomically per element "
+    "(out-of-bounds elements skipped); asynchronous, in the thread's bulk group: "
+    "`cp_async_bulk_commit_group`, then `cp_async_bulk_wait_group_read` before ``src`` is "
+    "written again. One thread issues it.")
+cp_async_bulk_commit_group = _make_void(
+    "cp_async_bulk_commit_group", "cp.async.bulk.commit_group;", (),
+    "Close this thread's bulk operations issued so far into one bulk group.")
+cp_async_bulk_wait_group_read = _make_void(
+    "cp_async_bulk_wait_group_read", "cp.async.bulk.wait_group.read 0;", (),
+    "Wait until this thread's bulk groups have read their shared-memory sources.")
+cp_async_bulk_wait_group = _make_void(
+    "cp_async_bulk_wait_group", "cp.async.bulk.wait_group 0;", (),
+    "Wait until this thread's bulk groups are complete.")
 wgmma_fence = _make_void(
     "wgmma_fence", "wgmma.fence.sync.aligned;", (),
     "Order register and shared-memory accesses before the next wgmma.mma_async (all threads of "
@@ -780,11 +810,11 @@ def f32_zeros(typingctx, n):
     return sig, codegen
 
 
-def _wgmma_ptx(n, dtype):
+def _wgmma_ptx(n, dtype, transposed=0):
     regs = ",".join(f"${i}" for i in range(n // 2))
     a, b, s = n // 2, n // 2 + 1, n // 2 + 2
     # scale-d is a predicate; imm-scale-a, imm-scale-b = 1 (no negation); imm-trans-a,
-    # imm-trans-b = 0 (both operands K-major)
+    # imm-trans-b = ``transposed`` (0: both operands K-major; 1: both MN-major)
     if dtype == "e4m3":     # 8-bit: k32, both operands K-major, no transpose arguments
         return ("{ .reg .pred p; "
                 f"setp.ne.b32 p, ${s}, 0; "
@@ -793,7 +823,7 @@ def _wgmma_ptx(n, dtype):
     return ("{ .reg .pred p; "
             f"setp.ne.b32 p, ${s}, 0; "
             f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{dtype}.{dtype} "
-            f"{{{regs}}}, ${a}, ${b}, p, 1, 1, 0, 0; }}")
+            f"{{{regs}}}, ${a}, ${b}, p, 1, 1, {transposed}, {transposed}; }}")
 
 
 WGMMA_M64N64K16_F16_PTX = _wgmma_ptx(64, "f16")
@@ -876,9 +906,9 @@ def _is_acc(acc):
     return isinstance(acc, types.Array) and acc.ndim == 1 and acc.dtype == types.float32
 
 
-def _make_wgmma_ss_inplace(dtype, n=64):
+def _make_wgmma_ss_inplace(dtype, n=64, transposed=0):
     nreg = n // 2
-    ptx = _wgmma_ptx(n, dtype)
+    ptx = _wgmma_ptx(n, dtype, transposed)
     constraints = ",".join(["=f"] * nreg + ["l", "l", "r"] + [str(i) for i in range(nreg)])
 
     def _wgmma(typingctx, acc, base, desc_a, desc_b, scale_d):
@@ -901,7 +931,8 @@ def _make_wgmma_ss_inplace(dtype, n=64):
             return context.get_dummy_value()
 
         return sig, codegen
-    _wgmma.__name__ = _wgmma.__qualname__ = f"wgmma_ss_{dtype}" + ("" if n == 64 else f"_n{n}")
+    _wgmma.__name__ = _wgmma.__qualname__ = (f"wgmma_ss_{dtype}" + ("_mn" if transposed else "")
+                                             + ("" if n == 64 else f"_n{n}"))
     return intrinsic(_wgmma)
 
 
@@ -1116,12 +1147,15 @@ WGMMA_MAX_N = 256
 
 
 @functools.lru_cache(maxsize=None)
-def wgmma_ss(dtype: str, n: int = 64):
+def wgmma_ss(dtype: str, n: int = 64, mn_major: bool = False):
     """The in-place ``wgmma`` with both operands in shared memory (as `wgmma_ss_f16`), m64nNk16
     (``dtype`` "f16" or "bf16") or m64nNk32 ("e4m3"), D in ``acc[base:base + n // 2]``; ``n`` a
-    multiple of 64 up to `WGMMA_MAX_N`."""
+    multiple of 64 up to `WGMMA_MAX_N`. ``mn_major``: both operands MN-major (``imm-trans-a =
+    imm-trans-b = 1``: A's M and B's N elements contiguous, `mnmajor_offset`; 16-bit only)."""
     _check_wide(dtype, n)
-    return _make_wgmma_ss_inplace(dtype, n)
+    if mn_major and dtype == "e4m3":
+        raise ValueError("8-bit operands have no MN-major (transposed) form")
+    return _make_wgmma_ss_inplace(dtype, n, 1 if mn_major else 0)
 
 
 @functools.lru_cache(maxsize=None)
@@ -1222,5 +1256,38 @@ def tile_product_ab(dtype: str, k_steps: int, n_blocks: int, template: int, k_st
                 db = descriptor_at(db0, ni * EACH * CHUNK + kc * STEP)
                 mma_rs(acc, 32 * EACH * ni, pa[4 * kc], pa[4 * kc + 1], pa[4 * kc + 2],
                        pa[4 * kc + 3], db, uint32(1))
+        wgmma_commit_group()
+    return issue
+
+
+def tile_product_mn(dtype: str, k_steps: int, n_blocks: int, a_template: int, b_template: int,
+                    b_region_bytes: int, b_chunk_bytes: int):
+    """A device function ``issue(acc, a, b)``: acc = A B as one commit group of ``k_steps``
+    products per k-step of `wgmma_ss` with both operands MN-major (``dtype`` "f16"/"bf16"): A
+    (64 x 16 k) at ``a``, its K rows one swizzle row (128 bytes) apart, as ``a_template``
+    describes it (a k16 step moves it 16 rows); B (K x ``n_blocks`` x 64) at ``b`` in regions of
+    64 K rows (``b_region_bytes`` apart; a TMA box of 64 rows per block of 64 columns,
+    ``b_chunk_bytes`` apart, as ``b_template`` describes them). The first k-step overwrites acc.
+    The atomic-dQ dK/dV kernel's dQ = dS K: dS^T (keys x queries) as its warpgroups stored it,
+    K as TMA landed it."""
+    from numba import uint32
+    count, each = product_blocks(n_blocks)
+    if each > 1 and decode_wgmma_descriptor(b_template).leading_byte_offset != b_chunk_bytes:
+        raise ValueError("a wide MN-major product needs the B template's leading byte offset "
+                         f"equal to b_chunk_bytes ({b_chunk_bytes})")
+    mma_ss = wgmma_ss(dtype, 64 * each, mn_major=True)
+    KS, NI, EACH, A_T, B_T = k_steps, count, each, a_template, b_template
+    STEP = 16 * SWIZZLE_128B_ROW
+    REGION, CHUNK = b_region_bytes, b_chunk_bytes
+
+    @cuda.jit(device=True, inline=True)
+    def issue(acc, a, b):
+        da0 = smem_descriptor(A_T, a)
+        db0 = smem_descriptor(B_T, b)
+        for kk in range(KS):
+            da = descriptor_at(da0, kk * STEP)
+            for ni in range(NI):
+                db = descriptor_at(db0, (kk // 4) * REGION + (kk % 4) * STEP + ni * EACH * CHUNK)
+                mma_ss(acc, 32 * EACH * ni, da, db, uint32(1 if kk > 0 else 0))
         wgmma_commit_group()
     return issue

@@ -61,7 +61,8 @@ __all__ = [
     "pack_bf16x2", "shared_addr", "global_addr", "ld_global_u32", "st_global_u32",
     "ld_global_u8", "MMA_F16_PTX", "MMA_BF16_PTX",
     "mma_tf32", "cvt_tf32", "split_tf32", "ld_shared_f32", "ld_shared_f32x2",
-    "ld_shared_v4_f32", "ld_shared_v4_b32", "st_shared_v4_b32", "ld_shared_b32", "st_shared_b16",
+    "ld_shared_v4_f32", "ld_shared_v4_b32", "st_shared_v4_b32", "ld_shared_b32", "st_shared_b32",
+    "st_shared_b16",
     "st_shared_v2_f32", "atom_add_acq_rel",
     "MMA_TF32_PTX",
     "red_global_add_f32", "red_global_add_v2_f32",
@@ -461,6 +462,19 @@ def st_shared_v4_b32(typingctx, saddr, x0, x1, x2, x3):
         _asm(builder, ir.VoidType(), [_I32] * 5,
              "st.shared.v4.b32 [$0], {$1,$2,$3,$4};", "r,r,r,r,r,~{memory}", vals,
              side_effect=True)
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+@intrinsic
+def st_shared_b32(typingctx, saddr, x):
+    """One .b32 word to a 4-byte aligned shared-window address."""
+    sig = types.void(types.uint32, types.uint32)
+
+    def codegen(context, builder, sig, args):
+        addr, val = (context.cast(builder, a, t, types.uint32) for a, t in zip(args, sig.args))
+        _asm(builder, ir.VoidType(), [_I32, _I32], "st.shared.b32 [$0], $1;", "r,r,~{memory}",
+             [addr, val], side_effect=True)
         return context.get_dummy_value()
     return sig, codegen
 

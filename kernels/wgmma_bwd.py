@@ -45,15 +45,17 @@ other head dims and GPUs below compute capability 9.0.
 from __future__ import annotations
 
 import math
+import sys
 
 from numba.cuda.cudadrv import driver    # device_pointer (on a real GPU)
 
 from ioaware.launch_order import launch_head_group
 from sim.plans.wgmma_bwd import (WGMMA_BWD_BARRIER_BYTES, WGMMA_BWD_HEAD_DIMS,
                                  WGMMA_BWD_KERNEL_NAMES, WGMMA_BWD_REGISTERS, WGMMA_BWD_STAGES,
-                                 launch_of, wgmma_bwd_ds_under_dv,
-                                 wgmma_bwd_producer_warpgroup, wgmma_bwd_smem_bytes,
-                                 wgmma_bwd_threads)
+                                 launch_of, wgmma_bwd_dq_split, wgmma_bwd_ds_bytes,
+                                 wgmma_bwd_ds_under_dv, wgmma_bwd_producer_warpgroup,
+                                 wgmma_bwd_smem_bytes, wgmma_bwd_threads,
+                                 wgmma_default_dq_mode)
 from sim.plans.wgmma_fwd import BOX_COLUMNS, ROWS_PER_WARPGROUP, WARPGROUP_THREADS
 
 from . import compile_cache, host, tile_scheduler
@@ -71,29 +73,60 @@ SUPPORTED_HEAD_DIMS = WGMMA_BWD_HEAD_DIMS
 TAKES_WINDOW = True
 
 
-def get_kernel(kind, head_dim, rows, cols, is_bf16, causal, head_group, window=False):
+def get_kernel(kind, head_dim, rows, cols, is_bf16, causal, head_group, window=False,
+               dq_atomic=False):
     """The compiled-on-first-launch kernel ``kind`` ("dq" or "dkdv") for one configuration
     (cached per process and on disk by `kernels.compile_cache`): ``rows`` per program,
     ``cols`` streamed rows a stage; ``head_group``: the launch order
     (`kernels.tile_scheduler`); ``window``: the band test (causal then off: the band carries
-    it)."""
+    it); ``dq_atomic`` ("dkdv" only): it also adds dQ = dS K to a float32 accumulator."""
     key = (str(kind), int(head_dim), int(rows), int(cols), bool(is_bf16), bool(causal),
-           int(head_group), bool(window))
+           int(head_group), bool(window), bool(dq_atomic) and kind == "dkdv")
     return compile_cache.built(_build_kernel, *key)
 
 
-def _build_kernel(kind, head_dim, rows, cols, is_bf16, causal, head_group, window=False):
+def ds_word_offset(nb, j, hr, wg, warp_in_wg, gid, tig, rows):
+    """Byte offset, in the atomic dK/dV kernel's dS^T buffer, of the 32-bit word (two adjacent
+    queries of one key row) that thread (``warp_in_wg``, ``gid`` = lane // 4, ``tig`` = lane %
+    4) of consumer warpgroup ``wg`` holds at accumulator position (``nb``, ``j``, ``hr``)
+    (`kernels.hopper.wgmma_d_elem`: key row 64 wg + 16 warp + gid + 8 hr, queries 64 nb + 8 j
+    + 2 tig and + 1): the buffer is ``rows`` key rows of 128 bytes per block of 64 queries,
+    128-byte swizzled (the 16-byte unit ``j`` of a row moved to ``j ^ (row % 8)``, and row % 8
+    = gid), which is `kernels.hopper.mnmajor_offset` (k = key row, n = query) of an MN-major
+    operand of ``rows`` K rows: the A operand of dQ = dS K. A warp's 32 stores hit 32 banks."""
+    row = 64 * wg + 16 * warp_in_wg + gid + 8 * hr
+    return nb * rows * 128 + row * 128 + ((j ^ gid) << 4) + 4 * tig
+
+
+def dq_stage_offset(nb, j, hr, warp_in_wg, gid, tig):
+    """Byte offset, in a consumer warpgroup's dQ staging of the atomic dK/dV kernel, of the two
+    floats (columns 64 nb + 8 j + 2 tig and + 1 of row 16 warp + gid + 8 hr) a thread holds at
+    accumulator position (``nb``, ``j``, ``hr``) (`kernels.hopper.wgmma_d_elem`): boxes of 64
+    rows x 32 float32 columns (8 KiB) one after another, each as TMA reads a box with the
+    128-byte swizzle (`kernels.hopper.swizzle_offset` of row x 128 + 4 x column: the 16-byte
+    unit 2 (j % 4) + tig // 2 of a row moved to its xor with row % 8 = gid)."""
+    row = 16 * warp_in_wg + gid + 8 * hr
+    box = 2 * nb + j // 4
+    unit = 2 * (j % 4) + tig // 2
+    return box * 64 * 128 + row * 128 + ((unit ^ gid) << 4) + 8 * (tig % 2)
+
+
+def _build_kernel(kind, head_dim, rows, cols, is_bf16, causal, head_group, window=False,
+                  dq_atomic=False):
     """The kernel ``kind`` for one configuration. Signature (both kernels)::
 
-        kernel(maps, out, dout, lse, delta, grad_a, grad_b, offsets, index, sched_b, sched_h,
-               group, n_q, n_k, scale_log2, scale, band_lo, band_hi)
+        kernel(maps, out, dout, lse, delta, grad_a, grad_b, acc_map, offsets, index, sched_b,
+               sched_h, group, n_q, n_k, scale_log2, scale, band_lo, band_hi)
 
     ``maps``: uint64 [4, 16], the tensor maps of the two resident operands (boxes of 64 rows x
     64 columns) and the two streamed ones (boxes of ``cols`` rows x 64 columns): Q, dO, K, V
     for "dq", K, V, Q, dO for "dkdv"; ``out``, ``dout``: int16 [B, Hq, Nq, d] (read by "dq",
     for delta); ``lse``: float32 [B, Hq, Nq]; ``delta``: float32 [B, Hq, Nq] (written by "dq",
     read by "dkdv"); ``grad_a``, ``grad_b``: int16 words, dQ [B, Hq, Nq, d] (and again, unused)
-    for "dq", dK and dV [B, Hkv, Nk, d] for "dkdv"; the ``"kv"`` ("dq") or ``"q"`` ("dkdv") CSR
+    for "dq", dK and dV [B, Hkv, Nk, d] for "dkdv"; ``acc_map``: uint64 [1, 16], the tensor
+    map (float32, boxes of 64 rows x 32 columns, 128-byte swizzle) of the float32 [B, Hq, Nq, d]
+    dQ accumulator the atomic dK/dV kernel adds to (zeroed by the pre-pass; unread by the other
+    kernels); the ``"kv"`` ("dq") or ``"q"`` ("dkdv") CSR
     schedule of `kernels.tile_scheduler.device_schedule`; ``group`` = Hq / Hkv; ``band_lo``,
     ``band_hi`` (int64) are read only with ``window``: key ``col`` is allowed for query ``row``
     iff ``band_lo <= col - row <= band_hi``."""
@@ -103,6 +136,7 @@ def _build_kernel(kind, head_dim, rows, cols, is_bf16, causal, head_group, windo
     from . import ptx
 
     DQ = kind == "dq"
+    ATOMIC = bool(dq_atomic) and not DQ          # dQ += dS K here, by float32 atomics
     D, R, C = head_dim, rows, cols
     # dK/dV: where dS^T is computed (`sim.plans.wgmma_bwd.wgmma_bwd_ds_under_dv`)
     DS_UNDER_DV = not DQ and wgmma_bwd_ds_under_dv(C)
@@ -123,10 +157,15 @@ def _build_kernel(kind, head_dim, rows, cols, is_bf16, causal, head_group, windo
     TILE_BYTES = C * D * 2                    # one streamed operand tile
     CHUNK_BYTES = C * 128                     # one 64-column chunk of a streamed tile
     RING = 2 * RES_BYTES
-    STATS = RING + STAGES * 2 * TILE_BYTES   # dK/dV: per warpgroup and stage, C (lse2, delta)
-    STATS_BYTES = C * 8
+    DS = RING + STAGES * 2 * TILE_BYTES      # atomic: dS^T, two buffers of R keys x C queries
+    DS_BUF = R * C * 2
+    DS_BLOCK = R * 128                       # ... 64 queries of R key rows, 128-byte rows
+    STAGE = DS + 2 * DS_BUF                  # atomic: each warpgroup's dQ share, float32
+    STAGE_BOX = ROWS_PER_WARPGROUP * 128     # ... in boxes of 64 rows x 32 columns
+    STATS = DS + wgmma_bwd_ds_bytes(kind, D, R, C, ATOMIC)   # dK/dV: per warpgroup and
+    STATS_BYTES = C * 8                                      # stage, C (lse2, delta)
     BAR = STATS + (0 if DQ else W * STAGES * STATS_BYTES)
-    SMEM = wgmma_bwd_smem_bytes(kind, D, R, C, STAGES)
+    SMEM = wgmma_bwd_smem_bytes(kind, D, R, C, STAGES, dq_atomic=ATOMIC)
     assert BAR + WGMMA_BWD_BARRIER_BYTES + 1024 == SMEM
     lbo_k, sbo_k, K_STEP = hp.kmajor_strides("128B", BOX_COLUMNS)
     K_TMPL = hp.encode_wgmma_descriptor(0, lbo_k, sbo_k, "128B")
@@ -149,6 +188,47 @@ def _build_kernel(kind, head_dim, rows, cols, is_bf16, causal, head_group, windo
     # acc += A B: A from registers (C streamed rows as k), B = the streamed tile, MN-major --
     issue_abt = hp.tile_product_abt(operands, KS, NB, K_TMPL, K_STEP, CHUNK_BYTES, BOX_BYTES)
     issue_ab = hp.tile_product_ab(operands, PS, OB, V_TMPL, V_STEP, CHUNK_BYTES)
+    if ATOMIC:
+        # -- dQ = dS K: A = dS^T as the warpgroups stored it (MN-major, R key rows), B = the
+        # resident K (MN-major: 64-row boxes, a region per warpgroup); a warpgroup's share --
+        BY_QUERIES = wgmma_bwd_dq_split(D, R, C)[0] == "queries"
+        DQ_N = wgmma_bwd_dq_split(D, R, C)[1]
+        DQ_REGS = DQ_N // 2
+        DS_BARRIER = 1 + W                      # after the statistics' barriers 1 .. W
+        STAGE_BARRIER = 2 + W                   # then one per warpgroup: its dQ staging
+        lbo_a, sbo_a, _ = hp.mnmajor_strides("128B", R)
+        lbo_kb, sbo_kb, _ = hp.mnmajor_strides("128B", ROWS_PER_WARPGROUP)
+        issue_dq = hp.tile_product_mn(operands, R // 16, DQ_N // 64,
+                                      hp.encode_wgmma_descriptor(0, lbo_a, sbo_a, "128B"),
+                                      hp.encode_wgmma_descriptor(0, lbo_kb, sbo_kb, "128B"),
+                                      DC * BOX_BYTES, BOX_BYTES)
+    else:
+        BY_QUERIES, DQ_N, DQ_REGS, DS_BARRIER, STAGE_BARRIER = True, 64, 1, 0, 0
+    ds_word = cuda.jit(device=True, inline=True)(ds_word_offset)
+    stage_off = cuda.jit(device=True, inline=True)(dq_stage_offset)
+
+    @cuda.jit(device=True, inline=True)
+    def store_ds(ds_buf, words, wg, warp_in_wg, gid, tig):
+        """-- atomic: this thread's dS^T words (the A fragment of dK's product) into the dS^T
+        buffer, then the async proxy fence (wgmma reads them) --"""
+        for kc in range(PS):
+            for q in range(4):
+                off = ds_word(kc // 4, 2 * (kc % 4) + q // 2, q % 2, wg, warp_in_wg, gid, tig, R)
+                ptx.st_shared_b32(uint32(ds_buf + off), words[4 * kc + q])
+        hp.fence_proxy_async()
+
+    @cuda.jit(device=True, inline=True)
+    def stage_dq(stage, dq_reg, warp_in_wg, gid, tig):
+        """-- atomic: this thread's dQ partial sums (the warpgroup's 64 query rows x DQ_N
+        columns) into its staging, boxes of 32 columns as TMA reads them, then the async proxy
+        fence (TMA reads them) --"""
+        for nb in range(DQ_N // 64):
+            for j in range(8):
+                for hr in range(2):
+                    r = 32 * nb + 4 * j + 2 * hr
+                    off = stage_off(nb, j, hr, warp_in_wg, gid, tig)
+                    ptx.st_shared_v2_f32(uint32(stage + off), dq_reg[r], dq_reg[r + 1])
+        hp.fence_proxy_async()
 
     @cuda.jit(device=True, inline=True)
     def to_a(pa, s_reg):
@@ -190,8 +270,8 @@ def _build_kernel(kind, head_dim, rows, cols, is_bf16, causal, head_group, windo
                                            BOX_COLUMNS * cc, row0, head, b, full)
 
     @cuda.jit(launch_bounds=(THREADS, 1), lineinfo=False)
-    def kernel(maps, out, dout, lse, delta, grad_a, grad_b, offsets, index, sched_b, sched_h,
-               group, n_q, n_k, scale_log2, scale, band_lo, band_hi):
+    def kernel(maps, out, dout, lse, delta, grad_a, grad_b, acc_map, offsets, index, sched_b,
+               sched_h, group, n_q, n_k, scale_log2, scale, band_lo, band_hi):
         smem = cuda.shared.array(0, dtype=uint8)         # dynamic: kernel.smem_bytes
         tid = cuda.threadIdx.x
         warp = tid // 32
@@ -215,11 +295,14 @@ def _build_kernel(kind, head_dim, rows, cols, is_bf16, causal, head_group, windo
             n_rows = n_k
         row0 = blk * R
         # shared memory from a 1024-byte boundary: resident A | resident B | stages (A, B
-        # tiles) | (dK/dV) each warpgroup's row statistics per stage | barriers
+        # tiles) | (atomic) two dS^T buffers | (dK/dV) each warpgroup's row statistics per
+        # stage | barriers
         base = hp.aligned_shared_base(smem)
         res_a = base
         res_b = base + RES_BYTES
         ring = base + RING
+        ds0 = base + DS
+        stage0 = base + STAGE
         stats = base + STATS
         res_full = base + BAR
         full0 = res_full + 8
@@ -275,6 +358,17 @@ def _build_kernel(kind, head_dim, rows, cols, is_bf16, causal, head_group, windo
         acc_b = cuda.local.array(O_REGS, dtype=float32)   # dV (dK/dV)
         pa = cuda.local.array(P_REGS, dtype=uint32)
         pa2 = cuda.local.array(1 if DQ or DS_UNDER_DV else P_REGS, dtype=uint32)   # dS^T's
+        dq_reg = cuda.local.array(DQ_REGS, dtype=float32)  # atomic: this tile's dQ share
+        # atomic: this warpgroup's share of dQ = dS K -- the dS^T block (64 queries) it reads
+        # as A, the first of K's column chunks it reads as B, and where its rows and columns lie
+        q_block = wg if BY_QUERIES else 0
+        k_cols = res_a + (0 if BY_QUERIES else wg * BOX_BYTES)
+        dq_col0 = 0 if BY_QUERIES else 64 * wg
+        stage_wg = stage0 + wg * (DQ_N // 32) * STAGE_BOX
+        elected = ATOMIC and tid % WARPGROUP_THREADS == 0    # issues the reductions
+        gm_acc = hp.array_addr(acc_map)
+        if elected:
+            hp.fence_proxy_tensormap_acquire(gm_acc)
         lse2_r = cuda.local.array(2, dtype=float32)
         delta_r = cuda.local.array(2, dtype=float32)
         for r in range(O_REGS):
@@ -387,31 +481,59 @@ def _build_kernel(kind, head_dim, rows, cols, is_bf16, causal, head_group, windo
                                     s_reg[r] = s_reg[r] * (dp_reg[r] - dl)
                                 else:
                                     dp_reg[r] = s_reg[r] * (dp_reg[r] - dlc)
+                ds_buf = ds0 + (i % 2) * DS_BUF             # atomic: this tile's dS^T
                 if DQ or DS_UNDER_DV:
                     if DS_UNDER_DV:
                         hp.wgmma_wait_group(0)                 # dV's product: pa is free
                         hp.wgmma_fence_operands(acc_b, 0, O_REGS)
                     # -- dQ += dS K (dK/dV: dK += dS^T Q) --
                     to_a(pa, s_reg)
+                    if ATOMIC:
+                        store_ds(ds_buf, pa, wg, warp % 4, gid, tig)
                     hp.wgmma_fence()
                     issue_ab(acc_a, pa, st_a)
-                    hp.wgmma_wait_group(0)
-                    hp.wgmma_fence_operands(acc_a, 0, O_REGS)
                 else:
                     # -- dV += P^T dO and dK += dS^T Q, issued back to back: the float32
                     # scores are dead once packed (at most S^T, dP^T and the two accumulators
                     # live) --
                     to_a(pa, s_reg)
                     to_a(pa2, dp_reg)
+                    if ATOMIC:
+                        store_ds(ds_buf, pa2, wg, warp % 4, gid, tig)
                     hp.wgmma_fence()
                     issue_ab(acc_b, pa, st_b)
                     issue_ab(acc_a, pa2, st_a)
-                    hp.wgmma_wait_group(0)
+                if ATOMIC:
+                    # -- atomic: once every warpgroup's dS^T is stored, this warpgroup's share
+                    # of dQ = dS K over the program's keys (the buffer alternates: the barrier
+                    # also orders the other warpgroup's reads of the tile before last, and
+                    # follows each first thread's wait for its last reduction's reads of the
+                    # dQ staging) --
+                    if elected:
+                        hp.cp_async_bulk_wait_group_read()
+                    hp.named_barrier_sync(uint32(DS_BARRIER), uint32(CONSUMER_THREADS))
+                    issue_dq(dq_reg, ds_buf + q_block * DS_BLOCK, k_cols)
+                hp.wgmma_wait_group(0)
+                if not (DQ or DS_UNDER_DV):
                     hp.wgmma_fence_operands(acc_b, 0, O_REGS)
-                    hp.wgmma_fence_operands(acc_a, 0, O_REGS)
+                hp.wgmma_fence_operands(acc_a, 0, O_REGS)
+                if ATOMIC:
+                    hp.wgmma_fence_operands(dq_reg, 0, DQ_REGS)
+                    # -- atomic: this warpgroup's share of dQ staged, then added to the
+                    # accumulator by TMA (rows past the queries skipped) by its first thread --
+                    stage_dq(stage_wg, dq_reg, warp % 4, gid, tig)
+                    hp.named_barrier_sync(uint32(STAGE_BARRIER + wg), uint32(WARPGROUP_THREADS))
+                    if elected:
+                        for bx in range(DQ_N // 32):
+                            hp.cp_reduce_async_bulk_tensor_4d_add(
+                                gm_acc, uint32(dq_col0 + 32 * bx), uint32(col0 + 64 * q_block),
+                                uint32(t_head), uint32(b), uint32(stage_wg + bx * STAGE_BOX))
+                        hp.cp_async_bulk_commit_group()
                 hp.mbarrier_arrive(empty0 + 8 * st)            # this stage may be refilled
                 i += 1
 
+        if elected:
+            hp.cp_async_bulk_wait_group()        # the staging is read before the program ends
         # -- epilogue: dQ = scale * acc (dK/dV: dK = scale * acc, dV) as packed 16-bit pairs --
         head = h if DQ else hk
         for hr in range(2):
@@ -438,19 +560,17 @@ def supports(problem, config):
     refuses), or None. Checked in this order: the problem's features (mask, bias, block mask,
     dropout, cache lengths, value head dim, bottom-right causal with Nq != Nk and no window,
     dtype, head dim), ``block_q`` / ``block_k`` pinned by ``config`` (this backward's tiles are
-    ``dq_tile`` and ``kv_tile``), dQ by atomics (``backward_dq="atomic"``: this backward
-    computes dQ in its own kernel), pinned ``dq_tile`` / ``kv_tile`` its plan does not take;
-    then the hardware (a real GPU of compute capability 9.0 or more)."""
+    ``dq_tile`` and ``kv_tile``), pinned ``dq_tile`` / ``kv_tile`` its plan does not take (with
+    dQ by atomics: a ``dq_tile`` at all, and ``kv_tile`` the atomic dK/dV kernel cannot share,
+    `sim.plans.wgmma_bwd.wgmma_bwd_dq_refusal`); then the hardware (a real GPU of compute
+    capability 9.0 or more)."""
     pb = problem
     why = problem_refusal(pb, "the wgmma backward")
     if why:
         return why
     if config.block_q is not None or config.block_k is not None:
         return "the wgmma backward chooses its own tiles (KernelConfig.block_q/block_k must be None)"
-    if config.backward_dq not in (None, "kernel"):
-        return (f"the wgmma backward computes dQ in its own kernel (backward_dq="
-                f"{config.backward_dq!r}; 'kernel' or None)")
-    if config.dq_tile is not None or config.kv_tile is not None:
+    if config.dq_tile is not None or config.kv_tile is not None or config.backward_dq == "atomic":
         try:                                    # tiles the plan does not take
             plan(pb, config)
         except ValueError as exc:
@@ -460,13 +580,26 @@ def supports(problem, config):
     return why or _hopper_refusal("the wgmma backward")
 
 
+def dq_mode(problem, config) -> str:
+    """How this backward computes dQ for ``problem``: ``config.backward_dq``; else "kernel"
+    (deterministic) while torch's deterministic algorithms are on
+    (``torch.use_deterministic_algorithms(True)``), as PyTorch's own backwards do; else the
+    plan's rule (`sim.plans.wgmma_bwd.wgmma_default_dq_mode`)."""
+    if config.backward_dq is not None:
+        return config.backward_dq
+    torch = sys.modules.get("torch")
+    deterministic = torch is not None and torch.are_deterministic_algorithms_enabled()
+    return wgmma_default_dq_mode(problem.head_dim, problem.seqlen_q, deterministic)
+
+
 def plan(problem, config):
     """The `sim.plan.Plan` this backward launches for ``problem`` (`sim.plans.wgmma_bwd`): its
     grids, threads and shared memory are what `prepare` launches; its tiles ``config.dq_tile``
-    and ``config.kv_tile`` (None: the plan's defaults)."""
+    and ``config.kv_tile`` (None: the plan's defaults), its dQ mode `dq_mode`'s."""
     tiles = {name: getattr(config, name) for name in ("dq_tile", "kv_tile")
              if getattr(config, name) is not None}
-    return host.family_plan("wgmma", "bwd", problem, launch_order=config.launch_order, **tiles)
+    return host.family_plan("wgmma", "bwd", problem, launch_order=config.launch_order,
+                            dq_mode=dq_mode(problem, config), **tiles)
 
 
 def backward(problem, out, lse, dout, config):
@@ -474,48 +607,88 @@ def backward(problem, out, lse, dout, config):
     return prepare(problem, config)(problem.q, problem.k, problem.v, out, lse, dout)
 
 
+#: The box of the atomic dK/dV kernel's reductions into the float32 dQ accumulator: 64 query
+#: rows x 32 columns (128 bytes, the 128-byte swizzle's width), of one (batch, head).
+ACC_BOXES = ((1, 1, ROWS_PER_WARPGROUP, 32),)
+
+
+def _dense_layout(address, shape, itemsize):
+    """`_operand_layout` of a dense (contiguous) 4-D array at ``address``."""
+    class _Dense:
+        def __init__(self):
+            self.shape = shape
+
+        def data_ptr(self):
+            return address
+
+        def stride(self):
+            return (shape[1] * shape[2] * shape[3], shape[2] * shape[3], shape[3], 1)
+    return _operand_layout(_Dense(), itemsize=itemsize)
+
+
 def prepare(problem, config):
     """The backward of ``problem`` with its plan, kernels, tile schedules and constants chosen
     once: ``run(q, k, v, out, lse, dout) -> (dq, dk, dv)`` for operands of its shapes, dtype
     and device, launched as `plan` says (grids, threads, dynamic shared memory; checked against
     the compiled kernels' own by `kernels.host.check_launch`): the dQ kernel (which writes
-    delta), then the dK/dV kernel."""
+    delta), then the dK/dV kernel; with dQ by atomics (`dq_mode`) the pre-pass (delta, the
+    zeroed float32 accumulator: `kernels.mma_bwd`'s), the dK/dV kernel (adding dS K), then the
+    conversion dQ = scale * accumulator (`kernels.mma_bwd`'s)."""
     import numpy as np
+
+    from .mma_bwd import get_convert_kernel, get_prepass_kernel
     pb = problem
     the_plan = plan(pb, config)
-    (dq_rows, dq_cols), (kv_cols, kv_rows) = the_plan.config["dq_tile"], the_plan.config["kv_tile"]
+    atomic = the_plan.config["dq_mode"] == "atomic"
+    kv_cols, kv_rows = the_plan.config["kv_tile"]
     is_bf16 = str(pb.dtype).endswith("bfloat16")
     causal, window, band_lo, band_hi = band_arguments(pb)
-    launches = {kind: launch_of(the_plan, kind) for kind in ("dq", "dkdv")}
-    # each kernel's launch order: its plan's, balanced on this GPU's SMs as `sim` prices it
+    tma_kinds = ("dkdv",) if atomic else ("dq", "dkdv")      # the kernels fed by TMA
+    kinds = ("pre", "dkdv", "convert") if atomic else tma_kinds
+    launches = {kind: launch_of(the_plan, kind) for kind in kinds}
+    # each TMA kernel's launch order: its plan's, balanced on this GPU's SMs as `sim` prices it
     groups = {}
-    for kind in ("dq", "dkdv"):
+    for kind in tma_kinds:
         k = the_plan.kernel(WGMMA_BWD_KERNEL_NAMES[kind])
         groups[kind] = launch_head_group(k.tile_work, k.grid[1], k.head_group,
                                          k.default_head_group, host.sm_count())
-    kerns = {"dq": get_kernel("dq", pb.head_dim, dq_rows, dq_cols, is_bf16, causal,
-                              groups["dq"], window),
-             "dkdv": get_kernel("dkdv", pb.head_dim, kv_rows, kv_cols, is_bf16, causal,
-                                groups["dkdv"], window)}
-    for kind, kern in kerns.items():
+    kerns = {"dkdv": get_kernel("dkdv", pb.head_dim, kv_rows, kv_cols, is_bf16, causal,
+                                groups["dkdv"], window, dq_atomic=atomic)}
+    schedules = {"dkdv": tile_scheduler.device_schedule(pb, kv_cols, kv_rows, "q")}
+    boxes = {"dkdv": ((1, 1, ROWS_PER_WARPGROUP, BOX_COLUMNS),) * 2
+             + ((1, 1, kv_cols, BOX_COLUMNS),) * 2}
+    if atomic:
+        dtype = "bfloat16" if is_bf16 else "float16"
+        kerns["pre"] = get_prepass_kernel(pb.head_dim, dtype)
+        kerns["convert"] = get_convert_kernel(pb.head_dim, dtype)
+    else:
+        dq_rows, dq_cols = the_plan.config["dq_tile"]
+        kerns["dq"] = get_kernel("dq", pb.head_dim, dq_rows, dq_cols, is_bf16, causal,
+                                 groups["dq"], window)
+        schedules["dq"] = tile_scheduler.device_schedule(pb, dq_rows, dq_cols, "kv")
+        boxes["dq"] = (((1, 1, ROWS_PER_WARPGROUP, BOX_COLUMNS),) * 2
+                       + ((1, 1, dq_cols, BOX_COLUMNS),) * 2)
+    for kind in kinds:
         host.check_launch(WGMMA_BWD_KERNEL_NAMES[kind], launches[kind][1:],
-                          (kern.threads, kern.smem_bytes))
-    schedules = {"dq": tile_scheduler.device_schedule(pb, dq_rows, dq_cols, "kv"),
-                 "dkdv": tile_scheduler.device_schedule(pb, kv_cols, kv_rows, "q")}
+                          (kerns[kind].threads, kerns[kind].smem_bytes))
     B, H, Nq, D, Hkv, Nk = pb.batch, pb.heads_q, pb.seqlen_q, pb.head_dim, pb.heads_kv, pb.seqlen_k
     template = host._without_operands(pb)
     tail = (H // Hkv, Nq, Nk, np.float32(pb.scale * LOG2E), np.float32(pb.scale),
             np.int64(band_lo), np.int64(band_hi))
-    boxes = {"dq": ((1, 1, ROWS_PER_WARPGROUP, BOX_COLUMNS),) * 2
-             + ((1, 1, dq_cols, BOX_COLUMNS),) * 2,
-             "dkdv": ((1, 1, ROWS_PER_WARPGROUP, BOX_COLUMNS),) * 2
-             + ((1, 1, kv_cols, BOX_COLUMNS),) * 2}
+    n_q, scale = np.int64(Nq), np.float32(pb.scale)
     if pb.kind == "torch" and host.real_gpu():
         warm_map_writer(host.current_device_id())
-    plans: dict = {"dq": {}, "dkdv": {}}
+    plans: dict = {kind: {} for kind in kinds}
     repeat = host.Repeat(template, config)
     shapes_strides: list = []       # the recorded TMA operands' (shape, strides): q, k, v, dout
     map_pointers: dict = {}         # operands' data pointers -> (maps' addresses, the maps)
+
+    def tma_maps(x, operands, stream):
+        """The tensor maps of each TMA kernel: {kind: maps} (Q, dO, K, V for "dq"; K, V, Q,
+        dO for "dkdv"; ``operands`` = the layouts of q, k, v, dout)."""
+        lq, lk, lv, ldo = operands
+        order = {"dq": (lq, ldo, lk, lv), "dkdv": (lk, lv, lq, ldo)}
+        return {kind: maps_for(x, order[kind], boxes[kind], stream) for kind in tma_kinds}
 
     def run(q, k, v, out, lse, dout):
         ptrs = repeat.pointers((q, k, v, out, lse, dout))
@@ -524,21 +697,32 @@ def prepare(problem, config):
             key = (p_q, p_k, p_v, p_dout)
             hit = map_pointers.get(key)
             if hit is None or _capturing(q):
-                lq, lk, lv, ldo = ((ptr, *rest) for ptr, rest in zip(key, shapes_strides))
-                stream = host.launch_stream(q)
-                m_dq = maps_for(q, (lq, ldo, lk, lv), boxes["dq"], stream)
-                m_kv = maps_for(q, (lk, lv, lq, ldo), boxes["dkdv"], stream)
+                maps = tma_maps(q, [(ptr, *rest) for ptr, rest in zip(key, shapes_strides)],
+                                host.launch_stream(q))
                 if len(map_pointers) > 16:
                     map_pointers.clear()
-                hit = map_pointers[key] = (driver.device_pointer(m_dq),
-                                           driver.device_pointer(m_kv), m_dq, m_kv)
+                hit = map_pointers[key] = ({kind: driver.device_pointer(m)
+                                            for kind, m in maps.items()}, maps)
             dq, dk, dv = repeat.like_layout(q), repeat.like_layout(k), repeat.like_layout(v)
-            # (delta: kept until both launches are enqueued; torch's allocator orders its reuse)
-            work, (p_delta,) = repeat.scratch(q, B * H * Nq)
             stream = host.stream_handle(q)
-            first, second = repeat.launches[:2]
-            first(stream, hit[0], p_out, p_dout, p_lse, p_delta, dq.data_ptr(), dq.data_ptr())
-            second(stream, hit[1], p_out, p_dout, p_lse, p_delta, dk.data_ptr(), dv.data_ptr())
+            # (delta, and the float32 dQ accumulator by atomics: kept until the launches are
+            # enqueued; torch's allocator orders its reuse)
+            if atomic:
+                work, (p_delta, p_acc) = repeat.scratch(q, B * H * Nq, B * H * Nq * D)
+                acc_map = maps_for(q, [_dense_layout(p_acc, (B, H, Nq, D), 4)], ACC_BOXES,
+                                   host.launch_stream(q), dtype="float32")
+                pre, dkdv, convert = repeat.launches[:3]
+                pre(stream, p_out, p_dout, p_delta, p_acc)
+                dkdv(stream, hit[0]["dkdv"], p_out, p_dout, p_lse, p_delta, dk.data_ptr(),
+                     dv.data_ptr(), driver.device_pointer(acc_map))
+                convert(stream, p_acc, dq.data_ptr())
+            else:
+                work, (p_delta,) = repeat.scratch(q, B * H * Nq)
+                first, second = repeat.launches[:2]
+                first(stream, hit[0]["dq"], p_out, p_dout, p_lse, p_delta, dq.data_ptr(),
+                      dq.data_ptr())
+                second(stream, hit[0]["dkdv"], p_out, p_dout, p_lse, p_delta, dk.data_ptr(),
+                       dv.data_ptr())
             return dq, dk, dv
         call = host.Call(template, q=q)
         ops = [call.input(x, words=True, aligned=True) for x in (q, k, v, out, dout)]
@@ -549,29 +733,41 @@ def prepare(problem, config):
                 ops[i] = host.aligned_copy(x)
                 layouts[i] = _operand_layout(ops[i])
         qi, ki, vi, oi, doi = ops
-        lq, lk, lv, _lo, ldo = layouts
         li = call.input(lse)
         # -- the gradients in their operands' layouts (a dense [B, N, H, d] view stays one) --
         dq = call.output((B, H, Nq, D), words=True, like=q)
         dk = call.output((B, Hkv, Nk, D), words=True, like=k)
         dv = call.output((B, Hkv, Nk, D), words=True, like=v)
         delta = call.output((B, H, Nq), float32=True)
-        maps = {"dq": maps_for(qi, (lq, ldo, lk, lv), boxes["dq"], call.stream),
-                "dkdv": maps_for(qi, (lk, lv, lq, ldo), boxes["dkdv"], call.stream)}
-        # -- dQ (and delta) first, then dK/dV, which reads delta --
-        args = {"dq": (maps["dq"], oi, doi, li, delta.arg, dq.arg, dq.arg, *schedules["dq"],
-                       *tail),
-                "dkdv": (maps["dkdv"], oi, doi, li, delta.arg, dk.arg, dv.arg,
-                         *schedules["dkdv"], *tail)}
-        for kind in ("dq", "dkdv"):
+        maps = tma_maps(qi, [layouts[i] for i in (0, 1, 2, 4)], call.stream)
+        # each launch: (kind, arguments, how many leading arguments its plan is looked up by
+        # and are this call's arrays)
+        if atomic:
+            # -- delta and the zeroed accumulator, then dK/dV (adding dS K), then dQ --
+            acc = call.output((B, H, Nq, D), float32=True).arg
+            acc_map = maps_for(qi, [_operand_layout(acc, itemsize=4)], ACC_BOXES, call.stream,
+                               dtype="float32")
+            args = [("pre", (oi, doi, delta.arg, acc, n_q), 4),
+                    ("dkdv", (maps["dkdv"], oi, doi, li, delta.arg, dk.arg, dv.arg, acc_map,
+                              *schedules["dkdv"], *tail), 8),
+                    ("convert", (acc, dq.arg, n_q, scale), 2)]
+        else:
+            # -- dQ (and delta) first, then dK/dV, which reads delta --
+            unused = host.device_const("wgmma backward: no dQ accumulator map",
+                                       lambda: np.zeros((1, 16), np.uint64))
+            args = [("dq", (maps["dq"], oi, doi, li, delta.arg, dq.arg, dq.arg, unused,
+                            *schedules["dq"], *tail), 7),
+                    ("dkdv", (maps["dkdv"], oi, doi, li, delta.arg, dk.arg, dv.arg, unused,
+                              *schedules["dkdv"], *tail), 7)]
+        for kind, a, arrays in args:
             grid, threads, smem = launches[kind]
-            host.relaunch(plans[kind], args[kind][:7], kerns[kind], grid, threads, call.stream,
-                          args[kind], sharedmem=smem, fast=config.fast_launch)
+            host.relaunch(plans[kind], a[:arrays], kerns[kind], grid, threads, call.stream, a,
+                          sharedmem=smem, fast=config.fast_launch)
         if repeat.launches is None:
             shapes_strides[:] = [layouts[i][1:] for i in (0, 1, 2, 4)]
             repeat.record((q, k, v, out, lse, dout), (qi, ki, vi, oi, li, doi), lambda: [
-                host.pointer_launch(kerns[kind], *launches[kind], args[kind], range(7))
-                for kind in ("dq", "dkdv")])
+                host.pointer_launch(kerns[kind], *launches[kind], a, range(arrays))
+                for kind, a, arrays in args])
         result = dq.value(), dk.value(), dv.value()
         del ops
         return result

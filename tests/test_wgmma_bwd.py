@@ -25,6 +25,9 @@ from .test_mma_bwd import _check_grads, _inputs, _torch_cuda, reference_grads
 
 gpu = pytest.mark.gpu
 WGMMA = KernelConfig(family="wgmma")
+#: dQ by its own kernel and by atomics from the dK/dV kernel, each pinned.
+DQ_MODES = {"kernel": KernelConfig(family="wgmma", backward_dq="kernel"),
+            "atomic": KernelConfig(family="wgmma", backward_dq="atomic")}
 
 
 def _hopper():
@@ -78,31 +81,34 @@ def _window_mask(q, k, causal, window_size):
 
 
 @gpu
+@pytest.mark.parametrize("dq_mode", list(DQ_MODES))
 @pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
-def test_backward_matches_float64(dtype_name, head_dim, causal):
+def test_backward_matches_float64(dtype_name, head_dim, causal, dq_mode):
     torch = _hopper()
     dtype = getattr(torch, dtype_name)
     q, k, v, dout = _inputs((2, 3, 333, head_dim), (2, 3, 333, head_dim), dtype, seed=11)
-    _run_and_check(q, k, v, dout, causal=causal)
+    _run_and_check(q, k, v, dout, causal=causal, config=DQ_MODES[dq_mode])
 
 
 @gpu
+@pytest.mark.parametrize("dq_mode", list(DQ_MODES))
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("nq,nk,causal", [(200, 77, False), (77, 300, False), (300, 130, True),
                                           (129, 1000, True), (1, 64, False)])
-def test_gqa_and_unequal_lengths(head_dim, nq, nk, causal):
+def test_gqa_and_unequal_lengths(head_dim, nq, nk, causal, dq_mode):
     """GQA 6/2, Nq != Nk (top-left causal), lengths that are not multiples of the tiles."""
     torch = _hopper()
     q, k, v, dout = _inputs((2, 6, nq, head_dim), (2, 2, nk, head_dim), torch.float16, seed=nq)
-    _run_and_check(q, k, v, dout, causal=causal)
+    _run_and_check(q, k, v, dout, causal=causal, config=DQ_MODES[dq_mode])
 
 
 @gpu
+@pytest.mark.parametrize("dq_mode", list(DQ_MODES))
 @pytest.mark.parametrize("window_size,causal", [((32, 0), True), ((100, 17), False),
                                                 ((0, 0), False), ((-1, 40), False)])
-def test_sliding_window(window_size, causal):
+def test_sliding_window(window_size, causal, dq_mode):
     """Windows with partial tiles, a window of 0 (one key a row) and one side unbounded; with
     Nq > Nk some rows see no key (their gradient is zero)."""
     torch = _hopper()
@@ -110,7 +116,29 @@ def test_sliding_window(window_size, causal):
         if causal and nq != nk:
             continue
         q, k, v, dout = _inputs((1, 4, nq, 128), (1, 2, nk, 128), torch.bfloat16, seed=nk)
-        _run_and_check(q, k, v, dout, causal=causal, window_size=window_size)
+        _run_and_check(q, k, v, dout, causal=causal, window_size=window_size,
+                       config=DQ_MODES[dq_mode])
+
+
+@gpu
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_atomic_dq_matches_the_dq_kernel(head_dim):
+    """dQ by atomics against dQ by its own kernel, bfloat16, causal, GQA 8/2 over several key
+    tiles and query tiles: all three within the bounds against float64 (each run checks them;
+    dK and dV differ in the last bits, delta coming from the pre-pass, summed in another
+    order), and within a few roundings of each other; the atomic dQ repeated within a few
+    float32 roundings of itself (the reductions add the key tiles' float32 partial sums in a
+    varying order)."""
+    torch = _hopper()
+    q, k, v, dout = _inputs((2, 8, 700, head_dim), (2, 2, 700, head_dim), torch.bfloat16,
+                            seed=head_dim + 1)
+    by_kernel = _run_and_check(q, k, v, dout, causal=True, config=DQ_MODES["kernel"])
+    by_atomics = _run_and_check(q, k, v, dout, causal=True, config=DQ_MODES["atomic"])
+    for a, b in zip(by_kernel, by_atomics):
+        assert torch.allclose(a.float(), b.float(), rtol=2 ** -6, atol=2e-3)
+    again = kernels_backward(q, k, v, *kernels_forward(q, k, v, causal=True), dout,
+                             config=DQ_MODES["atomic"], causal=True)[0]
+    assert torch.allclose(again.float(), by_atomics[0].float(), rtol=2 ** -7, atol=1e-3)
 
 
 @gpu
@@ -223,10 +251,117 @@ def test_refusals_name_what_is_refused(change, word):
     assert word in bwd_mod.supports(_Problem(**change), KernelConfig())
 
 
-@pytest.mark.parametrize("config,word", [(KernelConfig(block_q=64), "block_q"),
-                                         (KernelConfig(backward_dq="atomic"), "backward_dq")])
+@pytest.mark.parametrize("config,word", [(KernelConfig(block_q=64), "block_q")])
 def test_refusals_of_configs(config, word):
     assert word in bwd_mod.supports(_Problem(), config)
+
+
+@pytest.mark.parametrize("config,word", [
+    (KernelConfig(backward_dq="atomic", dq_tile=(64, 64)), "dq_tile"),
+    (KernelConfig(backward_dq="atomic", kv_tile=(64, 64)), "kv_tile"),
+    (KernelConfig(backward_dq="atomic", kv_tile=(64, 128)), "kv_tile")])
+def test_atomic_dq_refuses_what_it_cannot_share(config, word):
+    """dQ by atomics: no dQ kernel to pin tiles of; key tiles of one consumer warpgroup, and 64
+    queries a stage at d = 64 (each warpgroup's share would be 32 columns), refused by name;
+    the default tiles taken."""
+    np = pytest.importorskip("numpy")
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, 2, 100, 64)).astype(np.float16) for _ in range(3))
+    pb = kernel_problem(q, k, v)
+    assert word in bwd_mod.supports(pb, config)
+    assert bwd_mod.plan(pb, KernelConfig(backward_dq="atomic")).config["kv_tile"] == (128, 128)
+
+
+def test_atomic_dq_plan_prices_five_products_and_the_adds():
+    """dQ by atomics: the pre-pass, the dK/dV kernel with a fifth product per item and dQ's
+    float32 additions, the conversion; 5/7 of the two-kernel plan's matmul FLOPs at equal tiles
+    of the dK/dV kernel (whole tiles of both); dS^T's two buffers in the shared memory; the
+    launcher's kernels and the plan's kernels the same."""
+    from sim import Workload
+    from sim.plans.wgmma_bwd import (WGMMA_BWD_KERNEL_NAMES, launch_of, wgmma_backward_plan,
+                                     wgmma_bwd_smem_bytes)
+    w = Workload(batch=2, heads=4, heads_kv=2, seq_len_q=512, head_dim=64, dtype="bf16",
+                 pass_="bwd")
+    by_kernel = wgmma_backward_plan(w, dq_tile=(128, 128), kv_tile=(128, 128), dq_mode="kernel")
+    atomic = wgmma_backward_plan(w, kv_tile=(128, 128), dq_mode="atomic")
+    names = [k.name for k in atomic.kernels]
+    assert names == [WGMMA_BWD_KERNEL_NAMES[k] for k in ("pre", "dkdv", "convert")]
+    flops = [sum(m.flops for k in p.kernels for m in k.matmuls) for p in (by_kernel, atomic)]
+    assert flops[1] * 7 == flops[0] * 5
+    dkdv = atomic.kernel(WGMMA_BWD_KERNEL_NAMES["dkdv"])
+    adds = [a for a in dkdv.accesses if a.tensor == "dQ_acc"]
+    # each of the 4 key tiles adds dQ of every query of every head: B H Nq d floats
+    assert len(adds) == 1 and adds[0].op == "atomic" and adds[0].how == "tma"
+    assert adds[0].bytes == 4 * (2 * 4 * 512 * 64) * 4
+    assert launch_of(atomic, "dkdv")[2] == wgmma_bwd_smem_bytes("dkdv", 64, 128, 128,
+                                                                dq_atomic=True)
+    # two dS^T buffers (16-bit) and the dQ staging (float32, 128 queries x d)
+    assert (wgmma_bwd_smem_bytes("dkdv", 64, 128, 128, dq_atomic=True)
+            - wgmma_bwd_smem_bytes("dkdv", 64, 128, 128)) == 2 * 128 * 128 * 2 + 128 * 64 * 4
+    assert (wgmma_bwd_smem_bytes("dkdv", 128, 128, 64, dq_atomic=True)
+            - wgmma_bwd_smem_bytes("dkdv", 128, 128, 64)) == 2 * 128 * 64 * 2 + 64 * 128 * 4
+    assert atomic.config["dq_tile"] is None and atomic.config["dq_mode"] == "atomic"
+    with pytest.raises(ValueError, match="dq_tile"):
+        wgmma_backward_plan(w, dq_tile=(64, 64), dq_mode="atomic")
+    with pytest.raises(ValueError, match="dq_mode"):
+        wgmma_backward_plan(w, dq_mode="atomics")
+
+
+def test_ds_words_land_where_the_mn_major_product_reads_them():
+    """`kernels.wgmma_bwd.ds_word_offset`, where each consumer thread stores its dS^T words, is
+    the MN-major layout the dQ product's A descriptor describes (`kernels.hopper.mnmajor_offset`,
+    k = key row, n = query) for both elements of every word, every word of a buffer written
+    once, and a warp's 32 stores of one word position fall in 32 distinct banks."""
+    from kernels.hopper import mnmajor_offset, wgmma_d_elem
+    rows, cols = 128, 128
+    seen = set()
+    for wg in range(rows // 64):
+        for thread in range(128):
+            warp, lane = divmod(thread, 32)
+            gid, tig = divmod(lane, 4)
+            for nb in range(cols // 64):
+                for j in range(8):
+                    for hr in range(2):
+                        off = bwd_mod.ds_word_offset(nb, j, hr, wg, warp, gid, tig, rows)
+                        r = 32 * nb + 4 * j + 2 * hr
+                        for e in range(2):
+                            key, query = wgmma_d_elem(thread, r + e, n=cols)
+                            assert off + 2 * e == mnmajor_offset(64 * wg + key, query, "128B",
+                                                                 rows)
+                        seen.add(off)
+    assert seen == set(range(0, rows * cols * 2, 4))
+    for nb, j, hr in ((0, 0, 0), (1, 5, 1)):
+        banks = {bwd_mod.ds_word_offset(nb, j, hr, 0, 1, lane // 4, lane % 4, rows) // 4 % 32
+                 for lane in range(32)}
+        assert len(banks) == 32
+
+
+@pytest.mark.parametrize("columns", [64, 128])
+def test_dq_staging_is_the_box_layout_tma_reads(columns):
+    """`kernels.wgmma_bwd.dq_stage_offset`, where each consumer thread stores its float pairs
+    of dQ, is the 128-byte swizzled layout of boxes of 64 rows x 32 float32 columns one after
+    another (`kernels.hopper.swizzle_offset`), every float of the share once; a warp's 8-byte
+    stores of one position use each bank at most twice (two wavefronts, the least for 256
+    bytes)."""
+    from kernels.hopper import swizzle_offset, wgmma_d_elem
+    seen = set()
+    for thread in range(128):
+        warp, lane = divmod(thread, 32)
+        gid, tig = divmod(lane, 4)
+        for nb in range(columns // 64):
+            for j in range(8):
+                for hr in range(2):
+                    off = bwd_mod.dq_stage_offset(nb, j, hr, warp, gid, tig)
+                    row, col = wgmma_d_elem(thread, 32 * nb + 4 * j + 2 * hr, n=columns)
+                    assert off == (col // 32) * 64 * 128 + swizzle_offset(
+                        row * 128 + 4 * (col % 32), "128B")
+                    seen.update((off, off + 4))
+    assert seen == set(range(0, 64 * columns * 4, 4))
+    for nb, j, hr in ((0, 0, 0), (0, 6, 1)):
+        words = [bwd_mod.dq_stage_offset(nb, j, hr, 2, lane // 4, lane % 4) // 4
+                 for lane in range(32)]
+        banks = [w % 32 for w in words] + [(w + 1) % 32 for w in words]
+        assert max(banks.count(b) for b in set(banks)) == 2
 
 
 def test_pinned_tiles_are_checked_and_never_dropped():
@@ -270,8 +405,8 @@ def compile_wgmma_bwd(outdir) -> dict:
     allow_offline_compile()
     i16 = "int16[:, :, :, ::1]"
     sig = (f"void(uint64[:, ::1], {i16}, {i16}, float32[:, :, ::1], float32[:, :, ::1], {i16}, "
-           f"{i16}, int32[:, ::1], int32[::1], int64, int64, int64, int64, int64, float32, "
-           f"float32, int64, int64)")
+           f"{i16}, uint64[:, ::1], int32[:, ::1], int32[::1], int64, int64, int64, "
+           f"int64, int64, float32, float32, int64, int64)")
     from sim.plans.wgmma_bwd import WGMMA_BWD_SERIALISED
     t64, t128 = wgmma_bwd_default_tiles(64), wgmma_bwd_default_tiles(128)
     shapes = {"dq": ("dq", 64, *t64["dq"]), "dkdv": ("dkdv", 64, *t64["dkdv"][::-1]),

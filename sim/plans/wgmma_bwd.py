@@ -21,6 +21,20 @@ products from shared memory (16-bit operands, 128-byte swizzle, boxes of 64 colu
    stage); each consumer thread reads the lse and delta of its columns' queries from global
    memory (L1); per tile S^T = K Q^T, dP^T = V dO^T, dV += P^T dO, dK += dS^T Q.
 
+With ``dq_mode="atomic"`` (FlashAttention-2's and -3's structure, five matmul-sized passes)
+there is no dQ kernel: a pre-pass (``flash_wgmma_bwd_pre``, phase ``bwd.pre``: the ``mma``
+family's, `sim.plans.tensor_core_bwd`) writes delta and zeroes a float32 dQ accumulator; the
+dK/dV kernel also computes dQ += dS K per item: each consumer warpgroup stores its dS^T (16-bit,
+the A fragment words it already packed) in shared memory (two buffers, 128-byte swizzled, MN-major
+for the product), a named barrier over the consumers, then each warpgroup issues a ``wgmma``
+with both operands MN-major from shared memory (dS^T and the resident K) for its share of the
+tile's dQ (:func:`wgmma_bwd_dq_split`), stores it in shared memory (float32, 128-byte swizzled
+boxes of 32 columns) and one of its threads adds it to the accumulator by TMA
+(``cp.reduce.async.bulk.tensor``: the L2 adds whole lines, where per-thread
+``red.global.add`` measured at about 1 TB/s of float32 adds bound the kernel); a conversion
+(``flash_wgmma_bwd_convert``, phase ``bwd.post``) writes dQ = scale * accumulator in the input
+dtype.
+
 Tiles are given in (queries, keys) order for both kernels, as `sim.plans.tensor_core_bwd`'s:
 ``dq_tile`` = (query rows per program, keys per stage), ``kv_tile`` = (queries per stage, key
 rows per program).
@@ -92,8 +106,8 @@ from .tensor_core_bwd import (DELTA_FLOPS_PER_ELEMENT, DELTA_SHUFFLE_FLOPS_PER_R
                               DQ_FLOPS_PER_SCORE, DQ_MUFU_PER_SCORE, DQ_PRODUCTS_PER_TILE,
                               DYNAMIC_SMEM_LIMIT_BYTES, FRAGMENT_ROW_BYTES, LSE_LOG2_FLOPS_PER_ROW,
                               SCALE_FLOPS_PER_ELEMENT, SCHEDULE_ENTRY_BYTES, THREADS_PER_ROW,
-                              _check_registers, _check_workload, _first_tiles_in_step,
-                              _kernel_tiles_stats)
+                              _atomic_dq_kernels, _check_registers, _check_workload,
+                              _first_tiles_in_step, _kernel_tiles_stats)
 from .wgmma_fwd import (ALIGN_SLACK_BYTES, OVERLAP_REGISTERS, PRODUCER_THREADS,
                         ROWS_PER_WARPGROUP, WARPGROUP_THREADS)
 
@@ -104,10 +118,20 @@ __all__ = ["WGMMA_BWD_KERNEL_NAMES", "WGMMA_BWD_HEAD_DIMS", "WGMMA_BWD_ROWS_CHOI
            "WGMMA_BWD_WAITS_PER_TILE", "WGMMA_BWD_WIDE_DQ_FROM", "WGMMA_BWD_SERIALISED",
            "wgmma_bwd_ds_under_dv", "wgmma_bwd_waits_per_tile", "record_config", "record_fields",
            "wgmma_backward_plan", "wgmma_backward_configs", "launch_of",
-           "WGMMA_BWD_SCHEDULE_LOADS_PER_WARP"]
+           "WGMMA_BWD_SCHEDULE_LOADS_PER_WARP", "WGMMA_BWD_DQ_MODES", "WGMMA_BWD_DS_BUFFERS",
+           "wgmma_bwd_dq_split", "wgmma_bwd_ds_bytes", "wgmma_bwd_dq_stage_bytes", "wgmma_bwd_dq_refusal",
+           "wgmma_default_dq_mode"]
 
 #: Kernel names as Nsight Compute lists them: kernel ("dq", "dkdv") -> name.
-WGMMA_BWD_KERNEL_NAMES = {"dq": "flash_wgmma_bwd_dq", "dkdv": "flash_wgmma_bwd_dkdv"}
+WGMMA_BWD_KERNEL_NAMES = {"dq": "flash_wgmma_bwd_dq", "dkdv": "flash_wgmma_bwd_dkdv",
+                          "pre": "flash_wgmma_bwd_pre", "convert": "flash_wgmma_bwd_convert"}
+#: How dQ is computed: by its own kernel ("kernel": seven matmul-sized passes, deterministic) or
+#: by float32 atomics from the dK/dV kernel ("atomic": five, a pre-pass and a conversion).
+WGMMA_BWD_DQ_MODES = ("kernel", "atomic")
+#: Shared-memory buffers of the atomic dK/dV kernel's dS^T (one a tile, alternating: a
+#: warpgroup stores tile i's while the other may still read tile i - 1's, so one named barrier
+#: a tile orders both).
+WGMMA_BWD_DS_BUFFERS = 2
 WGMMA_BWD_HEAD_DIMS = (64, 128)
 #: Rows of a program (query rows of the dQ kernel, key rows of the dK/dV kernel): two or one
 #: consumer warpgroups.
@@ -224,14 +248,71 @@ def wgmma_bwd_stats_bytes(kernel: str, rows: int, cols: int,
     return (rows // ROWS_PER_WARPGROUP) * stages * cols * 8 if kernel == "dkdv" else 0
 
 
+def wgmma_bwd_ds_bytes(kernel: str, head_dim: int, rows: int, cols: int,
+                       dq_atomic: bool = False) -> int:
+    """Bytes of the atomic dK/dV kernel's own shared memory: its dS^T buffers
+    (:data:`WGMMA_BWD_DS_BUFFERS` of ``rows`` keys x ``cols`` queries, 16-bit), then its dQ
+    staging (:func:`wgmma_bwd_dq_stage_bytes`); 0 for other kernels."""
+    if kernel != "dkdv" or not dq_atomic:
+        return 0
+    return (WGMMA_BWD_DS_BUFFERS * rows * cols * 2
+            + wgmma_bwd_dq_stage_bytes(head_dim, rows, cols))
+
+
+def wgmma_bwd_dq_stage_bytes(head_dim: int, rows: int, cols: int) -> int:
+    """Bytes of the atomic dK/dV kernel's dQ staging: each consumer warpgroup's share of a
+    tile's dQ (64 query rows x its columns, float32, :func:`wgmma_bwd_dq_split`), which one of
+    its threads then adds to the accumulator by TMA."""
+    share = wgmma_bwd_dq_split(head_dim, rows, cols)[1]
+    return (rows // ROWS_PER_WARPGROUP) * ROWS_PER_WARPGROUP * share * 4
+
+
 def wgmma_bwd_smem_bytes(kernel: str, head_dim: int, rows: int, cols: int,
-                         stages: int = WGMMA_BWD_STAGES) -> int:
+                         stages: int = WGMMA_BWD_STAGES, dq_atomic: bool = False) -> int:
     """Dynamic shared memory of one program of ``kernel`` ("dq", "dkdv") in bytes: the
     alignment slack, the two resident operands (``rows`` x d, 16-bit), ``stages`` stages of the
-    two streamed operands (``cols`` x d each), the row statistics
-    (:func:`wgmma_bwd_stats_bytes`), the mbarriers."""
+    two streamed operands (``cols`` x d each), the atomic dK/dV kernel's dS^T buffers and dQ
+    staging (:func:`wgmma_bwd_ds_bytes`), the row statistics (:func:`wgmma_bwd_stats_bytes`), the
+    mbarriers."""
     return (ALIGN_SLACK_BYTES + 2 * rows * head_dim * 2 + stages * 2 * cols * head_dim * 2
+            + wgmma_bwd_ds_bytes(kernel, head_dim, rows, cols, dq_atomic)
             + wgmma_bwd_stats_bytes(kernel, rows, cols, stages) + WGMMA_BWD_BARRIER_BYTES)
+
+
+def wgmma_bwd_dq_split(head_dim: int, rows: int, cols: int) -> tuple[str, int]:
+    """How the atomic dK/dV kernel's consumer warpgroups share a tile's dQ = dS K (``cols``
+    queries x d, summed over the program's ``rows`` keys): ``("queries", d)``, warpgroup w the
+    64 queries of block w, all d columns (as many query blocks as warpgroups); or
+    ``("columns", 64)``, every warpgroup the tile's 64 queries, d columns 64 w .. 64 w + 63 (64
+    queries a stage, two warpgroups, d = 128). Each product is one m64nNk16 ``wgmma`` per 16 keys.
+    ValueError for the tiles it cannot share (:func:`wgmma_bwd_dq_refusal`)."""
+    why = wgmma_bwd_dq_refusal(head_dim, rows, cols)
+    if why:
+        raise ValueError(why)
+    if cols // ROWS_PER_WARPGROUP == rows // ROWS_PER_WARPGROUP:
+        return "queries", head_dim
+    return "columns", 64
+
+
+def wgmma_bwd_dq_refusal(head_dim: int, rows: int, cols: int):
+    """Why the atomic dK/dV kernel cannot run ``rows`` key rows a program and ``cols`` queries a
+    stage (a string naming ``kv_tile``), or None: it needs two consumer warpgroups (128 key
+    rows), and either one query block per warpgroup (128 queries a stage) or, at 64 queries a
+    stage, d = 128 (each warpgroup 64 of dQ's columns)."""
+    if rows != 2 * ROWS_PER_WARPGROUP:
+        return (f"dQ by atomics in the wgmma backward needs 128 key rows a program "
+                f"(kv_tile=({cols}, {rows}))")
+    if cols == rows or (cols == ROWS_PER_WARPGROUP and head_dim == 128):
+        return None
+    return (f"dQ by atomics in the wgmma backward takes 128 queries a stage, or 64 at d = 128 "
+            f"(kv_tile=({cols}, {rows}), d = {head_dim})")
+
+
+def wgmma_default_dq_mode(head_dim: int, seq_len_q: int = 0, deterministic: bool = False) -> str:
+    """The dQ mode the wgmma backward runs by default: "kernel" under ``deterministic``
+    algorithms (atomics add in a varying order), else "kernel" (see docs/kernels.md, *Hopper
+    backward: dQ by atomics*)."""
+    return "kernel"
 
 
 # -- the plan -----------------------------------------------------------------------------------
@@ -293,7 +374,7 @@ def _schedule_loads(rows: int, programs: int, heads_per_program: int, visits: in
 
 
 def wgmma_backward_plan(workload: Workload, *, dq_tile=None, kv_tile=None, launch_order=None,
-                        registers=None) -> Plan:
+                        registers=None, dq_mode=None) -> Plan:
     """The plan of the Hopper backward (`kernels.wgmma_bwd`, family ``wgmma``) for ``workload``
     (float16 or bfloat16, d 64 or 128, causal or not, a sliding window or none, GQA; no
     dropout, boolean mask or block mask): the dQ kernel, then the dK/dV kernel (module
@@ -305,15 +386,30 @@ def wgmma_backward_plan(workload: Workload, *, dq_tile=None, kv_tile=None, launc
     :func:`wgmma_bwd_default_tiles`). ``registers``: (dQ kernel, dK/dV kernel) registers per
     thread at launch (None, or an entry None: with a producer warpgroup the launch's even share,
     else not known). ``launch_order`` is recorded in the config (it orders the programs, not
-    what they do). Raises ValueError naming the argument for what the kernels do not run."""
+    what they do). ``dq_mode``: "kernel" or "atomic" (:data:`WGMMA_BWD_DQ_MODES`; None:
+    :func:`wgmma_default_dq_mode`); with "atomic" the kernels are the pre-pass, the dK/dV kernel
+    (which adds dQ) and the conversion, and ``dq_tile`` must be None (the config names none).
+    Raises ValueError naming the argument for what the kernels do not run."""
     w = workload
     _check(w)
     d, e = w.head_dim, w.dtype_bytes
+    if dq_mode is None:
+        dq_mode = wgmma_default_dq_mode(d, w.seq_len_q)
+    if dq_mode not in WGMMA_BWD_DQ_MODES:
+        raise ValueError(f"dq_mode must be one of {WGMMA_BWD_DQ_MODES}, got {dq_mode!r}")
+    dq_atomic = dq_mode == "atomic"
+    if dq_atomic and dq_tile is not None:
+        raise ValueError(f"dq_tile: the wgmma backward with dq_mode='atomic' has no dQ kernel "
+                         f"(got {dq_tile!r})")
     defaults = wgmma_bwd_default_tiles(d, w.seq_len_q)
     dq_tile = _check_tiles("dq_tile", defaults["dq"] if dq_tile is None else dq_tile,
                            WGMMA_BWD_ROWS_CHOICES, WGMMA_BWD_COLS_CHOICES)
     kv_tile = _check_tiles("kv_tile", defaults["dkdv"] if kv_tile is None else kv_tile,
                            WGMMA_BWD_COLS_CHOICES, WGMMA_BWD_ROWS_CHOICES)
+    if dq_atomic:
+        why = wgmma_bwd_dq_refusal(d, kv_tile[1], kv_tile[0])
+        if why:
+            raise ValueError(why)
     registers = _check_registers(registers) or (None, None)
     B, H, Hkv, Nq, Nk = w.batch, w.heads, w.heads_kv, w.seq_len_q, w.seq_len_k
     (dq_rows, dq_cols), (kv_cols, kv_rows_per_program) = dq_tile, kv_tile
@@ -403,19 +499,28 @@ def wgmma_backward_plan(workload: Workload, *, dq_tile=None, kv_tile=None, launc
         Access("delta", "load", kv_warpgroups * kv_queries * STAT_BYTES, "ld"),
         Access("dK", "store", kv_elems * e, "fragment", FRAGMENT_ROW_BYTES),
         Access("dV", "store", kv_elems * e, "fragment", FRAGMENT_ROW_BYTES),
+        # atomic: each item's dQ (its queries inside the problem, float32) added once, by TMA
+        *((Access("dQ_acc", "atomic", kv_queries * d * STAT_BYTES, "tma"),) if dq_atomic
+          else ()),
     )
     kv_fp32 = (kv_scores * DKDV_FLOPS_PER_SCORE
                + kv_visits * kv_consumer_threads * (kv_cols // 4) * LSE_LOG2_FLOPS_PER_ROW
                + kv_elems * SCALE_FLOPS_PER_ELEMENT)
-    kv_smem = wgmma_bwd_smem_bytes("dkdv", d, kv_rows_per_program, kv_cols)
+    kv_smem = wgmma_bwd_smem_bytes("dkdv", d, kv_rows_per_program, kv_cols,
+                                   dq_atomic=dq_atomic)
+    kv_products = DKDV_PRODUCTS_PER_TILE + (1 if dq_atomic else 0)
     kv_kernel = KernelPlan(
         name=names["dkdv"], phase="bwd.main", grid=(n_blocks_k, B * Hkv), threads=kv_threads,
         shared_bytes=kv_smem, accesses=kv_accesses,
-        matmuls=(Matmul(unit, kv_visits * DKDV_PRODUCTS_PER_TILE * 2 * kv_cols
+        matmuls=(Matmul(unit, kv_visits * kv_products * 2 * kv_cols
                         * kv_rows_per_program * d),),
         fp32_flops=int(kv_fp32), mufu_ops=int(kv_scores * DKDV_MUFU_PER_SCORE),
+        # (atomic: and each item's dS^T and its float32 dQ, stored by the consumer threads)
         shared_bytes_moved=int(2 * _boxes_bytes(B * Hkv, Nk, d, e)
-                               + kv_visits * 2 * kv_cols * d * e),
+                               + kv_visits * 2 * kv_cols * d * e
+                               + (kv_visits * kv_cols * (kv_rows_per_program * e
+                                                         + d * STAT_BYTES)
+                                  if dq_atomic else 0)),
         registers=_launch_registers(kv_rows_per_program, registers[1]),
         programs_per_slice=n_blocks_k, lockstep=_first_tiles_in_step(w, kv_tile, "q"),
         serial=serial(kv_rows_per_program), serial_per_program=True,
@@ -423,20 +528,30 @@ def wgmma_backward_plan(workload: Workload, *, dq_tile=None, kv_tile=None, launc
         waiters_per_program=kv_warpgroups, tile_work=kv_work, **order)
 
     q_bytes, kv_bytes = q_elems * e, kv_elems * e
+    # the CSR schedules of the distinct slices: offsets per program and one index per tile, of
+    # each kernel that reads one
+    schedules = (((kv_stats, n_blocks_k),) if dq_atomic
+                 else ((dq_stats, n_blocks_q), (kv_stats, n_blocks_k)))
     tensor_bytes = {"Q": q_bytes, "O": q_bytes, "dO": q_bytes, "dQ": q_bytes,
                     "lse": q_rows * STAT_BYTES, "delta": q_rows * STAT_BYTES,
                     "K": kv_bytes, "V": kv_bytes, "dK": kv_bytes, "dV": kv_bytes,
-                    # the CSR schedules of the distinct slices: offsets per program and one
-                    # index per tile, of each kernel
                     "schedule": SCHEDULE_ENTRY_BYTES * sum(
-                        n_blocks + 1 + int(st.T) for stats, n_blocks in
-                        ((dq_stats, n_blocks_q), (kv_stats, n_blocks_k)) for _m, st, _bi in stats)}
-    config = {"dq_tile": dq_tile, "kv_tile": kv_tile, "launch_order": launch_order,
-              "stages": WGMMA_BWD_STAGES,
-              "consumer_warpgroups": {"dq": dq_rows // ROWS_PER_WARPGROUP,
-                                      "dkdv": kv_rows_per_program // ROWS_PER_WARPGROUP},
-              "dynamic_shared_bytes": {names["dq"]: dq_smem, names["dkdv"]: kv_smem}}
-    return Plan("wgmma", "bwd", w, (dq_kernel, kv_kernel), config, tensor_bytes)
+                        n_blocks + 1 + int(st.T) for stats, n_blocks in schedules
+                        for _m, st, _bi in stats)}
+    config = {"dq_tile": None if dq_atomic else dq_tile, "kv_tile": kv_tile,
+              "launch_order": launch_order, "stages": WGMMA_BWD_STAGES, "dq_mode": dq_mode,
+              "consumer_warpgroups": {"dkdv": kv_rows_per_program // ROWS_PER_WARPGROUP}}
+    if dq_atomic:
+        tensor_bytes["dQ_acc"] = q_elems * STAT_BYTES
+        kernels = _atomic_dq_kernels(w, names, kv_kernel)
+        config["dynamic_shared_bytes"] = {names["pre"]: 0, names["dkdv"]: kv_smem,
+                                          names["convert"]: 0}
+        config["dq_split"] = wgmma_bwd_dq_split(d, kv_rows_per_program, kv_cols)
+    else:
+        kernels = (dq_kernel, kv_kernel)
+        config["consumer_warpgroups"]["dq"] = dq_rows // ROWS_PER_WARPGROUP
+        config["dynamic_shared_bytes"] = {names["dq"]: dq_smem, names["dkdv"]: kv_smem}
+    return Plan("wgmma", "bwd", w, kernels, config, tensor_bytes)
 
 
 def wgmma_backward_configs(workload: Workload, serialised: bool = False) -> list:
@@ -459,9 +574,13 @@ def wgmma_backward_configs(workload: Workload, serialised: bool = False) -> list
 
 def launch_of(plan: Plan, kernel: str) -> tuple[tuple, int, int]:
     """``(grid, threads, dynamic shared bytes)`` a launcher passes for ``kernel`` ("dq" or
-    "dkdv") of a wgmma backward plan (all its shared memory is dynamic)."""
-    if kernel not in WGMMA_BWD_KERNEL_NAMES:
-        raise ValueError(f"kernel must be one of {tuple(WGMMA_BWD_KERNEL_NAMES)}, got {kernel!r}")
+    "dkdv"; with dQ by atomics "pre", "dkdv" and "convert") of a wgmma backward plan (all its
+    shared memory is dynamic)."""
+    launched = tuple(k for k, name in WGMMA_BWD_KERNEL_NAMES.items()
+                     if name in plan.config["dynamic_shared_bytes"])
+    if kernel not in launched:
+        raise ValueError(f"kernel must be one of {launched} (dq_mode="
+                         f"{plan.config['dq_mode']!r}), got {kernel!r}")
     name = WGMMA_BWD_KERNEL_NAMES[kernel]
     k = plan.kernel(name)
     return k.grid, k.threads, plan.config["dynamic_shared_bytes"][name]
