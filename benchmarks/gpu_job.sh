@@ -19,7 +19,8 @@
 #              families from PICK_FAMILIES (default "mma tf32", the tensor-core forwards)
 #                                                                                 -> pick.json, pick.log
 #   tune-dq    python -m benchmarks tune --backward-dq for float16, bfloat16 and float32: the
-#              tensor-core backwards' two dQ modes        -> tune_backward_dq.json, tune_dq.log
+#              tensor-core backwards' two dQ modes        -> tune_backward_dq.json, tune_dq.log;
+#              then the Hopper backward's (--dq-family wgmma, on sm_90) -> tune_backward_dq_wgmma.json
 #   decode     python -m benchmarks decode --splits --window --graph --ncu: decoding and sliding
 #              windows against SDPA, priced at the rates of a rates step before it (or of the
 #              file DECODE_RATES names)                   -> decode.json, decode.log
@@ -120,6 +121,8 @@ for mode in "$@"; do
     tune-dq)
       step tune-dq "${T_TUNE_DQ:-1200}" "$OUT/tune_dq.log" python3 -m benchmarks tune --backward-dq \
         --dtype fp16 bf16 fp32 --out "$OUT/tune_backward_dq.json"
+      step tune-dq-wgmma "${T_TUNE_DQ:-1200}" "$OUT/tune_dq_wgmma.log" python3 -m benchmarks tune \
+        --backward-dq --dq-family wgmma --dtype fp16 bf16 --out "$OUT/tune_backward_dq_wgmma.json"
       ;;
     decode)
       rates=()

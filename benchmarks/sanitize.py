@@ -10,7 +10,8 @@ compute capability 9.0) runs `WGMMA_CASES` (it takes no masks or dropout), the f
 case at the default configuration (128-row tiles: ping-pong and the intra-warpgroup overlap)
 and at `WGMMA_SCHEDULES`: 128-row tiles serial and with the overlap alone, 64-row tiles with
 the overlap (64-row tiles serial: the default at ``block_q`` = 64), 192-row tiles at d = 64,
-then the Hopper backward (`kernels.wgmma_bwd`: its dQ and dK/dV kernels); and a causal d = 64
+then the Hopper backward (`kernels.wgmma_bwd`: its dQ and dK/dV kernels, and with dQ by
+atomics its pre-pass, dK/dV kernel with the TMA reduction, and conversion); and a causal d = 64
 forward on `WGMMA_WALK_HEADS`, more work items than the SMs, so that each persistent program
 walks several (`run_wgmma_walk`).
 ``wgmma_fp8`` (the FP8 forward, `kernels.wgmma_fwd.forward_fp8`: V's transpose and the kernel)
@@ -28,7 +29,7 @@ d=128; a block mask on 64 x 32 tiles, which the kernels read at finer tiles (the
 backward's 2-warp dK/dV blocks at d=128). Inputs are torch CUDA tensors (``--arrays torch``,
 the default when torch has CUDA: launched in place on torch's stream) or NumPy arrays
 (``--arrays numpy``: copied to the device and back), float16 for ``mma``, float32 otherwise;
-the ``mma`` backward runs with its dQ kernel and with dQ by atomics
+the tensor-core backwards run with their dQ kernel and with dQ by atomics
 (``KernelConfig.backward_dq``). Every output must be finite.
 """
 from __future__ import annotations
@@ -172,7 +173,7 @@ def run_family(family: str, torch=None, seed: int = 0) -> None:
                     family=family, block_q=block_q, pingpong=pingpong, overlap=overlap))
         grads = ()
         if family not in FORWARD_ONLY:       # the tensor-core backwards under both dQ modes
-            modes = ("kernel", "atomic") if family in ("mma", "tf32") else (None,)
+            modes = ("kernel", "atomic")
             grads = tuple(g for m in modes for g in kernels.backward(
                 pb, out, lse, dout, kernels.KernelConfig(family=family, backward_dq=m)))
         if torch is not None:

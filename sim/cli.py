@@ -273,8 +273,8 @@ def _plan_cmd(a) -> int:
     prof = a.device if a.rates is None else a.device.with_rates(a.rates)
     tiles = {k: v for k, v in (("block_q", a.block_q), ("block_k", a.block_k)) if v is not None}
     dq_mode = getattr(a, "plan_dq_mode", None)             # (`search --family` has no --dq-mode)
-    if dq_mode is not None and (a.family not in ("mma", "tf32") or a.pass_ != "bwd"):
-        raise SystemExit("error: --dq-mode: only the mma and tf32 backwards have dQ modes")
+    if dq_mode is not None and (a.family not in ("mma", "tf32", "wgmma") or a.pass_ != "bwd"):
+        raise SystemExit("error: --dq-mode: only the mma, tf32 and wgmma backwards have dQ modes")
     fixed = {}
     schedule = getattr(a, "plan_schedule", None)
     if schedule is not None:
@@ -287,6 +287,8 @@ def _plan_cmd(a) -> int:
         from .plans.tensor_core_bwd import mma_default_dq_mode, tf32_default_dq_mode
         rule = mma_default_dq_mode if a.family == "mma" else tf32_default_dq_mode
         fixed["dq_mode"] = dq_mode or rule(prof.compute_capability, head_dim=w.head_dim)
+    if a.family == "wgmma" and a.pass_ == "bwd" and dq_mode is not None:
+        fixed["dq_mode"] = dq_mode          # (None: the plan's rule, wgmma_default_dq_mode)
     ranked = None
     if a.choose:
         if (a.family, a.pass_) not in CONFIGS:
@@ -680,10 +682,11 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--rates", default=None, metavar="RATES.json",
                     help="measured rates of `python -m benchmarks rates` (default: datasheet rates)")
     pl.add_argument("--dq-mode", dest="plan_dq_mode", choices=("kernel", "atomic"), default=None,
-                    help="the mma / tf32 backward's dQ: its own kernel or float32 atomics from "
-                         "the dK/dV kernel (default: what the launcher runs on --device, "
+                    help="the mma / tf32 / wgmma backward's dQ: its own kernel or float32 atomics "
+                         "from the dK/dV kernel (default: what the launcher runs on --device, "
                          "sim.plans.tensor_core_bwd.mma_default_dq_mode / tf32_default_dq_mode: "
-                         "atomic from sm_90, mma at d 128, tf32 at d 64 and 128)")
+                         "atomic from sm_90, mma at d 128, tf32 at d 64 and 128; wgmma: "
+                         "sim.plans.wgmma_bwd.wgmma_default_dq_mode, its dQ kernel)")
     pl.add_argument("--schedule", dest="plan_schedule", default=None,
                     choices=("serial", "pingpong", "overlap", "pingpong+overlap"),
                     help="the wgmma forwards' schedule (sim.plans.wgmma_fwd.SCHEDULES; default: "

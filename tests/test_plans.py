@@ -296,6 +296,13 @@ def test_plan_command(capsys):
     with pytest.raises(SystemExit, match="--dq-mode"):
         main(["plan", "--family", "tf32", "--pass", "fwd", "--dtype", "fp32", "--seq-len", "64",
               "--dq-mode", "atomic"])
+    # the Hopper backward: its dQ kernel by default (the launcher's rule), atomics when asked
+    for extra, names in (([], ["flash_wgmma_bwd_dq", "flash_wgmma_bwd_dkdv"]),
+                         (["--dq-mode", "atomic"], ["flash_wgmma_bwd_pre", "flash_wgmma_bwd_dkdv",
+                                                    "flash_wgmma_bwd_convert"])):
+        assert main(["plan", "--family", "wgmma", "--pass", "bwd", "--seq-len", "1000",
+                     "--json", "--compact", *extra]) == 0
+        assert [k["name"] for k in json.loads(capsys.readouterr().out)["kernels_plan"]] == names
     # the tf32 backward too: atomics by default on the H100 at d 64 and 128, its dQ kernel asked
     for extra, first in (([], "flash_tf32_bwd_pre"), (["--dq-mode", "kernel"], "flash_tf32_bwd_dq")):
         assert main(["plan", "--family", "tf32", "--pass", "bwd", "--dtype", "fp32", "--seq-len",

@@ -410,10 +410,11 @@ def compile_wgmma_bwd(outdir) -> dict:
     from sim.plans.wgmma_bwd import WGMMA_BWD_SERIALISED
     t64, t128 = wgmma_bwd_default_tiles(64), wgmma_bwd_default_tiles(128)
     shapes = {"dq": ("dq", 64, *t64["dq"]), "dkdv": ("dkdv", 64, *t64["dkdv"][::-1]),
-              "dkdv_d128": ("dkdv", 128, *t128["dkdv"][::-1])}     # (kind, d, rows, cols)
+              "dkdv_d128": ("dkdv", 128, *t128["dkdv"][::-1]),     # (kind, d, rows, cols)
+              "dkdv_atomic": ("dkdv", 64, *t64["dkdv"][::-1], True)}     # ... dQ by atomics
     shapes.update({"serialised_" + "_".join(map(str, key)): key for key in WGMMA_BWD_SERIALISED})
-    for name, (kind, d, rows, cols) in shapes.items():
-        kern = bwd_mod._build_kernel(kind, d, rows, cols, False, False, 1, False)
+    for name, (kind, d, rows, cols, *atomic) in shapes.items():
+        kern = bwd_mod._build_kernel(kind, d, rows, cols, False, False, 1, False, bool(atomic))
         text, _ = cuda.compile_ptx(kern.py_func, sig, cc=(9, 0, "a"),
                                    launch_bounds=(kern.threads, 1))
         (Path(outdir) / f"{name}.ptx").write_text(text)
@@ -438,11 +439,15 @@ def test_waits_per_tile_are_the_kernels_own(tmp_path):
         r = run_ptxas_sm90a(ptxas, tmp_path / f"{name}.ptx")
         assert r.returncode == 0 and "C7512" in r.stderr, name
         del shapes[name]
-    for name, (kind, _d, _rows, cols) in shapes.items():
+    for name, (kind, _d, _rows, cols, *atomic) in shapes.items():
         path = tmp_path / f"{name}.ptx"
         text = path.read_text()
         assert text.count("wgmma.wait_group.sync.aligned") == wgmma_bwd_waits_per_tile(kind, cols), name
-        assert text.count("wgmma.commit_group.sync.aligned") == products[kind], name
+        # dQ by atomics: a fifth product (both operands MN-major), in the same last wait, and
+        # its TMA reductions into the accumulator (two boxes of 32 columns at d = 64)
+        assert text.count("wgmma.commit_group.sync.aligned") == products[kind] + len(atomic), name
+        assert text.count("cp.reduce.async.bulk.tensor") == 2 * len(atomic), name
+        assert ("p, 1, 1, 1, 1;" in text) == bool(atomic), name
         assemble_sm90a(ptxas, path)
     w = Workload(batch=2, heads=4, heads_kv=2, seq_len_q=300, head_dim=64, dtype="fp16",
                  pass_="bwd")

@@ -202,21 +202,26 @@ def wgmma_bwd_default_tiles(head_dim: int, seq_len_q: int = 0) -> dict:
 def record_fields(head_dim: int, seq_len_q: int) -> dict:
     """What a results record of today's wgmma backward names, at its default tiles: its
     ``dq_tile`` and ``kv_tile`` (`wgmma_bwd_default_tiles`) and ``launch_balanced`` (its launch
-    order balanced as `sim.plan.launch_group` does): what :func:`record_config` reads back."""
+    order balanced as `sim.plan.launch_group` does), and its ``dq_mode``
+    (`wgmma_default_dq_mode`): what :func:`record_config` reads back."""
     tiles = wgmma_bwd_default_tiles(head_dim, seq_len_q)
     return {"dq_tile": list(tiles["dq"]), "kv_tile": list(tiles["dkdv"]),
-            "launch_balanced": True}
+            "launch_balanced": True, "dq_mode": wgmma_default_dq_mode(head_dim, seq_len_q)}
 
 
 def record_config(rec: dict) -> dict:
-    """``{"dq_tile", "kv_tile", "launch_order"}`` a results record of the wgmma backward ran.
+    """``{"dq_tile", "kv_tile", "launch_order"}`` a results record of the wgmma backward ran
+    (with ``"dq_mode": "atomic"`` and no ``dq_tile`` for a record that names that mode; a
+    record without one ran the dQ kernel).
     Tiles: as it names them (records since 2026-11-29), else the defaults of the kernels before
     then, which every older record ran (dQ 64 x 64 at d = 64 and 128 x 128 at d = 128, dK/dV 64
     queries a stage against 128 key rows). Launch order: None (the default, balanced by
     `sim.plan.launch_group` as the launcher does) for a record marked ``launch_balanced``;
     otherwise the record's ``launch_head_group`` (or the pass's default), unbalanced, as the
     kernels before d67e264 ran it."""
-    if rec.get("dq_tile") is not None and rec.get("kv_tile") is not None:
+    if rec.get("dq_mode") == "atomic":
+        tiles = {"kv_tile": tuple(rec["kv_tile"]), "dq_mode": "atomic"}
+    elif rec.get("dq_tile") is not None and rec.get("kv_tile") is not None:
         tiles = {"dq_tile": tuple(rec["dq_tile"]), "kv_tile": tuple(rec["kv_tile"])}
     else:
         d = int(rec["head_dim"])
@@ -309,9 +314,14 @@ def wgmma_bwd_dq_refusal(head_dim: int, rows: int, cols: int):
 
 
 def wgmma_default_dq_mode(head_dim: int, seq_len_q: int = 0, deterministic: bool = False) -> str:
-    """The dQ mode the wgmma backward runs by default: "kernel" under ``deterministic``
-    algorithms (atomics add in a varying order), else "kernel" (see docs/kernels.md, *Hopper
-    backward: dQ by atomics*)."""
+    """The dQ mode the wgmma backward runs by default: its dQ kernel ("kernel",
+    deterministic), at every head dim and length (and under ``deterministic`` algorithms).
+    Measured on an H200 (``python -m benchmarks tune --backward-dq --dq-family wgmma``,
+    `results/tune_backward_dq_wgmma_h200_2026-11-29.json`, bfloat16, B * N = 16384): dQ by
+    atomics was 0.93-1.04x the dQ kernel's backward at d = 64 (faster only from N = 4096, by at
+    most 4 %) and 0.91-0.96x at d = 128; too little, and too rarely, to trade determinism for
+    (docs/kernels.md, *Hopper backward: dQ by atomics*). The arguments are the rule's inputs
+    for when that changes."""
     return "kernel"
 
 
