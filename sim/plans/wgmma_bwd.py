@@ -317,7 +317,7 @@ def wgmma_default_dq_mode(head_dim: int, seq_len_q: int = 0, deterministic: bool
     """The dQ mode the wgmma backward runs by default: its dQ kernel ("kernel",
     deterministic), at every head dim and length (and under ``deterministic`` algorithms).
     Measured on an H200 (``python -m benchmarks tune --backward-dq --dq-family wgmma``,
-    `results/tune_backward_dq_wgmma_h200_2026-11-29.json`, bfloat16, B * N = 16384): dQ by
+    2026-11-29, bfloat16, B * N = 16384; the run is cited in docs/kernels.md): dQ by
     atomics was 0.93-1.04x the dQ kernel's backward at d = 64 (faster only from N = 4096, by at
     most 4 %) and 0.91-0.96x at d = 128; too little, and too rarely, to trade determinism for
     (docs/kernels.md, *Hopper backward: dQ by atomics*). The arguments are the rule's inputs
