@@ -307,6 +307,18 @@ def test_atomic_dq_plan_prices_five_products_and_the_adds():
         wgmma_backward_plan(w, dq_mode="atomics")
 
 
+def _accumulator_pairs(columns):
+    """Every float pair of a warpgroup's m64 x ``columns`` accumulator: ``(thread, warp, gid,
+    tig, nb, j, hr, reg)``, the pair being registers ``reg`` and ``reg + 1`` of ``thread``."""
+    for thread in range(128):
+        warp, lane = divmod(thread, 32)
+        gid, tig = divmod(lane, 4)
+        for nb in range(columns // 64):
+            for j in range(8):
+                for hr in range(2):
+                    yield thread, warp, gid, tig, nb, j, hr, 32 * nb + 4 * j + 2 * hr
+
+
 def test_ds_words_land_where_the_mn_major_product_reads_them():
     """`kernels.wgmma_bwd.ds_word_offset`, where each consumer thread stores its dS^T words, is
     the MN-major layout the dQ product's A descriptor describes (`kernels.hopper.mnmajor_offset`,
@@ -316,19 +328,12 @@ def test_ds_words_land_where_the_mn_major_product_reads_them():
     rows, cols = 128, 128
     seen = set()
     for wg in range(rows // 64):
-        for thread in range(128):
-            warp, lane = divmod(thread, 32)
-            gid, tig = divmod(lane, 4)
-            for nb in range(cols // 64):
-                for j in range(8):
-                    for hr in range(2):
-                        off = bwd_mod.ds_word_offset(nb, j, hr, wg, warp, gid, tig, rows)
-                        r = 32 * nb + 4 * j + 2 * hr
-                        for e in range(2):
-                            key, query = wgmma_d_elem(thread, r + e, n=cols)
-                            assert off + 2 * e == mnmajor_offset(64 * wg + key, query, "128B",
-                                                                 rows)
-                        seen.add(off)
+        for thread, warp, gid, tig, nb, j, hr, r in _accumulator_pairs(cols):
+            off = bwd_mod.ds_word_offset(nb, j, hr, wg, warp, gid, tig, rows)
+            for e in range(2):
+                key, query = wgmma_d_elem(thread, r + e, n=cols)
+                assert off + 2 * e == mnmajor_offset(64 * wg + key, query, "128B", rows)
+            seen.add(off)
     assert seen == set(range(0, rows * cols * 2, 4))
     for nb, j, hr in ((0, 0, 0), (1, 5, 1)):
         banks = {bwd_mod.ds_word_offset(nb, j, hr, 0, 1, lane // 4, lane % 4, rows) // 4 % 32
@@ -345,17 +350,11 @@ def test_dq_staging_is_the_box_layout_tma_reads(columns):
     bytes)."""
     from kernels.hopper import swizzle_offset, wgmma_d_elem
     seen = set()
-    for thread in range(128):
-        warp, lane = divmod(thread, 32)
-        gid, tig = divmod(lane, 4)
-        for nb in range(columns // 64):
-            for j in range(8):
-                for hr in range(2):
-                    off = bwd_mod.dq_stage_offset(nb, j, hr, warp, gid, tig)
-                    row, col = wgmma_d_elem(thread, 32 * nb + 4 * j + 2 * hr, n=columns)
-                    assert off == (col // 32) * 64 * 128 + swizzle_offset(
-                        row * 128 + 4 * (col % 32), "128B")
-                    seen.update((off, off + 4))
+    for thread, warp, gid, tig, nb, j, hr, r in _accumulator_pairs(columns):
+        off = bwd_mod.dq_stage_offset(nb, j, hr, warp, gid, tig)
+        row, col = wgmma_d_elem(thread, r, n=columns)
+        assert off == (col // 32) * 64 * 128 + swizzle_offset(row * 128 + 4 * (col % 32), "128B")
+        seen.update((off, off + 4))
     assert seen == set(range(0, 64 * columns * 4, 4))
     for nb, j, hr in ((0, 0, 0), (0, 6, 1)):
         words = [bwd_mod.dq_stage_offset(nb, j, hr, 2, lane // 4, lane % 4) // 4
