@@ -1,4 +1,5 @@
-"""Hopper attention backward (family ``wgmma``): TMA loads, ``wgmma`` products, two kernels.
+"""Hopper attention backward (family ``wgmma``): TMA loads, ``wgmma`` products, two kernels (or
+dQ by atomics: one, between a pre-pass and a conversion).
 
 This module owns the ``wgmma`` family's backward for sm_90a (H100, H200): its two kernels'
 builder, its `supports` refusals, its plan (`sim.plans.wgmma_bwd`, which the launcher reads)
@@ -39,8 +40,19 @@ from registers (the accumulator fragment of a k16 slice is the A fragment,
 P and dS are rounded to the input dtype before their products (as FlashAttention-2 does); every
 product accumulates in float32. Takes float16 and bfloat16, head dims 64 and 128, causal
 (top-left) or not, a sliding window (`kernels.mask.band_arguments`), Nq != Nk, any lengths, GQA;
-refuses (`supports`) masks, biases, block masks, dropout, a pinned ``backward_dq="atomic"``,
-other head dims and GPUs below compute capability 9.0.
+refuses (`supports`) masks, biases, block masks, dropout, other head dims and GPUs below
+compute capability 9.0.
+
+**dQ by atomics** (``KernelConfig(backward_dq="atomic")``; `dq_mode`, the default being the dQ
+kernel, measured faster or even: `sim.plans.wgmma_bwd.wgmma_default_dq_mode`): FlashAttention-3's
+five products. The `kernels.mma_bwd` pre-pass writes delta and zeroes a float32 accumulator;
+the dK/dV kernel (128 key rows) stores each warpgroup's dS^T words in shared memory
+(`ds_word_offset`: the MN-major A operand, two alternating buffers), and after a named barrier
+over both warpgroups each issues its share of dQ = dS K (`sim.plans.wgmma_bwd.wgmma_bwd_dq_split`)
+with both operands MN-major from shared memory (`kernels.hopper.tile_product_mn`; B the
+resident K), stages it in float32 (`dq_stage_offset`) and one of its threads adds it to the
+accumulator by TMA (``cp.reduce.async.bulk.tensor``); the `kernels.mma_bwd` conversion writes
+dQ = scale * accumulator.
 """
 from __future__ import annotations
 
