@@ -203,8 +203,8 @@ def _build_kernel(kind, head_dim, rows, cols, is_bf16, causal, head_group, windo
     if ATOMIC:
         # -- dQ = dS K: A = dS^T as the warpgroups stored it (MN-major, R key rows), B = the
         # resident K (MN-major: 64-row boxes, a region per warpgroup); a warpgroup's share --
-        BY_QUERIES = wgmma_bwd_dq_split(D, R, C)[0] == "queries"
-        DQ_N = wgmma_bwd_dq_split(D, R, C)[1]
+        split, DQ_N = wgmma_bwd_dq_split(D, R, C)
+        BY_QUERIES = split == "queries"
         DQ_REGS = DQ_N // 2
         DS_BARRIER = 1 + W                      # after the statistics' barriers 1 .. W
         STAGE_BARRIER = 2 + W                   # then one per warpgroup: its dQ staging

@@ -332,6 +332,28 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=F
                     r = 32 * (kc // 4) + 8 * (kc % 4) + 2 * q
                     pa[4 * kc + q] = pack(s_reg[r], s_reg[r + 1])
 
+    @cuda.jit(device=True, inline=True)
+    def score_tile(s_reg, q_wg, kv_s, st, wg, m_i, l_i, alpha, kv_index, it, row_first, row_a,
+                   tig, n_k, sl, band_lo, band_hi):
+        """-- S = Q K^T of one tile alone (in this warpgroup's turn; K in ring stage st), then
+        the softmax of key tile kv_index[it] (read once the product is done) --"""
+        take_turn(wg)
+        hp.wgmma_fence()
+        issue_qk(s_reg, q_wg, kv_s + st * 2 * KV_BYTES)
+        hand_over(wg)
+        hp.wgmma_wait_group(0)
+        hp.wgmma_fence_operands(s_reg, 0, S_REGS)
+        softmax(s_reg, m_i, l_i, alpha, kv_index[it], row_first, row_a, tig, n_k, sl, band_lo,
+                band_hi)
+
+    @cuda.jit(device=True, inline=True)
+    def pv_tile(o_reg, pa, v_st):
+        """-- O += P V of one tile alone, waited for --"""
+        hp.wgmma_fence()
+        issue_pv(o_reg, pa, v_st)
+        hp.wgmma_wait_group(0)
+        hp.wgmma_fence_operands(o_reg, 0, O_REGS)
+
     @cuda.jit(launch_bounds=(THREADS, 1), lineinfo=False)
     def kernel(maps, out, lse, offsets, kv_index, sched_b, sched_h, group, n_q, n_k,
                scale_log2, descale_q, descale_k, descale_v, band_lo, band_hi):
@@ -472,34 +494,19 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=F
                 for it in range(start, stop):
                     k_st = kv_s + st * 2 * KV_BYTES
                     hp.mbarrier_wait_parity(full0 + 8 * st, ph)
-                    take_turn(wg)
-                    hp.wgmma_fence()
-                    issue_qk(s_reg, q_wg, k_st)
-                    hand_over(wg)
-                    hp.wgmma_wait_group(0)
-                    hp.wgmma_fence_operands(s_reg, 0, S_REGS)
-                    softmax(s_reg, m_i, l_i, alpha, kv_index[it], row_first, row_a, tig, n_k,
-                            sl, band_lo, band_hi)
+                    score_tile(s_reg, q_wg, kv_s, st, wg, m_i, l_i, alpha, kv_index, it,
+                               row_first, row_a, tig, n_k, sl, band_lo, band_hi)
                     rescale(o_reg, alpha)
                     to_p(pa, s_reg)
-                    hp.wgmma_fence()
-                    issue_pv(o_reg, pa, k_st + KV_BYTES)
-                    hp.wgmma_wait_group(0)
-                    hp.wgmma_fence_operands(o_reg, 0, O_REGS)
+                    pv_tile(o_reg, pa, k_st + KV_BYTES)
                     hp.mbarrier_arrive(empty0 + 8 * st)      # this stage may be refilled
                     st, ph = next_stage(st, ph)
                 hp.mbarrier_arrive(q_empty)             # Q may be refilled
             elif start < stop:
                 # -- tile 0: S = Q K^T and its softmax (O is still zero: no rescale) --
                 hp.mbarrier_wait_parity(full0 + 8 * st, ph)
-                take_turn(wg)
-                hp.wgmma_fence()
-                issue_qk(s_reg, q_wg, kv_s + st * 2 * KV_BYTES)
-                hand_over(wg)
-                hp.wgmma_wait_group(0)
-                hp.wgmma_fence_operands(s_reg, 0, S_REGS)
-                softmax(s_reg, m_i, l_i, alpha, kv_index[start], row_first, row_a, tig, n_k, sl,
-                        band_lo, band_hi)
+                score_tile(s_reg, q_wg, kv_s, st, wg, m_i, l_i, alpha, kv_index, start,
+                           row_first, row_a, tig, n_k, sl, band_lo, band_hi)
                 to_p(pa, s_reg)
                 st_prev = st
                 st, ph = next_stage(st, ph)
@@ -528,10 +535,7 @@ def _build_kernel(head_dim, block_q, block_k, is_bf16, causal, head_group, fp8=F
                 # -- every S = Q K^T of the item is done: Q may be refilled; the last tile's
                 # O += P V --
                 hp.mbarrier_arrive(q_empty)
-                hp.wgmma_fence()
-                issue_pv(o_reg, pa, kv_s + st_prev * 2 * KV_BYTES + KV_BYTES)
-                hp.wgmma_wait_group(0)
-                hp.wgmma_fence_operands(o_reg, 0, O_REGS)
+                pv_tile(o_reg, pa, kv_s + st_prev * 2 * KV_BYTES + KV_BYTES)
                 hp.mbarrier_arrive(empty0 + 8 * st_prev)
             else:
                 hp.mbarrier_arrive(q_empty)             # no tile: Q is not read
